@@ -1,0 +1,18 @@
+.PHONY: setup demo test bench clean
+VENV ?= .venv
+
+setup:
+	./scripts/bootstrap.sh
+
+demo: setup
+	$(VENV)/bin/lakestream demo
+
+test: setup
+	$(VENV)/bin/python -m pytest -x -v --durations=15 tests
+
+bench: setup
+	$(VENV)/bin/python bench/e2e.py
+
+clean:
+	-$(VENV)/bin/lakestream stack down
+	rm -rf .lakestream

@@ -1,0 +1,3 @@
+"""Lakestream: streaming CDC from PostgreSQL through Kafka into Apache Iceberg, on Spark."""
+
+__version__ = "0.1.0"

