@@ -220,6 +220,49 @@ class HealthSettings(_Model):
     metrics_port: int | None = None
 
 
+class SourceDatabase(_Model):
+    """The PostgreSQL database Debezium captures from."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=5432, ge=1, le=65535)
+    dbname: str
+    user: str
+    password: SecretStr | None = None
+
+
+class CaptureSettings(_Model):
+    """Debezium capture of PostgreSQL into Kafka topics ``<topic_prefix>.<schema>.<table>``.
+
+    ``connector`` holds extra Debezium properties under Debezium's own names; they override the
+    ones lakestream derives, so anything Debezium supports can be set here.
+    """
+
+    database: SourceDatabase
+    tables: list[str] = Field(min_length=1)
+    topic_prefix: str = "lakestream"
+    slot_name: str = "lakestream"
+    publication_name: str = "lakestream_pub"
+    snapshot_mode: str = "initial"
+    schemas_enabled: bool = True
+    connector: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("tables")
+    @classmethod
+    def _qualified(cls, value: list[str]) -> list[str]:
+        for name in value:
+            parts = name.split(".")
+            if len(parts) != 2:
+                raise ValueError(f"{name!r}: write tables as <schema>.<table>, e.g. public.orders")
+            for part in parts:
+                validate_identifier(part, what="source table name part")
+        return value
+
+    @field_validator("topic_prefix", "slot_name", "publication_name")
+    @classmethod
+    def _simple(cls, value: str) -> str:
+        return validate_identifier(value, what="name")
+
+
 class PipelineConfig(_Model):
     """The whole pipeline: Kafka in, Iceberg out, Spark in between."""
 
@@ -231,6 +274,7 @@ class PipelineConfig(_Model):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    capture: CaptureSettings | None = None
     state_dir: str = ".lakestream"
 
     def stream_for(self, topic: str) -> StreamSettings | None:

@@ -1,0 +1,79 @@
+"""Builds the SparkSession: Iceberg runtime and JDBC driver from wheels, the configured catalog."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from lakestream.config import CatalogSettings, PipelineConfig, SparkSettings
+from lakestream.jvm_helper import helper_jar, iceberg_runtime_jar, postgres_jdbc_jar
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def catalog_conf(catalog: CatalogSettings) -> dict[str, str]:
+    """Spark settings that register ``catalog`` as an Iceberg SparkCatalog."""
+    prefix = f"spark.sql.catalog.{catalog.name}"
+    conf = {prefix: "org.apache.iceberg.spark.SparkCatalog", f"{prefix}.warehouse": catalog.warehouse}
+    if catalog.type == "jdbc":
+        conf[f"{prefix}.catalog-impl"] = "org.apache.iceberg.jdbc.JdbcCatalog"
+        conf[f"{prefix}.uri"] = catalog.uri or ""
+        # Cached table metadata would hide commits made by other processes (maintenance, a restart).
+        conf[f"{prefix}.cache-enabled"] = "false"
+        # Creates the catalog tables with the V1 schema when missing; both Spark and pyiceberg read it.
+        conf[f"{prefix}.jdbc.schema-version"] = "V1"
+        if catalog.user:
+            conf[f"{prefix}.jdbc.user"] = catalog.user
+        if catalog.password:
+            conf[f"{prefix}.jdbc.password"] = catalog.password.get_secret_value()
+    else:
+        conf[f"{prefix}.type"] = catalog.type
+        if catalog.uri:
+            conf[f"{prefix}.uri"] = catalog.uri
+        conf[f"{prefix}.cache-enabled"] = "false"
+    for key, value in catalog.properties.items():
+        conf[f"{prefix}.{key}"] = value
+    return conf
+
+
+def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) -> SparkSession:
+    """A SparkSession with Iceberg's extensions and ``catalog`` registered."""
+    from pyspark.sql import SparkSession
+
+    spark = spark or SparkSettings()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    jars = [str(iceberg_runtime_jar()), str(postgres_jdbc_jar()), str(helper_jar())]
+    builder = (
+        SparkSession.builder.master(spark.master)
+        .appName(spark.app_name)
+        .config("spark.jars", ",".join(jars))
+        .config("spark.driver.memory", spark.driver_memory)
+        .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
+    )
+    for key, value in catalog_conf(catalog).items():
+        builder = builder.config(key, value)
+    for key, value in spark.conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    return session
+
+
+def session_for(config: PipelineConfig) -> SparkSession:
+    """The SparkSession for a pipeline config."""
+    return build_session(config.catalog, config.spark)
+
+
+def jvm_helper(session: SparkSession):
+    """The ``lakestream.LakestreamHelper`` class, callable through py4j."""
+    return session.sparkContext._jvm.lakestream.LakestreamHelper
