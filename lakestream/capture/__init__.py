@@ -1,0 +1,15 @@
+"""Capture: Debezium reads PostgreSQL's replication slot and publishes change events to Kafka."""
+from lakestream.capture.connector import connect_json, connector_properties
+from lakestream.capture.process import CaptureProcess
+from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
+from lakestream.capture.runner import CaptureProgress, run_capture
+
+__all__ = [
+    "CaptureProcess",
+    "CaptureProgress",
+    "KafkaPublishingHandler",
+    "connect_json",
+    "connector_properties",
+    "producer_config",
+    "run_capture",
+]

@@ -1,0 +1,110 @@
+"""Debezium PostgreSQL connector properties derived from the typed capture settings.
+
+One function builds the properties for the embedded engine lakestream runs; another renders the
+same connector as Kafka Connect REST JSON for users who run their own Connect cluster.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lakestream.config import CaptureSettings
+
+CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
+
+# Throughput settings that STACK.md measured as useful: bigger batches per handler call mean
+# fewer Python↔Java crossings and fewer Kafka flushes per event.
+_PERFORMANCE_DEFAULTS = {
+    "max.batch.size": "8192",
+    "max.queue.size": "32768",
+    "poll.interval.ms": "100",
+}
+
+# Keys that only make sense inside the embedded engine (a Connect worker manages these itself).
+_EMBEDDED_ONLY_PREFIXES = ("offset.storage", "offset.flush", "name")
+
+PASSWORD_PLACEHOLDER = "${file:/opt/kafka/secrets/lakestream.properties:database.password}"
+PASSWORD_NOTE = (
+    "database.password is a placeholder: configure a FileConfigProvider on the Connect workers "
+    "(config.providers=file) whose file holds the real password, or replace the value before posting."
+)
+
+
+def offsets_file(state_dir: Path, capture: CaptureSettings) -> Path:
+    """Where the embedded engine stores its source offsets (the replication position)."""
+    return Path(state_dir) / "capture" / f"{capture.slot_name}.offsets"
+
+
+def _connector_name(capture: CaptureSettings) -> str:
+    return f"{capture.topic_prefix}-postgres"
+
+
+def _debezium_settings(capture: CaptureSettings) -> dict[str, str]:
+    """The connector's own settings, shared by the embedded engine and a Connect cluster."""
+    db = capture.database
+    props = {
+        "connector.class": CONNECTOR_CLASS,
+        "plugin.name": "pgoutput",
+        "database.hostname": db.host,
+        "database.port": str(db.port),
+        "database.dbname": db.dbname,
+        "database.user": db.user,
+        "database.password": db.password.get_secret_value() if db.password else "",
+        "topic.prefix": capture.topic_prefix,
+        # Debezium takes regular expressions here; escape the dot so public.orders ≠ public_orders.
+        "table.include.list": ",".join(t.replace(".", r"\.") for t in capture.tables),
+        "slot.name": capture.slot_name,
+        "publication.name": capture.publication_name,
+        "publication.autocreate.mode": "filtered",
+        "snapshot.mode": capture.snapshot_mode,
+        "tombstones.on.delete": "true",
+        # Heartbeats make an idle slot confirm its position, so PostgreSQL can recycle WAL
+        # produced by tables that are not captured.
+        "heartbeat.interval.ms": "10000",
+        "decimal.handling.mode": "precise",
+        **_PERFORMANCE_DEFAULTS,
+    }
+    if not db.password:
+        del props["database.password"]
+    return props
+
+
+def connector_properties(capture: CaptureSettings, state_dir: Path) -> dict[str, str]:
+    """Properties for Debezium's embedded engine, under Debezium's own names.
+
+    ``capture.connector`` is applied last, so any Debezium option can override a derived one.
+    """
+    schemas = "true" if capture.schemas_enabled else "false"
+    props = {
+        "name": _connector_name(capture),
+        **_debezium_settings(capture),
+        "key.converter.schemas.enable": schemas,
+        "value.converter.schemas.enable": schemas,
+        "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
+        "offset.storage.file.filename": str(offsets_file(state_dir, capture).resolve()),
+        # Offsets are only marked processed after Kafka acknowledged the batch; flushing them
+        # often keeps the number of events replayed after a crash small.
+        "offset.flush.interval.ms": "1000",
+    }
+    props.update({str(k): str(v) for k, v in capture.connector.items()})
+    return props
+
+
+def connect_json(capture: CaptureSettings) -> dict[str, Any]:
+    """The same connector as Kafka Connect REST JSON (``POST /connectors``), password not included.
+
+    The password is a ``${file:...}`` config-provider placeholder: put the real value in that
+    file on the Connect workers (with ``config.providers=file``), or replace it before posting.
+    """
+    config = _debezium_settings(capture)
+    schemas = "true" if capture.schemas_enabled else "false"
+    config["key.converter"] = "org.apache.kafka.connect.json.JsonConverter"
+    config["value.converter"] = "org.apache.kafka.connect.json.JsonConverter"
+    config["key.converter.schemas.enable"] = schemas
+    config["value.converter.schemas.enable"] = schemas
+    for key, value in capture.connector.items():
+        if not str(key).startswith(_EMBEDDED_ONLY_PREFIXES):
+            config[str(key)] = str(value)
+    if capture.database.password or "database.password" in config:
+        config["database.password"] = PASSWORD_PLACEHOLDER
+    return {"name": _connector_name(capture), "config": config}

