@@ -1,0 +1,53 @@
+"""`lakestream stack up|down|status`: the local PostgreSQL + broker, as a thin shell over `lakestream.stack`."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lakestream.stack import Stack, StackSettings
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("stack", help="start, stop or inspect the local PostgreSQL + Kafka-protocol broker")
+    parser.add_argument("action", choices=["up", "down", "status"])
+    defaults = StackSettings.__dataclass_fields__
+    parser.add_argument("--state-dir", type=Path, default=defaults["state_dir"].default, help="where data, logs and pid files live (default: .lakestream)")
+    parser.add_argument("--pg-port", type=int, default=defaults["pg_port"].default, help="PostgreSQL port on 127.0.0.1 (default: %(default)s)")
+    parser.add_argument("--kafka-port", type=int, default=defaults["kafka_port"].default, help="broker port on 127.0.0.1 (default: %(default)s)")
+    parser.add_argument("--broker", choices=["noida", "tansu"], default=defaults["broker"].default, help="noida keeps topic data across restarts; tansu is memory only (default: %(default)s)")
+    parser.set_defaults(func=func)
+
+
+def func(args: argparse.Namespace) -> int:
+    stack = Stack(StackSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port, broker=args.broker))
+    if args.action == "up":
+        info = stack.up()
+        dsn_without_password = f"host={info.pg_host} port={info.pg_port} dbname={info.source_db} user={info.pg_user}"
+        print(f"bootstrap.servers  {info.bootstrap_servers}")
+        print(f"source db          {dsn_without_password}")
+        print(f"catalog            {info.catalog_jdbc_uri()}")
+        print(f"warehouse          {info.warehouse}")
+        print(f"state dir          {stack.settings.state_dir}")
+    elif args.action == "down":
+        stack.down()
+        print(f"stopped (data kept in {stack.settings.state_dir})")
+    else:
+        print_status_table(stack)
+    return 0
+
+
+def print_status_table(stack: Stack) -> None:
+    header = ("SERVICE", "STATE", "PID", "PORT", "HEALTHY", "STORAGE")
+    rows = [header]
+    for status in stack.status().values():
+        rows.append((
+            status.name,
+            status.state,
+            str(status.pid or "-"),
+            str(status.port),
+            "yes" if status.healthy else "no",
+            status.detail,
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
