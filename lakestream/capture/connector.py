@@ -23,6 +23,8 @@ _PERFORMANCE_DEFAULTS = {
 # Keys that only make sense inside the embedded engine (a Connect worker manages these itself).
 _EMBEDDED_ONLY_PREFIXES = ("offset.storage", "offset.flush", "name")
 
+HEARTBEAT_MESSAGE_PREFIX = "lakestream-heartbeat"
+
 PASSWORD_PLACEHOLDER = "${file:/opt/kafka/secrets/lakestream.properties:database.password}"
 PASSWORD_NOTE = (
     "database.password is a placeholder: configure a FileConfigProvider on the Connect workers "
@@ -58,9 +60,13 @@ def _debezium_settings(capture: CaptureSettings) -> dict[str, str]:
         "publication.autocreate.mode": "filtered",
         "snapshot.mode": capture.snapshot_mode,
         "tombstones.on.delete": "true",
-        # Heartbeats make an idle slot confirm its position, so PostgreSQL can recycle WAL
-        # produced by tables that are not captured.
+        # Heartbeats make an idle slot confirm its position. PostgreSQL 15+ skips empty
+        # transactions in pgoutput, so busy uncaptured tables alone never advance the slot: the
+        # action query writes a tiny WAL message that does (executable by any role by default).
         "heartbeat.interval.ms": "10000",
+        "heartbeat.action.query": f"SELECT pg_logical_emit_message(false, '{HEARTBEAT_MESSAGE_PREFIX}', now()::varchar)",
+        # ...and that message must not become a Kafka event of its own.
+        "message.prefix.exclude.list": HEARTBEAT_MESSAGE_PREFIX,
         "decimal.handling.mode": "precise",
         **_PERFORMANCE_DEFAULTS,
     }

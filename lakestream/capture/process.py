@@ -11,6 +11,9 @@ from pathlib import Path
 from lakestream.capture.runner import STREAMING_MARKER
 from lakestream.errors import CaptureError
 
+# `lakestream.cli` is a package without __main__, so call its entry point directly.
+LAKESTREAM_COMMAND = [sys.executable, "-c", "import sys; from lakestream.cli import main; sys.exit(main())"]
+
 
 class CaptureProcess:
     """``lakestream capture <pipeline.yaml>`` in a subprocess, its output in ``log_path``.
@@ -34,7 +37,7 @@ class CaptureProcess:
             return self
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        cmd = [sys.executable, "-m", "lakestream.cli", *(["-v"] if self.verbose else []), "capture", str(self.pipeline_yaml)]
+        cmd = [*LAKESTREAM_COMMAND, *(["-v"] if self.verbose else []), "capture", str(self.pipeline_yaml)]
         with open(self.log_path, "ab") as log_file:
             self._proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         return self
