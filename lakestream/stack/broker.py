@@ -69,13 +69,7 @@ class Broker:
     def start(self) -> None:
         """Start the broker unless it runs; wait until it answers metadata requests."""
         if self.pid() is None:
-            # Checked up front: Tansu keeps running (not listening) when its port is taken, and a
-            # health check would then happily talk to whoever owns the port.
-            if not process.port_is_free(self.port):
-                raise StackError(
-                    f"Kafka port {self.port} on 127.0.0.1 is already in use by another process; "
-                    f"choose another with --kafka-port / StackSettings.kafka_port"
-                )
+            self.check_port_free()
             argv = self.argv()
             log.info("starting %s on %s", self.name, self.bootstrap_servers)
             pid = process.spawn_detached(argv, self.log_path, cwd=self.settings.state_dir)
@@ -91,6 +85,16 @@ class Broker:
             raise StackError(
                 f"{self.name} on {self.bootstrap_servers} does not answer metadata requests\n"
                 f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
+            )
+
+    def check_port_free(self) -> None:
+        """Raise StackError naming the port and the setting if another process holds the port."""
+        # Checked before spawning: Tansu keeps running (not listening) when its port is taken, and a
+        # health check would then happily talk to whoever owns the port.
+        if not process.port_is_free(self.port):
+            raise StackError(
+                f"Kafka port {self.port} on 127.0.0.1 is already in use by another process; "
+                f"choose another with --kafka-port / StackSettings.kafka_port"
             )
 
     def stop(self, timeout: float = 15.0) -> None:

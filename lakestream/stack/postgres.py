@@ -79,11 +79,7 @@ class PostgresCluster:
     def start(self, timeout: float = 60.0) -> None:
         """Initialise the cluster if needed, start it, and create the role and databases."""
         if self.pid() is None:
-            if not process.port_is_free(self.port):
-                raise StackError(
-                    f"PostgreSQL port {self.port} on 127.0.0.1 is already in use by another process; "
-                    f"choose another with --pg-port / StackSettings.pg_port"
-                )
+            self.check_port_free()
             self._init_cluster()
             self._spawn(timeout)
         self._ensure_role_and_databases()
@@ -91,6 +87,14 @@ class PostgresCluster:
             raise StackError(
                 f"PostgreSQL runs but `SELECT 1` as {self.settings.pg_user!r} over 127.0.0.1:{self.port} fails\n"
                 f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
+            )
+
+    def check_port_free(self) -> None:
+        """Raise StackError naming the port and the setting if another process holds the port."""
+        if not process.port_is_free(self.port):
+            raise StackError(
+                f"PostgreSQL port {self.port} on 127.0.0.1 is already in use by another process; "
+                f"choose another with --pg-port / StackSettings.pg_port"
             )
 
     def stop(self, timeout: float = 30.0) -> None:

@@ -26,6 +26,18 @@ def free_port(host: str = LOOPBACK) -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """``count`` distinct free ports (all held open while choosing, so they cannot repeat)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 def port_is_free(port: int, host: str = LOOPBACK) -> bool:
     """True if a server could bind ``host:port`` (SO_REUSEADDR like real servers, so TIME_WAIT is ignored)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

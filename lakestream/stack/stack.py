@@ -22,6 +22,10 @@ class Stack:
 
     def up(self) -> StackInfo:
         """Start whatever is not running (idempotent) and health-check every service."""
+        # Check every port first so a conflict never leaves half a stack running.
+        for service in (self.postgres, self.broker):
+            if service.pid() is None:
+                service.check_port_free()
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         (self.settings.state_dir / "warehouse").mkdir(exist_ok=True)
         self.postgres.start()

@@ -1,0 +1,105 @@
+"""Shared fixtures that start real services. THE one place for them: add new ones in a section below.
+
+Every fixture picks free ports at runtime (several test runs may share this machine) and keeps its
+state in a fresh temporary directory that it removes afterwards.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from lakestream.stack import Stack, StackInfo, StackSettings
+from lakestream.stack.broker import TansuBroker
+from lakestream.stack.process import free_ports
+
+# ---------------------------------------------------------------------------------------------
+# State directories
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def service_dir_factory() -> Iterator[Callable[[str], Path]]:
+    """Make fresh state directories for services; all are removed at the end of the session.
+
+    Not under pytest's tmp_path: pytest keeps its base dir at mode 0700 (and resets it in every new
+    session), but PostgreSQL runs as the `postgres` OS user and must be able to enter the directory.
+    Short paths also keep PostgreSQL's Unix socket path under the kernel's 107-byte limit.
+    """
+    made: list[Path] = []
+
+    def make(name: str) -> Path:
+        path = Path(tempfile.mkdtemp(prefix=f"lakestream-{name}-"))
+        path.chmod(0o711)
+        made.append(path)
+        return path
+
+    yield make
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Local stack: PostgreSQL + noida-db broker
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def stack_factory(service_dir_factory) -> Iterator[Callable[..., Stack]]:
+    """Build (not start) independent `Stack`s on free ports; every one made is stopped at session end.
+
+    Use it for tests that stop and restart services; everything else should share `stack`.
+    """
+    made: list[Stack] = []
+
+    def make(broker: str = "noida", **overrides) -> Stack:
+        pg_port, kafka_port = free_ports(2)
+        fields = {"pg_port": pg_port, "kafka_port": kafka_port, **overrides}
+        settings = StackSettings(state_dir=service_dir_factory("stack"), broker=broker, **fields)
+        stack = Stack(settings)
+        made.append(stack)
+        return stack
+
+    yield make
+    for stack in made:
+        stack.down()
+
+
+@pytest.fixture(scope="session")
+def stack(stack_factory) -> StackInfo:
+    """The shared running stack (PostgreSQL + noida-db), started once per session."""
+    return stack_factory().up()
+
+
+@pytest.fixture
+def pg_conn(stack: StackInfo) -> Iterator[psycopg2.extensions.connection]:
+    """An autocommit psycopg2 connection to the source database of the shared stack."""
+    conn = psycopg2.connect(stack.pg_dsn())
+    conn.autocommit = True
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Tansu: a second, memory-only broker
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tansu_bootstrap(service_dir_factory) -> Iterator[str]:
+    """`bootstrap.servers` of a separate Tansu broker (memory only, empty at start)."""
+    pg_port_unused, kafka_port = free_ports(2)
+    broker = TansuBroker(
+        StackSettings(state_dir=service_dir_factory("tansu"), pg_port=pg_port_unused, kafka_port=kafka_port, broker="tansu")
+    )
+    broker.start()
+    try:
+        yield broker.bootstrap_servers
+    finally:
+        broker.stop()
