@@ -1,0 +1,24 @@
+"""`lakestream run PIPELINE_YAML`: the streaming job."""
+from __future__ import annotations
+
+import argparse
+import threading
+
+from lakestream.config import load_config
+from lakestream.engine.loop import install_stop_signals, run_pipeline
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("run", help="run the micro-batch pipeline (Kafka → Iceberg)")
+    parser.add_argument("config", help="pipeline YAML file")
+    parser.add_argument("--max-batches", type=int, default=None, help="stop after N non-empty batches")
+    parser.add_argument("--until-idle", action="store_true", help="stop when a batch finds nothing new")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    stop = threading.Event()
+    install_stop_signals(stop)
+    run_pipeline(config, stop=stop, max_batches=args.max_batches, stop_when_idle=args.until_idle)
+    return 0

@@ -1,0 +1,177 @@
+"""Decoding one Kafka record into a change: Debezium envelopes (with or without embedded schemas)
+and plain JSON events.
+
+The result is a `Change`: the operation, the key, the row in wire form (see `types`), the columns
+whose values Debezium withheld (unchanged TOAST), and the row's column types.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from lakestream.decode.types import UNAVAILABLE_VALUE, FieldType, field_type, infer_type
+from lakestream.errors import DecodeError
+
+OPS = {"c", "u", "d", "r"}
+_PAYLOAD_MARKER = b',"payload":'
+
+
+@dataclass(slots=True)
+class Columns:
+    """The column types of one row shape, and a stable id for that shape."""
+
+    names: list[str]
+    types: list[FieldType]
+    schema_id: str
+    inferred: bool
+
+    def describe(self, key_columns: list[str]) -> dict[str, Any]:
+        return {"columns": [[n, t.ddl] for n, t in zip(self.names, self.types)], "key": key_columns,
+                "inferred": self.inferred}
+
+
+@dataclass(slots=True)
+class Change:
+    op: str  # c u d r
+    key: dict[str, Any] | None
+    row: dict[str, Any]
+    unavailable: list[str]
+    source_ts_ms: int | None
+    columns: Columns
+    payload: dict[str, Any]
+
+
+def _shape_id(parts: list[tuple[str, str]]) -> str:
+    return hashlib.blake2b(orjson.dumps(parts), digest_size=8).hexdigest()
+
+
+class SchemaCache:
+    """Parsed Debezium schemas keyed by their raw bytes: the schema is the same for thousands of events."""
+
+    def __init__(self) -> None:
+        self._by_bytes: dict[bytes, tuple[Columns, dict[str, FieldType]]] = {}
+        self._inferred: dict[tuple[tuple[str, str], ...], Columns] = {}
+
+    def from_envelope_schema(self, raw: bytes | None, schema: dict[str, Any]) -> tuple[Columns, dict[str, FieldType]]:
+        if raw is not None and raw in self._by_bytes:
+            return self._by_bytes[raw]
+        row_schema = None
+        for field in schema.get("fields", []):
+            if field.get("field") in ("after", "before") and field.get("type") == "struct":
+                row_schema = field
+                if field.get("field") == "after":
+                    break
+        if row_schema is None:
+            raise DecodeError("Debezium schema has no 'after'/'before' struct")
+        names, types = [], []
+        for field in row_schema.get("fields", []):
+            names.append(field["field"])
+            types.append(field_type(field))
+        columns = Columns(names, types, _shape_id([(n, t.ddl) for n, t in zip(names, types)]), inferred=False)
+        result = (columns, dict(zip(names, types)))
+        if raw is not None and len(self._by_bytes) < 1000:
+            self._by_bytes[raw] = result
+        return result
+
+    def inferred(self, row: dict[str, Any]) -> Columns:
+        signature = tuple((k, t) for k, v in row.items() if (t := infer_type(v)) is not None)
+        columns = self._inferred.get(signature)
+        if columns is None:
+            names = [k for k, _ in signature]
+            types = [FieldType(t) for _, t in signature]
+            columns = Columns(names, types, "i" + _shape_id(list(signature)), inferred=True)
+            if len(self._inferred) < 10_000:
+                self._inferred[signature] = columns
+        return columns
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        import json
+
+        try:  # Debezium may write NaN/Infinity for float columns, which orjson rejects.
+            return json.loads(data)
+        except ValueError as exc:
+            raise DecodeError(f"malformed JSON: {exc}") from None
+
+
+def _convert_row(row: dict[str, Any], types: dict[str, FieldType]) -> tuple[dict[str, Any], list[str]]:
+    out: dict[str, Any] = {}
+    unavailable: list[str] = []
+    for name, value in row.items():
+        if value is None:
+            out[name] = None
+            continue
+        if value == UNAVAILABLE_VALUE:
+            unavailable.append(name)
+            out[name] = None
+            continue
+        ftype = types.get(name)
+        try:
+            out[name] = ftype.convert(value) if ftype is not None else value
+        except DecodeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 — any conversion failure is a bad record, not a crash
+            raise DecodeError(f"column {name!r}: cannot convert {str(value)[:80]!r} to {ftype.ddl}: {exc}") from None
+    return out, unavailable
+
+
+def decode_key(key: bytes | None) -> dict[str, Any] | None:
+    """The primary key of a Debezium message key (with or without embedded schema)."""
+    if key is None:
+        return None
+    obj = _loads(key)
+    if isinstance(obj, dict) and "payload" in obj and "schema" in obj:
+        obj = obj["payload"]
+    if not isinstance(obj, dict):
+        raise DecodeError(f"message key is not a JSON object: {key[:80]!r}")
+    return obj
+
+
+def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache) -> Change | None:
+    """Decode a Debezium change event; None for events that carry no row change (heartbeats, tombstones)."""
+    obj = _loads(value)
+    if not isinstance(obj, dict):
+        raise DecodeError("Debezium value is not a JSON object")
+    schema_raw = None
+    if "payload" in obj and "schema" in obj:
+        schema = obj["schema"]
+        payload = obj["payload"]
+        cut = value.find(_PAYLOAD_MARKER)
+        schema_raw = value[:cut] if cut > 0 else None
+    else:
+        schema, payload = None, obj
+    if not isinstance(payload, dict):
+        raise DecodeError("Debezium payload is not a JSON object")
+    op = payload.get("op")
+    if op is None:
+        raise DecodeError("missing 'op' field: not a Debezium change event")
+    if op not in OPS:
+        raise DecodeError(f"unknown op {op!r} (expected one of c, u, d, r)")
+    image = payload.get("before") if op == "d" else payload.get("after")
+    if not isinstance(image, dict):
+        side = "before" if op == "d" else "after"
+        raise DecodeError(f"op {op!r} without a '{side}' row image")
+    if schema is not None:
+        columns, types = cache.from_envelope_schema(schema_raw, schema)
+    else:
+        columns, types = cache.inferred(image), {}
+    row, unavailable = _convert_row(image, types)
+    source = payload.get("source") or {}
+    ts = source.get("ts_ms") if isinstance(source, dict) else None
+    if ts is None:
+        ts = payload.get("ts_ms")
+    return Change(op, decode_key(key), row, unavailable, ts, columns, payload)
+
+
+def decode_json_event(value: bytes, cache: SchemaCache) -> Change:
+    """Decode a plain JSON event (append mode): the whole object is the row."""
+    obj = _loads(value)
+    if not isinstance(obj, dict):
+        raise DecodeError("event is not a JSON object")
+    return Change("c", None, obj, [], None, cache.inferred(obj), obj)

@@ -1,0 +1,90 @@
+"""The driver loop: run micro-batches until stopped, one progress line per batch.
+
+SIGTERM and Ctrl-C finish the batch in flight and stop cleanly (a second Ctrl-C aborts).
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import orjson
+
+from lakestream.config import PipelineConfig
+from lakestream.engine.pipeline import BatchResult, Pipeline, describe_batch
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+
+def metrics_path(config: PipelineConfig) -> Path:
+    return Path(config.state_dir) / "metrics" / f"{config.name}.jsonl"
+
+
+def install_stop_signals(stop: threading.Event) -> None:
+    """SIGTERM/SIGINT set ``stop``; a second SIGINT raises KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        log.info("stopping after the current batch (signal %d)", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
+def run_pipeline(
+    config: PipelineConfig,
+    stop: threading.Event | None = None,
+    spark: SparkSession | None = None,
+    max_batches: int | None = None,
+    stop_when_idle: bool = False,
+    on_batch: Callable[[BatchResult], None] | None = None,
+) -> list[BatchResult]:
+    """Run the pipeline until ``stop`` is set (or ``max_batches`` / idle when asked)."""
+    stop = stop or threading.Event()
+    pipeline = Pipeline(config, spark)
+    results: list[BatchResult] = []
+    metrics = metrics_path(config)
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    maintain = None
+    if config.maintenance.mode == "inline":
+        try:
+            from lakestream.maintenance.runner import maybe_maintain as maintain
+        except ImportError:
+            log.warning("inline maintenance requested but lakestream.maintenance is unavailable")
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            result = pipeline.run_batch()
+            if result is None:
+                if stop_when_idle:
+                    break
+                stop.wait(config.engine.idle_poll_s)
+            else:
+                results.append(result)
+                log.info(result.progress_line())
+                with metrics.open("ab") as fh:
+                    fh.write(orjson.dumps(describe_batch(result)) + b"\n")
+                if on_batch:
+                    on_batch(result)
+                if max_batches is not None and len(results) >= max_batches:
+                    break
+                remaining = config.engine.commit_interval_s - (time.monotonic() - started)
+                if remaining > 0:
+                    stop.wait(remaining)
+            if maintain is not None and not stop.is_set():
+                for action in maintain(pipeline.spark, config, time.time()) or []:
+                    log.info("maintenance: %s", action)
+    finally:
+        pipeline.close()
+    return results

@@ -1,0 +1,79 @@
+"""Kafka offsets stored in the same Iceberg snapshot as the data they produced.
+
+Each data commit of a table carries the summary property ``lakestream.offsets``: for every
+partition that fed the table, the next offset to read. Because data and offsets land in one
+atomic snapshot, a crash at any instant leaves each table either with both or with neither.
+On restart a record is applied to a table only if its offset is at or past the table's stored
+offset for that partition. Maintenance snapshots (compaction, expiry) carry no offsets, so the
+lookup walks back through the snapshot ancestry to the newest snapshot that has them.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import orjson
+
+from lakestream.source.kafka import TP
+from lakestream.spark import jvm_helper
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+OFFSETS_PROPERTY = "lakestream.offsets"
+SOURCE_TS_PROPERTY = "lakestream.source-ts-max-ms"
+PIPELINE_PROPERTY = "lakestream.pipeline"
+BATCH_PROPERTY = "lakestream.batch-id"
+
+
+def encode_offsets(offsets: dict[TP, int]) -> str:
+    nested: dict[str, dict[str, int]] = {}
+    for tp, off in sorted(offsets.items()):
+        nested.setdefault(tp.topic, {})[str(tp.partition)] = off
+    return orjson.dumps(nested).decode()
+
+
+def decode_offsets(text: str | None) -> dict[TP, int]:
+    if not text:
+        return {}
+    nested = orjson.loads(text)
+    return {TP(topic, int(p)): int(off) for topic, parts in nested.items() for p, off in parts.items()}
+
+
+class TableOffsets:
+    """The committed offsets of every table the pipeline writes, loaded lazily, cached after commits."""
+
+    def __init__(self, spark: SparkSession):
+        self.spark = spark
+        self._cache: dict[str, dict[TP, int]] = {}
+
+    def load(self, table_ident: str, refresh: bool = False) -> dict[TP, int]:
+        """``table_ident`` is the quoted catalog.namespace.table."""
+        if refresh or table_ident not in self._cache:
+            raw = jvm_helper(self.spark).latestSummaryValue(self.spark._jsparkSession, table_ident, OFFSETS_PROPERTY)
+            self._cache[table_ident] = decode_offsets(raw)
+        return self._cache[table_ident]
+
+    def forget(self, table_ident: str) -> None:
+        self._cache.pop(table_ident, None)
+
+    def merged_after_commit(self, table_ident: str, consumed: dict[TP, int]) -> dict[TP, int]:
+        """The table's offsets once ``consumed`` is committed (offsets of other partitions carried forward)."""
+        merged = dict(self.load(table_ident))
+        merged.update(consumed)
+        return merged
+
+    def record(self, table_ident: str, offsets: dict[TP, int]) -> None:
+        self._cache[table_ident] = dict(offsets)
+
+
+def commit_with_offsets(spark: SparkSession, sql: str, properties: dict[str, str]) -> None:
+    """Run a MERGE/INSERT whose Iceberg snapshot summary carries ``properties``."""
+    jvm_helper(spark).sqlWithCommitProperties(spark._jsparkSession, sql, properties)
+
+
+def current_summary(spark: SparkSession, table_ident: str) -> dict[str, str]:
+    summary = jvm_helper(spark).currentSummary(spark._jsparkSession, table_ident)
+    return {str(k): str(v) for k, v in summary.items()}

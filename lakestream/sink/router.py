@@ -1,0 +1,104 @@
+"""Routing: which Iceberg table a record belongs to.
+
+A topic maps to a table through its stream's naming template (``{prefix}``, ``{schema}``,
+``{table}`` from the Debezium topic ``<prefix>.<schema>.<table>``, ``{topic}``), or, with
+``route_field``, through a value inside the record (one topic feeding many tables).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from lakestream.config import PipelineConfig, StreamSettings
+from lakestream.errors import DecodeError, InvalidIdentifierError
+from lakestream.identifiers import sanitize_identifier, validate_identifier
+
+
+@dataclass(frozen=True)
+class TableName:
+    namespace: str
+    table: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}.{self.table}"
+
+    @classmethod
+    def parse(cls, text: str) -> TableName:
+        namespace, table = text.split(".", 1)
+        return cls(namespace, table)
+
+
+def topic_parts(topic: str) -> dict[str, str]:
+    """``{prefix, schema, table, topic}`` of a Debezium-style topic name, sanitized into identifiers."""
+    parts = topic.split(".")
+    table = parts[-1]
+    schema = parts[-2] if len(parts) >= 2 else ""
+    prefix = ".".join(parts[:-2]) if len(parts) >= 3 else ""
+    return {
+        "prefix": sanitize_identifier(prefix) if prefix else "",
+        "schema": sanitize_identifier(schema) if schema else "",
+        "table": sanitize_identifier(table),
+        "topic": sanitize_identifier(topic),
+    }
+
+
+class Router:
+    """Resolves (topic, record) → (stream settings, table name). Picklable, used on executors."""
+
+    def __init__(self, streams: list[StreamSettings]):
+        self.streams = streams
+        self._topic_cache: dict[str, tuple[int, TableName | None]] = {}
+
+    @classmethod
+    def from_config(cls, config: PipelineConfig) -> Router:
+        return cls(list(config.streams))
+
+    def stream_index(self, topic: str) -> int | None:
+        for i, stream in enumerate(self.streams):
+            if stream.matches(topic):
+                return i
+        return None
+
+    def _template_name(self, stream: StreamSettings, topic: str, field: str | None) -> TableName:
+        values = topic_parts(topic)
+        values["field"] = field or ""
+        name = stream.table.format(**values).strip("_")
+        name = re.sub(r"__+", "_", name) if "{" in stream.table else name
+        try:
+            validate_identifier(name, what="table name")
+        except InvalidIdentifierError as exc:
+            raise DecodeError(f"cannot route to a table: {exc}") from None
+        return TableName(stream.namespace, name)
+
+    def route(self, topic: str, payload: dict[str, Any] | None = None) -> tuple[StreamSettings, TableName]:
+        """The stream and table for a record; DecodeError when the record cannot be routed."""
+        cached = self._topic_cache.get(topic)
+        if cached is None:
+            index = self.stream_index(topic)
+            if index is None:
+                raise DecodeError(f"no stream in the config matches topic {topic!r}")
+            stream = self.streams[index]
+            cached = (index, None if stream.route_field else self._template_name(stream, topic, None))
+            self._topic_cache[topic] = cached
+        index, table = cached
+        stream = self.streams[index]
+        if table is not None:
+            return stream, table
+        value = _field_value(payload, stream.route_field)
+        if value is None or value == "":
+            raise DecodeError(f"route field {stream.route_field!r} is missing or null")
+        if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", value):
+            raise DecodeError(f"route field {stream.route_field!r} value {str(value)[:60]!r} is not a valid table name")
+        return stream, self._template_name(stream, topic, value)
+
+
+def _field_value(payload: dict[str, Any] | None, path: str | None) -> Any:
+    if payload is None or path is None:
+        return None
+    node: Any = payload
+    for part in path.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node

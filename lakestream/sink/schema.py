@@ -1,0 +1,264 @@
+"""Creating Iceberg tables from the first batch and evolving them mid-stream.
+
+Incoming row shapes (column name → type) are reconciled with the table: new columns are added
+as nullable (metadata only), types are widened where Iceberg allows it (int→bigint,
+float→double, decimal precision up), new nested fields are added. A shape that cannot be
+reconciled (a narrowing, a string where a number was) is reported so its records go to the
+dead-letter table; the table is left as it is.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from lakestream.config import StreamSettings
+from lakestream.identifiers import quote, quote_column, sql_string
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.types import DataType, StructType
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TABLE_PROPERTIES = {
+    "format-version": "2",
+    "write.upsert.enabled": "false",
+    "write.delete.mode": "merge-on-read",
+    "write.update.mode": "merge-on-read",
+    "write.merge.mode": "merge-on-read",
+    "write.distribution-mode": "hash",
+    "write.target-file-size-bytes": str(128 * 1024 * 1024),
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "50",
+    "commit.retry.num-retries": "10",
+}
+
+
+@dataclass
+class Shape:
+    """One incoming row shape for a table, as collected from the decode tasks."""
+
+    schema_id: str
+    columns: list[tuple[str, str]]
+    key: list[str]
+    inferred: bool
+
+
+@dataclass
+class Reconciliation:
+    """The outcome of matching shapes with a table: DDL to run, shapes to reject (with reasons)."""
+
+    statements: list[str] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)
+
+
+def parse_type(ddl: str) -> DataType:
+    from pyspark.sql.types import _parse_datatype_string
+
+    return _parse_datatype_string(ddl)
+
+
+def _decimal(dt: DataType) -> tuple[int, int] | None:
+    from pyspark.sql.types import DecimalType
+
+    return (dt.precision, dt.scale) if isinstance(dt, DecimalType) else None
+
+
+def _fits(existing: DataType, incoming: DataType) -> bool:
+    """Values of ``incoming`` can be written to a column of type ``existing`` without loss."""
+    from pyspark.sql.types import DoubleType, FloatType, IntegerType, LongType, StringType
+
+    if existing == incoming or isinstance(existing, StringType):
+        return True
+    if isinstance(existing, LongType) and isinstance(incoming, IntegerType):
+        return True
+    if isinstance(existing, DoubleType) and isinstance(incoming, (FloatType, IntegerType, LongType)):
+        return True
+    d_old, d_new = _decimal(existing), _decimal(incoming)
+    if d_old and d_new and d_old[1] == d_new[1] and d_new[0] <= d_old[0]:
+        return True
+    return False
+
+
+def _promotion(existing: DataType, incoming: DataType) -> str | None:
+    """The type Iceberg can widen ``existing`` to so ``incoming`` fits, or None."""
+    from pyspark.sql.types import DoubleType, FloatType, IntegerType, LongType
+
+    if isinstance(existing, IntegerType) and isinstance(incoming, LongType):
+        return "bigint"
+    if isinstance(existing, FloatType) and isinstance(incoming, DoubleType):
+        return "double"
+    d_old, d_new = _decimal(existing), _decimal(incoming)
+    if d_old and d_new and d_old[1] == d_new[1] and d_new[0] > d_old[0]:
+        return f"decimal({d_new[0]},{d_new[1]})"
+    return None
+
+
+def _reconcile_field(path: list[str], existing: DataType, incoming: DataType, out: list[str], table: str) -> str | None:
+    """Append DDL making ``incoming`` fit ``existing`` at ``path``; return a reason when impossible."""
+    from pyspark.sql.types import ArrayType, StructType
+
+    if _fits(existing, incoming):
+        return None
+    column = ".".join(quote_column(p) for p in path)
+    if isinstance(existing, StructType) and isinstance(incoming, StructType):
+        have = {f.name.lower(): f for f in existing.fields}
+        for f in incoming.fields:
+            current = have.get(f.name.lower())
+            if current is None:
+                out.append(f"ALTER TABLE {table} ADD COLUMN {column}.{quote_column(f.name)} {f.dataType.simpleString()}")
+            else:
+                reason = _reconcile_field(path + [current.name], current.dataType, f.dataType, out, table)
+                if reason:
+                    return reason
+        return None
+    if isinstance(existing, ArrayType) and isinstance(incoming, ArrayType):
+        if _fits(existing.elementType, incoming.elementType):
+            return None
+        return (f"column {'.'.join(path)}: array<{existing.elementType.simpleString()}> cannot hold "
+                f"array<{incoming.elementType.simpleString()}>")
+    promoted = _promotion(existing, incoming)
+    if promoted:
+        out.append(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE {promoted}")
+        return None
+    return (f"column {'.'.join(path)}: incoming type {incoming.simpleString()} is incompatible with the table's "
+            f"{existing.simpleString()} (Iceberg only widens int→bigint, float→double, decimal precision)")
+
+
+def reconcile(table_ident: str, schema: StructType, shapes: list[Shape]) -> Reconciliation:
+    """DDL that lets every compatible shape be written to a table with ``schema``."""
+    result = Reconciliation()
+    have = {f.name.lower(): f for f in schema.fields}
+    added: dict[str, str] = {}
+    for shape in shapes:
+        statements: list[str] = []
+        local_added: dict[str, str] = {}
+        reason = None
+        for name, ddl in shape.columns:
+            incoming = parse_type(ddl)
+            current = have.get(name.lower())
+            if current is None:
+                earlier = added.get(name.lower()) or local_added.get(name.lower())
+                if earlier is not None:
+                    if earlier != incoming.simpleString() and not _fits(parse_type(earlier), incoming):
+                        reason = (f"column {name}: {incoming.simpleString()} here but {earlier} in another record "
+                                  f"of this batch")
+                        break
+                    continue
+                local_added[name.lower()] = incoming.simpleString()
+                statements.append(f"ALTER TABLE {table_ident} ADD COLUMN {quote_column(name)} {incoming.simpleString()}")
+                continue
+            reason = _reconcile_field([current.name], current.dataType, incoming, statements, table_ident)
+            if reason:
+                break
+        if reason:
+            result.rejected[shape.schema_id] = reason
+            continue
+        added.update(local_added)
+        for stmt in statements:
+            if stmt not in result.statements:
+                result.statements.append(stmt)
+    return result
+
+
+def merged_columns(shapes: list[Shape]) -> list[tuple[str, str]]:
+    """Union of the shapes' columns in first-seen order (for a new table); later widenings win."""
+    order: list[str] = []
+    types: dict[str, DataType] = {}
+    for shape in shapes:
+        for name, ddl in shape.columns:
+            incoming = parse_type(ddl)
+            if name not in types:
+                order.append(name)
+                types[name] = incoming
+            elif not _fits(types[name], incoming):
+                promoted = _promotion(types[name], incoming)
+                if promoted:
+                    types[name] = parse_type(promoted)
+    return [(n, types[n].simpleString()) for n in order]
+
+
+_TRANSFORM = re.compile(r"^(years|months|days|hours|bucket|truncate|identity)\((?:(\d+)\s*,\s*)?([^()]+)\)$")
+
+
+def partition_clause(fields: list[str]) -> str:
+    """``PARTITIONED BY (...)`` from entries like ``days(created_at)``, ``bucket(16, id)``, ``region``."""
+    parts = []
+    for raw in fields:
+        spec = raw.strip()
+        match = _TRANSFORM.match(spec)
+        if match:
+            fn, width, col = match.groups()
+            col_sql = quote_column(col.strip())
+            parts.append(f"{fn}({width}, {col_sql})" if width else f"{fn}({col_sql})")
+        else:
+            parts.append(quote_column(spec))
+    return f"PARTITIONED BY ({', '.join(parts)})" if parts else ""
+
+
+class TableManager:
+    """Creates tables, reconciles shapes, caches schemas (refreshed after each change)."""
+
+    def __init__(self, spark: SparkSession, catalog: str):
+        self.spark = spark
+        self.catalog = catalog
+        self._schemas: dict[str, StructType] = {}
+        self._namespaces: set[str] = set()
+
+    def ident(self, namespace: str, table: str) -> str:
+        return f"{quote(self.catalog, 'catalog')}.{quote(namespace, 'namespace')}.{quote(table, 'table')}"
+
+    def exists(self, namespace: str, table: str) -> bool:
+        return self.schema(namespace, table) is not None
+
+    def schema(self, namespace: str, table: str, refresh: bool = False) -> StructType | None:
+        ident = self.ident(namespace, table)
+        if refresh or ident not in self._schemas:
+            if not self.spark.catalog.tableExists(f"{self.catalog}.{namespace}.{table}"):
+                return None
+            self._schemas[ident] = self.spark.table(ident).schema
+        return self._schemas[ident]
+
+    def ensure_namespace(self, namespace: str) -> None:
+        if namespace not in self._namespaces:
+            self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.catalog, 'catalog')}.{quote(namespace, 'namespace')}")
+            self._namespaces.add(namespace)
+
+    def create(self, namespace: str, table: str, columns: list[tuple[str, str]], key: list[str],
+               stream: StreamSettings, extra_properties: dict[str, str] | None = None) -> None:
+        """CREATE TABLE IF NOT EXISTS with the stream's layout; key columns NOT NULL + identifier fields."""
+        self.ensure_namespace(namespace)
+        ident = self.ident(namespace, table)
+        key_lower = {k.lower() for k in key}
+        cols = ", ".join(
+            f"{quote_column(n)} {t}{' NOT NULL' if n.lower() in key_lower else ''}" for n, t in columns)
+        props = dict(DEFAULT_TABLE_PROPERTIES)
+        props.update(extra_properties or {})
+        props.update(stream.layout.properties)
+        props_sql = ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in props.items())
+        self.spark.sql(
+            f"CREATE TABLE IF NOT EXISTS {ident} ({cols}) USING iceberg "
+            f"{partition_clause(stream.layout.partition_by)} TBLPROPERTIES ({props_sql})")
+        if key:
+            self.spark.sql(f"ALTER TABLE {ident} SET IDENTIFIER FIELDS {', '.join(quote_column(k) for k in key)}")
+        if stream.layout.sort_by:
+            self.spark.sql(f"ALTER TABLE {ident} WRITE ORDERED BY {', '.join(_sort_term(s) for s in stream.layout.sort_by)}")
+        log.info("created table %s.%s.%s (%d columns, key %s)", self.catalog, namespace, table, len(columns), key or "-")
+        self.schema(namespace, table, refresh=True)
+
+    def apply(self, namespace: str, table: str, statements: list[str]) -> None:
+        for stmt in statements:
+            log.info("schema change: %s", stmt)
+            self.spark.sql(stmt)
+        if statements:
+            self.schema(namespace, table, refresh=True)
+
+
+def _sort_term(spec: str) -> str:
+    parts = spec.split()
+    direction = ""
+    if len(parts) == 2 and parts[1].upper() in ("ASC", "DESC"):
+        direction = " " + parts[1].upper()
+    return quote_column(parts[0]) + direction

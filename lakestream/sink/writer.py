@@ -1,0 +1,128 @@
+"""Writing one table's share of a micro-batch: type, deduplicate, then one MERGE (or INSERT).
+
+- upsert tables: the latest change per key within the batch wins (Kafka order); one MERGE applies
+  deletes and upserts; columns Debezium withheld (unchanged TOAST) keep the stored value.
+- a batch of only inserts/snapshot reads into an empty table is appended (no join needed).
+- append tables: INSERT, or an insert-only MERGE on the event id when de-duplication is on.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from lakestream.decode.types import JSON_OPTIONS
+from lakestream.identifiers import quote_column, sql_string
+from lakestream.sink.commit import commit_with_offsets
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+_view_ids = itertools.count()
+OP_COL, UNAVAILABLE_COL = "__ls_op", "__ls_unavailable"
+
+
+@dataclass
+class TableWrite:
+    """What to write into one table."""
+
+    ident: str  # quoted catalog.namespace.table
+    mode: str  # upsert | append
+    schema: StructType  # the table schema after evolution
+    key_columns: list[str]
+    incoming_columns: list[str]  # columns present in this batch's shapes
+    unavailable_columns: set[str]  # columns some change in the batch withheld (TOAST)
+    only_inserts: bool
+    table_empty: bool
+    dedupe: bool
+
+
+def typed_changes(changes: DataFrame, schema: StructType) -> DataFrame:
+    """Parse the wire-form ``row`` JSON into the table's column types."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, StringType, StructField, StructType
+
+    nullable = StructType([StructField(f.name, f.dataType, True) for f in schema.fields])
+    parsed = changes.select(
+        F.from_json("row", nullable, JSON_OPTIONS).alias("__r"),
+        F.col("op").alias(OP_COL),
+        F.col("key").alias("__ls_key"),
+        F.col("topic").alias("__ls_topic"),
+        F.col("partition").alias("__ls_partition"),
+        F.col("offset").alias("__ls_offset"),
+        F.from_json("unavailable", ArrayType(StringType())).alias(UNAVAILABLE_COL),
+    )
+    return parsed.select("__r.*", OP_COL, "__ls_key", "__ls_topic", "__ls_partition", "__ls_offset", UNAVAILABLE_COL)
+
+
+def latest_per_key(typed: DataFrame) -> DataFrame:
+    """Keep the last change of each key in Kafka order (same key → same partition)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    window = Window.partitionBy("__ls_key").orderBy(
+        F.col("__ls_offset").desc(), F.col("__ls_topic").desc(), F.col("__ls_partition").desc())
+    return typed.withColumn("__ls_rn", F.row_number().over(window)).where("__ls_rn = 1").drop("__ls_rn")
+
+
+def build_merge_sql(write: TableWrite, view: str) -> str:
+    cols = [f.name for f in write.schema.fields]
+    on = " AND ".join(f"t.{quote_column(k)} = s.{quote_column(k)}" for k in write.key_columns)
+    incoming = {c.lower() for c in write.incoming_columns}
+    keys = {k.lower() for k in write.key_columns}
+    sets = []
+    for c in cols:
+        if c.lower() in keys or c.lower() not in incoming:
+            continue  # a column the source no longer sends keeps its stored value
+        qc = quote_column(c)
+        if c in write.unavailable_columns:
+            sets.append(f"t.{qc} = CASE WHEN array_contains(s.{UNAVAILABLE_COL}, {sql_string(c)}) THEN t.{qc} ELSE s.{qc} END")
+        else:
+            sets.append(f"t.{qc} = s.{qc}")
+    insert_cols = ", ".join(quote_column(c) for c in cols)
+    insert_vals = ", ".join(f"s.{quote_column(c)}" for c in cols)
+    clauses = [f"WHEN MATCHED AND s.{OP_COL} = 'd' THEN DELETE"]
+    if sets:
+        clauses.append(f"WHEN MATCHED THEN UPDATE SET {', '.join(sets)}")
+    clauses.append(f"WHEN NOT MATCHED AND s.{OP_COL} <> 'd' THEN INSERT ({insert_cols}) VALUES ({insert_vals})")
+    return f"MERGE INTO {write.ident} t USING {view} s ON {on} " + " ".join(clauses)
+
+
+def build_insert_sql(write: TableWrite, view: str, where: str = "") -> str:
+    cols = ", ".join(quote_column(f.name) for f in write.schema.fields)
+    return f"INSERT INTO {write.ident} ({cols}) SELECT {cols} FROM {view}{where}"
+
+
+def build_dedupe_append_sql(write: TableWrite, view: str) -> str:
+    on = " AND ".join(f"t.{quote_column(k)} = s.{quote_column(k)}" for k in write.key_columns)
+    cols = [f.name for f in write.schema.fields]
+    insert_cols = ", ".join(quote_column(c) for c in cols)
+    insert_vals = ", ".join(f"s.{quote_column(c)}" for c in cols)
+    return f"MERGE INTO {write.ident} t USING {view} s ON {on} WHEN NOT MATCHED THEN INSERT ({insert_cols}) VALUES ({insert_vals})"
+
+
+def write_table(spark: SparkSession, write: TableWrite, changes: DataFrame, properties: dict[str, str]) -> str:
+    """Write ``changes`` (decoded rows of this table) and commit ``properties`` in the same snapshot.
+
+    Returns the kind of write done (merge | append | dedupe-append).
+    """
+    typed = typed_changes(changes, write.schema)
+    if write.mode == "upsert" or write.dedupe:
+        typed = latest_per_key(typed)
+    view = f"__ls_batch_{next(_view_ids)}"
+    typed.createOrReplaceTempView(view)
+    try:
+        if write.mode == "upsert":
+            if write.only_inserts and write.table_empty:
+                sql, kind = build_insert_sql(write, view, f" WHERE {OP_COL} <> 'd'"), "append"
+            else:
+                sql, kind = build_merge_sql(write, view), "merge"
+        elif write.dedupe:
+            sql, kind = build_dedupe_append_sql(write, view), "dedupe-append"
+        else:
+            sql, kind = build_insert_sql(write, view), "append"
+        commit_with_offsets(spark, sql, properties)
+        return kind
+    finally:
+        spark.catalog.dropTempView(view)

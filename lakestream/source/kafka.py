@@ -1,0 +1,95 @@
+"""Driver-side Kafka access: topic discovery, watermarks, and the consumer group's offsets.
+
+The consumer group's committed offsets are only a lower bound for where to start reading: the
+truth is in the tables' snapshot summaries (see `lakestream.sink.commit`). They are committed after
+every table of a batch has committed, so restarting from them never skips a change.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from lakestream.config import KafkaSettings
+from lakestream.errors import OffsetError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, order=True)
+class TP:
+    """A topic partition."""
+
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]"
+
+
+class KafkaCluster:
+    """A driver-side client for metadata and group offsets (it never reads records)."""
+
+    def __init__(self, settings: KafkaSettings, timeout_s: float = 10.0):
+        self.settings = settings
+        self.timeout_s = timeout_s
+        self._consumer = Consumer(settings.consumer_config(**{"auto.offset.reset": "earliest"}))
+        self._partitions: dict[str, list[int]] = {}
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def list_topics(self) -> dict[str, list[int]]:
+        """Every topic (internal ones excluded) and its partitions."""
+        try:
+            metadata = self._consumer.list_topics(timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise OffsetError(f"cannot reach Kafka at {self.settings.bootstrap_servers}: {exc}") from None
+        topics = {}
+        for name, meta in metadata.topics.items():
+            if name.startswith("__") or meta.error is not None:
+                continue
+            topics[name] = sorted(meta.partitions)
+        self._partitions = topics
+        return topics
+
+    def matching_partitions(self, names: list[str], patterns: list[re.Pattern[str]]) -> list[TP]:
+        """The partitions of the topics named or matched by a pattern."""
+        topics = self.list_topics()
+        wanted = [t for t in topics if t in names or any(p.fullmatch(t) for p in patterns)]
+        return [TP(t, p) for t in sorted(wanted) for p in topics[t]]
+
+    def watermarks(self, tps: list[TP]) -> dict[TP, tuple[int, int]]:
+        """(low, high) per partition. Some brokers (Tansu) under-report high; the reader copes."""
+        result = {}
+        for tp in tps:
+            try:
+                result[tp] = self._consumer.get_watermark_offsets(
+                    TopicPartition(tp.topic, tp.partition), timeout=self.timeout_s, cached=False)
+            except KafkaException as exc:
+                raise OffsetError(f"cannot read watermarks of {tp}: {exc}") from None
+        return result
+
+    def committed(self, tps: list[TP]) -> dict[TP, int]:
+        """The consumer group's committed offsets (only partitions that have one)."""
+        if not tps:
+            return {}
+        try:
+            parts = self._consumer.committed([TopicPartition(t.topic, t.partition) for t in tps], timeout=self.timeout_s)
+        except KafkaException as exc:
+            log.warning("cannot read committed offsets of group %s: %s", self.settings.group_id, exc)
+            return {}
+        return {TP(p.topic, p.partition): p.offset for p in parts if p.offset >= 0}
+
+    def commit(self, positions: dict[TP, int]) -> None:
+        """Store ``positions`` (next offsets to read) as the group's committed offsets."""
+        if not positions:
+            return
+        offsets = [TopicPartition(tp.topic, tp.partition, off) for tp, off in positions.items()]
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            # Harmless for correctness (tables hold the truth); a restart just re-reads a little more.
+            log.warning("could not commit group offsets: %s", exc)

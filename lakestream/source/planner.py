@@ -1,0 +1,62 @@
+"""Planning a micro-batch: which offset range of which partition each Spark task reads.
+
+Ranges are capped per batch and split per task. A range may be *open* (``end is None``): the task
+reads until the broker says end-of-partition or ``limit`` records. Open ranges exist because some
+brokers (Tansu) list an end offset that lags the true end; the task reports where it really stopped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lakestream.source.kafka import TP
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    topic: str
+    partition: int
+    start: int
+    end: int | None  # exclusive; None = until end-of-partition
+    limit: int  # at most this many records
+
+    @property
+    def tp(self) -> TP:
+        return TP(self.topic, self.partition)
+
+
+def plan_offset_ranges(
+    positions: dict[TP, int],
+    watermarks: dict[TP, tuple[int, int]],
+    maybe_more: set[TP],
+    max_records: int,
+    max_per_task: int,
+) -> list[OffsetRange]:
+    """Ranges for the next batch.
+
+    ``positions`` are the next offsets to read; ``maybe_more`` holds partitions whose last read
+    stopped at its limit rather than at the end (so there is data even if the high watermark
+    says otherwise). Partitions with nothing new are left out: a batch touching 3 of 200
+    partitions costs about what 3 partitions cost.
+    """
+    active: list[tuple[TP, int, int]] = []
+    for tp, pos in positions.items():
+        low, high = watermarks.get(tp, (0, 0))
+        start = max(pos, low)  # records below the low watermark were deleted by retention
+        known = max(high - start, 0)
+        if known > 0 or tp in maybe_more:
+            active.append((tp, start, known))
+    if not active:
+        return []
+    share = max(max_records // len(active), 1)
+    ranges: list[OffsetRange] = []
+    for tp, start, known in sorted(active):
+        budget = share
+        # Known records are split into closed per-task chunks; the last chunk stays open so a
+        # lagging high watermark never strands records.
+        while known > max_per_task and budget > max_per_task:
+            ranges.append(OffsetRange(tp.topic, tp.partition, start, start + max_per_task, max_per_task))
+            start += max_per_task
+            known -= max_per_task
+            budget -= max_per_task
+        ranges.append(OffsetRange(tp.topic, tp.partition, start, None, min(budget, max_per_task)))
+    return ranges
