@@ -103,3 +103,53 @@ def tansu_bootstrap(service_dir_factory) -> Iterator[str]:
         yield broker.bootstrap_servers
     finally:
         broker.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Spark with the Iceberg runtime, on the shared stack's JDBC catalog
+# ---------------------------------------------------------------------------------------------
+
+
+def catalog_settings(info: StackInfo, name: str = "lake"):
+    """The Iceberg catalog of a running stack (JDBC catalog in its PostgreSQL)."""
+    from lakestream.config import CatalogSettings
+
+    return CatalogSettings(name=name, uri=info.catalog_jdbc_uri(), user=info.pg_user, password=info.pg_password,
+                           warehouse=info.warehouse)
+
+
+@pytest.fixture(scope="session")
+def spark(stack: StackInfo):
+    """One SparkSession per test process: local[2], modest memory, catalog `lake` on the shared stack."""
+    from lakestream.config import SparkSettings
+    from lakestream.spark import build_session
+
+    session = build_session(catalog_settings(stack), SparkSettings(master="local[2]", driver_memory="1500m"))
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def pipeline_config_factory(stack: StackInfo, service_dir_factory):
+    """Build a validated PipelineConfig for the shared stack: `make(streams=[...], **overrides)`."""
+    from lakestream.config import parse_config
+
+    def make(streams: list[dict], name: str = "test", **overrides):
+        data = {
+            "name": name,
+            "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-{name}",
+                      "client": {"session.timeout.ms": 6000}},
+            "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
+            "streams": streams,
+            "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
+            "spark": {"master": "local[2]", "driver_memory": "1500m"},
+            "state_dir": str(service_dir_factory("state")),
+        }
+        for key, value in overrides.items():
+            if isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        return parse_config(data, "<test>")
+
+    return make
