@@ -76,9 +76,11 @@ class Broker:
             self.pid_file.write(pid)
             process.wait_until(lambda: not process.pid_alive(pid) or process.port_accepts(self.port), self.start_timeout)
             if not process.pid_alive(pid) or not process.port_accepts(self.port):
+                alive = process.pid_alive(pid)
+                why = f"did not listen within {self.start_timeout:.0f}s" if alive else "exited during startup"
                 self.stop(timeout=5)
                 raise StackError(
-                    f"{self.name} did not start on {self.bootstrap_servers} within {self.start_timeout:.0f}s\n"
+                    f"{self.name} on {self.bootstrap_servers} {why}\n"
                     f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
                 )
         if not process.wait_until(self.healthy, 15.0, 0.2):

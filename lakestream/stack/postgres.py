@@ -203,9 +203,10 @@ class PostgresCluster:
         self.pid_file.write(pid)
         process.wait_until(lambda: not process.pid_alive(pid) or self._socket_ready(), timeout, 0.1)
         if not self._socket_ready():
+            why = "exited during startup" if not process.pid_alive(pid) else f"did not accept connections within {timeout:.0f}s"
             self.stop(timeout=5)
             raise StackError(
-                f"PostgreSQL did not start on 127.0.0.1:{self.port} within {timeout:.0f}s\n"
+                f"PostgreSQL on 127.0.0.1:{self.port} {why}\n"
                 f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
             )
 
