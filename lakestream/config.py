@@ -183,6 +183,7 @@ class MaintenancePolicy(_Model):
     """Maintenance for tables whose name matches ``tables`` (a regex over namespace.table)."""
 
     tables: str = ".*"
+    enabled: bool = True
     compaction: CompactionPolicy = Field(default_factory=CompactionPolicy)
     max_delete_files: int = Field(default=50, ge=1)
     snapshot_retention_s: float = Field(default=7 * 86400, ge=0)
@@ -195,6 +196,8 @@ class MaintenancePolicy(_Model):
 class MaintenanceSettings(_Model):
     mode: Literal["off", "inline", "separate"] = "off"
     interval_s: float = Field(default=300, gt=0)
+    # remove_orphan_files lists the whole table location: run it less often than the other actions.
+    orphan_interval_s: float = Field(default=6 * 3600, ge=0)
     policies: list[MaintenancePolicy] = Field(default_factory=lambda: [MaintenancePolicy()])
 
     def policy_for(self, table: str) -> MaintenancePolicy:

@@ -1,0 +1,362 @@
+"""Table health metrics read from Iceberg metadata tables: files, snapshots, metadata size, freshness, lag.
+
+One `collect_table_metrics` call answers everything maintenance planning and health checks need about a
+table, from a handful of small metadata-table queries (`partitions`, `data_files`, `snapshots` +
+`history`, `all_manifests`, `metadata_log_entries`) plus file sizes of metadata files.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import date, datetime, timezone
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
+
+from lakestream.identifiers import quote_table
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from lakestream.config import KafkaSettings, MaintenancePolicy
+
+log = logging.getLogger(__name__)
+
+OFFSETS_PROPERTY = "lakestream.offsets"
+SOURCE_TS_PROPERTY = "lakestream.source-ts-max-ms"
+
+
+@dataclass
+class PartitionMetrics:
+    """One partition of one spec, as the `partitions` metadata table sees it."""
+
+    partition: dict[str, Any]
+    spec_id: int
+    data_files: int
+    data_bytes: int
+    delete_files: int
+    last_updated_ms: int | None
+
+    @property
+    def avg_file_bytes(self) -> float:
+        return self.data_bytes / self.data_files if self.data_files else 0.0
+
+    def label(self) -> str:
+        """A short human/Prometheus label such as ``ts_day=2024-01-01/region=eu``."""
+        if not self.partition:
+            return "<unpartitioned>"
+        return "/".join(f"{k}={_render(v)}" for k, v in self.partition.items())
+
+
+@dataclass
+class SnapshotInfo:
+    """One snapshot on the current snapshot's ancestry (newest first in `TableMetrics.ancestry`)."""
+
+    snapshot_id: int
+    committed_ms: int
+    operation: str | None
+    offsets: dict[str, dict[str, int]] | None
+    source_ts_max_ms: int | None
+
+
+@dataclass
+class TableMetrics:
+    """Everything known about one table's health at ``collected_ms``."""
+
+    table: str  # namespace.table
+    collected_ms: int
+    partitions: list[PartitionMetrics] = field(default_factory=list)
+    data_files: int = 0
+    data_bytes: int = 0
+    small_files: int = 0
+    small_file_bytes_threshold: int = 0
+    delete_files: int = 0
+    snapshots: int = 0
+    manifests: int = 0
+    metadata_bytes: int = 0
+    last_compaction_ms: int | None = None
+    oldest_snapshot_ms: int | None = None
+    freshness_s: float | None = None
+    kafka_lag: int | None = None
+    ancestry: list[SnapshotInfo] = field(default_factory=list)
+    has_sort_order: bool = False
+    error: str | None = None
+
+    @property
+    def files_per_partition_max(self) -> int:
+        return max((p.data_files for p in self.partitions), default=0)
+
+    @property
+    def files_per_partition_p95(self) -> float:
+        return percentile([p.data_files for p in self.partitions], 95)
+
+    @property
+    def avg_file_bytes(self) -> float:
+        return self.data_bytes / self.data_files if self.data_files else 0.0
+
+    @property
+    def small_file_share(self) -> float:
+        return self.small_files / self.data_files if self.data_files else 0.0
+
+    @property
+    def seconds_since_compaction(self) -> float | None:
+        if self.last_compaction_ms is None:
+            return None
+        return max(0.0, (self.collected_ms - self.last_compaction_ms) / 1000)
+
+    def newest_offsets_snapshot(self) -> SnapshotInfo | None:
+        """The newest ancestor carrying `lakestream.offsets`: the engine resumes from it, so it must survive expiry."""
+        return next((s for s in self.ancestry if s.offsets is not None), None)
+
+    def summary(self) -> dict[str, Any]:
+        """A flat, JSON-ready view (partitions summarised, ancestry left out)."""
+        return {
+            "table": self.table,
+            "data_files": self.data_files,
+            "partitions": len(self.partitions),
+            "files_per_partition_max": self.files_per_partition_max,
+            "files_per_partition_p95": round(self.files_per_partition_p95, 1),
+            "avg_file_bytes": round(self.avg_file_bytes),
+            "small_file_share": round(self.small_file_share, 4),
+            "delete_files": self.delete_files,
+            "snapshots": self.snapshots,
+            "manifests": self.manifests,
+            "metadata_bytes": self.metadata_bytes,
+            "seconds_since_compaction": _round(self.seconds_since_compaction),
+            "freshness_s": _round(self.freshness_s),
+            "kafka_lag": self.kafka_lag,
+            "error": self.error,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.summary()
+        out["partition_detail"] = [
+            {"partition": p.label(), "data_files": p.data_files, "data_bytes": p.data_bytes,
+             "delete_files": p.delete_files, "last_updated_ms": p.last_updated_ms}
+            for p in self.partitions
+        ]
+        return out
+
+
+def percentile(values: list[int], pct: float) -> float:
+    """Nearest-rank percentile (0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _render(value: Any) -> str:
+    if isinstance(value, (date, datetime)):
+        return value.isoformat()
+    return "null" if value is None else str(value)
+
+
+def _to_ms(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        # Spark returns naive datetimes in the session time zone, which lakestream pins to UTC.
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return int(value.timestamp() * 1000)
+    return int(value)
+
+
+def list_tables(spark: SparkSession, catalog: str) -> list[str]:
+    """All ``namespace.table`` names in ``catalog`` (single-level namespaces)."""
+    from lakestream.identifiers import quote
+
+    names: list[str] = []
+    for row in spark.sql(f"SHOW NAMESPACES IN {quote(catalog, 'catalog')}").collect():
+        namespace = row[0]
+        if "." in namespace:
+            continue
+        for trow in spark.sql(f"SHOW TABLES IN {quote(catalog, 'catalog')}.{quote(namespace, 'namespace')}").collect():
+            if not trow["isTemporary"]:
+                names.append(f"{namespace}.{trow['tableName']}")
+    return sorted(names)
+
+
+def split_table_name(name: str) -> tuple[str, str]:
+    namespace, _, table = name.partition(".")
+    if not namespace or not table:
+        from lakestream.errors import ConfigError
+
+        raise ConfigError(f"table {name!r}: write it as <namespace>.<table>")
+    return namespace, table
+
+
+def load_java_table(spark: SparkSession, catalog: str, name: str):
+    """The Iceberg `Table` object (via py4j) for ``namespace.table``; refreshed."""
+    namespace, table = split_table_name(name)
+    ident = quote_table(catalog, namespace, table).replace("`", "")
+    jtable = spark.sparkContext._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, ident)
+    jtable.refresh()
+    return jtable
+
+
+def collect_table_metrics(
+    spark: SparkSession,
+    catalog: str,
+    name: str,
+    policy: MaintenancePolicy | None = None,
+    kafka: KafkaSettings | None = None,
+    now_ms: int | None = None,
+) -> TableMetrics:
+    """Measure one table. ``policy`` sets the small-file size; ``kafka`` enables lag measurement."""
+    from lakestream.config import MaintenancePolicy
+
+    policy = policy or MaintenancePolicy()
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    namespace, table = split_table_name(name)
+    qualified = quote_table(catalog, namespace, table)
+    metrics = TableMetrics(table=name, collected_ms=now_ms)
+    jtable = load_java_table(spark, catalog, name)
+    metrics.has_sort_order = bool(jtable.sortOrder().isSorted())
+
+    metrics.partitions = _collect_partitions(spark, qualified)
+    metrics.delete_files = sum(p.delete_files for p in metrics.partitions)
+
+    compaction = policy.compaction
+    small = int(compaction.target_file_size_bytes * compaction.min_avg_file_size_ratio)
+    metrics.small_file_bytes_threshold = small
+    row = spark.sql(
+        f"SELECT count(*) AS n, coalesce(sum(file_size_in_bytes), 0) AS bytes, "
+        f"count_if(file_size_in_bytes < {small}) AS small FROM {qualified}.data_files"
+    ).collect()[0]
+    metrics.data_files, metrics.data_bytes, metrics.small_files = int(row.n), int(row.bytes), int(row.small)
+
+    snapshot_rows = spark.sql(
+        f"SELECT s.snapshot_id, s.committed_at, s.operation, s.manifest_list, "
+        f"s.summary[{_lit(OFFSETS_PROPERTY)}] AS offsets, s.summary[{_lit(SOURCE_TS_PROPERTY)}] AS source_ts, "
+        f"coalesce(h.is_current_ancestor, false) AS ancestor "
+        f"FROM {qualified}.snapshots s LEFT JOIN {qualified}.history h ON s.snapshot_id = h.snapshot_id"
+    ).collect()
+    metrics.snapshots = len(snapshot_rows)
+    ancestry = [r for r in snapshot_rows if r.ancestor]
+    ancestry.sort(key=lambda r: (r.committed_at, r.snapshot_id), reverse=True)
+    metrics.ancestry = [
+        SnapshotInfo(
+            snapshot_id=int(r.snapshot_id),
+            committed_ms=_to_ms(r.committed_at) or 0,
+            operation=r.operation,
+            offsets=_parse_offsets(r.offsets, name),
+            source_ts_max_ms=int(r.source_ts) if r.source_ts and r.source_ts.lstrip("-").isdigit() else None,
+        )
+        for r in ancestry
+    ]
+    if snapshot_rows:
+        metrics.oldest_snapshot_ms = min(_to_ms(r.committed_at) or 0 for r in snapshot_rows)
+    replaces = [s.committed_ms for s in metrics.ancestry if s.operation == "replace"]
+    metrics.last_compaction_ms = max(replaces) if replaces else None
+    source_ts = [s.source_ts_max_ms for s in metrics.ancestry if s.source_ts_max_ms is not None]
+    if source_ts:
+        metrics.freshness_s = max(0.0, (now_ms - max(source_ts)) / 1000)
+
+    metrics.manifests = int(spark.sql(f"SELECT count(*) FROM {qualified}.manifests").collect()[0][0])
+    metrics.metadata_bytes = _metadata_bytes(spark, qualified, jtable, [r.manifest_list for r in snapshot_rows])
+
+    if kafka is not None:
+        offsets_snapshot = metrics.newest_offsets_snapshot()
+        if offsets_snapshot is not None and offsets_snapshot.offsets:
+            metrics.kafka_lag = kafka_lag(kafka, offsets_snapshot.offsets)
+    return metrics
+
+
+def _lit(value: str) -> str:
+    from lakestream.identifiers import sql_string
+
+    return sql_string(value)
+
+
+def _parse_offsets(raw: str | None, table: str) -> dict[str, dict[str, int]] | None:
+    if raw is None:
+        return None
+    try:
+        parsed = json.loads(raw)
+        return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in parsed.items()}
+    except (ValueError, AttributeError, TypeError):
+        log.warning("%s: unreadable %s summary property %r", table, OFFSETS_PROPERTY, raw[:200])
+        return {}
+
+
+def _collect_partitions(spark: SparkSession, qualified: str) -> list[PartitionMetrics]:
+    frame = spark.sql(f"SELECT * FROM {qualified}.partitions")
+    columns = set(frame.columns)
+    result = []
+    for row in frame.collect():
+        partition = row["partition"].asDict() if "partition" in columns and row["partition"] is not None else {}
+        deletes = int(row["position_delete_file_count"] or 0) + int(row["equality_delete_file_count"] or 0)
+        result.append(
+            PartitionMetrics(
+                partition=partition,
+                spec_id=int(row["spec_id"]) if "spec_id" in columns else 0,
+                data_files=int(row["file_count"]),
+                data_bytes=int(row["total_data_file_size_in_bytes"] or 0),
+                delete_files=deletes,
+                last_updated_ms=_to_ms(row["last_updated_at"]),
+            )
+        )
+    return result
+
+
+def _metadata_bytes(spark: SparkSession, qualified: str, jtable, manifest_lists: list[str | None]) -> int:
+    """Bytes of table metadata: metadata JSON files (current + logged), all manifests, all manifest lists."""
+    total = int(spark.sql(f"SELECT coalesce(sum(length), 0) FROM (SELECT DISTINCT path, length FROM {qualified}.all_manifests)").collect()[0][0])
+    paths = {r[0] for r in spark.sql(f"SELECT file FROM {qualified}.metadata_log_entries").collect()}
+    paths.add(jtable.operations().current().metadataFileLocation())
+    paths.update(p for p in manifest_lists if p)
+    io = jtable.io()
+    for path in paths:
+        total += file_length(io, path)
+    return total
+
+
+def file_length(io, path: str) -> int:
+    """Size of a table file: a stat on the local FS for file:// paths, else the table's FileIO; 0 when gone."""
+    parsed = urlparse(path)
+    if parsed.scheme in ("", "file"):
+        try:
+            return os.stat(parsed.path).st_size
+        except OSError:
+            return 0
+    try:
+        return int(io.newInputFile(path).getLength())
+    except Exception:  # a file already deleted by expiry, or an unreachable store: count nothing
+        return 0
+
+
+def kafka_lag(kafka: KafkaSettings, offsets: dict[str, dict[str, int]], timeout_s: float = 2.0) -> int | None:
+    """Σ (high watermark − committed next offset) over the table's partitions; None if the broker does not answer."""
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    consumer = Consumer(kafka.consumer_config(**{"socket.timeout.ms": int(timeout_s * 1000), "log_level": 3}))
+    try:
+        lag = 0
+        for topic, partitions in offsets.items():
+            for partition, committed in partitions.items():
+                try:
+                    _, high = consumer.get_watermark_offsets(TopicPartition(topic, int(partition)), timeout=timeout_s)
+                except KafkaException as exc:
+                    log.info("kafka lag unknown for %s[%s]: %s", topic, partition, exc)
+                    return None
+                if high is None or high < 0:
+                    return None
+                lag += max(0, int(high) - int(committed))
+        return lag
+    finally:
+        consumer.close()
+
+
+def metrics_as_dict(metrics: TableMetrics) -> dict[str, Any]:
+    """Full dataclass dump (used by tests and debugging)."""
+    return asdict(metrics)

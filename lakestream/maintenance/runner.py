@@ -1,0 +1,164 @@
+"""One maintenance round over the catalog's tables, a `--watch` loop, and the engine's inline hook.
+
+Order within a table: compact cold partitions → rewrite position deletes → rewrite manifests → expire
+snapshots → remove orphans, so that expiry sees the snapshots compaction just replaced.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from lakestream.config import PipelineConfig
+from lakestream.health.metrics import collect_table_metrics, list_tables, load_java_table
+from lakestream.maintenance.actions import (
+    MaintenanceResult,
+    compact_cold_partitions,
+    expire_snapshots,
+    remove_orphan_files,
+    rewrite_manifests,
+    rewrite_position_deletes,
+)
+from lakestream.maintenance.policy import MaintenancePlan, plan_maintenance
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+
+def select_tables(spark: SparkSession, config: PipelineConfig, tables: list[str] | None = None) -> list[str]:
+    """``tables`` if given, else every catalog table whose policy is enabled."""
+    names = list(tables) if tables else list_tables(spark, config.catalog.name)
+    return [n for n in names if config.maintenance.policy_for(n).enabled]
+
+
+def plan_table(spark: SparkSession, config: PipelineConfig, name: str, now_ms: int | None = None) -> MaintenancePlan:
+    """The plan one round would carry out on ``name`` (nothing is changed)."""
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    policy = config.maintenance.policy_for(name)
+    metrics = collect_table_metrics(spark, config.catalog.name, name, policy, now_ms=now_ms)
+    return plan_maintenance(metrics, policy, now_ms)
+
+
+def maintain_table(
+    spark: SparkSession,
+    config: PipelineConfig,
+    name: str,
+    dry_run: bool = False,
+    remove_orphans: bool = True,
+    now_ms: int | None = None,
+) -> list[MaintenanceResult]:
+    """Plan and run one round of maintenance on one table."""
+    catalog = config.catalog.name
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    policy = config.maintenance.policy_for(name)
+    metrics = collect_table_metrics(spark, catalog, name, policy, now_ms=now_ms)
+    plan = plan_maintenance(metrics, policy, now_ms)
+    for reason in plan.reasons:
+        log.info("%s: %s", name, reason)
+    jtable = load_java_table(spark, catalog, name)
+    results: list[MaintenanceResult] = []
+    if plan.compact:
+        results.append(
+            compact_cold_partitions(spark, catalog, name, jtable, plan.compact, policy, sort=metrics.has_sort_order, dry_run=dry_run)
+        )
+    if plan.rewrite_deletes:
+        results.append(rewrite_position_deletes(spark, catalog, name, metrics.delete_files, dry_run=dry_run))
+    if plan.rewrite_manifests:
+        results.append(rewrite_manifests(spark, catalog, name, metrics.manifests, dry_run=dry_run))
+    if plan.expire:
+        results.append(
+            expire_snapshots(
+                spark, catalog, name, plan.expire_older_than_ms, plan.retain_last, metrics.snapshots,
+                protected_snapshot_id=plan.protected_snapshot_id, dry_run=dry_run,
+            )
+        )
+    if remove_orphans:
+        # A dry run still lists orphan candidates: listing changes nothing.
+        results.append(
+            remove_orphan_files(spark, catalog, name, jtable, plan.orphan_older_than_ms, dry_run=dry_run or plan.orphan_dry_run)
+        )
+    return results
+
+
+class MaintenanceScheduler:
+    """Remembers when each table last had maintenance, and when its (costly, listing) orphan scan ran."""
+
+    def __init__(self, config: PipelineConfig):
+        self.config = config
+        self.last_round_s: float | None = None
+        self.last_orphan_scan_s: dict[str, float] = {}
+
+    def due(self, now_s: float) -> bool:
+        return self.last_round_s is None or now_s - self.last_round_s >= self.config.maintenance.interval_s
+
+    def run_round(
+        self, spark: SparkSession, tables: list[str] | None = None, dry_run: bool = False, now_s: float | None = None
+    ) -> list[MaintenanceResult]:
+        """One round over the selected tables; a failing table is logged and does not stop the others."""
+        now_s = now_s if now_s is not None else time.time()
+        self.last_round_s = now_s
+        results: list[MaintenanceResult] = []
+        for name in select_tables(spark, self.config, tables):
+            last_scan = self.last_orphan_scan_s.get(name)
+            orphans = last_scan is None or now_s - last_scan >= self.config.maintenance.orphan_interval_s
+            try:
+                results.extend(maintain_table(spark, self.config, name, dry_run=dry_run, remove_orphans=orphans, now_ms=int(now_s * 1000)))
+                if orphans:
+                    self.last_orphan_scan_s[name] = now_s
+            except Exception as exc:  # one broken table (dropped mid-round, corrupt metadata) must not stop the rest
+                log.error("maintenance of %s failed: %s", name, str(exc).splitlines()[0][:300])
+                results.append(MaintenanceResult(table=name, action="round", status="failed", error=str(exc).splitlines()[0][:300]))
+        return results
+
+
+def maintain_tables(
+    spark: SparkSession, config: PipelineConfig, tables: list[str] | None = None, dry_run: bool = False
+) -> list[MaintenanceResult]:
+    """One maintenance round over all matching tables (or ``tables``, as ``namespace.table``)."""
+    return MaintenanceScheduler(config).run_round(spark, tables, dry_run=dry_run)
+
+
+def watch(
+    spark: SparkSession,
+    config: PipelineConfig,
+    tables: list[str] | None = None,
+    dry_run: bool = False,
+    stop: threading.Event | None = None,
+    max_rounds: int | None = None,
+) -> None:
+    """Run a round every ``maintenance.interval_s`` until ``stop`` is set (or ``max_rounds`` are done)."""
+    stop = stop or threading.Event()
+    scheduler = MaintenanceScheduler(config)
+    rounds = 0
+    while not stop.is_set():
+        started = time.time()
+        results = scheduler.run_round(spark, tables, dry_run=dry_run, now_s=started)
+        rounds += 1
+        log.info("maintenance round %d: %d action(s) in %.1fs", rounds, len(results), time.time() - started)
+        if max_rounds is not None and rounds >= max_rounds:
+            return
+        stop.wait(max(0.0, config.maintenance.interval_s - (time.time() - started)))
+
+
+_inline_schedulers: dict[int, MaintenanceScheduler] = {}
+
+
+def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | None = None) -> list[MaintenanceResult]:
+    """The engine's between-batches hook: a round when ``maintenance.mode`` is inline and interval_s has passed.
+
+    ``now`` is epoch seconds (default: the clock). Returns [] when nothing ran. Results never raise:
+    conflicts with the engine's own commits are reported and retried on a later round.
+    """
+    if config.maintenance.mode != "inline":
+        return []
+    now = now if now is not None else time.time()
+    scheduler = _inline_schedulers.get(id(config))
+    if scheduler is None or scheduler.config is not config:
+        scheduler = _inline_schedulers[id(config)] = MaintenanceScheduler(config)
+    if not scheduler.due(now):
+        return []
+    return scheduler.run_round(spark, now_s=now)
+
