@@ -153,3 +153,36 @@ def pipeline_config_factory(stack: StackInfo, service_dir_factory):
         return parse_config(data, "<test>")
 
     return make
+
+
+# ---------------------------------------------------------------------------------------------
+# Kafka helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def produce_records(bootstrap: str, topic: str, records: list[tuple[bytes | str | None, bytes | str | None]],
+                    partition: int | None = None) -> None:
+    """Produce (key, value) pairs to ``topic`` and wait for every delivery."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    failures: list[str] = []
+
+    def on_delivery(err, _msg):
+        if err is not None:
+            failures.append(str(err))
+
+    for key, value in records:
+        kwargs = {"partition": partition} if partition is not None else {}
+        producer.produce(topic, key=key, value=value, on_delivery=on_delivery, **kwargs)
+        producer.poll(0)
+    producer.flush(30)
+    assert not failures, failures
+
+
+def load_debezium_fixture(name: str = "debezium_events.jsonl") -> list[dict]:
+    """Genuine Debezium events recorded by tests/capture (see tests/data)."""
+    import json
+
+    path = Path(__file__).parent / "data" / name
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -68,19 +68,19 @@ def _time_from_micros(micros: int) -> str:
 
 
 def _decimal_from_bytes(scale: int) -> Converter:
+    """Kafka Connect Decimal: base64 of the big-endian two's-complement unscaled value."""
+
     def convert(value: Any) -> str:
         if isinstance(value, (int, float)):
             return str(value)
-        if isinstance(value, str) and not _looks_base64(value):
-            return value
-        unscaled = int.from_bytes(base64.b64decode(value), "big", signed=True)
+        unscaled = int.from_bytes(base64.b64decode(value, validate=True), "big", signed=True)
         return str(decimal.Decimal(unscaled).scaleb(-scale))
 
     return convert
 
 
-def _looks_base64(value: str) -> bool:
-    return not any(c in value for c in ".-eE") or value.endswith("=")
+def _decimal_text(value: Any) -> str:
+    return str(value)
 
 
 def _variable_scale_decimal(value: Any) -> str | None:
@@ -147,7 +147,8 @@ def _decimal_type(schema: dict[str, Any]) -> FieldType:
     params = schema.get("parameters") or {}
     scale = int(params.get("scale", 0))
     precision = params.get("connect.decimal.precision")
-    convert = _decimal_from_bytes(scale)
+    # decimal.handling.mode=precise sends bytes; =string sends text.
+    convert = _decimal_from_bytes(scale) if schema.get("type") == "bytes" else _decimal_text
     if precision is None or int(precision) > _MAX_DECIMAL_PRECISION:
         # Unbounded precision cannot be an Iceberg decimal; keep every digit as text.
         return FieldType("string", convert)

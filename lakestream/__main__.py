@@ -1,0 +1,6 @@
+"""`python -m lakestream` = the `lakestream` command."""
+import sys
+
+from lakestream.cli import main
+
+sys.exit(main())
