@@ -1,0 +1,71 @@
+"""plan_offset_ranges: pure planning, no broker."""
+from __future__ import annotations
+
+from lakestream.source.kafka import TP
+from lakestream.source.planner import OffsetRange, plan_offset_ranges
+
+A, B, C = TP("t", 0), TP("t", 1), TP("u", 0)
+
+
+def test_small_backlog_is_one_open_range_per_partition():
+    ranges = plan_offset_ranges({A: 10, B: 0}, {A: (0, 15), B: (0, 3)}, set(), max_records=1000, max_per_task=100)
+    assert ranges == [OffsetRange("t", 0, 10, None, 100), OffsetRange("t", 1, 0, None, 100)]
+
+
+def test_partitions_with_nothing_new_are_skipped():
+    ranges = plan_offset_ranges({A: 15, B: 3, C: 0}, {A: (0, 15), B: (0, 3), C: (0, 7)}, set(), 1000, 100)
+    assert [r.tp for r in ranges] == [C]
+    assert plan_offset_ranges({A: 15}, {A: (0, 15)}, set(), 1000, 100) == []
+
+
+def test_maybe_more_partition_is_read_even_if_the_watermark_says_nothing_new():
+    # Tansu's high watermark lags: the last read stopped at its limit, so there may be more.
+    ranges = plan_offset_ranges({A: 15, B: 3}, {A: (0, 15), B: (0, 3)}, {A}, 1000, 100)
+    assert ranges == [OffsetRange("t", 0, 15, None, 100)]
+
+
+def test_low_watermark_above_position_starts_at_low():
+    ranges = plan_offset_ranges({A: 5}, {A: (40, 50)}, set(), 1000, 100)
+    assert ranges == [OffsetRange("t", 0, 40, None, 100)]
+    # everything below low was deleted and nothing new: skipped
+    assert plan_offset_ranges({A: 5}, {A: (50, 50)}, set(), 1000, 100) == []
+
+
+def test_backlog_is_split_into_closed_chunks_with_the_last_one_open():
+    ranges = plan_offset_ranges({A: 0}, {A: (0, 350)}, set(), max_records=10_000, max_per_task=100)
+    assert ranges == [
+        OffsetRange("t", 0, 0, 100, 100),
+        OffsetRange("t", 0, 100, 200, 100),
+        OffsetRange("t", 0, 200, 300, 100),
+        OffsetRange("t", 0, 300, None, 100),
+    ]
+    # chunks are contiguous and each closed chunk ends where the next starts
+    for a, b in zip(ranges, ranges[1:]):
+        assert a.end == b.start
+
+
+def test_batch_cap_is_shared_between_active_partitions():
+    ranges = plan_offset_ranges({A: 0, B: 0}, {A: (0, 10_000), B: (0, 10_000)}, set(), max_records=300, max_per_task=100)
+    per_tp: dict[TP, int] = {}
+    for r in ranges:
+        per_tp[r.tp] = per_tp.get(r.tp, 0) + r.limit
+    assert per_tp == {A: 150, B: 150}
+    assert sum(r.limit for r in ranges) <= 300
+    assert all(r.limit <= 100 for r in ranges)
+    # the last range of each partition is open, so a lagging watermark never strands records
+    assert [r.end for r in ranges if r.tp == A][-1] is None
+
+
+def test_cap_below_per_task_gives_one_capped_open_range():
+    ranges = plan_offset_ranges({A: 0}, {A: (0, 10_000)}, set(), max_records=50, max_per_task=100)
+    assert ranges == [OffsetRange("t", 0, 0, None, 50)]
+
+
+def test_every_active_partition_gets_at_least_one_record_when_the_cap_is_tiny():
+    ranges = plan_offset_ranges({A: 0, B: 0, C: 0}, {A: (0, 5), B: (0, 5), C: (0, 5)}, set(), 1, 100)
+    assert [(r.tp, r.limit) for r in ranges] == [(A, 1), (B, 1), (C, 1)]
+
+
+def test_partition_unknown_to_watermarks_only_when_maybe_more():
+    assert plan_offset_ranges({A: 0}, {}, set(), 100, 100) == []
+    assert plan_offset_ranges({A: 0}, {}, {A}, 100, 100) == [OffsetRange("t", 0, 0, None, 100)]
