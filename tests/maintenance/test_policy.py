@@ -1,0 +1,42 @@
+"""Planning decisions, without Spark: hot vs cold partitions, the offsets snapshot, the orphan floor."""
+from __future__ import annotations
+
+from lakestream.config import MaintenancePolicy
+from lakestream.health.metrics import PartitionMetrics, SnapshotInfo, TableMetrics
+from lakestream.maintenance.policy import MIN_ORPHAN_AGE_S, plan_maintenance
+
+NOW = 1_800_000_000_000
+
+
+def partition(day: str, files: int, age_s: float, size: int = 1000) -> PartitionMetrics:
+    return PartitionMetrics({"day": day}, 0, files, files * size, 0, NOW - int(age_s * 1000))
+
+
+def test_only_cold_partitions_needing_it_are_compacted():
+    metrics = TableMetrics("ns.t", NOW, partitions=[
+        partition("hot", 200, age_s=5),
+        partition("cold", 200, age_s=3600),
+        partition("single", 1, age_s=3600),
+        partition("big", 3, age_s=3600, size=200 * 1024**2),
+    ])
+    plan = plan_maintenance(metrics, MaintenancePolicy(), NOW)
+    assert [p.partition["day"] for p in plan.compact] == ["cold"]
+    assert [p.partition["day"] for p in plan.hot_skipped] == ["hot"]
+
+
+def test_expiry_never_passes_the_newest_offsets_snapshot():
+    offsets_ms = NOW - 30 * 86400 * 1000
+    metrics = TableMetrics("ns.t", NOW, snapshots=50, oldest_snapshot_ms=NOW - 60 * 86400 * 1000, ancestry=[
+        SnapshotInfo(3, NOW - 1000, "replace", None, None),
+        SnapshotInfo(2, offsets_ms, "append", {"topic": {"0": 10}}, NOW),
+        SnapshotInfo(1, offsets_ms - 1000, "append", {"topic": {"0": 5}}, NOW),
+    ])
+    plan = plan_maintenance(metrics, MaintenancePolicy(snapshot_retention_s=86400, retain_last_snapshots=1), NOW)
+    assert plan.expire
+    assert plan.protected_snapshot_id == 2
+    assert plan.expire_older_than_ms == offsets_ms
+
+
+def test_orphan_age_never_below_iceberg_floor():
+    plan = plan_maintenance(TableMetrics("ns.t", NOW), MaintenancePolicy(orphan_min_age_s=60), NOW)
+    assert plan.orphan_older_than_ms == NOW - MIN_ORPHAN_AGE_S * 1000
