@@ -7,16 +7,18 @@ whose values Debezium withheld (unchanged TOAST), and the row's column types.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from lakestream.decode.types import UNAVAILABLE_VALUE, FieldType, field_type, infer_type
+from lakestream.decode.types import UNAVAILABLE_VALUE, FieldType, _identity, field_type, infer_type
 from lakestream.errors import DecodeError
 
 OPS = {"c", "u", "d", "r"}
-_PAYLOAD_MARKER = b',"payload":'
+# Debezium's JsonConverter writes {"schema":...,"payload":...}: the schema first.
+_PAYLOAD_MARKER = re.compile(rb',\s*"payload"\s*:')
 
 
 @dataclass(slots=True)
@@ -54,6 +56,9 @@ class SchemaCache:
     def __init__(self) -> None:
         self._by_bytes: dict[bytes, tuple[Columns, dict[str, FieldType]]] = {}
         self._inferred: dict[tuple[tuple[str, str], ...], Columns] = {}
+
+    def cached(self, raw: bytes) -> tuple[Columns, dict[str, FieldType]] | None:
+        return self._by_bytes.get(raw)
 
     def from_envelope_schema(self, raw: bytes | None, schema: dict[str, Any]) -> tuple[Columns, dict[str, FieldType]]:
         if raw is not None and raw in self._by_bytes:
@@ -112,8 +117,11 @@ def _convert_row(row: dict[str, Any], types: dict[str, FieldType]) -> tuple[dict
             out[name] = None
             continue
         ftype = types.get(name)
+        if ftype is None or ftype.convert is _identity:
+            out[name] = value
+            continue
         try:
-            out[name] = ftype.convert(value) if ftype is not None else value
+            out[name] = ftype.convert(value)
         except DecodeError:
             raise
         except Exception as exc:  # noqa: BLE001 — any conversion failure is a bad record, not a crash
@@ -133,19 +141,39 @@ def decode_key(key: bytes | None) -> dict[str, Any] | None:
     return obj
 
 
+def _split_envelope(value: bytes) -> tuple[bytes, bytes] | None:
+    """(schema part, payload JSON) of a schemas-on message, without parsing it."""
+    if not value.startswith(b'{"schema"'):
+        return None
+    end = value.rstrip()
+    if not end.endswith(b"}"):
+        return None
+    cut = value.find(b',"payload":')  # Debezium's compact form; a plain find is much faster than a regex
+    if cut > 0:
+        return value[:cut], end[cut + 11: -1]
+    match = _PAYLOAD_MARKER.search(value)
+    if match is None:
+        return None
+    return value[: match.start()], end[match.end(): -1]
+
+
 def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache) -> Change | None:
     """Decode a Debezium change event; None for events that carry no row change (heartbeats, tombstones)."""
-    obj = _loads(value)
-    if not isinstance(obj, dict):
-        raise DecodeError("Debezium value is not a JSON object")
-    schema_raw = None
-    if "payload" in obj and "schema" in obj:
-        schema = obj["schema"]
-        payload = obj["payload"]
-        cut = value.find(_PAYLOAD_MARKER)
-        schema_raw = value[:cut] if cut > 0 else None
+    split = _split_envelope(value)
+    known = cache.cached(split[0]) if split else None
+    if known is not None:
+        # The schema is the same bytes as an earlier event's: parse only the payload.
+        payload = _loads(split[1])
+        columns, types = known
     else:
-        schema, payload = None, obj
+        obj = _loads(value)
+        if not isinstance(obj, dict):
+            raise DecodeError("Debezium value is not a JSON object")
+        if "payload" in obj and "schema" in obj:
+            payload = obj["payload"]
+            columns, types = cache.from_envelope_schema(split[0] if split else None, obj["schema"])
+        else:
+            payload, columns, types = obj, None, {}
     if not isinstance(payload, dict):
         raise DecodeError("Debezium payload is not a JSON object")
     op = payload.get("op")
@@ -157,12 +185,10 @@ def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache) -> Chan
     if not isinstance(image, dict):
         side = "before" if op == "d" else "after"
         raise DecodeError(f"op {op!r} without a '{side}' row image")
-    if schema is not None:
-        columns, types = cache.from_envelope_schema(schema_raw, schema)
-    else:
-        columns, types = cache.inferred(image), {}
+    if columns is None:
+        columns = cache.inferred(image)
     row, unavailable = _convert_row(image, types)
-    source = payload.get("source") or {}
+    source = payload.get("source")
     ts = source.get("ts_ms") if isinstance(source, dict) else None
     if ts is None:
         ts = payload.get("ts_ms")

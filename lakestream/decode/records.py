@@ -62,7 +62,8 @@ class _Columns:
         return len(self.cols["kind"])
 
     def to_batch(self) -> pa.RecordBatch:
-        return pa.RecordBatch.from_pydict(self.cols, schema=DECODED_SCHEMA)
+        arrays = [pa.array(self.cols[f.name], type=f.type) for f in DECODED_SCHEMA]
+        return pa.RecordBatch.from_arrays(arrays, schema=DECODED_SCHEMA)
 
 
 class RecordDecoder:

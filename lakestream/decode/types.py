@@ -43,7 +43,7 @@ def _date_from_days(value: Any) -> str:
 
 
 def _ntz_from_micros(micros: int) -> str:
-    return (_EPOCH + dt.timedelta(microseconds=int(micros))).strftime("%Y-%m-%dT%H:%M:%S.%f")
+    return (_EPOCH + dt.timedelta(microseconds=int(micros))).isoformat(timespec="microseconds")
 
 
 def _tz_from_micros(micros: int) -> str:
@@ -57,7 +57,7 @@ def _zoned_timestamp(value: str) -> str:
         raise DecodeError(f"not an ISO-8601 timestamp: {value!r}") from exc
     if parsed.tzinfo is not None:
         parsed = parsed.astimezone(dt.timezone.utc).replace(tzinfo=None)
-    return parsed.strftime("%Y-%m-%dT%H:%M:%S.%f") + "Z"
+    return parsed.isoformat(timespec="microseconds") + "Z"
 
 
 def _time_from_micros(micros: int) -> str:
