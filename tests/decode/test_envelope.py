@@ -1,0 +1,175 @@
+"""Decoding Debezium envelopes (genuine events, schemas on and off) and plain JSON events."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import load_debezium_fixture
+from lakestream.decode.envelope import SchemaCache, decode_debezium, decode_json_event, decode_key
+from lakestream.decode.types import UNAVAILABLE_VALUE
+from lakestream.errors import DecodeError
+
+
+def _b(text: str | None) -> bytes | None:
+    return None if text is None else text.encode()
+
+
+def _decode_all(name: str):
+    cache = SchemaCache()
+    out = []
+    for event in load_debezium_fixture(name):
+        if event["value"] is None:
+            out.append(None)
+            continue
+        out.append(decode_debezium(_b(event["key"]), _b(event["value"]), cache))
+    return out
+
+
+@pytest.mark.parametrize("name", ["debezium_events.jsonl", "debezium_events_noschema.jsonl"])
+def test_genuine_events_ops_and_keys(name):
+    changes = _decode_all(name)
+    assert [c and c.op for c in changes] == ["r", "r", "r", "c", "u", "d", None, "c"]
+    assert [c and c.key for c in changes] == [{"id": 1}, {"id": 2}, {"id": 3}, {"id": 4}, {"id": 1}, {"id": 2},
+                                              None, {"id": 5}]
+    assert changes[4].row["note"] == "changed"
+    # the delete's row is its before image (the key is real, the rest are defaults/nulls)
+    assert changes[5].row["id"] == 2
+    assert all(c.source_ts_ms for c in changes if c)
+
+
+def test_genuine_events_with_schema_are_typed():
+    changes = _decode_all("debezium_events.jsonl")
+    first = changes[0]
+    types = dict(zip(first.columns.names, (t.ddl for t in first.columns.types)))
+    assert types == {"id": "int", "big": "bigint", "amount": "decimal(10,2)", "note": "string", "flag": "boolean",
+                     "day": "date", "ts": "timestamp_ntz", "tstz": "timestamp", "doc": "string", "uid": "string",
+                     "raw": "binary", "tags": "array<int>"}
+    assert not first.columns.inferred
+    row = first.row
+    assert row["amount"] == "1234.56" and row["day"] == "2024-02-29"
+    assert row["ts"] == "2024-02-29T12:34:56.789000" and row["tstz"] == "2024-02-29T10:34:56.789000Z"
+    assert json.loads(row["doc"]) == {"a": [1, 2], "b": None}
+    assert changes[4].row["amount"] == "1.50"
+    # same schema bytes → same shape id (one shape per table per batch)
+    assert len({c.columns.schema_id for c in changes if c}) == 1
+
+
+def test_genuine_events_without_schema_are_inferred():
+    changes = _decode_all("debezium_events_noschema.jsonl")
+    first = changes[0]
+    assert first.columns.inferred
+    types = dict(zip(first.columns.names, (t.ddl for t in first.columns.types)))
+    assert types["id"] == "bigint" and types["note"] == "string" and types["tags"] == "array<bigint>"
+    assert first.row["amount"] == "AeJA"  # no schema: the raw wire value is kept
+
+
+def _envelope(payload: dict, schema: dict | None = None) -> bytes:
+    if schema is None:
+        return json.dumps(payload).encode()
+    return json.dumps({"schema": schema, "payload": payload}, separators=(",", ":")).encode()
+
+
+ROW_SCHEMA = {"type": "struct", "fields": [
+    {"type": "struct", "field": "before", "optional": True, "fields": [
+        {"type": "int32", "field": "id"}, {"type": "string", "field": "body"}, {"type": "int32", "field": "n"}]},
+    {"type": "struct", "field": "after", "optional": True, "fields": [
+        {"type": "int32", "field": "id"}, {"type": "string", "field": "body"}, {"type": "int32", "field": "n"}]},
+    {"type": "string", "field": "op"},
+]}
+
+
+def test_unavailable_value_is_reported_not_written():
+    payload = {"before": None, "after": {"id": 1, "body": UNAVAILABLE_VALUE, "n": 2}, "op": "u",
+               "source": {"ts_ms": 5}}
+    for schema in (ROW_SCHEMA, None):
+        change = decode_debezium(b'{"id":1}', _envelope(payload, schema), SchemaCache())
+        assert change.unavailable == ["body"]
+        assert change.row == {"id": 1, "body": None, "n": 2}
+        assert change.source_ts_ms == 5
+
+
+def test_schema_cache_reuses_schema_and_parses_payload():
+    cache = SchemaCache()
+    a = decode_debezium(None, _envelope({"after": {"id": 1, "body": "x", "n": 1}, "op": "c"}, ROW_SCHEMA), cache)
+    b = decode_debezium(None, _envelope({"after": {"id": 2, "body": "y", "n": 2}, "op": "c"}, ROW_SCHEMA), cache)
+    assert a.columns is b.columns
+    assert b.row == {"id": 2, "body": "y", "n": 2}
+    # a changed schema (column added) is a new shape
+    schema2 = json.loads(json.dumps(ROW_SCHEMA))
+    schema2["fields"][1]["fields"].append({"type": "string", "field": "extra"})
+    c = decode_debezium(None, _envelope({"after": {"id": 3, "body": "z", "n": 3, "extra": "e"}, "op": "c"}, schema2), cache)
+    assert c.columns.schema_id != a.columns.schema_id
+    assert c.columns.names[-1] == "extra"
+
+
+def test_envelope_with_spaces_is_still_decoded():
+    value = json.dumps({"schema": ROW_SCHEMA, "payload": {"after": {"id": 1, "body": "x", "n": 1}, "op": "r"}}).encode()
+    assert b", " in value
+    change = decode_debezium(None, value, SchemaCache())
+    assert change.op == "r" and change.row["id"] == 1 and not change.columns.inferred
+
+
+def test_ts_ms_falls_back_to_envelope():
+    change = decode_debezium(None, _envelope({"after": {"id": 1}, "op": "c", "ts_ms": 99}), SchemaCache())
+    assert change.source_ts_ms == 99
+
+
+@pytest.mark.parametrize("value, message", [
+    (b'{"after": {"id": 1}, "op": "c"', "malformed JSON"),
+    (b"not json at all", "malformed JSON"),
+    (b"[1, 2]", "not a JSON object"),
+    (b'{"after": {"id": 1}}', "missing 'op'"),
+    (b'{"after": {"id": 1}, "op": "x"}', "unknown op 'x'"),
+    (b'{"after": null, "op": "c"}', "without a 'after'"),
+    (b'{"before": null, "after": null, "op": "d"}', "without a 'before'"),
+    (b'{"schema": {"type": "struct", "fields": []}, "payload": {"after": {"id": 1}, "op": "c"}}', "no 'after'/'before'"),
+    (b'{"schema": {"type": "struct", "fields": [{"type": "struct", "field": "after", "fields": []}]}, "payload": "text"}',
+     "payload is not a JSON object"),
+])
+def test_bad_envelopes_are_decode_errors(value, message):
+    with pytest.raises(DecodeError, match=message):
+        decode_debezium(b'{"id":1}', value, SchemaCache())
+
+
+def test_conversion_failure_names_the_column():
+    schema = {"type": "struct", "fields": [{"type": "struct", "field": "after", "fields": [
+        {"type": "int32", "field": "id"},
+        {"type": "bytes", "field": "amount", "name": "org.apache.kafka.connect.data.Decimal",
+         "parameters": {"scale": "2", "connect.decimal.precision": "10"}}]}]}
+    with pytest.raises(DecodeError, match="column 'amount'"):
+        decode_debezium(None, _envelope({"after": {"id": 1, "amount": "%%%"}, "op": "c"}, schema), SchemaCache())
+
+
+def test_nan_float_is_accepted():
+    change = decode_debezium(None, b'{"after": {"id": 1, "x": NaN}, "op": "c"}', SchemaCache())
+    assert change.row["id"] == 1
+
+
+def test_keys_with_and_without_schema():
+    assert decode_key(None) is None
+    assert decode_key(b'{"id": 7}') == {"id": 7}
+    with_schema = json.dumps({"schema": {"type": "struct", "fields": [{"type": "int32", "field": "id"}]},
+                              "payload": {"id": 7, "region": "eu"}}).encode()
+    assert decode_key(with_schema) == {"id": 7, "region": "eu"}
+    with pytest.raises(DecodeError, match="not a JSON object"):
+        decode_key(b"42")
+    with pytest.raises(DecodeError, match="malformed"):
+        decode_key(b"{")
+
+
+def test_json_events_are_inferred_and_unioned_by_shape():
+    cache = SchemaCache()
+    a = decode_json_event(b'{"id": "e1", "n": 1, "meta": {"ua": "x"}}', cache)
+    b = decode_json_event(b'{"id": "e2", "n": 2, "meta": {"ua": "y"}}', cache)
+    c = decode_json_event(b'{"id": "e3", "n": 2.5, "extra": null}', cache)
+    assert a.op == "c" and a.key is None and a.row["meta"] == {"ua": "x"}
+    assert a.columns is b.columns
+    assert dict(zip(a.columns.names, (t.ddl for t in a.columns.types))) == {
+        "id": "string", "n": "bigint", "meta": "struct<`ua`:string>"}
+    # null fields give no type evidence
+    assert dict(zip(c.columns.names, (t.ddl for t in c.columns.types))) == {"id": "string", "n": "double"}
+    with pytest.raises(DecodeError, match="not a JSON object"):
+        decode_json_event(b'"just a string"', cache)
+    with pytest.raises(DecodeError, match="malformed"):
+        decode_json_event(b"{oops", cache)
