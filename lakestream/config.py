@@ -81,6 +81,21 @@ class TableLayout(_Model):
     properties: dict[str, str] = Field(default_factory=dict)
 
 
+class TableLayoutRule(TableLayout):
+    """A layout for automatically created tables whose ``namespace.table`` matches ``tables`` (regex)."""
+
+    tables: str
+
+    @field_validator("tables")
+    @classmethod
+    def _valid_regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression ({exc})") from exc
+        return value
+
+
 class StreamSettings(_Model):
     """One routing rule: which topics, how they are written and to which table.
 
@@ -94,6 +109,7 @@ class StreamSettings(_Model):
     namespace: str = "cdc"
     table: str = "{schema}_{table}"
     route_field: str | None = None
+    route_header: str | None = None
     key_columns: list[str] = Field(default_factory=list)
     event_time_field: str | None = None
     dedupe_field: str | None = None
@@ -130,6 +146,12 @@ class StreamSettings(_Model):
     def _has_topics(self) -> StreamSettings:
         if not self.topics and not self.topic_pattern:
             raise ValueError("give `topics: [..]` or `topic_pattern: <regex>`")
+        if self.route_field and self.route_header:
+            raise ValueError("set route_field or route_header, not both")
+        if (self.route_field or self.route_header) and "{field}" not in self.table:
+            raise ValueError("with route_field/route_header the table template must use {field}, e.g. table: '{field}'")
+        if self.mode == "upsert" and (self.event_time_field or self.dedupe_field):
+            raise ValueError("event_time_field and dedupe_field apply to mode: append only")
         return self
 
     @property
@@ -273,12 +295,20 @@ class PipelineConfig(_Model):
     kafka: KafkaSettings
     catalog: CatalogSettings
     streams: list[StreamSettings] = Field(min_length=1)
+    table_layouts: list[TableLayoutRule] = Field(default_factory=list)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     spark: SparkSettings = Field(default_factory=SparkSettings)
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     capture: CaptureSettings | None = None
     state_dir: str = ".lakestream"
+
+    def layout_for(self, table: str, stream: StreamSettings) -> TableLayout:
+        """The layout of a new table: the first matching ``table_layouts`` rule, else the stream's."""
+        for rule in self.table_layouts:
+            if re.fullmatch(rule.tables, table):
+                return rule
+        return stream.layout
 
     def stream_for(self, topic: str) -> StreamSettings | None:
         """The first routing rule that claims ``topic``, or None."""

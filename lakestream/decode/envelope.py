@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from lakestream.decode.types import UNAVAILABLE_VALUE, FieldType, _identity, field_type, infer_type
+from lakestream.decode.types import UNAVAILABLE_VALUE, FieldType, _identity, event_time, field_type, infer_type
 from lakestream.errors import DecodeError
 
 OPS = {"c", "u", "d", "r"}
@@ -81,8 +81,9 @@ class SchemaCache:
             self._by_bytes[raw] = result
         return result
 
-    def inferred(self, row: dict[str, Any]) -> Columns:
-        signature = tuple((k, t) for k, v in row.items() if (t := infer_type(v)) is not None)
+    def inferred(self, row: dict[str, Any], time_field: str | None = None) -> Columns:
+        signature = tuple((k, "timestamp" if k == time_field else t) for k, v in row.items()
+                          if (t := infer_type(v)) is not None)
         columns = self._inferred.get(signature)
         if columns is None:
             names = [k for k, _ in signature]
@@ -195,9 +196,26 @@ def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache) -> Chan
     return Change(op, decode_key(key), row, unavailable, ts, columns, payload)
 
 
-def decode_json_event(value: bytes, cache: SchemaCache) -> Change:
-    """Decode a plain JSON event (append mode): the whole object is the row."""
+def decode_json_event(value: bytes, cache: SchemaCache, time_field: str | None = None) -> Change:
+    """Decode a plain JSON event (append mode): the whole object is the row.
+
+    ``time_field`` becomes a timestamp column (for hidden partitioning by event time).
+    """
     obj = _loads(value)
     if not isinstance(obj, dict):
         raise DecodeError("event is not a JSON object")
-    return Change("c", None, obj, [], None, cache.inferred(obj), obj)
+    ts_ms = None
+    if time_field is not None:
+        raw = obj.get(time_field)
+        if raw is None:
+            raise DecodeError(f"event time field {time_field!r} is missing or null")
+        obj[time_field] = event_time(raw)
+        ts_ms = _iso_to_ms(obj[time_field])
+    return Change("c", None, obj, [], ts_ms, cache.inferred(obj, time_field), obj)
+
+
+def _iso_to_ms(text: str) -> int:
+    import datetime as dt
+
+    parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return int(parsed.timestamp() * 1000)

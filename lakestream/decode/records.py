@@ -93,10 +93,10 @@ class RecordDecoder:
             if stream.record_format == "debezium":
                 change = decode_debezium(rec.key, rec.value, self.cache)
             else:
-                change = decode_json_event(rec.value, self.cache)
+                change = decode_json_event(rec.value, self.cache, stream.event_time_field)
             if change is None:
                 return
-            _, table = self.router.route(rec.topic, change.row)
+            _, table = self.router.route(rec.topic, change.row, rec.headers)
             key_json = None
             key_cols: list[str] = []
             if stream.mode == "upsert":

@@ -224,3 +224,17 @@ def merge_types(a: str | None, b: str | None) -> str | None:
         if pair in _WIDENING:
             return _WIDENING[pair]
     return "string"
+
+
+def event_time(value: Any) -> str:
+    """An event-time value (ISO string, or epoch seconds/ms/µs as a number) as a UTC timestamp wire string."""
+    if isinstance(value, bool):
+        raise DecodeError(f"event time {value!r} is not a timestamp")
+    if isinstance(value, (int, float)):
+        magnitude = abs(value)
+        # Epoch seconds, milliseconds or microseconds, told apart by magnitude (valid for 1973..5138).
+        micros = value * 1_000_000 if magnitude < 1e11 else value * 1000 if magnitude < 1e14 else value
+        return _tz_from_micros(int(micros))
+    if isinstance(value, str):
+        return _zoned_timestamp(value)  # a string without an offset is taken as UTC
+    raise DecodeError(f"event time {str(value)[:40]!r} is neither an ISO-8601 string nor an epoch number")

@@ -22,7 +22,7 @@ from lakestream.sink.commit import (
 )
 from lakestream.sink.deadletter import dead_letter_rows, ensure_dead_letter_table, reason_column, write_dead_letters
 from lakestream.sink.router import Router, TableName
-from lakestream.sink.schema import Shape, TableManager, merged_columns, reconcile
+from lakestream.sink.schema import Shape, TableManager, merged_columns, reconcile, widen_to_string_statements
 from lakestream.sink.writer import TableWrite, write_table
 from lakestream.source.kafka import TP, KafkaCluster
 from lakestream.source.planner import OffsetRange, plan_offset_ranges
@@ -217,9 +217,19 @@ class Pipeline:
         schema = self.tables.schema(ns, name)
         if schema is None:
             first_key = next((s.key for s in shapes if s.key), stream.key_columns)
-            self.tables.create(ns, name, merged_columns(shapes), first_key if stream.mode == "upsert" else [], stream)
+            layout = self.config.layout_for(str(tb.name), stream)
+            self.tables.create(ns, name, merged_columns(shapes), first_key if stream.mode == "upsert" else [], layout)
             schema = self.tables.schema(ns, name)
         result = reconcile(ident, schema, shapes)
+        if result.rejected and stream.on_incompatible_type == "widen_to_string":
+            keys = {k.lower() for s in shapes for k in s.key}
+            columns = sorted({c for c in result.rejected_columns.values() if c.lower() not in keys})
+            for column in columns:
+                log.warning("table %s: widening column %s to string (on_incompatible_type=widen_to_string)",
+                            tb.name, column)
+                self.tables.apply(ns, name, widen_to_string_statements(ident, column, f"pre_string_{self.batch_id}"))
+            if columns:
+                result = reconcile(ident, self.tables.schema(ns, name, refresh=True), shapes)
         self.tables.apply(ns, name, result.statements)
         for sid, reason in result.rejected.items():
             log.warning("table %s: rejecting row shape %s: %s", tb.name, sid, reason)

@@ -71,7 +71,8 @@ class Router:
             raise DecodeError(f"cannot route to a table: {exc}") from None
         return TableName(stream.namespace, name)
 
-    def route(self, topic: str, payload: dict[str, Any] | None = None) -> tuple[StreamSettings, TableName]:
+    def route(self, topic: str, payload: dict[str, Any] | None = None,
+              headers: list[tuple[str, bytes]] | None = None) -> tuple[StreamSettings, TableName]:
         """The stream and table for a record; DecodeError when the record cannot be routed."""
         cached = self._topic_cache.get(topic)
         if cached is None:
@@ -79,17 +80,23 @@ class Router:
             if index is None:
                 raise DecodeError(f"no stream in the config matches topic {topic!r}")
             stream = self.streams[index]
-            cached = (index, None if stream.route_field else self._template_name(stream, topic, None))
+            dynamic = stream.route_field or stream.route_header
+            cached = (index, None if dynamic else self._template_name(stream, topic, None))
             self._topic_cache[topic] = cached
         index, table = cached
         stream = self.streams[index]
         if table is not None:
             return stream, table
-        value = _field_value(payload, stream.route_field)
+        if stream.route_header:
+            what = f"route header {stream.route_header!r}"
+            value = _header_value(headers, stream.route_header)
+        else:
+            what = f"route field {stream.route_field!r}"
+            value = _field_value(payload, stream.route_field)
         if value is None or value == "":
-            raise DecodeError(f"route field {stream.route_field!r} is missing or null")
+            raise DecodeError(f"{what} is missing or null")
         if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", value):
-            raise DecodeError(f"route field {stream.route_field!r} value {str(value)[:60]!r} is not a valid table name")
+            raise DecodeError(f"{what} value {str(value)[:60]!r} is not a valid table name")
         return stream, self._template_name(stream, topic, value)
 
 
@@ -102,3 +109,13 @@ def _field_value(payload: dict[str, Any] | None, path: str | None) -> Any:
             return None
         node = node.get(part)
     return node
+
+
+def _header_value(headers: list[tuple[str, bytes]] | None, name: str) -> str | None:
+    for key, value in headers or []:
+        if key == name and value is not None:
+            try:
+                return value.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+    return None

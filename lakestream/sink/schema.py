@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from lakestream.config import StreamSettings
+from lakestream.config import TableLayout
 from lakestream.identifiers import quote, quote_column, sql_string
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ class Reconciliation:
 
     statements: list[str] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)
+    rejected_columns: dict[str, str] = field(default_factory=dict)  # schema id → top-level column
 
 
 def parse_type(ddl: str) -> DataType:
@@ -152,6 +153,7 @@ def reconcile(table_ident: str, schema: StructType, shapes: list[Shape]) -> Reco
                 continue
             reason = _reconcile_field([current.name], current.dataType, incoming, statements, table_ident)
             if reason:
+                result.rejected_columns[shape.schema_id] = current.name
                 break
         if reason:
             result.rejected[shape.schema_id] = reason
@@ -227,7 +229,7 @@ class TableManager:
             self._namespaces.add(namespace)
 
     def create(self, namespace: str, table: str, columns: list[tuple[str, str]], key: list[str],
-               stream: StreamSettings, extra_properties: dict[str, str] | None = None) -> None:
+               layout: TableLayout, extra_properties: dict[str, str] | None = None) -> None:
         """CREATE TABLE IF NOT EXISTS with the stream's layout; key columns NOT NULL + identifier fields."""
         self.ensure_namespace(namespace)
         ident = self.ident(namespace, table)
@@ -236,15 +238,15 @@ class TableManager:
             f"{quote_column(n)} {t}{' NOT NULL' if n.lower() in key_lower else ''}" for n, t in columns)
         props = dict(DEFAULT_TABLE_PROPERTIES)
         props.update(extra_properties or {})
-        props.update(stream.layout.properties)
+        props.update(layout.properties)
         props_sql = ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in props.items())
         self.spark.sql(
             f"CREATE TABLE IF NOT EXISTS {ident} ({cols}) USING iceberg "
-            f"{partition_clause(stream.layout.partition_by)} TBLPROPERTIES ({props_sql})")
+            f"{partition_clause(layout.partition_by)} TBLPROPERTIES ({props_sql})")
         if key:
             self.spark.sql(f"ALTER TABLE {ident} SET IDENTIFIER FIELDS {', '.join(quote_column(k) for k in key)}")
-        if stream.layout.sort_by:
-            self.spark.sql(f"ALTER TABLE {ident} WRITE ORDERED BY {', '.join(_sort_term(s) for s in stream.layout.sort_by)}")
+        if layout.sort_by:
+            self.spark.sql(f"ALTER TABLE {ident} WRITE ORDERED BY {', '.join(_sort_term(s) for s in layout.sort_by)}")
         log.info("created table %s.%s.%s (%d columns, key %s)", self.catalog, namespace, table, len(columns), key or "-")
         self.schema(namespace, table, refresh=True)
 
@@ -262,3 +264,19 @@ def _sort_term(spec: str) -> str:
     if len(parts) == 2 and parts[1].upper() in ("ASC", "DESC"):
         direction = " " + parts[1].upper()
     return quote_column(parts[0]) + direction
+
+
+def widen_to_string_statements(table_ident: str, column: str, suffix: str) -> list[str]:
+    """Replace ``column`` by a string column holding the old values as text.
+
+    Iceberg cannot change a column's type to string, so the column is renamed, a string column of
+    the same name added and back-filled, and the old one dropped (old snapshots keep the old type).
+    """
+    old = f"{column}__{suffix}"
+    qc, qo = quote_column(column), quote_column(old)
+    return [
+        f"ALTER TABLE {table_ident} RENAME COLUMN {qc} TO {qo}",
+        f"ALTER TABLE {table_ident} ADD COLUMN {qc} string",
+        f"UPDATE {table_ident} SET {qc} = CAST({qo} AS string) WHERE {qo} IS NOT NULL",
+        f"ALTER TABLE {table_ident} DROP COLUMN {qo}",
+    ]

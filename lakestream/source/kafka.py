@@ -37,6 +37,8 @@ class KafkaCluster:
         self.timeout_s = timeout_s
         self._consumer = Consumer(settings.consumer_config(**{"auto.offset.reset": "earliest"}))
         self._partitions: dict[str, list[int]] = {}
+        self._admin = None
+        self._batched_offsets_ok = True
 
     def close(self) -> None:
         self._consumer.close()
@@ -63,6 +65,12 @@ class KafkaCluster:
 
     def watermarks(self, tps: list[TP]) -> dict[TP, tuple[int, int]]:
         """(low, high) per partition. Some brokers (Tansu) under-report high; the reader copes."""
+        if len(tps) > 8 and self._batched_offsets_ok:
+            try:
+                return self._watermarks_batched(tps)
+            except Exception as exc:  # noqa: BLE001 — some brokers lack batched ListOffsets; fall back
+                log.info("batched ListOffsets unavailable (%s); asking per partition", exc)
+                self._batched_offsets_ok = False
         result = {}
         for tp in tps:
             try:
@@ -71,6 +79,23 @@ class KafkaCluster:
             except KafkaException as exc:
                 raise OffsetError(f"cannot read watermarks of {tp}: {exc}") from None
         return result
+
+    def _watermarks_batched(self, tps: list[TP]) -> dict[TP, tuple[int, int]]:
+        """Both watermarks of many partitions in two ListOffsets round trips (fan-out to 100s of topics)."""
+        from confluent_kafka.admin import OffsetSpec
+
+        if self._admin is None:
+            from confluent_kafka.admin import AdminClient
+
+            conf = {k: v for k, v in self.settings.consumer_config().items()
+                    if k not in ("group.id", "enable.auto.commit", "auto.offset.reset", "session.timeout.ms")}
+            self._admin = AdminClient(conf)
+        parts = [TopicPartition(tp.topic, tp.partition) for tp in tps]
+        ends = {}
+        for name, spec in (("low", OffsetSpec.earliest()), ("high", OffsetSpec.latest())):
+            futures = self._admin.list_offsets({p: spec for p in parts}, request_timeout=self.timeout_s)
+            ends[name] = {TP(p.topic, p.partition): f.result(timeout=self.timeout_s).offset for p, f in futures.items()}
+        return {tp: (ends["low"][tp], ends["high"][tp]) for tp in tps}
 
     def committed(self, tps: list[TP]) -> dict[TP, int]:
         """The consumer group's committed offsets (only partitions that have one)."""
