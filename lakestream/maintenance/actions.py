@@ -260,6 +260,9 @@ def compact_cold_partitions(
         # Commit file groups as they finish: a conflict with ingestion then costs one group, not the run.
         "partial-progress.enabled": "true",
         "partial-progress.max-commits": "10",
+        # Each finished group is committed from its own rewrite thread, so concurrent groups race each
+        # other for the table's metadata (retried, but noisy); two match a two-core executor anyway.
+        "max-concurrent-file-group-rewrites": "2",
     }
     counts = {"rewritten_data_files": 0, "added_data_files": 0, "rewritten_bytes": 0, "failed_data_files": 0}
 
