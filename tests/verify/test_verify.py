@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pyspark.sql import functions as F
 
 from conftest import catalog_settings
 from lakestream.verify import PASS_MARKER, verify_tables
@@ -118,7 +119,7 @@ def test_changed_deleted_duplicated_and_extra_rows_are_counted(mirrored, spark, 
     spark.sql(f"UPDATE {lake_table} SET created_at = created_at + INTERVAL 1 SECOND WHERE id = 4")
     spark.sql(f"DELETE FROM {lake_table} WHERE id IN (5, 6)")
     spark.sql(f"INSERT INTO {lake_table} SELECT * FROM {lake_table} WHERE id = 7")
-    spark.table(lake_table).where("id = 8").withColumn("id", spark.table(lake_table)["id"] + 100000).writeTo(lake_table).append()
+    spark.table(lake_table).where("id = 8").withColumn("id", F.expr("id + 100000")).writeTo(lake_table).append()
     table = config.capture.tables[0]
     with pg_conn.cursor() as cur:
         cur.execute(f"UPDATE {table} SET tags = ARRAY['changed'] WHERE id = 9")

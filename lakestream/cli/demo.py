@@ -1,0 +1,33 @@
+"""`lakestream demo`: the end-to-end demo — a shop database streamed into Iceberg, then verified."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lakestream.demo.runner import DemoSettings
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    defaults = DemoSettings()
+    parser = subparsers.add_parser(
+        "demo",
+        help="run the end-to-end demo: stack, shop database, capture, pipeline, workload, verify, report",
+        description="Exit status 0 only if the lake matches the source (verify) at the end.",
+    )
+    parser.add_argument("--duration", type=float, default=defaults.duration_s, help="workload seconds (default: %(default)s)")
+    parser.add_argument("--rate", type=float, default=defaults.changes_per_s, help="target row changes per second (default: %(default)s)")
+    parser.add_argument("--state-dir", type=Path, default=defaults.state_dir, help="stack and pipeline state (default: %(default)s)")
+    parser.add_argument("--pg-port", type=int, default=defaults.pg_port, help="PostgreSQL port (default: %(default)s)")
+    parser.add_argument("--kafka-port", type=int, default=defaults.kafka_port, help="broker port (default: %(default)s)")
+    parser.add_argument("--broker", choices=["noida", "tansu"], default=defaults.broker, help="(default: %(default)s)")
+    parser.add_argument("--catchup-timeout", type=float, default=defaults.catchup_timeout_s,
+                        help="seconds to wait for the lake to match after the workload (default: %(default)s)")
+    parser.set_defaults(func=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from lakestream.demo.runner import run_demo
+
+    settings = DemoSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port, broker=args.broker,
+                            duration_s=args.duration, changes_per_s=args.rate, catchup_timeout_s=args.catchup_timeout)
+    return 0 if run_demo(settings).ok else 1

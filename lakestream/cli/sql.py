@@ -1,0 +1,105 @@
+"""`lakestream sql PIPELINE_YAML "<query>"`: Spark SQL against the pipeline's Iceberg catalog."""
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import datetime as dt
+import decimal
+import json
+import sys
+from typing import Any
+
+from lakestream.config import load_config
+
+EPILOG = """examples:
+  lakestream sql pipeline.yaml "SHOW TABLES IN lake.shop"
+  lakestream sql pipeline.yaml "SELECT count(*) FROM lake.shop.orders"
+  lakestream sql pipeline.yaml "SELECT snapshot_id, committed_at, operation FROM lake.shop.orders.snapshots"
+  lakestream sql pipeline.yaml "SELECT * FROM lake.shop.orders VERSION AS OF 4348315315263456139"
+  lakestream sql pipeline.yaml "SELECT * FROM lake.shop.orders TIMESTAMP AS OF '2025-01-01 12:00:00'" --format csv
+  echo "SELECT 1" | lakestream sql pipeline.yaml -
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "sql",
+        help="run Spark SQL against the Iceberg catalog (time travel included)",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("config", help="pipeline YAML file (its catalog is registered under catalog.name, e.g. `lake`)")
+    parser.add_argument("query", help="the SQL statement, or - to read it from stdin")
+    parser.add_argument("--format", choices=["table", "json", "csv"], default="table", help="output format (default: %(default)s)")
+    parser.add_argument("--limit", type=int, default=1000, help="print at most N rows, 0 for all (default: %(default)s)")
+    parser.set_defaults(func=_sql)
+
+
+def _sql(args: argparse.Namespace) -> int:
+    from lakestream.spark import session_for
+
+    query = sys.stdin.read() if args.query == "-" else args.query
+    config = load_config(args.config)
+    spark = session_for(config)
+    try:
+        df = spark.sql(query)
+        columns = df.columns
+        rows = [tuple(row) for row in (df.limit(args.limit + 1) if args.limit > 0 else df).collect()] if columns else []
+    finally:
+        spark.stop()
+    truncated = args.limit > 0 and len(rows) > args.limit
+    rows = rows[: args.limit] if truncated else rows
+    if args.format == "json":
+        print(json.dumps([dict(zip(columns, map(_plain, row))) for row in rows], indent=2, default=str))
+    elif args.format == "csv":
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        writer.writerows([[_text(v) for v in row] for row in rows])
+    else:
+        print_table(columns, rows)
+    if truncated:
+        print(f"(showing the first {args.limit} rows; use --limit 0 for all)", file=sys.stderr)
+    return 0
+
+
+def print_table(columns: list[str], rows: list[tuple], title: str | None = None) -> None:
+    """Print rows as an aligned table with rich (numbers right-aligned)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if not columns:
+        print("OK")
+        return
+    table = Table(title=title, show_lines=False, header_style="bold")
+    for i, name in enumerate(columns):
+        numeric = bool(rows) and all(isinstance(r[i], (int, float, decimal.Decimal)) or r[i] is None for r in rows)
+        table.add_column(name, justify="right" if numeric else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*(_text(v) for v in row))
+    Console(soft_wrap=False).print(table)
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly form of a Spark value."""
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(value).decode()
+    if hasattr(value, "asDict"):
+        return {k: _plain(v) for k, v in value.asDict().items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, (list, dict)) or hasattr(value, "asDict"):
+        return json.dumps(_plain(value), default=str)
+    return str(_plain(value))
