@@ -1,0 +1,334 @@
+"""Shared helpers for the benchmarks: a private stack, pipeline configs, Debezium-shaped change events,
+process memory, machine load and freshness percentiles.
+
+Benchmarks start their own PostgreSQL + broker on free ports under a fresh state directory, so they
+never collide with tests or a developer's `.lakestream/`, and remove it all at the end.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lakestream.config import PipelineConfig, parse_config  # noqa: E402
+from lakestream.stack import Stack, StackSettings  # noqa: E402
+from lakestream.stack.models import StackInfo  # noqa: E402
+from lakestream.stack.process import free_ports  # noqa: E402
+
+
+# -- machine --------------------------------------------------------------------------------------
+
+def machine_load() -> dict[str, Any]:
+    """The load average (1, 5, 15 min) and core count, so readers can judge the figures."""
+    one, five, fifteen = os.getloadavg()
+    return {"loadavg_1m": round(one, 2), "loadavg_5m": round(five, 2), "loadavg_15m": round(fifteen, 2),
+            "cpus": os.cpu_count()}
+
+
+def rss_bytes(pid: int | str = "self") -> int | None:
+    """Resident set size of a process from /proc (None if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def driver_memory(spark) -> dict[str, Any]:
+    """RSS of the Spark driver JVM and of this Python process, plus the JVM heap in use."""
+    jvm = spark.sparkContext._jvm
+    jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
+    heap = jvm.java.lang.management.ManagementFactory.getMemoryMXBean().getHeapMemoryUsage()
+    return {"jvm_pid": jvm_pid, "jvm_rss_mb": _mb(rss_bytes(jvm_pid)), "jvm_heap_used_mb": _mb(heap.getUsed()),
+            "jvm_heap_committed_mb": _mb(heap.getCommitted()), "python_rss_mb": _mb(rss_bytes())}
+
+
+def _mb(value: int | None) -> float | None:
+    return None if value is None else round(value / 2**20, 1)
+
+
+# -- the private stack ----------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def private_stack(prefix: str, keep: bool = False) -> Iterator[tuple[StackInfo, Path]]:
+    """A PostgreSQL + noida stack on free ports in a fresh state dir; stopped (and removed) on exit."""
+    state_dir = Path(tempfile.mkdtemp(prefix=f"lakestream-{prefix}-"))
+    state_dir.chmod(0o711)  # PostgreSQL runs as another user and must reach its data dir
+    pg_port, kafka_port = free_ports(2)
+    stack = Stack(StackSettings(state_dir=state_dir, pg_port=pg_port, kafka_port=kafka_port, broker="noida"))
+    try:
+        info = stack.up()
+        yield info, state_dir
+    finally:
+        stack.down()
+        if not keep:
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def pipeline_data(info: StackInfo, state_dir: Path, name: str, streams: list[dict[str, Any]],
+                  engine: dict[str, Any] | None = None, capture: dict[str, Any] | None = None,
+                  driver_memory: str = "2g") -> dict[str, Any]:
+    """A pipeline config mapping for the private stack (real passwords: write it 0600)."""
+    data: dict[str, Any] = {
+        "name": name,
+        "state_dir": str(state_dir / "pipeline"),
+        "kafka": {"bootstrap_servers": info.bootstrap_servers, "group_id": f"bench-{name}"},
+        "catalog": {"name": "lake", "type": "jdbc", "uri": info.catalog_jdbc_uri(), "user": info.pg_user,
+                    "password": info.pg_password, "warehouse": info.warehouse},
+        "streams": streams,
+        "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2, **(engine or {})},
+        "spark": {"master": "local[2]", "driver_memory": driver_memory},
+    }
+    if capture is not None:
+        data["capture"] = capture
+    return data
+
+
+def to_config(data: dict[str, Any]) -> PipelineConfig:
+    return parse_config(data, "<bench>")
+
+
+def write_pipeline_yaml(path: Path, data: dict[str, Any]) -> Path:
+    """Write a pipeline YAML readable by its owner only (it holds the stack's password)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        yaml.safe_dump(data, fh, sort_keys=False)
+    return path
+
+
+# -- Debezium-shaped change events ----------------------------------------------------------------
+
+# The columns of the benchmark table, as PostgreSQL DDL and as Debezium (schemas on) describes them.
+ORDERS_DDL = """
+    id integer PRIMARY KEY,
+    customer_id bigint NOT NULL,
+    status text,
+    amount numeric(12,2),
+    qty integer,
+    price double precision,
+    express boolean,
+    version integer NOT NULL,
+    created_day date,
+    created_at timestamp,
+    updated_at timestamptz,
+    note text
+"""
+_VALUE_FIELDS = [
+    {"type": "int32", "optional": False, "field": "id"},
+    {"type": "int64", "optional": False, "field": "customer_id"},
+    {"type": "string", "optional": True, "field": "status"},
+    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
+     "parameters": {"scale": "2", "connect.decimal.precision": "12"}, "field": "amount"},
+    {"type": "int32", "optional": True, "field": "qty"},
+    {"type": "double", "optional": True, "field": "price"},
+    {"type": "boolean", "optional": True, "field": "express"},
+    {"type": "int32", "optional": False, "field": "version"},
+    {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1, "field": "created_day"},
+    {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp", "version": 1, "field": "created_at"},
+    {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp", "version": 1, "field": "updated_at"},
+    {"type": "string", "optional": True, "field": "note"},
+]
+_SOURCE_FIELDS = [
+    {"type": "string", "optional": False, "field": "version"},
+    {"type": "string", "optional": False, "field": "connector"},
+    {"type": "string", "optional": False, "field": "name"},
+    {"type": "int64", "optional": False, "field": "ts_ms"},
+    {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
+     "parameters": {"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},
+     "default": "false", "field": "snapshot"},
+    {"type": "string", "optional": False, "field": "db"},
+    {"type": "string", "optional": True, "field": "sequence"},
+    {"type": "int64", "optional": True, "field": "ts_us"},
+    {"type": "int64", "optional": True, "field": "ts_ns"},
+    {"type": "string", "optional": False, "field": "schema"},
+    {"type": "string", "optional": False, "field": "table"},
+    {"type": "int64", "optional": True, "field": "txId"},
+    {"type": "int64", "optional": True, "field": "lsn"},
+    {"type": "int64", "optional": True, "field": "xmin"},
+    {"type": "string", "optional": True, "field": "origin"},
+    {"type": "int64", "optional": True, "field": "origin_lsn"},
+]
+STATUSES = ("new", "paid", "packed", "shipped", "delivered", "returned")
+
+
+def _decimal_bytes(unscaled: int) -> str:
+    """Kafka Connect Decimal: base64 of the big-endian two's-complement unscaled value."""
+    length = max(1, (unscaled.bit_length() + 8) // 8)
+    return base64.b64encode(unscaled.to_bytes(length, "big", signed=True)).decode()
+
+
+@dataclass
+class OrderRow:
+    id: int
+    customer_id: int
+    qty: int
+    version: int
+
+
+class DebeziumEvents:
+    """Schemas-on Debezium JSON events (key, value) for ``<prefix>.public.<table>``, shaped like the
+    PostgreSQL connector's (pgoutput, REPLICA IDENTITY DEFAULT: updates without ``before``, deletes
+    with only the key in ``before``, a tombstone after each delete)."""
+
+    def __init__(self, prefix: str, table: str):
+        self.topic = f"{prefix}.public.{table}"
+        self.prefix, self.table = prefix, table
+        row_struct = {"type": "struct", "fields": _VALUE_FIELDS, "optional": True, "name": f"{self.topic}.Value"}
+        envelope = {
+            "type": "struct", "optional": False, "name": f"{self.topic}.Envelope", "version": 2,
+            "fields": [
+                {**row_struct, "field": "before"}, {**row_struct, "field": "after"},
+                {"type": "struct", "fields": _SOURCE_FIELDS, "optional": False,
+                 "name": "io.debezium.connector.postgresql.Source", "version": 1, "field": "source"},
+                {"type": "struct", "optional": True, "name": "event.block", "version": 1, "field": "transaction",
+                 "fields": [{"type": "string", "optional": False, "field": "id"},
+                            {"type": "int64", "optional": False, "field": "total_order"},
+                            {"type": "int64", "optional": False, "field": "data_collection_order"}]},
+                {"type": "string", "optional": False, "field": "op"},
+                {"type": "int64", "optional": True, "field": "ts_ms"},
+                {"type": "int64", "optional": True, "field": "ts_us"},
+                {"type": "int64", "optional": True, "field": "ts_ns"},
+            ],
+        }
+        key_schema = {"type": "struct", "optional": False, "name": f"{self.topic}.Key",
+                      "fields": [{"type": "int32", "optional": False, "field": "id"}]}
+        # The schema part never changes: serialize it once and splice payloads in.
+        self._value_head = b'{"schema":' + orjson.dumps(envelope) + b',"payload":'
+        self._key_head = b'{"schema":' + orjson.dumps(key_schema) + b',"payload":'
+        self._lsn = 30_000_000
+        self._tx = 700
+
+    def key(self, row_id: int) -> bytes:
+        return self._key_head + b'{"id":' + str(row_id).encode() + b"}}"
+
+    @staticmethod
+    def row(r: OrderRow, ts_ms: int) -> dict[str, Any]:
+        return {
+            "id": r.id, "customer_id": r.customer_id, "status": STATUSES[r.version % len(STATUSES)],
+            "amount": _decimal_bytes(r.qty * 1999 + r.version), "qty": r.qty, "price": r.qty * 19.99,
+            "express": r.id % 3 == 0, "version": r.version, "created_day": 19_800 + r.id % 365,
+            "created_at": (ts_ms - r.id % 86_400_000) * 1000,
+            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts_ms / 1000)) + f".{ts_ms % 1000:03d}000Z",
+            "note": f"order {r.id} v{r.version} " + "x" * (r.id % 40),
+        }
+
+    def _value(self, op: str, before: dict[str, Any] | None, after: dict[str, Any] | None, ts_ms: int) -> bytes:
+        self._lsn += 232
+        self._tx += 1
+        payload = {
+            "before": before, "after": after,
+            "source": {"version": "3.6.3.Final", "connector": "postgresql", "name": self.prefix, "ts_ms": ts_ms,
+                       "snapshot": "false", "db": "shop", "sequence": f'["{self._lsn - 40}","{self._lsn}"]',
+                       "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000, "schema": "public", "table": self.table,
+                       "txId": self._tx, "lsn": self._lsn, "xmin": None, "origin": None, "origin_lsn": None},
+            "transaction": None, "op": op, "ts_ms": ts_ms + 40, "ts_us": (ts_ms + 40) * 1000,
+            "ts_ns": (ts_ms + 40) * 1_000_000,
+        }
+        return self._value_head + orjson.dumps(payload) + b"}"
+
+    def upsert(self, r: OrderRow, op: str, ts_ms: int) -> tuple[bytes, bytes]:
+        """A create (``c``) or update (``u``) event."""
+        return self.key(r.id), self._value(op, None, self.row(r, ts_ms), ts_ms)
+
+    def delete(self, row_id: int, ts_ms: int) -> list[tuple[bytes, bytes | None]]:
+        """A delete event (``before`` holds the key, defaults elsewhere) and its tombstone."""
+        before = {f["field"]: None for f in _VALUE_FIELDS}
+        before.update({"id": row_id, "customer_id": 0, "version": 0})
+        key = self.key(row_id)
+        return [(key, self._value("d", before, None, ts_ms)), (key, None)]
+
+
+class FastProducer:
+    """A confluent-kafka producer tuned for pre-filling topics; raises if any delivery failed."""
+
+    def __init__(self, bootstrap: str):
+        from confluent_kafka import Producer
+
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
+                                   "queue.buffering.max.messages": 200_000, "queue.buffering.max.kbytes": 512_000,
+                                   "enable.idempotence": True})
+        self.failures: list[str] = []
+        self.sent = 0
+
+    def _on_delivery(self, err, _msg) -> None:
+        if err is not None:
+            self.failures.append(str(err))
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+        while True:
+            try:
+                self._producer.produce(topic, key=key, value=value, on_delivery=self._on_delivery)
+                break
+            except BufferError:
+                self._producer.poll(0.05)
+        self.sent += 1
+        if self.sent % 1000 == 0:
+            self._producer.poll(0)
+
+    def flush(self) -> None:
+        remaining = self._producer.flush(120)
+        if remaining or self.failures:
+            raise RuntimeError(f"{remaining} undelivered, {len(self.failures)} failed: {self.failures[:3]}")
+
+
+# -- results --------------------------------------------------------------------------------------
+
+def weighted_percentile(points: list[tuple[float, int]], q: float) -> float | None:
+    """The ``q`` percentile of (value, weight) points."""
+    points = sorted(p for p in points if p[1] > 0)
+    if not points:
+        return None
+    total = sum(w for _, w in points)
+    running = 0
+    for value, weight in points:
+        running += weight
+        if running >= q * total:
+            return value
+    return points[-1][0]
+
+
+def freshness(results: list[Any], since_ms: int = 0) -> dict[str, Any]:
+    """Source commit → visible in Iceberg, from the batches' quantiles of source commit times.
+
+    A batch's median freshness is commit − q50 and its tail commit − q01; the overall figures are
+    record-weighted percentiles of those per-batch values.
+    """
+    p50, p99 = [], []
+    for r in results:
+        q = r.source_ts_quantiles
+        if not q or r.records <= 0 or r.commit_ts_ms < since_ms:
+            continue
+        p50.append(((r.commit_ts_ms - q[1]) / 1000, r.records))
+        p99.append(((r.commit_ts_ms - q[0]) / 1000, r.records))
+    f50, f99 = weighted_percentile(p50, 0.5), weighted_percentile(p99, 0.99)
+    return {"freshness_p50_s": None if f50 is None else round(f50, 2),
+            "freshness_p99_s": None if f99 is None else round(f99, 2), "freshness_batches": len(p50)}
+
+
+def quiet_logs() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    logging.getLogger("py4j").setLevel(logging.ERROR)
+
+
+def say(text: str) -> None:
+    print(text, flush=True)

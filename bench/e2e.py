@@ -1,0 +1,404 @@
+"""End-to-end benchmark: sink-only upserts from a pre-filled topic, then PostgreSQL → Debezium → Kafka →
+Spark → Iceberg under a live insert/update/delete load, with freshness.
+
+    .venv/bin/python bench/e2e.py [--records 200000] [--duration 60] [--batch N] [--skip-sink] [--skip-e2e]
+
+A private PostgreSQL + noida stack is started on free ports in a fresh state directory and removed
+afterwards. Both parts verify the final Iceberg table against what must be there (row count, distinct
+keys, column sums) and fail loudly otherwise. Human-readable figures first; the LAST line is one JSON
+object (`sink_upserts_per_s`, `e2e_changes_per_s`, `freshness_p50_s`, `freshness_p99_s`, load, parameters).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402
+    ORDERS_DDL, STATUSES, DebeziumEvents, FastProducer, OrderRow, driver_memory, freshness, machine_load,
+    pipeline_data, private_stack, quiet_logs, say, to_config, write_pipeline_yaml,
+)
+
+from lakestream.engine.loop import run_pipeline  # noqa: E402
+from lakestream.spark import session_for  # noqa: E402
+
+NAMESPACE = "bench"
+
+
+class BenchmarkFailure(Exception):
+    """The lake does not hold what it must: the figures would be meaningless."""
+
+
+def lake_totals(spark, table: str) -> dict[str, int]:
+    row = spark.sql(f"SELECT count(*) AS n, count(DISTINCT id) AS keys, coalesce(sum(qty), 0) AS qty, "
+                    f"coalesce(sum(version), 0) AS version FROM lake.{NAMESPACE}.{table}").collect()[0]
+    return {k: int(row[k]) for k in ("n", "keys", "qty", "version")}
+
+
+# -- sink only ------------------------------------------------------------------------------------
+
+def fill_topic(bootstrap: str, events: DebeziumEvents, records: int, delete_share: float,
+               rng: random.Random) -> tuple[dict[int, OrderRow], dict[str, int], int]:
+    """Half inserts, then updates of existing keys with some deletes (each delete + tombstone)."""
+    producer = FastProducer(bootstrap)
+    live: dict[int, OrderRow] = {}
+    ops = {"c": 0, "u": 0, "d": 0}
+    inserts = records // 2
+    now = int(time.time() * 1000)
+    for row_id in range(1, inserts + 1):
+        row = OrderRow(row_id, rng.randrange(1, 50_000), rng.randrange(1, 20), 1)
+        live[row_id] = row
+        producer.send(events.topic, *events.upsert(row, "c", now))
+        ops["c"] += 1
+    for _ in range(records - inserts):
+        row_id = rng.randrange(1, inserts + 1)
+        while row_id not in live:  # a deleted key cannot be updated at the source either
+            row_id = rng.randrange(1, inserts + 1)
+        if rng.random() < delete_share and len(live) > 1:
+            del live[row_id]
+            for key, value in events.delete(row_id, now):
+                producer.send(events.topic, key, value)
+            ops["d"] += 1
+        else:
+            row = live[row_id]
+            row.qty, row.version = rng.randrange(1, 20), row.version + 1
+            producer.send(events.topic, *events.upsert(row, "u", now))
+            ops["u"] += 1
+    producer.flush()
+    return live, ops, producer.sent
+
+
+def sink_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, Any]:
+    table = "orders_sink"
+    events = DebeziumEvents("lssink", table)
+    say(f"\n== sink only: {args.records:,} Debezium change events (schemas on) → {NAMESPACE}.{table}")
+    started = time.perf_counter()
+    live, ops, sent = fill_topic(info.bootstrap_servers, events, args.records, args.delete_share, random.Random(42))
+    fill_s = time.perf_counter() - started
+    say(f"topic {events.topic}: {sent:,} records ({ops['c']:,} c, {ops['u']:,} u, {ops['d']:,} d + tombstones) "
+        f"produced in {fill_s:.1f}s")
+
+    engine = {"max_records_per_batch": args.batch} if args.batch else {}
+    config = to_config(pipeline_data(info, state_dir, "bench_sink", [
+        {"topics": [events.topic], "mode": "upsert", "namespace": NAMESPACE, "table": "{table}"}], engine=engine))
+    spark = ensure_spark(spark_box, config)
+    load_before = machine_load()
+    started = time.perf_counter()
+    results = run_pipeline(config, spark=spark, stop_when_idle=True)
+    seconds = time.perf_counter() - started
+    memory = driver_memory(spark)
+
+    got = lake_totals(spark, table)
+    want = {"n": len(live), "keys": len(live), "qty": sum(r.qty for r in live.values()),
+            "version": sum(r.version for r in live.values())}
+    dead = sum(r.dead_letters for r in results)
+    changes = sum(r.changes for r in results)
+    for r in results:
+        say(f"  batch {r.batch_id}: {r.records:,} records, {r.changes:,} changes, {r.seconds:.2f}s "
+            f"(read+decode {r.read_seconds:.2f}s, write {r.seconds - r.read_seconds:.2f}s) {r.tables}")
+    if got != want or dead or changes != args.records:
+        raise BenchmarkFailure(f"sink: lake {got}, expected {want}; {changes:,} changes of {args.records:,} "
+                               f"written, {dead} dead letters")
+    rate = args.records / seconds
+    say(f"sink: {args.records:,} changes in {seconds:.1f}s = {rate:,.0f} changes/s over {len(results)} batch(es); "
+        f"verified {got['n']:,} rows, sums match; driver JVM RSS {memory['jvm_rss_mb']} MB")
+    return {
+        "sink_upserts_per_s": round(rate), "sink_seconds": round(seconds, 2), "sink_changes": args.records,
+        "sink_records": sent, "sink_ops": ops, "sink_fill_s": round(fill_s, 1), "sink_rows_final": got["n"],
+        "sink_batches": [{"records": r.records, "seconds": round(r.seconds, 2), "read_seconds": round(r.read_seconds, 2),
+                          "kinds": r.tables} for r in results],
+        "sink_memory": memory, "sink_load_before": load_before, "sink_load_after": machine_load(),
+    }
+
+
+def ensure_spark(spark_box: list, config):
+    """One SparkSession for both parts; its start-up is never part of a timing."""
+    if not spark_box:
+        started = time.perf_counter()
+        spark = session_for(config)
+        spark.sql("SELECT 1").collect()
+        spark_box.append(spark)
+        say(f"spark session started in {time.perf_counter() - started:.1f}s (not timed)")
+    return spark_box[0]
+
+
+# -- end to end -----------------------------------------------------------------------------------
+
+class LoadGenerator:
+    """A few PostgreSQL connections running insert/update/delete transactions on disjoint keys."""
+
+    INSERTS, UPDATES, DELETES = 10, 8, 2  # per transaction
+
+    def __init__(self, dsn: str, table: str, connections: int, first_id: int, seeded: int, rate: float):
+        self.dsn, self.table, self.connections, self.rate = dsn, table, connections, rate
+        self.first_id, self.seeded = first_id, seeded
+        self.stop = threading.Event()
+        self.changes = [0] * connections
+        self.transactions = [0] * connections
+        self.errors: list[BaseException] = []
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(connections)]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self._threads:
+            t.join(60)
+        if self.errors:
+            raise self.errors[0]
+
+    @property
+    def total_changes(self) -> int:
+        return sum(self.changes)
+
+    def _run(self, index: int) -> None:
+        import psycopg2
+        from psycopg2.extras import execute_values
+
+        try:
+            rng = random.Random(index)
+            live = [i for i in range(1, self.seeded + 1) if i % self.connections == index]
+            next_id = self.first_id + index
+            per_txn = self.INSERTS + self.UPDATES + self.DELETES
+            interval = per_txn * self.connections / self.rate if self.rate > 0 else 0.0
+            conn = psycopg2.connect(self.dsn)
+            cur = conn.cursor()
+            deadline = time.monotonic()
+            while not self.stop.is_set():
+                rows = []
+                for _ in range(self.INSERTS):
+                    rows.append((next_id, rng.randrange(1, 50_000), STATUSES[0], rng.randrange(1, 20) * 19.99,
+                                 rng.randrange(1, 20), 19.99, next_id % 3 == 0, 1, f"order {next_id}"))
+                    live.append(next_id)
+                    next_id += self.connections
+                execute_values(cur, f"INSERT INTO {self.table} (id, customer_id, status, amount, qty, price, express, "
+                               f"version, note, created_day, created_at, updated_at) VALUES %s",
+                               rows, template="(%s, %s, %s, %s, %s, %s, %s, %s, %s, current_date, localtimestamp, now())")
+                changed = cur.rowcount
+                targets = rng.sample(live, self.UPDATES + self.DELETES)
+                cur.execute(f"UPDATE {self.table} SET qty = qty % 19 + 1, version = version + 1, status = %s, "
+                            f"updated_at = now() WHERE id = ANY(%s)", (rng.choice(STATUSES), targets[:self.UPDATES]))
+                changed += cur.rowcount
+                gone = set(targets[self.UPDATES:])
+                cur.execute(f"DELETE FROM {self.table} WHERE id = ANY(%s)", (list(gone),))
+                changed += cur.rowcount
+                conn.commit()
+                _remove(live, gone)
+                self.changes[index] += changed
+                self.transactions[index] += 1
+                if interval:
+                    deadline += interval
+                    self.stop.wait(max(0.0, deadline - time.monotonic()))
+            conn.close()
+        except BaseException as exc:  # noqa: BLE001 — reported by finish()
+            self.errors.append(exc)
+
+
+def _remove(live: list[int], gone: set[int]) -> None:
+    # Swap-remove: order does not matter for random picks.
+    for row_id in gone:
+        i = live.index(row_id)
+        live[i] = live[-1]
+        live.pop()
+
+
+def source_totals(dsn: str, table: str) -> dict[str, int]:
+    import psycopg2
+
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT count(*), count(DISTINCT id), coalesce(sum(qty), 0), coalesce(sum(version), 0) FROM {table}")
+        n, keys, qty, version = cur.fetchone()
+    conn.close()
+    return {"n": int(n), "keys": int(keys), "qty": int(qty), "version": int(version)}
+
+
+def e2e_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, Any]:
+    import psycopg2
+
+    from lakestream.capture.process import CaptureProcess
+
+    table, prefix = "bench_orders", "lse2e"
+    say(f"\n== end to end: PostgreSQL → Debezium → Kafka → Spark → Iceberg, {args.duration:.0f}s of load "
+        f"({args.connections} connections, rate {'unlimited' if not args.rate else f'{args.rate:,.0f}/s'})")
+    dsn = info.pg_dsn()
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f"DROP TABLE IF EXISTS public.{table}")
+        cur.execute(f"CREATE TABLE public.{table} ({ORDERS_DDL})")
+        cur.execute(f"INSERT INTO public.{table} (id, customer_id, status, amount, qty, price, express, version, "
+                    f"created_day, created_at, updated_at, note) SELECT i, i % 50000, 'new', i % 19 * 19.99, i % 19 + 1, "
+                    f"19.99, i % 3 = 0, 1, current_date, localtimestamp, now(), 'seed ' || i "
+                    f"FROM generate_series(1, %s) AS i", (args.seed_rows,))
+    conn.close()
+
+    capture = {"database": {"host": info.pg_host, "port": info.pg_port, "dbname": info.source_db,
+                            "user": info.pg_user, "password": info.pg_password},
+               "tables": [f"public.{table}"], "topic_prefix": prefix, "slot_name": "lsbench_e2e",
+               "publication_name": "lsbench_e2e_pub"}
+    engine = {"commit_interval_s": args.commit_interval, **({"max_records_per_batch": args.batch} if args.batch else {})}
+    data = pipeline_data(info, state_dir, "bench_e2e", [
+        {"topics": [f"{prefix}.public.{table}"], "mode": "upsert", "namespace": NAMESPACE, "table": "{table}"}],
+        engine=engine, capture=capture)
+    config = to_config(data)
+    yaml_path = write_pipeline_yaml(state_dir / "e2e-pipeline.yaml", data)
+    spark = ensure_spark(spark_box, config)
+
+    capture_proc = CaptureProcess(yaml_path, log_path=state_dir / "capture.log")
+    stop = threading.Event()
+    results: list = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_pipeline(config, spark=spark, stop=stop, on_batch=results.append)
+        except BaseException as exc:  # noqa: BLE001 — re-raised by the main thread
+            failure.append(exc)
+
+    pipeline_thread = threading.Thread(target=run, name="pipeline", daemon=True)
+    try:
+        started = time.perf_counter()
+        capture_proc.start()
+        capture_proc.wait_until_streaming(timeout=300)
+        say(f"capture streaming after {time.perf_counter() - started:.1f}s (snapshot of {args.seed_rows:,} rows)")
+        pipeline_thread.start()
+        wait_for_lake(spark, table, source_totals(dsn, table), pipeline_thread, failure, timeout=args.catchup_timeout)
+        say(f"snapshot in the lake after {time.perf_counter() - started:.1f}s; starting the load")
+
+        load = LoadGenerator(dsn, f"public.{table}", args.connections, args.seed_rows + 1, args.seed_rows, args.rate)
+        load_before = machine_load()
+        load_start_ms = int(time.time() * 1000)
+        load_start = time.time()
+        load.start()
+        next_report = time.monotonic() + 10
+        end = time.monotonic() + args.duration
+        while time.monotonic() < end:
+            time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+            check_alive(pipeline_thread, failure)
+            if load.errors:
+                break
+            if time.monotonic() >= next_report:
+                lag = results[-1].lag if results else None
+                say(f"  t+{time.time() - load_start:.0f}s: {load.total_changes:,} source changes, "
+                    f"{sum(r.changes for r in results if r.commit_ts_ms >= load_start_ms):,} in the lake, "
+                    f"{len(results)} batches, lag {lag}")
+                next_report += 10
+        load.finish()
+        load_s = time.time() - load_start
+        load_during = machine_load()
+        source_changes = load.total_changes
+        want = source_totals(dsn, table)
+        say(f"load: {source_changes:,} changes in {sum(load.transactions):,} transactions over {load_s:.1f}s "
+            f"= {source_changes / load_s:,.0f} changes/s at the source; source has {want['n']:,} rows")
+
+        got = wait_for_lake(spark, table, want, pipeline_thread, failure, timeout=args.catchup_timeout)
+        # The lake matched after the last batch committed so far: that commit is when it had everything.
+        done_ms = max(r.commit_ts_ms for r in results)
+        e2e_s = done_ms / 1000 - load_start
+        memory = driver_memory(spark)
+    finally:
+        stop.set()
+        if pipeline_thread.is_alive():
+            pipeline_thread.join(180)
+        capture_proc.stop()
+
+    streaming = [r for r in results if r.commit_ts_ms >= load_start_ms]
+    fresh = freshness(streaming)
+    lake_changes = sum(r.changes for r in streaming)
+    batch_s = sorted(r.seconds for r in streaming)
+    rate = source_changes / e2e_s
+    say(f"e2e: all {source_changes:,} source changes in the lake {e2e_s:.1f}s after the load started "
+        f"({e2e_s - load_s:.1f}s after it ended) = {rate:,.0f} changes/s; verified {got['n']:,} rows, sums match")
+    say(f"     {len(streaming)} batches, median {batch_s[len(batch_s) // 2] if batch_s else 0:.2f}s, "
+        f"{lake_changes:,} change events read (≥ source changes: Debezium is at-least-once)")
+    say(f"     freshness (source commit → visible in Iceberg): p50 {fresh['freshness_p50_s']}s, "
+        f"p99 {fresh['freshness_p99_s']}s over {fresh['freshness_batches']} batches")
+    return {
+        "e2e_changes_per_s": round(rate), "e2e_seconds": round(e2e_s, 2), "e2e_source_changes": source_changes,
+        "e2e_source_changes_per_s": round(source_changes / load_s), "e2e_load_seconds": round(load_s, 1),
+        "e2e_catchup_after_load_s": round(e2e_s - load_s, 2), "e2e_lake_change_events": lake_changes,
+        "e2e_rows_final": got["n"], "e2e_batches": len(streaming),
+        "e2e_batch_seconds_p50": round(batch_s[len(batch_s) // 2], 2) if batch_s else None,
+        "e2e_batch_seconds_max": round(batch_s[-1], 2) if batch_s else None,
+        **fresh, "e2e_memory": memory, "e2e_load_before": load_before, "e2e_load_during": load_during,
+    }
+
+
+def check_alive(thread: threading.Thread, failure: list[BaseException]) -> None:
+    if failure:
+        raise BenchmarkFailure(f"the pipeline failed: {failure[0]!r}") from failure[0]
+    if not thread.is_alive():
+        raise BenchmarkFailure("the pipeline thread stopped")
+
+
+def wait_for_lake(spark, table: str, want: dict[str, int], thread: threading.Thread,
+                  failure: list[BaseException], timeout: float) -> dict[str, int]:
+    """Poll the Iceberg table until it equals the source totals; BenchmarkFailure on timeout."""
+    deadline = time.monotonic() + timeout
+    got: dict[str, int] = {}
+    while time.monotonic() < deadline:
+        check_alive(thread, failure)
+        try:
+            got = lake_totals(spark, table)
+        except Exception as exc:  # noqa: BLE001 — the table appears with the first batch
+            if "TABLE_OR_VIEW_NOT_FOUND" not in str(exc) and "cannot be found" not in str(exc):
+                raise
+            got = {}
+        if got == want:
+            return got
+        time.sleep(1.0)
+    raise BenchmarkFailure(f"the lake does not match the source after {timeout:.0f}s: lake {got}, source {want}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=200_000, help="sink-only change events (default 200000)")
+    parser.add_argument("--delete-share", type=float, default=0.1, help="share of deletes among the non-inserts")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of source load (default 60)")
+    parser.add_argument("--batch", type=int, default=None, help="engine.max_records_per_batch (default: engine's)")
+    parser.add_argument("--connections", type=int, default=3, help="load generator connections (default 3)")
+    parser.add_argument("--rate", type=float, default=0.0, help="target source changes/s (default: as fast as PG allows)")
+    parser.add_argument("--seed-rows", type=int, default=10_000, help="rows in the source table before capture starts")
+    parser.add_argument("--commit-interval", type=float, default=1.0, help="engine.commit_interval_s for e2e")
+    parser.add_argument("--catchup-timeout", type=float, default=600.0)
+    parser.add_argument("--skip-sink", action="store_true")
+    parser.add_argument("--skip-e2e", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="keep the state directory (logs, warehouse)")
+    args = parser.parse_args()
+    quiet_logs()
+
+    summary: dict[str, Any] = {"bench": "e2e", "load_start": machine_load(),
+                               "params": {k: v for k, v in vars(args).items()}}
+    say(f"machine: {summary['load_start']}")
+    spark_box: list = []
+    status = 0
+    with private_stack("bench-e2e", keep=args.keep) as (info, state_dir):
+        say(f"private stack in {state_dir}: kafka {info.bootstrap_servers}, postgres :{info.pg_port}")
+        try:
+            if not args.skip_sink:
+                summary.update(sink_benchmark(info, state_dir, args, spark_box))
+            if not args.skip_e2e:
+                summary.update(e2e_benchmark(info, state_dir, args, spark_box))
+        except BenchmarkFailure as exc:
+            say(f"FAILED: {exc}")
+            summary["error"] = str(exc)
+            status = 1
+        finally:
+            for spark in spark_box:
+                spark.stop()
+    summary["load_end"] = machine_load()
+    print(json.dumps(summary), flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
