@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from lakestream.config import load_config
+from lakestream.errors import ConfigError
 
 
 def register(subparsers) -> None:
@@ -14,7 +15,8 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--check", action="store_true", help="exit 1 when any threshold is crossed")
     parser.add_argument("--table", action="append", metavar="NS.T", help="only this table (repeatable)")
-    parser.add_argument("--serve-metrics", type=int, metavar="PORT", help="serve Prometheus /metrics on PORT and re-measure every --interval seconds")
+    parser.add_argument("--serve-metrics", type=int, nargs="?", const=-1, metavar="PORT",
+                        help="serve Prometheus /metrics on PORT (default: health.metrics_port) and re-measure every --interval seconds")
     parser.add_argument("--interval", type=float, default=60.0, help="seconds between rounds with --serve-metrics (default: %(default)s)")
     parser.add_argument("--no-lag", action="store_true", help="do not ask the Kafka broker for watermarks")
     parser.set_defaults(func=func)
@@ -32,7 +34,11 @@ def func(args: argparse.Namespace) -> int:
     notifier = None
     if config.health.webhook_url:
         notifier = AlertNotifier(config.health.webhook_url, Path(config.state_dir) / "health-alerts.json")
-    port = args.serve_metrics if args.serve_metrics is not None else None
+    port = args.serve_metrics
+    if port == -1:
+        port = config.health.metrics_port
+        if port is None:
+            raise ConfigError("--serve-metrics needs a PORT, or set health.metrics_port in the pipeline config")
     if port is not None:
         exporter = MetricsExporter(port).start()
         try:

@@ -60,6 +60,7 @@ class SnapshotInfo:
     operation: str | None
     offsets: dict[str, dict[str, int]] | None
     source_ts_max_ms: int | None
+    rewrote_data: bool = False  # a compaction: a `replace` that removed data files (not a manifest rewrite)
 
 
 @dataclass
@@ -238,7 +239,7 @@ def collect_table_metrics(
     snapshot_rows = spark.sql(
         f"SELECT s.snapshot_id, s.committed_at, s.operation, s.manifest_list, "
         f"s.summary[{_lit(OFFSETS_PROPERTY)}] AS offsets, s.summary[{_lit(SOURCE_TS_PROPERTY)}] AS source_ts, "
-        f"coalesce(h.is_current_ancestor, false) AS ancestor "
+        f"s.summary['deleted-data-files'] AS deleted_data_files, coalesce(h.is_current_ancestor, false) AS ancestor "
         f"FROM {qualified}.snapshots s LEFT JOIN {qualified}.history h ON s.snapshot_id = h.snapshot_id"
     ).collect()
     metrics.snapshots = len(snapshot_rows)
@@ -251,12 +252,13 @@ def collect_table_metrics(
             operation=r.operation,
             offsets=_parse_offsets(r.offsets, name),
             source_ts_max_ms=int(r.source_ts) if r.source_ts and r.source_ts.lstrip("-").isdigit() else None,
+            rewrote_data=r.operation == "replace" and int(r.deleted_data_files or 0) > 0,
         )
         for r in ancestry
     ]
     if snapshot_rows:
         metrics.oldest_snapshot_ms = min(_to_ms(r.committed_at) or 0 for r in snapshot_rows)
-    replaces = [s.committed_ms for s in metrics.ancestry if s.operation == "replace"]
+    replaces = [s.committed_ms for s in metrics.ancestry if s.rewrote_data]
     metrics.last_compaction_ms = max(replaces) if replaces else None
     source_ts = [s.source_ts_max_ms for s in metrics.ancestry if s.source_ts_max_ms is not None]
     if source_ts:
