@@ -88,6 +88,7 @@ class Pipeline:
         self.batch_id = 0
         self._last_discovery = 0.0
         self._dead_letter_ident: str | None = None
+        self._non_empty: set[str] = set()
         self._patterns = [re.compile(s.topic_pattern) for s in config.streams if s.topic_pattern]
         self._names = sorted({t for s in config.streams for t in s.topics})
 
@@ -149,7 +150,9 @@ class Pipeline:
         rows = (decoded.groupBy("kind", "table", "topic", "partition", "schema_id", "op")
                 .agg(F.count(F.lit(1)).alias("n"), F.min("offset").alias("min_off"), F.max("offset").alias("max_off"),
                      F.max("source_ts_ms").alias("max_ts"), F.first("row").alias("shape"),
-                     F.collect_set("unavailable").alias("unavail"))
+                     F.collect_set("unavailable").alias("unavail"),
+                     F.percentile_approx("source_ts_ms", [0.01, 0.5, 0.99], 500).alias("q"),
+                     F.min("source_ts_ms").alias("min_ts"))
                 .collect())
         ends: dict[TP, tuple[int, bool]] = {}
         tables: dict[str, TableBatch] = {}
@@ -180,13 +183,8 @@ class Pipeline:
                     tb.max_source_ts = max(tb.max_source_ts or 0, r["max_ts"])
                 for item in r["unavail"] or []:
                     tb.unavailable.update(orjson.loads(item))
-        quantiles = None
-        if records:
-            q = decoded.where(F.col("kind") == KIND_CHANGE).agg(
-                F.percentile_approx("source_ts_ms", [0.01, 0.5, 0.99], 1000).alias("q"),
-                F.min("source_ts_ms").alias("lo")).collect()[0]
-            if q["q"]:
-                quantiles = [float(x) for x in q["q"]] + [float(q["lo"])]
+        quantiles = _combine_quantiles([(r["n"], r["q"], r["min_ts"], r["max_ts"]) for r in rows
+                                        if r["kind"] == KIND_CHANGE and r["q"] and r["q"][0] is not None])
         return ends, tables, errors, records, quantiles
 
     # -- writing ----------------------------------------------------------------------------
@@ -271,7 +269,7 @@ class Pipeline:
                 # Nothing left to write: no empty commits. The offsets advance with the next real commit.
                 continue
             schema = self.tables.schema(tb.name.namespace, tb.name.table)
-            empty = current_summary(self.spark, ident).get("total-records", "0") == "0"
+            empty = ident not in self._non_empty and current_summary(self.spark, ident).get("total-records", "0") == "0"
             incoming = sorted({c for s in tb.shapes.values() if s.schema_id not in rejected for c, _ in s.columns})
             write = TableWrite(
                 ident=ident, mode=stream.mode, schema=schema,
@@ -281,6 +279,7 @@ class Pipeline:
                 only_inserts=set(tb.ops) <= {"c", "r"}, table_empty=empty,
                 dedupe=stream.mode == "append" and bool(stream.dedupe_field))
             written[table_name] = self._write_with_retry(write, rows, props, ident, merged)
+            self._non_empty.add(ident)
         return written, rejected_parts
 
     def _write_with_retry(self, write: TableWrite, rows: DataFrame, props: dict[str, str], ident: str,
@@ -379,6 +378,51 @@ class Pipeline:
             expr = F.when(cond, F.col("offset") < end) if expr is None else expr.when(cond, F.col("offset") < end)
         return F.lit(True) if expr is None else expr.otherwise(F.lit(True)) | F.col("kind").isin(KIND_END, KIND_SCHEMA)
 
+
+
+def _combine_quantiles(groups: list[tuple[int, list[float], int, int]]) -> list[float] | None:
+    """[q01, q50, q99, min] of source times over all groups, from each group's (count, [q01, q50, q99], min, max).
+
+    Each group's distribution is taken as piecewise linear through its known points; the mixture's
+    CDF is inverted by bisection.
+    """
+    if not groups:
+        return None
+    curves = []
+    for n, q, lo, hi in groups:
+        xs = [float(lo), float(q[0]), float(q[1]), float(q[2]), float(max(hi, q[2]))]
+        curves.append((n, xs, [0.0, 0.01, 0.5, 0.99, 1.0]))
+    total = sum(n for n, _, _ in curves)
+
+    def cdf(x: float) -> float:
+        acc = 0.0
+        for n, xs, ps in curves:
+            if x < xs[0]:
+                continue
+            if x >= xs[-1]:
+                acc += n
+                continue
+            for i in range(1, len(xs)):
+                if x < xs[i]:
+                    span = xs[i] - xs[i - 1]
+                    frac = 1.0 if span <= 0 else (x - xs[i - 1]) / span
+                    acc += n * (ps[i - 1] + frac * (ps[i] - ps[i - 1]))
+                    break
+        return acc / total
+
+    lo_all = min(c[1][0] for c in curves)
+    hi_all = max(c[1][-1] for c in curves)
+    out = []
+    for target in (0.01, 0.5, 0.99):
+        lo, hi = lo_all, hi_all
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if cdf(mid) < target:
+                lo = mid
+            else:
+                hi = mid
+        out.append(hi)
+    return out + [lo_all]
 
 
 def describe_batch(result: BatchResult) -> dict[str, Any]:

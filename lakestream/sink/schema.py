@@ -8,6 +8,7 @@ dead-letter table; the table is left as it is.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass, field
@@ -55,7 +56,9 @@ class Reconciliation:
     rejected_columns: dict[str, str] = field(default_factory=dict)  # schema id → top-level column
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_type(ddl: str) -> DataType:
+    """A Spark DataType from DDL (cached: each parse is a round trip to the JVM)."""
     from pyspark.sql.types import _parse_datatype_string
 
     return _parse_datatype_string(ddl)
