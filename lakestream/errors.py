@@ -9,7 +9,7 @@ class ConfigError(LakestreamError):
     """A configuration value is missing or wrong; the message names the field and the fix."""
 
 
-class InvalidIdentifierError(LakestreamError):
+class InvalidIdentifierError(LakestreamError, ValueError):
     """A name derived from data (topic, table, column) cannot be used as an SQL identifier."""
 
 
