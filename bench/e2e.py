@@ -16,6 +16,7 @@ import random
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -300,9 +301,8 @@ def e2e_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, Any
         say(f"load: {source_changes:,} changes in {sum(load.transactions):,} transactions over {load_s:.1f}s "
             f"= {source_changes / load_s:,.0f} changes/s at the source; source has {want['n']:,} rows")
 
-        got = wait_for_lake(spark, table, want, pipeline_thread, failure, timeout=args.catchup_timeout)
-        # The lake matched after the last batch committed so far: that commit is when it had everything.
-        done_ms = max(r.commit_ts_ms for r in results)
+        got, done_ms = wait_for_lake(spark, table, want, pipeline_thread, failure, timeout=args.catchup_timeout,
+                                     results=results)
         e2e_s = done_ms / 1000 - load_start
         memory = driver_memory(spark)
     finally:
@@ -341,12 +341,17 @@ def check_alive(thread: threading.Thread, failure: list[BaseException]) -> None:
 
 
 def wait_for_lake(spark, table: str, want: dict[str, int], thread: threading.Thread,
-                  failure: list[BaseException], timeout: float) -> dict[str, int]:
-    """Poll the Iceberg table until it equals the source totals; BenchmarkFailure on timeout."""
+                  failure: list[BaseException], timeout: float, results: list | None = None) -> tuple[dict[str, int], int]:
+    """Poll the Iceberg table until it equals the source totals; BenchmarkFailure on timeout.
+
+    Returns the totals and the commit time (ms) of the last batch committed before the matching
+    read: that batch is the one that made the lake complete.
+    """
     deadline = time.monotonic() + timeout
     got: dict[str, int] = {}
     while time.monotonic() < deadline:
         check_alive(thread, failure)
+        committed_ms = max((r.commit_ts_ms for r in list(results or [])), default=0)
         try:
             got = lake_totals(spark, table)
         except Exception as exc:  # noqa: BLE001 — the table appears with the first batch
@@ -354,7 +359,7 @@ def wait_for_lake(spark, table: str, want: dict[str, int], thread: threading.Thr
                 raise
             got = {}
         if got == want:
-            return got
+            return got, committed_ms
         time.sleep(1.0)
     raise BenchmarkFailure(f"the lake does not match the source after {timeout:.0f}s: lake {got}, source {want}")
 
@@ -388,7 +393,8 @@ def main() -> int:
                 summary.update(sink_benchmark(info, state_dir, args, spark_box))
             if not args.skip_e2e:
                 summary.update(e2e_benchmark(info, state_dir, args, spark_box))
-        except BenchmarkFailure as exc:
+        except Exception as exc:  # noqa: BLE001 — still print the JSON line, with the error
+            traceback.print_exc()
             say(f"FAILED: {exc}")
             summary["error"] = str(exc)
             status = 1
