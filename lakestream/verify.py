@@ -169,6 +169,7 @@ def _verify_one(config: PipelineConfig, spark: SparkSession, conn, router: Route
         result.lake_table_exists = False
         result.source_rows = source.count()
         if result.source_rows:
+            result.missing = result.source_rows
             result.error = f"lake table {config.catalog.name}.{lake_name} does not exist"
         return result
     lake_fields = {f.name.lower(): f for f in lake.schema.fields}

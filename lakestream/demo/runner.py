@@ -6,6 +6,7 @@ describes this run alone.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -292,13 +293,31 @@ def _wait_until_verified(spark: SparkSession, config: PipelineConfig, pipeline: 
     from lakestream.verify import verify_tables
 
     started = time.monotonic()
+    # Verify is a Spark job of its own: run it only once the pipeline has committed a batch
+    # after the workload ended, so it does not compete for the cores with the catch-up itself.
+    since_ms = int(time.time() * 1000)
+    while time.monotonic() - started < timeout and not _committed_since(metrics_path(config), since_ms):
+        pipeline.check()
+        time.sleep(1)
     while True:
         pipeline.check()
         report = verify_tables(config, spark)
         waited = time.monotonic() - started
         if report.ok or waited >= timeout:
             return report, waited
-        time.sleep(2)
+        time.sleep(3)
+
+
+def _committed_since(metrics: Path, since_ms: int) -> bool:
+    if not metrics.exists():
+        return False
+    for line in metrics.read_text().splitlines()[-5:]:
+        try:
+            if json.loads(line).get("commit_ts_ms", 0) >= since_ms:
+                return True
+        except ValueError:
+            continue
+    return False
 
 
 # -- report ----------------------------------------------------------------------------------------
