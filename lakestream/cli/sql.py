@@ -77,7 +77,8 @@ def print_table(columns: list[str], rows: list[tuple], title: str | None = None)
         table.add_column(name, justify="right" if numeric else "left", overflow="fold")
     for row in rows:
         table.add_row(*(_text(v) for v in row))
-    Console(soft_wrap=False).print(table)
+    # Not a terminal (a pipe, a log): rich would wrap at 80 columns; tables only take the width they need.
+    Console(soft_wrap=False, width=None if sys.stdout.isatty() else 250).print(table)
 
 
 def _plain(value: Any) -> Any:
@@ -100,6 +101,8 @@ def _plain(value: Any) -> Any:
 def _text(value: Any) -> str:
     if value is None:
         return "NULL"
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return str(value)
     if isinstance(value, (list, dict)) or hasattr(value, "asDict"):
         return json.dumps(_plain(value), default=str)
     return str(_plain(value))

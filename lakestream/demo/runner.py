@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -329,7 +330,7 @@ def _print_report(spark: SparkSession, config: PipelineConfig, report: VerifyRep
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(soft_wrap=False)
+    console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
     rows = Table(title="source vs lake", header_style="bold")
     for name in ("source table", "lake table", "source rows", "lake rows", "match"):
         rows.add_column(name, justify="right" if "rows" in name else "left")
