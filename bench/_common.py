@@ -137,7 +137,7 @@ _VALUE_FIELDS = [
     {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
      "parameters": {"scale": "2", "connect.decimal.precision": "12"}, "field": "amount"},
     {"type": "int32", "optional": True, "field": "qty"},
-    {"type": "double", "optional": True, "field": "price"},
+    {"type": "float64", "optional": True, "field": "price"},
     {"type": "boolean", "optional": True, "field": "express"},
     {"type": "int32", "optional": False, "field": "version"},
     {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1, "field": "created_day"},
@@ -323,7 +323,14 @@ def freshness(results: list[Any], since_ms: int = 0) -> dict[str, Any]:
 
 
 def quiet_logs() -> None:
+    """Warnings only, and SIGTERM unwinds like Ctrl-C so the private stack is always stopped."""
     import logging
+    import signal
+
+    def on_sigterm(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
