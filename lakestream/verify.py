@@ -274,6 +274,9 @@ def _canonical(column: _SourceColumn, value: Column, lake_type: Any, side: str) 
         return F.date_format(value.cast("date"), "yyyy-MM-dd")
     if kind == "uuid":
         return F.lower(value.cast("string"))
+    if kind == "character":
+        # PostgreSQL drops char(n)'s padding when it becomes text; the change event may carry it.
+        return F.rtrim(value.cast("string"))
     return value.cast("string")
 
 
