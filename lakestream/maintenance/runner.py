@@ -99,7 +99,7 @@ class MaintenanceScheduler:
     ) -> list[MaintenanceResult]:
         """One round over the selected tables; a failing table is logged and does not stop the others."""
         now_s = now_s if now_s is not None else time.time()
-        self.last_round_s = now_s
+        wall_started = time.monotonic()
         results: list[MaintenanceResult] = []
         for name in select_tables(spark, self.config, tables):
             last_scan = self.last_orphan_scan_s.get(name)
@@ -111,6 +111,8 @@ class MaintenanceScheduler:
             except Exception as exc:  # one broken table (dropped mid-round, corrupt metadata) must not stop the rest
                 log.error("maintenance of %s failed: %s", name, str(exc).splitlines()[0][:300])
                 results.append(MaintenanceResult(table=name, action="round", status="failed", error=str(exc).splitlines()[0][:300]))
+        # Measured from the round's end: a round longer than interval_s must not run back to back inline.
+        self.last_round_s = now_s + (time.monotonic() - wall_started)
         return results
 
 
