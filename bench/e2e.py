@@ -186,7 +186,7 @@ class LoadGenerator:
                                rows, template="(%s, %s, %s, %s, %s, %s, %s, %s, %s, current_date, localtimestamp, now())")
                 changed = cur.rowcount
                 targets = rng.sample(live, self.UPDATES + self.DELETES)
-                cur.execute(f"UPDATE {self.table} SET qty = qty % 19 + 1, version = version + 1, status = %s, "
+                cur.execute(f"UPDATE {self.table} SET qty = qty %% 19 + 1, version = version + 1, status = %s, "
                             f"updated_at = now() WHERE id = ANY(%s)", (rng.choice(STATUSES), targets[:self.UPDATES]))
                 changed += cur.rowcount
                 gone = set(targets[self.UPDATES:])
@@ -237,8 +237,8 @@ def e2e_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, Any
         cur.execute(f"DROP TABLE IF EXISTS public.{table}")
         cur.execute(f"CREATE TABLE public.{table} ({ORDERS_DDL})")
         cur.execute(f"INSERT INTO public.{table} (id, customer_id, status, amount, qty, price, express, version, "
-                    f"created_day, created_at, updated_at, note) SELECT i, i % 50000, 'new', i % 19 * 19.99, i % 19 + 1, "
-                    f"19.99, i % 3 = 0, 1, current_date, localtimestamp, now(), 'seed ' || i "
+                    f"created_day, created_at, updated_at, note) SELECT i, i %% 50000, 'new', i %% 19 * 19.99, i %% 19 + 1, "
+                    f"19.99, i %% 3 = 0, 1, current_date, localtimestamp, now(), 'seed ' || i "
                     f"FROM generate_series(1, %s) AS i", (args.seed_rows,))
     conn.close()
 
