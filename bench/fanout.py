@@ -66,6 +66,8 @@ def worker(args) -> dict[str, Any]:
             raise RuntimeError(f"first batch wrote {0 if first is None else len(first.tables)} tables "
                                f"({0 if first is None else first.changes} changes), expected {count}")
         memory_first = driver_memory(spark)
+        say(f"  T={count} first batch: {first.records} records → {len(first.tables)} new tables, {first.seconds:.2f}s "
+            f"(read {first.read_seconds:.2f}s)")
 
         batches = []
         for rnd in range(args.rounds):
@@ -150,13 +152,17 @@ def main() -> int:
         for count in counts:
             say(f"\n== T={count}: {count} topics × {args.rows_per_table} rows, then {args.rounds} batches "
                 f"touching {min(ACTIVE, count)} topics")
-            proc = subprocess.run([sys.executable, __file__, "--worker", str(count), "--base-config", str(base_path),
-                                   "--rounds", str(args.rounds), "--changes", str(args.changes),
-                                   "--rows-per-table", str(args.rows_per_table)],
-                                  stdout=subprocess.PIPE, text=True)
-            lines = [line for line in proc.stdout.splitlines() if line.strip()]
-            for line in lines[:-1]:
-                say(line)
+            proc = subprocess.Popen([sys.executable, __file__, "--worker", str(count), "--base-config", str(base_path),
+                                     "--rounds", str(args.rounds), "--changes", str(args.changes),
+                                     "--rows-per-table", str(args.rows_per_table)],
+                                    stdout=subprocess.PIPE, text=True)
+            lines = []
+            for line in proc.stdout:  # progress as it happens; the worker's last line is its JSON
+                if line.strip():
+                    lines.append(line.rstrip("\n"))
+                    if not line.startswith("{"):
+                        say(line.rstrip("\n"))
+            proc.wait()
             if proc.returncode != 0 or not lines or not lines[-1].startswith("{"):
                 say(f"FAILED: T={count} exited {proc.returncode}")
                 summary.setdefault("errors", []).append(f"T={count}: exit {proc.returncode}")
