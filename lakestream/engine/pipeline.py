@@ -32,8 +32,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Commit races with maintenance (compaction, delete rewrites) and reads of files that a concurrent
+# snapshot expiry removed: re-planning the write against the table's new state resolves both.
 _RETRYABLE = ("CommitFailedException", "ValidationException", "CommitStateUnknownException",
-              "Found conflicting files", "Cannot commit")
+              "Found conflicting files", "Cannot commit", "NotFoundException", "FileNotFoundException",
+              "Error reading file")
 
 
 @dataclass
@@ -285,14 +288,15 @@ class Pipeline:
     def _write_with_retry(self, write: TableWrite, rows: DataFrame, props: dict[str, str], ident: str,
                           merged: dict[TP, int], attempts: int = 5) -> str:
         from py4j.protocol import Py4JJavaError
+        from pyspark.errors.exceptions.captured import CapturedException
 
         for attempt in range(1, attempts + 1):
             try:
                 kind = write_table(self.spark, write, rows, props)
                 self.offsets.record(ident, merged)
                 return kind
-            except Py4JJavaError as exc:
-                text = str(exc.java_exception)
+            except (Py4JJavaError, CapturedException) as exc:
+                text = str(getattr(exc, "java_exception", exc)) + str(exc)
                 if not any(marker in text for marker in _RETRYABLE) or attempt == attempts:
                     raise
                 # The commit may have landed (state unknown) or lost a race with maintenance.

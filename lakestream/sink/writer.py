@@ -56,6 +56,32 @@ def typed_changes(changes: DataFrame, schema: StructType) -> DataFrame:
     return parsed.select("__r.*", OP_COL, "__ls_key", "__ls_topic", "__ls_partition", "__ls_offset", UNAVAILABLE_COL)
 
 
+def fill_withheld_from_batch(typed: DataFrame, columns: set[str]) -> DataFrame:
+    """Give a change whose TOAST column Debezium withheld the value of the same key's earlier change
+    in this batch (e.g. an insert followed by an update in one commit interval). Only columns with no
+    earlier value in the batch stay withheld; the MERGE keeps the stored value for those.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    earlier = Window.partitionBy("__ls_key").orderBy("__ls_topic", "__ls_partition", "__ls_offset").rowsBetween(
+        Window.unboundedPreceding, -1)
+    withheld = F.coalesce(F.col(UNAVAILABLE_COL), F.array().cast("array<string>"))
+    for column in sorted(columns):
+        name = f"__ls_prev_{column}"
+        is_withheld = F.array_contains(withheld, column)
+        # A struct wrapper tells "the earlier change set NULL" apart from "no earlier value".
+        known = F.when(is_withheld | (F.col(OP_COL) == "d"), F.lit(None)).otherwise(F.struct(F.col(column).alias("v")))
+        typed = typed.withColumn(name, F.last(known, ignorenulls=True).over(earlier))
+        filled = is_withheld & F.col(name).isNotNull()
+        typed = (typed.withColumn(column, F.when(filled, F.col(name)["v"]).otherwise(F.col(column)))
+                 .withColumn(UNAVAILABLE_COL, F.when(filled, F.array_remove(withheld, column))
+                             .otherwise(F.col(UNAVAILABLE_COL)))
+                 .drop(name))
+        withheld = F.coalesce(F.col(UNAVAILABLE_COL), F.array().cast("array<string>"))
+    return typed
+
+
 def latest_per_key(typed: DataFrame) -> DataFrame:
     """Keep the last change of each key in Kafka order (same key → same partition)."""
     from pyspark.sql import Window
@@ -108,6 +134,8 @@ def write_table(spark: SparkSession, write: TableWrite, changes: DataFrame, prop
     Returns the kind of write done (merge | append | dedupe-append).
     """
     typed = typed_changes(changes, write.schema)
+    if write.mode == "upsert" and write.unavailable_columns:
+        typed = fill_withheld_from_batch(typed, write.unavailable_columns)
     if write.mode == "upsert" or write.dedupe:
         typed = latest_per_key(typed)
     view = f"__ls_batch_{next(_view_ids)}"
