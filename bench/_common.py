@@ -116,13 +116,14 @@ def write_pipeline_yaml(path: Path, data: dict[str, Any]) -> Path:
 # -- Debezium-shaped change events ----------------------------------------------------------------
 
 # The columns of the benchmark table, as PostgreSQL DDL and as Debezium (schemas on) describes them.
+# Debezium's JsonConverter writes Kafka Connect FLOAT64 as "double" (FLOAT32 as "float").
 ORDERS_DDL = """
     id integer PRIMARY KEY,
     customer_id bigint NOT NULL,
     status text,
     amount numeric(12,2),
     qty integer,
-    price double precision,
+    price {price_type},
     express boolean,
     version integer NOT NULL,
     created_day date,
@@ -137,7 +138,7 @@ _VALUE_FIELDS = [
     {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
      "parameters": {"scale": "2", "connect.decimal.precision": "12"}, "field": "amount"},
     {"type": "int32", "optional": True, "field": "qty"},
-    {"type": "float64", "optional": True, "field": "price"},
+    {"type": "double", "optional": True, "field": "price"},  # JsonConverter names FLOAT64 "double"
     {"type": "boolean", "optional": True, "field": "express"},
     {"type": "int32", "optional": False, "field": "version"},
     {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1, "field": "created_day"},

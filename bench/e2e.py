@@ -235,7 +235,7 @@ def e2e_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, Any
     conn.autocommit = True
     with conn.cursor() as cur:
         cur.execute(f"DROP TABLE IF EXISTS public.{table}")
-        cur.execute(f"CREATE TABLE public.{table} ({ORDERS_DDL})")
+        cur.execute(f"CREATE TABLE public.{table} ({ORDERS_DDL.format(price_type=args.price_type)})")
         cur.execute(f"INSERT INTO public.{table} (id, customer_id, status, amount, qty, price, express, version, "
                     f"created_day, created_at, updated_at, note) SELECT i, i %% 50000, 'new', i %% 19 * 19.99, i %% 19 + 1, "
                     f"19.99, i %% 3 = 0, 1, current_date, localtimestamp, now(), 'seed ' || i "
@@ -374,6 +374,8 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=0.0, help="target source changes/s (default: as fast as PG allows)")
     parser.add_argument("--seed-rows", type=int, default=10_000, help="rows in the source table before capture starts")
     parser.add_argument("--commit-interval", type=float, default=1.0, help="engine.commit_interval_s for e2e")
+    parser.add_argument("--price-type", default="double precision",
+                        help="PostgreSQL type of the price column in the e2e table (default: double precision)")
     parser.add_argument("--catchup-timeout", type=float, default=600.0)
     parser.add_argument("--skip-sink", action="store_true")
     parser.add_argument("--skip-e2e", action="store_true")
