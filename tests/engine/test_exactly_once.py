@@ -326,6 +326,8 @@ def chaos_db(stack):
     admin.close()
 
 
+# A restart (Spark start + first batch) takes 10-20 s on an idle machine but minutes on a saturated one.
+@pytest.mark.timeout(2400)
 def test_sigkill_during_load_loses_and_duplicates_nothing(stack, chaos_db, service_dir_factory, request):
     run_id = chaos_db.removeprefix("chaos_")
     prefix, namespace = f"chaos{run_id}", f"chaos_{run_id}"
@@ -396,10 +398,12 @@ def test_sigkill_during_load_loses_and_duplicates_nothing(stack, chaos_db, servi
         wait_for_sentinels(stack.bootstrap_servers, topics, timeout=120)
         capture.stop()
 
-        # Catch up: run until a batch finds nothing new.
+        # Catch up: run until a batch finds nothing new. The kills are over, so bigger batches are fine.
+        config["engine"]["max_records_per_batch"] = 50_000
+        config_path.write_text(yaml.safe_dump(config))
         catch_up_started = time.monotonic()
         pipeline.start("--until-idle")
-        pipeline.proc.wait(600)
+        pipeline.proc.wait(1200)
         assert pipeline.proc.returncode == 0, pipeline.tail()
         log.info("caught up in %.1fs (%d batches)", time.monotonic() - catch_up_started, pipeline.batches())
     finally:
