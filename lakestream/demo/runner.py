@@ -270,7 +270,7 @@ class _PipelineProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        with open(self.log_path, "ab") as log:
+        with open(self.log_path, "wb") as log:  # this run only
             self.proc = subprocess.Popen([*LAKESTREAM_COMMAND, "run", str(self.yaml_path)], stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
