@@ -81,7 +81,8 @@ def _short_error(exc: BaseException) -> str:
     text = str(exc).strip()
     for line in text.splitlines():
         if "Exception" in line or "Error" in line:
-            return line.strip()[:400]
+            # py4j prefixes the JVM message with ": " on its own line.
+            return line.strip().removeprefix(": ")[:400]
     return text[:400]
 
 
