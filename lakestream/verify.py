@@ -161,7 +161,9 @@ def _verify_one(config: PipelineConfig, spark: SparkSession, conn, router: Route
     if not columns:
         result.error = "source table not found"
         return result
-    keys = _primary_key(conn, schema, table) or [c.name for c in columns]
+    primary_key = _primary_key(conn, schema, table)
+    # Without a primary key, whole rows are the keys: the comparison becomes one of row multisets.
+    keys = primary_key or [c.name for c in columns]
     result.key_columns = keys
     source = _read_source(config, spark, conn, schema, table, columns)
     lake = _read_lake(config, spark, lake_name)
@@ -174,7 +176,7 @@ def _verify_one(config: PipelineConfig, spark: SparkSession, conn, router: Route
         return result
     lake_fields = {f.name.lower(): f for f in lake.schema.fields}
     result.missing_columns = [c.name for c in columns if c.name.lower() not in lake_fields]
-    _compare(spark, result, columns, keys, source, lake, lake_fields, samples)
+    _compare(result, columns, keys, bool(primary_key), source, lake, lake_fields, samples)
     return result
 
 
@@ -310,7 +312,7 @@ def _read_lake(config: PipelineConfig, spark: SparkSession, name: TableName) -> 
         raise
 
 
-def _compare(spark: SparkSession, result: TableVerification, columns: list[_SourceColumn], keys: list[str],
+def _compare(result: TableVerification, columns: list[_SourceColumn], keys: list[str], has_primary_key: bool,
              source: DataFrame, lake: DataFrame, lake_fields: dict[str, Any], samples: int) -> None:
     from pyspark.sql import functions as F
 
@@ -331,7 +333,12 @@ def _compare(spark: SparkSession, result: TableVerification, columns: list[_Sour
         )
 
     key_cols = [f"k{i}" for i in range(len(keys))]
-    src = side_frame(source, "source").groupBy(*key_cols).agg(F.count(F.lit(1)).alias("src_n"), F.min("h").alias("src_h"))
+    src = side_frame(source, "source")
+    if has_primary_key:
+        # The source enforces uniqueness: no need to group it.
+        src = src.select(*key_cols, F.lit(1).alias("src_n"), F.col("h").alias("src_h"))
+    else:
+        src = src.groupBy(*key_cols).agg(F.count(F.lit(1)).alias("src_n"), F.min("h").alias("src_h"))
     lk = side_frame(lake, "lake").groupBy(*key_cols).agg(
         F.count(F.lit(1)).alias("lake_n"), F.min("h").alias("lake_h_min"), F.max("h").alias("lake_h_max")
     )
