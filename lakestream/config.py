@@ -173,6 +173,7 @@ class EngineSettings(_Model):
     idle_poll_s: float = Field(default=0.5, gt=0)
     dead_letter_table: str = "lakestream.dead_letter"
     topic_refresh_s: float = Field(default=0.0, ge=0)
+    table_write_parallelism: int = Field(default=4, ge=1, le=64)
 
     @field_validator("dead_letter_table")
     @classmethod

@@ -113,7 +113,8 @@ class FieldType:
 
 _PRIMITIVES = {
     "int8": "int", "int16": "int", "int32": "int", "int64": "bigint",
-    "float32": "float", "float64": "double", "boolean": "boolean",
+    # Kafka Connect's JsonConverter writes FLOAT32/FLOAT64 as "float"/"double" in schemas.
+    "float32": "float", "float64": "double", "float": "float", "double": "double", "boolean": "boolean",
     "string": "string", "bytes": "binary",
 }
 

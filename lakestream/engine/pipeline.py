@@ -123,7 +123,8 @@ class Pipeline:
         self.watermarks = self.kafka.watermarks(list(self.positions))
         engine = self.config.engine
         return plan_offset_ranges(self.positions, self.watermarks, self.maybe_more,
-                                  engine.max_records_per_batch, engine.max_records_per_task)
+                                  engine.max_records_per_batch, engine.max_records_per_task,
+                                  parallelism=self.spark.sparkContext.defaultParallelism)
 
     # -- reading ----------------------------------------------------------------------------
     def read_batch(self, ranges: list[OffsetRange]) -> DataFrame:
@@ -238,52 +239,74 @@ class Pipeline:
 
     def write_tables(self, decoded: DataFrame, ends: dict[TP, tuple[int, bool]],
                      tables: dict[str, TableBatch]) -> tuple[dict[str, str], list[tuple[DataFrame, str]]]:
-        from pyspark.sql import functions as F
+        """Write every table of the batch; tables are independent, so several are written at once."""
+        from concurrent.futures import ThreadPoolExecutor
 
         written: dict[str, str] = {}
         rejected_parts: list[tuple[DataFrame, str]] = []
-        for table_name, tb in sorted(tables.items()):
-            if tb.count == 0:
-                continue
-            stream = self._stream_for(tb)
-            ident, rejected = self._prepare_table(tb, stream)
-            committed = self.offsets.load(ident)
-            tps = sorted(tb.tp_offsets)
-            pending = [tp for tp in tps if committed.get(tp, -1) <= tb.tp_offsets[tp][1]]
-            if not pending:
-                log.info("table %s already holds this batch's changes (restart replay); skipping", table_name)
-                continue
-            rows = decoded.where((F.col("kind") == KIND_CHANGE) & (F.col("table") == table_name))
-            offset_filter = self._offset_filter(committed, tps)
-            if offset_filter is not None:
-                rows = rows.where(offset_filter)
-            if rejected:
-                bad = F.col("schema_id").isin(list(rejected))
-                rejected_parts.append((rows.where(bad).withColumn("error", reason_column(rejected)), table_name))
-                rows = rows.where(~bad)
-            consumed = {tp: ends[tp][0] for tp in tps if tp in ends}
-            merged = self.offsets.merged_after_commit(ident, consumed)
-            props = {OFFSETS_PROPERTY: encode_offsets(merged), PIPELINE_PROPERTY: self.config.name,
-                     BATCH_PROPERTY: str(self.batch_id)}
-            if tb.max_source_ts is not None:
-                props[SOURCE_TS_PROPERTY] = str(tb.max_source_ts)
-            partial_replay = any(tp in committed and committed[tp] > tb.tp_offsets[tp][0] for tp in tps)
-            if (rejected or partial_replay) and rows.limit(1).count() == 0:
-                # Nothing left to write: no empty commits. The offsets advance with the next real commit.
-                continue
-            schema = self.tables.schema(tb.name.namespace, tb.name.table)
-            empty = ident not in self._non_empty and current_summary(self.spark, ident).get("total-records", "0") == "0"
-            incoming = sorted({c for s in tb.shapes.values() if s.schema_id not in rejected for c, _ in s.columns})
-            write = TableWrite(
-                ident=ident, mode=stream.mode, schema=schema,
-                key_columns=(stream.key_columns or next((s.key for s in tb.shapes.values() if s.key), []))
-                if stream.mode == "upsert" else ([stream.dedupe_field] if stream.dedupe_field else []),
-                incoming_columns=incoming, unavailable_columns=tb.unavailable,
-                only_inserts=set(tb.ops) <= {"c", "r"}, table_empty=empty,
-                dedupe=stream.mode == "append" and bool(stream.dedupe_field))
-            written[table_name] = self._write_with_retry(write, rows, props, ident, merged)
-            self._non_empty.add(ident)
+        todo = [(name, tb) for name, tb in sorted(tables.items()) if tb.count > 0]
+        workers = min(self.config.engine.table_write_parallelism, len(todo))
+        for namespace in sorted({tb.name.namespace for _, tb in todo}):
+            self.tables.ensure_namespace(namespace)  # once, before writers race to create it
+        if workers <= 1:
+            outcomes = [self._write_one_table(name, tb, decoded, ends) for name, tb in todo]
+        else:
+            # Each Python thread is pinned to its own JVM thread, which Iceberg's per-thread commit
+            # properties rely on.
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-writer") as pool:
+                outcomes = list(pool.map(lambda item: self._write_one_table(item[0], item[1], decoded, ends), todo))
+        for (name, _), (kind, rejected) in zip(todo, outcomes):
+            if kind is not None:
+                written[name] = kind
+            if rejected is not None:
+                rejected_parts.append((rejected, name))
         return written, rejected_parts
+
+    def _write_one_table(self, table_name: str, tb: TableBatch, decoded: DataFrame,
+                         ends: dict[TP, tuple[int, bool]]) -> tuple[str | None, DataFrame | None]:
+        """Prepare, filter and write one table; returns (write kind or None, rejected rows or None)."""
+        from pyspark.sql import functions as F
+
+        stream = self._stream_for(tb)
+        ident, rejected = self._prepare_table(tb, stream)
+        committed = self.offsets.load(ident)
+        tps = sorted(tb.tp_offsets)
+        pending = [tp for tp in tps if committed.get(tp, -1) <= tb.tp_offsets[tp][1]]
+        if not pending:
+            log.info("table %s already holds this batch's changes (restart replay); skipping", table_name)
+            return None, None
+        rows = decoded.where((F.col("kind") == KIND_CHANGE) & (F.col("table") == table_name))
+        offset_filter = self._offset_filter(committed, tps)
+        if offset_filter is not None:
+            rows = rows.where(offset_filter)
+        rejected_rows = None
+        if rejected:
+            bad = F.col("schema_id").isin(list(rejected))
+            rejected_rows = rows.where(bad).withColumn("error", reason_column(rejected))
+            rows = rows.where(~bad)
+        consumed = {tp: ends[tp][0] for tp in tps if tp in ends}
+        merged = self.offsets.merged_after_commit(ident, consumed)
+        props = {OFFSETS_PROPERTY: encode_offsets(merged), PIPELINE_PROPERTY: self.config.name,
+                 BATCH_PROPERTY: str(self.batch_id)}
+        if tb.max_source_ts is not None:
+            props[SOURCE_TS_PROPERTY] = str(tb.max_source_ts)
+        partial_replay = any(tp in committed and committed[tp] > tb.tp_offsets[tp][0] for tp in tps)
+        if (rejected or partial_replay) and rows.limit(1).count() == 0:
+            # Nothing left to write: no empty commits. The offsets advance with the next real commit.
+            return None, rejected_rows
+        schema = self.tables.schema(tb.name.namespace, tb.name.table)
+        empty = ident not in self._non_empty and current_summary(self.spark, ident).get("total-records", "0") == "0"
+        incoming = sorted({c for s in tb.shapes.values() if s.schema_id not in rejected for c, _ in s.columns})
+        write = TableWrite(
+            ident=ident, mode=stream.mode, schema=schema,
+            key_columns=(stream.key_columns or next((s.key for s in tb.shapes.values() if s.key), []))
+            if stream.mode == "upsert" else ([stream.dedupe_field] if stream.dedupe_field else []),
+            incoming_columns=incoming, unavailable_columns=tb.unavailable,
+            only_inserts=set(tb.ops) <= {"c", "r"}, table_empty=empty,
+            dedupe=stream.mode == "append" and bool(stream.dedupe_field))
+        kind = self._write_with_retry(write, rows, props, ident, merged)
+        self._non_empty.add(ident)
+        return kind, rejected_rows
 
     def _write_with_retry(self, write: TableWrite, rows: DataFrame, props: dict[str, str], ident: str,
                           merged: dict[TP, int], attempts: int = 5) -> str:

@@ -142,7 +142,8 @@ def write_table(spark: SparkSession, write: TableWrite, changes: DataFrame, prop
     typed.createOrReplaceTempView(view)
     try:
         if write.mode == "upsert":
-            if write.only_inserts and write.table_empty:
+            if write.table_empty:
+                # Nothing to match against: the latest change per key, minus deletes, is the table.
                 sql, kind = build_insert_sql(write, view, f" WHERE {OP_COL} <> 'd'"), "append"
             else:
                 sql, kind = build_merge_sql(write, view), "merge"

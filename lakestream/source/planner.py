@@ -30,6 +30,8 @@ def plan_offset_ranges(
     maybe_more: set[TP],
     max_records: int,
     max_per_task: int,
+    parallelism: int = 1,
+    min_per_task: int = 2000,
 ) -> list[OffsetRange]:
     """Ranges for the next batch.
 
@@ -48,15 +50,20 @@ def plan_offset_ranges(
     if not active:
         return []
     share = max(max_records // len(active), 1)
+    # Spread known records over at least `parallelism` tasks so every core decodes.
+    total_known = sum(min(known, share) for _, _, known in active)
+    per_task = max_per_task
+    if total_known and parallelism > 1:
+        per_task = max(min(max_per_task, -(-total_known // parallelism)), min(min_per_task, max_per_task))
     ranges: list[OffsetRange] = []
     for tp, start, known in sorted(active):
         budget = share
         # Known records are split into closed per-task chunks; the last chunk stays open so a
         # lagging high watermark never strands records.
-        while known > max_per_task and budget > max_per_task:
-            ranges.append(OffsetRange(tp.topic, tp.partition, start, start + max_per_task, max_per_task))
-            start += max_per_task
-            known -= max_per_task
-            budget -= max_per_task
+        while known > per_task and budget > per_task:
+            ranges.append(OffsetRange(tp.topic, tp.partition, start, start + per_task, per_task))
+            start += per_task
+            known -= per_task
+            budget -= per_task
         ranges.append(OffsetRange(tp.topic, tp.partition, start, None, min(budget, max_per_task)))
     return ranges
