@@ -210,3 +210,11 @@ def test_decimal_timestamps_land_exactly():
     ftype = field_type({"type": "int64", "name": "io.debezium.time.MicroTimestamp"})
     micros = int((dt.datetime(1900, 1, 1, 0, 0, 0, 1) - dt.datetime(1970, 1, 1)).total_seconds() * 1_000_000)
     assert ftype.convert(micros) == "1900-01-01T00:00:00.000001"
+
+
+def test_json_converter_float_type_names():
+    """Kafka Connect's JsonConverter names FLOAT64/FLOAT32 "double"/"float" in schemas (real Debezium output)."""
+    from lakestream.decode.types import field_type
+
+    assert field_type({"type": "double", "optional": True, "field": "price"}).ddl == "double"
+    assert field_type({"type": "float", "optional": True, "field": "ratio"}).ddl == "float"
