@@ -51,6 +51,10 @@ def test_check_fails_over_threshold_and_passes_after_maintenance(spark, stack, p
     out = capsys.readouterr().out
     assert "ALERT" in out and "files_per_partition" in out
 
+    assert main(["maintain", pipeline, "--dry-run", "--table", table]) == 0
+    assert "compact health.crowded: planned, files 8 → ?" in capsys.readouterr().out
+    assert spark.sql(f"SELECT count(*) FROM lake.{table}.data_files").collect()[0][0] == 8
+
     assert main(["maintain", pipeline, "--table", table]) == 0
     assert "compact health.crowded: ok, files 8 → 1" in capsys.readouterr().out
 
