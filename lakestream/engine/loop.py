@@ -66,7 +66,7 @@ def run_pipeline(
         while not stop.is_set():
             started = time.monotonic()
             result = pipeline.run_batch()
-            if result is None or (result.records == 0 and not result.tables):
+            if result is None or (result.advanced == 0 and not result.tables):
                 # Nothing new (a partition re-checked for records beyond a lagging watermark).
                 if stop_when_idle:
                     break

@@ -64,6 +64,7 @@ class BatchResult:
     lag: int | None
     commit_ts_ms: int
     source_ts_quantiles: list[float] | None = None
+    advanced: int = 0  # Kafka messages consumed, tombstones and skipped records included
 
     def progress_line(self) -> str:
         rate = self.records / self.seconds if self.seconds > 0 else 0.0
@@ -384,6 +385,7 @@ class Pipeline:
         finally:
             decoded.unpersist()
         commit_ts_ms = int(time.time() * 1000)
+        advanced = sum(max(next_offset - self.positions.get(tp, 0), 0) for tp, (next_offset, _) in ends.items())
         for tp, (next_offset, at_end) in ends.items():
             self.positions[tp] = max(self.positions.get(tp, 0), next_offset)
             if at_end:
@@ -393,7 +395,7 @@ class Pipeline:
         self.kafka.commit({tp: self.positions[tp] for tp in ends})
         lag = sum(max(high - self.positions.get(tp, high), 0) for tp, (_, high) in self.watermarks.items())
         return BatchResult(self.batch_id, records, sum(t.count for t in tables.values()), written, dead,
-                           time.monotonic() - started, read_seconds, lag, commit_ts_ms, quantiles)
+                           time.monotonic() - started, read_seconds, lag, commit_ts_ms, quantiles, advanced)
 
     @staticmethod
     def _within_ends(ends: dict[TP, tuple[int, bool]]) -> Column:
