@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from lakestream.config import PipelineConfig, StreamSettings
+from lakestream.errors import DecodeError
 from lakestream.decode.records import DECODED_DDL, KIND_CHANGE, KIND_END, KIND_ERROR, KIND_SCHEMA, read_and_decode
 from lakestream.sink.commit import (
     BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, SOURCE_TS_PROPERTY, TableOffsets, current_summary,
@@ -113,9 +114,20 @@ class Pipeline:
         committed = self.kafka.committed(new)
         marks = self.kafka.watermarks(new)
         for tp in new:
-            # Without a group offset start from the log start; the tables' own offsets then skip
-            # whatever they already hold.
-            self.positions[tp] = committed.get(tp, marks[tp][0])
+            low, high = marks[tp]
+            start = self._start_from_tables(tp, low)
+            if start is None:
+                # Field/header routing: the tables are known only per record, so start from the
+                # group's offset (a lower bound: it advances after every table of a batch committed)
+                # and let each table skip what it already holds.
+                start = committed.get(tp, low)
+                if start > high:
+                    log.warning("group offset %d of %s is past the end %d (topic re-created?); reading from "
+                                "%d", start, tp, high, low)
+                    start = low
+            if start < low:
+                log.warning("%s: offsets %d..%d were deleted by retention before being read", tp, start, low - 1)
+            self.positions[tp] = max(start, low)
             self.maybe_more.add(tp)
         log.info("reading %d new partition(s): %s", len(new), ", ".join(str(tp) for tp in new[:10]))
 
@@ -126,6 +138,20 @@ class Pipeline:
         return plan_offset_ranges(self.positions, self.watermarks, self.maybe_more,
                                   engine.max_records_per_batch, engine.max_records_per_task,
                                   parallelism=self.spark.sparkContext.defaultParallelism)
+
+    def _start_from_tables(self, tp: TP, log_start: int) -> int | None:
+        """Where a partition's table says to resume: its stored offset, or the log start when the
+        table (or its entry for this partition) does not exist. None with field/header routing."""
+        stream = self.config.stream_for(tp.topic)
+        if stream is None or stream.route_field or stream.route_header:
+            return None
+        try:
+            _, name = self.router.route(tp.topic)
+        except DecodeError:
+            return log_start  # unroutable: every record goes to the dead-letter table, which skips its own
+        if not self.tables.exists(name.namespace, name.table):
+            return log_start
+        return self.offsets.load(self.tables.ident(name.namespace, name.table)).get(tp, log_start)
 
     # -- reading ----------------------------------------------------------------------------
     def read_batch(self, ranges: list[OffsetRange]) -> DataFrame:
