@@ -291,36 +291,17 @@ class FastProducer:
 
 # -- results --------------------------------------------------------------------------------------
 
-def weighted_percentile(points: list[tuple[float, int]], q: float) -> float | None:
-    """The ``q`` percentile of (value, weight) points."""
-    points = sorted(p for p in points if p[1] > 0)
-    if not points:
-        return None
-    total = sum(w for _, w in points)
-    running = 0
-    for value, weight in points:
-        running += weight
-        if running >= q * total:
-            return value
-    return points[-1][0]
-
-
 def freshness(results: list[Any], since_ms: int = 0) -> dict[str, Any]:
-    """Source commit → visible in Iceberg, from the batches' quantiles of source commit times.
+    """Source commit → visible in Iceberg over the benchmark's batches (see lakestream.engine.freshness)."""
+    from lakestream.engine.freshness import freshness_of_batches
 
-    A batch's median freshness is commit − q50 and its tail commit − q01; the overall figures are
-    record-weighted percentiles of those per-batch values.
-    """
-    p50, p99 = [], []
-    for r in results:
-        q = r.source_ts_quantiles
-        if not q or r.records <= 0 or r.commit_ts_ms < since_ms:
-            continue
-        p50.append(((r.commit_ts_ms - q[1]) / 1000, r.records))
-        p99.append(((r.commit_ts_ms - q[0]) / 1000, r.records))
-    f50, f99 = weighted_percentile(p50, 0.5), weighted_percentile(p99, 0.99)
-    return {"freshness_p50_s": None if f50 is None else round(f50, 2),
-            "freshness_p99_s": None if f99 is None else round(f99, 2), "freshness_batches": len(p50)}
+    found = freshness_of_batches(
+        ({"source_ts_quantiles": r.source_ts_quantiles, "commit_ts_ms": r.commit_ts_ms, "records": r.records}
+         for r in results), since_ms)
+    if found is None:
+        return {"freshness_p50_s": None, "freshness_p99_s": None, "freshness_batches": 0}
+    return {"freshness_p50_s": round(found.p50_s, 2), "freshness_p99_s": round(found.p99_s, 2),
+            "freshness_batches": found.batches}
 
 
 def quiet_logs() -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from lakestream.config import PipelineConfig, StreamSettings
+from lakestream.engine.freshness import mixture_quantiles
 from lakestream.errors import DecodeError
 from lakestream.decode.records import DECODED_DDL, KIND_CHANGE, KIND_END, KIND_ERROR, KIND_SCHEMA, read_and_decode
 from lakestream.sink.commit import (
@@ -436,48 +437,9 @@ class Pipeline:
 
 
 def _combine_quantiles(groups: list[tuple[int, list[float], int, int]]) -> list[float] | None:
-    """[q01, q50, q99, min] of source times over all groups, from each group's (count, [q01, q50, q99], min, max).
-
-    Each group's distribution is taken as piecewise linear through its known points; the mixture's
-    CDF is inverted by bisection.
-    """
-    if not groups:
-        return None
-    curves = []
-    for n, q, lo, hi in groups:
-        xs = [float(lo), float(q[0]), float(q[1]), float(q[2]), float(max(hi, q[2]))]
-        curves.append((n, xs, [0.0, 0.01, 0.5, 0.99, 1.0]))
-    total = sum(n for n, _, _ in curves)
-
-    def cdf(x: float) -> float:
-        acc = 0.0
-        for n, xs, ps in curves:
-            if x < xs[0]:
-                continue
-            if x >= xs[-1]:
-                acc += n
-                continue
-            for i in range(1, len(xs)):
-                if x < xs[i]:
-                    span = xs[i] - xs[i - 1]
-                    frac = 1.0 if span <= 0 else (x - xs[i - 1]) / span
-                    acc += n * (ps[i - 1] + frac * (ps[i] - ps[i - 1]))
-                    break
-        return acc / total
-
-    lo_all = min(c[1][0] for c in curves)
-    hi_all = max(c[1][-1] for c in curves)
-    out = []
-    for target in (0.01, 0.5, 0.99):
-        lo, hi = lo_all, hi_all
-        for _ in range(60):
-            mid = (lo + hi) / 2
-            if cdf(mid) < target:
-                lo = mid
-            else:
-                hi = mid
-        out.append(hi)
-    return out + [lo_all]
+    """[q01, q50, q99, min] of source times over all groups of (count, [q01, q50, q99], min, max)."""
+    quantiles = mixture_quantiles(groups)
+    return None if quantiles is None else quantiles + [float(min(g[2] for g in groups))]
 
 
 def describe_batch(result: BatchResult) -> dict[str, Any]:
