@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lakestream.engine.freshness import Freshness, freshness_from_metrics  # noqa: F401 — re-exported
+
 from lakestream.identifiers import quote_table
 from lakestream.sink.router import TableName
 

@@ -24,7 +24,8 @@ from lakestream.capture.connector import offsets_file
 from lakestream.capture.process import LAKESTREAM_COMMAND, CaptureProcess
 from lakestream.config import PipelineConfig, parse_config
 from lakestream.demo import shop
-from lakestream.demo.report import freshness_from_metrics, table_layout
+from lakestream.demo.report import table_layout
+from lakestream.engine.freshness import freshness_from_metrics
 from lakestream.engine.loop import metrics_path
 from lakestream.errors import LakestreamError
 from lakestream.identifiers import quote, quote_table
