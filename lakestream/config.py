@@ -174,6 +174,7 @@ class EngineSettings(_Model):
     dead_letter_table: str = "lakestream.dead_letter"
     topic_refresh_s: float = Field(default=0.0, ge=0)
     table_write_parallelism: int = Field(default=4, ge=1, le=64)
+    max_consecutive_failures: int = Field(default=5, ge=1)
 
     @field_validator("dead_letter_table")
     @classmethod

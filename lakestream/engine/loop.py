@@ -62,10 +62,25 @@ def run_pipeline(
             from lakestream.maintenance.runner import maybe_maintain as maintain
         except ImportError:
             log.warning("inline maintenance requested but lakestream.maintenance is unavailable")
+    failures = 0
     try:
         while not stop.is_set():
             started = time.monotonic()
-            result = pipeline.run_batch()
+            try:
+                result = pipeline.run_batch()
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 — recovered below, or re-raised after too many
+                failures += 1
+                if failures >= config.engine.max_consecutive_failures:
+                    raise
+                backoff = min(2.0 ** failures, 60.0)
+                log.error("batch failed (%d/%d): %s — restarting from the tables' offsets in %.0fs",
+                          failures, config.engine.max_consecutive_failures, str(exc).splitlines()[0][:300], backoff)
+                # Everything needed to resume lives in the tables: a fresh Pipeline is a clean restart.
+                pipeline.close()
+                stop.wait(backoff)
+                pipeline = Pipeline(config, pipeline.spark)
+                continue
             if result is None or (result.advanced == 0 and not result.tables):
                 # Nothing new (a partition re-checked for records beyond a lagging watermark).
                 if stop_when_idle:
