@@ -264,7 +264,10 @@ class FastProducer:
 
         self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
                                    "queue.buffering.max.messages": 200_000, "queue.buffering.max.kbytes": 512_000,
-                                   "enable.idempotence": True})
+                                   "enable.idempotence": True,
+                                   # As capture produces. noida answers fetches over uncompressed 1 MB
+                                   # batches with responses far beyond fetch.max.bytes.
+                                   "compression.type": "lz4"})
         self.failures: list[str] = []
         self.sent = 0
 

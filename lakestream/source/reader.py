@@ -73,7 +73,11 @@ def read_offset_range(
                     if err.code() == KafkaError._PARTITION_EOF:
                         done = at_end = True
                         break
-                    raise OffsetError(f"reading {rng.topic}[{rng.partition}] at {next_offset}: {err}")
+                    hint = ""
+                    if err.code() == KafkaError._BAD_MSG:
+                        hint = (" — the broker sent a malformed or oversized response; noida-db does this for "
+                                "fetches over large uncompressed batches (produce with compression, e.g. lz4)")
+                    raise OffsetError(f"reading {rng.topic}[{rng.partition}] at {next_offset}: {err}{hint}")
                 offset = msg.offset()
                 if rng.end is not None and offset >= rng.end:
                     done = True
