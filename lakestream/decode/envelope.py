@@ -56,9 +56,25 @@ class SchemaCache:
     def __init__(self) -> None:
         self._by_bytes: dict[bytes, tuple[Columns, dict[str, FieldType]]] = {}
         self._inferred: dict[tuple[tuple[str, str], ...], Columns] = {}
+        self._key_names: dict[bytes, tuple[str, ...]] = {}
 
     def cached(self, raw: bytes) -> tuple[Columns, dict[str, FieldType]] | None:
         return self._by_bytes.get(raw)
+
+    def key(self, key: bytes | None) -> dict[str, Any] | None:
+        """The message key's fields. A schemas-on key is parsed once per distinct key schema: later
+        keys give only the names (values None), which the caller fills from the row."""
+        if key is None:
+            return None
+        split = _split_envelope(key)
+        if split is not None:
+            names = self._key_names.get(split[0])
+            if names is not None:
+                return dict.fromkeys(names)
+        decoded = decode_key(key)
+        if split is not None and decoded is not None and len(self._key_names) < 1000:
+            self._key_names[split[0]] = tuple(decoded)
+        return decoded
 
     def from_envelope_schema(self, raw: bytes | None, schema: dict[str, Any]) -> tuple[Columns, dict[str, FieldType]]:
         if raw is not None and raw in self._by_bytes:
@@ -107,19 +123,21 @@ def _loads(data: bytes) -> Any:
 
 
 def _convert_row(row: dict[str, Any], types: dict[str, FieldType]) -> tuple[dict[str, Any], list[str]]:
-    out: dict[str, Any] = {}
+    """The row with values in wire form, and the columns Debezium withheld (unchanged TOAST)."""
     unavailable: list[str] = []
-    for name, value in row.items():
+    if UNAVAILABLE_VALUE in row.values():  # one C-level scan; the per-column pass only when needed
+        row = dict(row)
+        for name, value in row.items():
+            if value == UNAVAILABLE_VALUE:
+                unavailable.append(name)
+                row[name] = None
+    converting = [(name, ftype) for name, ftype in types.items() if ftype.convert is not _identity]
+    if not converting:
+        return row, unavailable
+    out = dict(row)
+    for name, ftype in converting:
+        value = out.get(name)
         if value is None:
-            out[name] = None
-            continue
-        if value == UNAVAILABLE_VALUE:
-            unavailable.append(name)
-            out[name] = None
-            continue
-        ftype = types.get(name)
-        if ftype is None or ftype.convert is _identity:
-            out[name] = value
             continue
         try:
             out[name] = ftype.convert(value)
@@ -189,11 +207,14 @@ def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache) -> Chan
     if columns is None:
         columns = cache.inferred(image)
     row, unavailable = _convert_row(image, types)
+    key_obj = cache.key(key)
+    if key_obj is not None and all(name in row for name in key_obj):
+        key_obj = {name: row[name] for name in key_obj}  # same values, in the row's (wire) form
     source = payload.get("source")
     ts = source.get("ts_ms") if isinstance(source, dict) else None
     if ts is None:
         ts = payload.get("ts_ms")
-    return Change(op, decode_key(key), row, unavailable, ts, columns, payload)
+    return Change(op, key_obj, row, unavailable, ts, columns, payload)
 
 
 def decode_json_event(value: bytes, cache: SchemaCache, time_field: str | None = None) -> Change:

@@ -58,6 +58,27 @@ class _Columns:
         for name, buf in self.cols.items():
             buf.append(values.get(name))
 
+    def add_change(self, topic: str, partition: int, offset: int, kafka_ts: int, table: str, op: str,
+                   key: str | None, row: str, unavailable: str | None, source_ts_ms: int | None,
+                   schema_id: str) -> None:
+        """The hot path: one change row, appended column by column."""
+        c = self.cols
+        c["kind"].append(KIND_CHANGE)
+        c["topic"].append(topic)
+        c["partition"].append(partition)
+        c["offset"].append(offset)
+        c["kafka_ts"].append(kafka_ts)
+        c["table"].append(table)
+        c["op"].append(op)
+        c["key"].append(key)
+        c["row"].append(row)
+        c["unavailable"].append(unavailable)
+        c["source_ts_ms"].append(source_ts_ms)
+        c["schema_id"].append(schema_id)
+        c["error"].append(None)
+        c["raw_key"].append(None)
+        c["raw_value"].append(None)
+
     def __len__(self) -> int:
         return len(self.cols["kind"])
 
@@ -82,7 +103,6 @@ class RecordDecoder:
         return []
 
     def decode(self, rec: Any, out: _Columns) -> None:
-        coords = {"topic": rec.topic, "partition": rec.partition, "offset": rec.offset, "kafka_ts": rec.timestamp_ms}
         try:
             stream_index = self.router.stream_index(rec.topic)
             if stream_index is None:
@@ -121,12 +141,13 @@ class RecordDecoder:
                 out.add(kind=KIND_SCHEMA, topic=rec.topic, partition=rec.partition, offset=rec.offset,
                         table=table_name, schema_id=change.columns.schema_id,
                         row=orjson.dumps(change.columns.describe(key_cols)).decode())
-            out.add(kind=KIND_CHANGE, table=table_name, op=change.op, key=key_json,
-                    row=orjson.dumps(change.row).decode(),
-                    unavailable=orjson.dumps(change.unavailable).decode() if change.unavailable else None,
-                    source_ts_ms=change.source_ts_ms, schema_id=change.columns.schema_id, **coords)
+            out.add_change(rec.topic, rec.partition, rec.offset, rec.timestamp_ms, table_name, change.op, key_json,
+                           orjson.dumps(change.row).decode(),
+                           orjson.dumps(change.unavailable).decode() if change.unavailable else None,
+                           change.source_ts_ms, change.columns.schema_id)
         except DecodeError as exc:
-            out.add(kind=KIND_ERROR, error=str(exc), raw_key=rec.key, raw_value=rec.value, **coords)
+            out.add(kind=KIND_ERROR, error=str(exc), raw_key=rec.key, raw_value=rec.value, topic=rec.topic,
+                    partition=rec.partition, offset=rec.offset, kafka_ts=rec.timestamp_ms)
 
 
 def read_and_decode(
