@@ -212,6 +212,9 @@ class MaintenancePolicy(_Model):
     max_delete_files: int = Field(default=50, ge=1)
     snapshot_retention_s: float = Field(default=7 * 86400, ge=0)
     retain_last_snapshots: int = Field(default=10, ge=1)
+    # Streaming commits every few seconds make ~40k snapshots a day: cap the count as well as the age
+    # (below health's default 1,000-snapshot threshold). None = age only.
+    max_snapshots: int | None = Field(default=500, ge=1)
     orphan_min_age_s: float = Field(default=3 * 86400, ge=0)
     orphan_dry_run: bool = False
     max_manifests: int = Field(default=100, ge=2)

@@ -78,6 +78,10 @@ def plan_maintenance(metrics: TableMetrics, policy: MaintenancePolicy, now_ms: i
 
     plan.retain_last = policy.retain_last_snapshots
     older_than = now_ms - int(policy.snapshot_retention_s * 1000)
+    over_cap = policy.max_snapshots is not None and len(metrics.ancestry) > policy.max_snapshots
+    if over_cap:
+        # Keep only the newest max_snapshots: expire everything older than the oldest one kept.
+        older_than = max(older_than, metrics.ancestry[policy.max_snapshots - 1].committed_ms)
     protected = metrics.newest_offsets_snapshot()
     if protected is not None:
         plan.protected_snapshot_id = protected.snapshot_id
@@ -91,7 +95,11 @@ def plan_maintenance(metrics: TableMetrics, policy: MaintenancePolicy, now_ms: i
         and metrics.oldest_snapshot_ms < older_than
     ):
         plan.expire = True
-        plan.reasons.append(f"snapshots older than {policy.snapshot_retention_s:g}s (keeping the last {plan.retain_last})")
+        if over_cap:
+            plan.reasons.append(f"{len(metrics.ancestry)} snapshots > max_snapshots {policy.max_snapshots}")
+        else:
+            plan.reasons.append(
+                f"snapshots older than {policy.snapshot_retention_s:g}s (keeping the last {plan.retain_last})")
 
     orphan_age_s = policy.orphan_min_age_s
     if orphan_age_s < MIN_ORPHAN_AGE_S:

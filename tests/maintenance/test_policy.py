@@ -40,3 +40,16 @@ def test_expiry_never_passes_the_newest_offsets_snapshot():
 def test_orphan_age_never_below_iceberg_floor():
     plan = plan_maintenance(TableMetrics("ns.t", NOW), MaintenancePolicy(orphan_min_age_s=60), NOW)
     assert plan.orphan_older_than_ms == NOW - MIN_ORPHAN_AGE_S * 1000
+
+
+def test_snapshot_count_cap_expires_young_snapshots_but_not_the_offsets_one():
+    # 1,200 snapshots one second apart, all younger than the 7-day retention: only the cap applies.
+    ancestry = [SnapshotInfo(1200 - i, NOW - i * 1000, "append", {"t": {"0": 1200 - i}} if i % 100 == 0 else None, NOW)
+                for i in range(1200)]
+    metrics = TableMetrics("ns.t", NOW, snapshots=1200, oldest_snapshot_ms=ancestry[-1].committed_ms, ancestry=ancestry)
+    plan = plan_maintenance(metrics, MaintenancePolicy(max_snapshots=500), NOW)
+    assert plan.expire
+    assert plan.expire_older_than_ms == NOW - 499 * 1000  # the 500 newest survive
+    assert plan.protected_snapshot_id == 1200 and plan.expire_older_than_ms <= NOW
+    uncapped = plan_maintenance(metrics, MaintenancePolicy(max_snapshots=None), NOW)
+    assert not uncapped.expire
