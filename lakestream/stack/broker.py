@@ -93,11 +93,7 @@ class Broker:
         """Raise StackError naming the port and the setting if another process holds the port."""
         # Checked before spawning: Tansu keeps running (not listening) when its port is taken, and a
         # health check would then happily talk to whoever owns the port.
-        if not process.port_is_free(self.port):
-            raise StackError(
-                f"Kafka port {self.port} on 127.0.0.1 is already in use by another process; "
-                f"choose another with --kafka-port / StackSettings.kafka_port"
-            )
+        process.require_free_port(self.port, "Kafka", "--kafka-port / StackSettings.kafka_port")
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM (both brokers flush and exit cleanly on it), SIGKILL after ``timeout``."""

@@ -91,11 +91,7 @@ class PostgresCluster:
 
     def check_port_free(self) -> None:
         """Raise StackError naming the port and the setting if another process holds the port."""
-        if not process.port_is_free(self.port):
-            raise StackError(
-                f"PostgreSQL port {self.port} on 127.0.0.1 is already in use by another process; "
-                f"choose another with --pg-port / StackSettings.pg_port"
-            )
+        process.require_free_port(self.port, "PostgreSQL", "--pg-port / StackSettings.pg_port")
 
     def stop(self, timeout: float = 30.0) -> None:
         """Fast shutdown (SIGINT: abort sessions, checkpoint); SIGKILL the group after ``timeout``."""

@@ -201,3 +201,12 @@ def unreachable_for_user(path: Path, user: str) -> Path | None:
         if not ok:
             return directory
     return None
+
+
+def require_free_port(port: int, service: str, option: str) -> None:
+    """Raise StackError naming the port and the setting to change if another process holds ``port``."""
+    from lakestream.errors import StackError
+
+    if not port_is_free(port):
+        raise StackError(f"{service} port {port} on 127.0.0.1 is already in use by another process; "
+                         f"choose another with {option}")
