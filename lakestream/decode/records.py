@@ -19,7 +19,7 @@ from lakestream.decode.envelope import Change, SchemaCache, decode_debezium, dec
 from lakestream.errors import DecodeError
 from lakestream.sink.router import Router
 from lakestream.source.planner import OffsetRange
-from lakestream.source.reader import RangeEnd, read_offset_range
+from lakestream.source.reader import read_offset_ranges
 
 KIND_CHANGE, KIND_ERROR, KIND_SCHEMA, KIND_END = "change", "error", "schema", "end"
 
@@ -153,19 +153,20 @@ class RecordDecoder:
 def read_and_decode(
     ranges: Iterable[OffsetRange], consumer_conf: dict[str, Any], router: Router, batch_rows: int = 10_000
 ) -> Iterator[pa.RecordBatch]:
-    """Read each range and yield decoded Arrow batches (the body of a ``mapInArrow`` task)."""
+    """Read the ranges (distinct partitions) with one consumer and yield decoded Arrow batches (the
+    body of a ``mapInArrow`` task)."""
     decoder = RecordDecoder(router)
     out = _Columns()
-    for rng in ranges:
-        for item in read_offset_range(consumer_conf, rng):
-            if isinstance(item, RangeEnd):
-                out.add(kind=KIND_END, topic=rng.topic, partition=rng.partition, offset=item.next_offset,
-                        op="eof" if item.at_end else "more")
-                continue
-            for rec in item:
-                decoder.decode(rec, out)
-            if len(out) >= batch_rows:
-                yield out.to_batch()
-                out = _Columns()
+    for item in read_offset_ranges(consumer_conf, list(ranges)):
+        if isinstance(item, tuple):
+            rng, end = item
+            out.add(kind=KIND_END, topic=rng.topic, partition=rng.partition, offset=end.next_offset,
+                    op="eof" if end.at_end else "more")
+            continue
+        for rec in item:
+            decoder.decode(rec, out)
+        if len(out) >= batch_rows:
+            yield out.to_batch()
+            out = _Columns()
     if len(out):
         yield out.to_batch()

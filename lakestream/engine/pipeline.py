@@ -27,7 +27,7 @@ from lakestream.sink.router import Router, TableName
 from lakestream.sink.schema import Shape, TableManager, merged_columns, reconcile, widen_to_string_statements
 from lakestream.sink.writer import TableWrite, write_table
 from lakestream.source.kafka import TP, KafkaCluster
-from lakestream.source.planner import OffsetRange, plan_offset_ranges
+from lakestream.source.planner import OffsetRange, pack_ranges, plan_offset_ranges
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -169,8 +169,10 @@ class Pipeline:
                         zip(cols["topic"], cols["partition"], cols["start"], cols["end"], cols["limit"])]
                 yield from read_and_decode(rngs, consumer_conf, router)
 
-        rows = [(r.topic, r.partition, r.start, r.end, r.limit) for r in ranges]
-        rdd = self.spark.sparkContext.parallelize(rows, len(rows))
+        tasks = pack_ranges(ranges, self.spark.sparkContext.defaultParallelism)
+        groups = [[(r.topic, r.partition, r.start, r.end, r.limit) for r in task] for task in tasks]
+        # One Spark partition per task group: parallelize the groups, then flatten within partitions.
+        rdd = self.spark.sparkContext.parallelize(groups, len(groups)).flatMap(lambda group: group)
         plan = self.spark.createDataFrame(rdd, "topic string, partition int, start bigint, `end` bigint, `limit` bigint")
         decoded = plan.mapInArrow(task, DECODED_DDL)
         return decoded.persist(StorageLevel.MEMORY_AND_DISK)

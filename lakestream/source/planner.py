@@ -67,3 +67,22 @@ def plan_offset_ranges(
             budget -= per_task
         ranges.append(OffsetRange(tp.topic, tp.partition, start, None, min(budget, max_per_task)))
     return ranges
+
+
+def pack_ranges(ranges: list[OffsetRange], slots: int) -> list[list[OffsetRange]]:
+    """Group ranges into Spark tasks: each chunk of a split backlog is a task of its own; single
+    ranges of different partitions share ``slots`` tasks (one consumer each), largest first."""
+    from collections import Counter
+
+    per_tp = Counter(r.tp for r in ranges)
+    tasks = [[r] for r in ranges if per_tp[r.tp] > 1]
+    singles = sorted((r for r in ranges if per_tp[r.tp] == 1), key=lambda r: (-r.limit, r.topic, r.partition))
+    if singles:
+        bins: list[list[OffsetRange]] = [[] for _ in range(max(1, min(slots, len(singles))))]
+        weights = [0] * len(bins)
+        for rng in singles:
+            i = weights.index(min(weights))
+            bins[i].append(rng)
+            weights[i] += rng.limit
+        tasks += bins
+    return tasks

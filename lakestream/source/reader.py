@@ -35,11 +35,35 @@ class RangeEnd:
 def read_offset_range(
     consumer_conf: dict[str, Any], rng: OffsetRange, stall_timeout_s: float = 60.0, chunk: int = 5000
 ) -> Iterator[list[RawRecord] | RangeEnd]:
-    """Yield lists of records in ``rng``, then one RangeEnd.
+    """Yield lists of records in ``rng``, then one RangeEnd (see `read_offset_ranges`)."""
+    for item in read_offset_ranges(consumer_conf, [rng], stall_timeout_s, chunk):
+        yield item[1] if isinstance(item, tuple) else item
 
-    Reads until ``rng.end`` (exclusive), ``rng.limit`` records, or end-of-partition, whichever
-    comes first. Offsets may have gaps (transaction markers, compaction).
+
+class _RangeState:
+    __slots__ = ("rng", "next_offset", "remaining", "done", "at_end")
+
+    def __init__(self, rng: OffsetRange):
+        self.rng = rng
+        self.next_offset = rng.start
+        self.remaining = rng.limit if rng.end is None else min(rng.limit, rng.end - rng.start)
+        self.done = self.remaining <= 0
+        self.at_end = False
+
+
+def read_offset_ranges(
+    consumer_conf: dict[str, Any], ranges: list[OffsetRange], stall_timeout_s: float = 60.0, chunk: int = 5000
+) -> Iterator[list[RawRecord] | tuple[OffsetRange, RangeEnd]]:
+    """Read several ranges (of distinct partitions) with one consumer; yield lists of records, then
+    one (range, RangeEnd) per range.
+
+    Each range is read until ``end`` (exclusive), ``limit`` records, or end-of-partition, whichever
+    comes first. Offsets may have gaps (transaction markers, compaction). One consumer for many
+    small ranges keeps a batch over hundreds of partitions from paying a consumer start per partition.
     """
+    states = {(r.topic, r.partition): _RangeState(r) for r in ranges}
+    if len(states) != len(ranges):
+        raise ValueError("read_offset_ranges needs ranges of distinct partitions")
     conf = dict(consumer_conf)
     conf.update({
         "enable.partition.eof": True,
@@ -47,53 +71,58 @@ def read_offset_range(
         "auto.offset.reset": "error",  # a start below the log start is a loss we must not hide
         "enable.auto.offset.store": False,
     })
-    consumer = Consumer(conf)
-    next_offset = rng.start
-    remaining = rng.limit if rng.end is None else min(rng.limit, rng.end - rng.start)
-    try:
-        if remaining <= 0:
-            yield RangeEnd(next_offset, at_end=False)
-            return
-        consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
-        last_progress = time.monotonic()
-        while True:
-            messages = consumer.consume(num_messages=min(chunk, remaining), timeout=1.0)
-            if not messages:
-                if time.monotonic() - last_progress > stall_timeout_s:
-                    raise OffsetError(
-                        f"no progress reading {rng.topic}[{rng.partition}] at offset {next_offset} for {stall_timeout_s:.0f}s")
-                continue
+    pending = [st for st in states.values() if not st.done]
+    if pending:
+        consumer = Consumer(conf)
+        try:
+            consumer.assign([TopicPartition(st.rng.topic, st.rng.partition, st.rng.start) for st in pending])
+            open_count = len(pending)
             last_progress = time.monotonic()
-            batch: list[RawRecord] = []
-            done = False
-            at_end = False
-            for msg in messages:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        done = at_end = True
-                        break
-                    hint = ""
-                    if err.code() == KafkaError._BAD_MSG:
-                        hint = (" — the broker sent a malformed or oversized response; noida-db does this for "
-                                "fetches over large uncompressed batches (produce with compression, e.g. lz4)")
-                    raise OffsetError(f"reading {rng.topic}[{rng.partition}] at {next_offset}: {err}{hint}")
-                offset = msg.offset()
-                if rng.end is not None and offset >= rng.end:
-                    done = True
-                    break
-                batch.append(RawRecord(rng.topic, rng.partition, offset, msg.timestamp()[1], msg.key(), msg.value(),
-                                       msg.headers()))
-                # The next offset to read is one past the last record consumed.
-                next_offset = offset + 1
-                remaining -= 1
-                if remaining <= 0:
-                    done = True
-                    break
-            if batch:
-                yield batch
-            if done:
-                yield RangeEnd(next_offset, at_end)
-                return
-    finally:
-        consumer.close()
+            while open_count:
+                messages = consumer.consume(num_messages=chunk, timeout=1.0)
+                if not messages:
+                    if time.monotonic() - last_progress > stall_timeout_s:
+                        stuck = ", ".join(f"{st.rng.topic}[{st.rng.partition}]@{st.next_offset}"
+                                          for st in states.values() if not st.done)
+                        raise OffsetError(f"no progress reading {stuck} for {stall_timeout_s:.0f}s")
+                    continue
+                last_progress = time.monotonic()
+                batch: list[RawRecord] = []
+                finished: list[TopicPartition] = []
+                for msg in messages:
+                    st = states.get((msg.topic(), msg.partition()))
+                    if st is None or st.done:
+                        continue  # fetched before its partition was paused
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            st.done = st.at_end = True
+                        else:
+                            hint = ""
+                            if err.code() == KafkaError._BAD_MSG:
+                                hint = (" — the broker sent a malformed or oversized response; noida-db does this "
+                                        "for fetches over large uncompressed batches (produce with compression)")
+                            raise OffsetError(f"reading {st.rng.topic}[{st.rng.partition}] at {st.next_offset}: "
+                                              f"{err}{hint}")
+                    else:
+                        offset = msg.offset()
+                        if st.rng.end is not None and offset >= st.rng.end:
+                            st.done = True
+                        else:
+                            batch.append(RawRecord(st.rng.topic, st.rng.partition, offset, msg.timestamp()[1],
+                                                   msg.key(), msg.value(), msg.headers()))
+                            # The next offset to read is one past the last record consumed.
+                            st.next_offset = offset + 1
+                            st.remaining -= 1
+                            st.done = st.remaining <= 0
+                    if st.done:
+                        open_count -= 1
+                        finished.append(TopicPartition(st.rng.topic, st.rng.partition))
+                if finished:
+                    consumer.pause(finished)
+                if batch:
+                    yield batch
+        finally:
+            consumer.close()
+    for st in states.values():
+        yield st.rng, RangeEnd(st.next_offset, st.at_end)

@@ -69,3 +69,18 @@ def test_every_active_partition_gets_at_least_one_record_when_the_cap_is_tiny():
 def test_partition_unknown_to_watermarks_only_when_maybe_more():
     assert plan_offset_ranges({A: 0}, {}, set(), 100, 100) == []
     assert plan_offset_ranges({A: 0}, {}, {A}, 100, 100) == [OffsetRange("t", 0, 0, None, 100)]
+
+
+def test_pack_ranges_shares_consumers_but_keeps_backlog_chunks_apart():
+    from lakestream.source.planner import pack_ranges
+
+    chunks = [OffsetRange("big", 0, i * 100, (i + 1) * 100, 100) for i in range(3)]
+    singles = [OffsetRange(f"t{i}", 0, 0, None, 10 + i) for i in range(7)]
+    tasks = pack_ranges(chunks + singles, slots=2)
+    assert [t for t in tasks if t[0].topic == "big"] == [[c] for c in chunks]
+    small = [t for t in tasks if t[0].topic != "big"]
+    assert len(small) == 2
+    assert sorted(r.topic for t in small for r in t) == sorted(r.topic for r in singles)
+    for task in tasks:  # a consumer cannot be assigned one partition twice
+        assert len({r.tp for r in task}) == len(task)
+    assert pack_ranges([], 4) == []
