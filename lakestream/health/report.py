@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import IO
 
 from lakestream.health.monitor import HealthReport
@@ -33,7 +34,9 @@ def render_table(report: HealthReport, out: IO[str] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=out, highlight=False)
+    target = out or sys.stdout
+    # Off a terminal (pipes, logs, CI) rich would squeeze the table into 80 columns.
+    console = Console(file=out, highlight=False, width=None if target.isatty() else 200)
     alerted = {(a.table, a.metric) for a in report.alerts}
 
     def cell(table: str, metric: str, text: str) -> str:
