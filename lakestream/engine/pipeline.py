@@ -6,9 +6,8 @@ One `Pipeline.run_batch()` call is one micro-batch; `lakestream.engine.loop` rep
 from __future__ import annotations
 
 import logging
-import re
 import time
-from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +47,6 @@ class TableBatch:
     name: TableName
     shapes: dict[str, Shape] = field(default_factory=dict)
     count: int = 0
-    ops: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     tp_offsets: dict[TP, tuple[int, int]] = field(default_factory=dict)  # min, max offset
     max_source_ts: int | None = None
     unavailable: set[str] = field(default_factory=set)
@@ -95,8 +93,6 @@ class Pipeline:
         self._last_discovery = 0.0
         self._dead_letter_ident: str | None = None
         self._non_empty: set[str] = set()
-        self._patterns = [re.compile(s.topic_pattern) for s in config.streams if s.topic_pattern]
-        self._names = sorted({t for s in config.streams for t in s.topics})
 
     def close(self) -> None:
         self.kafka.close()
@@ -108,7 +104,7 @@ class Pipeline:
         if self.positions and now - self._last_discovery < self.config.engine.topic_refresh_s:
             return
         self._last_discovery = now
-        tps = self.kafka.matching_partitions(self._names, self._patterns)
+        tps = self.kafka.partitions_of(lambda topic: self.config.stream_for(topic) is not None)
         new = [tp for tp in tps if tp not in self.positions]
         if not new:
             return
@@ -210,7 +206,6 @@ class Pipeline:
             elif r["kind"] == KIND_CHANGE:
                 records += r["n"]
                 tb.count += r["n"]
-                tb.ops[r["op"]] += r["n"]
                 lo, hi = tb.tp_offsets.get(tp, (r["min_off"], r["max_off"]))
                 tb.tp_offsets[tp] = (min(lo, r["min_off"]), max(hi, r["max_off"]))
                 if r["max_ts"] is not None:
@@ -230,16 +225,7 @@ class Pipeline:
     @staticmethod
     def _offset_filter(committed: dict[TP, int], tps: list[TP]) -> Column | None:
         """Rows at or past the table's committed offset for their partition (None when all are)."""
-        from pyspark.sql import functions as F
-
-        expr = None
-        for tp in tps:
-            if tp not in committed:
-                continue
-            cond = (F.col("topic") == tp.topic) & (F.col("partition") == tp.partition)
-            expr = F.when(cond, F.col("offset") >= committed[tp]) if expr is None else expr.when(
-                cond, F.col("offset") >= committed[tp])
-        return None if expr is None else expr.otherwise(F.lit(True))
+        return _per_partition({tp: committed[tp] for tp in tps if tp in committed}, lambda off, bound: off >= bound)
 
     def _prepare_table(self, tb: TableBatch, stream: StreamSettings) -> tuple[str, dict[str, str]]:
         """Create or evolve the table for this batch's shapes; return (ident, rejected reasons)."""
@@ -332,7 +318,7 @@ class Pipeline:
             key_columns=(stream.key_columns or next((s.key for s in tb.shapes.values() if s.key), []))
             if stream.mode == "upsert" else ([stream.dedupe_field] if stream.dedupe_field else []),
             incoming_columns=incoming, unavailable_columns=tb.unavailable,
-            only_inserts=set(tb.ops) <= {"c", "r"}, table_empty=empty,
+            table_empty=empty,
             dedupe=stream.mode == "append" and bool(stream.dedupe_field))
         kind = self._write_with_retry(write, rows, props, ident, merged)
         self._non_empty.add(ident)
@@ -430,12 +416,21 @@ class Pipeline:
     def _within_ends(ends: dict[TP, tuple[int, bool]]) -> Column:
         from pyspark.sql import functions as F
 
-        expr = None
-        for tp, (end, _) in ends.items():
-            cond = (F.col("topic") == tp.topic) & (F.col("partition") == tp.partition)
-            expr = F.when(cond, F.col("offset") < end) if expr is None else expr.when(cond, F.col("offset") < end)
-        return F.lit(True) if expr is None else expr.otherwise(F.lit(True)) | F.col("kind").isin(KIND_END, KIND_SCHEMA)
+        expr = _per_partition({tp: end for tp, (end, _) in ends.items()}, lambda off, bound: off < bound)
+        return F.lit(True) if expr is None else expr | F.col("kind").isin(KIND_END, KIND_SCHEMA)
 
+
+
+def _per_partition(bounds: dict[TP, int], keep: Callable[[Column, int], Column]) -> Column | None:
+    """``keep(offset, bound)`` for rows of a partition in ``bounds``, true for other rows (None: no bounds)."""
+    from pyspark.sql import functions as F
+
+    expr = None
+    for tp, bound in bounds.items():
+        cond = (F.col("topic") == tp.topic) & (F.col("partition") == tp.partition)
+        test = keep(F.col("offset"), bound)
+        expr = F.when(cond, test) if expr is None else expr.when(cond, test)
+    return None if expr is None else expr.otherwise(F.lit(True))
 
 
 def _combine_quantiles(groups: list[tuple[int, list[float], int, int]]) -> list[float] | None:

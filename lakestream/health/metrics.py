@@ -16,7 +16,8 @@ from datetime import date, datetime, timezone
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from lakestream.identifiers import quote_table
+from lakestream.identifiers import quote_table, sql_string
+from lakestream.sink.commit import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -25,8 +26,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OFFSETS_PROPERTY = "lakestream.offsets"
-SOURCE_TS_PROPERTY = "lakestream.source-ts-max-ms"
 
 
 @dataclass
@@ -238,7 +237,7 @@ def collect_table_metrics(
 
     snapshot_rows = spark.sql(
         f"SELECT s.snapshot_id, s.committed_at, s.operation, s.manifest_list, "
-        f"s.summary[{_lit(OFFSETS_PROPERTY)}] AS offsets, s.summary[{_lit(SOURCE_TS_PROPERTY)}] AS source_ts, "
+        f"s.summary[{sql_string(OFFSETS_PROPERTY)}] AS offsets, s.summary[{sql_string(SOURCE_TS_PROPERTY)}] AS source_ts, "
         f"s.summary['deleted-data-files'] AS deleted_data_files, coalesce(h.is_current_ancestor, false) AS ancestor "
         f"FROM {qualified}.snapshots s LEFT JOIN {qualified}.history h ON s.snapshot_id = h.snapshot_id"
     ).collect()
@@ -272,12 +271,6 @@ def collect_table_metrics(
         if offsets_snapshot is not None and offsets_snapshot.offsets:
             metrics.kafka_lag = kafka_lag(kafka, offsets_snapshot.offsets)
     return metrics
-
-
-def _lit(value: str) -> str:
-    from lakestream.identifiers import sql_string
-
-    return sql_string(value)
 
 
 def _parse_offsets(raw: str | None, table: str) -> dict[str, dict[str, int]] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from lakestream.identifiers import quote, sql_string
+from lakestream.identifiers import quote, quote_table
 from lakestream.sink.commit import commit_with_offsets
 
 if TYPE_CHECKING:
@@ -18,15 +18,10 @@ DEAD_LETTER_COLUMNS = (
 )
 
 
-def dead_letter_ident(catalog: str, dotted: str) -> str:
-    namespace, table = dotted.split(".", 1)
-    return f"{quote(catalog, 'catalog')}.{quote(namespace, 'namespace')}.{quote(table, 'table')}"
-
-
 def ensure_dead_letter_table(spark: SparkSession, catalog: str, dotted: str) -> str:
     namespace, _ = dotted.split(".", 1)
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(catalog, 'catalog')}.{quote(namespace, 'namespace')}")
-    ident = dead_letter_ident(catalog, dotted)
+    ident = quote_table(catalog, *dotted.split(".", 1))
     spark.sql(
         f"CREATE TABLE IF NOT EXISTS {ident} ({DEAD_LETTER_COLUMNS}) USING iceberg PARTITIONED BY (days(failed_at)) "
         "TBLPROPERTIES ('format-version'='2')")
@@ -67,4 +62,4 @@ def reason_column(reasons: dict[str, str]) -> Column:
     for schema_id, reason in reasons.items():
         cond = F.col("schema_id") == F.lit(schema_id)
         expr = F.when(cond, F.lit(reason)) if expr is None else expr.when(cond, F.lit(reason))
-    return expr if expr is not None else F.lit(sql_string("unknown"))
+    return expr if expr is not None else F.lit("unknown")

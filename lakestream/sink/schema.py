@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from lakestream.config import TableLayout
-from lakestream.identifiers import quote, quote_column, sql_string
+from lakestream.identifiers import quote, quote_column, quote_table, sql_string
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -213,7 +213,7 @@ class TableManager:
         self._namespaces: set[str] = set()
 
     def ident(self, namespace: str, table: str) -> str:
-        return f"{quote(self.catalog, 'catalog')}.{quote(namespace, 'namespace')}.{quote(table, 'table')}"
+        return quote_table(self.catalog, namespace, table)
 
     def exists(self, namespace: str, table: str) -> bool:
         return self.schema(namespace, table) is not None

@@ -33,7 +33,6 @@ class TableWrite:
     key_columns: list[str]
     incoming_columns: list[str]  # columns present in this batch's shapes
     unavailable_columns: set[str]  # columns some change in the batch withheld (TOAST)
-    only_inserts: bool
     table_empty: bool
     dedupe: bool
 
@@ -92,6 +91,13 @@ def latest_per_key(typed: DataFrame) -> DataFrame:
     return typed.withColumn("__ls_rn", F.row_number().over(window)).where("__ls_rn = 1").drop("__ls_rn")
 
 
+def _insert_clause(write: TableWrite) -> str:
+    cols = [f.name for f in write.schema.fields]
+    names = ", ".join(quote_column(c) for c in cols)
+    values = ", ".join(f"s.{quote_column(c)}" for c in cols)
+    return f"INSERT ({names}) VALUES ({values})"
+
+
 def build_merge_sql(write: TableWrite, view: str) -> str:
     cols = [f.name for f in write.schema.fields]
     on = " AND ".join(f"t.{quote_column(k)} = s.{quote_column(k)}" for k in write.key_columns)
@@ -106,12 +112,10 @@ def build_merge_sql(write: TableWrite, view: str) -> str:
             sets.append(f"t.{qc} = CASE WHEN array_contains(s.{UNAVAILABLE_COL}, {sql_string(c)}) THEN t.{qc} ELSE s.{qc} END")
         else:
             sets.append(f"t.{qc} = s.{qc}")
-    insert_cols = ", ".join(quote_column(c) for c in cols)
-    insert_vals = ", ".join(f"s.{quote_column(c)}" for c in cols)
     clauses = [f"WHEN MATCHED AND s.{OP_COL} = 'd' THEN DELETE"]
     if sets:
         clauses.append(f"WHEN MATCHED THEN UPDATE SET {', '.join(sets)}")
-    clauses.append(f"WHEN NOT MATCHED AND s.{OP_COL} <> 'd' THEN INSERT ({insert_cols}) VALUES ({insert_vals})")
+    clauses.append(f"WHEN NOT MATCHED AND s.{OP_COL} <> 'd' THEN {_insert_clause(write)}")
     return f"MERGE INTO {write.ident} t USING {view} s ON {on} " + " ".join(clauses)
 
 
@@ -122,10 +126,7 @@ def build_insert_sql(write: TableWrite, view: str, where: str = "") -> str:
 
 def build_dedupe_append_sql(write: TableWrite, view: str) -> str:
     on = " AND ".join(f"t.{quote_column(k)} = s.{quote_column(k)}" for k in write.key_columns)
-    cols = [f.name for f in write.schema.fields]
-    insert_cols = ", ".join(quote_column(c) for c in cols)
-    insert_vals = ", ".join(f"s.{quote_column(c)}" for c in cols)
-    return f"MERGE INTO {write.ident} t USING {view} s ON {on} WHEN NOT MATCHED THEN INSERT ({insert_cols}) VALUES ({insert_vals})"
+    return f"MERGE INTO {write.ident} t USING {view} s ON {on} WHEN NOT MATCHED THEN {_insert_clause(write)}"
 
 
 def write_table(spark: SparkSession, write: TableWrite, changes: DataFrame, properties: dict[str, str]) -> str:

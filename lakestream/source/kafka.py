@@ -7,7 +7,7 @@ every table of a batch has committed, so restarting from them never skips a chan
 from __future__ import annotations
 
 import logging
-import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -36,7 +36,6 @@ class KafkaCluster:
         self.settings = settings
         self.timeout_s = timeout_s
         self._consumer = Consumer(settings.consumer_config(**{"auto.offset.reset": "earliest"}))
-        self._partitions: dict[str, list[int]] = {}
         self._admin = None
         self._batched_offsets_ok = True
 
@@ -54,14 +53,12 @@ class KafkaCluster:
             if name.startswith("__") or meta.error is not None:
                 continue
             topics[name] = sorted(meta.partitions)
-        self._partitions = topics
         return topics
 
-    def matching_partitions(self, names: list[str], patterns: list[re.Pattern[str]]) -> list[TP]:
-        """The partitions of the topics named or matched by a pattern."""
+    def partitions_of(self, wanted: Callable[[str], bool]) -> list[TP]:
+        """The partitions of every topic for which ``wanted(topic)`` is true."""
         topics = self.list_topics()
-        wanted = [t for t in topics if t in names or any(p.fullmatch(t) for p in patterns)]
-        return [TP(t, p) for t in sorted(wanted) for p in topics[t]]
+        return [TP(t, p) for t in sorted(topics) if wanted(t) for p in topics[t]]
 
     def watermarks(self, tps: list[TP]) -> dict[TP, tuple[int, int]]:
         """(low, high) per partition. Some brokers (Tansu) under-report high; the reader copes."""
