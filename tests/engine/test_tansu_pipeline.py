@@ -87,7 +87,7 @@ def test_pipeline_on_tansu_reads_every_partition_to_its_true_end(tansu_bootstrap
 
     cluster = KafkaCluster(KafkaSettings(bootstrap_servers=tansu_bootstrap))
     try:
-        tps = cluster.matching_partitions([topic], [])
+        tps = cluster.partitions_of(lambda t: t == topic)
         assert len(tps) == 4
         listed_end = sum(high for _, high in cluster.watermarks(tps).values())
     finally:

@@ -162,7 +162,7 @@ def test_group_offsets_round_trip(broker):
     cluster = KafkaCluster(settings)
     try:
         tp = TP(topic, PARTITION)
-        assert tp in cluster.matching_partitions([topic], [])
+        assert tp in cluster.partitions_of(lambda t: t == topic)
         assert cluster.committed([tp]) == {}
         cluster.commit({tp: 7})
         assert cluster.committed([tp]) == {tp: 7}
