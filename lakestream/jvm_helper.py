@@ -15,7 +15,7 @@ from pathlib import Path
 
 from lakestream.errors import LakestreamError
 
-_JAVA_SOURCE = Path(__file__).parent / "java" / "LakestreamHelper.java"
+_JAVA_DIR = Path(__file__).parent / "java"
 
 
 def iceberg_runtime_jar() -> Path:
@@ -56,7 +56,8 @@ def cache_dir() -> Path:
 
 def helper_jar() -> Path:
     """Path of the compiled LakestreamHelper jar, compiling it on first use."""
-    source = _JAVA_SOURCE.read_bytes()
+    sources = sorted(_JAVA_DIR.glob("*.java"))
+    source = b"".join(p.name.encode() + p.read_bytes() for p in sources)
     digest = hashlib.sha256(source + str(iceberg_runtime_jar()).encode()).hexdigest()[:12]
     jar = cache_dir() / f"lakestream-helper-{digest}.jar"
     if jar.exists():
@@ -66,10 +67,12 @@ def helper_jar() -> Path:
         raise LakestreamError("javac/jar not found: install a JDK 11+ (apt-get install openjdk-17-jdk-headless)")
     classpath = os.pathsep.join([str(_spark_jars_dir() / "*"), str(iceberg_runtime_jar())])
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
-            [javac, "--release", "11", "-nowarn", "-cp", classpath, "-d", tmp, str(_JAVA_SOURCE)],
-            check=True, capture_output=True, text=True,
+        compiled = subprocess.run(
+            [javac, "--release", "11", "-nowarn", "-cp", classpath, "-d", tmp, *map(str, sources)],
+            check=False, capture_output=True, text=True,
         )
+        if compiled.returncode != 0:
+            raise LakestreamError(f"compiling the JVM helper failed:\n{compiled.stderr[-4000:]}")
         partial = jar.with_suffix(".tmp")
         subprocess.run([jar_tool, "cf", str(partial), "-C", tmp, "."], check=True, capture_output=True)
         partial.replace(jar)

@@ -113,12 +113,14 @@ class SchemaCache:
 def _loads(data: bytes) -> Any:
     try:
         return orjson.loads(data)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as first:
         import json
 
         try:  # Debezium may write NaN/Infinity for float columns, which orjson rejects.
             return json.loads(data)
-        except ValueError as exc:
+        except RecursionError:
+            raise DecodeError(f"malformed JSON: nested too deeply ({first})") from None
+        except (ValueError, TypeError) as exc:
             raise DecodeError(f"malformed JSON: {exc}") from None
 
 
@@ -231,12 +233,5 @@ def decode_json_event(value: bytes, cache: SchemaCache, time_field: str | None =
         if raw is None:
             raise DecodeError(f"event time field {time_field!r} is missing or null")
         obj[time_field] = event_time(raw)
-        ts_ms = _iso_to_ms(obj[time_field])
+        ts_ms = obj[time_field] // 1000
     return Change("c", None, obj, [], ts_ms, cache.inferred(obj, time_field), obj)
-
-
-def _iso_to_ms(text: str) -> int:
-    import datetime as dt
-
-    parsed = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return int(parsed.timestamp() * 1000)

@@ -1,13 +1,15 @@
-"""Debezium/Kafka Connect field schemas → table column types, and values → their JSON wire form.
+"""Debezium/Kafka Connect field schemas → table column types, and values → their typed form.
 
 A column type is a Spark DDL type string (``bigint``, ``decimal(10,2)``, ``timestamp_ntz``,
-``array<int>``, ``struct<a:int>``), which Iceberg maps one to one. Values are rewritten into the
-form Spark's ``from_json`` parses straight into that type: dates as ``YYYY-MM-DD``, timestamps as
-ISO strings with microseconds, decimals as plain strings, bytes as base64 (as Debezium sends them).
+``array<int>``, ``struct<a:int>``), which Iceberg maps one to one. Values are converted into the
+Python form pyarrow builds that column type from without a second parse: dates as days since the
+epoch, timestamps as microseconds since the epoch (UTC), decimals as ``decimal.Decimal``, bytes as
+``bytes``. Anything that cannot be converted raises `DecodeError` (the record becomes a dead letter).
 """
 from __future__ import annotations
 
 import base64
+import binascii
 import datetime as dt
 import decimal
 from collections.abc import Callable
@@ -18,17 +20,7 @@ from lakestream.errors import DecodeError
 # The value Debezium sends for an unchanged TOASTed column (REPLICA IDENTITY DEFAULT).
 UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 
-TIMESTAMP_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"
-TIMESTAMP_NTZ_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSSSS"
-JSON_OPTIONS = {
-    "timestampFormat": TIMESTAMP_FORMAT,
-    "timestampNTZFormat": TIMESTAMP_NTZ_FORMAT,
-    "dateFormat": "yyyy-MM-dd",
-    "mode": "PERMISSIVE",
-}
-
-_EPOCH = dt.datetime(1970, 1, 1)
-_EPOCH_DATE = dt.date(1970, 1, 1)
+_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 _MAX_DECIMAL_PRECISION = 38
 
 Converter = Callable[[Any], Any]
@@ -38,58 +30,113 @@ def _identity(value: Any) -> Any:
     return value
 
 
-def _date_from_days(value: Any) -> str:
-    return (_EPOCH_DATE + dt.timedelta(days=int(value))).isoformat()
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DecodeError(f"expected an integer, got {type(value).__name__} {str(value)[:40]!r}")
+    return value
 
 
-def _ntz_from_micros(micros: int) -> str:
-    return (_EPOCH + dt.timedelta(microseconds=int(micros))).isoformat(timespec="microseconds")
+def _date_from_days(value: Any) -> int:
+    return _integer(value)
 
 
-def _tz_from_micros(micros: int) -> str:
-    return _ntz_from_micros(micros) + "Z"
+def _micros_from_millis(value: Any) -> int:
+    return _integer(value) * 1000
 
 
-def _zoned_timestamp(value: str) -> str:
+def _micros_from_nanos(value: Any) -> int:
+    return _integer(value) // 1000
+
+
+def _micros_from_datetime(parsed: dt.datetime) -> int:
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.timezone.utc)
+    delta = parsed - _EPOCH_UTC
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def _zoned_timestamp(value: Any) -> int:
+    """An ISO-8601 timestamp (with an offset, or UTC when it has none) as UTC microseconds."""
+    if not isinstance(value, str):
+        raise DecodeError(f"not an ISO-8601 timestamp: {str(value)[:40]!r}")
     try:
         parsed = dt.datetime.fromisoformat(value)
     except ValueError as exc:
         raise DecodeError(f"not an ISO-8601 timestamp: {value!r}") from exc
-    if parsed.tzinfo is not None:
-        parsed = parsed.astimezone(dt.timezone.utc).replace(tzinfo=None)
-    return parsed.isoformat(timespec="microseconds") + "Z"
+    return _micros_from_datetime(parsed)
 
 
 def _time_from_micros(micros: int) -> str:
-    micros = int(micros)
+    micros = _integer(micros)
     seconds, frac = divmod(micros, 1_000_000)
     hours, rest = divmod(seconds, 3600)
     return f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}.{frac:06d}"
 
 
+def _finite_decimal(value: decimal.Decimal, text: Any) -> decimal.Decimal:
+    if not value.is_finite():
+        raise DecodeError(f"decimal value {str(text)[:40]!r} is not a finite number")
+    return value
+
+
 def _decimal_from_bytes(scale: int) -> Converter:
     """Kafka Connect Decimal: base64 of the big-endian two's-complement unscaled value."""
 
-    def convert(value: Any) -> str:
-        if isinstance(value, (int, float)):
-            return str(value)
-        unscaled = int.from_bytes(base64.b64decode(value, validate=True), "big", signed=True)
-        return str(decimal.Decimal(unscaled).scaleb(-scale))
+    def convert(value: Any) -> decimal.Decimal:
+        if isinstance(value, bool):
+            raise DecodeError(f"expected a decimal, got {value!r}")
+        if isinstance(value, int):
+            return decimal.Decimal(value)
+        if isinstance(value, float):
+            return _finite_decimal(decimal.Decimal(repr(value)), value)
+        if not isinstance(value, str):
+            raise DecodeError(f"expected base64 decimal bytes, got {type(value).__name__}")
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise DecodeError(f"invalid base64 decimal {value[:40]!r}: {exc}") from None
+        unscaled = int.from_bytes(raw, "big", signed=True)
+        return decimal.Decimal(unscaled).scaleb(-scale)
 
     return convert
 
 
-def _decimal_text(value: Any) -> str:
-    return str(value)
+def _decimal_text(value: Any) -> decimal.Decimal:
+    """decimal.handling.mode=string sends the number as text."""
+    if isinstance(value, bool):
+        raise DecodeError(f"expected a decimal, got {value!r}")
+    try:
+        return _finite_decimal(decimal.Decimal(str(value)), value)
+    except decimal.InvalidOperation:
+        raise DecodeError(f"not a decimal number: {str(value)[:40]!r}") from None
+
+
+def _as_text(convert: Converter) -> Converter:
+    return lambda value: str(convert(value))
 
 
 def _variable_scale_decimal(value: Any) -> str | None:
     if value is None:
         return None
     if isinstance(value, dict):
-        unscaled = int.from_bytes(base64.b64decode(value["value"]), "big", signed=True)
-        return str(decimal.Decimal(unscaled).scaleb(-int(value["scale"])))
+        try:
+            unscaled = int.from_bytes(base64.b64decode(value["value"], validate=True), "big", signed=True)
+            return str(decimal.Decimal(unscaled).scaleb(-int(value["scale"])))
+        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+            raise DecodeError(f"invalid variable-scale decimal {str(value)[:60]!r}: {exc}") from None
     return str(value)
+
+
+def _bytes_from_base64(value: Any) -> bytes:
+    """Kafka Connect's JsonConverter sends BYTES as base64 text."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    if not isinstance(value, str):
+        raise DecodeError(f"expected base64 bytes, got {type(value).__name__}")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise DecodeError(f"invalid base64 bytes {value[:40]!r}: {exc}") from None
 
 
 def _json_text(value: Any) -> str:
@@ -121,15 +168,15 @@ _PRIMITIVES = {
 _SEMANTIC: dict[str, Callable[[dict[str, Any]], FieldType]] = {
     "io.debezium.time.Date": lambda s: FieldType("date", _date_from_days),
     "org.apache.kafka.connect.data.Date": lambda s: FieldType("date", _date_from_days),
-    "io.debezium.time.Timestamp": lambda s: FieldType("timestamp_ntz", lambda v: _ntz_from_micros(int(v) * 1000)),
-    "org.apache.kafka.connect.data.Timestamp": lambda s: FieldType("timestamp_ntz", lambda v: _ntz_from_micros(int(v) * 1000)),
-    "io.debezium.time.MicroTimestamp": lambda s: FieldType("timestamp_ntz", _ntz_from_micros),
-    "io.debezium.time.NanoTimestamp": lambda s: FieldType("timestamp_ntz", lambda v: _ntz_from_micros(int(v) // 1000)),
+    "io.debezium.time.Timestamp": lambda s: FieldType("timestamp_ntz", _micros_from_millis),
+    "org.apache.kafka.connect.data.Timestamp": lambda s: FieldType("timestamp_ntz", _micros_from_millis),
+    "io.debezium.time.MicroTimestamp": lambda s: FieldType("timestamp_ntz", _integer),
+    "io.debezium.time.NanoTimestamp": lambda s: FieldType("timestamp_ntz", _micros_from_nanos),
     "io.debezium.time.ZonedTimestamp": lambda s: FieldType("timestamp", _zoned_timestamp),
-    "io.debezium.time.Time": lambda s: FieldType("string", lambda v: _time_from_micros(int(v) * 1000)),
-    "org.apache.kafka.connect.data.Time": lambda s: FieldType("string", lambda v: _time_from_micros(int(v) * 1000)),
+    "io.debezium.time.Time": lambda s: FieldType("string", lambda v: _time_from_micros(_integer(v) * 1000)),
+    "org.apache.kafka.connect.data.Time": lambda s: FieldType("string", lambda v: _time_from_micros(_integer(v) * 1000)),
     "io.debezium.time.MicroTime": lambda s: FieldType("string", _time_from_micros),
-    "io.debezium.time.NanoTime": lambda s: FieldType("string", lambda v: _time_from_micros(int(v) // 1000)),
+    "io.debezium.time.NanoTime": lambda s: FieldType("string", lambda v: _time_from_micros(_integer(v) // 1000)),
     "io.debezium.time.ZonedTime": lambda s: FieldType("string"),
     "io.debezium.time.MicroDuration": lambda s: FieldType("bigint"),
     "io.debezium.time.Interval": lambda s: FieldType("string"),
@@ -139,7 +186,7 @@ _SEMANTIC: dict[str, Callable[[dict[str, Any]], FieldType]] = {
     "io.debezium.data.EnumSet": lambda s: FieldType("string"),
     "io.debezium.data.Xml": lambda s: FieldType("string"),
     "io.debezium.data.Ltree": lambda s: FieldType("string"),
-    "io.debezium.data.Bits": lambda s: FieldType("binary"),
+    "io.debezium.data.Bits": lambda s: FieldType("binary", _bytes_from_base64),
     "io.debezium.data.VariableScaleDecimal": lambda s: FieldType("string", _variable_scale_decimal),
 }
 
@@ -152,7 +199,7 @@ def _decimal_type(schema: dict[str, Any]) -> FieldType:
     convert = _decimal_from_bytes(scale) if schema.get("type") == "bytes" else _decimal_text
     if precision is None or int(precision) > _MAX_DECIMAL_PRECISION:
         # Unbounded precision cannot be an Iceberg decimal; keep every digit as text.
-        return FieldType("string", convert)
+        return FieldType("string", _as_text(convert))
     return FieldType(f"decimal({int(precision)},{scale})", convert)
 
 
@@ -166,6 +213,8 @@ def field_type(schema: dict[str, Any]) -> FieldType:
     if name and name.startswith("io.debezium.data.geometry."):
         return FieldType("string", _json_text)
     kind = schema.get("type")
+    if kind == "bytes":
+        return FieldType("binary", _bytes_from_base64)
     if kind in _PRIMITIVES:
         return FieldType(_PRIMITIVES[kind])
     if kind == "array":
@@ -227,15 +276,17 @@ def merge_types(a: str | None, b: str | None) -> str | None:
     return "string"
 
 
-def event_time(value: Any) -> str:
-    """An event-time value (ISO string, or epoch seconds/ms/µs as a number) as a UTC timestamp wire string."""
+def event_time(value: Any) -> int:
+    """An event-time value (ISO string, or epoch seconds/ms/µs as a number) as UTC microseconds."""
     if isinstance(value, bool):
+        raise DecodeError(f"event time {value!r} is not a timestamp")
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
         raise DecodeError(f"event time {value!r} is not a timestamp")
     if isinstance(value, (int, float)):
         magnitude = abs(value)
         # Epoch seconds, milliseconds or microseconds, told apart by magnitude (valid for 1973..5138).
         micros = value * 1_000_000 if magnitude < 1e11 else value * 1000 if magnitude < 1e14 else value
-        return _tz_from_micros(int(micros))
+        return int(micros)
     if isinstance(value, str):
         return _zoned_timestamp(value)  # a string without an offset is taken as UTC
     raise DecodeError(f"event time {str(value)[:40]!r} is neither an ISO-8601 string nor an epoch number")

@@ -1,55 +1,45 @@
-"""The micro-batch engine: plan offset ranges, read and decode them on executors, write each table
-with its offsets in the same snapshot, then advance the consumer group.
+"""The micro-batch engine: plan offset ranges → read and write them in one Spark job → commit each
+table's files with its offsets in one snapshot → advance the consumer group.
 
-One `Pipeline.run_batch()` call is one micro-batch; `lakestream.engine.loop` repeats it.
+One `Pipeline.run_batch()` call is one micro-batch; `lakestream.engine.loop` repeats it. The write
+tasks do the data work (`lakestream.sink.task`); the driver only prepares tables and commits
+(`lakestream.sink.committer`).
 """
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-import orjson
 
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.engine.freshness import mixture_quantiles
-from lakestream.errors import DecodeError
-from lakestream.decode.records import DECODED_DDL, KIND_CHANGE, KIND_END, KIND_ERROR, KIND_SCHEMA, read_and_decode
+from lakestream.errors import DecodeError, LakestreamError
 from lakestream.sink.commit import (
-    BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, SOURCE_TS_PROPERTY, TableOffsets, current_summary,
-    encode_offsets,
+    BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, SOURCE_TS_PROPERTY, TableOffsets, encode_offsets,
 )
-from lakestream.sink.deadletter import dead_letter_rows, ensure_dead_letter_table, reason_column, write_dead_letters
+from lakestream.sink.committer import TableWrite, write_table
+from lakestream.sink.deadletter import dead_letter_table, ensure_dead_letter_table
+from lakestream.sink.index import KeyIndex, is_integer_key
+from lakestream.sink.report import BatchReport, NewShape, TableReport
 from lakestream.sink.router import Router, TableName
 from lakestream.sink.schema import Shape, TableManager, merged_columns, reconcile, widen_to_string_statements
-from lakestream.sink.writer import TableWrite, write_table
+from lakestream.sink.task import TableSpec, WriteContext, run_write_task
 from lakestream.source.kafka import TP, KafkaCluster
 from lakestream.source.planner import OffsetRange, pack_ranges, plan_offset_ranges
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
-# Commit races with maintenance (compaction, delete rewrites) and reads of files that a concurrent
-# snapshot expiry removed: re-planning the write against the table's new state resolves both.
-_RETRYABLE = ("CommitFailedException", "ValidationException", "CommitStateUnknownException",
-              "Found conflicting files", "Cannot commit", "NotFoundException", "FileNotFoundException",
-              "Error reading file")
+# Java exception classes that mean "the table moved under us" (maintenance, another writer): the
+# write is re-planned against the table's new state.
+_RETRYABLE = ("CommitFailedException", "ValidationException", "CommitStateUnknownException", "NotFoundException",
+              "FileNotFoundException")
 
-
-@dataclass
-class TableBatch:
-    """What the decode tasks reported about one table."""
-
-    name: TableName
-    shapes: dict[str, Shape] = field(default_factory=dict)
-    count: int = 0
-    tp_offsets: dict[TP, tuple[int, int]] = field(default_factory=dict)  # min, max offset
-    max_source_ts: int | None = None
-    unavailable: set[str] = field(default_factory=set)
+FORMAT_VERSION = "3"
 
 
 @dataclass
@@ -65,17 +55,18 @@ class BatchResult:
     commit_ts_ms: int
     source_ts_quantiles: list[float] | None = None
     advanced: int = 0  # Kafka messages consumed, tombstones and skipped records included
+    jobs: int = 1
 
     def progress_line(self) -> str:
         rate = self.records / self.seconds if self.seconds > 0 else 0.0
         lag = "?" if self.lag is None else f"{self.lag:,}"
         return (f"batch {self.batch_id}: {self.records:,} records → {len(self.tables)} table(s), "
-                f"{self.dead_letters:,} dead-letter, {self.seconds:.2f}s (read {self.read_seconds:.2f}s), "
-                f"{rate:,.0f} rec/s, lag {lag}")
+                f"{self.dead_letters:,} dead-letter, {self.seconds:.2f}s (read+write {self.read_seconds:.2f}s, "
+                f"{self.jobs} job(s)), {rate:,.0f} rec/s, lag {lag}")
 
 
 class Pipeline:
-    """A running pipeline: owns the positions, the table caches and the Kafka metadata client."""
+    """A running pipeline: owns the positions, the tables' specs and indexes, the Kafka client."""
 
     def __init__(self, config: PipelineConfig, spark: SparkSession | None = None):
         from lakestream.spark import session_for
@@ -90,9 +81,10 @@ class Pipeline:
         self.maybe_more: set[TP] = set()
         self.watermarks: dict[TP, tuple[int, int]] = {}
         self.batch_id = 0
+        self.specs: dict[str, TableSpec] = {}
+        self.indexes: dict[str, KeyIndex] = {}
         self._last_discovery = 0.0
-        self._dead_letter_ident: str | None = None
-        self._non_empty: set[str] = set()
+        self._dead_letter: TableSpec | None = None
 
     def close(self) -> None:
         self.kafka.close()
@@ -150,287 +142,293 @@ class Pipeline:
             return log_start
         return self.offsets.load(self.tables.ident(name.namespace, name.table)).get(tp, log_start)
 
-    # -- reading ----------------------------------------------------------------------------
-    def read_batch(self, ranges: list[OffsetRange]) -> DataFrame:
-        """A persisted DataFrame of decoded rows for ``ranges`` (one Spark task per range)."""
-        from pyspark import StorageLevel
+    # -- reading and writing: one Spark job --------------------------------------------------
+    def write_files(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None = None) -> BatchReport:
+        """Run the write job over ``ranges``: tasks read, decode, convert and write data files."""
+        import pyarrow as pa
 
-        consumer_conf = self.config.kafka.consumer_config()
-        router = self.router
+        from lakestream.sink.report import REPORT_DDL
+
+        ctx = WriteContext(self.config.kafka.consumer_config(), self.router, dict(self.specs), only_tables)
 
         def task(batches: Any) -> Any:
             for batch in batches:
                 cols = batch.to_pydict()
                 rngs = [OffsetRange(t, p, s, e, lim) for t, p, s, e, lim in
                         zip(cols["topic"], cols["partition"], cols["start"], cols["end"], cols["limit"])]
-                yield from read_and_decode(rngs, consumer_conf, router)
+                yield from run_write_task(rngs, ctx)
 
         tasks = pack_ranges(ranges, self.spark.sparkContext.defaultParallelism)
         groups = [[(r.topic, r.partition, r.start, r.end, r.limit) for r in task] for task in tasks]
         # One Spark partition per task group: parallelize the groups, then flatten within partitions.
         rdd = self.spark.sparkContext.parallelize(groups, len(groups)).flatMap(lambda group: group)
         plan = self.spark.createDataFrame(rdd, "topic string, partition int, start bigint, `end` bigint, `limit` bigint")
-        decoded = plan.mapInArrow(task, DECODED_DDL)
-        return decoded.persist(StorageLevel.MEMORY_AND_DISK)
+        batches = plan.mapInArrow(task, REPORT_DDL)._collect_as_arrow()
+        report = BatchReport()
+        if batches:
+            report.add(pa.Table.from_batches(batches))
+        return report
 
-    def summarize(self, decoded: DataFrame) -> tuple[dict[TP, tuple[int, bool]], dict[str, TableBatch], int, int, list[float] | None]:
-        """One small aggregate over the batch: range ends, per-table shapes/ops/offsets, error count."""
-        from pyspark.sql import functions as F
-
-        rows = (decoded.groupBy("kind", "table", "topic", "partition", "schema_id", "op")
-                .agg(F.count(F.lit(1)).alias("n"), F.min("offset").alias("min_off"), F.max("offset").alias("max_off"),
-                     F.max("source_ts_ms").alias("max_ts"), F.first("row").alias("shape"),
-                     F.collect_set("unavailable").alias("unavail"),
-                     F.percentile_approx("source_ts_ms", [0.01, 0.5, 0.99], 500).alias("q"),
-                     F.min("source_ts_ms").alias("min_ts"))
-                .collect())
-        ends: dict[TP, tuple[int, bool]] = {}
-        tables: dict[str, TableBatch] = {}
-        errors = records = 0
-        for r in rows:
-            tp = TP(r["topic"], r["partition"])
-            if r["kind"] == KIND_END:
-                prev = ends.get(tp)
-                if prev is None or r["max_off"] > prev[0]:
-                    ends[tp] = (r["max_off"], r["op"] == "eof")
-                continue
-            if r["kind"] == KIND_ERROR:
-                errors += r["n"]
-                records += r["n"]
-                continue
-            tb = tables.setdefault(r["table"], TableBatch(TableName.parse(r["table"])))
-            if r["kind"] == KIND_SCHEMA:
-                desc = orjson.loads(r["shape"])
-                tb.shapes.setdefault(r["schema_id"], Shape(r["schema_id"], [tuple(c) for c in desc["columns"]],
-                                                           desc["key"], desc["inferred"]))
-            elif r["kind"] == KIND_CHANGE:
-                records += r["n"]
-                tb.count += r["n"]
-                lo, hi = tb.tp_offsets.get(tp, (r["min_off"], r["max_off"]))
-                tb.tp_offsets[tp] = (min(lo, r["min_off"]), max(hi, r["max_off"]))
-                if r["max_ts"] is not None:
-                    tb.max_source_ts = max(tb.max_source_ts or 0, r["max_ts"])
-                for item in r["unavail"] or []:
-                    tb.unavailable.update(orjson.loads(item))
-        quantiles = _combine_quantiles([(r["n"], r["q"], r["min_ts"], r["max_ts"]) for r in rows
-                                        if r["kind"] == KIND_CHANGE and r["q"] and r["q"][0] is not None])
-        return ends, tables, errors, records, quantiles
-
-    # -- writing ----------------------------------------------------------------------------
-    def _stream_for(self, tb: TableBatch) -> StreamSettings:
-        topic = next(iter(tb.tp_offsets)).topic if tb.tp_offsets else None
-        stream = self.config.stream_for(topic) if topic else None
+    # -- tables -----------------------------------------------------------------------------
+    def _stream_for_table(self, shapes: list[NewShape]) -> StreamSettings:
+        stream = self.config.stream_for(shapes[0].topic) if shapes else None
         return stream or self.config.streams[0]
 
-    @staticmethod
-    def _offset_filter(committed: dict[TP, int], tps: list[TP]) -> Column | None:
-        """Rows at or past the table's committed offset for their partition (None when all are)."""
-        return _per_partition({tp: committed[tp] for tp in tps if tp in committed}, lambda off, bound: off >= bound)
+    def prepare_table(self, name: str, shapes: list[NewShape]) -> None:
+        """Create or evolve ``name`` so every compatible shape can be written; reject the others."""
+        from lakestream.sink.files import create_table, table_info
 
-    def _prepare_table(self, tb: TableBatch, stream: StreamSettings) -> tuple[str, dict[str, str]]:
-        """Create or evolve the table for this batch's shapes; return (ident, rejected reasons)."""
-        ns, name = tb.name.namespace, tb.name.table
-        ident = self.tables.ident(ns, name)
-        shapes = list(tb.shapes.values())
-        schema = self.tables.schema(ns, name)
-        if schema is None:
-            first_key = next((s.key for s in shapes if s.key), stream.key_columns)
-            layout = self.config.layout_for(str(tb.name), stream)
-            self.tables.create(ns, name, merged_columns(shapes), first_key if stream.mode == "upsert" else [], layout)
-            schema = self.tables.schema(ns, name)
-        result = reconcile(ident, schema, shapes)
+        table_name = TableName.parse(name)
+        ns, tbl = table_name.namespace, table_name.table
+        ident = self.tables.ident(ns, tbl)
+        stream = self._stream_for_table(shapes)
+        as_shapes = [Shape(s.schema_id, list(s.columns), s.key, s.inferred) for s in shapes]
+        catalog = self.config.catalog.name
+        info = table_info(self.spark, catalog, ns, tbl)
+        if not info["exists"]:
+            first_key = next((s.key for s in as_shapes if s.key), stream.key_columns)
+            key = (stream.key_columns or first_key) if stream.mode == "upsert" else []
+            layout = self.config.layout_for(name, stream)
+            from lakestream.sink.schema import DEFAULT_TABLE_PROPERTIES
+
+            properties = dict(DEFAULT_TABLE_PROPERTIES) | {"format-version": FORMAT_VERSION} | layout.properties
+            key_lower = {k.lower() for k in key}
+            columns = [{"name": n, "type": t, "required": n.lower() in key_lower} for n, t in merged_columns(as_shapes)]
+            info = create_table(self.spark, catalog, ns, tbl, {
+                "columns": columns, "identifier_fields": key, "partition_by": layout.partition_by,
+                "sort_by": layout.sort_by, "properties": properties})
+            log.info("created table %s (%d columns, key %s, format v%s)", name, len(columns), key or "-",
+                     info.get("format_version"))
+        schema = self.tables.schema(ns, tbl, refresh=True)
+        result = reconcile(ident, schema, as_shapes)
         if result.rejected and stream.on_incompatible_type == "widen_to_string":
-            keys = {k.lower() for s in shapes for k in s.key}
-            columns = sorted({c for c in result.rejected_columns.values() if c.lower() not in keys})
-            for column in columns:
+            keys = {k.lower() for s in as_shapes for k in s.key}
+            columns_to_widen = sorted({c for c in result.rejected_columns.values() if c.lower() not in keys})
+            for column in columns_to_widen:
                 log.warning("table %s: widening column %s to string (on_incompatible_type=widen_to_string)",
-                            tb.name, column)
-                self.tables.apply(ns, name, widen_to_string_statements(ident, column, f"pre_string_{self.batch_id}"))
-            if columns:
-                result = reconcile(ident, self.tables.schema(ns, name, refresh=True), shapes)
-        self.tables.apply(ns, name, result.statements)
+                            name, column)
+                self.tables.apply(ns, tbl, widen_to_string_statements(ident, column, f"pre_string_{self.batch_id}"))
+            if columns_to_widen:
+                self.indexes.pop(name, None)
+                result = reconcile(ident, self.tables.schema(ns, tbl, refresh=True), as_shapes)
+        self.tables.apply(ns, tbl, result.statements)
         for sid, reason in result.rejected.items():
-            log.warning("table %s: rejecting row shape %s: %s", tb.name, sid, reason)
-        return ident, result.rejected
-
-    def write_tables(self, decoded: DataFrame, ends: dict[TP, tuple[int, bool]],
-                     tables: dict[str, TableBatch]) -> tuple[dict[str, str], list[tuple[DataFrame, str]]]:
-        """Write every table of the batch; tables are independent, so several are written at once."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        written: dict[str, str] = {}
-        rejected_parts: list[tuple[DataFrame, str]] = []
-        todo = [(name, tb) for name, tb in sorted(tables.items()) if tb.count > 0]
-        workers = min(self.config.engine.table_write_parallelism, len(todo))
-        for namespace in sorted({tb.name.namespace for _, tb in todo}):
-            self.tables.ensure_namespace(namespace)  # once, before writers race to create it
-        if workers <= 1:
-            outcomes = [self._write_one_table(name, tb, decoded, ends) for name, tb in todo]
+            log.warning("table %s: rejecting row shape %s: %s", name, sid, reason)
+        if result.statements or info.get("schema") is None or name not in self.specs:
+            info = table_info(self.spark, catalog, ns, tbl)
+        previous = self.specs.get(name)
+        accepted = set(previous.accepted_shapes if previous else ()) | {s.schema_id for s in shapes
+                                                                         if s.schema_id not in result.rejected}
+        rejected = dict(previous.rejected_shapes if previous else {}) | result.rejected
+        if stream.mode == "upsert":
+            key = stream.key_columns or info.get("identifier_fields") or next((s.key for s in as_shapes if s.key), [])
         else:
-            # Each Python thread is pinned to its own JVM thread, which Iceberg's per-thread commit
-            # properties rely on.
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-writer") as pool:
-                outcomes = list(pool.map(lambda item: self._write_one_table(item[0], item[1], decoded, ends), todo))
-        for (name, _), (kind, rejected) in zip(todo, outcomes):
-            if kind is not None:
-                written[name] = kind
-            if rejected is not None:
-                rejected_parts.append((rejected, name))
-        return written, rejected_parts
+            key = [stream.dedupe_field] if stream.dedupe_field else []
+        if key and int(info.get("format_version", 2)) < 3:
+            raise LakestreamError(
+                f"table {name} is an Iceberg format v{info.get('format_version')} table; upserts and de-duplication "
+                f"write deletion vectors, which need format v3 — fix: run `lakestream upgrade-tables <pipeline.yaml>` "
+                f"once (it compacts away the old delete files and sets format-version=3)")
+        spec = TableSpec(name, stream.mode, list(key), info["schema"], info["spec"], info["data_location"],
+                         frozenset(accepted), rejected, dict(self.offsets.load(ident)))
+        self.specs[name] = spec
+        if key:
+            hashed = not is_integer_key(spec.arrow_schema(), key)
+            index = self.indexes.get(name)
+            if index is None or index.hashed != hashed or result.statements:
+                self.indexes[name] = KeyIndex(hashed)
 
-    def _write_one_table(self, table_name: str, tb: TableBatch, decoded: DataFrame,
-                         ends: dict[TP, tuple[int, bool]]) -> tuple[str | None, DataFrame | None]:
-        """Prepare, filter and write one table; returns (write kind or None, rejected rows or None)."""
-        from pyspark.sql import functions as F
+    def prepare_tables(self, shapes_by_table: dict[str, list[NewShape]]) -> None:
+        todo = sorted(shapes_by_table.items())
+        for namespace in sorted({TableName.parse(n).namespace for n, _ in todo}):
+            self.tables.ensure_namespace(namespace)  # once, before writers race to create it
+        workers = min(self.config.engine.table_write_parallelism, len(todo))
+        if workers <= 1:
+            for name, shapes in todo:
+                self.prepare_table(name, shapes)
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-prep") as pool:
+                list(pool.map(lambda item: self.prepare_table(*item), todo))
 
-        stream = self._stream_for(tb)
-        ident, rejected = self._prepare_table(tb, stream)
-        committed = self.offsets.load(ident)
-        tps = sorted(tb.tp_offsets)
-        pending = [tp for tp in tps if committed.get(tp, -1) <= tb.tp_offsets[tp][1]]
-        if not pending:
-            log.info("table %s already holds this batch's changes (restart replay); skipping", table_name)
-            return None, None
-        rows = decoded.where((F.col("kind") == KIND_CHANGE) & (F.col("table") == table_name))
-        offset_filter = self._offset_filter(committed, tps)
-        if offset_filter is not None:
-            rows = rows.where(offset_filter)
-        rejected_rows = None
-        if rejected:
-            bad = F.col("schema_id").isin(list(rejected))
-            rejected_rows = rows.where(bad).withColumn("error", reason_column(rejected))
-            rows = rows.where(~bad)
-        consumed = {tp: ends[tp][0] for tp in tps if tp in ends}
+    # -- committing -------------------------------------------------------------------------
+    def _fresh_index(self, name: str, ident: str) -> KeyIndex | None:
+        """The table's key index, rebuilt if another writer committed since it was last valid."""
+        from lakestream.sink.files import table_info
+
+        index = self.indexes.get(name)
+        if index is None:
+            return None
+        table = TableName.parse(name)
+        current = table_info(self.spark, self.config.catalog.name, table.namespace, table.table).get("snapshot_id")
+        if not index.valid or index.snapshot_id != current:
+            if index.valid:
+                log.info("table %s changed outside this pipeline (snapshot %s → %s): rebuilding its key index",
+                         name, index.snapshot_id, current)
+            index.rebuild(self.spark, ident, self.specs[name].key_columns, current)
+        return index
+
+    def commit_table(self, name: str, changes: TableReport, ends: dict[TP, int]) -> str | None:
+        spec = self.specs[name]
+        table = TableName.parse(name)
+        ident = self.tables.ident(table.namespace, table.table)
+        consumed = {tp: ends[tp] for tp in changes.tp_offsets() if tp in ends}
         merged = self.offsets.merged_after_commit(ident, consumed)
         props = {OFFSETS_PROPERTY: encode_offsets(merged), PIPELINE_PROPERTY: self.config.name,
                  BATCH_PROPERTY: str(self.batch_id)}
-        if tb.max_source_ts is not None:
-            props[SOURCE_TS_PROPERTY] = str(tb.max_source_ts)
-        partial_replay = any(tp in committed and committed[tp] > tb.tp_offsets[tp][0] for tp in tps)
-        if (rejected or partial_replay) and rows.limit(1).count() == 0:
-            # Nothing left to write: no empty commits. The offsets advance with the next real commit.
-            return None, rejected_rows
-        schema = self.tables.schema(tb.name.namespace, tb.name.table)
-        empty = ident not in self._non_empty and current_summary(self.spark, ident).get("total-records", "0") == "0"
-        incoming = sorted({c for s in tb.shapes.values() if s.schema_id not in rejected for c, _ in s.columns})
-        write = TableWrite(
-            ident=ident, mode=stream.mode, schema=schema,
-            key_columns=(stream.key_columns or next((s.key for s in tb.shapes.values() if s.key), []))
-            if stream.mode == "upsert" else ([stream.dedupe_field] if stream.dedupe_field else []),
-            incoming_columns=incoming, unavailable_columns=tb.unavailable,
-            table_empty=empty,
-            dedupe=stream.mode == "append" and bool(stream.dedupe_field))
-        kind = self._write_with_retry(write, rows, props, ident, merged)
-        self._non_empty.add(ident)
-        return kind, rejected_rows
-
-    def _write_with_retry(self, write: TableWrite, rows: DataFrame, props: dict[str, str], ident: str,
-                          merged: dict[TP, int], attempts: int = 5) -> str:
-        from py4j.protocol import Py4JJavaError
-        from pyspark.errors.exceptions.captured import CapturedException
-
+        if changes.max_source_ts is not None:
+            props[SOURCE_TS_PROPERTY] = str(changes.max_source_ts)
+        if not changes.files and not changes.locations:
+            return None  # nothing left to write (all dead letters): the offsets advance with the next commit
+        attempts = 5
         for attempt in range(1, attempts + 1):
+            write = TableWrite(ident, self.config.catalog.name, table, spec, self._fresh_index(name, ident))
             try:
-                kind = write_table(self.spark, write, rows, props)
-                self.offsets.record(ident, merged)
-                return kind
-            except (Py4JJavaError, CapturedException) as exc:
-                text = str(getattr(exc, "java_exception", exc)) + str(exc)
+                kind = write_table(self.spark, write, changes, props)
+                break
+            except Exception as exc:  # noqa: BLE001 — classified by Java class below
+                text = str(getattr(exc, "java_exception", "")) + str(exc)
                 if not any(marker in text for marker in _RETRYABLE) or attempt == attempts:
                     raise
-                # The commit may have landed (state unknown) or lost a race with maintenance.
                 if self.offsets.load(ident, refresh=True) == merged:
-                    log.info("table %s: commit had landed despite %s", ident, text[:120])
-                    self.offsets.record(ident, merged)
-                    return "merge"
-                log.warning("table %s: commit conflict (attempt %d/%d), retrying: %s", ident, attempt, attempts,
-                            text[:200])
+                    log.info("table %s: commit had landed despite %s", name, text[:120])
+                    if write.index is not None:
+                        write.index.valid = False
+                    kind = "upsert" if spec.mode == "upsert" else "append"
+                    break
+                log.warning("table %s: commit conflict (attempt %d/%d), re-planning deletes: %s", name, attempt,
+                            attempts, text[:200])
+                if write.index is not None:
+                    write.index.valid = False
                 time.sleep(0.2 * attempt)
-        raise AssertionError("unreachable")
+        self.offsets.record(ident, merged)
+        spec.committed = dict(merged)
+        return kind
 
-    def write_dead_letters(self, decoded: DataFrame, ends: dict[TP, tuple[int, bool]], errors: int,
-                           rejected_parts: list[tuple[DataFrame, str]]) -> int:
-        from pyspark.sql import functions as F
+    def commit_tables(self, report: BatchReport) -> dict[str, str]:
+        """Commit every table of the batch; tables are independent, so several commit at once."""
+        ends = {tp: end.next_offset for tp, end in report.ends.items()}
+        todo = [(name, tr) for name, tr in sorted(report.tables.items()) if tr.count > 0]
+        workers = min(self.config.engine.table_write_parallelism, len(todo))
+        if workers <= 1:
+            kinds = [self.commit_table(name, tr, ends) for name, tr in todo]
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-commit") as pool:
+                kinds = list(pool.map(lambda item: self.commit_table(item[0], item[1], ends), todo))
+        return {name: kind for (name, _), kind in zip(todo, kinds) if kind is not None}
 
-        if errors == 0 and not rejected_parts:
+    def write_dead_letters(self, report: BatchReport) -> int:
+        from lakestream.sink.files import commit_files, table_info, write_data_file
+
+        if not report.dead_letters:
             return 0
-        if self._dead_letter_ident is None:
-            self._dead_letter_ident = ensure_dead_letter_table(self.spark, self.config.catalog.name,
-                                                               self.config.engine.dead_letter_table)
-        ident = self._dead_letter_ident
+        catalog = self.config.catalog.name
+        ns, tbl = self.config.engine.dead_letter_table.split(".", 1)
+        ident = self.tables.ident(ns, tbl)
+        if self._dead_letter is None:
+            ensure_dead_letter_table(self.spark, catalog, self.config.engine.dead_letter_table)
+            info = table_info(self.spark, catalog, ns, tbl)
+            self._dead_letter = TableSpec(self.config.engine.dead_letter_table, "append", [], info["schema"],
+                                          info["spec"], info["data_location"])
         committed = self.offsets.load(ident)
-        errs = decoded.where(F.col("kind") == KIND_ERROR)
-        rejected = None
-        for part, _ in rejected_parts:
-            rejected = part if rejected is None else rejected.unionByName(part)
-        rows = dead_letter_rows(errs, rejected, self.config.name)
-        tps = sorted(ends)
-        offset_filter = self._offset_filter(committed, tps)
-        if offset_filter is not None:
-            rows = rows.where(offset_filter)
-        count = rows.count()
-        if count == 0:
+        letters = [d for d in report.dead_letters if d.offset >= committed.get(d.tp, -1)]
+        if not letters:
             return 0
-        consumed = {tp: off for tp, (off, _) in ends.items()}
+        spec = self._dead_letter
+        table = dead_letter_table(letters, self.config.name, spec.arrow_schema())
+        from lakestream.sink.files import partition_values
+
+        data_files = []
+        groups = partition_values(spec.partition_spec, spec.schema, table) if spec.partition_spec.get("fields") \
+            else [([], list(range(table.num_rows)))]
+        import pyarrow as pa
+
+        for values, rows in groups:
+            written = write_data_file(table.take(pa.array(rows, pa.int64())), spec.data_location, spec.arrow_schema(),
+                                      "dead-letters")
+            data_files.append({"path": written["path"], "file_size": written["file_size"],
+                               "record_count": written["record_count"], "partition": list(values)})
+        consumed = {tp: end.next_offset for tp, end in report.ends.items()}
         merged = self.offsets.merged_after_commit(ident, consumed)
         props = {OFFSETS_PROPERTY: encode_offsets(merged), PIPELINE_PROPERTY: self.config.name,
                  BATCH_PROPERTY: str(self.batch_id)}
-        write_dead_letters(self.spark, ident, rows, props, f"__ls_dead_letters_{self.batch_id}")
+        commit_files(self.spark, catalog, ns, tbl, {"base_snapshot_id": None, "data_files": data_files,
+                                                    "deletes": [], "properties": props})
         self.offsets.record(ident, merged)
-        log.warning("%d record(s) sent to the dead-letter table %s", count, self.config.engine.dead_letter_table)
-        return count
+        log.warning("%d record(s) sent to the dead-letter table %s", len(letters), self.config.engine.dead_letter_table)
+        return len(letters)
 
     # -- the batch --------------------------------------------------------------------------
     def run_batch(self) -> BatchResult | None:
-        """Plan, read, write, commit. None when there was nothing to read."""
+        """Plan, read and write, commit, advance. None when there was nothing to read."""
         started = time.monotonic()
         ranges = self.plan_batch()
         if not ranges:
             return None
         self.batch_id += 1
-        decoded = self.read_batch(ranges)
-        try:
-            ends, tables, errors, records, quantiles = self.summarize(decoded)
-            read_seconds = time.monotonic() - started
-            # Records past the observed end can only appear if a task is recomputed after more data
-            # arrived; keep the batch exactly what the summary saw.
-            decoded = decoded.where(self._within_ends(ends))
-            written, rejected_parts = self.write_tables(decoded, ends, tables)
-            dead = self.write_dead_letters(decoded, ends, errors, rejected_parts)
-        finally:
-            decoded.unpersist()
+        report = self.write_files(ranges)
+        jobs = 1
+        new_shapes = {name: list(tr.shapes.values()) for name, tr in report.tables.items() if tr.shapes}
+        if new_shapes:
+            # Tables met with a shape they were not prepared for: create or evolve them, drop what
+            # the first job wrote for them, and write them again over exactly the same records.
+            self.prepare_tables(new_shapes)
+            discarded = [f.path for name in new_shapes for f in report.tables[name].files]
+            for name in new_shapes:
+                report.tables.pop(name)
+            _delete_quietly(discarded)
+            closed = [OffsetRange(r.topic, r.partition, r.start, report.ends[r.tp].next_offset, r.limit)
+                      for r in _merge_ranges(ranges) if r.tp in report.ends]
+            second = self.write_files([r for r in closed if r.end > r.start], frozenset(new_shapes))
+            jobs = 2
+            for name, tr in second.tables.items():
+                if tr.shapes:
+                    raise LakestreamError(f"table {name}: shapes still unprepared after preparing them: "
+                                          f"{sorted(tr.shapes)}")
+                report.tables[name] = tr
+            report.dead_letters.extend(second.dead_letters)
+        read_seconds = time.monotonic() - started
+        written = self.commit_tables(report)
+        dead = self.write_dead_letters(report)
         commit_ts_ms = int(time.time() * 1000)
-        advanced = sum(max(next_offset - self.positions.get(tp, 0), 0) for tp, (next_offset, _) in ends.items())
-        for tp, (next_offset, at_end) in ends.items():
-            self.positions[tp] = max(self.positions.get(tp, 0), next_offset)
-            if at_end:
+        advanced = sum(max(end.next_offset - self.positions.get(tp, 0), 0) for tp, end in report.ends.items())
+        for tp, end in report.ends.items():
+            self.positions[tp] = max(self.positions.get(tp, 0), end.next_offset)
+            if end.at_end:
                 self.maybe_more.discard(tp)
             else:
                 self.maybe_more.add(tp)
-        self.kafka.commit({tp: self.positions[tp] for tp in ends})
+        self.kafka.commit({tp: self.positions[tp] for tp in report.ends})
         lag = sum(max(high - self.positions.get(tp, high), 0) for tp, (_, high) in self.watermarks.items())
-        return BatchResult(self.batch_id, records, sum(t.count for t in tables.values()), written, dead,
-                           time.monotonic() - started, read_seconds, lag, commit_ts_ms, quantiles, advanced)
-
-    @staticmethod
-    def _within_ends(ends: dict[TP, tuple[int, bool]]) -> Column:
-        from pyspark.sql import functions as F
-
-        expr = _per_partition({tp: end for tp, (end, _) in ends.items()}, lambda off, bound: off < bound)
-        return F.lit(True) if expr is None else expr | F.col("kind").isin(KIND_END, KIND_SCHEMA)
+        changes = sum(tr.count for tr in report.tables.values())
+        groups = [(s.count, s.source_ts_q, s.source_ts_min, s.source_ts_max)
+                  for tr in report.tables.values() for s in tr.stats if s.source_ts_q]
+        return BatchResult(self.batch_id, changes + len(report.dead_letters), changes, written, dead,
+                           time.monotonic() - started, read_seconds, lag, commit_ts_ms, _combine_quantiles(groups),
+                           advanced, jobs)
 
 
+def _merge_ranges(ranges: list[OffsetRange]) -> list[OffsetRange]:
+    """One range per partition (a backlog split over tasks becomes one span again)."""
+    by_tp: dict[TP, OffsetRange] = {}
+    for r in ranges:
+        prev = by_tp.get(r.tp)
+        by_tp[r.tp] = r if prev is None or r.start < prev.start else prev
+    limits: dict[TP, int] = {}
+    for r in ranges:
+        limits[r.tp] = limits.get(r.tp, 0) + r.limit
+    return [OffsetRange(r.topic, r.partition, r.start, None, limits[r.tp]) for r in by_tp.values()]
 
-def _per_partition(bounds: dict[TP, int], keep: Callable[[Column, int], Column]) -> Column | None:
-    """``keep(offset, bound)`` for rows of a partition in ``bounds``, true for other rows (None: no bounds)."""
-    from pyspark.sql import functions as F
 
-    expr = None
-    for tp, bound in bounds.items():
-        cond = (F.col("topic") == tp.topic) & (F.col("partition") == tp.partition)
-        test = keep(F.col("offset"), bound)
-        expr = F.when(cond, test) if expr is None else expr.when(cond, test)
-    return None if expr is None else expr.otherwise(F.lit(True))
+def _delete_quietly(paths: list[str]) -> None:
+    """Remove data files no snapshot references (written by a job whose output was discarded)."""
+    from lakestream.sink.storage import filesystem_path
+
+    for path in paths:
+        try:
+            fs, local = filesystem_path(path)
+            fs.delete_file(local)
+        except Exception as exc:  # noqa: BLE001 — an orphan left behind is harmless; orphan cleanup removes it
+            log.debug("could not remove unreferenced file %s: %s", path, exc)
 
 
 def _combine_quantiles(groups: list[tuple[int, list[float], int, int]]) -> list[float] | None:
@@ -444,4 +442,4 @@ def describe_batch(result: BatchResult) -> dict[str, Any]:
     return {"batch": result.batch_id, "records": result.records, "changes": result.changes, "tables": result.tables,
             "dead_letters": result.dead_letters, "seconds": round(result.seconds, 3),
             "read_seconds": round(result.read_seconds, 3), "lag": result.lag, "commit_ts_ms": result.commit_ts_ms,
-            "source_ts_quantiles": result.source_ts_quantiles}
+            "source_ts_quantiles": result.source_ts_quantiles, "jobs": result.jobs}

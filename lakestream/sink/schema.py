@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_TABLE_PROPERTIES = {
-    "format-version": "2",
+    "format-version": "3",
     "write.upsert.enabled": "false",
     "write.delete.mode": "merge-on-read",
     "write.update.mode": "merge-on-read",

@@ -1,11 +1,12 @@
-"""The task-side decoder: change/error/schema rows per record, deletes reduced to their key."""
+"""The task-side decoder: a routed change or a DecodeError per record, deletes reduced to their key."""
 from __future__ import annotations
 
 import json
 from types import SimpleNamespace
 
 from lakestream.config import StreamSettings
-from lakestream.decode.records import KIND_CHANGE, KIND_ERROR, KIND_SCHEMA, RecordDecoder, _Columns
+from lakestream.decode.records import RecordDecoder
+from lakestream.errors import DecodeError
 from lakestream.sink.router import Router
 
 
@@ -17,11 +18,18 @@ def _rec(offset: int, key, value, topic: str = "p.public.orders"):
 
 def _decode(records, **stream):
     decoder = RecordDecoder(Router([StreamSettings(**({"topic_pattern": r"p\..*"} | stream))]))
-    out = _Columns()
+    out = []
     for rec in records:
-        decoder.decode(rec, out)
-    batch = out.to_batch().to_pydict()
-    return [dict(zip(batch, values)) for values in zip(*batch.values())]
+        try:
+            change = decoder.decode(rec)
+        except DecodeError as exc:
+            out.append({"kind": "error", "offset": rec.offset, "error": str(exc), "raw_value": rec.value})
+            continue
+        if change is not None:
+            out.append({"kind": "change", "offset": rec.offset, "table": change.table, "op": change.op,
+                        "row": change.row, "key": [change.row[k] for k in change.key_columns],
+                        "unavailable": change.unavailable, "shape": change.columns.schema_id})
+    return out
 
 
 def test_default_identity_delete_keeps_only_the_key():
@@ -30,18 +38,18 @@ def test_default_identity_delete_keeps_only_the_key():
         _rec(1, {"id": 1}, {"before": {"id": 1, "status": "dflt", "qty": 0}, "after": None, "op": "d"}),
         _rec(2, {"id": 1}, None),  # tombstone
     ])
-    changes = [r for r in rows if r["kind"] == KIND_CHANGE]
+    changes = [r for r in rows if r["kind"] == "change"]
     assert [c["op"] for c in changes] == ["c", "d"]
-    assert json.loads(changes[1]["row"]) == {"id": 1}  # the defaults never leave the decoder
-    assert changes[0]["key"] == changes[1]["key"] == "[1]"
-    assert [r["table"] for r in rows if r["kind"] == KIND_SCHEMA] == ["cdc.public_orders"]
+    assert changes[1]["row"] == {"id": 1}  # the defaults never leave the decoder
+    assert changes[0]["key"] == changes[1]["key"] == [1]
+    assert {r["table"] for r in changes} == {"cdc.public_orders"}
 
 
 def test_unavailable_columns_are_listed():
     rows = _decode([_rec(0, {"id": 1}, {"after": {"id": 1, "body": "__debezium_unavailable_value"}, "op": "u"})])
-    change = next(r for r in rows if r["kind"] == KIND_CHANGE)
-    assert json.loads(change["unavailable"]) == ["body"]
-    assert json.loads(change["row"]) == {"id": 1, "body": None}
+    change = next(r for r in rows if r["kind"] == "change")
+    assert change["unavailable"] == ["body"]
+    assert change["row"] == {"id": 1, "body": None}
 
 
 def test_bad_records_become_error_rows_with_raw_bytes():
@@ -51,7 +59,7 @@ def test_bad_records_become_error_rows_with_raw_bytes():
         _rec(2, {"id": 3}, b"{broken"),
         _rec(3, {"id": 4}, {"after": {"id": 4}, "op": "t"}),
     ])
-    errors = [r for r in rows if r["kind"] == KIND_ERROR]
+    errors = [r for r in rows if r["kind"] == "error"]
     assert [e["offset"] for e in errors] == [0, 1, 2, 3]
     assert "missing key" in errors[0]["error"]
     assert "key column(s) ['id'] missing or null" in errors[1]["error"]
@@ -62,8 +70,8 @@ def test_bad_records_become_error_rows_with_raw_bytes():
 def test_key_columns_from_config_override_the_message_key():
     rows = _decode([_rec(0, None, {"after": {"tenant": "a", "id": 1, "v": 2}, "op": "c"})],
                    key_columns=["tenant", "id"])
-    change = next(r for r in rows if r["kind"] == KIND_CHANGE)
-    assert change["key"] == '["a",1]'
+    change = next(r for r in rows if r["kind"] == "change")
+    assert change["key"] == ["a", 1]
 
 
 def test_append_mode_route_field_errors():
@@ -72,7 +80,7 @@ def test_append_mode_route_field_errors():
         _rec(1, None, {"kind": "1bad", "x": 1}),
         _rec(2, None, {"x": 1}),
     ], mode="append", route_field="kind", table="{field}", namespace="ev")
-    assert [r["table"] for r in rows if r["kind"] == KIND_CHANGE] == ["ev.ok_table"]
-    errors = [r["error"] for r in rows if r["kind"] == KIND_ERROR]
+    assert [r["table"] for r in rows if r["kind"] == "change"] == ["ev.ok_table"]
+    errors = [r["error"] for r in rows if r["kind"] == "error"]
     assert "'1bad' is not a valid table name" in errors[0]
     assert "missing or null" in errors[1]

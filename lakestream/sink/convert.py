@@ -1,0 +1,94 @@
+"""Strict conversion of decoded rows into a table's Arrow schema.
+
+Rows arrive with typed values (see `lakestream.decode.types`); a column is built with one pyarrow
+call. A value that does not fit its column (an integer overflow, NaN in an integer or decimal
+column, a string in a numeric column, a fraction in an integer column) is never turned into NULL:
+the whole row is reported with a precise reason and left out, and the rest is converted.
+"""
+from __future__ import annotations
+
+import decimal
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+
+def _text(value: Any) -> Any:
+    """A value for a string column: text as is; numbers, booleans and nested values as their text."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, decimal.Decimal)):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return orjson.dumps(value, default=str).decode()
+
+
+def _check_integers(values: Sequence[Any]) -> None:
+    """pyarrow truncates 1.5 to 1 when building an integer column: refuse fractions ourselves."""
+    if float in set(map(type, values)):
+        for v in values:
+            if type(v) is float and not (v == v and v not in (float("inf"), float("-inf")) and v.is_integer()):
+                raise ValueError(f"{v!r} is not an integer")
+
+
+def _check_decimals(values: Sequence[Any]) -> None:
+    for v in values:
+        if isinstance(v, float) and not (v == v and v not in (float("inf"), float("-inf"))):
+            raise ValueError(f"{v!r} is not a finite number")
+        if isinstance(v, decimal.Decimal) and not v.is_finite():
+            raise ValueError(f"{v!r} is not a finite number")
+
+
+def build_column(values: list[Any], arrow_type: pa.DataType) -> pa.Array:
+    """One column, strictly: raises (ValueError, ArrowException, TypeError, OverflowError) when a value does not fit."""
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return pa.array([_text(v) for v in values], type=arrow_type)
+    if pa.types.is_integer(arrow_type):
+        _check_integers(values)
+    elif pa.types.is_decimal(arrow_type):
+        _check_decimals(values)
+        values = [decimal.Decimal(repr(v)) if isinstance(v, float) else v for v in values]
+    elif pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type):
+        if bool in set(map(type, values)) and not pa.types.is_boolean(arrow_type):
+            raise ValueError("a boolean is not a number")
+    return pa.array(values, type=arrow_type)
+
+
+def _value_error(value: Any, arrow_type: pa.DataType) -> str | None:
+    try:
+        build_column([value], arrow_type)
+        return None
+    except (ValueError, TypeError, OverflowError, pa.ArrowException) as exc:
+        return str(exc).splitlines()[0][:200]
+
+
+def convert_rows(rows: list[dict[str, Any]], schema: pa.Schema) -> tuple[pa.Table, dict[int, str]]:
+    """``rows`` as a table in ``schema`` (columns a row lacks are NULL), and the rows left out
+    because a value did not fit: index → reason naming the column, the value and the type."""
+    bad: dict[int, str] = {}
+    columns: dict[str, list[Any]] = {f.name: [r.get(f.name) for r in rows] for f in schema}
+    arrays: dict[str, pa.Array] = {}
+    for f in schema:
+        values = columns[f.name]
+        try:
+            arrays[f.name] = build_column(values, f.type)
+        except (ValueError, TypeError, OverflowError, pa.ArrowException):
+            for i, v in enumerate(values):
+                if i in bad or v is None:
+                    continue
+                reason = _value_error(v, f.type)
+                if reason is not None:
+                    bad[i] = f"column {f.name!r}: value {str(v)[:80]!r} does not fit type {f.type}: {reason}"
+        if not f.nullable and (f.name not in arrays or arrays[f.name].null_count):
+            for i, v in enumerate(values):
+                if v is None and i not in bad:
+                    bad[i] = f"column {f.name!r} is required (a key column) but missing or null"
+    if bad:
+        keep = [i for i in range(len(rows)) if i not in bad]
+        arrays = {f.name: build_column([columns[f.name][i] for i in keep], f.type) for f in schema}
+    return pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema), bad

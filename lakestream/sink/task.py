@@ -1,0 +1,299 @@
+"""The write task: the body of the one Spark job of a micro-batch.
+
+Each task reads its planned Kafka ranges, decodes and routes every record, converts each table's
+rows strictly into that table's Arrow schema, keeps the latest change per key (upsert) or the
+first per event id (de-duplicated appends), writes the table's Parquet data files itself, and
+reports small facts to the driver (`lakestream.sink.report`). No row crosses to the driver and
+nothing is parsed twice.
+
+A table the driver has not prepared for a record's shape (a new table, a new column, a wider
+type) is not written by this job: the task reports the shape, the driver creates or evolves the
+table, and a second job writes that table alone.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lakestream.decode.records import DecodedRecord, RecordDecoder
+from lakestream.errors import DecodeError
+from lakestream.sink import report as rp
+from lakestream.sink.convert import convert_rows
+from lakestream.sink.index import index_keys, is_integer_key, keys_to_arrow
+from lakestream.sink.router import Router
+from lakestream.source.kafka import TP
+from lakestream.source.planner import OffsetRange
+from lakestream.source.reader import read_offset_ranges
+
+
+@dataclass
+class TableSpec:
+    """What a task needs to write one table (built by the driver, shipped to the tasks)."""
+
+    name: str  # namespace.table
+    mode: str  # upsert | append
+    key_columns: list[str]  # upsert key, or [dedupe_field] for de-duplicated appends
+    schema: dict[str, Any]  # Iceberg schema JSON
+    partition_spec: dict[str, Any]  # Iceberg partition spec JSON
+    data_location: str
+    accepted_shapes: frozenset[str] = frozenset()
+    rejected_shapes: dict[str, str] = field(default_factory=dict)  # schema id → reason
+    committed: dict[TP, int] = field(default_factory=dict)  # the table's stored next offsets
+    _arrow: pa.Schema | None = None
+
+    @property
+    def keyed(self) -> bool:
+        return bool(self.key_columns)
+
+    def arrow_schema(self) -> pa.Schema:
+        if self._arrow is None:
+            from lakestream.sink.files import arrow_schema
+
+            self._arrow = arrow_schema(self.schema)
+        return self._arrow
+
+
+@dataclass
+class WriteContext:
+    """Everything a task needs besides its ranges."""
+
+    consumer_conf: dict[str, Any]
+    router: Router
+    tables: dict[str, TableSpec]
+    only_tables: frozenset[str] | None = None  # second pass: write these tables only
+    target_file_rows: int = 2_000_000
+
+
+class _Pending:
+    """One table's changes within a task, in Kafka order."""
+
+    __slots__ = ("spec", "topics", "partitions", "offsets", "ops", "rows", "withheld", "source_ts", "kafka_ts",
+                 "raw_keys", "raw_values")
+
+    def __init__(self, spec: TableSpec):
+        self.spec = spec
+        self.topics: list[str] = []
+        self.partitions: list[int] = []
+        self.offsets: list[int] = []
+        self.ops: list[str] = []
+        self.rows: list[dict[str, Any]] = []
+        self.withheld: list[list[str]] = []
+        self.source_ts: list[int | None] = []
+        self.kafka_ts: list[int] = []
+        self.raw_keys: list[bytes | None] = []
+        self.raw_values: list[bytes | None] = []
+
+    def add(self, rec: Any, change: DecodedRecord) -> None:
+        self.topics.append(rec.topic)
+        self.partitions.append(rec.partition)
+        self.offsets.append(rec.offset)
+        self.ops.append(change.op)
+        self.rows.append(change.row)
+        self.withheld.append(change.unavailable)
+        self.source_ts.append(change.source_ts_ms)
+        self.kafka_ts.append(rec.timestamp_ms)
+        self.raw_keys.append(rec.key)
+        self.raw_values.append(rec.value)
+
+
+def _stats(name: str, pending: _Pending, kept: list[int]) -> list[rp.TableStats]:
+    """Per partition: records consumed (kept or not: a dead letter is consumed too) and source times."""
+    by_tp: dict[TP, list[int]] = {}
+    for i in range(len(pending.offsets)):
+        by_tp.setdefault(TP(pending.topics[i], pending.partitions[i]), []).append(i)
+    out = []
+    for tp, idx in by_tp.items():
+        ts = np.array([pending.source_ts[i] for i in idx if pending.source_ts[i] is not None], dtype=np.float64)
+        q = np.quantile(ts, [0.01, 0.5, 0.99]).tolist() if len(ts) else None
+        out.append(rp.TableStats(name, tp, len(idx), min(pending.offsets[i] for i in idx),
+                                 max(pending.offsets[i] for i in idx),
+                                 int(ts.min()) if len(ts) else None, int(ts.max()) if len(ts) else None, q))
+    return out
+
+
+def _latest_per_key(keys: list[Any], ops: list[str], withheld: list[list[str]], order: list[int]
+                    ) -> tuple[list[int], dict[int, dict[str, int]]]:
+    """Indices of the last change of each key (in ``order``), and for those whose TOAST columns
+    Debezium withheld, the earlier change of the same key in this task that carries the value."""
+    last: dict[Any, int] = {}
+    fills: dict[int, dict[str, int]] = {}
+    for i in order:
+        key = keys[i]
+        prev = last.get(key)
+        if withheld[i] and prev is not None and ops[prev] != "d":
+            sources = fills.get(prev, {})
+            mine: dict[str, int] = {}
+            for column in withheld[i]:
+                if column in sources:
+                    mine[column] = sources[column]  # the earlier change had it withheld too, but filled
+                elif column not in withheld[prev]:
+                    mine[column] = prev
+            if mine:
+                fills[i] = mine
+        last[key] = i
+    return sorted(last.values()), fills
+
+
+def _first_per_key(keys: list[Any], order: list[int]) -> list[int]:
+    first: dict[Any, int] = {}
+    for i in order:
+        first.setdefault(keys[i], i)
+    return sorted(first.values())
+
+
+def _apply_fills(table: pa.Table, fills: dict[int, dict[str, int]]) -> pa.Table:
+    """Copy withheld column values from earlier rows (``fills``: row → column → source row)."""
+    by_column: dict[str, dict[int, int]] = {}
+    for row, columns in fills.items():
+        for column, source in columns.items():
+            by_column.setdefault(column, {})[row] = source
+    for column, mapping in by_column.items():
+        if column not in table.column_names:
+            continue
+        take = np.arange(table.num_rows)
+        for row, source in mapping.items():
+            take[row] = source
+        i = table.column_names.index(column)
+        table = table.set_column(i, table.schema.field(i), table.column(column).take(pa.array(take)))
+    return table
+
+
+class TableWriter:
+    """Converts, de-duplicates and writes one table's changes of one task."""
+
+    def __init__(self, spec: TableSpec, task_id: str):
+        self.spec = spec
+        self.task_id = task_id
+
+    def finish(self, pending: _Pending, facts: list[rp.Fact]) -> None:
+        spec = self.spec
+        facts.extend(_stats(spec.name, pending, []))
+        schema = spec.arrow_schema()
+        typed, bad = convert_rows(pending.rows, schema)
+        for i, reason in sorted(bad.items()):
+            facts.append(rp.DeadLetter(TP(pending.topics[i], pending.partitions[i]), pending.offsets[i],
+                                       pending.kafka_ts[i], reason, pending.raw_keys[i], pending.raw_values[i],
+                                       spec.name))
+        good = [i for i in range(len(pending.rows)) if i not in bad]  # typed row j ↔ pending row good[j]
+        if not good:
+            return
+        ops = [pending.ops[i] for i in good]
+        withheld = [pending.withheld[i] for i in good]
+        keys = None
+        if spec.keyed:
+            keys_np = index_keys(typed, spec.key_columns)
+            keys = keys_np.tolist()
+            # Kafka order within a partition; partitions of one key do not interleave in Debezium.
+            order = sorted(range(len(good)), key=lambda j: (pending.topics[good[j]], pending.partitions[good[j]],
+                                                            pending.offsets[good[j]]))
+            if spec.mode == "upsert":
+                final, fills = _latest_per_key(keys, ops, withheld, order)
+                if fills:
+                    typed = _apply_fills(typed, fills)
+                    withheld = [[c for c in w if c not in fills.get(j, {})] for j, w in enumerate(withheld)]
+            else:
+                final = _first_per_key(keys, order)
+        else:
+            final = list(range(len(good)))
+        is_delete = np.array([ops[j] == "d" for j in final], dtype=bool)
+        data_rows = [j for j, d in zip(final, is_delete) if not d]
+        data = typed.take(pa.array(data_rows, pa.int64())) if len(data_rows) != typed.num_rows else typed
+        file_of = np.full(len(final), -1, np.int32)
+        pos_of = np.zeros(len(final), np.int64)
+        if data.num_rows:
+            self._write_files(data, np.flatnonzero(~is_delete), file_of, pos_of, facts)
+        if spec.keyed:
+            sel = np.array(final, dtype=np.int64)
+            locations = pa.table({
+                "key": keys_to_arrow(keys_np[sel]),
+                "op": pa.array(np.where(is_delete, rp.OP_DELETE, rp.OP_UPSERT).astype(np.int8)),
+                "task_file": pa.array(file_of),
+                "pos": pa.array(pos_of),
+                "topic": pa.array([pending.topics[good[j]] for j in final], pa.string()),
+                "partition": pa.array([pending.partitions[good[j]] for j in final], pa.int32()),
+                "offset": pa.array([pending.offsets[good[j]] for j in final], pa.int64()),
+                "withheld": pa.array([withheld[j] or None for j in final], pa.list_(pa.string())),
+            }, schema=rp.location_schema(not is_integer_key(schema, spec.key_columns)))
+            facts.append(rp.RowLocations(spec.name, self.task_id, locations))
+
+    def _write_files(self, data: pa.Table, final_slots: np.ndarray, file_of: np.ndarray, pos_of: np.ndarray,
+                     facts: list[rp.Fact]) -> None:
+        """Write ``data`` (one partition per file); record where each row of ``final_slots`` landed."""
+        from lakestream.sink.files import partition_values, write_data_file
+
+        spec = self.spec
+        if spec.partition_spec.get("fields"):
+            groups = partition_values(spec.partition_spec, spec.schema, data)
+        else:
+            groups = [([], np.arange(data.num_rows))]
+        for values, rows in groups:
+            rows = np.asarray(rows, dtype=np.int64)
+            part = data if len(rows) == data.num_rows and not spec.partition_spec.get("fields") else data.take(pa.array(rows))
+            task_file = sum(1 for f in facts if isinstance(f, rp.DataFileWritten))
+            written = write_data_file(part, spec.data_location, spec.arrow_schema(), f"{self.task_id}-{task_file:05d}")
+            facts.append(rp.DataFileWritten(spec.name, written["path"], written["file_size"], written["record_count"],
+                                            list(values), self.task_id, task_file))
+            file_of[final_slots[rows]] = task_file
+            pos_of[final_slots[rows]] = np.arange(len(rows))
+
+
+def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.RecordBatch]:
+    """Read ``ranges`` (distinct partitions) with one consumer, write the tables, yield the report."""
+    task_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    decoder = RecordDecoder(ctx.router)
+    facts: list[rp.Fact] = []
+    pending: dict[str, _Pending] = {}
+    deferred: dict[str, dict[str, rp.NewShape]] = {}
+    for item in read_offset_ranges(ctx.consumer_conf, list(ranges)):
+        if isinstance(item, tuple):
+            rng, end = item
+            facts.append(rp.RangeEnd(rng.tp, end.next_offset, end.at_end))
+            continue
+        for rec in item:
+            try:
+                change = decoder.decode(rec)
+            except (DecodeError, RecursionError, ValueError, TypeError, KeyError, AttributeError,
+                    UnicodeDecodeError, OverflowError) as exc:
+                # Anything a record's content can make the decoder raise is that record's fault.
+                if ctx.only_tables is None:
+                    reason = str(exc) if isinstance(exc, DecodeError) else f"cannot decode: {type(exc).__name__}: {exc}"
+                    facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
+                                               reason[:2000], rec.key, rec.value))
+                continue
+            if change is None:
+                continue
+            table = change.table
+            if ctx.only_tables is not None and table not in ctx.only_tables:
+                continue
+            spec = ctx.tables.get(table)
+            shape_id = change.columns.schema_id
+            if spec is not None and shape_id in spec.rejected_shapes:
+                facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
+                                           spec.rejected_shapes[shape_id], rec.key, rec.value, table))
+                continue
+            if spec is None or shape_id not in spec.accepted_shapes or table in deferred:
+                shapes = deferred.setdefault(table, {})
+                if shape_id not in shapes:
+                    cols = change.columns
+                    shapes[shape_id] = rp.NewShape(table, rec.topic, shape_id,
+                                                   [(n, t.ddl) for n, t in zip(cols.names, cols.types)],
+                                                   change.key_columns, cols.inferred)
+                continue
+            if rec.offset < spec.committed.get(TP(rec.topic, rec.partition), -1):
+                continue  # the table already holds it (a replay after a restart)
+            buf = pending.get(table)
+            if buf is None:
+                buf = pending[table] = _Pending(spec)
+            buf.add(rec, change)
+    for table, shapes in deferred.items():
+        pending.pop(table, None)
+        facts.extend(shapes.values())
+    for table, buf in pending.items():
+        TableWriter(buf.spec, task_id).finish(buf, facts)
+    yield rp.to_batch(facts)
