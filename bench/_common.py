@@ -188,7 +188,8 @@ class DebeziumEvents:
     PostgreSQL connector's (pgoutput, REPLICA IDENTITY DEFAULT: updates without ``before``, deletes
     with only the key in ``before``, a tombstone after each delete)."""
 
-    def __init__(self, prefix: str, table: str):
+    def __init__(self, prefix: str, table: str, schemas: bool = True):
+        self.schemas = schemas
         self.topic = f"{prefix}.public.{table}"
         self.prefix, self.table = prefix, table
         row_struct = {"type": "struct", "fields": _VALUE_FIELDS, "optional": True, "name": f"{self.topic}.Value"}
@@ -211,13 +212,14 @@ class DebeziumEvents:
         key_schema = {"type": "struct", "optional": False, "name": f"{self.topic}.Key",
                       "fields": [{"type": "int32", "optional": False, "field": "id"}]}
         # The schema part never changes: serialize it once and splice payloads in.
-        self._value_head = b'{"schema":' + orjson.dumps(envelope) + b',"payload":'
-        self._key_head = b'{"schema":' + orjson.dumps(key_schema) + b',"payload":'
+        self._value_head = b'{"schema":' + orjson.dumps(envelope) + b',"payload":' if schemas else b""
+        self._key_head = b'{"schema":' + orjson.dumps(key_schema) + b',"payload":' if schemas else b""
+        self._tail = b"}" if schemas else b""
         self._lsn = 30_000_000
         self._tx = 700
 
     def key(self, row_id: int) -> bytes:
-        return self._key_head + b'{"id":' + str(row_id).encode() + b"}}"
+        return self._key_head + b'{"id":' + str(row_id).encode() + b"}" + self._tail
 
     @staticmethod
     def row(r: OrderRow, ts_ms: int) -> dict[str, Any]:
@@ -242,7 +244,7 @@ class DebeziumEvents:
             "transaction": None, "op": op, "ts_ms": ts_ms + 40, "ts_us": (ts_ms + 40) * 1000,
             "ts_ns": (ts_ms + 40) * 1_000_000,
         }
-        return self._value_head + orjson.dumps(payload) + b"}"
+        return self._value_head + orjson.dumps(payload) + self._tail
 
     def upsert(self, r: OrderRow, op: str, ts_ms: int) -> tuple[bytes, bytes]:
         """A create (``c``) or update (``u``) event."""

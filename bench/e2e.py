@@ -119,6 +119,112 @@ def sink_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, An
     }
 
 
+BASE_FILL_SQL = """
+INSERT INTO {table}
+SELECT CAST(id AS int), CAST(id % 50000 AS bigint), 'new', CAST(id % 1000 AS decimal(12,2)), CAST(id % 19 + 1 AS int),
+       (id % 19 + 1) * 19.99, id % 3 = 0, 1, date_add(DATE'2024-03-17', CAST(id % 365 AS int)),
+       CAST(TIMESTAMP_NTZ'2024-01-01 00:00:00' AS timestamp_ntz), TIMESTAMP'2024-01-01 00:00:00', concat('order ', id)
+FROM range({first}, {last})
+"""
+
+
+def steady_upserts(info, state_dir: Path, args, spark_box: list, schemas: bool) -> dict[str, Any]:
+    """Steady-state upserts (10% deletes) into a table that already holds ``--base-rows`` rows."""
+    label = "schemas_on" if schemas else "schemas_off"
+    table = f"steady_{label}"
+    events = DebeziumEvents(f"lssteady{'on' if schemas else 'off'}", table, schemas=schemas)
+    rng = random.Random(7)
+    now = int(time.time() * 1000)
+    engine = {"max_records_per_batch": args.batch} if args.batch else {}
+    config = to_config(pipeline_data(info, state_dir, f"bench_{table}", [
+        {"topics": [events.topic], "mode": "upsert", "namespace": NAMESPACE, "table": "{table}"}], engine=engine))
+    spark = ensure_spark(spark_box, config)
+    say(f"\n== steady-state upserts, {label}: base table of {args.base_rows:,} rows")
+    producer = FastProducer(info.bootstrap_servers)
+    live: dict[int, OrderRow] = {}
+    for row_id in range(1, 1001):  # the pipeline creates the table from real events
+        live[row_id] = OrderRow(row_id, rng.randrange(1, 50_000), rng.randrange(1, 20), 1)
+        producer.send(events.topic, *events.upsert(live[row_id], "c", now))
+    producer.flush()
+    run_pipeline(config, spark=spark, stop_when_idle=True)
+    started = time.perf_counter()
+    spark.sql(BASE_FILL_SQL.format(table=f"lake.{NAMESPACE}.{table}", first=1001, last=args.base_rows + 1))
+    say(f"base filled by Spark SQL to {args.base_rows:,} rows in {time.perf_counter() - started:.1f}s (not timed)")
+    for row_id in range(1001, args.base_rows + 1):
+        live[row_id] = OrderRow(row_id, row_id % 50000, row_id % 19 + 1, 1)
+    # One small batch rebuilds the key index (the bulk fill was another writer): timed apart.
+    producer.send(events.topic, *events.upsert(live[1], "u", now))
+    producer.flush()
+    started = time.perf_counter()
+    run_pipeline(config, spark=spark, stop_when_idle=True)
+    rebuild_s = time.perf_counter() - started
+    ops = {"u": 0, "d": 0}
+    keys = list(live)
+    for _ in range(args.records):
+        row_id = keys[rng.randrange(len(keys))]
+        if row_id not in live:
+            continue
+        if rng.random() < args.delete_share:
+            del live[row_id]
+            for key, value in events.delete(row_id, now):
+                producer.send(events.topic, key, value)
+            ops["d"] += 1
+        else:
+            row = live[row_id]
+            row.qty, row.version = rng.randrange(1, 20), row.version + 1
+            producer.send(events.topic, *events.upsert(row, "u", now))
+            ops["u"] += 1
+    producer.flush()
+    changes = ops["u"] + ops["d"]
+    load_before = machine_load()
+    started = time.perf_counter()
+    results = run_pipeline(config, spark=spark, stop_when_idle=True)
+    seconds = time.perf_counter() - started
+    got = lake_totals(spark, table)
+    want = {"n": len(live), "keys": len(live), "qty": sum(r.qty for r in live.values()),
+            "version": sum(r.version for r in live.values())}
+    for r in results:
+        say(f"  batch {r.batch_id}: {r.changes:,} changes, {r.seconds:.2f}s (tasks {r.read_seconds:.2f}s, "
+            f"commit {r.seconds - r.read_seconds:.2f}s)")
+    if got != want:
+        raise BenchmarkFailure(f"steady {label}: lake {got}, expected {want}")
+    rate = changes / seconds
+    say(f"steady {label}: {changes:,} changes ({ops['d']:,} deletes) into {args.base_rows:,} rows in {seconds:.1f}s "
+        f"= {rate:,.0f} changes/s; index rebuild batch {rebuild_s:.1f}s; verified {got['n']:,} rows, sums match")
+    return {f"steady_{label}_changes_per_s": round(rate), f"steady_{label}_seconds": round(seconds, 2),
+            f"steady_{label}_changes": changes, f"steady_{label}_base_rows": args.base_rows,
+            f"steady_{label}_index_rebuild_batch_s": round(rebuild_s, 2),
+            f"steady_{label}_batches": [round(r.seconds, 2) for r in results],
+            f"steady_{label}_load_before": load_before}
+
+
+def append_path(info, state_dir: Path, args, spark_box: list) -> dict[str, Any]:
+    """Inserts (Debezium ``c`` events, schemas off) into a new table: the snapshot/append path."""
+    table = "append_path"
+    events = DebeziumEvents("lsappend", table, schemas=False)
+    producer = FastProducer(info.bootstrap_servers)
+    now = int(time.time() * 1000)
+    for row_id in range(1, args.append_rows + 1):
+        producer.send(events.topic, *events.upsert(OrderRow(row_id, row_id % 50000, row_id % 19 + 1, 1), "c", now))
+    producer.flush()
+    config = to_config(pipeline_data(info, state_dir, "bench_append", [
+        {"topics": [events.topic], "mode": "upsert", "namespace": NAMESPACE, "table": "{table}"}],
+        engine={"max_records_per_batch": 1_000_000, "max_records_per_task": 250_000}))
+    spark = ensure_spark(spark_box, config)
+    say(f"\n== append path: {args.append_rows:,} inserts (schemas off) into a new table")
+    started = time.perf_counter()
+    results = run_pipeline(config, spark=spark, stop_when_idle=True)
+    seconds = time.perf_counter() - started
+    got = lake_totals(spark, table)
+    if got["n"] != args.append_rows or got["keys"] != args.append_rows:
+        raise BenchmarkFailure(f"append path: lake {got}, expected {args.append_rows} rows")
+    rate = args.append_rows / seconds
+    say(f"append path: {args.append_rows:,} rows in {seconds:.1f}s = {rate:,.0f} rows/s over {len(results)} batch(es) "
+        f"(first batch creates the table: {results[0].seconds:.1f}s)")
+    return {"append_rows_per_s": round(rate), "append_seconds": round(seconds, 2),
+            "append_batches": [round(r.seconds, 2) for r in results]}
+
+
 def ensure_spark(spark_box: list, config):
     """One SparkSession for both parts; its start-up is never part of a timing."""
     if not spark_box:
@@ -377,6 +483,9 @@ def main() -> int:
     parser.add_argument("--price-type", default="double precision",
                         help="PostgreSQL type of the price column in the e2e table (default: double precision)")
     parser.add_argument("--catchup-timeout", type=float, default=600.0)
+    parser.add_argument("--base-rows", type=int, default=1_000_000, help="rows in the steady-state upsert tables")
+    parser.add_argument("--append-rows", type=int, default=500_000, help="inserts for the append-path figure")
+    parser.add_argument("--skip-steady", action="store_true", help="skip the steady-state upsert and append parts")
     parser.add_argument("--skip-sink", action="store_true")
     parser.add_argument("--skip-e2e", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the state directory (logs, warehouse)")
@@ -391,6 +500,10 @@ def main() -> int:
     with private_stack("bench-e2e", keep=args.keep) as (info, state_dir):
         say(f"private stack in {state_dir}: kafka {info.bootstrap_servers}, postgres :{info.pg_port}")
         try:
+            if not args.skip_steady:
+                summary.update(steady_upserts(info, state_dir, args, spark_box, schemas=False))
+                summary.update(steady_upserts(info, state_dir, args, spark_box, schemas=True))
+                summary.update(append_path(info, state_dir, args, spark_box))
             if not args.skip_sink:
                 summary.update(sink_benchmark(info, state_dir, args, spark_box))
             if not args.skip_e2e:

@@ -143,8 +143,8 @@ def _convert_row(row: dict[str, Any], types: dict[str, FieldType]) -> tuple[dict
             continue
         try:
             out[name] = ftype.convert(value)
-        except DecodeError:
-            raise
+        except DecodeError as exc:
+            raise DecodeError(f"column {name!r}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 — any conversion failure is a bad record, not a crash
             raise DecodeError(f"column {name!r}: cannot convert {str(value)[:80]!r} to {ftype.ddl}: {exc}") from None
     return out, unavailable
