@@ -115,6 +115,9 @@ class StreamSettings(_Model):
     dedupe_field: str | None = None
     layout: TableLayout = Field(default_factory=TableLayout)
     on_incompatible_type: Literal["dead_letter", "widen_to_string"] = "dead_letter"
+    # How often this stream's topics are read and its tables committed (default: engine.commit_interval_s).
+    # Until then its records wait in Kafka: slow tables get fewer, larger files.
+    commit_interval_s: float | None = Field(default=None, ge=0)
 
     @field_validator("topic_pattern")
     @classmethod
@@ -317,10 +320,23 @@ class PipelineConfig(_Model):
 
     def stream_for(self, topic: str) -> StreamSettings | None:
         """The first routing rule that claims ``topic``, or None."""
-        for stream in self.streams:
+        index = self.stream_index(topic)
+        return None if index is None else self.streams[index]
+
+    def stream_index(self, topic: str) -> int | None:
+        """The position in ``streams`` of the first rule that claims ``topic``, or None."""
+        for i, stream in enumerate(self.streams):
             if stream.matches(topic):
-                return stream
+                return i
         return None
+
+    def commit_interval(self, stream: StreamSettings) -> float:
+        """Seconds between two reads (and commits) of ``stream``'s topics."""
+        return self.engine.commit_interval_s if stream.commit_interval_s is None else stream.commit_interval_s
+
+    @property
+    def fastest_commit_interval(self) -> float:
+        return min(self.commit_interval(s) for s in self.streams)
 
 
 _FIX_HINTS = {

@@ -186,3 +186,59 @@ def load_debezium_fixture(name: str = "debezium_events.jsonl") -> list[dict]:
 
     path = Path(__file__).parent / "data" / name
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+# Spark standalone cluster on loopback: a master and one worker from pyspark's own spark-class
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(service_dir_factory) -> Iterator[str]:
+    """``spark://127.0.0.1:PORT`` of a standalone master with one worker (1 core, 1 GiB): executors
+    are separate JVMs and Python workers, so nothing can lean on state local to the driver."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    work = service_dir_factory("cluster")
+    master_port, web_port, worker_web = free_ports(3)
+    env = {**os.environ, "SPARK_HOME": str(home), "PYSPARK_PYTHON": sys.executable, "SPARK_LOG_DIR": str(work),
+           "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(work / "worker")}
+    spark_class = str(home / "bin" / "spark-class")
+    url = f"spark://127.0.0.1:{master_port}"
+    procs = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                               "--port", str(master_port), "--webui-port", str(web_port)],
+                              env=env, stdout=open(work / "master.log", "wb"), stderr=subprocess.STDOUT)]
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", master_port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline or procs[0].poll() is not None:
+                raise RuntimeError(f"Spark master did not start: {(work / 'master.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+    procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
+                                   "--cores", "1", "--memory", "1g", "--webui-port", str(worker_web)],
+                                  env=env, stdout=open(work / "worker.log", "wb"), stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + 60
+    while b"Successfully registered with master" not in (work / "worker.log").read_bytes():
+        if time.monotonic() > deadline or procs[1].poll() is not None:
+            raise RuntimeError(f"Spark worker did not register: {(work / 'worker.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+    try:
+        yield url
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()

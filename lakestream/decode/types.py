@@ -79,6 +79,11 @@ def _finite_decimal(value: decimal.Decimal, text: Any) -> decimal.Decimal:
     return value
 
 
+def _scaled(unscaled: int, scale: int) -> decimal.Decimal:
+    """unscaled × 10^-scale, exactly (``scaleb`` would round to the context's 28 digits)."""
+    return decimal.Decimal(f"{unscaled}E{-scale}")
+
+
 def _decimal_from_bytes(scale: int) -> Converter:
     """Kafka Connect Decimal: base64 of the big-endian two's-complement unscaled value."""
 
@@ -96,7 +101,7 @@ def _decimal_from_bytes(scale: int) -> Converter:
         except (binascii.Error, ValueError) as exc:
             raise DecodeError(f"invalid base64 decimal {value[:40]!r}: {exc}") from None
         unscaled = int.from_bytes(raw, "big", signed=True)
-        return decimal.Decimal(unscaled).scaleb(-scale)
+        return _scaled(unscaled, scale)
 
     return convert
 
@@ -121,7 +126,7 @@ def _variable_scale_decimal(value: Any) -> str | None:
     if isinstance(value, dict):
         try:
             unscaled = int.from_bytes(base64.b64decode(value["value"], validate=True), "big", signed=True)
-            return str(decimal.Decimal(unscaled).scaleb(-int(value["scale"])))
+            return str(_scaled(unscaled, int(value["scale"])))
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
             raise DecodeError(f"invalid variable-scale decimal {str(value)[:60]!r}: {exc}") from None
     return str(value)
@@ -220,7 +225,13 @@ def field_type(schema: dict[str, Any]) -> FieldType:
     if kind == "array":
         element = field_type(schema.get("items") or {"type": "string"})
         convert = element.convert
-        return FieldType(f"array<{element.ddl}>", lambda v: [None if x is None else convert(x) for x in v])
+
+        def convert_array(value: Any) -> list[Any]:
+            if not isinstance(value, list):  # a string or object would otherwise iterate into elements
+                raise DecodeError(f"expected an array, got {type(value).__name__} {str(value)[:40]!r}")
+            return [None if x is None else convert(x) for x in value]
+
+        return FieldType(f"array<{element.ddl}>", convert_array)
     if kind == "map":
         value = field_type(schema.get("values") or {"type": "string"})
         convert = value.convert
@@ -286,7 +297,7 @@ def event_time(value: Any) -> int:
         magnitude = abs(value)
         # Epoch seconds, milliseconds or microseconds, told apart by magnitude (valid for 1973..5138).
         micros = value * 1_000_000 if magnitude < 1e11 else value * 1000 if magnitude < 1e14 else value
-        return int(micros)
+        return round(micros)  # round, not truncate: 1095846138.37 * 1e6 is 1095846138369999.9
     if isinstance(value, str):
         return _zoned_timestamp(value)  # a string without an offset is taken as UTC
     raise DecodeError(f"event time {str(value)[:40]!r} is neither an ISO-8601 string nor an epoch number")

@@ -95,7 +95,7 @@ def run_pipeline(
                     on_batch(result)
                 if max_batches is not None and len(results) >= max_batches:
                     break
-                remaining = config.engine.commit_interval_s - (time.monotonic() - started)
+                remaining = config.fastest_commit_interval - (time.monotonic() - started)
                 if remaining > 0:
                     stop.wait(remaining)
             if maintain is not None and not stop.is_set():

@@ -84,6 +84,8 @@ class Pipeline:
         self.specs: dict[str, TableSpec] = {}
         self.indexes: dict[str, KeyIndex] = {}
         self._last_discovery = 0.0
+        self._last_read: dict[int, float] = {}  # stream index → when its topics were last read
+        self.clock = time.monotonic  # when streams come due (replaceable in tests)
         self._dead_letter: TableSpec | None = None
 
     def close(self) -> None:
@@ -120,13 +122,25 @@ class Pipeline:
             self.maybe_more.add(tp)
         log.info("reading %d new partition(s): %s", len(new), ", ".join(str(tp) for tp in new[:10]))
 
+    def due_streams(self, now: float) -> set[int]:
+        """Streams whose commit interval has come: only their topics are read in this batch, so
+        Kafka (not memory, not small files) buffers the records of slower streams."""
+        return {i for i, stream in enumerate(self.config.streams)
+                if now - self._last_read.get(i, float("-inf")) >= self.config.commit_interval(stream) - 0.05}
+
     def plan_batch(self) -> list[OffsetRange]:
         self.discover_partitions()
-        self.watermarks = self.kafka.watermarks(list(self.positions))
+        now = self.clock()
+        due = self.due_streams(now)
+        positions = {tp: pos for tp, pos in self.positions.items() if self.config.stream_index(tp.topic) in due}
+        self.watermarks = self.kafka.watermarks(list(positions)) if positions else {}
         engine = self.config.engine
-        return plan_offset_ranges(self.positions, self.watermarks, self.maybe_more,
-                                  engine.max_records_per_batch, engine.max_records_per_task,
-                                  parallelism=self.spark.sparkContext.defaultParallelism)
+        ranges = plan_offset_ranges(positions, self.watermarks, self.maybe_more,
+                                    engine.max_records_per_batch, engine.max_records_per_task,
+                                    parallelism=self.spark.sparkContext.defaultParallelism)
+        for i in {self.config.stream_index(r.topic) for r in ranges}:
+            self._last_read[i] = now
+        return ranges
 
     def _start_from_tables(self, tp: TP, log_start: int) -> int | None:
         """Where a partition's table says to resume: its stored offset, or the log start when the
@@ -376,8 +390,11 @@ class Pipeline:
             for name in new_shapes:
                 report.tables.pop(name)
             _delete_quietly(discarded)
-            closed = [OffsetRange(r.topic, r.partition, r.start, report.ends[r.tp].next_offset, r.limit)
-                      for r in _merge_ranges(ranges) if r.tp in report.ends]
+            # The same task split, every range closed where the first job stopped reading.
+            closed = [OffsetRange(r.topic, r.partition, r.start,
+                                  min(r.end, report.ends[r.tp].next_offset) if r.end is not None
+                                  else report.ends[r.tp].next_offset, r.limit)
+                      for r in ranges if r.tp in report.ends]
             second = self.write_files([r for r in closed if r.end > r.start], frozenset(new_shapes))
             jobs = 2
             for name, tr in second.tables.items():
@@ -405,18 +422,6 @@ class Pipeline:
         return BatchResult(self.batch_id, changes + len(report.dead_letters), changes, written, dead,
                            time.monotonic() - started, read_seconds, lag, commit_ts_ms, _combine_quantiles(groups),
                            advanced, jobs)
-
-
-def _merge_ranges(ranges: list[OffsetRange]) -> list[OffsetRange]:
-    """One range per partition (a backlog split over tasks becomes one span again)."""
-    by_tp: dict[TP, OffsetRange] = {}
-    for r in ranges:
-        prev = by_tp.get(r.tp)
-        by_tp[r.tp] = r if prev is None or r.start < prev.start else prev
-    limits: dict[TP, int] = {}
-    for r in ranges:
-        limits[r.tp] = limits.get(r.tp, 0) + r.limit
-    return [OffsetRange(r.topic, r.partition, r.start, None, limits[r.tp]) for r in by_tp.values()]
 
 
 def _delete_quietly(paths: list[str]) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from lakestream.sink.index import MISSING, KeyIndex, keys_from_arrow, pack, unpack
+from lakestream.sink.index import MISSING, KeyIndex, keys_from_arrow, unpack
 from lakestream.sink.report import OP_DELETE, TableReport
 
 if TYPE_CHECKING:
@@ -56,77 +56,91 @@ class _Resolved:
 
 def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
     """Deletes and new index locations for one table's batch (see module doc)."""
-    paths = {(f.task_id, f.task_file): f.path for f in changes.files}
-    parts = []
+    deletes: dict[str, set[int]] = defaultdict(set)
+    if not changes.locations:
+        return _Resolved(deletes, np.empty(0), [], np.empty(0, bool), [])
+    # Files numbered across tasks: a task's files are base[task] + its own file number.
+    paths: list[str] = []
+    base: dict[str, int] = {}
+    by_task: dict[str, dict[int, str]] = defaultdict(dict)
+    for f in changes.files:
+        by_task[f.task_id][f.task_file] = f.path
+    for task_id, files in by_task.items():
+        base[task_id] = len(paths)
+        paths.extend(files.get(i, "") for i in range(max(files) + 1))
+    parts, task_file_global = [], []
     for loc in changes.locations:
         t = loc.locations
-        parts.append(t.append_column("task_id", pa.array([loc.task_id] * t.num_rows, pa.string())))
-    deletes: dict[str, set[int]] = defaultdict(set)
-    if not parts:
-        return _Resolved(deletes, np.empty(0), [], np.empty(0, bool), [])
+        parts.append(t)
+        tf = t.column("task_file").to_numpy()
+        task_file_global.append(np.where(tf >= 0, base.get(loc.task_id, 0) + tf, -1))
     rows = pa.concat_tables(parts)
     keys = keys_from_arrow(rows.column("key"))
     topics = rows.column("topic").to_pylist()
-    topic_codes = np.unique(np.array(topics, dtype=object), return_inverse=True)[1] if topics else np.empty(0)
+    topic_codes = np.unique(np.array(topics, dtype=object), return_inverse=True)[1]
     kafka_order = np.lexsort((rows.column("offset").to_numpy(), rows.column("partition").to_numpy(), topic_codes))
     # Group by key, Kafka order inside each group (a stable sort of rows already in Kafka order).
     order = kafka_order[np.argsort(keys[kafka_order], kind="stable")]
     k = keys[order]
     starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
     ends = np.r_[starts[1:], len(k)]
+    last = ends - 1
     ops = rows.column("op").to_numpy()[order]
-    task_files = rows.column("task_file").to_numpy()[order]
+    files = np.concatenate(task_file_global)[order]
     positions = rows.column("pos").to_numpy()[order]
-    task_ids = rows.column("task_id").to_pylist()
-    task_ids = [task_ids[i] for i in order]
-    withheld = rows.column("withheld").to_pylist()
-    withheld = [withheld[i] for i in order]
-
-    def new_location(i: int) -> tuple[str, int] | None:
-        if task_files[i] < 0:
-            return None
-        return paths[(task_ids[i], int(task_files[i]))], int(positions[i])
-
     distinct = k[starts]
     old = write.index.lookup(distinct) if write.index is not None else np.full(len(distinct), MISSING)
-    old_fid, old_pos = unpack(old)
-    locations: list[tuple[str | None, int]] = []
+
+    def add_deletes(file_ids: np.ndarray, pos: np.ndarray, names: list[str]) -> None:
+        if len(file_ids) == 0:
+            return
+        for fid in np.unique(file_ids):
+            deletes[names[int(fid)]].update(pos[file_ids == fid].tolist())
+
+    if write.mode == "upsert":
+        # The key's previous row, wherever it is, and every row of this batch but the last one.
+        has_old = old != MISSING
+        old_fid, old_pos = unpack(old[has_old])
+        add_deletes(old_fid, old_pos, write.index.paths if write.index is not None else [])
+        superseded = np.ones(len(k), bool)
+        superseded[last] = False
+        superseded &= files >= 0
+        add_deletes(files[superseded], positions[superseded], paths)
+        final_file = np.where(ops[last] == OP_DELETE, -1, files[last])
+        locations = [(None, 0) if f < 0 else (paths[f], int(p)) for f, p in zip(final_file.tolist(),
+                                                                                 positions[last].tolist())]
+        patches = []
+        withheld = rows.column("withheld")
+        if withheld.null_count < len(withheld):
+            withheld_sorted = withheld.take(pa.array(order)).to_pylist()
+            for g in np.flatnonzero(final_file >= 0):
+                columns = withheld_sorted[last[g]]
+                if not columns:
+                    continue
+                s_, e_ = starts[g], ends[g]
+                source = None if old[g] == MISSING else (write.index.paths[unpack(old[g:g + 1])[0][0]],
+                                                          int(unpack(old[g:g + 1])[1][0]))
+                if e_ - 1 > s_:  # an earlier change of the key in this batch
+                    prev = e_ - 2
+                    source = None if ops[prev] == OP_DELETE or files[prev] < 0 else (paths[files[prev]],
+                                                                                     int(positions[prev]))
+                patches.append((int(g), locations[g], source, columns))
+        return _Resolved(deletes, distinct, locations, np.zeros(len(distinct), bool), patches)
+
+    # De-duplicated append: the first row of an id wins, in the table or in this batch.
+    locations = []
     unchanged = np.zeros(len(distinct), bool)
-    patches = []
-    upsert = write.mode == "upsert"
-    for g, (s, e) in enumerate(zip(starts, ends)):
-        previous = None if old[g] == MISSING else (write.index.paths[old_fid[g]], int(old_pos[g]))
-        if upsert:
-            if previous is not None:
-                deletes[previous[0]].add(previous[1])
-            for i in range(s, e - 1):  # replaced within this batch
-                loc = new_location(i)
-                if loc is not None:
-                    deletes[loc[0]].add(loc[1])
-            last = e - 1
-            loc = new_location(last) if ops[last] != OP_DELETE else None
-            if loc is not None and withheld[last]:
-                source = previous
-                for i in range(last - 1, s - 1, -1):
-                    if ops[i] == OP_DELETE:
-                        source = None
-                        break
-                    source = new_location(i)
-                    break
-                patches.append((g, loc, source, withheld[last]))
-            locations.append(loc if loc is not None else (None, 0))
-        else:  # de-duplicated append: the first row of an id wins, in the table or in this batch
-            keep = None if previous is not None else s
-            for i in range(s, e):
-                loc = new_location(i)
-                if loc is not None and i != keep:
-                    deletes[loc[0]].add(loc[1])
-            if keep is None:
-                unchanged[g] = True
-                locations.append((None, 0))
-            else:
-                locations.append(new_location(keep) or (None, 0))
-    return _Resolved(deletes, distinct, locations, unchanged, patches)
+    for g, (s_, e_) in enumerate(zip(starts, ends)):
+        keep = None if old[g] != MISSING else s_
+        for i in range(s_, e_):
+            if files[i] >= 0 and i != keep:
+                deletes[paths[files[i]]].add(int(positions[i]))
+        if keep is None or files[keep] < 0:
+            unchanged[g] = keep is None
+            locations.append((None, 0))
+        else:
+            locations.append((paths[files[keep]], int(positions[keep])))
+    return _Resolved(deletes, distinct, locations, unchanged, [])
 
 
 def _read_rows(locations: list[tuple[str, int]]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -211,7 +225,8 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
         else:
             live = ~resolved.unchanged
             keys = resolved.keys[live]
-            locs = np.array([MISSING if p is None else pack(np.array([index.file_id(p)]), np.array([pos]))[0]
+            fids = {p: index.file_id(p) for p in {p for p, _ in resolved.locations if p is not None}}
+            locs = np.array([MISSING if p is None else (fids[p] << 32) | pos
                              for (p, pos), keep in zip(resolved.locations, live) if keep], dtype=np.int64)
             index.update(keys, locs)
         index.snapshot_id = result["snapshot_id"]

@@ -243,6 +243,20 @@ class TableWriter:
             pos_of[final_slots[rows]] = np.arange(len(rows))
 
 
+def _topic_table(router: Router, topic: str) -> str | None:
+    """The table a topic routes to when that does not depend on the record (for dead letters)."""
+    try:
+        stream_index = router.stream_index(topic)
+        if stream_index is None:
+            return None
+        stream = router.streams[stream_index]
+        if stream.route_field or stream.route_header:
+            return None
+        return str(router.route(topic)[1])
+    except DecodeError:
+        return None
+
+
 def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.RecordBatch]:
     """Read ``ranges`` (distinct partitions) with one consumer, write the tables, yield the report."""
     task_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -264,7 +278,7 @@ def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.
                 if ctx.only_tables is None:
                     reason = str(exc) if isinstance(exc, DecodeError) else f"cannot decode: {type(exc).__name__}: {exc}"
                     facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                               reason[:2000], rec.key, rec.value))
+                                               reason[:2000], rec.key, rec.value, _topic_table(ctx.router, rec.topic)))
                 continue
             if change is None:
                 continue

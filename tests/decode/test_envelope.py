@@ -54,6 +54,7 @@ def test_genuine_events_with_schema_are_typed():
     assert row["ts"] == (dt.datetime(2024, 2, 29, 12, 34, 56, 789000) - epoch) // dt.timedelta(microseconds=1)
     assert row["tstz"] == (dt.datetime(2024, 2, 29, 10, 34, 56, 789000) - epoch) // dt.timedelta(microseconds=1)
     assert json.loads(row["doc"]) == {"a": [1, 2], "b": None}
+    assert row["raw"] == bytes.fromhex("deadbeef") and row["tags"] == [1, 2, 3] and row["big"] == 9000000000
     assert changes[4].row["amount"] == decimal.Decimal("1.50")
     # same schema bytes → same shape id (one shape per table per batch)
     assert len({c.columns.schema_id for c in changes if c}) == 1
@@ -141,8 +142,37 @@ def test_conversion_failure_names_the_column():
         {"type": "int32", "field": "id"},
         {"type": "bytes", "field": "amount", "name": "org.apache.kafka.connect.data.Decimal",
          "parameters": {"scale": "2", "connect.decimal.precision": "10"}}]}]}
-    with pytest.raises(DecodeError, match="column 'amount'"):
+    with pytest.raises(DecodeError, match=r"^column 'amount': invalid base64 decimal '%%%'"):
         decode_debezium(None, _envelope({"after": {"id": 1, "amount": "%%%"}, "op": "c"}, schema), SchemaCache())
+    with pytest.raises(DecodeError, match=r"^column 'amount': expected a decimal, got True$"):
+        decode_debezium(None, _envelope({"after": {"id": 1, "amount": True}, "op": "c"}, schema), SchemaCache())
+    # a non-integer where an integer is expected names the column and the value
+    typed = {"type": "struct", "fields": [{"type": "struct", "field": "after", "fields": [
+        {"type": "int32", "field": "day", "name": "io.debezium.time.Date"},
+        {"type": "int64", "field": "ts", "name": "io.debezium.time.MicroTimestamp"},
+        {"type": "struct", "field": "s", "fields": [{"type": "int32", "field": "n"}]}]}]}
+    with pytest.raises(DecodeError, match=r"^column 'day': expected an integer, got str '2024-02-29'$"):
+        decode_debezium(None, _envelope({"after": {"day": "2024-02-29"}, "op": "c"}, typed), SchemaCache())
+    with pytest.raises(DecodeError, match=r"^column 'ts': expected an integer, got float '1.5'$"):
+        decode_debezium(None, _envelope({"after": {"ts": 1.5}, "op": "c"}, typed), SchemaCache())
+    # a non-DecodeError failure (a struct column holding a string) is still a DecodeError naming the column
+    with pytest.raises(DecodeError, match=r"^column 's': cannot convert 'x' to struct<`n`:int>: "):
+        decode_debezium(None, _envelope({"after": {"s": "x"}, "op": "c"}, typed), SchemaCache())
+
+
+def test_typed_values_with_nulls_and_pre_epoch():
+    schema = {"type": "struct", "fields": [{"type": "struct", "field": "after", "fields": [
+        {"type": "int32", "field": "id"},
+        {"type": "int32", "field": "day", "name": "io.debezium.time.Date", "optional": True},
+        {"type": "int64", "field": "ts", "name": "io.debezium.time.Timestamp", "optional": True},
+        {"type": "bytes", "field": "amount", "name": "org.apache.kafka.connect.data.Decimal", "optional": True,
+         "parameters": {"scale": "2", "connect.decimal.precision": "10"}}]}]}
+    change = decode_debezium(None, _envelope({"after": {"id": 1, "day": -1, "ts": -1, "amount": "/4U="}, "op": "c"},
+                                             schema), SchemaCache())
+    assert change.row == {"id": 1, "day": -1, "ts": -1000, "amount": decimal.Decimal("-1.23")}
+    nulls = decode_debezium(None, _envelope({"after": {"id": 2, "day": None, "ts": None, "amount": None}, "op": "c"},
+                                            schema), SchemaCache())
+    assert nulls.row == {"id": 2, "day": None, "ts": None, "amount": None}
 
 
 def test_nan_float_is_accepted():
@@ -177,3 +207,29 @@ def test_json_events_are_inferred_and_unioned_by_shape():
         decode_json_event(b'"just a string"', cache)
     with pytest.raises(DecodeError, match="malformed"):
         decode_json_event(b"{oops", cache)
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ('"2024-03-01T10:00:00Z"', dt.datetime(2024, 3, 1, 10)),
+    ('"2024-03-03T01:00:00+02:00"', dt.datetime(2024, 3, 2, 23)),
+    ("1709287200", dt.datetime(2024, 3, 1, 10)),
+    ("1709287200123", dt.datetime(2024, 3, 1, 10, 0, 0, 123000)),
+    ('"1969-12-31T23:59:59Z"', dt.datetime(1969, 12, 31, 23, 59, 59)),
+])
+def test_json_event_time_field_becomes_utc_micros(raw, expected):
+    change = decode_json_event(b'{"device": "a", "at": ' + raw.encode() + b"}", SchemaCache(), time_field="at")
+    micros = (expected - dt.datetime(1970, 1, 1)) // dt.timedelta(microseconds=1)
+    assert change.row["at"] == micros and isinstance(change.row["at"], int)
+    assert change.source_ts_ms == micros // 1000
+    assert dict(zip(change.columns.names, (t.ddl for t in change.columns.types))) == {"device": "string", "at": "timestamp"}
+
+
+def test_json_event_time_field_missing_or_bad():
+    with pytest.raises(DecodeError, match="event time field 'at' is missing or null"):
+        decode_json_event(b'{"device": "a"}', SchemaCache(), time_field="at")
+    with pytest.raises(DecodeError, match="event time field 'at' is missing or null"):
+        decode_json_event(b'{"at": null}', SchemaCache(), time_field="at")
+    with pytest.raises(DecodeError, match="not an ISO-8601 timestamp: 'soon'"):
+        decode_json_event(b'{"at": "soon"}', SchemaCache(), time_field="at")
+    with pytest.raises(DecodeError, match="event time True is not a timestamp"):
+        decode_json_event(b'{"at": true}', SchemaCache(), time_field="at")
