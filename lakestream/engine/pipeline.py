@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.engine.freshness import mixture_quantiles
 from lakestream.errors import DecodeError, LakestreamError
-from lakestream.sink.commit import (
+from lakestream.sink.offsets import (
     BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, SOURCE_TS_PROPERTY, TableOffsets, encode_offsets,
 )
 from lakestream.sink.committer import TableWrite, write_table

@@ -6,7 +6,6 @@ table, from a handful of small metadata-table queries (`partitions`, `data_files
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -17,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from lakestream.identifiers import quote_table, sql_string
-from lakestream.sink.commit import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY
+from lakestream.sink.offsets import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, decode_offsets
+from lakestream.source.kafka import TP
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -57,7 +57,7 @@ class SnapshotInfo:
     snapshot_id: int
     committed_ms: int
     operation: str | None
-    offsets: dict[str, dict[str, int]] | None
+    offsets: dict[TP, int] | None
     source_ts_max_ms: int | None
     rewrote_data: bool = False  # a compaction: a `replace` that removed data files (not a manifest rewrite)
 
@@ -249,7 +249,7 @@ def collect_table_metrics(
             snapshot_id=int(r.snapshot_id),
             committed_ms=_to_ms(r.committed_at) or 0,
             operation=r.operation,
-            offsets=_parse_offsets(r.offsets, name),
+            offsets=None if r.offsets is None else decode_offsets(r.offsets, strict=False),
             source_ts_max_ms=int(r.source_ts) if r.source_ts and r.source_ts.lstrip("-").isdigit() else None,
             rewrote_data=r.operation == "replace" and int(r.deleted_data_files or 0) > 0,
         )
@@ -271,17 +271,6 @@ def collect_table_metrics(
         if offsets_snapshot is not None and offsets_snapshot.offsets:
             metrics.kafka_lag = kafka_lag(kafka, offsets_snapshot.offsets)
     return metrics
-
-
-def _parse_offsets(raw: str | None, table: str) -> dict[str, dict[str, int]] | None:
-    if raw is None:
-        return None
-    try:
-        parsed = json.loads(raw)
-        return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in parsed.items()}
-    except (ValueError, AttributeError, TypeError):
-        log.warning("%s: unreadable %s summary property %r", table, OFFSETS_PROPERTY, raw[:200])
-        return {}
 
 
 def _collect_partitions(spark: SparkSession, qualified: str) -> list[PartitionMetrics]:
@@ -330,23 +319,22 @@ def file_length(io, path: str) -> int:
         return 0
 
 
-def kafka_lag(kafka: KafkaSettings, offsets: dict[str, dict[str, int]], timeout_s: float = 2.0) -> int | None:
+def kafka_lag(kafka: KafkaSettings, offsets: dict[TP, int], timeout_s: float = 2.0) -> int | None:
     """Σ (high watermark − committed next offset) over the table's partitions; None if the broker does not answer."""
     from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     consumer = Consumer(kafka.consumer_config(**{"socket.timeout.ms": int(timeout_s * 1000), "log_level": 3}))
     try:
         lag = 0
-        for topic, partitions in offsets.items():
-            for partition, committed in partitions.items():
-                try:
-                    _, high = consumer.get_watermark_offsets(TopicPartition(topic, int(partition)), timeout=timeout_s)
-                except KafkaException as exc:
-                    log.info("kafka lag unknown for %s[%s]: %s", topic, partition, exc)
-                    return None
-                if high is None or high < 0:
-                    return None
-                lag += max(0, int(high) - int(committed))
+        for tp, committed in offsets.items():
+            try:
+                _, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=timeout_s)
+            except KafkaException as exc:
+                log.info("kafka lag unknown for %s: %s", tp, exc)
+                return None
+            if high is None or high < 0:
+                return None
+            lag += max(0, int(high) - int(committed))
         return lag
     finally:
         consumer.close()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 
 from lakestream.sink.index import MISSING, KeyIndex, keys_from_arrow, unpack
@@ -177,8 +178,6 @@ def _apply_patches(write: TableWrite, changes: TableReport, resolved: _Resolved,
             for column in columns:
                 row[column] = rows[source].get(column)
         resolved.deletes[loc[0]].add(loc[1])
-        import orjson
-
         by_partition[orjson.dumps(partition_of.get(loc[0], [])).decode()].append((g, row))
     schema = write.spec.arrow_schema()
     for part_key, items in by_partition.items():
@@ -186,8 +185,6 @@ def _apply_patches(write: TableWrite, changes: TableReport, resolved: _Resolved,
         if bad:  # values read back from the table always fit the table
             raise RuntimeError(f"patched rows do not fit {write.ident}: {bad}")
         written = write_data_file(table, write.spec.data_location, schema, "patch")
-        import orjson
-
         data_files.append({"path": written["path"], "file_size": written["file_size"],
                            "record_count": written["record_count"], "partition": orjson.loads(part_key)})
         for pos, (g, _) in enumerate(items):

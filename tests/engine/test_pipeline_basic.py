@@ -9,7 +9,7 @@ import pytest
 
 from conftest import load_debezium_fixture, produce_records
 from lakestream.engine.loop import run_pipeline
-from lakestream.sink.commit import OFFSETS_PROPERTY, decode_offsets
+from lakestream.sink.offsets import OFFSETS_PROPERTY, decode_offsets
 from lakestream.source.kafka import TP
 
 

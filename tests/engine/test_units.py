@@ -7,7 +7,7 @@ from lakestream.config import StreamSettings
 from lakestream.engine.pipeline import _combine_quantiles
 from lakestream.errors import DecodeError, InvalidIdentifierError
 from lakestream.identifiers import quote, quote_column, quote_table, sql_string
-from lakestream.sink.commit import decode_offsets, encode_offsets
+from lakestream.sink.offsets import decode_offsets, encode_offsets
 from lakestream.sink.router import Router, TableName, topic_parts
 from lakestream.source.kafka import TP
 

@@ -18,6 +18,7 @@ from lakestream.health.metrics import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, kafk
 from lakestream.health.monitor import collect_health
 from lakestream.health.report import render_table
 from lakestream.health.webhook import AlertNotifier
+from lakestream.source.kafka import TP
 
 NS = "health"
 
@@ -123,5 +124,5 @@ def test_freshness_lag_alerts_webhook_and_prometheus(spark, stack, pipeline_conf
 
 def test_lag_unknown_when_broker_unreachable():
     started = time.monotonic()
-    assert kafka_lag(KafkaSettings(bootstrap_servers="127.0.0.1:1"), {"t": {"0": 1}}, timeout_s=1.0) is None
+    assert kafka_lag(KafkaSettings(bootstrap_servers="127.0.0.1:1"), {TP("t", 0): 1}, timeout_s=1.0) is None
     assert time.monotonic() - started < 10

@@ -1,4 +1,5 @@
-"""Kafka offsets stored in the same Iceberg snapshot as the data they produced.
+"""Kafka offsets stored in the same Iceberg snapshot as the data they produced: the one module that
+encodes, decodes and looks them up (the engine, health and maintenance all use it).
 
 Each data commit of a table carries the summary property ``lakestream.offsets``: for every
 partition that fed the table, the next offset to read. Because data and offsets land in one
@@ -10,6 +11,7 @@ lookup walks back through the snapshot ancestry to the newest snapshot that has 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import orjson
@@ -35,11 +37,32 @@ def encode_offsets(offsets: dict[TP, int]) -> str:
     return orjson.dumps(nested).decode()
 
 
-def decode_offsets(text: str | None) -> dict[TP, int]:
+def decode_offsets(text: str | None, strict: bool = True) -> dict[TP, int]:
+    """``{TP: next offset}`` from the summary property. A malformed value raises ValueError, or with
+    ``strict=False`` (read-only surfaces such as health) is logged and read as no offsets."""
     if not text:
         return {}
-    nested = orjson.loads(text)
-    return {TP(topic, int(p)): int(off) for topic, parts in nested.items() for p, off in parts.items()}
+    try:
+        nested = orjson.loads(text)
+        return {TP(str(topic), int(p)): int(off) for topic, parts in nested.items() for p, off in parts.items()}
+    except (ValueError, AttributeError, TypeError) as exc:
+        if strict:
+            raise ValueError(f"unreadable {OFFSETS_PROPERTY} snapshot property {text[:200]!r}: {exc}") from None
+        log.warning("unreadable %s snapshot property %r", OFFSETS_PROPERTY, text[:200])
+        return {}
+
+
+def newest_offsets(ancestry: Iterable[tuple[int, Mapping[str, str]]]) -> tuple[int, dict[TP, int]] | None:
+    """The newest snapshot (id, offsets) carrying offsets, walking ``(snapshot id, summary)`` newest first.
+
+    Maintenance snapshots (compaction, expiry, manifest rewrites) carry none: the engine resumes from
+    the newest one that does, so expiry must keep it.
+    """
+    for snapshot_id, summary in ancestry:
+        raw = summary.get(OFFSETS_PROPERTY)
+        if raw is not None:
+            return snapshot_id, decode_offsets(raw, strict=False)
+    return None
 
 
 class TableOffsets:
@@ -67,13 +90,3 @@ class TableOffsets:
 
     def record(self, table_ident: str, offsets: dict[TP, int]) -> None:
         self._cache[table_ident] = dict(offsets)
-
-
-def commit_with_offsets(spark: SparkSession, sql: str, properties: dict[str, str]) -> None:
-    """Run a MERGE/INSERT whose Iceberg snapshot summary carries ``properties``."""
-    jvm_helper(spark).sqlWithCommitProperties(spark._jsparkSession, sql, properties)
-
-
-def current_summary(spark: SparkSession, table_ident: str) -> dict[str, str]:
-    summary = jvm_helper(spark).currentSummary(spark._jsparkSession, table_ident)
-    return {str(k): str(v) for k, v in summary.items()}
