@@ -5,20 +5,33 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.math.BigDecimal;
+import java.math.RoundingMode;
+import java.nio.ByteBuffer;
 import java.util.ArrayList;
+import java.util.Base64;
 import java.util.HashMap;
+import java.util.HashSet;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Objects;
+import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+import org.apache.iceberg.AppendFiles;
+import org.apache.iceberg.CachingCatalog;
 import org.apache.iceberg.DataFile;
 import org.apache.iceberg.DataFiles;
 import org.apache.iceberg.DeleteFile;
 import org.apache.iceberg.FileContent;
 import org.apache.iceberg.FileFormat;
 import org.apache.iceberg.FileScanTask;
+import org.apache.iceberg.HasTableOperations;
 import org.apache.iceberg.Metrics;
 import org.apache.iceberg.MetricsConfig;
+import org.apache.iceberg.NullOrder;
 import org.apache.iceberg.PartitionData;
 import org.apache.iceberg.PartitionSpec;
 import org.apache.iceberg.PartitionSpecParser;
@@ -26,6 +39,7 @@ import org.apache.iceberg.RowDelta;
 import org.apache.iceberg.Schema;
 import org.apache.iceberg.SchemaParser;
 import org.apache.iceberg.Snapshot;
+import org.apache.iceberg.SnapshotUpdate;
 import org.apache.iceberg.SortOrder;
 import org.apache.iceberg.Table;
 import org.apache.iceberg.TableProperties;
@@ -36,56 +50,97 @@ import org.apache.iceberg.catalog.TableIdentifier;
 import org.apache.iceberg.data.BaseDeleteLoader;
 import org.apache.iceberg.deletes.BaseDVFileWriter;
 import org.apache.iceberg.deletes.PositionDeleteIndex;
+import org.apache.iceberg.events.CreateSnapshotEvent;
+import org.apache.iceberg.events.Listeners;
 import org.apache.iceberg.exceptions.AlreadyExistsException;
+import org.apache.iceberg.exceptions.NoSuchTableException;
+import org.apache.iceberg.exceptions.ValidationException;
+import org.apache.iceberg.expressions.Expressions;
+import org.apache.iceberg.expressions.Term;
 import org.apache.iceberg.io.CloseableIterable;
 import org.apache.iceberg.io.DeleteWriteResult;
 import org.apache.iceberg.io.OutputFileFactory;
 import org.apache.iceberg.parquet.ParquetUtil;
-import org.apache.iceberg.spark.SparkCatalog;
 import org.apache.iceberg.spark.SparkSchemaUtil;
+import org.apache.iceberg.spark.source.HasIcebergCatalog;
 import org.apache.iceberg.types.Type;
 import org.apache.iceberg.types.Types;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.types.StructType;
 
 /**
- * The sink's JVM side: table metadata for the write tasks, fast table creation, and the commit of
- * data files written by the tasks plus deletion vectors, with the Kafka offsets, in one snapshot.
+ * The sink's JVM side, called from Python through py4j (SparkSession + JSON strings in, JSON out):
+ * table metadata for the write tasks, table creation in one catalog commit, and the commit of data
+ * files written by the tasks plus deletion vectors, with snapshot properties, in one snapshot.
+ *
+ * <p>Iceberg's own exceptions (ValidationException, CommitFailedException, ...) propagate unchanged:
+ * the Python caller classifies them by Java class.
  */
 public final class LakestreamSink {
   private static final ObjectMapper JSON = new ObjectMapper();
   private static final AtomicLong TASK_IDS = new AtomicLong(System.nanoTime() & 0xFFFFFFL);
-  /** Per table: the data files and their deletes at one snapshot, so a commit needs no scan planning. */
+
+  /** Per table: its data files and their live deletes at one snapshot, so commits need no planning. */
   private static final Map<String, FileState> STATES = new ConcurrentHashMap<>();
+
+  /** One lock per table: commits to one table from several threads of this JVM run one at a time. */
+  private static final Map<String, Object> LOCKS = new ConcurrentHashMap<>();
+
+  /** The snapshot created by the last commit on this thread (Iceberg notifies listeners in commit()). */
+  private static final ThreadLocal<CreateSnapshotEvent> LAST_COMMIT = new ThreadLocal<>();
+
+  private static final Pattern TRANSFORM =
+      Pattern.compile("^(\\w+)\\s*\\((?:\\s*(\\d+)\\s*,)?\\s*(`(?:[^`]|``)+`|[^`(),]+?)\\s*\\)$");
+
+  static {
+    Listeners.register(LAST_COMMIT::set, CreateSnapshotEvent.class);
+  }
 
   private LakestreamSink() {}
 
   private static final class FileState {
+    String tableUuid;
     Long snapshotId;
     final Map<String, DataFile> dataFiles = new HashMap<>();
     final Map<String, List<DeleteFile>> deletes = new HashMap<>();
   }
 
+  // -- catalog and tables ----------------------------------------------------------------------
+
   static Catalog catalog(SparkSession spark, String name) {
     Object c = spark.sessionState().catalogManager().catalog(name);
-    if (c instanceof SparkCatalog) {
-      return ((SparkCatalog) c).icebergCatalog();
+    if (c instanceof HasIcebergCatalog) { // SparkCatalog and SparkSessionCatalog
+      return ((HasIcebergCatalog) c).icebergCatalog();
     }
-    throw new IllegalArgumentException("catalog " + name + " is not an Iceberg SparkCatalog: " + c.getClass());
+    throw new IllegalArgumentException(
+        "catalog " + name + " is not an Iceberg catalog (SparkCatalog/SparkSessionCatalog): " + c.getClass());
   }
 
-  static Table load(SparkSession spark, String catalog, String namespace, String table) {
-    return catalog(spark, catalog).loadTable(TableIdentifier.of(Namespace.of(namespace), table));
+  static TableIdentifier identifier(String namespace, String table) {
+    return TableIdentifier.of(Namespace.of(namespace.split("\\.")), table);
+  }
+
+  /** The table's latest metadata (never a cached copy: other processes commit too). */
+  static Table loadFresh(Catalog cat, TableIdentifier ident) {
+    Table t = cat.loadTable(ident);
+    if (cat instanceof CachingCatalog) {
+      t.refresh();
+    }
+    return t;
+  }
+
+  static int formatVersion(Table t) {
+    return ((HasTableOperations) t).operations().current().formatVersion();
   }
 
   public static String tableInfo(SparkSession spark, String catalog, String namespace, String table)
       throws Exception {
     Catalog cat = catalog(spark, catalog);
-    TableIdentifier ident = TableIdentifier.of(Namespace.of(namespace), table);
-    if (!cat.tableExists(ident)) {
+    try {
+      return info(loadFresh(cat, identifier(namespace, table))).toString();
+    } catch (NoSuchTableException e) {
       return "{\"exists\": false}";
     }
-    return info(cat.loadTable(ident)).toString();
   }
 
   static ObjectNode info(Table t) throws Exception {
@@ -94,7 +149,7 @@ public final class LakestreamSink {
     out.put("location", t.location());
     String data = t.properties().get(TableProperties.WRITE_DATA_LOCATION);
     out.put("data_location", data != null ? data : t.location() + "/data");
-    out.put("format_version", ((org.apache.iceberg.HasTableOperations) t).operations().current().formatVersion());
+    out.put("format_version", formatVersion(t));
     Snapshot s = t.currentSnapshot();
     if (s == null) {
       out.putNull("snapshot_id");
@@ -112,11 +167,23 @@ public final class LakestreamSink {
     return out;
   }
 
+  // -- table creation --------------------------------------------------------------------------
+
+  /**
+   * Create the table (and its namespace) if missing, in one catalog commit; tolerate a concurrent
+   * creator. Returns {@link #tableInfo}.
+   */
   public static String createTable(
       SparkSession spark, String catalog, String namespace, String table, String requestJson) throws Exception {
     JsonNode req = JSON.readTree(requestJson);
     Catalog cat = catalog(spark, catalog);
-    Namespace ns = Namespace.of(namespace);
+    TableIdentifier ident = identifier(namespace, table);
+    try {
+      return info(loadFresh(cat, ident)).toString();
+    } catch (NoSuchTableException e) {
+      // create it below
+    }
+    Namespace ns = ident.namespace();
     if (cat instanceof SupportsNamespaces && !((SupportsNamespaces) cat).namespaceExists(ns)) {
       try {
         ((SupportsNamespaces) cat).createNamespace(ns);
@@ -124,35 +191,7 @@ public final class LakestreamSink {
         // created concurrently
       }
     }
-    TableIdentifier ident = TableIdentifier.of(ns, table);
-    if (cat.tableExists(ident)) {
-      return info(cat.loadTable(ident)).toString();
-    }
-    StringBuilder ddl = new StringBuilder();
-    for (JsonNode col : req.get("columns")) {
-      if (ddl.length() > 0) {
-        ddl.append(", ");
-      }
-      ddl.append('`').append(col.get("name").asText().replace("`", "``")).append("` ").append(col.get("type").asText());
-    }
-    StructType struct = StructType.fromDDL(ddl.toString());
-    Schema converted = SparkSchemaUtil.convert(struct);
-    java.util.Set<String> required = new java.util.HashSet<>();
-    for (JsonNode col : req.get("columns")) {
-      if (col.path("required").asBoolean(false)) {
-        required.add(col.get("name").asText());
-      }
-    }
-    List<Types.NestedField> fields = new ArrayList<>();
-    for (Types.NestedField f : converted.columns()) {
-      fields.add(required.contains(f.name()) ? f.asRequired() : f);
-    }
-    java.util.Set<Integer> idFields = new java.util.HashSet<>();
-    Schema plain = new Schema(fields);
-    for (JsonNode k : req.path("identifier_fields")) {
-      idFields.add(plain.findField(k.asText()).fieldId());
-    }
-    Schema schema = new Schema(fields, idFields);
+    Schema schema = schema(req);
     PartitionSpec.Builder spec = PartitionSpec.builderFor(schema);
     for (JsonNode p : req.path("partition_by")) {
       addPartition(spec, p.asText().trim());
@@ -160,16 +199,11 @@ public final class LakestreamSink {
     SortOrder.Builder order = SortOrder.builderFor(schema);
     boolean sorted = false;
     for (JsonNode s : req.path("sort_by")) {
-      String[] parts = s.asText().trim().split("\\s+");
-      if (parts.length == 2 && parts[1].equalsIgnoreCase("DESC")) {
-        order.desc(parts[0]);
-      } else {
-        order.asc(parts[0]);
-      }
+      addSort(order, s.asText().trim());
       sorted = true;
     }
-    Map<String, String> props = new HashMap<>();
-    req.path("properties").fields().forEachRemaining(e -> props.put(e.getKey(), e.getValue().asText()));
+    Map<String, String> props = new LinkedHashMap<>();
+    req.path("properties").fields().forEachRemaining(e -> props.put(e.getKey(), text(e.getValue())));
     try {
       Catalog.TableBuilder builder = cat.buildTable(ident, schema).withPartitionSpec(spec.build()).withProperties(props);
       if (sorted) {
@@ -177,50 +211,153 @@ public final class LakestreamSink {
       }
       return info(builder.create()).toString();
     } catch (AlreadyExistsException e) {
-      return info(cat.loadTable(ident)).toString();
+      return info(loadFresh(cat, ident)).toString();
     }
   }
 
+  private static String text(JsonNode v) {
+    return v.isTextual() ? v.asText() : v.toString();
+  }
+
+  /** Columns as Spark DDL types -> Iceberg schema; `required` and identifier columns are NOT NULL. */
+  static Schema schema(JsonNode req) {
+    StringBuilder ddl = new StringBuilder();
+    Set<String> required = new HashSet<>();
+    Map<String, String> comments = new HashMap<>();
+    for (JsonNode col : req.get("columns")) {
+      String name = col.get("name").asText();
+      if (ddl.length() > 0) {
+        ddl.append(", ");
+      }
+      ddl.append('`').append(name.replace("`", "``")).append("` ").append(col.get("type").asText());
+      if (col.path("required").asBoolean(false)) {
+        required.add(name);
+      }
+      if (col.hasNonNull("comment")) {
+        comments.put(name, col.get("comment").asText());
+      }
+    }
+    for (JsonNode k : req.path("identifier_fields")) {
+      required.add(k.asText());
+    }
+    Schema converted = SparkSchemaUtil.convert(StructType.fromDDL(ddl.toString()));
+    List<Types.NestedField> fields = new ArrayList<>();
+    for (Types.NestedField f : converted.columns()) {
+      boolean optional = f.isOptional() && !required.contains(f.name());
+      String doc = comments.getOrDefault(f.name(), f.doc());
+      fields.add(Types.NestedField.of(f.fieldId(), optional, f.name(), f.type(), doc));
+    }
+    Schema plain = new Schema(fields);
+    Set<Integer> idFields = new HashSet<>();
+    for (JsonNode k : req.path("identifier_fields")) {
+      Types.NestedField f = plain.findField(k.asText());
+      if (f == null) {
+        throw new IllegalArgumentException("identifier field " + k.asText() + " is not a column");
+      }
+      idFields.add(f.fieldId());
+    }
+    return new Schema(fields, idFields);
+  }
+
+  private static String unquote(String col) {
+    col = col.trim();
+    if (col.length() >= 2 && col.startsWith("`") && col.endsWith("`")) {
+      return col.substring(1, col.length() - 1).replace("``", "`");
+    }
+    return col;
+  }
+
   private static void addPartition(PartitionSpec.Builder spec, String text) {
-    java.util.regex.Matcher m =
-        java.util.regex.Pattern.compile("^(\\w+)\\((?:\\s*(\\d+)\\s*,)?\\s*`?([^`()]+?)`?\\s*\\)$").matcher(text);
+    Matcher m = TRANSFORM.matcher(text);
     if (!m.matches()) {
-      spec.identity(text.replace("`", ""));
+      spec.identity(unquote(text));
       return;
     }
-    String fn = m.group(1).toLowerCase();
-    String col = m.group(3).trim();
-    switch (fn) {
+    String col = unquote(m.group(3));
+    String arg = m.group(2);
+    switch (m.group(1).toLowerCase()) {
       case "years": case "year": spec.year(col); break;
       case "months": case "month": spec.month(col); break;
-      case "days": case "day": spec.day(col); break;
-      case "hours": case "hour": spec.hour(col); break;
-      case "bucket": spec.bucket(col, Integer.parseInt(m.group(2))); break;
-      case "truncate": spec.truncate(col, Integer.parseInt(m.group(2))); break;
+      case "days": case "day": case "date": spec.day(col); break;
+      case "hours": case "hour": case "date_hour": spec.hour(col); break;
+      case "bucket": spec.bucket(col, Integer.parseInt(need(arg, text))); break;
+      case "truncate": spec.truncate(col, Integer.parseInt(need(arg, text))); break;
       case "identity": spec.identity(col); break;
       default: throw new IllegalArgumentException("unknown partition transform " + text);
     }
   }
 
-  private static synchronized FileState state(String key, Table t) throws Exception {
+  private static String need(String arg, String text) {
+    if (arg == null) {
+      throw new IllegalArgumentException("transform needs a width/count: " + text);
+    }
+    return arg;
+  }
+
+  /** "col", "col DESC", "bucket(4, id) ASC NULLS LAST", ... (Spark's defaults: ASC nulls first). */
+  private static void addSort(SortOrder.Builder order, String text) {
+    Matcher m = Pattern.compile("^(.+?)(?:\\s+(ASC|DESC))?(?:\\s+NULLS\\s+(FIRST|LAST))?$", Pattern.CASE_INSENSITIVE)
+        .matcher(text);
+    if (!m.matches()) {
+      throw new IllegalArgumentException("cannot parse sort field " + text);
+    }
+    boolean desc = "DESC".equalsIgnoreCase(m.group(2));
+    NullOrder nulls = m.group(3) == null
+        ? (desc ? NullOrder.NULLS_LAST : NullOrder.NULLS_FIRST)
+        : ("FIRST".equalsIgnoreCase(m.group(3)) ? NullOrder.NULLS_FIRST : NullOrder.NULLS_LAST);
+    Term term = sortTerm(m.group(1).trim());
+    if (desc) {
+      order.desc(term, nulls);
+    } else {
+      order.asc(term, nulls);
+    }
+  }
+
+  private static Term sortTerm(String text) {
+    Matcher m = TRANSFORM.matcher(text);
+    if (!m.matches()) {
+      return Expressions.ref(unquote(text));
+    }
+    String col = unquote(m.group(3));
+    String arg = m.group(2);
+    switch (m.group(1).toLowerCase()) {
+      case "years": case "year": return Expressions.year(col);
+      case "months": case "month": return Expressions.month(col);
+      case "days": case "day": return Expressions.day(col);
+      case "hours": case "hour": return Expressions.hour(col);
+      case "bucket": return Expressions.bucket(col, Integer.parseInt(need(arg, text)));
+      case "truncate": return Expressions.truncate(col, Integer.parseInt(need(arg, text)));
+      case "identity": return Expressions.ref(col);
+      default: throw new IllegalArgumentException("unknown sort transform " + text);
+    }
+  }
+
+  // -- commits ---------------------------------------------------------------------------------
+
+  /** The table's live data files and deletes at its current snapshot (cached while it stays current). */
+  private static FileState state(String key, Table t) throws Exception {
     Snapshot current = t.currentSnapshot();
     Long id = current == null ? null : current.snapshotId();
+    String uuid = ((HasTableOperations) t).operations().current().uuid();
     FileState st = STATES.get(key);
-    if (st != null && java.util.Objects.equals(st.snapshotId, id)) {
+    if (st != null && Objects.equals(st.snapshotId, id) && Objects.equals(st.tableUuid, uuid)) {
       return st;
     }
     st = new FileState();
     st.snapshotId = id;
+    st.tableUuid = uuid;
     if (current != null) {
       try (CloseableIterable<FileScanTask> tasks = t.newScan().useSnapshot(id).planFiles()) {
         for (FileScanTask task : tasks) {
           String path = task.file().location();
           st.dataFiles.put(path, task.file().copyWithoutStats());
-          if (!task.deletes().isEmpty()) {
-            List<DeleteFile> ds = new ArrayList<>();
-            for (DeleteFile d : task.deletes()) {
-              ds.add(d.copyWithoutStats());
+          List<DeleteFile> ds = new ArrayList<>();
+          for (DeleteFile d : task.deletes()) {
+            if (d.content() == FileContent.POSITION_DELETES) { // equality deletes do not merge into a DV
+              ds.add(d.copy()); // keep the bounds: a v2 file-scoped delete is recognised by them
             }
+          }
+          if (!ds.isEmpty()) {
             st.deletes.put(path, ds);
           }
         }
@@ -230,6 +367,7 @@ public final class LakestreamSink {
     return st;
   }
 
+  /** A partition value from JSON in Iceberg's internal form for the partition field's result type. */
   private static Object partitionValue(Type type, JsonNode v) {
     if (v == null || v.isNull()) {
       return null;
@@ -237,78 +375,145 @@ public final class LakestreamSink {
     switch (type.typeId()) {
       case BOOLEAN: return v.asBoolean();
       case INTEGER: case DATE: return v.asInt();
-      case LONG: case TIMESTAMP: case TIMESTAMP_NANO: case TIME: return v.asLong();
+      case LONG: case TIME: case TIMESTAMP: case TIMESTAMP_NANO: return v.asLong();
       case FLOAT: return (float) v.asDouble();
       case DOUBLE: return v.asDouble();
       case STRING: return v.asText();
-      case DECIMAL: return new BigDecimal(v.asText());
+      case DECIMAL:
+        return new BigDecimal(v.asText()).setScale(((Types.DecimalType) type).scale(), RoundingMode.UNNECESSARY);
+      case UUID: return java.util.UUID.fromString(v.asText());
+      case BINARY: case FIXED: return ByteBuffer.wrap(Base64.getDecoder().decode(v.asText()));
       default: throw new IllegalArgumentException("unsupported partition value type " + type);
     }
   }
 
-  public static String commitFiles(
-      SparkSession spark, String catalog, String namespace, String table, String requestJson) throws Exception {
-    JsonNode req = JSON.readTree(requestJson);
-    Table t = load(spark, catalog, namespace, table);
-    String key = catalog + "." + namespace + "." + table;
-    int formatVersion = ((org.apache.iceberg.HasTableOperations) t).operations().current().formatVersion();
-    PartitionSpec spec = t.spec();
-    MetricsConfig metricsConfig = MetricsConfig.forTable(t);
-    RowDelta delta = t.newRowDelta();
-    Map<String, DataFile> added = new HashMap<>();
-    int dataCount = 0;
-    for (JsonNode f : req.path("data_files")) {
-      String path = f.get("path").asText();
+  private static DataFile dataFile(Table t, MetricsConfig metricsConfig, JsonNode f) {
+    String path = f.get("path").asText();
+    PartitionSpec spec = f.hasNonNull("spec_id") ? t.specs().get(f.get("spec_id").asInt()) : t.spec();
+    if (spec == null) {
+      throw new IllegalArgumentException("unknown partition spec id " + f.get("spec_id") + " for " + path);
+    }
+    JsonNode values = f.path("partition");
+    List<Types.NestedField> pfields = spec.partitionType().fields();
+    if (values.size() != pfields.size()) {
+      throw new IllegalArgumentException("data file " + path + " has " + values.size()
+          + " partition values; spec " + spec.specId() + " has " + pfields.size() + " fields");
+    }
+    Metrics metrics = ParquetUtil.fileMetrics(t.io().newInputFile(path), metricsConfig);
+    if (f.hasNonNull("record_count") && f.get("record_count").asLong() != metrics.recordCount()) {
+      throw new IllegalArgumentException("data file " + path + ": record_count " + f.get("record_count").asLong()
+          + " but its footer says " + metrics.recordCount());
+    }
+    DataFiles.Builder b = DataFiles.builder(spec).withPath(path).withFormat(FileFormat.PARQUET)
+        .withFileSizeInBytes(f.get("file_size").asLong()).withMetrics(metrics);
+    if (spec.isPartitioned()) {
       PartitionData partition = new PartitionData(spec.partitionType());
-      JsonNode values = f.path("partition");
-      List<Types.NestedField> pfields = spec.partitionType().fields();
       for (int i = 0; i < pfields.size(); i++) {
         partition.set(i, partitionValue(pfields.get(i).type(), values.get(i)));
       }
-      Metrics metrics = ParquetUtil.fileMetrics(t.io().newInputFile(path), metricsConfig);
-      DataFiles.Builder b = DataFiles.builder(spec).withPath(path).withFormat(FileFormat.PARQUET)
-          .withFileSizeInBytes(f.get("file_size").asLong()).withMetrics(metrics);
-      if (spec.isPartitioned()) {
-        b = b.withPartition(partition);
-      }
-      DataFile df = b.build();
-      added.put(path, df);
-      delta.addRows(df);
-      dataCount++;
+      b = b.withPartition(partition);
     }
-    int deleteCount = 0;
-    int removed = 0;
-    List<DeleteFile> newDeletes = new ArrayList<>();
-    Long base = req.hasNonNull("base_snapshot_id") ? req.get("base_snapshot_id").asLong() : null;
-    if (req.path("deletes").size() > 0) {
-      if (formatVersion < 3) {
-        throw new IllegalArgumentException("table " + key + " is format v" + formatVersion
-            + ": deletion vectors need format v3 (run `lakestream upgrade-tables`)");
+    return b.build();
+  }
+
+  /**
+   * Commit data files and deletion vectors with snapshot properties in ONE snapshot (a RowDelta).
+   * Each data file named by a delete gets one DV holding its earlier deleted positions too; the DV it
+   * replaces is removed.
+   */
+  public static String commitFiles(
+      SparkSession spark, String catalog, String namespace, String table, String requestJson) throws Exception {
+    JsonNode req = JSON.readTree(requestJson);
+    Catalog cat = catalog(spark, catalog);
+    TableIdentifier ident = identifier(namespace, table);
+    String key = catalog + "." + ident;
+    synchronized (LOCKS.computeIfAbsent(key, k -> new Object())) {
+      return commit(loadFresh(cat, ident), key, req).toString();
+    }
+  }
+
+  private static ObjectNode commit(Table t, String key, JsonNode req) throws Exception {
+    MetricsConfig metricsConfig = MetricsConfig.forTable(t);
+    Map<String, DataFile> added = new LinkedHashMap<>();
+    for (JsonNode f : req.path("data_files")) {
+      DataFile df = dataFile(t, metricsConfig, f);
+      if (added.put(df.location(), df) != null) {
+        throw new IllegalArgumentException("data file " + df.location() + " listed twice");
       }
-      FileState st = state(key, t);
+    }
+
+    // positions by data file, in request order
+    Map<String, List<Long>> positions = new LinkedHashMap<>();
+    for (JsonNode d : req.path("deletes")) {
+      List<Long> list = positions.computeIfAbsent(d.get("data_file").asText(), p -> new ArrayList<>());
+      for (JsonNode pos : d.path("positions")) {
+        list.add(pos.asLong());
+      }
+    }
+    positions.values().removeIf(List::isEmpty);
+
+    // Only new rows: an "append" snapshot (incremental readers skip "overwrite" ones by default).
+    // With deletes: one RowDelta ("overwrite", or "delete" without new rows).
+    SnapshotUpdate<?> update;
+    RowDelta delta = null;
+    if (positions.isEmpty()) {
+      AppendFiles append = t.newAppend();
+      added.values().forEach(append::appendFile);
+      update = append;
+    } else {
+      delta = t.newRowDelta();
+      added.values().forEach(delta::addRows);
+      update = delta;
+    }
+
+    FileState st = null;
+    List<DeleteFile> newDeletes = new ArrayList<>();
+    List<DeleteFile> rewritten = new ArrayList<>();
+    Long base = req.hasNonNull("base_snapshot_id") ? req.get("base_snapshot_id").asLong() : null;
+    Long validateFrom = base;
+    if (!positions.isEmpty()) {
+      int formatVersion = formatVersion(t);
+      if (formatVersion < 3) {
+        throw new IllegalArgumentException("table " + key + " is Iceberg format v" + formatVersion
+            + ": deletes are written as deletion vectors, which need format v3; upgrade the table to "
+            + "format-version 3 first (`lakestream upgrade-tables`). Appends without deletes work on v2.");
+      }
+      FileState state = state(key, t);
+      st = state;
+      if (validateFrom == null) {
+        // The DVs merge the deletes live at this snapshot: DVs added after it must fail the commit,
+        // and history before it must not (the DVs replaced here were added there).
+        validateFrom = state.snapshotId;
+      }
       BaseDeleteLoader loader = new BaseDeleteLoader(d -> t.io().newInputFile(d.location()));
       OutputFileFactory files = OutputFileFactory.builderFor(t, 0, TASK_IDS.incrementAndGet())
           .format(FileFormat.PUFFIN).build();
       BaseDVFileWriter writer = new BaseDVFileWriter(files, path -> {
-        List<DeleteFile> previous = st.deletes.get(path);
+        List<DeleteFile> previous = state.deletes.get(path);
         return previous == null || previous.isEmpty() ? null : loader.loadPositionDeletes(previous, path);
       });
       List<String> referencedExisting = new ArrayList<>();
       try {
-        for (JsonNode d : req.get("deletes")) {
-          String path = d.get("data_file").asText();
+        for (Map.Entry<String, List<Long>> e : positions.entrySet()) {
+          String path = e.getKey();
           DataFile target = added.get(path);
           if (target == null) {
-            target = st.dataFiles.get(path);
+            target = state.dataFiles.get(path);
             if (target == null) {
-              throw new org.apache.iceberg.exceptions.ValidationException(
-                  "data file %s is not live in table %s at snapshot %s", path, key, st.snapshotId);
+              throw new ValidationException(
+                  "Cannot delete rows of data file %s: it is not live in table %s at snapshot %s",
+                  path, key, state.snapshotId);
             }
             referencedExisting.add(path);
           }
           PartitionSpec targetSpec = t.specs().get(target.specId());
-          for (JsonNode pos : d.get("positions")) {
-            writer.delete(path, pos.asLong(), targetSpec, target.partition());
+          long rows = target.recordCount();
+          for (long pos : e.getValue()) {
+            if (pos < 0 || pos >= rows) {
+              throw new IllegalArgumentException(
+                  "position " + pos + " out of range for data file " + path + " (" + rows + " rows)");
+            }
+            writer.delete(path, pos, targetSpec, target.partition());
           }
         }
       } finally {
@@ -318,51 +523,58 @@ public final class LakestreamSink {
       for (DeleteFile dv : result.deleteFiles()) {
         delta.addDeletes(dv);
         newDeletes.add(dv);
-        deleteCount++;
       }
       for (DeleteFile old : result.rewrittenDeleteFiles()) {
         delta.removeDeletes(old);
-        removed++;
+        rewritten.add(old);
       }
+      delta.validateDeletedFiles();
       if (!referencedExisting.isEmpty()) {
         delta.validateDataFilesExist(referencedExisting);
-        delta.validateDeletedFiles();
       }
     }
-    if (base != null) {
-      delta.validateFromSnapshot(base);
-      delta.validateNoConflictingDeleteFiles();
+    if (validateFrom != null && delta != null) {
+      delta.validateFromSnapshot(validateFrom);
     }
-    req.path("properties").fields().forEachRemaining(e -> delta.set(e.getKey(), e.getValue().asText()));
-    delta.commit();
-    Snapshot committed = t.currentSnapshot();
-    synchronized (LakestreamSink.class) {
-      FileState st = STATES.get(key);
-      if (st != null && java.util.Objects.equals(committed.parentId(), st.snapshotId)) {
-        // Nobody else committed in between: move the cached file state forward instead of re-planning.
-        for (Map.Entry<String, DataFile> e : added.entrySet()) {
-          st.dataFiles.put(e.getKey(), e.getValue().copyWithoutStats());
-        }
-        for (DeleteFile dv : newDeletes) {
-          List<DeleteFile> one = new ArrayList<>();
-          one.add(dv.copyWithoutStats());
-          st.deletes.put(dv.referencedDataFile(), one);  // the vector holds every earlier position too
-        }
-        st.snapshotId = committed.snapshotId();
-      } else {
-        STATES.remove(key);
+    req.path("properties").fields().forEachRemaining(e -> update.set(e.getKey(), text(e.getValue())));
+
+    LAST_COMMIT.remove();
+    update.commit();
+    CreateSnapshotEvent event = LAST_COMMIT.get();
+    LAST_COMMIT.remove();
+    Snapshot committed = event != null ? t.snapshot(event.snapshotId()) : null;
+    if (committed == null) { // listener not called (should not happen): the refreshed current snapshot
+      committed = t.currentSnapshot();
+    }
+    Long parent = committed.parentId();
+
+    FileState cached = STATES.get(key);
+    if (cached != null && Objects.equals(parent, cached.snapshotId)) {
+      // Nobody else committed in between: move the cached state forward instead of re-planning.
+      for (Map.Entry<String, DataFile> e : added.entrySet()) {
+        cached.dataFiles.put(e.getKey(), e.getValue().copyWithoutStats());
       }
+      for (DeleteFile dv : newDeletes) {
+        List<DeleteFile> one = new ArrayList<>();
+        one.add(dv.copy());
+        cached.deletes.put(dv.referencedDataFile(), one); // the DV holds every earlier position too
+      }
+      cached.snapshotId = committed.snapshotId();
+    } else {
+      STATES.remove(key);
     }
+
     ObjectNode out = JSON.createObjectNode();
     out.put("snapshot_id", committed.snapshotId());
-    if (committed.parentId() == null) {
+    if (parent == null) {
       out.putNull("parent_snapshot_id");
     } else {
-      out.put("parent_snapshot_id", committed.parentId());
+      out.put("parent_snapshot_id", parent);
     }
-    out.put("data_files", dataCount);
-    out.put("delete_files", deleteCount);
-    out.put("removed_delete_files", removed);
-    return out.toString();
+    out.put("sequence_number", committed.sequenceNumber());
+    out.put("data_files", added.size());
+    out.put("delete_files", newDeletes.size());
+    out.put("removed_delete_files", rewritten.size());
+    return out;
   }
 }
