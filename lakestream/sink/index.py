@@ -167,16 +167,24 @@ class KeyIndex:
         self.reset()
         if snapshot_id is not None:
             keys_sql = ", ".join(quote_column(k) for k in key_columns)
-            df = spark.sql(f"SELECT {keys_sql}, _file, _pos FROM {ident} VERSION AS OF {int(snapshot_id)}")
+            # Ship a 64-bit hash of each row's file path, not the path: 20M rows stay ~24 bytes each.
+            paths = {int(r[1]): r[0] for r in spark.sql(
+                f"SELECT file_path, xxhash64(file_path) FROM {ident}.data_files VERSION AS OF {int(snapshot_id)}"
+            ).collect()}
+            df = spark.sql(f"SELECT {keys_sql}, xxhash64(_file) AS __file, _pos "
+                           f"FROM {ident} VERSION AS OF {int(snapshot_id)}")
             batches = df._collect_as_arrow()
             if batches:
                 table = pa.Table.from_batches(batches)
                 keys = index_keys(table, key_columns)
-                files = pc.dictionary_encode(table.column("_file")).combine_chunks()
-                for path in files.dictionary.to_pylist():
-                    self.file_id(path)
-                fids = files.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-                locs = pack(fids, table.column("_pos").to_numpy())
+                hashes = table.column("__file").to_numpy()
+                known = np.array(sorted(paths), dtype=np.int64)
+                slot = np.searchsorted(known, hashes)
+                if len(known) == 0 or not np.array_equal(known[np.minimum(slot, len(known) - 1)], hashes):
+                    raise RuntimeError(f"{ident}: rows of a data file missing from its files table at snapshot "
+                                       f"{snapshot_id}")
+                fid_of_slot = np.array([self.file_id(paths[int(h)]) for h in known], dtype=np.int64)
+                locs = pack(fid_of_slot[slot], table.column("_pos").to_numpy())
                 order = np.argsort(keys, kind="stable")
                 self.keys, self.locs = keys[order], locs[order]
         self.snapshot_id = snapshot_id

@@ -11,7 +11,6 @@ lookup walks back through the snapshot ancestry to the newest snapshot that has 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import orjson
@@ -50,19 +49,6 @@ def decode_offsets(text: str | None, strict: bool = True) -> dict[TP, int]:
             raise ValueError(f"unreadable {OFFSETS_PROPERTY} snapshot property {text[:200]!r}: {exc}") from None
         log.warning("unreadable %s snapshot property %r", OFFSETS_PROPERTY, text[:200])
         return {}
-
-
-def newest_offsets(ancestry: Iterable[tuple[int, Mapping[str, str]]]) -> tuple[int, dict[TP, int]] | None:
-    """The newest snapshot (id, offsets) carrying offsets, walking ``(snapshot id, summary)`` newest first.
-
-    Maintenance snapshots (compaction, expiry, manifest rewrites) carry none: the engine resumes from
-    the newest one that does, so expiry must keep it.
-    """
-    for snapshot_id, summary in ancestry:
-        raw = summary.get(OFFSETS_PROPERTY)
-        if raw is not None:
-            return snapshot_id, decode_offsets(raw, strict=False)
-    return None
 
 
 class TableOffsets:
