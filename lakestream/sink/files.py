@@ -343,13 +343,25 @@ def _filesystem_path(uri: str) -> tuple[pafs.FileSystem, str]:
     return pafs.FileSystem.from_uri(uri)
 
 
+def canonical_location(location: str) -> str:
+    """A location in the form Iceberg's HadoopFileIO (Hadoop ``Path.toString()``) gives the files it
+    writes, which is how Spark-written files appear in ``<table>.files``: ``file:///x`` and
+    ``file:/x`` become ``file:/x``, repeated slashes collapse; other URIs and plain paths are kept."""
+    if location.startswith("file:"):
+        rest = location[len("file:"):]
+        if rest.startswith("//") and not rest.startswith("///"):
+            raise ValueError(f"file URI with a host is not supported: {location}")
+        return "file:/" + "/".join(part for part in rest.split("/") if part)
+    return location
+
+
 def write_data_file(table: pa.Table, data_location: str, arrow_schema: pa.Schema, file_name_prefix: str,
                     *, row_group_rows: int = 1_000_000) -> dict[str, Any]:
     """Write ``table`` (cast to ``arrow_schema``) as one zstd Parquet file
     ``<data_location>/<file_name_prefix>-<uuid>.parquet``; returns ``{path, file_size, record_count}``.
 
-    ``path`` is ``data_location`` joined with the file name, i.e. in the same URI form as the files
-    Iceberg/Spark write for the table when ``data_location`` comes from `table_info`."""
+    ``path`` is ``data_location`` joined with the file name in the form Spark/Iceberg use for the
+    files they write (`canonical_location`: ``file:/...`` for a ``file:///...`` warehouse)."""
     fs, base = _filesystem_path(data_location)
     name = f"{file_name_prefix}-{uuid.uuid4().hex}.parquet"
     target = f"{base.rstrip('/')}/{name}"
@@ -362,7 +374,8 @@ def write_data_file(table: pa.Table, data_location: str, arrow_schema: pa.Schema
     pq.write_table(table, target, filesystem=fs, compression="zstd", row_group_size=row_group_rows,
                    write_statistics=True, store_schema=False)
     size = fs.get_file_info(target).size
-    return {"path": f"{data_location.rstrip('/')}/{name}", "file_size": size, "record_count": table.num_rows}
+    return {"path": f"{canonical_location(data_location).rstrip('/')}/{name}", "file_size": size,
+            "record_count": table.num_rows}
 
 
 # -- the JVM side (driver only) ----------------------------------------------------------------
