@@ -57,6 +57,7 @@ class SchemaCache:
         self._by_bytes: dict[bytes, tuple[Columns, dict[str, FieldType]]] = {}
         self._inferred: dict[tuple[tuple[str, str], ...], Columns] = {}
         self._key_names: dict[bytes, tuple[str, ...]] = {}
+        self._quick: dict[tuple[Any, ...], Columns] = {}
 
     def cached(self, raw: bytes) -> tuple[Columns, dict[str, FieldType]] | None:
         return self._by_bytes.get(raw)
@@ -98,6 +99,17 @@ class SchemaCache:
         return result
 
     def inferred(self, row: dict[str, Any], time_field: str | None = None) -> Columns:
+        # Fast path: rows of flat values with the same names and Python types share one shape.
+        quick = (tuple(row), tuple(map(type, row.values())), time_field)
+        columns = self._quick.get(quick)
+        if columns is not None:
+            return columns
+        columns = self._infer(row, time_field)
+        if len(self._quick) < 10_000 and not any(t in (dict, list, type(None)) for t in quick[1]):
+            self._quick[quick] = columns
+        return columns
+
+    def _infer(self, row: dict[str, Any], time_field: str | None) -> Columns:
         signature = tuple((k, "timestamp" if k == time_field else t) for k, v in row.items()
                           if (t := infer_type(v)) is not None)
         columns = self._inferred.get(signature)

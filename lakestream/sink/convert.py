@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import decimal
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -67,11 +68,28 @@ def _value_error(value: Any, arrow_type: pa.DataType) -> str | None:
         return str(exc).splitlines()[0][:200]
 
 
+def _columns(rows: list[dict[str, Any]], names: list[str]) -> dict[str, list[Any]]:
+    """Rows → one list per column (C-level item getters; a row lacking a column gives None there)."""
+    if not rows:
+        return {n: [] for n in names}
+    if len(names) == 1:
+        return {names[0]: [r.get(names[0]) for r in rows]}
+    get = itemgetter(*names)
+    tuples = []
+    append = tuples.append
+    for r in rows:
+        try:
+            append(get(r))
+        except KeyError:
+            append(tuple(map(r.get, names)))
+    return dict(zip(names, map(list, zip(*tuples))))
+
+
 def convert_rows(rows: list[dict[str, Any]], schema: pa.Schema) -> tuple[pa.Table, dict[int, str]]:
     """``rows`` as a table in ``schema`` (columns a row lacks are NULL), and the rows left out
     because a value did not fit: index → reason naming the column, the value and the type."""
     bad: dict[int, str] = {}
-    columns: dict[str, list[Any]] = {f.name: [r.get(f.name) for r in rows] for f in schema}
+    columns = _columns(rows, schema.names)
     arrays: dict[str, pa.Array] = {}
     for f in schema:
         values = columns[f.name]

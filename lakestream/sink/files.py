@@ -26,6 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from lakestream.sink.storage import canonical_location, filesystem_path
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -330,31 +332,6 @@ def partition_values(spec: dict[str, Any], schema: dict[str, Any], table: pa.Tab
 
 # -- writing data files --------------------------------------------------------------------------
 
-def _filesystem_path(uri: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem and in-filesystem path of a location URI (``file:/x``, ``file:///x``,
-    a plain path, or any URI pyarrow knows, e.g. ``s3://bucket/x``)."""
-    if uri.startswith("file:"):
-        rest = uri[len("file:"):]
-        if rest.startswith("//") and not rest.startswith("///"):
-            raise ValueError(f"file URI with a host is not supported: {uri}")
-        return pafs.LocalFileSystem(), "/" + rest.lstrip("/")
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), uri
-    return pafs.FileSystem.from_uri(uri)
-
-
-def canonical_location(location: str) -> str:
-    """A location in the form Iceberg's HadoopFileIO (Hadoop ``Path.toString()``) gives the files it
-    writes, which is how Spark-written files appear in ``<table>.files``: ``file:///x`` and
-    ``file:/x`` become ``file:/x``, repeated slashes collapse; other URIs and plain paths are kept."""
-    if location.startswith("file:"):
-        rest = location[len("file:"):]
-        if rest.startswith("//") and not rest.startswith("///"):
-            raise ValueError(f"file URI with a host is not supported: {location}")
-        return "file:/" + "/".join(part for part in rest.split("/") if part)
-    return location
-
-
 def write_data_file(table: pa.Table, data_location: str, arrow_schema: pa.Schema, file_name_prefix: str,
                     *, row_group_rows: int = 1_000_000) -> dict[str, Any]:
     """Write ``table`` (cast to ``arrow_schema``) as one zstd Parquet file
@@ -362,7 +339,7 @@ def write_data_file(table: pa.Table, data_location: str, arrow_schema: pa.Schema
 
     ``path`` is ``data_location`` joined with the file name in the form Spark/Iceberg use for the
     files they write (`canonical_location`: ``file:/...`` for a ``file:///...`` warehouse)."""
-    fs, base = _filesystem_path(data_location)
+    fs, base = filesystem_path(data_location)
     name = f"{file_name_prefix}-{uuid.uuid4().hex}.parquet"
     target = f"{base.rstrip('/')}/{name}"
     if isinstance(fs, pafs.LocalFileSystem):

@@ -55,10 +55,15 @@ class Router:
         return cls(list(config.streams))
 
     def stream_index(self, topic: str) -> int | None:
-        for i, stream in enumerate(self.streams):
-            if stream.matches(topic):
-                return i
-        return None
+        try:
+            return self._index_cache[topic]
+        except (KeyError, AttributeError):
+            pass
+        found = next((i for i, stream in enumerate(self.streams) if stream.matches(topic)), None)
+        cache = self.__dict__.setdefault("_index_cache", {})
+        if len(cache) < 100_000:
+            cache[topic] = found
+        return found
 
     def _template_name(self, stream: StreamSettings, topic: str, field: str | None) -> TableName:
         values = topic_parts(topic)

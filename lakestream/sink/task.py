@@ -102,19 +102,40 @@ class _Pending:
         self.raw_values.append(rec.value)
 
 
-def _stats(name: str, pending: _Pending, kept: list[int]) -> list[rp.TableStats]:
+def _stats(name: str, pending: _Pending) -> list[rp.TableStats]:
     """Per partition: records consumed (kept or not: a dead letter is consumed too) and source times."""
-    by_tp: dict[TP, list[int]] = {}
-    for i in range(len(pending.offsets)):
-        by_tp.setdefault(TP(pending.topics[i], pending.partitions[i]), []).append(i)
+    offsets = np.asarray(pending.offsets, dtype=np.int64)
+    ts_all = np.array([np.nan if t is None else t for t in pending.source_ts], dtype=np.float64)
+    tps = list(zip(pending.topics, pending.partitions))
+    distinct = set(tps)
     out = []
-    for tp, idx in by_tp.items():
-        ts = np.array([pending.source_ts[i] for i in idx if pending.source_ts[i] is not None], dtype=np.float64)
+    for topic, partition in distinct:
+        if len(distinct) == 1:
+            sel = slice(None)
+        else:
+            sel = np.array([tp == (topic, partition) for tp in tps], dtype=bool)
+        offs, ts = offsets[sel], ts_all[sel]
+        ts = ts[~np.isnan(ts)]
         q = np.quantile(ts, [0.01, 0.5, 0.99]).tolist() if len(ts) else None
-        out.append(rp.TableStats(name, tp, len(idx), min(pending.offsets[i] for i in idx),
-                                 max(pending.offsets[i] for i in idx),
+        out.append(rp.TableStats(name, TP(topic, partition), len(offs), int(offs.min()), int(offs.max()),
                                  int(ts.min()) if len(ts) else None, int(ts.max()) if len(ts) else None, q))
     return out
+
+
+def _kafka_order(pending: _Pending, good: list[int]) -> np.ndarray:
+    """Positions 0..len(good)-1 sorted by (topic, partition, offset) of the records they stand for."""
+    idx = np.asarray(good, dtype=np.int64)
+    offsets = np.asarray(pending.offsets, dtype=np.int64)[idx]
+    partitions = np.asarray(pending.partitions, dtype=np.int64)[idx]
+    topics = np.unique(np.asarray(pending.topics, dtype=object)[idx], return_inverse=True)[1]
+    return np.lexsort((offsets, partitions, topics))
+
+
+def _last_per_key(keys: np.ndarray, order: np.ndarray) -> list[int]:
+    """Indices of the last change of each key in ``order`` (vectorized; no TOAST fills needed)."""
+    reversed_keys = keys[order][::-1]
+    _, first_in_reversed = np.unique(reversed_keys, return_index=True)
+    return sorted(order[::-1][first_in_reversed].tolist())
 
 
 def _latest_per_key(keys: list[Any], ops: list[str], withheld: list[list[str]], order: list[int]
@@ -173,7 +194,7 @@ class TableWriter:
 
     def finish(self, pending: _Pending, facts: list[rp.Fact]) -> None:
         spec = self.spec
-        facts.extend(_stats(spec.name, pending, []))
+        facts.extend(_stats(spec.name, pending))
         schema = spec.arrow_schema()
         typed, bad = convert_rows(pending.rows, schema)
         for i, reason in sorted(bad.items()):
@@ -188,17 +209,18 @@ class TableWriter:
         keys = None
         if spec.keyed:
             keys_np = index_keys(typed, spec.key_columns)
-            keys = keys_np.tolist()
             # Kafka order within a partition; partitions of one key do not interleave in Debezium.
-            order = sorted(range(len(good)), key=lambda j: (pending.topics[good[j]], pending.partitions[good[j]],
-                                                            pending.offsets[good[j]]))
-            if spec.mode == "upsert":
+            order_np = _kafka_order(pending, good)
+            if spec.mode == "upsert" and not any(withheld):
+                final, fills = _last_per_key(keys_np, order_np), {}
+            elif spec.mode == "upsert":
+                keys, order = keys_np.tolist(), order_np.tolist()
                 final, fills = _latest_per_key(keys, ops, withheld, order)
                 if fills:
                     typed = _apply_fills(typed, fills)
                     withheld = [[c for c in w if c not in fills.get(j, {})] for j, w in enumerate(withheld)]
             else:
-                final = _first_per_key(keys, order)
+                final = _first_per_key(keys_np.tolist(), order_np.tolist())
         else:
             final = list(range(len(good)))
         is_delete = np.array([ops[j] == "d" for j in final], dtype=bool)
