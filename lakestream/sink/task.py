@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from lakestream.decode.records import DecodedRecord, RecordDecoder
+from lakestream.decode.vectorized import DecodedRun, RunDecoder
 from lakestream.errors import DecodeError
 from lakestream.sink import report as rp
 from lakestream.sink.convert import convert_rows
@@ -74,7 +75,7 @@ class _Pending:
     """One table's changes within a task, in Kafka order."""
 
     __slots__ = ("spec", "topics", "partitions", "offsets", "ops", "rows", "withheld", "source_ts", "kafka_ts",
-                 "raw_keys", "raw_values")
+                 "raw_keys", "raw_values", "runs")
 
     def __init__(self, spec: TableSpec):
         self.spec = spec
@@ -88,6 +89,7 @@ class _Pending:
         self.kafka_ts: list[int] = []
         self.raw_keys: list[bytes | None] = []
         self.raw_values: list[bytes | None] = []
+        self.runs: list[tuple[str, int, DecodedRun]] = []  # (topic, partition, run) decoded vectorized
 
     def add(self, rec: Any, change: DecodedRecord) -> None:
         self.topics.append(rec.topic)
@@ -102,19 +104,29 @@ class _Pending:
         self.raw_values.append(rec.value)
 
 
-def _stats(name: str, pending: _Pending) -> list[rp.TableStats]:
+@dataclass
+class _Rows:
+    """One table's decoded changes of a task, typed, with their Kafka positions (row i ↔ entry i)."""
+
+    table: pa.Table
+    topics: list[str]
+    partitions: np.ndarray
+    offsets: np.ndarray
+    ops: list[str]
+    withheld: list[list[str]]
+
+
+def _stats(name: str, topics: list[str], partitions: np.ndarray, offsets: np.ndarray, source_ts: np.ndarray
+           ) -> list[rp.TableStats]:
     """Per partition: records consumed (kept or not: a dead letter is consumed too) and source times."""
-    offsets = np.asarray(pending.offsets, dtype=np.int64)
-    ts_all = np.array([np.nan if t is None else t for t in pending.source_ts], dtype=np.float64)
-    tps = list(zip(pending.topics, pending.partitions))
-    distinct = set(tps)
     out = []
+    distinct = set(zip(topics, partitions.tolist()))
     for topic, partition in distinct:
         if len(distinct) == 1:
             sel = slice(None)
         else:
-            sel = np.array([tp == (topic, partition) for tp in tps], dtype=bool)
-        offs, ts = offsets[sel], ts_all[sel]
+            sel = np.array([t == topic for t in topics], dtype=bool) & (partitions == partition)
+        offs, ts = offsets[sel], source_ts[sel]
         ts = ts[~np.isnan(ts)]
         q = np.quantile(ts, [0.01, 0.5, 0.99]).tolist() if len(ts) else None
         out.append(rp.TableStats(name, TP(topic, partition), len(offs), int(offs.min()), int(offs.max()),
@@ -122,13 +134,10 @@ def _stats(name: str, pending: _Pending) -> list[rp.TableStats]:
     return out
 
 
-def _kafka_order(pending: _Pending, good: list[int]) -> np.ndarray:
-    """Positions 0..len(good)-1 sorted by (topic, partition, offset) of the records they stand for."""
-    idx = np.asarray(good, dtype=np.int64)
-    offsets = np.asarray(pending.offsets, dtype=np.int64)[idx]
-    partitions = np.asarray(pending.partitions, dtype=np.int64)[idx]
-    topics = np.unique(np.asarray(pending.topics, dtype=object)[idx], return_inverse=True)[1]
-    return np.lexsort((offsets, partitions, topics))
+def _kafka_order(rows: _Rows) -> np.ndarray:
+    """Row numbers sorted by (topic, partition, offset)."""
+    topics = np.unique(np.asarray(rows.topics, dtype=object), return_inverse=True)[1]
+    return np.lexsort((rows.offsets, rows.partitions, topics))
 
 
 def _last_per_key(keys: np.ndarray, order: np.ndarray) -> list[int]:
@@ -194,23 +203,16 @@ class TableWriter:
 
     def finish(self, pending: _Pending, facts: list[rp.Fact]) -> None:
         spec = self.spec
-        facts.extend(_stats(spec.name, pending))
-        schema = spec.arrow_schema()
-        typed, bad = convert_rows(pending.rows, schema)
-        for i, reason in sorted(bad.items()):
-            facts.append(rp.DeadLetter(TP(pending.topics[i], pending.partitions[i]), pending.offsets[i],
-                                       pending.kafka_ts[i], reason, pending.raw_keys[i], pending.raw_values[i],
-                                       spec.name))
-        good = [i for i in range(len(pending.rows)) if i not in bad]  # typed row j ↔ pending row good[j]
-        if not good:
+        rows = self._typed_rows(pending, facts)
+        if rows is None:
             return
-        ops = [pending.ops[i] for i in good]
-        withheld = [pending.withheld[i] for i in good]
+        typed, ops, withheld = rows.table, rows.ops, rows.withheld
+        good = list(range(typed.num_rows))
         keys = None
         if spec.keyed:
             keys_np = index_keys(typed, spec.key_columns)
             # Kafka order within a partition; partitions of one key do not interleave in Debezium.
-            order_np = _kafka_order(pending, good)
+            order_np = _kafka_order(rows)
             if spec.mode == "upsert" and not any(withheld):
                 final, fills = _last_per_key(keys_np, order_np), {}
             elif spec.mode == "upsert":
@@ -237,12 +239,43 @@ class TableWriter:
                 "op": pa.array(np.where(is_delete, rp.OP_DELETE, rp.OP_UPSERT).astype(np.int8)),
                 "task_file": pa.array(file_of),
                 "pos": pa.array(pos_of),
-                "topic": pa.array([pending.topics[good[j]] for j in final], pa.string()),
-                "partition": pa.array([pending.partitions[good[j]] for j in final], pa.int32()),
-                "offset": pa.array([pending.offsets[good[j]] for j in final], pa.int64()),
+                "topic": pa.array([rows.topics[j] for j in final], pa.string()),
+                "partition": pa.array(rows.partitions[sel].astype(np.int32)),
+                "offset": pa.array(rows.offsets[sel]),
                 "withheld": pa.array([withheld[j] or None for j in final], pa.list_(pa.string())),
-            }, schema=rp.location_schema(not is_integer_key(schema, spec.key_columns)))
+            }, schema=rp.location_schema(not is_integer_key(typed.schema, spec.key_columns)))
             facts.append(rp.RowLocations(spec.name, self.task_id, locations))
+
+    def _typed_rows(self, pending: _Pending, facts: list[rp.Fact]) -> _Rows | None:
+        """Every change of the table, typed: record-by-record rows converted strictly (a value that
+        does not fit makes its record a dead letter), then the runs decoded vectorized."""
+        spec = self.spec
+        schema = spec.arrow_schema()
+        run_topics = [t for t, _, run in pending.runs for _ in range(run.table.num_rows)]
+        all_topics = pending.topics + run_topics
+        all_partitions = np.concatenate([np.asarray(pending.partitions, np.int64)]
+                                        + [np.full(run.table.num_rows, p, np.int64) for _, p, run in pending.runs])
+        all_offsets = np.concatenate([np.asarray(pending.offsets, np.int64)] + [run.offsets for _, _, run in pending.runs])
+        source_ts = np.concatenate([np.array([np.nan if t is None else t for t in pending.source_ts], np.float64)]
+                                   + [run.source_ts for _, _, run in pending.runs])
+        facts.extend(_stats(spec.name, all_topics, all_partitions, all_offsets, source_ts))
+        typed, bad = convert_rows(pending.rows, schema)
+        for i, reason in sorted(bad.items()):
+            facts.append(rp.DeadLetter(TP(pending.topics[i], pending.partitions[i]), pending.offsets[i],
+                                       pending.kafka_ts[i], reason, pending.raw_keys[i], pending.raw_values[i],
+                                       spec.name))
+        good = [i for i in range(len(pending.rows)) if i not in bad]
+        if bad:
+            keep = np.array(good + list(range(len(pending.rows), len(all_topics))), dtype=np.int64)
+            all_topics = [all_topics[i] for i in keep]
+            all_partitions, all_offsets = all_partitions[keep], all_offsets[keep]
+        tables = [typed] + [run.table for _, _, run in pending.runs]
+        table = pa.concat_tables(tables) if len(tables) > 1 else typed
+        if table.num_rows == 0:
+            return None
+        ops = [pending.ops[i] for i in good] + [op for _, _, run in pending.runs for op in run.ops]
+        withheld = [pending.withheld[i] for i in good] + [[] for _ in run_topics]
+        return _Rows(table, all_topics, all_partitions, all_offsets, ops, withheld)
 
     def _write_files(self, data: pa.Table, final_slots: np.ndarray, file_of: np.ndarray, pos_of: np.ndarray,
                      facts: list[rp.Fact]) -> None:
@@ -283,50 +316,88 @@ def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.
     """Read ``ranges`` (distinct partitions) with one consumer, write the tables, yield the report."""
     task_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
     decoder = RecordDecoder(ctx.router)
+    runs = RunDecoder()
     facts: list[rp.Fact] = []
     pending: dict[str, _Pending] = {}
     deferred: dict[str, dict[str, rp.NewShape]] = {}
+    topic_tables: dict[str, str | None] = {}
+
+    def one_by_one(rec: Any) -> None:
+        try:
+            change = decoder.decode(rec)
+        except (DecodeError, RecursionError, ValueError, TypeError, KeyError, AttributeError,
+                UnicodeDecodeError, OverflowError) as exc:
+            # Anything a record's content can make the decoder raise is that record's fault.
+            if ctx.only_tables is None:
+                reason = str(exc) if isinstance(exc, DecodeError) else f"cannot decode: {type(exc).__name__}: {exc}"
+                facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
+                                           reason[:2000], rec.key, rec.value, _topic_table(ctx.router, rec.topic)))
+            return
+        if change is None:
+            return
+        table = change.table
+        if ctx.only_tables is not None and table not in ctx.only_tables:
+            return
+        spec = ctx.tables.get(table)
+        shape_id = change.columns.schema_id
+        if spec is not None and shape_id in spec.rejected_shapes:
+            facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
+                                       spec.rejected_shapes[shape_id], rec.key, rec.value, table))
+            return
+        if spec is None or shape_id not in spec.accepted_shapes or table in deferred:
+            shapes = deferred.setdefault(table, {})
+            if shape_id not in shapes:
+                cols = change.columns
+                shapes[shape_id] = rp.NewShape(table, rec.topic, shape_id,
+                                               [(n, t.ddl) for n, t in zip(cols.names, cols.types)],
+                                               change.key_columns, cols.inferred)
+            return
+        if rec.offset < spec.committed.get(TP(rec.topic, rec.partition), -1):
+            return  # the table already holds it (a replay after a restart)
+        buf = pending.get(table)
+        if buf is None:
+            buf = pending[table] = _Pending(spec)
+        buf.add(rec, change)
+
+    def vectorized(topic: str, partition: int, records: list[Any]) -> None:
+        """A partition's slice of a fetch: decoded as one run when it can be, else record by record."""
+        if topic not in topic_tables:
+            stream = ctx.router.streams[i] if (i := ctx.router.stream_index(topic)) is not None else None
+            eligible = stream is not None and stream.record_format == "debezium" and stream.mode == "upsert"
+            topic_tables[topic] = _topic_table(ctx.router, topic) if eligible else None
+        table = topic_tables[topic]
+        changes = [r for r in records if r.value is not None]  # tombstones carry no change
+        spec = ctx.tables.get(table) if table is not None else None
+        if (spec is None or len(changes) < 16 or table in deferred
+                or (ctx.only_tables is not None and table not in ctx.only_tables)):
+            for rec in records:
+                one_by_one(rec)
+            return
+        # The first record goes the careful way: it proves the run's shape is one the table accepts.
+        one_by_one(changes[0])
+        committed = spec.committed.get(TP(topic, partition), -1)
+        rest = [r for r in changes[1:] if r.offset >= committed]
+        if table in deferred or table not in pending or not rest:
+            for rec in rest:
+                one_by_one(rec)
+            return
+        run = runs.decode(rest, spec.arrow_schema(), spec.key_columns, expected_like=changes[0].value)
+        if run is None:
+            for rec in rest:
+                one_by_one(rec)
+        else:
+            pending[table].runs.append((topic, partition, run))
+
     for item in read_offset_ranges(ctx.consumer_conf, list(ranges)):
         if isinstance(item, tuple):
             rng, end = item
             facts.append(rp.RangeEnd(rng.tp, end.next_offset, end.at_end))
             continue
+        by_partition: dict[tuple[str, int], list[Any]] = {}
         for rec in item:
-            try:
-                change = decoder.decode(rec)
-            except (DecodeError, RecursionError, ValueError, TypeError, KeyError, AttributeError,
-                    UnicodeDecodeError, OverflowError) as exc:
-                # Anything a record's content can make the decoder raise is that record's fault.
-                if ctx.only_tables is None:
-                    reason = str(exc) if isinstance(exc, DecodeError) else f"cannot decode: {type(exc).__name__}: {exc}"
-                    facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                               reason[:2000], rec.key, rec.value, _topic_table(ctx.router, rec.topic)))
-                continue
-            if change is None:
-                continue
-            table = change.table
-            if ctx.only_tables is not None and table not in ctx.only_tables:
-                continue
-            spec = ctx.tables.get(table)
-            shape_id = change.columns.schema_id
-            if spec is not None and shape_id in spec.rejected_shapes:
-                facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                           spec.rejected_shapes[shape_id], rec.key, rec.value, table))
-                continue
-            if spec is None or shape_id not in spec.accepted_shapes or table in deferred:
-                shapes = deferred.setdefault(table, {})
-                if shape_id not in shapes:
-                    cols = change.columns
-                    shapes[shape_id] = rp.NewShape(table, rec.topic, shape_id,
-                                                   [(n, t.ddl) for n, t in zip(cols.names, cols.types)],
-                                                   change.key_columns, cols.inferred)
-                continue
-            if rec.offset < spec.committed.get(TP(rec.topic, rec.partition), -1):
-                continue  # the table already holds it (a replay after a restart)
-            buf = pending.get(table)
-            if buf is None:
-                buf = pending[table] = _Pending(spec)
-            buf.add(rec, change)
+            by_partition.setdefault((rec.topic, rec.partition), []).append(rec)
+        for (topic, partition), records in by_partition.items():
+            vectorized(topic, partition, records)
     for table, shapes in deferred.items():
         pending.pop(table, None)
         facts.extend(shapes.values())

@@ -1,0 +1,195 @@
+"""Vectorized decoding: a run of Debezium records of one topic, straight into the table's Arrow schema.
+
+The per-record decoder (`lakestream.decode.records`) parses each message in Python. For the common
+case this module parses a whole run at once with Arrow's C++ JSON reader, given an explicit schema
+built from the table (schemas off) or from the run's Debezium schema (schemas on), and converts
+each column with Arrow compute (dates, timestamps, zoned timestamps) or, for the few types Arrow
+cannot convert (base64 decimals, bytes), one Python pass over that column only.
+
+It never decides what is wrong with a record. Anything unusual in the run — a malformed message,
+a value of another type, an unknown field (a new column), an unknown op, a withheld TOAST value, a
+null key, a schema that differs between messages — makes it return None, and the caller decodes
+that run record by record, which produces the precise dead letters and shape changes.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pj
+
+from lakestream.decode.envelope import _split_envelope
+from lakestream.decode.types import UNAVAILABLE_VALUE, FieldType, _identity, field_type
+
+_OPS = pa.array(["c", "u", "r", "d"])
+
+# Connect schema type → the Arrow type its JSON value parses as.
+_WIRE = {"int8": pa.int64(), "int16": pa.int64(), "int32": pa.int64(), "int64": pa.int64(),
+         "float32": pa.float64(), "float64": pa.float64(), "float": pa.float64(), "double": pa.float64(),
+         "boolean": pa.bool_(), "string": pa.string(), "bytes": pa.string()}
+
+
+@dataclass
+class DecodedRun:
+    """A run of changes of one table: typed rows (deletes carry only their key) and their positions."""
+
+    table: pa.Table
+    offsets: np.ndarray
+    ops: list[str]
+    source_ts: np.ndarray  # float64, NaN where unknown
+    kafka_ts: np.ndarray
+
+
+@dataclass
+class _WireField:
+    name: str
+    wire: pa.DataType
+    ftype: FieldType | None  # schemas on: the Debezium conversion; None: the value is already typed
+    semantic: str | None = None  # the Connect schema's name (io.debezium.time.Date, ...)
+
+
+def _schema_fields(schema_part: bytes) -> list[_WireField] | None:
+    """Wire fields of the row struct of a schemas-on envelope, or None when a field is not flat."""
+    envelope = orjson.loads(schema_part[len(b'{"schema":'):])
+    row = next((f for f in envelope.get("fields", []) if f.get("field") == "after"), None)
+    if row is None or row.get("type") != "struct":
+        return None
+    out = []
+    for f in row.get("fields", []):
+        wire = _WIRE.get(f.get("type"))
+        if wire is None:
+            return None  # struct, array, map: the record-by-record path handles them
+        out.append(_WireField(f["field"], wire, field_type(f), f.get("name")))
+    return out
+
+
+class RunDecoder:
+    """Decodes runs of one task; wire schemas are derived once per distinct Debezium schema."""
+
+    def __init__(self) -> None:
+        self._schemas: dict[bytes, list[_WireField] | None] = {}
+
+    def decode(self, records: list[Any], table_schema: pa.Schema, key_columns: list[str],
+               expected_like: bytes | None = None) -> DecodedRun | None:
+        """``records`` (no tombstones) of one topic as one typed run, or None (decode them one by one).
+
+        With ``expected_like``, a schemas-on run must carry the same Debezium schema as that message
+        (one whose shape the table is known to accept)."""
+        if expected_like is not None:
+            expected = _split_envelope(expected_like)
+            first = _split_envelope(records[0].value)
+            if (expected is None) != (first is None) or (expected is not None and expected[0] != first[0]):
+                return None
+        try:
+            return self._decode(records, table_schema, key_columns)
+        except (pa.ArrowException, ValueError, TypeError, KeyError, OverflowError, AttributeError):
+            return None
+
+    def _decode(self, records: list[Any], table_schema: pa.Schema, key_columns: list[str]) -> DecodedRun | None:
+        first = records[0].value
+        split = _split_envelope(first)
+        if split is not None:
+            head = split[0]
+            fields = self._schemas.get(head)
+            if head not in self._schemas:
+                fields = self._schemas[head] = _schema_fields(head) if len(self._schemas) < 1000 else None
+            if fields is None:
+                return None
+            payloads = []
+            for rec in records:
+                part = _split_envelope(rec.value)
+                if part is None or part[0] != head:
+                    return None
+                payloads.append(part[1])
+        else:
+            if first.startswith(b'{"schema"'):
+                return None
+            fields = []
+            for f in table_schema:
+                if not (pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
+                        or pa.types.is_string(f.type)):
+                    return None
+                wire = pa.int64() if pa.types.is_integer(f.type) else pa.float64() if pa.types.is_floating(f.type) \
+                    else f.type
+                fields.append(_WireField(f.name, wire, None))
+            payloads = [rec.value for rec in records]
+        by_name = {f.name: f for f in fields}
+        if any(name not in by_name for name in key_columns) or any(f.name not in table_schema.names for f in fields):
+            return None
+        row = pa.struct([(f.name, f.wire) for f in fields])
+        explicit = pa.schema([("before", row), ("after", row), ("op", pa.string()),
+                              ("source", pa.struct([("ts_ms", pa.int64())])), ("ts_ms", pa.int64())])
+        parsed = pj.read_json(io.BytesIO(b"\n".join(payloads)),
+                              read_options=pj.ReadOptions(block_size=max(1 << 20, 2 * sum(map(len, payloads))),
+                                                          use_threads=False),
+                              parse_options=pj.ParseOptions(explicit_schema=explicit,
+                                                            unexpected_field_behavior="infer"))
+        if parsed.num_rows != len(records):
+            return None
+        for side in ("before", "after"):
+            if parsed.schema.field(side).type != row:
+                return None  # a field the table does not have yet: a new column
+        ops = parsed.column("op").combine_chunks()
+        if ops.null_count or not pc.all(pc.is_in(ops, value_set=_OPS)).as_py():
+            return None
+        is_delete = pc.equal(ops, "d")
+        after = parsed.column("after").combine_chunks()
+        before = parsed.column("before").combine_chunks()
+        any_delete = pc.any(is_delete).as_py()
+        if pc.any(pc.and_(pc.invert(is_delete), after.is_null())).as_py():
+            return None
+        if any_delete and pc.any(pc.and_(is_delete, before.is_null())).as_py():
+            return None
+        keys = set(key_columns)
+        columns = {}
+        for f in fields:
+            value = after.field(f.name)
+            if any_delete:
+                old = before.field(f.name) if f.name in keys else pa.nulls(len(value), f.wire)
+                value = pc.if_else(is_delete, old, value)
+            if f.name in keys and value.null_count:
+                return None
+            if pa.types.is_string(f.wire) and pc.any(pc.equal(value, UNAVAILABLE_VALUE)).as_py():
+                return None  # withheld TOAST values: the record-by-record path keeps the stored value
+            columns[f.name] = _convert(value, f, table_schema.field(f.name).type)
+        n = len(records)
+        arrays = [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in table_schema]
+        for f, arr in zip(table_schema, arrays):
+            if not f.nullable and arr.null_count:
+                return None
+        table = pa.Table.from_arrays(arrays, schema=table_schema)
+        source_ts = parsed.column("source").combine_chunks().field("ts_ms")
+        source_ts = pc.coalesce(source_ts, parsed.column("ts_ms").combine_chunks())
+        return DecodedRun(table, np.fromiter((r.offset for r in records), np.int64, n), ops.to_pylist(),
+                          source_ts.to_numpy(zero_copy_only=False).astype(np.float64),
+                          np.fromiter((r.timestamp_ms for r in records), np.int64, n))
+
+
+_MICROS = {"io.debezium.time.MicroTimestamp": 1, "io.debezium.time.Timestamp": 1000,
+           "org.apache.kafka.connect.data.Timestamp": 1000}
+_DATES = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
+
+
+def _convert(value: pa.Array, field: _WireField, target: pa.DataType) -> pa.Array:
+    """A parsed wire column as ``target`` (raises when a value does not fit: the caller falls back)."""
+    name = field.semantic
+    if field.ftype is None or (name is None and field.ftype.convert is _identity):
+        return pc.cast(value, target, safe=True)
+    if name in _DATES and pa.types.is_date(target):
+        return pc.cast(pc.cast(value, pa.int32(), safe=True), target)
+    if name in _MICROS and pa.types.is_timestamp(target) and target.tz is None:
+        scale = _MICROS[name]
+        return pc.cast(value if scale == 1 else pc.multiply_checked(value, scale), target)
+    if name == "io.debezium.time.ZonedTimestamp" and pa.types.is_timestamp(target) and target.tz is not None:
+        return pc.cast(value, target)
+    if field.ftype.convert is _identity and pa.types.is_string(field.wire) and pa.types.is_string(target):
+        return value
+    from lakestream.sink.convert import build_column
+
+    convert = field.ftype.convert
+    return build_column([None if v is None else convert(v) for v in value.to_pylist()], target)

@@ -1,0 +1,105 @@
+"""The vectorized run decoder gives exactly what the record-by-record path gives, or declines."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pytest
+
+from lakestream.config import StreamSettings
+from lakestream.decode.records import RecordDecoder
+from lakestream.decode.vectorized import RunDecoder
+from lakestream.sink.convert import convert_rows
+from lakestream.sink.router import Router
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from _common import DebeziumEvents, OrderRow  # noqa: E402
+
+FIELD_ID = b"PARQUET:field_id"
+
+
+def _schema(schemas: bool) -> pa.Schema:
+    def f(i, name, t, nullable=True):
+        return pa.field(name, t, nullable=nullable, metadata={FIELD_ID: str(i)})
+    if schemas:
+        return pa.schema([f(1, "id", pa.int32(), False), f(2, "customer_id", pa.int64()), f(3, "status", pa.string()),
+                          f(4, "amount", pa.decimal128(12, 2)), f(5, "qty", pa.int32()), f(6, "price", pa.float64()),
+                          f(7, "express", pa.bool_()), f(8, "version", pa.int32()), f(9, "created_day", pa.date32()),
+                          f(10, "created_at", pa.timestamp("us")), f(11, "updated_at", pa.timestamp("us", tz="UTC")),
+                          f(12, "note", pa.string())])
+    return pa.schema([f(1, "id", pa.int64(), False), f(2, "customer_id", pa.int64()), f(3, "status", pa.string()),
+                      f(4, "amount", pa.string()), f(5, "qty", pa.int64()), f(6, "price", pa.float64()),
+                      f(7, "express", pa.bool_()), f(8, "version", pa.int64()), f(9, "created_day", pa.int64()),
+                      f(10, "created_at", pa.int64()), f(11, "updated_at", pa.string()), f(12, "note", pa.string())])
+
+
+def _records(events: DebeziumEvents, n: int = 200) -> list:
+    now = int(time.time() * 1000)
+    out = []
+    for i in range(1, n + 1):
+        if i % 10 == 0:
+            pairs = [events.delete(i - 1, now)[0]]
+        else:
+            pairs = [events.upsert(OrderRow(i, i * 7, i % 19 + 1, i % 5 + 1), "u" if i % 3 else "c", now)]
+        for key, value in pairs:
+            out.append(SimpleNamespace(topic=events.topic, partition=0, offset=len(out), timestamp_ms=now, key=key,
+                                       value=value, headers=None))
+    return out
+
+
+def _one_by_one(records, schema):
+    decoder = RecordDecoder(Router([StreamSettings(topic_pattern=r"p\..*")]))
+    rows, ops = [], []
+    for rec in records:
+        change = decoder.decode(rec)
+        rows.append(change.row)
+        ops.append(change.op)
+    table, bad = convert_rows(rows, schema)
+    assert not bad
+    return table, ops
+
+
+@pytest.mark.parametrize("schemas", [True, False])
+def test_run_equals_record_by_record(schemas):
+    records = _records(DebeziumEvents("p", "orders", schemas=schemas))
+    schema = _schema(schemas)
+    run = RunDecoder().decode(records, schema, ["id"])
+    assert run is not None
+    want, ops = _one_by_one(records, schema)
+    assert run.table.equals(want), (run.table.slice(0, 3).to_pylist(), want.slice(0, 3).to_pylist())
+    assert run.ops == ops and run.offsets.tolist() == [r.offset for r in records]
+    assert all(run.source_ts == records[0].timestamp_ms)
+
+
+def _with_value(records, index, value: bytes):
+    changed = list(records)
+    changed[index] = SimpleNamespace(**{**vars(records[index]), "value": value})
+    return changed
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda p: p.replace(b'"op":"u"', b'"op":"t"', 1),                    # unknown op
+    lambda p: p.replace(b'"qty":', b'"qty":1.5,"x":', 1),                # fraction where an integer is
+    lambda p: p.replace(b'"qty":', b'"new_column":1,"qty":', 1),          # a column the table lacks
+    lambda p: p.replace(b'"note":"', b'"note":"__debezium_unavailable_value","n":"', 1),  # withheld TOAST
+    lambda p: p[:-5],                                                      # truncated JSON
+    lambda p: p.replace(b'"id":', b'"id":null,"i":', 1),                 # null key
+])
+def test_anything_unusual_declines_the_run(mutate):
+    records = _records(DebeziumEvents("p", "orders", schemas=False), 40)
+    schema = _schema(False)
+    assert RunDecoder().decode(records, schema, ["id"]) is not None
+    assert RunDecoder().decode(_with_value(records, 7, mutate(records[7].value)), schema, ["id"]) is None
+
+
+def test_a_different_schema_in_the_run_declines():
+    records = _records(DebeziumEvents("p", "orders", schemas=True), 40)
+    other = json.loads(records[7].value)
+    other["schema"]["name"] = "changed"
+    changed = _with_value(records, 7, json.dumps(other, separators=(",", ":")).encode())
+    assert RunDecoder().decode(changed, _schema(True), ["id"]) is None
+    assert RunDecoder().decode(records, _schema(True), ["id"], expected_like=changed[7].value) is None
