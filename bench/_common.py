@@ -326,3 +326,29 @@ def quiet_logs() -> None:
 
 def say(text: str) -> None:
     print(text, flush=True)
+
+
+def bulk_fill(spark, table: str, first: int, last: int) -> None:
+    """INSERT rows ``first`` ≤ id < ``last`` into an orders table by Spark SQL, typed by the table's own schema
+    (schemas-on and schemas-off tables differ), with id, customer_id, qty and version as `OrderRow` has them."""
+    fixed = {"id": "id", "customer_id": "id % 50000", "qty": "id % 19 + 1", "version": "1"}
+    exprs = []
+    for field in spark.table(table).schema.fields:
+        t = field.dataType.simpleString()
+        if field.name in fixed:
+            expr = fixed[field.name]
+        elif t == "string":
+            expr = "concat('v', id)"
+        elif t == "boolean":
+            expr = "id % 3 = 0"
+        elif t == "date":
+            expr = "date_add(DATE'2024-03-17', CAST(id % 365 AS int))"
+        elif t.startswith("timestamp"):
+            expr = "TIMESTAMP'2024-01-01 00:00:00'"
+        elif t == "binary":
+            expr = "'x'"
+        else:
+            expr = "id % 1000"
+        exprs.append(f"CAST({expr} AS {t})")
+    parts = max(2, (last - first) // 2_000_000)
+    spark.sql(f"INSERT INTO {table} SELECT {', '.join(exprs)} FROM range({first}, {last}, 1, {parts})")

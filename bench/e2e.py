@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    ORDERS_DDL, STATUSES, DebeziumEvents, FastProducer, OrderRow, driver_memory, freshness, machine_load,
+    ORDERS_DDL, STATUSES, DebeziumEvents, bulk_fill, FastProducer, OrderRow, driver_memory, freshness, machine_load,
     pipeline_data, private_stack, quiet_logs, say, to_config, write_pipeline_yaml,
 )
 
@@ -119,15 +119,6 @@ def sink_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, An
     }
 
 
-BASE_FILL_SQL = """
-INSERT INTO {table}
-SELECT CAST(id AS int), CAST(id % 50000 AS bigint), 'new', CAST(id % 1000 AS decimal(12,2)), CAST(id % 19 + 1 AS int),
-       (id % 19 + 1) * 19.99, id % 3 = 0, 1, date_add(DATE'2024-03-17', CAST(id % 365 AS int)),
-       CAST(TIMESTAMP_NTZ'2024-01-01 00:00:00' AS timestamp_ntz), TIMESTAMP'2024-01-01 00:00:00', concat('order ', id)
-FROM range({first}, {last})
-"""
-
-
 def steady_upserts(info, state_dir: Path, args, spark_box: list, schemas: bool) -> dict[str, Any]:
     """Steady-state upserts (10% deletes) into a table that already holds ``--base-rows`` rows."""
     label = "schemas_on" if schemas else "schemas_off"
@@ -148,7 +139,7 @@ def steady_upserts(info, state_dir: Path, args, spark_box: list, schemas: bool) 
     producer.flush()
     run_pipeline(config, spark=spark, stop_when_idle=True)
     started = time.perf_counter()
-    spark.sql(BASE_FILL_SQL.format(table=f"lake.{NAMESPACE}.{table}", first=1001, last=args.base_rows + 1))
+    bulk_fill(spark, f"lake.{NAMESPACE}.{table}", 1001, args.base_rows + 1)
     say(f"base filled by Spark SQL to {args.base_rows:,} rows in {time.perf_counter() - started:.1f}s (not timed)")
     for row_id in range(1001, args.base_rows + 1):
         live[row_id] = OrderRow(row_id, row_id % 50000, row_id % 19 + 1, 1)

@@ -21,21 +21,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    DebeziumEvents, FastProducer, OrderRow, machine_load, pipeline_data, private_stack, quiet_logs, say, to_config,
+    DebeziumEvents, FastProducer, bulk_fill, OrderRow, machine_load, pipeline_data, private_stack, quiet_logs, say, to_config,
 )
 
 from lakestream.engine.loop import run_pipeline  # noqa: E402
 from lakestream.engine.pipeline import Pipeline  # noqa: E402
 from lakestream.spark import session_for  # noqa: E402
-
-FILL_SQL = """
-INSERT INTO {table}
-SELECT CAST(id AS int), CAST(id % 50000 AS bigint), 'new', CAST(id % 1000 AS decimal(12,2)), CAST(id % 19 + 1 AS int),
-       (id % 19 + 1) * 19.99, id % 3 = 0, 1, date_add(DATE'2024-03-17', CAST(id % 365 AS int)),
-       CAST(TIMESTAMP_NTZ'2024-01-01 00:00:00' AS timestamp_ntz), TIMESTAMP'2024-01-01 00:00:00', concat('order ', id)
-FROM range({first}, {last}, 1, {parts})
-"""
-
 
 def one_size(info, state_dir: Path, spark, size: int, args) -> dict:
     events = DebeziumEvents(f"lsscale{size}", f"orders_{size}", schemas=False)
@@ -49,7 +40,7 @@ def one_size(info, state_dir: Path, spark, size: int, args) -> dict:
     producer.flush()
     run_pipeline(config, spark=spark, stop_when_idle=True)
     started = time.perf_counter()
-    spark.sql(FILL_SQL.format(table=table, first=101, last=size + 1, parts=max(2, size // 2_000_000)))
+    bulk_fill(spark, table, 101, size + 1)
     say(f"{size:,} rows: filled in {time.perf_counter() - started:.1f}s (not timed)")
     rng = random.Random(size)
     versions = {}  # id → version for ids changed (others stay 1); None = deleted

@@ -154,6 +154,9 @@ class Pipeline:
             return log_start  # unroutable: every record goes to the dead-letter table, which skips its own
         if not self.tables.exists(name.namespace, name.table):
             return log_start
+        if str(name) not in self.specs:
+            # Known before the first batch, so its tasks write it at once (shapes are checked in the task).
+            self.prepare_table(str(name), [], stream)
         return self.offsets.load(self.tables.ident(name.namespace, name.table)).get(tp, log_start)
 
     # -- reading and writing: one Spark job --------------------------------------------------
@@ -188,14 +191,14 @@ class Pipeline:
         stream = self.config.stream_for(shapes[0].topic) if shapes else None
         return stream or self.config.streams[0]
 
-    def prepare_table(self, name: str, shapes: list[NewShape]) -> None:
+    def prepare_table(self, name: str, shapes: list[NewShape], stream: StreamSettings | None = None) -> None:
         """Create or evolve ``name`` so every compatible shape can be written; reject the others."""
         from lakestream.sink.files import create_table, table_info
 
         table_name = TableName.parse(name)
         ns, tbl = table_name.namespace, table_name.table
         ident = self.tables.ident(ns, tbl)
-        stream = self._stream_for_table(shapes)
+        stream = stream or self._stream_for_table(shapes)
         as_shapes = [Shape(s.schema_id, list(s.columns), s.key, s.inferred) for s in shapes]
         catalog = self.config.catalog.name
         info = table_info(self.spark, catalog, ns, tbl)

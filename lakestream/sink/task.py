@@ -47,10 +47,28 @@ class TableSpec:
     rejected_shapes: dict[str, str] = field(default_factory=dict)  # schema id → reason
     committed: dict[TP, int] = field(default_factory=dict)  # the table's stored next offsets
     _arrow: pa.Schema | None = None
+    _ddl: dict[str, str] | None = None
 
     @property
     def keyed(self) -> bool:
         return bool(self.key_columns)
+
+    def fits(self, names: list[str], ddls: list[str]) -> bool:
+        """Whether rows of this shape can be written to the table as it is (no evolution needed):
+        every column exists with the same type or one it widens to. Decided in the task, without
+        the driver; anything else goes to the driver (`NewShape`)."""
+        if self._ddl is None:
+            from lakestream.sink.files import spark_ddl
+
+            try:
+                self._ddl = {f["name"]: spark_ddl(f["type"]) for f in self.schema["fields"]}
+            except ValueError:
+                self._ddl = {}
+        for name, ddl in zip(names, ddls):
+            have = self._ddl.get(name)
+            if have is None or not _ddl_fits(have, ddl):
+                return False
+        return True
 
     def arrow_schema(self) -> pa.Schema:
         if self._arrow is None:
@@ -58,6 +76,22 @@ class TableSpec:
 
             self._arrow = arrow_schema(self.schema)
         return self._arrow
+
+
+def _ddl_fits(table: str, incoming: str) -> bool:
+    """Values of Spark type ``incoming`` can be written to a column of type ``table`` without loss
+    (the rules of `lakestream.sink.schema._fits`, on DDL strings)."""
+    if table == incoming or table == "string":
+        return True
+    if table == "bigint" and incoming in ("int", "smallint", "tinyint"):
+        return True
+    if table == "double" and incoming in ("float", "int", "bigint"):
+        return True
+    if table.startswith("decimal(") and incoming.startswith("decimal("):
+        tp, ts = table[8:-1].split(",")
+        ip, is_ = incoming[8:-1].split(",")
+        return ts.strip() == is_.strip() and int(ip) <= int(tp)
+    return False
 
 
 @dataclass
@@ -298,6 +332,11 @@ class TableWriter:
             pos_of[final_slots[rows]] = np.arange(len(rows))
 
 
+def _keys_in_table(spec: TableSpec, change: DecodedRecord) -> bool:
+    names = set(spec.arrow_schema().names)
+    return bool(change.key_columns) and all(k in names for k in change.key_columns)
+
+
 def _topic_table(router: Router, topic: str) -> str | None:
     """The table a topic routes to when that does not depend on the record (for dead letters)."""
     try:
@@ -344,6 +383,11 @@ def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.
             facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
                                        spec.rejected_shapes[shape_id], rec.key, rec.value, table))
             return
+        if (spec is not None and shape_id not in spec.accepted_shapes and table not in deferred
+                and (change.op == "d" and _keys_in_table(spec, change)
+                     or spec.fits(change.columns.names, [t.ddl for t in change.columns.types]))):
+            # The table can take it as it is (a delete writes only its key).
+            spec.accepted_shapes = spec.accepted_shapes | {shape_id}
         if spec is None or shape_id not in spec.accepted_shapes or table in deferred:
             shapes = deferred.setdefault(table, {})
             if shape_id not in shapes:

@@ -65,6 +65,11 @@ def read_offset_ranges(
     if len(states) != len(ranges):
         raise ValueError("read_offset_ranges needs ranges of distinct partitions")
     conf = dict(consumer_conf)
+    # Bigger fetches than librdkafka's defaults (1 MB per partition): a range is read to its end at
+    # once, and schemas-on Debezium messages are ~5 KB each. Settings the user gave win.
+    for key, value in (("fetch.max.bytes", 64 * 1024 * 1024), ("max.partition.fetch.bytes", 16 * 1024 * 1024),
+                       ("queued.max.messages.kbytes", 256 * 1024)):
+        conf.setdefault(key, value)
     conf.update({
         "enable.partition.eof": True,
         "enable.auto.commit": False,
@@ -79,7 +84,9 @@ def read_offset_ranges(
             open_count = len(pending)
             last_progress = time.monotonic()
             while open_count:
-                messages = consumer.consume(num_messages=chunk, timeout=1.0)
+                # consume() waits for `chunk` messages or the timeout: keep the wait short so the
+                # last, partial chunk of a range is not held back.
+                messages = consumer.consume(num_messages=chunk, timeout=0.05)
                 if not messages:
                     if time.monotonic() - last_progress > stall_timeout_s:
                         stuck = ", ".join(f"{st.rng.topic}[{st.rng.partition}]@{st.next_offset}"
