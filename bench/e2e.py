@@ -45,6 +45,21 @@ def lake_totals(spark, table: str) -> dict[str, int]:
 
 # -- sink only ------------------------------------------------------------------------------------
 
+def send_change(producer: FastProducer, events: DebeziumEvents, live: dict[int, OrderRow], row_id: int,
+                delete: bool, rng: random.Random, now: int, ops: dict[str, int]) -> None:
+    """An update (new qty, version + 1) or a delete (+ tombstone) of a live row, mirrored in ``live``."""
+    if delete:
+        del live[row_id]
+        for key, value in events.delete(row_id, now):
+            producer.send(events.topic, key, value)
+        ops["d"] += 1
+    else:
+        row = live[row_id]
+        row.qty, row.version = rng.randrange(1, 20), row.version + 1
+        producer.send(events.topic, *events.upsert(row, "u", now))
+        ops["u"] += 1
+
+
 def fill_topic(bootstrap: str, events: DebeziumEvents, records: int, delete_share: float,
                rng: random.Random) -> tuple[dict[int, OrderRow], dict[str, int], int]:
     """Half inserts, then updates of existing keys with some deletes (each delete + tombstone)."""
@@ -62,16 +77,7 @@ def fill_topic(bootstrap: str, events: DebeziumEvents, records: int, delete_shar
         row_id = rng.randrange(1, inserts + 1)
         while row_id not in live:  # a deleted key cannot be updated at the source either
             row_id = rng.randrange(1, inserts + 1)
-        if rng.random() < delete_share and len(live) > 1:
-            del live[row_id]
-            for key, value in events.delete(row_id, now):
-                producer.send(events.topic, key, value)
-            ops["d"] += 1
-        else:
-            row = live[row_id]
-            row.qty, row.version = rng.randrange(1, 20), row.version + 1
-            producer.send(events.topic, *events.upsert(row, "u", now))
-            ops["u"] += 1
+        send_change(producer, events, live, row_id, rng.random() < delete_share and len(live) > 1, rng, now, ops)
     producer.flush()
     return live, ops, producer.sent
 
@@ -155,16 +161,7 @@ def steady_upserts(info, state_dir: Path, args, spark_box: list, schemas: bool) 
         row_id = keys[rng.randrange(len(keys))]
         if row_id not in live:
             continue
-        if rng.random() < args.delete_share:
-            del live[row_id]
-            for key, value in events.delete(row_id, now):
-                producer.send(events.topic, key, value)
-            ops["d"] += 1
-        else:
-            row = live[row_id]
-            row.qty, row.version = rng.randrange(1, 20), row.version + 1
-            producer.send(events.topic, *events.upsert(row, "u", now))
-            ops["u"] += 1
+        send_change(producer, events, live, row_id, rng.random() < args.delete_share, rng, now, ops)
     producer.flush()
     changes = ops["u"] + ops["d"]
     load_before = machine_load()
