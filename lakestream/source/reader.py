@@ -40,8 +40,14 @@ def read_offset_range(
         yield item[1] if isinstance(item, tuple) else item
 
 
+# An open range (no end offset) normally ends at end-of-partition. While a producer keeps writing,
+# that end keeps moving and a task could read live data for as long as it lasts, holding back the
+# whole batch: an open range stops this long after its first record (the rest is read next batch).
+OPEN_RANGE_MAX_S = 1.0
+
+
 class _RangeState:
-    __slots__ = ("rng", "next_offset", "remaining", "done", "at_end")
+    __slots__ = ("rng", "next_offset", "remaining", "done", "at_end", "first_at")
 
     def __init__(self, rng: OffsetRange):
         self.rng = rng
@@ -49,6 +55,7 @@ class _RangeState:
         self.remaining = rng.limit if rng.end is None else min(rng.limit, rng.end - rng.start)
         self.done = self.remaining <= 0
         self.at_end = False
+        self.first_at: float | None = None
 
 
 def read_offset_ranges(
@@ -120,9 +127,17 @@ def read_offset_ranges(
                                                    msg.key(), msg.value(), msg.headers()))
                             # The next offset to read is one past the last record consumed.
                             st.next_offset = offset + 1
+                            if st.first_at is None:
+                                st.first_at = last_progress
                             st.remaining -= 1
                             st.done = st.remaining <= 0
                     if st.done:
+                        open_count -= 1
+                        finished.append(TopicPartition(st.rng.topic, st.rng.partition))
+                for st in states.values():
+                    if (not st.done and st.rng.end is None and st.first_at is not None
+                            and last_progress - st.first_at > OPEN_RANGE_MAX_S):
+                        st.done = True
                         open_count -= 1
                         finished.append(TopicPartition(st.rng.topic, st.rng.partition))
                 if finished:
