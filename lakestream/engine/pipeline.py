@@ -24,7 +24,9 @@ from lakestream.sink.deadletter import dead_letter_table, ensure_dead_letter_tab
 from lakestream.sink.index import KeyIndex, is_integer_key
 from lakestream.sink.report import BatchReport, NewShape, TableReport
 from lakestream.sink.router import Router, TableName
-from lakestream.sink.schema import Shape, TableManager, merged_columns, reconcile, widen_to_string_statements
+from lakestream.sink.schema import (
+    DEFAULT_TABLE_PROPERTIES, Shape, TableManager, merged_columns, reconcile, widen_to_string_statements,
+)
 from lakestream.sink.task import TableSpec, WriteContext, run_write_task
 from lakestream.source.kafka import TP, KafkaCluster
 from lakestream.source.planner import OffsetRange, pack_ranges, plan_offset_ranges
@@ -38,8 +40,6 @@ log = logging.getLogger(__name__)
 # write is re-planned against the table's new state.
 _RETRYABLE = ("CommitFailedException", "ValidationException", "CommitStateUnknownException", "NotFoundException",
               "FileNotFoundException")
-
-FORMAT_VERSION = "3"
 
 
 @dataclass
@@ -206,9 +206,7 @@ class Pipeline:
             first_key = next((s.key for s in as_shapes if s.key), stream.key_columns)
             key = (stream.key_columns or first_key) if stream.mode == "upsert" else []
             layout = self.config.layout_for(name, stream)
-            from lakestream.sink.schema import DEFAULT_TABLE_PROPERTIES
-
-            properties = dict(DEFAULT_TABLE_PROPERTIES) | {"format-version": FORMAT_VERSION} | layout.properties
+            properties = dict(DEFAULT_TABLE_PROPERTIES) | layout.properties  # format v3: deletion vectors
             key_lower = {k.lower() for k in key}
             columns = [{"name": n, "type": t, "required": n.lower() in key_lower} for n, t in merged_columns(as_shapes)]
             info = create_table(self.spark, catalog, ns, tbl, {

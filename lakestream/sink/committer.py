@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,7 +39,6 @@ class TableWrite:
     name: TableName
     spec: TableSpec
     index: KeyIndex | None  # upsert and de-duplicated tables
-    stats: dict[str, int] = field(default_factory=dict)
 
     @property
     def mode(self) -> str:
@@ -101,8 +100,8 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
     if write.mode == "upsert":
         # The key's previous row, wherever it is, and every row of this batch but the last one.
         has_old = old != MISSING
-        old_fid, old_pos = unpack(old[has_old])
-        add_deletes(old_fid, old_pos, write.index.paths if write.index is not None else [])
+        old_fid, old_pos = unpack(old)
+        add_deletes(old_fid[has_old], old_pos[has_old], write.index.paths if write.index is not None else [])
         superseded = np.ones(len(k), bool)
         superseded[last] = False
         superseded &= files >= 0
@@ -119,8 +118,7 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
                 if not columns:
                     continue
                 s_, e_ = starts[g], ends[g]
-                source = None if old[g] == MISSING else (write.index.paths[unpack(old[g:g + 1])[0][0]],
-                                                          int(unpack(old[g:g + 1])[1][0]))
+                source = (write.index.paths[old_fid[g]], int(old_pos[g])) if has_old[g] else None
                 if e_ - 1 > s_:  # an earlier change of the key in this batch
                     prev = e_ - 2
                     source = None if ops[prev] == OP_DELETE or files[prev] < 0 else (paths[files[prev]],
@@ -213,8 +211,6 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
         "properties": properties,
     }
     result = commit_files(spark, write.catalog, write.name.namespace, write.name.table, request)
-    write.stats = {"data_files": len(data_files), "deleted_rows": sum(len(d["positions"]) for d in request["deletes"]),
-                   "rows": sum(f["record_count"] for f in data_files)}
     if index is not None and resolved is not None:
         parent = result.get("parent_snapshot_id")
         if parent is not None and parent != index.snapshot_id:

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from lakestream.config import TableLayout
-from lakestream.identifiers import quote, quote_column, quote_table, sql_string
+from lakestream.identifiers import quote, quote_column, quote_table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -185,26 +183,8 @@ def merged_columns(shapes: list[Shape]) -> list[tuple[str, str]]:
     return [(n, types[n].simpleString()) for n in order]
 
 
-_TRANSFORM = re.compile(r"^(years|months|days|hours|bucket|truncate|identity)\((?:(\d+)\s*,\s*)?([^()]+)\)$")
-
-
-def partition_clause(fields: list[str]) -> str:
-    """``PARTITIONED BY (...)`` from entries like ``days(created_at)``, ``bucket(16, id)``, ``region``."""
-    parts = []
-    for raw in fields:
-        spec = raw.strip()
-        match = _TRANSFORM.match(spec)
-        if match:
-            fn, width, col = match.groups()
-            col_sql = quote_column(col.strip())
-            parts.append(f"{fn}({width}, {col_sql})" if width else f"{fn}({col_sql})")
-        else:
-            parts.append(quote_column(spec))
-    return f"PARTITIONED BY ({', '.join(parts)})" if parts else ""
-
-
 class TableManager:
-    """Creates tables, reconciles shapes, caches schemas (refreshed after each change)."""
+    """Reconciles shapes through Spark SQL DDL and caches schemas (refreshed after each change)."""
 
     def __init__(self, spark: SparkSession, catalog: str):
         self.spark = spark
@@ -231,42 +211,12 @@ class TableManager:
             self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.catalog, 'catalog')}.{quote(namespace, 'namespace')}")
             self._namespaces.add(namespace)
 
-    def create(self, namespace: str, table: str, columns: list[tuple[str, str]], key: list[str],
-               layout: TableLayout, extra_properties: dict[str, str] | None = None) -> None:
-        """CREATE TABLE IF NOT EXISTS with the stream's layout; key columns NOT NULL + identifier fields."""
-        self.ensure_namespace(namespace)
-        ident = self.ident(namespace, table)
-        key_lower = {k.lower() for k in key}
-        cols = ", ".join(
-            f"{quote_column(n)} {t}{' NOT NULL' if n.lower() in key_lower else ''}" for n, t in columns)
-        props = dict(DEFAULT_TABLE_PROPERTIES)
-        props.update(extra_properties or {})
-        props.update(layout.properties)
-        props_sql = ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in props.items())
-        self.spark.sql(
-            f"CREATE TABLE IF NOT EXISTS {ident} ({cols}) USING iceberg "
-            f"{partition_clause(layout.partition_by)} TBLPROPERTIES ({props_sql})")
-        if key:
-            self.spark.sql(f"ALTER TABLE {ident} SET IDENTIFIER FIELDS {', '.join(quote_column(k) for k in key)}")
-        if layout.sort_by:
-            self.spark.sql(f"ALTER TABLE {ident} WRITE ORDERED BY {', '.join(_sort_term(s) for s in layout.sort_by)}")
-        log.info("created table %s.%s.%s (%d columns, key %s)", self.catalog, namespace, table, len(columns), key or "-")
-        self.schema(namespace, table, refresh=True)
-
     def apply(self, namespace: str, table: str, statements: list[str]) -> None:
         for stmt in statements:
             log.info("schema change: %s", stmt)
             self.spark.sql(stmt)
         if statements:
             self.schema(namespace, table, refresh=True)
-
-
-def _sort_term(spec: str) -> str:
-    parts = spec.split()
-    direction = ""
-    if len(parts) == 2 and parts[1].upper() in ("ASC", "DESC"):
-        direction = " " + parts[1].upper()
-    return quote_column(parts[0]) + direction
 
 
 def widen_to_string_statements(table_ident: str, column: str, suffix: str) -> list[str]:

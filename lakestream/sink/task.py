@@ -102,7 +102,6 @@ class WriteContext:
     router: Router
     tables: dict[str, TableSpec]
     only_tables: frozenset[str] | None = None  # second pass: write these tables only
-    target_file_rows: int = 2_000_000
 
 
 class _Pending:
@@ -241,8 +240,6 @@ class TableWriter:
         if rows is None:
             return
         typed, ops, withheld = rows.table, rows.ops, rows.withheld
-        good = list(range(typed.num_rows))
-        keys = None
         if spec.keyed:
             keys_np = index_keys(typed, spec.key_columns)
             # Kafka order within a partition; partitions of one key do not interleave in Debezium.
@@ -258,7 +255,7 @@ class TableWriter:
             else:
                 final = _first_per_key(keys_np.tolist(), order_np.tolist())
         else:
-            final = list(range(len(good)))
+            final = list(range(typed.num_rows))
         is_delete = np.array([ops[j] == "d" for j in final], dtype=bool)
         data_rows = [j for j, d in zip(final, is_delete) if not d]
         data = typed.take(pa.array(data_rows, pa.int64())) if len(data_rows) != typed.num_rows else typed
