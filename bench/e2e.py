@@ -133,6 +133,8 @@ def steady_upserts(info, state_dir: Path, args, spark_box: list, schemas: bool) 
     rng = random.Random(7)
     now = int(time.time() * 1000)
     engine = {"max_records_per_batch": args.batch} if args.batch else {}
+    if args.per_task:
+        engine["max_records_per_task"] = args.per_task
     config = to_config(pipeline_data(info, state_dir, f"bench_{table}", [
         {"topics": [events.topic], "mode": "upsert", "namespace": NAMESPACE, "table": "{table}"}], engine=engine))
     spark = ensure_spark(spark_box, config)
@@ -464,6 +466,8 @@ def main() -> int:
     parser.add_argument("--delete-share", type=float, default=0.1, help="share of deletes among the non-inserts")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of source load (default 60)")
     parser.add_argument("--batch", type=int, default=None, help="engine.max_records_per_batch (default: engine's)")
+    parser.add_argument("--per-task", type=int, default=None,
+                        help="engine.max_records_per_task for the steady parts (default: engine's)")
     parser.add_argument("--connections", type=int, default=3, help="load generator connections (default 3)")
     parser.add_argument("--rate", type=float, default=0.0, help="target source changes/s (default: as fast as PG allows)")
     parser.add_argument("--seed-rows", type=int, default=10_000, help="rows in the source table before capture starts")

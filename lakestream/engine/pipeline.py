@@ -171,15 +171,16 @@ class Pipeline:
         def task(batches: Any) -> Any:
             for batch in batches:
                 cols = batch.to_pydict()
-                rngs = [OffsetRange(t, p, s, e, lim) for t, p, s, e, lim in
-                        zip(cols["topic"], cols["partition"], cols["start"], cols["end"], cols["limit"])]
+                rngs = [OffsetRange(t, p, s, e, lim, k) for t, p, s, e, lim, k in
+                        zip(cols["topic"], cols["partition"], cols["start"], cols["end"], cols["limit"], cols["known"])]
                 yield from run_write_task(rngs, ctx)
 
         tasks = pack_ranges(ranges, self.spark.sparkContext.defaultParallelism)
-        groups = [[(r.topic, r.partition, r.start, r.end, r.limit) for r in task] for task in tasks]
+        groups = [[(r.topic, r.partition, r.start, r.end, r.limit, r.known_end) for r in task] for task in tasks]
         # One Spark partition per task group: parallelize the groups, then flatten within partitions.
         rdd = self.spark.sparkContext.parallelize(groups, len(groups)).flatMap(lambda group: group)
-        plan = self.spark.createDataFrame(rdd, "topic string, partition int, start bigint, `end` bigint, `limit` bigint")
+        plan = self.spark.createDataFrame(rdd, "topic string, partition int, start bigint, `end` bigint, `limit` bigint, "
+                                        "known bigint")
         batches = plan.mapInArrow(task, REPORT_DDL)._collect_as_arrow()
         report = BatchReport()
         if batches:

@@ -114,6 +114,20 @@ def spark_ddl(iceberg_type: Any) -> str:
     raise ValueError(f"Iceberg type {t!r} has no Spark 3.5 equivalent")
 
 
+_DDL_ICEBERG = {ddl: iceberg for iceberg, ddl in _SIMPLE_DDL.items() if iceberg != "uuid"}
+
+
+def ddl_arrow_type(ddl: str) -> pa.DataType | None:
+    """The Arrow type a table gets for a flat Spark DDL type (``bigint`` → int64, ``decimal(p,s)``,
+    ``timestamp`` → UTC micros), or None for nested types."""
+    if ddl in _DDL_ICEBERG:
+        return _SIMPLE_ARROW[_DDL_ICEBERG[ddl]]
+    if ddl.startswith("decimal("):
+        p, s = ddl[8:-1].split(",")
+        return pa.decimal128(int(p), int(s))
+    return None
+
+
 # -- partition transforms (Iceberg spec, "Partition Transforms" and "Appendix B") -----------------
 
 _MICROS_PER_DAY = 86_400_000_000

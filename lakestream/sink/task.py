@@ -348,8 +348,37 @@ def _topic_table(router: Router, topic: str) -> str | None:
         return None
 
 
+def _shape_schema(shape: rp.NewShape) -> pa.Schema | None:
+    """The Arrow schema a new table of ``shape`` would get (flat columns only; None otherwise)."""
+    from lakestream.sink.files import ddl_arrow_type
+
+    fields = []
+    for name, ddl in shape.columns:
+        arrow = ddl_arrow_type(ddl)
+        if arrow is None:
+            return None
+        fields.append(pa.field(name, arrow))
+    return pa.schema(fields)
+
+
 def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.RecordBatch]:
-    """Read ``ranges`` (distinct partitions) with one consumer, write the tables, yield the report."""
+    """Read ``ranges`` (distinct partitions) with one consumer, write the tables, yield the report.
+
+    With ``LAKESTREAM_PROFILE_DIR`` set in the executors' environment, each task leaves a cProfile
+    dump there (``task-<id>.prof``): where a write task spends its time, on any cluster."""
+    profile_dir = os.environ.get("LAKESTREAM_PROFILE_DIR")
+    if profile_dir:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        report = profiler.runcall(lambda: list(_write_task(ranges, ctx)))
+        profiler.dump_stats(os.path.join(profile_dir, f"task-{os.getpid()}-{uuid.uuid4().hex[:8]}.prof"))
+        yield from report
+        return
+    yield from _write_task(ranges, ctx)
+
+
+def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.RecordBatch]:
     task_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
     decoder = RecordDecoder(ctx.router)
     runs = RunDecoder()
@@ -358,7 +387,8 @@ def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.
     deferred: dict[str, dict[str, rp.NewShape]] = {}
     topic_tables: dict[str, str | None] = {}
 
-    def one_by_one(rec: Any) -> None:
+    def one_by_one(rec: Any) -> DecodedRecord | None:
+        """Decode, route and place one record; its change when the record was kept or deferred."""
         try:
             change = decoder.decode(rec)
         except (DecodeError, RecursionError, ValueError, TypeError, KeyError, AttributeError,
@@ -368,18 +398,18 @@ def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.
                 reason = str(exc) if isinstance(exc, DecodeError) else f"cannot decode: {type(exc).__name__}: {exc}"
                 facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
                                            reason[:2000], rec.key, rec.value, _topic_table(ctx.router, rec.topic)))
-            return
+            return None
         if change is None:
-            return
+            return None
         table = change.table
         if ctx.only_tables is not None and table not in ctx.only_tables:
-            return
+            return None
         spec = ctx.tables.get(table)
         shape_id = change.columns.schema_id
         if spec is not None and shape_id in spec.rejected_shapes:
             facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
                                        spec.rejected_shapes[shape_id], rec.key, rec.value, table))
-            return
+            return None
         if (spec is not None and shape_id not in spec.accepted_shapes and table not in deferred
                 and (change.op == "d" and _keys_in_table(spec, change)
                      or spec.fits(change.columns.names, [t.ddl for t in change.columns.types]))):
@@ -392,13 +422,14 @@ def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.
                 shapes[shape_id] = rp.NewShape(table, rec.topic, shape_id,
                                                [(n, t.ddl) for n, t in zip(cols.names, cols.types)],
                                                change.key_columns, cols.inferred)
-            return
+            return change
         if rec.offset < spec.committed.get(TP(rec.topic, rec.partition), -1):
-            return  # the table already holds it (a replay after a restart)
+            return None  # the table already holds it (a replay after a restart)
         buf = pending.get(table)
         if buf is None:
             buf = pending[table] = _Pending(spec)
         buf.add(rec, change)
+        return change
 
     def vectorized(topic: str, partition: int, records: list[Any]) -> None:
         """A partition's slice of a fetch: decoded as one run when it can be, else record by record."""
@@ -408,17 +439,30 @@ def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.
             topic_tables[topic] = _topic_table(ctx.router, topic) if eligible else None
         table = topic_tables[topic]
         changes = [r for r in records if r.value is not None]  # tombstones carry no change
-        spec = ctx.tables.get(table) if table is not None else None
-        if (spec is None or len(changes) < 16 or table in deferred
-                or (ctx.only_tables is not None and table not in ctx.only_tables)):
+        if table is None or len(changes) < 16 or (ctx.only_tables is not None and table not in ctx.only_tables):
             for rec in records:
                 one_by_one(rec)
             return
         # The first record goes the careful way: it proves the run's shape is one the table accepts.
-        one_by_one(changes[0])
-        committed = spec.committed.get(TP(topic, partition), -1)
+        first = one_by_one(changes[0])
+        spec = ctx.tables.get(table)
+        committed = spec.committed.get(TP(topic, partition), -1) if spec is not None else -1
         rest = [r for r in changes[1:] if r.offset >= committed]
-        if table in deferred or table not in pending or not rest:
+        if first is None or not rest:
+            for rec in rest:
+                one_by_one(rec)
+            return
+        if table in deferred:
+            # Not written by this job (the driver creates or evolves the table first): the run only
+            # has to prove it brings no other shape, which a vectorized parse in the first record's
+            # shape does; anything else is decoded record by record to report it.
+            shape = deferred[table].get(first.columns.schema_id)
+            schema = _shape_schema(shape) if shape is not None else None
+            if schema is None or runs.decode(rest, schema, first.key_columns, expected_like=changes[0].value) is None:
+                for rec in rest:
+                    one_by_one(rec)
+            return
+        if spec is None or table not in pending:
             for rec in rest:
                 one_by_one(rec)
             return

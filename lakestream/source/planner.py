@@ -18,6 +18,7 @@ class OffsetRange:
     start: int
     end: int | None  # exclusive; None = until end-of-partition
     limit: int  # at most this many records
+    known_end: int = 0  # the high watermark when planned: an open range reads at least this far
 
     @property
     def tp(self) -> TP:
@@ -65,7 +66,7 @@ def plan_offset_ranges(
             start += per_task
             known -= per_task
             budget -= per_task
-        ranges.append(OffsetRange(tp.topic, tp.partition, start, None, min(budget, max_per_task)))
+        ranges.append(OffsetRange(tp.topic, tp.partition, start, None, min(budget, max_per_task), start + known))
     return ranges
 
 

@@ -42,12 +42,13 @@ def read_offset_range(
 
 # An open range (no end offset) normally ends at end-of-partition. While a producer keeps writing,
 # that end keeps moving and a task could read live data for as long as it lasts, holding back the
-# whole batch: an open range stops this long after its first record (the rest is read next batch).
+# whole batch: once past the end known when the batch was planned, an open range stops this long
+# after (the rest is read next batch). A backlog known at planning time is always read in full.
 OPEN_RANGE_MAX_S = 1.0
 
 
 class _RangeState:
-    __slots__ = ("rng", "next_offset", "remaining", "done", "at_end", "first_at")
+    __slots__ = ("rng", "next_offset", "remaining", "done", "at_end", "past_known_at")
 
     def __init__(self, rng: OffsetRange):
         self.rng = rng
@@ -55,7 +56,7 @@ class _RangeState:
         self.remaining = rng.limit if rng.end is None else min(rng.limit, rng.end - rng.start)
         self.done = self.remaining <= 0
         self.at_end = False
-        self.first_at: float | None = None
+        self.past_known_at: float | None = None  # when the read passed rng.known_end
 
 
 def read_offset_ranges(
@@ -127,16 +128,16 @@ def read_offset_ranges(
                                                    msg.key(), msg.value(), msg.headers()))
                             # The next offset to read is one past the last record consumed.
                             st.next_offset = offset + 1
-                            if st.first_at is None:
-                                st.first_at = last_progress
+                            if st.past_known_at is None and offset >= st.rng.known_end:
+                                st.past_known_at = last_progress
                             st.remaining -= 1
                             st.done = st.remaining <= 0
                     if st.done:
                         open_count -= 1
                         finished.append(TopicPartition(st.rng.topic, st.rng.partition))
                 for st in states.values():
-                    if (not st.done and st.rng.end is None and st.first_at is not None
-                            and last_progress - st.first_at > OPEN_RANGE_MAX_S):
+                    if (not st.done and st.rng.end is None and st.past_known_at is not None
+                            and last_progress - st.past_known_at > OPEN_RANGE_MAX_S):
                         st.done = True
                         open_count -= 1
                         finished.append(TopicPartition(st.rng.topic, st.rng.partition))

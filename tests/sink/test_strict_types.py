@@ -68,3 +68,33 @@ def test_values_that_do_not_fit_become_dead_letters(stack, spark, pipeline_confi
         assert letter["target_table"] == f"strict.items_{topic[6:12]}"
     assert "id" in letters[8]["error"] and "id" in letters[9]["error"]
     assert "missing or null" in letters[9]["error"]
+
+
+def test_runs_into_a_new_table_keep_every_shape_and_every_dead_letter(stack, spark, pipeline_config_factory):
+    """A new table's first batch: long runs of one shape are proven by a vectorized parse, and a run
+    that holds a new column or a value that does not fit still reports that shape and that dead
+    letter (schemas on and off, in one partition slice)."""
+    suffix = uuid.uuid4().hex[:6]
+    on_topic, off_topic = f"runs{suffix}.public.on_items", f"runs{suffix}.public.off_items"
+    rows = [{"id": i, "small": i, "big": i * 10, "price": f"{i}.50", "ratio": i / 4} for i in range(1, 61)]
+    on = [(_key(r["id"]), _envelope(r)) for r in rows[:30]]
+    on.append((_key(99), _envelope({"id": 99, "small": 2**40, "big": 1, "price": "1.00", "ratio": 1.0})))
+    on += [(_key(r["id"]), _envelope(r)) for r in rows[30:]]
+    off = [(json.dumps({"id": r["id"]}), json.dumps({"before": None, "after": {**r, "price": r["ratio"]}, "op": "c"}))
+           for r in rows]
+    off[40] = (off[40][0], json.dumps({"before": None, "after": {**rows[40], "price": 1.0, "extra": "x"}, "op": "c"}))
+    produce_records(stack.bootstrap_servers, on_topic, on)
+    produce_records(stack.bootstrap_servers, off_topic, off)
+    config = pipeline_config_factory([{"topics": [on_topic, off_topic], "namespace": "runs", "table": "{table}"}],
+                                     name=f"runs{suffix}")
+    run_pipeline(config, spark=spark, stop_when_idle=True)
+
+    got_on = {r["id"]: r.asDict() for r in spark.sql("SELECT * FROM lake.runs.on_items").collect()}
+    assert sorted(got_on) == list(range(1, 61))
+    assert got_on[45] == {"id": 45, "small": 45, "big": 450, "price": __import__("decimal").Decimal("45.50"),
+                          "ratio": 11.25}
+    letters = spark.sql(f"SELECT `offset`, error FROM lake.lakestream.dead_letter WHERE topic = '{on_topic}'").collect()
+    assert [r["offset"] for r in letters] == [30] and "'small'" in letters[0]["error"]
+    got_off = {r["id"]: r.asDict() for r in spark.sql("SELECT * FROM lake.runs.off_items").collect()}
+    assert sorted(got_off) == list(range(1, 61))
+    assert got_off[41]["extra"] == "x" and got_off[42]["extra"] is None and got_off[42]["ratio"] == 10.5

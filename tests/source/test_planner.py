@@ -9,7 +9,7 @@ A, B, C = TP("t", 0), TP("t", 1), TP("u", 0)
 
 def test_small_backlog_is_one_open_range_per_partition():
     ranges = plan_offset_ranges({A: 10, B: 0}, {A: (0, 15), B: (0, 3)}, set(), max_records=1000, max_per_task=100)
-    assert ranges == [OffsetRange("t", 0, 10, None, 100), OffsetRange("t", 1, 0, None, 100)]
+    assert ranges == [OffsetRange("t", 0, 10, None, 100, 15), OffsetRange("t", 1, 0, None, 100, 3)]
 
 
 def test_partitions_with_nothing_new_are_skipped():
@@ -21,12 +21,12 @@ def test_partitions_with_nothing_new_are_skipped():
 def test_maybe_more_partition_is_read_even_if_the_watermark_says_nothing_new():
     # Tansu's high watermark lags: the last read stopped at its limit, so there may be more.
     ranges = plan_offset_ranges({A: 15, B: 3}, {A: (0, 15), B: (0, 3)}, {A}, 1000, 100)
-    assert ranges == [OffsetRange("t", 0, 15, None, 100)]
+    assert ranges == [OffsetRange("t", 0, 15, None, 100, 15)]
 
 
 def test_low_watermark_above_position_starts_at_low():
     ranges = plan_offset_ranges({A: 5}, {A: (40, 50)}, set(), 1000, 100)
-    assert ranges == [OffsetRange("t", 0, 40, None, 100)]
+    assert ranges == [OffsetRange("t", 0, 40, None, 100, 50)]
     # everything below low was deleted and nothing new: skipped
     assert plan_offset_ranges({A: 5}, {A: (50, 50)}, set(), 1000, 100) == []
 
@@ -37,7 +37,7 @@ def test_backlog_is_split_into_closed_chunks_with_the_last_one_open():
         OffsetRange("t", 0, 0, 100, 100),
         OffsetRange("t", 0, 100, 200, 100),
         OffsetRange("t", 0, 200, 300, 100),
-        OffsetRange("t", 0, 300, None, 100),
+        OffsetRange("t", 0, 300, None, 100, 350),  # an open range knows where the end was
     ]
     # chunks are contiguous and each closed chunk ends where the next starts
     for a, b in zip(ranges, ranges[1:]):
@@ -58,7 +58,7 @@ def test_batch_cap_is_shared_between_active_partitions():
 
 def test_cap_below_per_task_gives_one_capped_open_range():
     ranges = plan_offset_ranges({A: 0}, {A: (0, 10_000)}, set(), max_records=50, max_per_task=100)
-    assert ranges == [OffsetRange("t", 0, 0, None, 50)]
+    assert ranges == [OffsetRange("t", 0, 0, None, 50, 10_000)]
 
 
 def test_every_active_partition_gets_at_least_one_record_when_the_cap_is_tiny():
@@ -68,7 +68,7 @@ def test_every_active_partition_gets_at_least_one_record_when_the_cap_is_tiny():
 
 def test_partition_unknown_to_watermarks_only_when_maybe_more():
     assert plan_offset_ranges({A: 0}, {}, set(), 100, 100) == []
-    assert plan_offset_ranges({A: 0}, {}, {A}, 100, 100) == [OffsetRange("t", 0, 0, None, 100)]
+    assert plan_offset_ranges({A: 0}, {}, {A}, 100, 100) == [OffsetRange("t", 0, 0, None, 100, 0)]
 
 
 def test_pack_ranges_shares_consumers_but_keeps_backlog_chunks_apart():

@@ -226,3 +226,19 @@ def test_transactional_records_are_read_exactly_once_across_offset_gaps(stack):
         seen += [r.offset for r in part]
         assert all(a <= r.offset < b for r in part)
     assert seen == offsets
+
+
+def test_an_open_range_reads_its_known_backlog_in_full_before_the_time_cap(filled, monkeypatch):
+    """The open-range time cap (a live producer must not hold a batch back) starts only past the end
+    known at planning: a backlog is read whole however long it takes; live records beyond it are cut."""
+    import lakestream.source.reader as reader
+
+    _, bootstrap, topic = filled
+    monkeypatch.setattr(reader, "OPEN_RANGE_MAX_S", -1.0)  # cut as soon as the cap applies
+    conf = consumer_conf(bootstrap)
+    chunks = [c for c in reader.read_offset_range(conf, OffsetRange(topic, PARTITION, 0, None, 10_000, N), chunk=5)
+              if isinstance(c, list)]
+    assert [r.offset for c in chunks for r in c] == list(range(N))
+    cut = [r.offset for c in reader.read_offset_range(conf, OffsetRange(topic, PARTITION, 0, None, 10_000, 10), chunk=5)
+           if isinstance(c, list) for r in c]
+    assert 10 <= len(cut) < N and cut == list(range(len(cut)))
