@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import orjson
@@ -25,6 +25,9 @@ import pyarrow.json as pj
 
 from lakestream.decode.envelope import _split_envelope
 from lakestream.decode.types import UNAVAILABLE_VALUE, FieldType, _identity, field_type
+
+if TYPE_CHECKING:
+    from lakestream.source.reader import RecordRun
 
 _OPS = pa.array(["c", "u", "r", "d"])
 
@@ -74,15 +77,15 @@ class RunDecoder:
     def __init__(self) -> None:
         self._schemas: dict[bytes, list[_WireField] | None] = {}
 
-    def decode(self, records: list[Any], table_schema: pa.Schema, key_columns: list[str],
+    def decode(self, records: RecordRun, table_schema: pa.Schema, key_columns: list[str],
                expected_like: bytes | None = None) -> DecodedRun | None:
-        """``records`` (no tombstones) of one topic as one typed run, or None (decode them one by one).
+        """``records`` (no tombstones) as one typed run, or None (decode them one by one).
 
         With ``expected_like``, a schemas-on run must carry the same Debezium schema as that message
         (one whose shape the table is known to accept)."""
         if expected_like is not None:
             expected = _split_envelope(expected_like)
-            first = _split_envelope(records[0].value)
+            first = _split_envelope(records.values[0])
             if (expected is None) != (first is None) or (expected is not None and expected[0] != first[0]):
                 return None
         try:
@@ -90,8 +93,8 @@ class RunDecoder:
         except (pa.ArrowException, ValueError, TypeError, KeyError, OverflowError, AttributeError):
             return None
 
-    def _decode(self, records: list[Any], table_schema: pa.Schema, key_columns: list[str]) -> DecodedRun | None:
-        first = records[0].value
+    def _decode(self, records: RecordRun, table_schema: pa.Schema, key_columns: list[str]) -> DecodedRun | None:
+        first = records.values[0]
         split = _split_envelope(first)
         if split is not None:
             head = split[0]
@@ -104,8 +107,7 @@ class RunDecoder:
             # hold no field the schema lacks and the parser may skip anything unexpected.
             cut = len(first.rstrip()) - 1 - len(split[1])
             prefix = first[:cut]  # the schema part and the payload marker, however it is spaced
-            payloads = [v[cut:-1] for rec in records
-                        if (v := rec.value).startswith(prefix) and v.endswith(b"}")]
+            payloads = [v[cut:-1] for v in records.values if v.startswith(prefix) and v.endswith(b"}")]
             if len(payloads) != len(records):
                 return None
             unexpected = "ignore"
@@ -120,7 +122,7 @@ class RunDecoder:
                 wire = pa.int64() if pa.types.is_integer(f.type) else pa.float64() if pa.types.is_floating(f.type) \
                     else f.type
                 fields.append(_WireField(f.name, wire, None))
-            payloads = [rec.value for rec in records]
+            payloads = records.values
             unexpected = "infer"  # a new column is an unexpected field: it must show in the parsed schema
         by_name = {f.name: f for f in fields}
         if any(name not in by_name for name in key_columns) or any(f.name not in table_schema.names for f in fields):
@@ -169,9 +171,9 @@ class RunDecoder:
         table = pa.Table.from_arrays(arrays, schema=table_schema)
         source_ts = parsed.column("source").combine_chunks().field("ts_ms")
         source_ts = pc.coalesce(source_ts, parsed.column("ts_ms").combine_chunks())
-        return DecodedRun(table, np.fromiter((r.offset for r in records), np.int64, n), ops.to_pylist(),
+        return DecodedRun(table, np.array(records.offsets, np.int64), ops.to_pylist(),
                           source_ts.to_numpy(zero_copy_only=False).astype(np.float64),
-                          np.fromiter((r.timestamp_ms for r in records), np.int64, n))
+                          np.array(records.timestamps, np.int64))
 
 
 _MICROS = {"io.debezium.time.MicroTimestamp": 1, "io.debezium.time.Timestamp": 1000,

@@ -12,6 +12,7 @@ table, and a second job writes that table alone.
 """
 from __future__ import annotations
 
+import bisect
 import os
 import uuid
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ from lakestream.sink.index import index_keys, is_integer_key, keys_to_arrow
 from lakestream.sink.router import Router
 from lakestream.source.kafka import TP
 from lakestream.source.planner import OffsetRange
-from lakestream.source.reader import read_offset_ranges
+from lakestream.source.reader import RecordRun, read_runs
 
 
 @dataclass
@@ -431,26 +432,28 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
         buf.add(rec, change)
         return change
 
-    def vectorized(topic: str, partition: int, records: list[Any]) -> None:
-        """A partition's slice of a fetch: decoded as one run when it can be, else record by record."""
+    def vectorized(run: RecordRun) -> None:
+        """A partition's run of a fetch: decoded as one when it can be, else record by record."""
+        topic, partition = run.topic, run.partition
         if topic not in topic_tables:
             stream = ctx.router.streams[i] if (i := ctx.router.stream_index(topic)) is not None else None
             eligible = stream is not None and stream.record_format == "debezium" and stream.mode == "upsert"
             topic_tables[topic] = _topic_table(ctx.router, topic) if eligible else None
         table = topic_tables[topic]
-        changes = [r for r in records if r.value is not None]  # tombstones carry no change
+        changes = run if None not in run.values else run.select(
+            [i for i, v in enumerate(run.values) if v is not None])  # tombstones carry no change
         if table is None or len(changes) < 16 or (ctx.only_tables is not None and table not in ctx.only_tables):
-            for rec in records:
-                one_by_one(rec)
+            for i in range(len(run)):
+                one_by_one(run.record(i))
             return
         # The first record goes the careful way: it proves the run's shape is one the table accepts.
-        first = one_by_one(changes[0])
+        first = one_by_one(changes.record(0))
         spec = ctx.tables.get(table)
         committed = spec.committed.get(TP(topic, partition), -1) if spec is not None else -1
-        rest = [r for r in changes[1:] if r.offset >= committed]
-        if first is None or not rest:
-            for rec in rest:
-                one_by_one(rec)
+        rest = changes.tail(max(1, bisect.bisect_left(changes.offsets, committed)))
+        if first is None or not len(rest):
+            for i in range(len(rest)):
+                one_by_one(rest.record(i))
             return
         if table in deferred:
             # Not written by this job (the driver creates or evolves the table first): the run only
@@ -458,31 +461,27 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
             # shape does; anything else is decoded record by record to report it.
             shape = deferred[table].get(first.columns.schema_id)
             schema = _shape_schema(shape) if shape is not None else None
-            if schema is None or runs.decode(rest, schema, first.key_columns, expected_like=changes[0].value) is None:
-                for rec in rest:
-                    one_by_one(rec)
+            if schema is None or runs.decode(rest, schema, first.key_columns, expected_like=changes.values[0]) is None:
+                for i in range(len(rest)):
+                    one_by_one(rest.record(i))
             return
         if spec is None or table not in pending:
-            for rec in rest:
-                one_by_one(rec)
+            for i in range(len(rest)):
+                one_by_one(rest.record(i))
             return
-        run = runs.decode(rest, spec.arrow_schema(), spec.key_columns, expected_like=changes[0].value)
-        if run is None:
-            for rec in rest:
-                one_by_one(rec)
+        decoded = runs.decode(rest, spec.arrow_schema(), spec.key_columns, expected_like=changes.values[0])
+        if decoded is None:
+            for i in range(len(rest)):
+                one_by_one(rest.record(i))
         else:
-            pending[table].runs.append((topic, partition, run))
+            pending[table].runs.append((topic, partition, decoded))
 
-    for item in read_offset_ranges(ctx.consumer_conf, list(ranges)):
+    for item in read_runs(ctx.consumer_conf, list(ranges)):
         if isinstance(item, tuple):
             rng, end = item
             facts.append(rp.RangeEnd(rng.tp, end.next_offset, end.at_end))
-            continue
-        by_partition: dict[tuple[str, int], list[Any]] = {}
-        for rec in item:
-            by_partition.setdefault((rec.topic, rec.partition), []).append(rec)
-        for (topic, partition), records in by_partition.items():
-            vectorized(topic, partition, records)
+        else:
+            vectorized(item)
     for table, shapes in deferred.items():
         pending.pop(table, None)
         facts.extend(shapes.values())

@@ -32,6 +32,50 @@ class RangeEnd:
     at_end: bool
 
 
+@dataclass(slots=True)
+class RecordRun:
+    """Consecutive records of one partition from one fetch, as columns (no object per record)."""
+
+    topic: str
+    partition: int
+    offsets: list[int]
+    timestamps: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    headers: list[list[tuple[str, bytes]] | None] | None = None  # None: no record had headers
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def record(self, i: int) -> RawRecord:
+        return RawRecord(self.topic, self.partition, self.offsets[i], self.timestamps[i], self.keys[i],
+                         self.values[i], self.headers[i] if self.headers is not None else None)
+
+    def records(self) -> list[RawRecord]:
+        return [self.record(i) for i in range(len(self.offsets))]
+
+    def tail(self, start: int) -> RecordRun:
+        """The run from row ``start`` on."""
+        return RecordRun(self.topic, self.partition, self.offsets[start:], self.timestamps[start:], self.keys[start:],
+                         self.values[start:], None if self.headers is None else self.headers[start:])
+
+    def select(self, rows: list[int]) -> RecordRun:
+        """The run of these rows only (in the given order)."""
+        headers = self.headers
+        return RecordRun(self.topic, self.partition, [self.offsets[i] for i in rows],
+                         [self.timestamps[i] for i in rows], [self.keys[i] for i in rows],
+                         [self.values[i] for i in rows], None if headers is None else [headers[i] for i in rows])
+
+    @classmethod
+    def of(cls, records: list[RawRecord]) -> RecordRun:
+        """The run of ``records`` (one partition)."""
+        first = records[0]
+        headers = [r.headers for r in records]
+        return cls(first.topic, first.partition, [r.offset for r in records], [r.timestamp_ms for r in records],
+                   [r.key for r in records], [r.value for r in records],
+                   headers if any(h is not None for h in headers) else None)
+
+
 def read_offset_range(
     consumer_conf: dict[str, Any], rng: OffsetRange, stall_timeout_s: float = 60.0, chunk: int = 5000
 ) -> Iterator[list[RawRecord] | RangeEnd]:
@@ -62,8 +106,16 @@ class _RangeState:
 def read_offset_ranges(
     consumer_conf: dict[str, Any], ranges: list[OffsetRange], stall_timeout_s: float = 60.0, chunk: int = 5000
 ) -> Iterator[list[RawRecord] | tuple[OffsetRange, RangeEnd]]:
-    """Read several ranges (of distinct partitions) with one consumer; yield lists of records, then
-    one (range, RangeEnd) per range.
+    """`read_runs`, with each run as a list of records."""
+    for item in read_runs(consumer_conf, ranges, stall_timeout_s, chunk):
+        yield item if isinstance(item, tuple) else item.records()
+
+
+def read_runs(
+    consumer_conf: dict[str, Any], ranges: list[OffsetRange], stall_timeout_s: float = 60.0, chunk: int = 5000
+) -> Iterator[RecordRun | tuple[OffsetRange, RangeEnd]]:
+    """Read several ranges (of distinct partitions) with one consumer; yield runs of records (one
+    partition each, in offset order), then one (range, RangeEnd) per range.
 
     Each range is read until ``end`` (exclusive), ``limit`` records, or end-of-partition, whichever
     comes first. Offsets may have gaps (transaction markers, compaction). One consumer for many
@@ -102,10 +154,18 @@ def read_offset_ranges(
                         raise OffsetError(f"no progress reading {stuck} for {stall_timeout_s:.0f}s")
                     continue
                 last_progress = time.monotonic()
-                batch: list[RawRecord] = []
+                runs: dict[tuple[str, int], RecordRun] = {}
                 finished: list[TopicPartition] = []
+                current: tuple[str, int] | None = None
+                st: _RangeState | None = None
+                run: RecordRun | None = None
                 for msg in messages:
-                    st = states.get((msg.topic(), msg.partition()))
+                    tp = (msg.topic(), msg.partition())
+                    if tp != current:
+                        current, st = tp, states.get(tp)
+                        run = runs.get(tp)
+                        if run is None and st is not None:
+                            run = runs[tp] = RecordRun(tp[0], tp[1], [], [], [], [])
                     if st is None or st.done:
                         continue  # fetched before its partition was paused
                     err = msg.error()
@@ -124,8 +184,15 @@ def read_offset_ranges(
                         if st.rng.end is not None and offset >= st.rng.end:
                             st.done = True
                         else:
-                            batch.append(RawRecord(st.rng.topic, st.rng.partition, offset, msg.timestamp()[1],
-                                                   msg.key(), msg.value(), msg.headers()))
+                            run.offsets.append(offset)
+                            run.timestamps.append(msg.timestamp()[1])
+                            run.keys.append(msg.key())
+                            run.values.append(msg.value())
+                            headers = msg.headers()
+                            if headers is not None or run.headers is not None:
+                                if run.headers is None:
+                                    run.headers = [None] * (len(run.offsets) - 1)
+                                run.headers.append(headers)
                             # The next offset to read is one past the last record consumed.
                             st.next_offset = offset + 1
                             if st.past_known_at is None and offset >= st.rng.known_end:
@@ -143,8 +210,9 @@ def read_offset_ranges(
                         finished.append(TopicPartition(st.rng.topic, st.rng.partition))
                 if finished:
                     consumer.pause(finished)
-                if batch:
-                    yield batch
+                for run in runs.values():
+                    if run.offsets:
+                        yield run
         finally:
             consumer.close()
     for st in states.values():

@@ -15,6 +15,7 @@ from lakestream.decode.records import RecordDecoder
 from lakestream.decode.vectorized import RunDecoder
 from lakestream.sink.convert import convert_rows
 from lakestream.sink.router import Router
+from lakestream.source.reader import RecordRun
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from _common import DebeziumEvents, OrderRow  # noqa: E402
@@ -67,7 +68,7 @@ def _one_by_one(records, schema):
 def test_run_equals_record_by_record(schemas):
     records = _records(DebeziumEvents("p", "orders", schemas=schemas))
     schema = _schema(schemas)
-    run = RunDecoder().decode(records, schema, ["id"])
+    run = RunDecoder().decode(RecordRun.of(records), schema, ["id"])
     assert run is not None
     want, ops = _one_by_one(records, schema)
     assert run.table.equals(want), (run.table.slice(0, 3).to_pylist(), want.slice(0, 3).to_pylist())
@@ -92,8 +93,8 @@ def _with_value(records, index, value: bytes):
 def test_anything_unusual_declines_the_run(mutate):
     records = _records(DebeziumEvents("p", "orders", schemas=False), 40)
     schema = _schema(False)
-    assert RunDecoder().decode(records, schema, ["id"]) is not None
-    assert RunDecoder().decode(_with_value(records, 7, mutate(records[7].value)), schema, ["id"]) is None
+    assert RunDecoder().decode(RecordRun.of(records), schema, ["id"]) is not None
+    assert RunDecoder().decode(RecordRun.of(_with_value(records, 7, mutate(records[7].value))), schema, ["id"]) is None
 
 
 def test_a_different_schema_in_the_run_declines():
@@ -101,8 +102,8 @@ def test_a_different_schema_in_the_run_declines():
     other = json.loads(records[7].value)
     other["schema"]["name"] = "changed"
     changed = _with_value(records, 7, json.dumps(other, separators=(",", ":")).encode())
-    assert RunDecoder().decode(changed, _schema(True), ["id"]) is None
-    assert RunDecoder().decode(records, _schema(True), ["id"], expected_like=changed[7].value) is None
+    assert RunDecoder().decode(RecordRun.of(changed), _schema(True), ["id"]) is None
+    assert RunDecoder().decode(RecordRun.of(records), _schema(True), ["id"], expected_like=changed[7].value) is None
 
 
 def test_base64_decimals_in_numpy_equal_the_per_value_path():
