@@ -45,20 +45,65 @@ class TableWrite:
         return self.spec.mode
 
 
+class _Deletes:
+    """Positions to delete, per data file path, gathered as arrays."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, list[np.ndarray]] = defaultdict(list)
+
+    def add(self, path: str, positions: np.ndarray | list[int]) -> None:
+        self._parts[path].append(np.asarray(positions, np.int64))
+
+    def by_file(self) -> dict[str, np.ndarray]:
+        """Sorted distinct positions of each file."""
+        return {path: np.unique(np.concatenate(parts)) for path, parts in self._parts.items()}
+
+    def __bool__(self) -> bool:
+        return bool(self._parts)
+
+
+class _Locations:
+    """Where each touched key's row is after the commit: ``paths[file[g]]`` at ``pos[g]``
+    (``file[g] < 0``: deleted, or unchanged for de-duplicated appends)."""
+
+    def __init__(self, paths: list[str], file: np.ndarray, pos: np.ndarray):
+        self.paths, self.file, self.pos = list(paths), np.asarray(file, np.int64), np.asarray(pos, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.file)
+
+    def __getitem__(self, g: int) -> tuple[str | None, int]:
+        f = int(self.file[g])
+        return (None, 0) if f < 0 else (self.paths[f], int(self.pos[g]))
+
+    def __setitem__(self, g: int, location: tuple[str, int]) -> None:
+        path, pos = location
+        self.paths.append(path)
+        self.file[g], self.pos[g] = len(self.paths) - 1, pos
+
+    def packed(self, index: KeyIndex) -> np.ndarray:
+        """The index's packed locations (file id << 32 | pos; MISSING where there is no row)."""
+        used = np.unique(self.file[self.file >= 0])
+        ids = np.zeros(len(self.paths), np.int64)
+        for f in used.tolist():
+            ids[f] = index.file_id(self.paths[f])
+        return np.where(self.file < 0, MISSING, (ids[np.maximum(self.file, 0)] << 32) | self.pos)
+
+
 @dataclass
 class _Resolved:
-    deletes: dict[str, set[int]]
+    deletes: _Deletes
     keys: np.ndarray  # distinct keys touched
-    locations: list[tuple[str | None, int]]  # their new (path, pos); path None = deleted / unchanged
+    locations: _Locations  # their new rows
     unchanged: np.ndarray  # bool: keep the index entry as is (de-duplicated appends)
     patches: list[tuple[int, tuple[str, int], tuple[str, int] | None, list[str]]]
 
 
 def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
     """Deletes and new index locations for one table's batch (see module doc)."""
-    deletes: dict[str, set[int]] = defaultdict(set)
+    deletes = _Deletes()
     if not changes.locations:
-        return _Resolved(deletes, np.empty(0), [], np.empty(0, bool), [])
+        return _Resolved(deletes, np.empty(0), _Locations([], np.empty(0), np.empty(0)), np.empty(0, bool), [])
     # Files numbered across tasks: a task's files are base[task] + its own file number.
     paths: list[str] = []
     base: dict[str, int] = {}
@@ -95,7 +140,7 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
         if len(file_ids) == 0:
             return
         for fid in np.unique(file_ids):
-            deletes[names[int(fid)]].update(pos[file_ids == fid].tolist())
+            deletes.add(names[int(fid)], pos[file_ids == fid])
 
     if write.mode == "upsert":
         # The key's previous row, wherever it is, and every row of this batch but the last one.
@@ -107,8 +152,7 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
         superseded &= files >= 0
         add_deletes(files[superseded], positions[superseded], paths)
         final_file = np.where(ops[last] == OP_DELETE, -1, files[last])
-        locations = [(None, 0) if f < 0 else (paths[f], int(p)) for f, p in zip(final_file.tolist(),
-                                                                                 positions[last].tolist())]
+        locations = _Locations(paths, final_file, positions[last])
         patches = []
         withheld = rows.column("withheld")
         if withheld.null_count < len(withheld):
@@ -127,19 +171,19 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
         return _Resolved(deletes, distinct, locations, np.zeros(len(distinct), bool), patches)
 
     # De-duplicated append: the first row of an id wins, in the table or in this batch.
-    locations = []
+    location_file = np.full(len(distinct), -1, np.int64)
+    location_pos = np.zeros(len(distinct), np.int64)
     unchanged = np.zeros(len(distinct), bool)
     for g, (s_, e_) in enumerate(zip(starts, ends)):
         keep = None if old[g] != MISSING else s_
         for i in range(s_, e_):
             if files[i] >= 0 and i != keep:
-                deletes[paths[files[i]]].add(int(positions[i]))
+                deletes.add(paths[files[i]], [int(positions[i])])
         if keep is None or files[keep] < 0:
             unchanged[g] = keep is None
-            locations.append((None, 0))
         else:
-            locations.append((paths[files[keep]], int(positions[keep])))
-    return _Resolved(deletes, distinct, locations, unchanged, [])
+            location_file[g], location_pos[g] = files[keep], positions[keep]
+    return _Resolved(deletes, distinct, _Locations(paths, location_file, location_pos), unchanged, [])
 
 
 def _read_rows(locations: list[tuple[str, int]]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -175,7 +219,7 @@ def _apply_patches(write: TableWrite, changes: TableReport, resolved: _Resolved,
         if source is not None:
             for column in columns:
                 row[column] = rows[source].get(column)
-        resolved.deletes[loc[0]].add(loc[1])
+        resolved.deletes.add(loc[0], [loc[1]])
         by_partition[orjson.dumps(partition_of.get(loc[0], [])).decode()].append((g, row))
     schema = write.spec.arrow_schema()
     for part_key, items in by_partition.items():
@@ -206,8 +250,8 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     request = {
         "base_snapshot_id": index.snapshot_id if index is not None else None,
         "data_files": data_files,
-        "deletes": [{"data_file": path, "positions": sorted(pos)}
-                    for path, pos in (resolved.deletes.items() if resolved else [])],
+        "deletes": [{"data_file": path, "positions": pos}
+                    for path, pos in (resolved.deletes.by_file().items() if resolved else [])],
         "properties": properties,
     }
     result = commit_files(spark, write.catalog, write.name.namespace, write.name.table, request)
@@ -217,11 +261,7 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
             index.valid = False  # another writer committed in between: rebuild before the next use
         else:
             live = ~resolved.unchanged
-            keys = resolved.keys[live]
-            fids = {p: index.file_id(p) for p in {p for p, _ in resolved.locations if p is not None}}
-            locs = np.array([MISSING if p is None else (fids[p] << 32) | pos
-                             for (p, pos), keep in zip(resolved.locations, live) if keep], dtype=np.int64)
-            index.update(keys, locs)
+            index.update(resolved.keys[live], resolved.locations.packed(index)[live])
         index.snapshot_id = result["snapshot_id"]
     if write.mode == "upsert":
         return "upsert"
