@@ -7,10 +7,13 @@ tasks do the data work (`lakestream.sink.task`); the driver only prepares tables
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lakestream.config import PipelineConfig, StreamSettings
@@ -90,6 +93,17 @@ class Pipeline:
 
     def close(self) -> None:
         self.kafka.close()
+        for name, index in self.indexes.items():
+            if index.valid and index.snapshot_id is not None:
+                try:
+                    index.save(self._index_path(name))
+                except OSError as exc:
+                    log.warning("table %s: could not save its key index (%s); the next start rebuilds it", name, exc)
+
+    def _index_path(self, name: str) -> Path:
+        """Where the key index of ``name`` is kept between runs (driver-local state)."""
+        safe = name if re.fullmatch(r"[A-Za-z0-9_.-]+", name) else hashlib.sha1(name.encode()).hexdigest()
+        return Path(self.config.state_dir) / "indexes" / f"{safe}.npz"
 
     # -- planning ---------------------------------------------------------------------------
     def discover_partitions(self) -> None:
@@ -277,6 +291,11 @@ class Pipeline:
         table = TableName.parse(name)
         current = table_info(self.spark, self.config.catalog.name, table.namespace, table.table).get("snapshot_id")
         if not index.valid or index.snapshot_id != current:
+            saved = KeyIndex.load(self._index_path(name), index.hashed, current) if not index.valid else None
+            if saved is not None:
+                log.info("table %s: key index loaded as saved at snapshot %s (%d keys)", name, current, len(saved))
+                self.indexes[name] = saved
+                return saved
             if index.valid:
                 log.info("table %s changed outside this pipeline (snapshot %s → %s): rebuilding its key index",
                          name, index.snapshot_id, current)

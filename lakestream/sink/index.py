@@ -19,10 +19,13 @@ costs what its changes cost, whatever the size of the table (no join against the
 from __future__ import annotations
 
 import logging
+import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -155,6 +158,39 @@ class KeyIndex:
         self.keys, self.locs = keys[live], locs[live]
         self.delta_keys = np.empty(0, self.dtype)
         self.delta_locs = np.empty(0, np.int64)
+
+    def save(self, path: Path) -> None:
+        """Write the index, valid at ``snapshot_id``, to ``path``: a restart loads it instead of
+        scanning the table, if the table is still at that snapshot."""
+        self._merge()
+        meta = orjson.dumps({"snapshot_id": self.snapshot_id, "hashed": self.hashed, "paths": self.paths})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            np.savez(fh, keys=self.keys, locs=self.locs, meta=np.frombuffer(meta, np.uint8))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path, hashed: bool, snapshot_id: int | None) -> KeyIndex | None:
+        """The index saved at ``path`` if it describes ``snapshot_id`` (else None: rebuild)."""
+        if snapshot_id is None or not path.exists():
+            return None
+        try:
+            with np.load(path) as saved:
+                meta = orjson.loads(saved["meta"].tobytes())
+                if meta.get("snapshot_id") != snapshot_id or meta.get("hashed") != hashed:
+                    return None
+                index = cls(hashed)
+                index.keys, index.locs = saved["keys"], saved["locs"]
+        except (OSError, ValueError, KeyError, orjson.JSONDecodeError) as exc:
+            log.warning("ignoring the saved key index %s: %s", path, exc)
+            return None
+        if index.keys.dtype != index.dtype or len(index.keys) != len(index.locs):
+            return None
+        for p in meta["paths"]:
+            index.file_id(p)
+        index.snapshot_id, index.valid = snapshot_id, True
+        return index
 
     def reset(self) -> None:
         self.__init__(self.hashed)  # type: ignore[misc]

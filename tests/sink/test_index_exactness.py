@@ -91,6 +91,61 @@ def test_index_survives_compaction_and_another_writer(stack, spark, mirror):
     assert deletes > 0  # the upserts really went through deletion vectors
 
 
+def test_a_restart_loads_the_saved_index_unless_the_table_moved_on(stack, spark, mirror, monkeypatch):
+    """The index is saved when a pipeline closes; the next pipeline loads it instead of scanning the
+    table, but only while the table is still at the saved snapshot: after a foreign snapshot it
+    rebuilds, and the mirror stays exact either way."""
+    from lakestream.sink.index import KeyIndex
+
+    topic, table, pipeline = mirror
+    config = pipeline.config
+    expected: dict[int, tuple] = {}
+
+    def send(changes):
+        produce_records(stack.bootstrap_servers, topic, [_change(*c) for c in changes])
+        for i, v, *op in changes:
+            if op and op[0] == "d":
+                expected.pop(i, None)
+            else:
+                expected[i] = (v, f"t{i}-{v}")
+
+    rebuilds: list[int | None] = []
+    real_rebuild = KeyIndex.rebuild
+
+    def counting_rebuild(self, spark_, ident, key_columns, snapshot_id):
+        rebuilds.append(snapshot_id)
+        return real_rebuild(self, spark_, ident, key_columns, snapshot_id)
+
+    monkeypatch.setattr(KeyIndex, "rebuild", counting_rebuild)
+    send([(i, 0, "c") for i in range(1, 201)])
+    _drain(pipeline)
+    send([(i, 1) for i in range(1, 201, 3)] + [(i, 0, "d") for i in range(5, 201, 7)])
+    _drain(pipeline)
+    pipeline.close()
+    saved = list((Path(config.state_dir) / "indexes").glob("*.npz"))
+    assert len(saved) == 1, saved
+
+    # A restart with the table where the index was saved: loaded, no scan.
+    before = len(rebuilds)
+    restarted = Pipeline(config, spark)
+    send([(i, 2) for i in range(2, 201, 5)] + [(i, 0, "d") for i in range(3, 201, 11)])
+    _drain(restarted)
+    assert len(rebuilds) == before
+    assert _rows(spark, f"SELECT * FROM {table}") == expected
+    restarted.close()
+
+    # Another writer moves the table on while no pipeline runs: the saved index is stale, rebuilt.
+    spark.sql(f"UPDATE {table} SET v = 77, tag = 't4-77' WHERE id = 4")
+    expected[4] = (77, "t4-77")
+    again = Pipeline(config, spark)
+    send([(4, 8), (6, 0, "d"), (1000, 1, "c")])
+    expected[4] = (8, "t4-8")
+    _drain(again)
+    assert len(rebuilds) == before + 1
+    assert _rows(spark, f"SELECT * FROM {table}") == expected
+    again.close()
+
+
 def _duckdb():
     import duckdb
     import duckdb_extension_avro
