@@ -1,12 +1,13 @@
 """Executor-side reading of one planned offset range with confluent-kafka."""
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from lakestream.errors import OffsetError
 from lakestream.source.planner import OffsetRange
@@ -92,7 +93,7 @@ OPEN_RANGE_MAX_S = 1.0
 
 
 class _RangeState:
-    __slots__ = ("rng", "next_offset", "remaining", "done", "at_end", "past_known_at")
+    __slots__ = ("rng", "next_offset", "remaining", "done", "at_end", "past_known_at", "paused")
 
     def __init__(self, rng: OffsetRange):
         self.rng = rng
@@ -101,6 +102,7 @@ class _RangeState:
         self.done = self.remaining <= 0
         self.at_end = False
         self.past_known_at: float | None = None  # when the read passed rng.known_end
+        self.paused = self.done  # counted as finished (and its partition paused)
 
 
 def read_offset_ranges(
@@ -154,66 +156,102 @@ def read_runs(
                         raise OffsetError(f"no progress reading {stuck} for {stall_timeout_s:.0f}s")
                     continue
                 last_progress = time.monotonic()
-                runs: dict[tuple[str, int], RecordRun] = {}
                 finished: list[TopicPartition] = []
-                current: tuple[str, int] | None = None
-                st: _RangeState | None = None
-                run: RecordRun | None = None
-                for msg in messages:
-                    tp = (msg.topic(), msg.partition())
-                    if tp != current:
-                        current, st = tp, states.get(tp)
-                        run = runs.get(tp)
-                        if run is None and st is not None:
-                            run = runs[tp] = RecordRun(tp[0], tp[1], [], [], [], [])
-                    if st is None or st.done:
-                        continue  # fetched before its partition was paused
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            st.done = st.at_end = True
-                        else:
-                            hint = ""
-                            if err.code() == KafkaError._BAD_MSG:
-                                hint = (" — the broker sent a malformed or oversized response; noida-db does this "
-                                        "for fetches over large uncompressed batches (produce with compression)")
-                            raise OffsetError(f"reading {st.rng.topic}[{st.rng.partition}] at {st.next_offset}: "
-                                              f"{err}{hint}")
-                    else:
-                        offset = msg.offset()
-                        if st.rng.end is not None and offset >= st.rng.end:
-                            st.done = True
-                        else:
-                            run.offsets.append(offset)
-                            run.timestamps.append(msg.timestamp()[1])
-                            run.keys.append(msg.key())
-                            run.values.append(msg.value())
-                            headers = msg.headers()
-                            if headers is not None or run.headers is not None:
-                                if run.headers is None:
-                                    run.headers = [None] * (len(run.offsets) - 1)
-                                run.headers.append(headers)
-                            # The next offset to read is one past the last record consumed.
-                            st.next_offset = offset + 1
-                            if st.past_known_at is None and offset >= st.rng.known_end:
-                                st.past_known_at = last_progress
-                            st.remaining -= 1
-                            st.done = st.remaining <= 0
-                    if st.done:
+                for run in _take(messages, states, last_progress):
+                    yield run
+                for st in states.values():
+                    if st.done and not st.paused:
+                        st.paused = True
                         open_count -= 1
                         finished.append(TopicPartition(st.rng.topic, st.rng.partition))
                 for st in states.values():
                     if (not st.done and st.rng.end is None and st.past_known_at is not None
                             and last_progress - st.past_known_at > OPEN_RANGE_MAX_S):
-                        st.done = True
+                        st.done = st.paused = True
                         open_count -= 1
                         finished.append(TopicPartition(st.rng.topic, st.rng.partition))
                 if finished:
                     consumer.pause(finished)
-                for run in runs.values():
-                    if run.offsets:
-                        yield run
         finally:
             consumer.close()
     for st in states.values():
         yield st.rng, RangeEnd(st.next_offset, st.at_end)
+
+
+def _take(messages: list[Message], states: dict[tuple[str, int], _RangeState], now: float) -> list[RecordRun]:
+    """The records of a fetched chunk that belong to their ranges, as one run per partition.
+
+    Columns are pulled from the messages with C-level ``map`` calls; only errors (end-of-partition
+    markers) are looked at one by one. Updates each range's state."""
+    errors = list(map(Message.error, messages))
+    topics = list(map(Message.topic, messages))
+    partitions = list(map(Message.partition, messages))
+    n = len(messages)
+    cut: dict[tuple[str, int], int] = {}  # a partition's records after its end-of-partition are not taken
+    # (KafkaError compares unequal to None by raising: no list.count(None) here.)
+    clean = not any(err is not None for err in errors)
+    if not clean:
+        for i, err in enumerate(errors):
+            if err is None:
+                continue
+            tp = (topics[i], partitions[i])
+            st = states.get(tp)
+            if st is None or st.done:
+                continue
+            if err.code() == KafkaError._PARTITION_EOF:
+                cut.setdefault(tp, i)
+                continue
+            hint = ""
+            if err.code() == KafkaError._BAD_MSG:
+                hint = (" — the broker sent a malformed or oversized response; noida-db does this "
+                        "for fetches over large uncompressed batches (produce with compression)")
+            raise OffsetError(f"reading {st.rng.topic}[{st.rng.partition}] at {st.next_offset}: {err}{hint}")
+    if n and clean and topics.count(topics[0]) == n and partitions.count(partitions[0]) == n:
+        groups = {(topics[0], partitions[0]): None}  # the usual chunk: one partition, no marker
+    else:
+        groups = {}
+        for i, (t, p, err) in enumerate(zip(topics, partitions, errors)):
+            if err is None:
+                groups.setdefault((t, p), []).append(i)
+    offsets = list(map(Message.offset, messages))
+    runs = []
+    for tp, rows in groups.items():
+        st = states.get(tp)
+        if st is None or st.done:
+            continue  # fetched before its partition was paused
+        if rows is None:
+            offs = offsets
+        else:
+            if tp in cut:
+                rows = [i for i in rows if i < cut[tp]]
+            offs = [offsets[i] for i in rows]
+        take = len(offs)
+        if st.rng.end is not None and take and offs[-1] >= st.rng.end:
+            take = bisect.bisect_left(offs, st.rng.end)
+            st.done = True
+        if take >= st.remaining:
+            take = st.remaining
+            st.done = True
+        if tp in cut and not st.done:  # every record before the marker taken: the true end
+            st.done = st.at_end = True
+        if take:
+            if rows is None:
+                picked = messages if take == n else messages[:take]
+            else:
+                picked = [messages[i] for i in rows[:take]]
+            offs = offs[:take]
+            headers = list(map(Message.headers, picked))
+            run = RecordRun(tp[0], tp[1], offs, [ts for _, ts in map(Message.timestamp, picked)],
+                            list(map(Message.key, picked)), list(map(Message.value, picked)),
+                            headers if headers.count(None) != take else None)
+            runs.append(run)
+            # The next offset to read is one past the last record consumed.
+            st.next_offset = offs[-1] + 1
+            st.remaining -= take
+            if st.past_known_at is None and offs[-1] >= st.rng.known_end:
+                st.past_known_at = now
+    for tp in cut:
+        st = states.get(tp)
+        if st is not None and tp not in groups and not st.done:
+            st.done = st.at_end = True
+    return runs
