@@ -22,7 +22,7 @@ from lakestream.errors import DecodeError, LakestreamError
 from lakestream.sink.offsets import (
     BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, SOURCE_TS_PROPERTY, TableOffsets, encode_offsets,
 )
-from lakestream.sink.committer import TableWrite, write_table
+from lakestream.sink.committer import StaleIndex, TableWrite, write_table
 from lakestream.sink.deadletter import dead_letter_table, ensure_dead_letter_table
 from lakestream.sink.index import KeyIndex, is_integer_key
 from lakestream.sink.report import BatchReport, NewShape, TableReport
@@ -282,24 +282,21 @@ class Pipeline:
 
     # -- committing -------------------------------------------------------------------------
     def _fresh_index(self, name: str, ident: str) -> KeyIndex | None:
-        """The table's key index, rebuilt if another writer committed since it was last valid."""
+        """The table's key index: as it is while valid (the commit checks it still describes the table's
+        current snapshot), else loaded as saved at the current snapshot, or rebuilt from a scan."""
         from lakestream.sink.files import table_info
 
         index = self.indexes.get(name)
-        if index is None:
-            return None
+        if index is None or index.valid:
+            return index  # a valid index is checked by the commit itself (expect_snapshot_id)
         table = TableName.parse(name)
         current = table_info(self.spark, self.config.catalog.name, table.namespace, table.table).get("snapshot_id")
-        if not index.valid or index.snapshot_id != current:
-            saved = KeyIndex.load(self._index_path(name), index.hashed, current) if not index.valid else None
-            if saved is not None:
-                log.info("table %s: key index loaded as saved at snapshot %s (%d keys)", name, current, len(saved))
-                self.indexes[name] = saved
-                return saved
-            if index.valid:
-                log.info("table %s changed outside this pipeline (snapshot %s → %s): rebuilding its key index",
-                         name, index.snapshot_id, current)
-            index.rebuild(self.spark, ident, self.specs[name].key_columns, current)
+        saved = KeyIndex.load(self._index_path(name), index.hashed, current)
+        if saved is not None:
+            log.info("table %s: key index loaded as saved at snapshot %s (%d keys)", name, current, len(saved))
+            self.indexes[name] = saved
+            return saved
+        index.rebuild(self.spark, ident, self.specs[name].key_columns, current)
         return index
 
     def commit_table(self, name: str, changes: TableReport, ends: dict[TP, int]) -> str | None:
@@ -320,6 +317,11 @@ class Pipeline:
             try:
                 kind = write_table(self.spark, write, changes, props)
                 break
+            except StaleIndex as exc:
+                if attempt == attempts:
+                    raise
+                log.info("table %s: %s; refreshing the key index", name, exc)
+                continue
             except Exception as exc:  # noqa: BLE001 — classified by Java class below
                 text = str(getattr(exc, "java_exception", "")) + str(exc)
                 if not any(marker in text for marker in _RETRYABLE) or attempt == attempts:

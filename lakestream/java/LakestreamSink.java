@@ -435,6 +435,22 @@ public final class LakestreamSink {
   }
 
   private static ObjectNode commit(Table t, String key, JsonNode req) throws Exception {
+    if (req.has("expect_snapshot_id")) {
+      // The caller's view of the table (its key index) describes this snapshot: if another writer
+      // committed since, nothing is committed and the caller refreshes its view first.
+      Long expected = req.get("expect_snapshot_id").isNull() ? null : req.get("expect_snapshot_id").asLong();
+      Long current = t.currentSnapshot() == null ? null : t.currentSnapshot().snapshotId();
+      if (!java.util.Objects.equals(expected, current)) {
+        ObjectNode stale = JSON.createObjectNode();
+        stale.put("stale", true);
+        if (current == null) {
+          stale.putNull("snapshot_id");
+        } else {
+          stale.put("snapshot_id", current);
+        }
+        return stale;
+      }
+    }
     MetricsConfig metricsConfig = MetricsConfig.forTable(t);
     List<JsonNode> requested = new ArrayList<>();
     req.path("data_files").forEach(requested::add);

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+class StaleIndex(Exception):
+    """The table moved on since its key index was valid: nothing was committed; refresh and retry."""
+
+
 @dataclass
 class TableWrite:
     """One table's share of a batch, ready to commit."""
@@ -249,12 +253,17 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
         _apply_patches(write, changes, resolved, data_files)
     request = {
         "base_snapshot_id": index.snapshot_id if index is not None else None,
+        **({"expect_snapshot_id": index.snapshot_id} if index is not None else {}),
         "data_files": data_files,
         "deletes": [{"data_file": path, "positions": pos}
                     for path, pos in (resolved.deletes.by_file().items() if resolved else [])],
         "properties": properties,
     }
     result = commit_files(spark, write.catalog, write.name.namespace, write.name.table, request)
+    if result.get("stale"):
+        index.valid = False
+        raise StaleIndex(f"{write.ident} is at snapshot {result.get('snapshot_id')}, its key index at "
+                         f"{index.snapshot_id}: another writer committed in between")
     if index is not None and resolved is not None:
         parent = result.get("parent_snapshot_id")
         if parent is not None and parent != index.snapshot_id:
