@@ -6,6 +6,7 @@ state in a fresh temporary directory that it removes afterwards.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -153,6 +154,26 @@ def pipeline_config_factory(stack: StackInfo, service_dir_factory):
         return parse_config(data, "<test>")
 
     return make
+
+
+def write_pipeline_yaml(config, stack: StackInfo, path: Path) -> Path:
+    """Write ``config`` as a pipeline YAML file for the CLI (secrets are masked in a dump: put them back)."""
+    import yaml
+
+    data = config.model_dump(mode="json", exclude_none=True)
+    data["catalog"]["password"] = stack.pg_password
+    if "capture" in data:
+        data["capture"]["database"]["password"] = stack.pg_password
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_lakestream(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the real `lakestream` command in a new process; stdout and stderr are kept apart."""
+    from lakestream.capture.process import LAKESTREAM_COMMAND
+
+    return subprocess.run([*LAKESTREAM_COMMAND, *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
 
 
 # ---------------------------------------------------------------------------------------------
