@@ -130,28 +130,34 @@ def spark(stack: StackInfo):
     session.stop()
 
 
+def pipeline_config(stack: StackInfo, state_dir: Path, streams: list[dict], name: str = "test", **overrides):
+    """A validated PipelineConfig for ``stack`` (top-level dict overrides are merged into the defaults)."""
+    from lakestream.config import parse_config
+
+    data = {
+        "name": name,
+        "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-{name}",
+                  "client": {"session.timeout.ms": 6000}},
+        "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
+        "streams": streams,
+        "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
+        "spark": {"master": "local[2]", "driver_memory": "1500m"},
+        "state_dir": str(state_dir),
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return parse_config(data, "<test>")
+
+
 @pytest.fixture
 def pipeline_config_factory(stack: StackInfo, service_dir_factory):
     """Build a validated PipelineConfig for the shared stack: `make(streams=[...], **overrides)`."""
-    from lakestream.config import parse_config
 
     def make(streams: list[dict], name: str = "test", **overrides):
-        data = {
-            "name": name,
-            "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-{name}",
-                      "client": {"session.timeout.ms": 6000}},
-            "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
-            "streams": streams,
-            "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
-            "spark": {"master": "local[2]", "driver_memory": "1500m"},
-            "state_dir": str(service_dir_factory("state")),
-        }
-        for key, value in overrides.items():
-            if isinstance(value, dict) and isinstance(data.get(key), dict):
-                data[key] = {**data[key], **value}
-            else:
-                data[key] = value
-        return parse_config(data, "<test>")
+        return pipeline_config(stack, service_dir_factory("state"), streams, name, **overrides)
 
     return make
 
