@@ -81,7 +81,7 @@ def print_rows(columns: list[str], rows: list[tuple], output_format: str, limit:
     rows = rows[:limit] if truncated else rows
     if output_format == "json":
         print(json.dumps([dict(zip(columns, map(_plain, row))) for row in rows], indent=2, default=str))
-    elif args.format == "csv":
+    elif output_format == "csv":
         writer = csv.writer(sys.stdout)
         writer.writerow(columns)
         writer.writerows([[_text(v) for v in row] for row in rows])
