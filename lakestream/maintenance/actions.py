@@ -14,7 +14,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from lakestream.config import MaintenancePolicy
-from lakestream.health.metrics import PartitionMetrics, file_length, split_table_name
+from lakestream.inspection import PartitionMetrics, collect_partitions, file_length, format_bytes, split_table_name
 from lakestream.identifiers import quote, quote_column, quote_table, sql_string
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class MaintenanceResult:
         if self.files_before is not None or self.files_after is not None:
             parts.append(f"files {_n(self.files_before)} → {_n(self.files_after)}")
         if self.bytes_before is not None or self.bytes_after is not None:
-            parts.append(f"bytes {_human(self.bytes_before)} → {_human(self.bytes_after)}")
+            parts.append(f"bytes {format_bytes(self.bytes_before)} → {format_bytes(self.bytes_after)}")
         parts.append(f"{self.seconds:.1f}s")
         if self.error:
             parts.append(self.error)
@@ -59,17 +59,6 @@ class MaintenanceResult:
 
 def _n(value: int | None) -> str:
     return "?" if value is None else str(value)
-
-
-def _human(value: int | None) -> str:
-    if value is None:
-        return "?"
-    size = float(value)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1024 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return str(value)
 
 
 def is_commit_conflict(exc: BaseException) -> bool:
@@ -212,11 +201,9 @@ def _partition_key(partition: PartitionMetrics) -> tuple:
 
 
 def _partition_totals(spark: SparkSession, catalog: str, name: str, keys: set[tuple]) -> tuple[int, int]:
-    from lakestream.health.metrics import _collect_partitions
-
     namespace, table = split_table_name(name)
     files = size = 0
-    for partition in _collect_partitions(spark, quote_table(catalog, namespace, table)):
+    for partition in collect_partitions(spark, quote_table(catalog, namespace, table)):
         if _partition_key(partition) in keys:
             files += partition.data_files
             size += partition.data_bytes

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 
 from lakestream.config import CompactionPolicy, MaintenancePolicy
-from lakestream.health.metrics import PartitionMetrics, TableMetrics
+from lakestream.inspection import PartitionMetrics, TableMetrics
 
 log = logging.getLogger(__name__)
 

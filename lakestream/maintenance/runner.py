@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from lakestream.config import PipelineConfig
-from lakestream.health.metrics import collect_table_metrics, list_tables, load_java_table
+from lakestream.inspection import collect_table_metrics, list_tables, load_java_table
 from lakestream.maintenance.actions import (
     MaintenanceResult,
     compact_cold_partitions,

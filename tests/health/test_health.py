@@ -12,11 +12,11 @@ from conftest import produce_records, write_pipeline_yaml
 from lakestream.cli import main
 from lakestream.config import KafkaSettings
 from lakestream.health.exporter import MetricsExporter
-from lakestream.health.metrics import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, kafka_lag
 from lakestream.health.monitor import collect_health
 from lakestream.health.report import render_table
 from lakestream.health.webhook import AlertNotifier
-from lakestream.source.kafka import TP
+from lakestream.sink.offsets import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY
+from lakestream.source.kafka import TP, kafka_lag
 
 NS = "health"
 

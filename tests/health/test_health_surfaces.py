@@ -4,7 +4,7 @@ from __future__ import annotations
 from lakestream.config import CompactionPolicy, HealthThresholds
 from lakestream.health.checks import compaction_lag_s, evaluate
 from lakestream.health.exporter import render_prometheus
-from lakestream.health.metrics import PartitionMetrics, TableMetrics
+from lakestream.inspection import PartitionMetrics, TableMetrics
 from lakestream.health.monitor import HealthReport
 from lakestream.health.webhook import AlertNotifier
 

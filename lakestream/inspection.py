@@ -1,32 +1,29 @@
-"""Table health metrics read from Iceberg metadata tables: files, snapshots, metadata size, freshness, lag.
+"""Table inspection: what an Iceberg table holds, read from its metadata tables (files, partitions,
+snapshots, metadata size, freshness, and the Kafka lag behind its stored offsets).
 
-One `collect_table_metrics` call answers everything maintenance planning and health checks need about a
-table, from a handful of small metadata-table queries (`partitions`, `data_files`, `snapshots` +
-`history`, `all_manifests`, `metadata_log_entries`) plus file sizes of metadata files.
+The one home for it: maintenance plans from it and health checks it. One `collect_table_metrics`
+call answers everything both need about a table, from a handful of small metadata-table queries
+(`partitions`, `data_files`, `snapshots` + `history`, `all_manifests`, `metadata_log_entries`)
+plus the sizes of metadata files.
 """
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from lakestream.identifiers import quote_table, sql_string
 from lakestream.sink.offsets import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, decode_offsets
-from lakestream.source.kafka import TP
+from lakestream.source.kafka import TP, kafka_lag
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.config import KafkaSettings, MaintenancePolicy
-
-log = logging.getLogger(__name__)
-
-
 
 @dataclass
 class PartitionMetrics:
@@ -223,7 +220,7 @@ def collect_table_metrics(
     jtable = load_java_table(spark, catalog, name)
     metrics.has_sort_order = bool(jtable.sortOrder().isSorted())
 
-    metrics.partitions = _collect_partitions(spark, qualified)
+    metrics.partitions = collect_partitions(spark, qualified)
     metrics.delete_files = sum(p.delete_files for p in metrics.partitions)
 
     compaction = policy.compaction
@@ -273,7 +270,8 @@ def collect_table_metrics(
     return metrics
 
 
-def _collect_partitions(spark: SparkSession, qualified: str) -> list[PartitionMetrics]:
+def collect_partitions(spark: SparkSession, qualified: str) -> list[PartitionMetrics]:
+    """Every partition of the quoted table ``qualified``, from its `partitions` metadata table."""
     frame = spark.sql(f"SELECT * FROM {qualified}.partitions")
     columns = set(frame.columns)
     result = []
@@ -319,27 +317,38 @@ def file_length(io, path: str) -> int:
         return 0
 
 
-def kafka_lag(kafka: KafkaSettings, offsets: dict[TP, int], timeout_s: float = 2.0) -> int | None:
-    """Σ (high watermark − committed next offset) over the table's partitions; None if the broker does not answer."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+@dataclass
+class TableFiles:
+    """Snapshots and live files of one table: the short view the demo prints."""
 
-    consumer = Consumer(kafka.consumer_config(**{"socket.timeout.ms": int(timeout_s * 1000), "log_level": 3}))
-    try:
-        lag = 0
-        for tp, committed in offsets.items():
-            try:
-                _, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=timeout_s)
-            except KafkaException as exc:
-                log.info("kafka lag unknown for %s: %s", tp, exc)
-                return None
-            if high is None or high < 0:
-                return None
-            lag += max(0, int(high) - int(committed))
-        return lag
-    finally:
-        consumer.close()
+    table: str
+    snapshots: int
+    data_files: int
+    delete_files: int
+    data_bytes: int
 
 
-def metrics_as_dict(metrics: TableMetrics) -> dict[str, Any]:
-    """Full dataclass dump (used by tests and debugging)."""
-    return asdict(metrics)
+def count_table_files(spark: SparkSession, catalog: str, name: str) -> TableFiles:
+    """Snapshots and live data/delete files of ``namespace.table``, from its metadata tables."""
+    namespace, table = split_table_name(name)
+    base = quote_table(catalog, namespace, table)
+    snapshots = spark.sql(f"SELECT count(*) FROM {base}.snapshots").collect()[0][0]
+    files = spark.sql(
+        f"""SELECT coalesce(sum(CASE WHEN content = 0 THEN 1 ELSE 0 END), 0),
+                   coalesce(sum(CASE WHEN content <> 0 THEN 1 ELSE 0 END), 0),
+                   coalesce(sum(CASE WHEN content = 0 THEN file_size_in_bytes ELSE 0 END), 0)
+            FROM {base}.files"""
+    ).collect()[0]
+    return TableFiles(name, int(snapshots), int(files[0]), int(files[1]), int(files[2]))
+
+
+def format_bytes(value: float | None) -> str:
+    """``1.5 MB``-style size for people (binary units); ``?`` when unknown."""
+    if value is None:
+        return "?"
+    size = float(value)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1024 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(value)
