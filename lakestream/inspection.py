@@ -20,6 +20,11 @@ from lakestream.identifiers import quote_table, sql_string
 from lakestream.sink.offsets import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, decode_offsets
 from lakestream.source.kafka import TP, kafka_lag
 
+# Table properties that bound the metadata log: Iceberg keeps at most previous-versions-max earlier
+# metadata files on the log and, with delete-after-commit, deletes each one that falls off at a commit.
+METADATA_DELETE_AFTER_COMMIT = "write.metadata.delete-after-commit.enabled"
+METADATA_PREVIOUS_VERSIONS_MAX = "write.metadata.previous-versions-max"
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -74,6 +79,8 @@ class TableMetrics:
     snapshots: int = 0
     manifests: int = 0
     metadata_bytes: int = 0
+    metadata_files: int = 0  # metadata JSON files: the current one and those on its metadata log
+    metadata_delete_after_commit: bool = False  # Iceberg deletes files that fall off the log (table property)
     last_compaction_ms: int | None = None
     oldest_snapshot_ms: int | None = None
     freshness_s: float | None = None
@@ -122,6 +129,7 @@ class TableMetrics:
             "snapshots": self.snapshots,
             "manifests": self.manifests,
             "metadata_bytes": self.metadata_bytes,
+            "metadata_files": self.metadata_files,
             "seconds_since_compaction": _round(self.seconds_since_compaction),
             "freshness_s": _round(self.freshness_s),
             "kafka_lag": self.kafka_lag,
@@ -261,7 +269,9 @@ def collect_table_metrics(
         metrics.freshness_s = max(0.0, (now_ms - max(source_ts)) / 1000)
 
     metrics.manifests = int(spark.sql(f"SELECT count(*) FROM {qualified}.manifests").collect()[0][0])
-    metrics.metadata_bytes = _metadata_bytes(spark, qualified, jtable, [r.manifest_list for r in snapshot_rows])
+    metrics.metadata_bytes, metrics.metadata_files = _metadata_size(
+        spark, qualified, jtable, [r.manifest_list for r in snapshot_rows])
+    metrics.metadata_delete_after_commit = str(jtable.properties().get(METADATA_DELETE_AFTER_COMMIT)).lower() == "true"
 
     if kafka is not None:
         offsets_snapshot = metrics.newest_offsets_snapshot()
@@ -291,16 +301,16 @@ def collect_partitions(spark: SparkSession, qualified: str) -> list[PartitionMet
     return result
 
 
-def _metadata_bytes(spark: SparkSession, qualified: str, jtable, manifest_lists: list[str | None]) -> int:
-    """Bytes of table metadata: metadata JSON files (current + logged), all manifests, all manifest lists."""
+def _metadata_size(spark: SparkSession, qualified: str, jtable, manifest_lists: list[str | None]) -> tuple[int, int]:
+    """(bytes, metadata JSON files) of table metadata: metadata JSON files (current + logged), all
+    manifests, all manifest lists."""
     total = int(spark.sql(f"SELECT coalesce(sum(length), 0) FROM (SELECT DISTINCT path, length FROM {qualified}.all_manifests)").collect()[0][0])
-    paths = {r[0] for r in spark.sql(f"SELECT file FROM {qualified}.metadata_log_entries").collect()}
-    paths.add(jtable.operations().current().metadataFileLocation())
-    paths.update(p for p in manifest_lists if p)
+    metadata_files = {r[0] for r in spark.sql(f"SELECT file FROM {qualified}.metadata_log_entries").collect()}
+    metadata_files.add(jtable.operations().current().metadataFileLocation())
     io = jtable.io()
-    for path in paths:
+    for path in metadata_files | {p for p in manifest_lists if p}:
         total += file_length(io, path)
-    return total
+    return total, len(metadata_files)
 
 
 def file_length(io, path: str) -> int:
