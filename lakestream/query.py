@@ -4,7 +4,8 @@ All three engines open the same tables through the pipeline's catalog: Spark thr
 SparkCatalog, pyiceberg through a ``SqlCatalog`` on the same JDBC catalog database (or the table's
 ``version-hint.text`` for a hadoop catalog), DuckDB through ``iceberg_scan`` of the metadata file
 that catalog points at. Before DuckDB or pyiceberg read a snapshot, its delete files are checked
-against what that engine applies; a table it cannot read exactly is refused, never read wrong.
+against what that engine applies (pyiceberg: no equality deletes); a table it cannot read exactly is
+refused, never read wrong.
 
     from lakestream.config import load_config
     from lakestream.query import read_table
@@ -39,13 +40,13 @@ if TYPE_CHECKING:
 Engine = Literal["spark", "duckdb", "pyiceberg"]
 ENGINES: tuple[str, ...] = ("spark", "duckdb", "pyiceberg")
 
-# Delete-file kinds (Iceberg `content`, file format) each engine applies when it reads. Anything
-# else in a snapshot makes that engine refuse the read. pyiceberg 0.12 rejects equality deletes; the
-# DuckDB iceberg extension shipped for DuckDB 1.5.5 reads position deletes and deletion vectors and
-# has not been verified here on equality deletes.
+# Delete-file kinds (Iceberg `content`, file format) each engine applies when it reads, as verified
+# by tests/query/test_engines.py. Anything else in a snapshot makes that engine refuse the read.
+# pyiceberg 0.12 does not apply equality deletes; the DuckDB 1.5.5 iceberg extension does (including
+# rows re-inserted after the delete, which its sequence number must leave visible).
 _APPLIES: dict[str, set[tuple[str, str]]] = {
     "pyiceberg": {("POSITION_DELETES", "PARQUET"), ("POSITION_DELETES", "PUFFIN")},
-    "duckdb": {("POSITION_DELETES", "PARQUET"), ("POSITION_DELETES", "PUFFIN")},
+    "duckdb": {("POSITION_DELETES", "PARQUET"), ("POSITION_DELETES", "PUFFIN"), ("EQUALITY_DELETES", "PARQUET")},
 }
 
 
@@ -235,8 +236,8 @@ def refuse_unreadable(table: IcebergTable, snapshot_id: int, engine: str) -> Non
     if unreadable:
         what = ", ".join(f"{n} {content.lower().replace('_', ' ')} file(s) in {fmt}" for (content, fmt), n in unreadable.items())
         raise QueryError(f"{engine} cannot read {'.'.join(table.name()[-2:])} exactly at snapshot {snapshot_id}: it has "
-                         f"{what}, which {engine} does not apply. Use --engine spark, or compact the table "
-                         "(`lakestream maintain`) to rewrite them away.")
+                         f"{what}, which {engine} does not apply. Read it with an engine that does: "
+                         f"{', '.join(e for e in ENGINES if e == 'spark' or unreadable.keys() <= _APPLIES.get(e, set()))}.")
 
 
 def duckdb_connection() -> duckdb.DuckDBPyConnection:

@@ -12,7 +12,12 @@ from urllib.parse import urlparse
 from lakestream.config import HealthThresholds
 from lakestream.health.checks import evaluate
 from lakestream.identifiers import sql_string
-from lakestream.inspection import METADATA_PREVIOUS_VERSIONS_MAX, collect_table_metrics, load_java_table
+from lakestream.inspection import (
+    METADATA_PREVIOUS_VERSIONS_MAX,
+    collect_table_metrics,
+    count_table_files,
+    load_java_table,
+)
 from lakestream.maintenance.runner import maintain_table, plan_table
 from lakestream.sink.schema import DEFAULT_TABLE_PROPERTIES
 
@@ -55,6 +60,8 @@ def test_one_round_deletes_old_metadata_and_keeps_the_log_bounded(spark, pipelin
     # snapshot as many rewritten ones (with 25 commits that is ~60 % of the bytes before the round).
     assert after.metadata_bytes < 0.75 * before.metadata_bytes, (before.metadata_bytes, after.metadata_bytes)
     assert spark.sql(f"SELECT count(*) FROM lake.{name}").collect()[0][0] == COMMITS
+    files = count_table_files(spark, "lake", name)
+    assert (files.snapshots, files.data_files, files.delete_files) == (after.snapshots, 1, 0)
     jtable = load_java_table(spark, "lake", name)
     assert jtable.properties().get(METADATA_PREVIOUS_VERSIONS_MAX) == DEFAULT_TABLE_PROPERTIES[METADATA_PREVIOUS_VERSIONS_MAX]
 
