@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("py4j", "py4j.clientserver", "urllib3"):
+    for noisy in ("py4j", "py4j.clientserver", "urllib3", "pyiceberg"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)
