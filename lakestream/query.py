@@ -108,7 +108,7 @@ def read_table(config: PipelineConfig, table: str, engine: Engine = "pyiceberg",
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     with duckdb_connection() as con:
-        return con.execute(sql).to_arrow_table()
+        return _duckdb_result(con, sql)
 
 
 def read_pandas(config: PipelineConfig, table: str, engine: Engine = "pyiceberg", **options) -> pd.DataFrame:
@@ -141,7 +141,7 @@ def run_sql(config: PipelineConfig, query: str, engine: Literal["spark", "duckdb
             con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
             con.execute(f"CREATE VIEW {schema}.{quote_ansi(ref.table)} AS SELECT * FROM iceberg_scan("
                         f"{ansi_string(iceberg_table.metadata_location)}, snapshot_from_id => {int(snapshot.snapshot_id)})")
-        return con.execute(query).to_arrow_table()
+        return _duckdb_result(con, query)
 
 
 def _check_columns(ref: TableRef, columns: list[str] | None, existing: list[str]) -> None:
@@ -196,7 +196,9 @@ def sqlalchemy_url(catalog: CatalogSettings) -> str:
 
     uri = catalog.uri or ""
     if not uri.startswith("jdbc:postgresql://"):
-        raise QueryError(f"catalog.uri {uri!r}: reading without Spark needs a jdbc:postgresql:// catalog")
+        # Only the scheme: a JDBC URI may carry credentials in its query string.
+        raise QueryError(f"catalog.uri ({':'.join(uri.split(':', 2)[:2])}:...): reading without Spark needs a "
+                         "jdbc:postgresql:// catalog")
     parts = urlsplit(uri[len("jdbc:"):])
     query = dict(parse_qsl(parts.query))
     user = catalog.user or query.pop("user", None)
@@ -249,6 +251,16 @@ def duckdb_connection() -> duckdb.DuckDBPyConnection:
     for name in ("avro", "iceberg"):
         con.execute(f"LOAD {ansi_string(str(_duckdb_extension(name)))}")
     return con
+
+
+def _duckdb_result(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """Run ``sql``; DuckDB's own errors (a typo, an unknown column) become a QueryError with its message."""
+    import duckdb
+
+    try:
+        return con.execute(sql).to_arrow_table()
+    except duckdb.Error as exc:
+        raise QueryError(f"duckdb: {exc}") from None
 
 
 def _duckdb_extension(name: str) -> Path:

@@ -20,7 +20,8 @@ import pytest
 from conftest import load_debezium_fixture, pipeline_config, produce_records, run_lakestream, write_pipeline_yaml
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import LakestreamError
-from lakestream.query import ENGINES, read_pandas, read_table, run_sql
+from lakestream.config import CatalogSettings
+from lakestream.query import ENGINES, read_pandas, read_table, run_sql, sqlalchemy_url
 
 FIRST_IDS = range(1, 401)
 
@@ -184,3 +185,12 @@ def test_equality_deletes_are_applied_or_refused(cdc_table, spark):
     assert sorted((r["id"], r["note"]) for r in rows) == want
     with pytest.raises(LakestreamError, match="pyiceberg cannot read .* 1 equality deletes file"):
         read_table(config, name, "pyiceberg")
+
+
+def test_catalog_url_quotes_credentials_and_errors_never_echo_them():
+    catalog = CatalogSettings(uri="jdbc:postgresql://db:5432/lake?sslmode=require", user="u", password="p@ss/w:rd",
+                              warehouse="file:///w")
+    assert sqlalchemy_url(catalog) == "postgresql+psycopg2://u:p%40ss%2Fw%3Ard@db:5432/lake?sslmode=require"
+    with pytest.raises(LakestreamError) as raised:
+        sqlalchemy_url(CatalogSettings(uri="jdbc:mysql://db/lake?password=secret", warehouse="file:///w"))
+    assert "secret" not in str(raised.value)
