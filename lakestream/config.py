@@ -221,6 +221,9 @@ class MaintenancePolicy(_Model):
     orphan_min_age_s: float = Field(default=3 * 86400, ge=0)
     orphan_dry_run: bool = False
     max_manifests: int = Field(default=100, ge=2)
+    # Earlier metadata JSON files a table keeps (write.metadata.previous-versions-max, where the table
+    # does not set it); maintenance also deletes those written before it expired snapshots.
+    metadata_previous_versions: int = Field(default=50, ge=1)
 
 
 class MaintenanceSettings(_Model):
@@ -240,7 +243,7 @@ class MaintenanceSettings(_Model):
 class HealthThresholds(_Model):
     max_files_per_partition: int = 500
     max_snapshots: int = 1000
-    max_metadata_bytes: int = 10 * 1024**3
+    max_metadata_bytes: int = 1024**3
     max_compaction_lag_s: float = 24 * 3600
     max_freshness_s: float | None = None
     max_consumer_lag: int | None = None

@@ -25,13 +25,10 @@ class DecodeError(LakestreamError):
     """A record cannot be decoded; it goes to the dead-letter table with this message."""
 
 
-class SchemaEvolutionError(LakestreamError):
-    """A schema change cannot be applied to the Iceberg table (e.g. a narrowing type change)."""
+class QueryError(LakestreamError):
+    """A read cannot be answered correctly by the chosen engine (unknown table, files it cannot read)."""
 
 
 class OffsetError(LakestreamError):
     """Kafka offsets are inconsistent (e.g. committed offset no longer retained by the broker)."""
 
-
-class VerifyError(LakestreamError):
-    """Source and lake differ."""

@@ -1,7 +1,7 @@
 """Validation and quoting of identifiers that come from data (topics, tables, columns).
 
-All SQL built from such names goes through `quote` / `quote_table`: names are checked against a
-conservative pattern first, then back-quoted for Spark SQL.
+All SQL built from such names goes through `quote` / `quote_table` (Spark SQL, back-quotes) or
+`quote_ansi` (DuckDB, double quotes): names are checked against a conservative pattern first.
 """
 from __future__ import annotations
 
@@ -50,3 +50,20 @@ def quote_table(catalog: str, namespace: str, table: str) -> str:
 def sql_string(value: str) -> str:
     """A Spark SQL string literal."""
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def quote_ansi(name: str, what: str = "identifier") -> str:
+    """Validate and double-quote one identifier part for ANSI SQL (DuckDB)."""
+    validate_identifier(name, what)
+    return f'"{name}"'
+
+
+def quote_ansi_column(name: str) -> str:
+    """Double-quote a column name from a source schema for ANSI SQL (DuckDB); same rules as `quote_column`."""
+    quote_column(name)
+    return '"' + name.replace('"', '""') + '"'
+
+
+def ansi_string(value: str) -> str:
+    """An ANSI SQL (DuckDB) string literal: quotes doubled, no backslash escapes."""
+    return "'" + value.replace("'", "''") + "'"

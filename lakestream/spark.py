@@ -1,8 +1,11 @@
 """Builds the SparkSession: Iceberg runtime and JDBC driver from wheels, the configured catalog."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lakestream.config import CatalogSettings, PipelineConfig, SparkSettings
@@ -10,6 +13,10 @@ from lakestream.jvm_helper import helper_jar, iceberg_runtime_jar, postgres_jdbc
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+# WARN and above to stderr. Without a config file log4j2 falls back to its default console appender
+# on *stdout*, and a bare ``-Dlog4j2.level`` is enough to stop Spark installing its own defaults.
+LOG4J2_CONFIG = Path(__file__).parent / "log4j2.properties"
 
 
 def catalog_conf(catalog: CatalogSettings) -> dict[str, str]:
@@ -58,15 +65,40 @@ def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) 
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
-        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=WARN")
     )
     for key, value in catalog_conf(catalog).items():
         builder = builder.config(key, value)
+    java_options = f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"
     for key, value in spark.conf.items():
+        if key == "spark.driver.extraJavaOptions":
+            java_options = f"{java_options} {value}"  # the user's options come last and win
+            continue
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    with _jvm_stdout_to_stderr():
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+@contextlib.contextmanager
+def _jvm_stdout_to_stderr() -> Iterator[None]:
+    """Start the driver JVM (and what it spawns: Python workers) with stderr as its stdout.
+
+    pyspark starts the JVM with this process's stdout, so anything it prints with ``System.out``
+    would land in the middle of a command's JSON. The JVM inherits file descriptor 1 when it is
+    spawned, so pointing fd 1 at stderr for the duration of the launch is enough; this process's own
+    stdout is restored right after. A session that already runs is reused and unaffected.
+    """
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def session_for(config: PipelineConfig) -> SparkSession:

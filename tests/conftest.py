@@ -6,6 +6,7 @@ state in a fresh temporary directory that it removes afterwards.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -129,30 +130,56 @@ def spark(stack: StackInfo):
     session.stop()
 
 
+def pipeline_config(stack: StackInfo, state_dir: Path, streams: list[dict], name: str = "test", **overrides):
+    """A validated PipelineConfig for ``stack`` (top-level dict overrides are merged into the defaults)."""
+    from lakestream.config import parse_config
+
+    data = {
+        "name": name,
+        "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-{name}",
+                  "client": {"session.timeout.ms": 6000}},
+        "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
+        "streams": streams,
+        "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
+        "spark": {"master": "local[2]", "driver_memory": "1500m"},
+        "state_dir": str(state_dir),
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return parse_config(data, "<test>")
+
+
 @pytest.fixture
 def pipeline_config_factory(stack: StackInfo, service_dir_factory):
     """Build a validated PipelineConfig for the shared stack: `make(streams=[...], **overrides)`."""
-    from lakestream.config import parse_config
 
     def make(streams: list[dict], name: str = "test", **overrides):
-        data = {
-            "name": name,
-            "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-{name}",
-                      "client": {"session.timeout.ms": 6000}},
-            "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
-            "streams": streams,
-            "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
-            "spark": {"master": "local[2]", "driver_memory": "1500m"},
-            "state_dir": str(service_dir_factory("state")),
-        }
-        for key, value in overrides.items():
-            if isinstance(value, dict) and isinstance(data.get(key), dict):
-                data[key] = {**data[key], **value}
-            else:
-                data[key] = value
-        return parse_config(data, "<test>")
+        return pipeline_config(stack, service_dir_factory("state"), streams, name, **overrides)
 
     return make
+
+
+def write_pipeline_yaml(config, stack: StackInfo, path: Path) -> Path:
+    """Write ``config`` as a pipeline YAML file for the CLI (secrets are masked in a dump: put them back)."""
+    import yaml
+
+    data = config.model_dump(mode="json", exclude_none=True)
+    data["catalog"]["password"] = stack.pg_password
+    if "capture" in data:
+        data["capture"]["database"]["password"] = stack.pg_password
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_lakestream(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the real `lakestream` command in a new process; stdout and stderr are kept apart."""
+    from lakestream.capture.process import LAKESTREAM_COMMAND
+
+    return subprocess.run([*LAKESTREAM_COMMAND, *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ process: the CLI (``lakestream capture``) runs it, and ``CaptureProcess`` starts
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from lakestream.capture.connector import connector_properties
 from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
 from lakestream.config import PipelineConfig
 from lakestream.errors import CaptureError, ConfigError
+from lakestream.signals import install_stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def run_capture(
         except BaseException as exc:  # noqa: BLE001 — reported on the main thread
             engine_error.append(exc)
 
-    restore = _install_stop_signals(stop_event)
+    restore = install_stop_signals(stop_event, "capture")
     log.info(
         "capture: tables %s → topics %s.<schema>.<table> on %s (slot %s, snapshot.mode %s)",
         ",".join(capture.tables), capture.topic_prefix, config.kafka.bootstrap_servers,
@@ -169,23 +169,3 @@ def run_capture(
     elapsed = time.monotonic() - started
     log.info("capture: stopped after %d events in %.1fs", total, elapsed)
     return CaptureProgress(total, total / elapsed if elapsed else 0.0, counts, streaming, elapsed)
-
-
-def _install_stop_signals(stop_event: threading.Event) -> Callable[[], None]:
-    """Make SIGTERM and SIGINT set ``stop_event`` (main thread only); returns the undo."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def request_stop(signum: int, _frame: Any) -> None:
-        log.info("capture: %s received, stopping cleanly", signal.Signals(signum).name)
-        stop_event.set()
-
-    for sig in previous:
-        signal.signal(sig, request_stop)
-
-    def restore() -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    return restore

@@ -13,7 +13,7 @@ import sys
 from lakestream.errors import LakestreamError
 
 # Modules are imported lazily so that a missing optional piece never breaks the other commands.
-_COMMAND_MODULES = ["stack", "capture", "run", "sql", "verify", "maintain", "health", "demo", "upgrade"]
+_COMMAND_MODULES = ["stack", "capture", "run", "sql", "query", "verify", "maintain", "health", "demo", "upgrade"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    for noisy in ("py4j", "py4j.clientserver", "urllib3"):
+    for noisy in ("py4j", "py4j.clientserver", "urllib3", "pyiceberg"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)

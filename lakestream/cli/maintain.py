@@ -29,6 +29,6 @@ def func(args: argparse.Namespace) -> int:
     results = MaintenanceScheduler(config).run_round(spark, args.table, dry_run=args.dry_run)
     for result in results:
         print(json.dumps(result.to_json(), default=str) if args.json else result.describe())
-    if not results:
+    if not results and not args.json:
         print("nothing to maintain")
     return 1 if any(r.status == "failed" for r in results) else 0

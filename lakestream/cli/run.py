@@ -5,7 +5,8 @@ import argparse
 import threading
 
 from lakestream.config import load_config
-from lakestream.engine.loop import install_stop_signals, run_pipeline
+from lakestream.engine.loop import run_pipeline
+from lakestream.signals import install_stop_signals
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,4 +1,4 @@
-"""`lakestream sql PIPELINE_YAML "<query>"`: Spark SQL against the pipeline's Iceberg catalog."""
+"""`lakestream sql PIPELINE_YAML "<query>" [--engine spark|duckdb]`: SQL against the pipeline's Iceberg catalog."""
 from __future__ import annotations
 
 import argparse
@@ -19,28 +19,43 @@ EPILOG = """examples:
   lakestream sql pipeline.yaml "SELECT * FROM lake.shop.orders VERSION AS OF 4348315315263456139"
   lakestream sql pipeline.yaml "SELECT * FROM lake.shop.orders TIMESTAMP AS OF '2025-01-01 12:00:00'" --format csv
   echo "SELECT 1" | lakestream sql pipeline.yaml -
+  lakestream sql pipeline.yaml "SELECT region, count(*) FROM lake.shop.orders GROUP BY 1" --engine duckdb --format json
 """
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "sql",
-        help="run Spark SQL against the Iceberg catalog (time travel included)",
+        help="run SQL against the Iceberg catalog with Spark (time travel included) or DuckDB",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("config", help="pipeline YAML file (its catalog is registered under catalog.name, e.g. `lake`)")
     parser.add_argument("query", help="the SQL statement, or - to read it from stdin")
-    parser.add_argument("--format", choices=["table", "json", "csv"], default="table", help="output format (default: %(default)s)")
-    parser.add_argument("--limit", type=int, default=1000, help="print at most N rows, 0 for all (default: %(default)s)")
+    parser.add_argument("--engine", choices=["spark", "duckdb"], default="spark",
+                        help="spark (Spark SQL) or duckdb (DuckDB SQL over iceberg_scan of each lake.ns.table named; no JVM) "
+                             "(default: %(default)s)")
+    add_output_arguments(parser)
     parser.set_defaults(func=_sql)
 
 
-def _sql(args: argparse.Namespace) -> int:
-    from lakestream.spark import session_for
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """--format and --limit, shared by `sql` and `query`."""
+    parser.add_argument("--format", choices=["table", "json", "csv"], default="table", help="output format (default: %(default)s)")
+    parser.add_argument("--limit", type=int, default=1000, help="print at most N rows, 0 for all (default: %(default)s)")
 
+
+def _sql(args: argparse.Namespace) -> int:
     query = sys.stdin.read() if args.query == "-" else args.query
     config = load_config(args.config)
+    if args.engine == "duckdb":
+        from lakestream.query import run_sql
+
+        table = run_sql(config, query, engine="duckdb")
+        print_arrow(table, args.format, args.limit)
+        return 0
+    from lakestream.spark import session_for
+
     spark = session_for(config)
     try:
         df = spark.sql(query)
@@ -48,19 +63,32 @@ def _sql(args: argparse.Namespace) -> int:
         rows = [tuple(row) for row in (df.limit(args.limit + 1) if args.limit > 0 else df).collect()] if columns else []
     finally:
         spark.stop()
-    truncated = args.limit > 0 and len(rows) > args.limit
-    rows = rows[: args.limit] if truncated else rows
-    if args.format == "json":
+    print_rows(columns, rows, args.format, args.limit)
+    return 0
+
+
+def print_arrow(table, output_format: str, limit: int) -> None:
+    """Print a pyarrow Table like `print_rows` (at most ``limit`` rows, 0 for all)."""
+    if limit > 0:
+        table = table.slice(0, limit + 1)
+    rows = list(zip(*(column.to_pylist() for column in table.columns)))
+    print_rows(table.column_names, rows, output_format, limit)
+
+
+def print_rows(columns: list[str], rows: list[tuple], output_format: str, limit: int) -> None:
+    """Print rows as a table, JSON or CSV; ``rows`` may hold one row beyond ``limit`` to tell truncation."""
+    truncated = limit > 0 and len(rows) > limit
+    rows = rows[:limit] if truncated else rows
+    if output_format == "json":
         print(json.dumps([dict(zip(columns, map(_plain, row))) for row in rows], indent=2, default=str))
-    elif args.format == "csv":
+    elif output_format == "csv":
         writer = csv.writer(sys.stdout)
         writer.writerow(columns)
         writer.writerows([[_text(v) for v in row] for row in rows])
     else:
         print_table(columns, rows)
     if truncated:
-        print(f"(showing the first {args.limit} rows; use --limit 0 for all)", file=sys.stderr)
-    return 0
+        print(f"(showing the first {limit} rows; use --limit 0 for all)", file=sys.stderr)
 
 
 def print_table(columns: list[str], rows: list[tuple], title: str | None = None) -> None:

@@ -24,11 +24,11 @@ from lakestream.capture.connector import offsets_file
 from lakestream.capture.process import LAKESTREAM_COMMAND, CaptureProcess
 from lakestream.config import PipelineConfig, parse_config
 from lakestream.demo import shop
-from lakestream.demo.report import table_layout
 from lakestream.engine.freshness import freshness_from_metrics
 from lakestream.engine.loop import metrics_path
 from lakestream.errors import LakestreamError
 from lakestream.identifiers import quote, quote_table
+from lakestream.inspection import count_table_files
 from lakestream.sink.router import Router
 from lakestream.stack import Stack, StackInfo, StackSettings
 
@@ -391,7 +391,7 @@ def _print_report(spark: SparkSession, config: PipelineConfig, report: VerifyRep
         _, lake_name = router.route(f"{config.capture.topic_prefix}.{schema}.{table}")
         names[table] = lake_name
         try:
-            stats = table_layout(spark, config.catalog.name, lake_name)
+            stats = count_table_files(spark, config.catalog.name, str(lake_name))
         except Exception as exc:  # noqa: BLE001 - a missing table is already reported by verify
             layout.add_row(str(lake_name), "-", "-", "-", type(exc).__name__)
             continue

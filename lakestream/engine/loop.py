@@ -5,7 +5,6 @@ SIGTERM and Ctrl-C finish the batch in flight and stop cleanly (a second Ctrl-C 
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -25,21 +24,6 @@ log = logging.getLogger(__name__)
 
 def metrics_path(config: PipelineConfig) -> Path:
     return Path(config.state_dir) / "metrics" / f"{config.name}.jsonl"
-
-
-def install_stop_signals(stop: threading.Event) -> None:
-    """SIGTERM/SIGINT set ``stop``; a second SIGINT raises KeyboardInterrupt."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def on_signal(signum: int, _frame: object) -> None:
-        if stop.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        log.info("stopping after the current batch (signal %d)", signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
 
 
 def run_pipeline(

@@ -31,7 +31,7 @@ from lakestream.sink.schema import (
     DEFAULT_TABLE_PROPERTIES, Shape, TableManager, merged_columns, reconcile, widen_to_string_statements,
 )
 from lakestream.sink.task import TableSpec, WriteContext, run_write_task
-from lakestream.source.kafka import TP, KafkaCluster
+from lakestream.source.kafka import TP, KafkaCluster, consumer_lag
 from lakestream.source.planner import OffsetRange, pack_ranges, plan_offset_ranges
 
 if TYPE_CHECKING:
@@ -438,7 +438,7 @@ class Pipeline:
             else:
                 self.maybe_more.add(tp)
         self.kafka.commit({tp: self.positions[tp] for tp in report.ends})
-        lag = sum(max(high - self.positions.get(tp, high), 0) for tp, (_, high) in self.watermarks.items())
+        lag = consumer_lag({tp: high for tp, (_, high) in self.watermarks.items()}, self.positions)
         changes = sum(tr.count for tr in report.tables.values())
         groups = [(s.count, s.source_ts_q, s.source_ts_min, s.source_ts_max)
                   for tr in report.tables.values() for s in tr.stats if s.source_ts_q]

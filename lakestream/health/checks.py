@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from lakestream.config import CompactionPolicy, HealthThresholds
-from lakestream.health.metrics import TableMetrics
+from lakestream.inspection import TableMetrics
 
 
 @dataclass(frozen=True)

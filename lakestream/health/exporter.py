@@ -21,6 +21,7 @@ _TABLE_GAUGES = [
     ("lakestream_table_snapshots", "Snapshots kept in table metadata", lambda m: m.snapshots),
     ("lakestream_table_manifests", "Manifests of the current snapshot", lambda m: m.manifests),
     ("lakestream_table_metadata_bytes", "Metadata JSON + manifests + manifest lists", lambda m: m.metadata_bytes),
+    ("lakestream_table_metadata_files", "Metadata JSON files: the current one and those on its log", lambda m: m.metadata_files),
     ("lakestream_table_seconds_since_compaction", "Seconds since the last replace snapshot", lambda m: m.seconds_since_compaction),
     ("lakestream_table_freshness_seconds", "Now minus the newest committed source change", lambda m: m.freshness_s),
     ("lakestream_table_kafka_lag", "Kafka records not yet committed to the table", lambda m: m.kafka_lag),

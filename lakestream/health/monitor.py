@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from lakestream.config import PipelineConfig
 from lakestream.health.checks import Alert, compaction_lag_s, evaluate
-from lakestream.health.metrics import TableMetrics, collect_table_metrics, list_tables
+from lakestream.inspection import TableMetrics, collect_table_metrics, list_tables
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

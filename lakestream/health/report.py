@@ -6,14 +6,7 @@ import sys
 from typing import IO
 
 from lakestream.health.monitor import HealthReport
-
-
-def _size(value: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if value < 1024 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return str(value)
+from lakestream.inspection import format_bytes
 
 
 def _duration(seconds: float | None) -> str:
@@ -56,11 +49,11 @@ def render_table(report: HealthReport, out: IO[str] | None = None) -> None:
             str(m.data_files),
             cell(t, "files_per_partition", str(m.files_per_partition_max)),
             f"{m.files_per_partition_p95:.0f}",
-            _size(m.avg_file_bytes),
+            format_bytes(m.avg_file_bytes),
             cell(t, "small_file_share", f"{m.small_file_share:.0%}"),
             str(m.delete_files),
             cell(t, "snapshots", str(m.snapshots)),
-            cell(t, "metadata_bytes", _size(m.metadata_bytes)),
+            cell(t, "metadata_bytes", format_bytes(m.metadata_bytes)),
             cell(t, "compaction_lag_s", _duration(m.seconds_since_compaction)),
             cell(t, "freshness_s", _duration(m.freshness_s)),
             cell(t, "kafka_lag", "?" if m.kafka_lag is None else str(m.kafka_lag)),

@@ -14,7 +14,15 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from lakestream.config import MaintenancePolicy
-from lakestream.health.metrics import PartitionMetrics, file_length, split_table_name
+from lakestream.inspection import (
+    METADATA_DELETE_AFTER_COMMIT,
+    METADATA_PREVIOUS_VERSIONS_MAX,
+    PartitionMetrics,
+    collect_partitions,
+    file_length,
+    format_bytes,
+    split_table_name,
+)
 from lakestream.identifiers import quote, quote_column, quote_table, sql_string
 
 if TYPE_CHECKING:
@@ -32,7 +40,7 @@ class MaintenanceResult:
     """What one action did to one table."""
 
     table: str
-    action: str  # compact | rewrite_deletes | rewrite_manifests | expire_snapshots | remove_orphans
+    action: str  # compact | rewrite_deletes | rewrite_manifests | expire_snapshots | trim_metadata | remove_orphans
     status: str  # ok | partial | conflict | failed | planned | dry-run
     files_before: int | None = None
     files_after: int | None = None
@@ -47,7 +55,7 @@ class MaintenanceResult:
         if self.files_before is not None or self.files_after is not None:
             parts.append(f"files {_n(self.files_before)} → {_n(self.files_after)}")
         if self.bytes_before is not None or self.bytes_after is not None:
-            parts.append(f"bytes {_human(self.bytes_before)} → {_human(self.bytes_after)}")
+            parts.append(f"bytes {format_bytes(self.bytes_before)} → {format_bytes(self.bytes_after)}")
         parts.append(f"{self.seconds:.1f}s")
         if self.error:
             parts.append(self.error)
@@ -59,17 +67,6 @@ class MaintenanceResult:
 
 def _n(value: int | None) -> str:
     return "?" if value is None else str(value)
-
-
-def _human(value: int | None) -> str:
-    if value is None:
-        return "?"
-    size = float(value)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1024 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return str(value)
 
 
 def is_commit_conflict(exc: BaseException) -> bool:
@@ -212,11 +209,9 @@ def _partition_key(partition: PartitionMetrics) -> tuple:
 
 
 def _partition_totals(spark: SparkSession, catalog: str, name: str, keys: set[tuple]) -> tuple[int, int]:
-    from lakestream.health.metrics import _collect_partitions
-
     namespace, table = split_table_name(name)
     files = size = 0
-    for partition in _collect_partitions(spark, quote_table(catalog, namespace, table)):
+    for partition in collect_partitions(spark, quote_table(catalog, namespace, table)):
         if _partition_key(partition) in keys:
             files += partition.data_files
             size += partition.data_bytes
@@ -373,6 +368,38 @@ def expire_snapshots(
                 result.status = "failed"
                 result.error = f"offsets snapshot {protected_snapshot_id} was expired"
                 log.error("%s: %s", name, result.error)
+
+    return _run(result, started, call)
+
+
+def trim_metadata_log(spark: SparkSession, catalog: str, name: str, jtable, keep: int, dry_run: bool = False) -> MaintenanceResult:
+    """Delete the earlier metadata JSON files a round has made obsolete, and bound the log from then on.
+
+    Iceberg deletes an earlier metadata file only at a commit that pushes it off the metadata log, and
+    only with delete-after-commit on. The files written before snapshot expiry would otherwise stay
+    for ``keep`` more commits. Two property commits flush them: previous-versions-max=1 deletes all but
+    the newest, then the table's own bound (or ``keep``) comes back, with delete-after-commit left on.
+    """
+    started = time.monotonic()
+    result = MaintenanceResult(table=name, action="trim_metadata", status="planned" if dry_run else "ok")
+
+    def measure() -> tuple[int, int]:
+        jtable.refresh()
+        current = jtable.operations().current()
+        paths = [entry.file() for entry in current.previousFiles()] + [current.metadataFileLocation()]
+        return len(paths), sum(file_length(jtable.io(), p) for p in paths)
+
+    def call() -> None:
+        result.files_before, result.bytes_before = measure()
+        if dry_run:
+            return
+        own = jtable.properties().get(METADATA_PREVIOUS_VERSIONS_MAX)
+        bound = str(own) if own is not None and str(own).isdigit() and int(str(own)) > 1 else str(int(keep))
+        jtable.updateProperties().set(METADATA_DELETE_AFTER_COMMIT, "true").set(METADATA_PREVIOUS_VERSIONS_MAX, "1").commit()
+        jtable.refresh()
+        jtable.updateProperties().set(METADATA_PREVIOUS_VERSIONS_MAX, bound).commit()
+        result.detail["previous_versions_max"] = int(bound)
+        result.files_after, result.bytes_after = measure()
 
     return _run(result, started, call)
 

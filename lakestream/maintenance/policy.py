@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 
 from lakestream.config import CompactionPolicy, MaintenancePolicy
-from lakestream.health.metrics import PartitionMetrics, TableMetrics
+from lakestream.inspection import PartitionMetrics, TableMetrics
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ class MaintenancePlan:
     expire_older_than_ms: int = 0
     retain_last: int = 1
     protected_snapshot_id: int | None = None
+    trim_metadata: bool = False
     orphan_older_than_ms: int = 0
     orphan_dry_run: bool = False
     reasons: list[str] = field(default_factory=list)
@@ -100,6 +101,15 @@ def plan_maintenance(metrics: TableMetrics, policy: MaintenancePolicy, now_ms: i
         else:
             plan.reasons.append(
                 f"snapshots older than {policy.snapshot_retention_s:g}s (keeping the last {plan.retain_last})")
+
+    # Each metadata file written before expiry lists every snapshot expiry then removes: together the
+    # bulk of a streaming table's metadata, and Iceberg only deletes them as later commits push them off.
+    if plan.expire:
+        plan.trim_metadata = True
+        plan.reasons.append("delete the metadata files written before snapshot expiry")
+    elif not metrics.metadata_delete_after_commit or metrics.metadata_files > policy.metadata_previous_versions + 1:
+        plan.trim_metadata = True
+        plan.reasons.append(f"{metrics.metadata_files} metadata files: bound them to {policy.metadata_previous_versions} earlier ones")
 
     orphan_age_s = policy.orphan_min_age_s
     if orphan_age_s < MIN_ORPHAN_AGE_S:

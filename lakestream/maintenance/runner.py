@@ -1,7 +1,8 @@
 """One maintenance round over the catalog's tables, a `--watch` loop, and the engine's inline hook.
 
 Order within a table: compact cold partitions → rewrite position deletes → rewrite manifests → expire
-snapshots → remove orphans, so that expiry sees the snapshots compaction just replaced.
+snapshots → trim the metadata log → remove orphans, so that expiry sees the snapshots compaction just
+replaced and the trim deletes the metadata files written before expiry.
 """
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import time
 from typing import TYPE_CHECKING
 
 from lakestream.config import PipelineConfig
-from lakestream.health.metrics import collect_table_metrics, list_tables, load_java_table
+from lakestream.inspection import collect_table_metrics, list_tables, load_java_table
 from lakestream.maintenance.actions import (
     MaintenanceResult,
     compact_cold_partitions,
     expire_snapshots,
     remove_orphan_files,
+    trim_metadata_log,
     rewrite_manifests,
     rewrite_position_deletes,
 )
@@ -75,6 +77,8 @@ def maintain_table(
                 protected_snapshot_id=plan.protected_snapshot_id, dry_run=dry_run,
             )
         )
+    if plan.trim_metadata:
+        results.append(trim_metadata_log(spark, catalog, name, jtable, policy.metadata_previous_versions, dry_run=dry_run))
     if remove_orphans:
         # A dry run still lists orphan candidates: listing changes nothing.
         results.append(

@@ -65,9 +65,6 @@ class TableOffsets:
             self._cache[table_ident] = decode_offsets(raw)
         return self._cache[table_ident]
 
-    def forget(self, table_ident: str) -> None:
-        self._cache.pop(table_ident, None)
-
     def merged_after_commit(self, table_ident: str, consumed: dict[TP, int]) -> dict[TP, int]:
         """The table's offsets once ``consumed`` is committed (offsets of other partitions carried forward)."""
         merged = dict(self.load(table_ident))

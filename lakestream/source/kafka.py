@@ -115,3 +115,28 @@ class KafkaCluster:
         except KafkaException as exc:
             # Harmless for correctness (tables hold the truth); a restart just re-reads a little more.
             log.warning("could not commit group offsets: %s", exc)
+
+
+def consumer_lag(high_watermarks: dict[TP, int], positions: dict[TP, int]) -> int:
+    """Records behind: Σ (high watermark − next offset to read) over partitions with a known position.
+
+    A partition without a position counts as caught up (nothing has been read from it yet, so there is
+    no backlog to speak of); a position past the watermark (a broker that under-reports it) counts 0.
+    """
+    return sum(max(0, high - positions.get(tp, high)) for tp, high in high_watermarks.items())
+
+
+def kafka_lag(kafka: KafkaSettings, positions: dict[TP, int], timeout_s: float = 2.0) -> int | None:
+    """`consumer_lag` of ``positions`` against the broker's watermarks now; None if the broker does not answer."""
+    cluster = KafkaCluster(kafka.model_copy(update={"client": {**kafka.client, "socket.timeout.ms": int(timeout_s * 1000),
+                                                                "log_level": 3}}), timeout_s=timeout_s)
+    try:
+        watermarks = cluster.watermarks(sorted(positions))
+    except OffsetError as exc:
+        log.info("kafka lag unknown: %s", exc)
+        return None
+    finally:
+        cluster.close()
+    if any(high is None or high < 0 for _, high in watermarks.values()):
+        return None
+    return consumer_lag({tp: high for tp, (_, high) in watermarks.items()}, positions)

@@ -8,17 +8,15 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-import yaml
-
-from conftest import produce_records
+from conftest import produce_records, write_pipeline_yaml
 from lakestream.cli import main
 from lakestream.config import KafkaSettings
 from lakestream.health.exporter import MetricsExporter
-from lakestream.health.metrics import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, kafka_lag
 from lakestream.health.monitor import collect_health
 from lakestream.health.report import render_table
 from lakestream.health.webhook import AlertNotifier
-from lakestream.source.kafka import TP
+from lakestream.sink.offsets import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY
+from lakestream.source.kafka import TP, kafka_lag
 
 NS = "health"
 
@@ -30,13 +28,6 @@ def make_table(spark, name: str) -> str:
     return f"{NS}.{name}"
 
 
-def write_yaml(config, stack, path) -> str:
-    data = config.model_dump(mode="json", exclude_none=True)
-    data["catalog"]["password"] = stack.pg_password
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
-
-
 def test_check_fails_over_threshold_and_passes_after_maintenance(spark, stack, pipeline_config_factory, tmp_path, capsys):
     table = make_table(spark, "crowded")
     for i in range(8):
@@ -46,7 +37,7 @@ def test_check_fails_over_threshold_and_passes_after_maintenance(spark, stack, p
         maintenance={"policies": [{"compaction": {"quiet_time_s": 0}}]},
         health={"thresholds": {"max_files_per_partition": 5}},
     )
-    pipeline = write_yaml(config, stack, tmp_path / "pipeline.yaml")
+    pipeline = str(write_pipeline_yaml(config, stack, tmp_path / "pipeline.yaml"))
 
     assert main(["health", pipeline, "--check", "--no-lag", "--table", table]) == 1
     out = capsys.readouterr().out

@@ -4,7 +4,7 @@ from __future__ import annotations
 from lakestream.config import CompactionPolicy, HealthThresholds
 from lakestream.health.checks import compaction_lag_s, evaluate
 from lakestream.health.exporter import render_prometheus
-from lakestream.health.metrics import PartitionMetrics, TableMetrics
+from lakestream.inspection import PartitionMetrics, TableMetrics
 from lakestream.health.monitor import HealthReport
 from lakestream.health.webhook import AlertNotifier
 
@@ -35,6 +35,7 @@ def test_prometheus_text_escapes_labels():
     assert 'lakestream_partition_data_files{table="ns.t",partition="region=e\\"u"} 600' in text
     assert 'lakestream_table_kafka_lag{' not in text  # unknown lag is omitted, not reported as 0
     assert 'lakestream_alert{table="ns.t",metric="snapshots"} 1' in text
+    assert 'lakestream_table_metadata_files{table="ns.t"} 0' in text
 
 
 def test_webhook_state_survives_restarts(tmp_path):

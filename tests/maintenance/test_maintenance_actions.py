@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from lakestream.health.metrics import OFFSETS_PROPERTY
+from lakestream.sink.offsets import OFFSETS_PROPERTY
 from lakestream.maintenance import maintain_table, maybe_maintain
 
 NS = "maint"

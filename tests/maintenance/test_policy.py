@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from lakestream.config import MaintenancePolicy
-from lakestream.health.metrics import PartitionMetrics, SnapshotInfo, TableMetrics
+from lakestream.inspection import PartitionMetrics, SnapshotInfo, TableMetrics
 from lakestream.maintenance.policy import MIN_ORPHAN_AGE_S, plan_maintenance
 
 NOW = 1_800_000_000_000

@@ -1,32 +1,34 @@
-"""Table health metrics read from Iceberg metadata tables: files, snapshots, metadata size, freshness, lag.
+"""Table inspection: what an Iceberg table holds, read from its metadata tables (files, partitions,
+snapshots, metadata size, freshness, and the Kafka lag behind its stored offsets).
 
-One `collect_table_metrics` call answers everything maintenance planning and health checks need about a
-table, from a handful of small metadata-table queries (`partitions`, `data_files`, `snapshots` +
-`history`, `all_manifests`, `metadata_log_entries`) plus file sizes of metadata files.
+The one home for it: maintenance plans from it and health checks it. One `collect_table_metrics`
+call answers everything both need about a table, from a handful of small metadata-table queries
+(`partitions`, `data_files`, `snapshots` + `history`, `all_manifests`, `metadata_log_entries`)
+plus the sizes of metadata files.
 """
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from lakestream.identifiers import quote_table, sql_string
 from lakestream.sink.offsets import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, decode_offsets
-from lakestream.source.kafka import TP
+from lakestream.source.kafka import TP, kafka_lag
+
+# Table properties that bound the metadata log: Iceberg keeps at most previous-versions-max earlier
+# metadata files on the log and, with delete-after-commit, deletes each one that falls off at a commit.
+METADATA_DELETE_AFTER_COMMIT = "write.metadata.delete-after-commit.enabled"
+METADATA_PREVIOUS_VERSIONS_MAX = "write.metadata.previous-versions-max"
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.config import KafkaSettings, MaintenancePolicy
-
-log = logging.getLogger(__name__)
-
-
 
 @dataclass
 class PartitionMetrics:
@@ -77,6 +79,8 @@ class TableMetrics:
     snapshots: int = 0
     manifests: int = 0
     metadata_bytes: int = 0
+    metadata_files: int = 0  # metadata JSON files: the current one and those on its metadata log
+    metadata_delete_after_commit: bool = False  # Iceberg deletes files that fall off the log (table property)
     last_compaction_ms: int | None = None
     oldest_snapshot_ms: int | None = None
     freshness_s: float | None = None
@@ -125,6 +129,7 @@ class TableMetrics:
             "snapshots": self.snapshots,
             "manifests": self.manifests,
             "metadata_bytes": self.metadata_bytes,
+            "metadata_files": self.metadata_files,
             "seconds_since_compaction": _round(self.seconds_since_compaction),
             "freshness_s": _round(self.freshness_s),
             "kafka_lag": self.kafka_lag,
@@ -223,7 +228,7 @@ def collect_table_metrics(
     jtable = load_java_table(spark, catalog, name)
     metrics.has_sort_order = bool(jtable.sortOrder().isSorted())
 
-    metrics.partitions = _collect_partitions(spark, qualified)
+    metrics.partitions = collect_partitions(spark, qualified)
     metrics.delete_files = sum(p.delete_files for p in metrics.partitions)
 
     compaction = policy.compaction
@@ -264,7 +269,9 @@ def collect_table_metrics(
         metrics.freshness_s = max(0.0, (now_ms - max(source_ts)) / 1000)
 
     metrics.manifests = int(spark.sql(f"SELECT count(*) FROM {qualified}.manifests").collect()[0][0])
-    metrics.metadata_bytes = _metadata_bytes(spark, qualified, jtable, [r.manifest_list for r in snapshot_rows])
+    metrics.metadata_bytes, metrics.metadata_files = _metadata_size(
+        spark, qualified, jtable, [r.manifest_list for r in snapshot_rows])
+    metrics.metadata_delete_after_commit = str(jtable.properties().get(METADATA_DELETE_AFTER_COMMIT)).lower() == "true"
 
     if kafka is not None:
         offsets_snapshot = metrics.newest_offsets_snapshot()
@@ -273,7 +280,8 @@ def collect_table_metrics(
     return metrics
 
 
-def _collect_partitions(spark: SparkSession, qualified: str) -> list[PartitionMetrics]:
+def collect_partitions(spark: SparkSession, qualified: str) -> list[PartitionMetrics]:
+    """Every partition of the quoted table ``qualified``, from its `partitions` metadata table."""
     frame = spark.sql(f"SELECT * FROM {qualified}.partitions")
     columns = set(frame.columns)
     result = []
@@ -293,16 +301,16 @@ def _collect_partitions(spark: SparkSession, qualified: str) -> list[PartitionMe
     return result
 
 
-def _metadata_bytes(spark: SparkSession, qualified: str, jtable, manifest_lists: list[str | None]) -> int:
-    """Bytes of table metadata: metadata JSON files (current + logged), all manifests, all manifest lists."""
+def _metadata_size(spark: SparkSession, qualified: str, jtable, manifest_lists: list[str | None]) -> tuple[int, int]:
+    """(bytes, metadata JSON files) of table metadata: metadata JSON files (current + logged), all
+    manifests, all manifest lists."""
     total = int(spark.sql(f"SELECT coalesce(sum(length), 0) FROM (SELECT DISTINCT path, length FROM {qualified}.all_manifests)").collect()[0][0])
-    paths = {r[0] for r in spark.sql(f"SELECT file FROM {qualified}.metadata_log_entries").collect()}
-    paths.add(jtable.operations().current().metadataFileLocation())
-    paths.update(p for p in manifest_lists if p)
+    metadata_files = {r[0] for r in spark.sql(f"SELECT file FROM {qualified}.metadata_log_entries").collect()}
+    metadata_files.add(jtable.operations().current().metadataFileLocation())
     io = jtable.io()
-    for path in paths:
+    for path in metadata_files | {p for p in manifest_lists if p}:
         total += file_length(io, path)
-    return total
+    return total, len(metadata_files)
 
 
 def file_length(io, path: str) -> int:
@@ -319,27 +327,38 @@ def file_length(io, path: str) -> int:
         return 0
 
 
-def kafka_lag(kafka: KafkaSettings, offsets: dict[TP, int], timeout_s: float = 2.0) -> int | None:
-    """Σ (high watermark − committed next offset) over the table's partitions; None if the broker does not answer."""
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+@dataclass
+class TableFiles:
+    """Snapshots and live files of one table: the short view the demo prints."""
 
-    consumer = Consumer(kafka.consumer_config(**{"socket.timeout.ms": int(timeout_s * 1000), "log_level": 3}))
-    try:
-        lag = 0
-        for tp, committed in offsets.items():
-            try:
-                _, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=timeout_s)
-            except KafkaException as exc:
-                log.info("kafka lag unknown for %s: %s", tp, exc)
-                return None
-            if high is None or high < 0:
-                return None
-            lag += max(0, int(high) - int(committed))
-        return lag
-    finally:
-        consumer.close()
+    table: str
+    snapshots: int
+    data_files: int
+    delete_files: int
+    data_bytes: int
 
 
-def metrics_as_dict(metrics: TableMetrics) -> dict[str, Any]:
-    """Full dataclass dump (used by tests and debugging)."""
-    return asdict(metrics)
+def count_table_files(spark: SparkSession, catalog: str, name: str) -> TableFiles:
+    """Snapshots and live data/delete files of ``namespace.table``, from its metadata tables."""
+    namespace, table = split_table_name(name)
+    base = quote_table(catalog, namespace, table)
+    snapshots = spark.sql(f"SELECT count(*) FROM {base}.snapshots").collect()[0][0]
+    files = spark.sql(
+        f"""SELECT coalesce(sum(CASE WHEN content = 0 THEN 1 ELSE 0 END), 0),
+                   coalesce(sum(CASE WHEN content <> 0 THEN 1 ELSE 0 END), 0),
+                   coalesce(sum(CASE WHEN content = 0 THEN file_size_in_bytes ELSE 0 END), 0)
+            FROM {base}.files"""
+    ).collect()[0]
+    return TableFiles(name, int(snapshots), int(files[0]), int(files[1]), int(files[2]))
+
+
+def format_bytes(value: float | None) -> str:
+    """``1.5 MB``-style size for people (binary units); ``?`` when unknown."""
+    if value is None:
+        return "?"
+    size = float(value)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1024 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(value)

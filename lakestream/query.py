@@ -1,0 +1,319 @@
+"""Reading the lake's tables with Spark, DuckDB or pyiceberg, as Arrow (or pandas) for notebooks.
+
+All three engines open the same tables through the pipeline's catalog: Spark through its Iceberg
+SparkCatalog, pyiceberg through a ``SqlCatalog`` on the same JDBC catalog database (or the table's
+``version-hint.text`` for a hadoop catalog), DuckDB through ``iceberg_scan`` of the metadata file
+that catalog points at. Before DuckDB or pyiceberg read a snapshot, its delete files are checked
+against what that engine applies (pyiceberg: no equality deletes); a table it cannot read exactly is
+refused, never read wrong.
+
+    from lakestream.config import load_config
+    from lakestream.query import read_table
+    orders = read_table(load_config("pipeline.yaml"), "shop.orders", engine="duckdb")  # a pyarrow.Table
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+from urllib.parse import parse_qsl, urlsplit
+
+from lakestream.config import CatalogSettings, PipelineConfig
+from lakestream.errors import QueryError
+from lakestream.identifiers import (
+    ansi_string,
+    quote_ansi,
+    quote_ansi_column,
+    quote_column,
+    quote_table,
+    validate_identifier,
+)
+
+if TYPE_CHECKING:
+    import duckdb
+    import pandas as pd
+    import pyarrow as pa
+    from pyiceberg.table import Table as IcebergTable
+    from pyspark.sql import SparkSession
+
+Engine = Literal["spark", "duckdb", "pyiceberg"]
+ENGINES: tuple[str, ...] = ("spark", "duckdb", "pyiceberg")
+
+# Delete-file kinds (Iceberg `content`, file format) each engine applies when it reads, as verified
+# by tests/query/test_engines.py. Anything else in a snapshot makes that engine refuse the read.
+# pyiceberg 0.12 does not apply equality deletes; the DuckDB 1.5.5 iceberg extension does (including
+# rows re-inserted after the delete, which its sequence number must leave visible).
+_APPLIES: dict[str, set[tuple[str, str]]] = {
+    "pyiceberg": {("POSITION_DELETES", "PARQUET"), ("POSITION_DELETES", "PUFFIN")},
+    "duckdb": {("POSITION_DELETES", "PARQUET"), ("POSITION_DELETES", "PUFFIN"), ("EQUALITY_DELETES", "PARQUET")},
+}
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """A lake table as ``namespace.table`` (the catalog is the pipeline's)."""
+
+    namespace: str
+    table: str
+
+    @classmethod
+    def parse(cls, name: str, catalog: str) -> TableRef:
+        """``ns.table`` or ``<catalog>.ns.table``, every part a validated identifier."""
+        parts = name.split(".")
+        if len(parts) == 3 and parts[0] == catalog:
+            parts = parts[1:]
+        if len(parts) != 2:
+            raise QueryError(f"table {name!r}: write it as namespace.table or {catalog}.namespace.table")
+        return cls(validate_identifier(parts[0], "namespace"), validate_identifier(parts[1], "table"))
+
+    def __str__(self) -> str:
+        return f"{self.namespace}.{self.table}"
+
+
+def read_table(config: PipelineConfig, table: str, engine: Engine = "pyiceberg", *, columns: list[str] | None = None,
+               where: str | None = None, snapshot_id: int | None = None, limit: int | None = None,
+               spark: SparkSession | None = None) -> pa.Table:
+    """Rows of ``table`` (``ns.table``) as a pyarrow Table, read by ``engine``.
+
+    ``where`` is a filter in the engine's own expression syntax (SQL for Spark and DuckDB, pyiceberg's
+    row-filter syntax, which accepts the usual ``id > 3 AND region = 'eu'``); ``snapshot_id`` time
+    travels. ``spark`` reuses a running session (engine ``spark`` only).
+    """
+    ref = TableRef.parse(table, config.catalog.name)
+    if engine == "spark":
+        return _read_spark(config, ref, columns, where, snapshot_id, limit, spark)
+    if engine not in ENGINES:
+        raise QueryError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
+    iceberg_table = load_iceberg_table(config.catalog, ref)
+    snapshot = iceberg_table.snapshot_by_id(snapshot_id) if snapshot_id is not None else iceberg_table.current_snapshot()
+    if snapshot_id is not None and snapshot is None:
+        raise QueryError(f"{ref}: no snapshot {snapshot_id}")
+    if snapshot is None:  # a table never written to
+        return iceberg_table.schema().as_arrow().empty_table()
+    refuse_unreadable(iceberg_table, snapshot.snapshot_id, engine)
+    schema = iceberg_table.schemas().get(snapshot.schema_id, iceberg_table.schema())
+    _check_columns(ref, columns, schema.column_names)
+    if engine == "pyiceberg":
+        from pyiceberg.expressions import AlwaysTrue
+
+        scan = iceberg_table.scan(row_filter=where or AlwaysTrue(), selected_fields=tuple(columns or ("*",)),
+                                  snapshot_id=snapshot.snapshot_id, limit=limit)
+        return scan.to_arrow()
+    select = ", ".join(quote_ansi_column(c) for c in columns) if columns else "*"
+    sql = (f"SELECT {select} FROM iceberg_scan({ansi_string(iceberg_table.metadata_location)}, "
+           f"snapshot_from_id => {int(snapshot.snapshot_id)})")
+    if where:
+        sql += f" WHERE {where}"
+    if limit is not None:
+        sql += f" LIMIT {int(limit)}"
+    with duckdb_connection() as con:
+        return _duckdb_result(con, sql)
+
+
+def read_pandas(config: PipelineConfig, table: str, engine: Engine = "pyiceberg", **options) -> pd.DataFrame:
+    """`read_table` as a pandas DataFrame."""
+    return read_table(config, table, engine, **options).to_pandas()
+
+
+def run_sql(config: PipelineConfig, query: str, engine: Literal["spark", "duckdb"] = "spark",
+            spark: SparkSession | None = None) -> pa.Table:
+    """Run one SQL statement with Spark or DuckDB; tables are named ``<catalog>.<namespace>.<table>``.
+
+    For DuckDB every such name in the query becomes a view over ``iceberg_scan`` of the table's current
+    snapshot (checked like `read_table` checks it), so the same query text runs on both engines.
+    """
+    if engine == "spark":
+        session = spark or _session(config)
+        return _spark_to_arrow(session.sql(query))
+    if engine != "duckdb":
+        raise QueryError(f"engine {engine!r} does not run SQL: use spark or duckdb (pyiceberg reads one table: `read_table`)")
+    catalog = config.catalog.name
+    with duckdb_connection() as con:
+        con.execute(f"ATTACH ':memory:' AS {quote_ansi(catalog, 'catalog')}")
+        for ref in _referenced_tables(query, catalog):
+            iceberg_table = load_iceberg_table(config.catalog, ref)
+            snapshot = iceberg_table.current_snapshot()
+            if snapshot is None:
+                raise QueryError(f"{ref}: the table has no snapshot yet; DuckDB cannot scan it")
+            refuse_unreadable(iceberg_table, snapshot.snapshot_id, "duckdb")
+            schema = f"{quote_ansi(catalog)}.{quote_ansi(ref.namespace)}"
+            con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+            con.execute(f"CREATE VIEW {schema}.{quote_ansi(ref.table)} AS SELECT * FROM iceberg_scan("
+                        f"{ansi_string(iceberg_table.metadata_location)}, snapshot_from_id => {int(snapshot.snapshot_id)})")
+        return _duckdb_result(con, query)
+
+
+def _check_columns(ref: TableRef, columns: list[str] | None, existing: list[str]) -> None:
+    missing = [c for c in columns or [] if c not in existing]
+    if missing:
+        raise QueryError(f"{ref} has no column {', '.join(map(repr, missing))}; its columns: {', '.join(existing)}")
+
+
+def _referenced_tables(query: str, catalog: str) -> list[TableRef]:
+    """``<catalog>.ns.table`` names in ``query`` (plain or double-quoted parts), in order of first use."""
+    part = r'(?:"([A-Za-z_][A-Za-z0-9_$]*)"|([A-Za-z_][A-Za-z0-9_$]*))'
+    pattern = re.compile(rf'(?<![\w."]){re.escape(catalog)}\s*\.\s*{part}\s*\.\s*{part}', re.IGNORECASE)
+    found: dict[tuple[str, str], TableRef] = {}
+    for match in pattern.finditer(query):
+        namespace, table = match.group(1) or match.group(2), match.group(3) or match.group(4)
+        found.setdefault((namespace, table), TableRef(namespace, table))
+    return list(found.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening tables outside Spark
+# ---------------------------------------------------------------------------------------------
+
+
+def load_iceberg_table(catalog: CatalogSettings, ref: TableRef) -> IcebergTable:
+    """The pyiceberg Table for ``ref`` from the pipeline's catalog (JDBC on PostgreSQL, or hadoop)."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    if catalog.type == "hadoop":
+        return _load_hadoop_table(catalog, ref)
+    if catalog.type != "jdbc":
+        raise QueryError(f"reading without Spark supports jdbc and hadoop catalogs, not {catalog.type!r}: use --engine spark")
+    try:
+        return pyiceberg_catalog(catalog).load_table((ref.namespace, ref.table))
+    except NoSuchTableError:
+        raise QueryError(f"table {ref} does not exist in catalog {catalog.name!r}") from None
+
+
+def pyiceberg_catalog(catalog: CatalogSettings):
+    """A pyiceberg ``SqlCatalog`` on the same JDBC catalog database Spark uses.
+
+    The catalog name must be Spark's: both keep it in the ``catalog_name`` column of the shared tables.
+    """
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    return SqlCatalog(catalog.name, uri=sqlalchemy_url(catalog), warehouse=catalog.warehouse)
+
+
+def sqlalchemy_url(catalog: CatalogSettings) -> str:
+    """``jdbc:postgresql://host:port/db?...`` as a SQLAlchemy URL with the catalog's credentials."""
+    from sqlalchemy.engine import URL
+
+    uri = catalog.uri or ""
+    if not uri.startswith("jdbc:postgresql://"):
+        # Only the scheme: a JDBC URI may carry credentials in its query string.
+        raise QueryError(f"catalog.uri ({':'.join(uri.split(':', 2)[:2])}:...): reading without Spark needs a "
+                         "jdbc:postgresql:// catalog")
+    parts = urlsplit(uri[len("jdbc:"):])
+    query = dict(parse_qsl(parts.query))
+    user = catalog.user or query.pop("user", None)
+    password = catalog.password.get_secret_value() if catalog.password else query.pop("password", None)
+    url = URL.create("postgresql+psycopg2", username=user, password=password, host=parts.hostname,
+                     port=parts.port, database=parts.path.lstrip("/") or None, query=query)
+    return url.render_as_string(hide_password=False)
+
+
+def _load_hadoop_table(catalog: CatalogSettings, ref: TableRef) -> IcebergTable:
+    """A hadoop-catalog table: ``<warehouse>/<ns>/<table>/metadata/v<version-hint>.metadata.json``."""
+    from pyiceberg.table import StaticTable
+
+    if not catalog.warehouse.startswith("file:"):
+        raise QueryError("reading a hadoop catalog without Spark supports a file:// warehouse only: use --engine spark")
+    metadata = Path(urlsplit(catalog.warehouse).path) / ref.namespace / ref.table / "metadata"
+    hint = metadata / "version-hint.text"
+    if not hint.exists():
+        raise QueryError(f"table {ref} does not exist in catalog {catalog.name!r} (no {hint})")
+    return StaticTable.from_metadata(str(metadata / f"v{hint.read_text().strip()}.metadata.json"))
+
+
+def refuse_unreadable(table: IcebergTable, snapshot_id: int, engine: str) -> None:
+    """Raise QueryError when the snapshot holds delete files ``engine`` does not apply.
+
+    Reading data files without applying their deletes would return deleted rows: refuse instead.
+    """
+    snapshot = table.snapshot_by_id(snapshot_id)
+    unreadable: dict[tuple[str, str], int] = {}
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content.name != "DELETES":
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            kind = (entry.data_file.content.name, entry.data_file.file_format.name)
+            if kind not in _APPLIES[engine]:
+                unreadable[kind] = unreadable.get(kind, 0) + 1
+    if unreadable:
+        what = ", ".join(f"{n} {content.lower().replace('_', ' ')} file(s) in {fmt}" for (content, fmt), n in unreadable.items())
+        raise QueryError(f"{engine} cannot read {'.'.join(table.name()[-2:])} exactly at snapshot {snapshot_id}: it has "
+                         f"{what}, which {engine} does not apply. Read it with an engine that does: "
+                         f"{', '.join(e for e in ENGINES if e == 'spark' or unreadable.keys() <= _APPLIES.get(e, set()))}.")
+
+
+def duckdb_connection() -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with the iceberg and avro extensions loaded from their PyPI wheels (no download)."""
+    import duckdb
+
+    con = duckdb.connect(config={"allow_unsigned_extensions": "true", "autoinstall_known_extensions": "false",
+                                 "autoload_known_extensions": "false"})
+    for name in ("avro", "iceberg"):
+        con.execute(f"LOAD {ansi_string(str(_duckdb_extension(name)))}")
+    return con
+
+
+def _duckdb_result(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """Run ``sql``; DuckDB's own errors (a typo, an unknown column) become a QueryError with its message."""
+    import duckdb
+
+    try:
+        return con.execute(sql).to_arrow_table()
+    except duckdb.Error as exc:
+        raise QueryError(f"duckdb: {exc}") from None
+
+
+def _duckdb_extension(name: str) -> Path:
+    import importlib
+
+    import duckdb
+
+    try:
+        package = importlib.import_module(f"duckdb_extension_{name}")
+    except ModuleNotFoundError:
+        raise QueryError(f"the DuckDB {name} extension is missing: install the duckdb-extension-{name} wheel") from None
+    path = Path(package.__file__).parent / "extensions" / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"
+    if not path.exists():
+        raise QueryError(f"no DuckDB {name} extension for DuckDB {duckdb.__version__} at {path}: pin matching wheels")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Spark
+# ---------------------------------------------------------------------------------------------
+
+
+def _session(config: PipelineConfig) -> SparkSession:
+    from lakestream.spark import session_for
+
+    return session_for(config)
+
+
+def _read_spark(config: PipelineConfig, ref: TableRef, columns: list[str] | None, where: str | None,
+                snapshot_id: int | None, limit: int | None, spark: SparkSession | None) -> pa.Table:
+    session = spark or _session(config)
+    reader = session.read
+    if snapshot_id is not None:
+        reader = reader.option("snapshot-id", str(int(snapshot_id)))
+    df = reader.table(quote_table(config.catalog.name, ref.namespace, ref.table))
+    _check_columns(ref, columns, df.columns)
+    if where:
+        df = df.where(where)
+    if columns:
+        df = df.select(*[quote_column(c) for c in columns])
+    if limit is not None:
+        df = df.limit(int(limit))
+    return _spark_to_arrow(df)
+
+
+def _spark_to_arrow(df) -> pa.Table:
+    """A Spark DataFrame as a pyarrow Table (through Arrow batches, as ``toPandas`` does)."""
+    import pyarrow as pa
+
+    # pyspark 3.5 has no public DataFrame.toArrow (added in 4.0); _collect_as_arrow is what toPandas uses.
+    batches = df._collect_as_arrow()
+    if batches:
+        return pa.Table.from_batches(batches)
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(df.schema).empty_table()

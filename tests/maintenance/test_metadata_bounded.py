@@ -1,0 +1,73 @@
+"""Metadata stays bounded: after many small commits, one maintenance round leaves a few small metadata files.
+
+Each earlier metadata JSON file lists every snapshot of its time, so a streaming table's metadata JSON
+grows with commits × snapshots, and snapshot expiry alone leaves the files written before it on the
+metadata log (after 500 commits they are most of the metadata bytes: see bench/small_files.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlparse
+
+from lakestream.config import HealthThresholds
+from lakestream.health.checks import evaluate
+from lakestream.identifiers import sql_string
+from lakestream.inspection import (
+    METADATA_PREVIOUS_VERSIONS_MAX,
+    collect_table_metrics,
+    count_table_files,
+    load_java_table,
+)
+from lakestream.maintenance.runner import maintain_table, plan_table
+from lakestream.sink.schema import DEFAULT_TABLE_PROPERTIES
+
+NS, TABLE = "metadata_bound", "events"
+COMMITS = 25
+
+
+def _metadata_files_on_disk(spark, name: str) -> list[Path]:
+    location = urlparse(load_java_table(spark, "lake", name).location()).path
+    return sorted((Path(location) / "metadata").glob("*.metadata.json"))
+
+
+def test_one_round_deletes_old_metadata_and_keeps_the_log_bounded(spark, pipeline_config_factory):
+    name = f"{NS}.{TABLE}"
+    properties = ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in DEFAULT_TABLE_PROPERTIES.items())
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.{NS}")
+    spark.sql(f"DROP TABLE IF EXISTS lake.{name} PURGE")
+    spark.sql(f"CREATE TABLE lake.{name} (id BIGINT, note STRING) USING iceberg TBLPROPERTIES ({properties})")
+    for i in range(COMMITS):  # one small commit each, as a streaming table gets them
+        spark.sql(f"INSERT INTO lake.{name} VALUES ({i}, 'event {i}')")
+    config = pipeline_config_factory(
+        streams=[{"topics": ["unused"]}],
+        maintenance={"policies": [{"retain_last_snapshots": 3, "max_snapshots": 3, "snapshot_retention_s": 0,
+                                   "compaction": {"quiet_time_s": 0}}]},
+    )
+    before = collect_table_metrics(spark, "lake", name)
+    assert before.snapshots == COMMITS and before.metadata_files == COMMITS + 1
+    assert len(_metadata_files_on_disk(spark, name)) == COMMITS + 1
+
+    results = {r.action: r for r in maintain_table(spark, config, name, remove_orphans=False)}
+    assert results["expire_snapshots"].status == "ok"
+    trim = results["trim_metadata"]
+    assert trim.status == "ok" and trim.files_before > COMMITS and trim.files_after <= 3, trim.describe()
+    assert trim.bytes_after <= 0.05 * trim.bytes_before, trim.describe()
+
+    after = collect_table_metrics(spark, "lake", name)
+    assert after.snapshots <= 3
+    assert after.metadata_files <= 3 and len(_metadata_files_on_disk(spark, name)) <= 3
+    # What is left is mostly manifests: the kept appends reference one per commit, and compaction's
+    # snapshot as many rewritten ones (with 25 commits that is ~60 % of the bytes before the round).
+    assert after.metadata_bytes < 0.75 * before.metadata_bytes, (before.metadata_bytes, after.metadata_bytes)
+    assert spark.sql(f"SELECT count(*) FROM lake.{name}").collect()[0][0] == COMMITS
+    files = count_table_files(spark, "lake", name)
+    assert (files.snapshots, files.data_files, files.delete_files) == (after.snapshots, 1, 0)
+    jtable = load_java_table(spark, "lake", name)
+    assert jtable.properties().get(METADATA_PREVIOUS_VERSIONS_MAX) == DEFAULT_TABLE_PROPERTIES[METADATA_PREVIOUS_VERSIONS_MAX]
+
+    # health's threshold sees the difference; the next round has nothing left to trim
+    thresholds = HealthThresholds(max_metadata_bytes=(before.metadata_bytes + after.metadata_bytes) // 2)
+    assert "metadata_bytes" in {a.metric for a in evaluate(before, thresholds)}
+    assert "metadata_bytes" not in {a.metric for a in evaluate(after, thresholds)}
+    assert after.to_json()["metadata_files"] == after.metadata_files
+    assert not plan_table(spark, config, name).trim_metadata
