@@ -79,7 +79,7 @@ def run_pipeline(
                 # Everything needed to resume lives in the tables: a fresh Pipeline is a clean restart.
                 pipeline.close()
                 stop.wait(backoff)
-                pipeline = Pipeline(config, pipeline.spark)
+                pipeline = Pipeline(config, pipeline.spark, last_batch_id=pipeline.batch_id)
                 continue
             if result is None or (result.advanced == 0 and not result.tables):
                 # Nothing new (a partition re-checked for records beyond a lagging watermark).

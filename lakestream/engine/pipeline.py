@@ -68,7 +68,7 @@ class BatchResult:
 class Pipeline:
     """A running pipeline: owns the positions, the tables' specs and indexes, the Kafka client."""
 
-    def __init__(self, config: PipelineConfig, spark: SparkSession | None = None):
+    def __init__(self, config: PipelineConfig, spark: SparkSession | None = None, last_batch_id: int = 0):
         from lakestream.spark import session_for
 
         self.config = config
@@ -80,7 +80,9 @@ class Pipeline:
         self.positions: dict[TP, int] = {}
         self.maybe_more: set[TP] = set()
         self.watermarks: dict[TP, tuple[int, int]] = {}
-        self.batch_id = 0
+        # Batch ids continue from what the tables hold (and from the previous Pipeline after a failed
+        # batch), so the snapshot property and the metrics log never repeat a number.
+        self.batch_id = max(last_batch_id, self.recover_batch_id())
         self.specs: dict[str, TableSpec] = {}
         self.indexes: dict[str, KeyIndex] = {}
         self._last_discovery = 0.0
@@ -90,6 +92,16 @@ class Pipeline:
 
     def close(self) -> None:
         self.kafka.close()
+
+    def recover_batch_id(self) -> int:
+        """The highest ``lakestream.batch-id`` this pipeline committed to any table it writes (0 if none)."""
+        from lakestream.spark import jvm_helper
+
+        helper = jvm_helper(self.spark)
+        namespaces = {s.namespace for s in self.config.streams} | {self.config.engine.dead_letter_table.split(".")[0]}
+        found = [helper.maxSummaryLong(self.spark._jsparkSession, self.config.catalog.name, ns, BATCH_PROPERTY,
+                                       PIPELINE_PROPERTY, self.config.name) for ns in sorted(namespaces)]
+        return max([0, *found])
 
     # -- planning ---------------------------------------------------------------------------
     def discover_partitions(self) -> None:
