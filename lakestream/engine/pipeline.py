@@ -8,6 +8,7 @@ tasks do the data work (`lakestream.sink.task`); the driver only prepares tables
 from __future__ import annotations
 
 import logging
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,19 +16,19 @@ from typing import TYPE_CHECKING, Any
 
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.engine.freshness import mixture_quantiles
-from lakestream.errors import DecodeError, LakestreamError
+from lakestream.errors import DecodeError, LakestreamError, is_infrastructure_failure
 from lakestream.sink.offsets import (
     BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, SOURCE_TS_PROPERTY, TableOffsets, encode_offsets,
 )
 from lakestream.sink.committer import TableWrite, write_table
 from lakestream.sink.deadletter import dead_letter_table, ensure_dead_letter_table
 from lakestream.sink.index import KeyIndex, is_integer_key
-from lakestream.sink.report import BatchReport, NewShape, TableReport
+from lakestream.sink.report import BatchReport, DeadLetter, NewShape, RangeEnd, TableReport
 from lakestream.sink.router import Router, TableName
 from lakestream.sink.schema import (
     DEFAULT_TABLE_PROPERTIES, Shape, TableManager, merged_columns, reconcile, widen_to_string_statements,
 )
-from lakestream.sink.task import TableSpec, WriteContext, run_write_task
+from lakestream.sink.task import TableSpec, WriteContext, _topic_table, run_write_task
 from lakestream.source.kafka import TP, KafkaCluster
 from lakestream.source.planner import OffsetRange, pack_ranges, plan_offset_ranges
 
@@ -56,12 +57,14 @@ class BatchResult:
     source_ts_quantiles: list[float] | None = None
     advanced: int = 0  # Kafka messages consumed, tombstones and skipped records included
     jobs: int = 1
+    isolated: int = 0  # records dead-lettered because a write job failed with them alone
 
     def progress_line(self) -> str:
         rate = self.records / self.seconds if self.seconds > 0 else 0.0
         lag = "?" if self.lag is None else f"{self.lag:,}"
         return (f"batch {self.batch_id}: {self.records:,} records → {len(self.tables)} table(s), "
-                f"{self.dead_letters:,} dead-letter, {self.seconds:.2f}s (read+write {self.read_seconds:.2f}s, "
+                f"{self.dead_letters:,} dead-letter{f' ({self.isolated} isolated)' if self.isolated else ''}, "
+                f"{self.seconds:.2f}s (read+write {self.read_seconds:.2f}s, "
                 f"{self.jobs} job(s)), {rate:,.0f} rec/s, lag {lag}")
 
 
@@ -89,6 +92,9 @@ class Pipeline:
         self._last_read: dict[int, float] = {}  # stream index → when its topics were last read
         self.clock = time.monotonic  # when streams come due (replaceable in tests)
         self._dead_letter: TableSpec | None = None
+        self.record_hook: Any = None  # passed to the write tasks (WriteContext.record_hook)
+        self.isolations = 0  # records isolated since this Pipeline started
+        self._culprits: set[tuple[TP, int]] = set()  # isolated in the batch in flight
 
     def close(self) -> None:
         self.kafka.close()
@@ -172,13 +178,15 @@ class Pipeline:
         return self.offsets.load(self.tables.ident(name.namespace, name.table)).get(tp, log_start)
 
     # -- reading and writing: one Spark job --------------------------------------------------
-    def write_files(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None = None) -> BatchReport:
+    def write_files(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None = None,
+                    into: BatchReport | None = None) -> BatchReport:
         """Run the write job over ``ranges``: tasks read, decode, convert and write data files."""
         import pyarrow as pa
 
         from lakestream.sink.report import REPORT_DDL
 
-        ctx = WriteContext(self.config.kafka.consumer_config(), self.router, dict(self.specs), only_tables)
+        ctx = WriteContext(self.config.kafka.consumer_config(), self.router, dict(self.specs), only_tables,
+                           self.record_hook)
 
         def task(batches: Any) -> Any:
             for batch in batches:
@@ -193,10 +201,75 @@ class Pipeline:
         rdd = self.spark.sparkContext.parallelize(groups, len(groups)).flatMap(lambda group: group)
         plan = self.spark.createDataFrame(rdd, "topic string, partition int, start bigint, `end` bigint, `limit` bigint")
         batches = plan.mapInArrow(task, REPORT_DDL)._collect_as_arrow()
-        report = BatchReport()
+        report = into if into is not None else BatchReport()
         if batches:
             report.add(pa.Table.from_batches(batches))
         return report
+
+    # -- isolating a record that makes a write fail --------------------------------------------
+    def write_isolating(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None = None) -> BatchReport:
+        """`write_files`, but a job that fails for a reason other than infrastructure is split (the
+        offset ranges bisected) until the record(s) that make it fail are alone; those become dead
+        letters and everything else is written."""
+        ranges = _without(ranges, self._culprits)
+        try:
+            return self.write_files(ranges, only_tables)
+        except Exception as exc:  # noqa: BLE001 — classified just below
+            if is_infrastructure_failure(exc):
+                raise
+            error = exc
+        log.warning("write job failed, isolating the record(s) that make it fail: %s", _first_line(error))
+        report = BatchReport()
+        self._bisect(self._closed(ranges), only_tables, report, error)
+        return report
+
+    def _closed(self, ranges: list[OffsetRange]) -> list[OffsetRange]:
+        """Open-ended ranges closed at the partition's listed end (what lies beyond is read next batch)."""
+        out = []
+        for r in ranges:
+            if r.end is None:
+                high = self.watermarks.get(r.tp, (0, r.start + 1))[1]
+                r = OffsetRange(r.topic, r.partition, r.start, r.start + max(1, min(r.limit, high - r.start)), r.limit)
+            out.append(r)
+        return out
+
+    def _bisect(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None, report: BatchReport,
+                error: BaseException) -> None:
+        ranges = [r for r in ranges if r.end > r.start]
+        if sum(r.end - r.start for r in ranges) == 1:
+            self._isolate(ranges[0], report, error)
+            return
+        for half in _halves(ranges):
+            try:
+                self.write_files(half, only_tables, into=report)
+            except Exception as exc:  # noqa: BLE001 — classified just below
+                if is_infrastructure_failure(exc):
+                    raise
+                self._bisect(half, only_tables, report, exc)
+
+    def _isolate(self, rng: OffsetRange, report: BatchReport, error: BaseException) -> None:
+        from lakestream.source.reader import read_offset_range
+
+        if len(self._culprits) >= self.config.engine.max_isolations_per_batch:
+            log.error("more than %d records of one batch fail the write alone: giving up on isolation",
+                      self.config.engine.max_isolations_per_batch)
+            raise error
+        record = None
+        for item in read_offset_range(self.config.kafka.consumer_config(), rng):
+            if isinstance(item, list) and item:
+                record = item[0]
+        tp, offset = rng.tp, rng.start
+        self._culprits.add((tp, offset))
+        prev = report.ends.get(tp)
+        if prev is None or prev.next_offset <= offset:
+            report.ends[tp] = RangeEnd(tp, offset + 1, False)
+        if record is None:
+            return  # no record at this offset (a transaction marker): nothing to dead-letter
+        self.isolations += 1
+        reason = f"the write failed with this record alone (isolated): {_first_line(error)}"
+        log.warning("isolated %s offset %d: %s", tp, offset, reason)
+        report.dead_letters.append(DeadLetter(tp, offset, record.timestamp_ms, reason[:2000], record.key, record.value,
+                                              _topic_table(self.router, tp.topic)))
 
     # -- tables -----------------------------------------------------------------------------
     def _stream_for_table(self, shapes: list[NewShape]) -> StreamSettings:
@@ -392,7 +465,9 @@ class Pipeline:
         if not ranges:
             return None
         self.batch_id += 1
-        report = self.write_files(ranges)
+        self._culprits = set()
+        isolations_before = self.isolations
+        report = self.write_isolating(ranges)
         jobs = 1
         new_shapes = {name: list(tr.shapes.values()) for name, tr in report.tables.items() if tr.shapes}
         if new_shapes:
@@ -408,7 +483,7 @@ class Pipeline:
                                   min(r.end, report.ends[r.tp].next_offset) if r.end is not None
                                   else report.ends[r.tp].next_offset, r.limit)
                       for r in ranges if r.tp in report.ends]
-            second = self.write_files([r for r in closed if r.end > r.start], frozenset(new_shapes))
+            second = self.write_isolating([r for r in closed if r.end > r.start], frozenset(new_shapes))
             jobs = 2
             for name, tr in second.tables.items():
                 if tr.shapes:
@@ -434,7 +509,54 @@ class Pipeline:
                   for tr in report.tables.values() for s in tr.stats if s.source_ts_q]
         return BatchResult(self.batch_id, changes + len(report.dead_letters), changes, written, dead,
                            time.monotonic() - started, read_seconds, lag, commit_ts_ms, _combine_quantiles(groups),
-                           advanced, jobs)
+                           advanced, jobs, self.isolations - isolations_before)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The informative line of an error (a Spark task failure's Python exception, else the first line)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line) and "Traceback" not in line:
+            return line[:500]
+    return (lines[0] if lines else type(exc).__name__)[:500]
+
+
+def _without(ranges: list[OffsetRange], culprits: set[tuple[TP, int]]) -> list[OffsetRange]:
+    """``ranges`` with the offsets of isolated records cut out (they are dead letters already)."""
+    if not culprits:
+        return ranges
+    out = []
+    for r in ranges:
+        cuts = sorted(o for tp, o in culprits if tp == r.tp and o >= r.start and (r.end is None or o < r.end))
+        start = r.start
+        for o in cuts:
+            if o > start:
+                out.append(OffsetRange(r.topic, r.partition, start, o, r.limit))
+            start = o + 1
+        if r.end is None or r.end > start:
+            out.append(OffsetRange(r.topic, r.partition, start, r.end, r.limit))
+    return out
+
+
+def _halves(ranges: list[OffsetRange]) -> list[list[OffsetRange]]:
+    """Closed ``ranges`` split into two lists of about the same number of offsets."""
+    total = sum(r.end - r.start for r in ranges)
+    target = total // 2
+    left: list[OffsetRange] = []
+    right: list[OffsetRange] = []
+    seen = 0
+    for r in ranges:
+        size = r.end - r.start
+        if seen >= target:
+            right.append(r)
+        elif seen + size <= target:
+            left.append(r)
+        else:
+            cut = r.start + (target - seen)
+            left.append(OffsetRange(r.topic, r.partition, r.start, cut, r.limit))
+            right.append(OffsetRange(r.topic, r.partition, cut, r.end, r.limit))
+        seen += size
+    return [h for h in (left, right) if h]
 
 
 def _delete_quietly(paths: list[str]) -> None:
@@ -460,4 +582,4 @@ def describe_batch(result: BatchResult) -> dict[str, Any]:
     return {"batch": result.batch_id, "records": result.records, "changes": result.changes, "tables": result.tables,
             "dead_letters": result.dead_letters, "seconds": round(result.seconds, 3),
             "read_seconds": round(result.read_seconds, 3), "lag": result.lag, "commit_ts_ms": result.commit_ts_ms,
-            "source_ts_quantiles": result.source_ts_quantiles, "jobs": result.jobs}
+            "source_ts_quantiles": result.source_ts_quantiles, "jobs": result.jobs, "isolated": result.isolated}

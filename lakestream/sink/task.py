@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +102,8 @@ class WriteContext:
     router: Router
     tables: dict[str, TableSpec]
     only_tables: frozenset[str] | None = None  # second pass: write these tables only
+    # Called with every record read, before it is decoded (tests inject a failing record through it).
+    record_hook: Callable[[Any], None] | None = None
 
 
 class _Pending:
@@ -434,6 +436,9 @@ def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.
             rng, end = item
             facts.append(rp.RangeEnd(rng.tp, end.next_offset, end.at_end))
             continue
+        if ctx.record_hook is not None:
+            for rec in item:
+                ctx.record_hook(rec)
         by_partition: dict[tuple[str, int], list[Any]] = {}
         for rec in item:
             by_partition.setdefault((rec.topic, rec.partition), []).append(rec)
