@@ -404,17 +404,59 @@ class Pipeline:
         spec.committed = dict(merged)
         return kind
 
-    def commit_tables(self, report: BatchReport) -> dict[str, str]:
-        """Commit every table of the batch; tables are independent, so several commit at once."""
+    def commit_tables(self, report: BatchReport, ranges: list[OffsetRange] | None = None) -> dict[str, str]:
+        """Commit every table of the batch; tables are independent, so several commit at once. With
+        the batch's ``ranges``, a table whose commit fails for a reason other than infrastructure is
+        written and committed again in halves of the ranges until the record that fails it is alone."""
         ends = {tp: end.next_offset for tp, end in report.ends.items()}
         todo = [(name, tr) for name, tr in sorted(report.tables.items()) if tr.count > 0]
+
+        def commit(name: str, tr: TableReport) -> str | None:
+            try:
+                return self.commit_table(name, tr, ends)
+            except Exception as exc:  # noqa: BLE001 — classified just below
+                if ranges is None or is_infrastructure_failure(exc):
+                    raise
+                log.warning("table %s: commit failed, isolating the record(s) that make it fail: %s", name,
+                            _first_line(exc))
+                _delete_quietly([f.path for f in tr.files])
+                fed = set(tr.tp_offsets())
+                closed = [OffsetRange(r.topic, r.partition, r.start, min(ends[r.tp], r.end or ends[r.tp]), r.limit)
+                          for r in _without(ranges, self._culprits) if r.tp in fed and r.tp in ends]
+                return self._bisect_commit(name, closed, report, exc)
+
         workers = min(self.config.engine.table_write_parallelism, len(todo))
         if workers <= 1:
-            kinds = [self.commit_table(name, tr, ends) for name, tr in todo]
+            kinds = [commit(name, tr) for name, tr in todo]
         else:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-commit") as pool:
-                kinds = list(pool.map(lambda item: self.commit_table(item[0], item[1], ends), todo))
+                kinds = list(pool.map(lambda item: commit(*item), todo))
         return {name: kind for (name, _), kind in zip(todo, kinds) if kind is not None}
+
+    def _bisect_commit(self, name: str, ranges: list[OffsetRange], report: BatchReport,
+                       error: BaseException) -> str | None:
+        """Write and commit table ``name`` over ``ranges`` in halves (each half its own snapshot, in
+        Kafka order, so the table's offsets only move forward); a lone failing record is a dead letter."""
+        ranges = [r for r in _without(ranges, self._culprits) if r.end > r.start]
+        if not ranges:
+            return None
+        if sum(r.end - r.start for r in ranges) == 1:
+            self._isolate(ranges[0], report, error)
+            return None
+        kind = None
+        for half in _halves(ranges):
+            try:
+                sub = self.write_files(half, frozenset({name}))
+                tr = sub.tables.get(name)
+                if tr is not None and tr.shapes:
+                    raise LakestreamError(f"table {name}: unprepared shapes while isolating: {sorted(tr.shapes)}")
+                if tr is not None and tr.count > 0:
+                    kind = self.commit_table(name, tr, {tp: e.next_offset for tp, e in sub.ends.items()}) or kind
+            except Exception as exc:  # noqa: BLE001 — classified just below
+                if is_infrastructure_failure(exc) or isinstance(exc, LakestreamError):
+                    raise
+                kind = self._bisect_commit(name, half, report, exc) or kind
+        return kind
 
     def write_dead_letters(self, report: BatchReport) -> int:
         from lakestream.sink.files import commit_files, table_info, write_data_file
@@ -492,7 +534,7 @@ class Pipeline:
                 report.tables[name] = tr
             report.dead_letters.extend(second.dead_letters)
         read_seconds = time.monotonic() - started
-        written = self.commit_tables(report)
+        written = self.commit_tables(report, ranges)
         dead = self.write_dead_letters(report)
         commit_ts_ms = int(time.time() * 1000)
         advanced = sum(max(end.next_offset - self.positions.get(tp, 0), 0) for tp, end in report.ends.items())

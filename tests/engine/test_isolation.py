@@ -57,3 +57,38 @@ def test_splitting_and_classifying():
     assert is_infrastructure_failure(RuntimeError("KafkaException: _TRANSPORT broker down"))
     assert is_infrastructure_failure(RuntimeError("org.postgresql.util.PSQLException: Connection refused"))
     assert not is_infrastructure_failure(RuntimeError("PythonException: ValueError: bad value"))
+
+
+def test_a_record_that_fails_the_commit_is_isolated(spark, pipeline_config_factory, monkeypatch):
+    import lakestream.engine.pipeline as engine
+
+    suffix = uuid.uuid4().hex[:6]
+    topic = f"isc{suffix}.public.items"
+    config = pipeline_config_factory([{"topics": [topic], "namespace": "isolation", "table": "commit_" + suffix}],
+                                     name=f"isc{suffix}")
+    events = [(json.dumps({"id": i}), json.dumps({"op": "c", "after": {"id": i, "n": i}})) for i in range(12)]
+    produce_records(config.kafka.bootstrap_servers, topic, events, partition=0)
+    real_write_table = engine.write_table
+
+    # The seam: the driver's commit of the table fails whenever it holds the change at offset 7.
+    def failing_write_table(spark_, write, changes, props):
+        offsets = {o for rl in changes.locations for o in rl.locations.column("offset").to_pylist()}
+        if 7 in offsets:
+            raise ValueError("injected commit failure: a value the commit cannot take")
+        return real_write_table(spark_, write, changes, props)
+
+    monkeypatch.setattr(engine, "write_table", failing_write_table)
+    pipeline = Pipeline(config, spark)
+    try:
+        while (result := pipeline.run_batch()) is not None and (result.advanced or result.tables):
+            pass
+    finally:
+        pipeline.close()
+    assert pipeline.isolations == 1
+    rows = {r.id for r in spark.sql(f"SELECT id FROM lake.isolation.commit_{suffix}").collect()}
+    assert rows == set(range(12)) - {7}
+    letters = spark.sql(f"SELECT `offset`, error FROM lake.lakestream.dead_letter WHERE topic = '{topic}'").collect()
+    assert [r.offset for r in letters] == [7] and "injected commit failure" in letters[0].error
+    offsets = spark.sql(f"SELECT summary['lakestream.offsets'] AS o FROM lake.isolation.commit_{suffix}.snapshots "
+                        f"ORDER BY committed_at DESC LIMIT 1").collect()[0].o
+    assert json.loads(offsets) == {topic: {"0": 12}}
