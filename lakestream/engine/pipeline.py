@@ -26,7 +26,8 @@ from lakestream.sink.index import KeyIndex, is_integer_key
 from lakestream.sink.report import BatchReport, DeadLetter, NewShape, RangeEnd, TableReport
 from lakestream.sink.router import Router, TableName
 from lakestream.sink.schema import (
-    DEFAULT_TABLE_PROPERTIES, Shape, TableManager, merged_columns, reconcile, widen_to_string_statements,
+    DEFAULT_TABLE_PROPERTIES, Shape, TableManager, merged_columns, reconcile, unusable_shape,
+    widen_to_string_statements,
 )
 from lakestream.sink.task import TableSpec, WriteContext, _topic_table, run_write_task
 from lakestream.source.kafka import TP, KafkaCluster
@@ -284,9 +285,23 @@ class Pipeline:
         ns, tbl = table_name.namespace, table_name.table
         ident = self.tables.ident(ns, tbl)
         stream = stream or self._stream_for_table(shapes)
+        # A shape no table can take (a column name Spark cannot quote, names equal but for case, a
+        # type that does not parse) is rejected here, so its records become dead letters: it must
+        # neither fail the batch nor become part of a new table.
+        unusable = {s.schema_id: reason for s in shapes if (reason := unusable_shape(s.columns)) is not None}
+        shapes = [s for s in shapes if s.schema_id not in unusable]
         as_shapes = [Shape(s.schema_id, list(s.columns), s.key, s.inferred) for s in shapes]
         catalog = self.config.catalog.name
         info = table_info(self.spark, catalog, ns, tbl)
+        if not info["exists"] and not shapes and unusable:
+            # Only unusable shapes so far: no table yet; the tasks dead-letter these shapes' records.
+            for sid, reason in unusable.items():
+                log.warning("table %s: rejecting row shape %s: %s", name, sid, reason)
+            previous = self.specs.get(name)
+            rejected = dict(previous.rejected_shapes if previous else {}) | unusable
+            self.specs[name] = TableSpec(name, stream.mode, [], {"type": "struct", "schema-id": 0, "fields": []},
+                                         {"spec-id": 0, "fields": []}, "", frozenset(), rejected)
+            return
         if not info["exists"]:
             first_key = next((s.key for s in as_shapes if s.key), stream.key_columns)
             key = (stream.key_columns or first_key) if stream.mode == "upsert" else []
@@ -312,6 +327,7 @@ class Pipeline:
                 self.indexes.pop(name, None)
                 result = reconcile(ident, self.tables.schema(ns, tbl, refresh=True), as_shapes)
         self.tables.apply(ns, tbl, result.statements)
+        result.rejected.update(unusable)
         for sid, reason in result.rejected.items():
             log.warning("table %s: rejecting row shape %s: %s", name, sid, reason)
         if result.statements or info.get("schema") is None or name not in self.specs:
@@ -560,6 +576,7 @@ def _first_line(exc: BaseException) -> str:
     for line in reversed(lines):
         if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line) and "Traceback" not in line:
             return line[:500]
+    lines = [line for line in lines if not line.startswith(("File ", "at ", "Traceback"))] or lines
     return (lines[0] if lines else type(exc).__name__)[:500]
 
 

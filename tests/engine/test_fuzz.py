@@ -1,4 +1,4 @@
-"""Fuzz: more than 10,000 malformed records of 17 kinds, interleaved with good changes in the same topics
+"""Fuzz: more than 10,000 malformed records of 20 kinds, interleaved with good changes in the same topics
 (an upsert topic of schemas-on Debezium events, an append topic of JSON events, an append topic routed
 by a record field), produced to the real broker and run through the real `lakestream run --until-idle`.
 
@@ -82,6 +82,7 @@ REASONS = {
     "malformed_key": "message key",
     "missing_key": "missing key",
     "hostile_route": "route field 'kind'",
+    "hostile_column": "column",
     "huge_value": "malformed JSON|unknown op",
 }
 
@@ -267,6 +268,8 @@ class Fuzz:
                 ("not_an_envelope", rng.choice([b"[1]", b"7", b'"s"', b"null"])),
                 ("wrong_type_column", json.dumps({"event_id": 10**7, "user": "u", "amount": 1.5, "n": "abc"}).encode()),
                 ("integer_overflow", json.dumps({"event_id": 10**7, "user": "u", "amount": 1.5, "n": 2**70}).encode()),
+                ("hostile_column", json.dumps({"event_id": 10**7, "user": "u", "amount": 1.5, "n": 1} | rng.choice([
+                    {"we`ird": 1}, {"": 1}, {"x" * 300: 1}, {"ctl\x01": 1}, {"N": 5}, {"nested": {"b`ad": 1}}])).encode()),
             ]:
                 self._bad(kind, value, topic=self.event_topic)
         # The routed topic: hostile table names in the routing field.
