@@ -85,8 +85,10 @@ class Pipeline:
         self.maybe_more: set[TP] = set()
         self.watermarks: dict[TP, tuple[int, int]] = {}
         # Batch ids continue from what the tables hold (and from the previous Pipeline after a failed
-        # batch), so the snapshot property and the metrics log never repeat a number.
-        self.batch_id = max(last_batch_id, self.recover_batch_id())
+        # batch), so the snapshot property and the metrics log never repeat a number. Read at the first
+        # batch, not here: a catalog that is down then fails that batch, which the loop retries.
+        self.batch_id = last_batch_id
+        self._batch_id_recovered = False
         self.specs: dict[str, TableSpec] = {}
         self.indexes: dict[str, KeyIndex] = {}
         self._last_discovery = 0.0
@@ -522,6 +524,9 @@ class Pipeline:
         ranges = self.plan_batch()
         if not ranges:
             return None
+        if not self._batch_id_recovered:
+            self.batch_id = max(self.batch_id, self.recover_batch_id())
+            self._batch_id_recovered = True
         self.batch_id += 1
         self._culprits = set()
         isolations_before = self.isolations
