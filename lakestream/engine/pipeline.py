@@ -210,6 +210,27 @@ class Pipeline:
         return report
 
     # -- isolating a record that makes a write fail --------------------------------------------
+    def _write_part(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None,
+                    into: BatchReport) -> BatchReport:
+        """A part of a batch being bisected: small parts run the write task right here in the driver
+        (a Spark job per probe costs seconds), large ones as a Spark job."""
+        import pyarrow as pa
+
+        if sum(r.end - r.start for r in ranges) > _ISOLATE_IN_DRIVER_MAX:
+            return self.write_files(ranges, only_tables, into=into)
+        ctx = WriteContext(self.config.kafka.consumer_config(), self.router, dict(self.specs), only_tables,
+                           self.record_hook)
+        parts: list[list[OffsetRange]] = []
+        for r in ranges:  # one task reads distinct partitions
+            part = next((p for p in parts if all(q.tp != r.tp for q in p)), None)
+            if part is None:
+                parts.append([r])
+            else:
+                part.append(r)
+        batches = [batch for part in parts for batch in run_write_task(part, ctx)]
+        into.add(pa.Table.from_batches(batches))
+        return into
+
     def write_isolating(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None = None) -> BatchReport:
         """`write_files`, but a job that fails for a reason other than infrastructure is split (the
         offset ranges bisected) until the record(s) that make it fail are alone; those become dead
@@ -240,11 +261,18 @@ class Pipeline:
                 error: BaseException) -> None:
         ranges = [r for r in ranges if r.end > r.start]
         if sum(r.end - r.start for r in ranges) == 1:
+            try:  # once more alone: a transient failure must not make a good record a dead letter
+                self._write_part(ranges, only_tables, report)
+                return
+            except Exception as exc:  # noqa: BLE001 — classified just below
+                if is_infrastructure_failure(exc):
+                    raise
+                error = exc
             self._isolate(ranges[0], report, error)
             return
         for half in _halves(ranges):
             try:
-                self.write_files(half, only_tables, into=report)
+                self._write_part(half, only_tables, report)
             except Exception as exc:  # noqa: BLE001 — classified just below
                 if is_infrastructure_failure(exc):
                     raise
@@ -464,7 +492,7 @@ class Pipeline:
         kind = None
         for half in _halves(ranges):
             try:
-                sub = self.write_files(half, frozenset({name}))
+                sub = self._write_part(half, frozenset({name}), BatchReport())
                 tr = sub.tables.get(name)
                 if tr is not None and tr.shapes:
                     raise LakestreamError(f"table {name}: unprepared shapes while isolating: {sorted(tr.shapes)}")
@@ -573,6 +601,10 @@ class Pipeline:
         return BatchResult(self.batch_id, changes + len(report.dead_letters), changes, written, dead,
                            time.monotonic() - started, read_seconds, lag, commit_ts_ms, _combine_quantiles(groups),
                            advanced, jobs, self.isolations - isolations_before)
+
+
+# Parts of a batch up to this many offsets are written in the driver while isolating a record.
+_ISOLATE_IN_DRIVER_MAX = 5000
 
 
 def _first_line(exc: BaseException) -> str:
