@@ -46,6 +46,8 @@ _INFRASTRUCTURE_MARKERS = (
     "NoSuchFileException", "AccessDeniedException", "No space left", "ConnectException", "Connection refused",
     "Connection reset", "SocketTimeoutException", "UnknownHostException", "OutOfMemoryError", "MemoryError",
     "ExecutorLostFailure", "Py4JNetworkError", "SparkContext was shut down", "CommitStateUnknownException",
+    # The table moved under the commit (another writer, maintenance) past the committer's own retries.
+    "CommitFailedException", "ValidationException", "NoSuchTableException", "NotFoundException",
 )
 
 

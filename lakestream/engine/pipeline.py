@@ -7,6 +7,7 @@ tasks do the data work (`lakestream.sink.task`); the driver only prepares tables
 """
 from __future__ import annotations
 
+import copy
 import logging
 import re
 import time
@@ -218,8 +219,9 @@ class Pipeline:
 
         if sum(r.end - r.start for r in ranges) > _ISOLATE_IN_DRIVER_MAX:
             return self.write_files(ranges, only_tables, into=into)
-        ctx = WriteContext(self.config.kafka.consumer_config(), self.router, dict(self.specs), only_tables,
-                           self.record_hook)
+        # Copies, as a Spark task gets: the task records shapes it found to fit on its spec.
+        specs = {name: copy.copy(spec) for name, spec in self.specs.items()}
+        ctx = WriteContext(self.config.kafka.consumer_config(), self.router, specs, only_tables, self.record_hook)
         parts: list[list[OffsetRange]] = []
         for r in ranges:  # one task reads distinct partitions
             part = next((p for p in parts if all(q.tp != r.tp for q in p)), None)
