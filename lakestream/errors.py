@@ -32,3 +32,22 @@ class QueryError(LakestreamError):
 class OffsetError(LakestreamError):
     """Kafka offsets are inconsistent (e.g. committed offset no longer retained by the broker)."""
 
+
+# Failures of the services a batch depends on (broker, catalog, storage, the Spark cluster itself),
+# by exception class name as it appears in the Python or Java error. Anything else that fails a write
+# is presumed to come from the data, and the engine isolates the record that causes it.
+_INFRASTRUCTURE_MARKERS = (
+    "KafkaException", "KafkaError", "OffsetError", "_TRANSPORT", "_ALL_BROKERS_DOWN", "BrokerNotAvailable",
+    "SQLException", "PSQLException", "SQLTransientConnectionException", "IOException", "FileNotFoundException",
+    "NoSuchFileException", "AccessDeniedException", "No space left", "ConnectException", "Connection refused",
+    "Connection reset", "SocketTimeoutException", "UnknownHostException", "OutOfMemoryError", "MemoryError",
+    "ExecutorLostFailure", "Py4JNetworkError", "SparkContext was shut down", "CommitStateUnknownException",
+    # The table moved under the commit (another writer, maintenance) past the committer's own retries.
+    "CommitFailedException", "ValidationException", "NoSuchTableException", "NotFoundException",
+)
+
+
+def is_infrastructure_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` (possibly a Py4J-wrapped Java or Spark task error) comes from infrastructure."""
+    text = f"{type(exc).__name__} {getattr(exc, 'java_exception', '')} {exc}"
+    return any(marker in text for marker in _INFRASTRUCTURE_MARKERS)

@@ -13,7 +13,8 @@ import sys
 from lakestream.errors import LakestreamError
 
 # Modules are imported lazily so that a missing optional piece never breaks the other commands.
-_COMMAND_MODULES = ["stack", "capture", "run", "sql", "query", "verify", "maintain", "health", "demo", "upgrade"]
+_COMMAND_MODULES = ["stack", "capture", "run", "sql", "query", "verify", "maintain", "health", "demo", "upgrade",
+                    "deadletters"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -128,6 +128,12 @@ def _loads(data: bytes) -> Any:
     except orjson.JSONDecodeError as first:
         import json
 
+        if data[:1] == b"\x00" and len(data) >= 5:
+            # Confluent's wire format: magic byte 0, a 4-byte schema id, then Avro/Protobuf/JSON-Schema bytes.
+            schema_id = int.from_bytes(data[1:5], "big")
+            raise DecodeError(f"Confluent Schema Registry framed record (magic byte 0, schema id {schema_id}): "
+                              f"lakestream reads JSON only and no schema registry is configured") from None
+
         try:  # Debezium may write NaN/Infinity for float columns, which orjson rejects.
             return json.loads(data)
         except RecursionError:
@@ -166,7 +172,10 @@ def decode_key(key: bytes | None) -> dict[str, Any] | None:
     """The primary key of a Debezium message key (with or without embedded schema)."""
     if key is None:
         return None
-    obj = _loads(key)
+    try:
+        obj = _loads(key)
+    except DecodeError as exc:
+        raise DecodeError(f"message key: {exc}") from None
     if isinstance(obj, dict) and "payload" in obj and "schema" in obj:
         obj = obj["payload"]
     if not isinstance(obj, dict):

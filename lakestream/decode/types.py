@@ -36,23 +36,45 @@ def _integer(value: Any) -> int:
     return value
 
 
+# The range Spark and the SQL engines reading the tables represent: 0001-01-01 .. 9999-12-31 (Arrow and
+# Parquet store far more, so a value outside would land and then break or mislead every reader).
+MIN_DAYS, MAX_DAYS = -719_162, 2_932_896
+MIN_MICROS, MAX_MICROS = -62_135_596_800_000_000, 253_402_300_799_999_999
+
+
+def _days_in_range(days: int) -> int:
+    if not MIN_DAYS <= days <= MAX_DAYS:
+        raise DecodeError(f"date {days} days from 1970-01-01 is outside 0001-01-01..9999-12-31")
+    return days
+
+
+def _micros_in_range(micros: int) -> int:
+    if not MIN_MICROS <= micros <= MAX_MICROS:
+        raise DecodeError(f"timestamp {micros} µs from 1970-01-01 is outside 0001-01-01..9999-12-31")
+    return micros
+
+
 def _date_from_days(value: Any) -> int:
-    return _integer(value)
+    return _days_in_range(_integer(value))
+
+
+def _micros(value: Any) -> int:
+    return _micros_in_range(_integer(value))
 
 
 def _micros_from_millis(value: Any) -> int:
-    return _integer(value) * 1000
+    return _micros_in_range(_integer(value) * 1000)
 
 
 def _micros_from_nanos(value: Any) -> int:
-    return _integer(value) // 1000
+    return _micros_in_range(_integer(value) // 1000)
 
 
 def _micros_from_datetime(parsed: dt.datetime) -> int:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=dt.timezone.utc)
     delta = parsed - _EPOCH_UTC
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return _micros_in_range((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds)
 
 
 def _zoned_timestamp(value: Any) -> int:
@@ -175,7 +197,7 @@ _SEMANTIC: dict[str, Callable[[dict[str, Any]], FieldType]] = {
     "org.apache.kafka.connect.data.Date": lambda s: FieldType("date", _date_from_days),
     "io.debezium.time.Timestamp": lambda s: FieldType("timestamp_ntz", _micros_from_millis),
     "org.apache.kafka.connect.data.Timestamp": lambda s: FieldType("timestamp_ntz", _micros_from_millis),
-    "io.debezium.time.MicroTimestamp": lambda s: FieldType("timestamp_ntz", _integer),
+    "io.debezium.time.MicroTimestamp": lambda s: FieldType("timestamp_ntz", _micros),
     "io.debezium.time.NanoTimestamp": lambda s: FieldType("timestamp_ntz", _micros_from_nanos),
     "io.debezium.time.ZonedTimestamp": lambda s: FieldType("timestamp", _zoned_timestamp),
     "io.debezium.time.Time": lambda s: FieldType("string", lambda v: _time_from_micros(_integer(v) * 1000)),
@@ -297,7 +319,7 @@ def event_time(value: Any) -> int:
         magnitude = abs(value)
         # Epoch seconds, milliseconds or microseconds, told apart by magnitude (valid for 1973..5138).
         micros = value * 1_000_000 if magnitude < 1e11 else value * 1000 if magnitude < 1e14 else value
-        return round(micros)  # round, not truncate: 1095846138.37 * 1e6 is 1095846138369999.9
+        return _micros_in_range(round(micros))  # round, not truncate: 1095846138.37 * 1e6 is 1095846138369999.9
     if isinstance(value, str):
         return _zoned_timestamp(value)  # a string without an offset is taken as UTC
     raise DecodeError(f"event time {str(value)[:40]!r} is neither an ISO-8601 string nor an epoch number")

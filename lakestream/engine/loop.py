@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from lakestream.config import PipelineConfig
-from lakestream.engine.pipeline import BatchResult, Pipeline, describe_batch
+from lakestream.engine.pipeline import BatchResult, Pipeline, _first_line, describe_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -59,11 +59,11 @@ def run_pipeline(
                     raise
                 backoff = min(2.0 ** failures, 60.0)
                 log.error("batch failed (%d/%d): %s — restarting from the tables' offsets in %.0fs",
-                          failures, config.engine.max_consecutive_failures, str(exc).splitlines()[0][:300], backoff)
+                          failures, config.engine.max_consecutive_failures, _first_line(exc)[:300], backoff)
                 # Everything needed to resume lives in the tables: a fresh Pipeline is a clean restart.
                 pipeline.close()
                 stop.wait(backoff)
-                pipeline = Pipeline(config, pipeline.spark)
+                pipeline = Pipeline(config, pipeline.spark, last_batch_id=pipeline.batch_id)
                 continue
             if result is None or (result.advanced == 0 and not result.tables):
                 # Nothing new (a partition re-checked for records beyond a lagging watermark).

@@ -7,6 +7,7 @@ tasks do the data work (`lakestream.sink.task`); the driver only prepares tables
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import re
@@ -18,19 +19,20 @@ from typing import TYPE_CHECKING, Any
 
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.engine.freshness import mixture_quantiles
-from lakestream.errors import DecodeError, LakestreamError
+from lakestream.errors import DecodeError, LakestreamError, is_infrastructure_failure
 from lakestream.sink.offsets import (
     BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, SOURCE_TS_PROPERTY, TableOffsets, encode_offsets,
 )
 from lakestream.sink.committer import StaleIndex, TableWrite, write_table
 from lakestream.sink.deadletter import dead_letter_table, ensure_dead_letter_table
 from lakestream.sink.index import KeyIndex, is_integer_key
-from lakestream.sink.report import BatchReport, NewShape, TableReport
+from lakestream.sink.report import BatchReport, DeadLetter, NewShape, RangeEnd, TableReport
 from lakestream.sink.router import Router, TableName
 from lakestream.sink.schema import (
-    DEFAULT_TABLE_PROPERTIES, Shape, TableManager, merged_columns, reconcile, widen_to_string_statements,
+    DEFAULT_TABLE_PROPERTIES, Shape, TableManager, merged_columns, reconcile, unusable_shape,
+    widen_to_string_statements,
 )
-from lakestream.sink.task import TableSpec, WriteContext, run_write_task
+from lakestream.sink.task import TableSpec, WriteContext, _topic_table, run_write_task
 from lakestream.source.kafka import TP, KafkaCluster, consumer_lag
 from lakestream.source.planner import OffsetRange, pack_ranges, plan_offset_ranges
 
@@ -59,19 +61,21 @@ class BatchResult:
     source_ts_quantiles: list[float] | None = None
     advanced: int = 0  # Kafka messages consumed, tombstones and skipped records included
     jobs: int = 1
+    isolated: int = 0  # records dead-lettered because a write job failed with them alone
 
     def progress_line(self) -> str:
         rate = self.records / self.seconds if self.seconds > 0 else 0.0
         lag = "?" if self.lag is None else f"{self.lag:,}"
         return (f"batch {self.batch_id}: {self.records:,} records → {len(self.tables)} table(s), "
-                f"{self.dead_letters:,} dead-letter, {self.seconds:.2f}s (read+write {self.read_seconds:.2f}s, "
+                f"{self.dead_letters:,} dead-letter{f' ({self.isolated} isolated)' if self.isolated else ''}, "
+                f"{self.seconds:.2f}s (read+write {self.read_seconds:.2f}s, "
                 f"{self.jobs} job(s)), {rate:,.0f} rec/s, lag {lag}")
 
 
 class Pipeline:
     """A running pipeline: owns the positions, the tables' specs and indexes, the Kafka client."""
 
-    def __init__(self, config: PipelineConfig, spark: SparkSession | None = None):
+    def __init__(self, config: PipelineConfig, spark: SparkSession | None = None, last_batch_id: int = 0):
         from lakestream.spark import session_for
 
         self.config = config
@@ -83,13 +87,20 @@ class Pipeline:
         self.positions: dict[TP, int] = {}
         self.maybe_more: set[TP] = set()
         self.watermarks: dict[TP, tuple[int, int]] = {}
-        self.batch_id = 0
+        # Batch ids continue from what the tables hold (and from the previous Pipeline after a failed
+        # batch), so the snapshot property and the metrics log never repeat a number. Read at the first
+        # batch, not here: a catalog that is down then fails that batch, which the loop retries.
+        self.batch_id = last_batch_id
+        self._batch_id_recovered = False
         self.specs: dict[str, TableSpec] = {}
         self.indexes: dict[str, KeyIndex] = {}
         self._last_discovery = 0.0
         self._last_read: dict[int, float] = {}  # stream index → when its topics were last read
         self.clock = time.monotonic  # when streams come due (replaceable in tests)
         self._dead_letter: TableSpec | None = None
+        self.record_hook: Any = None  # passed to the write tasks (WriteContext.record_hook)
+        self.isolations = 0  # records isolated since this Pipeline started
+        self._culprits: set[tuple[TP, int]] = set()  # isolated in the batch in flight
 
     def close(self) -> None:
         self.kafka.close()
@@ -104,6 +115,16 @@ class Pipeline:
         """Where the key index of ``name`` is kept between runs (driver-local state)."""
         safe = name if re.fullmatch(r"[A-Za-z0-9_.-]+", name) else hashlib.sha1(name.encode()).hexdigest()
         return Path(self.config.state_dir) / "indexes" / f"{safe}.npz"
+
+    def recover_batch_id(self) -> int:
+        """The highest ``lakestream.batch-id`` this pipeline committed to any table it writes (0 if none)."""
+        from lakestream.spark import jvm_helper
+
+        helper = jvm_helper(self.spark)
+        namespaces = {s.namespace for s in self.config.streams} | {self.config.engine.dead_letter_table.split(".")[0]}
+        found = [helper.maxSummaryLong(self.spark._jsparkSession, self.config.catalog.name, ns, BATCH_PROPERTY,
+                                       PIPELINE_PROPERTY, self.config.name) for ns in sorted(namespaces)]
+        return max([0, *found])
 
     # -- planning ---------------------------------------------------------------------------
     def discover_partitions(self) -> None:
@@ -174,13 +195,15 @@ class Pipeline:
         return self.offsets.load(self.tables.ident(name.namespace, name.table)).get(tp, log_start)
 
     # -- reading and writing: one Spark job --------------------------------------------------
-    def write_files(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None = None) -> BatchReport:
+    def write_files(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None = None,
+                    into: BatchReport | None = None) -> BatchReport:
         """Run the write job over ``ranges``: tasks read, decode, convert and write data files."""
         import pyarrow as pa
 
         from lakestream.sink.report import REPORT_DDL
 
-        ctx = WriteContext(self.config.kafka.consumer_config(), self.router, dict(self.specs), only_tables)
+        ctx = WriteContext(self.config.kafka.consumer_config(), self.router, dict(self.specs), only_tables,
+                           self.record_hook)
 
         def task(batches: Any) -> Any:
             for batch in batches:
@@ -196,10 +219,104 @@ class Pipeline:
         plan = self.spark.createDataFrame(rdd, "topic string, partition int, start bigint, `end` bigint, `limit` bigint, "
                                         "known bigint")
         batches = plan.mapInArrow(task, REPORT_DDL)._collect_as_arrow()
-        report = BatchReport()
+        report = into if into is not None else BatchReport()
         if batches:
             report.add(pa.Table.from_batches(batches))
         return report
+
+    # -- isolating a record that makes a write fail --------------------------------------------
+    def _write_part(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None,
+                    into: BatchReport) -> BatchReport:
+        """A part of a batch being bisected: small parts run the write task right here in the driver
+        (a Spark job per probe costs seconds), large ones as a Spark job."""
+        import pyarrow as pa
+
+        if sum(r.end - r.start for r in ranges) > _ISOLATE_IN_DRIVER_MAX:
+            return self.write_files(ranges, only_tables, into=into)
+        # Copies, as a Spark task gets: the task records shapes it found to fit on its spec.
+        specs = {name: copy.copy(spec) for name, spec in self.specs.items()}
+        ctx = WriteContext(self.config.kafka.consumer_config(), self.router, specs, only_tables, self.record_hook)
+        parts: list[list[OffsetRange]] = []
+        for r in ranges:  # one task reads distinct partitions
+            part = next((p for p in parts if all(q.tp != r.tp for q in p)), None)
+            if part is None:
+                parts.append([r])
+            else:
+                part.append(r)
+        batches = [batch for part in parts for batch in run_write_task(part, ctx)]
+        into.add(pa.Table.from_batches(batches))
+        return into
+
+    def write_isolating(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None = None) -> BatchReport:
+        """`write_files`, but a job that fails for a reason other than infrastructure is split (the
+        offset ranges bisected) until the record(s) that make it fail are alone; those become dead
+        letters and everything else is written."""
+        ranges = _without(ranges, self._culprits)
+        try:
+            return self.write_files(ranges, only_tables)
+        except Exception as exc:  # noqa: BLE001 — classified just below
+            if is_infrastructure_failure(exc):
+                raise
+            error = exc
+        log.warning("write job failed, isolating the record(s) that make it fail: %s", _first_line(error))
+        report = BatchReport()
+        self._bisect(self._closed(ranges), only_tables, report, error)
+        return report
+
+    def _closed(self, ranges: list[OffsetRange]) -> list[OffsetRange]:
+        """Open-ended ranges closed at the partition's listed end (what lies beyond is read next batch)."""
+        out = []
+        for r in ranges:
+            if r.end is None:
+                high = self.watermarks.get(r.tp, (0, r.start + 1))[1]
+                r = OffsetRange(r.topic, r.partition, r.start, r.start + max(1, min(r.limit, high - r.start)), r.limit)
+            out.append(r)
+        return out
+
+    def _bisect(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None, report: BatchReport,
+                error: BaseException) -> None:
+        ranges = [r for r in ranges if r.end > r.start]
+        if sum(r.end - r.start for r in ranges) == 1:
+            try:  # once more alone: a transient failure must not make a good record a dead letter
+                self._write_part(ranges, only_tables, report)
+                return
+            except Exception as exc:  # noqa: BLE001 — classified just below
+                if is_infrastructure_failure(exc):
+                    raise
+                error = exc
+            self._isolate(ranges[0], report, error)
+            return
+        for half in _halves(ranges):
+            try:
+                self._write_part(half, only_tables, report)
+            except Exception as exc:  # noqa: BLE001 — classified just below
+                if is_infrastructure_failure(exc):
+                    raise
+                self._bisect(half, only_tables, report, exc)
+
+    def _isolate(self, rng: OffsetRange, report: BatchReport, error: BaseException) -> None:
+        from lakestream.source.reader import read_offset_range
+
+        if len(self._culprits) >= self.config.engine.max_isolations_per_batch:
+            log.error("more than %d records of one batch fail the write alone: giving up on isolation",
+                      self.config.engine.max_isolations_per_batch)
+            raise error
+        record = None
+        for item in read_offset_range(self.config.kafka.consumer_config(), rng):
+            if isinstance(item, list) and item:
+                record = item[0]
+        tp, offset = rng.tp, rng.start
+        self._culprits.add((tp, offset))
+        prev = report.ends.get(tp)
+        if prev is None or prev.next_offset <= offset:
+            report.ends[tp] = RangeEnd(tp, offset + 1, False)
+        if record is None:
+            return  # no record at this offset (a transaction marker): nothing to dead-letter
+        self.isolations += 1
+        reason = f"the write failed with this record alone (isolated): {_first_line(error)}"
+        log.warning("isolated %s offset %d: %s", tp, offset, reason)
+        report.dead_letters.append(DeadLetter(tp, offset, record.timestamp_ms, reason[:2000], record.key, record.value,
+                                              _topic_table(self.router, tp.topic)))
 
     # -- tables -----------------------------------------------------------------------------
     def _stream_for_table(self, shapes: list[NewShape]) -> StreamSettings:
@@ -214,9 +331,23 @@ class Pipeline:
         ns, tbl = table_name.namespace, table_name.table
         ident = self.tables.ident(ns, tbl)
         stream = stream or self._stream_for_table(shapes)
+        # A shape no table can take (a column name Spark cannot quote, names equal but for case, a
+        # type that does not parse) is rejected here, so its records become dead letters: it must
+        # neither fail the batch nor become part of a new table.
+        unusable = {s.schema_id: reason for s in shapes if (reason := unusable_shape(s.columns)) is not None}
+        shapes = [s for s in shapes if s.schema_id not in unusable]
         as_shapes = [Shape(s.schema_id, list(s.columns), s.key, s.inferred) for s in shapes]
         catalog = self.config.catalog.name
         info = table_info(self.spark, catalog, ns, tbl)
+        if not info["exists"] and not shapes and unusable:
+            # Only unusable shapes so far: no table yet; the tasks dead-letter these shapes' records.
+            for sid, reason in unusable.items():
+                log.warning("table %s: rejecting row shape %s: %s", name, sid, reason)
+            previous = self.specs.get(name)
+            rejected = dict(previous.rejected_shapes if previous else {}) | unusable
+            self.specs[name] = TableSpec(name, stream.mode, [], {"type": "struct", "schema-id": 0, "fields": []},
+                                         {"spec-id": 0, "fields": []}, "", frozenset(), rejected)
+            return
         if not info["exists"]:
             first_key = next((s.key for s in as_shapes if s.key), stream.key_columns)
             key = (stream.key_columns or first_key) if stream.mode == "upsert" else []
@@ -242,6 +373,7 @@ class Pipeline:
                 self.indexes.pop(name, None)
                 result = reconcile(ident, self.tables.schema(ns, tbl, refresh=True), as_shapes)
         self.tables.apply(ns, tbl, result.statements)
+        result.rejected.update(unusable)
         for sid, reason in result.rejected.items():
             log.warning("table %s: rejecting row shape %s: %s", name, sid, reason)
         if result.statements or info.get("schema") is None or name not in self.specs:
@@ -341,17 +473,59 @@ class Pipeline:
         spec.committed = dict(merged)
         return kind
 
-    def commit_tables(self, report: BatchReport) -> dict[str, str]:
-        """Commit every table of the batch; tables are independent, so several commit at once."""
+    def commit_tables(self, report: BatchReport, ranges: list[OffsetRange] | None = None) -> dict[str, str]:
+        """Commit every table of the batch; tables are independent, so several commit at once. With
+        the batch's ``ranges``, a table whose commit fails for a reason other than infrastructure is
+        written and committed again in halves of the ranges until the record that fails it is alone."""
         ends = {tp: end.next_offset for tp, end in report.ends.items()}
         todo = [(name, tr) for name, tr in sorted(report.tables.items()) if tr.count > 0]
+
+        def commit(name: str, tr: TableReport) -> str | None:
+            try:
+                return self.commit_table(name, tr, ends)
+            except Exception as exc:  # noqa: BLE001 — classified just below
+                if ranges is None or is_infrastructure_failure(exc):
+                    raise
+                log.warning("table %s: commit failed, isolating the record(s) that make it fail: %s", name,
+                            _first_line(exc))
+                _delete_quietly([f.path for f in tr.files])
+                fed = set(tr.tp_offsets())
+                closed = [OffsetRange(r.topic, r.partition, r.start, min(ends[r.tp], r.end or ends[r.tp]), r.limit)
+                          for r in _without(ranges, self._culprits) if r.tp in fed and r.tp in ends]
+                return self._bisect_commit(name, closed, report, exc)
+
         workers = min(self.config.engine.table_write_parallelism, len(todo))
         if workers <= 1:
-            kinds = [self.commit_table(name, tr, ends) for name, tr in todo]
+            kinds = [commit(name, tr) for name, tr in todo]
         else:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-commit") as pool:
-                kinds = list(pool.map(lambda item: self.commit_table(item[0], item[1], ends), todo))
+                kinds = list(pool.map(lambda item: commit(*item), todo))
         return {name: kind for (name, _), kind in zip(todo, kinds) if kind is not None}
+
+    def _bisect_commit(self, name: str, ranges: list[OffsetRange], report: BatchReport,
+                       error: BaseException) -> str | None:
+        """Write and commit table ``name`` over ``ranges`` in halves (each half its own snapshot, in
+        Kafka order, so the table's offsets only move forward); a lone failing record is a dead letter."""
+        ranges = [r for r in _without(ranges, self._culprits) if r.end > r.start]
+        if not ranges:
+            return None
+        if sum(r.end - r.start for r in ranges) == 1:
+            self._isolate(ranges[0], report, error)
+            return None
+        kind = None
+        for half in _halves(ranges):
+            try:
+                sub = self._write_part(half, frozenset({name}), BatchReport())
+                tr = sub.tables.get(name)
+                if tr is not None and tr.shapes:
+                    raise LakestreamError(f"table {name}: unprepared shapes while isolating: {sorted(tr.shapes)}")
+                if tr is not None and tr.count > 0:
+                    kind = self.commit_table(name, tr, {tp: e.next_offset for tp, e in sub.ends.items()}) or kind
+            except Exception as exc:  # noqa: BLE001 — classified just below
+                if is_infrastructure_failure(exc) or isinstance(exc, LakestreamError):
+                    raise
+                kind = self._bisect_commit(name, half, report, exc) or kind
+        return kind
 
     def write_dead_letters(self, report: BatchReport) -> int:
         from lakestream.sink.files import commit_files, table_info, write_data_file
@@ -401,8 +575,13 @@ class Pipeline:
         ranges = self.plan_batch()
         if not ranges:
             return None
+        if not self._batch_id_recovered:
+            self.batch_id = max(self.batch_id, self.recover_batch_id())
+            self._batch_id_recovered = True
         self.batch_id += 1
-        report = self.write_files(ranges)
+        self._culprits = set()
+        isolations_before = self.isolations
+        report = self.write_isolating(ranges)
         jobs = 1
         new_shapes = {name: list(tr.shapes.values()) for name, tr in report.tables.items() if tr.shapes}
         if new_shapes:
@@ -418,7 +597,7 @@ class Pipeline:
                                   min(r.end, report.ends[r.tp].next_offset) if r.end is not None
                                   else report.ends[r.tp].next_offset, r.limit)
                       for r in ranges if r.tp in report.ends]
-            second = self.write_files([r for r in closed if r.end > r.start], frozenset(new_shapes))
+            second = self.write_isolating([r for r in closed if r.end > r.start], frozenset(new_shapes))
             jobs = 2
             for name, tr in second.tables.items():
                 if tr.shapes:
@@ -427,7 +606,7 @@ class Pipeline:
                 report.tables[name] = tr
             report.dead_letters.extend(second.dead_letters)
         read_seconds = time.monotonic() - started
-        written = self.commit_tables(report)
+        written = self.commit_tables(report, ranges)
         dead = self.write_dead_letters(report)
         commit_ts_ms = int(time.time() * 1000)
         advanced = sum(max(end.next_offset - self.positions.get(tp, 0), 0) for tp, end in report.ends.items())
@@ -444,7 +623,59 @@ class Pipeline:
                   for tr in report.tables.values() for s in tr.stats if s.source_ts_q]
         return BatchResult(self.batch_id, changes + len(report.dead_letters), changes, written, dead,
                            time.monotonic() - started, read_seconds, lag, commit_ts_ms, _combine_quantiles(groups),
-                           advanced, jobs)
+                           advanced, jobs, self.isolations - isolations_before)
+
+
+# Parts of a batch up to this many offsets are written in the driver while isolating a record.
+_ISOLATE_IN_DRIVER_MAX = 5000
+
+
+def _first_line(exc: BaseException) -> str:
+    """The informative line of an error (a Spark task failure's Python exception, else the first line)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line) and "Traceback" not in line:
+            return line[:500]
+    lines = [line for line in lines if not line.startswith(("File ", "at ", "Traceback"))] or lines
+    return (lines[0] if lines else type(exc).__name__)[:500]
+
+
+def _without(ranges: list[OffsetRange], culprits: set[tuple[TP, int]]) -> list[OffsetRange]:
+    """``ranges`` with the offsets of isolated records cut out (they are dead letters already)."""
+    if not culprits:
+        return ranges
+    out = []
+    for r in ranges:
+        cuts = sorted(o for tp, o in culprits if tp == r.tp and o >= r.start and (r.end is None or o < r.end))
+        start = r.start
+        for o in cuts:
+            if o > start:
+                out.append(OffsetRange(r.topic, r.partition, start, o, r.limit))
+            start = o + 1
+        if r.end is None or r.end > start:
+            out.append(OffsetRange(r.topic, r.partition, start, r.end, r.limit))
+    return out
+
+
+def _halves(ranges: list[OffsetRange]) -> list[list[OffsetRange]]:
+    """Closed ``ranges`` split into two lists of about the same number of offsets."""
+    total = sum(r.end - r.start for r in ranges)
+    target = total // 2
+    left: list[OffsetRange] = []
+    right: list[OffsetRange] = []
+    seen = 0
+    for r in ranges:
+        size = r.end - r.start
+        if seen >= target:
+            right.append(r)
+        elif seen + size <= target:
+            left.append(r)
+        else:
+            cut = r.start + (target - seen)
+            left.append(OffsetRange(r.topic, r.partition, r.start, cut, r.limit))
+            right.append(OffsetRange(r.topic, r.partition, cut, r.end, r.limit))
+        seen += size
+    return [h for h in (left, right) if h]
 
 
 def _delete_quietly(paths: list[str]) -> None:
@@ -470,4 +701,4 @@ def describe_batch(result: BatchResult) -> dict[str, Any]:
     return {"batch": result.batch_id, "records": result.records, "changes": result.changes, "tables": result.tables,
             "dead_letters": result.dead_letters, "seconds": round(result.seconds, 3),
             "read_seconds": round(result.read_seconds, 3), "lag": result.lag, "commit_ts_ms": result.commit_ts_ms,
-            "source_ts_quantiles": result.source_ts_quantiles, "jobs": result.jobs}
+            "source_ts_quantiles": result.source_ts_quantiles, "jobs": result.jobs, "isolated": result.isolated}

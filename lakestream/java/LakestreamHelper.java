@@ -3,6 +3,11 @@ package lakestream;
 import java.util.Map;
 import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.Table;
+import org.apache.iceberg.catalog.Catalog;
+import org.apache.iceberg.catalog.Namespace;
+import org.apache.iceberg.catalog.TableIdentifier;
+import org.apache.iceberg.exceptions.NoSuchNamespaceException;
+import org.apache.iceberg.exceptions.NoSuchTableException;
 import org.apache.iceberg.spark.CommitMetadata;
 import org.apache.iceberg.spark.Spark3Util;
 import org.apache.iceberg.util.SnapshotUtil;
@@ -50,5 +55,43 @@ public final class LakestreamHelper {
     t.refresh();
     Snapshot s = t.currentSnapshot();
     return s == null ? java.util.Collections.emptyMap() : s.summary();
+  }
+
+  /**
+   * The largest numeric value of summary property {@code key} over every snapshot of every table in
+   * {@code namespace} whose summary has {@code filterKey} = {@code filterValue}; -1 when there is none.
+   * Walks all snapshots (not only the current ancestry): a rolled-back snapshot still used its number.
+   */
+  public static long maxSummaryLong(
+      SparkSession spark, String catalog, String namespace, String key, String filterKey, String filterValue) {
+    Catalog cat = Spark3Util.loadIcebergCatalog(spark, catalog);
+    long max = -1;
+    java.util.List<TableIdentifier> tables;
+    try {
+      tables = cat.listTables(Namespace.of(namespace));
+    } catch (NoSuchNamespaceException e) {
+      return max;
+    }
+    for (TableIdentifier id : tables) {
+      Table t;
+      try {
+        t = cat.loadTable(id);
+      } catch (NoSuchTableException e) {
+        continue; // dropped while listing
+      }
+      for (Snapshot s : t.snapshots()) {
+        Map<String, String> summary = s.summary();
+        String value = summary.get(key);
+        if (value == null || !filterValue.equals(summary.get(filterKey))) {
+          continue;
+        }
+        try {
+          max = Math.max(max, Long.parseLong(value));
+        } catch (NumberFormatException e) {
+          // written by something else: not a batch number
+        }
+      }
+    }
+    return max;
   }
 }

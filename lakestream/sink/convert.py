@@ -29,12 +29,17 @@ def _text(value: Any) -> Any:
     return orjson.dumps(value, default=str).decode()
 
 
+_EXACT_FLOAT_INT = 2.0**53
+
+
 def _check_integers(values: Sequence[Any]) -> None:
-    """pyarrow truncates 1.5 to 1 when building an integer column: refuse fractions ourselves."""
+    """pyarrow truncates 1.5 to 1 when building an integer column: refuse fractions ourselves. Refuse
+    floats beyond 2^53 too: JSON parsers read an integer literal outside int64 (-2^63 - 1) as the
+    nearest float, which may round to a value that fits (-2^63) — a different number."""
     if float in set(map(type, values)):
         for v in values:
-            if type(v) is float and not (v == v and v not in (float("inf"), float("-inf")) and v.is_integer()):
-                raise ValueError(f"{v!r} is not an integer")
+            if type(v) is float and not (v == v and abs(v) < _EXACT_FLOAT_INT and v.is_integer()):
+                raise ValueError(f"{v!r} is not an integer (or not exactly one)")
 
 
 def _check_decimals(values: Sequence[Any]) -> None:

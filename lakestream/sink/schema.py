@@ -166,6 +166,26 @@ def reconcile(table_ident: str, schema: StructType, shapes: list[Shape]) -> Reco
     return result
 
 
+def unusable_shape(columns: list[tuple[str, str]]) -> str | None:
+    """Why no table can take a row shape of ``columns`` ((name, DDL type) pairs), or None."""
+    from lakestream.errors import InvalidIdentifierError
+
+    seen: dict[str, str] = {}
+    for name, ddl in columns:
+        try:
+            quote_column(name)
+        except InvalidIdentifierError as exc:
+            return str(exc)
+        if name.lower() in seen:
+            return f"columns {seen[name.lower()]!r} and {name!r} differ only by case (Spark's names are case-insensitive)"
+        seen[name.lower()] = name
+        try:
+            parse_type(ddl)
+        except Exception as exc:  # noqa: BLE001 — Spark's parser raises its own exception types
+            return f"column {name!r}: type {ddl[:200]!r} cannot be used: {str(exc).splitlines()[0][:200]}"
+    return None
+
+
 def merged_columns(shapes: list[Shape]) -> list[tuple[str, str]]:
     """Union of the shapes' columns in first-seen order (for a new table); later widenings win."""
     order: list[str] = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,6 +103,8 @@ class WriteContext:
     router: Router
     tables: dict[str, TableSpec]
     only_tables: frozenset[str] | None = None  # second pass: write these tables only
+    # Called with every record read, before it is decoded (tests inject a failing record through it).
+    record_hook: Callable[[Any], None] | None = None
 
 
 class _Pending:
@@ -480,8 +482,11 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
         if isinstance(item, tuple):
             rng, end = item
             facts.append(rp.RangeEnd(rng.tp, end.next_offset, end.at_end))
-        else:
-            vectorized(item)
+            continue
+        if ctx.record_hook is not None:
+            for i in range(len(item)):
+                ctx.record_hook(item.record(i))
+        vectorized(item)
     for table, shapes in deferred.items():
         pending.pop(table, None)
         facts.extend(shapes.values())
