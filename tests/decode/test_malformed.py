@@ -11,6 +11,7 @@ from lakestream.decode.envelope import SchemaCache, decode_debezium, decode_key
 from lakestream.decode.vectorized import RunDecoder
 from lakestream.errors import DecodeError
 from lakestream.sink.convert import convert_rows
+from lakestream.source.reader import RecordRun
 
 ROW = {"type": "struct", "optional": True, "fields": [
     {"type": "int64", "optional": False, "field": "id"},
@@ -57,13 +58,14 @@ def test_an_integer_literal_below_int64_is_not_rounded_into_range():
 
 
 def _records(keys: list[bytes | None], days: list[int]) -> list:
-    return [SimpleNamespace(topic="t", partition=0, offset=i, timestamp_ms=0, key=k, value=_value({"id": i, "day": d}))
+    return [SimpleNamespace(topic="t", partition=0, offset=i, timestamp_ms=0, key=k, value=_value({"id": i, "day": d}),
+                            headers=None)
             for i, (k, d) in enumerate(zip(keys, days))]
 
 
 def test_vectorized_runs_decline_what_the_record_path_dead_letters():
     good_keys = [json.dumps({"id": i}).encode() for i in range(20)]
-    assert RunDecoder().decode(_records(good_keys, [1] * 20), TABLE, ["id"]) is not None
+    assert RunDecoder().decode(RecordRun.of(_records(good_keys, [1] * 20)), TABLE, ["id"]) is not None
     for bad_key in (None, b"\xff\xfe", b"[1]", b"{not json}"):
-        assert RunDecoder().decode(_records(good_keys[:10] + [bad_key] + good_keys[11:], [1] * 20), TABLE, ["id"]) is None
-    assert RunDecoder().decode(_records(good_keys, [1] * 10 + [10**9] + [1] * 9), TABLE, ["id"]) is None
+        assert RunDecoder().decode(RecordRun.of(_records(good_keys[:10] + [bad_key] + good_keys[11:], [1] * 20)), TABLE, ["id"]) is None
+    assert RunDecoder().decode(RecordRun.of(_records(good_keys, [1] * 10 + [10**9] + [1] * 9)), TABLE, ["id"]) is None
