@@ -96,9 +96,15 @@ def test_maintenance_concurrent_with_cdc_load(spark, pipeline_config_factory):
     for t in threads:
         t.start()
     try:
-        for _ in range(ROUNDS - 1):
+        # Keep the load going until maintenance has compacted at least once (a round takes longer
+        # on a loaded machine), so compaction really runs beside ingestion.
+        rounds = 1
+        while rounds < ROUNDS or (rounds < 4 * ROUNDS and not errors
+                                  and not any(a.action == "compact" and a.status in ("ok", "partial")
+                                              for a in list(actions))):
             time.sleep(1.0)
             produce_round()
+            rounds += 1
         # Wait until the engine has consumed everything produced.
         caught_up = False
         deadline = time.time() + 420
