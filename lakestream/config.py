@@ -178,6 +178,10 @@ class EngineSettings(_Model):
     topic_refresh_s: float = Field(default=0.0, ge=0)
     table_write_parallelism: int = Field(default=4, ge=1, le=64)
     max_consecutive_failures: int = Field(default=5, ge=1)
+    # `lakestream run` serves its own Prometheus /metrics here when set (0: any free port); loopback
+    # unless metrics_host says otherwise.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
 
     @field_validator("dead_letter_table")
     @classmethod

@@ -12,7 +12,7 @@ import logging
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +22,7 @@ from lakestream.errors import DecodeError, LakestreamError
 from lakestream.sink.offsets import (
     BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, SOURCE_TS_PROPERTY, TableOffsets, encode_offsets,
 )
-from lakestream.sink.committer import StaleIndex, TableWrite, write_table
+from lakestream.sink.committer import StaleIndex, TableCommit, TableWrite, write_table
 from lakestream.sink.deadletter import dead_letter_table, ensure_dead_letter_table
 from lakestream.sink.index import KeyIndex, is_integer_key
 from lakestream.sink.report import BatchReport, NewShape, TableReport
@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 # write is re-planned against the table's new state.
 _RETRYABLE = ("CommitFailedException", "ValidationException", "CommitStateUnknownException", "NotFoundException",
               "FileNotFoundException")
+# The cause of a commit conflict as a bounded metrics label: "stale_index" or one of these.
+_CONFLICT_CAUSES = {"CommitFailedException": "commit_failed", "ValidationException": "validation",
+                    "CommitStateUnknownException": "state_unknown", "NotFoundException": "not_found",
+                    "FileNotFoundException": "not_found"}
 
 
 @dataclass
@@ -59,6 +63,13 @@ class BatchResult:
     source_ts_quantiles: list[float] | None = None
     advanced: int = 0  # Kafka messages consumed, tombstones and skipped records included
     jobs: int = 1
+    table_records: dict[str, int] = field(default_factory=dict)  # Kafka records routed to each table
+    table_changes: dict[str, int] = field(default_factory=dict)  # row changes each table's commit applied
+    table_source_ts_ms: dict[str, int] = field(default_factory=dict)  # newest source change committed per table
+    table_lag: dict[str, int] = field(default_factory=dict)  # records in Kafka beyond each table's offsets
+    dead_letter_kinds: dict[str, int] = field(default_factory=dict)  # DEAD_LETTER_KINDS → dead letters written
+    commit_conflicts: list[tuple[str, str]] = field(default_factory=list)  # (table, cause) per conflict met
+    commit_retries: dict[str, int] = field(default_factory=dict)  # table → commit attempts repeated
 
     def progress_line(self) -> str:
         rate = self.records / self.seconds if self.seconds > 0 else 0.0
@@ -90,6 +101,8 @@ class Pipeline:
         self._last_read: dict[int, float] = {}  # stream index → when its topics were last read
         self.clock = time.monotonic  # when streams come due (replaceable in tests)
         self._dead_letter: TableSpec | None = None
+        # Commit conflicts of the batch in flight, (table, cause); appended from the commit threads.
+        self._conflicts: list[tuple[str, str]] = []
 
     def close(self) -> None:
         self.kafka.close()
@@ -299,7 +312,7 @@ class Pipeline:
         index.rebuild(self.spark, ident, self.specs[name].key_columns, current)
         return index
 
-    def commit_table(self, name: str, changes: TableReport, ends: dict[TP, int]) -> str | None:
+    def commit_table(self, name: str, changes: TableReport, ends: dict[TP, int]) -> TableCommit | None:
         spec = self.specs[name]
         table = TableName.parse(name)
         ident = self.tables.ident(table.namespace, table.table)
@@ -315,22 +328,27 @@ class Pipeline:
         for attempt in range(1, attempts + 1):
             write = TableWrite(ident, self.config.catalog.name, table, spec, self._fresh_index(name, ident))
             try:
-                kind = write_table(self.spark, write, changes, props)
+                done = write_table(self.spark, write, changes, props)
                 break
             except StaleIndex as exc:
+                self._conflicts.append((name, "stale_index"))
                 if attempt == attempts:
                     raise
                 log.info("table %s: %s; refreshing the key index", name, exc)
                 continue
             except Exception as exc:  # noqa: BLE001 — classified by Java class below
                 text = str(getattr(exc, "java_exception", "")) + str(exc)
-                if not any(marker in text for marker in _RETRYABLE) or attempt == attempts:
+                cause = next((_CONFLICT_CAUSES[m] for m in _RETRYABLE if m in text), None)
+                if cause is None:
+                    raise
+                self._conflicts.append((name, cause))
+                if attempt == attempts:
                     raise
                 if self.offsets.load(ident, refresh=True) == merged:
                     log.info("table %s: commit had landed despite %s", name, text[:120])
                     if write.index is not None:
                         write.index.valid = False
-                    kind = "upsert" if spec.mode == "upsert" else "append"
+                    done = TableCommit("upsert" if spec.mode == "upsert" else "append", changes.count)
                     break
                 log.warning("table %s: commit conflict (attempt %d/%d), re-planning deletes: %s", name, attempt,
                             attempts, text[:200])
@@ -339,9 +357,9 @@ class Pipeline:
                 time.sleep(0.2 * attempt)
         self.offsets.record(ident, merged)
         spec.committed = dict(merged)
-        return kind
+        return done
 
-    def commit_tables(self, report: BatchReport) -> dict[str, str]:
+    def commit_tables(self, report: BatchReport) -> dict[str, TableCommit]:
         """Commit every table of the batch; tables are independent, so several commit at once."""
         ends = {tp: end.next_offset for tp, end in report.ends.items()}
         todo = [(name, tr) for name, tr in sorted(report.tables.items()) if tr.count > 0]
@@ -351,13 +369,14 @@ class Pipeline:
         else:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-commit") as pool:
                 kinds = list(pool.map(lambda item: self.commit_table(item[0], item[1], ends), todo))
-        return {name: kind for (name, _), kind in zip(todo, kinds) if kind is not None}
+        return {name: done for (name, _), done in zip(todo, kinds) if done is not None}
 
-    def write_dead_letters(self, report: BatchReport) -> int:
+    def write_dead_letters(self, report: BatchReport) -> dict[str, int]:
+        """Commit the batch's dead letters not already in the dead-letter table; their count per kind."""
         from lakestream.sink.files import commit_files, table_info, write_data_file
 
         if not report.dead_letters:
-            return 0
+            return {}
         catalog = self.config.catalog.name
         ns, tbl = self.config.engine.dead_letter_table.split(".", 1)
         ident = self.tables.ident(ns, tbl)
@@ -369,7 +388,7 @@ class Pipeline:
         committed = self.offsets.load(ident)
         letters = [d for d in report.dead_letters if d.offset >= committed.get(d.tp, -1)]
         if not letters:
-            return 0
+            return {}
         spec = self._dead_letter
         table = dead_letter_table(letters, self.config.name, spec.arrow_schema())
         from lakestream.sink.files import partition_values
@@ -392,7 +411,10 @@ class Pipeline:
                                                     "deletes": [], "properties": props})
         self.offsets.record(ident, merged)
         log.warning("%d record(s) sent to the dead-letter table %s", len(letters), self.config.engine.dead_letter_table)
-        return len(letters)
+        kinds: dict[str, int] = {}
+        for letter in letters:
+            kinds[letter.reason_kind] = kinds.get(letter.reason_kind, 0) + 1
+        return kinds
 
     # -- the batch --------------------------------------------------------------------------
     def run_batch(self) -> BatchResult | None:
@@ -402,6 +424,7 @@ class Pipeline:
         if not ranges:
             return None
         self.batch_id += 1
+        self._conflicts = []
         report = self.write_files(ranges)
         jobs = 1
         new_shapes = {name: list(tr.shapes.values()) for name, tr in report.tables.items() if tr.shapes}
@@ -427,7 +450,7 @@ class Pipeline:
                 report.tables[name] = tr
             report.dead_letters.extend(second.dead_letters)
         read_seconds = time.monotonic() - started
-        written = self.commit_tables(report)
+        committed = self.commit_tables(report)
         dead = self.write_dead_letters(report)
         commit_ts_ms = int(time.time() * 1000)
         advanced = sum(max(end.next_offset - self.positions.get(tp, 0), 0) for tp, end in report.ends.items())
@@ -442,9 +465,28 @@ class Pipeline:
         changes = sum(tr.count for tr in report.tables.values())
         groups = [(s.count, s.source_ts_q, s.source_ts_min, s.source_ts_max)
                   for tr in report.tables.values() for s in tr.stats if s.source_ts_q]
-        return BatchResult(self.batch_id, changes + len(report.dead_letters), changes, written, dead,
-                           time.monotonic() - started, read_seconds, lag, commit_ts_ms, _combine_quantiles(groups),
-                           advanced, jobs)
+        retries: dict[str, int] = {}
+        for name, _ in self._conflicts:
+            retries[name] = retries.get(name, 0) + 1
+        return BatchResult(
+            self.batch_id, changes + len(report.dead_letters), changes, {n: c.kind for n, c in committed.items()},
+            sum(dead.values()), time.monotonic() - started, read_seconds, lag, commit_ts_ms,
+            _combine_quantiles(groups), advanced, jobs,
+            table_records={name: tr.count for name, tr in report.tables.items() if tr.count},
+            table_changes={n: c.changes for n, c in committed.items()},
+            table_source_ts_ms={n: ts for n in committed if (ts := report.tables[n].max_source_ts) is not None},
+            table_lag=self.table_lag(), dead_letter_kinds=dead, commit_conflicts=list(self._conflicts),
+            commit_retries=retries)
+
+    def table_lag(self) -> dict[str, int]:
+        """Per table read in this batch: records in Kafka beyond the offsets the table stored."""
+        highs = {tp: high for tp, (_, high) in self.watermarks.items()}
+        out: dict[str, int] = {}
+        for name, spec in self.specs.items():
+            mine = {tp: high for tp, high in highs.items() if tp in spec.committed}
+            if mine:
+                out[name] = consumer_lag(mine, spec.committed)
+        return out
 
 
 def _delete_quietly(paths: list[str]) -> None:
@@ -470,4 +512,7 @@ def describe_batch(result: BatchResult) -> dict[str, Any]:
     return {"batch": result.batch_id, "records": result.records, "changes": result.changes, "tables": result.tables,
             "dead_letters": result.dead_letters, "seconds": round(result.seconds, 3),
             "read_seconds": round(result.read_seconds, 3), "lag": result.lag, "commit_ts_ms": result.commit_ts_ms,
-            "source_ts_quantiles": result.source_ts_quantiles, "jobs": result.jobs}
+            "source_ts_quantiles": result.source_ts_quantiles, "jobs": result.jobs,
+            "table_records": result.table_records, "table_changes": result.table_changes,
+            "table_lag": result.table_lag, "dead_letter_kinds": result.dead_letter_kinds,
+            "commit_conflicts": [list(c) for c in result.commit_conflicts]}
