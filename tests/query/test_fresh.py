@@ -16,20 +16,25 @@ import pytest
 
 from capture_harness import start_captured_source, stop_captured_source
 from conftest import produce_records, run_lakestream, write_pipeline_yaml
+from lakestream.decode.types import UNAVAILABLE_VALUE
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import QueryError
 from lakestream.query import read_table
 
+# ~20 KB of md5 hex: stored out of line (TOAST), so an update that leaves it alone does not carry it
+BIG_VALUE_SQL = "(SELECT string_agg(md5(i::text || random()::text), '') FROM generate_series(1, 640) AS i)"
 SETUP = [
     "CREATE TABLE public.fresh_orders (id integer PRIMARY KEY, status text, amount numeric(10,2), note text)",
     "INSERT INTO public.fresh_orders VALUES (1, 'new', 1.50, 'a'), (2, 'new', 2.50, 'b'), (3, 'new', 3.50, 'c')",
+    "CREATE TABLE public.fresh_toast (id integer PRIMARY KEY, body text, n integer)",
+    f"INSERT INTO public.fresh_toast VALUES (1, {BIG_VALUE_SQL}, 1)",
 ]
 D = decimal.Decimal
 
 
 @pytest.fixture(scope="module")
 def src(stack, spark):
-    source = start_captured_source(stack, SETUP, ["fresh_orders"], "fresh")
+    source = start_captured_source(stack, SETUP, ["fresh_orders", "fresh_toast"], "fresh")
     try:
         yield source
     finally:
@@ -119,3 +124,24 @@ def test_fresh_append_table_adds_rows_and_skips_known_ids(stack, spark, pipeline
     run_pipeline(config, spark=spark, stop_when_idle=True)
     assert pages(read_table(config, name)) == expected
     assert pages(read_table(config, name, fresh=True)) == expected
+
+
+def test_fresh_read_fills_withheld_toast_values(src):
+    """An update that leaves a TOASTed value alone arrives without it: the fresh read takes it from the
+    key's previous version, in the snapshot or earlier in the tail, as the pipeline does."""
+    name = f"{src.namespace}.fresh_toast"
+    src.sync({"fresh_toast": 1})
+    start = src.end_offset("fresh_toast")
+    src.sql("UPDATE public.fresh_toast SET n = 2 WHERE id = 1",
+            f"INSERT INTO public.fresh_toast VALUES (2, {BIG_VALUE_SQL}, 1)",
+            "UPDATE public.fresh_toast SET n = 5 WHERE id = 2")
+    src.wait_for_events({"fresh_toast": start + 3})
+    updates = [m["value"] for m in src.published("fresh_toast")[start:] if m["value"]["op"] == "u"]
+    assert [u["after"]["body"] for u in updates] == [UNAVAILABLE_VALUE] * 2  # really withheld
+    with src.conn.cursor() as cur:
+        cur.execute("SELECT id, body, n FROM public.fresh_toast")
+        source = {r[0]: (r[1], r[2]) for r in cur.fetchall()}
+    fresh = {r["id"]: (r["body"], r["n"]) for r in read_table(src.config, name, fresh=True).to_pylist()}
+    assert fresh == source
+    src.run()
+    assert {r["id"]: (r["body"], r["n"]) for r in read_table(src.config, name).to_pylist()} == source
