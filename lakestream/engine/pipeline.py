@@ -101,8 +101,10 @@ class Pipeline:
         self._last_read: dict[int, float] = {}  # stream index → when its topics were last read
         self.clock = time.monotonic  # when streams come due (replaceable in tests)
         self._dead_letter: TableSpec | None = None
-        # Commit conflicts of the batch in flight, (table, cause); appended from the commit threads.
+        # Commit conflicts of the batch in flight, (table, cause), and the tables of the attempts they
+        # made repeat; appended from the commit threads (list.append is atomic).
         self._conflicts: list[tuple[str, str]] = []
+        self._retries: list[str] = []
 
     def close(self) -> None:
         self.kafka.close()
@@ -335,6 +337,7 @@ class Pipeline:
                 if attempt == attempts:
                     raise
                 log.info("table %s: %s; refreshing the key index", name, exc)
+                self._retries.append(name)
                 continue
             except Exception as exc:  # noqa: BLE001 — classified by Java class below
                 text = str(getattr(exc, "java_exception", "")) + str(exc)
@@ -354,6 +357,7 @@ class Pipeline:
                             attempts, text[:200])
                 if write.index is not None:
                     write.index.valid = False
+                self._retries.append(name)
                 time.sleep(0.2 * attempt)
         self.offsets.record(ident, merged)
         spec.committed = dict(merged)
@@ -424,7 +428,7 @@ class Pipeline:
         if not ranges:
             return None
         self.batch_id += 1
-        self._conflicts = []
+        self._conflicts, self._retries = [], []
         report = self.write_files(ranges)
         jobs = 1
         new_shapes = {name: list(tr.shapes.values()) for name, tr in report.tables.items() if tr.shapes}
@@ -466,7 +470,7 @@ class Pipeline:
         groups = [(s.count, s.source_ts_q, s.source_ts_min, s.source_ts_max)
                   for tr in report.tables.values() for s in tr.stats if s.source_ts_q]
         retries: dict[str, int] = {}
-        for name, _ in self._conflicts:
+        for name in self._retries:
             retries[name] = retries.get(name, 0) + 1
         return BatchResult(
             self.batch_id, changes + len(report.dead_letters), changes, {n: c.kind for n, c in committed.items()},
@@ -515,4 +519,4 @@ def describe_batch(result: BatchResult) -> dict[str, Any]:
             "source_ts_quantiles": result.source_ts_quantiles, "jobs": result.jobs,
             "table_records": result.table_records, "table_changes": result.table_changes,
             "table_lag": result.table_lag, "dead_letter_kinds": result.dead_letter_kinds,
-            "commit_conflicts": [list(c) for c in result.commit_conflicts]}
+            "commit_conflicts": [list(c) for c in result.commit_conflicts], "commit_retries": result.commit_retries}
