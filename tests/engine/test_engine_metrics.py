@@ -110,3 +110,42 @@ def test_run_exports_engine_metrics(stack, spark, pipeline_config_factory):
         raise AssertionError("the metrics endpoint is still up after the pipeline stopped")
     except OSError:
         pass
+
+
+def test_cli_run_serves_metrics_on_its_port_and_keeps_stdout_clean(stack, pipeline_config_factory, tmp_path):
+    """`lakestream run --metrics-port`: the real command, scraped while it runs, stopped by SIGTERM."""
+    import signal
+    import subprocess
+
+    from conftest import write_pipeline_yaml
+    from lakestream.capture.process import LAKESTREAM_COMMAND
+
+    topic = f"cli{uuid.uuid4().hex[:6]}"
+    produce_records(stack.bootstrap_servers, topic, [(str(i), json.dumps({"id": i, "v": "x"})) for i in range(5)]
+                    + [("bad", "{not json")], partition=0)
+    config = pipeline_config_factory([{"topics": [topic], "mode": "append", "namespace": "metrics_cli",
+                                       "table": topic}], name=topic)
+    pipeline = write_pipeline_yaml(config, stack, tmp_path / "pipeline.yaml")
+    [port] = free_ports(1)
+    proc = subprocess.Popen([*LAKESTREAM_COMMAND, "run", str(pipeline), "--metrics-port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    table = f"metrics_cli.{topic}"
+    samples: dict = {}
+    try:
+        deadline = time.monotonic() + 120
+        while samples.get(("lakestream_table_records_total", (("table", table),))) != 5:
+            assert proc.poll() is None, proc.communicate()[1].decode()[-3000:]
+            assert time.monotonic() < deadline, f"no batch scraped in time: {samples}"
+            try:
+                samples = scrape(port)
+            except OSError:
+                pass  # not serving yet (the JVM is starting)
+            time.sleep(0.5)
+        assert samples[("lakestream_table_changes_total", (("table", table),))] == 5
+        assert samples[("lakestream_dead_letters_total", (("kind", "malformed"),))] == 1
+        assert samples[("lakestream_pipeline_info", (("pipeline", topic),))] == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert out == b"", out[:500]  # logs and the JVM's chatter go to stderr
