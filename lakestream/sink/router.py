@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakestream.config import PipelineConfig, StreamSettings
-from lakestream.errors import DecodeError, InvalidIdentifierError, UnroutableRecord
+from lakestream.errors import InvalidIdentifierError, UnroutableRecord
 from lakestream.identifiers import sanitize_identifier, validate_identifier
 
 
