@@ -181,6 +181,10 @@ class EngineSettings(_Model):
     # A write that fails for a reason other than infrastructure is split until the records that make
     # it fail are alone (dead letters); more than this many in one batch fails the batch instead.
     max_isolations_per_batch: int = Field(default=16, ge=0)
+    # `lakestream run` serves its own Prometheus /metrics here when set (0: any free port); loopback
+    # unless metrics_host says otherwise.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
 
     @field_validator("dead_letter_table")
     @classmethod

@@ -22,7 +22,33 @@ class CaptureError(LakestreamError):
 
 
 class DecodeError(LakestreamError):
-    """A record cannot be decoded; it goes to the dead-letter table with this message."""
+    """A record cannot be decoded; it goes to the dead-letter table with this message.
+
+    ``kind`` is one of `DEAD_LETTER_KINDS`: a bounded label for metrics (the message is not)."""
+
+    kind = "malformed"
+
+
+class UnroutableRecord(DecodeError):
+    """No stream claims the record's topic, or its routing field/header names no valid table."""
+
+    kind = "unroutable"
+
+
+class MissingKey(DecodeError):
+    """An upsert record without a usable key (or an append record without its de-duplication id)."""
+
+    kind = "missing_key"
+
+
+class BadValue(DecodeError):
+    """A value that does not match its declared type (or the table column it goes to)."""
+
+    kind = "bad_value"
+
+
+# Every reason a record becomes a dead letter, as a bounded set of labels (metrics group by these).
+DEAD_LETTER_KINDS = ("malformed", "unroutable", "missing_key", "bad_value", "incompatible_schema", "write_failed")
 
 
 class QueryError(LakestreamError):

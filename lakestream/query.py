@@ -73,14 +73,26 @@ class TableRef:
 
 def read_table(config: PipelineConfig, table: str, engine: Engine = "pyiceberg", *, columns: list[str] | None = None,
                where: str | None = None, snapshot_id: int | None = None, limit: int | None = None,
-               spark: SparkSession | None = None) -> pa.Table:
+               spark: SparkSession | None = None, fresh: bool = False) -> pa.Table:
     """Rows of ``table`` (``ns.table``) as a pyarrow Table, read by ``engine``.
 
     ``where`` is a filter in the engine's own expression syntax (SQL for Spark and DuckDB, pyiceberg's
     row-filter syntax, which accepts the usual ``id > 3 AND region = 'eu'``); ``snapshot_id`` time
     travels. ``spark`` reuses a running session (engine ``spark`` only).
+
+    ``fresh=True`` adds what is in Kafka beyond the offsets stored in the current snapshot, applied
+    by key as the pipeline will apply it (`lakestream.fresh`); ``where`` is then DuckDB SQL over
+    the merged rows.
     """
     ref = TableRef.parse(table, config.catalog.name)
+    if fresh:
+        if snapshot_id is not None:
+            raise QueryError("a fresh read starts from the current snapshot: it cannot time travel (drop --snapshot)")
+        if engine not in ENGINES:
+            raise QueryError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
+        from lakestream.fresh import read_fresh
+
+        return read_fresh(config, ref, engine, columns, where, limit, spark)
     if engine == "spark":
         return _read_spark(config, ref, columns, where, snapshot_id, limit, spark)
     if engine not in ENGINES:

@@ -10,6 +10,7 @@ EPILOG = """examples:
   lakestream query pipeline.yaml shop.orders --engine duckdb --format json
   lakestream query pipeline.yaml shop.orders --engine pyiceberg --columns id,status --where "status = 'paid'"
   lakestream query pipeline.yaml shop.orders --engine spark --snapshot 4348315315263456139
+  lakestream query pipeline.yaml shop.orders --fresh --where "status = 'paid'"   # + the uncommitted Kafka tail
 """
 
 
@@ -25,6 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--columns", help="comma-separated columns (default: all)")
     parser.add_argument("--where", help="row filter in the engine's expression syntax, e.g. \"id > 3 AND region = 'eu'\"")
     parser.add_argument("--snapshot", type=int, metavar="ID", help="read this snapshot (time travel)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="add the changes in Kafka not yet committed to the table (applied by key as the "
+                             "pipeline will apply them); --where is then DuckDB SQL over the merged rows")
     add_output_arguments(parser)
     parser.set_defaults(func=_query)
 
@@ -36,6 +40,6 @@ def _query(args: argparse.Namespace) -> int:
     columns = [c.strip() for c in args.columns.split(",")] if args.columns else None
     limit = args.limit + 1 if args.limit > 0 else None  # one more row tells the printer the output was cut
     table = read_table(config, args.table, args.engine, columns=columns, where=args.where,
-                       snapshot_id=args.snapshot, limit=limit)
+                       snapshot_id=args.snapshot, limit=limit, fresh=args.fresh)
     print_arrow(table, args.format, args.limit)
     return 0

@@ -14,11 +14,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("config", help="pipeline YAML file")
     parser.add_argument("--max-batches", type=int, default=None, help="stop after N non-empty batches")
     parser.add_argument("--until-idle", action="store_true", help="stop when a batch finds nothing new")
+    parser.add_argument("--metrics-port", type=_port, metavar="PORT",
+                        help="serve the engine's Prometheus /metrics on PORT (default: engine.metrics_port; off)")
     parser.set_defaults(func=_run)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (0-65535; 0 = any free port)")
+    return int(text)
 
 
 def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
+    if args.metrics_port is not None:
+        config.engine.metrics_port = args.metrics_port
     stop = threading.Event()
     install_stop_signals(stop)
     run_pipeline(config, stop=stop, max_batches=args.max_batches, stop_when_idle=args.until_idle)

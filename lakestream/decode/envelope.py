@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from lakestream.decode.types import UNAVAILABLE_VALUE, FieldType, _identity, event_time, field_type, infer_type
-from lakestream.errors import DecodeError
+from lakestream.errors import BadValue, DecodeError
 
 OPS = {"c", "u", "d", "r"}
 # Debezium's JsonConverter writes {"schema":...,"payload":...}: the schema first.
@@ -162,9 +162,9 @@ def _convert_row(row: dict[str, Any], types: dict[str, FieldType]) -> tuple[dict
         try:
             out[name] = ftype.convert(value)
         except DecodeError as exc:
-            raise DecodeError(f"column {name!r}: {exc}") from None
+            raise type(exc)(f"column {name!r}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 — any conversion failure is a bad record, not a crash
-            raise DecodeError(f"column {name!r}: cannot convert {str(value)[:80]!r} to {ftype.ddl}: {exc}") from None
+            raise BadValue(f"column {name!r}: cannot convert {str(value)[:80]!r} to {ftype.ddl}: {exc}") from None
     return out, unavailable
 
 

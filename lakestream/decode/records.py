@@ -10,7 +10,7 @@ from typing import Any
 
 from lakestream.config import StreamSettings
 from lakestream.decode.envelope import Columns, SchemaCache, decode_debezium, decode_json_event
-from lakestream.errors import DecodeError
+from lakestream.errors import MissingKey, UnroutableRecord
 from lakestream.sink.router import Router
 
 
@@ -48,7 +48,7 @@ class RecordDecoder:
         """
         stream_index = self.router.stream_index(rec.topic)
         if stream_index is None:
-            raise DecodeError(f"no stream in the config matches topic {rec.topic!r}")
+            raise UnroutableRecord(f"no stream in the config matches topic {rec.topic!r}")
         stream = self.router.streams[stream_index]
         if rec.value is None:
             return None  # tombstone: the delete event before it already removed the row
@@ -64,17 +64,17 @@ class RecordDecoder:
         if stream.mode == "upsert":
             key_cols = self._key_columns(stream, change.key)
             if not key_cols:
-                raise DecodeError("missing key: the message has no key and the stream sets no key_columns")
+                raise MissingKey("missing key: the message has no key and the stream sets no key_columns")
             missing = [k for k in key_cols if row.get(k) is None]
             if missing:
-                raise DecodeError(f"key column(s) {missing} missing or null in the row")
+                raise MissingKey(f"key column(s) {missing} missing or null in the row")
             if change.op == "d":
                 # Deletes carry only the key: with REPLICA IDENTITY DEFAULT the other 'before'
                 # columns hold defaults, not the old row.
                 row = {k: row[k] for k in key_cols}
         elif stream.dedupe_field:
             if row.get(stream.dedupe_field) is None:
-                raise DecodeError(f"de-duplication field {stream.dedupe_field!r} is missing or null")
+                raise MissingKey(f"de-duplication field {stream.dedupe_field!r} is missing or null")
             key_cols = [stream.dedupe_field]
         return DecodedRecord(str(table), stream, change.op, key_cols, row, change.unavailable, change.source_ts_ms,
                              change.columns)

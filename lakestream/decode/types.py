@@ -15,7 +15,7 @@ import decimal
 from collections.abc import Callable
 from typing import Any
 
-from lakestream.errors import DecodeError
+from lakestream.errors import BadValue, DecodeError
 
 # The value Debezium sends for an unchanged TOASTed column (REPLICA IDENTITY DEFAULT).
 UNAVAILABLE_VALUE = "__debezium_unavailable_value"
@@ -32,7 +32,7 @@ def _identity(value: Any) -> Any:
 
 def _integer(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise DecodeError(f"expected an integer, got {type(value).__name__} {str(value)[:40]!r}")
+        raise BadValue(f"expected an integer, got {type(value).__name__} {str(value)[:40]!r}")
     return value
 
 
@@ -80,11 +80,11 @@ def _micros_from_datetime(parsed: dt.datetime) -> int:
 def _zoned_timestamp(value: Any) -> int:
     """An ISO-8601 timestamp (with an offset, or UTC when it has none) as UTC microseconds."""
     if not isinstance(value, str):
-        raise DecodeError(f"not an ISO-8601 timestamp: {str(value)[:40]!r}")
+        raise BadValue(f"not an ISO-8601 timestamp: {str(value)[:40]!r}")
     try:
         parsed = dt.datetime.fromisoformat(value)
     except ValueError as exc:
-        raise DecodeError(f"not an ISO-8601 timestamp: {value!r}") from exc
+        raise BadValue(f"not an ISO-8601 timestamp: {value!r}") from exc
     return _micros_from_datetime(parsed)
 
 
@@ -97,7 +97,7 @@ def _time_from_micros(micros: int) -> str:
 
 def _finite_decimal(value: decimal.Decimal, text: Any) -> decimal.Decimal:
     if not value.is_finite():
-        raise DecodeError(f"decimal value {str(text)[:40]!r} is not a finite number")
+        raise BadValue(f"decimal value {str(text)[:40]!r} is not a finite number")
     return value
 
 
@@ -111,17 +111,17 @@ def _decimal_from_bytes(scale: int) -> Converter:
 
     def convert(value: Any) -> decimal.Decimal:
         if isinstance(value, bool):
-            raise DecodeError(f"expected a decimal, got {value!r}")
+            raise BadValue(f"expected a decimal, got {value!r}")
         if isinstance(value, int):
             return decimal.Decimal(value)
         if isinstance(value, float):
             return _finite_decimal(decimal.Decimal(repr(value)), value)
         if not isinstance(value, str):
-            raise DecodeError(f"expected base64 decimal bytes, got {type(value).__name__}")
+            raise BadValue(f"expected base64 decimal bytes, got {type(value).__name__}")
         try:
             raw = base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise DecodeError(f"invalid base64 decimal {value[:40]!r}: {exc}") from None
+            raise BadValue(f"invalid base64 decimal {value[:40]!r}: {exc}") from None
         unscaled = int.from_bytes(raw, "big", signed=True)
         return _scaled(unscaled, scale)
 
@@ -131,11 +131,11 @@ def _decimal_from_bytes(scale: int) -> Converter:
 def _decimal_text(value: Any) -> decimal.Decimal:
     """decimal.handling.mode=string sends the number as text."""
     if isinstance(value, bool):
-        raise DecodeError(f"expected a decimal, got {value!r}")
+        raise BadValue(f"expected a decimal, got {value!r}")
     try:
         return _finite_decimal(decimal.Decimal(str(value)), value)
     except decimal.InvalidOperation:
-        raise DecodeError(f"not a decimal number: {str(value)[:40]!r}") from None
+        raise BadValue(f"not a decimal number: {str(value)[:40]!r}") from None
 
 
 def _as_text(convert: Converter) -> Converter:
@@ -150,7 +150,7 @@ def _variable_scale_decimal(value: Any) -> str | None:
             unscaled = int.from_bytes(base64.b64decode(value["value"], validate=True), "big", signed=True)
             return str(_scaled(unscaled, int(value["scale"])))
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
-            raise DecodeError(f"invalid variable-scale decimal {str(value)[:60]!r}: {exc}") from None
+            raise BadValue(f"invalid variable-scale decimal {str(value)[:60]!r}: {exc}") from None
     return str(value)
 
 
@@ -159,11 +159,11 @@ def _bytes_from_base64(value: Any) -> bytes:
     if isinstance(value, (bytes, bytearray)):
         return bytes(value)
     if not isinstance(value, str):
-        raise DecodeError(f"expected base64 bytes, got {type(value).__name__}")
+        raise BadValue(f"expected base64 bytes, got {type(value).__name__}")
     try:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise DecodeError(f"invalid base64 bytes {value[:40]!r}: {exc}") from None
+        raise BadValue(f"invalid base64 bytes {value[:40]!r}: {exc}") from None
 
 
 def _json_text(value: Any) -> str:
@@ -250,7 +250,7 @@ def field_type(schema: dict[str, Any]) -> FieldType:
 
         def convert_array(value: Any) -> list[Any]:
             if not isinstance(value, list):  # a string or object would otherwise iterate into elements
-                raise DecodeError(f"expected an array, got {type(value).__name__} {str(value)[:40]!r}")
+                raise BadValue(f"expected an array, got {type(value).__name__} {str(value)[:40]!r}")
             return [None if x is None else convert(x) for x in value]
 
         return FieldType(f"array<{element.ddl}>", convert_array)
@@ -312,9 +312,9 @@ def merge_types(a: str | None, b: str | None) -> str | None:
 def event_time(value: Any) -> int:
     """An event-time value (ISO string, or epoch seconds/ms/µs as a number) as UTC microseconds."""
     if isinstance(value, bool):
-        raise DecodeError(f"event time {value!r} is not a timestamp")
+        raise BadValue(f"event time {value!r} is not a timestamp")
     if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
-        raise DecodeError(f"event time {value!r} is not a timestamp")
+        raise BadValue(f"event time {value!r} is not a timestamp")
     if isinstance(value, (int, float)):
         magnitude = abs(value)
         # Epoch seconds, milliseconds or microseconds, told apart by magnitude (valid for 1973..5138).
@@ -322,4 +322,4 @@ def event_time(value: Any) -> int:
         return _micros_in_range(round(micros))  # round, not truncate: 1095846138.37 * 1e6 is 1095846138369999.9
     if isinstance(value, str):
         return _zoned_timestamp(value)  # a string without an offset is taken as UTC
-    raise DecodeError(f"event time {str(value)[:40]!r} is neither an ISO-8601 string nor an epoch number")
+    raise BadValue(f"event time {str(value)[:40]!r} is neither an ISO-8601 string nor an epoch number")

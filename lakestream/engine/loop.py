@@ -40,6 +40,12 @@ def run_pipeline(
     results: list[BatchResult] = []
     metrics = metrics_path(config)
     metrics.parent.mkdir(parents=True, exist_ok=True)
+    engine_metrics = None
+    if config.engine.metrics_port is not None:
+        from lakestream.engine.metrics import EngineMetrics
+
+        engine_metrics = EngineMetrics(config.name)
+        engine_metrics.serve(config.engine.metrics_port, config.engine.metrics_host)
     maintain = None
     if config.maintenance.mode == "inline":
         try:
@@ -55,6 +61,8 @@ def run_pipeline(
                 failures = 0
             except Exception as exc:  # noqa: BLE001 — recovered below, or re-raised after too many
                 failures += 1
+                if engine_metrics is not None:
+                    engine_metrics.batch_failed()
                 if failures >= config.engine.max_consecutive_failures:
                     raise
                 backoff = min(2.0 ** failures, 60.0)
@@ -75,6 +83,8 @@ def run_pipeline(
                 log.info(result.progress_line())
                 with metrics.open("ab") as fh:
                     fh.write(orjson.dumps(describe_batch(result)) + b"\n")
+                if engine_metrics is not None:
+                    engine_metrics.observe(result)
                 if on_batch:
                     on_batch(result)
                 if max_batches is not None and len(results) >= max_batches:
@@ -87,4 +97,6 @@ def run_pipeline(
                     log.info("maintenance: %s", action)
     finally:
         pipeline.close()
+        if engine_metrics is not None:
+            engine_metrics.close()
     return results

@@ -13,7 +13,7 @@ import logging
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from lakestream.errors import DecodeError, LakestreamError, is_infrastructure_fa
 from lakestream.sink.offsets import (
     BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, SOURCE_TS_PROPERTY, TableOffsets, encode_offsets,
 )
-from lakestream.sink.committer import StaleIndex, TableWrite, write_table
+from lakestream.sink.committer import StaleIndex, TableCommit, TableWrite, write_table
 from lakestream.sink.deadletter import dead_letter_table, ensure_dead_letter_table
 from lakestream.sink.index import KeyIndex, is_integer_key
 from lakestream.sink.report import BatchReport, DeadLetter, NewShape, RangeEnd, TableReport
@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 # write is re-planned against the table's new state.
 _RETRYABLE = ("CommitFailedException", "ValidationException", "CommitStateUnknownException", "NotFoundException",
               "FileNotFoundException")
+# The cause of a commit conflict as a bounded metrics label: "stale_index" or one of these.
+_CONFLICT_CAUSES = {"CommitFailedException": "commit_failed", "ValidationException": "validation",
+                    "CommitStateUnknownException": "state_unknown", "NotFoundException": "not_found",
+                    "FileNotFoundException": "not_found"}
 
 
 @dataclass
@@ -62,6 +66,13 @@ class BatchResult:
     advanced: int = 0  # Kafka messages consumed, tombstones and skipped records included
     jobs: int = 1
     isolated: int = 0  # records dead-lettered because a write job failed with them alone
+    table_records: dict[str, int] = field(default_factory=dict)  # Kafka records routed to each table
+    table_changes: dict[str, int] = field(default_factory=dict)  # row changes each table's commit applied
+    table_source_ts_ms: dict[str, int] = field(default_factory=dict)  # newest source change committed per table
+    table_lag: dict[str, int] = field(default_factory=dict)  # records in Kafka beyond each table's offsets
+    dead_letter_kinds: dict[str, int] = field(default_factory=dict)  # DEAD_LETTER_KINDS → dead letters written
+    commit_conflicts: list[tuple[str, str]] = field(default_factory=list)  # (table, cause) per conflict met
+    commit_retries: dict[str, int] = field(default_factory=dict)  # table → commit attempts repeated
 
     def progress_line(self) -> str:
         rate = self.records / self.seconds if self.seconds > 0 else 0.0
@@ -101,6 +112,10 @@ class Pipeline:
         self.record_hook: Any = None  # passed to the write tasks (WriteContext.record_hook)
         self.isolations = 0  # records isolated since this Pipeline started
         self._culprits: set[tuple[TP, int]] = set()  # isolated in the batch in flight
+        # Commit conflicts of the batch in flight, (table, cause), and the tables of the attempts they
+        # made repeat; appended from the commit threads (list.append is atomic).
+        self._conflicts: list[tuple[str, str]] = []
+        self._retries: list[str] = []
 
     def close(self) -> None:
         self.kafka.close()
@@ -316,7 +331,7 @@ class Pipeline:
         reason = f"the write failed with this record alone (isolated): {_first_line(error)}"
         log.warning("isolated %s offset %d: %s", tp, offset, reason)
         report.dead_letters.append(DeadLetter(tp, offset, record.timestamp_ms, reason[:2000], record.key, record.value,
-                                              _topic_table(self.router, tp.topic)))
+                                              _topic_table(self.router, tp.topic), "write_failed"))
 
     # -- tables -----------------------------------------------------------------------------
     def _stream_for_table(self, shapes: list[NewShape]) -> StreamSettings:
@@ -431,7 +446,7 @@ class Pipeline:
         index.rebuild(self.spark, ident, self.specs[name].key_columns, current)
         return index
 
-    def commit_table(self, name: str, changes: TableReport, ends: dict[TP, int]) -> str | None:
+    def commit_table(self, name: str, changes: TableReport, ends: dict[TP, int]) -> TableCommit | None:
         spec = self.specs[name]
         table = TableName.parse(name)
         ident = self.tables.ident(table.namespace, table.table)
@@ -447,33 +462,40 @@ class Pipeline:
         for attempt in range(1, attempts + 1):
             write = TableWrite(ident, self.config.catalog.name, table, spec, self._fresh_index(name, ident))
             try:
-                kind = write_table(self.spark, write, changes, props)
+                done = write_table(self.spark, write, changes, props)
                 break
             except StaleIndex as exc:
+                self._conflicts.append((name, "stale_index"))
                 if attempt == attempts:
                     raise
                 log.info("table %s: %s; refreshing the key index", name, exc)
+                self._retries.append(name)
                 continue
             except Exception as exc:  # noqa: BLE001 — classified by Java class below
                 text = str(getattr(exc, "java_exception", "")) + str(exc)
-                if not any(marker in text for marker in _RETRYABLE) or attempt == attempts:
+                cause = next((_CONFLICT_CAUSES[m] for m in _RETRYABLE if m in text), None)
+                if cause is None:
+                    raise
+                self._conflicts.append((name, cause))
+                if attempt == attempts:
                     raise
                 if self.offsets.load(ident, refresh=True) == merged:
                     log.info("table %s: commit had landed despite %s", name, text[:120])
                     if write.index is not None:
                         write.index.valid = False
-                    kind = "upsert" if spec.mode == "upsert" else "append"
+                    done = TableCommit("upsert" if spec.mode == "upsert" else "append", changes.count)
                     break
                 log.warning("table %s: commit conflict (attempt %d/%d), re-planning deletes: %s", name, attempt,
                             attempts, text[:200])
                 if write.index is not None:
                     write.index.valid = False
+                self._retries.append(name)
                 time.sleep(0.2 * attempt)
         self.offsets.record(ident, merged)
         spec.committed = dict(merged)
-        return kind
+        return done
 
-    def commit_tables(self, report: BatchReport, ranges: list[OffsetRange] | None = None) -> dict[str, str]:
+    def commit_tables(self, report: BatchReport, ranges: list[OffsetRange] | None = None) -> dict[str, TableCommit]:
         """Commit every table of the batch; tables are independent, so several commit at once. With
         the batch's ``ranges``, a table whose commit fails for a reason other than infrastructure is
         written and committed again in halves of the ranges until the record that fails it is alone."""
@@ -500,10 +522,10 @@ class Pipeline:
         else:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-commit") as pool:
                 kinds = list(pool.map(lambda item: commit(*item), todo))
-        return {name: kind for (name, _), kind in zip(todo, kinds) if kind is not None}
+        return {name: done for (name, _), done in zip(todo, kinds) if done is not None}
 
     def _bisect_commit(self, name: str, ranges: list[OffsetRange], report: BatchReport,
-                       error: BaseException) -> str | None:
+                       error: BaseException) -> TableCommit | None:
         """Write and commit table ``name`` over ``ranges`` in halves (each half its own snapshot, in
         Kafka order, so the table's offsets only move forward); a lone failing record is a dead letter."""
         ranges = [r for r in _without(ranges, self._culprits) if r.end > r.start]
@@ -512,7 +534,7 @@ class Pipeline:
         if sum(r.end - r.start for r in ranges) == 1:
             self._isolate(ranges[0], report, error)
             return None
-        kind = None
+        done: TableCommit | None = None
         for half in _halves(ranges):
             try:
                 sub = self._write_part(half, frozenset({name}), BatchReport())
@@ -520,18 +542,20 @@ class Pipeline:
                 if tr is not None and tr.shapes:
                     raise LakestreamError(f"table {name}: unprepared shapes while isolating: {sorted(tr.shapes)}")
                 if tr is not None and tr.count > 0:
-                    kind = self.commit_table(name, tr, {tp: e.next_offset for tp, e in sub.ends.items()}) or kind
+                    part = self.commit_table(name, tr, {tp: e.next_offset for tp, e in sub.ends.items()})
+                    done = _sum_commits(done, part)
             except Exception as exc:  # noqa: BLE001 — classified just below
                 if is_infrastructure_failure(exc) or isinstance(exc, LakestreamError):
                     raise
-                kind = self._bisect_commit(name, half, report, exc) or kind
-        return kind
+                done = _sum_commits(done, self._bisect_commit(name, half, report, exc))
+        return done
 
-    def write_dead_letters(self, report: BatchReport) -> int:
+    def write_dead_letters(self, report: BatchReport) -> dict[str, int]:
+        """Commit the batch's dead letters not already in the dead-letter table; their count per kind."""
         from lakestream.sink.files import commit_files, table_info, write_data_file
 
         if not report.dead_letters:
-            return 0
+            return {}
         catalog = self.config.catalog.name
         ns, tbl = self.config.engine.dead_letter_table.split(".", 1)
         ident = self.tables.ident(ns, tbl)
@@ -543,7 +567,7 @@ class Pipeline:
         committed = self.offsets.load(ident)
         letters = [d for d in report.dead_letters if d.offset >= committed.get(d.tp, -1)]
         if not letters:
-            return 0
+            return {}
         spec = self._dead_letter
         table = dead_letter_table(letters, self.config.name, spec.arrow_schema())
         from lakestream.sink.files import partition_values
@@ -566,7 +590,10 @@ class Pipeline:
                                                     "deletes": [], "properties": props})
         self.offsets.record(ident, merged)
         log.warning("%d record(s) sent to the dead-letter table %s", len(letters), self.config.engine.dead_letter_table)
-        return len(letters)
+        kinds: dict[str, int] = {}
+        for letter in letters:
+            kinds[letter.reason_kind] = kinds.get(letter.reason_kind, 0) + 1
+        return kinds
 
     # -- the batch --------------------------------------------------------------------------
     def run_batch(self) -> BatchResult | None:
@@ -581,6 +608,7 @@ class Pipeline:
         self.batch_id += 1
         self._culprits = set()
         isolations_before = self.isolations
+        self._conflicts, self._retries = [], []
         report = self.write_isolating(ranges)
         jobs = 1
         new_shapes = {name: list(tr.shapes.values()) for name, tr in report.tables.items() if tr.shapes}
@@ -606,7 +634,7 @@ class Pipeline:
                 report.tables[name] = tr
             report.dead_letters.extend(second.dead_letters)
         read_seconds = time.monotonic() - started
-        written = self.commit_tables(report, ranges)
+        committed = self.commit_tables(report, ranges)
         dead = self.write_dead_letters(report)
         commit_ts_ms = int(time.time() * 1000)
         advanced = sum(max(end.next_offset - self.positions.get(tp, 0), 0) for tp, end in report.ends.items())
@@ -621,9 +649,28 @@ class Pipeline:
         changes = sum(tr.count for tr in report.tables.values())
         groups = [(s.count, s.source_ts_q, s.source_ts_min, s.source_ts_max)
                   for tr in report.tables.values() for s in tr.stats if s.source_ts_q]
-        return BatchResult(self.batch_id, changes + len(report.dead_letters), changes, written, dead,
-                           time.monotonic() - started, read_seconds, lag, commit_ts_ms, _combine_quantiles(groups),
-                           advanced, jobs, self.isolations - isolations_before)
+        retries: dict[str, int] = {}
+        for name in self._retries:
+            retries[name] = retries.get(name, 0) + 1
+        return BatchResult(
+            self.batch_id, changes + len(report.dead_letters), changes, {n: c.kind for n, c in committed.items()},
+            sum(dead.values()), time.monotonic() - started, read_seconds, lag, commit_ts_ms,
+            _combine_quantiles(groups), advanced, jobs,
+            table_records={name: tr.count for name, tr in report.tables.items() if tr.count},
+            table_changes={n: c.changes for n, c in committed.items()},
+            table_source_ts_ms={n: ts for n in committed if (ts := report.tables[n].max_source_ts) is not None},
+            table_lag=self.table_lag(), dead_letter_kinds=dead, commit_conflicts=list(self._conflicts),
+            commit_retries=retries, isolated=self.isolations - isolations_before)
+
+    def table_lag(self) -> dict[str, int]:
+        """Per table read in this batch: records in Kafka beyond the offsets the table stored."""
+        highs = {tp: high for tp, (_, high) in self.watermarks.items()}
+        out: dict[str, int] = {}
+        for name, spec in self.specs.items():
+            mine = {tp: high for tp, high in highs.items() if tp in spec.committed}
+            if mine:
+                out[name] = consumer_lag(mine, spec.committed)
+        return out
 
 
 # Parts of a batch up to this many offsets are written in the driver while isolating a record.
@@ -678,6 +725,13 @@ def _halves(ranges: list[OffsetRange]) -> list[list[OffsetRange]]:
     return [h for h in (left, right) if h]
 
 
+def _sum_commits(a: TableCommit | None, b: TableCommit | None) -> TableCommit | None:
+    """One table's commits in parts, as one."""
+    if a is None or b is None:
+        return a or b
+    return TableCommit(b.kind, a.changes + b.changes)
+
+
 def _delete_quietly(paths: list[str]) -> None:
     """Remove data files no snapshot references (written by a job whose output was discarded)."""
     from lakestream.sink.storage import filesystem_path
@@ -701,4 +755,7 @@ def describe_batch(result: BatchResult) -> dict[str, Any]:
     return {"batch": result.batch_id, "records": result.records, "changes": result.changes, "tables": result.tables,
             "dead_letters": result.dead_letters, "seconds": round(result.seconds, 3),
             "read_seconds": round(result.read_seconds, 3), "lag": result.lag, "commit_ts_ms": result.commit_ts_ms,
-            "source_ts_quantiles": result.source_ts_quantiles, "jobs": result.jobs, "isolated": result.isolated}
+            "source_ts_quantiles": result.source_ts_quantiles, "jobs": result.jobs, "isolated": result.isolated,
+            "table_records": result.table_records, "table_changes": result.table_changes,
+            "table_lag": result.table_lag, "dead_letter_kinds": result.dead_letter_kinds,
+            "commit_conflicts": [list(c) for c in result.commit_conflicts], "commit_retries": result.commit_retries}

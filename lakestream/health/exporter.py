@@ -1,9 +1,18 @@
-"""A Prometheus text-format `/metrics` endpoint (stdlib HTTP server on a daemon thread)."""
+"""Health as Prometheus metrics: `/metrics` through prometheus-client, from the latest health round.
+
+A round's report is a set of values measured at one moment, so it is exposed by a custom collector
+that yields the report as it is (a table that disappeared disappears, an unknown value is omitted
+rather than shown as 0), registered in a dedicated `CollectorRegistry`.
+"""
 from __future__ import annotations
 
 import logging
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from lakestream.health.monitor import HealthReport
 
@@ -28,85 +37,82 @@ _TABLE_GAUGES = [
 ]
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+class HealthCollector(Collector):
+    """Yields the metric families of the latest report (nothing before the first round)."""
 
+    def __init__(self, report: HealthReport | None = None) -> None:
+        self._report = report
+        self._lock = threading.Lock()
 
-def _number(value: float) -> str:
-    return repr(float(value)) if isinstance(value, float) else str(value)
+    def update(self, report: HealthReport) -> None:
+        with self._lock:
+            self._report = report
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            report = self._report
+        if report is None:
+            return
+        for name, help_text, get in _TABLE_GAUGES:
+            family = GaugeMetricFamily(name, help_text, labels=["table"])
+            for m in report.tables:
+                value = None if m.error else get(m)
+                if value is not None:
+                    family.add_metric([m.table], value)
+            yield family
+        partitions = GaugeMetricFamily("lakestream_partition_data_files", "Data files per partition",
+                                       labels=["table", "partition"])
+        for m in report.tables:
+            for p in m.partitions:
+                partitions.add_metric([m.table, p.label()], p.data_files)
+        yield partitions
+        lag = GaugeMetricFamily("lakestream_table_compaction_lag_seconds", "How long compaction has been due",
+                                labels=["table"])
+        for table, seconds in report.compaction_lag_s.items():
+            lag.add_metric([table], seconds)
+        yield lag
+        alerts = GaugeMetricFamily("lakestream_alert", "1 while a health threshold is crossed", labels=["table", "metric"])
+        for alert in report.alerts:
+            alerts.add_metric([alert.table, alert.metric], 1)
+        yield alerts
+        yield GaugeMetricFamily("lakestream_health_collected_timestamp_seconds", "When the metrics were measured",
+                                value=report.collected_ms / 1000)
 
 
 def render_prometheus(report: HealthReport) -> str:
-    """The report in Prometheus exposition format 0.0.4; unknown values are omitted."""
-    lines: list[str] = []
-    for name, help_text, get in _TABLE_GAUGES:
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-        for m in report.tables:
-            value = None if m.error else get(m)
-            if value is not None:
-                lines.append(f'{name}{{table="{_label(m.table)}"}} {_number(value)}')
-    lines += ["# HELP lakestream_partition_data_files Data files per partition", "# TYPE lakestream_partition_data_files gauge"]
-    for m in report.tables:
-        for p in m.partitions:
-            lines.append(f'lakestream_partition_data_files{{table="{_label(m.table)}",partition="{_label(p.label())}"}} {p.data_files}')
-    lines += ["# HELP lakestream_table_compaction_lag_seconds How long compaction has been due",
-              "# TYPE lakestream_table_compaction_lag_seconds gauge"]
-    for table, lag in report.compaction_lag_s.items():
-        lines.append(f'lakestream_table_compaction_lag_seconds{{table="{_label(table)}"}} {_number(lag)}')
-    lines += ["# HELP lakestream_alert 1 while a health threshold is crossed", "# TYPE lakestream_alert gauge"]
-    for alert in report.alerts:
-        lines.append(f'lakestream_alert{{table="{_label(alert.table)}",metric="{_label(alert.metric)}"}} 1')
-    lines += ["# HELP lakestream_health_collected_timestamp_seconds When the metrics were measured",
-              "# TYPE lakestream_health_collected_timestamp_seconds gauge",
-              f"lakestream_health_collected_timestamp_seconds {report.collected_ms / 1000}"]
-    return "\n".join(lines) + "\n"
+    """The report in Prometheus text exposition format; unknown values are omitted."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(HealthCollector(report))
+    return generate_latest(registry).decode()
 
 
 class MetricsExporter:
     """Serves the latest report on ``http://host:port/metrics``; `update` swaps the report atomically."""
 
     def __init__(self, port: int, host: str = "127.0.0.1"):
-        self._text = "# no health round has completed yet\n"
-        self._lock = threading.Lock()
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server naming)
-                if self.path.split("?")[0] not in ("/metrics", "/"):
-                    self.send_error(404)
-                    return
-                body = exporter.text().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, fmt: str, *args) -> None:
-                log.debug("metrics: " + fmt, *args)
-
-        self._server = ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="lakestream-metrics", daemon=True)
+        self._port, self._host = port, host
+        self._collector = HealthCollector()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self._collector)
+        self._server = None
 
     @property
     def port(self) -> int:
-        return self._server.server_address[1]
+        return self._server.server_address[1] if self._server is not None else self._port
 
     def start(self) -> MetricsExporter:
-        self._thread.start()
-        log.info("serving Prometheus metrics on http://%s:%d/metrics", *self._server.server_address[:2])
+        self._server, _ = start_http_server(self._port, addr=self._host, registry=self.registry)
+        log.info("serving Prometheus metrics on http://%s:%d/metrics", self._host, self.port)
         return self
 
     def update(self, report: HealthReport) -> None:
-        text = render_prometheus(report)
-        with self._lock:
-            self._text = text
+        self._collector.update(report)
 
     def text(self) -> str:
-        with self._lock:
-            return self._text
+        return generate_latest(self.registry).decode()
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

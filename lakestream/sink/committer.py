@@ -30,6 +30,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class TableCommit:
+    """What one table's commit did: the kind of write and the row changes it applied (keys upserted
+    or deleted after the latest change per key won; rows appended)."""
+
+    kind: str  # append | upsert | dedupe-append
+    changes: int
+
+
 class StaleIndex(Exception):
     """The table moved on since its key index was valid: nothing was committed; refresh and retry."""
 
@@ -237,10 +246,11 @@ def _apply_patches(write: TableWrite, changes: TableReport, resolved: _Resolved,
             resolved.locations[g] = (written["path"], pos)
 
 
-def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, properties: dict[str, str]) -> str:
+def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, properties: dict[str, str]
+                ) -> TableCommit:
     """Commit one table's files, deletion vectors and ``properties`` in one snapshot.
 
-    Returns the kind of write (append | upsert | dedupe-append). The index (if any) must describe
+    Returns the kind of write and the changes applied. The index (if any) must describe
     the table's current snapshot; it is moved to the new snapshot.
     """
     from lakestream.sink.files import commit_files
@@ -272,6 +282,9 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
             live = ~resolved.unchanged
             index.update(resolved.keys[live], resolved.locations.packed(index)[live])
         index.snapshot_id = result["snapshot_id"]
+    appended = sum(f.record_count for f in changes.files)
     if write.mode == "upsert":
-        return "upsert"
-    return "dedupe-append" if index is not None else "append"
+        return TableCommit("upsert", len(resolved.keys) if resolved is not None else appended)
+    if index is not None and resolved is not None:
+        return TableCommit("dedupe-append", int((~resolved.unchanged & (resolved.locations.file >= 0)).sum()))
+    return TableCommit("append", appended)

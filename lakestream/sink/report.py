@@ -56,12 +56,13 @@ REPORT_SCHEMA = pa.schema([
     ("kafka_ts", pa.int64()),         # dead_letter
     ("raw_key", pa.binary()),         # dead_letter
     ("raw_value", pa.binary()),       # dead_letter
+    ("reason_kind", pa.string()),     # dead_letter: one of lakestream.errors.DEAD_LETTER_KINDS
 ])
 
 REPORT_DDL = ", ".join(f"`{f.name}` {_ddl}" for f, _ddl in zip(REPORT_SCHEMA, [
     "string", "string", "string", "int", "bigint", "boolean", "string", "bigint", "bigint", "string", "int",
     "string", "binary", "bigint", "bigint", "bigint", "bigint", "array<double>", "string", "string", "string",
-    "bigint", "binary", "binary"]))
+    "bigint", "binary", "binary", "string"]))
 
 OP_UPSERT, OP_DELETE = 0, 1
 
@@ -163,11 +164,12 @@ class DeadLetter:
     raw_key: bytes | None
     raw_value: bytes | None
     table: str | None = None
+    reason_kind: str = "malformed"  # a bounded label (lakestream.errors.DEAD_LETTER_KINDS), for metrics
 
     def to_row(self) -> dict[str, Any]:
         return {"kind": DEAD_LETTER, "topic": self.tp.topic, "partition": self.tp.partition, "offset": self.offset,
                 "kafka_ts": self.kafka_ts, "error": self.error, "raw_key": self.raw_key,
-                "raw_value": self.raw_value, "table": self.table}
+                "raw_value": self.raw_value, "table": self.table, "reason_kind": self.reason_kind}
 
 
 Fact = RangeEnd | DataFileWritten | RowLocations | TableStats | NewShape | DeadLetter
@@ -249,6 +251,7 @@ class BatchReport:
                     shape["inferred"]))
             elif kind == DEAD_LETTER:
                 self.dead_letters.append(DeadLetter(TP(r["topic"], r["partition"]), r["offset"], r["kafka_ts"],
-                                                    r["error"], r["raw_key"], r["raw_value"], r["table"]))
+                                                    r["error"], r["raw_key"], r["raw_value"], r["table"],
+                                                    r["reason_kind"] or "malformed"))
             else:
                 raise ValueError(f"unknown report kind {kind!r}")

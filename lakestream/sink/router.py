@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakestream.config import PipelineConfig, StreamSettings
-from lakestream.errors import DecodeError, InvalidIdentifierError
+from lakestream.errors import InvalidIdentifierError, UnroutableRecord
 from lakestream.identifiers import sanitize_identifier, validate_identifier
 
 
@@ -73,7 +73,7 @@ class Router:
         try:
             validate_identifier(name, what="table name")
         except InvalidIdentifierError as exc:
-            raise DecodeError(f"cannot route to a table: {exc}") from None
+            raise UnroutableRecord(f"cannot route to a table: {exc}") from None
         return TableName(stream.namespace, name)
 
     def route(self, topic: str, payload: dict[str, Any] | None = None,
@@ -83,7 +83,7 @@ class Router:
         if cached is None:
             index = self.stream_index(topic)
             if index is None:
-                raise DecodeError(f"no stream in the config matches topic {topic!r}")
+                raise UnroutableRecord(f"no stream in the config matches topic {topic!r}")
             stream = self.streams[index]
             dynamic = stream.route_field or stream.route_header
             cached = (index, None if dynamic else self._template_name(stream, topic, None))
@@ -99,9 +99,9 @@ class Router:
             what = f"route field {stream.route_field!r}"
             value = _field_value(payload, stream.route_field)
         if value is None or value == "":
-            raise DecodeError(f"{what} is missing or null")
+            raise UnroutableRecord(f"{what} is missing or null")
         if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", value):
-            raise DecodeError(f"{what} value {str(value)[:60]!r} is not a valid table name")
+            raise UnroutableRecord(f"{what} value {str(value)[:60]!r} is not a valid table name")
         return stream, self._template_name(stream, topic, value)
 
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from lakestream.decode.records import DecodedRecord, RecordDecoder
 from lakestream.decode.vectorized import DecodedRun, RunDecoder
-from lakestream.errors import DecodeError
+from lakestream.errors import BadValue, DecodeError
 from lakestream.sink import report as rp
 from lakestream.sink.convert import convert_rows
 from lakestream.sink.index import index_keys, is_integer_key, keys_to_arrow
@@ -297,7 +297,7 @@ class TableWriter:
         for i, reason in sorted(bad.items()):
             facts.append(rp.DeadLetter(TP(pending.topics[i], pending.partitions[i]), pending.offsets[i],
                                        pending.kafka_ts[i], reason, pending.raw_keys[i], pending.raw_values[i],
-                                       spec.name))
+                                       spec.name, BadValue.kind))
         good = [i for i in range(len(pending.rows)) if i not in bad]
         if bad:
             keep = np.array(good + list(range(len(pending.rows), len(all_topics))), dtype=np.int64)
@@ -399,8 +399,10 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
             # Anything a record's content can make the decoder raise is that record's fault.
             if ctx.only_tables is None:
                 reason = str(exc) if isinstance(exc, DecodeError) else f"cannot decode: {type(exc).__name__}: {exc}"
+                kind = exc.kind if isinstance(exc, DecodeError) else DecodeError.kind
                 facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                           reason[:2000], rec.key, rec.value, _topic_table(ctx.router, rec.topic)))
+                                           reason[:2000], rec.key, rec.value, _topic_table(ctx.router, rec.topic),
+                                           kind))
             return None
         if change is None:
             return None
@@ -411,7 +413,8 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
         shape_id = change.columns.schema_id
         if spec is not None and shape_id in spec.rejected_shapes:
             facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                       spec.rejected_shapes[shape_id], rec.key, rec.value, table))
+                                       spec.rejected_shapes[shape_id], rec.key, rec.value, table,
+                                       "incompatible_schema"))
             return None
         if (spec is not None and shape_id not in spec.accepted_shapes and table not in deferred
                 and (change.op == "d" and _keys_in_table(spec, change)

@@ -8,6 +8,8 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from conftest import produce_records, write_pipeline_yaml
 from lakestream.cli import main
 from lakestream.config import KafkaSettings
@@ -105,9 +107,11 @@ def test_freshness_lag_alerts_webhook_and_prometheus(spark, stack, pipeline_conf
 
         exporter.update(report)
         text = urllib.request.urlopen(f"http://127.0.0.1:{exporter.port}/metrics", timeout=5).read().decode()
-        assert f'lakestream_table_kafka_lag{{table="{table}"}} 6' in text
-        assert f'lakestream_alert{{table="{table}",metric="kafka_lag"}} 1' in text
-        assert f'lakestream_table_snapshots{{table="{table}"}} 2' in text
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for family in text_string_to_metric_families(text) for s in family.samples}
+        assert samples[("lakestream_table_kafka_lag", (("table", table),))] == 6
+        assert samples[("lakestream_alert", (("metric", "kafka_lag"), ("table", table)))] == 1
+        assert samples[("lakestream_table_snapshots", (("table", table),))] == 2
     finally:
         exporter.stop()
         server.shutdown()

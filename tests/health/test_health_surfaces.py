@@ -1,6 +1,8 @@
 """Checks, Prometheus text and webhook state without Spark: fast, pure."""
 from __future__ import annotations
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from lakestream.config import CompactionPolicy, HealthThresholds
 from lakestream.health.checks import compaction_lag_s, evaluate
 from lakestream.health.exporter import render_prometheus
@@ -32,10 +34,14 @@ def test_prometheus_text_escapes_labels():
     metrics = crowded_table()
     report = HealthReport(NOW, [metrics], evaluate(metrics, HealthThresholds()), {"ns.t": 5.0})
     text = render_prometheus(report)
-    assert 'lakestream_partition_data_files{table="ns.t",partition="region=e\\"u"} 600' in text
-    assert 'lakestream_table_kafka_lag{' not in text  # unknown lag is omitted, not reported as 0
-    assert 'lakestream_alert{table="ns.t",metric="snapshots"} 1' in text
-    assert 'lakestream_table_metadata_files{table="ns.t"} 0' in text
+    assert 'partition="region=e\\"u"' in text  # the quote in a label value is escaped
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("lakestream_partition_data_files", (("partition", 'region=e"u'), ("table", "ns.t")))] == 600
+    assert not [k for k in samples if k[0] == "lakestream_table_kafka_lag"]  # unknown lag is omitted, not 0
+    assert samples[("lakestream_alert", (("metric", "snapshots"), ("table", "ns.t")))] == 1
+    assert samples[("lakestream_table_metadata_files", (("table", "ns.t"),))] == 0
+    assert samples[("lakestream_table_compaction_lag_seconds", (("table", "ns.t"),))] == 5.0
 
 
 def test_webhook_state_survives_restarts(tmp_path):

@@ -88,6 +88,7 @@ def test_incompatible_change_dead_letters_and_pipeline_keeps_going(src, spark):
     # the same run wrote the other table and the dead letter: nothing crashed, nothing waited
     assert any(f"{src.namespace}.evo_other" in r.tables for r in results), [r.tables for r in results]
     assert sum(r.dead_letters for r in results) == 1, [(r.tables, r.dead_letters) for r in results]
+    assert [r.dead_letter_kinds for r in results if r.dead_letters] == [{"incompatible_schema": 1}]
     dead = dead_letters(spark, src.topic("evo_orders"))
     assert [d["offset"] for d in dead] == [before], dead
     error = dead[0]["error"]

@@ -53,7 +53,13 @@ def test_values_that_do_not_fit_become_dead_letters(stack, spark, pipeline_confi
     produce_records(stack.bootstrap_servers, topic, records)
     config = pipeline_config_factory([{"topics": [topic], "namespace": "strict", "table": "items_" + topic[6:12]}],
                                      name=f"strict{topic[6:12]}")
-    run_pipeline(config, spark=spark, stop_when_idle=True)
+    results = run_pipeline(config, spark=spark, stop_when_idle=True)
+    kinds: dict[str, int] = {}
+    for result in results:
+        for kind, n in result.dead_letter_kinds.items():
+            kinds[kind] = kinds.get(kind, 0) + n
+    # A null key is a missing key; every other record carries a value that does not fit its column.
+    assert kinds == {"bad_value": 9, "missing_key": 1}, kinds
 
     rows = {r["id"]: r.asDict() for r in spark.sql(f"SELECT * FROM lake.strict.items_{topic[6:12]}").collect()}
     assert sorted(rows) == [1, 2, 3, 4, 5]  # every good row, no row of a bad record

@@ -1,0 +1,256 @@
+"""Fresh reads: a table's committed snapshot plus the uncommitted tail of its Kafka partitions.
+
+The snapshot stores the Kafka offsets its data came from (`lakestream.sink.offsets`). Everything in
+those partitions at or beyond them is the tail: read straight from Kafka, decoded by the pipeline's
+own decoder (`RecordDecoder`, routing included, so a record routed elsewhere is left out) and
+converted strictly into the table's Arrow schema (`convert_rows`; a record that would be a dead
+letter is left out). The tail is then applied as the pipeline would apply it: for an upsert table
+the latest change of each key wins and a delete removes the row; an append table gains the rows
+(with a de-duplication field, an id already present is not added again).
+
+The answer is as fresh as Kafka, whatever the commit interval, and exact once the pipeline commits
+the same records (both paths decode and resolve them the same way).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from lakestream.config import PipelineConfig, StreamSettings
+from lakestream.errors import DecodeError, QueryError
+from lakestream.sink.offsets import OFFSETS_PROPERTY, decode_offsets
+from lakestream.source.kafka import TP
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.table import Table as IcebergTable
+    from pyspark.sql import SparkSession
+
+    from lakestream.query import TableRef
+
+log = logging.getLogger(__name__)
+
+# A fresh read holds the tail in memory: past this many records per partition it stops reading
+# (and says so), since a pipeline that far behind is better waited for than read around.
+MAX_TAIL_RECORDS = 1_000_000
+
+
+@dataclass
+class Tail:
+    """The decoded, converted tail of one table (Kafka order), as rows in the table's Arrow schema."""
+
+    table: pa.Table  # every change that fits the table, in Kafka order
+    ops: list[str]  # c u d r per row
+    keys: list[tuple]  # the key (upsert) or de-duplication id (append) per row; () without one
+    withheld: list[list[str]]  # per row: columns Debezium withheld (unchanged TOAST values)
+    records: int = 0  # Kafka records read (tombstones, other tables' and undecodable records included)
+    offsets: dict[TP, tuple[int, int]] = field(default_factory=dict)  # partition → (from, to) read
+
+
+def stored_offsets(table: IcebergTable, snapshot_id: int) -> dict[TP, int]:
+    """The Kafka offsets stored with ``snapshot_id``: its own, or its newest ancestor's that has them
+    (maintenance snapshots carry none)."""
+    snapshot = table.snapshot_by_id(snapshot_id)
+    while snapshot is not None:
+        summary = snapshot.summary
+        text = summary.additional_properties.get(OFFSETS_PROPERTY) if summary is not None else None
+        if text:
+            return decode_offsets(text)
+        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
+    return {}
+
+
+def read_tail(config: PipelineConfig, table_name: str, offsets: dict[TP, int], schema: pa.Schema,
+              key_columns: list[str]) -> Tail:
+    """The records of ``table_name`` in Kafka beyond ``offsets``, decoded and converted into ``schema``;
+    each change keyed by ``key_columns`` (the table's key, or its de-duplication field).
+
+    Partitions of the same topics that the snapshot has no offset for (added since) are read from
+    their start."""
+    from lakestream.decode.records import RecordDecoder
+    from lakestream.sink.convert import convert_rows
+    from lakestream.sink.router import Router
+    from lakestream.source.kafka import KafkaCluster
+    from lakestream.source.planner import OffsetRange
+    from lakestream.source.reader import read_runs
+
+    topics = {tp.topic for tp in offsets}
+    cluster = KafkaCluster(config.kafka)
+    try:
+        tps = sorted(set(offsets) | set(cluster.partitions_of(lambda t: t in topics)))
+        marks = cluster.watermarks(tps) if tps else {}
+    finally:
+        cluster.close()
+    ranges = []
+    for tp in tps:
+        low, high = marks.get(tp, (0, 0))
+        start = offsets.get(tp, low)
+        if start < low:
+            raise QueryError(f"{table_name}: Kafka no longer holds offsets {start}..{low - 1} of {tp} (retention): "
+                             "the tail cannot be read; read without --fresh")
+        # Open-ended: some brokers under-report the high watermark; read to end-of-partition.
+        ranges.append(OffsetRange(tp.topic, tp.partition, start, None, MAX_TAIL_RECORDS, high))
+    decoder = RecordDecoder(Router.from_config(config))
+    rows: list[dict[str, Any]] = []
+    ops: list[str] = []
+    keys: list[tuple] = []
+    withheld: list[list[str]] = []
+    read = 0
+    spans: dict[TP, tuple[int, int]] = {}
+    conf = config.kafka.consumer_config(**{"group.id": f"{config.kafka.group_id}-fresh-read"})
+    for item in read_runs(conf, ranges) if ranges else []:
+        if isinstance(item, tuple):
+            rng, end = item
+            spans[rng.tp] = (rng.start, end.next_offset)
+            if not end.at_end and end.next_offset - rng.start >= MAX_TAIL_RECORDS:
+                log.warning("%s: the tail of %s is longer than %d records; read up to offset %d", table_name,
+                            rng.tp, MAX_TAIL_RECORDS, end.next_offset)
+            continue
+        for rec in item.records():
+            read += 1
+            try:
+                change = decoder.decode(rec)
+            except (DecodeError, RecursionError, ValueError, TypeError, KeyError, AttributeError,
+                    UnicodeDecodeError, OverflowError):
+                continue  # the pipeline makes it a dead letter: never a row of the table
+            if change is None or change.table != table_name:
+                continue
+            rows.append(change.row)
+            ops.append(change.op)
+            keys.append(tuple(change.row.get(k) for k in key_columns))
+            withheld.append(list(change.unavailable))
+    typed, bad = convert_rows(rows, schema)
+    good = [i for i in range(len(rows)) if i not in bad]
+    return Tail(typed, [ops[i] for i in good], [keys[i] for i in good], [withheld[i] for i in good], read, spans)
+
+
+def apply_tail(snapshot_rows: pa.Table, tail: Tail, stream: StreamSettings, key_columns: list[str],
+               existing_ids: pa.Table | None = None) -> pa.Table:
+    """``snapshot_rows`` with ``tail`` applied (see the module doc); ``tail.table`` must have the same
+    schema. ``existing_ids``: the de-duplication ids already in the table (append with dedupe_field)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if tail.table.num_rows == 0:
+        return snapshot_rows
+    tail_rows = tail.table.cast(snapshot_rows.schema)
+    if stream.mode == "append":
+        if not stream.dedupe_field:
+            return pa.concat_tables([snapshot_rows, tail_rows])
+        seen: set = set()
+        if existing_ids is not None:
+            seen = {(v,) for v in existing_ids.column(0).to_pylist()}
+        first = []
+        for i, key in enumerate(tail.keys):
+            if key not in seen:
+                seen.add(key)
+                first.append(i)
+        return pa.concat_tables([snapshot_rows, tail_rows.take(pa.array(first, pa.int64()))])
+    # Upsert: the latest change per key; TOAST columns Debezium withheld come from the key's
+    # previous version (an earlier change in the tail, else the snapshot's row).
+    latest: dict[tuple, int] = {}
+    fills: dict[int, dict[str, tuple[str, int]]] = {}  # row → column → ("tail", row) | ("snapshot", key)
+    for i, key in enumerate(tail.keys):
+        prev = latest.get(key)
+        if tail.withheld[i] and tail.ops[i] != "d":
+            mine = {}
+            for column in tail.withheld[i]:
+                if prev is None:
+                    mine[column] = ("snapshot", -1)
+                elif tail.ops[prev] != "d":
+                    mine[column] = fills.get(prev, {}).get(column, ("tail", prev))
+            fills[i] = mine
+        latest[key] = i
+    order = sorted(latest.values())
+    touched = tail_rows.select(key_columns).take(pa.array(order, pa.int64()))
+    kept = snapshot_rows
+    if snapshot_rows.num_rows:
+        # Joined on the key columns and a row number only: Arrow's hash join takes no nested payload.
+        numbered = snapshot_rows.select(key_columns).append_column(
+            "__lakestream_row", pa.array(np.arange(snapshot_rows.num_rows, dtype=np.int64)))
+        remaining = numbered.join(touched, keys=key_columns, join_type="left anti").column("__lakestream_row")
+        kept = snapshot_rows.take(pa.array(np.sort(remaining.to_numpy())))
+    live = [i for i in order if tail.ops[i] != "d"]
+    new_rows = tail_rows.take(pa.array(live, pa.int64()))
+    if any(i in fills for i in live):
+        new_rows = _fill_withheld(new_rows, live, fills, tail_rows, snapshot_rows, key_columns)
+    return pa.concat_tables([kept, new_rows]) if new_rows.num_rows else kept
+
+
+def _fill_withheld(new_rows: pa.Table, live: list[int], fills: dict[int, dict[str, tuple[str, int]]],
+                   tail_rows: pa.Table, snapshot_rows: pa.Table, key_columns: list[str]) -> pa.Table:
+    import pyarrow as pa
+
+    rows = new_rows.to_pylist()
+    earlier: dict[int, dict[str, Any]] = {}
+    snapshot_keys = None
+    for slot, i in enumerate(live):
+        for column, (where, source) in fills.get(i, {}).items():
+            if where == "tail":
+                if source not in tail_rows:
+                    earlier[source] = tail_rows.slice(source, 1).to_pylist()[0]
+                rows[slot][column] = earlier[source].get(column)
+            else:
+                if snapshot_keys is None:
+                    snapshot_keys = {tuple(r[k] for k in key_columns): r for r in snapshot_rows.to_pylist()}
+                old = snapshot_keys.get(tuple(rows[slot][k] for k in key_columns))
+                rows[slot][column] = old.get(column) if old is not None else None
+    return pa.Table.from_pylist(rows, schema=new_rows.schema)
+
+
+def read_fresh(config: PipelineConfig, ref: TableRef, engine: str = "pyiceberg", columns: list[str] | None = None,
+               where: str | None = None, limit: int | None = None, spark: SparkSession | None = None) -> pa.Table:
+    """``ref``'s current snapshot, read by ``engine``, with the uncommitted Kafka tail applied.
+
+    The filter, columns and limit apply to the merged rows (the tail can move a row into or out of
+    the filter), so ``where`` is SQL as DuckDB evaluates it, whatever the engine.
+    """
+    import json
+    import time
+
+    from lakestream.query import _check_columns, duckdb_connection, load_iceberg_table, read_table
+    from lakestream.sink.files import arrow_schema
+
+    started = time.monotonic()
+    iceberg_table = load_iceberg_table(config.catalog, ref)
+    snapshot = iceberg_table.current_snapshot()
+    if snapshot is None:
+        raise QueryError(f"{ref} has no snapshot yet, so no stored Kafka offsets to read on from: run the pipeline")
+    offsets = stored_offsets(iceberg_table, snapshot.snapshot_id)
+    stream = next((s for s in map(config.stream_for, sorted({tp.topic for tp in offsets})) if s is not None), None)
+    if not offsets or stream is None:
+        raise QueryError(f"{ref}: its snapshots store no Kafka offsets of a stream in this pipeline config, so there "
+                         "is no tail to read: read without --fresh")
+    schema = iceberg_table.schemas().get(snapshot.schema_id, iceberg_table.schema())
+    _check_columns(ref, columns, schema.column_names)
+    if stream.mode == "upsert":
+        key_columns = stream.key_columns or list(schema.identifier_field_names())
+    else:
+        key_columns = [stream.dedupe_field] if stream.dedupe_field else []
+    if stream.mode == "upsert" and not key_columns:
+        raise QueryError(f"{ref}: an upsert table without identifier fields; fresh reads need its key")
+    tail = read_tail(config, str(ref), offsets, arrow_schema(json.loads(schema.model_dump_json(by_alias=True))),
+                     key_columns)
+    rows = read_table(config, str(ref), engine, snapshot_id=snapshot.snapshot_id, spark=spark)
+    ids = None
+    if stream.mode == "append" and stream.dedupe_field and tail.table.num_rows:
+        ids = rows.select([stream.dedupe_field])
+    merged = apply_tail(rows, tail, stream, key_columns, ids)
+    log.info("fresh read of %s: snapshot %d (%d rows) + %d Kafka record(s) beyond its offsets, %d change(s) for "
+             "the table, in %.2fs", ref, snapshot.snapshot_id, rows.num_rows, tail.records, tail.table.num_rows,
+             time.monotonic() - started)
+    if where:
+        from lakestream.identifiers import quote_ansi_column
+        from lakestream.query import _duckdb_result
+
+        select = ", ".join(quote_ansi_column(c) for c in columns) if columns else "*"
+        with duckdb_connection() as con:
+            con.register("fresh_rows", merged)
+            sql = f"SELECT {select} FROM fresh_rows WHERE {where}"
+            if limit is not None:
+                sql += f" LIMIT {int(limit)}"
+            return _duckdb_result(con, sql)
+    if columns:
+        merged = merged.select(columns)
+    return merged.slice(0, limit) if limit is not None else merged
