@@ -97,7 +97,7 @@ class _Locations:
     def packed(self, index: KeyIndex) -> np.ndarray:
         """The index's packed locations (file id << 32 | pos; MISSING where there is no row)."""
         used = np.unique(self.file[self.file >= 0])
-        ids = np.zeros(len(self.paths), np.int64)
+        ids = np.zeros(max(len(self.paths), 1), np.int64)  # a batch of deletes only writes no file
         for f in used.tolist():
             ids[f] = index.file_id(self.paths[f])
         return np.where(self.file < 0, MISSING, (ids[np.maximum(self.file, 0)] << 32) | self.pos)
