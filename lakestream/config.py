@@ -172,7 +172,7 @@ class EngineSettings(_Model):
 
     commit_interval_s: float = Field(default=2.0, ge=0)
     max_records_per_batch: int = Field(default=200_000, ge=1)
-    max_records_per_task: int = Field(default=25_000, ge=1)
+    max_records_per_task: int = Field(default=100_000, ge=1)
     idle_poll_s: float = Field(default=0.5, gt=0)
     dead_letter_table: str = "lakestream.dead_letter"
     topic_refresh_s: float = Field(default=0.0, ge=0)
