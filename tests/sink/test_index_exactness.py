@@ -39,6 +39,18 @@ def mirror(stack, spark, pipeline_config_factory):
     pipeline.close()
 
 
+def _sender(stack, topic: str, expected: dict[int, tuple]):
+    """A function producing changes (id, v[, op]) to ``topic`` and applying them to ``expected``."""
+    def send(changes):
+        produce_records(stack.bootstrap_servers, topic, [_change(*c) for c in changes])
+        for i, v, *op in changes:
+            if op and op[0] == "d":
+                expected.pop(i, None)
+            else:
+                expected[i] = (v, f"t{i}-{v}")
+    return send
+
+
 def _rows(spark, sql: str) -> dict[int, tuple]:
     rows = spark.sql(sql).collect()
     ids = [r["id"] for r in rows]
@@ -50,13 +62,7 @@ def test_index_survives_compaction_and_another_writer(stack, spark, mirror):
     topic, table, pipeline = mirror
     expected: dict[int, tuple] = {}
 
-    def send(changes):
-        produce_records(stack.bootstrap_servers, topic, [_change(*c) for c in changes])
-        for i, v, *op in changes:
-            if op and op[0] == "d":
-                expected.pop(i, None)
-            else:
-                expected[i] = (v, f"t{i}-{v}")
+    send = _sender(stack, topic, expected)
 
     send([(i, 0, "c") for i in range(1, 301)])
     _drain(pipeline)
@@ -101,13 +107,7 @@ def test_a_restart_loads_the_saved_index_unless_the_table_moved_on(stack, spark,
     config = pipeline.config
     expected: dict[int, tuple] = {}
 
-    def send(changes):
-        produce_records(stack.bootstrap_servers, topic, [_change(*c) for c in changes])
-        for i, v, *op in changes:
-            if op and op[0] == "d":
-                expected.pop(i, None)
-            else:
-                expected[i] = (v, f"t{i}-{v}")
+    send = _sender(stack, topic, expected)
 
     rebuilds: list[int | None] = []
     real_rebuild = KeyIndex.rebuild
