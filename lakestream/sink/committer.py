@@ -71,9 +71,6 @@ class _Deletes:
         """Sorted distinct positions of each file."""
         return {path: np.unique(np.concatenate(parts)) for path, parts in self._parts.items()}
 
-    def __bool__(self) -> bool:
-        return bool(self._parts)
-
 
 class _Locations:
     """Where each touched key's row is after the commit: ``paths[file[g]]`` at ``pos[g]``

@@ -80,9 +80,9 @@ class RecordRun:
 def read_offset_range(
     consumer_conf: dict[str, Any], rng: OffsetRange, stall_timeout_s: float = 60.0, chunk: int = 5000
 ) -> Iterator[list[RawRecord] | RangeEnd]:
-    """Yield lists of records in ``rng``, then one RangeEnd (see `read_offset_ranges`)."""
-    for item in read_offset_ranges(consumer_conf, [rng], stall_timeout_s, chunk):
-        yield item[1] if isinstance(item, tuple) else item
+    """Yield lists of records in ``rng``, then one RangeEnd (see `read_runs`)."""
+    for item in read_runs(consumer_conf, [rng], stall_timeout_s, chunk):
+        yield item[1] if isinstance(item, tuple) else item.records()
 
 
 # An open range (no end offset) normally ends at end-of-partition. While a producer keeps writing,
@@ -105,14 +105,6 @@ class _RangeState:
         self.paused = self.done  # counted as finished (and its partition paused)
 
 
-def read_offset_ranges(
-    consumer_conf: dict[str, Any], ranges: list[OffsetRange], stall_timeout_s: float = 60.0, chunk: int = 5000
-) -> Iterator[list[RawRecord] | tuple[OffsetRange, RangeEnd]]:
-    """`read_runs`, with each run as a list of records."""
-    for item in read_runs(consumer_conf, ranges, stall_timeout_s, chunk):
-        yield item if isinstance(item, tuple) else item.records()
-
-
 def read_runs(
     consumer_conf: dict[str, Any], ranges: list[OffsetRange], stall_timeout_s: float = 60.0, chunk: int = 5000
 ) -> Iterator[RecordRun | tuple[OffsetRange, RangeEnd]]:
@@ -125,7 +117,7 @@ def read_runs(
     """
     states = {(r.topic, r.partition): _RangeState(r) for r in ranges}
     if len(states) != len(ranges):
-        raise ValueError("read_offset_ranges needs ranges of distinct partitions")
+        raise ValueError("read_runs needs ranges of distinct partitions")
     conf = dict(consumer_conf)
     # Bigger fetches than librdkafka's defaults (1 MB per partition): a range is read to its end at
     # once, and schemas-on Debezium messages are ~5 KB each. Settings the user gave win.
