@@ -287,7 +287,18 @@ class CaptureSettings(_Model):
     publication_name: str = "lakestream_pub"
     snapshot_mode: str = "initial"
     schemas_enabled: bool = True
+    # Debezium skips TRUNCATE by default ("t"); the mirror applies it, so nothing is skipped here.
+    skipped_operations: str = "none"
     connector: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("skipped_operations")
+    @classmethod
+    def _operations(cls, value: str) -> str:
+        value = value.replace(" ", "")
+        if value != "none" and not set(value.split(",")) <= {"c", "u", "d", "t"}:
+            raise ValueError(f"{value!r}: write 'none' or a comma-separated list of c, u, d, t "
+                             "(Debezium's skipped.operations), e.g. 't' to ignore TRUNCATE")
+        return value
 
     @field_validator("tables")
     @classmethod

@@ -46,6 +46,7 @@ class Tail:
     withheld: list[list[str]]  # per row: columns Debezium withheld (unchanged TOAST values)
     records: int = 0  # Kafka records read (tombstones, other tables' and undecodable records included)
     offsets: dict[TP, tuple[int, int]] = field(default_factory=dict)  # partition → (from, to) read
+    truncated: bool = False  # a TRUNCATE in the tail: the snapshot's rows are gone; only changes after it count
 
 
 def stored_offsets(table: IcebergTable, snapshot_id: int) -> dict[TP, int]:
@@ -97,6 +98,7 @@ def read_tail(config: PipelineConfig, table_name: str, offsets: dict[TP, int], s
     keys: list[tuple] = []
     withheld: list[list[str]] = []
     read = 0
+    truncated = False
     spans: dict[TP, tuple[int, int]] = {}
     conf = config.kafka.consumer_config(**{"group.id": f"{config.kafka.group_id}-fresh-read"})
     for item in read_runs(conf, ranges) if ranges else []:
@@ -114,7 +116,11 @@ def read_tail(config: PipelineConfig, table_name: str, offsets: dict[TP, int], s
             except (DecodeError, RecursionError, ValueError, TypeError, KeyError, AttributeError,
                     UnicodeDecodeError, OverflowError):
                 continue  # the pipeline makes it a dead letter: never a row of the table
-            if change is None or change.table != table_name:
+            if change is None or change.table != table_name or change.op == "m":
+                continue
+            if change.op == "t":
+                truncated = True
+                rows, ops, keys, withheld = [], [], [], []
                 continue
             rows.append(change.row)
             ops.append(change.op)
@@ -122,7 +128,8 @@ def read_tail(config: PipelineConfig, table_name: str, offsets: dict[TP, int], s
             withheld.append(list(change.unavailable))
     typed, bad = convert_rows(rows, schema)
     good = [i for i in range(len(rows)) if i not in bad]
-    return Tail(typed, [ops[i] for i in good], [keys[i] for i in good], [withheld[i] for i in good], read, spans)
+    return Tail(typed, [ops[i] for i in good], [keys[i] for i in good], [withheld[i] for i in good], read, spans,
+                truncated)
 
 
 def apply_tail(snapshot_rows: pa.Table, tail: Tail, stream: StreamSettings, key_columns: list[str],
@@ -132,6 +139,8 @@ def apply_tail(snapshot_rows: pa.Table, tail: Tail, stream: StreamSettings, key_
     import numpy as np
     import pyarrow as pa
 
+    if tail.truncated:
+        snapshot_rows, existing_ids = snapshot_rows.slice(0, 0), None
     if tail.table.num_rows == 0:
         return snapshot_rows
     tail_rows = tail.table.cast(snapshot_rows.schema)

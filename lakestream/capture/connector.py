@@ -59,6 +59,7 @@ def _debezium_settings(capture: CaptureSettings) -> dict[str, str]:
         "publication.name": capture.publication_name,
         "publication.autocreate.mode": "filtered",
         "snapshot.mode": capture.snapshot_mode,
+        "skipped.operations": capture.skipped_operations,
         "tombstones.on.delete": "true",
         # Heartbeats make an idle slot confirm its position. PostgreSQL 15+ skips empty
         # transactions in pgoutput, so busy uncaptured tables alone never advance the slot: the

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -17,6 +17,9 @@ from lakestream.decode.types import UNAVAILABLE_VALUE, FieldType, _identity, eve
 from lakestream.errors import BadValue, DecodeError
 
 OPS = {"c", "u", "d", "r"}
+# Debezium's table-level events: a TRUNCATE ("t") and a logical-decoding message ("m"). Neither
+# carries a row image.
+TRUNCATE, MESSAGE = "t", "m"
 # Debezium's JsonConverter writes {"schema":...,"payload":...}: the schema first.
 _PAYLOAD_MARKER = re.compile(rb',\s*"payload"\s*:')
 
@@ -29,6 +32,7 @@ class Columns:
     types: list[FieldType]
     schema_id: str
     inferred: bool
+    defaults: dict[str, Any] = field(default_factory=dict)  # column → its source default, in wire form
 
     def describe(self, key_columns: list[str]) -> dict[str, Any]:
         return {"columns": [[n, t.ddl] for n, t in zip(self.names, self.types)], "key": key_columns,
@@ -37,7 +41,7 @@ class Columns:
 
 @dataclass(slots=True)
 class Change:
-    op: str  # c u d r
+    op: str  # c u d r, or t (truncate) / m (logical-decoding message): no row
     key: dict[str, Any] | None
     row: dict[str, Any]
     unavailable: list[str]
@@ -48,6 +52,9 @@ class Change:
 
 def _shape_id(parts: list[tuple[str, str]]) -> str:
     return hashlib.blake2b(orjson.dumps(parts), digest_size=8).hexdigest()
+
+
+_NO_COLUMNS = Columns([], [], "none", inferred=True)  # the "shape" of a table-level event
 
 
 class SchemaCache:
@@ -81,18 +88,26 @@ class SchemaCache:
         if raw is not None and raw in self._by_bytes:
             return self._by_bytes[raw]
         row_schema = None
-        for field in schema.get("fields", []):
-            if field.get("field") in ("after", "before") and field.get("type") == "struct":
-                row_schema = field
-                if field.get("field") == "after":
+        for part in schema.get("fields", []):
+            if part.get("field") in ("after", "before") and part.get("type") == "struct":
+                row_schema = part
+                if part.get("field") == "after":
                     break
         if row_schema is None:
             raise DecodeError("Debezium schema has no 'after'/'before' struct")
-        names, types = [], []
-        for field in row_schema.get("fields", []):
-            names.append(field["field"])
-            types.append(field_type(field))
-        columns = Columns(names, types, _shape_id([(n, t.ddl) for n, t in zip(names, types)]), inferred=False)
+        names, types, defaults = [], [], {}
+        for column in row_schema.get("fields", []):
+            names.append(column["field"])
+            types.append(ftype := field_type(column))
+            if column.get("default") is not None:
+                try:
+                    defaults[column["field"]] = ftype.convert(column["default"])
+                except Exception:  # noqa: BLE001 — a default we cannot read is no default, not a bad record
+                    pass
+        parts: list[Any] = [(n, t.ddl) for n, t in zip(names, types)]
+        if defaults:
+            parts.append(["defaults", sorted((k, repr(v)) for k, v in defaults.items())])
+        columns = Columns(names, types, _shape_id(parts), inferred=False, defaults=defaults)
         result = (columns, dict(zip(names, types)))
         if raw is not None and len(self._by_bytes) < 1000:
             self._by_bytes[raw] = result
@@ -221,8 +236,12 @@ def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache) -> Chan
     op = payload.get("op")
     if op is None:
         raise DecodeError("missing 'op' field: not a Debezium change event")
+    if op in (TRUNCATE, MESSAGE):
+        source = payload.get("source")
+        ts = source.get("ts_ms") if isinstance(source, dict) else payload.get("ts_ms")
+        return Change(op, None, {}, [], ts if isinstance(ts, int) else None, _NO_COLUMNS, payload)
     if op not in OPS:
-        raise DecodeError(f"unknown op {op!r} (expected one of c, u, d, r)")
+        raise DecodeError(f"unknown op {op!r} (expected one of c, u, d, r, t, m)")
     image = payload.get("before") if op == "d" else payload.get("after")
     if not isinstance(image, dict):
         side = "before" if op == "d" else "after"

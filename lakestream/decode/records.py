@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakestream.config import StreamSettings
-from lakestream.decode.envelope import Columns, SchemaCache, decode_debezium, decode_json_event
+from lakestream.decode.envelope import MESSAGE, TRUNCATE, Columns, SchemaCache, decode_debezium, decode_json_event
 from lakestream.errors import MissingKey, UnroutableRecord
 from lakestream.sink.router import Router
 
@@ -20,7 +20,7 @@ class DecodedRecord:
 
     table: str  # namespace.table
     stream: StreamSettings
-    op: str  # c u d r
+    op: str  # c u d r; t: truncate the table (no row); m: a logical-decoding message (skipped)
     key_columns: list[str]
     row: dict[str, Any]
     unavailable: list[str]
@@ -58,7 +58,12 @@ class RecordDecoder:
             change = decode_json_event(rec.value, self.cache, stream.event_time_field)
         if change is None:
             return None
+        if change.op == MESSAGE:
+            # pg_logical_emit_message() output on <prefix>.message: not a row change of any table.
+            return DecodedRecord("", stream, MESSAGE, [], {}, [], change.source_ts_ms, change.columns)
         _, table = self.router.route(rec.topic, change.row, rec.headers)
+        if change.op == TRUNCATE:
+            return DecodedRecord(str(table), stream, TRUNCATE, [], {}, [], change.source_ts_ms, change.columns)
         key_cols: list[str] = []
         row = change.row
         if stream.mode == "upsert":

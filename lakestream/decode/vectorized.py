@@ -173,6 +173,8 @@ class RunDecoder:
                 return None  # withheld TOAST values: the record-by-record path keeps the stored value
             columns[f.name] = _convert(value, f, table_schema.field(f.name).type)
         n = len(records)
+        if any(f.name not in columns and f.metadata and _DEFAULT_KEY in f.metadata for f in table_schema):
+            return None  # records that predate a column with a default: the record path fills it
         arrays = [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in table_schema]
         for f, arr in zip(table_schema, arrays):
             if not f.nullable and arr.null_count:
@@ -185,6 +187,7 @@ class RunDecoder:
                           np.array(records.timestamps, np.int64))
 
 
+_DEFAULT_KEY = b"lakestream.write-default"  # lakestream.sink.files.DEFAULT_KEY (no import of the sink here)
 _MICROS = {"io.debezium.time.MicroTimestamp": 1, "io.debezium.time.Timestamp": 1000,
            "org.apache.kafka.connect.data.Timestamp": 1000}
 _DATES = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")

@@ -39,6 +39,9 @@ class EngineMetrics:
                                     "of reason", ["kind"], registry=r)
         for kind in DEAD_LETTER_KINDS:
             self.dead_letters.labels(kind)  # every kind present from the start (0 is a value, absent is not)
+        self.skipped = Counter("lakestream_records_skipped", "Records that carry no row change on purpose and were "
+                               "skipped: logical-decoding messages, truncates in append streams", ["reason"],
+                               registry=r)
         self.conflicts = Counter("lakestream_commit_conflicts", "Table commits that met another writer's "
                                  "snapshot (stale key index) or a retryable Iceberg commit failure",
                                  ["table", "cause"], registry=r)
@@ -66,6 +69,8 @@ class EngineMetrics:
             self.changes.labels(table).inc(n)
         for kind, n in result.dead_letter_kinds.items():
             self.dead_letters.labels(kind if kind in DEAD_LETTER_KINDS else "malformed").inc(n)
+        for reason, n in result.skipped.items():
+            self.skipped.labels(reason).inc(n)
         for table, cause in result.commit_conflicts:
             self.conflicts.labels(table, cause).inc()
         for table, n in result.commit_retries.items():

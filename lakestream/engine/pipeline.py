@@ -73,6 +73,8 @@ class BatchResult:
     dead_letter_kinds: dict[str, int] = field(default_factory=dict)  # DEAD_LETTER_KINDS → dead letters written
     commit_conflicts: list[tuple[str, str]] = field(default_factory=list)  # (table, cause) per conflict met
     commit_retries: dict[str, int] = field(default_factory=dict)  # table → commit attempts repeated
+    skipped: dict[str, int] = field(default_factory=dict)  # reason → records skipped on purpose (no row change)
+    truncated: list[str] = field(default_factory=list)  # tables a source TRUNCATE emptied in this batch
 
     def progress_line(self) -> str:
         rate = self.records / self.seconds if self.seconds > 0 else 0.0
@@ -80,7 +82,9 @@ class BatchResult:
         return (f"batch {self.batch_id}: {self.records:,} records → {len(self.tables)} table(s), "
                 f"{self.dead_letters:,} dead-letter{f' ({self.isolated} isolated)' if self.isolated else ''}, "
                 f"{self.seconds:.2f}s (read+write {self.read_seconds:.2f}s, "
-                f"{self.jobs} job(s)), {rate:,.0f} rec/s, lag {lag}")
+                f"{self.jobs} job(s)), {rate:,.0f} rec/s, lag {lag}"
+                + (f", truncated {', '.join(self.truncated)}" if self.truncated else "")
+                + (f", skipped {sum(self.skipped.values()):,}" if self.skipped else ""))
 
 
 class Pipeline:
@@ -351,7 +355,7 @@ class Pipeline:
         # neither fail the batch nor become part of a new table.
         unusable = {s.schema_id: reason for s in shapes if (reason := unusable_shape(s.columns)) is not None}
         shapes = [s for s in shapes if s.schema_id not in unusable]
-        as_shapes = [Shape(s.schema_id, list(s.columns), s.key, s.inferred) for s in shapes]
+        as_shapes = [Shape(s.schema_id, list(s.columns), s.key, s.inferred, s.defaults) for s in shapes]
         catalog = self.config.catalog.name
         info = table_info(self.spark, catalog, ns, tbl)
         if not info["exists"] and not shapes and unusable:
@@ -369,7 +373,9 @@ class Pipeline:
             layout = self.config.layout_for(name, stream)
             properties = dict(DEFAULT_TABLE_PROPERTIES) | layout.properties  # format v3: deletion vectors
             key_lower = {k.lower() for k in key}
-            columns = [{"name": n, "type": t, "required": n.lower() in key_lower} for n, t in merged_columns(as_shapes)]
+            defaults = {n: v for s in as_shapes for n, v in s.defaults.items()}
+            columns = [{"name": n, "type": t, "required": n.lower() in key_lower,
+                        **({"default": defaults[n]} if n in defaults else {})} for n, t in merged_columns(as_shapes)]
             info = create_table(self.spark, catalog, ns, tbl, {
                 "columns": columns, "identifier_fields": key, "partition_by": layout.partition_by,
                 "sort_by": layout.sort_by, "properties": properties})
@@ -456,7 +462,7 @@ class Pipeline:
                  BATCH_PROPERTY: str(self.batch_id)}
         if changes.max_source_ts is not None:
             props[SOURCE_TS_PROPERTY] = str(changes.max_source_ts)
-        if not changes.files and not changes.locations:
+        if not changes.files and not changes.locations and not changes.truncates:
             return None  # nothing left to write (all dead letters): the offsets advance with the next commit
         attempts = 5
         for attempt in range(1, attempts + 1):
@@ -660,7 +666,8 @@ class Pipeline:
             table_changes={n: c.changes for n, c in committed.items()},
             table_source_ts_ms={n: ts for n in committed if (ts := report.tables[n].max_source_ts) is not None},
             table_lag=self.table_lag(), dead_letter_kinds=dead, commit_conflicts=list(self._conflicts),
-            commit_retries=retries, isolated=self.isolations - isolations_before)
+            commit_retries=retries, isolated=self.isolations - isolations_before, skipped=dict(report.skipped),
+            truncated=sorted(n for n, tr in report.tables.items() if tr.truncates and n in committed))
 
     def table_lag(self) -> dict[str, int]:
         """Per table read in this batch: records in Kafka beyond the offsets the table stored."""
@@ -758,4 +765,5 @@ def describe_batch(result: BatchResult) -> dict[str, Any]:
             "source_ts_quantiles": result.source_ts_quantiles, "jobs": result.jobs, "isolated": result.isolated,
             "table_records": result.table_records, "table_changes": result.table_changes,
             "table_lag": result.table_lag, "dead_letter_kinds": result.dead_letter_kinds,
-            "commit_conflicts": [list(c) for c in result.commit_conflicts], "commit_retries": result.commit_retries}
+            "commit_conflicts": [list(c) for c in result.commit_conflicts], "commit_retries": result.commit_retries,
+            "skipped": result.skipped, "truncated": result.truncated}

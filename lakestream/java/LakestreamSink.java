@@ -217,6 +217,28 @@ public final class LakestreamSink {
     }
   }
 
+  /**
+   * Add a top-level column whose value for existing rows is a default (Iceberg v3 initial-default,
+   * also the write-default): PostgreSQL's ADD COLUMN ... DEFAULT gives every existing row that value,
+   * and so does the mirror, without rewriting a file. No-op if the column exists. Returns tableInfo.
+   * {@code defaultJson} is the value in Iceberg's single-value JSON form for the column's type.
+   */
+  public static String addColumnWithDefault(SparkSession spark, String catalog, String namespace, String table,
+      String column, String sparkDdlType, String defaultJson) throws Exception {
+    Catalog cat = catalog(spark, catalog);
+    Table t = loadFresh(cat, identifier(namespace, table));
+    if (t.schema().caseInsensitiveFindField(column) == null) {
+      Type type = SparkSchemaUtil.convert(StructType.fromDDL("`c` " + sparkDdlType)).findField("c").type();
+      Object value = org.apache.iceberg.SingleValueParser.fromJson(type, defaultJson);
+      org.apache.iceberg.expressions.Literal<?> literal = Expressions.lit(value).to(type);
+      if (literal == null) {
+        throw new IllegalArgumentException("default " + defaultJson + " does not fit column " + column + " " + type);
+      }
+      t.updateSchema().addColumn(column, type, null, literal).commit();
+    }
+    return info(loadFresh(cat, identifier(namespace, table))).toString();
+  }
+
   private static String text(JsonNode v) {
     return v.isTextual() ? v.asText() : v.toString();
   }
@@ -226,8 +248,12 @@ public final class LakestreamSink {
     StringBuilder ddl = new StringBuilder();
     Set<String> required = new HashSet<>();
     Map<String, String> comments = new HashMap<>();
+    Map<String, String> defaults = new HashMap<>();
     for (JsonNode col : req.get("columns")) {
       String name = col.get("name").asText();
+      if (col.hasNonNull("default")) {
+        defaults.put(name, col.get("default").toString());
+      }
       if (ddl.length() > 0) {
         ddl.append(", ");
       }
@@ -247,7 +273,14 @@ public final class LakestreamSink {
     for (Types.NestedField f : converted.columns()) {
       boolean optional = f.isOptional() && !required.contains(f.name());
       String doc = comments.getOrDefault(f.name(), f.doc());
-      fields.add(Types.NestedField.of(f.fieldId(), optional, f.name(), f.type(), doc));
+      Types.NestedField.Builder field = Types.NestedField.from(f).isOptional(optional).withDoc(doc);
+      String dflt = defaults.get(f.name());
+      if (dflt != null) {
+        // the source's column default: the value our writers give a row whose record predates the column
+        field = field.withWriteDefault(
+            Expressions.lit(org.apache.iceberg.SingleValueParser.fromJson(f.type(), dflt)).to(f.type()));
+      }
+      fields.add(field.build());
     }
     Schema plain = new Schema(fields);
     Set<Integer> idFields = new HashSet<>();
@@ -478,9 +511,10 @@ public final class LakestreamSink {
 
     // Only new rows: an "append" snapshot (incremental readers skip "overwrite" ones by default).
     // With deletes: one RowDelta ("overwrite", or "delete" without new rows).
+    boolean truncate = req.path("truncate").asBoolean(false);
     SnapshotUpdate<?> update;
     RowDelta delta = null;
-    if (positions.isEmpty()) {
+    if (positions.isEmpty() && !truncate) {
       AppendFiles append = t.newAppend();
       added.values().forEach(append::appendFile);
       update = append;
@@ -495,6 +529,28 @@ public final class LakestreamSink {
     List<DeleteFile> rewritten = new ArrayList<>();
     Long base = req.hasNonNull("base_snapshot_id") ? req.get("base_snapshot_id").asLong() : null;
     Long validateFrom = base;
+    if (truncate) {
+      // A source TRUNCATE: every data file live at the base snapshot goes, with its deletes, in the
+      // same snapshot as the rows written after it. A file added or removed by anyone else since
+      // (a compaction) fails validation, and the caller retries on a fresh view.
+      FileState state = state(key, t);
+      st = state;
+      if (validateFrom == null) {
+        validateFrom = state.snapshotId;
+      }
+      for (DataFile df : state.dataFiles.values()) {
+        delta.removeRows(df);
+      }
+      for (List<DeleteFile> ds : state.deletes.values()) {
+        for (DeleteFile d : ds) {
+          delta.removeDeletes(d);
+        }
+      }
+      delta.conflictDetectionFilter(Expressions.alwaysTrue());
+      delta.validateNoConflictingDataFiles();
+      delta.validateNoConflictingDeleteFiles();
+      delta.validateDeletedFiles();
+    }
     if (!positions.isEmpty()) {
       int formatVersion = formatVersion(t);
       if (formatVersion < 3) {
@@ -502,7 +558,7 @@ public final class LakestreamSink {
             + ": deletes are written as deletion vectors, which need format v3; upgrade the table to "
             + "format-version 3 first (`lakestream upgrade-tables`). Appends without deletes work on v2.");
       }
-      FileState state = state(key, t);
+      FileState state = truncate ? new FileState() : state(key, t); // after a truncate no old file is live
       st = state;
       if (validateFrom == null) {
         // The DVs merge the deletes live at this snapshot: DVs added after it must fail the commit,
@@ -575,6 +631,10 @@ public final class LakestreamSink {
     FileState cached = STATES.get(key);
     if (cached != null && Objects.equals(parent, cached.snapshotId)) {
       // Nobody else committed in between: move the cached state forward instead of re-planning.
+      if (truncate) {
+        cached.dataFiles.clear();
+        cached.deletes.clear();
+      }
       for (Map.Entry<String, DataFile> e : added.entrySet()) {
         cached.dataFiles.put(e.getKey(), e.getValue().copyWithoutStats());
       }

@@ -6,6 +6,10 @@ For an upsert table, every change reported by the tasks is placed in Kafka order
 of each key wins. Its previous row, found through the key index (`lakestream.sink.index`), and any
 earlier row of the same key written by another task in this batch, are deleted by position. The
 index is then moved to the new rows. Nothing here reads the table: the cost follows the changes.
+
+A TRUNCATE in the batch removes every data file the table holds (one snapshot, together with the
+batch's new rows), and the batch's own changes that came before it in their partition are deleted
+too; changes after it apply as usual.
 """
 from __future__ import annotations
 
@@ -144,7 +148,11 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
     files = np.concatenate(task_file_global)[order]
     positions = rows.column("pos").to_numpy()[order]
     distinct = k[starts]
-    old = write.index.lookup(distinct) if write.index is not None else np.full(len(distinct), MISSING)
+    truncated = bool(changes.truncates)
+    if write.index is not None and not truncated:
+        old = write.index.lookup(distinct)
+    else:  # after a TRUNCATE no earlier row survives: the commit removes every existing data file
+        old = np.full(len(distinct), MISSING)
 
     def add_deletes(file_ids: np.ndarray, pos: np.ndarray, names: list[str]) -> None:
         if len(file_ids) == 0:
@@ -161,7 +169,18 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
         superseded[last] = False
         superseded &= files >= 0
         add_deletes(files[superseded], positions[superseded], paths)
-        final_file = np.where(ops[last] == OP_DELETE, -1, files[last])
+        gone = np.zeros(len(last), bool)
+        if truncated:
+            # A key whose last change came before the TRUNCATE (in its partition) is gone with it.
+            cut = np.full(len(k), -1, np.int64)
+            row_topics = np.array(topics, dtype=object)[order]
+            row_partitions = rows.column("partition").to_numpy()[order]
+            for tp, offset in changes.truncates.items():
+                cut[(row_topics == tp.topic) & (row_partitions == tp.partition)] = offset
+            gone = (rows.column("offset").to_numpy()[order] < cut)[last]
+            written = gone & (files[last] >= 0)
+            add_deletes(files[last][written], positions[last][written], paths)
+        final_file = np.where((ops[last] == OP_DELETE) | gone, -1, files[last])
         locations = _Locations(paths, final_file, positions[last])
         patches = []
         withheld = rows.column("withheld")
@@ -265,6 +284,7 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
         "deletes": [{"data_file": path, "positions": pos}
                     for path, pos in (resolved.deletes.by_file().items() if resolved else [])],
         "properties": properties,
+        "truncate": bool(changes.truncates),
     }
     result = commit_files(spark, write.catalog, write.name.namespace, write.name.table, request)
     if result.get("stale"):
@@ -276,6 +296,10 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
         if parent is not None and parent != index.snapshot_id:
             index.valid = False  # another writer committed in between: rebuild before the next use
         else:
+            if changes.truncates:
+                snapshot_id = index.snapshot_id
+                index.reset()  # every earlier row is gone
+                index.snapshot_id, index.valid = snapshot_id, True
             live = ~resolved.unchanged
             index.update(resolved.keys[live], resolved.locations.packed(index)[live])
         index.snapshot_id = result["snapshot_id"]

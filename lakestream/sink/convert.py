@@ -15,6 +15,8 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from lakestream.sink.files import DEFAULT_KEY, write_default
+
 
 def _text(value: Any) -> Any:
     """A value for a string column: text as is; numbers, booleans and nested values as their text."""
@@ -98,6 +100,12 @@ def convert_rows(rows: list[dict[str, Any]], schema: pa.Schema) -> tuple[pa.Tabl
     arrays: dict[str, pa.Array] = {}
     for f in schema:
         values = columns[f.name]
+        if f.metadata and DEFAULT_KEY in f.metadata:
+            # A record that predates the column (its shape lacks it) gets the source's default, as the
+            # source row did when the column was added; an explicit null stays null.
+            _, default = write_default(f)
+            name = f.name
+            values = columns[name] = [r[name] if name in r else default for r in rows]
         try:
             arrays[f.name] = build_column(values, f.type)
         except (ValueError, TypeError, OverflowError, pa.ArrowException):

@@ -71,9 +71,25 @@ def _arrow_type(t: Any) -> pa.DataType:
     raise ValueError(f"unsupported Iceberg type {t!r}")
 
 
+DEFAULT_KEY = b"lakestream.write-default"  # field metadata: the column's write-default, Iceberg single-value JSON
+DEFAULT_TYPE_KEY = b"lakestream.iceberg-type"
+
+
 def _arrow_field(f: dict[str, Any]) -> pa.Field:
-    return pa.field(f["name"], _arrow_type(f["type"]), nullable=not f.get("required", False),
-                    metadata={_FIELD_ID: str(f["id"])})
+    metadata = {_FIELD_ID: str(f["id"])}
+    if f.get("write-default") is not None and isinstance(f["type"], str):
+        metadata[DEFAULT_KEY] = orjson.dumps(f["write-default"])
+        metadata[DEFAULT_TYPE_KEY] = f["type"]
+    return pa.field(f["name"], _arrow_type(f["type"]), nullable=not f.get("required", False), metadata=metadata)
+
+
+def write_default(f: pa.Field) -> tuple[bool, Any]:
+    """(has one, value in wire form) of a field's write-default (see `_arrow_field`)."""
+    if not f.metadata or DEFAULT_KEY not in f.metadata:
+        return False, None
+    from lakestream.sink.defaults import wire_value
+
+    return True, wire_value(f.metadata[DEFAULT_TYPE_KEY].decode(), orjson.loads(f.metadata[DEFAULT_KEY]))
 
 
 def arrow_schema(iceberg_schema: dict[str, Any]) -> pa.Schema:
@@ -388,6 +404,14 @@ def create_table(spark: SparkSession, catalog: str, namespace: str, table: str, 
     identifier_fields?, partition_by?, sort_by?, properties?}``."""
     return orjson.loads(_sink(spark).createTable(spark._jsparkSession, catalog, namespace, table,
                                                  orjson.dumps(request).decode()))
+
+
+def add_column_with_default(spark: SparkSession, catalog: str, namespace: str, table: str, column: str, ddl: str,
+                            default_json: str) -> dict[str, Any]:
+    """Add ``column`` (Spark DDL type) whose existing rows read ``default_json`` (Iceberg v3
+    initial-default and write-default, single-value JSON); returns `table_info`."""
+    return orjson.loads(_sink(spark).addColumnWithDefault(spark._jsparkSession, catalog, namespace, table, column,
+                                                          ddl, default_json))
 
 
 def commit_files(spark: SparkSession, catalog: str, namespace: str, table: str, request: dict[str, Any]

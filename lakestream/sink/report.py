@@ -12,7 +12,9 @@ files itself. It sends the driver only small facts, never the rows:
 - `NewShape`: a row shape the driver has not accepted for a table yet: that table is written in a
   second pass after the driver created or evolved it;
 - `DeadLetter`: a record that could not be read, decoded, routed or converted, with its reason
-  and raw bytes.
+  and raw bytes;
+- `Truncate`: a TRUNCATE of a table at a Kafka position: the table's rows as of that point go;
+- `Skipped`: records that carry no row change on purpose (logical-decoding messages), counted.
 
 All kinds travel in one Arrow schema (`REPORT_SCHEMA`); each column has one meaning, and each kind
 uses the columns its dataclass names.
@@ -28,19 +30,19 @@ import pyarrow as pa
 
 from lakestream.source.kafka import TP
 
-RANGE_END, DATA_FILE, ROW_LOCATIONS, TABLE_STATS, NEW_SHAPE, DEAD_LETTER = (
-    "range_end", "data_file", "row_locations", "table_stats", "new_shape", "dead_letter")
+RANGE_END, DATA_FILE, ROW_LOCATIONS, TABLE_STATS, NEW_SHAPE, DEAD_LETTER, TRUNCATE, SKIPPED = (
+    "range_end", "data_file", "row_locations", "table_stats", "new_shape", "dead_letter", "truncate", "skipped")
 
 REPORT_SCHEMA = pa.schema([
     ("kind", pa.string()),
     ("table", pa.string()),           # namespace.table
     ("topic", pa.string()),
     ("partition", pa.int32()),
-    ("offset", pa.int64()),           # range_end: next offset; dead_letter: the record's offset
+    ("offset", pa.int64()),           # range_end: next offset; dead_letter, truncate: the record's offset
     ("at_end", pa.bool_()),           # range_end: the broker said end-of-partition
     ("path", pa.string()),            # data_file
     ("file_size", pa.int64()),        # data_file
-    ("record_count", pa.int64()),     # data_file, table_stats
+    ("record_count", pa.int64()),     # data_file, table_stats, skipped
     ("partition_values", pa.string()),  # data_file: JSON list, Iceberg internal form
     ("task_file", pa.int32()),        # data_file: its number within the task (row_locations refer to it)
     ("task_id", pa.string()),         # data_file, row_locations: which task attempt wrote it
@@ -52,7 +54,7 @@ REPORT_SCHEMA = pa.schema([
     ("source_ts_q", pa.list_(pa.float64())),  # table_stats: [q01, q50, q99]
     ("schema_id", pa.string()),       # new_shape
     ("shape", pa.string()),           # new_shape: JSON {columns, key, inferred}
-    ("error", pa.string()),           # dead_letter
+    ("error", pa.string()),           # dead_letter; skipped: the reason
     ("kafka_ts", pa.int64()),         # dead_letter
     ("raw_key", pa.binary()),         # dead_letter
     ("raw_value", pa.binary()),       # dead_letter
@@ -148,9 +150,11 @@ class NewShape:
     columns: list[tuple[str, str]]
     key: list[str]
     inferred: bool
+    defaults: dict[str, Any] = field(default_factory=dict)  # column → source default (Iceberg single-value JSON)
 
     def to_row(self) -> dict[str, Any]:
-        shape = {"columns": [list(c) for c in self.columns], "key": self.key, "inferred": self.inferred}
+        shape = {"columns": [list(c) for c in self.columns], "key": self.key, "inferred": self.inferred,
+                 "defaults": self.defaults}
         return {"kind": NEW_SHAPE, "table": self.table, "topic": self.topic, "schema_id": self.schema_id,
                 "shape": orjson.dumps(shape).decode()}
 
@@ -172,7 +176,27 @@ class DeadLetter:
                 "raw_value": self.raw_value, "table": self.table, "reason_kind": self.reason_kind}
 
 
-Fact = RangeEnd | DataFileWritten | RowLocations | TableStats | NewShape | DeadLetter
+@dataclass(frozen=True)
+class Truncate:
+    table: str
+    tp: TP
+    offset: int  # the last TRUNCATE of the table in this partition, in this task
+
+    def to_row(self) -> dict[str, Any]:
+        return {"kind": TRUNCATE, "table": self.table, "topic": self.tp.topic, "partition": self.tp.partition,
+                "offset": self.offset}
+
+
+@dataclass(frozen=True)
+class Skipped:
+    reason: str  # a bounded label: logical_decoding_message | truncate_in_append_stream
+    count: int
+
+    def to_row(self) -> dict[str, Any]:
+        return {"kind": SKIPPED, "error": self.reason, "record_count": self.count}
+
+
+Fact = RangeEnd | DataFileWritten | RowLocations | TableStats | NewShape | DeadLetter | Truncate | Skipped
 
 
 def to_batch(facts: Iterable[Fact]) -> pa.RecordBatch:
@@ -191,6 +215,7 @@ class TableReport:
     locations: list[RowLocations] = field(default_factory=list)
     stats: list[TableStats] = field(default_factory=list)
     shapes: dict[str, NewShape] = field(default_factory=dict)
+    truncates: dict[TP, int] = field(default_factory=dict)  # the last TRUNCATE offset per partition
 
     @property
     def count(self) -> int:
@@ -216,6 +241,7 @@ class BatchReport:
     ends: dict[TP, RangeEnd] = field(default_factory=dict)
     tables: dict[str, TableReport] = field(default_factory=dict)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)  # reason → records
 
     def table(self, name: str) -> TableReport:
         report = self.tables.get(name)
@@ -248,10 +274,16 @@ class BatchReport:
                 shape = orjson.loads(r["shape"])
                 self.table(r["table"]).shapes.setdefault(r["schema_id"], NewShape(
                     r["table"], r["topic"], r["schema_id"], [tuple(c) for c in shape["columns"]], shape["key"],
-                    shape["inferred"]))
+                    shape["inferred"], shape.get("defaults") or {}))
             elif kind == DEAD_LETTER:
                 self.dead_letters.append(DeadLetter(TP(r["topic"], r["partition"]), r["offset"], r["kafka_ts"],
                                                     r["error"], r["raw_key"], r["raw_value"], r["table"],
                                                     r["reason_kind"] or "malformed"))
+            elif kind == TRUNCATE:
+                truncates = self.table(r["table"]).truncates
+                tp = TP(r["topic"], r["partition"])
+                truncates[tp] = max(truncates.get(tp, -1), r["offset"])
+            elif kind == SKIPPED:
+                self.skipped[r["error"]] = self.skipped.get(r["error"], 0) + r["record_count"]
             else:
                 raise ValueError(f"unknown report kind {kind!r}")

@@ -11,7 +11,9 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from lakestream.identifiers import quote, quote_column, quote_table
 
@@ -43,13 +45,29 @@ class Shape:
     columns: list[tuple[str, str]]
     key: list[str]
     inferred: bool
+    defaults: dict[str, Any] = field(default_factory=dict)  # column → source default (Iceberg single-value JSON)
+
+
+@dataclass(frozen=True)
+class AddColumnWithDefault:
+    """A new top-level column whose existing rows read ``default`` (Iceberg v3 initial-default),
+    as PostgreSQL's ``ADD COLUMN ... DEFAULT`` gives them. Not expressible in Spark 3.5 SQL: the
+    JVM helper adds it."""
+
+    table_ident: str
+    column: str
+    ddl: str
+    default_json: str
+
+    def __str__(self) -> str:
+        return f"ALTER TABLE {self.table_ident} ADD COLUMN {quote_column(self.column)} {self.ddl} (initial default {self.default_json})"
 
 
 @dataclass
 class Reconciliation:
     """The outcome of matching shapes with a table: DDL to run, shapes to reject (with reasons)."""
 
-    statements: list[str] = field(default_factory=list)
+    statements: list[str | AddColumnWithDefault] = field(default_factory=list)
     rejected: dict[str, str] = field(default_factory=dict)
     rejected_columns: dict[str, str] = field(default_factory=dict)  # schema id → top-level column
 
@@ -150,7 +168,12 @@ def reconcile(table_ident: str, schema: StructType, shapes: list[Shape]) -> Reco
                         break
                     continue
                 local_added[name.lower()] = incoming.simpleString()
-                statements.append(f"ALTER TABLE {table_ident} ADD COLUMN {quote_column(name)} {incoming.simpleString()}")
+                if shape.defaults.get(name) is not None:
+                    statements.append(AddColumnWithDefault(table_ident, name, incoming.simpleString(),
+                                                           orjson.dumps(shape.defaults[name]).decode()))
+                else:
+                    statements.append(f"ALTER TABLE {table_ident} ADD COLUMN {quote_column(name)} "
+                                      f"{incoming.simpleString()}")
                 continue
             reason = _reconcile_field([current.name], current.dataType, incoming, statements, table_ident)
             if reason:
@@ -231,10 +254,17 @@ class TableManager:
             self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.catalog, 'catalog')}.{quote(namespace, 'namespace')}")
             self._namespaces.add(namespace)
 
-    def apply(self, namespace: str, table: str, statements: list[str]) -> None:
+    def apply(self, namespace: str, table: str, statements: list[str | AddColumnWithDefault]) -> None:
+        from lakestream.sink.files import add_column_with_default
+
         for stmt in statements:
             log.info("schema change: %s", stmt)
-            self.spark.sql(stmt)
+            if isinstance(stmt, AddColumnWithDefault):
+                add_column_with_default(self.spark, self.catalog, namespace, table, stmt.column, stmt.ddl,
+                                        stmt.default_json)
+                self.spark.sql(f"REFRESH TABLE {self.ident(namespace, table)}")
+            else:
+                self.spark.sql(stmt)
         if statements:
             self.schema(namespace, table, refresh=True)
 

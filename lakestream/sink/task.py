@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from lakestream.decode.envelope import MESSAGE, TRUNCATE
 from lakestream.decode.records import DecodedRecord, RecordDecoder
 from lakestream.decode.vectorized import DecodedRun, RunDecoder
 from lakestream.errors import BadValue, DecodeError
@@ -111,7 +112,7 @@ class _Pending:
     """One table's changes within a task, in Kafka order."""
 
     __slots__ = ("spec", "topics", "partitions", "offsets", "ops", "rows", "withheld", "source_ts", "kafka_ts",
-                 "raw_keys", "raw_values", "runs")
+                 "raw_keys", "raw_values", "runs", "truncates")
 
     def __init__(self, spec: TableSpec):
         self.spec = spec
@@ -126,6 +127,7 @@ class _Pending:
         self.raw_keys: list[bytes | None] = []
         self.raw_values: list[bytes | None] = []
         self.runs: list[tuple[str, int, DecodedRun]] = []  # (topic, partition, run) decoded vectorized
+        self.truncates: list[tuple[str, int, int, int | None]] = []  # (topic, partition, offset, source ts)
 
     def add(self, rec: Any, change: DecodedRecord) -> None:
         self.topics.append(rec.topic)
@@ -292,7 +294,20 @@ class TableWriter:
         all_offsets = np.concatenate([np.asarray(pending.offsets, np.int64)] + [run.offsets for _, _, run in pending.runs])
         source_ts = np.concatenate([np.array([np.nan if t is None else t for t in pending.source_ts], np.float64)]
                                    + [run.source_ts for _, _, run in pending.runs])
-        facts.extend(_stats(spec.name, all_topics, all_partitions, all_offsets, source_ts))
+        if pending.truncates:
+            # A truncate is consumed by the table like any change: its offset commits with the table.
+            t_topics, t_parts, t_offs, t_ts = zip(*pending.truncates)
+            facts.extend(_stats(spec.name, all_topics + list(t_topics),
+                                np.concatenate([all_partitions, np.asarray(t_parts, np.int64)]),
+                                np.concatenate([all_offsets, np.asarray(t_offs, np.int64)]),
+                                np.concatenate([source_ts, np.array([np.nan if t is None else t for t in t_ts])])))
+            last: dict[TP, int] = {}
+            for topic, partition, offset, _ in pending.truncates:
+                tp = TP(topic, partition)
+                last[tp] = max(last.get(tp, -1), offset)
+            facts.extend(rp.Truncate(spec.name, tp, offset) for tp, offset in last.items())
+        else:
+            facts.extend(_stats(spec.name, all_topics, all_partitions, all_offsets, source_ts))
         typed, bad = convert_rows(pending.rows, schema)
         for i, reason in sorted(bad.items()):
             facts.append(rp.DeadLetter(TP(pending.topics[i], pending.partitions[i]), pending.offsets[i],
@@ -351,6 +366,16 @@ def _topic_table(router: Router, topic: str) -> str | None:
         return None
 
 
+def _defaults_json(columns: Any) -> dict[str, Any]:
+    """The shape's column defaults in Iceberg's single-value JSON form (those a column can take)."""
+    if not columns.defaults:
+        return {}
+    from lakestream.sink.defaults import iceberg_json
+
+    ddl = dict(zip(columns.names, (t.ddl for t in columns.types)))
+    return {name: v for name, wire in columns.defaults.items() if (v := iceberg_json(ddl[name], wire)) is not None}
+
+
 def _shape_schema(shape: rp.NewShape) -> pa.Schema | None:
     """The Arrow schema a new table of ``shape`` would get (flat columns only; None otherwise)."""
     from lakestream.sink.files import ddl_arrow_type
@@ -389,6 +414,7 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
     pending: dict[str, _Pending] = {}
     deferred: dict[str, dict[str, rp.NewShape]] = {}
     topic_tables: dict[str, str | None] = {}
+    skipped: dict[str, int] = {}
 
     def one_by_one(rec: Any) -> DecodedRecord | None:
         """Decode, route and place one record; its change when the record was kept or deferred."""
@@ -406,10 +432,26 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
             return None
         if change is None:
             return None
+        if change.op == MESSAGE:
+            if ctx.only_tables is None:
+                skipped["logical_decoding_message"] = skipped.get("logical_decoding_message", 0) + 1
+            return None
         table = change.table
         if ctx.only_tables is not None and table not in ctx.only_tables:
             return None
         spec = ctx.tables.get(table)
+        if change.op == TRUNCATE:
+            if change.stream.mode != "upsert":
+                if ctx.only_tables is None:
+                    skipped["truncate_in_append_stream"] = skipped.get("truncate_in_append_stream", 0) + 1
+                return None
+            if spec is None or rec.offset < spec.committed.get(TP(rec.topic, rec.partition), -1):
+                return None  # no table yet (nothing to empty), or the table already applied it
+            buf = pending.get(table)
+            if buf is None:
+                buf = pending[table] = _Pending(spec)
+            buf.truncates.append((rec.topic, rec.partition, rec.offset, change.source_ts_ms))
+            return None
         shape_id = change.columns.schema_id
         if spec is not None and shape_id in spec.rejected_shapes:
             facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
@@ -427,7 +469,7 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
                 cols = change.columns
                 shapes[shape_id] = rp.NewShape(table, rec.topic, shape_id,
                                                [(n, t.ddl) for n, t in zip(cols.names, cols.types)],
-                                               change.key_columns, cols.inferred)
+                                               change.key_columns, cols.inferred, _defaults_json(cols))
             return change
         if rec.offset < spec.committed.get(TP(rec.topic, rec.partition), -1):
             return None  # the table already holds it (a replay after a restart)
@@ -495,4 +537,5 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
         facts.extend(shapes.values())
     for table, buf in pending.items():
         TableWriter(buf.spec, task_id).finish(buf, facts)
+    facts.extend(rp.Skipped(reason, count) for reason, count in skipped.items())
     yield rp.to_batch(facts)

@@ -233,3 +233,56 @@ def test_json_event_time_field_missing_or_bad():
         decode_json_event(b'{"at": "soon"}', SchemaCache(), time_field="at")
     with pytest.raises(DecodeError, match="event time True is not a timestamp"):
         decode_json_event(b'{"at": true}', SchemaCache(), time_field="at")
+
+
+def _envelope_with(after_fields: list[dict], payload: dict) -> bytes:
+    row = {"type": "struct", "optional": True, "name": "p.public.t.Value", "fields": after_fields}
+    schema = {"type": "struct", "name": "p.public.t.Envelope", "fields": [
+        dict(row, field="before"), dict(row, field="after"),
+        {"type": "string", "optional": False, "field": "op"}]}
+    return json.dumps({"schema": schema, "payload": payload}).encode()
+
+
+def test_truncate_and_message_events_carry_no_row():
+    cache = SchemaCache()
+    fields = [{"type": "int32", "optional": False, "field": "id"}]
+    truncate = decode_debezium(None, _envelope_with(fields, {"op": "t", "before": None, "after": None,
+                                                              "source": {"ts_ms": 1700000000123}}), cache)
+    assert (truncate.op, truncate.row, truncate.key, truncate.source_ts_ms) == ("t", {}, None, 1700000000123)
+    message = decode_debezium(b'{"prefix":"app"}', json.dumps(
+        {"op": "m", "ts_ms": 5, "message": {"prefix": "app", "content": "aGk="}}).encode(), cache)
+    assert (message.op, message.row) == ("m", {})
+    with pytest.raises(DecodeError, match="unknown op 'x'"):
+        decode_debezium(None, json.dumps({"op": "x", "after": {"id": 1}}).encode(), cache)
+
+
+def test_column_defaults_are_read_from_the_connect_schema_in_wire_form():
+    fields = [
+        {"type": "int32", "optional": False, "field": "id"},
+        {"type": "int32", "optional": True, "default": 7, "field": "loyalty"},
+        {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "default": 18295, "field": "since"},
+        {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "default": "BOI=",
+         "parameters": {"scale": "2", "connect.decimal.precision": "10"}, "field": "credit"},
+        {"type": "string", "optional": True, "field": "note"},
+    ]
+    change = decode_debezium(None, _envelope_with(fields, {"op": "c", "after": {"id": 1}}), SchemaCache())
+    assert change.columns.defaults == {"loyalty": 7, "since": 18295, "credit": decimal.Decimal("12.50")}
+    without = decode_debezium(None, _envelope_with([fields[0], fields[1] | {"default": None}],
+                                                   {"op": "c", "after": {"id": 1}}), SchemaCache())
+    assert without.columns.defaults == {}
+    assert without.columns.schema_id != change.columns.schema_id
+
+
+@pytest.mark.parametrize("ddl, iceberg_type, wire, json_value", [
+    ("int", "int", 7, 7),
+    ("string", "string", "gold", "gold"),
+    ("date", "date", 18295, "2020-02-03"),
+    ("timestamp_ntz", "timestamp", 1_580_688_000_000_001, "2020-02-03T00:00:00.000001"),
+    ("timestamp", "timestamptz", -1, "1969-12-31T23:59:59.999999+00:00"),
+    ("decimal(10,2)", "decimal(10, 2)", decimal.Decimal("-12.50"), "-12.50"),
+])
+def test_defaults_round_trip_through_icebergs_single_value_json(ddl, iceberg_type, wire, json_value):
+    from lakestream.sink.defaults import iceberg_json, wire_value
+
+    assert iceberg_json(ddl, wire) == json_value
+    assert wire_value(iceberg_type, json_value) == wire
