@@ -115,6 +115,8 @@ class StreamSettings(_Model):
     dedupe_field: str | None = None
     layout: TableLayout = Field(default_factory=TableLayout)
     on_incompatible_type: Literal["dead_letter", "widen_to_string"] = "dead_letter"
+    # A column dropped at the source: kept in the mirror (new rows get NULL) or dropped from it too.
+    on_dropped_column: Literal["keep", "drop"] = "keep"
     # How often this stream's topics are read and its tables committed (default: engine.commit_interval_s).
     # Until then its records wait in Kafka: slow tables get fewer, larger files.
     commit_interval_s: float | None = Field(default=None, ge=0)

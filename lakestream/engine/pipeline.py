@@ -29,7 +29,7 @@ from lakestream.sink.index import KeyIndex, is_integer_key
 from lakestream.sink.report import BatchReport, DeadLetter, NewShape, RangeEnd, TableReport
 from lakestream.sink.router import Router, TableName
 from lakestream.sink.schema import (
-    DEFAULT_TABLE_PROPERTIES, Shape, TableManager, merged_columns, reconcile, unusable_shape,
+    DEFAULT_TABLE_PROPERTIES, Shape, TableManager, dropped_column_statements, merged_columns, reconcile, unusable_shape,
     widen_to_string_statements,
 )
 from lakestream.sink.task import TableSpec, WriteContext, _topic_table, run_write_task
@@ -393,6 +393,9 @@ class Pipeline:
             if columns_to_widen:
                 self.indexes.pop(name, None)
                 result = reconcile(ident, self.tables.schema(ns, tbl, refresh=True), as_shapes)
+        if stream.on_dropped_column == "drop" and stream.mode == "upsert":
+            result.statements.extend(dropped_column_statements(ident, schema, as_shapes, stream.key_columns
+                                                               or info.get("identifier_fields") or []))
         self.tables.apply(ns, tbl, result.statements)
         result.rejected.update(unusable)
         for sid, reason in result.rejected.items():
@@ -413,7 +416,8 @@ class Pipeline:
                 f"write deletion vectors, which need format v3 — fix: run `lakestream upgrade-tables <pipeline.yaml>` "
                 f"once (it compacts away the old delete files and sets format-version=3)")
         spec = TableSpec(name, stream.mode, list(key), info["schema"], info["spec"], info["data_location"],
-                         frozenset(accepted), rejected, dict(self.offsets.load(ident)))
+                         frozenset(accepted), rejected, dict(self.offsets.load(ident)),
+                         drop_missing=stream.on_dropped_column == "drop" and stream.mode == "upsert")
         self.specs[name] = spec
         if key:
             hashed = not is_integer_key(spec.arrow_schema(), key)

@@ -189,6 +189,19 @@ def reconcile(table_ident: str, schema: StructType, shapes: list[Shape]) -> Reco
     return result
 
 
+def dropped_column_statements(table_ident: str, schema: StructType, shapes: list[Shape], key: list[str]) -> list[str]:
+    """``on_dropped_column: drop``: DDL dropping the table columns that no complete (schemas-on) shape of
+    the batch has any more. A column any shape of the batch still carries stays: records from before
+    the drop may share the batch with records after it."""
+    complete = [s for s in shapes if not s.inferred]
+    if not complete:
+        return []
+    carried = {name.lower() for s in shapes for name, _ in s.columns}
+    protected = carried | {k.lower() for k in key}
+    return [f"ALTER TABLE {table_ident} DROP COLUMN {quote_column(f.name)}" for f in schema.fields
+            if f.name.lower() not in protected]
+
+
 def unusable_shape(columns: list[tuple[str, str]]) -> str | None:
     """Why no table can take a row shape of ``columns`` ((name, DDL type) pairs), or None."""
     from lakestream.errors import InvalidIdentifierError

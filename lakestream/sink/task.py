@@ -48,6 +48,7 @@ class TableSpec:
     accepted_shapes: frozenset[str] = frozenset()
     rejected_shapes: dict[str, str] = field(default_factory=dict)  # schema id → reason
     committed: dict[TP, int] = field(default_factory=dict)  # the table's stored next offsets
+    drop_missing: bool = False  # on_dropped_column=drop: a full row shape lacking a column goes to the driver
     _arrow: pa.Schema | None = None
     _ddl: dict[str, str] | None = None
 
@@ -55,10 +56,11 @@ class TableSpec:
     def keyed(self) -> bool:
         return bool(self.key_columns)
 
-    def fits(self, names: list[str], ddls: list[str]) -> bool:
+    def fits(self, names: list[str], ddls: list[str], complete: bool = False) -> bool:
         """Whether rows of this shape can be written to the table as it is (no evolution needed):
         every column exists with the same type or one it widens to. Decided in the task, without
-        the driver; anything else goes to the driver (`NewShape`)."""
+        the driver; anything else goes to the driver (`NewShape`). A ``complete`` shape (the source's
+        full row schema) lacking a table column also goes there when dropped columns are dropped."""
         if self._ddl is None:
             from lakestream.sink.files import spark_ddl
 
@@ -66,6 +68,8 @@ class TableSpec:
                 self._ddl = {f["name"]: spark_ddl(f["type"]) for f in self.schema["fields"]}
             except ValueError:
                 self._ddl = {}
+        if complete and self.drop_missing and len(self._ddl) > len(set(names) & set(self._ddl)):
+            return False
         for name, ddl in zip(names, ddls):
             have = self._ddl.get(name)
             if have is None or not _ddl_fits(have, ddl):
@@ -460,7 +464,8 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
             return None
         if (spec is not None and shape_id not in spec.accepted_shapes and table not in deferred
                 and (change.op == "d" and _keys_in_table(spec, change)
-                     or spec.fits(change.columns.names, [t.ddl for t in change.columns.types]))):
+                     or spec.fits(change.columns.names, [t.ddl for t in change.columns.types],
+                                  complete=not change.columns.inferred))):
             # The table can take it as it is (a delete writes only its key).
             spec.accepted_shapes = spec.accepted_shapes | {shape_id}
         if spec is None or shape_id not in spec.accepted_shapes or table in deferred:

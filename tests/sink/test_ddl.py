@@ -21,15 +21,17 @@ SETUP = [
     "INSERT INTO public.ddl_trunc SELECT g, 'v' || g FROM generate_series(1, 5) g",
     "CREATE TABLE public.ddl_drop (id integer PRIMARY KEY, a text, b text)",
     "INSERT INTO public.ddl_drop VALUES (1, 'a1', 'b1')",
+    "CREATE TABLE public.ddl_drop2 (id integer PRIMARY KEY, a text, b text)",
+    "INSERT INTO public.ddl_drop2 VALUES (1, 'a1', 'b1')",
 ]
-TABLES = ["ddl_dflt", "ddl_trunc", "ddl_drop"]
+TABLES = ["ddl_dflt", "ddl_trunc", "ddl_drop", "ddl_drop2"]
 
 
 @pytest.fixture(scope="module")
 def src(stack, spark):
     source = start_captured_source(stack, SETUP, TABLES, "ddl")
     try:
-        source.sync({"ddl_dflt": 3, "ddl_trunc": 5, "ddl_drop": 1})
+        source.sync({"ddl_dflt": 3, "ddl_trunc": 5, "ddl_drop": 1, "ddl_drop2": 1})
         yield source
     finally:
         stop_captured_source(source)
@@ -100,6 +102,21 @@ def test_dropped_column_is_kept_and_new_rows_get_null(src, spark):
     assert rows[2] == {"id": 2, "a": "a2", "b": None}
     assert rows[1] == {"id": 1, "a": "a1!", "b": None}  # the update's row image has no b any more
     verify_ok(src, spark, ["ddl_drop"])
+
+
+def test_dropped_column_is_dropped_with_on_dropped_column_drop(src, spark):
+    start = src.end_offset("ddl_drop2")
+    src.sql("ALTER TABLE public.ddl_drop2 DROP COLUMN b", "INSERT INTO public.ddl_drop2 VALUES (2, 'a2')")
+    keep = src.config
+    stream = keep.streams[0].model_copy(update={"on_dropped_column": "drop"})
+    src.config = keep.model_copy(update={"streams": [stream]})
+    try:
+        src.sync({"ddl_drop2": start + 1})
+    finally:
+        src.config = keep
+    assert [f.name for f in spark.table(src.table("ddl_drop2")).schema.fields] == ["id", "a"]
+    assert _rows(spark, src.table("ddl_drop2")) == {1: {"id": 1, "a": "a1"}, 2: {"id": 2, "a": "a2"}}
+    verify_ok(src, spark, ["ddl_drop2"])
 
 
 def test_logical_decoding_messages_are_skipped_and_counted(src, spark):
