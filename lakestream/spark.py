@@ -65,6 +65,7 @@ def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) 
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.python.daemon.module", "lakestream.worker_daemon")
     )
     for key, value in catalog_conf(catalog).items():
         builder = builder.config(key, value)

@@ -87,6 +87,10 @@ def connector_properties(capture: CaptureSettings, state_dir: Path) -> dict[str,
         **_debezium_settings(capture),
         "key.converter.schemas.enable": schemas,
         "value.converter.schemas.enable": schemas,
+        # Kafka Connect's JsonConverter writes a column's default in place of an explicit NULL unless
+        # told not to (KAFKA-8713): a row inserted with NULL would reach the mirror holding the default.
+        "key.converter.replace.null.with.default": "false",
+        "value.converter.replace.null.with.default": "false",
         "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
         "offset.storage.file.filename": str(offsets_file(state_dir, capture).resolve()),
         # Offsets are only marked processed after Kafka acknowledged the batch; flushing them
@@ -109,6 +113,8 @@ def connect_json(capture: CaptureSettings) -> dict[str, Any]:
     config["value.converter"] = "org.apache.kafka.connect.json.JsonConverter"
     config["key.converter.schemas.enable"] = schemas
     config["value.converter.schemas.enable"] = schemas
+    config["key.converter.replace.null.with.default"] = "false"
+    config["value.converter.replace.null.with.default"] = "false"
     for key, value in capture.connector.items():
         if not str(key).startswith(_EMBEDDED_ONLY_PREFIXES):
             config[str(key)] = str(value)

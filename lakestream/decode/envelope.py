@@ -228,7 +228,10 @@ def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache) -> Chan
             raise DecodeError("Debezium value is not a JSON object")
         if "payload" in obj and "schema" in obj:
             payload = obj["payload"]
-            columns, types = cache.from_envelope_schema(split[0] if split else None, obj["schema"])
+            if isinstance(payload, dict) and payload.get("op") in (TRUNCATE, MESSAGE):
+                columns, types = _NO_COLUMNS, {}  # a message event's schema has no row struct at all
+            else:
+                columns, types = cache.from_envelope_schema(split[0] if split else None, obj["schema"])
         else:
             payload, columns, types = obj, None, {}
     if not isinstance(payload, dict):

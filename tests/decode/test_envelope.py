@@ -286,3 +286,12 @@ def test_defaults_round_trip_through_icebergs_single_value_json(ddl, iceberg_typ
 
     assert iceberg_json(ddl, wire) == json_value
     assert wire_value(iceberg_type, json_value) == wire
+
+
+def test_a_schemas_on_message_event_has_no_row_struct_and_still_decodes():
+    schema = {"type": "struct", "name": "io.debezium.connector.postgresql.MessageValue", "fields": [
+        {"type": "string", "optional": False, "field": "op"},
+        {"type": "struct", "optional": True, "field": "message", "fields": [
+            {"type": "string", "optional": False, "field": "prefix"}]}]}
+    value = json.dumps({"schema": schema, "payload": {"op": "m", "message": {"prefix": "app"}}}).encode()
+    assert decode_debezium(None, value, SchemaCache()).op == "m"
