@@ -57,14 +57,14 @@ def test_bad_records_become_error_rows_with_raw_bytes():
         _rec(0, None, {"after": {"id": 1}, "op": "c"}),  # no key, no key_columns
         _rec(1, {"id": 2}, {"after": {"id": None}, "op": "c"}, ),
         _rec(2, {"id": 3}, b"{broken"),
-        _rec(3, {"id": 4}, {"after": {"id": 4}, "op": "t"}),
+        _rec(3, {"id": 4}, {"after": {"id": 4}, "op": "x"}),
     ])
     errors = [r for r in rows if r["kind"] == "error"]
     assert [e["offset"] for e in errors] == [0, 1, 2, 3]
     assert "missing key" in errors[0]["error"]
     assert "key column(s) ['id'] missing or null" in errors[1]["error"]
     assert "malformed JSON" in errors[2]["error"] and errors[2]["raw_value"] == b"{broken"
-    assert "unknown op 't'" in errors[3]["error"]
+    assert "unknown op 'x'" in errors[3]["error"]
 
 
 def test_key_columns_from_config_override_the_message_key():
