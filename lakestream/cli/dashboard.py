@@ -20,6 +20,8 @@ def register(subparsers) -> None:
     parser.add_argument("--port", type=_port, default=8765, help="port (default: %(default)s; 0 = any free port)")
     parser.add_argument("--interval", type=float, default=10.0,
                         help="seconds between health rounds (default: %(default)s)")
+    parser.add_argument("--table", action="append", metavar="NS.T",
+                        help="only this table (repeatable); default: every table in the catalog")
     parser.add_argument("--history", type=float, default=6.0, metavar="HOURS",
                         help="hours of history in the charts (default: %(default)s)")
     parser.set_defaults(func=func)
@@ -47,7 +49,8 @@ def func(args: argparse.Namespace) -> int:
         log.warning("the dashboard has no authentication and is bound to %s: anyone who reaches it sees "
                     "table names and errors", args.host)
     spark = session_for(config)
-    server = DashboardServer(spark, config, args.host, args.port, args.interval, args.history * 3600).start()
+    server = DashboardServer(spark, config, args.host, args.port, args.interval, args.history * 3600,
+                             args.table).start()
     # Where to point a browser: on stderr with the logs, so stdout stays free of anything but data.
     print(f"lakestream dashboard: {server.url}", file=sys.stderr, flush=True)
     stop = threading.Event()

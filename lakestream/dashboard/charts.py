@@ -8,13 +8,13 @@ from typing import Any
 from lakestream.engine.freshness import freshness_of_batches
 
 
-def _figure(title: str, y_title: str, traces: list[dict[str, Any]]) -> dict[str, Any]:
+def _figure(title: str, y_title: str, traces: list[dict[str, Any]], log_y: bool = False) -> dict[str, Any]:
     return {
         "data": traces,
         "layout": {
-            "title": {"text": title, "font": {"size": 14}},
-            "xaxis": {"type": "date", "title": {"text": "UTC"}},
-            "yaxis": {"title": {"text": y_title}, "rangemode": "tozero"},
+            "title": {"text": f"{title} · UTC", "font": {"size": 14}},
+            "xaxis": {"type": "date"},
+            "yaxis": {"title": {"text": y_title}} | ({"type": "log"} if log_y else {"rangemode": "tozero"}),
             "margin": {"l": 60, "r": 20, "t": 40, "b": 40},
             "height": 280,
             "legend": {"orientation": "h", "y": -0.25},
@@ -36,8 +36,9 @@ def freshness_figure(batches: list[dict[str, Any]]) -> dict[str, Any]:
             x.append(batch["commit_ts_ms"])
             p50.append(round(fresh.p50_s, 3))
             p99.append(round(fresh.p99_s, 3))
+    # Log scale: a backfill of old changes (hours or days) and steady seconds share one chart.
     return _figure("Freshness: source commit → visible (per batch)", "seconds",
-                   [_line("p50", x, p50), _line("p99", x, p99)])
+                   [_line("p50", x, p50), _line("p99", x, p99)], log_y=True)
 
 
 def throughput_figure(batches: list[dict[str, Any]]) -> dict[str, Any]:

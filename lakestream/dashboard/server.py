@@ -39,11 +39,11 @@ class DashboardServer:
     """Serves the dashboard of ``config`` on ``http://host:port/`` (port 0: any free port)."""
 
     def __init__(self, spark: SparkSession, config: PipelineConfig, host: str = "127.0.0.1", port: int = 8765,
-                 interval_s: float = 10.0, history_s: float = DEFAULT_HISTORY_S) -> None:
+                 interval_s: float = 10.0, history_s: float = DEFAULT_HISTORY_S, tables: list[str] | None = None) -> None:
         from lakestream.engine.loop import metrics_path
 
         self.spark, self.config = spark, config
-        self.interval_s, self.history_s = interval_s, history_s
+        self.interval_s, self.history_s, self.tables = interval_s, history_s, tables
         self._batch_log = BatchLog(metrics_path(config))
         self._page = (importlib.resources.files("lakestream.dashboard") / "page.html").read_bytes()
         self._plotly = _plotly_js()
@@ -67,7 +67,7 @@ class DashboardServer:
 
     def refresh(self) -> None:
         """One round now (the background thread calls this every ``interval_s``)."""
-        state = collect_dashboard(self.spark, self.config, self._batch_log, self.history_s)
+        state = collect_dashboard(self.spark, self.config, self._batch_log, self.history_s, tables=self.tables)
         state["refresh_s"] = self.interval_s
         with self._lock:
             self._state = orjson.dumps(state, default=str)

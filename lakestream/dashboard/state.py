@@ -175,17 +175,18 @@ def collect_dashboard(
     batch_log: BatchLog | None = None,
     history_s: float = DEFAULT_HISTORY_S,
     record: bool = True,
+    tables: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Measure every table (a `lakestream health` round), read the batch and maintenance logs, and
-    build the dashboard's state. ``record`` appends the round to the health history (the charts of
-    files per partition over time come from it)."""
+    """Measure ``tables`` (default: every table in the catalog; a `lakestream health` round), read the
+    batch and maintenance logs, and build the dashboard's state. ``record`` appends the round to the
+    health history (the charts of files per partition over time come from it)."""
     from lakestream.engine.loop import metrics_path
     from lakestream.health.history import read_health_history, record_health
     from lakestream.health.monitor import collect_health
     from lakestream.maintenance.history import read_maintenance_log
 
     started = time.monotonic()
-    report = collect_health(spark, config)
+    report = collect_health(spark, config, tables)
     if record:
         try:
             record_health(config, report)
