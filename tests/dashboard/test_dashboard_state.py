@@ -86,3 +86,15 @@ def test_batch_log_reads_only_complete_new_lines(tmp_path):
     assert [b["batch"] for b in log.read()] == [2, 3, 4]  # the torn line completed; the limit keeps 3
     path.write_bytes(b'{"batch": 9}\n')  # replaced by a shorter log
     assert [b["batch"] for b in log.read()] == [9]
+
+
+def test_state_logs_stay_bounded(tmp_path):
+    from lakestream.jsonlog import append_lines, read_lines
+
+    path = tmp_path / "h.jsonl"
+    for round_ in range(200):
+        append_lines(path, [{"round": round_, "pad": "x" * 80}], max_bytes=4096)
+    assert path.stat().st_size <= 4096
+    kept = [r["round"] for r in read_lines(path, limit=1000)]
+    assert kept[-1] == 199 and kept == list(range(kept[0], 200))  # the newest, contiguous, none torn
+    assert [r["round"] for r in read_lines(path, limit=2, keep=lambda r: r["round"] % 2 == 0)] == [196, 198]
