@@ -62,6 +62,9 @@ def test_dashboard_state_from_its_inputs(tmp_path):
     assert rows["ns.gone"]["error"] == "table not found"
     assert state["healthy"] is False and state["summary"]["dead_letters"] == 4
     assert state["summary"]["batches"] == 2 and state["summary"]["records"] == 400
+    summary = state["summary"]
+    assert summary["freshness_batches"] == 2
+    assert abs(summary["freshness_p50_s"] - 2.0) < 0.01 and abs(summary["freshness_p99_s"] - 3.0) < 0.05
 
     fresh = state["charts"]["freshness"]["data"]
     assert fresh[0]["x"] == [NOW - 20_000, NOW - 10_000]
