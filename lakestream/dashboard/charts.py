@@ -56,7 +56,7 @@ def throughput_figure(batches: list[dict[str, Any]]) -> dict[str, Any]:
             previous[table] = commit
             x, y = series.setdefault(table, ([], []))
             x.append(commit)
-            y.append(round(records / seconds, 1) if seconds > 0 else None)
+            y.append(round(records / seconds, 3) if seconds > 0 else None)
     return _figure("Throughput (records/s)", "records/s",
                    [_line(table, x, y) for table, (x, y) in sorted(series.items())])
 
