@@ -73,6 +73,7 @@ class TableMetrics:
     partitions: list[PartitionMetrics] = field(default_factory=list)
     data_files: int = 0
     data_bytes: int = 0
+    rows: int | None = None  # live rows of the current snapshot; None when equality deletes make it unknown
     small_files: int = 0
     small_file_bytes_threshold: int = 0
     delete_files: int = 0
@@ -119,6 +120,7 @@ class TableMetrics:
         """A flat, JSON-ready view (partitions summarised, ancestry left out)."""
         return {
             "table": self.table,
+            "rows": self.rows,
             "data_files": self.data_files,
             "partitions": len(self.partitions),
             "files_per_partition_max": self.files_per_partition_max,
@@ -227,6 +229,7 @@ def collect_table_metrics(
     metrics = TableMetrics(table=name, collected_ms=now_ms)
     jtable = load_java_table(spark, catalog, name)
     metrics.has_sort_order = bool(jtable.sortOrder().isSorted())
+    metrics.rows = live_rows(jtable)
 
     metrics.partitions = collect_partitions(spark, qualified)
     metrics.delete_files = sum(p.delete_files for p in metrics.partitions)
@@ -278,6 +281,24 @@ def collect_table_metrics(
         if offsets_snapshot is not None and offsets_snapshot.offsets:
             metrics.kafka_lag = kafka_lag(kafka, offsets_snapshot.offsets)
     return metrics
+
+
+def live_rows(jtable) -> int | None:
+    """Live rows of the current snapshot from its summary (no scan): data records minus deleted
+    positions. Deletion vectors and position deletes name deleted rows one by one; an equality delete
+    may match any number of rows, so with one the count is unknown (None)."""
+    snapshot = jtable.currentSnapshot()
+    if snapshot is None:
+        return 0
+    summary = snapshot.summary()
+
+    def total(key: str) -> int:
+        value = summary.get(key)
+        return int(value) if value is not None else 0
+
+    if total("total-equality-deletes") > 0 or summary.get("total-records") is None:
+        return None
+    return total("total-records") - total("total-position-deletes")
 
 
 def collect_partitions(spark: SparkSession, qualified: str) -> list[PartitionMetrics]:

@@ -9,6 +9,8 @@ need_apt=()
 [ -x /usr/lib/postgresql/15/bin/initdb ] || need_apt+=(postgresql-15)
 command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
 command -v runuser >/dev/null 2>&1 || need_apt+=(util-linux)
+# Headless Chromium for the dashboard's browser test (driven by the playwright wheel; never `playwright install`).
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "[bootstrap] apt-get install ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo

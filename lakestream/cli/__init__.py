@@ -14,7 +14,7 @@ from lakestream.errors import LakestreamError
 
 # Modules are imported lazily so that a missing optional piece never breaks the other commands.
 _COMMAND_MODULES = ["stack", "capture", "run", "sql", "query", "verify", "maintain", "health", "demo", "upgrade",
-                    "deadletters"]
+                    "deadletters", "dashboard"]
 
 
 def build_parser() -> argparse.ArgumentParser:

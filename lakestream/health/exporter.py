@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 # (metric name, help, TableMetrics attribute or callable)
 _TABLE_GAUGES = [
+    ("lakestream_table_rows", "Live rows of the current snapshot (from its summary)", lambda m: m.rows),
     ("lakestream_table_data_files", "Data files in the current snapshot", lambda m: m.data_files),
     ("lakestream_table_data_bytes", "Bytes of data files in the current snapshot", lambda m: m.data_bytes),
     ("lakestream_table_files_per_partition_max", "Most data files in one partition", lambda m: m.files_per_partition_max),

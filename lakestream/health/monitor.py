@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from lakestream.config import PipelineConfig
 from lakestream.health.checks import Alert, compaction_lag_s, evaluate
+from lakestream.health.history import record_health
 from lakestream.inspection import TableMetrics, collect_table_metrics, list_tables
 
 if TYPE_CHECKING:
@@ -82,6 +83,10 @@ def monitor(
     while not stop.is_set():
         started = time.time()
         report = collect_health(spark, config, tables)
+        try:
+            record_health(config, report)
+        except OSError as exc:
+            log.warning("health history not written: %s", exc)
         if exporter is not None:
             exporter.update(report)
         if notifier is not None:

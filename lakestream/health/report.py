@@ -36,16 +36,17 @@ def render_table(report: HealthReport, out: IO[str] | None = None) -> None:
         return f"[bold red]{text}[/]" if (table, metric) in alerted else f"[green]{text}[/]"
 
     grid = Table(title="Lakestream table health", header_style="bold")
-    for column in ("table", "files", "files/part max", "p95", "avg file", "small %", "deletes",
+    for column in ("table", "rows", "files", "files/part max", "p95", "avg file", "small %", "deletes",
                    "snapshots", "metadata", "since compaction", "freshness", "kafka lag"):
         grid.add_column(column, justify="left" if column == "table" else "right")
     for m in report.tables:
         t = m.table
         if m.error:
-            grid.add_row(f"[bold red]{t}[/]", f"[red]{m.error[:80]}[/]", *[""] * 10)
+            grid.add_row(f"[bold red]{t}[/]", f"[red]{m.error[:80]}[/]", *[""] * 11)
             continue
         grid.add_row(
             t,
+            "?" if m.rows is None else str(m.rows),
             str(m.data_files),
             cell(t, "files_per_partition", str(m.files_per_partition_max)),
             f"{m.files_per_partition_p95:.0f}",

@@ -22,6 +22,7 @@ from lakestream.maintenance.actions import (
     rewrite_manifests,
     rewrite_position_deletes,
 )
+from lakestream.maintenance.history import record_maintenance
 from lakestream.maintenance.policy import MaintenancePlan, plan_maintenance
 
 if TYPE_CHECKING:
@@ -117,6 +118,11 @@ class MaintenanceScheduler:
                 results.append(MaintenanceResult(table=name, action="round", status="failed", error=str(exc).splitlines()[0][:300]))
         # Measured from the round's end: a round longer than interval_s must not run back to back inline.
         self.last_round_s = now_s + (time.monotonic() - wall_started)
+        if not dry_run:
+            try:
+                record_maintenance(self.config, results, int(self.last_round_s * 1000))
+            except OSError as exc:  # the round itself succeeded: an unwritable state dir must not fail it
+                log.warning("maintenance log not written: %s", exc)
         return results
 
 
