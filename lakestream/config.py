@@ -96,6 +96,46 @@ class TableLayoutRule(TableLayout):
         return value
 
 
+class TransformSettings(_Model):
+    """A transform of a stream's table: SQL over the view ``batch`` (DuckDB) or a Python callable
+    (``package.module:function``, pyarrow.Table in and out). Its output is appended to ``table``."""
+
+    name: str
+    sql: str | None = None
+    python: str | None = None
+    # The output table in the stream's namespace: a name or a template with the stream's placeholders.
+    table: str
+    layout: TableLayout = Field(default_factory=TableLayout)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return validate_identifier(value, what="transform name")
+
+    @field_validator("python")
+    @classmethod
+    def _dotted(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][\w.]*[:.][A-Za-z_]\w*", value):
+            raise ValueError(f"{value!r} is not a dotted path; write it as package.module:function")
+        return value
+
+    @field_validator("table")
+    @classmethod
+    def _valid_template(cls, value: str) -> str:
+        try:
+            value.format(prefix="p", schema="s", table="t", topic="x", field="f")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"unknown placeholder {exc} in table template; use {{prefix}}, {{schema}}, "
+                             f"{{table}} or {{topic}}") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _one_body(self) -> TransformSettings:
+        if (self.sql is None) == (self.python is None):
+            raise ValueError("give exactly one of `sql: SELECT ... FROM batch` or `python: package.module:function`")
+        return self
+
+
 class StreamSettings(_Model):
     """One routing rule: which topics, how they are written and to which table.
 
@@ -118,6 +158,8 @@ class StreamSettings(_Model):
     # How often this stream's topics are read and its tables committed (default: engine.commit_interval_s).
     # Until then its records wait in Kafka: slow tables get fewer, larger files.
     commit_interval_s: float | None = Field(default=None, ge=0)
+    # Derived tables written from this stream's typed changes in the same batch (lakestream.process).
+    transforms: list[TransformSettings] = Field(default_factory=list)
 
     @field_validator("topic_pattern")
     @classmethod
@@ -155,6 +197,12 @@ class StreamSettings(_Model):
             raise ValueError("with route_field/route_header the table template must use {field}, e.g. table: '{field}'")
         if self.mode == "upsert" and (self.event_time_field or self.dedupe_field):
             raise ValueError("event_time_field and dedupe_field apply to mode: append only")
+        if self.transforms and (self.route_field or self.route_header):
+            raise ValueError("transforms need one table per topic: remove route_field/route_header, or move the "
+                             "transforms to a stream without them")
+        names = [t.name for t in self.transforms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"transform names must be unique within a stream: {names}")
         return self
 
     @property
