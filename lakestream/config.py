@@ -215,6 +215,85 @@ class StreamSettings(_Model):
         return bool(self.topic_pattern and re.fullmatch(self.topic_pattern, topic))
 
 
+def _two_part_name(value: str, what: str) -> str:
+    parts = value.split(".")
+    if len(parts) != 2:
+        raise ValueError(f"write the {what} as <namespace>.<table>, e.g. fraud.alerts")
+    for part in parts:
+        validate_identifier(part, what=f"{what} name part")
+    return value
+
+
+class RuleCheck(_Model):
+    """One check of a rule set, evaluated for every new event of the source table:
+
+    - ``count``: more than ``above`` events of the key with event time in [t - window_s, t];
+    - ``sum``: the sum of ``field`` over those events is more than ``above``;
+    - ``change``: ``field`` differs from the key's previous event (by event time);
+    - ``predicate``: the DuckDB boolean expression ``sql`` over the event's columns is true.
+    """
+
+    name: str
+    kind: Literal["count", "sum", "change", "predicate"]
+    window_s: float | None = Field(default=None, gt=0)
+    field: str | None = None
+    above: float | None = None
+    sql: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return validate_identifier(value, what="check name")
+
+    @model_validator(mode="after")
+    def _complete(self) -> RuleCheck:
+        need = {"count": ("window_s", "above"), "sum": ("window_s", "above", "field"), "change": ("field",),
+                "predicate": ("sql",)}[self.kind]
+        missing = [n for n in need if getattr(self, n) is None]
+        if missing:
+            raise ValueError(f"a {self.kind} check needs {', '.join(missing)}")
+        return self
+
+
+class RuleSet(_Model):
+    """Rules over each key's recent history in ``source`` (a table this pipeline appends to, whose rows
+    carry the transform meta columns _topic, _partition, _offset). Every alert goes to ``alerts_table``
+    exactly once and, keyed by its deterministic alert id, to ``alerts_topic``."""
+
+    name: str
+    source: str
+    key: str
+    event_time: str
+    event_id: str
+    checks: list[RuleCheck] = Field(min_length=1)
+    alerts_table: str
+    alerts_topic: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return validate_identifier(value, what="rule set name")
+
+    @field_validator("source", "alerts_table")
+    @classmethod
+    def _two_part(cls, value: str) -> str:
+        return _two_part_name(value, "table")
+
+    @model_validator(mode="after")
+    def _unique(self) -> RuleSet:
+        names = [c.name for c in self.checks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"check names must be unique within a rule set: {names}")
+        if self.source == self.alerts_table:
+            raise ValueError("alerts_table must differ from source")
+        return self
+
+    @property
+    def history_s(self) -> float:
+        """How far back a key's history matters (the longest window)."""
+        return max([c.window_s or 0.0 for c in self.checks])
+
+
 class EngineSettings(_Model):
     """The micro-batch loop."""
 
@@ -367,6 +446,7 @@ class PipelineConfig(_Model):
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     capture: CaptureSettings | None = None
+    rules: list[RuleSet] = Field(default_factory=list)
     state_dir: str = ".lakestream"
 
     def layout_for(self, table: str, stream: StreamSettings) -> TableLayout:

@@ -41,6 +41,8 @@ from lakestream.source.planner import OffsetRange, pack_ranges, plan_offset_rang
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from lakestream.process.alerts import AlertStage
+
 log = logging.getLogger(__name__)
 
 # Java exception classes that mean "the table moved under us" (maintenance, another writer): the
@@ -119,9 +121,16 @@ class Pipeline:
         # made repeat; appended from the commit threads (list.append is atomic).
         self._conflicts: list[tuple[str, str]] = []
         self._retries: list[str] = []
+        self.alerts: AlertStage | None = None
+        if config.rules:
+            from lakestream.process.alerts import AlertStage
+
+            self.alerts = AlertStage(self)
 
     def close(self) -> None:
         self.kafka.close()
+        if self.alerts is not None:
+            self.alerts.close()
         for name, index in self.indexes.items():
             if index.valid and index.snapshot_id is not None:
                 try:
@@ -445,7 +454,7 @@ class Pipeline:
                 body = "sql" if t.sql is not None else "python"
                 raise ConfigError(f"{where}.{body} ({t.name}) fails over table {name}'s columns: "
                                   f"{type(exc).__name__}: {str(exc)[:500]} — fix: the view is `batch` with the table's "
-                                  f"columns plus _op, _topic, _partition, _offset, _source_ts_ms, _kafka_ts_ms")
+                                  f"columns plus _op, _topic, _kafka_partition, _kafka_offset, _source_ts_ms, _kafka_ts_ms")
             if not columns:
                 raise ConfigError(f"{where}: the transform {t.name} returns no columns — fix: select at least one")
             shape_id = "derived-" + hashlib.sha1(repr(columns).encode()).hexdigest()[:16]
@@ -557,10 +566,13 @@ class Pipeline:
                           for r in _without(ranges, self._culprits) if r.tp in fed and r.tp in ends]
                 return self._bisect_commit(name, closed, report, exc)
 
-        # Transform outputs commit before their input tables: a restart reads from the input's offsets,
-        # which are then never past an output's (each output skips what it already holds).
-        outputs = {d.table for ds in self.derived.values() for d in ds}
-        phases = [[item for item in todo if item[0] in outputs], [item for item in todo if item[0] not in outputs]]
+        # Alerts commit first, then transform outputs, then their input tables: a restart reads from the
+        # input's offsets, which are then never past a derived table's (each skips what it already holds),
+        # and a rule's source (its state) never holds records whose alerts were not committed.
+        alerts = self.alerts.tables if self.alerts is not None else set()
+        outputs = {d.table for ds in self.derived.values() for d in ds} - alerts
+        phases = [[item for item in todo if item[0] in alerts], [item for item in todo if item[0] in outputs],
+                  [item for item in todo if item[0] not in outputs and item[0] not in alerts]]
         done: dict[str, TableCommit] = {}
         for phase in phases:
             workers = min(self.config.engine.table_write_parallelism, len(phase))
@@ -684,6 +696,8 @@ class Pipeline:
                                           f"{sorted(tr.shapes)}")
                 report.tables[name] = tr
             report.dead_letters.extend(second.dead_letters)
+        if self.alerts is not None:
+            self.alerts.run(report)
         read_seconds = time.monotonic() - started
         committed = self.commit_tables(report, ranges)
         dead = self.write_dead_letters(report)

@@ -21,8 +21,8 @@ import pyarrow as pa
 META_COLUMNS = {
     "_op": pa.string(),            # c | u | d | r (a plain event: c)
     "_topic": pa.string(),
-    "_partition": pa.int32(),
-    "_offset": pa.int64(),
+    "_kafka_partition": pa.int32(),
+    "_kafka_offset": pa.int64(),
     "_source_ts_ms": pa.int64(),   # the source's commit time (Debezium source.ts_ms), null if unknown
     "_kafka_ts_ms": pa.int64(),    # the Kafka record's timestamp
 }

@@ -543,8 +543,8 @@ def _run_derived(derived: Derived, spec: TableSpec, rows: _Rows, raw_runs: list[
     partitions, offsets = rows.partitions[order], rows.offsets[order]
     source_ts = rows.source_ts[order]
     batch = with_meta(rows.table.take(take), {
-        "_op": [rows.ops[i] for i in order], "_topic": topics, "_partition": partitions.astype(np.int32),
-        "_offset": offsets, "_source_ts_ms": [None if np.isnan(v) else int(v) for v in source_ts],
+        "_op": [rows.ops[i] for i in order], "_topic": topics, "_kafka_partition": partitions.astype(np.int32),
+        "_kafka_offset": offsets, "_source_ts_ms": [None if np.isnan(v) else int(v) for v in source_ts],
         "_kafka_ts_ms": rows.kafka_ts[order]})
     schema = spec.arrow_schema()
     outputs, failed = apply_isolating(lambda part: fit_output(run_transform(derived, part), schema), batch)

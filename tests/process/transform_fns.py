@@ -11,5 +11,5 @@ def flag_round_amounts(batch: pa.Table) -> pa.Table:
     if pc.any(pc.equal(amounts, 13)).as_py():
         raise ValueError("unlucky amount 13")
     keep = pc.equal(pc.cast(amounts, pa.int64()), pc.multiply(pc.divide(pc.cast(amounts, pa.int64()), 10), 10))
-    out = batch.filter(keep).select(["id", "amount", "_offset"])
+    out = batch.filter(keep).select(["id", "amount", "_kafka_offset"])
     return out.append_column("round", pa.array([True] * out.num_rows, pa.bool_()))
