@@ -46,7 +46,9 @@ def _fields(rules: RuleSet) -> list[str]:
 
 def _ts_expr(rules: RuleSet, arrow_type: pa.DataType) -> str:
     col = quote_ansi_column(rules.event_time)
-    if pa.types.is_timestamp(arrow_type) or pa.types.is_date(arrow_type):
+    if pa.types.is_timestamp(arrow_type):
+        return f"epoch_ms({col})"  # a cast of a zoned timestamp would apply DuckDB's local time zone
+    if pa.types.is_date(arrow_type):
         return f"epoch_ms(CAST({col} AS TIMESTAMP))"
     if pa.types.is_integer(arrow_type):
         return f"CAST({col} AS BIGINT)"  # epoch milliseconds

@@ -83,15 +83,15 @@ def test_rules_raise_exact_alerts_across_batches_and_a_crash(stack, spark, pipel
           "transforms": [{"name": "history", "table": "tx_history",
                           "sql": "SELECT id, account, amount, country, ts_ms, _topic, _kafka_partition, _kafka_offset, "
                                  "_kafka_ts_ms AS _source_ts_ms FROM batch"}]}],
-        name=f"rules{uid}", engine={"max_records_per_batch": 70, "table_write_parallelism": 1},
+        name=f"rules{uid}", engine={"max_records_per_batch": 60, "table_write_parallelism": 1},
         rules=[{"name": "fraud", "source": f"{ns}.tx_history", "key": "account", "event_time": "ts_ms",
                 "event_id": "id", "alerts_table": f"{ns}.alerts", "alerts_topic": alerts_topic, "checks": CHECKS}])
-    events = _events(300, seed=7)
-    produce_records(stack.bootstrap_servers, topic, [(None, json.dumps(e)) for e in events[:150]])
+    events = _events(200, seed=7)
+    produce_records(stack.bootstrap_servers, topic, [(None, json.dumps(e)) for e in events[:100]])
     run_pipeline(config, spark=spark, stop_when_idle=True)
 
     # The process dies after the alerts of a batch committed, before its history did.
-    produce_records(stack.bootstrap_servers, topic, [(None, json.dumps(e)) for e in events[150:]])
+    produce_records(stack.bootstrap_servers, topic, [(None, json.dumps(e)) for e in events[100:]])
     real_write = pipeline_module.write_table
     calls: list[str] = []
 
