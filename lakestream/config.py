@@ -294,6 +294,49 @@ class RuleSet(_Model):
         return max([c.window_s or 0.0 for c in self.checks])
 
 
+class WindowSettings(_Model):
+    """Event-time windows per key over ``source`` (a table this pipeline appends to, whose rows carry
+    _topic, _kafka_partition, _kafka_offset), upserted into ``table`` by (key, window_start).
+
+    ``slide_s`` equal to ``size_s`` (the default) makes tumbling windows, smaller makes hopping ones.
+    The watermark is the newest event time seen minus ``watermark_delay_s``; an event whose last
+    window ended more than ``allowed_lateness_s`` before the watermark is a dead letter ("late")."""
+
+    name: str
+    source: str
+    key: str
+    event_time: str
+    fields: list[str] = Field(default_factory=list)  # each gets _count, _sum, _min, _max, _avg columns
+    size_s: int = Field(gt=0)
+    slide_s: int | None = Field(default=None, gt=0)
+    watermark_delay_s: float = Field(default=0, ge=0)
+    allowed_lateness_s: float = Field(default=0, ge=0)
+    table: str
+    key_buckets: int | None = Field(default=None, ge=1)  # partition by bucket(n, key) instead of the key
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return validate_identifier(value, what="window name")
+
+    @field_validator("source", "table")
+    @classmethod
+    def _two_part(cls, value: str) -> str:
+        return _two_part_name(value, "table")
+
+    @model_validator(mode="after")
+    def _slide(self) -> WindowSettings:
+        if self.slide_s is not None and (self.slide_s > self.size_s or self.size_s % self.slide_s):
+            raise ValueError("slide_s must divide size_s (equal for tumbling windows, smaller for hopping ones)")
+        if self.source == self.table:
+            raise ValueError("table must differ from source")
+        return self
+
+    @property
+    def slide(self) -> int:
+        return self.slide_s or self.size_s
+
+
 class EngineSettings(_Model):
     """The micro-batch loop."""
 
@@ -447,6 +490,7 @@ class PipelineConfig(_Model):
     health: HealthSettings = Field(default_factory=HealthSettings)
     capture: CaptureSettings | None = None
     rules: list[RuleSet] = Field(default_factory=list)
+    windows: list[WindowSettings] = Field(default_factory=list)
     state_dir: str = ".lakestream"
 
     def layout_for(self, table: str, stream: StreamSettings) -> TableLayout:

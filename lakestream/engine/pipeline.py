@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.process.alerts import AlertStage
+    from lakestream.process.windows import WindowStage
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,11 @@ class Pipeline:
             from lakestream.process.alerts import AlertStage
 
             self.alerts = AlertStage(self)
+        self.windows: WindowStage | None = None
+        if config.windows:
+            from lakestream.process.windows import WindowStage
+
+            self.windows = WindowStage(self)
 
     def close(self) -> None:
         self.kafka.close()
@@ -698,6 +704,8 @@ class Pipeline:
             report.dead_letters.extend(second.dead_letters)
         if self.alerts is not None:
             self.alerts.run(report)
+        if self.windows is not None:
+            self.windows.run(report)  # commits the windows tables (MERGE), before their sources
         read_seconds = time.monotonic() - started
         committed = self.commit_tables(report, ranges)
         dead = self.write_dead_letters(report)
