@@ -21,7 +21,9 @@ from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.engine.freshness import mixture_quantiles
 from lakestream.errors import ConfigError, DecodeError, LakestreamError, is_infrastructure_failure
 from lakestream.identifiers import validate_identifier
+from lakestream.process.alerts import AlertStage
 from lakestream.process.transform import Derived, empty_input, output_columns, run_transform
+from lakestream.process.windows import WindowStage
 from lakestream.sink.offsets import (
     BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, SOURCE_TS_PROPERTY, TableOffsets, encode_offsets,
 )
@@ -41,8 +43,6 @@ from lakestream.source.planner import OffsetRange, pack_ranges, plan_offset_rang
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from lakestream.process.alerts import AlertStage
-    from lakestream.process.windows import WindowStage
 
 log = logging.getLogger(__name__)
 
@@ -124,13 +124,9 @@ class Pipeline:
         self._retries: list[str] = []
         self.alerts: AlertStage | None = None
         if config.rules:
-            from lakestream.process.alerts import AlertStage
-
             self.alerts = AlertStage(self)
         self.windows: WindowStage | None = None
         if config.windows:
-            from lakestream.process.windows import WindowStage
-
             self.windows = WindowStage(self)
 
     def close(self) -> None:

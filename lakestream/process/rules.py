@@ -89,7 +89,8 @@ class RuleEvaluator:
 
     def __init__(self, rules: RuleSet):
         self.rules = rules
-        self.history: pa.Table | None = None  # columns: the rule's fields + _topic, _kafka_partition, _kafka_offset, _ts
+        # The rule's fields + _topic, _kafka_partition, _kafka_offset, _ts (epoch ms).
+        self.history: pa.Table | None = None
 
     def load_history(self, spark: SparkSession, catalog: str) -> None:
         """The history that matters, from the committed source table (after a start or a restart)."""
@@ -106,7 +107,8 @@ class RuleEvaluator:
         integral = spark.table(f"{catalog}.{ns}.{tbl}").schema[self.rules.event_time].dataType.typeName() in (
             "long", "integer", "short", "byte")
         back = f"{window * 1000}" if integral else f"make_dt_interval(0, 0, 0, {window})"
-        sql = (f"SELECT {cols} FROM {ident} WHERE {ts} >= (SELECT max({ts}) FROM {ident}) - {back} UNION SELECT {cols} FROM (SELECT {cols}, row_number() OVER "
+        sql = (f"SELECT {cols} FROM {ident} WHERE {ts} >= (SELECT max({ts}) FROM {ident}) - {back} "
+               f"UNION SELECT {cols} FROM (SELECT {cols}, row_number() OVER "
                f"(PARTITION BY {key} ORDER BY {ts} DESC, `_kafka_offset` DESC) AS `_rn` FROM {ident}) WHERE `_rn` = 1")
         batches = spark.sql(sql)._collect_as_arrow()
         table = pa.Table.from_batches(batches) if batches else None
@@ -154,10 +156,12 @@ class RuleEvaluator:
                              f"CAST({v} AS DOUBLE) AS value, {d} AS detail, _topic, _kafka_partition, _kafka_offset "
                              f"FROM scored WHERE {v} IS NOT NULL")
             con.register("scored", scored)
-            alerts = con.execute(" UNION ALL ".join(parts) + " ORDER BY _ts, _topic, _kafka_partition, _kafka_offset, check_name"
-                                 ).to_arrow_table()
+            order = " ORDER BY _ts, _topic, _kafka_partition, _kafka_offset, check_name"
+            alerts = con.execute(" UNION ALL ".join(parts) + order).to_arrow_table()
             con.unregister("scored")
-            merged = "SELECT * FROM new_events" + (" UNION ALL BY NAME SELECT * FROM old_events" if history is not None else "")
+            merged = "SELECT * FROM new_events"
+            if history is not None:
+                merged += " UNION ALL BY NAME SELECT * FROM old_events"
             self.history = con.execute(
                 f"WITH merged AS ({merged}) SELECT * EXCLUDE (_rn) FROM (SELECT *, row_number() OVER (PARTITION BY "
                 f"{key} ORDER BY _ts DESC, _topic DESC, _kafka_partition DESC, _kafka_offset DESC) AS _rn FROM merged) "

@@ -254,7 +254,6 @@ class TableWriter:
 
     def finish(self, pending: _Pending, facts: list[rp.Fact], write: bool = True) -> _Rows | None:
         """Write the table's changes (``write``); return them typed, for its transforms."""
-        spec = self.spec
         rows = self._typed_rows(pending, facts if write else [])
         if rows is None or not write:
             return rows
