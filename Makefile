@@ -1,4 +1,4 @@
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean example-fraud example-iot
 VENV ?= .venv
 
 setup:
@@ -6,6 +6,12 @@ setup:
 
 demo: setup
 	$(VENV)/bin/lakestream demo
+
+example-fraud: setup
+	$(VENV)/bin/lakestream demo --pattern fraud
+
+example-iot: setup
+	$(VENV)/bin/lakestream demo --pattern iot
 
 test: setup
 	$(VENV)/bin/python -m pytest -x -v --durations=15 tests

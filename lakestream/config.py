@@ -96,6 +96,46 @@ class TableLayoutRule(TableLayout):
         return value
 
 
+class TransformSettings(_Model):
+    """A transform of a stream's table: SQL over the view ``batch`` (DuckDB) or a Python callable
+    (``package.module:function``, pyarrow.Table in and out). Its output is appended to ``table``."""
+
+    name: str
+    sql: str | None = None
+    python: str | None = None
+    # The output table in the stream's namespace: a name or a template with the stream's placeholders.
+    table: str
+    layout: TableLayout = Field(default_factory=TableLayout)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return validate_identifier(value, what="transform name")
+
+    @field_validator("python")
+    @classmethod
+    def _dotted(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][\w.]*[:.][A-Za-z_]\w*", value):
+            raise ValueError(f"{value!r} is not a dotted path; write it as package.module:function")
+        return value
+
+    @field_validator("table")
+    @classmethod
+    def _valid_template(cls, value: str) -> str:
+        try:
+            value.format(prefix="p", schema="s", table="t", topic="x", field="f")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"unknown placeholder {exc} in table template; use {{prefix}}, {{schema}}, "
+                             f"{{table}} or {{topic}}") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _one_body(self) -> TransformSettings:
+        if (self.sql is None) == (self.python is None):
+            raise ValueError("give exactly one of `sql: SELECT ... FROM batch` or `python: package.module:function`")
+        return self
+
+
 class StreamSettings(_Model):
     """One routing rule: which topics, how they are written and to which table.
 
@@ -120,6 +160,8 @@ class StreamSettings(_Model):
     # How often this stream's topics are read and its tables committed (default: engine.commit_interval_s).
     # Until then its records wait in Kafka: slow tables get fewer, larger files.
     commit_interval_s: float | None = Field(default=None, ge=0)
+    # Derived tables written from this stream's typed changes in the same batch (lakestream.process).
+    transforms: list[TransformSettings] = Field(default_factory=list)
 
     @field_validator("topic_pattern")
     @classmethod
@@ -157,6 +199,12 @@ class StreamSettings(_Model):
             raise ValueError("with route_field/route_header the table template must use {field}, e.g. table: '{field}'")
         if self.mode == "upsert" and (self.event_time_field or self.dedupe_field):
             raise ValueError("event_time_field and dedupe_field apply to mode: append only")
+        if self.transforms and (self.route_field or self.route_header):
+            raise ValueError("transforms need one table per topic: remove route_field/route_header, or move the "
+                             "transforms to a stream without them")
+        names = [t.name for t in self.transforms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"transform names must be unique within a stream: {names}")
         return self
 
     @property
@@ -167,6 +215,128 @@ class StreamSettings(_Model):
         if topic in self.topics:
             return True
         return bool(self.topic_pattern and re.fullmatch(self.topic_pattern, topic))
+
+
+def _two_part_name(value: str, what: str) -> str:
+    parts = value.split(".")
+    if len(parts) != 2:
+        raise ValueError(f"write the {what} as <namespace>.<table>, e.g. fraud.alerts")
+    for part in parts:
+        validate_identifier(part, what=f"{what} name part")
+    return value
+
+
+class RuleCheck(_Model):
+    """One check of a rule set, evaluated for every new event of the source table:
+
+    - ``count``: more than ``above`` events of the key with event time in [t - window_s, t];
+    - ``sum``: the sum of ``field`` over those events is more than ``above``;
+    - ``change``: ``field`` differs from the key's previous event (by event time);
+    - ``predicate``: the DuckDB boolean expression ``sql`` over the event's columns is true.
+    """
+
+    name: str
+    kind: Literal["count", "sum", "change", "predicate"]
+    window_s: float | None = Field(default=None, gt=0)
+    field: str | None = None
+    above: float | None = None
+    sql: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return validate_identifier(value, what="check name")
+
+    @model_validator(mode="after")
+    def _complete(self) -> RuleCheck:
+        need = {"count": ("window_s", "above"), "sum": ("window_s", "above", "field"), "change": ("field",),
+                "predicate": ("sql",)}[self.kind]
+        missing = [n for n in need if getattr(self, n) is None]
+        if missing:
+            raise ValueError(f"a {self.kind} check needs {', '.join(missing)}")
+        return self
+
+
+class RuleSet(_Model):
+    """Rules over each key's recent history in ``source`` (a table this pipeline appends to, whose rows
+    carry the transform meta columns _topic, _partition, _offset). Every alert goes to ``alerts_table``
+    exactly once and, keyed by its deterministic alert id, to ``alerts_topic``."""
+
+    name: str
+    source: str
+    key: str
+    event_time: str
+    event_id: str
+    checks: list[RuleCheck] = Field(min_length=1)
+    alerts_table: str
+    alerts_topic: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return validate_identifier(value, what="rule set name")
+
+    @field_validator("source", "alerts_table")
+    @classmethod
+    def _two_part(cls, value: str) -> str:
+        return _two_part_name(value, "table")
+
+    @model_validator(mode="after")
+    def _unique(self) -> RuleSet:
+        names = [c.name for c in self.checks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"check names must be unique within a rule set: {names}")
+        if self.source == self.alerts_table:
+            raise ValueError("alerts_table must differ from source")
+        return self
+
+    @property
+    def history_s(self) -> float:
+        """How far back a key's history matters (the longest window)."""
+        return max([c.window_s or 0.0 for c in self.checks])
+
+
+class WindowSettings(_Model):
+    """Event-time windows per key over ``source`` (a table this pipeline appends to, whose rows carry
+    _topic, _kafka_partition, _kafka_offset), upserted into ``table`` by (key, window_start).
+
+    ``slide_s`` equal to ``size_s`` (the default) makes tumbling windows, smaller makes hopping ones.
+    The watermark is the newest event time seen minus ``watermark_delay_s``; an event whose last
+    window ended more than ``allowed_lateness_s`` before the watermark is a dead letter ("late")."""
+
+    name: str
+    source: str
+    key: str
+    event_time: str
+    fields: list[str] = Field(default_factory=list)  # each gets _count, _sum, _min, _max, _avg columns
+    size_s: int = Field(gt=0)
+    slide_s: int | None = Field(default=None, gt=0)
+    watermark_delay_s: float = Field(default=0, ge=0)
+    allowed_lateness_s: float = Field(default=0, ge=0)
+    table: str
+    key_buckets: int | None = Field(default=None, ge=1)  # partition by bucket(n, key) instead of the key
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return validate_identifier(value, what="window name")
+
+    @field_validator("source", "table")
+    @classmethod
+    def _two_part(cls, value: str) -> str:
+        return _two_part_name(value, "table")
+
+    @model_validator(mode="after")
+    def _slide(self) -> WindowSettings:
+        if self.slide_s is not None and (self.slide_s > self.size_s or self.size_s % self.slide_s):
+            raise ValueError("slide_s must divide size_s (equal for tumbling windows, smaller for hopping ones)")
+        if self.source == self.table:
+            raise ValueError("table must differ from source")
+        return self
+
+    @property
+    def slide(self) -> int:
+        return self.slide_s or self.size_s
 
 
 class EngineSettings(_Model):
@@ -332,6 +502,8 @@ class PipelineConfig(_Model):
     maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     capture: CaptureSettings | None = None
+    rules: list[RuleSet] = Field(default_factory=list)
+    windows: list[WindowSettings] = Field(default_factory=list)
     state_dir: str = ".lakestream"
 
     def layout_for(self, table: str, stream: StreamSettings) -> TableLayout:

@@ -48,7 +48,8 @@ class BadValue(DecodeError):
 
 
 # Every reason a record becomes a dead letter, as a bounded set of labels (metrics group by these).
-DEAD_LETTER_KINDS = ("malformed", "unroutable", "missing_key", "bad_value", "incompatible_schema", "write_failed")
+DEAD_LETTER_KINDS = ("malformed", "unroutable", "missing_key", "bad_value", "incompatible_schema", "write_failed",
+                     "transform_failed", "late")
 
 
 class QueryError(LakestreamError):

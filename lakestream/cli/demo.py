@@ -22,11 +22,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--broker", choices=["noida", "tansu"], default=defaults.broker, help="(default: %(default)s)")
     parser.add_argument("--catchup-timeout", type=float, default=defaults.catchup_timeout_s,
                         help="seconds to wait for the lake to match after the workload (default: %(default)s)")
+    parser.add_argument("--pattern", choices=["shop", "fraud", "iot"], default="shop",
+                        help="shop: the CDC mirror demo; fraud: transactions → rules → alerts; iot: sensor readings → windows (default: %(default)s)")
     parser.set_defaults(func=_demo)
 
 
 def _demo(args: argparse.Namespace) -> int:
     from lakestream.demo.runner import run_demo
+
+    if args.pattern == "fraud":
+        from lakestream.demo.fraud import FraudSettings, run_fraud_demo
+
+        duration = args.duration if args.duration != DemoSettings().duration_s else FraudSettings().duration_s
+        rate = args.rate if args.rate != DemoSettings().changes_per_s else FraudSettings().per_s
+        fraud = FraudSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
+                              broker=args.broker, duration_s=duration, per_s=rate,
+                              catchup_timeout_s=args.catchup_timeout)
+        return 0 if run_fraud_demo(fraud).ok else 1
+    if args.pattern == "iot":
+        from lakestream.demo.iot import IotSettings, run_iot_demo
+
+        run_iot_demo(IotSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
+                                 broker=args.broker))
+        return 0
 
     settings = DemoSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port, broker=args.broker,
                             duration_s=args.duration, changes_per_s=args.rate, catchup_timeout_s=args.catchup_timeout)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from lakestream.config import PipelineConfig
+from lakestream.errors import ConfigError
 from lakestream.engine.pipeline import BatchResult, Pipeline, _first_line, describe_batch
 
 if TYPE_CHECKING:
@@ -59,6 +60,8 @@ def run_pipeline(
             try:
                 result = pipeline.run_batch()
                 failures = 0
+            except ConfigError:
+                raise  # a retry cannot fix the config
             except Exception as exc:  # noqa: BLE001 — recovered below, or re-raised after too many
                 failures += 1
                 if engine_metrics is not None:

@@ -19,7 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.engine.freshness import mixture_quantiles
-from lakestream.errors import DecodeError, LakestreamError, is_infrastructure_failure
+from lakestream.errors import ConfigError, DecodeError, LakestreamError, is_infrastructure_failure
+from lakestream.identifiers import validate_identifier
+from lakestream.process.alerts import AlertStage
+from lakestream.process.transform import Derived, empty_input, output_columns, run_transform
+from lakestream.process.windows import WindowStage
 from lakestream.sink.offsets import (
     BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, SOURCE_TS_PROPERTY, TableOffsets, encode_offsets,
 )
@@ -27,7 +31,7 @@ from lakestream.sink.committer import StaleIndex, TableCommit, TableWrite, write
 from lakestream.sink.deadletter import dead_letter_table, ensure_dead_letter_table
 from lakestream.sink.index import KeyIndex, is_integer_key
 from lakestream.sink.report import BatchReport, DeadLetter, NewShape, RangeEnd, TableReport
-from lakestream.sink.router import Router, TableName
+from lakestream.sink.router import Router, TableName, topic_parts
 from lakestream.sink.schema import (
     DEFAULT_TABLE_PROPERTIES, Shape, TableManager, dropped_column_statements, merged_columns, reconcile, unusable_shape,
     widen_to_string_statements,
@@ -38,6 +42,7 @@ from lakestream.source.planner import OffsetRange, pack_ranges, plan_offset_rang
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +113,7 @@ class Pipeline:
         self.batch_id = last_batch_id
         self._batch_id_recovered = False
         self.specs: dict[str, TableSpec] = {}
+        self.derived: dict[str, list[Derived]] = {}  # input table → its transforms (lakestream.process)
         self.indexes: dict[str, KeyIndex] = {}
         self._last_discovery = 0.0
         self._last_read: dict[int, float] = {}  # stream index → when its topics were last read
@@ -120,9 +126,17 @@ class Pipeline:
         # made repeat; appended from the commit threads (list.append is atomic).
         self._conflicts: list[tuple[str, str]] = []
         self._retries: list[str] = []
+        self.alerts: AlertStage | None = None
+        if config.rules:
+            self.alerts = AlertStage(self)
+        self.windows: WindowStage | None = None
+        if config.windows:
+            self.windows = WindowStage(self)
 
     def close(self) -> None:
         self.kafka.close()
+        if self.alerts is not None:
+            self.alerts.close()
         for name, index in self.indexes.items():
             if index.valid and index.snapshot_id is not None:
                 try:
@@ -210,7 +224,7 @@ class Pipeline:
             return log_start
         if str(name) not in self.specs:
             # Known before the first batch, so its tasks write it at once (shapes are checked in the task).
-            self.prepare_table(str(name), [], stream)
+            self.prepare_table(str(name), [], stream, topic=tp.topic)
         return self.offsets.load(self.tables.ident(name.namespace, name.table)).get(tp, log_start)
 
     # -- reading and writing: one Spark job --------------------------------------------------
@@ -222,7 +236,7 @@ class Pipeline:
         from lakestream.sink.report import REPORT_DDL
 
         ctx = WriteContext(self.config.kafka.consumer_config(), self.router, dict(self.specs), only_tables,
-                           self.record_hook)
+                           self.record_hook, dict(self.derived))
 
         def task(batches: Any) -> Any:
             for batch in batches:
@@ -254,7 +268,8 @@ class Pipeline:
             return self.write_files(ranges, only_tables, into=into)
         # Copies, as a Spark task gets: the task records shapes it found to fit on its spec.
         specs = {name: copy.copy(spec) for name, spec in self.specs.items()}
-        ctx = WriteContext(self.config.kafka.consumer_config(), self.router, specs, only_tables, self.record_hook)
+        ctx = WriteContext(self.config.kafka.consumer_config(), self.router, specs, only_tables, self.record_hook,
+                           dict(self.derived))
         parts: list[list[OffsetRange]] = []
         for r in ranges:  # one task reads distinct partitions
             part = next((p for p in parts if all(q.tp != r.tp for q in p)), None)
@@ -342,8 +357,10 @@ class Pipeline:
         stream = self.config.stream_for(shapes[0].topic) if shapes else None
         return stream or self.config.streams[0]
 
-    def prepare_table(self, name: str, shapes: list[NewShape], stream: StreamSettings | None = None) -> None:
-        """Create or evolve ``name`` so every compatible shape can be written; reject the others."""
+    def prepare_table(self, name: str, shapes: list[NewShape], stream: StreamSettings | None = None,
+                      topic: str | None = None) -> None:
+        """Create or evolve ``name`` so every compatible shape can be written; reject the others.
+        Then the same for the tables of its stream's transforms."""
         from lakestream.sink.files import create_table, table_info
 
         table_name = TableName.parse(name)
@@ -424,6 +441,41 @@ class Pipeline:
             index = self.indexes.get(name)
             if index is None or index.hashed != hashed or result.statements:
                 self.indexes[name] = KeyIndex(hashed)
+        topic = topic or next((s.topic for s in shapes), None)
+        if stream.transforms and topic is not None:
+            self.prepare_derived(name, topic, stream)
+
+    def prepare_derived(self, name: str, topic: str, stream: StreamSettings) -> None:
+        """Create or evolve the output table of each transform of input table ``name``: its schema is
+        the transform's output over an empty input in the input table's current schema."""
+        index = self.config.streams.index(stream)
+        derived = []
+        values = topic_parts(topic) | {"field": ""}
+        for j, t in enumerate(stream.transforms):
+            where = f"streams[{index}].transforms[{j}]"
+            out = TableName(stream.namespace, t.table.format(**values))
+            try:
+                validate_identifier(out.table, what="table name")
+            except LakestreamError as exc:
+                raise ConfigError(f"{where}.table: {exc} — fix: use a valid table name or template") from None
+            d = Derived(t.name, str(out), t.sql, t.python, where)
+            try:
+                schema = run_transform(d, empty_input(self.specs[name].arrow_schema())).schema
+                columns = output_columns(schema)
+            except Exception as exc:  # noqa: BLE001 — any failure over an empty input is the config's
+                body = "sql" if t.sql is not None else "python"
+                raise ConfigError(f"{where}.{body} ({t.name}) fails over table {name}'s columns: "
+                                  f"{type(exc).__name__}: {str(exc)[:500]} — fix: the view is `batch` with the table's "
+                                  f"columns plus _op, _topic, _kafka_partition, _kafka_offset, _source_ts_ms, _kafka_ts_ms")
+            if not columns:
+                raise ConfigError(f"{where}: the transform {t.name} returns no columns — fix: select at least one")
+            shape_id = "derived-" + hashlib.sha1(repr(columns).encode()).hexdigest()[:16]
+            out_stream = StreamSettings(topics=[topic], mode="append", namespace=out.namespace, table=out.table,
+                                        layout=t.layout)
+            self.tables.ensure_namespace(out.namespace)
+            self.prepare_table(str(out), [NewShape(str(out), topic, shape_id, columns, [], False)], out_stream)
+            derived.append(d)
+        self.derived[name] = derived
 
     def prepare_tables(self, shapes_by_table: dict[str, list[NewShape]]) -> None:
         todo = sorted(shapes_by_table.items())
@@ -526,13 +578,23 @@ class Pipeline:
                           for r in _without(ranges, self._culprits) if r.tp in fed and r.tp in ends]
                 return self._bisect_commit(name, closed, report, exc)
 
-        workers = min(self.config.engine.table_write_parallelism, len(todo))
-        if workers <= 1:
-            kinds = [commit(name, tr) for name, tr in todo]
-        else:
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-commit") as pool:
-                kinds = list(pool.map(lambda item: commit(*item), todo))
-        return {name: done for (name, _), done in zip(todo, kinds) if done is not None}
+        # Alerts commit first, then transform outputs, then their input tables: a restart reads from the
+        # input's offsets, which are then never past a derived table's (each skips what it already holds),
+        # and a rule's source (its state) never holds records whose alerts were not committed.
+        alerts = self.alerts.tables if self.alerts is not None else set()
+        outputs = {d.table for ds in self.derived.values() for d in ds} - alerts
+        phases = [[item for item in todo if item[0] in alerts], [item for item in todo if item[0] in outputs],
+                  [item for item in todo if item[0] not in outputs and item[0] not in alerts]]
+        done: dict[str, TableCommit] = {}
+        for phase in phases:
+            workers = min(self.config.engine.table_write_parallelism, len(phase))
+            if workers <= 1:
+                kinds = [commit(name, tr) for name, tr in phase]
+            else:
+                with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-commit") as pool:
+                    kinds = list(pool.map(lambda item: commit(*item), phase))
+            done.update({name: kind for (name, _), kind in zip(phase, kinds) if kind is not None})
+        return done
 
     def _bisect_commit(self, name: str, ranges: list[OffsetRange], report: BatchReport,
                        error: BaseException) -> TableCommit | None:
@@ -635,7 +697,10 @@ class Pipeline:
                                   min(r.end, report.ends[r.tp].next_offset) if r.end is not None
                                   else report.ends[r.tp].next_offset, r.limit)
                       for r in ranges if r.tp in report.ends]
-            second = self.write_isolating([r for r in closed if r.end > r.start], frozenset(new_shapes))
+            outputs = {d.table for name in new_shapes for d in self.derived.get(name, ())}
+            for name in outputs:
+                _delete_quietly([f.path for f in report.tables.pop(name, TableReport(name)).files])
+            second = self.write_isolating([r for r in closed if r.end > r.start], frozenset(new_shapes) | outputs)
             jobs = 2
             for name, tr in second.tables.items():
                 if tr.shapes:
@@ -643,6 +708,10 @@ class Pipeline:
                                           f"{sorted(tr.shapes)}")
                 report.tables[name] = tr
             report.dead_letters.extend(second.dead_letters)
+        if self.alerts is not None:
+            self.alerts.run(report)
+        if self.windows is not None:
+            self.windows.run(report)  # commits the windows tables (MERGE), before their sources
         read_seconds = time.monotonic() - started
         committed = self.commit_tables(report, ranges)
         dead = self.write_dead_letters(report)

@@ -26,6 +26,9 @@ from lakestream.decode.envelope import MESSAGE, TRUNCATE
 from lakestream.decode.records import DecodedRecord, RecordDecoder
 from lakestream.decode.vectorized import DecodedRun, RunDecoder
 from lakestream.errors import BadValue, DecodeError
+from lakestream.process.transform import (
+    Derived, apply_isolating, fit_output, run_transform, with_meta,
+)
 from lakestream.sink import report as rp
 from lakestream.sink.convert import convert_rows
 from lakestream.sink.index import index_keys, is_integer_key, keys_to_arrow
@@ -110,6 +113,16 @@ class WriteContext:
     only_tables: frozenset[str] | None = None  # second pass: write these tables only
     # Called with every record read, before it is decoded (tests inject a failing record through it).
     record_hook: Callable[[Any], None] | None = None
+    derived: dict[str, list[Derived]] = field(default_factory=dict)  # input table → its transforms
+
+    def wanted(self, table: str) -> bool:
+        """Whether this job reads ``table``'s changes: to write it, or to feed one of its transforms."""
+        if self.only_tables is None or table in self.only_tables:
+            return True
+        return any(d.table in self.only_tables for d in self.derived.get(table, ()))
+
+    def writes(self, table: str) -> bool:
+        return self.only_tables is None or table in self.only_tables
 
 
 class _Pending:
@@ -156,6 +169,8 @@ class _Rows:
     offsets: np.ndarray
     ops: list[str]
     withheld: list[list[str]]
+    source_ts: np.ndarray  # float64, NaN where unknown
+    kafka_ts: np.ndarray
 
 
 def _stats(name: str, topics: list[str], partitions: np.ndarray, offsets: np.ndarray, source_ts: np.ndarray
@@ -243,11 +258,16 @@ class TableWriter:
         self.spec = spec
         self.task_id = task_id
 
-    def finish(self, pending: _Pending, facts: list[rp.Fact]) -> None:
+    def finish(self, pending: _Pending, facts: list[rp.Fact], write: bool = True) -> _Rows | None:
+        """Write the table's changes (``write``); return them typed, for its transforms."""
+        rows = self._typed_rows(pending, facts if write else [])
+        if rows is None or not write:
+            return rows
+        self._write_changes(rows, facts)
+        return rows
+
+    def _write_changes(self, rows: _Rows, facts: list[rp.Fact]) -> None:
         spec = self.spec
-        rows = self._typed_rows(pending, facts)
-        if rows is None:
-            return
         typed, ops, withheld = rows.table, rows.ops, rows.withheld
         if spec.keyed:
             keys_np = index_keys(typed, spec.key_columns)
@@ -298,6 +318,8 @@ class TableWriter:
         all_offsets = np.concatenate([np.asarray(pending.offsets, np.int64)] + [run.offsets for _, _, run in pending.runs])
         source_ts = np.concatenate([np.array([np.nan if t is None else t for t in pending.source_ts], np.float64)]
                                    + [run.source_ts for _, _, run in pending.runs])
+        kafka_ts = np.concatenate([np.asarray(pending.kafka_ts, np.int64)]
+                                  + [np.asarray(run.kafka_ts, np.int64) for _, _, run in pending.runs])
         if pending.truncates:
             # A truncate is consumed by the table like any change: its offset commits with the table.
             t_topics, t_parts, t_offs, t_ts = zip(*pending.truncates)
@@ -322,13 +344,14 @@ class TableWriter:
             keep = np.array(good + list(range(len(pending.rows), len(all_topics))), dtype=np.int64)
             all_topics = [all_topics[i] for i in keep]
             all_partitions, all_offsets = all_partitions[keep], all_offsets[keep]
+            source_ts, kafka_ts = source_ts[keep], kafka_ts[keep]
         tables = [typed] + [run.table for _, _, run in pending.runs]
         table = pa.concat_tables(tables) if len(tables) > 1 else typed
         if table.num_rows == 0:
             return None
         ops = [pending.ops[i] for i in good] + [op for _, _, run in pending.runs for op in run.ops]
         withheld = [pending.withheld[i] for i in good] + [[] for _ in run_topics]
-        return _Rows(table, all_topics, all_partitions, all_offsets, ops, withheld)
+        return _Rows(table, all_topics, all_partitions, all_offsets, ops, withheld, source_ts, kafka_ts)
 
     def _write_files(self, data: pa.Table, final_slots: np.ndarray, file_of: np.ndarray, pos_of: np.ndarray,
                      facts: list[rp.Fact]) -> None:
@@ -441,7 +464,7 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
                 skipped["logical_decoding_message"] = skipped.get("logical_decoding_message", 0) + 1
             return None
         table = change.table
-        if ctx.only_tables is not None and table not in ctx.only_tables:
+        if not ctx.wanted(table):
             return None
         spec = ctx.tables.get(table)
         if change.op == TRUNCATE:
@@ -494,7 +517,7 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
         table = topic_tables[topic]
         changes = run if None not in run.values else run.select(
             [i for i, v in enumerate(run.values) if v is not None])  # tombstones carry no change
-        if table is None or len(changes) < 16 or (ctx.only_tables is not None and table not in ctx.only_tables):
+        if table is None or len(changes) < 16 or not ctx.wanted(table):
             for i in range(len(run)):
                 one_by_one(run.record(i))
             return
@@ -528,11 +551,14 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
         else:
             pending[table].runs.append((topic, partition, decoded))
 
+    raw_runs: list[RecordRun] = []  # kept for the dead letters of transforms
     for item in read_runs(ctx.consumer_conf, list(ranges)):
         if isinstance(item, tuple):
             rng, end = item
             facts.append(rp.RangeEnd(rng.tp, end.next_offset, end.at_end))
             continue
+        if ctx.derived:
+            raw_runs.append(item)
         if ctx.record_hook is not None:
             for i in range(len(item)):
                 ctx.record_hook(item.record(i))
@@ -541,6 +567,45 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
         pending.pop(table, None)
         facts.extend(shapes.values())
     for table, buf in pending.items():
-        TableWriter(buf.spec, task_id).finish(buf, facts)
+        rows = TableWriter(buf.spec, task_id).finish(buf, facts, write=ctx.writes(table))
+        for derived in ctx.derived.get(table, ()):
+            if rows is not None and ctx.writes(derived.table) and derived.table in ctx.tables:
+                _run_derived(derived, ctx.tables[derived.table], rows, raw_runs, task_id, facts)
     facts.extend(rp.Skipped(reason, count) for reason, count in skipped.items())
     yield rp.to_batch(facts)
+
+
+def _run_derived(derived: Derived, spec: TableSpec, rows: _Rows, raw_runs: list[RecordRun], task_id: str,
+                 facts: list[rp.Fact]) -> None:
+    """Run one transform over an input table's typed changes and append its output to ``spec``'s
+    table; rows it fails on become dead letters. Changes the output table already holds are skipped."""
+    fresh = np.array([o >= spec.committed.get(TP(t, int(p)), -1)
+                      for t, p, o in zip(rows.topics, rows.partitions, rows.offsets)], dtype=bool)
+    if not fresh.any():
+        return
+    order = _kafka_order(rows)
+    order = order[fresh[order]]
+    take = pa.array(order, pa.int64())
+    topics = [rows.topics[i] for i in order]
+    partitions, offsets = rows.partitions[order], rows.offsets[order]
+    source_ts = rows.source_ts[order]
+    batch = with_meta(rows.table.take(take), {
+        "_op": [rows.ops[i] for i in order], "_topic": topics, "_kafka_partition": partitions.astype(np.int32),
+        "_kafka_offset": offsets, "_source_ts_ms": [None if np.isnan(v) else int(v) for v in source_ts],
+        "_kafka_ts_ms": rows.kafka_ts[order]})
+    schema = spec.arrow_schema()
+    outputs, failed = apply_isolating(lambda part: fit_output(run_transform(derived, part), schema), batch)
+    facts.extend(_stats(spec.name, topics, partitions, offsets, source_ts))
+    if failed:
+        raws = {(run.topic, run.partition, o): (run.keys[i], run.values[i], run.timestamps[i])
+                for run in raw_runs for i, o in enumerate(run.offsets)}
+        for row, error in sorted(failed.items()):
+            tp, offset = TP(topics[row], int(partitions[row])), int(offsets[row])
+            key, value, ts = raws.get((tp.topic, tp.partition, offset), (None, None, None))
+            facts.append(rp.DeadLetter(tp, offset, ts, f"transform {derived.name} ({derived.where}) failed: "
+                                       f"{error}"[:2000], key, value, spec.name, "transform_failed"))
+    data = pa.concat_tables(outputs) if outputs else None
+    if data is not None and data.num_rows:
+        n = data.num_rows
+        TableWriter(spec, task_id)._write_files(data.combine_chunks(), np.arange(n), np.full(n, -1, np.int32),
+                                                np.zeros(n, np.int64), facts)

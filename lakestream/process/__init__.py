@@ -1,0 +1,1 @@
+"""Stream processing over the typed changes of a batch: transforms, rules, windows."""

@@ -1,0 +1,160 @@
+"""The alert stage of a micro-batch: between the write job and the commits, evaluate each rule set
+over the rows the batch wrote for its source table, send the alerts to Kafka (idempotent producer,
+keyed by alert id), and add a data file of them to the batch for the alerts table.
+
+Exactly once: the alerts table commits before every other table of the batch, with the offsets of
+the records that fed its source. After a crash the source table (the rule state) has not committed
+those records yet, so they are written and evaluated again, and the alerts table skips the alerts
+of records it already holds. Kafka gets alerts at least once (produced before the commit) with the
+same ids, so consumers de-duplicate by key.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lakestream.config import StreamSettings
+from lakestream.errors import LakestreamError
+from lakestream.process.rules import ALERT_COLUMNS, RuleEvaluator, alert_id
+from lakestream.sink.report import BatchReport, DataFileWritten, NewShape
+from lakestream.source.kafka import TP
+
+if TYPE_CHECKING:
+    from lakestream.engine.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+
+class AlertStage:
+    """Every rule set of a pipeline, with its evaluator and its Kafka producer."""
+
+    def __init__(self, pipeline: Pipeline):
+        self.pipeline = pipeline
+        self.rule_sets = list(pipeline.config.rules)
+        self.evaluators = {r.name: RuleEvaluator(r) for r in self.rule_sets}
+        self._loaded: set[str] = set()
+        self._producer: Any = None
+
+    @property
+    def tables(self) -> set[str]:
+        return {r.alerts_table for r in self.rule_sets}
+
+    def _producer_for(self) -> Any:
+        if self._producer is None:
+            from confluent_kafka import Producer
+
+            kafka = self.pipeline.config.kafka
+            conf = {str(k): v for k, v in kafka.client.items() if not str(k).startswith(("session.", "group.",
+                                                                                            "auto.offset"))}
+            conf.update({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True,
+                         "linger.ms": 5})
+            self._producer = Producer(conf)
+        return self._producer
+
+    def run(self, report: BatchReport) -> int:
+        """Evaluate, produce and stage the alerts of this batch; how many alerts were raised."""
+        raised = 0
+        for rules in self.rule_sets:
+            source = report.tables.get(rules.source)
+            if source is None or not source.files:
+                continue
+            evaluator = self.evaluators[rules.name]
+            if rules.name not in self._loaded:
+                evaluator.load_history(self.pipeline.spark, self.pipeline.config.catalog.name)
+                self._loaded.add(rules.name)
+            new = _read_files([f.path for f in source.files])
+            if "_source_ts_ms" not in new.column_names:
+                new = new.append_column("_source_ts_ms", pa.nulls(new.num_rows, pa.int64()))
+            found = evaluator.evaluate(new)
+            raised += self._stage(rules, new, found, report)
+        return raised
+
+    def _stage(self, rules: Any, new: pa.Table, found: pa.Table, report: BatchReport) -> int:
+        from lakestream.sink.files import write_data_file
+        from lakestream.sink.task import _stats
+
+        pipeline = self.pipeline
+        name = rules.alerts_table
+        ns, tbl = name.split(".")
+        if name not in pipeline.specs:
+            pipeline.tables.ensure_namespace(ns)
+            shape = NewShape(name, rules.source, "alerts-v1", list(ALERT_COLUMNS), [], False)
+            pipeline.prepare_table(name, [shape], StreamSettings(topics=[rules.source], mode="append",
+                                                                 namespace=ns, table=tbl))
+        spec = pipeline.specs[name]
+        topics = new.column("_topic").to_pylist()
+        partitions = np.asarray(new.column("_kafka_partition").to_numpy(zero_copy_only=False), np.int64)
+        offsets = np.asarray(new.column("_kafka_offset").to_numpy(zero_copy_only=False), np.int64)
+        source_ts = np.asarray(new.column("_source_ts_ms").to_numpy(zero_copy_only=False), np.float64)
+        fresh = np.array([o >= spec.committed.get(TP(t, int(p)), -1) for t, p, o in zip(topics, partitions, offsets)],
+                         dtype=bool)
+        if not fresh.any():
+            return 0
+        keep = np.flatnonzero(fresh)
+        report.table(name).stats.extend(_stats(name, [topics[i] for i in keep], partitions[keep], offsets[keep],
+                                               source_ts[keep]))
+        source_ts_of = {(t, int(p), int(o)): (None if np.isnan(s) else int(s))
+                        for t, p, o, s in zip(topics, partitions, offsets, source_ts)}
+        rows = []
+        for a in found.to_pylist():
+            if a["_kafka_offset"] < spec.committed.get(TP(a["_topic"], a["_kafka_partition"]), -1):
+                continue  # the alerts table holds it already (a replay after a crash)
+            rows.append(a)
+        if not rows:
+            return 0
+        now_ms = int(time.time() * 1000)
+        out = []
+        for a in rows:
+            src = source_ts_of.get((a["_topic"], a["_kafka_partition"], a["_kafka_offset"]))
+            out.append({"alert_id": alert_id(rules.name, a["check_name"], a["event_id"]), "rule_set": rules.name,
+                        "check_name": a["check_name"], "key": a["key"], "event_id": a["event_id"],
+                        "event_time": a["_ts"] * 1000, "value": a["value"], "detail": a["detail"],
+                        "source_ts_ms": src, "alerted_at": now_ms * 1000,
+                        "latency_ms": None if src is None else now_ms - src, "source_topic": a["_topic"],
+                        "source_partition": a["_kafka_partition"], "source_offset": a["_kafka_offset"]})
+        schema = spec.arrow_schema()
+        table = pa.Table.from_pylist(out, schema=schema)
+        if rules.alerts_topic:
+            self._produce(rules.alerts_topic, out)
+        written = write_data_file(table, spec.data_location, schema, f"alerts-{pipeline.batch_id}-{now_ms}")
+        report.table(name).files.append(DataFileWritten(name, written["path"], written["file_size"],
+                                                        written["record_count"], [], "driver", 0))
+        log.info("rule set %s: %d alert(s)", rules.name, len(out))
+        return len(out)
+
+    def _produce(self, topic: str, alerts: list[dict[str, Any]]) -> None:
+        producer = self._producer_for()
+        errors: list[str] = []
+
+        def delivered(err: Any, _msg: Any) -> None:
+            if err is not None:
+                errors.append(str(err))
+
+        for a in alerts:
+            value = {k: v for k, v in a.items() if k not in ("event_time", "alerted_at")}
+            value["event_time_ms"], value["alerted_at_ms"] = a["event_time"] // 1000, a["alerted_at"] // 1000
+            producer.produce(topic, key=a["alert_id"].encode(), value=orjson.dumps(value), on_delivery=delivered)
+        remaining = producer.flush(30)
+        if remaining or errors:
+            raise LakestreamError(f"alerts to topic {topic}: {remaining} undelivered, errors {errors[:3]}")
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(10)
+
+
+def _read_files(paths: list[str]) -> pa.Table:
+    """The rows of data files the batch wrote (not yet committed)."""
+    from lakestream.sink.storage import filesystem_path
+
+    tables = []
+    for path in paths:
+        fs, local = filesystem_path(path)
+        tables.append(pq.read_table(local, filesystem=fs))
+    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
