@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from lakestream.decode.avro import schema_id_of
 from lakestream.decode.records import DecodedRecord, RecordDecoder
 from lakestream.decode.vectorized import DecodedRun, RunDecoder
 from lakestream.errors import BadValue, DecodeError
@@ -105,6 +106,8 @@ class WriteContext:
     only_tables: frozenset[str] | None = None  # second pass: write these tables only
     # Called with every record read, before it is decoded (tests inject a failing record through it).
     record_hook: Callable[[Any], None] | None = None
+    # `SchemaRegistrySettings.client_config()` (secrets resolved on the driver), to read Avro records.
+    schema_registry: dict[str, Any] | None = None
 
 
 class _Pending:
@@ -383,7 +386,7 @@ def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.
 
 def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.RecordBatch]:
     task_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    decoder = RecordDecoder(ctx.router)
+    decoder = RecordDecoder(ctx.router, ctx.schema_registry)
     runs = RunDecoder()
     facts: list[rp.Fact] = []
     pending: dict[str, _Pending] = {}
@@ -412,9 +415,11 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
         spec = ctx.tables.get(table)
         shape_id = change.columns.schema_id
         if spec is not None and shape_id in spec.rejected_shapes:
+            reason = spec.rejected_shapes[shape_id]
+            if (schema_id := schema_id_of(rec.value)) is not None:
+                reason = f"{reason} (Avro writer schema id {schema_id})"
             facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                       spec.rejected_shapes[shape_id], rec.key, rec.value, table,
-                                       "incompatible_schema"))
+                                       reason, rec.key, rec.value, table, "incompatible_schema"))
             return None
         if (spec is not None and shape_id not in spec.accepted_shapes and table not in deferred
                 and (change.op == "d" and _keys_in_table(spec, change)
