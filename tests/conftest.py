@@ -269,3 +269,20 @@ def spark_cluster(service_dir_factory) -> Iterator[str]:
                 proc.wait(20)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# Schema Registry (a Confluent-REST-compatible test server: no registry installs here)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def schema_registry():
+    """A fresh registry on a free loopback port (see tests/schema_registry.py for what it implements)."""
+    from schema_registry import SchemaRegistryServer
+
+    server = SchemaRegistryServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -176,7 +176,11 @@ class AvroSchemas:
 
     def _registry(self) -> Any:
         if self._client is None:
-            from confluent_kafka.schema_registry import SchemaRegistryClient
+            import warnings
+
+            with warnings.catch_warnings():  # authlib 1.9 warns on import about its httpx module
+                warnings.simplefilter("ignore", DeprecationWarning)
+                from confluent_kafka.schema_registry import SchemaRegistryClient
 
             self._client = SchemaRegistryClient(dict(self._config))
         return self._client
