@@ -276,9 +276,9 @@ def spark_cluster(service_dir_factory) -> Iterator[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def schema_registry():
-    """A fresh registry on a free loopback port (see tests/schema_registry.py for what it implements)."""
+    """A registry per test module on a free loopback port (see tests/schema_registry.py for what it implements)."""
     from schema_registry import SchemaRegistryServer
 
     server = SchemaRegistryServer().start()
