@@ -176,11 +176,7 @@ class AvroSchemas:
 
     def _registry(self) -> Any:
         if self._client is None:
-            import warnings
-
-            with warnings.catch_warnings():  # authlib 1.9 warns on import about its httpx module
-                warnings.simplefilter("ignore", DeprecationWarning)
-                from confluent_kafka.schema_registry import SchemaRegistryClient
+            from confluent_kafka.schema_registry import SchemaRegistryClient
 
             self._client = SchemaRegistryClient(dict(self._config))
         return self._client
