@@ -78,6 +78,17 @@ class SchemaCache:
             self._key_names[split[0]] = tuple(decoded)
         return decoded
 
+    def avro_key(self, key: bytes, avro: AvroSchemas) -> dict[str, Any]:
+        """The fields of an Avro message key; like `key`, decoded once per key schema id (later keys
+        give only the names, which the caller fills from the row)."""
+        names = self._key_names.get(key[:5])
+        if names is not None:
+            return dict.fromkeys(names)
+        decoded = decode_avro_key(key, avro)
+        if len(self._key_names) < 1000:
+            self._key_names[key[:5]] = tuple(decoded)
+        return decoded
+
     def from_envelope_schema(self, raw: bytes | None, schema: dict[str, Any]) -> tuple[Columns, dict[str, FieldType]]:
         if raw is not None and raw in self._by_bytes:
             return self._by_bytes[raw]
@@ -249,7 +260,7 @@ def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache,
         columns = cache.inferred(image)
     row, unavailable = _convert_row(image, types)
     if avro is not None and key is not None and schema_id_of(key) is not None:
-        key_obj: dict[str, Any] | None = decode_avro_key(key, avro)
+        key_obj: dict[str, Any] | None = cache.avro_key(key, avro)
     else:
         key_obj = cache.key(key)
     if key_obj is not None and all(name in row for name in key_obj):
