@@ -5,6 +5,7 @@ broker, Spark and Iceberg; the registry is the test server of tests/schema_regis
 from __future__ import annotations
 
 import decimal
+import time
 import uuid
 
 import pytest
@@ -126,3 +127,18 @@ def test_cold_restart_reads_schema_ids_from_the_registry_again(src, spark):
     spark.catalog.refreshTable(src.table("avro_other"))
     assert {r["id"]: r["v"] for r in spark.table(src.table("avro_other")).collect()} == {1: "uno", 2: "two", 3: "after restart"}
     verify_ok(src, spark, ["avro_other"])
+
+
+def test_a_change_the_registry_forbids_stops_capture_before_any_record(src):
+    """text → integer breaks BACKWARD (the subject's level): the registry refuses the schema, the
+    AvroConverter cannot serialize, and capture stops instead of publishing. Runs last: it ends capture."""
+    start = src.end_offset("avro_items")
+    src.sql("ALTER TABLE public.avro_items ALTER COLUMN note TYPE integer USING length(note)",
+            "INSERT INTO public.avro_items (id, note) VALUES (30, 5)")
+    deadline = time.monotonic() + 180
+    while src.capture.running and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not src.capture.running, "capture kept running after the registry refused a schema"
+    log = src.capture.log_text()
+    assert "incompatible with an earlier schema" in log, log[-3000:]
+    assert src.end_offset("avro_items") == start
