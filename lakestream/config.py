@@ -17,7 +17,7 @@ from lakestream.errors import ConfigError
 from lakestream.identifiers import validate_identifier
 
 # Fields whose values must never be printed; used by `redact` and by the pydantic SecretStr types.
-_SECRET_KEY_PATTERN = re.compile(r"(password|secret|sasl\.jaas|token|credential|api[._-]?key)", re.I)
+_SECRET_KEY_PATTERN = re.compile(r"(password|secret|sasl\.jaas|token|credential|api[._-]?key|user\.info)", re.I)
 
 
 class _Model(BaseModel):

@@ -286,3 +286,19 @@ def schema_registry():
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def secured_schema_registry():
+    """A registry that demands HTTP basic auth; ``.user_info`` holds the credentials (user:password)."""
+    import uuid
+
+    from schema_registry import SchemaRegistryServer
+
+    user_info = f"lakestream:pw-{uuid.uuid4().hex}"
+    server = SchemaRegistryServer(user_info=user_info).start()
+    server.user_info = user_info
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -107,7 +107,7 @@ class WriteContext:
     # Called with every record read, before it is decoded (tests inject a failing record through it).
     record_hook: Callable[[Any], None] | None = None
     # `SchemaRegistrySettings.client_config()` (secrets resolved on the driver), to read Avro records.
-    schema_registry: dict[str, Any] | None = None
+    schema_registry: dict[str, Any] | None = field(default=None, repr=False)  # holds secrets: never in a repr
 
 
 class _Pending:

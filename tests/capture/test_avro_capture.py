@@ -5,6 +5,7 @@ broker, Spark and Iceberg; the registry is the test server of tests/schema_regis
 from __future__ import annotations
 
 import decimal
+import os
 import time
 import uuid
 
@@ -27,16 +28,24 @@ SETUP = [
 ]
 
 
+AUTH_ENV = "LAKESTREAM_TEST_SCHEMA_REGISTRY_AUTH"
+
+
 @pytest.fixture(scope="module")
-def src(stack, spark, schema_registry):
-    extra = {"kafka": {"schema_registry": {"url": schema_registry.url}}, "capture": {"format": "avro"}}
+def src(stack, spark, secured_schema_registry):
+    """Capture with format avro against a registry that demands basic auth (credentials from the environment)."""
+    registry = secured_schema_registry
+    os.environ[AUTH_ENV] = registry.user_info  # inherited by the capture and `lakestream run` processes
+    extra = {"kafka": {"schema_registry": {"url": registry.url, "basic_auth_user_info_env": AUTH_ENV}},
+             "capture": {"format": "avro"}}
     source = start_captured_source(stack, SETUP, ["avro_items", "avro_other"], "avro", extra)
-    source.registry = schema_registry
+    source.registry = registry
     try:
         source.sync({"avro_items": 2, "avro_other": 1})
         yield source
     finally:
         stop_captured_source(source)
+        os.environ.pop(AUTH_ENV, None)
 
 
 def _raw_values(src, table: str) -> list[bytes | None]:
@@ -78,6 +87,9 @@ def test_avro_capture_mirror_is_exact(src, spark):
     assert types["tstz"] == "timestamp" and types["small"] == "int" and types["big"] == "bigint"
     assert dead_letters(spark, src.topic("avro_items")) == []
     verify_ok(src, spark, ["avro_items", "avro_other"])
+    password = src.registry.user_info.split(":", 1)[1]
+    assert password not in src.capture.log_text(), "the registry password is in the capture log"
+    assert password not in (src.workdir / "pipeline.yaml").read_text()
 
 
 def test_add_column_while_running(src, spark):
