@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakestream.config import StreamSettings
-from lakestream.decode.avro import schemas_for
+from lakestream.decode.avro import schema_id_of, schemas_for
 from lakestream.decode.envelope import Columns, SchemaCache, decode_debezium, decode_json_event
-from lakestream.errors import MissingKey, UnroutableRecord
+from lakestream.errors import DecodeError, MissingKey, UnroutableRecord
 from lakestream.sink.router import Router
 
 
@@ -55,6 +55,9 @@ class RecordDecoder:
         stream = self.router.streams[stream_index]
         if rec.value is None:
             return None  # tombstone: the delete event before it already removed the row
+        if stream.record_format != "debezium" and self.avro is not None and schema_id_of(rec.value) is not None:
+            raise DecodeError(f"Avro record (schema id {schema_id_of(rec.value)}) on a plain-JSON stream: "
+                              "lakestream reads Avro for Debezium change events (format: debezium) only")
         if stream.record_format == "debezium":
             change = decode_debezium(rec.key, rec.value, self.cache, self.avro)
         else:

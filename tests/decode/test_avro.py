@@ -243,7 +243,8 @@ def test_registry_fixture_compatibility_rules(schema_registry):
 
 
 def test_decode_speed(registered):
-    """Decode-only throughput of Avro change events (reported, with a loose floor)."""
+    """Decode-only throughput of Avro change events: reported (run with -s); the floor only catches a
+    pathological regression (it holds on a 2-core machine at load 30+)."""
     server, value_id, key_id = registered
     schemas = AvroSchemas({"url": server.url})
     cache = SchemaCache()
@@ -257,4 +258,25 @@ def test_decode_speed(registered):
         decode_debezium(key, value, cache, schemas)
     rate = n / (time.perf_counter() - start)
     print(f"avro decode: {rate:,.0f} records/s (15 columns, load {os.getloadavg()[0]:.2f})")
-    assert rate > 2_000
+    assert rate > 200
+    assert schemas.fetches == 2  # the key's schema and the value's, once each
+
+
+def test_record_decoder_reads_avro_on_debezium_streams_only(registered):
+    from types import SimpleNamespace
+
+    from lakestream.config import StreamSettings
+    from lakestream.decode.records import RecordDecoder
+    from lakestream.sink.router import Router
+
+    server, value_id, key_id = registered
+    router = Router([StreamSettings(topics=["shop.public.items"], namespace="shop", table="{table}"),
+                     StreamSettings(topics=["clicks"], mode="append", namespace="events", table="clicks")])
+    decoder = RecordDecoder(router, {"url": server.url})
+    value = frame(value_id, ENVELOPE, {"before": None, "after": ROW, "source": {"ts_ms": 1, "table": "items"},
+                                       "op": "c", "ts_ms": None})
+    rec = SimpleNamespace(topic="shop.public.items", key=frame(key_id, KEY, {"id": 7}), value=value, headers=None)
+    change = decoder.decode(rec)
+    assert (change.table, change.op, change.key_columns, change.row["id"]) == ("shop.items", "c", ["id"], 7)
+    with pytest.raises(DecodeError, match="on a plain-JSON stream"):
+        decoder.decode(SimpleNamespace(topic="clicks", key=None, value=value, headers=None))
