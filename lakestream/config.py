@@ -17,11 +17,75 @@ from lakestream.errors import ConfigError
 from lakestream.identifiers import validate_identifier
 
 # Fields whose values must never be printed; used by `redact` and by the pydantic SecretStr types.
-_SECRET_KEY_PATTERN = re.compile(r"(password|secret|sasl\.jaas|token|credential|api[._-]?key)", re.I)
+_SECRET_KEY_PATTERN = re.compile(r"(password|secret|sasl\.jaas|token|credential|api[._-]?key|user\.info)", re.I)
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
+
+
+def _env_secret(variable: str | None, field: str) -> str | None:
+    """The value of the environment variable a ``*_env`` setting names (never logged)."""
+    if variable is None:
+        return None
+    value = os.environ.get(variable)
+    if not value:
+        raise ConfigError(f"{field}: environment variable {variable} is not set — fix: export it")
+    return value
+
+
+class SchemaRegistrySettings(_Model):
+    """A Confluent-compatible Schema Registry (Avro records: magic byte 0, schema id, Avro body).
+
+    Secrets are named by environment variable, never written in the file: ``basic_auth_user_info_env``
+    holds ``user:password``, ``ssl_key_password_env`` the client key's password."""
+
+    url: str = Field(min_length=1)
+    basic_auth_user_info_env: str | None = None
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    ssl_key_password_env: str | None = None
+    timeout_s: float = Field(default=10.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        for url in value.split(","):
+            if not re.match(r"https?://[^/\s]+", url.strip()):
+                raise ValueError(f"{url.strip()!r} is not an http(s) URL — fix: e.g. http://registry:8081")
+        return value
+
+    @field_validator("basic_auth_user_info_env", "ssl_key_password_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+            raise ValueError(f"{value!r} is not an environment variable name — fix: give the variable's name, "
+                             "not its value, e.g. SCHEMA_REGISTRY_USER_INFO")
+        return value
+
+    @model_validator(mode="after")
+    def _key_with_cert(self) -> SchemaRegistrySettings:
+        if bool(self.ssl_certificate_location) != bool(self.ssl_key_location):
+            raise ValueError("ssl_certificate_location and ssl_key_location go together (client TLS certificate)")
+        return self
+
+    def client_config(self, field: str = "kafka.schema_registry") -> dict[str, Any]:
+        """Settings for confluent-kafka's ``SchemaRegistryClient``, secrets read from the environment."""
+        conf: dict[str, Any] = {"url": self.url, "timeout": self.timeout_s}
+        user_info = _env_secret(self.basic_auth_user_info_env, f"{field}.basic_auth_user_info_env")
+        if user_info is not None:
+            if ":" not in user_info:
+                raise ConfigError(f"{field}.basic_auth_user_info_env: {self.basic_auth_user_info_env} must hold "
+                                  "user:password — fix: export it in that form")
+            conf["basic.auth.user.info"] = user_info
+        for key, value in (("ssl.ca.location", self.ssl_ca_location),
+                           ("ssl.certificate.location", self.ssl_certificate_location),
+                           ("ssl.key.location", self.ssl_key_location),
+                           ("ssl.key.password", _env_secret(self.ssl_key_password_env, f"{field}.ssl_key_password_env"))):
+            if value is not None:
+                conf[key] = value
+        return conf
 
 
 class KafkaSettings(_Model):
@@ -30,6 +94,8 @@ class KafkaSettings(_Model):
     bootstrap_servers: str = Field(min_length=1)
     group_id: str = "lakestream"
     client: dict[str, Any] = Field(default_factory=dict)
+    # Records in Confluent's wire format (Avro) are decoded with schemas from this registry.
+    schema_registry: SchemaRegistrySettings | None = None
 
     @field_validator("client")
     @classmethod
@@ -461,6 +527,10 @@ class CaptureSettings(_Model):
     schemas_enabled: bool = True
     # Debezium skips TRUNCATE by default ("t"); the mirror applies it, so nothing is skipped here.
     skipped_operations: str = "none"
+    # json: Kafka Connect's JsonConverter; avro: Confluent's AvroConverter with a Schema Registry
+    # (``schema_registry``, else ``kafka.schema_registry``).
+    format: Literal["json", "avro"] = "json"
+    schema_registry: SchemaRegistrySettings | None = None
     connector: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("skipped_operations")
@@ -505,6 +575,16 @@ class PipelineConfig(_Model):
     rules: list[RuleSet] = Field(default_factory=list)
     windows: list[WindowSettings] = Field(default_factory=list)
     state_dir: str = ".lakestream"
+
+    @model_validator(mode="after")
+    def _avro_needs_registry(self) -> PipelineConfig:
+        capture = self.capture
+        if capture is not None and capture.format == "avro" and capture.schema_registry is None:
+            if self.kafka.schema_registry is None:
+                raise ValueError("capture.format avro needs a Schema Registry — fix: set kafka.schema_registry.url "
+                                 "(or capture.schema_registry.url)")
+            capture.schema_registry = self.kafka.schema_registry
+        return self
 
     def layout_for(self, table: str, stream: StreamSettings) -> TableLayout:
         """The layout of a new table: the first matching ``table_layouts`` rule, else the stream's."""

@@ -52,6 +52,11 @@ DEAD_LETTER_KINDS = ("malformed", "unroutable", "missing_key", "bad_value", "inc
                      "transform_failed", "late")
 
 
+class SchemaRegistryUnavailable(LakestreamError):
+    """The Schema Registry could not be asked (down, refused, timed out): the batch fails and is retried;
+    no record is blamed for it."""
+
+
 class QueryError(LakestreamError):
     """A read cannot be answered correctly by the chosen engine (unknown table, files it cannot read)."""
 
@@ -64,7 +69,7 @@ class OffsetError(LakestreamError):
 # by exception class name as it appears in the Python or Java error. Anything else that fails a write
 # is presumed to come from the data, and the engine isolates the record that causes it.
 _INFRASTRUCTURE_MARKERS = (
-    "KafkaException", "KafkaError", "OffsetError", "_TRANSPORT", "_ALL_BROKERS_DOWN", "BrokerNotAvailable",
+    "KafkaException", "KafkaError", "OffsetError", "SchemaRegistryUnavailable", "_TRANSPORT", "_ALL_BROKERS_DOWN", "BrokerNotAvailable",
     "SQLException", "PSQLException", "SQLTransientConnectionException", "IOException", "FileNotFoundException",
     "NoSuchFileException", "AccessDeniedException", "No space left", "ConnectException", "Connection refused",
     "Connection reset", "SocketTimeoutException", "UnknownHostException", "OutOfMemoryError", "MemoryError",

@@ -92,7 +92,8 @@ def read_tail(config: PipelineConfig, table_name: str, offsets: dict[TP, int], s
                              "the tail cannot be read; read without --fresh")
         # Open-ended: some brokers under-report the high watermark; read to end-of-partition.
         ranges.append(OffsetRange(tp.topic, tp.partition, start, None, MAX_TAIL_RECORDS, high))
-    decoder = RecordDecoder(Router.from_config(config))
+    registry = config.kafka.schema_registry
+    decoder = RecordDecoder(Router.from_config(config), registry.client_config() if registry else None)
     rows: list[dict[str, Any]] = []
     ops: list[str] = []
     keys: list[tuple] = []

@@ -116,9 +116,12 @@ class CapturedSource:
         return self.run()
 
 
-def start_captured_source(stack, setup_sql: list[str], tables: list[str], label: str) -> CapturedSource:
+def start_captured_source(stack, setup_sql: list[str], tables: list[str], label: str,
+                          extra: dict | None = None) -> CapturedSource:
     """Create a database, run ``setup_sql``, start Debezium on ``public.<tables>`` (plus any table
-    created later whose name starts with ``<label>_``) and wait until it streams."""
+    created later whose name starts with ``<label>_``) and wait until it streams.
+
+    ``extra`` is merged into the config's top-level sections (e.g. ``{"capture": {"format": "avro"}}``)."""
     uid = uuid.uuid4().hex[:6]
     dbname, prefix, namespace = f"src_{label}_{uid}", f"{label}{uid}", f"{label}_{uid}"
     admin = psycopg2.connect(stack.pg_dsn())
@@ -158,6 +161,11 @@ def start_captured_source(stack, setup_sql: list[str], tables: list[str], label:
             },
         },
     }
+    for section, settings in (extra or {}).items():
+        if isinstance(settings, dict) and isinstance(data.get(section), dict):
+            data[section].update(settings)
+        else:
+            data[section] = settings
     config = parse_config(data, "<capture test>")
     yaml_path = workdir / "pipeline.yaml"
     yaml_path.write_text(yaml.safe_dump(data))

@@ -269,3 +269,36 @@ def spark_cluster(service_dir_factory) -> Iterator[str]:
                 proc.wait(20)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# Schema Registry (a Confluent-REST-compatible test server: no registry installs here)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def schema_registry():
+    """A registry per test module on a free loopback port (see tests/schema_registry.py for what it implements)."""
+    from schema_registry import SchemaRegistryServer
+
+    server = SchemaRegistryServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def secured_schema_registry():
+    """A registry that demands HTTP basic auth; ``.user_info`` holds the credentials (user:password)."""
+    import uuid
+
+    from schema_registry import SchemaRegistryServer
+
+    user_info = f"lakestream:pw-{uuid.uuid4().hex}"
+    server = SchemaRegistryServer(user_info=user_info).start()
+    server.user_info = user_info
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -11,6 +11,9 @@ from typing import Any
 from lakestream.config import CaptureSettings
 
 CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
+JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
+AVRO_CONVERTER = "io.confluent.connect.avro.AvroConverter"
+USER_INFO_PLACEHOLDER = "${file:/opt/kafka/secrets/lakestream.properties:schema.registry.user.info}"
 
 # Throughput settings that STACK.md measured as useful: bigger batches per handler call mean
 # fewer Python↔Java crossings and fewer Kafka flushes per event.
@@ -76,21 +79,46 @@ def _debezium_settings(capture: CaptureSettings) -> dict[str, str]:
     return props
 
 
+def _converter_settings(capture: CaptureSettings, secrets: bool) -> dict[str, str]:
+    """key/value converter settings: JsonConverter, or Confluent's AvroConverter and its registry.
+
+    Without ``secrets`` the registry's basic-auth user info is a config-provider placeholder."""
+    if capture.format == "json":
+        schemas = "true" if capture.schemas_enabled else "false"
+        return {"key.converter": JSON_CONVERTER, "value.converter": JSON_CONVERTER,
+                "key.converter.schemas.enable": schemas, "value.converter.schemas.enable": schemas,
+                # JsonConverter writes a column's default in place of an explicit NULL unless told not
+                # to (KAFKA-8713): a row inserted with NULL would reach the mirror holding the default.
+                "key.converter.replace.null.with.default": "false",
+                "value.converter.replace.null.with.default": "false"}
+    registry = capture.schema_registry
+    assert registry is not None  # the config model fills it in for format avro
+    settings = {"schema.registry.url": registry.url}
+    if registry.basic_auth_user_info_env:
+        settings["basic.auth.credentials.source"] = "USER_INFO"
+        settings["basic.auth.user.info"] = (registry.client_config("capture.schema_registry")["basic.auth.user.info"]
+                                            if secrets else USER_INFO_PLACEHOLDER)
+    if registry.ssl_ca_location:
+        # The Java client reads a PEM trust store directly (not exercised by the tests here).
+        settings["schema.registry.ssl.truststore.location"] = registry.ssl_ca_location
+        settings["schema.registry.ssl.truststore.type"] = "PEM"
+    props = {"key.converter": AVRO_CONVERTER, "value.converter": AVRO_CONVERTER}
+    for side in ("key", "value"):
+        props.update({f"{side}.converter.{k}": v for k, v in settings.items()})
+    return props
+
+
 def connector_properties(capture: CaptureSettings, state_dir: Path) -> dict[str, str]:
     """Properties for Debezium's embedded engine, under Debezium's own names.
 
     ``capture.connector`` is applied last, so any Debezium option can override a derived one.
     """
-    schemas = "true" if capture.schemas_enabled else "false"
     props = {
         "name": _connector_name(capture),
         **_debezium_settings(capture),
-        "key.converter.schemas.enable": schemas,
-        "value.converter.schemas.enable": schemas,
-        # Kafka Connect's JsonConverter writes a column's default in place of an explicit NULL unless
-        # told not to (KAFKA-8713): a row inserted with NULL would reach the mirror holding the default.
-        "key.converter.replace.null.with.default": "false",
-        "value.converter.replace.null.with.default": "false",
+        # The engine's output format already implies JsonConverter; only Avro names its converter.
+        **{k: v for k, v in _converter_settings(capture, secrets=True).items()
+           if capture.format == "avro" or not k.endswith(".converter")},
         "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
         "offset.storage.file.filename": str(offsets_file(state_dir, capture).resolve()),
         # Offsets are only marked processed after Kafka acknowledged the batch; flushing them
@@ -108,13 +136,7 @@ def connect_json(capture: CaptureSettings) -> dict[str, Any]:
     file on the Connect workers (with ``config.providers=file``), or replace it before posting.
     """
     config = _debezium_settings(capture)
-    schemas = "true" if capture.schemas_enabled else "false"
-    config["key.converter"] = "org.apache.kafka.connect.json.JsonConverter"
-    config["value.converter"] = "org.apache.kafka.connect.json.JsonConverter"
-    config["key.converter.schemas.enable"] = schemas
-    config["value.converter.schemas.enable"] = schemas
-    config["key.converter.replace.null.with.default"] = "false"
-    config["value.converter.replace.null.with.default"] = "false"
+    config.update(_converter_settings(capture, secrets=False))
     for key, value in capture.connector.items():
         if not str(key).startswith(_EMBEDDED_ONLY_PREFIXES):
             config[str(key)] = str(value)

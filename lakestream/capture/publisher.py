@@ -53,16 +53,22 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+def _bytes(value: Any) -> bytes | None:
+    """A Java byte[] (Avro output) as Python bytes."""
+    return None if value is None else bytes(value)
+
+
 class KafkaPublishingHandler(BasePythonChangeHandler):
     """Produces each Debezium batch to its destination topic and flushes before returning.
 
-    Key = Debezium key JSON, value = Debezium value JSON, a delete's tombstone = null value.
+    Key = Debezium key JSON (or Avro bytes with ``binary``), value likewise, a delete's tombstone = null value.
     After the first failed delivery the handler refuses every later batch, so the engine can never
     mark offsets past an event Kafka did not take.
     """
 
-    def __init__(self, producer: Producer, flush_timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+    def __init__(self, producer: Producer, flush_timeout_s: float = FLUSH_TIMEOUT_S, binary: bool = False) -> None:
         self._producer = producer
+        self._payload = _bytes if binary else _text
         self._flush_timeout_s = flush_timeout_s
         self._lock = threading.Lock()
         self.topic_counts: Counter[str] = Counter()
@@ -84,7 +90,7 @@ class KafkaPublishingHandler(BasePythonChangeHandler):
         produce = self._producer.produce
         for record in records:
             topic = str(record.destination())
-            key, value = _text(record.key()), _text(record.value())
+            key, value = self._payload(record.key()), self._payload(record.value())
             while True:
                 try:
                     produce(topic, value=value, key=key, on_delivery=on_delivery)

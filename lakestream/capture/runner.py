@@ -98,7 +98,7 @@ def run_capture(
     progress after a clean stop.
     """
     from confluent_kafka import Producer
-    from pydbzengine import DebeziumJsonEngine
+    from pydbzengine import DebeziumEngine
 
     if config.capture is None:
         raise ConfigError("the pipeline config has no `capture:` section — fix: add capture.database and capture.tables")
@@ -108,14 +108,19 @@ def run_capture(
     stop_event = stop_event or threading.Event()
 
     producer = Producer(producer_config(config.kafka))
-    handler = KafkaPublishingHandler(producer)
-    engine = DebeziumJsonEngine(
+    handler = KafkaPublishingHandler(producer, binary=capture.format == "avro")
+    engine = DebeziumEngine(
         connector_properties(capture, capture_dir.parent),
         handler,
         jvm_opts=[*JVM_OPTS_BASE, f"-Dlog4j2.configurationFile={_write_log_config(capture_dir).resolve()}"],
     )
     # Start the JVM here, before installing signal handlers, so ours are the ones that stay.
     engine._ensure_jvm_started()  # noqa: SLF001 — pydbzengine has no public hook for this
+    if capture.format == "avro":
+        import jpype
+
+        # Debezium's Avro output format: byte[] keys and values from Confluent's AvroConverter.
+        engine.format = jpype.JClass("io.debezium.engine.format.Avro")
 
     engine_error: list[BaseException] = []
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from lakestream.decode.avro import AvroSchemas, decode_avro, schema_id_of
 from lakestream.decode.types import UNAVAILABLE_VALUE, FieldType, _identity, event_time, field_type, infer_type
 from lakestream.errors import BadValue, DecodeError
 
@@ -82,6 +83,17 @@ class SchemaCache:
         decoded = decode_key(key)
         if split is not None and decoded is not None and len(self._key_names) < 1000:
             self._key_names[split[0]] = tuple(decoded)
+        return decoded
+
+    def avro_key(self, key: bytes, avro: AvroSchemas) -> dict[str, Any]:
+        """The fields of an Avro message key; like `key`, decoded once per key schema id (later keys
+        give only the names, which the caller fills from the row)."""
+        names = self._key_names.get(key[:5])
+        if names is not None:
+            return dict.fromkeys(names)
+        decoded = decode_avro_key(key, avro)
+        if len(self._key_names) < 1000:
+            self._key_names[key[:5]] = tuple(decoded)
         return decoded
 
     def from_envelope_schema(self, raw: bytes | None, schema: dict[str, Any]) -> tuple[Columns, dict[str, FieldType]]:
@@ -214,11 +226,31 @@ def _split_envelope(value: bytes) -> tuple[bytes, bytes] | None:
     return value[: match.start()], end[match.end(): -1]
 
 
-def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache) -> Change | None:
-    """Decode a Debezium change event; None for events that carry no row change (heartbeats, tombstones)."""
+def decode_avro_key(key: bytes, avro: AvroSchemas) -> dict[str, Any]:
+    """The fields of an Avro message key (Confluent wire format)."""
+    try:
+        obj, _ = decode_avro(key, avro)
+    except DecodeError as exc:
+        raise type(exc)(f"message key: {exc}") from None
+    if not isinstance(obj, dict):
+        raise DecodeError(f"message key is not an Avro record: {str(obj)[:80]!r}")
+    return obj
+
+
+def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache,
+                    avro: AvroSchemas | None = None) -> Change | None:
+    """Decode a Debezium change event; None for events that carry no row change (heartbeats, tombstones).
+
+    With ``avro`` (a registry is configured), Confluent-framed Avro events are read too."""
     split = _split_envelope(value)
     known = cache.cached(split[0]) if split else None
-    if known is not None:
+    if avro is not None and split is None and schema_id_of(value) is not None:
+        payload, writer = decode_avro(value, avro)
+        if isinstance(payload, dict) and payload.get("op") in (TRUNCATE, MESSAGE):
+            columns, types = _NO_COLUMNS, {}
+        else:
+            columns, types = cache.from_envelope_schema(writer.cache_key, writer.connect)
+    elif known is not None:
         # The schema is the same bytes as an earlier event's: parse only the payload.
         payload = _loads(split[1])
         columns, types = known
@@ -252,7 +284,10 @@ def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache) -> Chan
     if columns is None:
         columns = cache.inferred(image)
     row, unavailable = _convert_row(image, types)
-    key_obj = cache.key(key)
+    if avro is not None and key is not None and schema_id_of(key) is not None:
+        key_obj: dict[str, Any] | None = cache.avro_key(key, avro)
+    else:
+        key_obj = cache.key(key)
     if key_obj is not None and all(name in row for name in key_obj):
         key_obj = {name: row[name] for name in key_obj}  # same values, in the row's (wire) form
     source = payload.get("source")

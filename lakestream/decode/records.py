@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lakestream.config import StreamSettings
+from lakestream.decode.avro import schema_id_of, schemas_for
 from lakestream.decode.envelope import MESSAGE, TRUNCATE, Columns, SchemaCache, decode_debezium, decode_json_event
-from lakestream.errors import MissingKey, UnroutableRecord
+from lakestream.errors import DecodeError, MissingKey, UnroutableRecord
 from lakestream.sink.router import Router
 
 
@@ -31,9 +32,11 @@ class DecodedRecord:
 class RecordDecoder:
     """Decodes raw Kafka records for one task (schemas are parsed once per distinct schema)."""
 
-    def __init__(self, router: Router):
+    def __init__(self, router: Router, schema_registry: dict[str, Any] | None = None):
+        """``schema_registry``: `SchemaRegistrySettings.client_config()`, to read Avro records."""
         self.router = router
         self.cache = SchemaCache()
+        self.avro = schemas_for(schema_registry) if schema_registry else None
 
     @staticmethod
     def _key_columns(stream: StreamSettings, key: dict[str, Any] | None) -> list[str]:
@@ -52,8 +55,11 @@ class RecordDecoder:
         stream = self.router.streams[stream_index]
         if rec.value is None:
             return None  # tombstone: the delete event before it already removed the row
+        if stream.record_format != "debezium" and self.avro is not None and schema_id_of(rec.value) is not None:
+            raise DecodeError(f"Avro record (schema id {schema_id_of(rec.value)}) on a plain-JSON stream: "
+                              "lakestream reads Avro for Debezium change events (format: debezium) only")
         if stream.record_format == "debezium":
-            change = decode_debezium(rec.key, rec.value, self.cache)
+            change = decode_debezium(rec.key, rec.value, self.cache, self.avro)
         else:
             change = decode_json_event(rec.value, self.cache, stream.event_time_field)
         if change is None:

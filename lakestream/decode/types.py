@@ -116,6 +116,8 @@ def _decimal_from_bytes(scale: int) -> Converter:
             return decimal.Decimal(value)
         if isinstance(value, float):
             return _finite_decimal(decimal.Decimal(repr(value)), value)
+        if isinstance(value, (bytes, bytearray)):  # Avro: the unscaled bytes themselves
+            return _scaled(int.from_bytes(value, "big", signed=True), scale)
         if not isinstance(value, str):
             raise BadValue(f"expected base64 decimal bytes, got {type(value).__name__}")
         try:
@@ -147,7 +149,9 @@ def _variable_scale_decimal(value: Any) -> str | None:
         return None
     if isinstance(value, dict):
         try:
-            unscaled = int.from_bytes(base64.b64decode(value["value"], validate=True), "big", signed=True)
+            raw = value["value"]
+            raw = raw if isinstance(raw, (bytes, bytearray)) else base64.b64decode(raw, validate=True)
+            unscaled = int.from_bytes(raw, "big", signed=True)
             return str(_scaled(unscaled, int(value["scale"])))
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
             raise BadValue(f"invalid variable-scale decimal {str(value)[:60]!r}: {exc}") from None
@@ -169,7 +173,12 @@ def _bytes_from_base64(value: Any) -> bytes:
 def _json_text(value: Any) -> str:
     import orjson
 
-    return value if isinstance(value, str) else orjson.dumps(value).decode()
+    def bytes_as_base64(obj: Any) -> str:  # Avro geometry structs hold raw WKB bytes
+        if isinstance(obj, (bytes, bytearray)):
+            return base64.b64encode(obj).decode()
+        raise TypeError
+
+    return value if isinstance(value, str) else orjson.dumps(value, default=bytes_as_base64).decode()
 
 
 class FieldType:

@@ -102,6 +102,9 @@ class Pipeline:
         self.spark = spark or session_for(config)
         self.kafka = KafkaCluster(config.kafka)
         self.router = Router.from_config(config)
+        registry = config.kafka.schema_registry
+        # Resolved here (secrets from the environment): a missing variable fails the start, not a task.
+        self.schema_registry = registry.client_config() if registry is not None else None
         self.tables = TableManager(self.spark, config.catalog.name)
         self.offsets = TableOffsets(self.spark)
         self.positions: dict[TP, int] = {}
@@ -236,7 +239,7 @@ class Pipeline:
         from lakestream.sink.report import REPORT_DDL
 
         ctx = WriteContext(self.config.kafka.consumer_config(), self.router, dict(self.specs), only_tables,
-                           self.record_hook, dict(self.derived))
+                           self.record_hook, derived=dict(self.derived), schema_registry=self.schema_registry)
 
         def task(batches: Any) -> Any:
             for batch in batches:
@@ -269,7 +272,7 @@ class Pipeline:
         # Copies, as a Spark task gets: the task records shapes it found to fit on its spec.
         specs = {name: copy.copy(spec) for name, spec in self.specs.items()}
         ctx = WriteContext(self.config.kafka.consumer_config(), self.router, specs, only_tables, self.record_hook,
-                           dict(self.derived))
+                           derived=dict(self.derived), schema_registry=self.schema_registry)
         parts: list[list[OffsetRange]] = []
         for r in ranges:  # one task reads distinct partitions
             part = next((p for p in parts if all(q.tp != r.tp for q in p)), None)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from lakestream.decode.avro import schema_id_of
 from lakestream.decode.envelope import MESSAGE, TRUNCATE
 from lakestream.decode.records import DecodedRecord, RecordDecoder
 from lakestream.decode.vectorized import DecodedRun, RunDecoder
@@ -123,6 +124,8 @@ class WriteContext:
 
     def writes(self, table: str) -> bool:
         return self.only_tables is None or table in self.only_tables
+    # `SchemaRegistrySettings.client_config()` (secrets resolved on the driver), to read Avro records.
+    schema_registry: dict[str, Any] | None = field(default=None, repr=False)  # holds secrets: never in a repr
 
 
 class _Pending:
@@ -435,7 +438,7 @@ def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.
 
 def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.RecordBatch]:
     task_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    decoder = RecordDecoder(ctx.router)
+    decoder = RecordDecoder(ctx.router, ctx.schema_registry)
     runs = RunDecoder()
     facts: list[rp.Fact] = []
     pending: dict[str, _Pending] = {}
@@ -481,9 +484,11 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
             return None
         shape_id = change.columns.schema_id
         if spec is not None and shape_id in spec.rejected_shapes:
+            reason = spec.rejected_shapes[shape_id]
+            if (schema_id := schema_id_of(rec.value)) is not None:
+                reason = f"{reason} (Avro writer schema id {schema_id})"
             facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                       spec.rejected_shapes[shape_id], rec.key, rec.value, table,
-                                       "incompatible_schema"))
+                                       reason, rec.key, rec.value, table, "incompatible_schema"))
             return None
         if (spec is not None and shape_id not in spec.accepted_shapes and table not in deferred
                 and (change.op == "d" and _keys_in_table(spec, change)

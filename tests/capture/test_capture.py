@@ -20,6 +20,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from lakestream.capture.process import LAKESTREAM_COMMAND
 from lakestream.capture import CaptureProcess, connect_json, connector_properties, producer_config
 from lakestream.config import parse_config
+from lakestream.errors import ConfigError
 
 FIXTURE_DIR = Path(__file__).parents[1] / "data"
 PASSWORD = "capture-secret-pw"
@@ -255,3 +256,30 @@ def test_cli_prints_connector_config(tmp_path):
     assert doc["config"]["database.dbname"] == "shop"
     assert PASSWORD not in out.stdout + out.stderr
     assert "placeholder" in out.stderr
+
+
+def test_avro_format_sets_the_avro_converter_and_registry(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAKESTREAM_TEST_SR_USER_INFO", "cdc:sr-secret-pw")
+    data = _pipeline_dict(format="avro")
+    data["kafka"]["schema_registry"] = {"url": "http://registry:8081", "basic_auth_user_info_env": "LAKESTREAM_TEST_SR_USER_INFO"}
+    props = connector_properties(parse_config(data).capture, tmp_path)
+    for side in ("key", "value"):
+        assert props[f"{side}.converter"] == "io.confluent.connect.avro.AvroConverter"
+        assert props[f"{side}.converter.schema.registry.url"] == "http://registry:8081"
+        assert props[f"{side}.converter.basic.auth.credentials.source"] == "USER_INFO"
+        assert props[f"{side}.converter.basic.auth.user.info"] == "cdc:sr-secret-pw"  # the embedded engine needs it
+    path = _write_yaml(tmp_path / "p.yaml", data)
+    out = subprocess.run([*LAKESTREAM_COMMAND, "capture", str(path), "--print-connector-config"],
+                         capture_output=True, text=True, check=True, env={**os.environ})
+    config = json.loads(out.stdout)["config"]
+    assert config["value.converter"] == config["key.converter"] == "io.confluent.connect.avro.AvroConverter"
+    assert config["value.converter.schema.registry.url"] == "http://registry:8081"
+    assert config["key.converter.schema.registry.url"] == "http://registry:8081"
+    assert "value.converter.schemas.enable" not in config
+    assert "sr-secret-pw" not in out.stdout + out.stderr and PASSWORD not in out.stdout + out.stderr
+    assert config["value.converter.basic.auth.user.info"].startswith("${file:")
+
+
+def test_avro_format_without_a_registry_is_a_config_error():
+    with pytest.raises(ConfigError, match="capture.format avro needs a Schema Registry"):
+        parse_config(_pipeline_dict(format="avro"))

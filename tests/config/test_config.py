@@ -88,6 +88,7 @@ def test_bad_yaml_and_missing_file(tmp_path):
 def test_redact_hides_credentials():
     out = redact({"sasl.password": "x", "nested": {"ssl.key.password": "y", "api_key": "z"}, "linger.ms": 5})
     assert out == {"sasl.password": "***", "nested": {"ssl.key.password": "***", "api_key": "***"}, "linger.ms": 5}
+    assert redact({"value.converter.basic.auth.user.info": "u:p"}) == {"value.converter.basic.auth.user.info": "***"}
 
 
 def test_table_layout_rules_match_first():

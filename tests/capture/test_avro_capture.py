@@ -1,0 +1,156 @@
+"""Avro end to end: Debezium's AvroConverter (embedded, through `lakestream capture` with format avro)
+registers schemas in a Confluent-compatible registry and writes Confluent-framed records; the pipeline
+reads them with confluent-kafka's registry client and fastavro into Iceberg. Real PostgreSQL, Debezium,
+broker, Spark and Iceberg; the registry is the test server of tests/schema_registry.py."""
+from __future__ import annotations
+
+import decimal
+import os
+import time
+import uuid
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from capture_harness import dead_letters, start_captured_source, stop_captured_source, verify_ok
+from conftest import run_lakestream
+
+SETUP = [
+    """CREATE TABLE public.avro_items (
+        id integer PRIMARY KEY, small smallint, big bigint, amount numeric(10,2), note text, flag boolean,
+        day date, ts timestamp, tstz timestamptz, doc jsonb, uid uuid, raw bytea, tags integer[], mood text)""",
+    "INSERT INTO public.avro_items VALUES (1, 2, 9000000000, 1234.56, 'first', true, '2024-02-29', "
+    "'2024-02-29 12:34:56.789123', '2024-02-29 12:34:56.789+02', '{\"a\": [1, 2]}', "
+    "'0e8f4c1e-3b7a-4d7f-9a34-1a2b3c4d5e6f', '\\xdeadbeef', '{1,2,3}', 'ok'), "
+    "(2, NULL, NULL, -0.01, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+    "CREATE TABLE public.avro_other (id integer PRIMARY KEY, v text)",
+    "INSERT INTO public.avro_other VALUES (1, 'one')",
+]
+
+
+AUTH_ENV = "LAKESTREAM_TEST_SCHEMA_REGISTRY_AUTH"
+
+
+@pytest.fixture(scope="module")
+def src(stack, spark, secured_schema_registry):
+    """Capture with format avro against a registry that demands basic auth (credentials from the environment)."""
+    registry = secured_schema_registry
+    os.environ[AUTH_ENV] = registry.user_info  # inherited by the capture and `lakestream run` processes
+    extra = {"kafka": {"schema_registry": {"url": registry.url, "basic_auth_user_info_env": AUTH_ENV}},
+             "capture": {"format": "avro"}}
+    source = start_captured_source(stack, SETUP, ["avro_items", "avro_other"], "avro", extra)
+    source.registry = registry
+    try:
+        source.sync({"avro_items": 2, "avro_other": 1})
+        yield source
+    finally:
+        stop_captured_source(source)
+        os.environ.pop(AUTH_ENV, None)
+
+
+def _raw_values(src, table: str) -> list[bytes | None]:
+    end = src.end_offset(table)
+    consumer = Consumer({"bootstrap.servers": src.stack.bootstrap_servers, "group.id": f"raw-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(src.topic(table), 0, OFFSET_BEGINNING)])
+    out: list[bytes | None] = []
+    try:
+        while len(out) < end:
+            msg = consumer.poll(5)
+            assert msg is not None, f"read {len(out)} of {end}"
+            if not msg.error():
+                out.append(msg.value())
+    finally:
+        consumer.close()
+    return out
+
+
+def _subject_versions(src, table: str) -> int:
+    ids = src.registry.state.subjects.get(f"{src.topic(table)}-value", [])
+    return len(ids)
+
+
+def test_avro_capture_mirror_is_exact(src, spark):
+    values = _raw_values(src, "avro_items")
+    assert values and all(v[:1] == b"\x00" for v in values if v is not None), "not Confluent-framed Avro"
+    assert _subject_versions(src, "avro_items") == 1 and f"{src.topic('avro_items')}-key" in src.registry.state.subjects
+    src.sql("INSERT INTO public.avro_items (id, amount, note, tstz) VALUES (3, 99999999.99, 'third', now())",
+            "UPDATE public.avro_items SET note = 'changed', amount = 0.5 WHERE id = 1",
+            "DELETE FROM public.avro_items WHERE id = 2")
+    src.sync({"avro_items": 6})  # + insert, update, delete, tombstone
+    rows = {r["id"]: r.asDict() for r in spark.table(src.table("avro_items")).collect()}
+    assert sorted(rows) == [1, 3]
+    assert rows[1]["amount"] == decimal.Decimal("0.50") and rows[1]["note"] == "changed"
+    assert rows[1]["raw"] == bytearray(b"\xde\xad\xbe\xef") and rows[1]["tags"] == [1, 2, 3]
+    types = dict(spark.table(src.table("avro_items")).dtypes)
+    assert types["amount"] == "decimal(10,2)" and types["day"] == "date" and types["ts"] == "timestamp_ntz"
+    assert types["tstz"] == "timestamp" and types["small"] == "int" and types["big"] == "bigint"
+    assert dead_letters(spark, src.topic("avro_items")) == []
+    verify_ok(src, spark, ["avro_items", "avro_other"])
+    password = src.registry.user_info.split(":", 1)[1]
+    assert password not in src.capture.log_text(), "the registry password is in the capture log"
+    assert password not in (src.workdir / "pipeline.yaml").read_text()
+
+
+def test_add_column_while_running(src, spark):
+    start = src.end_offset("avro_items")
+    src.sql("ALTER TABLE public.avro_items ADD COLUMN loyalty integer",
+            "INSERT INTO public.avro_items (id, note, loyalty) VALUES (10, 'new shape', 7)",
+            "UPDATE public.avro_items SET loyalty = 1 WHERE id = 1")
+    src.sync({"avro_items": start + 2})
+    assert _subject_versions(src, "avro_items") == 2  # Debezium registered the new version
+    rows = {r["id"]: r.asDict() for r in spark.table(src.table("avro_items")).collect()}
+    assert rows[10]["loyalty"] == 7 and rows[1]["loyalty"] == 1 and rows[3]["loyalty"] is None
+    assert dead_letters(spark, src.topic("avro_items")) == []
+    verify_ok(src, spark, ["avro_items"])
+
+
+def test_incompatible_change_is_dead_lettered_while_other_tables_update(src, spark):
+    """numeric(10,2) → numeric(10,0) is one Avro type (bytes) to the registry, which accepts it, but it
+    narrows the column's scale: the table refuses the new shape and its records become dead letters."""
+    start = src.end_offset("avro_items")
+    versions = _subject_versions(src, "avro_items")
+    src.sql("ALTER TABLE public.avro_items ALTER COLUMN amount TYPE numeric(10,0)",
+            "INSERT INTO public.avro_items (id, amount, note) VALUES (20, 42, 'narrowed')",
+            "INSERT INTO public.avro_other VALUES (2, 'two')")
+    src.sync({"avro_items": start + 1, "avro_other": 2})
+    assert _subject_versions(src, "avro_items") == versions + 1
+    letters = dead_letters(spark, src.topic("avro_items"))
+    assert [r["offset"] for r in letters] == [start]
+    error = letters[0]["error"]
+    assert "column amount: incoming type decimal(10,0) is incompatible with the table's decimal(10,2)" in error, error
+    new_id = src.registry.state.subjects[f"{src.topic('avro_items')}-value"][-1]
+    assert f"Avro writer schema id {new_id}" in error, error
+    assert 20 not in {r["id"] for r in spark.table(src.table("avro_items")).collect()}
+    # the other table keeps updating in the same batches
+    assert {r["id"]: r["v"] for r in spark.table(src.table("avro_other")).collect()} == {1: "one", 2: "two"}
+    verify_ok(src, spark, ["avro_other"])
+
+
+def test_cold_restart_reads_schema_ids_from_the_registry_again(src, spark):
+    """A new engine process starts with an empty schema cache: it asks the registry by id again."""
+    start = src.end_offset("avro_other")
+    src.sql("INSERT INTO public.avro_other VALUES (3, 'after restart')", "UPDATE public.avro_other SET v = 'uno' WHERE id = 1")
+    src.wait_for_events({"avro_other": start + 2})
+    fetches = src.registry.requests("GET", "/schemas/ids/")
+    done = run_lakestream("run", str(src.workdir / "pipeline.yaml"), "--until-idle", timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert src.registry.requests("GET", "/schemas/ids/") > fetches
+    spark.catalog.refreshTable(src.table("avro_other"))
+    assert {r["id"]: r["v"] for r in spark.table(src.table("avro_other")).collect()} == {1: "uno", 2: "two", 3: "after restart"}
+    verify_ok(src, spark, ["avro_other"])
+
+
+def test_a_change_the_registry_forbids_stops_capture_before_any_record(src):
+    """text → integer breaks BACKWARD (the subject's level): the registry refuses the schema, the
+    AvroConverter cannot serialize, and capture stops instead of publishing. Runs last: it ends capture."""
+    start = src.end_offset("avro_items")
+    src.sql("ALTER TABLE public.avro_items ALTER COLUMN note TYPE integer USING length(note)",
+            "INSERT INTO public.avro_items (id, note) VALUES (30, 5)")
+    deadline = time.monotonic() + 180
+    while src.capture.running and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not src.capture.running, "capture kept running after the registry refused a schema"
+    log = src.capture.log_text()
+    assert "incompatible with an earlier schema" in log, log[-3000:]
+    assert src.end_offset("avro_items") == start
