@@ -159,7 +159,7 @@ def plan_chunks(conn: Any, source: SourceTable, chunk_rows: int) -> ChunkPlan:
     snapshot, so the bounds see the rows the chunks will read).
 
     An integer key is split evenly between its min and max (dense keys give even chunks); any other
-    key at boundaries sampled from the table (TABLESAMPLE), sorted as PostgreSQL sorts the key."""
+    key at boundaries sampled from the table (TABLESAMPLE BERNOULLI, ~50 rows per chunk), sorted as PostgreSQL sorts the key."""
     keys = pgsql.SQL(", ").join(pgsql.Identifier(k) for k in source.key)
     with conn.cursor() as cur:
         if source.integer_key:
@@ -178,7 +178,7 @@ def plan_chunks(conn: Any, source: SourceTable, chunk_rows: int) -> ChunkPlan:
             if pieces == 1:
                 return ChunkPlan(source.name, [Chunk(source.name, 0, None, None)])
             percent = min(100.0, max(0.01, 100.0 * pieces * 50 / estimated))
-            cur.execute(pgsql.SQL("SELECT {k} FROM {t} TABLESAMPLE SYSTEM (%s) ORDER BY {k}").format(
+            cur.execute(pgsql.SQL("SELECT {k} FROM {t} TABLESAMPLE BERNOULLI (%s) ORDER BY {k}").format(
                 k=keys, t=source.ident()), (percent,))
             sample = cur.fetchall()
             values = [list(sample[len(sample) * i // pieces]) for i in range(1, pieces)] if sample else []
