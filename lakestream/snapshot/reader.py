@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
+from lakestream.errors import LakestreamError
 from lakestream.snapshot.source import Chunk, SourceTable, chunk_query
 
 
@@ -107,7 +108,14 @@ def read_chunk(dsn: str, snapshot_name: str, source: SourceTable, chunk: Chunk, 
     finally:
         conn.close()
     schema = arrow_schema(target.schema)
-    table = parse_chunk(buffer.getvalue(), source, schema)
+    try:
+        table = parse_chunk(buffer.getvalue(), source, schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        # Nothing of the chunk is committed: the snapshot stops here and resumes from this chunk.
+        raise LakestreamError(
+            f"{source.name} rows with key in [{chunk.lower}, {chunk.upper}) do not fit the lake table {target.table}: "
+            f"{str(exc).splitlines()[0][:300]} — fix: correct those source values (or the lake column type), then run "
+            f"`lakestream snapshot` again to resume") from None
     files = []
     for values, rows in partition_values(target.partition_spec, target.schema, table):
         part = table.take(pa.array(rows)) if len(rows) != table.num_rows else table

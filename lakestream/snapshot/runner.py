@@ -256,7 +256,14 @@ def _load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot
     def run_chunk(w: _Table, chunk: Chunk) -> ChunkResult:
         payload = (dsn, snapshot_name, w.source, chunk, w.target)
         sc.setJobDescription(f"lakestream snapshot {w.source.name} chunk {chunk.chunk_id}")
-        return sc.parallelize([payload], 1).map(lambda p: read_chunk(*p)).collect()[0]
+        try:
+            return sc.parallelize([payload], 1).map(lambda p: read_chunk(*p)).collect()[0]
+        except Exception as exc:  # noqa: BLE001 — py4j wraps the task's Python error; surface its message
+            message = str(exc)
+            marker = "lakestream.errors.LakestreamError: "
+            if marker in message:
+                raise SnapshotError(message.split(marker, 1)[1].splitlines()[0]) from None
+            raise
 
     last_report = time.monotonic()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="snapshot-chunk") as pool:

@@ -25,7 +25,7 @@ from lakestream.capture.process import LAKESTREAM_COMMAND
 from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import CaptureError
-from lakestream.snapshot import run_snapshot
+from lakestream.snapshot import SnapshotError, run_snapshot
 from lakestream.snapshot.runner import KILL_AFTER_CHUNKS_ENV, _read_state
 from lakestream.verify import verify_tables
 
@@ -48,7 +48,7 @@ TABLES = ["public.items", "public.tags"]
 class Source:
     """A fresh source database with a pipeline config whose capture uses the parallel snapshot."""
 
-    def __init__(self, stack, label: str):
+    def __init__(self, stack, label: str, setup: list[str] = SETUP, tables: list[str] = TABLES):
         uid = uuid.uuid4().hex[:6]
         self.stack, self.dbname, self.prefix = stack, f"src_{label}_{uid}", f"{label}{uid}"
         admin = psycopg2.connect(stack.pg_dsn())
@@ -59,7 +59,7 @@ class Source:
         self.conn = psycopg2.connect(stack.pg_dsn(self.dbname))
         self.conn.autocommit = True
         with self.conn.cursor() as cur:
-            for stmt in SETUP:
+            for stmt in setup:
                 cur.execute(stmt)
         self.workdir = Path(tempfile.mkdtemp(prefix=f"lakestream-{label}-"))
         self.data = {
@@ -74,7 +74,7 @@ class Source:
             "capture": {
                 "database": {"host": stack.pg_host, "port": stack.pg_port, "dbname": self.dbname,
                              "user": stack.pg_user, "password": stack.pg_password},
-                "tables": TABLES, "topic_prefix": self.prefix, "slot_name": f"slot_{self.prefix}",
+                "tables": tables, "topic_prefix": self.prefix, "slot_name": f"slot_{self.prefix}",
                 "publication_name": f"pub_{self.prefix}", "snapshot": "parallel", "snapshot_chunk_rows": 2_000,
                 "connector": {"heartbeat.interval.ms": "1000"},
             },
@@ -235,4 +235,17 @@ def test_snapshot_killed_midway_resumes(stack, spark):
         _assert_mirror_exact(source, spark)
     finally:
         writer.stop()
+        source.close()
+
+
+def test_a_value_that_does_not_fit_stops_with_the_table_and_key_range(stack, spark):
+    source = Source(stack, "snapbad", ["CREATE TABLE days (id int PRIMARY KEY, d date)",
+                                       "INSERT INTO days VALUES (1, '2024-01-01'), (2, 'infinity'), (3, NULL)"],
+                    ["public.days"])
+    try:
+        with pytest.raises(SnapshotError, match=r"public\.days rows with key in \[None, None\).*fix"):
+            run_snapshot(source.config, spark=spark)
+        state = _read_state(spark, f"lake.{source.prefix}.days")
+        assert state is None  # nothing of the failed chunk was committed
+    finally:
         source.close()
