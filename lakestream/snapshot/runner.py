@@ -147,6 +147,7 @@ def run_snapshot(
     dsn = source_dsn(config)
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
+    pipeline = None
     try:
         if handover is not None and set(names) <= set(handover["tables"]):
             log.info("snapshot: already complete (handover at %s); nothing to do", handover["lsn_text"])
@@ -234,6 +235,8 @@ def run_snapshot(
                                 time.monotonic() - started, resumed, False, lag_bytes, time.time() - handover_started)
         return report
     finally:
+        if pipeline is not None:
+            pipeline.close()
         conn.close()
 
 
