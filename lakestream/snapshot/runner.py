@@ -42,7 +42,8 @@ from lakestream.errors import ConfigError, LakestreamError
 from lakestream.snapshot.progress import SnapshotReport, TableProgress
 from lakestream.snapshot.reader import ChunkResult, ChunkTarget, read_chunk
 from lakestream.snapshot.slot import (
-    ExportedSlot, ExportedSnapshot, ensure_publication, int_to_lsn, lsn_to_int, read_handover, slot_state,
+    ExportedSlot, ExportedSnapshot, ensure_publication, handover_path, int_to_lsn, lsn_to_int, read_handover,
+    slot_state,
     write_handover,
 )
 from lakestream.snapshot.source import Chunk, ChunkPlan, SourceTable, describe_table, plan_chunks
@@ -149,6 +150,9 @@ def run_snapshot(
     conn.autocommit = True
     pipeline = None
     try:
+        if handover is not None and not slot_state(conn, capture.slot_name).exists:
+            raise SnapshotError(f"a snapshot finished for slot {capture.slot_name}, but the slot is gone — fix: to load "
+                                f"again, drop the lake tables and delete {handover_path(config.state_dir, capture)}")
         if handover is not None and set(names) <= set(handover["tables"]):
             log.info("snapshot: already complete (handover at %s); nothing to do", handover["lsn_text"])
             return SnapshotReport(capture.slot_name, handover["lsn_text"], already_complete=True)
