@@ -524,6 +524,11 @@ class CaptureSettings(_Model):
     slot_name: str = "lakestream"
     publication_name: str = "lakestream_pub"
     snapshot_mode: str = "initial"
+    # How existing rows reach the lake: Debezium's own snapshot through Kafka, or `lakestream snapshot`
+    # (chunks read in parallel Spark tasks, then Debezium streams from the snapshot's exact point).
+    snapshot: Literal["debezium", "parallel"] = "debezium"
+    snapshot_chunk_rows: int = Field(default=250_000, ge=1)
+    snapshot_parallelism: int | None = Field(default=None, ge=1)  # default: Spark's default parallelism
     schemas_enabled: bool = True
     # Debezium skips TRUNCATE by default ("t"); the mirror applies it, so nothing is skipped here.
     skipped_operations: str = "none"
@@ -552,6 +557,14 @@ class CaptureSettings(_Model):
             for part in parts:
                 validate_identifier(part, what="source table name part")
         return value
+
+    @model_validator(mode="after")
+    def _parallel_needs_schemas(self) -> CaptureSettings:
+        if self.snapshot == "parallel" and not self.schemas_enabled:
+            raise ValueError("snapshot: parallel creates the tables with the column types of Debezium's schemas, "
+                             "which schemas_enabled: false leaves out — fix: set schemas_enabled: true, or "
+                             "snapshot: debezium")
+        return self
 
     @field_validator("topic_prefix", "slot_name", "publication_name")
     @classmethod

@@ -142,4 +142,14 @@ def connect_json(capture: CaptureSettings) -> dict[str, Any]:
             config[str(key)] = str(value)
     if capture.database.password or "database.password" in config:
         config["database.password"] = PASSWORD_PLACEHOLDER
+    if capture.snapshot == "parallel":
+        # The rows come from `lakestream snapshot`; the connector must start at its handover point, which
+        # it can only be given while stopped (Kafka Connect 3.7+: initial_state, then PATCH .../offsets).
+        config["snapshot.mode"] = "no_data"
+        return {"name": _connector_name(capture), "config": config, "initial_state": "STOPPED"}
     return {"name": _connector_name(capture), "config": config}
+
+
+def connect_offsets_json(capture: CaptureSettings, lsn: int) -> dict[str, Any]:
+    """The body of ``PATCH /connectors/<name>/offsets`` that starts the connector at ``lsn``."""
+    return {"offsets": [{"partition": {"server": capture.topic_prefix}, "offset": {"lsn": lsn}}]}

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lakestream.capture.connector import connector_properties
+from lakestream.capture.handover import handover_properties, seed_offsets
 from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
 from lakestream.config import PipelineConfig
 from lakestream.errors import CaptureError, ConfigError
@@ -107,10 +108,14 @@ def run_capture(
     capture_dir.mkdir(parents=True, exist_ok=True)
     stop_event = stop_event or threading.Event()
 
+    properties = connector_properties(capture, capture_dir.parent)
+    seed_lsn = None
+    if capture.snapshot == "parallel":
+        properties, seed_lsn = handover_properties(config, properties)
     producer = Producer(producer_config(config.kafka))
     handler = KafkaPublishingHandler(producer, binary=capture.format == "avro")
     engine = DebeziumEngine(
-        connector_properties(capture, capture_dir.parent),
+        properties,
         handler,
         jvm_opts=[*JVM_OPTS_BASE, f"-Dlog4j2.configurationFile={_write_log_config(capture_dir).resolve()}"],
     )
@@ -121,6 +126,8 @@ def run_capture(
 
         # Debezium's Avro output format: byte[] keys and values from Confluent's AvroConverter.
         engine.format = jpype.JClass("io.debezium.engine.format.Avro")
+    if seed_lsn is not None:
+        seed_offsets(Path(properties["offset.storage.file.filename"]), properties, seed_lsn)
 
     engine_error: list[BaseException] = []
 

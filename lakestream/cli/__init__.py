@@ -13,8 +13,8 @@ import sys
 from lakestream.errors import LakestreamError
 
 # Modules are imported lazily so that a missing optional piece never breaks the other commands.
-_COMMAND_MODULES = ["stack", "capture", "run", "sql", "query", "verify", "maintain", "health", "demo", "upgrade",
-                    "deadletters", "dashboard"]
+_COMMAND_MODULES = ["stack", "capture", "snapshot", "run", "sql", "query", "verify", "maintain", "health", "demo",
+                    "upgrade", "deadletters", "dashboard"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,8 +32,45 @@ def _capture(args: argparse.Namespace) -> int:
 
         print(json.dumps(connect_json(config.capture), indent=2))
         print(f"note: {PASSWORD_NOTE}", file=sys.stderr)
+        if config.capture.snapshot == "parallel":
+            _print_handover_note(config)
         return 0
     from lakestream.capture.runner import run_capture
 
+    if config.capture.snapshot == "parallel":
+        _snapshot_first(args.pipeline_yaml, config)
     run_capture(config)
     return 0
+
+
+def _snapshot_first(pipeline_yaml: str, config) -> None:
+    """Run `lakestream snapshot` (its own process: Spark's JVM) unless it already finished."""
+    import subprocess
+
+    from lakestream.capture.process import LAKESTREAM_COMMAND
+    from lakestream.errors import CaptureError
+    from lakestream.snapshot.slot import read_handover
+
+    if read_handover(config.state_dir, config.capture) is not None:
+        return
+    code = subprocess.run([*LAKESTREAM_COMMAND, "snapshot", pipeline_yaml], stdin=subprocess.DEVNULL,
+                          stdout=sys.stderr).returncode
+    if code != 0:
+        raise CaptureError(f"the parallel snapshot failed (exit code {code}); run `lakestream snapshot "
+                           f"{pipeline_yaml}` again to resume it")
+
+
+def _print_handover_note(config) -> None:
+    from lakestream.capture.connector import connect_offsets_json
+    from lakestream.snapshot.slot import read_handover
+
+    handover = read_handover(config.state_dir, config.capture)
+    name = f"{config.capture.topic_prefix}-postgres"
+    if handover is None:
+        print("note: capture.snapshot is parallel: run `lakestream snapshot` first; it prints the offsets to set",
+              file=sys.stderr)
+        return
+    body = json.dumps(connect_offsets_json(config.capture, int(handover["lsn"])))
+    print(f"note: the connector is created STOPPED; set its start to the snapshot's handover point, then resume it:\n"
+          f"  curl -X PATCH -H 'Content-Type: application/json' <connect>/connectors/{name}/offsets -d '{body}'\n"
+          f"  curl -X PUT <connect>/connectors/{name}/resume", file=sys.stderr)
