@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.engine.freshness import mixture_quantiles
+from lakestream.faults import pause_point
 from lakestream.errors import DecodeError, LakestreamError, is_infrastructure_failure
 from lakestream.sink.offsets import (
     BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, SOURCE_TS_PROPERTY, TableOffsets, encode_offsets,
@@ -462,6 +463,7 @@ class Pipeline:
         for attempt in range(1, attempts + 1):
             write = TableWrite(ident, self.config.catalog.name, table, spec, self._fresh_index(name, ident))
             try:
+                pause_point("commit.table.before")
                 done = write_table(self.spark, write, changes, props)
                 break
             except StaleIndex as exc:
@@ -491,6 +493,7 @@ class Pipeline:
                     write.index.valid = False
                 self._retries.append(name)
                 time.sleep(0.2 * attempt)
+        pause_point("commit.table.after")
         self.offsets.record(ident, merged)
         spec.committed = dict(merged)
         return done
@@ -644,6 +647,7 @@ class Pipeline:
                 self.maybe_more.discard(tp)
             else:
                 self.maybe_more.add(tp)
+        pause_point("commit.group.before")
         self.kafka.commit({tp: self.positions[tp] for tp in report.ends})
         lag = consumer_lag({tp: high for tp, (_, high) in self.watermarks.items()}, self.positions)
         changes = sum(tr.count for tr in report.tables.values())
