@@ -1,6 +1,6 @@
 """The chaos harness: a private stack (PostgreSQL + noida), a captured source under a write load,
 `lakestream capture` and `lakestream run` as their own processes, and the faults tests/engine/test_chaos.py
-inflicts on them: SIGKILLs of the pipeline (some parked at a pause point inside the commit), a broker
+inflicts on them, with `lakestream maintain --watch` running beside the pipeline: SIGKILLs of the pipeline (some parked at a pause point inside the commit), a broker
 outage, a SIGKILL of capture, a restart of the PostgreSQL that holds the JDBC catalog.
 
 After each fault the load stops, a marker row is written to every table, the pipeline must catch up
@@ -36,7 +36,7 @@ from lakestream.stack import Stack
 log = logging.getLogger(__name__)
 
 BATCH_LINE = re.compile(r"INFO lakestream\.engine\.loop: batch (\d+): ([\d,]+) records")
-MAINTENANCE_OK = re.compile(r"maintenance: MaintenanceResult\(table='[^']*', action='(\w+)', status='(ok|partial)'")
+MAINTENANCE_OK = re.compile(r"INFO lakestream\.maintenance\.actions: (\w+) \S+: (ok|partial)")
 SEED_ACCOUNTS = 300
 TABLES = ("accounts", "transfers")
 SETUP_SQL = [
@@ -147,10 +147,11 @@ class WriteLoad(threading.Thread):
 
 
 class PipelineProcess:
-    """``python -m lakestream run`` in its own process group (driver + Spark JVM), its log in a file."""
+    """``python -m lakestream <command>`` (default ``run``) in its own process group (driver + Spark JVM),
+    its log in a file."""
 
-    def __init__(self, config_path: Path, log_path: Path) -> None:
-        self.config_path, self.log_path = config_path, log_path
+    def __init__(self, config_path: Path, log_path: Path, command: tuple[str, ...] = ("run",)) -> None:
+        self.config_path, self.log_path, self.command = config_path, log_path, command
         self.proc: subprocess.Popen[bytes] | None = None
         self._offset = 0
         self.started_at = 0.0
@@ -164,7 +165,8 @@ class PipelineProcess:
         with open(self.log_path, "ab") as out:
             out.write(f"\n===== start {time.strftime('%H:%M:%S')} pause_at={pause_at} =====\n".encode())
             out.flush()
-            self.proc = subprocess.Popen([sys.executable, "-m", "lakestream", "run", str(self.config_path)],
+            self.proc = subprocess.Popen([sys.executable, "-m", "lakestream", self.command[0], str(self.config_path),
+                                          *self.command[1:]],
                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                          start_new_session=True, cwd=self.config_path.parent)
         self.started_at = time.monotonic()
@@ -256,9 +258,10 @@ class ChaosEnv:
                          "layout": {"partition_by": ["bucket(4, id)"]}}],
             "engine": {"commit_interval_s": 0.5, "max_records_per_batch": 20000, "idle_poll_s": 0.2},
             "spark": {"master": "local[2]", "driver_memory": "1g", "conf": {"spark.ui.enabled": "false"}},
-            # Maintenance inside the pipeline, aggressive enough to compact, rewrite and expire
-            # beside every fault (each kill can also land in it).
-            "maintenance": {"mode": "inline", "interval_s": 8, "policies": [{
+            # Maintenance in its own process beside the pipeline (`lakestream maintain --watch`),
+            # aggressive enough to compact, rewrite and expire under every fault: its commits race the
+            # pipeline's.
+            "maintenance": {"mode": "separate", "interval_s": 10, "policies": [{
                 "tables": ".*", "compaction": {"max_files_per_partition": 4, "quiet_time_s": 0},
                 "max_delete_files": 2, "snapshot_retention_s": 0, "retain_last_snapshots": 3, "max_manifests": 4,
                 "orphan_min_age_s": 86400 * 3, "orphan_dry_run": True}]},
@@ -273,6 +276,7 @@ class ChaosEnv:
         self.config_path.write_text(yaml.safe_dump(self.config))
         self.capture = CaptureProcess(self.config_path, workdir / "capture.log")
         self.pipeline = PipelineProcess(self.config_path, workdir / "pipeline.log")
+        self.maintenance = PipelineProcess(self.config_path, workdir / "maintain.log", ("maintain", "--watch"))
         self.marker = 0
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -281,11 +285,13 @@ class ChaosEnv:
         self.capture.wait_until_streaming(300)
         self.pipeline.start()
         self.pipeline.wait_for(lambda: self.pipeline.batches(), "first batch", 300)
+        self.maintenance.start()
 
     def close(self) -> None:
         self.pipeline.kill_group()
+        self.maintenance.kill_group()
         self.capture.stop()
-        text = self.pipeline.log_path.read_text(errors="replace") if self.pipeline.log_path.exists() else ""
+        text = self.maintenance.log_path.read_text(errors="replace") if self.maintenance.log_path.exists() else ""
         for action, _ in MAINTENANCE_OK.findall(text):
             self.figures.maintenance_ok[action] = self.figures.maintenance_ok.get(action, 0) + 1
 
@@ -334,6 +340,7 @@ class ChaosEnv:
                 time.sleep(1.0)
         finally:
             consumer.close()
+        assert self.maintenance.alive, f"maintenance exited:\n{self.maintenance.tail()}"
         result = run_lakestream("verify", str(self.config_path), "--json", timeout=600)
         assert result.returncode == 0, f"lakestream verify failed:\n{result.stdout}\n{result.stderr[-3000:]}"
         report = json.loads(result.stdout)

@@ -73,8 +73,8 @@ def run_pipeline(
                 backoff = _retry_backoff(config, outage, failures, others, outage_since)
                 if backoff is None:
                     raise
-                log.error("batch failed (%d in a row): %s — restarting from the tables' offsets in %.0fs",
-                          failures, _first_line(exc)[:300], backoff)
+                log.error("batch failed (%d in a row%s): %s — restarting from the tables' offsets in %.0fs",
+                          failures, ", an outage" if outage else "", _failure_summary(exc), backoff)
                 # Everything needed to resume lives in the tables: a fresh Pipeline is a clean restart.
                 pipeline.close()
                 stop.wait(backoff)
@@ -123,3 +123,19 @@ def _retry_backoff(config: PipelineConfig, outage: bool, failures: int, others: 
         lasted = time.monotonic() - outage_since if outage_since is not None else 0.0
         return min(2.0 ** failures, 15.0) if lasted < config.engine.max_outage_s else None
     return min(2.0 ** failures, 60.0) if others < config.engine.max_consecutive_failures else None
+
+
+def _failure_summary(exc: BaseException) -> str:
+    """One line naming what failed: the Java exception (class and message) of a Py4J error, else the
+    informative line of the Python one."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        try:
+            cause = java
+            while cause.getCause() is not None:  # the root cause names the service (e.g. PSQLException)
+                cause = cause.getCause()
+            text = str(java.toString()) if cause is java else f"{java.toString()} (cause: {cause.toString()})"
+            return text.splitlines()[0][:500]
+        except Exception:  # noqa: BLE001 — the JVM itself may be what failed
+            pass
+    return _first_line(exc)[:300]

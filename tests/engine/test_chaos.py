@@ -1,4 +1,5 @@
-"""Harder chaos, on a private stack under a PostgreSQL write load, inline maintenance always on:
+"""Harder chaos, on a private stack under a PostgreSQL write load, with `lakestream maintain --watch`
+running beside the pipeline all along (compaction, delete and manifest rewrites, snapshot expiry):
 
 1. SIGKILLs of `lakestream run` (driver + Spark JVM): some parked at a pause point inside the commit
    protocol (lakestream/faults.py), the rest at random moments;
