@@ -30,7 +30,6 @@ from confluent_kafka import Consumer, TopicPartition
 from conftest import catalog_settings, run_lakestream
 from lakestream.capture import CaptureProcess
 from lakestream.faults import ENV_VAR as PAUSE_ENV_VAR
-from lakestream.faults import PAUSE_MARKER
 from lakestream.stack import Stack
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.engine.freshness import mixture_quantiles
-from lakestream.faults import pause_point
 from lakestream.errors import DecodeError, LakestreamError, is_infrastructure_failure
+from lakestream.faults import pause_point
 from lakestream.sink.offsets import (
     BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, SOURCE_TS_PROPERTY, TableOffsets, encode_offsets,
 )
