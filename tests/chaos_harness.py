@@ -201,7 +201,16 @@ class PipelineProcess:
         self.proc.wait(30)
 
     def tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log_text().splitlines()[-lines:])
+        return "\n".join(line for line in self.log_text().splitlines() if not line.startswith("%")][-lines:])
+
+    def stacks(self) -> str:
+        """The Python stacks of every thread of a running pipeline (`lakestream run` dumps them on SIGUSR1)."""
+        if not self.alive or self.command[0] != "run":
+            return ""
+        before = len(self.log_text())
+        os.kill(self.proc.pid, signal.SIGUSR1)
+        time.sleep(2)
+        return self.log_text()[before:][-6000:]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,7 +337,8 @@ class ChaosEnv:
             ends: dict[str, int] = {}
             while True:
                 assert self.pipeline.alive, f"pipeline exited (code {self.pipeline.proc.returncode}):\n{self.pipeline.tail()}"
-                assert time.monotonic() < deadline, f"pipeline did not catch up ({ends}):\n{self.pipeline.tail()}"
+                assert time.monotonic() < deadline, (f"pipeline did not catch up ({ends}):\n{self.pipeline.tail()}\n"
+                                                     f"--- its threads ---\n{self.pipeline.stacks()}")
                 parts = [TopicPartition(t, 0) for t in self.topics]
                 ends = {t: consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=10, cached=False)[1]
                         for t in self.topics}
