@@ -201,7 +201,7 @@ class PipelineProcess:
         self.proc.wait(30)
 
     def tail(self, lines: int = 60) -> str:
-        return "\n".join(line for line in self.log_text().splitlines() if not line.startswith("%")][-lines:])
+        return "\n".join([line for line in self.log_text().splitlines() if not line.startswith("%")][-lines:])
 
     def stacks(self) -> str:
         """The Python stacks of every thread of a running pipeline (`lakestream run` dumps them on SIGUSR1)."""
