@@ -323,7 +323,7 @@ class ChaosEnv:
             conn.close()
 
     # -- checks -----------------------------------------------------------------------------
-    def settle_and_verify(self, timeout: float = 600) -> dict:
+    def settle_and_verify(self, timeout: float = float(os.environ.get("LAKESTREAM_CHAOS_SETTLE_S", 600))) -> dict:
         """Write a marker row to every table; once Debezium has published it (so everything before it),
         wait until the running pipeline has consumed every topic to its end; then `lakestream verify`."""
         self.marker += 1
