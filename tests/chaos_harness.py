@@ -188,7 +188,8 @@ class PipelineProcess:
         while not predicate():
             assert self.alive, f"pipeline exited (code {self.proc.returncode}) waiting for {what}:\n{self.tail()}"
             assert time.monotonic() < deadline, f"pipeline: no {what} within {timeout:.0f}s:\n{self.tail()}"
-            time.sleep(0.1)
+            # Not faster: scanning the log holds the GIL, which the write load's thread needs.
+            time.sleep(0.5)
 
     def kill_group(self) -> None:
         """SIGKILL the driver and its Spark JVM at once, as a machine crash would."""
