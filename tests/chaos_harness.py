@@ -229,6 +229,7 @@ class ChaosFigures:
     capture_kills: int = 0
     capture_resent: int = 0
     broker_outage_s: float = 0.0
+    broker_capture_restarts: int = 0
     catalog_outage_s: float = 0.0
     catalog_capture_restarts: int = 0
     load_changes: int = 0
