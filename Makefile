@@ -1,4 +1,4 @@
-.PHONY: setup demo test bench clean example-fraud example-iot
+.PHONY: setup demo test chaos bench clean example-fraud example-iot
 VENV ?= .venv
 
 setup:
@@ -15,6 +15,15 @@ example-iot: setup
 
 test: setup
 	$(VENV)/bin/python -m pytest -x -v --durations=15 tests
+
+# The long chaos scenarios (tests/engine/test_chaos.py); sized by LAKESTREAM_CHAOS_KILLS (20),
+# LAKESTREAM_CHAOS_COMMIT_KILLS (half), LAKESTREAM_CHAOS_BROKER_OUTAGE_S (30), LAKESTREAM_CHAOS_CATALOG_OUTAGE_S (15),
+# LAKESTREAM_CHAOS_RATE (150 changes/s), LAKESTREAM_CHAOS_LOAD_S (10). Figures: .lakestream/chaos-report.json.
+chaos: setup
+	mkdir -p .lakestream
+	LAKESTREAM_CHAOS_REPORT=$${LAKESTREAM_CHAOS_REPORT:-.lakestream/chaos-report.json} \
+		$(VENV)/bin/python -m pytest -x -v -m chaos -o log_cli=true --log-cli-level=INFO tests/engine/test_chaos.py
+	cat $${LAKESTREAM_CHAOS_REPORT:-.lakestream/chaos-report.json}
 
 bench: setup
 	$(VENV)/bin/python bench/e2e.py

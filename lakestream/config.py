@@ -416,6 +416,9 @@ class EngineSettings(_Model):
     topic_refresh_s: float = Field(default=0.0, ge=0)
     table_write_parallelism: int = Field(default=4, ge=1, le=64)
     max_consecutive_failures: int = Field(default=5, ge=1)
+    # A batch failing because the broker, the catalog or storage is unreachable is retried (backoff up
+    # to 15 s) until the outage has lasted this long, whatever max_consecutive_failures says.
+    max_outage_s: float = Field(default=900.0, ge=0)
     # A write that fails for a reason other than infrastructure is split until the records that make
     # it fail are alone (dead letters); more than this many in one batch fails the batch instead.
     max_isolations_per_batch: int = Field(default=16, ge=0)

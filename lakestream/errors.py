@@ -83,3 +83,21 @@ def is_infrastructure_failure(exc: BaseException) -> bool:
     """Whether ``exc`` (possibly a Py4J-wrapped Java or Spark task error) comes from infrastructure."""
     text = f"{type(exc).__name__} {getattr(exc, 'java_exception', '')} {exc}"
     return any(marker in text for marker in _INFRASTRUCTURE_MARKERS)
+
+
+# The infrastructure failures that pass by themselves when a service comes back (broker, catalog,
+# storage unreachable); the engine waits these out instead of exiting. A dead Spark driver or JVM
+# memory exhaustion does not pass, so those are not here.
+_OUTAGE_MARKERS = (
+    "KafkaException", "KafkaError", "_TRANSPORT", "_ALL_BROKERS_DOWN", "BrokerNotAvailable", "SQLException",
+    "PSQLException", "SQLTransientConnectionException", "IOException", "ConnectException", "Connection refused",
+    "Connection reset", "SocketTimeoutException", "UnknownHostException", "CommitStateUnknownException",
+    "no progress reading",  # a Spark task's read stalled (lakestream.source.reader): the broker is away
+)
+
+
+def is_service_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` says a service the batch needs (broker, catalog, storage) is unreachable."""
+    text = f"{type(exc).__name__} {getattr(exc, 'java_exception', '')} {exc}"
+    return any(marker in text for marker in _OUTAGE_MARKERS) and not any(
+        fatal in text for fatal in ("SparkContext was shut down", "OutOfMemoryError", "Py4JNetworkError"))

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import threading
 
 from lakestream.config import load_config
@@ -31,5 +33,7 @@ def _run(args: argparse.Namespace) -> int:
         config.engine.metrics_port = args.metrics_port
     stop = threading.Event()
     install_stop_signals(stop)
+    # `kill -USR1 <pid>` prints every thread's Python stack to stderr: where a stuck pipeline waits.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     run_pipeline(config, stop=stop, max_batches=args.max_batches, stop_when_idle=args.until_idle)
     return 0

@@ -16,6 +16,7 @@ import orjson
 from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError
 from lakestream.engine.pipeline import BatchResult, Pipeline, _first_line, describe_batch
+from lakestream.errors import is_service_outage
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -53,24 +54,30 @@ def run_pipeline(
             from lakestream.maintenance.runner import maybe_maintain as maintain
         except ImportError:
             log.warning("inline maintenance requested but lakestream.maintenance is unavailable")
-    failures = 0
+    failures = 0  # batches failed in a row
+    others = 0  # of those, the ones not due to an outage
+    outage_since: float | None = None  # when the current outage (a run of failures) began
     try:
         while not stop.is_set():
             started = time.monotonic()
             try:
                 result = pipeline.run_batch()
-                failures = 0
+                failures, others, outage_since = 0, 0, None
             except ConfigError:
                 raise  # a retry cannot fix the config
             except Exception as exc:  # noqa: BLE001 — recovered below, or re-raised after too many
                 failures += 1
+                outage = is_service_outage(exc)
+                others += not outage
+                if outage and outage_since is None:
+                    outage_since = time.monotonic()
                 if engine_metrics is not None:
                     engine_metrics.batch_failed()
-                if failures >= config.engine.max_consecutive_failures:
+                backoff = _retry_backoff(config, outage, failures, others, outage_since)
+                if backoff is None:
                     raise
-                backoff = min(2.0 ** failures, 60.0)
-                log.error("batch failed (%d/%d): %s — restarting from the tables' offsets in %.0fs",
-                          failures, config.engine.max_consecutive_failures, _first_line(exc)[:300], backoff)
+                log.error("batch failed (%d in a row%s): %s — restarting from the tables' offsets in %.0fs",
+                          failures, ", an outage" if outage else "", _failure_summary(exc), backoff)
                 # Everything needed to resume lives in the tables: a fresh Pipeline is a clean restart.
                 pipeline.close()
                 stop.wait(backoff)
@@ -96,10 +103,42 @@ def run_pipeline(
                 if remaining > 0:
                     stop.wait(remaining)
             if maintain is not None and not stop.is_set():
-                for action in maintain(pipeline.spark, config, time.time()) or []:
-                    log.info("maintenance: %s", action)
+                try:
+                    for action in maintain(pipeline.spark, config, time.time()) or []:
+                        log.info("maintenance: %s", action)
+                except Exception as exc:  # noqa: BLE001 — maintenance must never stop ingestion
+                    log.error("maintenance round failed (next round as scheduled): %s", _first_line(exc)[:300])
     finally:
         pipeline.close()
         if engine_metrics is not None:
             engine_metrics.close()
     return results
+
+
+def _retry_backoff(config: PipelineConfig, outage: bool, failures: int, others: int, outage_since: float | None
+                   ) -> float | None:
+    """Seconds to wait before retrying a failed batch, or None to give up (the process exits non-zero).
+
+    An unreachable broker, catalog or storage is waited out for up to ``engine.max_outage_s``; the
+    batch is then retried from the tables' offsets. Any other failure ends the process once
+    ``engine.max_consecutive_failures`` of them came in a row."""
+    if outage:
+        lasted = time.monotonic() - outage_since if outage_since is not None else 0.0
+        return min(2.0 ** failures, 15.0) if lasted < config.engine.max_outage_s else None
+    return min(2.0 ** failures, 60.0) if others < config.engine.max_consecutive_failures else None
+
+
+def _failure_summary(exc: BaseException) -> str:
+    """One line naming what failed: the Java exception (class and message) of a Py4J error, else the
+    informative line of the Python one."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        try:
+            cause = java
+            while cause.getCause() is not None:  # the root cause names the service (e.g. PSQLException)
+                cause = cause.getCause()
+            text = str(java.toString()) if cause is java else f"{java.toString()} (cause: {cause.toString()})"
+            return text.splitlines()[0][:500]
+        except Exception:  # noqa: BLE001 — the JVM itself may be what failed
+            pass
+    return _first_line(exc)[:300]

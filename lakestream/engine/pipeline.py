@@ -24,6 +24,7 @@ from lakestream.identifiers import validate_identifier
 from lakestream.process.alerts import AlertStage
 from lakestream.process.transform import Derived, empty_input, output_columns, run_transform
 from lakestream.process.windows import WindowStage
+from lakestream.faults import pause_point
 from lakestream.sink.offsets import (
     BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, SOURCE_TS_PROPERTY, TableOffsets, encode_offsets,
 )
@@ -527,6 +528,7 @@ class Pipeline:
         for attempt in range(1, attempts + 1):
             write = TableWrite(ident, self.config.catalog.name, table, spec, self._fresh_index(name, ident))
             try:
+                pause_point("commit.table.before")
                 done = write_table(self.spark, write, changes, props)
                 break
             except StaleIndex as exc:
@@ -556,6 +558,7 @@ class Pipeline:
                     write.index.valid = False
                 self._retries.append(name)
                 time.sleep(0.2 * attempt)
+        pause_point("commit.table.after")
         self.offsets.record(ident, merged)
         spec.committed = dict(merged)
         return done
@@ -726,6 +729,7 @@ class Pipeline:
                 self.maybe_more.discard(tp)
             else:
                 self.maybe_more.add(tp)
+        pause_point("commit.group.before")
         self.kafka.commit({tp: self.positions[tp] for tp in report.ends})
         lag = consumer_lag({tp: high for tp, (_, high) in self.watermarks.items()}, self.positions)
         changes = sum(tr.count for tr in report.tables.values())

@@ -147,7 +147,12 @@ def watch(
     rounds = 0
     while not stop.is_set():
         started = time.time()
-        results = scheduler.run_round(spark, tables, dry_run=dry_run, now_s=started)
+        try:
+            results = scheduler.run_round(spark, tables, dry_run=dry_run, now_s=started)
+        except Exception as exc:  # noqa: BLE001 — e.g. the catalog restarting: the next round tries again
+            log.error("maintenance round failed (next round in %.0fs): %s", config.maintenance.interval_s,
+                      str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+            results = []
         rounds += 1
         log.info("maintenance round %d: %d action(s) in %.1fs", rounds, len(results), time.time() - started)
         if max_rounds is not None and rounds >= max_rounds:

@@ -7,10 +7,11 @@ every table of a batch has committed, so restarting from them never skips a chan
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from lakestream.config import KafkaSettings
 from lakestream.errors import OffsetError
@@ -35,7 +36,11 @@ class KafkaCluster:
     def __init__(self, settings: KafkaSettings, timeout_s: float = 10.0):
         self.settings = settings
         self.timeout_s = timeout_s
-        self._consumer = Consumer(settings.consumer_config(**{"auto.offset.reset": "earliest"}))
+        # Commits are asynchronous and awaited for at most timeout_s (see commit): their outcome
+        # arrives here, served by poll().
+        self._commit_outcomes: list[KafkaError | None] = []
+        self._consumer = Consumer(settings.consumer_config(**{"auto.offset.reset": "earliest"},
+                                                           on_commit=self._on_commit))
         self._admin = None
         self._batched_offsets_ok = True
 
@@ -110,11 +115,26 @@ class KafkaCluster:
         if not positions:
             return
         offsets = [TopicPartition(tp.topic, tp.partition, off) for tp, off in positions.items()]
+        # A failed or unacknowledged commit is harmless for correctness (the tables hold the truth; a
+        # restart just re-reads a little more), but a synchronous commit has no timeout and must not
+        # stall the engine on a broker that does not answer.
+        self._commit_outcomes.clear()
         try:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
+            self._consumer.commit(offsets=offsets, asynchronous=True)
         except KafkaException as exc:
-            # Harmless for correctness (tables hold the truth); a restart just re-reads a little more.
             log.warning("could not commit group offsets: %s", exc)
+            return
+        deadline = time.monotonic() + self.timeout_s
+        while not self._commit_outcomes and time.monotonic() < deadline:
+            self._consumer.poll(0.05)
+        if not self._commit_outcomes:
+            log.warning("group offsets not acknowledged within %.0fs (broker away?); the next commit carries them",
+                        self.timeout_s)
+        elif self._commit_outcomes[0] is not None:
+            log.warning("could not commit group offsets: %s", self._commit_outcomes[0])
+
+    def _on_commit(self, err: KafkaError | None, _partitions: list[TopicPartition]) -> None:
+        self._commit_outcomes.append(err)
 
 
 def consumer_lag(high_watermarks: dict[TP, int], positions: dict[TP, int]) -> int:

@@ -58,3 +58,31 @@ def test_combined_quantiles_of_two_groups():
     q01, q50, q99, lo = _combine_quantiles([(100, [1, 50, 99], 0, 100), (100, [101, 150, 199], 100, 200)])
     assert abs(q01 - 2) < 0.5 and abs(q50 - 100) < 0.5 and abs(q99 - 198) < 0.5 and lo == 0
     assert _combine_quantiles([]) is None
+
+
+def test_outages_are_waited_out_other_failures_are_not(monkeypatch):
+    from confluent_kafka import KafkaException
+
+    from lakestream.config import EngineSettings
+    from lakestream.engine import loop
+    from lakestream.errors import is_service_outage
+
+    class Config:
+        engine = EngineSettings(max_consecutive_failures=3, max_outage_s=100)
+
+    assert is_service_outage(KafkaException("_TRANSPORT: broker down"))
+    assert is_service_outage(RuntimeError("org.postgresql.util.PSQLException: Connection to 127.0.0.1:5432 refused"))
+    assert not is_service_outage(RuntimeError("Null value appeared in non-nullable field"))
+    assert not is_service_outage(RuntimeError("IOException ... SparkContext was shut down"))
+    clock = [1000.0]
+    monkeypatch.setattr(loop.time, "monotonic", lambda: clock[0])
+    # An outage: retried with a backoff capped at 15 s however many batches fail, until it lasted max_outage_s.
+    assert loop._retry_backoff(Config, True, 1, 0, 1000.0) == 2.0
+    assert loop._retry_backoff(Config, True, 12, 0, 1000.0) == 15.0
+    clock[0] = 1099.0
+    assert loop._retry_backoff(Config, True, 13, 0, 1000.0) == 15.0
+    clock[0] = 1100.0
+    assert loop._retry_backoff(Config, True, 14, 0, 1000.0) is None
+    # Anything else: max_consecutive_failures of them and the process gives up.
+    assert loop._retry_backoff(Config, False, 2, 2, None) == 4.0
+    assert loop._retry_backoff(Config, False, 3, 3, None) is None

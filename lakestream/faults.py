@@ -1,0 +1,45 @@
+"""Named pause points in the commit protocol, so a crash test can kill the process exactly there.
+
+Inactive unless the environment variable ``LAKESTREAM_PAUSE_AT`` names a point: ``name[:seconds]``,
+comma-separated (default 60 s). The first time a named point is reached the process logs
+``PAUSE_MARKER <name>`` and sleeps; the test SIGKILLs it meanwhile. Later passes do not pause.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+ENV_VAR = "LAKESTREAM_PAUSE_AT"
+PAUSE_MARKER = "pause point reached:"
+# The points, in the order a batch passes them.
+POINTS = (
+    "commit.table.before",  # a table's data files are written; its Iceberg commit has not been made
+    "commit.table.after",  # a table's snapshot (data + offsets) has landed; the batch has not finished
+    "commit.group.before",  # every table and the dead letters have committed; the Kafka group has not
+)
+
+_passed: set[str] = set()
+_lock = threading.Lock()
+
+
+def pause_point(name: str) -> None:
+    """Pause here the first time if ``LAKESTREAM_PAUSE_AT`` names ``name``; otherwise return at once."""
+    spec = os.environ.get(ENV_VAR)
+    if not spec:
+        return
+    for item in spec.split(","):
+        point, _, seconds = item.strip().partition(":")
+        if point != name:
+            continue
+        with _lock:
+            if name in _passed:
+                return
+            _passed.add(name)
+        pause = float(seconds or 60)
+        log.warning("%s %s (pausing %.0fs)", PAUSE_MARKER, name, pause)
+        time.sleep(pause)
+        return
