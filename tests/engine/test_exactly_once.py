@@ -327,6 +327,9 @@ def chaos_db(stack):
 
 
 # A restart (Spark start + first batch) takes 10-20 s on an idle machine but minutes on a saturated one.
+# In `make chaos`: `tests/engine/test_chaos.py`'s short SIGKILL scenario covers the same in `make test`, with
+# kills landed inside the commit on purpose, in a third of the time.
+@pytest.mark.chaos
 @pytest.mark.timeout(2400)
 def test_sigkill_during_load_loses_and_duplicates_nothing(stack, chaos_db, service_dir_factory, request):
     run_id = chaos_db.removeprefix("chaos_")
