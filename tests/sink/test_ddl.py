@@ -23,15 +23,19 @@ SETUP = [
     "INSERT INTO public.ddl_drop VALUES (1, 'a1', 'b1')",
     "CREATE TABLE public.ddl_drop2 (id integer PRIMARY KEY, a text, b text)",
     "INSERT INTO public.ddl_drop2 VALUES (1, 'a1', 'b1')",
+    "CREATE TABLE public.ddl_ren (id integer PRIMARY KEY, old_name text)",
+    "INSERT INTO public.ddl_ren VALUES (1, 'x1'), (2, 'x2')",
+    "CREATE TABLE public.ddl_gone (id integer PRIMARY KEY, v text)",
+    "INSERT INTO public.ddl_gone VALUES (1, 'kept')",
 ]
-TABLES = ["ddl_dflt", "ddl_trunc", "ddl_drop", "ddl_drop2"]
+TABLES = ["ddl_dflt", "ddl_trunc", "ddl_drop", "ddl_drop2", "ddl_ren", "ddl_gone"]
 
 
 @pytest.fixture(scope="module")
 def src(stack, spark):
     source = start_captured_source(stack, SETUP, TABLES, "ddl")
     try:
-        source.sync({"ddl_dflt": 3, "ddl_trunc": 5, "ddl_drop": 1, "ddl_drop2": 1})
+        source.sync({"ddl_dflt": 3, "ddl_trunc": 5, "ddl_drop": 1, "ddl_drop2": 1, "ddl_ren": 2, "ddl_gone": 1})
         yield source
     finally:
         stop_captured_source(source)
@@ -117,6 +121,28 @@ def test_dropped_column_is_dropped_with_on_dropped_column_drop(src, spark):
     assert [f.name for f in spark.table(src.table("ddl_drop2")).schema.fields] == ["id", "a"]
     assert _rows(spark, src.table("ddl_drop2")) == {1: {"id": 1, "a": "a1"}, 2: {"id": 2, "a": "a2"}}
     verify_ok(src, spark, ["ddl_drop2"])
+
+
+def test_rename_is_a_drop_plus_an_add_and_converges_as_rows_change(src, spark):
+    start = src.end_offset("ddl_ren")
+    src.sql("ALTER TABLE public.ddl_ren RENAME COLUMN old_name TO new_name",
+            "INSERT INTO public.ddl_ren VALUES (3, 'x3')", "UPDATE public.ddl_ren SET new_name = new_name")
+    src.sync({"ddl_ren": start + 3})
+    rows = _rows(spark, src.table("ddl_ren"))
+    # The mirror keeps the old column (NULL in rows written since); the new one is filled as rows change.
+    assert rows[1] == {"id": 1, "old_name": None, "new_name": "x1"}
+    assert rows[3] == {"id": 3, "old_name": None, "new_name": "x3"}
+    verify_ok(src, spark, ["ddl_ren"])
+
+
+def test_a_dropped_source_table_leaves_its_mirror_queryable(src, spark):
+    start = src.end_offset("ddl_trunc")
+    src.sql("DROP TABLE public.ddl_gone", "INSERT INTO public.ddl_trunc VALUES (30, 'after the drop')")
+    src.sync({"ddl_trunc": start + 1})
+    assert _rows(spark, src.table("ddl_gone")) == {1: {"id": 1, "v": "kept"}}
+    assert _rows(spark, src.table("ddl_trunc"))[30]["v"] == "after the drop"
+    assert dead_letters(spark, src.topic("ddl_gone")) == []
+    verify_ok(src, spark, ["ddl_trunc"])
 
 
 def test_logical_decoding_messages_are_skipped_and_counted(src, spark):
