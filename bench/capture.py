@@ -1,0 +1,150 @@
+"""Capture alone: Debezium's embedded engine → Kafka, snapshot and streaming, in events/s.
+
+    .venv/bin/python bench/capture.py [--rows 300000] [--changes 300000] [--schemas on|off]
+
+1. **Snapshot**: a table of --rows rows (10 columns) exists before capture starts; events/s is
+   --rows over the time from the first event in Kafka to the last.
+2. **Streaming**: with capture streaming, --changes changes are written as fast as PostgreSQL takes
+   them (multi-row INSERTs, then UPDATEs, in transactions of 5,000 rows); events/s is the changes over
+   the time from the first write to the last event in Kafka. The write side alone takes a fraction of it
+   (printed as `write_s`).
+
+Both phases report the capture process's CPU seconds per 1,000 events as well (user + system, from
+/proc), which the machine's other load disturbs far less than wall time. The LAST line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import psycopg2  # noqa: E402
+from _common import machine_load, pipeline_data, private_stack, quiet_logs, say, write_pipeline_yaml  # noqa: E402
+from snapshot import make_source, topic_ends  # noqa: E402
+
+from lakestream.capture import CaptureProcess  # noqa: E402
+
+POLL_S = 0.1
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its waited-for children (from /proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_events(bootstrap: str, topic: str, target: int, timeout: float, proc: CaptureProcess) -> tuple[float, float]:
+    """Poll the topic's end until it holds ``target`` events: (time of the first event, time of the last)."""
+    first = None
+    deadline = time.monotonic() + timeout
+    last_said = time.monotonic()
+    while time.monotonic() < deadline:
+        n = topic_ends(bootstrap, [topic])
+        now = time.monotonic()
+        if n and first is None:
+            first = now
+        if n >= target:
+            return first or now, now
+        if not proc.running:
+            raise RuntimeError(f"capture exited:\n{proc.log_text()[-3000:]}")
+        if now - last_said > 5:
+            say(f"  {n:,} / {target:,} events in Kafka")
+            last_said = now
+        time.sleep(POLL_S)
+    raise RuntimeError(f"{topic}: fewer than {target:,} events after {timeout:.0f}s")
+
+
+def write_changes(dsn: str, table: str, first_id: int, changes: int, txn_rows: int = 5000) -> float:
+    """Half new rows (INSERT … SELECT), half UPDATEs of existing ones, in transactions of ``txn_rows``."""
+    conn = psycopg2.connect(dsn)
+    started = time.monotonic()
+    inserts = changes // 2
+    with conn, conn.cursor() as cur:
+        for lo in range(first_id, first_id + inserts, txn_rows):
+            hi = min(first_id + inserts - 1, lo + txn_rows - 1)
+            cur.execute(f"INSERT INTO {table} (id, status, qty, note) SELECT g, 'new', 1, md5(g::text) "
+                        f"FROM generate_series({lo}, {hi}) g")
+            conn.commit()
+        updates = changes - inserts
+        for lo in range(1, updates + 1, txn_rows):
+            hi = min(updates, lo + txn_rows - 1)
+            cur.execute(f"UPDATE {table} SET qty = qty + 1, status = 'paid' WHERE id BETWEEN {lo} AND {hi}")
+            conn.commit()
+    conn.close()
+    return time.monotonic() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=300_000, help="rows in the table before capture starts")
+    parser.add_argument("--changes", type=int, default=300_000, help="changes written while capture streams")
+    parser.add_argument("--schemas", choices=["on", "off"], default="on", help="JSON with or without schemas")
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args()
+    quiet_logs()
+    load_before = machine_load()
+    out: dict = {"rows": args.rows, "changes": args.changes, "schemas": args.schemas}
+    with private_stack("capture-bench") as (info, state_dir):
+        name = "capbench"
+        table = "orders"
+        dsn = make_source(info, name, [(table, args.rows)])
+        topic = f"{name}.public.{table}"
+        capture = {"database": {"host": info.pg_host, "port": info.pg_port, "dbname": name, "user": info.pg_user,
+                                "password": info.pg_password},
+                   "tables": [f"public.{table}"], "topic_prefix": name, "slot_name": f"slot_{name}",
+                   "publication_name": f"pub_{name}", "schemas_enabled": args.schemas == "on"}
+        data = pipeline_data(info, state_dir / name, name, [{"topics": [topic], "namespace": name, "table": table}],
+                             capture=capture)
+        data["state_dir"] = str(state_dir / name / "state")
+        yaml_path = write_pipeline_yaml(state_dir / f"{name}.yaml", data)
+        proc = CaptureProcess(yaml_path, log_path=state_dir / f"{name}.capture.log")
+        try:
+            started = time.monotonic()
+            proc.start()
+            say(f"snapshot: {args.rows:,} rows")
+            first, last = wait_for_events(info.bootstrap_servers, topic, args.rows, args.timeout, proc)
+            proc.wait_until_streaming(timeout=300)
+            cpu_after_snapshot = cpu_seconds(proc.pid)
+            out["snapshot_start_s"] = round(first - started, 2)
+            out["snapshot_s"] = round(last - first, 2)
+            out["snapshot_events_per_s"] = round(args.rows / max(last - first, 1e-3))
+            say(f"snapshot: {args.rows:,} events in {last - first:.2f}s = {out['snapshot_events_per_s']:,}/s "
+                f"(JVM start to first event {first - started:.1f}s)")
+
+            say(f"streaming: {args.changes:,} changes")
+            before = topic_ends(info.bootstrap_servers, [topic])
+            written: dict = {}
+            cpu_before = cpu_seconds(proc.pid)
+            write_started = time.monotonic()
+            writer = threading.Thread(target=lambda: written.update(
+                s=write_changes(dsn, table, args.rows + 1, args.changes)), daemon=True)
+            writer.start()
+            _, last = wait_for_events(info.bootstrap_servers, topic, before + args.changes, args.timeout, proc)
+            writer.join()
+            cpu_streaming = cpu_seconds(proc.pid) - cpu_before
+            elapsed = last - write_started
+            out["write_s"] = round(written["s"], 2)
+            out["streaming_s"] = round(elapsed, 2)
+            out["streaming_events_per_s"] = round(args.changes / elapsed)
+            out["snapshot_cpu_ms_per_1k"] = round(1000 * cpu_after_snapshot / args.rows * 1000, 1)
+            out["streaming_cpu_ms_per_1k"] = round(1000 * cpu_streaming / args.changes * 1000, 1)
+            say(f"streaming: {args.changes:,} events in {elapsed:.2f}s = {out['streaming_events_per_s']:,}/s "
+                f"(PostgreSQL took the writes in {written['s']:.2f}s); capture CPU "
+                f"{out['streaming_cpu_ms_per_1k']} ms per 1,000 events")
+        finally:
+            proc.stop()
+    out["load_before"] = load_before
+    out["load_after"] = machine_load()
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
