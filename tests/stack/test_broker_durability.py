@@ -42,7 +42,8 @@ class IdempotentLoad(threading.Thread):
         try:
             while not self.stop_event.is_set() and not self.errors:
                 for _ in range(20):
-                    self.producer.produce(TOPIC, key=f"{self.prefix}{sent}".encode(), value=b"x" * 200, on_delivery=self._delivered)
+                    self.producer.produce(TOPIC, key=f"{self.prefix}{sent}".encode(), value=b"x" * 200,
+                                          on_delivery=self._delivered)
                     sent += 1
                 self.producer.flush(60)
                 time.sleep(0.02)
