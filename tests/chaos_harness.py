@@ -365,7 +365,10 @@ class ChaosEnv:
         finally:
             consumer.close()
         assert self.maintenance.alive, f"maintenance exited:\n{self.maintenance.tail()}"
+        caught_up = time.monotonic()
+        log.info("caught up with the topics in %.1fs; verifying", caught_up - (deadline - timeout))
         result = run_lakestream("verify", str(self.config_path), "--json", timeout=600)
+        log.info("verify took %.1fs", time.monotonic() - caught_up)
         assert result.returncode == 0, f"lakestream verify failed:\n{result.stdout}\n{result.stderr[-3000:]}"
         report = json.loads(result.stdout)
         assert report["ok"] and all(t["duplicate_keys"] == 0 for t in report["tables"]), result.stdout

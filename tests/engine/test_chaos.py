@@ -158,11 +158,16 @@ def test_broker_outage(chaos: ChaosEnv):
             back = end_offsets(servers, chaos.topics)
             assert all(back[t] >= ends[t] for t in chaos.topics), \
                 f"topics went back after the broker was {outage}: {ends} → {back}"
+            resumed = time.monotonic()
             pipeline.wait_for(lambda: len(pipeline.batches()) > before, f"batch after the broker was {outage}", 300)
+            log.info("broker %s: the pipeline's next batch came %.1fs after it was back", outage,
+                     time.monotonic() - resumed)
             time.sleep(scale.load_s)
     finally:
         chaos.stop_load(load)
+    settling = time.monotonic()
     chaos.settle_and_verify()
+    log.info("broker outage: caught up and verified in %.1fs", time.monotonic() - settling)
     resent = count_resent(servers, chaos.topics, starts)
     chaos.figures.broker_resent += resent
     assert resent == 0, f"capture published {resent} change events twice across the broker outage"
