@@ -228,8 +228,8 @@ class ChaosFigures:
     random_kills: int = 0
     capture_kills: int = 0
     capture_resent: int = 0
-    broker_outage_s: float = 0.0
-    broker_capture_restarts: int = 0
+    broker_outage_s: float = 0.0  # frozen + stopped
+    broker_resent: int = 0  # change events capture published twice across the broker outage
     catalog_outage_s: float = 0.0
     catalog_capture_restarts: int = 0
     load_changes: int = 0
@@ -305,6 +305,19 @@ class ChaosEnv:
         for action, _ in MAINTENANCE_OK.findall(text):
             self.figures.maintenance_ok[action] = self.figures.maintenance_ok.get(action, 0) + 1
 
+    def freeze_broker(self, seconds: float) -> float:
+        """SIGSTOP the broker for ``seconds``, then SIGCONT: its connections stay open and every request
+        hangs, as with a hung broker or a network partition (not a refusal). Returns the seconds frozen."""
+        pid = self.stack.broker.pid()
+        assert pid is not None, "the broker is not running"
+        os.kill(pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        try:
+            time.sleep(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        return time.monotonic() - frozen
+
     def load(self) -> WriteLoad:
         load = WriteLoad(self.dsn, self.rate, self.rng.randint(0, 2**31))
         load.start()
@@ -352,7 +365,10 @@ class ChaosEnv:
         finally:
             consumer.close()
         assert self.maintenance.alive, f"maintenance exited:\n{self.maintenance.tail()}"
+        caught_up = time.monotonic()
+        log.info("caught up with the topics in %.1fs; verifying", caught_up - (deadline - timeout))
         result = run_lakestream("verify", str(self.config_path), "--json", timeout=600)
+        log.info("verify took %.1fs", time.monotonic() - caught_up)
         assert result.returncode == 0, f"lakestream verify failed:\n{result.stdout}\n{result.stderr[-3000:]}"
         report = json.loads(result.stdout)
         assert report["ok"] and all(t["duplicate_keys"] == 0 for t in report["tables"]), result.stdout
