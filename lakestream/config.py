@@ -426,6 +426,9 @@ class EngineSettings(_Model):
     # unless metrics_host says otherwise.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
+    # While a batch commits, the next batch's write job already runs (when it is due by then): the
+    # commit's seconds overlap the next read instead of adding to every change's latency.
+    overlap_commits: bool = True
 
     @field_validator("dead_letter_table")
     @classmethod

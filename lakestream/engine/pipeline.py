@@ -12,7 +12,7 @@ import hashlib
 import logging
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,6 +81,7 @@ class BatchResult:
     commit_retries: dict[str, int] = field(default_factory=dict)  # table → commit attempts repeated
     skipped: dict[str, int] = field(default_factory=dict)  # reason → records skipped on purpose (no row change)
     truncated: list[str] = field(default_factory=list)  # tables a source TRUNCATE emptied in this batch
+    overlapped: bool = False  # this batch's write job ran while the previous batch committed
 
     def progress_line(self) -> str:
         rate = self.records / self.seconds if self.seconds > 0 else 0.0
@@ -88,7 +89,7 @@ class BatchResult:
         return (f"batch {self.batch_id}: {self.records:,} records → {len(self.tables)} table(s), "
                 f"{self.dead_letters:,} dead-letter{f' ({self.isolated} isolated)' if self.isolated else ''}, "
                 f"{self.seconds:.2f}s (read+write {self.read_seconds:.2f}s, "
-                f"{self.jobs} job(s)), {rate:,.0f} rec/s, lag {lag}"
+                f"{self.jobs} job(s){', overlapped' if self.overlapped else ''}), {rate:,.0f} rec/s, lag {lag}"
                 + (f", truncated {', '.join(self.truncated)}" if self.truncated else "")
                 + (f", skipped {sum(self.skipped.values()):,}" if self.skipped else ""))
 
@@ -130,6 +131,9 @@ class Pipeline:
         # made repeat; appended from the commit threads (list.append is atomic).
         self._conflicts: list[tuple[str, str]] = []
         self._retries: list[str] = []
+        # The next batch's write job, started while this batch commits: (ranges, watermarks, its job).
+        self._prefetch: tuple[list[OffsetRange], dict[TP, tuple[int, int]], Future[BatchReport]] | None = None
+        self._prefetch_pool: ThreadPoolExecutor | None = None
         self.alerts: AlertStage | None = None
         if config.rules:
             self.alerts = AlertStage(self)
@@ -138,6 +142,9 @@ class Pipeline:
             self.windows = WindowStage(self)
 
     def close(self) -> None:
+        self._discard_prefetch()
+        if self._prefetch_pool is not None:
+            self._prefetch_pool.shutdown(wait=True)
         self.kafka.close()
         if self.alerts is not None:
             self.alerts.close()
@@ -201,18 +208,76 @@ class Pipeline:
                 if now - self._last_read.get(i, float("-inf")) >= self.config.commit_interval(stream) - 0.05}
 
     def plan_batch(self) -> list[OffsetRange]:
+        ranges, self.watermarks = self._plan(self.positions, self.maybe_more)
+        return ranges
+
+    def _plan(self, positions: dict[TP, int], maybe_more: set[TP]
+              ) -> tuple[list[OffsetRange], dict[TP, tuple[int, int]]]:
+        """The ranges to read from ``positions`` (for the streams that are due) and the watermarks seen."""
         self.discover_partitions()
         now = self.clock()
         due = self.due_streams(now)
-        positions = {tp: pos for tp, pos in self.positions.items() if self.config.stream_index(tp.topic) in due}
-        self.watermarks = self.kafka.watermarks(list(positions)) if positions else {}
+        positions = {tp: positions.get(tp, pos) for tp, pos in self.positions.items()
+                     if self.config.stream_index(tp.topic) in due}
+        watermarks = self.kafka.watermarks(list(positions)) if positions else {}
         engine = self.config.engine
-        ranges = plan_offset_ranges(positions, self.watermarks, self.maybe_more,
+        ranges = plan_offset_ranges(positions, watermarks, maybe_more,
                                     engine.max_records_per_batch, engine.max_records_per_task,
                                     parallelism=self.spark.sparkContext.defaultParallelism)
         for i in {self.config.stream_index(r.topic) for r in ranges}:
             self._last_read[i] = now
-        return ranges
+        return ranges, watermarks
+
+    # -- overlapping a batch's commit with the next batch's write job --------------------------
+    def _start_prefetch(self, report: BatchReport, started: float) -> None:
+        """Plan the next batch from where this one's job stopped and start its write job in the
+        background, if it is due by now. Its files become visible only through its own commit, after
+        this batch's: a crash leaves them unreferenced, and the restart reads from the tables' offsets."""
+        if not self.config.engine.overlap_commits or time.monotonic() - started < self.config.fastest_commit_interval:
+            return
+        positions = dict(self.positions)
+        maybe_more = set(self.maybe_more)
+        for tp, end in report.ends.items():
+            positions[tp] = max(positions.get(tp, 0), end.next_offset)
+            (maybe_more.discard if end.at_end else maybe_more.add)(tp)
+        ranges, watermarks = self._plan(positions, maybe_more)
+        ranges = [r for r in ranges if r.end is None or r.end > r.start]
+        if not ranges:
+            return
+        if self._prefetch_pool is None:
+            self._prefetch_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="next-write-job")
+        # Copies of the specs, taken here: this batch's commits go on changing the originals meanwhile.
+        specs = {name: copy.copy(spec) for name, spec in self.specs.items()}
+        self._prefetch = (ranges, watermarks, self._prefetch_pool.submit(self.write_files, ranges, specs=specs))
+
+    def _take_prefetch(self) -> tuple[list[OffsetRange], BatchReport | None] | None:
+        """The prefetched batch: its ranges and report (None if its job failed for a record: the batch
+        then runs its job again, isolating). An infrastructure failure is raised, as a batch's would be."""
+        if self._prefetch is None:
+            return None
+        ranges, watermarks, job = self._prefetch
+        self._prefetch = None
+        self.watermarks = watermarks
+        try:
+            return ranges, job.result()
+        except Exception as exc:  # noqa: BLE001 — classified just below
+            if is_infrastructure_failure(exc):
+                raise
+            log.info("the write job started during the last commit failed (%s); running it again, isolating",
+                     _first_line(exc))
+            return ranges, None
+
+    def _discard_prefetch(self) -> None:
+        """Wait for a prefetched job nobody will commit and delete the files it wrote."""
+        if self._prefetch is None:
+            return
+        _, _, job = self._prefetch
+        self._prefetch = None
+        try:
+            report = job.result()
+        except Exception:  # noqa: BLE001 — nothing of it is committed either way
+            return
+        _delete_quietly([f.path for tr in report.tables.values() for f in tr.files])
 
     def _start_from_tables(self, tp: TP, log_start: int) -> int | None:
         """Where a partition's table says to resume: its stored offset, or the log start when the
@@ -233,7 +298,7 @@ class Pipeline:
 
     # -- reading and writing: one Spark job --------------------------------------------------
     def write_files(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None = None,
-                    into: BatchReport | None = None) -> BatchReport:
+                    into: BatchReport | None = None, specs: dict[str, TableSpec] | None = None) -> BatchReport:
         """Run the write job over ``ranges``: tasks read, decode, convert and write data files.
 
         A plain RDD job: each partition is one task's group of ranges, and it returns its report as Arrow
@@ -241,8 +306,8 @@ class Pipeline:
         and Arrow conversion of the plan, for the same work.)"""
         import pyarrow as pa
 
-        ctx = WriteContext(self.config.kafka.consumer_config(), self.router, dict(self.specs), only_tables,
-                           self.record_hook, derived=dict(self.derived), schema_registry=self.schema_registry)
+        ctx = WriteContext(self.config.kafka.consumer_config(), self.router, dict(self.specs if specs is None else specs),
+                           only_tables, self.record_hook, derived=dict(self.derived), schema_registry=self.schema_registry)
 
         def task(groups: Any) -> Any:
             import pyarrow as pa
@@ -684,7 +749,13 @@ class Pipeline:
     def run_batch(self) -> BatchResult | None:
         """Plan, read and write, commit, advance. None when there was nothing to read."""
         started = time.monotonic()
-        ranges = self.plan_batch()
+        report: BatchReport | None = None
+        prefetched = self._take_prefetch()
+        overlapped = prefetched is not None and prefetched[1] is not None
+        if prefetched is not None:
+            ranges, report = prefetched
+        else:
+            ranges = self.plan_batch()
         if not ranges:
             return None
         if not self._batch_id_recovered:
@@ -694,7 +765,8 @@ class Pipeline:
         self._culprits = set()
         isolations_before = self.isolations
         self._conflicts, self._retries = [], []
-        report = self.write_isolating(ranges)
+        if report is None:
+            report = self.write_isolating(ranges)
         jobs = 1
         new_shapes = {name: list(tr.shapes.values()) for name, tr in report.tables.items() if tr.shapes}
         if new_shapes:
@@ -721,6 +793,9 @@ class Pipeline:
                                           f"{sorted(tr.shapes)}")
                 report.tables[name] = tr
             report.dead_letters.extend(second.dead_letters)
+        watermarks = self.watermarks
+        self._start_prefetch(report, started)
+        self.watermarks = watermarks
         if self.alerts is not None:
             self.alerts.run(report)
         if self.windows is not None:
@@ -754,7 +829,8 @@ class Pipeline:
             table_source_ts_ms={n: ts for n in committed if (ts := report.tables[n].max_source_ts) is not None},
             table_lag=self.table_lag(), dead_letter_kinds=dead, commit_conflicts=list(self._conflicts),
             commit_retries=retries, isolated=self.isolations - isolations_before, skipped=dict(report.skipped),
-            truncated=sorted(n for n, tr in report.tables.items() if tr.truncates and n in committed))
+            truncated=sorted(n for n, tr in report.tables.items() if tr.truncates and n in committed),
+            overlapped=overlapped)
 
     def table_lag(self) -> dict[str, int]:
         """Per table read in this batch: records in Kafka beyond the offsets the table stored."""
@@ -853,4 +929,4 @@ def describe_batch(result: BatchResult) -> dict[str, Any]:
             "table_records": result.table_records, "table_changes": result.table_changes,
             "table_lag": result.table_lag, "dead_letter_kinds": result.dead_letter_kinds,
             "commit_conflicts": [list(c) for c in result.commit_conflicts], "commit_retries": result.commit_retries,
-            "skipped": result.skipped, "truncated": result.truncated}
+            "skipped": result.skipped, "truncated": result.truncated, "overlapped": result.overlapped}
