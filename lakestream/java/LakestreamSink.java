@@ -463,7 +463,35 @@ public final class LakestreamSink {
     TableIdentifier ident = identifier(namespace, table);
     String key = catalog + "." + ident;
     synchronized (LOCKS.computeIfAbsent(key, k -> new Object())) {
-      return commit(loadFresh(cat, ident), key, req).toString();
+      Table t = awaitCommitHold(cat, ident, loadFresh(cat, ident), req.path("hold_owner").asText(""));
+      return commit(t, key, req).toString();
+    }
+  }
+
+  /** Table property by which one writer (a re-snapshot's final commit) holds back the others' commits. */
+  static final String COMMIT_HOLD = "lakestream.commit-hold";
+
+  /**
+   * The table once nobody else holds its commits: a hold ({"owner", "until_ms"}) of another owner
+   * makes this commit wait until it is released or expires (a holder that died is waited out).
+   */
+  static Table awaitCommitHold(Catalog cat, TableIdentifier ident, Table t, String owner) throws Exception {
+    while (true) {
+      String hold = t.properties().get(COMMIT_HOLD);
+      if (hold == null) {
+        return t;
+      }
+      JsonNode h;
+      try {
+        h = JSON.readTree(hold);
+      } catch (Exception e) {
+        return t; // not ours to interpret: never block on it
+      }
+      if (owner.equals(h.path("owner").asText()) || h.path("until_ms").asLong(0) <= System.currentTimeMillis()) {
+        return t;
+      }
+      Thread.sleep(200);
+      t = loadFresh(cat, ident);
     }
   }
 

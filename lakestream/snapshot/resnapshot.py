@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESNAPSHOT_PROPERTY = "lakestream.resnapshot"
+# The table property by which the re-snapshot's commit holds back the pipeline's commits of the table
+# for a few seconds (read by LakestreamSink.commitFiles); it expires by itself.
+COMMIT_HOLD_PROPERTY = "lakestream.commit-hold"
+HOLD_TTL_S = 120.0
 # Test hook: SIGKILL this process once every chunk of the first table is read, before its commit.
 KILL_BEFORE_COMMIT_ENV = "LAKESTREAM_RESNAPSHOT_KILL_BEFORE_COMMIT"
 
@@ -160,6 +165,42 @@ def _committed_offsets(spark: SparkSession, ident: str, topic: str) -> dict[int,
 
     raw = jvm_helper(spark).latestSummaryValue(spark._jsparkSession, ident, OFFSETS_PROPERTY)
     return {tp.partition: off for tp, off in decode_offsets(raw).items() if tp.topic == topic}
+
+
+def _hold_commits(spark: SparkSession, ident: str, owner: str, ttl_s: float) -> None:
+    """Make other writers' commits of the table wait (``LakestreamSink.awaitCommitHold``) for at most
+    ``ttl_s``: a holder that dies is waited out, not forever."""
+    from lakestream.identifiers import sql_string
+
+    hold = orjson.dumps({"owner": owner, "until_ms": int((time.time() + ttl_s) * 1000)}).decode()
+    spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ({sql_string(COMMIT_HOLD_PROPERTY)} = {sql_string(hold)})")
+
+
+def _release_commits(spark: SparkSession, ident: str, owner: str) -> None:
+    from lakestream.identifiers import sql_string
+    from lakestream.sink.files import table_info
+
+    ns, tbl = ident.split(".")[-2:]
+    catalog = ident.split(".")[0]
+    props = table_info(spark, catalog.strip("`"), ns.strip("`"), tbl.strip("`")).get("properties") or {}
+    hold = props.get(COMMIT_HOLD_PROPERTY)
+    if hold and orjson.loads(hold).get("owner") == owner:
+        spark.sql(f"ALTER TABLE {ident} UNSET TBLPROPERTIES IF EXISTS ({sql_string(COMMIT_HOLD_PROPERTY)})")
+
+
+def _committed_run(spark: SparkSession, ident: str) -> str | None:
+    from lakestream.spark import jvm_helper
+
+    raw = jvm_helper(spark).latestSummaryValue(spark._jsparkSession, ident, RESNAPSHOT_PROPERTY)
+    return orjson.loads(raw).get("run") if raw else None
+
+
+def commit_conflict(exc: BaseException) -> str | None:
+    """The Iceberg conflict class name in a py4j error from a commit, or None for any other error."""
+    from lakestream.engine.pipeline import _RETRYABLE
+
+    text = str(getattr(exc, "java_exception", "")) + str(exc)
+    return next((name for name in _RETRYABLE if name in text), None)
 
 
 def _wait_for_running_transactions(conn: Any, timeout_s: float) -> None:
@@ -356,81 +397,123 @@ def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, 
     import os
     import signal
 
-    from lakestream.sink.files import commit_files, table_info
-    from lakestream.sink.index import KeyIndex, unpack
+    from lakestream.sink.files import table_info
+    from lakestream.sink.index import KeyIndex
     from lakestream.snapshot.runner import SnapshotError
 
     if os.environ.get(KILL_BEFORE_COMMIT_ENV):
         log.warning("re-snapshot: %s set, killing this process before the commit", KILL_BEFORE_COMMIT_ENV)
         os.kill(os.getpid(), signal.SIGKILL)
     capture = config.capture
+    waited = time.monotonic()
     _wait_confirmed(conn, capture.slot_name, planned.high_lsn, wait_timeout_s)
     partitions = [tp.partition for tp in kafka.partitions_of(lambda t: t == planned.topic)] or [0]
     # Every event the snapshot shows is now in Kafka, below these ends.
     high = planned.window.read_to_end(partitions)
+    log.info("re-snapshot of %s: high mark %s in Kafka at %s after %.1fs", planned.name, int_to_lsn(planned.high_lsn),
+             high, time.monotonic() - waited)
     ns, tbl = planned.lake.split(".", 1)
     new_files = [f for r in planned.results for f in r.files]
     new_keys = [k for r in planned.results for k in (r.keys or [])]
     chunk_keys = np.concatenate(new_keys) if new_keys else np.empty(0, np.int64 if planned.integer_key else "S16")
     deadline = time.monotonic() + wait_timeout_s
-    mirror: KeyIndex | None = None
-    attempts = 0
+    # Without holding anything: wait until the pipeline applied every row event below the high mark.
     while True:
-        base = table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")
-        committed = _committed_offsets(spark, planned.ident, planned.topic)  # read after `base`: at or past it
+        committed = _committed_offsets(spark, planned.ident, planned.topic)
         planned.window.read_to_end(sorted(set(partitions) | set(committed)))
-        if planned.window.rows_pending(committed, high):
-            if time.monotonic() > deadline:
-                raise SnapshotError(f"the pipeline did not apply {planned.topic} up to the re-snapshot's high mark "
-                                    f"{high} within {wait_timeout_s:.0f}s (committed: {committed}) — fix: keep "
-                                    "`lakestream run` running during a re-snapshot, then run it again")
-            time.sleep(0.5)
-            continue
-        if planned.window.truncated_before(committed):
-            raise SnapshotError(f"{planned.name} was truncated while it was re-snapshotted; nothing was committed — "
-                                "fix: run the re-snapshot again")
-        changed = planned.window.changed_keys(committed)
-        if mirror is None or mirror.snapshot_id != base:
-            mirror = KeyIndex(not planned.integer_key)
-            mirror.rebuild(spark, planned.ident, planned.key_columns, base)
-        deletes: dict[str, list[np.ndarray]] = {}
-        # Existing rows: all go, except those of keys the stream changed inside the window.
-        keep_old = np.isin(mirror.keys, changed) if changed is not None else np.zeros(len(mirror.keys), bool)
-        file_ids, positions = unpack(mirror.locs[~keep_old & (mirror.locs >= 0)])
-        for fid in np.unique(file_ids).tolist():
-            deletes.setdefault(mirror.paths[fid], []).append(positions[file_ids == fid])
-        # Snapshot rows: all come in, except those same keys.
-        skipped = 0
-        if changed is not None:
-            for f, keys in zip(new_files, new_keys):
-                drop = np.flatnonzero(np.isin(keys, changed))
-                if len(drop):
-                    deletes.setdefault(f["path"], []).append(drop)
-                    skipped += len(drop)
-        state = {"table": planned.name, "rows": int(len(chunk_keys) - skipped), "stream_kept": skipped,
-                 "replaced": int((~keep_old).sum()), "chunks": planned.progress.chunks_total,
-                 "low": {str(p): o for p, o in planned.window.start.items()},
-                 "committed": {str(p): o for p, o in committed.items()}, "high": {str(p): o for p, o in high.items()},
-                 "high_lsn": int_to_lsn(planned.high_lsn)}
-        request = {
-            "base_snapshot_id": base,
-            "expect_snapshot_id": base,
-            "data_files": [{"path": f["path"], "file_size": f["file_size"], "record_count": f["record_count"],
-                            "partition": f["partition"]} for f in new_files],
-            "deletes": [{"data_file": path, "positions": np.unique(np.concatenate(parts))}
-                        for path, parts in deletes.items()],
-            "properties": {RESNAPSHOT_PROPERTY: orjson.dumps(state).decode()},
-        }
-        attempts += 1
-        result = commit_files(spark, config.catalog.name, ns, tbl, request)
-        if not result.get("stale"):
-            log.info("re-snapshot of %s committed as snapshot %s after %d attempt(s): %s", planned.name,
-                     result["snapshot_id"], attempts, state)
-            planned.progress.rows = state["rows"]
-            return
-        # The pipeline committed first: plan again on top of its commit (the window grows with it).
+        if not planned.window.rows_pending(committed, high):
+            break
         if time.monotonic() > deadline:
-            raise SnapshotError(f"{planned.lake} kept moving under the re-snapshot's commit ({attempts} attempts in "
-                                f"{wait_timeout_s:.0f}s) — fix: run it again when the table's write rate is lower")
+            raise SnapshotError(f"the pipeline did not apply {planned.topic} up to the re-snapshot's high mark "
+                                f"{high} within {wait_timeout_s:.0f}s (committed: {committed}) — fix: keep "
+                                "`lakestream run` running during a re-snapshot, then run it again")
+        time.sleep(0.5)
+    mirror = KeyIndex(not planned.integer_key)
+    mirror.rebuild(spark, planned.ident, planned.key_columns, table_info(spark, config.catalog.name, ns, tbl).get(
+        "snapshot_id"))
+    attempts = 0
+    run_id = uuid.uuid4().hex
+    try:
+        while True:
+            # The pipeline's next commits of this table wait while we plan and commit (see the
+            # module doc); one already past that check may still land, and then we plan again.
+            _hold_commits(spark, planned.ident, run_id, HOLD_TTL_S)
+            base = table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")
+            committed = _committed_offsets(spark, planned.ident, planned.topic)  # read after `base`: at or past it
+            planned.window.read_to_end(sorted(set(partitions) | set(committed)))
+            if planned.window.truncated_before(committed):
+                raise SnapshotError(f"{planned.name} was truncated while it was re-snapshotted; nothing was committed "
+                                    "— fix: run the re-snapshot again")
+            changed = planned.window.changed_keys(committed)
+            if mirror.snapshot_id != base:
+                mirror.rebuild(spark, planned.ident, planned.key_columns, base)
+            result = _commit_once(spark, config, planned, mirror, changed, base, committed, high, new_files,
+                                  new_keys, chunk_keys, run_id)
+            attempts += 1
+            if result is not None:
+                log.info("re-snapshot of %s committed as snapshot %s after %d attempt(s): %s", planned.name,
+                         result["snapshot_id"], attempts, result["state"])
+                planned.progress.rows = result["state"]["rows"]
+                return
+            if time.monotonic() > deadline:
+                raise SnapshotError(f"{planned.lake} kept moving under the re-snapshot's commit ({attempts} attempts "
+                                    f"in {wait_timeout_s:.0f}s) — fix: run it again")
+    finally:
+        _release_commits(spark, planned.ident, run_id)
+
+
+def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned, mirror: Any,
+                 changed: np.ndarray | None, base: int | None, committed: dict[int, int], high: dict[int, int],
+                 new_files: list[dict[str, Any]], new_keys: list[np.ndarray], chunk_keys: np.ndarray,
+                 run_id: str) -> dict[str, Any] | None:
+    """One commit attempt on top of ``base``: the new snapshot's id and state, or None if another
+    commit got there first."""
+    from lakestream.sink.files import commit_files, table_info
+    from lakestream.sink.index import unpack
+
+    ns, tbl = planned.lake.split(".", 1)
+    deletes: dict[str, list[np.ndarray]] = {}
+    # Existing rows: all go, except those of keys the stream changed inside the window.
+    keep_old = np.isin(mirror.keys, changed) if changed is not None else np.zeros(len(mirror.keys), bool)
+    file_ids, positions = unpack(mirror.locs[~keep_old & (mirror.locs >= 0)])
+    for fid in np.unique(file_ids).tolist():
+        deletes.setdefault(mirror.paths[fid], []).append(positions[file_ids == fid])
+    # Snapshot rows: all come in, except those same keys.
+    skipped = 0
+    if changed is not None:
+        for f, keys in zip(new_files, new_keys):
+            drop = np.flatnonzero(np.isin(keys, changed))
+            if len(drop):
+                deletes.setdefault(f["path"], []).append(drop)
+                skipped += len(drop)
+    state = {"run": run_id, "table": planned.name, "rows": int(len(chunk_keys) - skipped), "stream_kept": skipped,
+             "replaced": int((~keep_old).sum()), "chunks": planned.progress.chunks_total,
+             "low": {str(p): o for p, o in planned.window.start.items()},
+             "committed": {str(p): o for p, o in committed.items()}, "high": {str(p): o for p, o in high.items()},
+             "high_lsn": int_to_lsn(planned.high_lsn)}
+    request = {
+        "base_snapshot_id": base,
+        "expect_snapshot_id": base,
+        "data_files": [{"path": f["path"], "file_size": f["file_size"], "record_count": f["record_count"],
+                        "partition": f["partition"]} for f in new_files],
+        "deletes": [{"data_file": path, "positions": np.unique(np.concatenate(parts))}
+                    for path, parts in deletes.items()],
+        "properties": {RESNAPSHOT_PROPERTY: orjson.dumps(state).decode()},
+        "hold_owner": run_id,
+    }
+    try:
+        result = commit_files(spark, config.catalog.name, ns, tbl, request)
+    except Exception as exc:  # noqa: BLE001 — classified by the Java exception's class
+        cause = commit_conflict(exc)
+        if cause is None:
+            raise
+        if _committed_run(spark, planned.ident) != run_id:
+            log.info("re-snapshot of %s: commit conflict (%s); planning it again", planned.name, cause)
+            return None
+        log.info("re-snapshot of %s: the commit landed despite %s", planned.name, cause)
+        result = {"snapshot_id": table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")}
+    if result.get("stale"):
         log.info("re-snapshot of %s: the table moved on (snapshot %s); planning the commit again", planned.name,
                  result.get("snapshot_id"))
+        return None
+    return {"snapshot_id": result["snapshot_id"], "state": state}

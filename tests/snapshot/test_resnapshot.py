@@ -66,6 +66,11 @@ class PipelineProcess:
                 self.proc.wait()
 
 
+def _mark(label: str, started: list[float] = []) -> None:  # noqa: B006 — a clock shared by the calls
+    started.append(time.monotonic())
+    print(f"MARK {label} +{started[-1] - started[0]:.1f}s", flush=True)
+
+
 def _drift(spark, ident: str) -> None:
     """Damage the mirror by hand, the ways a re-snapshot must repair."""
     spark.sql(f"DELETE FROM {ident} WHERE id % 97 = 0")  # lost rows
@@ -88,20 +93,26 @@ def test_resnapshot_while_streaming_repairs_drift_exactly(stack, spark):
     pipeline = None
     items = f"lake.{source.prefix}.items"
     try:
+        _mark('snapshot')
         run_snapshot(source.config, spark=spark)
+        _mark('capture')
         source.start_capture()
         pipeline = PipelineProcess(source)
         writer.burst(200)
         source.wait_caught_up()
+        _mark('caught-up')
         pipeline.wait_applied(source, spark)
         _drift(spark, items)
+        _mark("drifted")
         drifted = verify_tables(source.config, spark, tables=["public.items"])
         assert not drifted.ok and drifted.tables[0].duplicate_keys > 0, drifted.to_text()
 
+        _mark("verified drift")
         # A crash before the commit leaves the mirror as it was; running it again repairs it.
         killed = subprocess.run([*LAKESTREAM_COMMAND, "snapshot", str(source.yaml), "public.items"],
                                 capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
                                 env={**os.environ, KILL_BEFORE_COMMIT_ENV: "1"})
+        _mark('killed')
         assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
         assert spark.sql(f"SELECT count(*) FROM {items} WHERE id = 90000000").first()[0] == 1
         assert not _resnapshot_state(spark, items)
@@ -110,6 +121,7 @@ def test_resnapshot_while_streaming_repairs_drift_exactly(stack, spark):
         progress_seen: list[int] = []
         report = run_snapshot(source.config, ["public.items"], spark, progress_interval_s=0.5,
                               on_progress=lambda tables: progress_seen.append(tables[0].chunks_done))
+        _mark('resnapshot')
         assert report.resnapshot and report.tables[0].chunks_total >= 5
         assert progress_seen and progress_seen[-1] == report.tables[0].chunks_total
         state = _resnapshot_state(spark, items)
@@ -120,9 +132,11 @@ def test_resnapshot_while_streaming_repairs_drift_exactly(stack, spark):
         writer.stop()
         source.wait_caught_up()
         pipeline.wait_applied(source, spark)
+        _mark('applied')
         pipeline.stop()
         report = verify_tables(source.config, spark, tables=TABLES)
         assert report.ok, report.to_text()
+        _mark('verified')
         assert all(t.duplicate_keys == 0 for t in report.tables)
         assert spark.sql(f"SELECT count(*) FROM {items} WHERE id = 90000000").first()[0] == 0
     finally:
