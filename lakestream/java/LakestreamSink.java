@@ -462,9 +462,17 @@ public final class LakestreamSink {
     Catalog cat = catalog(spark, catalog);
     TableIdentifier ident = identifier(namespace, table);
     String key = catalog + "." + ident;
-    synchronized (LOCKS.computeIfAbsent(key, k -> new Object())) {
-      Table t = awaitCommitHold(cat, ident, loadFresh(cat, ident), req.path("hold_owner").asText(""));
-      return commit(t, key, req).toString();
+    String owner = req.path("hold_owner").asText("");
+    while (true) {
+      // Wait out another writer's hold without the table's lock: the holder may commit from this JVM.
+      awaitCommitHold(cat, ident, loadFresh(cat, ident), owner);
+      synchronized (LOCKS.computeIfAbsent(key, k -> new Object())) {
+        Table t = loadFresh(cat, ident);
+        if (heldByOther(t, owner)) {
+          continue;
+        }
+        return commit(t, key, req).toString();
+      }
     }
   }
 
@@ -476,23 +484,25 @@ public final class LakestreamSink {
    * makes this commit wait until it is released or expires (a holder that died is waited out).
    */
   static Table awaitCommitHold(Catalog cat, TableIdentifier ident, Table t, String owner) throws Exception {
-    while (true) {
-      String hold = t.properties().get(COMMIT_HOLD);
-      if (hold == null) {
-        return t;
-      }
-      JsonNode h;
-      try {
-        h = JSON.readTree(hold);
-      } catch (Exception e) {
-        return t; // not ours to interpret: never block on it
-      }
-      if (owner.equals(h.path("owner").asText()) || h.path("until_ms").asLong(0) <= System.currentTimeMillis()) {
-        return t;
-      }
+    while (heldByOther(t, owner)) {
       Thread.sleep(200);
       t = loadFresh(cat, ident);
     }
+    return t;
+  }
+
+  static boolean heldByOther(Table t, String owner) {
+    String hold = t.properties().get(COMMIT_HOLD);
+    if (hold == null) {
+      return false;
+    }
+    JsonNode h;
+    try {
+      h = JSON.readTree(hold);
+    } catch (Exception e) {
+      return false; // not ours to interpret: never block on it
+    }
+    return !owner.equals(h.path("owner").asText()) && h.path("until_ms").asLong(0) > System.currentTimeMillis();
   }
 
   private static ObjectNode commit(Table t, String key, JsonNode req) throws Exception {

@@ -54,8 +54,6 @@ RESNAPSHOT_PROPERTY = "lakestream.resnapshot"
 # for a few seconds (read by LakestreamSink.commitFiles); it expires by itself.
 COMMIT_HOLD_PROPERTY = "lakestream.commit-hold"
 HOLD_TTL_S = 120.0
-# Test hook: SIGKILL this process once every chunk of the first table is read, before its commit.
-KILL_BEFORE_COMMIT_ENV = "LAKESTREAM_RESNAPSHOT_KILL_BEFORE_COMMIT"
 
 
 @dataclass
@@ -394,16 +392,10 @@ def _read_table(spark: SparkSession, config: PipelineConfig, pipeline: Pipeline,
 def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, planned: _Planned,
             wait_timeout_s: float) -> None:
     """Steps 3-4: wait for the pipeline to pass the high mark, then replace the mirror in one commit."""
-    import os
-    import signal
-
     from lakestream.sink.files import table_info
     from lakestream.sink.index import KeyIndex
     from lakestream.snapshot.runner import SnapshotError
 
-    if os.environ.get(KILL_BEFORE_COMMIT_ENV):
-        log.warning("re-snapshot: %s set, killing this process before the commit", KILL_BEFORE_COMMIT_ENV)
-        os.kill(os.getpid(), signal.SIGKILL)
     capture = config.capture
     waited = time.monotonic()
     _wait_confirmed(conn, capture.slot_name, planned.high_lsn, wait_timeout_s)
