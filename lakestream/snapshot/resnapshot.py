@@ -70,6 +70,7 @@ class TopicWindow:
     next: dict[int, int] = field(default_factory=dict)
     offsets: dict[int, list[np.ndarray]] = field(default_factory=dict)  # row events' offsets
     keys: dict[int, list[np.ndarray]] = field(default_factory=dict)  # their index keys
+    deletes: dict[int, list[np.ndarray]] = field(default_factory=dict)  # whether each is a delete
     truncates: dict[int, list[int]] = field(default_factory=dict)
 
     def read_to_end(self, partitions: list[int]) -> dict[int, int]:
@@ -110,7 +111,7 @@ class TopicWindow:
         from lakestream.sink.index import index_keys
         from lakestream.source.reader import RawRecord
 
-        offsets, values = [], {k: [] for k in self.key_columns}
+        offsets, deletes, values = [], [], {k: [] for k in self.key_columns}
         for m in messages:
             rec = RawRecord(m.topic(), partition, m.offset(), 0, m.key(), m.value(), m.headers())
             decoded = self.decoder.decode(rec)
@@ -120,23 +121,25 @@ class TopicWindow:
                 self.truncates.setdefault(partition, []).append(m.offset())
                 continue
             offsets.append(m.offset())
+            deletes.append(decoded.op == "d")
             for k in self.key_columns:
                 values[k].append(decoded.row[k])
         if offsets:
             table = pa.table({k: pa.array(v, self.key_types[k]) for k, v in values.items()})
             self.offsets.setdefault(partition, []).append(np.array(offsets, np.int64))
             self.keys.setdefault(partition, []).append(index_keys(table, self.key_columns))
+            self.deletes.setdefault(partition, []).append(np.array(deletes, bool))
 
-    def _concat(self, partition: int) -> tuple[np.ndarray, np.ndarray | None]:
+    def _concat(self, partition: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         offs = self.offsets.get(partition)
         if not offs:
-            return np.empty(0, np.int64), None
-        return np.concatenate(offs), np.concatenate(self.keys[partition])
+            return np.empty(0, np.int64), None, None
+        return np.concatenate(offs), np.concatenate(self.keys[partition]), np.concatenate(self.deletes[partition])
 
     def rows_pending(self, committed: dict[int, int], ends: dict[int, int]) -> bool:
         """Whether a row event below ``ends`` is not yet applied (at or past ``committed``)."""
         for p, end in ends.items():
-            offs, _ = self._concat(p)
+            offs, _, _ = self._concat(p)
             if np.any((offs >= committed.get(p, 0)) & (offs < end)):
                 return True
             if any(committed.get(p, 0) <= o < end for o in self.truncates.get(p, [])):
@@ -146,15 +149,25 @@ class TopicWindow:
     def truncated_before(self, committed: dict[int, int]) -> bool:
         return any(o < committed.get(p, 0) for p, offs in self.truncates.items() for o in offs)
 
-    def changed_keys(self, committed: dict[int, int]) -> np.ndarray | None:
-        """Index keys of the row events in [low mark, committed): the keys the pipeline already
-        changed after the low mark."""
-        parts = []
+    def changed_keys(self, committed: dict[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The keys with a row event in [low mark, committed) — the keys the pipeline changed after
+        the low mark — and, for each, whether its last such event deleted it."""
+        keys_parts, offs_parts, del_parts = [], [], []
         for p in self.next:
-            offs, keys = self._concat(p)
+            offs, keys, deletes = self._concat(p)
             if keys is not None:
-                parts.append(keys[offs < committed.get(p, 0)])
-        return np.unique(np.concatenate(parts)) if parts else None
+                applied = offs < committed.get(p, 0)
+                keys_parts.append(keys[applied])
+                offs_parts.append(offs[applied])
+                del_parts.append(deletes[applied])
+        if not keys_parts or not sum(len(k) for k in keys_parts):
+            return None
+        keys, offs, deletes = np.concatenate(keys_parts), np.concatenate(offs_parts), np.concatenate(del_parts)
+        # A key's events are all in one partition (Debezium keys by primary key): the last by offset wins.
+        _, group = np.unique(keys, return_inverse=True)
+        order = np.lexsort((offs, group))
+        last = order[np.r_[group[order][1:] != group[order][:-1], True]]
+        return keys[last], deletes[last]
 
 
 def _committed_offsets(spark: SparkSession, ident: str, topic: str) -> dict[int, int]:
@@ -454,9 +467,31 @@ def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, 
         _release_commits(spark, planned.ident, run_id)
 
 
+def _keep_newest_only(spark: SparkSession, ident: str, mirror: Any, keep: np.ndarray) -> None:
+    """Among kept rows, a key with several rows (a duplicate made by hand) keeps only the row written
+    last — the one the stream's latest change wrote: the highest data sequence number, then position."""
+    from lakestream.sink.index import unpack
+
+    kept = np.flatnonzero(keep)
+    if len(kept) < 2:
+        return
+    keys = mirror.keys[kept]  # sorted: duplicates are neighbours
+    if not np.any(keys[1:] == keys[:-1]):
+        return
+    # The table is at the commit's base snapshot (the commit fails otherwise).
+    sequences = {r[0]: int(r[1]) for r in spark.sql(
+        f"SELECT data_file.file_path, sequence_number FROM {ident}.entries WHERE status < 2").collect()}
+    file_ids, positions = unpack(mirror.locs[kept])
+    rank = np.array([sequences.get(mirror.paths[int(f)], 0) for f in file_ids], np.int64)
+    _, group = np.unique(keys, return_inverse=True)
+    order = np.lexsort((positions, rank, group))
+    last = np.r_[group[order][1:] != group[order][:-1], True]
+    keep[kept[order[~last]]] = False
+
+
 def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned, mirror: Any,
-                 changed: np.ndarray | None, base: int | None, committed: dict[int, int], high: dict[int, int],
-                 new_files: list[dict[str, Any]], new_keys: list[np.ndarray], chunk_keys: np.ndarray,
+                 changed: tuple[np.ndarray, np.ndarray] | None, base: int | None, committed: dict[int, int],
+                 high: dict[int, int], new_files: list[dict[str, Any]], new_keys: list[np.ndarray], chunk_keys: np.ndarray,
                  run_id: str) -> dict[str, Any] | None:
     """One commit attempt on top of ``base``: the new snapshot's id and state, or None if another
     commit got there first."""
@@ -465,8 +500,13 @@ def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned,
 
     ns, tbl = planned.lake.split(".", 1)
     deletes: dict[str, list[np.ndarray]] = {}
-    # Existing rows: all go, except those of keys the stream changed inside the window.
-    keep_old = np.isin(mirror.keys, changed) if changed is not None else np.zeros(len(mirror.keys), bool)
+    # Existing rows all go, except those of the keys the stream changed inside the window (W), which
+    # stay as the stream left them: none if its last change deleted the key, else only the newest
+    # row (the stream's) should the key have been duplicated by hand.
+    w_keys = changed[0] if changed is not None else np.empty(0, mirror.keys.dtype)
+    w_deleted = changed[0][changed[1]] if changed is not None else w_keys
+    keep_old = np.isin(mirror.keys, w_keys) & ~np.isin(mirror.keys, w_deleted)
+    _keep_newest_only(spark, planned.ident, mirror, keep_old)
     file_ids, positions = unpack(mirror.locs[~keep_old & (mirror.locs >= 0)])
     for fid in np.unique(file_ids).tolist():
         deletes.setdefault(mirror.paths[fid], []).append(positions[file_ids == fid])
@@ -474,7 +514,7 @@ def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned,
     skipped = 0
     if changed is not None:
         for f, keys in zip(new_files, new_keys):
-            drop = np.flatnonzero(np.isin(keys, changed))
+            drop = np.flatnonzero(np.isin(keys, w_keys))
             if len(drop):
                 deletes.setdefault(f["path"], []).append(drop)
                 skipped += len(drop)

@@ -128,8 +128,18 @@ def test_resnapshot_while_streaming_repairs_drift_exactly(stack, spark):
 
         writer.start()  # writes go on during the whole re-snapshot
         progress_seen: list[int] = []
+
+        def on_progress(tables) -> None:
+            if not progress_seen:
+                # Changes to drifted keys while the re-snapshot runs: a duplicated key updated (3) and one
+                # deleted (5), a key deleted from the lake (97) and one changed there (89) updated.
+                with source.conn.cursor() as cur:
+                    cur.execute("UPDATE items SET qty = qty + 1000 WHERE id IN (3, 89, 97)")
+                    cur.execute("DELETE FROM items WHERE id = 5")
+            progress_seen.append(tables[0].chunks_done)
+
         report = run_snapshot(source.config, ["public.items"], spark, again=True, progress_interval_s=0.5,
-                              on_progress=lambda tables: progress_seen.append(tables[0].chunks_done))
+                              on_progress=on_progress)
         _mark("resnapshot")
         assert report.resnapshot and report.tables[0].chunks_total >= 5
         assert progress_seen and progress_seen[-1] == report.tables[0].chunks_total
