@@ -464,15 +464,14 @@ public final class LakestreamSink {
     String key = catalog + "." + ident;
     String owner = req.path("hold_owner").asText("");
     while (true) {
-      // Wait out another writer's hold without the table's lock: the holder may commit from this JVM.
-      awaitCommitHold(cat, ident, loadFresh(cat, ident), owner);
       synchronized (LOCKS.computeIfAbsent(key, k -> new Object())) {
         Table t = loadFresh(cat, ident);
-        if (heldByOther(t, owner)) {
-          continue;
+        if (!heldByOther(t, owner)) {
+          return commit(t, key, req).toString();
         }
-        return commit(t, key, req).toString();
       }
+      // Another writer holds the table's commits: wait without the table's lock (it may commit from this JVM).
+      Thread.sleep(200);
     }
   }
 
@@ -480,17 +479,9 @@ public final class LakestreamSink {
   static final String COMMIT_HOLD = "lakestream.commit-hold";
 
   /**
-   * The table once nobody else holds its commits: a hold ({"owner", "until_ms"}) of another owner
-   * makes this commit wait until it is released or expires (a holder that died is waited out).
+   * Whether another owner holds the table's commits: a hold ({"owner", "until_ms"}) makes commitFiles
+   * wait until it is released or expires (a holder that died is waited out, not forever).
    */
-  static Table awaitCommitHold(Catalog cat, TableIdentifier ident, Table t, String owner) throws Exception {
-    while (heldByOther(t, owner)) {
-      Thread.sleep(200);
-      t = loadFresh(cat, ident);
-    }
-    return t;
-  }
-
   static boolean heldByOther(Table t, String owner) {
     String hold = t.properties().get(COMMIT_HOLD);
     if (hold == null) {

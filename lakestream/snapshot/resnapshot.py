@@ -179,7 +179,7 @@ def _committed_offsets(spark: SparkSession, ident: str, topic: str) -> dict[int,
 
 
 def _hold_commits(spark: SparkSession, ident: str, owner: str, ttl_s: float) -> None:
-    """Make other writers' commits of the table wait (``LakestreamSink.awaitCommitHold``) for at most
+    """Make other writers' commits of the table wait (``LakestreamSink.heldByOther``) for at most
     ``ttl_s``: a holder that dies is waited out, not forever."""
     from lakestream.identifiers import sql_string
 
@@ -506,7 +506,9 @@ def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned,
     w_keys = changed[0] if changed is not None else np.empty(0, mirror.keys.dtype)
     w_deleted = changed[0][changed[1]] if changed is not None else w_keys
     keep_old = np.isin(mirror.keys, w_keys) & ~np.isin(mirror.keys, w_deleted)
+    duplicates = int(keep_old.sum())
     _keep_newest_only(spark, planned.ident, mirror, keep_old)
+    duplicates -= int(keep_old.sum())
     file_ids, positions = unpack(mirror.locs[~keep_old & (mirror.locs >= 0)])
     for fid in np.unique(file_ids).tolist():
         deletes.setdefault(mirror.paths[fid], []).append(positions[file_ids == fid])
@@ -519,6 +521,7 @@ def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned,
                 deletes.setdefault(f["path"], []).append(drop)
                 skipped += len(drop)
     state = {"run": run_id, "table": planned.name, "rows": int(len(chunk_keys) - skipped), "stream_kept": skipped,
+             "stream_deleted": len(w_deleted) if changed is not None else 0, "duplicates_dropped": duplicates,
              "replaced": int((~keep_old).sum()), "chunks": planned.progress.chunks_total,
              "low": {str(p): o for p, o in planned.window.start.items()},
              "committed": {str(p): o for p, o in committed.items()}, "high": {str(p): o for p, o in high.items()},
