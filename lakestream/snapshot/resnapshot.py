@@ -79,10 +79,14 @@ class TopicWindow:
 
         for p in partitions:
             self.next.setdefault(p, self.start.get(p, 0))
-        consumer = Consumer({**self.kafka_conf, "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+        consumer = Consumer({**self.kafka_conf, "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                             "allow.auto.create.topics": False})
         try:
-            consumer.assign([TopicPartition(self.topic, p, self.next[p]) for p in partitions])
-            open_parts = set(partitions)
+            # A partition (or the whole topic) that does not exist yet holds no event: nothing to read.
+            meta = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+            existing = set(meta.partitions) if meta is not None and meta.error is None else set()
+            open_parts = {p for p in partitions if p in existing}
+            consumer.assign([TopicPartition(self.topic, p, self.next[p]) for p in sorted(open_parts)])
             deadline = time.monotonic() + 60
             while open_parts:
                 messages = consumer.consume(5000, timeout=1.0)
