@@ -462,9 +462,38 @@ public final class LakestreamSink {
     Catalog cat = catalog(spark, catalog);
     TableIdentifier ident = identifier(namespace, table);
     String key = catalog + "." + ident;
-    synchronized (LOCKS.computeIfAbsent(key, k -> new Object())) {
-      return commit(loadFresh(cat, ident), key, req).toString();
+    String owner = req.path("hold_owner").asText("");
+    while (true) {
+      synchronized (LOCKS.computeIfAbsent(key, k -> new Object())) {
+        Table t = loadFresh(cat, ident);
+        if (!heldByOther(t, owner)) {
+          return commit(t, key, req).toString();
+        }
+      }
+      // Another writer holds the table's commits: wait without the table's lock (it may commit from this JVM).
+      Thread.sleep(200);
     }
+  }
+
+  /** Table property by which one writer (a re-snapshot's final commit) holds back the others' commits. */
+  static final String COMMIT_HOLD = "lakestream.commit-hold";
+
+  /**
+   * Whether another owner holds the table's commits: a hold ({"owner", "until_ms"}) makes commitFiles
+   * wait until it is released or expires (a holder that died is waited out, not forever).
+   */
+  static boolean heldByOther(Table t, String owner) {
+    String hold = t.properties().get(COMMIT_HOLD);
+    if (hold == null) {
+      return false;
+    }
+    JsonNode h;
+    try {
+      h = JSON.readTree(hold);
+    } catch (Exception e) {
+      return false; // not ours to interpret: never block on it
+    }
+    return !owner.equals(h.path("owner").asText()) && h.path("until_ms").asLong(0) > System.currentTimeMillis();
   }
 
   private static ObjectNode commit(Table t, String key, JsonNode req) throws Exception {

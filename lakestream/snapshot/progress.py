@@ -58,6 +58,7 @@ class SnapshotReport:
     already_complete: bool = False
     handover_lag_bytes: int = 0  # WAL written since the handover point, which streaming replays first
     handover_lag_s: float = 0.0  # age of the handover point when the snapshot ended
+    resnapshot: bool = False  # a re-snapshot while streaming (`lsn`: the WAL position when it ended)
 
     @property
     def rows(self) -> int:
@@ -83,6 +84,10 @@ class SnapshotReport:
             lines.append(f"{t.source:<{width}}  {t.rows:>12,}  {t.seconds:>8.1f}  {t.rows_per_s:>10,.0f}  "
                          f"{t.chunks_total}{resumed}")
         lines.append(f"{'total':<{width}}  {self.rows:>12,}  {self.seconds:>8.1f}  {self.rows_per_s:>10,.0f}")
-        lines.append(f"handover at {self.lsn} (slot {self.slot}); streaming starts {self.handover_lag_bytes:,} WAL bytes, "
-                     f"{self.handover_lag_s:.1f}s behind the source")
+        if self.resnapshot:
+            lines.append(f"re-snapshot committed while slot {self.slot} streamed (WAL at {self.lsn}); rows are those "
+                         "the snapshot wrote, keys the stream changed meanwhile kept the stream's rows")
+        else:
+            lines.append(f"handover at {self.lsn} (slot {self.slot}); streaming starts {self.handover_lag_bytes:,} WAL "
+                         f"bytes, {self.handover_lag_s:.1f}s behind the source")
         return "\n".join(lines)

@@ -29,6 +29,7 @@ class ChunkTarget:
     schema: dict[str, Any]
     partition_spec: dict[str, Any]
     data_location: str
+    report_keys: bool = False  # also report each file's index keys, in row order (a re-snapshot needs them)
 
 
 @dataclass
@@ -40,6 +41,7 @@ class ChunkResult:
     rows: int
     files: list[dict[str, Any]]
     seconds: float
+    keys: list[np.ndarray] | None = None  # per file, `lakestream.sink.index.index_keys` of its rows
 
 
 _HEX_VALUES = np.full(256, 0, np.uint8)
@@ -94,6 +96,7 @@ def read_chunk(dsn: str, snapshot_name: str, source: SourceTable, chunk: Chunk, 
     import psycopg2
 
     from lakestream.sink.files import arrow_schema, partition_values, write_data_file
+    from lakestream.sink.index import index_keys
 
     started = time.monotonic()
     buffer = io.BytesIO()
@@ -117,8 +120,11 @@ def read_chunk(dsn: str, snapshot_name: str, source: SourceTable, chunk: Chunk, 
             f"{str(exc).splitlines()[0][:300]} — fix: correct those source values (or the lake column type), then run "
             f"`lakestream snapshot` again to resume") from None
     files = []
+    keys = [] if target.report_keys else None
     for values, rows in partition_values(target.partition_spec, target.schema, table):
         part = table.take(pa.array(rows)) if len(rows) != table.num_rows else table
         written = write_data_file(part, target.data_location, schema, f"snapshot-{chunk.chunk_id:05d}")
         files.append({**written, "partition": values})
-    return ChunkResult(source.name, chunk.chunk_id, table.num_rows, files, time.monotonic() - started)
+        if keys is not None:
+            keys.append(index_keys(part, source.key))
+    return ChunkResult(source.name, chunk.chunk_id, table.num_rows, files, time.monotonic() - started, keys)

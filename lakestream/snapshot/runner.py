@@ -124,9 +124,14 @@ def run_snapshot(
     parallelism: int | None = None,
     progress_interval_s: float = 5.0,
     on_progress: Callable[[list[TableProgress]], Any] | None = None,
+    again: bool = False,
+    wait_timeout_s: float = 600.0,
 ) -> SnapshotReport:
     """Snapshot ``tables`` (default: every captured table) into their Iceberg mirrors and leave the
-    handover point for ``lakestream capture``; resumes a snapshot a crash interrupted."""
+    handover point for ``lakestream capture``; resumes a snapshot a crash interrupted.
+
+    Tables named after the handover (or with ``again``) are re-snapshotted while streaming continues
+    (`lakestream.snapshot.resnapshot`)."""
     from lakestream.engine.pipeline import Pipeline
     from lakestream.sink.files import table_info
     from lakestream.sink.report import NewShape
@@ -145,6 +150,12 @@ def run_snapshot(
     chunk_rows = chunk_rows or capture.snapshot_chunk_rows
     started = time.monotonic()
     handover = read_handover(config.state_dir, capture)
+    if tables and (again or (handover is not None and set(names) <= set(handover["tables"]))):
+        from lakestream.snapshot.resnapshot import resnapshot_tables
+
+        return resnapshot_tables(config, names, spark, chunk_rows=chunk_rows, parallelism=parallelism,
+                                 progress_interval_s=progress_interval_s, on_progress=on_progress,
+                                 wait_timeout_s=wait_timeout_s)
     dsn = source_dsn(config)
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
@@ -158,7 +169,7 @@ def run_snapshot(
             return SnapshotReport(capture.slot_name, handover["lsn_text"], already_complete=True)
         if handover is not None:
             raise SnapshotError(f"the snapshot of slot {capture.slot_name} finished without {sorted(set(names) - set(handover['tables']))}; "
-                                "snapshotting a table while its slot streams is not supported yet — fix: capture it "
+                                "a table added after the handover has no mirror to re-snapshot yet — fix: capture it "
                                 "with Debezium's incremental snapshot, or start over with a new capture.slot_name")
         spark = spark or session_for(config)
         pipeline = Pipeline(config, spark)
@@ -246,8 +257,14 @@ def run_snapshot(
 
 def _load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot_name: str, work: dict[str, _Table],
                  handover_lsn: int, parallelism: int | None, progress_interval_s: float,
-                 on_progress: Callable[[list[TableProgress]], Any] | None) -> None:
-    """Read every chunk not yet committed in parallel Spark jobs; commit each table's finished chunks."""
+                 on_progress: Callable[[list[TableProgress]], Any] | None,
+                 commit: Callable[[_Table, list[ChunkResult]], None] | None = None) -> None:
+    """Read every chunk not yet committed in parallel Spark jobs; hand each table's finished chunks to
+    ``commit`` (default: commit them as an append carrying the snapshot's state)."""
+    if commit is None:
+        def commit(w: _Table, results: list[ChunkResult]) -> None:
+            _commit_chunks(spark, config, w, results, handover_lsn)
+
     todo: list[tuple[_Table, Chunk]] = []
     for w in work.values():
         todo.extend((w, c) for c in w.plan.chunks if c.chunk_id not in w.done)
@@ -290,7 +307,7 @@ def _load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot
                     finished[result.table].append(result)
                 for table, results in list(finished.items()):
                     if results:
-                        _commit_chunks(spark, config, work[table], results, handover_lsn)
+                        commit(work[table], results)
                         committed += len(results)
                         finished[table] = []
                         if kill_after and committed >= kill_after:

@@ -1,0 +1,558 @@
+"""`resnapshot_tables`: read a captured table again at Spark speed while Debezium and the pipeline
+keep streaming it, and replace its mirror with it in one commit — exactly (docs/design/snapshot.md,
+"Re-snapshot while streaming").
+
+The stream and the pipeline are not paused. What makes it exact is a window of the table's topic
+opened before the snapshot is taken and closed after the pipeline applied everything the snapshot
+shows:
+
+1. **Low mark.** The pipeline's committed Kafka offsets of the table's topic (the table's
+   ``lakestream.offsets``). Every event below them was in Kafka before the snapshot is taken. We
+   wait until every transaction running at that instant has ended, so each of those events
+   belongs to a transaction the snapshot sees.
+2. **Snapshot.** An exported REPEATABLE READ snapshot S; the chunks are read under it in parallel
+   Spark tasks and written as data files (not committed). Right after S, a heartbeat message in the
+   WAL marks the **high mark** H: every transaction S sees committed before it.
+3. **High mark in Kafka.** Once the slot's confirmed flush LSN passes H, Debezium has put every
+   event S sees into Kafka; the topic's end offsets then bound them.
+4. **Commit.** When the table's committed offsets have passed every row event below that end, one
+   Iceberg commit based on the snapshot those offsets belong to replaces the mirror: every existing
+   row is deleted and every chunk row added, *except* the keys with an event in the window
+   [low mark, committed offsets) — the pipeline already applied a change of those keys that S may
+   not show; their mirror rows are the stream's and stay. Events after the committed offsets are
+   applied by the pipeline after this commit, in order. Another commit landing first makes this one
+   stale; the window is extended and it is planned again.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+import psycopg2
+
+from lakestream.config import PipelineConfig
+from lakestream.errors import ConfigError
+from lakestream.snapshot.progress import SnapshotReport, TableProgress
+from lakestream.snapshot.reader import ChunkResult, ChunkTarget
+from lakestream.snapshot.slot import ExportedSnapshot, int_to_lsn, lsn_to_int, slot_state
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from lakestream.engine.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+RESNAPSHOT_PROPERTY = "lakestream.resnapshot"
+# The table property by which the re-snapshot's commit holds back the pipeline's commits of the table
+# for a few seconds (read by LakestreamSink.commitFiles); it expires by itself.
+COMMIT_HOLD_PROPERTY = "lakestream.commit-hold"
+HOLD_TTL_S = 120.0
+
+
+@dataclass
+class TopicWindow:
+    """The table topic's change events from the low mark on, read incrementally: the keys each
+    partition's row events touched, in offset order, and where the row events are."""
+
+    kafka_conf: dict[str, Any]
+    topic: str
+    start: dict[int, int]  # partition → low mark (next offset the pipeline had to apply)
+    key_columns: list[str]
+    key_types: dict[str, Any]  # key column → Arrow type in the lake table
+    decoder: Any  # lakestream.decode.records.RecordDecoder
+    next: dict[int, int] = field(default_factory=dict)
+    offsets: dict[int, list[np.ndarray]] = field(default_factory=dict)  # row events' offsets
+    keys: dict[int, list[np.ndarray]] = field(default_factory=dict)  # their index keys
+    deletes: dict[int, list[np.ndarray]] = field(default_factory=dict)  # whether each is a delete
+    truncates: dict[int, list[int]] = field(default_factory=dict)
+
+    def read_to_end(self, partitions: list[int]) -> dict[int, int]:
+        """Read every partition up to its current end; returns the ends (next offsets)."""
+        from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+        for p in partitions:
+            self.next.setdefault(p, self.start.get(p, 0))
+        consumer = Consumer({**self.kafka_conf, "enable.partition.eof": True, "auto.offset.reset": "earliest",
+                             "allow.auto.create.topics": False})
+        try:
+            # A partition (or the whole topic) that does not exist yet holds no event: nothing to read.
+            meta = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+            existing = set(meta.partitions) if meta is not None and meta.error is None else set()
+            open_parts = {p for p in partitions if p in existing}
+            consumer.assign([TopicPartition(self.topic, p, self.next[p]) for p in sorted(open_parts)])
+            deadline = time.monotonic() + 60
+            while open_parts:
+                messages = consumer.consume(5000, timeout=1.0)
+                if not messages and time.monotonic() > deadline:
+                    raise TimeoutError(f"reading {self.topic} partitions {sorted(open_parts)} stalled")
+                rows: dict[int, list[Any]] = {}
+                for m in messages:
+                    if m.error() is not None:
+                        if m.error().code() == KafkaError._PARTITION_EOF:
+                            open_parts.discard(m.partition())
+                            continue
+                        raise RuntimeError(f"reading {self.topic}: {m.error()}")
+                    deadline = time.monotonic() + 60
+                    self.next[m.partition()] = m.offset() + 1
+                    rows.setdefault(m.partition(), []).append(m)
+                for p, msgs in rows.items():
+                    self._add(p, msgs)
+        finally:
+            consumer.close()
+        return {p: self.next[p] for p in partitions}
+
+    def _add(self, partition: int, messages: list[Any]) -> None:
+        import pyarrow as pa
+
+        from lakestream.decode.envelope import TRUNCATE
+        from lakestream.sink.index import index_keys
+        from lakestream.source.reader import RawRecord
+
+        offsets, deletes, values = [], [], {k: [] for k in self.key_columns}
+        for m in messages:
+            rec = RawRecord(m.topic(), partition, m.offset(), 0, m.key(), m.value(), m.headers())
+            decoded = self.decoder.decode(rec)
+            if decoded is None or decoded.op == "m":
+                continue  # tombstones and messages change no row
+            if decoded.op == TRUNCATE:
+                self.truncates.setdefault(partition, []).append(m.offset())
+                continue
+            offsets.append(m.offset())
+            deletes.append(decoded.op == "d")
+            for k in self.key_columns:
+                values[k].append(decoded.row[k])
+        if offsets:
+            table = pa.table({k: pa.array(v, self.key_types[k]) for k, v in values.items()})
+            self.offsets.setdefault(partition, []).append(np.array(offsets, np.int64))
+            self.keys.setdefault(partition, []).append(index_keys(table, self.key_columns))
+            self.deletes.setdefault(partition, []).append(np.array(deletes, bool))
+
+    def _concat(self, partition: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        offs = self.offsets.get(partition)
+        if not offs:
+            return np.empty(0, np.int64), None, None
+        return np.concatenate(offs), np.concatenate(self.keys[partition]), np.concatenate(self.deletes[partition])
+
+    def rows_pending(self, committed: dict[int, int], ends: dict[int, int]) -> bool:
+        """Whether a row event below ``ends`` is not yet applied (at or past ``committed``)."""
+        for p, end in ends.items():
+            offs, _, _ = self._concat(p)
+            if np.any((offs >= committed.get(p, 0)) & (offs < end)):
+                return True
+            if any(committed.get(p, 0) <= o < end for o in self.truncates.get(p, [])):
+                return True
+        return False
+
+    def truncated_before(self, committed: dict[int, int]) -> bool:
+        return any(o < committed.get(p, 0) for p, offs in self.truncates.items() for o in offs)
+
+    def changed_keys(self, committed: dict[int, int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The keys with a row event in [low mark, committed) — the keys the pipeline changed after
+        the low mark — and, for each, whether its last such event deleted it."""
+        keys_parts, offs_parts, del_parts = [], [], []
+        for p in self.next:
+            offs, keys, deletes = self._concat(p)
+            if keys is not None:
+                applied = offs < committed.get(p, 0)
+                keys_parts.append(keys[applied])
+                offs_parts.append(offs[applied])
+                del_parts.append(deletes[applied])
+        if not keys_parts or not sum(len(k) for k in keys_parts):
+            return None
+        keys, offs, deletes = np.concatenate(keys_parts), np.concatenate(offs_parts), np.concatenate(del_parts)
+        # A key's events are all in one partition (Debezium keys by primary key): the last by offset wins.
+        _, group = np.unique(keys, return_inverse=True)
+        order = np.lexsort((offs, group))
+        last = order[np.r_[group[order][1:] != group[order][:-1], True]]
+        return keys[last], deletes[last]
+
+
+def _committed_offsets(spark: SparkSession, ident: str, topic: str) -> dict[int, int]:
+    from lakestream.sink.offsets import OFFSETS_PROPERTY, decode_offsets
+    from lakestream.spark import jvm_helper
+
+    raw = jvm_helper(spark).latestSummaryValue(spark._jsparkSession, ident, OFFSETS_PROPERTY)
+    return {tp.partition: off for tp, off in decode_offsets(raw).items() if tp.topic == topic}
+
+
+def _hold_commits(spark: SparkSession, ident: str, owner: str, ttl_s: float) -> None:
+    """Make other writers' commits of the table wait (``LakestreamSink.heldByOther``) for at most
+    ``ttl_s``: a holder that dies is waited out, not forever."""
+    from lakestream.identifiers import sql_string
+
+    hold = orjson.dumps({"owner": owner, "until_ms": int((time.time() + ttl_s) * 1000)}).decode()
+    spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ({sql_string(COMMIT_HOLD_PROPERTY)} = {sql_string(hold)})")
+
+
+def _release_commits(spark: SparkSession, ident: str, owner: str) -> None:
+    from lakestream.identifiers import sql_string
+    from lakestream.sink.files import table_info
+
+    ns, tbl = ident.split(".")[-2:]
+    catalog = ident.split(".")[0]
+    props = table_info(spark, catalog.strip("`"), ns.strip("`"), tbl.strip("`")).get("properties") or {}
+    hold = props.get(COMMIT_HOLD_PROPERTY)
+    if hold and orjson.loads(hold).get("owner") == owner:
+        spark.sql(f"ALTER TABLE {ident} UNSET TBLPROPERTIES IF EXISTS ({sql_string(COMMIT_HOLD_PROPERTY)})")
+
+
+def _committed_run(spark: SparkSession, ident: str) -> str | None:
+    from lakestream.spark import jvm_helper
+
+    raw = jvm_helper(spark).latestSummaryValue(spark._jsparkSession, ident, RESNAPSHOT_PROPERTY)
+    return orjson.loads(raw).get("run") if raw else None
+
+
+def commit_conflict(exc: BaseException) -> str | None:
+    """The Iceberg conflict class name in a py4j error from a commit, or None for any other error."""
+    from lakestream.engine.pipeline import _RETRYABLE
+
+    text = str(getattr(exc, "java_exception", "")) + str(exc)
+    return next((name for name in _RETRYABLE if name in text), None)
+
+
+def _wait_for_running_transactions(conn: Any, timeout_s: float) -> None:
+    """Wait until every transaction running now has ended.
+
+    A transaction's commit record reaches the WAL (and so Debezium and Kafka) a moment before it
+    becomes visible to new snapshots. Once every transaction running after the low mark was read has
+    ended, every event below the low mark belongs to a transaction the next snapshot sees."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::int8")
+        xmax = cur.fetchone()[0]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            cur.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8")
+            if cur.fetchone()[0] >= xmax:
+                return
+            if time.monotonic() > deadline:
+                from lakestream.snapshot.runner import SnapshotError
+
+                raise SnapshotError(f"transactions older than the re-snapshot's start are still running after "
+                                    f"{timeout_s:.0f}s (see pg_stat_activity WHERE backend_xid IS NOT NULL) — fix: "
+                                    "end them, or run the re-snapshot again later")
+            time.sleep(0.05)
+
+
+def _wait_confirmed(conn: Any, slot: str, lsn: int, timeout_s: float) -> None:
+    """Wait until Debezium confirmed ``lsn`` on the slot: everything before it is in Kafka."""
+    from lakestream.snapshot.runner import SnapshotError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = slot_state(conn, slot)
+        if not state.exists:
+            raise SnapshotError(f"replication slot {slot} is gone — fix: start `lakestream capture` (it streams the "
+                                "table while it is re-snapshotted)")
+        if state.confirmed_flush_lsn is not None and state.confirmed_flush_lsn >= lsn:
+            return
+        if time.monotonic() > deadline:
+            confirmed = "nothing" if state.confirmed_flush_lsn is None else int_to_lsn(state.confirmed_flush_lsn)
+            raise SnapshotError(f"the capture did not stream slot {slot} past the re-snapshot's high mark "
+                                f"{int_to_lsn(lsn)} within {timeout_s:.0f}s (confirmed: {confirmed}) — fix: keep "
+                                "`lakestream capture` running during a re-snapshot")
+        time.sleep(0.2)
+
+
+@dataclass
+class _Planned:
+    """One table's re-snapshot, read and waiting to be committed."""
+
+    name: str
+    lake: str
+    ident: str
+    topic: str
+    key_columns: list[str]
+    integer_key: bool
+    results: list[ChunkResult]
+    high_lsn: int
+    window: TopicWindow
+    progress: TableProgress
+
+
+def resnapshot_tables(
+    config: PipelineConfig,
+    tables: list[str],
+    spark: SparkSession | None = None,
+    *,
+    chunk_rows: int | None = None,
+    parallelism: int | None = None,
+    progress_interval_s: float = 5.0,
+    on_progress: Callable[[list[TableProgress]], Any] | None = None,
+    wait_timeout_s: float = 600.0,
+) -> SnapshotReport:
+    """Read ``tables`` again from PostgreSQL in parallel and replace their mirrors with the result,
+    while `lakestream capture` and `lakestream run` keep streaming them (see the module doc).
+
+    Needs both running: the commit waits until the pipeline has applied every change the snapshot
+    shows. Nothing is committed before the end: a run that stops midway leaves the mirror as it was
+    (and unreferenced data files for `remove_orphan_files`); run it again."""
+    from lakestream.engine.pipeline import Pipeline
+    from lakestream.snapshot.runner import SnapshotError, source_dsn
+    from lakestream.source.kafka import KafkaCluster
+    from lakestream.spark import session_for
+
+    capture = config.capture
+    if capture is None:
+        raise ConfigError("the pipeline config has no `capture:` section — fix: add capture.database and capture.tables")
+    if not capture.schemas_enabled:
+        raise ConfigError("capture.schemas_enabled: the re-snapshot needs Debezium's schemas — fix: set it to true")
+    if not tables:
+        raise ConfigError("name the tables to re-snapshot (SCHEMA.TABLE ...)")
+    unknown = [t for t in tables if t not in capture.tables]
+    if unknown:
+        raise ConfigError(f"{unknown} not in capture.tables {capture.tables} — fix: name a captured table (a table "
+                          "must be captured, and its mirror exist, before it can be re-snapshotted)")
+    started = time.monotonic()
+    dsn = source_dsn(config)
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    pipeline = kafka = None
+    try:
+        if not slot_state(conn, capture.slot_name).exists:
+            raise SnapshotError(f"replication slot {capture.slot_name} does not exist: nothing streams the tables — "
+                                "fix: run `lakestream capture` first (a re-snapshot repairs a mirror that streams)")
+        spark = spark or session_for(config)
+        pipeline = Pipeline(config, spark)
+        kafka = KafkaCluster(config.kafka)
+        progresses = []
+        for name in tables:
+            planned = _read_table(spark, config, pipeline, kafka, conn, dsn, name, chunk_rows, parallelism,
+                                  progress_interval_s, on_progress, wait_timeout_s)
+            _commit(spark, config, conn, kafka, planned, wait_timeout_s)
+            progresses.append(planned.progress)
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_lsn()::text")
+            lsn = cur.fetchone()[0]
+        return SnapshotReport(capture.slot_name, lsn, progresses, time.monotonic() - started, resnapshot=True)
+    finally:
+        if kafka is not None:
+            kafka.close()
+        if pipeline is not None:
+            pipeline.close()
+        conn.close()
+
+
+def _read_table(spark: SparkSession, config: PipelineConfig, pipeline: Pipeline, kafka: Any, conn: Any, dsn: str,
+                name: str, chunk_rows: int | None, parallelism: int | None, progress_interval_s: float,
+                on_progress: Callable[[list[TableProgress]], Any] | None, wait_timeout_s: float) -> _Planned:
+    """Steps 1-2: the low mark, the snapshot, the chunks read and written (not committed), the high mark."""
+    from lakestream.capture.connector import HEARTBEAT_MESSAGE_PREFIX
+    from lakestream.decode.records import RecordDecoder
+    from lakestream.sink.files import arrow_schema, table_info
+    from lakestream.sink.report import NewShape
+    from lakestream.snapshot.runner import SnapshotError, _load_chunks, _plan_under, _Table
+    from lakestream.snapshot.source import describe_table
+
+    capture = config.capture
+    source = describe_table(conn, *name.split(".", 1))
+    topic = f"{capture.topic_prefix}.{name}"
+    stream, lake_name = pipeline.router.route(topic)
+    if stream.mode != "upsert":
+        raise ConfigError(f"topic {topic} is routed to an append stream; a re-snapshot replaces upsert mirrors — fix: "
+                          "route Debezium topics to a stream with mode: upsert")
+    lake = str(lake_name)
+    ident = pipeline.tables.ident(lake_name.namespace, lake_name.table)
+    info = table_info(spark, config.catalog.name, lake_name.namespace, lake_name.table)
+    if not info["exists"] or info.get("snapshot_id") is None:
+        raise SnapshotError(f"{name} has no mirror yet ({lake} is missing or empty) — fix: load it first: "
+                            "`lakestream snapshot` before `lakestream capture` (capture.snapshot: parallel), or let "
+                            "`lakestream run` apply Debezium's snapshot")
+    shape = NewShape(lake, topic, f"snapshot:{name}", [(c.name, c.ddl) for c in source.columns], list(source.key),
+                     False)
+    pipeline.prepare_table(lake, [shape], stream)
+    spec = pipeline.specs[lake]
+    if list(spec.key_columns) != list(source.key):
+        raise SnapshotError(f"{lake} is keyed by {spec.key_columns}, the source {name} by {source.key} — fix: "
+                            "re-create the mirror with the source's primary key")
+    schema = arrow_schema(spec.schema)
+    partitions = [tp.partition for tp in kafka.partitions_of(lambda t: t == topic)] or [0]
+    # Step 1: the low mark, then every transaction running at that instant must end.
+    low = _committed_offsets(spark, ident, topic)
+    _wait_for_running_transactions(conn, wait_timeout_s)
+    window = TopicWindow(config.kafka.consumer_config(), topic, {p: low.get(p, 0) for p in partitions},
+                         list(source.key), {k: schema.field(k).type for k in source.key},
+                         RecordDecoder(pipeline.router, pipeline.schema_registry))
+    # Step 2: the snapshot S, and the high mark right after it.
+    with ExportedSnapshot(dsn) as snapshot:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_logical_emit_message(false, %s, %s)::text",
+                        (HEARTBEAT_MESSAGE_PREFIX, f"lakestream re-snapshot of {name}"))
+            high_lsn = lsn_to_int(cur.fetchone()[0])
+        plan = _plan_under(dsn, snapshot.snapshot_name, source, chunk_rows or capture.snapshot_chunk_rows)
+        progress = TableProgress(name, lake, len(plan.chunks))
+        target = ChunkTarget(lake, spec.schema, spec.partition_spec, spec.data_location, report_keys=True)
+        work = {name: _Table(source, lake, ident, target, plan, set(), None, progress)}
+        results: list[ChunkResult] = []
+
+        def collect(w: _Table, done: list[ChunkResult]) -> None:
+            results.extend(done)
+            w.done |= {r.chunk_id for r in done}
+            w.progress.chunks_done = len(w.done)
+            w.progress.rows += sum(r.rows for r in done)
+            if len(w.done) == len(w.plan.chunks):
+                w.progress.finished = time.monotonic()
+
+        _load_chunks(spark, config, dsn, snapshot.snapshot_name, work, 0, parallelism or capture.snapshot_parallelism,
+                     progress_interval_s, on_progress, commit=collect)
+    return _Planned(name, lake, ident, topic, list(source.key), source.integer_key, results, high_lsn, window,
+                    progress)
+
+
+def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, planned: _Planned,
+            wait_timeout_s: float) -> None:
+    """Steps 3-4: wait for the pipeline to pass the high mark, then replace the mirror in one commit."""
+    from lakestream.sink.files import table_info
+    from lakestream.sink.index import KeyIndex
+    from lakestream.snapshot.runner import SnapshotError
+
+    capture = config.capture
+    waited = time.monotonic()
+    _wait_confirmed(conn, capture.slot_name, planned.high_lsn, wait_timeout_s)
+    partitions = [tp.partition for tp in kafka.partitions_of(lambda t: t == planned.topic)] or [0]
+    # Every event the snapshot shows is now in Kafka, below these ends.
+    high = planned.window.read_to_end(partitions)
+    log.info("re-snapshot of %s: high mark %s in Kafka at %s after %.1fs", planned.name, int_to_lsn(planned.high_lsn),
+             high, time.monotonic() - waited)
+    ns, tbl = planned.lake.split(".", 1)
+    new_files = [f for r in planned.results for f in r.files]
+    new_keys = [k for r in planned.results for k in (r.keys or [])]
+    chunk_keys = np.concatenate(new_keys) if new_keys else np.empty(0, np.int64 if planned.integer_key else "S16")
+    deadline = time.monotonic() + wait_timeout_s
+    # Without holding anything: wait until the pipeline applied every row event below the high mark.
+    while True:
+        committed = _committed_offsets(spark, planned.ident, planned.topic)
+        planned.window.read_to_end(sorted(set(partitions) | set(committed)))
+        if not planned.window.rows_pending(committed, high):
+            break
+        if time.monotonic() > deadline:
+            raise SnapshotError(f"the pipeline did not apply {planned.topic} up to the re-snapshot's high mark "
+                                f"{high} within {wait_timeout_s:.0f}s (committed: {committed}) — fix: keep "
+                                "`lakestream run` running during a re-snapshot, then run it again")
+        time.sleep(0.5)
+    mirror = KeyIndex(not planned.integer_key)
+    mirror.rebuild(spark, planned.ident, planned.key_columns, table_info(spark, config.catalog.name, ns, tbl).get(
+        "snapshot_id"))
+    attempts = 0
+    run_id = uuid.uuid4().hex
+    try:
+        while True:
+            # The pipeline's next commits of this table wait while we plan and commit (see the
+            # module doc); one already past that check may still land, and then we plan again.
+            _hold_commits(spark, planned.ident, run_id, HOLD_TTL_S)
+            base = table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")
+            committed = _committed_offsets(spark, planned.ident, planned.topic)  # read after `base`: at or past it
+            planned.window.read_to_end(sorted(set(partitions) | set(committed)))
+            if planned.window.truncated_before(committed):
+                raise SnapshotError(f"{planned.name} was truncated while it was re-snapshotted; nothing was committed "
+                                    "— fix: run the re-snapshot again")
+            changed = planned.window.changed_keys(committed)
+            if mirror.snapshot_id != base:
+                mirror.rebuild(spark, planned.ident, planned.key_columns, base)
+            result = _commit_once(spark, config, planned, mirror, changed, base, committed, high, new_files,
+                                  new_keys, chunk_keys, run_id)
+            attempts += 1
+            if result is not None:
+                log.info("re-snapshot of %s committed as snapshot %s after %d attempt(s): %s", planned.name,
+                         result["snapshot_id"], attempts, result["state"])
+                planned.progress.rows = result["state"]["rows"]
+                return
+            if time.monotonic() > deadline:
+                raise SnapshotError(f"{planned.lake} kept moving under the re-snapshot's commit ({attempts} attempts "
+                                    f"in {wait_timeout_s:.0f}s) — fix: run it again")
+    finally:
+        _release_commits(spark, planned.ident, run_id)
+
+
+def _keep_newest_only(spark: SparkSession, ident: str, mirror: Any, keep: np.ndarray) -> None:
+    """Among kept rows, a key with several rows (a duplicate made by hand) keeps only the row written
+    last — the one the stream's latest change wrote: the highest data sequence number, then position."""
+    from lakestream.sink.index import unpack
+
+    kept = np.flatnonzero(keep)
+    if len(kept) < 2:
+        return
+    keys = mirror.keys[kept]  # sorted: duplicates are neighbours
+    if not np.any(keys[1:] == keys[:-1]):
+        return
+    # The table is at the commit's base snapshot (the commit fails otherwise).
+    sequences = {r[0]: int(r[1]) for r in spark.sql(
+        f"SELECT data_file.file_path, sequence_number FROM {ident}.entries WHERE status < 2").collect()}
+    file_ids, positions = unpack(mirror.locs[kept])
+    rank = np.array([sequences.get(mirror.paths[int(f)], 0) for f in file_ids], np.int64)
+    _, group = np.unique(keys, return_inverse=True)
+    order = np.lexsort((positions, rank, group))
+    last = np.r_[group[order][1:] != group[order][:-1], True]
+    keep[kept[order[~last]]] = False
+
+
+def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned, mirror: Any,
+                 changed: tuple[np.ndarray, np.ndarray] | None, base: int | None, committed: dict[int, int],
+                 high: dict[int, int], new_files: list[dict[str, Any]], new_keys: list[np.ndarray], chunk_keys: np.ndarray,
+                 run_id: str) -> dict[str, Any] | None:
+    """One commit attempt on top of ``base``: the new snapshot's id and state, or None if another
+    commit got there first."""
+    from lakestream.sink.files import commit_files, table_info
+    from lakestream.sink.index import unpack
+
+    ns, tbl = planned.lake.split(".", 1)
+    deletes: dict[str, list[np.ndarray]] = {}
+    # Existing rows all go, except those of the keys the stream changed inside the window (W), which
+    # stay as the stream left them: none if its last change deleted the key, else only the newest
+    # row (the stream's) should the key have been duplicated by hand.
+    w_keys = changed[0] if changed is not None else np.empty(0, mirror.keys.dtype)
+    w_deleted = changed[0][changed[1]] if changed is not None else w_keys
+    keep_old = np.isin(mirror.keys, w_keys) & ~np.isin(mirror.keys, w_deleted)
+    duplicates = int(keep_old.sum())
+    _keep_newest_only(spark, planned.ident, mirror, keep_old)
+    duplicates -= int(keep_old.sum())
+    file_ids, positions = unpack(mirror.locs[~keep_old & (mirror.locs >= 0)])
+    for fid in np.unique(file_ids).tolist():
+        deletes.setdefault(mirror.paths[fid], []).append(positions[file_ids == fid])
+    # Snapshot rows: all come in, except those same keys.
+    skipped = 0
+    if changed is not None:
+        for f, keys in zip(new_files, new_keys):
+            drop = np.flatnonzero(np.isin(keys, w_keys))
+            if len(drop):
+                deletes.setdefault(f["path"], []).append(drop)
+                skipped += len(drop)
+    state = {"run": run_id, "table": planned.name, "rows": int(len(chunk_keys) - skipped), "stream_kept": skipped,
+             "stream_deleted": len(w_deleted) if changed is not None else 0, "duplicates_dropped": duplicates,
+             "replaced": int((~keep_old).sum()), "chunks": planned.progress.chunks_total,
+             "low": {str(p): o for p, o in planned.window.start.items()},
+             "committed": {str(p): o for p, o in committed.items()}, "high": {str(p): o for p, o in high.items()},
+             "high_lsn": int_to_lsn(planned.high_lsn)}
+    request = {
+        "base_snapshot_id": base,
+        "expect_snapshot_id": base,
+        "data_files": [{"path": f["path"], "file_size": f["file_size"], "record_count": f["record_count"],
+                        "partition": f["partition"]} for f in new_files],
+        "deletes": [{"data_file": path, "positions": np.unique(np.concatenate(parts))}
+                    for path, parts in deletes.items()],
+        "properties": {RESNAPSHOT_PROPERTY: orjson.dumps(state).decode()},
+        "hold_owner": run_id,
+    }
+    try:
+        result = commit_files(spark, config.catalog.name, ns, tbl, request)
+    except Exception as exc:  # noqa: BLE001 — classified by the Java exception's class
+        cause = commit_conflict(exc)
+        if cause is None:
+            raise
+        if _committed_run(spark, planned.ident) != run_id:
+            log.info("re-snapshot of %s: commit conflict (%s); planning it again", planned.name, cause)
+            return None
+        log.info("re-snapshot of %s: the commit landed despite %s", planned.name, cause)
+        result = {"snapshot_id": table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")}
+    if result.get("stale"):
+        log.info("re-snapshot of %s: the table moved on (snapshot %s); planning the commit again", planned.name,
+                 result.get("snapshot_id"))
+        return None
+    return {"snapshot_id": result["snapshot_id"], "state": state}

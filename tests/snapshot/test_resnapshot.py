@@ -1,0 +1,198 @@
+"""Re-snapshotting a table while `lakestream capture` and `lakestream run` keep streaming it, against
+real PostgreSQL, Debezium, the broker, Spark and Iceberg: a mirror that drifted (rows deleted, changed,
+duplicated and invented by hand) is repaired while writes go on, and ends equal to the source."""
+from __future__ import annotations
+
+import threading
+import time
+
+import orjson
+import pytest
+import yaml
+
+from conftest import run_lakestream
+from lakestream.config import parse_config
+from lakestream.engine.loop import run_pipeline
+from lakestream.errors import ConfigError
+from lakestream.snapshot import RESNAPSHOT_PROPERTY, SnapshotError, run_snapshot
+from lakestream.sink.files import table_info
+from lakestream.snapshot.resnapshot import _committed_offsets
+from lakestream.snapshot.slot import write_handover
+from lakestream.source.kafka import KafkaCluster
+from lakestream.spark import jvm_helper
+from lakestream.verify import verify_tables
+from test_parallel_snapshot import TABLES, Source, Writer
+
+
+class PipelineThread:
+    """`run_pipeline` on the test's Spark session in a thread, until stopped (as `lakestream run`)."""
+
+    def __init__(self, source: Source, spark):
+        self.stop_event = threading.Event()
+        self.errors: list[BaseException] = []
+        self.batches: list = []
+
+        def run() -> None:
+            try:
+                run_pipeline(source.config, spark=spark, stop=self.stop_event, on_batch=self.batches.append)
+            except BaseException as exc:  # noqa: BLE001 — surfaced by the assertions
+                self.errors.append(exc)
+
+        self.thread = threading.Thread(target=run, name="pipeline", daemon=True)
+        self.thread.start()
+
+    def wait_applied(self, source: Source, spark, timeout: float = 300.0) -> None:
+        """Wait until each table's committed offsets reach its topic's end (every change applied)."""
+        kafka = KafkaCluster(source.config.kafka)
+        try:
+            deadline = time.monotonic() + timeout
+            for table in TABLES:
+                topic = f"{source.prefix}.{table}"
+                ident = f"lake.{source.prefix}.{table.split('.')[1]}"
+                while True:
+                    assert not self.errors, self.errors
+                    ends = {tp.partition: hw[1] for tp, hw in
+                            kafka.watermarks(kafka.partitions_of(lambda t, topic=topic: t == topic)).items()}
+                    done = _committed_offsets(spark, ident, topic) if spark.catalog.tableExists(ident) else {}
+                    # A trailing tombstone is not committed on its own: one short is all applied.
+                    if ends and all(done.get(p, 0) >= end - 1 for p, end in ends.items()):
+                        break
+                    assert time.monotonic() < deadline, f"pipeline behind: {ends} vs {done}"
+                    time.sleep(1.0)
+        finally:
+            kafka.close()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(300)
+        assert not self.errors, self.errors
+
+
+def _mark(label: str, started: list[float] = []) -> None:  # noqa: B006 — a clock shared by the calls
+    started.append(time.monotonic())
+    print(f"MARK {label} +{started[-1] - started[0]:.1f}s", flush=True)
+
+
+def _drift(spark, ident: str) -> None:
+    """Damage the mirror by hand, the ways a re-snapshot must repair."""
+    spark.sql(f"DELETE FROM {ident} WHERE id % 97 = 0")  # lost rows
+    spark.sql(f"UPDATE {ident} SET qty = -1, name = 'drifted' WHERE id % 89 = 0")  # wrong values
+    spark.sql(f"INSERT INTO {ident} SELECT * FROM {ident} WHERE id IN (3, 4, 5)")  # duplicate keys
+    from pyspark.sql import functions as F
+
+    ghost = spark.table(ident).where("id = 6").withColumn("id", F.lit(90_000_000).cast("bigint"))
+    ghost.writeTo(ident).append()  # a row the source never had
+
+
+def _resnapshot_state(spark, ident: str) -> dict:
+    raw = jvm_helper(spark).latestSummaryValue(spark._jsparkSession, ident, RESNAPSHOT_PROPERTY)
+    return orjson.loads(raw) if raw else {}
+
+
+def _count(spark, sql: str) -> int:
+    return spark.sql(sql).first()[0]
+
+
+def test_resnapshot_while_streaming_repairs_drift_exactly(stack, spark):
+    source = Source(stack, "resnap")
+    # Debezium's own snapshot fills the mirror: the re-snapshot does not need the parallel handover.
+    source.data["capture"]["snapshot"] = "debezium"
+    source.config = parse_config(source.data, "<resnapshot test>")
+    source.yaml.write_text(yaml.safe_dump(source.data))
+    writer = Writer(stack, source.dbname)
+    pipeline = None
+    items = f"lake.{source.prefix}.items"
+    try:
+        source.start_capture()
+        _mark("capture")
+        pipeline = PipelineThread(source, spark)
+        writer.burst(200)
+        source.wait_caught_up()
+        pipeline.wait_applied(source, spark)
+        _mark("caught-up")
+        _drift(spark, items)
+        assert _count(spark, f"SELECT count(*) - count(DISTINCT id) FROM {items}") == 3
+        assert _count(spark, f"SELECT count(*) FROM {items} WHERE id = 90000000") == 1
+        _mark("drifted")
+
+        # Interrupted midway (here by its progress callback): nothing is committed, the mirror is as it was.
+        def interrupt(_tables) -> None:
+            raise KeyboardInterrupt("interrupted re-snapshot")
+
+        with pytest.raises(KeyboardInterrupt):
+            run_snapshot(source.config, ["public.items"], spark, again=True, progress_interval_s=0.1,
+                         on_progress=interrupt)
+        assert _count(spark, f"SELECT count(*) FROM {items} WHERE id = 90000000") == 1
+        assert not _resnapshot_state(spark, items)
+        _mark("interrupted")
+
+        writer.start()  # writes go on during the whole re-snapshot
+        progress_seen: list[int] = []
+
+        def on_progress(tables) -> None:
+            if not progress_seen:
+                # Changes to drifted keys while the re-snapshot runs: a duplicated key updated (3) and one
+                # deleted (5), a key deleted from the lake (97) and one changed there (89) updated.
+                with source.conn.cursor() as cur:
+                    cur.execute("UPDATE items SET qty = qty + 1000 WHERE id IN (3, 89, 97)")
+                    cur.execute("DELETE FROM items WHERE id = 5")
+            progress_seen.append(tables[0].chunks_done)
+
+        report = run_snapshot(source.config, ["public.items"], spark, again=True, progress_interval_s=0.5,
+                              on_progress=on_progress)
+        _mark("resnapshot")
+        assert report.resnapshot and report.tables[0].chunks_total >= 5
+        assert progress_seen and progress_seen[-1] == report.tables[0].chunks_total
+        state = _resnapshot_state(spark, items)
+        assert state["rows"] > 10_000 and state["table"] == "public.items"
+        # Keys the stream changed between the low mark and the commit kept the stream's rows.
+        assert state["stream_kept"] > 0, state
+        time.sleep(1.0)
+        writer.stop()
+        source.wait_caught_up()
+        pipeline.wait_applied(source, spark)
+        pipeline.stop()
+        _mark("applied")
+        report = verify_tables(source.config, spark, tables=TABLES)
+        assert report.ok, report.to_text()
+        assert all(t.duplicate_keys == 0 for t in report.tables)
+        assert _count(spark, f"SELECT count(*) FROM {items} WHERE id = 90000000") == 0
+        assert "lakestream.commit-hold" not in table_info(spark, "lake", source.prefix, "items")["properties"]
+        _mark("verified")
+    finally:
+        writer.stop()
+        if pipeline is not None:
+            pipeline.stop_event.set()
+            pipeline.thread.join(300)
+        source.close()
+
+
+def test_resnapshot_misuse_is_refused_with_the_fix(stack, spark, tmp_path):
+    config = parse_config({
+        "kafka": {"bootstrap_servers": "127.0.0.1:1"}, "catalog": {"warehouse": "file:///tmp/w", "type": "hadoop"},
+        "streams": [{"topics": ["a"]}], "state_dir": str(tmp_path),
+        "capture": {"database": {"dbname": "d", "user": "u"}, "tables": ["public.t"], "topic_prefix": "shop"}})
+    with pytest.raises(ConfigError, match=r"\['public.nope'\] not in capture.tables.*fix"):
+        run_snapshot(config, ["public.nope"], again=True)
+    out = run_lakestream("snapshot", str(_yaml(tmp_path, config)), "--again")
+    assert out.returncode != 0 and "--again re-snapshots the tables you name" in out.stderr
+    # A captured table whose capture never started: no slot streams it.
+    source = Source(stack, "resnapx")
+    try:
+        with pytest.raises(SnapshotError, match=r"slot .* does not exist.*lakestream capture"):
+            run_snapshot(source.config, ["public.items"], spark, again=True)
+        # After a parallel snapshot's handover, naming a table is a re-snapshot (no --again needed).
+        write_handover(source.config.state_dir, source.config.capture, 1, TABLES)
+        with pytest.raises(SnapshotError, match=r"slot .* does not exist"):
+            run_snapshot(source.config, ["public.items"], spark)
+    finally:
+        source.close()
+
+
+def _yaml(tmp_path, config):
+    import yaml
+
+    data = config.model_dump(mode="json", exclude_none=True)
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
