@@ -162,6 +162,44 @@ class TableLayoutRule(TableLayout):
         return value
 
 
+class ReferenceSettings(_Model):
+    """A reference table a SQL transform joins (enrichment): any Iceberg table of a Spark catalog,
+    ``[catalog.]namespace.table``, registered in the task's DuckDB as the view ``name``. The driver
+    reads it again only when its current snapshot changes; every Python worker holds one copy, so its
+    size is capped (rows before reading, bytes of the Arrow table after)."""
+
+    name: str
+    table: str
+    columns: list[str] = Field(default_factory=list)  # the columns to ship (default: all)
+    max_rows: int = Field(default=1_000_000, ge=1)
+    max_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        validate_identifier(value, what="reference name")
+        if value.lower() == "batch":
+            raise ValueError("`batch` is the view of the transform's input; name the reference otherwise")
+        return value
+
+    @field_validator("table")
+    @classmethod
+    def _qualified(cls, value: str) -> str:
+        parts = value.split(".")
+        if len(parts) not in (2, 3):
+            raise ValueError(f"{value!r}: write it as [catalog.]namespace.table, e.g. lake.shop.products")
+        for part in parts:
+            validate_identifier(part, what="reference table name part")
+        return value
+
+    @field_validator("columns")
+    @classmethod
+    def _valid_columns(cls, value: list[str]) -> list[str]:
+        for column in value:
+            validate_identifier(column, what="reference column")
+        return value
+
+
 class TransformSettings(_Model):
     """A transform of a stream's table: SQL over the view ``batch`` (DuckDB) or a Python callable
     (``package.module:function``, pyarrow.Table in and out). Its output is appended to ``table``."""
@@ -172,6 +210,17 @@ class TransformSettings(_Model):
     # The output table in the stream's namespace: a name or a template with the stream's placeholders.
     table: str
     layout: TableLayout = Field(default_factory=TableLayout)
+    # Reference tables the SQL joins, each a DuckDB view (enrichment); `reference:` takes one.
+    references: list[ReferenceSettings] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_reference(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "reference" in data:
+            data = dict(data)
+            one = data.pop("reference")
+            data["references"] = [*data.get("references", []), *(one if isinstance(one, list) else [one])]
+        return data
 
     @field_validator("name")
     @classmethod
@@ -199,6 +248,11 @@ class TransformSettings(_Model):
     def _one_body(self) -> TransformSettings:
         if (self.sql is None) == (self.python is None):
             raise ValueError("give exactly one of `sql: SELECT ... FROM batch` or `python: package.module:function`")
+        if self.references and self.sql is None:
+            raise ValueError("references are views for a SQL transform; a Python transform cannot use them")
+        names = [r.name.lower() for r in self.references]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reference names must be unique within a transform: {names}")
         return self
 
 

@@ -22,7 +22,8 @@ from lakestream.engine.freshness import mixture_quantiles
 from lakestream.errors import ConfigError, DecodeError, LakestreamError, is_infrastructure_failure
 from lakestream.identifiers import validate_identifier
 from lakestream.process.alerts import AlertStage
-from lakestream.process.transform import Derived, empty_input, output_columns, run_transform
+from lakestream.process.reference import ReferenceCache, ReferenceData
+from lakestream.process.transform import Derived, empty_input, output_columns, reference_views, run_transform
 from lakestream.process.windows import WindowStage
 from lakestream.faults import pause_point
 from lakestream.sink.offsets import (
@@ -118,6 +119,9 @@ class Pipeline:
         self._batch_id_recovered = False
         self.specs: dict[str, TableSpec] = {}
         self.derived: dict[str, list[Derived]] = {}  # input table → its transforms (lakestream.process)
+        self._derived_inputs: dict[str, tuple[str, StreamSettings]] = {}  # input table → (a topic, its stream)
+        self.references = ReferenceCache(self.spark, config.catalog.name)
+        self._reference_data: dict[str, ReferenceData] = {}  # reference key → this batch's data
         self.indexes: dict[str, KeyIndex] = {}
         self._last_discovery = 0.0
         self._last_read: dict[int, float] = {}  # stream index → when its topics were last read
@@ -240,7 +244,8 @@ class Pipeline:
         from lakestream.sink.report import REPORT_DDL
 
         ctx = WriteContext(self.config.kafka.consumer_config(), self.router, dict(self.specs), only_tables,
-                           self.record_hook, derived=dict(self.derived), schema_registry=self.schema_registry)
+                           self.record_hook, derived=dict(self.derived), schema_registry=self.schema_registry,
+                           references=dict(self._reference_data))
 
         def task(batches: Any) -> Any:
             for batch in batches:
@@ -273,7 +278,8 @@ class Pipeline:
         # Copies, as a Spark task gets: the task records shapes it found to fit on its spec.
         specs = {name: copy.copy(spec) for name, spec in self.specs.items()}
         ctx = WriteContext(self.config.kafka.consumer_config(), self.router, specs, only_tables, self.record_hook,
-                           derived=dict(self.derived), schema_registry=self.schema_registry)
+                           derived=dict(self.derived), schema_registry=self.schema_registry,
+                           references=dict(self._reference_data))
         parts: list[list[OffsetRange]] = []
         for r in ranges:  # one task reads distinct partitions
             part = next((p for p in parts if all(q.tp != r.tp for q in p)), None)
@@ -462,9 +468,15 @@ class Pipeline:
                 validate_identifier(out.table, what="table name")
             except LakestreamError as exc:
                 raise ConfigError(f"{where}.table: {exc} — fix: use a valid table name or template") from None
-            d = Derived(t.name, str(out), t.sql, t.python, where)
+            refs = []
+            for k, ref in enumerate(t.references):
+                data = self.references.get(ref, f"{where}.references[{k}]")
+                self._reference_data[data.key] = data
+                refs.append((ref.name, data.key))
+            d = Derived(t.name, str(out), t.sql, t.python, where, tuple(refs))
             try:
-                schema = run_transform(d, empty_input(self.specs[name].arrow_schema())).schema
+                views = reference_views(d, self._reference_data)
+                schema = run_transform(d, empty_input(self.specs[name].arrow_schema()), views).schema
                 columns = output_columns(schema)
             except Exception as exc:  # noqa: BLE001 — any failure over an empty input is the config's
                 body = "sql" if t.sql is not None else "python"
@@ -480,6 +492,21 @@ class Pipeline:
             self.prepare_table(str(out), [NewShape(str(out), topic, shape_id, columns, [], False)], out_stream)
             derived.append(d)
         self.derived[name] = derived
+        self._derived_inputs[name] = (topic, stream)
+
+    def refresh_references(self) -> None:
+        """Before a batch: every reference table's current data, read again where its snapshot changed;
+        the output tables of transforms whose reference changed shape are evolved."""
+        self.references.release_retired()
+        for i, stream in enumerate(self.config.streams):
+            for j, t in enumerate(stream.transforms):
+                for k, ref in enumerate(t.references):
+                    data = self.references.get(ref, f"streams[{i}].transforms[{j}].references[{k}]")
+                    self._reference_data[data.key] = data
+        changed, self.references.changed = self.references.changed, set()
+        for name, ds in list(self.derived.items()):
+            if any(key in changed for d in ds for _, key in d.references):
+                self.prepare_derived(name, *self._derived_inputs[name])
 
     def prepare_tables(self, shapes_by_table: dict[str, list[NewShape]]) -> None:
         todo = sorted(shapes_by_table.items())
@@ -687,6 +714,7 @@ class Pipeline:
         self._culprits = set()
         isolations_before = self.isolations
         self._conflicts, self._retries = [], []
+        self.refresh_references()
         report = self.write_isolating(ranges)
         jobs = 1
         new_shapes = {name: list(tr.shapes.values()) for name, tr in report.tables.items() if tr.shapes}
