@@ -459,6 +459,92 @@ class WindowSettings(_Model):
         return self.slide_s or self.size_s
 
 
+def _column_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+class DerivedInputSettings(_Model):
+    """An input of a derived table: a table this pipeline writes (a mirror, usually), the view ``name``
+    the SQL reads it as, and the column(s) of its rows holding the derived table's key (``key``, one
+    per derived key column, in order): a row with key k contributes to the derived row k only."""
+
+    name: str
+    table: str
+    key: list[str] = Field(min_length=1)
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _as_list(cls, value: Any) -> Any:
+        return _column_list(value)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return validate_identifier(value, what="input name")
+
+    @field_validator("table")
+    @classmethod
+    def _two_part(cls, value: str) -> str:
+        return _two_part_name(value, "table")
+
+    @field_validator("key")
+    @classmethod
+    def _valid_columns(cls, value: list[str]) -> list[str]:
+        for column in value:
+            validate_identifier(column, what="key column")
+        return value
+
+
+class DerivedTableSettings(_Model):
+    """A table defined by SQL (Spark SQL) over several input tables, kept current by key: after each
+    batch only the rows whose key a change in any input touched are recomputed and upserted (deleted
+    when the SQL no longer returns the key). The SQL must return one row per ``key``."""
+
+    name: str
+    table: str
+    key: list[str] = Field(min_length=1)
+    sql: str = Field(min_length=1)
+    inputs: list[DerivedInputSettings] = Field(min_length=1)
+    # Seconds between two upserts of this table (default: every batch that touches it). Touched keys
+    # wait in memory meanwhile: a restart before the upsert recomputes the whole table.
+    commit_interval_s: float | None = Field(default=None, ge=0)
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _as_list(cls, value: Any) -> Any:
+        return _column_list(value)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return validate_identifier(value, what="derived table name")
+
+    @field_validator("table")
+    @classmethod
+    def _two_part(cls, value: str) -> str:
+        return _two_part_name(value, "table")
+
+    @field_validator("key")
+    @classmethod
+    def _valid_columns(cls, value: list[str]) -> list[str]:
+        for column in value:
+            validate_identifier(column, what="key column")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DerivedTableSettings:
+        names = [i.name.lower() for i in self.inputs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"input names must be unique: {names}")
+        for i, source in enumerate(self.inputs):
+            if len(source.key) != len(self.key):
+                raise ValueError(f"inputs[{i}].key has {len(source.key)} column(s) for the {len(self.key)} of key "
+                                 f"{self.key} — fix: name the input's column(s) holding the derived key, in order")
+            if source.table == self.table:
+                raise ValueError(f"inputs[{i}].table must differ from table")
+        return self
+
+
 class EngineSettings(_Model):
     """The micro-batch loop."""
 
@@ -644,6 +730,7 @@ class PipelineConfig(_Model):
     capture: CaptureSettings | None = None
     rules: list[RuleSet] = Field(default_factory=list)
     windows: list[WindowSettings] = Field(default_factory=list)
+    derived_tables: list[DerivedTableSettings] = Field(default_factory=list)
     state_dir: str = ".lakestream"
 
     @model_validator(mode="after")

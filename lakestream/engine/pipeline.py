@@ -22,6 +22,7 @@ from lakestream.engine.freshness import mixture_quantiles
 from lakestream.errors import ConfigError, DecodeError, LakestreamError, is_infrastructure_failure
 from lakestream.identifiers import validate_identifier
 from lakestream.process.alerts import AlertStage
+from lakestream.process.materialize import MaterializeStage
 from lakestream.process.reference import ReferenceCache, ReferenceData
 from lakestream.process.transform import Derived, empty_input, output_columns, reference_views, run_transform
 from lakestream.process.windows import WindowStage
@@ -140,6 +141,9 @@ class Pipeline:
         self.windows: WindowStage | None = None
         if config.windows:
             self.windows = WindowStage(self)
+        self.materialize: MaterializeStage | None = None
+        if config.derived_tables:
+            self.materialize = MaterializeStage(self)
 
     def close(self) -> None:
         self.kafka.close()
@@ -245,7 +249,7 @@ class Pipeline:
 
         ctx = WriteContext(self.config.kafka.consumer_config(), self.router, dict(self.specs), only_tables,
                            self.record_hook, derived=dict(self.derived), schema_registry=self.schema_registry,
-                           references=dict(self._reference_data))
+                           references=dict(self._reference_data), changed_keys=self._reported_columns())
 
         def task(batches: Any) -> Any:
             for batch in batches:
@@ -279,7 +283,7 @@ class Pipeline:
         specs = {name: copy.copy(spec) for name, spec in self.specs.items()}
         ctx = WriteContext(self.config.kafka.consumer_config(), self.router, specs, only_tables, self.record_hook,
                            derived=dict(self.derived), schema_registry=self.schema_registry,
-                           references=dict(self._reference_data))
+                           references=dict(self._reference_data), changed_keys=self._reported_columns())
         parts: list[list[OffsetRange]] = []
         for r in ranges:  # one task reads distinct partitions
             part = next((p for p in parts if all(q.tp != r.tp for q in p)), None)
@@ -493,6 +497,9 @@ class Pipeline:
             derived.append(d)
         self.derived[name] = derived
         self._derived_inputs[name] = (topic, stream)
+
+    def _reported_columns(self) -> dict[str, list[str]]:
+        return self.materialize.reported_columns() if self.materialize is not None else {}
 
     def refresh_references(self) -> None:
         """Before a batch: every reference table's current data, read again where its snapshot changed;
@@ -748,6 +755,8 @@ class Pipeline:
             self.windows.run(report)  # commits the windows tables (MERGE), before their sources
         read_seconds = time.monotonic() - started
         committed = self.commit_tables(report, ranges)
+        if self.materialize is not None:
+            self.materialize.run(report, isolated=bool(self._culprits))  # after its inputs: see the module
         dead = self.write_dead_letters(report)
         commit_ts_ms = int(time.time() * 1000)
         advanced = sum(max(end.next_offset - self.positions.get(tp, 0), 0) for tp, end in report.ends.items())
