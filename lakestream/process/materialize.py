@@ -239,10 +239,11 @@ class DerivedTable:
         from lakestream.sink.files import commit_files, table_info
         from lakestream.spark import jvm_helper
 
+        started = time.monotonic()
         pipeline, spark = self.pipeline, self.pipeline.spark
         key_cols = self.settings.key
         key_list = ", ".join(quote_column(k) for k in key_cols)
-        target_schema = spark.table(self.ident).schema
+        target_schema = spark.table(self.ident).schema  # the key columns' types, for the touched keys
         keys_df = None
         if keys is not None:
             from pyspark.sql.types import StructType
@@ -289,8 +290,9 @@ class DerivedTable:
         if keys is not None:
             self.last_touched = len(keys)
         self.upserts[kind] += 1
-        log.info("derived table %s: %s upserted (batch %d)", self.settings.table,
-                 "every key" if keys is None else f"{len(keys)} touched key(s)", pipeline.batch_id)
+        log.info("derived table %s: %s upserted in %.1fs (batch %d)", self.settings.table,
+                 "every key" if keys is None else f"{len(keys)} touched key(s)", time.monotonic() - started,
+                 pipeline.batch_id)
 
 
 class MaterializeStage:
