@@ -146,6 +146,8 @@ class Pipeline:
             self.materialize = MaterializeStage(self)
 
     def close(self) -> None:
+        if self.materialize is not None:
+            self.materialize.flush()
         self.kafka.close()
         if self.alerts is not None:
             self.alerts.close()

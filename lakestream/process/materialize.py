@@ -314,11 +314,22 @@ class MaterializeStage:
                 out[source.table] = list(dict.fromkeys([*out.get(source.table, []), *primary, *source.key]))
         return out
 
+    def flush(self) -> None:
+        """Upsert the keys still waiting for their table's commit interval (when the pipeline stops)."""
+        for table in self.tables:
+            if table.ready and table.pending:
+                try:
+                    table.upsert(table.pending)
+                    table.pending = set()
+                except Exception as exc:  # noqa: BLE001 — the next start finds the table behind and recomputes it
+                    log.warning("derived table %s: could not upsert its waiting keys on stop: %s",
+                                table.settings.table, str(exc).splitlines()[0][:300])
+
     def run(self, report: BatchReport, isolated: bool) -> None:
         """After the batch's commits: bring every derived table up to date (or wait for its interval)."""
         for table in self.tables:
             try:
                 table.advance(report, isolated)
-            except Exception:
+            except BaseException:
                 table.ready = False  # the next batch (or restart) finds it behind and recomputes it whole
                 raise
