@@ -93,6 +93,23 @@ def touched_keys(source: _Input, changes: pa.Table) -> set[tuple]:
     return out
 
 
+def merge_sql(target: str, keys_view: str, rows_view: str, key_cols: list[str], values: list[str]) -> str:
+    """MERGE the recomputed ``rows_view`` into ``target`` for every key of ``keys_view``: keys with a row
+    are updated or inserted, keys without one deleted."""
+    q = quote_column
+    join = " AND ".join(f"k.{q(k)} <=> r.{q(k)}" for k in key_cols)
+    source = (f"SELECT {', '.join(f'k.{q(k)}' for k in key_cols)}{''.join(f', r.{q(c)}' for c in values)}, "
+              f"r.{_PRESENT} FROM {keys_view} k "
+              f"LEFT JOIN (SELECT *, true AS {_PRESENT} FROM {rows_view}) r ON {join}")
+    on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key_cols)
+    columns = [*key_cols, *values]
+    update = f"WHEN MATCHED THEN UPDATE SET {', '.join(f't.{q(c)} = s.{q(c)}' for c in values)} " if values else ""
+    return (f"MERGE INTO {target} t USING ({source}) s ON {on} "
+            f"WHEN MATCHED AND s.{_PRESENT} IS NULL THEN DELETE {update}"
+            f"WHEN NOT MATCHED AND s.{_PRESENT} IS NOT NULL THEN INSERT ({', '.join(q(c) for c in columns)}) "
+            f"VALUES ({', '.join(f's.{q(c)}' for c in columns)})")
+
+
 class DerivedTable:
     """One derived table: its inputs, the keys touched since its last upsert, its commit cadence."""
 
@@ -258,18 +275,7 @@ class DerivedTable:
             keys_df = spark.sql(f"SELECT {key_list} FROM {prefix}_rows UNION SELECT {key_list} FROM {self.ident}")
         keys_df.createOrReplaceTempView(f"{prefix}_keys")
         values = [c for c in result.columns if c not in key_cols]
-        join = " AND ".join(f"k.{quote_column(k)} <=> r.{quote_column(k)}" for k in key_cols)
-        source = (f"SELECT {', '.join(f'k.{quote_column(k)}' for k in key_cols)}"
-                  f"{''.join(f', r.{quote_column(c)}' for c in values)}, r.{_PRESENT} "
-                  f"FROM {prefix}_keys k LEFT JOIN (SELECT *, true AS {_PRESENT} FROM {prefix}_rows) r ON {join}")
-        on = " AND ".join(f"t.{quote_column(k)} = s.{quote_column(k)}" for k in key_cols)
-        columns = [*key_cols, *values]
-        merge = (f"MERGE INTO {self.ident} t USING ({source}) s ON {on} "
-                 f"WHEN MATCHED AND s.{_PRESENT} IS NULL THEN DELETE "
-                 + (f"WHEN MATCHED THEN UPDATE SET {', '.join(f't.{quote_column(c)} = s.{quote_column(c)}' for c in values)} "
-                    if values else "")
-                 + f"WHEN NOT MATCHED AND s.{_PRESENT} IS NOT NULL THEN INSERT "
-                 f"({', '.join(quote_column(c) for c in columns)}) VALUES ({', '.join(f's.{quote_column(c)}' for c in columns)})")
+        merge = merge_sql(self.ident, f"{prefix}_keys", f"{prefix}_rows", key_cols, values)
         consumed: dict[Any, int] = {}
         for source_input in self.inputs:
             consumed.update(pipeline.offsets.load(source_input.ident))

@@ -188,7 +188,9 @@ def test_derived_table_config_is_checked():
             "inputs": [{"name": "u", "table": "a.u", "key": ["id"]}]}
     with pytest.raises(ValueError, match=r"inputs\[0\]\.key has 1 column"):
         DerivedTableSettings.model_validate(base)
+    bad_name = [{"name": "u;", "table": "a.u", "key": "id"}]
     with pytest.raises(ValueError, match="not a valid identifier"):
-        DerivedTableSettings.model_validate(base | {"key": "k", "inputs": [{"name": "u;", "table": "a.u", "key": "id"}]})
+        DerivedTableSettings.model_validate(base | {"key": "k", "inputs": bad_name})
+    itself = [{"name": "u", "table": "a.c", "key": "id"}]
     with pytest.raises(ValueError, match="must differ"):
-        DerivedTableSettings.model_validate(base | {"key": "k", "inputs": [{"name": "u", "table": "a.c", "key": "id"}]})
+        DerivedTableSettings.model_validate(base | {"key": "k", "inputs": itself})
