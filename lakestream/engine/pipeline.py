@@ -715,6 +715,8 @@ class Pipeline:
         started = time.monotonic()
         ranges = self.plan_batch()
         if not ranges:
+            if self.materialize is not None:
+                self.materialize.upsert_due()  # derived tables whose commit interval passed while idle
             return None
         if not self._batch_id_recovered:
             self.batch_id = max(self.batch_id, self.recover_batch_id())

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -151,8 +152,12 @@ class DerivedTable:
                     self.start(force=True)  # the input's key changed under us: start over
                     return
                 self.pending |= touched_keys(source, changes)
+        self.upsert_if_due()
+
+    def upsert_if_due(self) -> None:
+        """Upsert the touched keys once the table's commit interval has passed since its last upsert."""
         interval = self.settings.commit_interval_s or 0.0
-        if self.pending and time.monotonic() - self.last_upsert >= interval - 0.05:
+        if self.ready and self.pending and time.monotonic() - self.last_upsert >= interval - 0.05:
             self.upsert(self.pending)
             self.pending = set()
 
@@ -334,8 +339,17 @@ class MaterializeStage:
     def run(self, report: BatchReport, isolated: bool) -> None:
         """After the batch's commits: bring every derived table up to date (or wait for its interval)."""
         for table in self.tables:
-            try:
-                table.advance(report, isolated)
-            except BaseException:
-                table.ready = False  # the next batch (or restart) finds it behind and recomputes it whole
-                raise
+            self._guarded(table, lambda t: t.advance(report, isolated))
+
+    def upsert_due(self) -> None:
+        """Between batches (nothing to read): upsert the keys whose commit interval has passed."""
+        for table in self.tables:
+            self._guarded(table, DerivedTable.upsert_if_due)
+
+    @staticmethod
+    def _guarded(table: DerivedTable, step: Callable[[DerivedTable], None]) -> None:
+        try:
+            step(table)
+        except BaseException:
+            table.ready = False  # the next batch (or restart) finds it behind and recomputes it whole
+            raise
