@@ -268,10 +268,13 @@ class DerivedTable:
         target_schema = spark.table(self.ident).schema  # the key columns' types, for the touched keys
         keys_df = None
         if keys is not None:
-            from pyspark.sql.types import StructType
+            from pyspark.sql import functions as F
 
-            key_schema = StructType([target_schema[k] for k in key_cols])
-            keys_df = spark.createDataFrame(list(keys), key_schema)
+            # Types inferred from the values (an input's key column may be an int where the derived key is
+            # a string or a wider number), then cast to the table's key types.
+            inferred = spark.createDataFrame(list(keys))
+            keys_df = inferred.select(*[F.col(c).cast(target_schema[k].dataType).alias(k)
+                                        for c, k in zip(inferred.columns, key_cols)])
         result = self._result(keys_df)
         self._evolve(result)
         prefix = f"lakestream_derived_{self.settings.name}"
