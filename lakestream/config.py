@@ -162,6 +162,44 @@ class TableLayoutRule(TableLayout):
         return value
 
 
+class ReferenceSettings(_Model):
+    """A reference table a SQL transform joins (enrichment): any Iceberg table of a Spark catalog,
+    ``[catalog.]namespace.table``, registered in the task's DuckDB as the view ``name``. The driver
+    reads it again only when its current snapshot changes; every Python worker holds one copy, so its
+    size is capped (rows before reading, bytes of the Arrow table after)."""
+
+    name: str
+    table: str
+    columns: list[str] = Field(default_factory=list)  # the columns to ship (default: all)
+    max_rows: int = Field(default=1_000_000, ge=1)
+    max_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        validate_identifier(value, what="reference name")
+        if value.lower() == "batch":
+            raise ValueError("`batch` is the view of the transform's input; name the reference otherwise")
+        return value
+
+    @field_validator("table")
+    @classmethod
+    def _qualified(cls, value: str) -> str:
+        parts = value.split(".")
+        if len(parts) not in (2, 3):
+            raise ValueError(f"{value!r}: write it as [catalog.]namespace.table, e.g. lake.shop.products")
+        for part in parts:
+            validate_identifier(part, what="reference table name part")
+        return value
+
+    @field_validator("columns")
+    @classmethod
+    def _valid_columns(cls, value: list[str]) -> list[str]:
+        for column in value:
+            validate_identifier(column, what="reference column")
+        return value
+
+
 class TransformSettings(_Model):
     """A transform of a stream's table: SQL over the view ``batch`` (DuckDB) or a Python callable
     (``package.module:function``, pyarrow.Table in and out). Its output is appended to ``table``."""
@@ -172,6 +210,17 @@ class TransformSettings(_Model):
     # The output table in the stream's namespace: a name or a template with the stream's placeholders.
     table: str
     layout: TableLayout = Field(default_factory=TableLayout)
+    # Reference tables the SQL joins, each a DuckDB view (enrichment); `reference:` takes one.
+    references: list[ReferenceSettings] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_reference(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "reference" in data:
+            data = dict(data)
+            one = data.pop("reference")
+            data["references"] = [*data.get("references", []), *(one if isinstance(one, list) else [one])]
+        return data
 
     @field_validator("name")
     @classmethod
@@ -199,6 +248,11 @@ class TransformSettings(_Model):
     def _one_body(self) -> TransformSettings:
         if (self.sql is None) == (self.python is None):
             raise ValueError("give exactly one of `sql: SELECT ... FROM batch` or `python: package.module:function`")
+        if self.references and self.sql is None:
+            raise ValueError("references are views for a SQL transform; a Python transform cannot use them")
+        names = [r.name.lower() for r in self.references]
+        if len(set(names)) != len(names):
+            raise ValueError(f"reference names must be unique within a transform: {names}")
         return self
 
 
@@ -405,6 +459,92 @@ class WindowSettings(_Model):
         return self.slide_s or self.size_s
 
 
+def _column_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+class DerivedInputSettings(_Model):
+    """An input of a derived table: a table this pipeline writes (a mirror, usually), the view ``name``
+    the SQL reads it as, and the column(s) of its rows holding the derived table's key (``key``, one
+    per derived key column, in order): a row with key k contributes to the derived row k only."""
+
+    name: str
+    table: str
+    key: list[str] = Field(min_length=1)
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _as_list(cls, value: Any) -> Any:
+        return _column_list(value)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return validate_identifier(value, what="input name")
+
+    @field_validator("table")
+    @classmethod
+    def _two_part(cls, value: str) -> str:
+        return _two_part_name(value, "table")
+
+    @field_validator("key")
+    @classmethod
+    def _valid_columns(cls, value: list[str]) -> list[str]:
+        for column in value:
+            validate_identifier(column, what="key column")
+        return value
+
+
+class DerivedTableSettings(_Model):
+    """A table defined by SQL (Spark SQL) over several input tables, kept current by key: after each
+    batch only the rows whose key a change in any input touched are recomputed and upserted (deleted
+    when the SQL no longer returns the key). The SQL must return one row per ``key``."""
+
+    name: str
+    table: str
+    key: list[str] = Field(min_length=1)
+    sql: str = Field(min_length=1)
+    inputs: list[DerivedInputSettings] = Field(min_length=1)
+    # Seconds between two upserts of this table (default: every batch that touches it). Touched keys
+    # wait in memory meanwhile: a restart before the upsert recomputes the whole table.
+    commit_interval_s: float | None = Field(default=None, ge=0)
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _as_list(cls, value: Any) -> Any:
+        return _column_list(value)
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return validate_identifier(value, what="derived table name")
+
+    @field_validator("table")
+    @classmethod
+    def _two_part(cls, value: str) -> str:
+        return _two_part_name(value, "table")
+
+    @field_validator("key")
+    @classmethod
+    def _valid_columns(cls, value: list[str]) -> list[str]:
+        for column in value:
+            validate_identifier(column, what="key column")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DerivedTableSettings:
+        names = [i.name.lower() for i in self.inputs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"input names must be unique: {names}")
+        for i, source in enumerate(self.inputs):
+            if len(source.key) != len(self.key):
+                raise ValueError(f"inputs[{i}].key has {len(source.key)} column(s) for the {len(self.key)} of key "
+                                 f"{self.key} — fix: name the input's column(s) holding the derived key, in order")
+            if source.table == self.table:
+                raise ValueError(f"inputs[{i}].table must differ from table")
+        return self
+
+
 class EngineSettings(_Model):
     """The micro-batch loop."""
 
@@ -593,6 +733,7 @@ class PipelineConfig(_Model):
     capture: CaptureSettings | None = None
     rules: list[RuleSet] = Field(default_factory=list)
     windows: list[WindowSettings] = Field(default_factory=list)
+    derived_tables: list[DerivedTableSettings] = Field(default_factory=list)
     state_dir: str = ".lakestream"
 
     @model_validator(mode="after")

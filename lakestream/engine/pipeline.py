@@ -22,7 +22,9 @@ from lakestream.engine.freshness import mixture_quantiles
 from lakestream.errors import ConfigError, DecodeError, LakestreamError, is_infrastructure_failure
 from lakestream.identifiers import validate_identifier
 from lakestream.process.alerts import AlertStage
-from lakestream.process.transform import Derived, empty_input, output_columns, run_transform
+from lakestream.process.materialize import MaterializeStage
+from lakestream.process.reference import ReferenceCache, ReferenceData
+from lakestream.process.transform import Derived, empty_input, output_columns, reference_views, run_transform
 from lakestream.process.windows import WindowStage
 from lakestream.faults import pause_point
 from lakestream.sink.offsets import (
@@ -119,6 +121,9 @@ class Pipeline:
         self._batch_id_recovered = False
         self.specs: dict[str, TableSpec] = {}
         self.derived: dict[str, list[Derived]] = {}  # input table → its transforms (lakestream.process)
+        self._derived_inputs: dict[str, tuple[str, StreamSettings]] = {}  # input table → (a topic, its stream)
+        self.references = ReferenceCache(self.spark, config.catalog.name)
+        self._reference_data: dict[str, ReferenceData] = {}  # reference key → this batch's data
         self.indexes: dict[str, KeyIndex] = {}
         self._last_discovery = 0.0
         self._last_read: dict[int, float] = {}  # stream index → when its topics were last read
@@ -140,11 +145,16 @@ class Pipeline:
         self.windows: WindowStage | None = None
         if config.windows:
             self.windows = WindowStage(self)
+        self.materialize: MaterializeStage | None = None
+        if config.derived_tables:
+            self.materialize = MaterializeStage(self)
 
     def close(self) -> None:
         self._discard_prefetch()
         if self._prefetch_pool is not None:
             self._prefetch_pool.shutdown(wait=True)
+        if self.materialize is not None:
+            self.materialize.flush()
         self.kafka.close()
         if self.alerts is not None:
             self.alerts.close()
@@ -246,9 +256,11 @@ class Pipeline:
             return
         if self._prefetch_pool is None:
             self._prefetch_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="next-write-job")
-        # Copies of the specs, taken here: this batch's commits go on changing the originals meanwhile.
-        specs = {name: copy.copy(spec) for name, spec in self.specs.items()}
-        self._prefetch = (ranges, watermarks, self._prefetch_pool.submit(self.write_files, ranges, specs=specs))
+        # Built here, on this thread: this batch's commits go on changing the specs meanwhile, and the
+        # references are refreshed only while no job is in flight (a refresh releases old broadcasts).
+        self.refresh_references()
+        ctx = self.write_context(copy_specs=True)
+        self._prefetch = (ranges, watermarks, self._prefetch_pool.submit(self.write_files, ranges, ctx=ctx))
 
     def _take_prefetch(self) -> tuple[list[OffsetRange], BatchReport | None] | None:
         """The prefetched batch: its ranges and report (None if its job failed for a record: the batch
@@ -297,8 +309,16 @@ class Pipeline:
         return self.offsets.load(self.tables.ident(name.namespace, name.table)).get(tp, log_start)
 
     # -- reading and writing: one Spark job --------------------------------------------------
+    def write_context(self, only_tables: frozenset[str] | None = None, copy_specs: bool = False) -> WriteContext:
+        """What the write tasks get: specs (copies, for a job that runs while the originals change),
+        transforms, reference data and the key columns derived tables need reported."""
+        specs = {name: copy.copy(spec) for name, spec in self.specs.items()} if copy_specs else dict(self.specs)
+        return WriteContext(self.config.kafka.consumer_config(), self.router, specs, only_tables, self.record_hook,
+                            derived=dict(self.derived), schema_registry=self.schema_registry,
+                            references=dict(self._reference_data), changed_keys=self._reported_columns())
+
     def write_files(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None = None,
-                    into: BatchReport | None = None, specs: dict[str, TableSpec] | None = None) -> BatchReport:
+                    into: BatchReport | None = None, ctx: WriteContext | None = None) -> BatchReport:
         """Run the write job over ``ranges``: tasks read, decode, convert and write data files.
 
         A plain RDD job: each partition is one task's group of ranges, and it returns its report as Arrow
@@ -306,8 +326,8 @@ class Pipeline:
         and Arrow conversion of the plan, for the same work.)"""
         import pyarrow as pa
 
-        ctx = WriteContext(self.config.kafka.consumer_config(), self.router, dict(self.specs if specs is None else specs),
-                           only_tables, self.record_hook, derived=dict(self.derived), schema_registry=self.schema_registry)
+        if ctx is None:
+            ctx = self.write_context(only_tables)
 
         def task(groups: Any) -> Any:
             import pyarrow as pa
@@ -343,9 +363,7 @@ class Pipeline:
         if sum(r.end - r.start for r in ranges) > _ISOLATE_IN_DRIVER_MAX:
             return self.write_files(ranges, only_tables, into=into)
         # Copies, as a Spark task gets: the task records shapes it found to fit on its spec.
-        specs = {name: copy.copy(spec) for name, spec in self.specs.items()}
-        ctx = WriteContext(self.config.kafka.consumer_config(), self.router, specs, only_tables, self.record_hook,
-                           derived=dict(self.derived), schema_registry=self.schema_registry)
+        ctx = self.write_context(only_tables, copy_specs=True)
         parts: list[list[OffsetRange]] = []
         for r in ranges:  # one task reads distinct partitions
             part = next((p for p in parts if all(q.tp != r.tp for q in p)), None)
@@ -534,9 +552,15 @@ class Pipeline:
                 validate_identifier(out.table, what="table name")
             except LakestreamError as exc:
                 raise ConfigError(f"{where}.table: {exc} — fix: use a valid table name or template") from None
-            d = Derived(t.name, str(out), t.sql, t.python, where)
+            refs = []
+            for k, ref in enumerate(t.references):
+                data = self.references.get(ref, f"{where}.references[{k}]")
+                self._reference_data[data.key] = data
+                refs.append((ref.name, data.key))
+            d = Derived(t.name, str(out), t.sql, t.python, where, tuple(refs))
             try:
-                schema = run_transform(d, empty_input(self.specs[name].arrow_schema())).schema
+                views = reference_views(d, self._reference_data)
+                schema = run_transform(d, empty_input(self.specs[name].arrow_schema()), views).schema
                 columns = output_columns(schema)
             except Exception as exc:  # noqa: BLE001 — any failure over an empty input is the config's
                 body = "sql" if t.sql is not None else "python"
@@ -552,6 +576,24 @@ class Pipeline:
             self.prepare_table(str(out), [NewShape(str(out), topic, shape_id, columns, [], False)], out_stream)
             derived.append(d)
         self.derived[name] = derived
+        self._derived_inputs[name] = (topic, stream)
+
+    def _reported_columns(self) -> dict[str, list[str]]:
+        return self.materialize.reported_columns() if self.materialize is not None else {}
+
+    def refresh_references(self) -> None:
+        """Before a batch: every reference table's current data, read again where its snapshot changed;
+        the output tables of transforms whose reference changed shape are evolved."""
+        self.references.release_retired()
+        for i, stream in enumerate(self.config.streams):
+            for j, t in enumerate(stream.transforms):
+                for k, ref in enumerate(t.references):
+                    data = self.references.get(ref, f"streams[{i}].transforms[{j}].references[{k}]")
+                    self._reference_data[data.key] = data
+        changed, self.references.changed = self.references.changed, set()
+        for name, ds in list(self.derived.items()):
+            if any(key in changed for d in ds for _, key in d.references):
+                self.prepare_derived(name, *self._derived_inputs[name])
 
     def prepare_tables(self, shapes_by_table: dict[str, list[NewShape]]) -> None:
         todo = sorted(shapes_by_table.items())
@@ -757,6 +799,8 @@ class Pipeline:
         else:
             ranges = self.plan_batch()
         if not ranges:
+            if self.materialize is not None:
+                self.materialize.upsert_due()  # derived tables whose commit interval passed while idle
             return None
         if not self._batch_id_recovered:
             self.batch_id = max(self.batch_id, self.recover_batch_id())
@@ -765,6 +809,7 @@ class Pipeline:
         self._culprits = set()
         isolations_before = self.isolations
         self._conflicts, self._retries = [], []
+        self.refresh_references()
         if report is None:
             report = self.write_isolating(ranges)
         jobs = 1
@@ -802,6 +847,8 @@ class Pipeline:
             self.windows.run(report)  # commits the windows tables (MERGE), before their sources
         read_seconds = time.monotonic() - started
         committed = self.commit_tables(report, ranges)
+        if self.materialize is not None:
+            self.materialize.run(report, isolated=bool(self._culprits))  # after its inputs: see the module
         dead = self.write_dead_letters(report)
         commit_ts_ms = int(time.time() * 1000)
         advanced = sum(max(end.next_offset - self.positions.get(tp, 0), 0) for tp, end in report.ends.items())

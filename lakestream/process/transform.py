@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+
+from lakestream.process.reference import ReferenceData, reference_rows
 
 # Added to the input view; a table column of the same name wins.
 META_COLUMNS = {
@@ -37,6 +39,8 @@ class Derived:
     sql: str | None
     python: str | None
     where: str  # the config field, for messages: streams[0].transforms[1]
+    # (view name, reference key) of each reference table the SQL joins (lakestream.process.reference)
+    references: tuple[tuple[str, str], ...] = ()
 
 
 def with_meta(rows: pa.Table, meta: dict[str, list[Any] | Any]) -> pa.Table:
@@ -70,14 +74,20 @@ def _duckdb() -> Any:
     return con
 
 
-def run_sql(sql: str, batch: pa.Table) -> pa.Table:
-    """``sql`` over the view ``batch``."""
+def run_sql(sql: str, batch: pa.Table, views: Mapping[str, pa.Table] | None = None) -> pa.Table:
+    """``sql`` over the view ``batch`` and the reference ``views`` (name → rows)."""
     con = _duckdb()
+    views = dict(views or {})
+    # DuckDB takes the name as given (no SQL is built from it); names are validated identifiers.
+    registered = ["batch", *views]
     con.register("batch", batch)
+    for name, rows in views.items():
+        con.register(name, rows)
     try:
         return con.execute(sql).to_arrow_table()
     finally:
-        con.unregister("batch")
+        for name in registered:
+            con.unregister(name)
 
 
 def load_callable(path: str) -> Callable[[pa.Table], Any]:
@@ -90,10 +100,22 @@ def load_callable(path: str) -> Callable[[pa.Table], Any]:
     return fn
 
 
-def run_transform(derived: Derived, batch: pa.Table) -> pa.Table:
-    """The transform's output for ``batch`` (an Arrow table or record batch from Python, made a table)."""
+def reference_views(derived: Derived, references: Mapping[str, ReferenceData]) -> dict[str, pa.Table]:
+    """The reference views of ``derived`` (name → rows) from the batch's ``references`` (key → data)."""
+    views = {}
+    for name, key in derived.references:
+        data = references.get(key)
+        if data is None:
+            raise LookupError(f"reference {name} ({key}) was not shipped with the batch")
+        views[name] = reference_rows(data)
+    return views
+
+
+def run_transform(derived: Derived, batch: pa.Table, views: Mapping[str, pa.Table] | None = None) -> pa.Table:
+    """The transform's output for ``batch`` (an Arrow table or record batch from Python, made a table);
+    ``views``: the reference tables a SQL transform joins (`reference_views`)."""
     if derived.sql is not None:
-        return run_sql(derived.sql, batch)
+        return run_sql(derived.sql, batch, views)
     out = load_callable(derived.python)(batch)  # type: ignore[arg-type]
     if isinstance(out, pa.RecordBatch):
         out = pa.Table.from_batches([out])

@@ -14,7 +14,9 @@ files itself. It sends the driver only small facts, never the rows:
 - `DeadLetter`: a record that could not be read, decoded, routed or converted, with its reason
   and raw bytes;
 - `Truncate`: a TRUNCATE of a table at a Kafka position: the table's rows as of that point go;
-- `Skipped`: records that carry no row change on purpose (logical-decoding messages), counted.
+- `Skipped`: records that carry no row change on purpose (logical-decoding messages), counted;
+- `ChangedKeys`: for an input of a derived table kept by key (`lakestream.process.materialize`), the
+  key and derived-key columns of each change, with its op and Kafka position (Arrow IPC blob).
 
 All kinds travel in one Arrow schema (`REPORT_SCHEMA`); each column has one meaning, and each kind
 uses the columns its dataclass names.
@@ -30,8 +32,9 @@ import pyarrow as pa
 
 from lakestream.source.kafka import TP
 
-RANGE_END, DATA_FILE, ROW_LOCATIONS, TABLE_STATS, NEW_SHAPE, DEAD_LETTER, TRUNCATE, SKIPPED = (
-    "range_end", "data_file", "row_locations", "table_stats", "new_shape", "dead_letter", "truncate", "skipped")
+RANGE_END, DATA_FILE, ROW_LOCATIONS, TABLE_STATS, NEW_SHAPE, DEAD_LETTER, TRUNCATE, SKIPPED, CHANGED_KEYS = (
+    "range_end", "data_file", "row_locations", "table_stats", "new_shape", "dead_letter", "truncate", "skipped",
+    "changed_keys")
 
 REPORT_SCHEMA = pa.schema([
     ("kind", pa.string()),
@@ -46,7 +49,7 @@ REPORT_SCHEMA = pa.schema([
     ("partition_values", pa.string()),  # data_file: JSON list, Iceberg internal form
     ("task_file", pa.int32()),        # data_file: its number within the task (row_locations refer to it)
     ("task_id", pa.string()),         # data_file, row_locations: which task attempt wrote it
-    ("locations", pa.binary()),       # row_locations: Arrow IPC stream (see ROW_LOCATION_SCHEMA)
+    ("locations", pa.binary()),       # row_locations, changed_keys: Arrow IPC stream
     ("min_offset", pa.int64()),       # table_stats
     ("max_offset", pa.int64()),       # table_stats
     ("source_ts_max", pa.int64()),    # table_stats
@@ -196,7 +199,26 @@ class Skipped:
         return {"kind": SKIPPED, "error": self.reason, "record_count": self.count}
 
 
-Fact = RangeEnd | DataFileWritten | RowLocations | TableStats | NewShape | DeadLetter | Truncate | Skipped
+@dataclass(frozen=True)
+class ChangedKeys:
+    table: str
+    task_id: str
+    changes: pa.Table  # the reported columns plus _op, _topic, _partition, _offset, _withheld
+
+    def to_row(self) -> dict[str, Any]:
+        return {"kind": CHANGED_KEYS, "table": self.table, "task_id": self.task_id,
+                "locations": _ipc(self.changes)}
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+Fact = (RangeEnd | DataFileWritten | RowLocations | TableStats | NewShape | DeadLetter | Truncate | Skipped
+        | ChangedKeys)
 
 
 def to_batch(facts: Iterable[Fact]) -> pa.RecordBatch:
@@ -216,6 +238,7 @@ class TableReport:
     stats: list[TableStats] = field(default_factory=list)
     shapes: dict[str, NewShape] = field(default_factory=dict)
     truncates: dict[TP, int] = field(default_factory=dict)  # the last TRUNCATE offset per partition
+    changed_keys: list[pa.Table] = field(default_factory=list)  # ChangedKeys.changes, per task
 
     @property
     def count(self) -> int:
@@ -283,6 +306,9 @@ class BatchReport:
                 truncates = self.table(r["table"]).truncates
                 tp = TP(r["topic"], r["partition"])
                 truncates[tp] = max(truncates.get(tp, -1), r["offset"])
+            elif kind == CHANGED_KEYS:
+                with pa.ipc.open_stream(r["locations"]) as reader:
+                    self.table(r["table"]).changed_keys.append(reader.read_all())
             elif kind == SKIPPED:
                 self.skipped[r["error"]] = self.skipped.get(r["error"], 0) + r["record_count"]
             else:

@@ -27,8 +27,9 @@ from lakestream.decode.envelope import MESSAGE, TRUNCATE
 from lakestream.decode.records import DecodedRecord, RecordDecoder
 from lakestream.decode.vectorized import DecodedRun, RunDecoder
 from lakestream.errors import BadValue, DecodeError
+from lakestream.process.reference import ReferenceData
 from lakestream.process.transform import (
-    Derived, apply_isolating, fit_output, run_transform, with_meta,
+    Derived, apply_isolating, fit_output, reference_views, run_transform, with_meta,
 )
 from lakestream.sink import report as rp
 from lakestream.sink.convert import convert_rows
@@ -115,6 +116,10 @@ class WriteContext:
     # Called with every record read, before it is decoded (tests inject a failing record through it).
     record_hook: Callable[[Any], None] | None = None
     derived: dict[str, list[Derived]] = field(default_factory=dict)  # input table → its transforms
+    # Input table of a derived table kept by key → the columns to report of each change (ChangedKeys).
+    changed_keys: dict[str, list[str]] = field(default_factory=dict)
+    # Reference key → the reference table's data for this batch (a broadcast; see process.reference).
+    references: dict[str, ReferenceData] = field(default_factory=dict)
 
     def wanted(self, table: str) -> bool:
         """Whether this job reads ``table``'s changes: to write it, or to feed one of its transforms."""
@@ -573,15 +578,33 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
         facts.extend(shapes.values())
     for table, buf in pending.items():
         rows = TableWriter(buf.spec, task_id).finish(buf, facts, write=ctx.writes(table))
+        if rows is not None and ctx.writes(table) and table in ctx.changed_keys:
+            facts.append(rp.ChangedKeys(table, task_id, _changed_keys(rows, ctx.changed_keys[table])))
         for derived in ctx.derived.get(table, ()):
             if rows is not None and ctx.writes(derived.table) and derived.table in ctx.tables:
-                _run_derived(derived, ctx.tables[derived.table], rows, raw_runs, task_id, facts)
+                _run_derived(derived, ctx.tables[derived.table], rows, raw_runs, task_id, facts,
+                             reference_views(derived, ctx.references))
     facts.extend(rp.Skipped(reason, count) for reason, count in skipped.items())
     yield rp.to_batch(facts)
 
 
+def _changed_keys(rows: _Rows, columns: list[str]) -> pa.Table:
+    """``columns`` of every change (null where the table lacks one), its op and Kafka position, and
+    whether Debezium withheld one of those columns (an unchanged TOASTed value)."""
+    names = rows.table.column_names
+    n = rows.table.num_rows
+    wanted = set(columns)
+    out = {c: rows.table.column(c) if c in names else pa.nulls(n) for c in columns}
+    out["_op"] = pa.array(rows.ops, pa.string())
+    out["_topic"] = pa.array(rows.topics, pa.string())
+    out["_partition"] = pa.array(rows.partitions, pa.int64())
+    out["_offset"] = pa.array(rows.offsets, pa.int64())
+    out["_withheld"] = pa.array([bool(wanted.intersection(w)) for w in rows.withheld], pa.bool_())
+    return pa.table(out)
+
+
 def _run_derived(derived: Derived, spec: TableSpec, rows: _Rows, raw_runs: list[RecordRun], task_id: str,
-                 facts: list[rp.Fact]) -> None:
+                 facts: list[rp.Fact], views: dict[str, pa.Table] | None = None) -> None:
     """Run one transform over an input table's typed changes and append its output to ``spec``'s
     table; rows it fails on become dead letters. Changes the output table already holds are skipped."""
     fresh = np.array([o >= spec.committed.get(TP(t, int(p)), -1)
@@ -599,7 +622,7 @@ def _run_derived(derived: Derived, spec: TableSpec, rows: _Rows, raw_runs: list[
         "_kafka_offset": offsets, "_source_ts_ms": [None if np.isnan(v) else int(v) for v in source_ts],
         "_kafka_ts_ms": rows.kafka_ts[order]})
     schema = spec.arrow_schema()
-    outputs, failed = apply_isolating(lambda part: fit_output(run_transform(derived, part), schema), batch)
+    outputs, failed = apply_isolating(lambda part: fit_output(run_transform(derived, part, views), schema), batch)
     facts.extend(_stats(spec.name, topics, partitions, offsets, source_ts))
     if failed:
         raws = {(run.topic, run.partition, o): (run.keys[i], run.values[i], run.timestamps[i])

@@ -79,3 +79,24 @@ def test_transform_isolation_and_output_fitting():
     with pytest.raises(pa.ArrowInvalid):
         fit_output(pa.table({"x": [2**40]}), schema)
     assert arrow_ddl(pa.timestamp("us", tz="UTC")) == "timestamp" and arrow_ddl(pa.decimal128(38, 0)) == "decimal(38,0)"
+
+
+def test_touched_keys_follow_rows_between_derived_keys():
+    from lakestream.config import DerivedInputSettings
+    from lakestream.process.materialize import _Input, touched_keys
+
+    def changes(rows: list[tuple]) -> pa.Table:  # (id, user_id, op, offset, withheld)
+        return pa.table({"id": [r[0] for r in rows], "user_id": [r[1] for r in rows], "_op": [r[2] for r in rows],
+                         "_topic": ["t"] * len(rows), "_partition": [0] * len(rows), "_offset": [r[3] for r in rows],
+                         "_withheld": [r[4] for r in rows]})
+
+    subs = _Input(DerivedInputSettings(name="s", table="a.s", key="user_id"), "x", ["id"], owners={(1,): (10,)})
+    # subscription 1 moves from 10 to 20 then is deleted (its delete image has a default user_id 0);
+    # 2 is created for 30 then updated with its user_id withheld (TOAST); given out of Kafka order
+    got = touched_keys(subs, changes([(1, 0, "d", 5, False), (1, 20, "u", 3, False), (2, 30, "c", 4, False),
+                                      (2, None, "u", 6, True)]))
+    assert got == {(10,), (20,), (30,)} and subs.owners == {(2,): (30,)}
+    users = _Input(DerivedInputSettings(name="u", table="a.u", key="id"), "x", ["id"])
+    assert touched_keys(users, changes([(7, 0, "d", 1, False)])) == {(7,)}
+    events = _Input(DerivedInputSettings(name="e", table="a.e", key="user_id"), "x", [])
+    assert touched_keys(events, changes([(1, 40, "c", 1, False), (2, None, "c", 2, False)])) == {(40,)}
