@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -463,11 +463,10 @@ def _column_list(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
-class DerivedInputSettings(_Model):
-    """An input of a derived table: a table this pipeline writes (a mirror, usually), the view ``name``
-    the SQL reads it as, and the column(s) of its rows holding the derived table's key (``key``, one
-    per derived key column, in order): a row with key k contributes to the derived row k only."""
+class _KeyedTable(_Model):
+    """A ``name`` (an SQL view name), a two-part ``table`` and its ``key`` column(s), validated."""
 
+    _name_kind: ClassVar[str] = "name"
     name: str
     table: str
     key: list[str] = Field(min_length=1)
@@ -480,7 +479,7 @@ class DerivedInputSettings(_Model):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, value: str) -> str:
-        return validate_identifier(value, what="input name")
+        return validate_identifier(value, what=cls._name_kind)
 
     @field_validator("table")
     @classmethod
@@ -495,41 +494,25 @@ class DerivedInputSettings(_Model):
         return value
 
 
-class DerivedTableSettings(_Model):
+class DerivedInputSettings(_KeyedTable):
+    """An input of a derived table: a table this pipeline writes (a mirror, usually), the view ``name``
+    the SQL reads it as, and the column(s) of its rows holding the derived table's key (``key``, one
+    per derived key column, in order): a row with key k contributes to the derived row k only."""
+
+    _name_kind: ClassVar[str] = "input name"
+
+
+class DerivedTableSettings(_KeyedTable):
     """A table defined by SQL (Spark SQL) over several input tables, kept current by key: after each
     batch only the rows whose key a change in any input touched are recomputed and upserted (deleted
     when the SQL no longer returns the key). The SQL must return one row per ``key``."""
 
-    name: str
-    table: str
-    key: list[str] = Field(min_length=1)
+    _name_kind: ClassVar[str] = "derived table name"
     sql: str = Field(min_length=1)
     inputs: list[DerivedInputSettings] = Field(min_length=1)
     # Seconds between two upserts of this table (default: every batch that touches it). Touched keys
     # wait in memory meanwhile: a restart before the upsert recomputes the whole table.
     commit_interval_s: float | None = Field(default=None, ge=0)
-
-    @field_validator("key", mode="before")
-    @classmethod
-    def _as_list(cls, value: Any) -> Any:
-        return _column_list(value)
-
-    @field_validator("name")
-    @classmethod
-    def _valid_name(cls, value: str) -> str:
-        return validate_identifier(value, what="derived table name")
-
-    @field_validator("table")
-    @classmethod
-    def _two_part(cls, value: str) -> str:
-        return _two_part_name(value, "table")
-
-    @field_validator("key")
-    @classmethod
-    def _valid_columns(cls, value: list[str]) -> list[str]:
-        for column in value:
-            validate_identifier(column, what="key column")
-        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> DerivedTableSettings:
