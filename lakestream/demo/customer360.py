@@ -193,29 +193,28 @@ def _wait_until_current(spark: SparkSession, config: PipelineConfig, pipeline: _
     from lakestream.verify import verify_tables
 
     started = time.monotonic()
-    deadline = started + timeout
     catalog = config.catalog.name
     derived = config.derived_tables[0]
-    offsets = TableOffsets(spark)
-    while True:
-        pipeline.check()
-        if verify_tables(config, spark).ok:
-            break
-        if time.monotonic() > deadline:
-            raise LakestreamError(f"the mirrors differ from the source tables after {timeout:.0f}s; "
-                                  f"see {pipeline.log_path}")
-        time.sleep(2)
-    # The mirrors hold every change now; the derived table follows within its commit interval.
     target = quote_table(catalog, *derived.table.split("."))
     inputs = [quote_table(catalog, *i.table.split(".")) for i in derived.inputs]
+    offsets = TableOffsets(spark)
 
-    def reflects_inputs() -> bool:
+    def inputs_offsets() -> dict:
+        return {ident: offsets.load(ident, refresh=True) for ident in inputs}
+
+    while True:
+        pipeline.check()
+        # Cheap checks first (snapshot metadata): verify is a Spark job competing with the pipeline.
+        seen = inputs_offsets()
         mine = offsets.load(target, refresh=True)
-        return all(mine.get(tp, -1) >= off for ident in inputs for tp, off in offsets.load(ident, refresh=True).items())
-
-    _wait_for(reflects_inputs, pipeline, max(0.0, deadline - time.monotonic()) + 30,
-              f"commit of {derived.table} reflecting its inputs")
-    return time.monotonic() - started
+        if all(mine.get(tp, -1) >= off for per_input in seen.values() for tp, off in per_input.items()):
+            # customer_360 reflects the mirrors; done if they hold every source change and did not move meanwhile
+            if verify_tables(config, spark).ok and inputs_offsets() == seen:
+                return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise LakestreamError(f"{derived.table} did not catch up with the source tables within {timeout:.0f}s; "
+                                  f"see {pipeline.log_path}")
+        time.sleep(1)
 
 
 def _print_report(result: Customer360Result, top: int) -> None:

@@ -36,8 +36,11 @@ def test_customer360_example_matches_its_sql_from_scratch(stack, spark, service_
     # kept current by key on its interval, after one whole computation when it was created
     log = result.pipeline_log.read_text(errors="replace")
     assert "touched key(s) upserted" in log, log[-3000:]
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "customers by MRR:" in out and f"{derived.table}: {len(got)} customers" in out
     assert "[1/7]" not in out  # progress goes to stderr
+    print(captured.err.strip())
+    print("\n".join(line for line in log.splitlines() if "derived table" in line))
     print(f"customer360 example: {stats.changes} changes, {len(got)} customers, "
           f"{log.count('touched key(s) upserted')} upserts by key")
