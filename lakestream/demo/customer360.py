@@ -198,12 +198,19 @@ def _wait_until_current(spark: SparkSession, config: PipelineConfig, pipeline: _
     target = quote_table(catalog, *derived.table.split("."))
     inputs = [quote_table(catalog, *i.table.split(".")) for i in derived.inputs]
     offsets = TableOffsets(spark)
+    tables = [f"{catalog}.{t}" for t in [derived.table, *(i.table for i in derived.inputs)]]
 
     def inputs_offsets() -> dict:
         return {ident: offsets.load(ident, refresh=True) for ident in inputs}
 
     while True:
         pipeline.check()
+        if not all(spark.catalog.tableExists(t) for t in tables):
+            if time.monotonic() - started > timeout:
+                raise LakestreamError(f"{derived.table} or an input is still missing after {timeout:.0f}s; "
+                                      f"see {pipeline.log_path}")
+            time.sleep(1)
+            continue
         # Cheap checks first (snapshot metadata): verify is a Spark job competing with the pipeline.
         seen = inputs_offsets()
         mine = offsets.load(target, refresh=True)
