@@ -27,6 +27,7 @@ from lakestream.demo.subscriptions import SubscriptionsWorkload, SubscriptionSta
 from lakestream.errors import LakestreamError
 from lakestream.identifiers import quote_table
 from lakestream.sink.offsets import TableOffsets
+from lakestream.source.kafka import TP, KafkaCluster
 from lakestream.stack import Stack, StackInfo, StackSettings
 
 if TYPE_CHECKING:
@@ -197,31 +198,39 @@ def _wait_until_current(spark: SparkSession, config: PipelineConfig, pipeline: _
     derived = config.derived_tables[0]
     target = quote_table(catalog, *derived.table.split("."))
     inputs = [quote_table(catalog, *i.table.split(".")) for i in derived.inputs]
-    offsets = TableOffsets(spark)
     tables = [f"{catalog}.{t}" for t in [derived.table, *(i.table for i in derived.inputs)]]
+    offsets = TableOffsets(spark)
+    kafka = KafkaCluster(config.kafka)
+    last_verify = time.monotonic()
 
-    def inputs_offsets() -> dict:
+    def inputs_offsets() -> dict[str, dict[TP, int]]:
         return {ident: offsets.load(ident, refresh=True) for ident in inputs}
 
-    while True:
-        pipeline.check()
-        if not all(spark.catalog.tableExists(t) for t in tables):
-            if time.monotonic() - started > timeout:
-                raise LakestreamError(f"{derived.table} or an input is still missing after {timeout:.0f}s; "
-                                      f"see {pipeline.log_path}")
+    try:
+        while time.monotonic() - started < timeout:
+            pipeline.check()
             time.sleep(1)
-            continue
-        # Cheap checks first (snapshot metadata): verify is a Spark job competing with the pipeline.
-        seen = inputs_offsets()
-        mine = offsets.load(target, refresh=True)
-        if all(mine.get(tp, -1) >= off for per_input in seen.values() for tp, off in per_input.items()):
-            # customer_360 reflects the mirrors; done if they hold every source change and did not move meanwhile
+            if not all(spark.catalog.tableExists(t) for t in tables):
+                continue
+            # Cheap checks first (snapshot metadata, watermarks): verify is a Spark job competing with the pipeline.
+            seen = inputs_offsets()
+            consumed = {tp: off for per_input in seen.values() for tp, off in per_input.items()}
+            mine = offsets.load(target, refresh=True)
+            if any(mine.get(tp, -1) < off for tp, off in consumed.items()):
+                continue  # customer_360 does not reflect the mirrors yet
+            # Verify once the mirrors consumed their topics to the end, or every 10 s (a broker may under-report
+            # its high watermarks); done if the mirrors did not move meanwhile.
+            highs = kafka.watermarks(list(consumed))
+            at_end = all(off >= highs[tp][1] for tp, off in consumed.items())
+            if not at_end and time.monotonic() - last_verify < 10:
+                continue
+            last_verify = time.monotonic()
             if verify_tables(config, spark).ok and inputs_offsets() == seen:
                 return time.monotonic() - started
-        if time.monotonic() - started > timeout:
-            raise LakestreamError(f"{derived.table} did not catch up with the source tables within {timeout:.0f}s; "
-                                  f"see {pipeline.log_path}")
-        time.sleep(1)
+    finally:
+        kafka.close()
+    raise LakestreamError(f"{derived.table} did not catch up with the source tables within {timeout:.0f}s; "
+                          f"see {pipeline.log_path}")
 
 
 def _print_report(result: Customer360Result, top: int) -> None:

@@ -41,6 +41,7 @@ def test_customer360_example_matches_its_sql_from_scratch(stack, spark, service_
     assert "customers by MRR:" in out and f"{derived.table}: {len(got)} customers" in out
     assert "[1/7]" not in out  # progress goes to stderr
     print(captured.err.strip())
+    print(out)
     print("\n".join(line for line in log.splitlines() if "derived table" in line))
     print(f"customer360 example: {stats.changes} changes, {len(got)} customers, "
           f"{log.count('touched key(s) upserted')} upserts by key")
