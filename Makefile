@@ -1,4 +1,4 @@
-.PHONY: setup demo test chaos bench clean example-fraud example-iot
+.PHONY: setup demo test chaos bench clean example-fraud example-iot example-customer360
 VENV ?= .venv
 
 setup:
@@ -12,6 +12,9 @@ example-fraud: setup
 
 example-iot: setup
 	$(VENV)/bin/lakestream demo --pattern iot
+
+example-customer360: setup
+	$(VENV)/bin/lakestream demo --pattern customer360
 
 test: setup
 	$(VENV)/bin/python -m pytest -x -v --durations=15 tests

@@ -22,8 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--broker", choices=["noida", "tansu"], default=defaults.broker, help="(default: %(default)s)")
     parser.add_argument("--catchup-timeout", type=float, default=defaults.catchup_timeout_s,
                         help="seconds to wait for the lake to match after the workload (default: %(default)s)")
-    parser.add_argument("--pattern", choices=["shop", "fraud", "iot"], default="shop",
-                        help="shop: the CDC mirror demo; fraud: transactions → rules → alerts; iot: sensor readings → windows (default: %(default)s)")
+    parser.add_argument("--pattern", choices=["shop", "fraud", "iot", "customer360"], default="shop",
+                        help="shop: the CDC mirror demo; fraud: transactions → rules → alerts; iot: sensor readings → windows; "
+                             "customer360: users, subscriptions, usage → customer_360 (default: %(default)s)")
     parser.set_defaults(func=_demo)
 
 
@@ -39,6 +40,15 @@ def _demo(args: argparse.Namespace) -> int:
                               broker=args.broker, duration_s=duration, per_s=rate,
                               catchup_timeout_s=args.catchup_timeout)
         return 0 if run_fraud_demo(fraud).ok else 1
+    if args.pattern == "customer360":
+        from lakestream.demo.customer360 import Customer360Settings, run_customer360_demo
+
+        duration = args.duration if args.duration != DemoSettings().duration_s else Customer360Settings().duration_s
+        rate = args.rate if args.rate != DemoSettings().changes_per_s else Customer360Settings().per_s
+        c360 = Customer360Settings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
+                                   broker=args.broker, duration_s=duration, per_s=rate,
+                                   catchup_timeout_s=args.catchup_timeout)
+        return 0 if run_customer360_demo(c360).ok else 1
     if args.pattern == "iot":
         from lakestream.demo.iot import IotSettings, run_iot_demo
 
