@@ -44,7 +44,8 @@ def _env(name: str, default: float) -> float:
     return float(os.environ.get(f"LAKESTREAM_CHAOS_{name}", default))
 
 
-SHORT = Scale(kills=3, commit_kills=2, broker_outage_s=6, catalog_outage_s=3, rate=30, load_s=3)
+# Two kills: one random, one parked at a pause point drawn at random (the long run rotates through all three).
+SHORT = Scale(kills=2, commit_kills=1, broker_outage_s=6, catalog_outage_s=3, rate=30, load_s=3)
 
 
 def long_scale() -> Scale:
@@ -85,13 +86,14 @@ def test_sigkills_of_the_pipeline(chaos: ChaosEnv):
     load = chaos.load()
     try:
         commit_kills = 0
+        first_point = chaos.rng.randrange(len(POINTS))  # where the rotation through the pause points starts
         for i in range(scale.kills):
             # The first kill takes the running process as it is; then the commit kills are spread over
             # the run (kill i is one when their share so far is behind).
             in_commit = (i > 0 and commit_kills < scale.commit_kills
                          and commit_kills * scale.kills <= i * scale.commit_kills)
             if in_commit:
-                point = POINTS[commit_kills % len(POINTS)]
+                point = POINTS[(first_point + commit_kills) % len(POINTS)]
                 pipeline.start(pause_at=f"{point}:300")
                 pipeline.wait_for(lambda: f"{PAUSE_MARKER} {point}" in pipeline.log_text(), f"pause at {point}", 300)
                 pipeline.kill_group()

@@ -3,6 +3,8 @@ customer_360, upserted by key on its commit interval), its table checked against
 scratch over the mirrors, and the mirrors against the source tables."""
 from __future__ import annotations
 
+import pytest
+
 import uuid
 
 from lakestream.demo.customer360 import Customer360Settings, run_customer360_demo
@@ -14,6 +16,7 @@ def _by_key(rows: list[dict]) -> dict[int, tuple]:
     return out
 
 
+@pytest.mark.examples  # `make test-examples`; derived tables are covered in make test by tests/process/test_derived_tables.py
 def test_customer360_example_matches_its_sql_from_scratch(stack, spark, service_dir_factory, capsys):
     uid = uuid.uuid4().hex[:6]
     settings = Customer360Settings(state_dir=service_dir_factory("c360"), duration_s=12, per_s=12, seed=11,
