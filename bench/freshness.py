@@ -78,6 +78,8 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--schemas", choices=["on", "off"], default="on")
     parser.add_argument("--commit-interval", type=float, default=0.0)
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="engine.overlap_commits: false (each batch's job waits for the previous commit)")
     args = parser.parse_args()
     quiet_logs()
     summary = {"bench": "freshness", "load_start": machine_load(), "params": vars(args)}
@@ -86,7 +88,8 @@ def main() -> int:
         events = [DebeziumEvents("lsfresh", f"t{i:02d}", schemas=args.schemas == "on") for i in range(args.tables)]
         config = to_config(pipeline_data(info, state_dir, "fresh", [
             {"topic_pattern": r"lsfresh\.public\..*", "mode": "upsert", "namespace": "fresh", "table": "{table}"}],
-            engine={"commit_interval_s": args.commit_interval, "topic_refresh_s": 5}))
+            engine={"commit_interval_s": args.commit_interval, "topic_refresh_s": 5,
+                    "overlap_commits": not args.no_overlap}))
         spark = session_for(config)
         spark.sql("SELECT 1").collect()
         # Tables exist before the clock starts (creating 10 tables is the fan-out benchmark's job).
