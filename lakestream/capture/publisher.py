@@ -107,7 +107,7 @@ class KafkaPublishingHandler:
     def publish(self, packed: Any, records: int) -> None:
         """Produce one packed batch (a Java byte[]) and wait for Kafka to acknowledge all of it."""
         try:
-            self.publish_records(unpack_batch(memoryview(packed)), expected=int(records))
+            self.publish_records(unpack_batch(packed), expected=int(records))
         except CaptureError:
             raise
         except Exception as exc:  # noqa: BLE001 — anything else is a bug to report, never a silent skip

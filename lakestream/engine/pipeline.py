@@ -809,8 +809,8 @@ class Pipeline:
         self._culprits = set()
         isolations_before = self.isolations
         self._conflicts, self._retries = [], []
-        self.refresh_references()
-        if report is None:
+        if report is None:  # a prefetched job refreshed the references just before it started
+            self.refresh_references()
             report = self.write_isolating(ranges)
         jobs = 1
         new_shapes = {name: list(tr.shapes.values()) for name, tr in report.tables.items() if tr.shapes}
@@ -838,9 +838,7 @@ class Pipeline:
                                           f"{sorted(tr.shapes)}")
                 report.tables[name] = tr
             report.dead_letters.extend(second.dead_letters)
-        watermarks = self.watermarks
-        self._start_prefetch(report, started)
-        self.watermarks = watermarks
+        self._start_prefetch(report, started)  # plans without touching self.watermarks
         if self.alerts is not None:
             self.alerts.run(report)
         if self.windows is not None:
