@@ -20,11 +20,11 @@ from psycopg2 import sql as pgsql
 
 from lakestream.capture.process import CaptureProcess
 from lakestream.config import PipelineConfig, parse_config
-from lakestream.demo.runner import _PipelineProcess, _Step, _wait_for_first_commit
+from lakestream.demo.runner import _PipelineProcess, _Step, _wait_for_first_commit, example_stack, write_private_yaml
 from lakestream.demo.transactions import TransactionsWorkload
 from lakestream.errors import LakestreamError
 from lakestream.identifiers import quote, quote_table
-from lakestream.stack import Stack, StackInfo, StackSettings
+from lakestream.stack import StackInfo, StackSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -122,21 +122,14 @@ def run_fraud_demo(settings: FraudSettings, info: StackInfo | None = None,
     step = _Step(total=7)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     state_dir = Path(settings.state_dir).expanduser().resolve()
-    if info is None:
-        step(f"starting the local stack (PostgreSQL :{settings.pg_port}, broker :{settings.kafka_port})")
-        info = Stack(StackSettings(state_dir=state_dir, pg_port=settings.pg_port, kafka_port=settings.kafka_port,
-                                   broker=settings.broker)).up()
-    else:
-        step("using the running stack")
+    info = example_stack(settings, state_dir, info, step)
     prefix = f"fraud{int(time.time() * 1000) % 10**10}"
     work = state_dir / prefix
     work.mkdir(parents=True, exist_ok=True)
     data = fraud_config_data(settings, info, prefix)
     config = parse_config(data, str(settings.example))
     yaml_path = work / "pipeline.yaml"
-    fd = os.open(yaml_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds the stack's credentials
-    with os.fdopen(fd, "w") as fh:
-        yaml.safe_dump(data, fh, sort_keys=False)
+    write_private_yaml(yaml_path, data)
 
     step(f"resetting database {settings.dbname} and the lake namespace {settings.namespace}")
     _reset_database(info, settings.dbname)

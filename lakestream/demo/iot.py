@@ -16,12 +16,12 @@ import yaml
 
 from lakestream.config import PipelineConfig, parse_config
 from lakestream.demo.fraud import _drop_namespace_tables
-from lakestream.demo.runner import _Step
+from lakestream.demo.runner import _Step, example_stack, write_private_yaml
 from lakestream.demo.sensors import SensorProducer
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import LakestreamError
 from lakestream.identifiers import quote_table
-from lakestream.stack import Stack, StackInfo, StackSettings
+from lakestream.stack import StackInfo, StackSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -80,20 +80,13 @@ def run_iot_demo(settings: IotSettings, info: StackInfo | None = None, spark: Sp
     step = _Step(total=5)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     state_dir = Path(settings.state_dir).expanduser().resolve()
-    if info is None:
-        step(f"starting the local stack (PostgreSQL :{settings.pg_port}, broker :{settings.kafka_port})")
-        info = Stack(StackSettings(state_dir=state_dir, pg_port=settings.pg_port, kafka_port=settings.kafka_port,
-                                   broker=settings.broker)).up()
-    else:
-        step("using the running stack")
+    info = example_stack(settings, state_dir, info, step)
     topic = f"iot_readings_{int(time.time() * 1000) % 10**10}"
     data = iot_config_data(settings, info, topic)
     config = parse_config(data, str(settings.example))
     work = state_dir / topic
     work.mkdir(parents=True, exist_ok=True)
-    fd = os.open(work / "pipeline.yaml", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds credentials
-    with os.fdopen(fd, "w") as fh:
-        yaml.safe_dump(data, fh, sort_keys=False)
+    write_private_yaml(work / "pipeline.yaml", data)
     own_spark = spark is None
     if spark is None:
         from lakestream.spark import session_for

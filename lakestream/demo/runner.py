@@ -209,6 +209,24 @@ def _write_pipeline_yaml(path: Path, info: StackInfo, state_dir: Path, prefix: s
         yaml.safe_dump(_config_data(info, state_dir, prefix, group), fh, sort_keys=False)
 
 
+def write_private_yaml(path: Path, data: dict[str, Any]) -> None:
+    """Write a pipeline config that holds the stack's credentials: readable by its owner only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        yaml.safe_dump(data, fh, sort_keys=False)
+
+
+def example_stack(settings: Any, state_dir: Path, info: StackInfo | None, step: _Step) -> StackInfo:
+    """The stack an example runs on: ``info`` when given, else the local stack started from ``settings``
+    (pg_port, kafka_port, broker)."""
+    if info is not None:
+        step("using the running stack")
+        return info
+    step(f"starting the local stack (PostgreSQL :{settings.pg_port}, broker :{settings.kafka_port})")
+    return Stack(StackSettings(state_dir=state_dir, pg_port=settings.pg_port, kafka_port=settings.kafka_port,
+                               broker=settings.broker)).up()
+
+
 # -- reset -----------------------------------------------------------------------------------------
 
 
