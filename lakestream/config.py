@@ -212,6 +212,10 @@ class TransformSettings(_Model):
     layout: TableLayout = Field(default_factory=TableLayout)
     # Reference tables the SQL joins, each a DuckDB view (enrichment); `reference:` takes one.
     references: list[ReferenceSettings] = Field(default_factory=list)
+    # How often the output table commits, if less often than its stream reads (default: with every
+    # read). Its files wait uncommitted meanwhile; its stored offsets (where a restart reads from)
+    # stay where its last commit left them, so nothing is lost in a crash.
+    commit_interval_s: float | None = Field(default=None, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -718,6 +722,18 @@ class PipelineConfig(_Model):
     windows: list[WindowSettings] = Field(default_factory=list)
     derived_tables: list[DerivedTableSettings] = Field(default_factory=list)
     state_dir: str = ".lakestream"
+
+    @model_validator(mode="after")
+    def _output_cadence(self) -> PipelineConfig:
+        for i, stream in enumerate(self.streams):
+            reads = self.commit_interval(stream)
+            for j, t in enumerate(stream.transforms):
+                if t.commit_interval_s is not None and t.commit_interval_s < reads:
+                    raise ValueError(
+                        f"streams[{i}].transforms[{j}].commit_interval_s ({t.commit_interval_s:g}) is shorter than "
+                        f"the stream's commit interval ({reads:g} s), and the stream's topics are read only that "
+                        f"often — fix: raise it to at least {reads:g}, or lower streams[{i}].commit_interval_s")
+        return self
 
     @model_validator(mode="after")
     def _avro_needs_registry(self) -> PipelineConfig:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lakestream.config import PipelineConfig, StreamSettings
+from lakestream.engine.cadence import Cadence
 from lakestream.engine.freshness import mixture_quantiles
 from lakestream.errors import ConfigError, DecodeError, LakestreamError, is_infrastructure_failure
 from lakestream.identifiers import validate_identifier
@@ -84,6 +85,7 @@ class BatchResult:
     skipped: dict[str, int] = field(default_factory=dict)  # reason → records skipped on purpose (no row change)
     truncated: list[str] = field(default_factory=list)  # tables a source TRUNCATE emptied in this batch
     overlapped: bool = False  # this batch's write job ran while the previous batch committed
+    held: dict[str, int] = field(default_factory=dict)  # table → records written but held for its own cadence
 
     def progress_line(self) -> str:
         rate = self.records / self.seconds if self.seconds > 0 else 0.0
@@ -93,7 +95,8 @@ class BatchResult:
                 f"{self.seconds:.2f}s (read+write {self.read_seconds:.2f}s, "
                 f"{self.jobs} job(s){', overlapped' if self.overlapped else ''}), {rate:,.0f} rec/s, lag {lag}"
                 + (f", truncated {', '.join(self.truncated)}" if self.truncated else "")
-                + (f", skipped {sum(self.skipped.values()):,}" if self.skipped else ""))
+                + (f", skipped {sum(self.skipped.values()):,}" if self.skipped else "")
+                + (f", held {sum(self.held.values()):,} for later commits" if self.held else ""))
 
 
 class Pipeline:
@@ -148,11 +151,20 @@ class Pipeline:
         self.materialize: MaterializeStage | None = None
         if config.derived_tables:
             self.materialize = MaterializeStage(self)
+        self.cadence = Cadence()  # output tables that commit less often than their stream is read
+        self._committed_source_ts: dict[str, int] = {}
+        self._in_batch = False  # a batch started and did not finish (then close() commits nothing held)
 
     def close(self) -> None:
         self._discard_prefetch()
         if self._prefetch_pool is not None:
             self._prefetch_pool.shutdown(wait=True)
+        if self.cadence.held and not self._in_batch:
+            try:
+                self.commit_held(force=True)
+            except Exception as exc:  # noqa: BLE001 — nothing is lost: a restart reads them again
+                log.warning("could not commit the held files of %s at close (%s); the next start writes them "
+                            "again", ", ".join(sorted(self.cadence.held)), _first_line(exc))
         if self.materialize is not None:
             self.materialize.flush()
         self.kafka.close()
@@ -306,7 +318,13 @@ class Pipeline:
         if str(name) not in self.specs:
             # Known before the first batch, so its tasks write it at once (shapes are checked in the task).
             self.prepare_table(str(name), [], stream, topic=tp.topic)
-        return self.offsets.load(self.tables.ident(name.namespace, name.table)).get(tp, log_start)
+        start = self.offsets.load(self.tables.ident(name.namespace, name.table)).get(tp, log_start)
+        for d in self.derived.get(str(name), ()):
+            if self.cadence.holds(d.table):
+                # It may have committed less of this partition than its input: read from there, and the
+                # input skips what it holds already.
+                start = min(start, self.specs[d.table].committed.get(tp, log_start))
+        return start
 
     # -- reading and writing: one Spark job --------------------------------------------------
     def write_context(self, only_tables: frozenset[str] | None = None, copy_specs: bool = False) -> WriteContext:
@@ -315,7 +333,8 @@ class Pipeline:
         specs = {name: copy.copy(spec) for name, spec in self.specs.items()} if copy_specs else dict(self.specs)
         return WriteContext(self.config.kafka.consumer_config(), self.router, specs, only_tables, self.record_hook,
                             derived=dict(self.derived), schema_registry=self.schema_registry,
-                            references=dict(self._reference_data), changed_keys=self._reported_columns())
+                            references=dict(self._reference_data), changed_keys=self._reported_columns(),
+                            held_outputs=frozenset(self.cadence.intervals))
 
     def write_files(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None = None,
                     into: BatchReport | None = None, ctx: WriteContext | None = None) -> BatchReport:
@@ -558,6 +577,8 @@ class Pipeline:
                 self._reference_data[data.key] = data
                 refs.append((ref.name, data.key))
             d = Derived(t.name, str(out), t.sql, t.python, where, tuple(refs))
+            if t.commit_interval_s is not None and t.commit_interval_s > self.config.commit_interval(stream):
+                self.cadence.set_interval(str(out), t.commit_interval_s)
             try:
                 views = reference_views(d, self._reference_data)
                 schema = run_transform(d, empty_input(self.specs[name].arrow_schema()), views).schema
@@ -680,23 +701,40 @@ class Pipeline:
     def commit_tables(self, report: BatchReport, ranges: list[OffsetRange] | None = None) -> dict[str, TableCommit]:
         """Commit every table of the batch; tables are independent, so several commit at once. With
         the batch's ``ranges``, a table whose commit fails for a reason other than infrastructure is
-        written and committed again in halves of the ranges until the record that fails it is alone."""
+        written and committed again in halves of the ranges until the record that fails it is alone.
+        A table with a cadence of its own (`lakestream.engine.cadence`) adds its part to what it holds,
+        and commits all it holds when its interval is due."""
         ends = {tp: end.next_offset for tp, end in report.ends.items()}
-        todo = [(name, tr) for name, tr in sorted(report.tables.items()) if tr.count > 0]
+        closed = None if ranges is None else [
+            OffsetRange(r.topic, r.partition, r.start, min(ends[r.tp], r.end or ends[r.tp]), r.limit)
+            for r in ranges if r.tp in ends]
+        now = self.clock()
+        todo: list[tuple[str, TableReport, dict[TP, int], list[OffsetRange] | None]] = []
+        hold: list[tuple[str, TableReport]] = []
+        for name, tr in sorted(report.tables.items()):
+            if tr.count <= 0:
+                continue
+            if not self.cadence.holds(name):
+                todo.append((name, tr, ends, closed))
+            elif self.cadence.due(name, now):
+                self.cadence.add(name, tr, ends, closed or [], now)
+            else:
+                hold.append((name, tr))
+        todo += self._due_held(now, force=False)
 
-        def commit(name: str, tr: TableReport) -> str | None:
+        def commit(name: str, tr: TableReport, ends: dict[TP, int], closed: list[OffsetRange] | None
+                   ) -> TableCommit | None:
             try:
                 return self.commit_table(name, tr, ends)
             except Exception as exc:  # noqa: BLE001 — classified just below
-                if ranges is None or is_infrastructure_failure(exc):
+                if closed is None or is_infrastructure_failure(exc):
                     raise
                 log.warning("table %s: commit failed, isolating the record(s) that make it fail: %s", name,
                             _first_line(exc))
                 _delete_quietly([f.path for f in tr.files])
                 fed = set(tr.tp_offsets())
-                closed = [OffsetRange(r.topic, r.partition, r.start, min(ends[r.tp], r.end or ends[r.tp]), r.limit)
-                          for r in _without(ranges, self._culprits) if r.tp in fed and r.tp in ends]
-                return self._bisect_commit(name, closed, report, exc)
+                return self._bisect_commit(name, [r for r in _without(closed, self._culprits) if r.tp in fed],
+                                           report, exc)
 
         # Alerts commit first, then transform outputs, then their input tables: a restart reads from the
         # input's offsets, which are then never past a derived table's (each skips what it already holds),
@@ -709,11 +747,39 @@ class Pipeline:
         for phase in phases:
             workers = min(self.config.engine.table_write_parallelism, len(phase))
             if workers <= 1:
-                kinds = [commit(name, tr) for name, tr in phase]
+                kinds = [commit(*item) for item in phase]
             else:
                 with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-commit") as pool:
                     kinds = list(pool.map(lambda item: commit(*item), phase))
-            done.update({name: kind for (name, _), kind in zip(phase, kinds) if kind is not None})
+            done.update({item[0]: kind for item, kind in zip(phase, kinds) if kind is not None})
+        # The newest source change each commit carries (a held table's from all the batches it held).
+        self._committed_source_ts = {item[0]: ts for item in todo if (ts := item[1].max_source_ts) is not None}
+        # Held only now that every commit before them succeeded: what a table holds is always safe to
+        # commit (for a rule's source: the alerts of its records are committed).
+        for name, tr in hold:
+            self.cadence.add(name, tr, ends, closed or [], now)
+        return done
+
+    def _due_held(self, now: float, force: bool
+                  ) -> list[tuple[str, TableReport, dict[TP, int], list[OffsetRange] | None]]:
+        """The held tables whose interval is due (all of them with ``force``), taken for their commit."""
+        out = []
+        for name in sorted(self.cadence.held) if force else self.cadence.due_tables(now):
+            held = self.cadence.take(name, now)
+            if held is not None and held.report.count > 0:
+                out.append((name, held.report, held.ends, held.ranges))
+        return out
+
+    def commit_held(self, force: bool = False) -> dict[str, TableCommit]:
+        """Commit the held tables that are due (all with ``force``), outside a batch: while the stream is
+        idle, and at close."""
+        done: dict[str, TableCommit] = {}
+        for name, tr, ends, _ in self._due_held(self.clock(), force):
+            kind = self.commit_table(name, tr, ends)
+            if kind is not None:
+                done[name] = kind
+        if done:
+            log.info("committed held file(s) of %s", ", ".join(f"{n} ({c.changes:,} rows)" for n, c in done.items()))
         return done
 
     def _bisect_commit(self, name: str, ranges: list[OffsetRange], report: BatchReport,
@@ -791,6 +857,7 @@ class Pipeline:
     def run_batch(self) -> BatchResult | None:
         """Plan, read and write, commit, advance. None when there was nothing to read."""
         started = time.monotonic()
+        self._in_batch = True
         report: BatchReport | None = None
         prefetched = self._take_prefetch()
         overlapped = prefetched is not None and prefetched[1] is not None
@@ -799,8 +866,11 @@ class Pipeline:
         else:
             ranges = self.plan_batch()
         if not ranges:
+            if self.cadence.held:
+                self.commit_held()  # tables whose own interval passed while their stream was idle
             if self.materialize is not None:
                 self.materialize.upsert_due()  # derived tables whose commit interval passed while idle
+            self._in_batch = False
             return None
         if not self._batch_id_recovered:
             self.batch_id = max(self.batch_id, self.recover_batch_id())
@@ -857,7 +927,8 @@ class Pipeline:
             else:
                 self.maybe_more.add(tp)
         pause_point("commit.group.before")
-        self.kafka.commit({tp: self.positions[tp] for tp in report.ends})
+        floor = self.cadence.floor({t: self.specs[t].committed for t in self.cadence.held}) if self.cadence.held else {}
+        self.kafka.commit({tp: min(self.positions[tp], floor.get(tp, self.positions[tp])) for tp in report.ends})
         lag = consumer_lag({tp: high for tp, (_, high) in self.watermarks.items()}, self.positions)
         changes = sum(tr.count for tr in report.tables.values())
         groups = [(s.count, s.source_ts_q, s.source_ts_min, s.source_ts_max)
@@ -865,17 +936,18 @@ class Pipeline:
         retries: dict[str, int] = {}
         for name in self._retries:
             retries[name] = retries.get(name, 0) + 1
+        self._in_batch = False
         return BatchResult(
             self.batch_id, changes + len(report.dead_letters), changes, {n: c.kind for n, c in committed.items()},
             sum(dead.values()), time.monotonic() - started, read_seconds, lag, commit_ts_ms,
             _combine_quantiles(groups), advanced, jobs,
             table_records={name: tr.count for name, tr in report.tables.items() if tr.count},
             table_changes={n: c.changes for n, c in committed.items()},
-            table_source_ts_ms={n: ts for n in committed if (ts := report.tables[n].max_source_ts) is not None},
+            table_source_ts_ms={n: ts for n, ts in self._committed_source_ts.items() if n in committed},
             table_lag=self.table_lag(), dead_letter_kinds=dead, commit_conflicts=list(self._conflicts),
             commit_retries=retries, isolated=self.isolations - isolations_before, skipped=dict(report.skipped),
             truncated=sorted(n for n, tr in report.tables.items() if tr.truncates and n in committed),
-            overlapped=overlapped)
+            overlapped=overlapped, held=self.cadence.records())
 
     def table_lag(self) -> dict[str, int]:
         """Per table read in this batch: records in Kafka beyond the offsets the table stored."""
@@ -974,4 +1046,5 @@ def describe_batch(result: BatchResult) -> dict[str, Any]:
             "table_records": result.table_records, "table_changes": result.table_changes,
             "table_lag": result.table_lag, "dead_letter_kinds": result.dead_letter_kinds,
             "commit_conflicts": [list(c) for c in result.commit_conflicts], "commit_retries": result.commit_retries,
-            "skipped": result.skipped, "truncated": result.truncated, "overlapped": result.overlapped}
+            "skipped": result.skipped, "truncated": result.truncated, "overlapped": result.overlapped,
+            "held": result.held}

@@ -120,6 +120,18 @@ class WriteContext:
     changed_keys: dict[str, list[str]] = field(default_factory=dict)
     # Reference key → the reference table's data for this batch (a broadcast; see process.reference).
     references: dict[str, ReferenceData] = field(default_factory=dict)
+    # Transform outputs that commit at their own cadence (lakestream.engine.cadence): they may lag their
+    # input, so the input's records they lack are read again to feed them, and not written again.
+    held_outputs: frozenset[str] = frozenset()
+
+    def replay_from(self, table: str, tp: TP, committed: int) -> int:
+        """The first offset of ``tp`` to read for ``table``: its own stored offset (``committed``), or a
+        lagging held output's, lower."""
+        for d in self.derived.get(table, ()):
+            out = self.tables.get(d.table)
+            if d.table in self.held_outputs and out is not None and self.writes(d.table):
+                committed = min(committed, out.committed.get(tp, -1))
+        return committed
 
     def wanted(self, table: str) -> bool:
         """Whether this job reads ``table``'s changes: to write it, or to feed one of its transforms."""
@@ -447,6 +459,7 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
     runs = RunDecoder()
     facts: list[rp.Fact] = []
     pending: dict[str, _Pending] = {}
+    replay: dict[str, _Pending] = {}  # changes a table holds already, read again for its lagging outputs
     deferred: dict[str, dict[str, rp.NewShape]] = {}
     topic_tables: dict[str, str | None] = {}
     skipped: dict[str, int] = {}
@@ -509,7 +522,15 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
                                                [(n, t.ddl) for n, t in zip(cols.names, cols.types)],
                                                change.key_columns, cols.inferred, _defaults_json(cols))
             return change
-        if rec.offset < spec.committed.get(TP(rec.topic, rec.partition), -1):
+        tp = TP(rec.topic, rec.partition)
+        committed = spec.committed.get(tp, -1)
+        if rec.offset < committed:
+            if ctx.held_outputs and rec.offset >= ctx.replay_from(table, tp, committed):
+                buf = replay.get(table)
+                if buf is None:
+                    buf = replay[table] = _Pending(spec)
+                buf.add(rec, change)
+                return change
             return None  # the table already holds it (a replay after a restart)
         buf = pending.get(table)
         if buf is None:
@@ -535,8 +556,9 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
         first = one_by_one(changes.record(0))
         spec = ctx.tables.get(table)
         committed = spec.committed.get(TP(topic, partition), -1) if spec is not None else -1
-        rest = changes.tail(max(1, bisect.bisect_left(changes.offsets, committed)))
-        if first is None or not len(rest):
+        start = ctx.replay_from(table, TP(topic, partition), committed) if ctx.held_outputs else committed
+        rest = changes.tail(max(1, bisect.bisect_left(changes.offsets, start)))
+        if first is None or not len(rest) or rest.offsets[0] < committed:  # replayed records go one by one
             for i in range(len(rest)):
                 one_by_one(rest.record(i))
             return
@@ -575,7 +597,15 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
         vectorized(item)
     for table, shapes in deferred.items():
         pending.pop(table, None)
+        replay.pop(table, None)
         facts.extend(shapes.values())
+    for table, buf in replay.items():
+        rows = TableWriter(buf.spec, task_id).finish(buf, facts, write=False)
+        for derived in ctx.derived.get(table, ()):
+            if rows is not None and derived.table in ctx.held_outputs and ctx.writes(derived.table) \
+                    and derived.table in ctx.tables:
+                _run_derived(derived, ctx.tables[derived.table], rows, raw_runs, task_id, facts,
+                             reference_views(derived, ctx.references))
     for table, buf in pending.items():
         rows = TableWriter(buf.spec, task_id).finish(buf, facts, write=ctx.writes(table))
         if rows is not None and ctx.writes(table) and table in ctx.changed_keys:
