@@ -126,8 +126,11 @@ def main() -> int:
         fresh = freshness(results, started_ms)
         changes = counts["c"] + counts["u"] + counts["d"]
         batch_s = sorted(r.seconds for r in results)
+        job_s = sorted(r.read_seconds for r in results)  # plan + write job (+ alerts, windows): before the commits
         summary.update({"changes": changes, "offered_changes_per_s": round(changes / counts["seconds"]),
                         "batches": len(results), "batch_median_s": round(batch_s[len(batch_s) // 2], 2) if batch_s else None,
+                        "job_median_s": round(job_s[len(job_s) // 2], 2) if job_s else None,
+                        "overlapped": sum(r.overlapped for r in results),
                         **fresh, "load_end": machine_load()})
         say(f"{changes:,} changes over {args.tables} tables at {summary['offered_changes_per_s']:,}/s for "
             f"{counts['seconds']:.0f}s: {len(results)} batches (median {summary['batch_median_s']}s), "
