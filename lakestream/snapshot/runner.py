@@ -295,16 +295,20 @@ def _load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot
         queue = list(todo)
         finished: dict[str, list[ChunkResult]] = defaultdict(list)
         try:
-            while queue or pending:
+            def top_up() -> None:
                 while queue and len(pending) < workers:
                     w, chunk = queue.pop(0)
                     if w.progress.started is None:
                         w.progress.started = time.monotonic()
                     pending.add(pool.submit(run_chunk, w, chunk))
+
+            while queue or pending:
+                top_up()
                 done, pending = wait(pending, timeout=progress_interval_s, return_when=FIRST_COMPLETED)
                 for future in done:
                     result = future.result()
                     finished[result.table].append(result)
+                top_up()  # the freed task slots read the next chunks while the driver commits these
                 for table, results in list(finished.items()):
                     if results:
                         commit(work[table], results)
