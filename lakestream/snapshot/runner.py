@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 STATE_PROPERTY = "lakestream.snapshot"
 # Test hook: SIGKILL this process right after that many chunk commits (a crash mid-snapshot).
 KILL_AFTER_CHUNKS_ENV = "LAKESTREAM_SNAPSHOT_KILL_AFTER_CHUNKS"
+# Finished chunks are committed together at most this often (a crash redoes at most this much work).
+COMMIT_EVERY_S = 5.0
 
 
 class SnapshotError(LakestreamError):
@@ -289,7 +291,7 @@ def _load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot
                 raise SnapshotError(message.split(marker, 1)[1].splitlines()[0]) from None
             raise
 
-    last_report = time.monotonic()
+    last_report = last_commit = time.monotonic()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="snapshot-chunk") as pool:
         pending = set()
         queue = list(todo)
@@ -309,8 +311,12 @@ def _load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot
                     result = future.result()
                     finished[result.table].append(result)
                 top_up()  # the freed task slots read the next chunks while the driver commits these
-                for table, results in list(finished.items()):
+                # Finished chunks commit together at most every COMMIT_EVERY_S (each commit costs the driver
+                # about half a second of CPU the tasks would rather have), and at the end.
+                due = time.monotonic() - last_commit >= COMMIT_EVERY_S or not (queue or pending) or kill_after
+                for table, results in list(finished.items()) if due else ():
                     if results:
+                        last_commit = time.monotonic()
                         commit(work[table], results)
                         committed += len(results)
                         finished[table] = []

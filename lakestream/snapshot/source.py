@@ -168,13 +168,15 @@ def plan_chunks(conn: Any, source: SourceTable, chunk_rows: int) -> ChunkPlan:
             low, high, count = cur.fetchone()
             if not count:
                 return ChunkPlan(source.name, [Chunk(source.name, 0, None, None)])
-            pieces = max(1, -(-int(count) // chunk_rows))
+            # Rounded, not up: a few rows over a multiple of chunk_rows (writes since the count) must not
+            # add a chunk that then runs alone at the end, on one of the task slots.
+            pieces = max(1, round(int(count) / chunk_rows))
             step = max(1, -(-(int(high) - int(low) + 1) // pieces))
             bounds = list(range(int(low) + step, int(high) + 1, step))
             values = [[b] for b in bounds]
         else:
             estimated = max(source.estimated_rows, 1)
-            pieces = max(1, -(-estimated // chunk_rows))
+            pieces = max(1, round(estimated / chunk_rows))
             if pieces == 1:
                 return ChunkPlan(source.name, [Chunk(source.name, 0, None, None)])
             percent = min(100.0, max(0.01, 100.0 * pieces * 50 / estimated))

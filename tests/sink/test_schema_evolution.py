@@ -107,3 +107,25 @@ def test_incompatible_change_dead_letters_and_pipeline_keeps_going(src, spark):
     src.sync({"evo_other": other_before + 3, "evo_new": 3})
     assert _rows(spark, src.table("evo_other"))[4]["v"] == "d"
     verify_ok(src, spark, ["evo_other", "evo_new"])
+
+
+def test_parse_type_fast_path_equals_sparks_parser(spark):
+    """Primitive DDL types are parsed without the JVM; each equals what Spark's own parser returns."""
+    from pyspark.sql.types import _parse_datatype_string
+
+    from lakestream.sink.schema import parse_type
+
+    for ddl in ["int", "INTEGER", "bigint", "long", "smallint", "short", "tinyint", "byte", "string", "boolean",
+                "double", "float", "real", "date", "timestamp", "timestamp_ntz", "binary", "decimal(10,2)",
+                "DECIMAL(38, 0)", " decimal(5,5) ", "array<int>", "struct<a:int,b:string>", "map<string,bigint>"]:
+        parse_type.cache_clear()
+        assert parse_type(ddl) == _parse_datatype_string(ddl), ddl
+    for bad in ["decimal(39,2)", "decimal(5,6)", "nosuchtype"]:
+        parse_type.cache_clear()
+        try:
+            want = _parse_datatype_string(bad)
+        except Exception as exc:  # noqa: BLE001 — Spark's own error type
+            with pytest.raises(type(exc)):
+                parse_type(bad)
+        else:
+            assert parse_type(bad) == want, bad
