@@ -121,8 +121,12 @@ def read_runs(
     conf = dict(consumer_conf)
     # Bigger fetches than librdkafka's defaults (1 MB per partition): a range is read to its end at
     # once, and schemas-on Debezium messages are ~5 KB each. Settings the user gave win.
+    # receive.message.max.bytes: a broker may answer beyond fetch.max.bytes — Kafka itself with a record
+    # batch larger than it, noida-db with the rest of a large backlog (~200 MB seen after a 1M-row
+    # Debezium snapshot, STACK.md). Over librdkafka's 100 MB default the fetch fails and is retried
+    # forever: the read stalls.
     for key, value in (("fetch.max.bytes", 64 * 1024 * 1024), ("max.partition.fetch.bytes", 16 * 1024 * 1024),
-                       ("queued.max.messages.kbytes", 256 * 1024)):
+                       ("queued.max.messages.kbytes", 256 * 1024), ("receive.message.max.bytes", 1 << 30)):
         conf.setdefault(key, value)
     conf.update({
         "enable.partition.eof": True,
