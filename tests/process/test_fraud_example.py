@@ -2,7 +2,6 @@
 alerts checked against an independent evaluation of the example's rules over the source table."""
 from __future__ import annotations
 
-import pytest
 
 import datetime as dt
 import uuid
@@ -40,7 +39,6 @@ def _reference(transactions: list[dict], checks: list[dict]) -> set[tuple[str, s
     return out
 
 
-@pytest.mark.examples  # `make test-examples`; rules are covered in make test by tests/process/test_rules.py
 def test_fraud_example_alerts_match_an_independent_evaluation(stack, spark, service_dir_factory, capsys):
     uid = uuid.uuid4().hex[:6]
     settings = FraudSettings(state_dir=service_dir_factory("fraud"), duration_s=10, per_s=10, seed=5,
