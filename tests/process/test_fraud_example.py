@@ -2,7 +2,6 @@
 alerts checked against an independent evaluation of the example's rules over the source table."""
 from __future__ import annotations
 
-
 import datetime as dt
 import uuid
 from decimal import Decimal
