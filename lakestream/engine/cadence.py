@@ -27,7 +27,6 @@ class Held:
     report: TableReport
     ends: dict[TP, int] = field(default_factory=dict)
     ranges: list[OffsetRange] = field(default_factory=list)
-    batches: int = 0
 
 
 class Cadence:
@@ -67,7 +66,6 @@ class Cadence:
             if tp in fed:
                 held.ends[tp] = max(end, held.ends.get(tp, end))
         held.ranges.extend(r for r in ranges if r.tp in fed)
-        held.batches += 1
 
     def take(self, table: str, now: float) -> Held | None:
         """What ``table`` holds, handed over for its commit (None if nothing); its interval restarts now."""

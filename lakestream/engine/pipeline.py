@@ -8,6 +8,7 @@ tasks do the data work (`lakestream.sink.task`); the driver only prepares tables
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import logging
 import re
@@ -40,7 +41,7 @@ from lakestream.sink.schema import (
     DEFAULT_TABLE_PROPERTIES, Shape, TableManager, dropped_column_statements, merged_columns, reconcile, unusable_shape,
     widen_to_string_statements,
 )
-from lakestream.sink.task import TableSpec, WriteContext, _topic_table, run_write_task
+from lakestream.sink.task import TableSpec, WriteContext, _topic_table, replay_from, run_write_task
 from lakestream.source.kafka import TP, KafkaCluster, consumer_lag
 from lakestream.source.planner import OffsetRange, pack_ranges, plan_offset_ranges
 
@@ -152,7 +153,6 @@ class Pipeline:
         if config.derived_tables:
             self.materialize = MaterializeStage(self)
         self.cadence = Cadence()  # output tables that commit less often than their stream is read
-        self._committed_source_ts: dict[str, int] = {}
         self._in_batch = False  # a batch started and did not finish (then close() commits nothing held)
 
     def close(self) -> None:
@@ -319,12 +319,9 @@ class Pipeline:
             # Known before the first batch, so its tasks write it at once (shapes are checked in the task).
             self.prepare_table(str(name), [], stream, topic=tp.topic)
         start = self.offsets.load(self.tables.ident(name.namespace, name.table)).get(tp, log_start)
-        for d in self.derived.get(str(name), ()):
-            if self.cadence.holds(d.table):
-                # It may have committed less of this partition than its input: read from there, and the
-                # input skips what it holds already.
-                start = min(start, self.specs[d.table].committed.get(tp, log_start))
-        return start
+        # A held output may have committed less of this partition than its input: read from there, and the
+        # input skips what it holds already.
+        return replay_from(self.derived.get(str(name), ()), self.specs, self.cadence.intervals, tp, start, log_start)
 
     # -- reading and writing: one Spark job --------------------------------------------------
     def write_context(self, only_tables: frozenset[str] | None = None, copy_specs: bool = False) -> WriteContext:
@@ -696,7 +693,7 @@ class Pipeline:
         pause_point("commit.table.after")
         self.offsets.record(ident, merged)
         spec.committed = dict(merged)
-        return done
+        return dataclasses.replace(done, source_ts_ms=changes.max_source_ts)
 
     def commit_tables(self, report: BatchReport, ranges: list[OffsetRange] | None = None) -> dict[str, TableCommit]:
         """Commit every table of the batch; tables are independent, so several commit at once. With
@@ -752,8 +749,6 @@ class Pipeline:
                 with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-commit") as pool:
                     kinds = list(pool.map(lambda item: commit(*item), phase))
             done.update({item[0]: kind for item, kind in zip(phase, kinds) if kind is not None})
-        # The newest source change each commit carries (a held table's from all the batches it held).
-        self._committed_source_ts = {item[0]: ts for item in todo if (ts := item[1].max_source_ts) is not None}
         # Held only now that every commit before them succeeded: what a table holds is always safe to
         # commit (for a rule's source: the alerts of its records are committed).
         for name, tr in hold:
@@ -943,7 +938,7 @@ class Pipeline:
             _combine_quantiles(groups), advanced, jobs,
             table_records={name: tr.count for name, tr in report.tables.items() if tr.count},
             table_changes={n: c.changes for n, c in committed.items()},
-            table_source_ts_ms={n: ts for n, ts in self._committed_source_ts.items() if n in committed},
+            table_source_ts_ms={n: c.source_ts_ms for n, c in committed.items() if c.source_ts_ms is not None},
             table_lag=self.table_lag(), dead_letter_kinds=dead, commit_conflicts=list(self._conflicts),
             commit_retries=retries, isolated=self.isolations - isolations_before, skipped=dict(report.skipped),
             truncated=sorted(n for n, tr in report.tables.items() if tr.truncates and n in committed),
@@ -1016,7 +1011,8 @@ def _sum_commits(a: TableCommit | None, b: TableCommit | None) -> TableCommit | 
     """One table's commits in parts, as one."""
     if a is None or b is None:
         return a or b
-    return TableCommit(b.kind, a.changes + b.changes)
+    newest = max((t for t in (a.source_ts_ms, b.source_ts_ms) if t is not None), default=None)
+    return TableCommit(b.kind, a.changes + b.changes, newest)
 
 
 def _delete_quietly(paths: list[str]) -> None:

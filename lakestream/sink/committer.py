@@ -41,6 +41,7 @@ class TableCommit:
 
     kind: str  # append | upsert | dedupe-append
     changes: int
+    source_ts_ms: int | None = None  # the newest source change it carries (set by Pipeline.commit_table)
 
 
 class StaleIndex(Exception):

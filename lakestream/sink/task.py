@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,11 +127,8 @@ class WriteContext:
     def replay_from(self, table: str, tp: TP, committed: int) -> int:
         """The first offset of ``tp`` to read for ``table``: its own stored offset (``committed``), or a
         lagging held output's, lower."""
-        for d in self.derived.get(table, ()):
-            out = self.tables.get(d.table)
-            if d.table in self.held_outputs and out is not None and self.writes(d.table):
-                committed = min(committed, out.committed.get(tp, -1))
-        return committed
+        outputs = [d for d in self.derived.get(table, ()) if self.writes(d.table)]
+        return replay_from(outputs, self.tables, self.held_outputs, tp, committed)
 
     def wanted(self, table: str) -> bool:
         """Whether this job reads ``table``'s changes: to write it, or to feed one of its transforms."""
@@ -599,21 +596,21 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
         pending.pop(table, None)
         replay.pop(table, None)
         facts.extend(shapes.values())
-    for table, buf in replay.items():
-        rows = TableWriter(buf.spec, task_id).finish(buf, facts, write=False)
+
+    def feed_transforms(table: str, rows: _Rows | None, only: Collection[str] | None = None) -> None:
         for derived in ctx.derived.get(table, ()):
-            if rows is not None and derived.table in ctx.held_outputs and ctx.writes(derived.table) \
-                    and derived.table in ctx.tables:
+            if rows is not None and ctx.writes(derived.table) and derived.table in ctx.tables \
+                    and (only is None or derived.table in only):
                 _run_derived(derived, ctx.tables[derived.table], rows, raw_runs, task_id, facts,
                              reference_views(derived, ctx.references))
+
+    for table, buf in replay.items():  # for the held outputs only: the input holds these already
+        feed_transforms(table, TableWriter(buf.spec, task_id).finish(buf, facts, write=False), ctx.held_outputs)
     for table, buf in pending.items():
         rows = TableWriter(buf.spec, task_id).finish(buf, facts, write=ctx.writes(table))
         if rows is not None and ctx.writes(table) and table in ctx.changed_keys:
             facts.append(rp.ChangedKeys(table, task_id, _changed_keys(rows, ctx.changed_keys[table])))
-        for derived in ctx.derived.get(table, ()):
-            if rows is not None and ctx.writes(derived.table) and derived.table in ctx.tables:
-                _run_derived(derived, ctx.tables[derived.table], rows, raw_runs, task_id, facts,
-                             reference_views(derived, ctx.references))
+        feed_transforms(table, rows)
     facts.extend(rp.Skipped(reason, count) for reason, count in skipped.items())
     yield rp.to_batch(facts)
 
@@ -631,6 +628,17 @@ def _changed_keys(rows: _Rows, columns: list[str]) -> pa.Table:
     out["_offset"] = pa.array(rows.offsets, pa.int64())
     out["_withheld"] = pa.array([bool(wanted.intersection(w)) for w in rows.withheld], pa.bool_())
     return pa.table(out)
+
+
+def replay_from(derived: Iterable[Derived], specs: dict[str, TableSpec], held: Collection[str], tp: TP,
+                committed: int, default: int = -1) -> int:
+    """``committed`` (an input table's stored offset of ``tp``), lowered to the stored offset of any of its
+    transform outputs that holds its commits (``held``) and has committed less (``default`` if none yet)."""
+    for d in derived:
+        out = specs.get(d.table)
+        if d.table in held and out is not None:
+            committed = min(committed, out.committed.get(tp, default))
+    return committed
 
 
 def _run_derived(derived: Derived, spec: TableSpec, rows: _Rows, raw_runs: list[RecordRun], task_id: str,
