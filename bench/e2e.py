@@ -2,6 +2,11 @@
 Spark → Iceberg under a live insert/update/delete load, with freshness.
 
     .venv/bin/python bench/e2e.py [--records 200000] [--duration 60] [--batch N] [--skip-sink] [--skip-e2e]
+    .venv/bin/python bench/e2e.py --only steady --only append     # the sink's parts alone
+
+Parts: `steady` (upserts with 10% deletes into a table of --base-rows, schemas off and on), `append` (plain
+JSON events into a new append table; Debezium inserts into a new upsert table), `sink` (a pre-filled topic
+of mixed changes), `e2e` (PostgreSQL and Debezium included).
 
 A private PostgreSQL + noida stack is started on free ports in a fresh state directory and removed
 afterwards. Both parts verify the final Iceberg table against what must be there (row count, distinct
@@ -19,6 +24,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -189,30 +196,63 @@ def steady_upserts(info, state_dir: Path, args, spark_box: list, schemas: bool) 
 
 
 def append_path(info, state_dir: Path, args, spark_box: list) -> dict[str, Any]:
-    """Inserts (Debezium ``c`` events, schemas off) into a new table: the snapshot/append path."""
-    table = "append_path"
-    events = DebeziumEvents("lsappend", table, schemas=False)
+    """Plain JSON events (an append stream with an event-time field) into a new table: the append path."""
+    table = "append_events"
+    topic = "lsevents.clicks"
+    producer = FastProducer(info.bootstrap_servers)
+    base_ms = int(time.time() * 1000) - 3_600_000
+    for i in range(1, args.append_rows + 1):
+        producer.send(topic, None, orjson.dumps({
+            "event_id": i, "user_id": i % 50_000, "kind": STATUSES[i % len(STATUSES)], "amount": (i % 1000) * 0.25,
+            "qty": i % 19 + 1, "mobile": i % 3 == 0, "page": f"/p/{i % 400}", "ts": base_ms + i}))
+    producer.flush()
+    config = to_config(pipeline_data(info, state_dir, "bench_append", [
+        {"topics": [topic], "mode": "append", "namespace": NAMESPACE, "table": table, "event_time_field": "ts"}],
+        engine={"max_records_per_batch": 1_000_000, "max_records_per_task": 250_000}))
+    spark = ensure_spark(spark_box, config)
+    say(f"\n== append path: {args.append_rows:,} JSON events into a new append table")
+    load_before = machine_load()
+    started = time.perf_counter()
+    results = run_pipeline(config, spark=spark, stop_when_idle=True)
+    seconds = time.perf_counter() - started
+    got = spark.sql(f"SELECT count(*) AS n, count(DISTINCT event_id) AS ids, coalesce(sum(qty), 0) AS qty, "
+                    f"min(ts) = timestamp_millis({base_ms + 1}) AS first_ts FROM lake.{NAMESPACE}.{table}").first()
+    want_qty = sum(i % 19 + 1 for i in range(1, args.append_rows + 1))
+    if (got["n"], got["ids"], got["qty"], got["first_ts"]) != (args.append_rows, args.append_rows, want_qty, True):
+        raise BenchmarkFailure(f"append path: lake {got.asDict()}, expected {args.append_rows} events, qty {want_qty}")
+    rate = args.append_rows / seconds
+    say(f"append path: {args.append_rows:,} events in {seconds:.1f}s = {rate:,.0f} rows/s over {len(results)} "
+        f"batch(es) (the first creates the table); verified count, ids, sums, event time")
+    return {"append_rows_per_s": round(rate), "append_seconds": round(seconds, 2),
+            "append_batches": [round(r.seconds, 2) for r in results], "append_load_before": load_before}
+
+
+def mirror_insert_path(info, state_dir: Path, args, spark_box: list) -> dict[str, Any]:
+    """Inserts (Debezium ``c`` events, schemas off) into a new upsert table: an initial load through Kafka."""
+    table = "insert_path"
+    events = DebeziumEvents("lsinsert", table, schemas=False)
     producer = FastProducer(info.bootstrap_servers)
     now = int(time.time() * 1000)
     for row_id in range(1, args.append_rows + 1):
         producer.send(events.topic, *events.upsert(OrderRow(row_id, row_id % 50000, row_id % 19 + 1, 1), "c", now))
     producer.flush()
-    config = to_config(pipeline_data(info, state_dir, "bench_append", [
+    config = to_config(pipeline_data(info, state_dir, "bench_insert", [
         {"topics": [events.topic], "mode": "upsert", "namespace": NAMESPACE, "table": "{table}"}],
         engine={"max_records_per_batch": 1_000_000, "max_records_per_task": 250_000}))
     spark = ensure_spark(spark_box, config)
-    say(f"\n== append path: {args.append_rows:,} inserts (schemas off) into a new table")
+    say(f"\n== mirror inserts: {args.append_rows:,} Debezium inserts (schemas off) into a new upsert table")
+    load_before = machine_load()
     started = time.perf_counter()
     results = run_pipeline(config, spark=spark, stop_when_idle=True)
     seconds = time.perf_counter() - started
     got = lake_totals(spark, table)
     if got["n"] != args.append_rows or got["keys"] != args.append_rows:
-        raise BenchmarkFailure(f"append path: lake {got}, expected {args.append_rows} rows")
+        raise BenchmarkFailure(f"mirror inserts: lake {got}, expected {args.append_rows} rows")
     rate = args.append_rows / seconds
-    say(f"append path: {args.append_rows:,} rows in {seconds:.1f}s = {rate:,.0f} rows/s over {len(results)} batch(es) "
-        f"(first batch creates the table: {results[0].seconds:.1f}s)")
-    return {"append_rows_per_s": round(rate), "append_seconds": round(seconds, 2),
-            "append_batches": [round(r.seconds, 2) for r in results]}
+    say(f"mirror inserts: {args.append_rows:,} rows in {seconds:.1f}s = {rate:,.0f} rows/s over {len(results)} "
+        f"batch(es) (the first creates the table)")
+    return {"mirror_insert_rows_per_s": round(rate), "mirror_insert_seconds": round(seconds, 2),
+            "mirror_insert_batches": [round(r.seconds, 2) for r in results], "mirror_insert_load_before": load_before}
 
 
 def ensure_spark(spark_box: list, config):
@@ -476,12 +516,18 @@ def main() -> int:
                         help="PostgreSQL type of the price column in the e2e table (default: double precision)")
     parser.add_argument("--catchup-timeout", type=float, default=600.0)
     parser.add_argument("--base-rows", type=int, default=1_000_000, help="rows in the steady-state upsert tables")
-    parser.add_argument("--append-rows", type=int, default=500_000, help="inserts for the append-path figure")
+    parser.add_argument("--append-rows", type=int, default=1_000_000,
+                        help="events for the append-path figure, and inserts for the mirror-insert one (default 1M)")
     parser.add_argument("--skip-steady", action="store_true", help="skip the steady-state upsert and append parts")
     parser.add_argument("--skip-sink", action="store_true")
     parser.add_argument("--skip-e2e", action="store_true")
+    parser.add_argument("--only", choices=["steady", "append", "sink", "e2e"], action="append", default=None,
+                        help="run only this part (repeatable); overrides the --skip-* flags")
     parser.add_argument("--keep", action="store_true", help="keep the state directory (logs, warehouse)")
     args = parser.parse_args()
+    parts = set(args.only) if args.only else {
+        part for part, skipped in (("steady", args.skip_steady), ("append", args.skip_steady),
+                                   ("sink", args.skip_sink), ("e2e", args.skip_e2e)) if not skipped}
     quiet_logs()
 
     summary: dict[str, Any] = {"bench": "e2e", "load_start": machine_load(),
@@ -492,13 +538,15 @@ def main() -> int:
     with private_stack("bench-e2e", keep=args.keep) as (info, state_dir):
         say(f"private stack in {state_dir}: kafka {info.bootstrap_servers}, postgres :{info.pg_port}")
         try:
-            if not args.skip_steady:
+            if "steady" in parts:
                 summary.update(steady_upserts(info, state_dir, args, spark_box, schemas=False))
                 summary.update(steady_upserts(info, state_dir, args, spark_box, schemas=True))
+            if "append" in parts:
                 summary.update(append_path(info, state_dir, args, spark_box))
-            if not args.skip_sink:
+                summary.update(mirror_insert_path(info, state_dir, args, spark_box))
+            if "sink" in parts:
                 summary.update(sink_benchmark(info, state_dir, args, spark_box))
-            if not args.skip_e2e:
+            if "e2e" in parts:
                 summary.update(e2e_benchmark(info, state_dir, args, spark_box))
         except Exception as exc:  # noqa: BLE001 — still print the JSON line, with the error
             traceback.print_exc()

@@ -25,8 +25,9 @@ import pyarrow.json as pj
 
 from lakestream.decode.envelope import _split_envelope
 from lakestream.decode.types import (
-    MAX_DAYS, MAX_MICROS, MIN_DAYS, MIN_MICROS, UNAVAILABLE_VALUE, FieldType, _identity, field_type,
+    MAX_DAYS, MAX_MICROS, MIN_DAYS, MIN_MICROS, UNAVAILABLE_VALUE, FieldType, _identity, event_time, field_type,
 )
+from lakestream.errors import BadValue
 
 if TYPE_CHECKING:
     from lakestream.source.reader import RecordRun
@@ -189,6 +190,75 @@ class RunDecoder:
                           np.array(records.timestamps, np.int64))
 
 
+def _event_wire(target: pa.DataType) -> pa.DataType | None:
+    """The type a plain JSON event's value of a ``target`` column is parsed as (None: not handled here)."""
+    if pa.types.is_integer(target):
+        return pa.int64()
+    if pa.types.is_floating(target):
+        return pa.float64()
+    if pa.types.is_boolean(target) or pa.types.is_string(target):
+        return target
+    return None
+
+
+def decode_events(records: RecordRun, table_schema: pa.Schema, key_columns: list[str],
+                  time_field: str | None = None) -> DecodedRun | None:
+    """A run of plain JSON events (append streams: the whole object is the row) as one typed run, or
+    None (decode them one by one). The same contract as `RunDecoder.decode`: anything unusual — a value
+    of another type, a field the table lacks, a missing event time or de-duplication key, invalid
+    UTF-8, more or fewer than one object per message — declines the run; the record path decides."""
+    values = records.values
+    if values[0][:1] == b"\x00" or any(f.metadata and _DEFAULT_KEY in f.metadata for f in table_schema):
+        return None
+    wires = []
+    for f in table_schema:
+        if f.name == time_field and pa.types.is_timestamp(f.type):
+            # ISO strings or epoch numbers, as the first event has it (a run mixing them declines);
+            # converted per value below by the record path's own function
+            try:
+                first = orjson.loads(values[0])
+            except orjson.JSONDecodeError:
+                return None
+            kind = type(first.get(time_field)) if isinstance(first, dict) else None
+            wire = {str: pa.string(), int: pa.int64(), float: pa.float64()}.get(kind)  # type: ignore[arg-type]
+            if wire is None:
+                return None
+            wires.append((f.name, wire))
+        elif (wire := _event_wire(f.type)) is not None:
+            wires.append((f.name, wire))
+        else:
+            return None  # nested, decimal, date: the record path
+    try:
+        data = b"\n".join(values)
+        parsed = pj.read_json(io.BytesIO(data),
+                              read_options=pj.ReadOptions(block_size=max(1 << 20, 2 * len(data)), use_threads=False),
+                              parse_options=pj.ParseOptions(explicit_schema=pa.schema(wires),
+                                                            unexpected_field_behavior="infer"))
+        if parsed.num_rows != len(records) or parsed.schema.names != [name for name, _ in wires]:
+            return None  # not one object per message, or a field the table lacks (a new column)
+        parsed.validate(full=True)  # the reader does not check UTF-8
+        arrays = []
+        source_ts = np.full(len(records), np.nan)
+        for f, (name, wire) in zip(table_schema, wires):
+            value = parsed.column(name).combine_chunks()
+            if (name in key_columns or name == time_field or not f.nullable) and value.null_count:
+                return None
+            if name == time_field and pa.types.is_timestamp(f.type):
+                if pa.types.is_floating(wire) and pc.max(pc.abs(value)).as_py() >= _EXACT_FLOAT_INT:
+                    return None  # an integer literal read as a float there may differ from the record path's int
+                micros = [event_time(v) for v in value.to_pylist()]
+                arrays.append(pa.array(micros, pa.int64()).cast(f.type))
+                source_ts = np.asarray(micros, np.float64) // 1000
+            else:
+                arrays.append(pc.cast(value, f.type, safe=True))
+        table = pa.Table.from_arrays(arrays, schema=table_schema)
+    except (pa.ArrowException, ValueError, TypeError, OverflowError, BadValue):
+        return None
+    return DecodedRun(table, np.array(records.offsets, np.int64), ["c"] * len(records), source_ts,
+                      np.array(records.timestamps, np.int64))
+
+
+_EXACT_FLOAT_INT = 2.0**53
 _DEFAULT_KEY = b"lakestream.write-default"  # lakestream.sink.files.DEFAULT_KEY (no import of the sink here)
 _MICROS = {"io.debezium.time.MicroTimestamp": 1, "io.debezium.time.Timestamp": 1000,
            "org.apache.kafka.connect.data.Timestamp": 1000}

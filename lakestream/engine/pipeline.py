@@ -41,7 +41,7 @@ from lakestream.sink.schema import (
     DEFAULT_TABLE_PROPERTIES, Shape, TableManager, dropped_column_statements, merged_columns, reconcile, unusable_shape,
     widen_to_string_statements,
 )
-from lakestream.sink.task import TableSpec, WriteContext, _topic_table, replay_from, run_write_task
+from lakestream.sink.task import TableSpec, WriteContext, replay_from, run_write_task, topic_table
 from lakestream.source.kafka import TP, KafkaCluster, consumer_lag
 from lakestream.source.planner import OffsetRange, pack_ranges, plan_offset_ranges
 
@@ -271,6 +271,7 @@ class Pipeline:
         # Built here, on this thread: this batch's commits go on changing the specs meanwhile, and the
         # references are refreshed only while no job is in flight (a refresh releases old broadcasts).
         self.refresh_references()
+        self.prepare_new_tables(ranges)
         ctx = self.write_context(copy_specs=True)
         self._prefetch = (ranges, watermarks, self._prefetch_pool.submit(self.write_files, ranges, ctx=ctx))
 
@@ -460,7 +461,7 @@ class Pipeline:
         reason = f"the write failed with this record alone (isolated): {_first_line(error)}"
         log.warning("isolated %s offset %d: %s", tp, offset, reason)
         report.dead_letters.append(DeadLetter(tp, offset, record.timestamp_ms, reason[:2000], record.key, record.value,
-                                              _topic_table(self.router, tp.topic), "write_failed"))
+                                              topic_table(self.router, tp.topic), "write_failed"))
 
     # -- tables -----------------------------------------------------------------------------
     def _stream_for_table(self, shapes: list[NewShape]) -> StreamSettings:
@@ -612,6 +613,50 @@ class Pipeline:
         for name, ds in list(self.derived.items()):
             if any(key in changed for d in ds for _, key in d.references):
                 self.prepare_derived(name, *self._derived_inputs[name])
+
+    def prepare_new_tables(self, ranges: list[OffsetRange]) -> None:
+        """Create the tables ``ranges`` meet for the first time before their job runs, from the first
+        records of each of their partitions, decoded here on the driver.
+
+        Without this, the job would only report a new table's shape and a second job would read and
+        decode all its records again (half the first batch's time for a large initial load). Only tables
+        a topic routes to as a whole are probed; a probe that finds no usable shape (a first record that
+        is a tombstone, a poison record, a routing by field) changes nothing: the job then reports the
+        shape as before. Nothing is written or committed here."""
+        import pyarrow as pa
+
+        firsts: dict[TP, OffsetRange] = {}  # a partition split between tasks: its first range
+        for r in ranges:
+            if (r.end is None or r.end > r.start) and (r.tp not in firsts or r.start < firsts[r.tp].start):
+                firsts[r.tp] = r
+        probes: dict[str, list[OffsetRange]] = {}
+        for r in firsts.values():
+            table = topic_table(self.router, r.topic)
+            if table is not None and table not in self.specs:
+                probes.setdefault(table, []).append(
+                    OffsetRange(r.topic, r.partition, r.start, r.end, min(r.limit, _PROBE_RECORDS), r.known_end))
+        if not probes:
+            return
+        ctx = self.write_context(frozenset(probes), copy_specs=True)
+        # A probe reads a few records: small fetches, not the job's 64 MB ones.
+        ctx.consumer_conf = ctx.consumer_conf | {"fetch.max.bytes": 1 << 20, "max.partition.fetch.bytes": 1 << 18,
+                                               "queued.min.messages": _PROBE_RECORDS, "queued.max.messages.kbytes": 1024}
+        started = time.monotonic()
+        try:
+            report = BatchReport()
+            batches = [b for b in run_write_task([r for rs in probes.values() for r in rs], ctx)]
+            if batches:
+                report.add(pa.Table.from_batches(batches))
+        except Exception as exc:  # noqa: BLE001 — the job reads these records again and reports what is wrong
+            if is_infrastructure_failure(exc):
+                raise
+            log.info("probing new tables failed (%s); their job reports their shapes", _first_line(exc))
+            return
+        shapes = {name: list(tr.shapes.values()) for name, tr in report.tables.items() if tr.shapes}
+        if shapes:
+            self.prepare_tables(shapes)
+            log.info("prepared %d new table(s) from their first records in %.2fs", len(shapes),
+                     time.monotonic() - started)
 
     def prepare_tables(self, shapes_by_table: dict[str, list[NewShape]]) -> None:
         todo = sorted(shapes_by_table.items())
@@ -876,6 +921,7 @@ class Pipeline:
         self._conflicts, self._retries = [], []
         if report is None:  # a prefetched job refreshed the references just before it started
             self.refresh_references()
+            self.prepare_new_tables(ranges)
             report = self.write_isolating(ranges)
         jobs = 1
         new_shapes = {name: list(tr.shapes.values()) for name, tr in report.tables.items() if tr.shapes}
@@ -957,6 +1003,7 @@ class Pipeline:
 
 # Parts of a batch up to this many offsets are written in the driver while isolating a record.
 _ISOLATE_IN_DRIVER_MAX = 5000
+_PROBE_RECORDS = 16  # first records of a new table's partition that the driver decodes to create it
 
 
 def _first_line(exc: BaseException) -> str:

@@ -25,7 +25,7 @@ import pyarrow as pa
 from lakestream.decode.avro import schema_id_of
 from lakestream.decode.envelope import MESSAGE, TRUNCATE
 from lakestream.decode.records import DecodedRecord, RecordDecoder
-from lakestream.decode.vectorized import DecodedRun, RunDecoder
+from lakestream.decode.vectorized import DecodedRun, RunDecoder, decode_events
 from lakestream.errors import BadValue, DecodeError
 from lakestream.process.reference import ReferenceData
 from lakestream.process.transform import (
@@ -396,7 +396,7 @@ def _keys_in_table(spec: TableSpec, change: DecodedRecord) -> bool:
     return bool(change.key_columns) and all(k in names for k in change.key_columns)
 
 
-def _topic_table(router: Router, topic: str) -> str | None:
+def topic_table(router: Router, topic: str) -> str | None:
     """The table a topic routes to when that does not depend on the record (for dead letters)."""
     try:
         stream_index = router.stream_index(topic)
@@ -459,6 +459,7 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
     replay: dict[str, _Pending] = {}  # changes a table holds already, read again for its lagging outputs
     deferred: dict[str, dict[str, rp.NewShape]] = {}
     topic_tables: dict[str, str | None] = {}
+    event_time_fields: dict[str, str | None] = {}  # topics of plain JSON event streams → their event time field
     skipped: dict[str, int] = {}
 
     def one_by_one(rec: Any) -> DecodedRecord | None:
@@ -472,7 +473,7 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
                 reason = str(exc) if isinstance(exc, DecodeError) else f"cannot decode: {type(exc).__name__}: {exc}"
                 kind = exc.kind if isinstance(exc, DecodeError) else DecodeError.kind
                 facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                           reason[:2000], rec.key, rec.value, _topic_table(ctx.router, rec.topic),
+                                           reason[:2000], rec.key, rec.value, topic_table(ctx.router, rec.topic),
                                            kind))
             return None
         if change is None:
@@ -535,13 +536,23 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
         buf.add(rec, change)
         return change
 
+    def decode_run(records: RecordRun, schema: pa.Schema, key_columns: list[str], like: bytes) -> DecodedRun | None:
+        """``records`` decoded as one typed run, or None (decode them one by one); ``like``: a
+        message of theirs whose shape the table accepts (its first)."""
+        if records.topic in event_time_fields:
+            return decode_events(records, schema, key_columns, event_time_fields[records.topic])
+        return runs.decode(records, schema, key_columns, expected_like=like)
+
     def vectorized(run: RecordRun) -> None:
         """A partition's run of a fetch: decoded as one when it can be, else record by record."""
         topic, partition = run.topic, run.partition
         if topic not in topic_tables:
             stream = ctx.router.streams[i] if (i := ctx.router.stream_index(topic)) is not None else None
-            eligible = stream is not None and stream.record_format == "debezium" and stream.mode == "upsert"
-            topic_tables[topic] = _topic_table(ctx.router, topic) if eligible else None
+            eligible = stream is not None and (stream.record_format == "debezium" and stream.mode == "upsert"
+                                               or stream.record_format == "json" and stream.mode == "append")
+            topic_tables[topic] = topic_table(ctx.router, topic) if eligible else None
+            if eligible and stream.record_format == "json":
+                event_time_fields[topic] = stream.event_time_field
         table = topic_tables[topic]
         changes = run if None not in run.values else run.select(
             [i for i, v in enumerate(run.values) if v is not None])  # tombstones carry no change
@@ -565,7 +576,7 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
             # shape does; anything else is decoded record by record to report it.
             shape = deferred[table].get(first.columns.schema_id)
             schema = _shape_schema(shape) if shape is not None else None
-            if schema is None or runs.decode(rest, schema, first.key_columns, expected_like=changes.values[0]) is None:
+            if schema is None or decode_run(rest, schema, first.key_columns, changes.values[0]) is None:
                 for i in range(len(rest)):
                     one_by_one(rest.record(i))
             return
@@ -573,7 +584,7 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
             for i in range(len(rest)):
                 one_by_one(rest.record(i))
             return
-        decoded = runs.decode(rest, spec.arrow_schema(), spec.key_columns, expected_like=changes.values[0])
+        decoded = decode_run(rest, spec.arrow_schema(), spec.key_columns, changes.values[0])
         if decoded is None:
             for i in range(len(rest)):
                 one_by_one(rest.record(i))
@@ -592,6 +603,11 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
             for i in range(len(item)):
                 ctx.record_hook(item.record(i))
         vectorized(item)
+    if deferred:
+        # A deferred table is written by a second job once the driver has prepared it, and that job reports
+        # its records of rejected shapes again: reported here too, they would be dead letters twice.
+        facts[:] = [f for f in facts if not (isinstance(f, rp.DeadLetter) and f.table in deferred
+                                             and f.reason_kind == "incompatible_schema")]
     for table, shapes in deferred.items():
         pending.pop(table, None)
         replay.pop(table, None)

@@ -12,7 +12,7 @@ import pytest
 
 from lakestream.config import StreamSettings
 from lakestream.decode.records import RecordDecoder
-from lakestream.decode.vectorized import RunDecoder
+from lakestream.decode.vectorized import RunDecoder, decode_events
 from lakestream.sink.convert import convert_rows
 from lakestream.sink.router import Router
 from lakestream.source.reader import RecordRun
@@ -138,3 +138,76 @@ def test_base64_decimals_in_numpy_equal_the_per_value_path():
     assert decimals_from_base64(pa.array([b64(2**70)]), target) is None
     assert decimals_from_base64(pa.array([b64(10**6)]), pa.decimal128(6, 3)) is None
     assert decimals_from_base64(pa.array([b64(10**6 - 1)]), pa.decimal128(6, 3)).to_pylist() == [convert(b64(10**6 - 1))]
+
+
+# -- plain JSON events (append streams) ------------------------------------------------------------
+
+def _event_schema() -> pa.Schema:
+    def f(i, name, t, nullable=True):
+        return pa.field(name, t, nullable=nullable, metadata={FIELD_ID: str(i)})
+    return pa.schema([f(1, "event_id", pa.int64()), f(2, "user_id", pa.int32()), f(3, "kind", pa.string()),
+                      f(4, "amount", pa.float64()), f(5, "mobile", pa.bool_()), f(6, "ts", pa.timestamp("us", tz="UTC"))])
+
+
+def _events(n: int = 40, ts=lambda i: 1_732_540_000_000 + i) -> list:
+    out = []
+    for i in range(n):
+        value = json.dumps({"event_id": i, "user_id": i % 7, "kind": "view" if i % 2 else "click",
+                            "amount": i * 0.25, "mobile": i % 3 == 0, "ts": ts(i)}).encode()
+        out.append(SimpleNamespace(topic="ev", partition=0, offset=i, timestamp_ms=1, key=None, value=value, headers=None))
+    return out
+
+
+def _events_one_by_one(records, schema):
+    decoder = RecordDecoder(Router([StreamSettings(topics=["ev"], mode="append", namespace="n", table="events",
+                                                   event_time_field="ts")]))
+    changes = [decoder.decode(rec) for rec in records]
+    table, bad = convert_rows([c.row for c in changes], schema)
+    assert not bad
+    return table, [c.source_ts_ms for c in changes]
+
+
+@pytest.mark.parametrize("ts", [
+    lambda i: 1_732_540_000_000 + i,                                   # epoch milliseconds
+    lambda i: 1_732_540_000 + i / 8,                                   # epoch seconds with fractions
+    lambda i: f"2026-11-25T10:{i % 60:02d}:00.{i:03d}+01:00",          # ISO with an offset
+    lambda i: f"2026-11-25 10:00:{i % 60:02d}",                        # ISO without one (UTC)
+])
+def test_event_run_equals_record_by_record(ts):
+    records = _events(ts=ts)
+    schema = _event_schema()
+    run = decode_events(RecordRun.of(records), schema, [], "ts")
+    assert run is not None
+    want, source_ts = _events_one_by_one(records, schema)
+    assert run.table.equals(want), (run.table.slice(0, 2).to_pylist(), want.slice(0, 2).to_pylist())
+    assert run.ops == ["c"] * len(records) and run.source_ts.tolist() == source_ts
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda p: p.replace(b'"user_id": ', b'"user_id": "x', 1).replace(b', "kind"', b'", "kind"', 1),  # text in a number
+    lambda p: p.replace(b'"user_id": ', b'"user_id": 1.5, "u": ', 1),               # a fraction in an integer
+    lambda p: p.replace(b'"user_id": ', b'"user_id": 4294967296, "u": ', 1),        # beyond int32
+    lambda p: p.replace(b'"kind": ', b'"new_field": 1, "kind": ', 1),               # a field the table lacks
+    lambda p: p.replace(b'"ts": ', b'"ts": null, "t": ', 1),                        # no event time
+    lambda p: p.replace(b'"kind": "', b'"kind": "\xff', 1),                          # invalid UTF-8
+    lambda p: p + b'{"event_id": 1}',                                               # two objects in one message
+    lambda p: b"[" + p + b"]",                                                      # not an object
+    lambda p: p.replace(b'"kind": ', b'"kind": {"a": 1}, "k": ', 1),                # an object in a flat column
+    lambda p: p.replace(b'"event_id": ', b'"event_id": NaN, "e": ', 1),             # NaN in an integer
+    lambda p: p.replace(b'"event_id": ', b'"event_id": 1, "event_id": ', 1),        # a field given twice
+    lambda p: p[:-3],                                                               # truncated
+])
+def test_anything_unusual_declines_the_event_run(mutate):
+    records = _events()
+    schema = _event_schema()
+    assert decode_events(RecordRun.of(records), schema, ["event_id"], "ts") is not None
+    changed = _with_value(records, 7, mutate(records[7].value))
+    assert changed[7].value != records[7].value
+    assert decode_events(RecordRun.of(changed), schema, ["event_id"], "ts") is None
+
+
+def test_a_null_dedupe_key_declines_the_event_run():
+    records = _events()
+    changed = _with_value(records, 3, records[3].value.replace(b'"event_id": 3', b'"event_id": null'))
+    assert decode_events(RecordRun.of(changed), _event_schema(), ["event_id"], "ts") is None
+    assert decode_events(RecordRun.of(changed), _event_schema(), [], "ts") is not None  # no key: a null is a value

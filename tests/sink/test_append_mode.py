@@ -134,3 +134,43 @@ def test_dedupe_field_inserts_replayed_events_once(stack, spark, pipeline_config
     run_pipeline(config, spark=spark, stop_when_idle=True)
     rows = sorted((r["event_id"], r["v"]) for r in spark.table(table).collect())
     assert rows == [("a", 1), ("b", 2), ("c", 3), ("d", 4)]
+
+
+def test_runs_of_events_decode_in_one_pass_and_odd_ones_still_go_the_careful_way(stack, spark,
+                                                                                  pipeline_config_factory):
+    """Runs of 16+ events are decoded as one (Arrow's JSON reader), and the first batch creates the table from
+    its first records before the job (one job, not two). A run with anything unusual in it — a value of the
+    wrong type, a new field — is decoded record by record: the same dead letters and schema changes."""
+    uid = _uid()
+    topic, ns = f"runs_{uid}", f"runs_{uid}"
+    table = f"lake.{ns}.events"
+    config = pipeline_config_factory([{
+        "topics": [topic], "mode": "append", "namespace": ns, "table": "events", "dedupe_field": "event_id",
+        "event_time_field": "at", "layout": {"partition_by": ["days(at)"]}}], name=f"runs{uid}")
+
+    def event(i: int) -> dict:
+        return {"event_id": i, "n": i * 10, "kind": "k" + str(i % 3), "at": 1_709_287_200_000 + i * 3_600_000}
+
+    produce_records(stack.bootstrap_servers, topic, _events(*(event(i) for i in range(40))))
+    results = run_pipeline(config, spark=spark, stop_when_idle=True)
+    assert [r.jobs for r in results] == [1], results
+    assert _types(spark, table) == {"event_id": "bigint", "n": "bigint", "kind": "string", "at": "timestamp"}
+    rows = spark.sql(f"SELECT event_id, n, unix_millis(at) AS at FROM {table}").collect()
+    assert sorted((r["event_id"], r["n"], r["at"]) for r in rows) == [
+        (i, i * 10, event(i)["at"]) for i in range(40)]
+    counts = {r["partition"][0]: r["record_count"] for r in spark.sql(f"SELECT * FROM {table}.partitions").collect()}
+    assert counts == {dt.date(2024, 3, 1): 14, dt.date(2024, 3, 2): 24, dt.date(2024, 3, 3): 2}, counts
+
+    later = [event(i) for i in range(40, 80)]
+    later[5]["n"] = "abc"                   # offset 45: a string where the table has a number
+    later[10]["score"] = 0.5                # offset 50: a new field
+    later[20] = event(3)                    # offset 60: a replayed event id
+    produce_records(stack.bootstrap_servers, topic, _events(*later))
+    run_pipeline(config, spark=spark, stop_when_idle=True)
+    assert _types(spark, table)["score"] == "double"
+    rows = {r["event_id"]: r for r in spark.table(table).collect()}
+    assert sorted(rows) == sorted(set(range(80)) - {45, 60}), sorted(set(range(80)) - set(rows))
+    assert rows[50]["score"] == 0.5 and rows[51]["score"] is None and rows[3]["n"] == 30
+    dead = _dead_letters(spark, topic)
+    assert [d["offset"] for d in dead] == [45], dead
+    assert "column n" in dead[0]["error"] and "string" in dead[0]["error"], dead[0]
