@@ -110,7 +110,10 @@ class EmbeddedEngine:
         self._proxy = jpype.JProxy(publisher_class, dict={"publish": handler.publish})
         self._consumer = jpype.JClass("lakestream.capture.CaptureBatchConsumer")(self._proxy)
         self._properties = properties
-        self._format = jpype.JClass("io.debezium.engine.format.Avro" if avro else "io.debezium.engine.format.Json")
+        # JsonByteArray: the converter's UTF-8 bytes as they are (Json would make a String of them, which
+        # CaptureBatchConsumer.pack then encodes back: two copies of every event, and garbage to collect).
+        self._format = jpype.JClass("io.debezium.engine.format.Avro" if avro
+                                    else "io.debezium.engine.format.JsonByteArray")
         self._engine = None
 
     def run(self) -> None:

@@ -2,9 +2,7 @@ package lakestream.capture;
 
 import io.debezium.engine.ChangeEvent;
 import io.debezium.engine.DebeziumEngine;
-import java.io.ByteArrayOutputStream;
-import java.io.DataOutputStream;
-import java.io.IOException;
+import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.HashMap;
 import java.util.List;
@@ -60,48 +58,64 @@ public final class CaptureBatchConsumer implements DebeziumEngine.ChangeConsumer
   /**
    * Layout, all integers big-endian int32: the number of distinct topics, then each topic as length +
    * UTF-8 bytes; then per record its topic's index, the key and the value, each as length + bytes, with
-   * length -1 for null (a tombstone's value). String keys and values (JSON) are UTF-8; byte[] (Avro) as is.
+   * length -1 for null (a tombstone's value). Keys and values arrive as bytes (JsonByteArray, Avro) and are
+   * copied once, into an array sized up front; a String (the Json format) is encoded as UTF-8.
    */
   static byte[] pack(List<ChangeEvent<Object, Object>> records) {
     Map<String, Integer> topicIndex = new HashMap<>();
-    int[] topicOf = new int[records.size()];
-    for (int i = 0; i < records.size(); i++) {
-      String topic = records.get(i).destination();
+    int n = records.size();
+    int[] topicOf = new int[n];
+    byte[][] keys = new byte[n][];
+    byte[][] values = new byte[n][];
+    long size = 4;
+    for (int i = 0; i < n; i++) {
+      ChangeEvent<Object, Object> record = records.get(i);
+      String topic = record.destination();
       Integer index = topicIndex.get(topic);
       if (index == null) {
         index = topicIndex.size();
         topicIndex.put(topic, index);
       }
       topicOf[i] = index;
+      keys[i] = bytesOf(record.key());
+      values[i] = bytesOf(record.value());
+      size += 12 + (keys[i] == null ? 0 : keys[i].length) + (values[i] == null ? 0 : values[i].length);
     }
-    String[] topics = new String[topicIndex.size()];
-    topicIndex.forEach((topic, index) -> topics[index] = topic);
-    ByteArrayOutputStream buffer = new ByteArrayOutputStream(records.size() * 512);
-    DataOutputStream out = new DataOutputStream(buffer);
-    try {
-      out.writeInt(topics.length);
-      for (String topic : topics) {
-        writeField(out, topic);
-      }
-      for (int i = 0; i < records.size(); i++) {
-        ChangeEvent<Object, Object> record = records.get(i);
-        out.writeInt(topicOf[i]);
-        writeField(out, record.key());
-        writeField(out, record.value());
-      }
-    } catch (IOException e) {
-      throw new IllegalStateException(e);  // a ByteArrayOutputStream does not throw
+    byte[][] topics = new byte[topicIndex.size()][];
+    topicIndex.forEach((topic, index) -> topics[index] = topic.getBytes(StandardCharsets.UTF_8));
+    for (byte[] topic : topics) {
+      size += 4 + topic.length;
     }
-    return buffer.toByteArray();
+    if (size > Integer.MAX_VALUE - 16) {
+      throw new IllegalStateException("a batch of " + n + " change events packs to " + size
+          + " bytes, over 2 GiB: lower max.batch.size");
+    }
+    ByteBuffer out = ByteBuffer.allocate((int) size);  // big-endian
+    out.putInt(topics.length);
+    for (byte[] topic : topics) {
+      putField(out, topic);
+    }
+    for (int i = 0; i < n; i++) {
+      out.putInt(topicOf[i]);
+      putField(out, keys[i]);
+      putField(out, values[i]);
+    }
+    return out.array();
   }
 
-  private static void writeField(DataOutputStream out, Object value) throws IOException {
+  private static byte[] bytesOf(Object value) {
     if (value == null) {
-      out.writeInt(-1);
+      return null;
+    }
+    return value instanceof byte[] ? (byte[]) value : value.toString().getBytes(StandardCharsets.UTF_8);
+  }
+
+  private static void putField(ByteBuffer out, byte[] bytes) {
+    if (bytes == null) {
+      out.putInt(-1);
       return;
     }
-    byte[] bytes = value instanceof byte[] ? (byte[]) value : value.toString().getBytes(StandardCharsets.UTF_8);
-    out.writeInt(bytes.length);
-    out.write(bytes);
+    out.putInt(bytes.length);
+    out.put(bytes);
   }
 }
