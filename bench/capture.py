@@ -90,11 +90,19 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=300_000, help="rows in the table before capture starts")
     parser.add_argument("--changes", type=int, default=300_000, help="changes written while capture streams")
     parser.add_argument("--schemas", choices=["on", "off"], default="on", help="JSON with or without schemas")
+    parser.add_argument("--format", choices=["json", "avro"], default="json",
+                        help="json (--schemas), or avro through a Schema Registry (the tests' registry server)")
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args()
     quiet_logs()
     load_before = machine_load()
-    out: dict = {"rows": args.rows, "changes": args.changes, "schemas": args.schemas}
+    out: dict = {"rows": args.rows, "changes": args.changes, "schemas": args.schemas, "format": args.format}
+    registry = None
+    if args.format == "avro":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from schema_registry import SchemaRegistryServer  # the protocol-faithful stand-in (no registry installs here)
+
+        registry = SchemaRegistryServer(compatibility="NONE").start()
     with private_stack("capture-bench") as (info, state_dir):
         name = "capbench"
         table = "orders"
@@ -107,6 +115,9 @@ def main() -> int:
         data = pipeline_data(info, state_dir / name, name, [{"topics": [topic], "namespace": name, "table": table}],
                              capture=capture)
         data["state_dir"] = str(state_dir / name / "state")
+        if registry is not None:
+            data["capture"]["format"] = "avro"
+            data["kafka"]["schema_registry"] = {"url": registry.url}
         yaml_path = write_pipeline_yaml(state_dir / f"{name}.yaml", data)
         proc = CaptureProcess(yaml_path, log_path=state_dir / f"{name}.capture.log")
         try:
@@ -151,6 +162,8 @@ def main() -> int:
                 f"{out['streaming_second_half_events_per_s'] or 0:,}/s")
         finally:
             proc.stop()
+    if registry is not None:
+        registry.stop()
     out["load_before"] = load_before
     out["load_after"] = machine_load()
     print(json.dumps(out))
