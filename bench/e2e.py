@@ -206,25 +206,28 @@ def append_path(info, state_dir: Path, args, spark_box: list) -> dict[str, Any]:
             "event_id": i, "user_id": i % 50_000, "kind": STATUSES[i % len(STATUSES)], "amount": (i % 1000) * 0.25,
             "qty": i % 19 + 1, "mobile": i % 3 == 0, "page": f"/p/{i % 400}", "ts": base_ms + i}))
     producer.flush()
-    config = to_config(pipeline_data(info, state_dir, "bench_append", [
-        {"topics": [topic], "mode": "append", "namespace": NAMESPACE, "table": table, "event_time_field": "ts"}],
-        engine={"max_records_per_batch": 1_000_000, "max_records_per_task": 250_000}))
-    spark = ensure_spark(spark_box, config)
     say(f"\n== append path: {args.append_rows:,} JSON events into a new append table")
-    load_before = machine_load()
-    started = time.perf_counter()
-    results = run_pipeline(config, spark=spark, stop_when_idle=True)
-    seconds = time.perf_counter() - started
+    spark, seconds, results, load_before = timed_load(info, state_dir, spark_box, "bench_append", {
+        "topics": [topic], "mode": "append", "namespace": NAMESPACE, "table": table, "event_time_field": "ts"})
     got = spark.sql(f"SELECT count(*) AS n, count(DISTINCT event_id) AS ids, coalesce(sum(qty), 0) AS qty, "
                     f"min(ts) = timestamp_millis({base_ms + 1}) AS first_ts FROM lake.{NAMESPACE}.{table}").first()
     want_qty = sum(i % 19 + 1 for i in range(1, args.append_rows + 1))
     if (got["n"], got["ids"], got["qty"], got["first_ts"]) != (args.append_rows, args.append_rows, want_qty, True):
         raise BenchmarkFailure(f"append path: lake {got.asDict()}, expected {args.append_rows} events, qty {want_qty}")
-    rate = args.append_rows / seconds
-    say(f"append path: {args.append_rows:,} events in {seconds:.1f}s = {rate:,.0f} rows/s over {len(results)} "
-        f"batch(es) (the first creates the table); verified count, ids, sums, event time")
-    return {"append_rows_per_s": round(rate), "append_seconds": round(seconds, 2),
-            "append_batches": [round(r.seconds, 2) for r in results], "append_load_before": load_before}
+    return load_figures("append", "append path", args.append_rows, seconds, results, load_before,
+                        "verified count, ids, sums, event time")
+
+
+def timed_load(info, state_dir: Path, spark_box: list, name: str, stream: dict[str, Any]) -> tuple[Any, float, list, dict]:
+    """Run a pipeline of one stream over its topic's backlog in large batches: (spark, seconds, batch results,
+    machine load before)."""
+    config = to_config(pipeline_data(info, state_dir, name, [stream],
+                                     engine={"max_records_per_batch": 1_000_000, "max_records_per_task": 250_000}))
+    spark = ensure_spark(spark_box, config)
+    load_before = machine_load()
+    started = time.perf_counter()
+    results = run_pipeline(config, spark=spark, stop_when_idle=True)
+    return spark, time.perf_counter() - started, results, load_before
 
 
 def mirror_insert_path(info, state_dir: Path, args, spark_box: list) -> dict[str, Any]:
@@ -236,23 +239,23 @@ def mirror_insert_path(info, state_dir: Path, args, spark_box: list) -> dict[str
     for row_id in range(1, args.append_rows + 1):
         producer.send(events.topic, *events.upsert(OrderRow(row_id, row_id % 50000, row_id % 19 + 1, 1), "c", now))
     producer.flush()
-    config = to_config(pipeline_data(info, state_dir, "bench_insert", [
-        {"topics": [events.topic], "mode": "upsert", "namespace": NAMESPACE, "table": "{table}"}],
-        engine={"max_records_per_batch": 1_000_000, "max_records_per_task": 250_000}))
-    spark = ensure_spark(spark_box, config)
     say(f"\n== mirror inserts: {args.append_rows:,} Debezium inserts (schemas off) into a new upsert table")
-    load_before = machine_load()
-    started = time.perf_counter()
-    results = run_pipeline(config, spark=spark, stop_when_idle=True)
-    seconds = time.perf_counter() - started
+    spark, seconds, results, load_before = timed_load(info, state_dir, spark_box, "bench_insert", {
+        "topics": [events.topic], "mode": "upsert", "namespace": NAMESPACE, "table": "{table}"})
     got = lake_totals(spark, table)
     if got["n"] != args.append_rows or got["keys"] != args.append_rows:
         raise BenchmarkFailure(f"mirror inserts: lake {got}, expected {args.append_rows} rows")
-    rate = args.append_rows / seconds
-    say(f"mirror inserts: {args.append_rows:,} rows in {seconds:.1f}s = {rate:,.0f} rows/s over {len(results)} "
-        f"batch(es) (the first creates the table)")
-    return {"mirror_insert_rows_per_s": round(rate), "mirror_insert_seconds": round(seconds, 2),
-            "mirror_insert_batches": [round(r.seconds, 2) for r in results], "mirror_insert_load_before": load_before}
+    return load_figures("mirror_insert", "mirror inserts", args.append_rows, seconds, results, load_before,
+                        "verified count and keys")
+
+
+def load_figures(key: str, label: str, rows: int, seconds: float, results: list, load_before: dict,
+                 verified: str) -> dict[str, Any]:
+    rate = rows / seconds
+    say(f"{label}: {rows:,} rows in {seconds:.1f}s = {rate:,.0f} rows/s over {len(results)} batch(es) "
+        f"(the first creates the table); {verified}")
+    return {f"{key}_rows_per_s": round(rate), f"{key}_seconds": round(seconds, 2),
+            f"{key}_batches": [round(r.seconds, 2) for r in results], f"{key}_load_before": load_before}
 
 
 def ensure_spark(spark_box: list, config):
