@@ -848,11 +848,12 @@ class Pipeline:
                 done = _sum_commits(done, self._bisect_commit(name, half, report, exc))
         return done
 
-    def write_dead_letters(self, report: BatchReport) -> dict[str, int]:
-        """Commit the batch's dead letters not already in the dead-letter table; their count per kind."""
+    def write_dead_letters(self, report: BatchReport, first: int = 0, replayed: bool = True) -> dict[str, int]:
+        """Commit the batch's dead letters from the ``first``-th on; their count per kind. With ``replayed``, those
+        the dead-letter table holds already (its offsets are past them: a batch read again) are left out."""
         from lakestream.sink.files import commit_files, table_info, write_data_file
 
-        if not report.dead_letters:
+        if len(report.dead_letters) <= first:
             return {}
         catalog = self.config.catalog.name
         ns, tbl = self.config.engine.dead_letter_table.split(".", 1)
@@ -862,8 +863,8 @@ class Pipeline:
             info = table_info(self.spark, catalog, ns, tbl)
             self._dead_letter = TableSpec(self.config.engine.dead_letter_table, "append", [], info["schema"],
                                           info["spec"], info["data_location"])
-        committed = self.offsets.load(ident)
-        letters = [d for d in report.dead_letters if d.offset >= committed.get(d.tp, -1)]
+        committed = self.offsets.load(ident) if replayed else {}
+        letters = [d for d in report.dead_letters[first:] if d.offset >= committed.get(d.tp, -1)]
         if not letters:
             return {}
         spec = self._dead_letter
@@ -950,6 +951,11 @@ class Pipeline:
                 report.tables[name] = tr
             report.dead_letters.extend(second.dead_letters)
         self._start_prefetch(report, started)  # plans without touching self.watermarks
+        # The job's dead letters commit before any table: the restart reads from the tables' offsets, so after a
+        # crash between a table's commit and theirs they would be lost. A crash before the tables commit reads
+        # their records again, and the dead-letter table's own offsets leave the second copies out.
+        early = len(report.dead_letters)
+        dead = self.write_dead_letters(report)
         if self.alerts is not None:
             self.alerts.run(report)
         if self.windows is not None:
@@ -958,7 +964,10 @@ class Pipeline:
         committed = self.commit_tables(report, ranges)
         if self.materialize is not None:
             self.materialize.run(report, isolated=bool(self._culprits))  # after its inputs: see the module
-        dead = self.write_dead_letters(report)
+        # Dead letters that came up since (late window rows, records a failing commit isolated): new in this
+        # batch, so not left out by the offsets the first write stored.
+        for kind, n in self.write_dead_letters(report, first=early, replayed=False).items():
+            dead[kind] = dead.get(kind, 0) + n
         commit_ts_ms = int(time.time() * 1000)
         advanced = sum(max(end.next_offset - self.positions.get(tp, 0), 0) for tp, end in report.ends.items())
         for tp, end in report.ends.items():
