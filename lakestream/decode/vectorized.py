@@ -243,16 +243,14 @@ def decode_events(records: RecordRun, table_schema: pa.Schema, key_columns: list
             value = parsed.column(name).combine_chunks()
             if (name in key_columns or name == time_field or not f.nullable) and value.null_count:
                 return None
+            if pa.types.is_floating(wire) and value.null_count < len(value) \
+                    and pc.max(pc.abs(value)).as_py() >= _EXACT_FLOAT_INT:
+                return None  # may be an integer literal no double holds exactly: the record path decides
             if name == time_field and pa.types.is_timestamp(f.type):
-                if pa.types.is_floating(wire) and pc.max(pc.abs(value)).as_py() >= _EXACT_FLOAT_INT:
-                    return None  # an integer literal read as a float there may differ from the record path's int
                 micros = [event_time(v) for v in value.to_pylist()]
                 arrays.append(pa.array(micros, pa.int64()).cast(f.type))
                 source_ts = np.asarray(micros, np.float64) // 1000
             else:
-                if pa.types.is_floating(wire) and value.null_count < len(value) \
-                        and pc.max(pc.abs(value)).as_py() >= _EXACT_FLOAT_INT:
-                    return None  # may be an integer literal no double holds exactly: the record path refuses it
                 arrays.append(pc.cast(value, f.type, safe=True))
         table = pa.Table.from_arrays(arrays, schema=table_schema)
     except (pa.ArrowException, ValueError, TypeError, OverflowError, BadValue):
@@ -261,7 +259,7 @@ def decode_events(records: RecordRun, table_schema: pa.Schema, key_columns: list
                       np.array(records.timestamps, np.int64))
 
 
-_EXACT_FLOAT_INT = 2.0**53
+_EXACT_FLOAT_INT = 2.0**53  # as lakestream.sink.convert's integer check
 _DEFAULT_KEY = b"lakestream.write-default"  # lakestream.sink.files.DEFAULT_KEY (no import of the sink here)
 _MICROS = {"io.debezium.time.MicroTimestamp": 1, "io.debezium.time.Timestamp": 1000,
            "org.apache.kafka.connect.data.Timestamp": 1000}

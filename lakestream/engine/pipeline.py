@@ -644,7 +644,7 @@ class Pipeline:
         started = time.monotonic()
         try:
             report = BatchReport()
-            batches = [b for b in run_write_task([r for rs in probes.values() for r in rs], ctx)]
+            batches = list(run_write_task([r for rs in probes.values() for r in rs], ctx))
             if batches:
                 report.add(pa.Table.from_batches(batches))
         except Exception as exc:  # noqa: BLE001 — the job reads these records again and reports what is wrong
@@ -848,9 +848,10 @@ class Pipeline:
                 done = _sum_commits(done, self._bisect_commit(name, half, report, exc))
         return done
 
-    def write_dead_letters(self, report: BatchReport, first: int = 0, replayed: bool = True) -> dict[str, int]:
-        """Commit the batch's dead letters from the ``first``-th on; their count per kind. With ``replayed``, those
-        the dead-letter table holds already (its offsets are past them: a batch read again) are left out."""
+    def write_dead_letters(self, report: BatchReport, first: int = 0) -> dict[str, int]:
+        """Commit the batch's dead letters from the ``first``-th on; their count per kind. The batch's first write
+        (``first`` 0) leaves out those the dead-letter table holds already (its offsets are past them: a batch
+        read again after a crash); later ones came up in this batch's commits and are all new."""
         from lakestream.sink.files import commit_files, table_info, write_data_file
 
         if len(report.dead_letters) <= first:
@@ -863,7 +864,7 @@ class Pipeline:
             info = table_info(self.spark, catalog, ns, tbl)
             self._dead_letter = TableSpec(self.config.engine.dead_letter_table, "append", [], info["schema"],
                                           info["spec"], info["data_location"])
-        committed = self.offsets.load(ident) if replayed else {}
+        committed = self.offsets.load(ident) if first == 0 else {}
         letters = [d for d in report.dead_letters[first:] if d.offset >= committed.get(d.tp, -1)]
         if not letters:
             return {}
@@ -966,7 +967,7 @@ class Pipeline:
             self.materialize.run(report, isolated=bool(self._culprits))  # after its inputs: see the module
         # Dead letters that came up since (late window rows, records a failing commit isolated): new in this
         # batch, so not left out by the offsets the first write stored.
-        for kind, n in self.write_dead_letters(report, first=early, replayed=False).items():
+        for kind, n in self.write_dead_letters(report, first=early).items():
             dead[kind] = dead.get(kind, 0) + n
         commit_ts_ms = int(time.time() * 1000)
         advanced = sum(max(end.next_offset - self.positions.get(tp, 0), 0) for tp, end in report.ends.items())
