@@ -1,4 +1,6 @@
 """Precise exception types; every user-facing failure is one of these."""
+import re
+from dataclasses import dataclass
 
 
 class LakestreamError(Exception):
@@ -65,39 +67,118 @@ class OffsetError(LakestreamError):
     """Kafka offsets are inconsistent (e.g. committed offset no longer retained by the broker)."""
 
 
-# Failures of the services a batch depends on (broker, catalog, storage, the Spark cluster itself),
-# by exception class name as it appears in the Python or Java error. Anything else that fails a write
-# is presumed to come from the data, and the engine isolates the record that causes it.
-_INFRASTRUCTURE_MARKERS = (
-    "KafkaException", "KafkaError", "OffsetError", "SchemaRegistryUnavailable", "_TRANSPORT", "_ALL_BROKERS_DOWN", "BrokerNotAvailable",
-    "SQLException", "PSQLException", "SQLTransientConnectionException", "IOException", "FileNotFoundException",
-    "NoSuchFileException", "AccessDeniedException", "No space left", "ConnectException", "Connection refused",
-    "Connection reset", "SocketTimeoutException", "UnknownHostException", "OutOfMemoryError", "MemoryError",
-    "ExecutorLostFailure", "Py4JNetworkError", "SparkContext was shut down", "CommitStateUnknownException",
-    # The table moved under the commit (another writer, maintenance) past the committer's own retries.
-    "CommitFailedException", "ValidationException", "NoSuchTableException", "NotFoundException",
-)
+class ReadStalled(OffsetError):
+    """A Spark task's read made no progress for its stall timeout: the broker is away (an outage)."""
+
+
+# -- classifying a failure ------------------------------------------------------------------------
+# A failure is classified by the exception types it carries, never by free text: the Python exception's
+# classes, the Java exception's class and every cause's (a Py4J error), and the exception class names a
+# remote failure names (a Spark task's Python traceback reaches the driver only as the text of a
+# `PythonException`, each line naming its exception class). So a data error whose message quotes
+# "Connection refused" is data, not an outage.
+
+# The table moved under a commit (maintenance, another writer): the write is re-planned against its new
+# state. Class → the conflict's cause as a bounded metrics label.
+CONFLICT_TYPES = {"CommitFailedException": "commit_failed", "ValidationException": "validation",
+                  "CommitStateUnknownException": "state_unknown", "NotFoundException": "not_found",
+                  "FileNotFoundException": "not_found"}
+# A service the batch needs (broker, catalog, storage) is unreachable: waited out, it passes by itself.
+OUTAGE_TYPES = frozenset({
+    "KafkaException", "KafkaError", "BrokerNotAvailableError", "SQLException", "PSQLException",
+    "SQLTransientConnectionException", "IOException", "ConnectException", "SocketException", "SocketTimeoutException",
+    "UnknownHostException", "NoRouteToHostException", "CommitStateUnknownException", "ReadStalled",
+    "ConnectionError", "ConnectionRefusedError", "ConnectionResetError", "OperationalError",
+})
+# Infrastructure that does not pass by itself (the JVM out of memory, Spark gone), or another failure of
+# a service the batch depends on: never blamed on a record, never waited out as an outage.
+FATAL_TYPES = frozenset({"OutOfMemoryError", "MemoryError", "Py4JNetworkError", "StackOverflowError"})
+INFRASTRUCTURE_TYPES = frozenset({
+    "OffsetError", "SchemaRegistryUnavailable", "FileNotFoundException", "NoSuchFileException",
+    "AccessDeniedException", "NoSuchTableException", "CommitFailedException", "ValidationException", "NotFoundException",
+})
+# Spark states that no exception type names: the driver's context stopped, an executor died.
+_SPARK_GONE = ("SparkContext was shut down", "ExecutorLostFailure", "SparkContext has been shutdown")
+
+_CLASS_NAME = re.compile(r"\b(?:[a-z_][\w]*\.)*([A-Z]\w*(?:Exception|Error))\b")
+
+
+def exception_types(exc: BaseException) -> list[str]:
+    """The simple class names a failure carries: Python classes, the Java exception and its causes, and
+    the exception classes its message names (remote failures), in that order, without repeats."""
+    names = [cls.__name__ for cls in type(exc).__mro__ if cls not in (object, BaseException)]
+    java = getattr(exc, "java_exception", None)
+    depth = 0
+    while java is not None and depth < 16:
+        try:
+            names.append(str(java.getClass().getSimpleName()))
+            names += _CLASS_NAME.findall(str(java.getMessage() or ""))
+            java = java.getCause()
+        except Exception:  # noqa: BLE001 — the JVM itself may be what failed
+            break
+        depth += 1
+    names += _CLASS_NAME.findall(str(exc))
+    for cause in (exc.__cause__, exc.__context__):
+        if cause is not None and cause is not exc:
+            names += [cls.__name__ for cls in type(cause).__mro__ if cls not in (object, BaseException)]
+    return list(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What kind of failure an exception is: ``config`` (fix the config; stop), ``fatal`` (no retry can
+    cure it: a dead or exhausted JVM; stop), ``outage`` (a service is away; wait it out), ``conflict``
+    (the table moved under a commit; re-plan, ``cause`` says how), ``infrastructure`` (another failure of
+    the services; retry a few times), ``data`` (presumed to come from a record; isolate it)."""
+
+    kind: str
+    cause: str | None = None
+
+    @property
+    def infrastructure(self) -> bool:
+        return self.kind in ("fatal", "outage", "conflict", "infrastructure")
+
+
+def classify_failure(exc: BaseException) -> Failure:
+    """The one classification of a failure, used by the engine, maintenance and re-snapshot alike."""
+    if isinstance(exc, ConfigError):
+        return Failure("config")
+    names = exception_types(exc)
+    text = str(exc)
+    if any(n in FATAL_TYPES for n in names) or any(marker in text for marker in _SPARK_GONE):
+        return Failure("fatal")
+    conflict = next((CONFLICT_TYPES[n] for n in names if n in CONFLICT_TYPES), None)
+    if any(n in OUTAGE_TYPES for n in names):
+        return Failure("outage", conflict)
+    if conflict is not None:
+        return Failure("conflict", conflict)
+    if any(n in INFRASTRUCTURE_TYPES for n in names) or "No space left" in text:  # ENOSPC, Python or Java
+        return Failure("infrastructure")
+    return Failure("data")
+
+
+def conflict_cause(exc: BaseException) -> str | None:
+    """The cause of a commit conflict (a bounded label), or None if ``exc`` is not one."""
+    names = exception_types(exc)
+    return next((CONFLICT_TYPES[n] for n in names if n in CONFLICT_TYPES), None)
 
 
 def is_infrastructure_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` (possibly a Py4J-wrapped Java or Spark task error) comes from infrastructure."""
-    text = f"{type(exc).__name__} {getattr(exc, 'java_exception', '')} {exc}"
-    return any(marker in text for marker in _INFRASTRUCTURE_MARKERS)
-
-
-# The infrastructure failures that pass by themselves when a service comes back (broker, catalog,
-# storage unreachable); the engine waits these out instead of exiting. A dead Spark driver or JVM
-# memory exhaustion does not pass, so those are not here.
-_OUTAGE_MARKERS = (
-    "KafkaException", "KafkaError", "_TRANSPORT", "_ALL_BROKERS_DOWN", "BrokerNotAvailable", "SQLException",
-    "PSQLException", "SQLTransientConnectionException", "IOException", "ConnectException", "Connection refused",
-    "Connection reset", "SocketTimeoutException", "UnknownHostException", "CommitStateUnknownException",
-    "no progress reading",  # a Spark task's read stalled (lakestream.source.reader): the broker is away
-)
+    """Whether ``exc`` (possibly a Py4J-wrapped Java or Spark task error) comes from infrastructure: not a
+    record's fault, so it fails the batch instead of being isolated."""
+    return classify_failure(exc).infrastructure
 
 
 def is_service_outage(exc: BaseException) -> bool:
     """Whether ``exc`` says a service the batch needs (broker, catalog, storage) is unreachable."""
-    text = f"{type(exc).__name__} {getattr(exc, 'java_exception', '')} {exc}"
-    return any(marker in text for marker in _OUTAGE_MARKERS) and not any(
-        fatal in text for fatal in ("SparkContext was shut down", "OutOfMemoryError", "Py4JNetworkError"))
+    return classify_failure(exc).kind == "outage"
+
+
+def first_line(exc: BaseException) -> str:
+    """The informative line of an error (a Spark task failure's Python exception, else the first line)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in reversed(lines):
+        if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line) and "Traceback" not in line:
+            return line[:500]
+    lines = [line for line in lines if not line.startswith(("File ", "at ", "Traceback"))] or lines
+    return (lines[0] if lines else type(exc).__name__)[:500]

@@ -25,9 +25,6 @@ from lakestream.source.kafka import TP
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyiceberg.table import Table as IcebergTable
-    from pyspark.sql import SparkSession
-
-    from lakestream.query import TableRef
 
 log = logging.getLogger(__name__)
 
@@ -207,60 +204,3 @@ def _fill_withheld(new_rows: pa.Table, live: list[int], fills: dict[int, dict[st
                 old = snapshot_keys.get(tuple(rows[slot][k] for k in key_columns))
                 rows[slot][column] = old.get(column) if old is not None else None
     return pa.Table.from_pylist(rows, schema=new_rows.schema)
-
-
-def read_fresh(config: PipelineConfig, ref: TableRef, engine: str = "pyiceberg", columns: list[str] | None = None,
-               where: str | None = None, limit: int | None = None, spark: SparkSession | None = None) -> pa.Table:
-    """``ref``'s current snapshot, read by ``engine``, with the uncommitted Kafka tail applied.
-
-    The filter, columns and limit apply to the merged rows (the tail can move a row into or out of
-    the filter), so ``where`` is SQL as DuckDB evaluates it, whatever the engine.
-    """
-    import json
-    import time
-
-    from lakestream.query import _check_columns, duckdb_connection, load_iceberg_table, read_table
-    from lakestream.sink.files import arrow_schema
-
-    started = time.monotonic()
-    iceberg_table = load_iceberg_table(config.catalog, ref)
-    snapshot = iceberg_table.current_snapshot()
-    if snapshot is None:
-        raise QueryError(f"{ref} has no snapshot yet, so no stored Kafka offsets to read on from: run the pipeline")
-    offsets = stored_offsets(iceberg_table, snapshot.snapshot_id)
-    stream = next((s for s in map(config.stream_for, sorted({tp.topic for tp in offsets})) if s is not None), None)
-    if not offsets or stream is None:
-        raise QueryError(f"{ref}: its snapshots store no Kafka offsets of a stream in this pipeline config, so there "
-                         "is no tail to read: read without --fresh")
-    schema = iceberg_table.schemas().get(snapshot.schema_id, iceberg_table.schema())
-    _check_columns(ref, columns, schema.column_names)
-    if stream.mode == "upsert":
-        key_columns = stream.key_columns or list(schema.identifier_field_names())
-    else:
-        key_columns = [stream.dedupe_field] if stream.dedupe_field else []
-    if stream.mode == "upsert" and not key_columns:
-        raise QueryError(f"{ref}: an upsert table without identifier fields; fresh reads need its key")
-    tail = read_tail(config, str(ref), offsets, arrow_schema(json.loads(schema.model_dump_json(by_alias=True))),
-                     key_columns)
-    rows = read_table(config, str(ref), engine, snapshot_id=snapshot.snapshot_id, spark=spark)
-    ids = None
-    if stream.mode == "append" and stream.dedupe_field and tail.table.num_rows:
-        ids = rows.select([stream.dedupe_field])
-    merged = apply_tail(rows, tail, stream, key_columns, ids)
-    log.info("fresh read of %s: snapshot %d (%d rows) + %d Kafka record(s) beyond its offsets, %d change(s) for "
-             "the table, in %.2fs", ref, snapshot.snapshot_id, rows.num_rows, tail.records, tail.table.num_rows,
-             time.monotonic() - started)
-    if where:
-        from lakestream.identifiers import quote_ansi_column
-        from lakestream.query import _duckdb_result
-
-        select = ", ".join(quote_ansi_column(c) for c in columns) if columns else "*"
-        with duckdb_connection() as con:
-            con.register("fresh_rows", merged)
-            sql = f"SELECT {select} FROM fresh_rows WHERE {where}"
-            if limit is not None:
-                sql += f" LIMIT {int(limit)}"
-            return _duckdb_result(con, sql)
-    if columns:
-        merged = merged.select(columns)
-    return merged.slice(0, limit) if limit is not None else merged

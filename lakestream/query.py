@@ -13,6 +13,7 @@ refused, never read wrong.
 """
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyiceberg.table import Table as IcebergTable
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 Engine = Literal["spark", "duckdb", "pyiceberg"]
 ENGINES: tuple[str, ...] = ("spark", "duckdb", "pyiceberg")
@@ -90,9 +93,7 @@ def read_table(config: PipelineConfig, table: str, engine: Engine = "pyiceberg",
             raise QueryError("a fresh read starts from the current snapshot: it cannot time travel (drop --snapshot)")
         if engine not in ENGINES:
             raise QueryError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
-        from lakestream.fresh import read_fresh
-
-        return read_fresh(config, ref, engine, columns, where, limit, spark)
+        return _read_fresh(config, ref, engine, columns, where, limit, spark)
     if engine == "spark":
         return _read_spark(config, ref, columns, where, snapshot_id, limit, spark)
     if engine not in ENGINES:
@@ -105,7 +106,7 @@ def read_table(config: PipelineConfig, table: str, engine: Engine = "pyiceberg",
         return iceberg_table.schema().as_arrow().empty_table()
     refuse_unreadable(iceberg_table, snapshot.snapshot_id, engine)
     schema = iceberg_table.schemas().get(snapshot.schema_id, iceberg_table.schema())
-    _check_columns(ref, columns, schema.column_names)
+    check_columns(ref, columns, schema.column_names)
     if engine == "pyiceberg":
         from pyiceberg.expressions import AlwaysTrue
 
@@ -120,7 +121,7 @@ def read_table(config: PipelineConfig, table: str, engine: Engine = "pyiceberg",
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     with duckdb_connection() as con:
-        return _duckdb_result(con, sql)
+        return duckdb_result(con, sql)
 
 
 def read_pandas(config: PipelineConfig, table: str, engine: Engine = "pyiceberg", **options) -> pd.DataFrame:
@@ -153,10 +154,65 @@ def run_sql(config: PipelineConfig, query: str, engine: Literal["spark", "duckdb
             con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
             con.execute(f"CREATE VIEW {schema}.{quote_ansi(ref.table)} AS SELECT * FROM iceberg_scan("
                         f"{ansi_string(iceberg_table.metadata_location)}, snapshot_from_id => {int(snapshot.snapshot_id)})")
-        return _duckdb_result(con, query)
+        return duckdb_result(con, query)
 
 
-def _check_columns(ref: TableRef, columns: list[str] | None, existing: list[str]) -> None:
+def _read_fresh(config: PipelineConfig, ref: TableRef, engine: str = "pyiceberg", columns: list[str] | None = None,
+               where: str | None = None, limit: int | None = None, spark: SparkSession | None = None) -> pa.Table:
+    """``ref``'s current snapshot, read by ``engine``, with the uncommitted Kafka tail applied.
+
+    The filter, columns and limit apply to the merged rows (the tail can move a row into or out of
+    the filter), so ``where`` is SQL as DuckDB evaluates it, whatever the engine.
+    """
+    import json
+    import time
+
+    from lakestream.fresh import apply_tail, read_tail, stored_offsets
+    from lakestream.identifiers import quote_ansi_column
+    from lakestream.sink.files import arrow_schema
+
+    started = time.monotonic()
+    iceberg_table = load_iceberg_table(config.catalog, ref)
+    snapshot = iceberg_table.current_snapshot()
+    if snapshot is None:
+        raise QueryError(f"{ref} has no snapshot yet, so no stored Kafka offsets to read on from: run the pipeline")
+    offsets = stored_offsets(iceberg_table, snapshot.snapshot_id)
+    stream = next((s for s in map(config.stream_for, sorted({tp.topic for tp in offsets})) if s is not None), None)
+    if not offsets or stream is None:
+        raise QueryError(f"{ref}: its snapshots store no Kafka offsets of a stream in this pipeline config, so there "
+                         "is no tail to read: read without --fresh")
+    schema = iceberg_table.schemas().get(snapshot.schema_id, iceberg_table.schema())
+    check_columns(ref, columns, schema.column_names)
+    if stream.mode == "upsert":
+        key_columns = stream.key_columns or list(schema.identifier_field_names())
+    else:
+        key_columns = [stream.dedupe_field] if stream.dedupe_field else []
+    if stream.mode == "upsert" and not key_columns:
+        raise QueryError(f"{ref}: an upsert table without identifier fields; fresh reads need its key")
+    tail = read_tail(config, str(ref), offsets, arrow_schema(json.loads(schema.model_dump_json(by_alias=True))),
+                     key_columns)
+    rows = read_table(config, str(ref), engine, snapshot_id=snapshot.snapshot_id, spark=spark)
+    ids = None
+    if stream.mode == "append" and stream.dedupe_field and tail.table.num_rows:
+        ids = rows.select([stream.dedupe_field])
+    merged = apply_tail(rows, tail, stream, key_columns, ids)
+    log.info("fresh read of %s: snapshot %d (%d rows) + %d Kafka record(s) beyond its offsets, %d change(s) for "
+             "the table, in %.2fs", ref, snapshot.snapshot_id, rows.num_rows, tail.records, tail.table.num_rows,
+             time.monotonic() - started)
+    if where:
+        select = ", ".join(quote_ansi_column(c) for c in columns) if columns else "*"
+        with duckdb_connection() as con:
+            con.register("fresh_rows", merged)
+            sql = f"SELECT {select} FROM fresh_rows WHERE {where}"
+            if limit is not None:
+                sql += f" LIMIT {int(limit)}"
+            return duckdb_result(con, sql)
+    if columns:
+        merged = merged.select(columns)
+    return merged.slice(0, limit) if limit is not None else merged
+
+
+def check_columns(ref: TableRef, columns: list[str] | None, existing: list[str]) -> None:
     missing = [c for c in columns or [] if c not in existing]
     if missing:
         raise QueryError(f"{ref} has no column {', '.join(map(repr, missing))}; its columns: {', '.join(existing)}")
@@ -265,7 +321,7 @@ def duckdb_connection() -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _duckdb_result(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+def duckdb_result(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     """Run ``sql``; DuckDB's own errors (a typo, an unknown column) become a QueryError with its message."""
     import duckdb
 
@@ -308,7 +364,7 @@ def _read_spark(config: PipelineConfig, ref: TableRef, columns: list[str] | None
     if snapshot_id is not None:
         reader = reader.option("snapshot-id", str(int(snapshot_id)))
     df = reader.table(quote_table(config.catalog.name, ref.namespace, ref.table))
-    _check_columns(ref, columns, df.columns)
+    check_columns(ref, columns, df.columns)
     if where:
         df = df.where(where)
     if columns:

@@ -22,7 +22,7 @@ from conftest import catalog_settings
 from lakestream.capture import CaptureProcess
 from lakestream.config import PipelineConfig, parse_config
 from lakestream.engine.loop import run_pipeline
-from lakestream.engine.pipeline import BatchResult
+from lakestream.engine.result import BatchResult
 
 DEAD_LETTER = "lake.lakestream.dead_letter"
 

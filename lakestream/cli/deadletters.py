@@ -56,7 +56,7 @@ def _coordinates(values: list[str]) -> list[tuple[str, int, int]]:
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
-    from lakestream.cli.sql import _plain, print_table
+    from lakestream.cli.sql import plain_value, print_table
     from lakestream.sink.replay import (
         DeadLetterFilter, list_dead_letters, replay_dead_letters, summarize_dead_letters,
     )
@@ -78,7 +78,7 @@ def _dead_letters(args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     if args.json:
-        out.write(json.dumps(_plain(rows), indent=2, default=str) + "\n")
+        out.write(json.dumps(plain_value(rows), indent=2, default=str) + "\n")
         out.flush()
         return 0
     sys.stdout = out

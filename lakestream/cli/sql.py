@@ -80,7 +80,7 @@ def print_rows(columns: list[str], rows: list[tuple], output_format: str, limit:
     truncated = limit > 0 and len(rows) > limit
     rows = rows[:limit] if truncated else rows
     if output_format == "json":
-        print(json.dumps([dict(zip(columns, map(_plain, row))) for row in rows], indent=2, default=str))
+        print(json.dumps([dict(zip(columns, map(plain_value, row))) for row in rows], indent=2, default=str))
     elif output_format == "csv":
         writer = csv.writer(sys.stdout)
         writer.writerow(columns)
@@ -109,7 +109,7 @@ def print_table(columns: list[str], rows: list[tuple], title: str | None = None)
     Console(soft_wrap=False, width=None if sys.stdout.isatty() else 250).print(table)
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """A JSON-friendly form of a Spark value."""
     if isinstance(value, (dt.datetime, dt.date, dt.time)):
         return value.isoformat()
@@ -118,11 +118,11 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (bytes, bytearray)):
         return base64.b64encode(value).decode()
     if hasattr(value, "asDict"):
-        return {k: _plain(v) for k, v in value.asDict().items()}
+        return {k: plain_value(v) for k, v in value.asDict().items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain_value(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain_value(v) for k, v in value.items()}
     return value
 
 
@@ -132,5 +132,5 @@ def _text(value: Any) -> str:
     if isinstance(value, (dt.datetime, dt.date, dt.time)):
         return str(value)
     if isinstance(value, (list, dict)) or hasattr(value, "asDict"):
-        return json.dumps(_plain(value), default=str)
-    return str(_plain(value))
+        return json.dumps(plain_value(value), default=str)
+    return str(plain_value(value))

@@ -18,7 +18,7 @@ import orjson
 from lakestream.config import HealthThresholds, PipelineConfig
 from lakestream.dashboard.charts import freshness_figure, lag_figure, partition_files_figure, throughput_figure
 from lakestream.engine.freshness import freshness_of_batches
-from lakestream.health.monitor import HealthReport
+from lakestream.health.model import HealthReport
 from lakestream.inspection import TableMetrics
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from lakestream.decode.avro import AvroSchemas, decode_avro, schema_id_of
-from lakestream.decode.types import UNAVAILABLE_VALUE, FieldType, _identity, event_time, field_type, infer_type
+from lakestream.decode.types import UNAVAILABLE_VALUE, FieldType, identity, event_time, field_type, infer_type
 from lakestream.errors import BadValue, DecodeError
 
 OPS = {"c", "u", "d", "r"}
@@ -75,7 +75,7 @@ class SchemaCache:
         keys give only the names (values None), which the caller fills from the row."""
         if key is None:
             return None
-        split = _split_envelope(key)
+        split = split_envelope(key)
         if split is not None:
             names = self._key_names.get(split[0])
             if names is not None:
@@ -178,7 +178,7 @@ def _convert_row(row: dict[str, Any], types: dict[str, FieldType]) -> tuple[dict
             if value == UNAVAILABLE_VALUE:
                 unavailable.append(name)
                 row[name] = None
-    converting = [(name, ftype) for name, ftype in types.items() if ftype.convert is not _identity]
+    converting = [(name, ftype) for name, ftype in types.items() if ftype.convert is not identity]
     if not converting:
         return row, unavailable
     out = dict(row)
@@ -210,7 +210,7 @@ def decode_key(key: bytes | None) -> dict[str, Any] | None:
     return obj
 
 
-def _split_envelope(value: bytes) -> tuple[bytes, bytes] | None:
+def split_envelope(value: bytes) -> tuple[bytes, bytes] | None:
     """(schema part, payload JSON) of a schemas-on message, without parsing it."""
     if not value.startswith(b'{"schema"'):
         return None
@@ -242,7 +242,7 @@ def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache,
     """Decode a Debezium change event; None for events that carry no row change (heartbeats, tombstones).
 
     With ``avro`` (a registry is configured), Confluent-framed Avro events are read too."""
-    split = _split_envelope(value)
+    split = split_envelope(value)
     known = cache.cached(split[0]) if split else None
     if avro is not None and split is None and schema_id_of(value) is not None:
         payload, writer = decode_avro(value, avro)

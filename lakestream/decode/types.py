@@ -26,7 +26,7 @@ _MAX_DECIMAL_PRECISION = 38
 Converter = Callable[[Any], Any]
 
 
-def _identity(value: Any) -> Any:
+def identity(value: Any) -> Any:
     return value
 
 
@@ -186,7 +186,7 @@ class FieldType:
 
     __slots__ = ("ddl", "convert")
 
-    def __init__(self, ddl: str, convert: Converter = _identity):
+    def __init__(self, ddl: str, convert: Converter = identity):
         self.ddl = ddl
         self.convert = convert
 

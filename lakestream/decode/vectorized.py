@@ -23,9 +23,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from lakestream.decode.envelope import _split_envelope
+from lakestream.decode.envelope import split_envelope
 from lakestream.decode.types import (
-    MAX_DAYS, MAX_MICROS, MIN_DAYS, MIN_MICROS, UNAVAILABLE_VALUE, FieldType, _identity, event_time, field_type,
+    MAX_DAYS, MAX_MICROS, MIN_DAYS, MIN_MICROS, UNAVAILABLE_VALUE, FieldType, identity, event_time, field_type,
 )
 from lakestream.errors import BadValue
 
@@ -89,8 +89,8 @@ class RunDecoder:
         if records.values[0][:1] == b"\x00":
             return None  # Confluent-framed (Avro): decoded record by record
         if expected_like is not None:
-            expected = _split_envelope(expected_like)
-            first = _split_envelope(records.values[0])
+            expected = split_envelope(expected_like)
+            first = split_envelope(records.values[0])
             if (expected is None) != (first is None) or (expected is not None and expected[0] != first[0]):
                 return None
         try:
@@ -107,7 +107,7 @@ class RunDecoder:
             if key is None or type(loads(key)) is not dict:
                 return None
         first = records.values[0]
-        split = _split_envelope(first)
+        split = split_envelope(first)
         if split is not None:
             head = split[0]
             fields = self._schemas.get(head)
@@ -277,7 +277,7 @@ def _in_range(value: pa.Array, low: int, high: int) -> pa.Array:
 def _convert(value: pa.Array, field: _WireField, target: pa.DataType) -> pa.Array:
     """A parsed wire column as ``target`` (raises when a value does not fit: the caller falls back)."""
     name = field.semantic
-    if field.ftype is None or (name is None and field.ftype.convert is _identity):
+    if field.ftype is None or (name is None and field.ftype.convert is identity):
         return pc.cast(value, target, safe=True)
     if name in _DATES and pa.types.is_date(target):
         return pc.cast(pc.cast(_in_range(value, MIN_DAYS, MAX_DAYS), pa.int32(), safe=True), target)
@@ -287,7 +287,7 @@ def _convert(value: pa.Array, field: _WireField, target: pa.DataType) -> pa.Arra
         return pc.cast(_in_range(micros, MIN_MICROS, MAX_MICROS), target)
     if name == "io.debezium.time.ZonedTimestamp" and pa.types.is_timestamp(target) and target.tz is not None:
         return pc.cast(value, target)
-    if field.ftype.convert is _identity and pa.types.is_string(field.wire) and pa.types.is_string(target):
+    if field.ftype.convert is identity and pa.types.is_string(field.wire) and pa.types.is_string(target):
         return value
     if (name == "org.apache.kafka.connect.data.Decimal" and pa.types.is_string(field.wire)
             and pa.types.is_decimal(target) and field.ftype.ddl == f"decimal({target.precision},{target.scale})"):

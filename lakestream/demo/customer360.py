@@ -21,8 +21,8 @@ import yaml
 
 from lakestream.capture.process import CaptureProcess
 from lakestream.config import PipelineConfig, parse_config
-from lakestream.demo.fraud import _drop_namespace_tables, _reset_database
-from lakestream.demo.runner import _PipelineProcess, _Step, _wait_for_first_commit, example_stack, write_private_yaml
+from lakestream.demo.fraud import drop_namespace_tables, reset_database
+from lakestream.demo.runner import PipelineProcess, Step, wait_for_first_commit, example_stack, write_private_yaml
 from lakestream.demo.subscriptions import SubscriptionsWorkload, SubscriptionStats
 from lakestream.errors import LakestreamError
 from lakestream.identifiers import quote_table
@@ -108,7 +108,7 @@ def run_customer360_demo(settings: Customer360Settings, info: StackInfo | None =
 
 
 def _run(settings: Customer360Settings, info: StackInfo | None, spark: SparkSession | None) -> Customer360Result:
-    step = _Step(total=7)
+    step = Step(total=7)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     state_dir = Path(settings.state_dir).expanduser().resolve()
     info = example_stack(settings, state_dir, info, step)
@@ -121,7 +121,7 @@ def _run(settings: Customer360Settings, info: StackInfo | None, spark: SparkSess
     write_private_yaml(yaml_path, data)
 
     step(f"resetting database {settings.dbname} and the lake namespace {settings.namespace}")
-    _reset_database(info, settings.dbname)
+    reset_database(info, settings.dbname)
     own_spark = spark is None
     if spark is None:
         from lakestream.spark import session_for
@@ -129,18 +129,18 @@ def _run(settings: Customer360Settings, info: StackInfo | None, spark: SparkSess
         spark = session_for(config)
     catalog = config.catalog.name
     try:
-        _drop_namespace_tables(spark, catalog, settings.namespace)
+        drop_namespace_tables(spark, catalog, settings.namespace)
         conn = psycopg2.connect(info.pg_dsn(settings.dbname))
         workload = SubscriptionsWorkload(conn, seed=settings.seed)
         workload.create_schema()  # the plan catalog is in the initial snapshot
         step(f"starting Debezium capture and the pipeline ({yaml_path})")
         capture = CaptureProcess(yaml_path, log_path=work / "capture.log")
-        pipeline = _PipelineProcess(yaml_path, work / "pipeline.log")
+        pipeline = PipelineProcess(yaml_path, work / "pipeline.log")
         capture.start()
         pipeline.start()
         try:
             capture.wait_until_streaming(timeout=300)
-            ready = _wait_for_first_commit(config, pipeline, timeout=300)
+            ready = wait_for_first_commit(config, pipeline, timeout=300)
             # customer_360's SQL reads the catalog mirror: it must exist before the inputs do.
             _wait_for(lambda: spark.catalog.tableExists(f"{catalog}.{settings.namespace}.plans"), pipeline,
                       settings.catchup_timeout_s, f"the catalog mirror {settings.namespace}.plans")
@@ -171,7 +171,7 @@ def _run(settings: Customer360Settings, info: StackInfo | None, spark: SparkSess
     return Customer360Result(True, config, stats, customers, pipeline.log_path)
 
 
-def _wait_for(condition, pipeline: _PipelineProcess, timeout: float, what: str) -> None:
+def _wait_for(condition, pipeline: PipelineProcess, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         pipeline.check()
@@ -180,7 +180,7 @@ def _wait_for(condition, pipeline: _PipelineProcess, timeout: float, what: str) 
         time.sleep(0.5)
 
 
-def _wait_until_current(spark: SparkSession, config: PipelineConfig, pipeline: _PipelineProcess,
+def _wait_until_current(spark: SparkSession, config: PipelineConfig, pipeline: PipelineProcess,
                         timeout: float) -> float:
     """Seconds until every mirror equals its source table and customer_360's snapshot records offsets at
     or past each input's (it is a function of the inputs' state as of those offsets)."""

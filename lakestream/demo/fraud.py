@@ -20,7 +20,7 @@ from psycopg2 import sql as pgsql
 
 from lakestream.capture.process import CaptureProcess
 from lakestream.config import PipelineConfig, parse_config
-from lakestream.demo.runner import _PipelineProcess, _Step, _wait_for_first_commit, example_stack, write_private_yaml
+from lakestream.demo.runner import PipelineProcess, Step, wait_for_first_commit, example_stack, write_private_yaml
 from lakestream.demo.transactions import TransactionsWorkload
 from lakestream.errors import LakestreamError
 from lakestream.identifiers import quote, quote_table
@@ -86,7 +86,7 @@ def fraud_config_data(settings: FraudSettings, info: StackInfo, prefix: str) -> 
     return data
 
 
-def _reset_database(info: StackInfo, dbname: str) -> None:
+def reset_database(info: StackInfo, dbname: str) -> None:
     """Drop the example's database (and any replication slot on it), create it empty."""
     conn = psycopg2.connect(info.pg_dsn())
     conn.autocommit = True
@@ -103,7 +103,7 @@ def _reset_database(info: StackInfo, dbname: str) -> None:
         conn.close()
 
 
-def _drop_namespace_tables(spark: SparkSession, catalog: str, namespace: str) -> None:
+def drop_namespace_tables(spark: SparkSession, catalog: str, namespace: str) -> None:
     if spark.sql(f"SHOW NAMESPACES IN {quote(catalog)}").where(f"namespace = '{namespace}'").count():
         for row in spark.sql(f"SHOW TABLES IN {quote(catalog)}.{quote(namespace)}").collect():
             spark.sql(f"DROP TABLE IF EXISTS {quote_table(catalog, namespace, row['tableName'])} PURGE")
@@ -119,7 +119,7 @@ def _table_count(spark: SparkSession, config: PipelineConfig, table: str) -> int
 def run_fraud_demo(settings: FraudSettings, info: StackInfo | None = None,
                    spark: SparkSession | None = None) -> FraudResult:
     """Run the example end to end and print its report; ``info``/``spark`` reuse a running stack/session."""
-    step = _Step(total=7)
+    step = Step(total=7)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     state_dir = Path(settings.state_dir).expanduser().resolve()
     info = example_stack(settings, state_dir, info, step)
@@ -132,26 +132,26 @@ def run_fraud_demo(settings: FraudSettings, info: StackInfo | None = None,
     write_private_yaml(yaml_path, data)
 
     step(f"resetting database {settings.dbname} and the lake namespace {settings.namespace}")
-    _reset_database(info, settings.dbname)
+    reset_database(info, settings.dbname)
     own_spark = spark is None
     if spark is None:
         from lakestream.spark import session_for
 
         spark = session_for(config)
     try:
-        _drop_namespace_tables(spark, config.catalog.name, settings.namespace)
+        drop_namespace_tables(spark, config.catalog.name, settings.namespace)
         conn = psycopg2.connect(info.pg_dsn(settings.dbname))
         workload = TransactionsWorkload(conn, accounts=settings.accounts, seed=settings.seed)
         workload.create_schema()
         step(f"starting Debezium capture and the pipeline ({yaml_path})")
         capture = CaptureProcess(yaml_path, log_path=work / "capture.log")
-        pipeline = _PipelineProcess(yaml_path, work / "pipeline.log")
+        pipeline = PipelineProcess(yaml_path, work / "pipeline.log")
         capture.start()
         pipeline.start()
         try:
             capture.wait_until_streaming(timeout=300)
             workload.pay(1, 1.0)  # warms the pipeline up: latency is measured on a running pipeline
-            ready = _wait_for_first_commit(config, pipeline, timeout=300)
+            ready = wait_for_first_commit(config, pipeline, timeout=300)
             step.info(f"pipeline committed its first batch after {ready:.1f}s")
             step(f"running the transactions workload for {settings.duration_s:.0f}s (~{settings.per_s:.0f}/s)")
             stats = workload.run(settings.duration_s, settings.per_s,

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from lakestream.config import PipelineConfig, parse_config
-from lakestream.demo.fraud import _drop_namespace_tables
-from lakestream.demo.runner import _Step, example_stack, write_private_yaml
+from lakestream.demo.fraud import drop_namespace_tables
+from lakestream.demo.runner import Step, example_stack, write_private_yaml
 from lakestream.demo.sensors import SensorProducer
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import LakestreamError
@@ -77,7 +77,7 @@ def iot_config_data(settings: IotSettings, info: StackInfo, topic: str) -> dict[
 
 def run_iot_demo(settings: IotSettings, info: StackInfo | None = None, spark: SparkSession | None = None) -> IotResult:
     """Run the example end to end and print its report; ``info``/``spark`` reuse a running stack/session."""
-    step = _Step(total=5)
+    step = Step(total=5)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     state_dir = Path(settings.state_dir).expanduser().resolve()
     info = example_stack(settings, state_dir, info, step)
@@ -93,7 +93,7 @@ def run_iot_demo(settings: IotSettings, info: StackInfo | None = None, spark: Sp
 
         spark = session_for(config)
     try:
-        _drop_namespace_tables(spark, config.catalog.name, settings.namespace)
+        drop_namespace_tables(spark, config.catalog.name, settings.namespace)
         sensors = SensorProducer(info.bootstrap_servers, topic, machines=settings.machines, seed=settings.seed)
         sensors.create_topic(partitions=4)
         first = sensors.readings(settings.readings)

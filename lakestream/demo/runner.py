@@ -68,7 +68,7 @@ class DemoResult:
     notes: list[str] = field(default_factory=list)
 
 
-class _Step:
+class Step:
     """Numbered progress lines: ``[3/9] starting Debezium capture …``."""
 
     def __init__(self, total: int):
@@ -85,7 +85,7 @@ class _Step:
 def run_demo(settings: DemoSettings) -> DemoResult:
     """Run the whole demo; the result is ok only if verify passes."""
     started = time.monotonic()
-    step = _Step(total=9)
+    step = Step(total=9)
     state_dir = Path(settings.state_dir).expanduser().resolve()
     demo_dir = state_dir / "demo"
     demo_dir.mkdir(parents=True, exist_ok=True)
@@ -128,7 +128,7 @@ def run_demo(settings: DemoSettings) -> DemoResult:
 
             step("starting Debezium capture and the pipeline (`lakestream run`)")
             capture = CaptureProcess(yaml_path, log_path=demo_dir / "capture.log")
-            pipeline = _PipelineProcess(yaml_path, demo_dir / "pipeline.log")
+            pipeline = PipelineProcess(yaml_path, demo_dir / "pipeline.log")
             capture.start()
             pipeline.start()
             try:
@@ -136,7 +136,7 @@ def run_demo(settings: DemoSettings) -> DemoResult:
                 step.info(f"capture is streaming (logs: {capture.log_path}, {pipeline.log_path})")
                 # Freshness is measured on the workload: start it once the pipeline is up (its Spark
                 # session started, the snapshot committed), not while changes would wait for a JVM.
-                ready_s = _wait_for_first_commit(config, pipeline, timeout=300)
+                ready_s = wait_for_first_commit(config, pipeline, timeout=300)
                 step.info(f"the pipeline committed the initial snapshot {ready_s:.1f}s after capture was streaming")
 
                 step(f"running the workload for {settings.duration_s:.0f}s (~{settings.changes_per_s:.0f} changes/s; "
@@ -216,7 +216,7 @@ def write_private_yaml(path: Path, data: dict[str, Any]) -> None:
         yaml.safe_dump(data, fh, sort_keys=False)
 
 
-def example_stack(settings: Any, state_dir: Path, info: StackInfo | None, step: _Step) -> StackInfo:
+def example_stack(settings: Any, state_dir: Path, info: StackInfo | None, step: Step) -> StackInfo:
     """The stack an example runs on: ``info`` when given, else the local stack started from ``settings``
     (pg_port, kafka_port, broker)."""
     if info is not None:
@@ -285,7 +285,7 @@ def _drop_lake_tables(spark: SparkSession, config: PipelineConfig) -> None:
 # -- processes -------------------------------------------------------------------------------------
 
 
-class _PipelineProcess:
+class PipelineProcess:
     """``lakestream run`` as a child process in its own session, its output in a log file."""
 
     def __init__(self, yaml_path: Path, log_path: Path):
@@ -315,7 +315,7 @@ class _PipelineProcess:
             self.proc.wait(10)
 
 
-def _wait_until_verified(spark: SparkSession, config: PipelineConfig, pipeline: _PipelineProcess,
+def _wait_until_verified(spark: SparkSession, config: PipelineConfig, pipeline: PipelineProcess,
                          timeout: float) -> tuple[VerifyReport, float]:
     from lakestream.verify import verify_tables
 
@@ -343,7 +343,7 @@ def _wait_until_verified(spark: SparkSession, config: PipelineConfig, pipeline: 
         time.sleep(3)
 
 
-def _wait_for_first_commit(config: PipelineConfig, pipeline: _PipelineProcess, timeout: float) -> float:
+def wait_for_first_commit(config: PipelineConfig, pipeline: PipelineProcess, timeout: float) -> float:
     """Seconds until the pipeline committed its first batch (raises after ``timeout``)."""
     started = time.monotonic()
     while not _last_commit_ms(metrics_path(config)):

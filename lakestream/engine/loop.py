@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 import orjson
 
 from lakestream.config import PipelineConfig
-from lakestream.errors import ConfigError
-from lakestream.engine.pipeline import BatchResult, Pipeline, _first_line, describe_batch
-from lakestream.errors import is_service_outage
+from lakestream.engine.pipeline import Pipeline
+from lakestream.engine.result import BatchResult, describe_batch
+from lakestream.errors import ConfigError, first_line, is_service_outage
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -107,7 +107,7 @@ def run_pipeline(
                     for action in maintain(pipeline.spark, config, time.time()) or []:
                         log.info("maintenance: %s", action)
                 except Exception as exc:  # noqa: BLE001 — maintenance must never stop ingestion
-                    log.error("maintenance round failed (next round as scheduled): %s", _first_line(exc)[:300])
+                    log.error("maintenance round failed (next round as scheduled): %s", first_line(exc)[:300])
     finally:
         pipeline.close()
         if engine_metrics is not None:
@@ -141,4 +141,4 @@ def _failure_summary(exc: BaseException) -> str:
             return text.splitlines()[0][:500]
         except Exception:  # noqa: BLE001 — the JVM itself may be what failed
             pass
-    return _first_line(exc)[:300]
+    return first_line(exc)[:300]

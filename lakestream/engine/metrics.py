@@ -12,7 +12,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from lakestream.engine.pipeline import BatchResult
+from lakestream.engine.result import BatchResult
 from lakestream.errors import DEAD_LETTER_KINDS
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,7 @@
 """Table health: metrics from Iceberg metadata, threshold alerts, terminal/JSON reports, Prometheus, webhooks."""
 from lakestream.health.checks import Alert, evaluate
 from lakestream.inspection import TableMetrics, collect_table_metrics
-from lakestream.health.monitor import HealthReport, collect_health, monitor
+from lakestream.health.monitor import collect_health, monitor
+from lakestream.health.model import HealthReport
 
 __all__ = ["Alert", "HealthReport", "TableMetrics", "collect_health", "collect_table_metrics", "evaluate", "monitor"]

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from lakestream.health.monitor import HealthReport
+from lakestream.health.model import HealthReport
 
 log = logging.getLogger(__name__)
 

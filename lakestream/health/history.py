@@ -10,7 +10,7 @@ from lakestream.config import PipelineConfig
 from lakestream.jsonlog import append_lines, read_lines
 
 if TYPE_CHECKING:
-    from lakestream.health.monitor import HealthReport
+    from lakestream.health.model import HealthReport
 
 _FIELDS = ("rows", "data_files", "files_per_partition_max", "files_per_partition_p95", "small_file_share",
            "snapshots", "metadata_bytes", "freshness_s", "kafka_lag")

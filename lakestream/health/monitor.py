@@ -4,12 +4,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lakestream.config import PipelineConfig
 from lakestream.health.checks import Alert, compaction_lag_s, evaluate
 from lakestream.health.history import record_health
+from lakestream.health.model import HealthReport
 from lakestream.inspection import TableMetrics, collect_table_metrics, list_tables
 
 if TYPE_CHECKING:
@@ -19,28 +19,6 @@ if TYPE_CHECKING:
     from lakestream.health.webhook import AlertNotifier
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class HealthReport:
-    """Metrics and alerts of every table at one moment."""
-
-    collected_ms: int
-    tables: list[TableMetrics] = field(default_factory=list)
-    alerts: list[Alert] = field(default_factory=list)
-    compaction_lag_s: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def healthy(self) -> bool:
-        return not self.alerts
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "collected_ms": self.collected_ms,
-            "healthy": self.healthy,
-            "tables": [m.to_json() | {"compaction_lag_s": round(self.compaction_lag_s.get(m.table, 0.0), 1)} for m in self.tables],
-            "alerts": [a.to_json() for a in self.alerts],
-        }
 
 
 def collect_health(

@@ -5,7 +5,7 @@ import json
 import sys
 from typing import IO
 
-from lakestream.health.monitor import HealthReport
+from lakestream.health.model import HealthReport
 from lakestream.inspection import format_bytes
 
 

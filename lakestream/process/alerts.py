@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from lakestream.config import StreamSettings
 from lakestream.errors import LakestreamError
 from lakestream.process.rules import ALERT_COLUMNS, RuleEvaluator, alert_id
+from lakestream.sink.files import read_data_files
 from lakestream.sink.report import BatchReport, DataFileWritten, NewShape
 from lakestream.source.kafka import TP
 
 if TYPE_CHECKING:
-    from lakestream.engine.pipeline import Pipeline
+    from lakestream.process.stage import StageContext
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +34,11 @@ log = logging.getLogger(__name__)
 class AlertStage:
     """Every rule set of a pipeline, with its evaluator and its Kafka producer."""
 
-    def __init__(self, pipeline: Pipeline):
-        self.pipeline = pipeline
-        self.rule_sets = list(pipeline.config.rules)
+    when = "before_commits"  # stages the alerts' data file; the alerts table commits before its source
+
+    def __init__(self, ctx: StageContext):
+        self.ctx = ctx
+        self.rule_sets = list(ctx.config.rules)
         self.evaluators = {r.name: RuleEvaluator(r) for r in self.rule_sets}
         self._loaded: set[str] = set()
         self._producer: Any = None
@@ -45,11 +47,17 @@ class AlertStage:
     def tables(self) -> set[str]:
         return {r.alerts_table for r in self.rule_sets}
 
+    def reads(self) -> dict[str, set[str]]:
+        return {r.alerts_table: {r.source} for r in self.rule_sets}
+
+    def idle(self) -> None:
+        pass
+
     def _producer_for(self) -> Any:
         if self._producer is None:
             from confluent_kafka import Producer
 
-            kafka = self.pipeline.config.kafka
+            kafka = self.ctx.config.kafka
             conf = {str(k): v for k, v in kafka.client.items() if not str(k).startswith(("session.", "group.",
                                                                                             "auto.offset"))}
             conf.update({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True,
@@ -57,7 +65,7 @@ class AlertStage:
             self._producer = Producer(conf)
         return self._producer
 
-    def run(self, report: BatchReport) -> int:
+    def run(self, report: BatchReport, isolated: bool = False) -> int:
         """Evaluate, produce and stage the alerts of this batch; how many alerts were raised."""
         raised = 0
         for rules in self.rule_sets:
@@ -66,9 +74,9 @@ class AlertStage:
                 continue
             evaluator = self.evaluators[rules.name]
             if rules.name not in self._loaded:
-                evaluator.load_history(self.pipeline.spark, self.pipeline.config.catalog.name)
+                evaluator.load_history(self.ctx.spark, self.ctx.config.catalog.name)
                 self._loaded.add(rules.name)
-            new = _read_files([f.path for f in source.files])
+            new = read_data_files([f.path for f in source.files])
             if "_source_ts_ms" not in new.column_names:
                 new = new.append_column("_source_ts_ms", pa.nulls(new.num_rows, pa.int64()))
             found = evaluator.evaluate(new)
@@ -77,17 +85,17 @@ class AlertStage:
 
     def _stage(self, rules: Any, new: pa.Table, found: pa.Table, report: BatchReport) -> int:
         from lakestream.sink.files import write_data_file
-        from lakestream.sink.task import _stats
+        from lakestream.sink.task import change_stats
 
-        pipeline = self.pipeline
+        ctx = self.ctx
         name = rules.alerts_table
         ns, tbl = name.split(".")
-        if name not in pipeline.specs:
-            pipeline.tables.ensure_namespace(ns)
+        if name not in ctx.registry.specs:
+            ctx.tables.ensure_namespace(ns)
             shape = NewShape(name, rules.source, "alerts-v1", list(ALERT_COLUMNS), [], False)
-            pipeline.prepare_table(name, [shape], StreamSettings(topics=[rules.source], mode="append",
+            ctx.registry.prepare_table(name, [shape], StreamSettings(topics=[rules.source], mode="append",
                                                                  namespace=ns, table=tbl))
-        spec = pipeline.specs[name]
+        spec = ctx.registry.specs[name]
         topics = new.column("_topic").to_pylist()
         partitions = np.asarray(new.column("_kafka_partition").to_numpy(zero_copy_only=False), np.int64)
         offsets = np.asarray(new.column("_kafka_offset").to_numpy(zero_copy_only=False), np.int64)
@@ -97,7 +105,7 @@ class AlertStage:
         if not fresh.any():
             return 0
         keep = np.flatnonzero(fresh)
-        report.table(name).stats.extend(_stats(name, [topics[i] for i in keep], partitions[keep], offsets[keep],
+        report.table(name).stats.extend(change_stats(name, [topics[i] for i in keep], partitions[keep], offsets[keep],
                                                source_ts[keep]))
         source_ts_of = {(t, int(p), int(o)): (None if np.isnan(s) else int(s))
                         for t, p, o, s in zip(topics, partitions, offsets, source_ts)}
@@ -122,7 +130,7 @@ class AlertStage:
         table = pa.Table.from_pylist(out, schema=schema)
         if rules.alerts_topic:
             self._produce(rules.alerts_topic, out)
-        written = write_data_file(table, spec.data_location, schema, f"alerts-{pipeline.batch_id}-{now_ms}")
+        written = write_data_file(table, spec.data_location, schema, f"alerts-{ctx.batch_id}-{now_ms}")
         report.table(name).files.append(DataFileWritten(name, written["path"], written["file_size"],
                                                         written["record_count"], [], "driver", 0))
         log.info("rule set %s: %d alert(s)", rules.name, len(out))
@@ -148,13 +156,3 @@ class AlertStage:
         if self._producer is not None:
             self._producer.flush(10)
 
-
-def _read_files(paths: list[str]) -> pa.Table:
-    """The rows of data files the batch wrote (not yet committed)."""
-    from lakestream.sink.storage import filesystem_path
-
-    tables = []
-    for path in paths:
-        fs, local = filesystem_path(path)
-        tables.append(pq.read_table(local, filesystem=fs))
-    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]

@@ -28,14 +28,13 @@ import pyarrow as pa
 
 from lakestream.config import DerivedInputSettings, DerivedTableSettings
 from lakestream.identifiers import quote_column, quote_table
-from lakestream.sink.offsets import BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, encode_offsets
 from lakestream.sink.report import BatchReport
 from lakestream.sink.schema import DEFAULT_TABLE_PROPERTIES
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from lakestream.engine.pipeline import Pipeline
+    from lakestream.process.stage import StageContext
 
 log = logging.getLogger(__name__)
 
@@ -114,13 +113,13 @@ def merge_sql(target: str, keys_view: str, rows_view: str, key_cols: list[str], 
 class DerivedTable:
     """One derived table: its inputs, the keys touched since its last upsert, its commit cadence."""
 
-    def __init__(self, settings: DerivedTableSettings, pipeline: Pipeline, where: str):
+    def __init__(self, settings: DerivedTableSettings, ctx: StageContext, where: str):
         self.settings = settings
-        self.pipeline = pipeline
+        self.ctx = ctx
         self.where = where
         ns, tbl = settings.table.split(".")
         self.namespace, self.name = ns, tbl
-        self.ident = quote_table(pipeline.config.catalog.name, ns, tbl)
+        self.ident = quote_table(ctx.config.catalog.name, ns, tbl)
         self.inputs: list[_Input] = []
         self.ready = False
         self.pending: set[tuple] = set()
@@ -131,8 +130,8 @@ class DerivedTable:
     # -- the batch ----------------------------------------------------------------------------------
     def advance(self, report: BatchReport, isolated: bool) -> None:
         """After the batch's commits: fold its changes into the touched keys, upsert them when due."""
-        pipeline = self.pipeline
-        missing = [i.table for i in self.settings.inputs if not pipeline.tables.exists(*i.table.split("."))]
+        ctx = self.ctx
+        missing = [i.table for i in self.settings.inputs if not ctx.tables.exists(*i.table.split("."))]
         if missing:
             log.info("derived table %s waits for its input table(s) %s", self.settings.table, missing)
             return
@@ -166,16 +165,16 @@ class DerivedTable:
         new or behind an input (or ``force``)."""
         from lakestream.sink.files import table_info
 
-        pipeline = self.pipeline
-        catalog = pipeline.config.catalog.name
+        ctx = self.ctx
+        catalog = ctx.config.catalog.name
         self.inputs = []
         for settings in self.settings.inputs:
             ns, tbl = settings.table.split(".")
-            spec = pipeline.specs.get(settings.table)
+            spec = ctx.registry.specs.get(settings.table)
             if spec is not None:
                 primary = list(spec.key_columns) if spec.mode == "upsert" else []
             else:  # not written by this process yet: a mirror's key is its identifier fields
-                primary = list(table_info(pipeline.spark, catalog, ns, tbl).get("identifier_fields") or [])
+                primary = list(table_info(ctx.spark, catalog, ns, tbl).get("identifier_fields") or [])
             source = _Input(settings, quote_table(catalog, ns, tbl), primary)
             if primary and not source.identity:
                 source.owners = self._scan_owners(source)
@@ -191,7 +190,7 @@ class DerivedTable:
 
     def _scan_owners(self, source: _Input) -> dict[tuple, tuple]:
         columns = list(dict.fromkeys([*source.primary_key, *source.settings.key]))
-        df = self.pipeline.spark.table(source.ident).select(*[quote_column(c) for c in columns])
+        df = self.ctx.spark.table(source.ident).select(*[quote_column(c) for c in columns])
         batches = df._collect_as_arrow()
         if not batches:
             return {}
@@ -202,7 +201,7 @@ class DerivedTable:
 
     def _behind(self) -> list[str]:
         """The input partitions whose offsets are past the ones this table's snapshot reflects."""
-        offsets = self.pipeline.offsets
+        offsets = self.ctx.offsets
         mine = offsets.load(self.ident, refresh=True)
         behind = []
         for source in self.inputs:
@@ -216,7 +215,7 @@ class DerivedTable:
         """The SQL's rows, over the inputs restricted to ``keys`` (all rows when None)."""
         from pyspark.sql import functions as F
 
-        spark = self.pipeline.spark
+        spark = self.ctx.spark
         for source in self.inputs:
             df = spark.table(source.ident)
             if keys is not None:
@@ -233,22 +232,22 @@ class DerivedTable:
 
     def _ensure_table(self) -> bool:
         """Create the table from the SQL's schema when missing; True when it was created."""
-        pipeline = self.pipeline
-        if pipeline.tables.exists(self.namespace, self.name):
+        ctx = self.ctx
+        if ctx.tables.exists(self.namespace, self.name):
             return False
-        pipeline.tables.ensure_namespace(self.namespace)
+        ctx.tables.ensure_namespace(self.namespace)
         empty = self._result(None).limit(0)
         writer = empty.writeTo(self.ident).using("iceberg")
         for key, value in DEFAULT_TABLE_PROPERTIES.items():
             writer = writer.tableProperty(key, value)
         writer.create()
-        pipeline.tables.schema(self.namespace, self.name, refresh=True)
+        ctx.tables.schema(self.namespace, self.name, refresh=True)
         log.info("created derived table %s", self.settings.table)
         return True
 
     def _evolve(self, result: DataFrame) -> None:
         """Columns the SQL returns that the table lacks are added (a new source column under SELECT *)."""
-        spark = self.pipeline.spark
+        spark = self.ctx.spark
         current = {c.lower() for c in spark.table(self.ident).columns}
         for f in result.schema.fields:
             if f.name.lower() not in current:
@@ -262,7 +261,7 @@ class DerivedTable:
         from lakestream.spark import jvm_helper
 
         started = time.monotonic()
-        pipeline, spark = self.pipeline, self.pipeline.spark
+        ctx, spark = self.ctx, self.ctx.spark
         key_cols = self.settings.key
         key_list = ", ".join(quote_column(k) for k in key_cols)
         target_schema = spark.table(self.ident).schema  # the key columns' types, for the touched keys
@@ -286,11 +285,10 @@ class DerivedTable:
         merge = merge_sql(self.ident, f"{prefix}_keys", f"{prefix}_rows", key_cols, values)
         consumed: dict[Any, int] = {}
         for source_input in self.inputs:
-            consumed.update(pipeline.offsets.load(source_input.ident))
-        merged = pipeline.offsets.merged_after_commit(self.ident, consumed)
-        props = {OFFSETS_PROPERTY: encode_offsets(merged), PIPELINE_PROPERTY: pipeline.config.name,
-                 BATCH_PROPERTY: str(pipeline.batch_id)}
-        catalog = pipeline.config.catalog.name
+            consumed.update(ctx.offsets.load(source_input.ident))
+        merged = ctx.offsets.merged_after_commit(self.ident, consumed)
+        props = ctx.commit_properties(merged)
+        catalog = ctx.config.catalog.name
         before = table_info(spark, catalog, self.namespace, self.name).get("snapshot_id")
         jvm_helper(spark).sqlWithCommitProperties(spark._jsparkSession, merge, props)
         if table_info(spark, catalog, self.namespace, self.name).get("snapshot_id") == before:
@@ -298,7 +296,7 @@ class DerivedTable:
             # restart would find the table behind and recompute it whole.
             commit_files(spark, catalog, self.namespace, self.name,
                          {"base_snapshot_id": None, "data_files": [], "deletes": [], "properties": props})
-        pipeline.offsets.record(self.ident, merged)
+        ctx.offsets.record(self.ident, merged)
         self.last_upsert = time.monotonic()
         kind = "full" if keys is None else "keys"
         if keys is not None:
@@ -306,16 +304,27 @@ class DerivedTable:
         self.upserts[kind] += 1
         log.info("derived table %s: %s upserted in %.1fs (batch %d)", self.settings.table,
                  "every key" if keys is None else f"{len(keys)} touched key(s)", time.monotonic() - started,
-                 pipeline.batch_id)
+                 ctx.batch_id)
 
 
 class MaterializeStage:
     """Every derived table of a pipeline."""
 
-    def __init__(self, pipeline: Pipeline):
-        self.pipeline = pipeline
-        self.tables = [DerivedTable(s, pipeline, f"derived_tables[{i}]")
-                       for i, s in enumerate(pipeline.config.derived_tables)]
+    when = "after_commits"  # reads its inputs as the batch committed them
+
+    def __init__(self, ctx: StageContext):
+        self.ctx = ctx
+        self.tables = [DerivedTable(s, ctx, f"derived_tables[{i}]")
+                       for i, s in enumerate(ctx.config.derived_tables)]
+
+    def reads(self) -> dict[str, set[str]]:
+        return {t.settings.table: {i.table for i in t.settings.inputs} for t in self.tables}
+
+    def idle(self) -> None:
+        self.upsert_due()
+
+    def close(self) -> None:
+        self.flush()
 
     def reported_columns(self) -> dict[str, list[str]]:
         """Input table → the columns the write tasks report of each of its changes (`ChangedKeys`):
@@ -323,7 +332,7 @@ class MaterializeStage:
         out: dict[str, list[str]] = {}
         for table in self.tables:
             for source in table.settings.inputs:
-                spec = self.pipeline.specs.get(source.table)
+                spec = self.ctx.registry.specs.get(source.table)
                 primary = list(spec.key_columns) if spec is not None and spec.mode == "upsert" else []
                 out[source.table] = list(dict.fromkeys([*out.get(source.table, []), *primary, *source.key]))
         return out

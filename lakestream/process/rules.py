@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from lakestream.config import RuleCheck, RuleSet
 from lakestream.identifiers import ansi_string, quote_ansi_column, quote_column
-from lakestream.process.transform import _duckdb
+from lakestream.process.transform import duckdb_connection
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -117,7 +117,7 @@ class RuleEvaluator:
                  0 if self.history is None else self.history.num_rows, self.rules.source)
 
     def _with_ts(self, table: pa.Table) -> pa.Table:
-        con = _duckdb()
+        con = duckdb_connection()
         con.register("t", table)
         try:
             cols = ", ".join(quote_ansi_column(c) for c in _fields(self.rules) + _POSITION)
@@ -135,7 +135,7 @@ class RuleEvaluator:
             raise ValueError(f"rule set {rules.name}: source {rules.source} has no column(s) {missing} — fix: "
                              f"select them in the transform that writes it")
         events = self._with_ts(new)
-        con = _duckdb()
+        con = duckdb_connection()
         con.register("new_events", events)
         history = self.history
         if history is not None:

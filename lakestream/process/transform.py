@@ -62,7 +62,7 @@ def empty_input(schema: pa.Schema) -> pa.Table:
 _local = threading.local()
 
 
-def _duckdb() -> Any:
+def duckdb_connection() -> Any:
     """One DuckDB connection per thread (tasks of one Python worker run one at a time)."""
     con = getattr(_local, "con", None)
     if con is None:
@@ -76,7 +76,7 @@ def _duckdb() -> Any:
 
 def run_sql(sql: str, batch: pa.Table, views: Mapping[str, pa.Table] | None = None) -> pa.Table:
     """``sql`` over the view ``batch`` and the reference ``views`` (name → rows)."""
-    con = _duckdb()
+    con = duckdb_connection()
     views = dict(views or {})
     # DuckDB takes the name as given (no SQL is built from it); names are validated identifiers.
     registered = ["batch", *views]

@@ -19,15 +19,14 @@ import pyarrow as pa
 
 from lakestream.config import WindowSettings
 from lakestream.identifiers import quote_ansi_column, quote_column, quote_table
-from lakestream.process.alerts import _read_files
-from lakestream.process.transform import _duckdb
-from lakestream.sink.offsets import BATCH_PROPERTY, OFFSETS_PROPERTY, PIPELINE_PROPERTY, encode_offsets
+from lakestream.process.transform import duckdb_connection
+from lakestream.sink.files import read_data_files
 from lakestream.sink.report import BatchReport, DeadLetter
 from lakestream.sink.schema import DEFAULT_TABLE_PROPERTIES
 from lakestream.source.kafka import TP
 
 if TYPE_CHECKING:
-    from lakestream.engine.pipeline import Pipeline
+    from lakestream.process.stage import StageContext
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +59,7 @@ def partial_windows(rows: pa.Table, w: WindowSettings, watermark_ms: int | None)
         f", max(CAST({quote_ansi_column(f)} AS DOUBLE)) AS {quote_ansi_column(f + '_max')}"
         f", sum(CAST({quote_ansi_column(f)} AS DOUBLE)) / nullif(count({quote_ansi_column(f)}), 0) "
         f"AS {quote_ansi_column(f + '_avg')}" for f in w.fields)
-    con = _duckdb()
+    con = duckdb_connection()
     con.register("window_rows", rows)
     try:
         flagged = (f"SELECT *, ({late}) AS _late FROM (SELECT *, {ts} AS _ts, row_number() OVER () - 1 AS _row "
@@ -91,46 +90,57 @@ def _merge_sql(w: WindowSettings, target: str, view: str) -> str:
 class WindowStage:
     """Every window definition of a pipeline, with its watermark."""
 
-    def __init__(self, pipeline: Pipeline):
-        self.pipeline = pipeline
-        self.windows = list(pipeline.config.windows)
+    when = "before_commits"  # MERGEs (commits) the windows tables before their sources commit
+
+    def __init__(self, ctx: StageContext):
+        self.ctx = ctx
+        self.windows = list(ctx.config.windows)
         self.watermarks: dict[str, int | None] = {}
+
+    def reads(self) -> dict[str, set[str]]:
+        return {w.table: {w.source} for w in self.windows}
+
+    def idle(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
     def _ident(self, w: WindowSettings) -> str:
         ns, tbl = w.table.split(".")
-        return quote_table(self.pipeline.config.catalog.name, ns, tbl)
+        return quote_table(self.ctx.config.catalog.name, ns, tbl)
 
     def _ensure_table(self, w: WindowSettings) -> None:
         ns, tbl = w.table.split(".")
-        pipeline = self.pipeline
-        if pipeline.tables.exists(ns, tbl):
+        ctx = self.ctx
+        if ctx.tables.exists(ns, tbl):
             return
-        pipeline.tables.ensure_namespace(ns)
+        ctx.tables.ensure_namespace(ns)
         cols = ", ".join(f"{quote_column(n)} {t}" for n, t in window_columns(w))
         key = quote_column(w.key)
         part = f"bucket({w.key_buckets}, {key})" if w.key_buckets else key
         props = ", ".join(f"'{k}'='{v}'" for k, v in DEFAULT_TABLE_PROPERTIES.items())
-        pipeline.spark.sql(f"CREATE TABLE IF NOT EXISTS {self._ident(w)} ({cols}) USING iceberg "
+        ctx.spark.sql(f"CREATE TABLE IF NOT EXISTS {self._ident(w)} ({cols}) USING iceberg "
                            f"PARTITIONED BY (days(window_start), {part}) TBLPROPERTIES ({props})")
-        pipeline.tables.schema(ns, tbl, refresh=True)
+        ctx.tables.schema(ns, tbl, refresh=True)
         log.info("created windows table %s", w.table)
 
-    def run(self, report: BatchReport) -> None:
+    def run(self, report: BatchReport, isolated: bool = False) -> None:
         from lakestream.spark import jvm_helper
 
-        pipeline = self.pipeline
+        ctx = self.ctx
         for w in self.windows:
             source = report.tables.get(w.source)
             if source is None or not source.files:
                 continue
             self._ensure_table(w)
             ident = self._ident(w)
-            helper = jvm_helper(pipeline.spark)
+            helper = jvm_helper(ctx.spark)
             if w.name not in self.watermarks:
-                raw = helper.latestSummaryValue(pipeline.spark._jsparkSession, ident, WATERMARK_PROPERTY)
+                raw = helper.latestSummaryValue(ctx.spark._jsparkSession, ident, WATERMARK_PROPERTY)
                 self.watermarks[w.name] = int(raw) if raw else None
-            committed = pipeline.offsets.load(ident)
-            rows = _read_files([f.path for f in source.files])
+            committed = ctx.offsets.load(ident)
+            rows = read_data_files([f.path for f in source.files])
             missing = [c for c in (w.key, w.event_time, *w.fields, "_topic", "_kafka_partition", "_kafka_offset")
                        if c not in rows.column_names]
             if missing:
@@ -158,14 +168,13 @@ class WindowStage:
                 candidate = newest - int(w.watermark_delay_s * 1000)
                 self.watermarks[w.name] = candidate if watermark is None else max(watermark, candidate)
             consumed = {TP(t, p): report.ends[TP(t, p)].next_offset for t, p, _ in positions if TP(t, p) in report.ends}
-            merged = pipeline.offsets.merged_after_commit(ident, consumed)
-            props = {OFFSETS_PROPERTY: encode_offsets(merged), PIPELINE_PROPERTY: pipeline.config.name,
-                     BATCH_PROPERTY: str(pipeline.batch_id), WATERMARK_PROPERTY: str(self.watermarks[w.name])}
+            merged = ctx.offsets.merged_after_commit(ident, consumed)
+            props = ctx.commit_properties(merged, **{WATERMARK_PROPERTY: str(self.watermarks[w.name])})
             if partials.num_rows:
                 view = f"lakestream_windows_{w.name}"
-                pipeline.spark.createDataFrame(partials.to_pandas()).createOrReplaceTempView(view)
-                helper.sqlWithCommitProperties(pipeline.spark._jsparkSession, _merge_sql(w, ident, view), props)
-                pipeline.offsets.record(ident, merged)
+                ctx.spark.createDataFrame(partials.to_pandas()).createOrReplaceTempView(view)
+                helper.sqlWithCommitProperties(ctx.spark._jsparkSession, _merge_sql(w, ident, view), props)
+                ctx.offsets.record(ident, merged)
             log.info("window %s: %d window row(s) upserted, %d late event(s), watermark %s", w.name,
                      partials.num_rows, len(late), self.watermarks[w.name])
 

@@ -3,17 +3,26 @@ their Kafka coordinates. Written in the same micro-batch, with its own offsets i
 summary, so dead letters are exactly-once too."""
 from __future__ import annotations
 
+import logging
 import time
+from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from lakestream.identifiers import quote, quote_table
 from lakestream.sink.convert import convert_rows
-from lakestream.sink.report import DeadLetter
+from lakestream.sink.offsets import TableOffsets
+from lakestream.sink.report import BatchReport, DeadLetter
+from lakestream.source.kafka import TP
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from lakestream.sink.task import TableSpec
+
+log = logging.getLogger(__name__)
 
 DEAD_LETTER_COLUMNS = (
     "topic string NOT NULL, `partition` int NOT NULL, `offset` bigint NOT NULL, kafka_timestamp timestamp, "
@@ -43,3 +52,46 @@ def dead_letter_table(letters: list[DeadLetter], pipeline: str, schema: pa.Schem
     if bad:
         raise RuntimeError(f"dead letters do not fit the dead-letter table: {bad}")
     return table
+
+
+class DeadLetterWriter:
+    """Commits a batch's dead letters to the dead-letter table, with the offsets the batch consumed in its
+    own snapshot (so they are exactly-once too)."""
+
+    def __init__(self, spark: SparkSession, catalog: str, dotted: str, pipeline: str, offsets: TableOffsets,
+                 properties: Callable[[dict[TP, int]], dict[str, str]]):
+        self.spark = spark
+        self.catalog = catalog
+        self.dotted = dotted  # namespace.table
+        self.pipeline = pipeline
+        self.offsets = offsets
+        self.properties = properties  # offsets → the commit's snapshot properties
+        self._spec: TableSpec | None = None
+
+    def write(self, report: BatchReport, first: int = 0) -> dict[str, int]:
+        """Commit the batch's dead letters from the ``first``-th on; their count per kind. The batch's first write
+        (``first`` 0) leaves out those the dead-letter table holds already (its offsets are past them: a batch
+        read again after a crash); later ones came up in this batch's commits and are all new."""
+        from lakestream.sink.files import commit_files, table_info, write_driver_files
+        from lakestream.sink.task import TableSpec
+
+        if len(report.dead_letters) <= first:
+            return {}
+        ns, tbl = self.dotted.split(".", 1)
+        ident = quote_table(self.catalog, ns, tbl)
+        if self._spec is None:
+            ensure_dead_letter_table(self.spark, self.catalog, self.dotted)
+            info = table_info(self.spark, self.catalog, ns, tbl)
+            self._spec = TableSpec(self.dotted, "append", [], info["schema"], info["spec"], info["data_location"])
+        committed = self.offsets.load(ident) if first == 0 else {}
+        letters = [d for d in report.dead_letters[first:] if d.offset >= committed.get(d.tp, -1)]
+        if not letters:
+            return {}
+        table = dead_letter_table(letters, self.pipeline, self._spec.arrow_schema())
+        data_files = write_driver_files(table, self._spec, "dead-letters")
+        merged = self.offsets.merged_after_commit(ident, {tp: end.next_offset for tp, end in report.ends.items()})
+        commit_files(self.spark, self.catalog, ns, tbl, {"base_snapshot_id": None, "data_files": data_files,
+                                                         "deletes": [], "properties": self.properties(merged)})
+        self.offsets.record(ident, merged)
+        log.warning("%d record(s) sent to the dead-letter table %s", len(letters), self.dotted)
+        return dict(Counter(letter.reason_kind for letter in letters))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import decimal
+import logging
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,8 @@ from lakestream.sink.storage import canonical_location, filesystem_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 _FIELD_ID = b"PARQUET:field_id"
 
@@ -383,6 +386,39 @@ def write_data_file(table: pa.Table, data_location: str, arrow_schema: pa.Schema
     size = fs.get_file_info(target).size
     return {"path": f"{canonical_location(data_location).rstrip('/')}/{name}", "file_size": size,
             "record_count": table.num_rows}
+
+
+def read_data_files(paths: list[str]) -> pa.Table:
+    """The rows of data files a batch wrote (not yet committed), as one table."""
+    tables = []
+    for path in paths:
+        fs, local = filesystem_path(path)
+        tables.append(pq.read_table(local, filesystem=fs))
+    return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+
+
+def write_driver_files(table: pa.Table, spec: Any, file_name_prefix: str) -> list[dict[str, Any]]:
+    """Rows the driver produced (dead letters, alerts), written as one data file per partition of ``spec``
+    (a `TableSpec`); the `commit_files` entries for them."""
+    groups = partition_values(spec.partition_spec, spec.schema, table) if spec.partition_spec.get("fields") \
+        else [([], list(range(table.num_rows)))]
+    files = []
+    for values, rows in groups:
+        part = table if len(rows) == table.num_rows else table.take(pa.array(rows, pa.int64()))
+        written = write_data_file(part, spec.data_location, spec.arrow_schema(), file_name_prefix)
+        files.append({"path": written["path"], "file_size": written["file_size"],
+                      "record_count": written["record_count"], "partition": list(values)})
+    return files
+
+
+def delete_quietly(paths: list[str]) -> None:
+    """Remove data files no snapshot references (written by a job whose output was discarded)."""
+    for path in paths:
+        try:
+            fs, local = filesystem_path(path)
+            fs.delete_file(local)
+        except Exception as exc:  # noqa: BLE001 — an orphan left behind is harmless; orphan cleanup removes it
+            log.debug("could not remove unreferenced file %s: %s", path, exc)
 
 
 # -- the JVM side (driver only) ----------------------------------------------------------------

@@ -36,6 +36,17 @@ def encode_offsets(offsets: dict[TP, int]) -> str:
     return orjson.dumps(nested).decode()
 
 
+def commit_properties(offsets: dict[TP, int], pipeline: str, batch_id: int, source_ts_ms: int | None = None,
+                      **extra: str) -> dict[str, str]:
+    """The snapshot summary of a pipeline commit: the offsets it consumed (merged with the table's), the
+    pipeline and batch that made it, the newest source change it holds, and ``extra`` (e.g. a watermark).
+    The one place these properties are built, so every table reads back the same shape."""
+    props = {OFFSETS_PROPERTY: encode_offsets(offsets), PIPELINE_PROPERTY: pipeline, BATCH_PROPERTY: str(batch_id)}
+    if source_ts_ms is not None:
+        props[SOURCE_TS_PROPERTY] = str(source_ts_ms)
+    return props | extra
+
+
 def decode_offsets(text: str | None, strict: bool = True) -> dict[TP, int]:
     """``{TP: next offset}`` from the summary property. A malformed value raises ValueError, or with
     ``strict=False`` (read-only surfaces such as health) is logged and read as no offsets."""

@@ -190,7 +190,7 @@ class _Rows:
     kafka_ts: np.ndarray
 
 
-def _stats(name: str, topics: list[str], partitions: np.ndarray, offsets: np.ndarray, source_ts: np.ndarray
+def change_stats(name: str, topics: list[str], partitions: np.ndarray, offsets: np.ndarray, source_ts: np.ndarray
            ) -> list[rp.TableStats]:
     """Per partition: records consumed (kept or not: a dead letter is consumed too) and source times."""
     out = []
@@ -340,7 +340,7 @@ class TableWriter:
         if pending.truncates:
             # A truncate is consumed by the table like any change: its offset commits with the table.
             t_topics, t_parts, t_offs, t_ts = zip(*pending.truncates)
-            facts.extend(_stats(spec.name, all_topics + list(t_topics),
+            facts.extend(change_stats(spec.name, all_topics + list(t_topics),
                                 np.concatenate([all_partitions, np.asarray(t_parts, np.int64)]),
                                 np.concatenate([all_offsets, np.asarray(t_offs, np.int64)]),
                                 np.concatenate([source_ts, np.array([np.nan if t is None else t for t in t_ts])])))
@@ -350,7 +350,7 @@ class TableWriter:
                 last[tp] = max(last.get(tp, -1), offset)
             facts.extend(rp.Truncate(spec.name, tp, offset) for tp, offset in last.items())
         else:
-            facts.extend(_stats(spec.name, all_topics, all_partitions, all_offsets, source_ts))
+            facts.extend(change_stats(spec.name, all_topics, all_partitions, all_offsets, source_ts))
         typed, bad = convert_rows(pending.rows, schema)
         for i, reason in sorted(bad.items()):
             facts.append(rp.DeadLetter(TP(pending.topics[i], pending.partitions[i]), pending.offsets[i],
@@ -677,7 +677,7 @@ def _run_derived(derived: Derived, spec: TableSpec, rows: _Rows, raw_runs: list[
         "_kafka_ts_ms": rows.kafka_ts[order]})
     schema = spec.arrow_schema()
     outputs, failed = apply_isolating(lambda part: fit_output(run_transform(derived, part, views), schema), batch)
-    facts.extend(_stats(spec.name, topics, partitions, offsets, source_ts))
+    facts.extend(change_stats(spec.name, topics, partitions, offsets, source_ts))
     if failed:
         raws = {(run.topic, run.partition, o): (run.keys[i], run.values[i], run.timestamps[i])
                 for run in raw_runs for i, o in enumerate(run.offsets)}

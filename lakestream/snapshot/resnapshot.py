@@ -37,7 +37,7 @@ import orjson
 import psycopg2
 
 from lakestream.config import PipelineConfig
-from lakestream.errors import ConfigError
+from lakestream.errors import ConfigError, conflict_cause
 from lakestream.snapshot.progress import SnapshotReport, TableProgress
 from lakestream.snapshot.reader import ChunkResult, ChunkTarget
 from lakestream.snapshot.slot import ExportedSnapshot, int_to_lsn, lsn_to_int, slot_state
@@ -45,7 +45,7 @@ from lakestream.snapshot.slot import ExportedSnapshot, int_to_lsn, lsn_to_int, s
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from lakestream.engine.pipeline import Pipeline
+    from lakestream.engine.registry import TableRegistry
 
 log = logging.getLogger(__name__)
 
@@ -210,12 +210,10 @@ def _committed_run(spark: SparkSession, ident: str) -> str | None:
     return orjson.loads(raw).get("run") if raw else None
 
 
-def commit_conflict(exc: BaseException) -> str | None:
-    """The Iceberg conflict class name in a py4j error from a commit, or None for any other error."""
-    from lakestream.engine.pipeline import _RETRYABLE
-
-    text = str(getattr(exc, "java_exception", "")) + str(exc)
-    return next((name for name in _RETRYABLE if name in text), None)
+def registry_client(config: PipelineConfig) -> dict[str, Any] | None:
+    """The Schema Registry client settings (secrets from the environment), or None without a registry."""
+    registry = config.kafka.schema_registry
+    return registry.client_config() if registry is not None else None
 
 
 def _wait_for_running_transactions(conn: Any, timeout_s: float) -> None:
@@ -233,7 +231,7 @@ def _wait_for_running_transactions(conn: Any, timeout_s: float) -> None:
             if cur.fetchone()[0] >= xmax:
                 return
             if time.monotonic() > deadline:
-                from lakestream.snapshot.runner import SnapshotError
+                from lakestream.snapshot.chunks import SnapshotError
 
                 raise SnapshotError(f"transactions older than the re-snapshot's start are still running after "
                                     f"{timeout_s:.0f}s (see pg_stat_activity WHERE backend_xid IS NOT NULL) — fix: "
@@ -243,7 +241,7 @@ def _wait_for_running_transactions(conn: Any, timeout_s: float) -> None:
 
 def _wait_confirmed(conn: Any, slot: str, lsn: int, timeout_s: float) -> None:
     """Wait until Debezium confirmed ``lsn`` on the slot: everything before it is in Kafka."""
-    from lakestream.snapshot.runner import SnapshotError
+    from lakestream.snapshot.chunks import SnapshotError
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -294,8 +292,8 @@ def resnapshot_tables(
     Needs both running: the commit waits until the pipeline has applied every change the snapshot
     shows. Nothing is committed before the end: a run that stops midway leaves the mirror as it was
     (and unreferenced data files for `remove_orphan_files`); run it again."""
-    from lakestream.engine.pipeline import Pipeline
-    from lakestream.snapshot.runner import SnapshotError, source_dsn
+    from lakestream.engine.registry import TableRegistry
+    from lakestream.snapshot.chunks import SnapshotError, source_dsn
     from lakestream.source.kafka import KafkaCluster
     from lakestream.spark import session_for
 
@@ -314,17 +312,17 @@ def resnapshot_tables(
     dsn = source_dsn(config)
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
-    pipeline = kafka = None
+    kafka = None
     try:
         if not slot_state(conn, capture.slot_name).exists:
             raise SnapshotError(f"replication slot {capture.slot_name} does not exist: nothing streams the tables — "
                                 "fix: run `lakestream capture` first (a re-snapshot repairs a mirror that streams)")
         spark = spark or session_for(config)
-        pipeline = Pipeline(config, spark)
+        registry = TableRegistry.for_config(config, spark)
         kafka = KafkaCluster(config.kafka)
         progresses = []
         for name in tables:
-            planned = _read_table(spark, config, pipeline, kafka, conn, dsn, name, chunk_rows, parallelism,
+            planned = _read_table(spark, config, registry, kafka, conn, dsn, name, chunk_rows, parallelism,
                                   progress_interval_s, on_progress, wait_timeout_s)
             _commit(spark, config, conn, kafka, planned, wait_timeout_s)
             progresses.append(planned.progress)
@@ -335,12 +333,10 @@ def resnapshot_tables(
     finally:
         if kafka is not None:
             kafka.close()
-        if pipeline is not None:
-            pipeline.close()
         conn.close()
 
 
-def _read_table(spark: SparkSession, config: PipelineConfig, pipeline: Pipeline, kafka: Any, conn: Any, dsn: str,
+def _read_table(spark: SparkSession, config: PipelineConfig, registry: TableRegistry, kafka: Any, conn: Any, dsn: str,
                 name: str, chunk_rows: int | None, parallelism: int | None, progress_interval_s: float,
                 on_progress: Callable[[list[TableProgress]], Any] | None, wait_timeout_s: float) -> _Planned:
     """Steps 1-2: the low mark, the snapshot, the chunks read and written (not committed), the high mark."""
@@ -348,18 +344,20 @@ def _read_table(spark: SparkSession, config: PipelineConfig, pipeline: Pipeline,
     from lakestream.decode.records import RecordDecoder
     from lakestream.sink.files import arrow_schema, table_info
     from lakestream.sink.report import NewShape
-    from lakestream.snapshot.runner import SnapshotError, _load_chunks, _plan_under, _Table
+    from lakestream.sink.router import Router
+    from lakestream.snapshot.chunks import SnapshotError, SnapshotTable, load_chunks, plan_under
     from lakestream.snapshot.source import describe_table
 
     capture = config.capture
     source = describe_table(conn, *name.split(".", 1))
     topic = f"{capture.topic_prefix}.{name}"
-    stream, lake_name = pipeline.router.route(topic)
+    router = Router.from_config(config)
+    stream, lake_name = router.route(topic)
     if stream.mode != "upsert":
         raise ConfigError(f"topic {topic} is routed to an append stream; a re-snapshot replaces upsert mirrors — fix: "
                           "route Debezium topics to a stream with mode: upsert")
     lake = str(lake_name)
-    ident = pipeline.tables.ident(lake_name.namespace, lake_name.table)
+    ident = registry.catalog.ident(lake_name.namespace, lake_name.table)
     info = table_info(spark, config.catalog.name, lake_name.namespace, lake_name.table)
     if not info["exists"] or info.get("snapshot_id") is None:
         raise SnapshotError(f"{name} has no mirror yet ({lake} is missing or empty) — fix: load it first: "
@@ -367,8 +365,8 @@ def _read_table(spark: SparkSession, config: PipelineConfig, pipeline: Pipeline,
                             "`lakestream run` apply Debezium's snapshot")
     shape = NewShape(lake, topic, f"snapshot:{name}", [(c.name, c.ddl) for c in source.columns], list(source.key),
                      False)
-    pipeline.prepare_table(lake, [shape], stream)
-    spec = pipeline.specs[lake]
+    registry.prepare_table(lake, [shape], stream)
+    spec = registry.specs[lake]
     if list(spec.key_columns) != list(source.key):
         raise SnapshotError(f"{lake} is keyed by {spec.key_columns}, the source {name} by {source.key} — fix: "
                             "re-create the mirror with the source's primary key")
@@ -379,20 +377,20 @@ def _read_table(spark: SparkSession, config: PipelineConfig, pipeline: Pipeline,
     _wait_for_running_transactions(conn, wait_timeout_s)
     window = TopicWindow(config.kafka.consumer_config(), topic, {p: low.get(p, 0) for p in partitions},
                          list(source.key), {k: schema.field(k).type for k in source.key},
-                         RecordDecoder(pipeline.router, pipeline.schema_registry))
+                         RecordDecoder(router, registry_client(config)))
     # Step 2: the snapshot S, and the high mark right after it.
     with ExportedSnapshot(dsn) as snapshot:
         with conn.cursor() as cur:
             cur.execute("SELECT pg_logical_emit_message(false, %s, %s)::text",
                         (HEARTBEAT_MESSAGE_PREFIX, f"lakestream re-snapshot of {name}"))
             high_lsn = lsn_to_int(cur.fetchone()[0])
-        plan = _plan_under(dsn, snapshot.snapshot_name, source, chunk_rows or capture.snapshot_chunk_rows)
+        plan = plan_under(dsn, snapshot.snapshot_name, source, chunk_rows or capture.snapshot_chunk_rows)
         progress = TableProgress(name, lake, len(plan.chunks))
         target = ChunkTarget(lake, spec.schema, spec.partition_spec, spec.data_location, report_keys=True)
-        work = {name: _Table(source, lake, ident, target, plan, set(), None, progress)}
+        work = {name: SnapshotTable(source, lake, ident, target, plan, set(), None, progress)}
         results: list[ChunkResult] = []
 
-        def collect(w: _Table, done: list[ChunkResult]) -> None:
+        def collect(w: SnapshotTable, done: list[ChunkResult]) -> None:
             results.extend(done)
             w.done |= {r.chunk_id for r in done}
             w.progress.chunks_done = len(w.done)
@@ -400,7 +398,7 @@ def _read_table(spark: SparkSession, config: PipelineConfig, pipeline: Pipeline,
             if len(w.done) == len(w.plan.chunks):
                 w.progress.finished = time.monotonic()
 
-        _load_chunks(spark, config, dsn, snapshot.snapshot_name, work, 0, parallelism or capture.snapshot_parallelism,
+        load_chunks(spark, config, dsn, snapshot.snapshot_name, work, 0, parallelism or capture.snapshot_parallelism,
                      progress_interval_s, on_progress, commit=collect)
     return _Planned(name, lake, ident, topic, list(source.key), source.integer_key, results, high_lsn, window,
                     progress)
@@ -411,7 +409,7 @@ def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, 
     """Steps 3-4: wait for the pipeline to pass the high mark, then replace the mirror in one commit."""
     from lakestream.sink.files import table_info
     from lakestream.sink.index import KeyIndex
-    from lakestream.snapshot.runner import SnapshotError
+    from lakestream.snapshot.chunks import SnapshotError
 
     capture = config.capture
     waited = time.monotonic()
@@ -543,7 +541,7 @@ def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned,
     try:
         result = commit_files(spark, config.catalog.name, ns, tbl, request)
     except Exception as exc:  # noqa: BLE001 — classified by the Java exception's class
-        cause = commit_conflict(exc)
+        cause = conflict_cause(exc)
         if cause is None:
             raise
         if _committed_run(spark, planned.ident) != run_id:

@@ -24,93 +24,39 @@ equals its source row: nothing is lost, and nothing stays applied twice.
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import sys
 import time
-from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 import psycopg2
 
 from lakestream.config import PipelineConfig
-from lakestream.errors import ConfigError, LakestreamError
+from lakestream.errors import ConfigError
+from lakestream.snapshot.chunks import (  # noqa: F401 — KILL_AFTER_CHUNKS_ENV, source_dsn: this module's API too
+    KILL_AFTER_CHUNKS_ENV, STATE_PROPERTY, SnapshotError, SnapshotTable, load_chunks, plan_under, source_dsn,
+)
 from lakestream.snapshot.progress import SnapshotReport, TableProgress
-from lakestream.snapshot.reader import ChunkResult, ChunkTarget, read_chunk
+from lakestream.snapshot.reader import ChunkTarget
 from lakestream.snapshot.slot import (
     ExportedSlot, ExportedSnapshot, ensure_publication, handover_path, int_to_lsn, lsn_to_int, read_handover,
     slot_state,
     write_handover,
 )
-from lakestream.snapshot.source import Chunk, ChunkPlan, SourceTable, describe_table, plan_chunks
+from lakestream.snapshot.source import ChunkPlan, describe_table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
-STATE_PROPERTY = "lakestream.snapshot"
-# Test hook: SIGKILL this process right after that many chunk commits (a crash mid-snapshot).
-KILL_AFTER_CHUNKS_ENV = "LAKESTREAM_SNAPSHOT_KILL_AFTER_CHUNKS"
-# Finished chunks are committed together at most this often (a crash redoes at most this much work).
-COMMIT_EVERY_S = 5.0
 
 
-class SnapshotError(LakestreamError):
-    """The parallel snapshot cannot start or go on safely; the message says why and what to do."""
-
-
-@dataclass
-class _Table:
-    source: SourceTable
-    lake: str  # namespace.table
-    ident: str  # quoted catalog.namespace.table
-    target: ChunkTarget
-    plan: ChunkPlan
-    done: set[int]
-    snapshot_id: int | None  # the table's current Iceberg snapshot (commits expect it)
-    progress: TableProgress
-
-
-def source_dsn(config: PipelineConfig) -> str:
-    db = config.capture.database
-    return psycopg2.extensions.make_dsn(host=db.host, port=db.port, dbname=db.dbname, user=db.user,
-                                        password=db.password.get_secret_value() if db.password else None)
-
-
-def _read_state(spark: SparkSession, ident: str) -> dict[str, Any] | None:
+def read_snapshot_state(spark: SparkSession, ident: str) -> dict[str, Any] | None:
     from lakestream.spark import jvm_helper
 
     raw = jvm_helper(spark).latestSummaryValue(spark._jsparkSession, ident, STATE_PROPERTY)
     return orjson.loads(raw) if raw else None
-
-
-def _plan_under(dsn: str, snapshot_name: str, source: SourceTable, chunk_rows: int) -> ChunkPlan:
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
-        plan = plan_chunks(conn, source, chunk_rows)
-        conn.rollback()
-        return plan
-    finally:
-        conn.close()
-
-
-def _ranges(ids: set[int]) -> list[list[int]]:
-    """Chunk ids as [first, last] runs, to keep the summary property small."""
-    out: list[list[int]] = []
-    for i in sorted(ids):
-        if out and out[-1][1] == i - 1:
-            out[-1][1] = i
-        else:
-            out.append([i, i])
-    return out
 
 
 def _unranges(runs: list[list[int]]) -> set[int]:
@@ -134,8 +80,9 @@ def run_snapshot(
 
     Tables named after the handover (or with ``again``) are re-snapshotted while streaming continues
     (`lakestream.snapshot.resnapshot`)."""
-    from lakestream.engine.pipeline import Pipeline
+    from lakestream.engine.registry import TableRegistry
     from lakestream.sink.files import table_info
+    from lakestream.sink.router import Router
     from lakestream.sink.report import NewShape
     from lakestream.spark import session_for
 
@@ -161,7 +108,6 @@ def run_snapshot(
     dsn = source_dsn(config)
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
-    pipeline = None
     try:
         if handover is not None and not slot_state(conn, capture.slot_name).exists:
             raise SnapshotError(f"a snapshot finished for slot {capture.slot_name}, but the slot is gone — fix: to load "
@@ -174,22 +120,23 @@ def run_snapshot(
                                 "a table added after the handover has no mirror to re-snapshot yet — fix: capture it "
                                 "with Debezium's incremental snapshot, or start over with a new capture.slot_name")
         spark = spark or session_for(config)
-        pipeline = Pipeline(config, spark)
+        registry = TableRegistry.for_config(config, spark)
+        router = Router.from_config(config)
         sources = {name: describe_table(conn, *name.split(".", 1)) for name in names}
         routed = {}
         for name in names:
             schema, table = name.split(".", 1)
             topic = f"{capture.topic_prefix}.{schema}.{table}"
-            stream, lake = pipeline.router.route(topic)
+            stream, lake = router.route(topic)
             if stream.mode != "upsert":
                 raise ConfigError(f"topic {topic} is routed to an append stream; the snapshot fills upsert mirrors — fix: "
                                   "route Debezium topics to a stream with mode: upsert")
-            routed[name] = (topic, stream, str(lake), pipeline.tables.ident(lake.namespace, lake.table))
+            routed[name] = (topic, stream, str(lake), registry.catalog.ident(lake.namespace, lake.table))
         states = {}
         for name, (_topic, _stream, lake, ident) in routed.items():
             ns, tbl = lake.split(".", 1)
             info = table_info(spark, config.catalog.name, ns, tbl)
-            state = _read_state(spark, ident) if info["exists"] and info.get("snapshot_id") is not None else None
+            state = read_snapshot_state(spark, ident) if info["exists"] and info.get("snapshot_id") is not None else None
             if state is None and info["exists"] and info.get("snapshot_id") is not None:
                 raise SnapshotError(f"the lake table {lake} already has data that no snapshot of slot {capture.slot_name} "
                                     "wrote — fix: drop it (lakestream sql ... DROP TABLE) to load it again, or use "
@@ -222,27 +169,27 @@ def run_snapshot(
             if not resumed:
                 handover_lsn = exported.lsn
             handover_started = time.time()
-            work: dict[str, _Table] = {}
+            work: dict[str, SnapshotTable] = {}
             for name in names:
                 topic, stream, lake, ident = routed[name]
                 source = sources[name]
                 shape = NewShape(lake, topic, f"snapshot:{name}", [(c.name, c.ddl) for c in source.columns],
                                  list(source.key), False)
-                pipeline.prepare_table(lake, [shape], stream)
-                spec = pipeline.specs[lake]
+                registry.prepare_table(lake, [shape], stream)
+                spec = registry.specs[lake]
                 state = states.get(name)
                 if state is not None:
                     plan = ChunkPlan.from_json(name, state["chunks"])
                     done = _unranges(state["done"])
                 else:
-                    plan = _plan_under(dsn, exported.snapshot_name, source, chunk_rows)
+                    plan = plan_under(dsn, exported.snapshot_name, source, chunk_rows)
                     done = set()
                 ns, tbl = lake.split(".", 1)
                 current = table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")
                 progress = TableProgress(name, lake, len(plan.chunks), len(done), resumed_chunks=len(done))
-                work[name] = _Table(source, lake, ident, ChunkTarget(lake, spec.schema, spec.partition_spec,
+                work[name] = SnapshotTable(source, lake, ident, ChunkTarget(lake, spec.schema, spec.partition_spec,
                                                                      spec.data_location), plan, done, current, progress)
-            _load_chunks(spark, config, dsn, exported.snapshot_name, work, handover_lsn,
+            load_chunks(spark, config, dsn, exported.snapshot_name, work, handover_lsn,
                          parallelism or capture.snapshot_parallelism, progress_interval_s, on_progress)
         write_handover(config.state_dir, capture, handover_lsn, names)
         with conn.cursor() as cur:
@@ -252,116 +199,4 @@ def run_snapshot(
                                 time.monotonic() - started, resumed, False, lag_bytes, time.time() - handover_started)
         return report
     finally:
-        if pipeline is not None:
-            pipeline.close()
         conn.close()
-
-
-def _load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot_name: str, work: dict[str, _Table],
-                 handover_lsn: int, parallelism: int | None, progress_interval_s: float,
-                 on_progress: Callable[[list[TableProgress]], Any] | None,
-                 commit: Callable[[_Table, list[ChunkResult]], None] | None = None) -> None:
-    """Read every chunk not yet committed in parallel Spark jobs; hand each table's finished chunks to
-    ``commit`` (default: commit them as an append carrying the snapshot's state)."""
-    if commit is None:
-        def commit(w: _Table, results: list[ChunkResult]) -> None:
-            _commit_chunks(spark, config, w, results, handover_lsn)
-
-    todo: list[tuple[_Table, Chunk]] = []
-    for w in work.values():
-        todo.extend((w, c) for c in w.plan.chunks if c.chunk_id not in w.done)
-        if not w.plan.chunks or len(w.done) == len(w.plan.chunks):
-            w.progress.started = w.progress.finished = time.monotonic()
-    # Largest tables first, their chunks interleaved with nothing: the tail is made of small chunks.
-    todo.sort(key=lambda item: (-len(item[0].plan.chunks), item[0].source.name, item[1].chunk_id))
-    workers = max(1, parallelism or spark.sparkContext.defaultParallelism)
-    kill_after = int(os.environ.get(KILL_AFTER_CHUNKS_ENV, "0") or 0)
-    committed = 0
-    sc = spark.sparkContext
-
-    def run_chunk(w: _Table, chunk: Chunk) -> ChunkResult:
-        payload = (dsn, snapshot_name, w.source, chunk, w.target)
-        sc.setJobDescription(f"lakestream snapshot {w.source.name} chunk {chunk.chunk_id}")
-        try:
-            return sc.parallelize([payload], 1).map(lambda p: read_chunk(*p)).collect()[0]
-        except Exception as exc:  # noqa: BLE001 — py4j wraps the task's Python error; surface its message
-            message = str(exc)
-            marker = "lakestream.errors.LakestreamError: "
-            if marker in message:
-                raise SnapshotError(message.split(marker, 1)[1].splitlines()[0]) from None
-            raise
-
-    last_report = last_commit = time.monotonic()
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="snapshot-chunk") as pool:
-        pending = set()
-        queue = list(todo)
-        finished: dict[str, list[ChunkResult]] = defaultdict(list)
-        try:
-            def top_up() -> None:
-                while queue and len(pending) < workers:
-                    w, chunk = queue.pop(0)
-                    if w.progress.started is None:
-                        w.progress.started = time.monotonic()
-                    pending.add(pool.submit(run_chunk, w, chunk))
-
-            while queue or pending:
-                top_up()
-                done, pending = wait(pending, timeout=progress_interval_s, return_when=FIRST_COMPLETED)
-                for future in done:
-                    result = future.result()
-                    finished[result.table].append(result)
-                top_up()  # the freed task slots read the next chunks while the driver commits these
-                # Finished chunks commit together at most every COMMIT_EVERY_S (each commit costs the driver
-                # about half a second of CPU the tasks would rather have), and at the end.
-                due = time.monotonic() - last_commit >= COMMIT_EVERY_S or not (queue or pending) or kill_after
-                for table, results in list(finished.items()) if due else ():
-                    if results:
-                        last_commit = time.monotonic()
-                        commit(work[table], results)
-                        committed += len(results)
-                        finished[table] = []
-                        if kill_after and committed >= kill_after:
-                            log.warning("snapshot: %s=%d reached, killing this process", KILL_AFTER_CHUNKS_ENV,
-                                        kill_after)
-                            sys.stderr.flush()
-                            os.kill(os.getpid(), signal.SIGKILL)
-                now = time.monotonic()
-                if now - last_report >= progress_interval_s or not (queue or pending):
-                    last_report = now
-                    for w in work.values():
-                        log.info(w.progress.line())
-                    if on_progress is not None:
-                        on_progress([w.progress for w in work.values()])
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            raise
-
-
-def _commit_chunks(spark: SparkSession, config: PipelineConfig, w: _Table, results: list[ChunkResult],
-                   handover_lsn: int) -> None:
-    """One append of the chunks' files, its summary recording every chunk of the table done so far."""
-    from lakestream.sink.files import commit_files
-
-    done = w.done | {r.chunk_id for r in results}
-    state = {"slot": config.capture.slot_name, "lsn": handover_lsn, "chunks": w.plan.to_json(),
-             "done": _ranges(done), "complete": len(done) == len(w.plan.chunks)}
-    ns, tbl = w.lake.split(".", 1)
-    request = {
-        "base_snapshot_id": w.snapshot_id,
-        "expect_snapshot_id": w.snapshot_id,
-        "data_files": [{"path": f["path"], "file_size": f["file_size"], "record_count": f["record_count"],
-                        "partition": f["partition"]} for r in results for f in r.files],
-        "deletes": [],
-        "properties": {STATE_PROPERTY: orjson.dumps(state, default=str).decode()},
-    }
-    result = commit_files(spark, config.catalog.name, ns, tbl, request)
-    if result.get("stale"):
-        raise SnapshotError(f"{w.lake} changed while the snapshot loaded it (another writer committed snapshot "
-                            f"{result.get('snapshot_id')}) — fix: stop other writers of the table and run the snapshot again")
-    w.snapshot_id = result["snapshot_id"]
-    w.done = done
-    w.progress.chunks_done = len(done)
-    w.progress.rows += sum(r.rows for r in results)
-    if state["complete"]:
-        w.progress.finished = time.monotonic()

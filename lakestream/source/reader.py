@@ -9,7 +9,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from lakestream.errors import OffsetError
+from lakestream.errors import OffsetError, ReadStalled
 from lakestream.source.planner import OffsetRange
 
 
@@ -149,7 +149,7 @@ def read_runs(
                     if time.monotonic() - last_progress > stall_timeout_s:
                         stuck = ", ".join(f"{st.rng.topic}[{st.rng.partition}]@{st.next_offset}"
                                           for st in states.values() if not st.done)
-                        raise OffsetError(f"no progress reading {stuck} for {stall_timeout_s:.0f}s")
+                        raise ReadStalled(f"no progress reading {stuck} for {stall_timeout_s:.0f}s")
                     continue
                 last_progress = time.monotonic()
                 finished: list[TopicPartition] = []

@@ -8,7 +8,7 @@ from lakestream.config import parse_config
 from lakestream.dashboard.state import BatchLog, build_dashboard
 from lakestream.health.checks import evaluate
 from lakestream.health.history import read_health_history, record_health
-from lakestream.health.monitor import HealthReport
+from lakestream.health.model import HealthReport
 from lakestream.inspection import PartitionMetrics, TableMetrics
 from lakestream.maintenance.actions import MaintenanceResult
 from lakestream.maintenance.history import read_maintenance_log, record_maintenance

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from conftest import produce_records
-from lakestream.engine import pipeline as pipeline_module
+from lakestream.engine import commits as commits_module
 from lakestream.engine.loop import run_pipeline
 from lakestream.engine.pipeline import Pipeline
 
@@ -36,7 +36,7 @@ def test_crash_between_table_commits(spark, pipeline_config_factory, monkeypatch
         name=topic, engine={"table_write_parallelism": 1})
     produce_records(config.kafka.bootstrap_servers, topic, [(None, json.dumps(e)) for e in events])
 
-    real_write = pipeline_module.write_table
+    real_write = commits_module.write_table
     calls: list[str] = []
 
     def crash_on_second_table(spark_, write, changes, properties):
@@ -45,7 +45,7 @@ def test_crash_between_table_commits(spark, pipeline_config_factory, monkeypatch
             raise SimulatedProcessDeath(f"process died before committing {write.ident}")
         return real_write(spark_, write, changes, properties)
 
-    monkeypatch.setattr(pipeline_module, "write_table", crash_on_second_table)
+    monkeypatch.setattr(commits_module, "write_table", crash_on_second_table)
     first = Pipeline(config, spark)
     with pytest.raises(SimulatedProcessDeath):
         first.run_batch()
@@ -53,7 +53,7 @@ def test_crash_between_table_commits(spark, pipeline_config_factory, monkeypatch
     alpha, beta = f"lake.crash.alpha_{topic[-6:]}", f"lake.crash.beta_{topic[-6:]}"
     committed_first = calls[0]
     assert spark.table(committed_first.replace("`", "")).count() in (200, 100)  # one table landed
-    monkeypatch.setattr(pipeline_module, "write_table", real_write)
+    monkeypatch.setattr(commits_module, "write_table", real_write)
 
     # More events arrive while the process is down, so the replayed batch only partly overlaps what
     # the first table holds: its records below the table's stored offset must be skipped one by one.
@@ -76,7 +76,7 @@ def test_loop_recovers_from_a_failed_batch(spark, pipeline_config_factory, monke
         [{"topics": [topic], "mode": "append", "namespace": "crash", "table": "r_" + topic[-6:]}],
         name=topic, engine={"max_records_per_batch": 100})
     produce_records(config.kafka.bootstrap_servers, topic, [(None, json.dumps({"n": i})) for i in range(250)])
-    real_write = pipeline_module.write_table
+    real_write = commits_module.write_table
     calls: list[int] = []
 
     def fail_third_write(spark_, write, changes, properties):
@@ -85,7 +85,7 @@ def test_loop_recovers_from_a_failed_batch(spark, pipeline_config_factory, monke
             raise SimulatedCrash("transient failure")
         return real_write(spark_, write, changes, properties)
 
-    monkeypatch.setattr(pipeline_module, "write_table", fail_third_write)
+    monkeypatch.setattr(commits_module, "write_table", fail_third_write)
     run_pipeline(config, spark=spark, stop_when_idle=True)
     got = sorted(r.n for r in spark.sql(f"SELECT n FROM lake.crash.r_{topic[-6:]}").collect())
     assert got == list(range(250))

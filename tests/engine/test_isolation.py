@@ -6,7 +6,8 @@ import json
 import uuid
 
 from conftest import produce_records
-from lakestream.engine.pipeline import Pipeline, _halves, _without
+from lakestream.engine.isolation import halves, without
+from lakestream.engine.pipeline import Pipeline
 from lakestream.errors import is_infrastructure_failure
 from lakestream.source.kafka import TP
 from lakestream.source.planner import OffsetRange
@@ -50,9 +51,9 @@ def test_a_record_that_fails_the_write_is_isolated_and_the_rest_lands(spark, pip
 
 def test_splitting_and_classifying():
     ranges = [OffsetRange("t", 0, 0, 10, 100), OffsetRange("t", 1, 5, 6, 100)]
-    left, right = _halves(ranges)
+    left, right = halves(ranges)
     assert (left, right) == ([OffsetRange("t", 0, 0, 5, 100)], [OffsetRange("t", 0, 5, 10, 100), ranges[1]])
-    assert _without(ranges, {(TP("t", 0), 3), (TP("t", 1), 5)}) == [
+    assert without(ranges, {(TP("t", 0), 3), (TP("t", 1), 5)}) == [
         OffsetRange("t", 0, 0, 3, 100), OffsetRange("t", 0, 4, 10, 100)]
     assert is_infrastructure_failure(RuntimeError("KafkaException: _TRANSPORT broker down"))
     assert is_infrastructure_failure(RuntimeError("org.postgresql.util.PSQLException: Connection refused"))
@@ -60,7 +61,7 @@ def test_splitting_and_classifying():
 
 
 def test_a_record_that_fails_the_commit_is_isolated(spark, pipeline_config_factory, monkeypatch):
-    import lakestream.engine.pipeline as engine
+    import lakestream.engine.commits as engine
 
     suffix = uuid.uuid4().hex[:6]
     topic = f"isc{suffix}.public.items"

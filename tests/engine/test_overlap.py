@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from conftest import produce_records
-from lakestream.engine import pipeline as pipeline_module
+from lakestream.engine import commits as commits_module
 from lakestream.engine.loop import run_pipeline
 from lakestream.engine.pipeline import Pipeline
 
@@ -70,7 +70,7 @@ def test_a_death_inside_a_commit_with_the_next_job_in_flight(spark, pipeline_con
     records, state = _changes(2000, 300, seed=2)
     produce_records(config.kafka.bootstrap_servers, topic, records)
 
-    real_write = pipeline_module.write_table
+    real_write = commits_module.write_table
     commits: list[str] = []
 
     def die_in_the_third_commit(spark_, write, changes, properties):
@@ -79,14 +79,14 @@ def test_a_death_inside_a_commit_with_the_next_job_in_flight(spark, pipeline_con
             raise SimulatedProcessDeath("died inside the third commit")
         return real_write(spark_, write, changes, properties)
 
-    monkeypatch.setattr(pipeline_module, "write_table", die_in_the_third_commit)
+    monkeypatch.setattr(commits_module, "write_table", die_in_the_third_commit)
     first = Pipeline(config, spark)
     with pytest.raises(SimulatedProcessDeath):
         while True:
             first.run_batch()
-    assert first._prefetch is not None, "the next batch's job was not in flight when the commit died"
+    assert first.prefetch.pending is not None, "the next batch's job was not in flight when the commit died"
     first.close()  # what a dead process leaves: a job nobody commits (its files are deleted here)
-    monkeypatch.setattr(pipeline_module, "write_table", real_write)
+    monkeypatch.setattr(commits_module, "write_table", real_write)
 
     run_pipeline(config, spark=spark, stop_when_idle=True)  # the restart
     assert _table_state(spark, f"lake.overlap.{topic}") == state

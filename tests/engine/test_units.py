@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from lakestream.config import StreamSettings
-from lakestream.engine.pipeline import _combine_quantiles
+from lakestream.engine.result import combine_quantiles
 from lakestream.errors import DecodeError, InvalidIdentifierError
 from lakestream.identifiers import quote, quote_column, quote_table, sql_string
 from lakestream.sink.offsets import decode_offsets, encode_offsets
@@ -55,9 +55,9 @@ def test_offsets_round_trip():
 
 
 def test_combined_quantiles_of_two_groups():
-    q01, q50, q99, lo = _combine_quantiles([(100, [1, 50, 99], 0, 100), (100, [101, 150, 199], 100, 200)])
+    q01, q50, q99, lo = combine_quantiles([(100, [1, 50, 99], 0, 100), (100, [101, 150, 199], 100, 200)])
     assert abs(q01 - 2) < 0.5 and abs(q50 - 100) < 0.5 and abs(q99 - 198) < 0.5 and lo == 0
-    assert _combine_quantiles([]) is None
+    assert combine_quantiles([]) is None
 
 
 def test_outages_are_waited_out_other_failures_are_not(monkeypatch):

@@ -8,10 +8,10 @@ from importlib.resources import files
 
 from lakestream.config import HealthThresholds
 from lakestream.engine.metrics import EngineMetrics
-from lakestream.engine.pipeline import BatchResult
+from lakestream.engine.result import BatchResult
 from lakestream.health.checks import evaluate
 from lakestream.health.exporter import render_prometheus
-from lakestream.health.monitor import HealthReport
+from lakestream.health.model import HealthReport
 from lakestream.inspection import PartitionMetrics, TableMetrics
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families

@@ -7,7 +7,7 @@ from lakestream.config import CompactionPolicy, HealthThresholds
 from lakestream.health.checks import compaction_lag_s, evaluate
 from lakestream.health.exporter import render_prometheus
 from lakestream.inspection import PartitionMetrics, TableMetrics
-from lakestream.health.monitor import HealthReport
+from lakestream.health.model import HealthReport
 from lakestream.health.webhook import AlertNotifier
 
 NOW = 1_800_000_000_000

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from conftest import produce_records
-from lakestream.engine import pipeline as pipeline_module
+from lakestream.engine import commits as commits_module
 from lakestream.engine.loop import run_pipeline
 from lakestream.engine.pipeline import Pipeline
 from lakestream.process.rules import alert_id
@@ -92,7 +92,7 @@ def test_rules_raise_exact_alerts_across_batches_and_a_crash(stack, spark, pipel
 
     # The process dies after the alerts of a batch committed, before its history did.
     produce_records(stack.bootstrap_servers, topic, [(None, json.dumps(e)) for e in events[100:]])
-    real_write = pipeline_module.write_table
+    real_write = commits_module.write_table
     calls: list[str] = []
 
     def die_after_alerts(spark_, write, changes, properties):
@@ -101,13 +101,13 @@ def test_rules_raise_exact_alerts_across_batches_and_a_crash(stack, spark, pipel
             raise ProcessDeath(write.ident)
         return real_write(spark_, write, changes, properties)
 
-    monkeypatch.setattr(pipeline_module, "write_table", die_after_alerts)
+    monkeypatch.setattr(commits_module, "write_table", die_after_alerts)
     crashed = Pipeline(config, spark)
     with pytest.raises(ProcessDeath):
         crashed.run_batch()
     crashed.close()
     assert calls[0].endswith("`alerts`") and calls[1].endswith("`tx_history`"), calls
-    monkeypatch.setattr(pipeline_module, "write_table", real_write)
+    monkeypatch.setattr(commits_module, "write_table", real_write)
     run_pipeline(config, spark=spark, stop_when_idle=True)
 
     expected = _reference(events)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import produce_records
-from lakestream.engine import pipeline as pipeline_module
+from lakestream.engine import commits as commits_module
 from lakestream.engine.loop import run_pipeline
 from lakestream.engine.pipeline import Pipeline
 from lakestream.errors import ConfigError
@@ -48,7 +48,7 @@ def test_sql_and_python_transforms_exactly_once(stack, spark, py_transforms, pip
     produce_records(stack.bootstrap_servers, topic, [(None, json.dumps(e)) for e in events])
 
     # The process dies after the first output committed, before the input table did.
-    real_write = pipeline_module.write_table
+    real_write = commits_module.write_table
     calls: list[str] = []
 
     def die_on_second(spark_, write, changes, properties):
@@ -57,13 +57,13 @@ def test_sql_and_python_transforms_exactly_once(stack, spark, py_transforms, pip
             raise ProcessDeath(write.ident)
         return real_write(spark_, write, changes, properties)
 
-    monkeypatch.setattr(pipeline_module, "write_table", die_on_second)
+    monkeypatch.setattr(commits_module, "write_table", die_on_second)
     first = Pipeline(config, spark)
     with pytest.raises(ProcessDeath):
         first.run_batch()
     first.close()
     assert not calls[0].endswith("`payments`")  # outputs commit before their input
-    monkeypatch.setattr(pipeline_module, "write_table", real_write)
+    monkeypatch.setattr(commits_module, "write_table", real_write)
     more = _payments(60, 90)
     produce_records(stack.bootstrap_servers, topic, [(None, json.dumps(e)) for e in more])
     run_pipeline(config, spark=spark, stop_when_idle=True)

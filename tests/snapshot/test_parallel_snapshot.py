@@ -26,7 +26,7 @@ from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import CaptureError
 from lakestream.snapshot import SnapshotError, run_snapshot
-from lakestream.snapshot.runner import KILL_AFTER_CHUNKS_ENV, _read_state
+from lakestream.snapshot.runner import KILL_AFTER_CHUNKS_ENV, read_snapshot_state
 from lakestream.verify import verify_tables
 
 ROWS = 12_000
@@ -195,7 +195,7 @@ def test_snapshot_while_writing_hands_over_exactly(stack, spark):
         assert report.tables[1].rows >= ROWS // 4  # plus the tags the writer inserted before the slot
         assert report.tables[0].chunks_total >= 5 and report.tables[0].chunks_done == report.tables[0].chunks_total
         assert progress_seen and progress_seen[-1] == sum(t.chunks_total for t in report.tables)
-        state = _read_state(spark, f"lake.{source.prefix}.items")
+        state = read_snapshot_state(spark, f"lake.{source.prefix}.items")
         assert state["complete"] and state["slot"] == source.config.capture.slot_name
         # A second run has nothing to do.
         assert run_snapshot(source.config, spark=spark).already_complete
@@ -218,7 +218,7 @@ def test_snapshot_killed_midway_resumes(stack, spark):
         killed = subprocess.run([*LAKESTREAM_COMMAND, "snapshot", str(source.yaml)], capture_output=True, text=True,
                                 timeout=600, env=env, stdin=subprocess.DEVNULL)
         assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
-        state = _read_state(spark, f"lake.{source.prefix}.items")
+        state = read_snapshot_state(spark, f"lake.{source.prefix}.items")
         done = sum(b - a + 1 for a, b in state["done"])
         assert 0 < done < len(state["chunks"]) and not state["complete"]
         # Changes after the crash: the resumed chunks see them, and so does the stream from the
@@ -229,7 +229,7 @@ def test_snapshot_killed_midway_resumes(stack, spark):
         report = run_snapshot(source.config, spark=spark)
         assert report.resumed and report.tables[0].resumed_chunks == done
         assert report.tables[0].chunks_done == report.tables[0].chunks_total and report.tables[0].rows > 0
-        state = _read_state(spark, f"lake.{source.prefix}.items")
+        state = read_snapshot_state(spark, f"lake.{source.prefix}.items")
         assert state["complete"] and sum(b - a + 1 for a, b in state["done"]) == len(state["chunks"])
         writer.burst(300)
         source.start_capture()
@@ -247,7 +247,7 @@ def test_a_value_that_does_not_fit_stops_with_the_table_and_key_range(stack, spa
     try:
         with pytest.raises(SnapshotError, match=r"public\.days rows with key in \[None, None\).*fix"):
             run_snapshot(source.config, spark=spark)
-        state = _read_state(spark, f"lake.{source.prefix}.days")
+        state = read_snapshot_state(spark, f"lake.{source.prefix}.days")
         assert state is None  # nothing of the failed chunk was committed
     finally:
         source.close()

@@ -1,0 +1,180 @@
+"""The commits of a micro-batch: each table's data files and deletion vectors with the offsets it consumed,
+in one snapshot per table (`lakestream.sink.committer.write_table`), retried on commit conflicts, in the
+order the stages declare, with the tables that commit at their own cadence held until due.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from lakestream.config import PipelineConfig
+from lakestream.engine.isolation import Isolator, without
+from lakestream.engine.registry import TableRegistry
+from lakestream.errors import conflict_cause, first_line, is_infrastructure_failure
+from lakestream.faults import pause_point
+from lakestream.process.stage import commit_phases
+from lakestream.sink.committer import StaleIndex, TableCommit, TableWrite, write_table
+from lakestream.sink.files import delete_quietly
+from lakestream.sink.offsets import TableOffsets, commit_properties
+from lakestream.sink.report import BatchReport, TableReport
+from lakestream.sink.router import TableName
+from lakestream.source.kafka import TP
+from lakestream.source.planner import OffsetRange
+
+log = logging.getLogger(__name__)
+
+
+class Committer:
+    """Commits the tables of each batch; records the conflicts it met and the attempts it repeated."""
+
+    def __init__(self, config: PipelineConfig, registry: TableRegistry, offsets: TableOffsets, isolator: Isolator,
+                 reads: Callable[[], dict[str, set[str]]], batch_id: Callable[[], int],
+                 clock: Callable[[], float]):
+        self.config = config
+        self.registry = registry
+        self.offsets = offsets
+        self.isolator = isolator
+        self.reads = reads  # table → the tables it is computed from (it commits before them)
+        self.batch_id = batch_id
+        self.clock = clock
+        self.spark = registry.spark
+        # Commit conflicts of the batch in flight, (table, cause), and the tables of the attempts they
+        # made repeat; appended from the commit threads (list.append is atomic).
+        self.conflicts: list[tuple[str, str]] = []
+        self.retries: list[str] = []
+
+    def start_batch(self) -> None:
+        self.conflicts, self.retries = [], []
+
+    def commit_table(self, name: str, changes: TableReport, ends: dict[TP, int]) -> TableCommit | None:
+        spec = self.registry.specs[name]
+        table = TableName.parse(name)
+        ident = self.registry.catalog.ident(table.namespace, table.table)
+        consumed = {tp: ends[tp] for tp in changes.tp_offsets() if tp in ends}
+        merged = self.offsets.merged_after_commit(ident, consumed)
+        props = commit_properties(merged, self.config.name, self.batch_id(), changes.max_source_ts)
+        if not changes.files and not changes.locations and not changes.truncates:
+            return None  # nothing left to write (all dead letters): the offsets advance with the next commit
+        attempts = 5
+        for attempt in range(1, attempts + 1):
+            write = TableWrite(ident, self.config.catalog.name, table, spec, self.registry.fresh_index(name, ident))
+            try:
+                pause_point("commit.table.before")
+                done = write_table(self.spark, write, changes, props)
+                break
+            except StaleIndex as exc:
+                self.conflicts.append((name, "stale_index"))
+                if attempt == attempts:
+                    raise
+                log.info("table %s: %s; refreshing the key index", name, exc)
+                self.retries.append(name)
+                continue
+            except Exception as exc:  # noqa: BLE001 — classified by Java class below
+                cause = conflict_cause(exc)
+                if cause is None:
+                    raise
+                text = first_line(exc)
+                self.conflicts.append((name, cause))
+                if attempt == attempts:
+                    raise
+                if self.offsets.load(ident, refresh=True) == merged:
+                    log.info("table %s: commit had landed despite %s", name, text[:120])
+                    if write.index is not None:
+                        write.index.valid = False
+                    done = TableCommit("upsert" if spec.mode == "upsert" else "append", changes.count)
+                    break
+                log.warning("table %s: commit conflict (attempt %d/%d), re-planning deletes: %s", name, attempt,
+                            attempts, text[:200])
+                if write.index is not None:
+                    write.index.valid = False
+                self.retries.append(name)
+                time.sleep(0.2 * attempt)
+        pause_point("commit.table.after")
+        self.offsets.record(ident, merged)
+        spec.committed = dict(merged)
+        return dataclasses.replace(done, source_ts_ms=changes.max_source_ts)
+
+    def commit_tables(self, report: BatchReport, ranges: list[OffsetRange] | None = None) -> dict[str, TableCommit]:
+        """Commit every table of the batch; tables are independent, so several commit at once. With
+        the batch's ``ranges``, a table whose commit fails for a reason other than infrastructure is
+        written and committed again in halves of the ranges until the record that fails it is alone.
+        A table with a cadence of its own (`lakestream.engine.cadence`) adds its part to what it holds,
+        and commits all it holds when its interval is due."""
+        ends = {tp: end.next_offset for tp, end in report.ends.items()}
+        closed = None if ranges is None else [
+            OffsetRange(r.topic, r.partition, r.start, min(ends[r.tp], r.end or ends[r.tp]), r.limit)
+            for r in ranges if r.tp in ends]
+        now = self.clock()
+        todo: list[tuple[str, TableReport, dict[TP, int], list[OffsetRange] | None]] = []
+        hold: list[tuple[str, TableReport]] = []
+        for name, tr in sorted(report.tables.items()):
+            if tr.count <= 0:
+                continue
+            if not self.registry.cadence.holds(name):
+                todo.append((name, tr, ends, closed))
+            elif self.registry.cadence.due(name, now):
+                self.registry.cadence.add(name, tr, ends, closed or [], now)
+            else:
+                hold.append((name, tr))
+        todo += self.due_held(now, force=False)
+
+        def commit(name: str, tr: TableReport, ends: dict[TP, int], closed: list[OffsetRange] | None
+                   ) -> TableCommit | None:
+            try:
+                return self.commit_table(name, tr, ends)
+            except Exception as exc:  # noqa: BLE001 — classified just below
+                if closed is None or is_infrastructure_failure(exc):
+                    raise
+                log.warning("table %s: commit failed, isolating the record(s) that make it fail: %s", name,
+                            first_line(exc))
+                delete_quietly([f.path for f in tr.files])
+                fed = set(tr.tp_offsets())
+                return self.isolator.bisect_commit(name, [r for r in without(closed, self.isolator.culprits) if r.tp in fed],
+                                                   report, exc, self.commit_table)
+
+        # Tables commit before the tables they read (alerts before their rule's source, transform outputs before
+        # their input): a restart reads from the input's offsets, which are then never past a reader's (each
+        # skips what it already holds), and a rule's source (its state) never holds records whose alerts were
+        # not committed. The order is derived from what the stages declare (`lakestream.process.stage`).
+        phases = commit_phases([item[0] for item in todo], self.reads())
+        by_name = {item[0]: item for item in todo}
+        phases = [[by_name[name] for name in phase] for phase in phases]
+        done: dict[str, TableCommit] = {}
+        for phase in phases:
+            workers = min(self.config.engine.table_write_parallelism, len(phase))
+            if workers <= 1:
+                kinds = [commit(*item) for item in phase]
+            else:
+                with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-commit") as pool:
+                    kinds = list(pool.map(lambda item: commit(*item), phase))
+            done.update({item[0]: kind for item, kind in zip(phase, kinds) if kind is not None})
+        # Held only now that every commit before them succeeded: what a table holds is always safe to
+        # commit (for a rule's source: the alerts of its records are committed).
+        for name, tr in hold:
+            self.registry.cadence.add(name, tr, ends, closed or [], now)
+        return done
+
+    def due_held(self, now: float, force: bool
+                  ) -> list[tuple[str, TableReport, dict[TP, int], list[OffsetRange] | None]]:
+        """The held tables whose interval is due (all of them with ``force``), taken for their commit."""
+        out = []
+        for name in sorted(self.registry.cadence.held) if force else self.registry.cadence.due_tables(now):
+            held = self.registry.cadence.take(name, now)
+            if held is not None and held.report.count > 0:
+                out.append((name, held.report, held.ends, held.ranges))
+        return out
+
+    def commit_held(self, force: bool = False) -> dict[str, TableCommit]:
+        """Commit the held tables that are due (all with ``force``), outside a batch: while the stream is
+        idle, and at close."""
+        done: dict[str, TableCommit] = {}
+        for name, tr, ends, _ in self.due_held(self.clock(), force):
+            kind = self.commit_table(name, tr, ends)
+            if kind is not None:
+                done[name] = kind
+        if done:
+            log.info("committed held file(s) of %s", ", ".join(f"{n} ({c.changes:,} rows)" for n, c in done.items()))
+        return done

@@ -1,0 +1,257 @@
+"""The tables a pipeline writes: their specs (what the write tasks need), key indexes, transforms and
+reference data, and the one place a table is created or evolved for the shapes its records have.
+
+The engine, the parallel snapshot and the re-snapshot all prepare tables through a `TableRegistry`; the
+process stages reach it through their `StageContext`.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lakestream.config import PipelineConfig, StreamSettings
+from lakestream.engine.cadence import Cadence
+from lakestream.errors import ConfigError, LakestreamError
+from lakestream.identifiers import validate_identifier
+from lakestream.process.reference import ReferenceCache, ReferenceData
+from lakestream.process.transform import Derived, empty_input, output_columns, reference_views, run_transform
+from lakestream.sink.index import KeyIndex, is_integer_key
+from lakestream.sink.offsets import TableOffsets
+from lakestream.sink.report import NewShape
+from lakestream.sink.router import TableName, topic_parts
+from lakestream.sink.schema import (
+    DEFAULT_TABLE_PROPERTIES, Shape, TableManager, dropped_column_statements, merged_columns, reconcile, unusable_shape,
+    widen_to_string_statements,
+)
+from lakestream.sink.task import TableSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+
+class TableRegistry:
+    """Specs, key indexes and transforms of every table this pipeline writes, and their preparation."""
+
+    def __init__(self, config: PipelineConfig, spark: SparkSession, catalog: TableManager, offsets: TableOffsets,
+                 cadence: Cadence | None = None, batch_id: Callable[[], int] = lambda: 0):
+        self.config = config
+        self.spark = spark
+        self.catalog = catalog
+        self.offsets = offsets
+        self.cadence = cadence if cadence is not None else Cadence()
+        self.batch_id = batch_id  # names the backup column of a widening (`pre_string_<batch>`)
+        self.specs: dict[str, TableSpec] = {}
+        self.indexes: dict[str, KeyIndex] = {}
+        self.derived: dict[str, list[Derived]] = {}  # input table → its transforms (lakestream.process)
+        self.derived_inputs: dict[str, tuple[str, StreamSettings]] = {}  # input table → (a topic, its stream)
+        self.references = ReferenceCache(spark, config.catalog.name)
+        self.reference_data: dict[str, ReferenceData] = {}  # reference key → this batch's data
+
+    @classmethod
+    def for_config(cls, config: PipelineConfig, spark: SparkSession) -> TableRegistry:
+        """A registry of its own (the parallel snapshot and the re-snapshot prepare tables through one)."""
+        return cls(config, spark, TableManager(spark, config.catalog.name), TableOffsets(spark))
+
+    # -- key indexes between runs -------------------------------------------------------------
+    def index_path(self, name: str) -> Path:
+        """Where the key index of ``name`` is kept between runs (driver-local state)."""
+        safe = name if re.fullmatch(r"[A-Za-z0-9_.-]+", name) else hashlib.sha1(name.encode()).hexdigest()
+        return Path(self.config.state_dir) / "indexes" / f"{safe}.npz"
+
+    def save_indexes(self) -> None:
+        """Keep every valid key index for the next start (at a clean close)."""
+        for name, index in self.indexes.items():
+            if index.valid and index.snapshot_id is not None:
+                try:
+                    index.save(self.index_path(name))
+                except OSError as exc:
+                    log.warning("table %s: could not save its key index (%s); the next start rebuilds it", name, exc)
+
+    def output_tables(self) -> set[str]:
+        """The tables the transforms of this pipeline write."""
+        return {d.table for ds in self.derived.values() for d in ds}
+
+    # -- preparation ----------------------------------------------------------------------------
+    def _stream_for_table(self, shapes: list[NewShape]) -> StreamSettings:
+        stream = self.config.stream_for(shapes[0].topic) if shapes else None
+        return stream or self.config.streams[0]
+
+    def prepare_table(self, name: str, shapes: list[NewShape], stream: StreamSettings | None = None,
+                      topic: str | None = None) -> None:
+        """Create or evolve ``name`` so every compatible shape can be written; reject the others.
+        Then the same for the tables of its stream's transforms."""
+        from lakestream.sink.files import create_table, table_info
+
+        table_name = TableName.parse(name)
+        ns, tbl = table_name.namespace, table_name.table
+        ident = self.catalog.ident(ns, tbl)
+        stream = stream or self._stream_for_table(shapes)
+        # A shape no table can take (a column name Spark cannot quote, names equal but for case, a
+        # type that does not parse) is rejected here, so its records become dead letters: it must
+        # neither fail the batch nor become part of a new table.
+        unusable = {s.schema_id: reason for s in shapes if (reason := unusable_shape(s.columns)) is not None}
+        shapes = [s for s in shapes if s.schema_id not in unusable]
+        as_shapes = [Shape(s.schema_id, list(s.columns), s.key, s.inferred, s.defaults) for s in shapes]
+        catalog = self.config.catalog.name
+        info = table_info(self.spark, catalog, ns, tbl)
+        if not info["exists"] and not shapes and unusable:
+            # Only unusable shapes so far: no table yet; the tasks dead-letter these shapes' records.
+            for sid, reason in unusable.items():
+                log.warning("table %s: rejecting row shape %s: %s", name, sid, reason)
+            previous = self.specs.get(name)
+            rejected = dict(previous.rejected_shapes if previous else {}) | unusable
+            self.specs[name] = TableSpec(name, stream.mode, [], {"type": "struct", "schema-id": 0, "fields": []},
+                                         {"spec-id": 0, "fields": []}, "", frozenset(), rejected)
+            return
+        if not info["exists"]:
+            first_key = next((s.key for s in as_shapes if s.key), stream.key_columns)
+            key = (stream.key_columns or first_key) if stream.mode == "upsert" else []
+            layout = self.config.layout_for(name, stream)
+            properties = dict(DEFAULT_TABLE_PROPERTIES) | layout.properties  # format v3: deletion vectors
+            key_lower = {k.lower() for k in key}
+            defaults = {n: v for s in as_shapes for n, v in s.defaults.items()}
+            columns = [{"name": n, "type": t, "required": n.lower() in key_lower,
+                        **({"default": defaults[n]} if n in defaults else {})} for n, t in merged_columns(as_shapes)]
+            info = create_table(self.spark, catalog, ns, tbl, {
+                "columns": columns, "identifier_fields": key, "partition_by": layout.partition_by,
+                "sort_by": layout.sort_by, "properties": properties})
+            log.info("created table %s (%d columns, key %s, format v%s)", name, len(columns), key or "-",
+                     info.get("format_version"))
+        schema = self.catalog.schema(ns, tbl, refresh=True)
+        result = reconcile(ident, schema, as_shapes)
+        if result.rejected and stream.on_incompatible_type == "widen_to_string":
+            keys = {k.lower() for s in as_shapes for k in s.key}
+            columns_to_widen = sorted({c for c in result.rejected_columns.values() if c.lower() not in keys})
+            for column in columns_to_widen:
+                log.warning("table %s: widening column %s to string (on_incompatible_type=widen_to_string)",
+                            name, column)
+                self.catalog.apply(ns, tbl, widen_to_string_statements(ident, column, f"pre_string_{self.batch_id()}"))
+            if columns_to_widen:
+                self.indexes.pop(name, None)
+                result = reconcile(ident, self.catalog.schema(ns, tbl, refresh=True), as_shapes)
+        if stream.on_dropped_column == "drop" and stream.mode == "upsert":
+            result.statements.extend(dropped_column_statements(ident, schema, as_shapes, stream.key_columns
+                                                               or info.get("identifier_fields") or []))
+        self.catalog.apply(ns, tbl, result.statements)
+        result.rejected.update(unusable)
+        for sid, reason in result.rejected.items():
+            log.warning("table %s: rejecting row shape %s: %s", name, sid, reason)
+        if result.statements or info.get("schema") is None or name not in self.specs:
+            info = table_info(self.spark, catalog, ns, tbl)
+        previous = self.specs.get(name)
+        accepted = set(previous.accepted_shapes if previous else ()) | {s.schema_id for s in shapes
+                                                                         if s.schema_id not in result.rejected}
+        rejected = dict(previous.rejected_shapes if previous else {}) | result.rejected
+        if stream.mode == "upsert":
+            key = stream.key_columns or info.get("identifier_fields") or next((s.key for s in as_shapes if s.key), [])
+        else:
+            key = [stream.dedupe_field] if stream.dedupe_field else []
+        if key and int(info.get("format_version", 2)) < 3:
+            raise LakestreamError(
+                f"table {name} is an Iceberg format v{info.get('format_version')} table; upserts and de-duplication "
+                f"write deletion vectors, which need format v3 — fix: run `lakestream upgrade-tables <pipeline.yaml>` "
+                f"once (it compacts away the old delete files and sets format-version=3)")
+        spec = TableSpec(name, stream.mode, list(key), info["schema"], info["spec"], info["data_location"],
+                         frozenset(accepted), rejected, dict(self.offsets.load(ident)),
+                         drop_missing=stream.on_dropped_column == "drop" and stream.mode == "upsert")
+        self.specs[name] = spec
+        if key:
+            hashed = not is_integer_key(spec.arrow_schema(), key)
+            index = self.indexes.get(name)
+            if index is None or index.hashed != hashed or result.statements:
+                self.indexes[name] = KeyIndex(hashed)
+        topic = topic or next((s.topic for s in shapes), None)
+        if stream.transforms and topic is not None:
+            self.prepare_derived(name, topic, stream)
+
+    def prepare_derived(self, name: str, topic: str, stream: StreamSettings) -> None:
+        """Create or evolve the output table of each transform of input table ``name``: its schema is
+        the transform's output over an empty input in the input table's current schema."""
+        index = self.config.streams.index(stream)
+        derived = []
+        values = topic_parts(topic) | {"field": ""}
+        for j, t in enumerate(stream.transforms):
+            where = f"streams[{index}].transforms[{j}]"
+            out = TableName(stream.namespace, t.table.format(**values))
+            try:
+                validate_identifier(out.table, what="table name")
+            except LakestreamError as exc:
+                raise ConfigError(f"{where}.table: {exc} — fix: use a valid table name or template") from None
+            refs = []
+            for k, ref in enumerate(t.references):
+                data = self.references.get(ref, f"{where}.references[{k}]")
+                self.reference_data[data.key] = data
+                refs.append((ref.name, data.key))
+            d = Derived(t.name, str(out), t.sql, t.python, where, tuple(refs))
+            if t.commit_interval_s is not None and t.commit_interval_s > self.config.commit_interval(stream):
+                self.cadence.set_interval(str(out), t.commit_interval_s)
+            try:
+                views = reference_views(d, self.reference_data)
+                schema = run_transform(d, empty_input(self.specs[name].arrow_schema()), views).schema
+                columns = output_columns(schema)
+            except Exception as exc:  # noqa: BLE001 — any failure over an empty input is the config's
+                body = "sql" if t.sql is not None else "python"
+                raise ConfigError(f"{where}.{body} ({t.name}) fails over table {name}'s columns: "
+                                  f"{type(exc).__name__}: {str(exc)[:500]} — fix: the view is `batch` with the table's "
+                                  f"columns plus _op, _topic, _kafka_partition, _kafka_offset, _source_ts_ms, _kafka_ts_ms")
+            if not columns:
+                raise ConfigError(f"{where}: the transform {t.name} returns no columns — fix: select at least one")
+            shape_id = "derived-" + hashlib.sha1(repr(columns).encode()).hexdigest()[:16]
+            out_stream = StreamSettings(topics=[topic], mode="append", namespace=out.namespace, table=out.table,
+                                        layout=t.layout)
+            self.catalog.ensure_namespace(out.namespace)
+            self.prepare_table(str(out), [NewShape(str(out), topic, shape_id, columns, [], False)], out_stream)
+            derived.append(d)
+        self.derived[name] = derived
+        self.derived_inputs[name] = (topic, stream)
+
+    def refresh_references(self) -> None:
+        """Before a batch: every reference table's current data, read again where its snapshot changed;
+        the output tables of transforms whose reference changed shape are evolved."""
+        self.references.release_retired()
+        for i, stream in enumerate(self.config.streams):
+            for j, t in enumerate(stream.transforms):
+                for k, ref in enumerate(t.references):
+                    data = self.references.get(ref, f"streams[{i}].transforms[{j}].references[{k}]")
+                    self.reference_data[data.key] = data
+        changed, self.references.changed = self.references.changed, set()
+        for name, ds in list(self.derived.items()):
+            if any(key in changed for d in ds for _, key in d.references):
+                self.prepare_derived(name, *self.derived_inputs[name])
+
+    def prepare_tables(self, shapes_by_table: dict[str, list[NewShape]]) -> None:
+        todo = sorted(shapes_by_table.items())
+        for namespace in sorted({TableName.parse(n).namespace for n, _ in todo}):
+            self.catalog.ensure_namespace(namespace)  # once, before writers race to create it
+        workers = min(self.config.engine.table_write_parallelism, len(todo))
+        if workers <= 1:
+            for name, shapes in todo:
+                self.prepare_table(name, shapes)
+        else:
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-prep") as pool:
+                list(pool.map(lambda item: self.prepare_table(*item), todo))
+
+    def fresh_index(self, name: str, ident: str) -> KeyIndex | None:
+        """The table's key index: as it is while valid (the commit checks it still describes the table's
+        current snapshot), else loaded as saved at the current snapshot, or rebuilt from a scan."""
+        from lakestream.sink.files import table_info
+
+        index = self.indexes.get(name)
+        if index is None or index.valid:
+            return index  # a valid index is checked by the commit itself (expect_snapshot_id)
+        table = TableName.parse(name)
+        current = table_info(self.spark, self.config.catalog.name, table.namespace, table.table).get("snapshot_id")
+        saved = KeyIndex.load(self.index_path(name), index.hashed, current)
+        if saved is not None:
+            log.info("table %s: key index loaded as saved at snapshot %s (%d keys)", name, current, len(saved))
+            self.indexes[name] = saved
+            return saved
+        index.rebuild(self.spark, ident, self.specs[name].key_columns, current)
+        return index

@@ -1,0 +1,192 @@
+"""Reading a source table's chunks under an exported snapshot, in parallel Spark tasks, and committing
+them: what the initial load (`runner`) and the re-snapshot (`resnapshot`) share."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import psycopg2
+
+from lakestream.config import PipelineConfig
+from lakestream.errors import LakestreamError
+from lakestream.snapshot.progress import TableProgress
+from lakestream.snapshot.reader import ChunkResult, ChunkTarget, read_chunk
+from lakestream.snapshot.source import Chunk, ChunkPlan, SourceTable, plan_chunks
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+STATE_PROPERTY = "lakestream.snapshot"
+# Test hook: SIGKILL this process right after that many chunk commits (a crash mid-snapshot).
+KILL_AFTER_CHUNKS_ENV = "LAKESTREAM_SNAPSHOT_KILL_AFTER_CHUNKS"
+# Finished chunks are committed together at most this often (a crash redoes at most this much work).
+COMMIT_EVERY_S = 5.0
+
+
+class SnapshotError(LakestreamError):
+    """The parallel snapshot cannot start or go on safely; the message says why and what to do."""
+
+
+@dataclass
+class SnapshotTable:
+    """One table being loaded: its source, its mirror, its chunk plan and what is done."""
+
+    source: SourceTable
+    lake: str  # namespace.table
+    ident: str  # quoted catalog.namespace.table
+    target: ChunkTarget
+    plan: ChunkPlan
+    done: set[int]
+    snapshot_id: int | None  # the table's current Iceberg snapshot (commits expect it)
+    progress: TableProgress
+
+
+def source_dsn(config: PipelineConfig) -> str:
+    db = config.capture.database
+    return psycopg2.extensions.make_dsn(host=db.host, port=db.port, dbname=db.dbname, user=db.user,
+                                        password=db.password.get_secret_value() if db.password else None)
+
+
+def plan_under(dsn: str, snapshot_name: str, source: SourceTable, chunk_rows: int) -> ChunkPlan:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
+        plan = plan_chunks(conn, source, chunk_rows)
+        conn.rollback()
+        return plan
+    finally:
+        conn.close()
+
+
+def chunk_runs(ids: set[int]) -> list[list[int]]:
+    """Chunk ids as [first, last] runs, to keep the summary property small."""
+    out: list[list[int]] = []
+    for i in sorted(ids):
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return out
+
+
+def load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot_name: str, work: dict[str, SnapshotTable],
+                 handover_lsn: int, parallelism: int | None, progress_interval_s: float,
+                 on_progress: Callable[[list[TableProgress]], Any] | None,
+                 commit: Callable[[SnapshotTable, list[ChunkResult]], None] | None = None) -> None:
+    """Read every chunk not yet committed in parallel Spark jobs; hand each table's finished chunks to
+    ``commit`` (default: commit them as an append carrying the snapshot's state)."""
+    if commit is None:
+        def commit(w: SnapshotTable, results: list[ChunkResult]) -> None:
+            commit_chunks(spark, config, w, results, handover_lsn)
+
+    todo: list[tuple[SnapshotTable, Chunk]] = []
+    for w in work.values():
+        todo.extend((w, c) for c in w.plan.chunks if c.chunk_id not in w.done)
+        if not w.plan.chunks or len(w.done) == len(w.plan.chunks):
+            w.progress.started = w.progress.finished = time.monotonic()
+    # Largest tables first, their chunks interleaved with nothing: the tail is made of small chunks.
+    todo.sort(key=lambda item: (-len(item[0].plan.chunks), item[0].source.name, item[1].chunk_id))
+    workers = max(1, parallelism or spark.sparkContext.defaultParallelism)
+    kill_after = int(os.environ.get(KILL_AFTER_CHUNKS_ENV, "0") or 0)
+    committed = 0
+    sc = spark.sparkContext
+
+    def run_chunk(w: SnapshotTable, chunk: Chunk) -> ChunkResult:
+        payload = (dsn, snapshot_name, w.source, chunk, w.target)
+        sc.setJobDescription(f"lakestream snapshot {w.source.name} chunk {chunk.chunk_id}")
+        try:
+            return sc.parallelize([payload], 1).map(lambda p: read_chunk(*p)).collect()[0]
+        except Exception as exc:  # noqa: BLE001 — py4j wraps the task's Python error; surface its message
+            message = str(exc)
+            marker = "lakestream.errors.LakestreamError: "
+            if marker in message:
+                raise SnapshotError(message.split(marker, 1)[1].splitlines()[0]) from None
+            raise
+
+    last_report = last_commit = time.monotonic()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="snapshot-chunk") as pool:
+        pending = set()
+        queue = list(todo)
+        finished: dict[str, list[ChunkResult]] = defaultdict(list)
+        try:
+            def top_up() -> None:
+                while queue and len(pending) < workers:
+                    w, chunk = queue.pop(0)
+                    if w.progress.started is None:
+                        w.progress.started = time.monotonic()
+                    pending.add(pool.submit(run_chunk, w, chunk))
+
+            while queue or pending:
+                top_up()
+                done, pending = wait(pending, timeout=progress_interval_s, return_when=FIRST_COMPLETED)
+                for future in done:
+                    result = future.result()
+                    finished[result.table].append(result)
+                top_up()  # the freed task slots read the next chunks while the driver commits these
+                # Finished chunks commit together at most every COMMIT_EVERY_S (each commit costs the driver
+                # about half a second of CPU the tasks would rather have), and at the end.
+                due = time.monotonic() - last_commit >= COMMIT_EVERY_S or not (queue or pending) or kill_after
+                for table, results in list(finished.items()) if due else ():
+                    if results:
+                        last_commit = time.monotonic()
+                        commit(work[table], results)
+                        committed += len(results)
+                        finished[table] = []
+                        if kill_after and committed >= kill_after:
+                            log.warning("snapshot: %s=%d reached, killing this process", KILL_AFTER_CHUNKS_ENV,
+                                        kill_after)
+                            sys.stderr.flush()
+                            os.kill(os.getpid(), signal.SIGKILL)
+                now = time.monotonic()
+                if now - last_report >= progress_interval_s or not (queue or pending):
+                    last_report = now
+                    for w in work.values():
+                        log.info(w.progress.line())
+                    if on_progress is not None:
+                        on_progress([w.progress for w in work.values()])
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+
+
+def commit_chunks(spark: SparkSession, config: PipelineConfig, w: SnapshotTable, results: list[ChunkResult],
+                   handover_lsn: int) -> None:
+    """One append of the chunks' files, its summary recording every chunk of the table done so far."""
+    from lakestream.sink.files import commit_files
+
+    done = w.done | {r.chunk_id for r in results}
+    state = {"slot": config.capture.slot_name, "lsn": handover_lsn, "chunks": w.plan.to_json(),
+             "done": chunk_runs(done), "complete": len(done) == len(w.plan.chunks)}
+    ns, tbl = w.lake.split(".", 1)
+    request = {
+        "base_snapshot_id": w.snapshot_id,
+        "expect_snapshot_id": w.snapshot_id,
+        "data_files": [{"path": f["path"], "file_size": f["file_size"], "record_count": f["record_count"],
+                        "partition": f["partition"]} for r in results for f in r.files],
+        "deletes": [],
+        "properties": {STATE_PROPERTY: orjson.dumps(state, default=str).decode()},
+    }
+    result = commit_files(spark, config.catalog.name, ns, tbl, request)
+    if result.get("stale"):
+        raise SnapshotError(f"{w.lake} changed while the snapshot loaded it (another writer committed snapshot "
+                            f"{result.get('snapshot_id')}) — fix: stop other writers of the table and run the snapshot again")
+    w.snapshot_id = result["snapshot_id"]
+    w.done = done
+    w.progress.chunks_done = len(done)
+    w.progress.rows += sum(r.rows for r in results)
+    if state["complete"]:
+        w.progress.finished = time.monotonic()
