@@ -100,24 +100,28 @@ INFRASTRUCTURE_TYPES = frozenset({
 # Spark states that no exception type names: the driver's context stopped, an executor died.
 _SPARK_GONE = ("SparkContext was shut down", "ExecutorLostFailure", "SparkContext has been shutdown")
 
-_CLASS_NAME = re.compile(r"\b(?:[a-z_][\w]*\.)*([A-Z]\w*(?:Exception|Error))\b")
+# An exception class named where a remote failure's text names it: at the start of a line (a Python
+# traceback's last line, a Java stack trace's first) or after "Caused by:". A class name quoted inside a
+# message (a record's value, an error's detail) is not one of these.
+_NAMED_CLASS = re.compile(r"^\s*(?:Caused by:\s*)?(?:[\w$]+\.)*([A-Z]\w*(?:Exception|Error))\b", re.MULTILINE)
 
 
 def exception_types(exc: BaseException) -> list[str]:
-    """The simple class names a failure carries: Python classes, the Java exception and its causes, and
-    the exception classes its message names (remote failures), in that order, without repeats."""
+    """The simple class names a failure carries, without repeats: its Python classes (and its cause's), the
+    Java exception's class and every cause's (a Py4J error), and the classes a remote failure's text names
+    (a Spark task's Python exception reaches the driver only as the text of a `PythonException`)."""
     names = [cls.__name__ for cls in type(exc).__mro__ if cls not in (object, BaseException)]
+    names += _NAMED_CLASS.findall(str(exc))
     java = getattr(exc, "java_exception", None)
     depth = 0
     while java is not None and depth < 16:
         try:
             names.append(str(java.getClass().getSimpleName()))
-            names += _CLASS_NAME.findall(str(java.getMessage() or ""))
+            names += _NAMED_CLASS.findall(str(java.getMessage() or ""))
             java = java.getCause()
         except Exception:  # noqa: BLE001 — the JVM itself may be what failed
             break
         depth += 1
-    names += _CLASS_NAME.findall(str(exc))
     for cause in (exc.__cause__, exc.__context__):
         if cause is not None and cause is not exc:
             names += [cls.__name__ for cls in type(cause).__mro__ if cls not in (object, BaseException)]

@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from lakestream.config import MaintenancePolicy
+from lakestream.errors import conflict_cause
 from lakestream.inspection import (
     METADATA_DELETE_AFTER_COMMIT,
     METADATA_PREVIOUS_VERSIONS_MAX,
@@ -32,7 +33,6 @@ log = logging.getLogger(__name__)
 
 # Partitions per rewrite_data_files call: keeps the WHERE clause and each commit small.
 PARTITIONS_PER_CALL = 50
-_CONFLICT_MARKERS = ("CommitFailedException", "ValidationException", "CommitStateUnknownException", "conflict")
 
 
 @dataclass
@@ -70,8 +70,8 @@ def _n(value: int | None) -> str:
 
 
 def is_commit_conflict(exc: BaseException) -> bool:
-    text = str(exc)
-    return any(marker in text for marker in _CONFLICT_MARKERS)
+    """Whether a maintenance commit lost a race with another writer (classified by `errors.conflict_cause`)."""
+    return conflict_cause(exc) is not None
 
 
 def _short_error(exc: BaseException) -> str:

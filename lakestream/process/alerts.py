@@ -21,7 +21,7 @@ import pyarrow as pa
 from lakestream.config import StreamSettings
 from lakestream.errors import LakestreamError
 from lakestream.process.rules import ALERT_COLUMNS, RuleEvaluator, alert_id
-from lakestream.sink.files import read_data_files
+from lakestream.sink.files import read_data_files, write_driver_files
 from lakestream.sink.report import BatchReport, DataFileWritten, NewShape
 from lakestream.source.kafka import TP
 
@@ -84,7 +84,6 @@ class AlertStage:
         return raised
 
     def _stage(self, rules: Any, new: pa.Table, found: pa.Table, report: BatchReport) -> int:
-        from lakestream.sink.files import write_data_file
         from lakestream.sink.task import change_stats
 
         ctx = self.ctx
@@ -130,9 +129,9 @@ class AlertStage:
         table = pa.Table.from_pylist(out, schema=schema)
         if rules.alerts_topic:
             self._produce(rules.alerts_topic, out)
-        written = write_data_file(table, spec.data_location, schema, f"alerts-{ctx.batch_id}-{now_ms}")
-        report.table(name).files.append(DataFileWritten(name, written["path"], written["file_size"],
-                                                        written["record_count"], [], "driver", 0))
+        for i, written in enumerate(write_driver_files(table, spec, f"alerts-{ctx.batch_id}-{now_ms}")):
+            report.table(name).files.append(DataFileWritten(name, written["path"], written["file_size"],
+                                                            written["record_count"], written["partition"], "driver", i))
         log.info("rule set %s: %d alert(s)", rules.name, len(out))
         return len(out)
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from lakestream.config import DerivedInputSettings, DerivedTableSettings
+from lakestream.errors import ConfigError
 from lakestream.identifiers import quote_column, quote_table
 from lakestream.sink.report import BatchReport
 from lakestream.sink.schema import DEFAULT_TABLE_PROPERTIES
@@ -226,7 +227,7 @@ class DerivedTable:
         result = spark.sql(self.settings.sql)
         missing = [k for k in self.settings.key if k not in result.columns]
         if missing:
-            raise ValueError(f"{self.where}.sql returns no column(s) {missing} of key {self.settings.key} — fix: "
+            raise ConfigError(f"{self.where}.sql returns no column(s) {missing} of key {self.settings.key} — fix: "
                              f"select them")
         return result.where(" AND ".join(f"{quote_column(k)} IS NOT NULL" for k in self.settings.key))
 

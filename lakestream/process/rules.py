@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from lakestream.config import RuleCheck, RuleSet
+from lakestream.errors import ConfigError
 from lakestream.identifiers import ansi_string, quote_ansi_column, quote_column
 from lakestream.process.transform import duckdb_connection
 
@@ -52,7 +53,7 @@ def _ts_expr(rules: RuleSet, arrow_type: pa.DataType) -> str:
         return f"epoch_ms(CAST({col} AS TIMESTAMP))"
     if pa.types.is_integer(arrow_type):
         return f"CAST({col} AS BIGINT)"  # epoch milliseconds
-    raise ValueError(f"rule set {rules.name}: event_time column {rules.event_time!r} is {arrow_type}; it must be a "
+    raise ConfigError(f"rule set {rules.name}: event_time column {rules.event_time!r} is {arrow_type}; it must be a "
                      f"timestamp or epoch milliseconds")
 
 
@@ -132,7 +133,7 @@ class RuleEvaluator:
         rules = self.rules
         missing = [c for c in _fields(rules) + _POSITION if c not in new.column_names]
         if missing:
-            raise ValueError(f"rule set {rules.name}: source {rules.source} has no column(s) {missing} — fix: "
+            raise ConfigError(f"rule set {rules.name}: source {rules.source} has no column(s) {missing} — fix: "
                              f"select them in the transform that writes it")
         events = self._with_ts(new)
         con = duckdb_connection()

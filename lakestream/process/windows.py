@@ -18,6 +18,7 @@ import orjson
 import pyarrow as pa
 
 from lakestream.config import WindowSettings
+from lakestream.errors import ConfigError
 from lakestream.identifiers import quote_ansi_column, quote_column, quote_table
 from lakestream.process.transform import duckdb_connection
 from lakestream.sink.files import read_data_files
@@ -144,7 +145,7 @@ class WindowStage:
             missing = [c for c in (w.key, w.event_time, *w.fields, "_topic", "_kafka_partition", "_kafka_offset")
                        if c not in rows.column_names]
             if missing:
-                raise ValueError(f"window {w.name}: source {w.source} has no column(s) {missing} — fix: select them "
+                raise ConfigError(f"window {w.name}: source {w.source} has no column(s) {missing} — fix: select them "
                                  f"in the transform that writes it")
             positions = list(zip(rows.column("_topic").to_pylist(), rows.column("_kafka_partition").to_pylist(),
                                  rows.column("_kafka_offset").to_pylist()))

@@ -86,3 +86,71 @@ def test_outages_are_waited_out_other_failures_are_not(monkeypatch):
     # Anything else: max_consecutive_failures of them and the process gives up.
     assert loop._retry_backoff(Config, False, 2, 2, None) == 4.0
     assert loop._retry_backoff(Config, False, 3, 3, None) is None
+
+
+class _JavaClass:
+    def __init__(self, name):
+        self.name = name
+
+    def getSimpleName(self):  # noqa: N802 — the JVM's name
+        return self.name
+
+
+class _JavaException:
+    """A stand-in for a py4j JavaObject of a Java exception: its class, message and cause."""
+
+    def __init__(self, name, message="", cause=None):
+        self.name, self.message, self.cause = name, message, cause
+
+    def getClass(self):  # noqa: N802
+        return _JavaClass(self.name)
+
+    def getMessage(self):  # noqa: N802
+        return self.message
+
+    def getCause(self):  # noqa: N802
+        return self.cause
+
+
+class _Py4JJavaError(Exception):
+    def __init__(self, java):
+        super().__init__("An error occurred while calling o42.commitFiles.")
+        self.java_exception = java
+
+
+def test_failures_are_classified_by_type_not_by_text():
+    from lakestream.errors import BadValue, ConfigError, ReadStalled, classify_failure, conflict_cause
+
+    # A data error quoting an outage's words stays a data error.
+    assert classify_failure(BadValue("column note: 'Connection refused by peer' is not an int")).kind == "data"
+    assert classify_failure(ValueError("value 'java.io.IOException: x' does not fit column note")).kind == "data"
+    assert classify_failure(ConfigError("windows[0].source: fix it")).kind == "config"
+    assert classify_failure(ReadStalled("no progress reading t[0] for 30s")).kind == "outage"
+    assert classify_failure(ConnectionRefusedError(111, "Connection refused")).kind == "outage"
+    assert classify_failure(MemoryError()).kind == "fatal"
+    # The Java exception's cause chain: a catalog that refuses connections is an outage.
+    chain = _JavaException("UncheckedSQLException", "Failed to connect",
+                           _JavaException("PSQLException", "Connection to 127.0.0.1:5 refused",
+                                          _JavaException("ConnectException", "Connection refused")))
+    assert classify_failure(_Py4JJavaError(chain)).kind == "outage"
+    conflict = _Py4JJavaError(_JavaException("ValidationException", "Found conflicting files"))
+    assert classify_failure(conflict).kind == "conflict" and conflict_cause(conflict) == "validation"
+    assert conflict_cause(_Py4JJavaError(_JavaException("ClassNotFoundException", "x"))) is None
+    assert classify_failure(_Py4JJavaError(_JavaException("OutOfMemoryError", "Java heap space"))).kind == "fatal"
+    # A Spark task's Python failure reaches the driver as text naming its exception class.
+    task = _Py4JJavaError(_JavaException("SparkException", "Job aborted",
+                                         _JavaException("PythonException", "Traceback (most recent call last):\n"
+                                                        "cimpl.KafkaException: KafkaError{code=_TRANSPORT}")))
+    assert classify_failure(task).kind == "outage"
+    poison = _Py4JJavaError(_JavaException("SparkException", "Job aborted",
+                                           _JavaException("PythonException", "pyarrow.lib.ArrowInvalid: bad")))
+    assert classify_failure(poison).kind == "data"
+
+
+def test_commit_phases_put_every_table_before_the_tables_it_reads():
+    from lakestream.process.stage import commit_phases
+
+    reads = {"fraud.alerts": {"fraud.history"}, "fraud.history": {"shop.tx"}, "shop.tx_daily": {"shop.tx"}}
+    phases = commit_phases(["shop.tx", "shop.other", "fraud.history", "fraud.alerts", "shop.tx_daily"], reads)
+    assert phases == [["fraud.alerts"], ["fraud.history", "shop.tx_daily"], ["shop.tx", "shop.other"]]
+    assert commit_phases(["a", "b"], {"a": {"a"}}) == [["a", "b"]]  # a table reading itself is not a cycle

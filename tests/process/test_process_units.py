@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from lakestream.config import RuleSet, WindowSettings
+from lakestream.errors import ConfigError
 from lakestream.process.rules import RuleEvaluator
 from lakestream.process.transform import apply_isolating, arrow_ddl, fit_output
 from lakestream.process.windows import partial_windows
@@ -39,7 +40,7 @@ def test_rules_use_history_from_earlier_batches():
     assert set(got) == {("geo", "4"), ("velocity", "4"), ("big", "5"), ("spend", "5")}
     assert got[("velocity", "4")]["value"] == 3 and got[("spend", "5")]["value"] == 1030
     assert got[("geo", "4")]["detail"] == "country: CH → US"
-    with pytest.raises(ValueError, match="no column"):
+    with pytest.raises(ConfigError, match="no column"):
         evaluator.evaluate(_events([(6, 1, 1.0, "US", 200)], 5).drop_columns(["_kafka_offset"]))
 
 
