@@ -36,6 +36,7 @@ import numpy as np
 import orjson
 import psycopg2
 
+from lakestream.identifiers import SourceTableName
 from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError
 from lakestream.snapshot.progress import SnapshotReport, TableProgress
@@ -306,6 +307,7 @@ def resnapshot_tables(
         raise ConfigError("capture.schemas_enabled: the re-snapshot needs Debezium's schemas — fix: set it to true")
     if not tables:
         raise ConfigError("name the tables to re-snapshot (SCHEMA.TABLE ...)")
+    tables = [str(SourceTableName.parse(t)) for t in tables]
     unknown = [t for t in tables if t not in capture.tables]
     if unknown:
         raise ConfigError(f"{unknown} not in capture.tables {capture.tables} — fix: name a captured table (a table "
@@ -352,8 +354,9 @@ def _read_table(spark: SparkSession, config: PipelineConfig, pipeline: Pipeline,
     from lakestream.snapshot.source import describe_table
 
     capture = config.capture
-    source = describe_table(conn, *name.split(".", 1))
-    topic = f"{capture.topic_prefix}.{name}"
+    parsed = SourceTableName.parse(name)
+    source = describe_table(conn, parsed.schema, parsed.table)
+    topic = capture.topic(parsed)
     stream, lake_name = pipeline.router.route(topic)
     if stream.mode != "upsert":
         raise ConfigError(f"topic {topic} is routed to an append stream; a re-snapshot replaces upsert mirrors — fix: "

@@ -41,6 +41,7 @@ from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError, LakestreamError
 from lakestream.snapshot.progress import SnapshotReport, TableProgress
 from lakestream.snapshot.reader import ChunkResult, ChunkTarget, read_chunk
+from lakestream.identifiers import SourceTableName
 from lakestream.snapshot.slot import (
     ExportedSlot, ExportedSnapshot, ensure_publication, handover_path, int_to_lsn, lsn_to_int, read_handover,
     slot_state,
@@ -144,7 +145,7 @@ def run_snapshot(
         raise ConfigError("the pipeline config has no `capture:` section — fix: add capture.database and capture.tables")
     if not capture.schemas_enabled:
         raise ConfigError("capture.schemas_enabled: the parallel snapshot needs Debezium's schemas — fix: set it to true")
-    names = list(tables or capture.tables)
+    names = [str(SourceTableName.parse(t)) for t in (tables or capture.tables)]
     unknown = [t for t in names if t not in capture.tables]
     if unknown:
         raise ConfigError(f"{unknown} not in capture.tables {capture.tables} — fix: capture them first, or name a "
@@ -175,11 +176,10 @@ def run_snapshot(
                                 "with Debezium's incremental snapshot, or start over with a new capture.slot_name")
         spark = spark or session_for(config)
         pipeline = Pipeline(config, spark)
-        sources = {name: describe_table(conn, *name.split(".", 1)) for name in names}
+        sources = {name: describe_table(conn, *_parts(name)) for name in names}
         routed = {}
         for name in names:
-            schema, table = name.split(".", 1)
-            topic = f"{capture.topic_prefix}.{schema}.{table}"
+            topic = capture.topic(name)
             stream, lake = pipeline.router.route(topic)
             if stream.mode != "upsert":
                 raise ConfigError(f"topic {topic} is routed to an append stream; the snapshot fills upsert mirrors — fix: "
@@ -255,6 +255,12 @@ def run_snapshot(
         if pipeline is not None:
             pipeline.close()
         conn.close()
+
+
+def _parts(name: str) -> tuple[str, str]:
+    """(schema, table) of a ``capture.tables`` entry, as PostgreSQL has them."""
+    parsed = SourceTableName.parse(name)
+    return parsed.schema, parsed.table
 
 
 def _load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot_name: str, work: dict[str, _Table],
