@@ -86,7 +86,7 @@ def describe_captured(conn: Any, tables: list[SourceTableName]) -> list[Captured
         for t in out:
             if t.partition_of is None:
                 continue
-            cur.execute("SELECT relid FROM pg_partition_ancestors(%s) WHERE relid <> %s", (t.oid, t.oid))
+            cur.execute("SELECT relid::oid::int8 FROM pg_partition_ancestors(%s) WHERE relid <> %s::oid", (t.oid, t.oid))
             for (ancestor,) in cur.fetchall():
                 if int(ancestor) in by_oid:
                     problems.append(f"{t.name} is a partition of {by_oid[int(ancestor)].name}, and both are in "
@@ -116,10 +116,15 @@ def prepare_publication(conn: Any, capture: CaptureSettings, tables: list[Source
         if capture.manage_publication:
             row = _publication(cur, pub)
             relations = pgsql.SQL(", ").join(pgsql.SQL(t.name.sql()) for t in wanted)
+            all_tables_wanted = capture.connector.get("publication.autocreate.mode") == "all_tables"
             if row is None:
-                cur.execute(pgsql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)")
-                            .format(ident, relations))
-                log.info("capture: created publication %s for %s", pub, ", ".join(str(t.name) for t in wanted))
+                # Debezium's all_tables mode, asked for in capture.connector, is kept: tables created later
+                # are published too (the include list then decides what is captured).
+                cur.execute(pgsql.SQL("CREATE PUBLICATION {} FOR {} WITH (publish_via_partition_root = true)")
+                            .format(ident, pgsql.SQL("ALL TABLES") if all_tables_wanted
+                                    else pgsql.SQL("TABLE {}").format(relations)))
+                log.info("capture: created publication %s for %s", pub, "all tables" if all_tables_wanted
+                         else ", ".join(str(t.name) for t in wanted))
             else:
                 all_tables, ins, upd, dele, trunc, via_root = row
                 if not all_tables:
@@ -158,7 +163,7 @@ def check_publication(conn: Any, capture: CaptureSettings, wanted: list[Captured
         problems = []
         dropped = [op for op, on in (("insert", ins), ("update", upd), ("delete", dele)) if not on]
         if dropped:
-            problems.append(f"publication {pub} does not publish {', '.join(dropped)}s: those changes would never "
+            problems.append(f"publication {pub} does not publish {' or '.join(dropped)} changes: they would never "
                             f"reach the mirrors — fix: ALTER PUBLICATION {pub} SET (publish = 'insert, update, "
                             "delete, truncate')")
         cur.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (pub,))
