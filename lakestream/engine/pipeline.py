@@ -35,6 +35,7 @@ from lakestream.sink.offsets import (
 from lakestream.sink.committer import StaleIndex, TableCommit, TableWrite, write_table
 from lakestream.sink.deadletter import dead_letter_table, ensure_dead_letter_table
 from lakestream.sink.index import KeyIndex, is_integer_key
+from lakestream.sink.multiset import KeylessIndex
 from lakestream.sink.report import BatchReport, DeadLetter, NewShape, RangeEnd, TableReport
 from lakestream.sink.router import Router, TableName, topic_parts
 from lakestream.sink.schema import (
@@ -552,6 +553,8 @@ class Pipeline:
             index = self.indexes.get(name)
             if index is None or index.hashed != hashed or result.statements:
                 self.indexes[name] = KeyIndex(hashed)
+        elif stream.mode == "upsert" and (not isinstance(self.indexes.get(name), KeylessIndex) or result.statements):
+            self.indexes[name] = KeylessIndex(spec.arrow_schema())  # no primary key: a row multiset
         topic = topic or next((s.topic for s in shapes), None)
         if stream.transforms and topic is not None:
             self.prepare_derived(name, topic, stream)
@@ -681,7 +684,7 @@ class Pipeline:
             return index  # a valid index is checked by the commit itself (expect_snapshot_id)
         table = TableName.parse(name)
         current = table_info(self.spark, self.config.catalog.name, table.namespace, table.table).get("snapshot_id")
-        saved = KeyIndex.load(self._index_path(name), index.hashed, current)
+        saved = type(index).load(self._index_path(name), index.hashed, current)
         if saved is not None:
             log.info("table %s: key index loaded as saved at snapshot %s (%d keys)", name, current, len(saved))
             self.indexes[name] = saved
