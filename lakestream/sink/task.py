@@ -561,6 +561,13 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
                                                [(n, t.ddl) for n, t in zip(cols.names, cols.types)],
                                                change.key_columns, cols.inferred, _defaults_json(cols))
             return change
+        if spec.mode == "upsert" and spec.keyed and not change.key_columns:
+            # A keyless event (no message key) for a table mirrored by key.
+            facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
+                                       f"missing key: the message has no key and the stream sets no key_columns "
+                                       f"(table {table} is mirrored by key {spec.key_columns})", rec.key, rec.value,
+                                       table, "missing_key"))
+            return None
         if spec.mode == "upsert" and not spec.keyed and change.key_columns and change.op in ("u", "d"):
             facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
                                        f"the source table gained a primary key {change.key_columns}, but its mirror "
