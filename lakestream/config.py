@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from lakestream.errors import ConfigError
-from lakestream.identifiers import validate_identifier
+from lakestream.identifiers import SourceTableName, validate_identifier
 
 # Fields whose values must never be printed; used by `redact` and by the pydantic SecretStr types.
 _SECRET_KEY_PATTERN = re.compile(r"(password|secret|sasl\.jaas|token|credential|api[._-]?key|user\.info)", re.I)
@@ -657,6 +657,10 @@ class CaptureSettings(_Model):
     slot_name: str = "lakestream"
     publication_name: str = "lakestream_pub"
     snapshot_mode: str = "initial"
+    # true: lakestream creates the publication, adds missing tables and sets publish_via_partition_root
+    # itself (Debezium's own autocreation is turned off); false: the publication is the user's, and
+    # capture only checks that it publishes every table (and refuses to start when it does not).
+    manage_publication: bool = True
     # How existing rows reach the lake: Debezium's own snapshot through Kafka, or `lakestream snapshot`
     # (chunks read in parallel Spark tasks, then Debezium streams from the snapshot's exact point).
     snapshot: Literal["debezium", "parallel"] = "debezium"
@@ -683,13 +687,24 @@ class CaptureSettings(_Model):
     @field_validator("tables")
     @classmethod
     def _qualified(cls, value: list[str]) -> list[str]:
-        for name in value:
-            parts = name.split(".")
-            if len(parts) != 2:
-                raise ValueError(f"{name!r}: write tables as <schema>.<table>, e.g. public.orders")
-            for part in parts:
-                validate_identifier(part, what="source table name part")
-        return value
+        # Any name PostgreSQL accepts; kept in one canonical text form so names compare as written.
+        names = [str(SourceTableName.parse(name)) for name in value]
+        seen: dict[str, str] = {}
+        for given, name in zip(value, names):
+            if name in seen:
+                raise ValueError(f"{given!r} and {seen[name]!r} name the same table — fix: list it once")
+            seen[name] = given
+        return names
+
+    @property
+    def source_tables(self) -> list[SourceTableName]:
+        """``tables`` parsed: schema and table exactly as PostgreSQL holds them."""
+        return [SourceTableName.parse(name) for name in self.tables]
+
+    def topic(self, table: SourceTableName | str) -> str:
+        """The Kafka topic of a captured table (`SourceTableName.topic`)."""
+        name = table if isinstance(table, SourceTableName) else SourceTableName.parse(table)
+        return name.topic(self.topic_prefix)
 
     @model_validator(mode="after")
     def _parallel_needs_schemas(self) -> CaptureSettings:
@@ -743,6 +758,40 @@ class PipelineConfig(_Model):
                 raise ValueError("capture.format avro needs a Schema Registry — fix: set kafka.schema_registry.url "
                                  "(or capture.schema_registry.url)")
             capture.schema_registry = self.kafka.schema_registry
+        return self
+
+    @model_validator(mode="after")
+    def _distinct_mirrors(self) -> PipelineConfig:
+        """Two captured tables may not share a topic or a mirror under the naming rules (a topic keeps
+        letters, digits, _ and -; a table template lower-cases and keeps letters, digits and _)."""
+        if self.capture is None:
+            return self
+        from lakestream.errors import InvalidIdentifierError
+        from lakestream.identifiers import table_from_template
+
+        topics: dict[str, str] = {}
+        mirrors: dict[str, str] = {}
+        for name in self.capture.source_tables:
+            topic = self.capture.topic(name)
+            if topic in topics:
+                raise ValueError(f"capture.tables: {topics[topic]} and {name} both publish to topic {topic!r} "
+                                 "(characters other than letters, digits, _ and - become _) — fix: capture only "
+                                 "one of them, or rename one at the source")
+            topics[topic] = str(name)
+            stream = next((s for s in self.streams if s.matches(topic)), None)
+            if stream is None or stream.route_field or stream.route_header:
+                continue  # not mirrored, or mirrored by a value of each record
+            try:
+                mirror = str(table_from_template(stream.namespace, stream.table, topic))
+            except InvalidIdentifierError as exc:
+                raise ValueError(f"capture.tables: {name} (topic {topic!r}) cannot be mirrored: {exc} — fix: "
+                                 "change the matching stream's table template") from None
+            if mirror in mirrors:
+                raise ValueError(f"capture.tables: {mirrors[mirror]} and {name} would both be mirrored to "
+                                 f"{mirror} (table names are lower-cased; characters other than letters, digits "
+                                 "and _ become _) — fix: route one of them elsewhere with its own stream "
+                                 "(topics: [..], table: ...), or capture only one")
+            mirrors[mirror] = str(name)
         return self
 
     def layout_for(self, table: str, stream: StreamSettings) -> TableLayout:

@@ -17,7 +17,7 @@ from psycopg2 import sql as pgsql
 
 from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError
-from lakestream.identifiers import quote_column, quote_table
+from lakestream.identifiers import SourceTableName, quote_column, quote_table
 from lakestream.sink.router import Router, TableName
 
 if TYPE_CHECKING:
@@ -135,6 +135,7 @@ def verify_tables(
         raise ConfigError("verify needs a `capture:` section naming the source database and tables — fix: add capture.tables")
     selected = list(config.capture.tables)
     if tables:
+        tables = [str(SourceTableName.parse(t)) for t in tables]
         unknown = sorted(set(tables) - set(selected))
         if unknown:
             raise ConfigError(f"{unknown} are not captured tables; choose among {selected}")
@@ -153,8 +154,9 @@ def verify_tables(
 
 
 def _verify_one(config: PipelineConfig, spark: SparkSession, conn, router: Router, name: str, samples: int) -> TableVerification:
-    schema, table = name.split(".")
-    topic = f"{config.capture.topic_prefix}.{schema}.{table}"
+    parsed = SourceTableName.parse(name)
+    schema, table = parsed.schema, parsed.table
+    topic = config.capture.topic(parsed)
     _, lake_name = router.route(topic)
     result = TableVerification(source_table=name, lake_table=str(lake_name))
     columns = _source_columns(conn, schema, table)

@@ -57,11 +57,13 @@ def _debezium_settings(capture: CaptureSettings) -> dict[str, str]:
         "database.user": db.user,
         "database.password": db.password.get_secret_value() if db.password else "",
         "topic.prefix": capture.topic_prefix,
-        # Debezium takes regular expressions here; escape the dot so public.orders ≠ public_orders.
-        "table.include.list": ",".join(t.replace(".", r"\.") for t in capture.tables),
+        # Debezium takes regular expressions here, matched case-insensitively: one exact pattern per table.
+        "table.include.list": ",".join(t.include_pattern() for t in capture.source_tables),
         "slot.name": capture.slot_name,
         "publication.name": capture.publication_name,
         "publication.autocreate.mode": "filtered",
+        # A partitioned table's changes under its own name (PostgreSQL 13+), not its partitions'.
+        "publish.via.partition.root": "true",
         "snapshot.mode": capture.snapshot_mode,
         "skipped.operations": capture.skipped_operations,
         "tombstones.on.delete": "true",
@@ -123,6 +125,9 @@ def connector_properties(capture: CaptureSettings, state_dir: Path) -> dict[str,
         # With schemas: the same bytes, each table's schema rendered once (CaptureBatchConsumer's jar).
         **({f"{side}.converter.class": SCHEMA_CACHING_JSON_CONVERTER for side in ("key", "value")}
            if capture.format == "json" and capture.schemas_enabled else {}),
+        # `lakestream capture` prepares and checks the publication itself before Debezium starts
+        # (`capture.publication`), quoting any name; Debezium only uses it.
+        "publication.autocreate.mode": "disabled",
         "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
         "offset.storage.file.filename": str(offsets_file(state_dir, capture).resolve()),
         # Offsets are only marked processed after Kafka acknowledged the batch; flushing them

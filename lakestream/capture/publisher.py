@@ -94,8 +94,11 @@ class KafkaPublishingHandler:
     an event Kafka did not take.
     """
 
-    def __init__(self, producer: Producer, flush_timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+    def __init__(self, producer: Producer, flush_timeout_s: float = FLUSH_TIMEOUT_S,
+                 topic_renames: dict[str, str] | None = None) -> None:
         self._producer = producer
+        # Debezium's topic → lakestream's, for tables whose names hold a dot (`SourceTableName.topic`).
+        self._renames = dict(topic_renames or {})
         self._flush_timeout_s = flush_timeout_s
         self._lock = threading.Lock()
         self.topic_counts: Counter[str] = Counter()
@@ -128,10 +131,18 @@ class KafkaPublishingHandler:
 
         batch_counts: Counter[str] = Counter()
         produce = self._producer.produce
+        renames = self._renames
         for topic, key, value in batch:
+            if renames:
+                topic = renames.get(topic, topic)
             while True:
                 try:
-                    produce(topic, value=value, key=key, on_delivery=on_delivery)
+                    if key is None:
+                        # A keyless table's events have no key: one partition keeps them in source order
+                        # (the default partitioner would scatter them when the topic has several).
+                        produce(topic, value=value, key=None, partition=0, on_delivery=on_delivery)
+                    else:
+                        produce(topic, value=value, key=key, on_delivery=on_delivery)
                     break
                 except BufferError:
                     # The local queue is full: serve delivery reports until room frees up.

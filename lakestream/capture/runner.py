@@ -15,6 +15,7 @@ from typing import Any
 
 from lakestream.capture.connector import connector_properties
 from lakestream.capture.handover import handover_properties, seed_offsets
+from lakestream.capture.publication import prepare_publication, source_connection
 from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
 from lakestream.config import PipelineConfig
 from lakestream.jvm_helper import capture_jar
@@ -157,11 +158,21 @@ def run_capture(
     stop_event = stop_event or threading.Event()
 
     properties = connector_properties(capture, capture_dir.parent)
+    conn = source_connection(capture)
+    try:
+        captured = prepare_publication(conn, capture)
+    finally:
+        conn.close()
+    keyless = [str(t.name) for t in captured if t.keyless]
+    if keyless:
+        log.info("capture: %s have no primary key: their events have no key, their mirrors are row multisets",
+                 ", ".join(keyless))
     seed_lsn = None
     if capture.snapshot == "parallel":
         properties, seed_lsn = handover_properties(config, properties)
     producer = Producer(producer_config(config.kafka))
-    handler = KafkaPublishingHandler(producer)
+    renames = {t.debezium_topic(capture.topic_prefix): t.topic(capture.topic_prefix) for t in capture.source_tables}
+    handler = KafkaPublishingHandler(producer, topic_renames={d: t for d, t in renames.items() if d != t})
     # Start the JVM here, before installing signal handlers, so ours are the ones that stay.
     _start_jvm(capture_dir)
     engine = EmbeddedEngine(properties, handler, avro=capture.format == "avro")

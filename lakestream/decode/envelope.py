@@ -49,6 +49,8 @@ class Change:
     source_ts_ms: int | None
     columns: Columns
     payload: dict[str, Any]
+    # A keyless table's update: the old row (REPLICA IDENTITY FULL), in wire form like ``row``.
+    old_row: dict[str, Any] | None = None
 
 
 def _shape_id(parts: list[tuple[str, str]]) -> str:
@@ -290,11 +292,39 @@ def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache,
         key_obj = cache.key(key)
     if key_obj is not None and all(name in row for name in key_obj):
         key_obj = {name: row[name] for name in key_obj}  # same values, in the row's (wire) form
+    old_row = None
+    if key_obj is None and op == "u" and isinstance(payload.get("before"), dict):
+        # No key: the table is a row multiset, and an update replaces one row equal to the old image.
+        old_row = _convert_row(payload["before"], types)[0]
+        for column in unavailable:  # withheld TOAST values are in the full old image
+            if column in old_row:
+                row[column] = old_row[column]
+        unavailable = [c for c in unavailable if c not in old_row]
     source = payload.get("source")
     ts = source.get("ts_ms") if isinstance(source, dict) else None
     if ts is None:
         ts = payload.get("ts_ms")
-    return Change(op, key_obj, row, unavailable, ts, columns, payload)
+    return Change(op, key_obj, row, unavailable, ts, columns, payload, old_row)
+
+
+def source_position(payload: dict[str, Any]) -> tuple[int, int]:
+    """Where a Debezium PostgreSQL event sits in the source's stream: (the commit LSN of the transaction
+    before it, its own LSN) from ``source.sequence`` / ``source.lsn``. Transactions arrive in commit order,
+    so these pairs never decrease along a topic partition; a re-sent event repeats its pair."""
+    source = payload.get("source")
+    if not isinstance(source, dict):
+        return (0, 0)
+    lsn = source.get("lsn")
+    lsn = lsn if isinstance(lsn, int) else 0
+    commit = 0
+    sequence = source.get("sequence")
+    if isinstance(sequence, str):
+        try:
+            first = orjson.loads(sequence)[0]
+            commit = int(first) if first is not None else 0
+        except (orjson.JSONDecodeError, IndexError, TypeError, ValueError):
+            commit = 0
+    return (commit, lsn)
 
 
 def decode_json_event(value: bytes, cache: SchemaCache, time_field: str | None = None) -> Change:

@@ -10,7 +10,9 @@ from typing import Any
 
 from lakestream.config import StreamSettings
 from lakestream.decode.avro import schema_id_of, schemas_for
-from lakestream.decode.envelope import MESSAGE, TRUNCATE, Columns, SchemaCache, decode_debezium, decode_json_event
+from lakestream.decode.envelope import (
+    MESSAGE, TRUNCATE, Columns, SchemaCache, decode_debezium, decode_json_event, source_position,
+)
 from lakestream.errors import DecodeError, MissingKey, UnroutableRecord
 from lakestream.sink.router import Router
 
@@ -27,6 +29,9 @@ class DecodedRecord:
     unavailable: list[str]
     source_ts_ms: int | None
     columns: Columns
+    # Keyless tables (no primary key: Debezium sends no message key) only.
+    old_row: dict[str, Any] | None = None  # an update's old row (REPLICA IDENTITY FULL)
+    position: tuple[int, int] | None = None  # `envelope.source_position`: recognizes a re-sent event
 
 
 class RecordDecoder:
@@ -72,6 +77,14 @@ class RecordDecoder:
             return DecodedRecord(str(table), stream, TRUNCATE, [], {}, [], change.source_ts_ms, change.columns)
         key_cols: list[str] = []
         row = change.row
+        if stream.mode == "upsert" and not stream.key_columns and change.key is None \
+                and stream.record_format == "debezium":
+            # A table without a primary key: its mirror is a multiset of rows (`sink.multiset`).
+            if change.op == "u" and change.old_row is None:
+                raise MissingKey("an update of a table without a primary key carries no old row, so the mirror "
+                                 "cannot tell which row changed — fix: ALTER TABLE ... REPLICA IDENTITY FULL")
+            return DecodedRecord(str(table), stream, change.op, [], row, change.unavailable, change.source_ts_ms,
+                                 change.columns, change.old_row, source_position(change.payload))
         if stream.mode == "upsert":
             key_cols = self._key_columns(stream, change.key)
             if not key_cols:
@@ -87,5 +100,7 @@ class RecordDecoder:
             if row.get(stream.dedupe_field) is None:
                 raise MissingKey(f"de-duplication field {stream.dedupe_field!r} is missing or null")
             key_cols = [stream.dedupe_field]
+        # The position too: a table that was keyless when its mirror was made stays a multiset (`sink.multiset`).
+        position = source_position(change.payload) if stream.mode == "upsert" else None
         return DecodedRecord(str(table), stream, change.op, key_cols, row, change.unavailable, change.source_ts_ms,
-                             change.columns)
+                             change.columns, change.old_row, position)

@@ -21,6 +21,7 @@ from lakestream.identifiers import validate_identifier
 from lakestream.process.reference import ReferenceCache, ReferenceData
 from lakestream.process.transform import Derived, empty_input, output_columns, reference_views, run_transform
 from lakestream.sink.index import KeyIndex, is_integer_key
+from lakestream.sink.multiset import KeylessIndex
 from lakestream.sink.offsets import TableOffsets
 from lakestream.sink.report import NewShape
 from lakestream.sink.router import TableName, topic_parts
@@ -167,6 +168,8 @@ class TableRegistry:
             index = self.indexes.get(name)
             if index is None or index.hashed != hashed or result.statements:
                 self.indexes[name] = KeyIndex(hashed)
+        elif stream.mode == "upsert" and (not isinstance(self.indexes.get(name), KeylessIndex) or result.statements):
+            self.indexes[name] = KeylessIndex(spec.arrow_schema())  # no primary key: a row multiset
         topic = topic or next((s.topic for s in shapes), None)
         if stream.transforms and topic is not None:
             self.prepare_derived(name, topic, stream)
@@ -248,7 +251,7 @@ class TableRegistry:
             return index  # a valid index is checked by the commit itself (expect_snapshot_id)
         table = TableName.parse(name)
         current = table_info(self.spark, self.config.catalog.name, table.namespace, table.table).get("snapshot_id")
-        saved = KeyIndex.load(self.index_path(name), index.hashed, current)
+        saved = type(index).load(self.index_path(name), index.hashed, current)
         if saved is not None:
             log.info("table %s: key index loaded as saved at snapshot %s (%d keys)", name, current, len(saved))
             self.indexes[name] = saved

@@ -271,7 +271,10 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     the table's current snapshot; it is moved to the new snapshot.
     """
     from lakestream.sink.files import commit_files
+    from lakestream.sink.multiset import KeylessIndex
 
+    if isinstance(write.index, KeylessIndex):
+        return _write_keyless(spark, write, changes, properties)
     data_files = [{"path": f.path, "file_size": f.file_size, "record_count": f.record_count,
                    "partition": f.partition_values} for f in changes.files]
     index = write.index
@@ -310,3 +313,39 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     if index is not None and resolved is not None:
         return TableCommit("dedupe-append", int((~resolved.unchanged & (resolved.locations.file >= 0)).sum()))
     return TableCommit("append", appended)
+
+
+def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport, properties: dict[str, str]
+                   ) -> TableCommit:
+    """A table without a primary key (`lakestream.sink.multiset`): appended rows, one equal row removed per
+    update or delete, re-sent events left out; the source positions commit with the offsets."""
+    from lakestream.sink.files import commit_files
+    from lakestream.sink.multiset import apply_resolution, positions_property, resolve_keyless
+
+    index = write.index
+    resolved = resolve_keyless(index, changes)
+    request = {
+        "base_snapshot_id": index.snapshot_id,
+        "expect_snapshot_id": index.snapshot_id,
+        "data_files": [{"path": f.path, "file_size": f.file_size, "record_count": f.record_count,
+                        "partition": f.partition_values} for f in changes.files],
+        "deletes": [{"data_file": path, "positions": np.unique(np.asarray(pos, np.int64))}
+                    for path, pos in resolved.deletes.items()],
+        "properties": properties | positions_property(resolved),
+        "truncate": bool(changes.truncates),
+    }
+    result = commit_files(spark, write.catalog, write.name.namespace, write.name.table, request)
+    if result.get("stale"):
+        index.valid = False
+        raise StaleIndex(f"{write.ident} is at snapshot {result.get('snapshot_id')}, its index at "
+                         f"{index.snapshot_id}: another writer committed in between")
+    parent = result.get("parent_snapshot_id")
+    if parent is not None and parent != index.snapshot_id:
+        index.valid = False
+    else:
+        apply_resolution(index, resolved, truncated=bool(changes.truncates))
+    index.snapshot_id = result["snapshot_id"]
+    if resolved.resent:
+        log.info("%s: %d re-sent event(s) recognised by their source position and left out", write.ident,
+                 resolved.resent)
+    return TableCommit("upsert", resolved.applied)

@@ -22,7 +22,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -67,12 +67,45 @@ def index_keys(table: pa.Table, key_columns: list[str]) -> np.ndarray:
         joined = texts[0]
     else:
         joined = pc.binary_join_element_wise(*texts, "\x1f")
-    values = np.asarray(joined.to_numpy(zero_copy_only=False), dtype=object)
+    return _hash_texts(np.asarray(joined.to_numpy(zero_copy_only=False), dtype=object))
+
+
+def _hash_texts(values: np.ndarray) -> np.ndarray:
+    """16-byte keys of texts: two keyed 64-bit SipHashes."""
+    import pandas as pd
+
     lo = pd.util.hash_array(values, hash_key=_HASH_KEYS[0].ljust(16)[:16], categorize=False)
     hi = pd.util.hash_array(values, hash_key=_HASH_KEYS[1].ljust(16)[:16], categorize=False)
     both = np.empty((len(values), 2), dtype=np.uint64)
     both[:, 0], both[:, 1] = hi, lo
     return both.view("S16").reshape(-1)
+
+
+def row_keys(table: pa.Table, schema: pa.Schema) -> np.ndarray:
+    """A 16-byte hash of each whole row of ``table`` over ``schema``'s columns (values cast to the column's
+    type first), identical for a row converted in a task and the same row scanned from the table: the
+    identity of a row in a table without a primary key."""
+    n = table.num_rows
+    if n == 0:
+        return np.empty(0, "S16")
+    texts = []
+    for f in schema:
+        if f.name not in table.column_names:
+            column: Any = pa.nulls(n, pa.string())
+        else:
+            column = table.column(f.name)
+            if column.type != f.type:
+                try:
+                    column = pc.cast(column, f.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    pass
+        if pa.types.is_nested(column.type):
+            column = pa.array([None if v is None else orjson.dumps(v, default=str).decode()
+                               for v in column.to_pylist()], pa.string())
+        texts.append(_canonical_text(column))
+    joined = pc.binary_join_element_wise(*texts, "\x1f", null_handling="replace", null_replacement="\x00") \
+        if len(texts) > 1 else pc.fill_null(texts[0], "\x00")
+    return _hash_texts(np.asarray(joined.to_numpy(zero_copy_only=False), dtype=object))
 
 
 def pack(file_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:

@@ -7,40 +7,11 @@ A topic maps to a table through its stream's naming template (``{prefix}``, ``{s
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.errors import InvalidIdentifierError, UnroutableRecord
-from lakestream.identifiers import sanitize_identifier, validate_identifier
-
-
-@dataclass(frozen=True)
-class TableName:
-    namespace: str
-    table: str
-
-    def __str__(self) -> str:
-        return f"{self.namespace}.{self.table}"
-
-    @classmethod
-    def parse(cls, text: str) -> TableName:
-        namespace, table = text.split(".", 1)
-        return cls(namespace, table)
-
-
-def topic_parts(topic: str) -> dict[str, str]:
-    """``{prefix, schema, table, topic}`` of a Debezium-style topic name, sanitized into identifiers."""
-    parts = topic.split(".")
-    table = parts[-1]
-    schema = parts[-2] if len(parts) >= 2 else ""
-    prefix = ".".join(parts[:-2]) if len(parts) >= 3 else ""
-    return {
-        "prefix": sanitize_identifier(prefix) if prefix else "",
-        "schema": sanitize_identifier(schema) if schema else "",
-        "table": sanitize_identifier(table),
-        "topic": sanitize_identifier(topic),
-    }
+from lakestream.identifiers import TableName, table_from_template, topic_parts  # noqa: F401 — re-exported
 
 
 class Router:
@@ -66,15 +37,10 @@ class Router:
         return found
 
     def _template_name(self, stream: StreamSettings, topic: str, field: str | None) -> TableName:
-        values = topic_parts(topic)
-        values["field"] = field or ""
-        name = stream.table.format(**values).strip("_")
-        name = re.sub(r"__+", "_", name) if "{" in stream.table else name
         try:
-            validate_identifier(name, what="table name")
+            return table_from_template(stream.namespace, stream.table, topic, field)
         except InvalidIdentifierError as exc:
             raise UnroutableRecord(f"cannot route to a table: {exc}") from None
-        return TableName(stream.namespace, name)
 
     def route(self, topic: str, payload: dict[str, Any] | None = None,
               headers: list[tuple[str, bytes]] | None = None) -> tuple[StreamSettings, TableName]:

@@ -146,7 +146,7 @@ class _Pending:
     """One table's changes within a task, in Kafka order."""
 
     __slots__ = ("spec", "topics", "partitions", "offsets", "ops", "rows", "withheld", "source_ts", "kafka_ts",
-                 "raw_keys", "raw_values", "runs", "truncates")
+                 "raw_keys", "raw_values", "runs", "truncates", "old_rows", "positions")
 
     def __init__(self, spec: TableSpec):
         self.spec = spec
@@ -162,6 +162,8 @@ class _Pending:
         self.raw_values: list[bytes | None] = []
         self.runs: list[tuple[str, int, DecodedRun]] = []  # (topic, partition, run) decoded vectorized
         self.truncates: list[tuple[str, int, int, int | None]] = []  # (topic, partition, offset, source ts)
+        self.old_rows: list[dict[str, Any] | None] = []  # keyless tables: an update's old row
+        self.positions: list[tuple[int, int] | None] = []  # the source position of each change
 
     def add(self, rec: Any, change: DecodedRecord) -> None:
         self.topics.append(rec.topic)
@@ -174,6 +176,8 @@ class _Pending:
         self.kafka_ts.append(rec.timestamp_ms)
         self.raw_keys.append(rec.key)
         self.raw_values.append(rec.value)
+        self.old_rows.append(change.old_row)
+        self.positions.append(change.position)
 
 
 @dataclass
@@ -188,6 +192,8 @@ class _Rows:
     withheld: list[list[str]]
     source_ts: np.ndarray  # float64, NaN where unknown
     kafka_ts: np.ndarray
+    old_rows: list[dict[str, Any] | None] | None = None  # keyless tables (record-by-record rows only)
+    positions: list[tuple[int, int] | None] | None = None
 
 
 def change_stats(name: str, topics: list[str], partitions: np.ndarray, offsets: np.ndarray, source_ts: np.ndarray
@@ -285,6 +291,9 @@ class TableWriter:
 
     def _write_changes(self, rows: _Rows, facts: list[rp.Fact]) -> None:
         spec = self.spec
+        if spec.mode == "upsert" and not spec.keyed and rows.positions is not None:
+            self._write_keyless(rows, facts)
+            return
         typed, ops, withheld = rows.table, rows.ops, rows.withheld
         if spec.keyed:
             keys_np = index_keys(typed, spec.key_columns)
@@ -322,6 +331,33 @@ class TableWriter:
                 "withheld": pa.array([withheld[j] or None for j in final], pa.list_(pa.string())),
             }, schema=rp.location_schema(not is_integer_key(typed.schema, spec.key_columns)))
             facts.append(rp.RowLocations(spec.name, self.task_id, locations))
+
+    def _write_keyless(self, rows: _Rows, facts: list[rp.Fact]) -> None:
+        """A table without a primary key (`sink.multiset`): every insert and update writes its new row; the
+        driver resolves which existing row each update or delete removes, and which events are re-sends."""
+        from lakestream.sink.multiset import write_keyless_changes
+
+        typed, ops = rows.table, rows.ops
+        is_delete = np.array([o == "d" for o in ops], dtype=bool)
+        file_of = np.full(len(ops), -1, np.int32)
+        pos_of = np.zeros(len(ops), np.int64)
+        data_rows = np.flatnonzero(~is_delete)
+        if len(data_rows):
+            data = typed.take(pa.array(data_rows, pa.int64())) if len(data_rows) != typed.num_rows else typed
+            self._write_files(data, data_rows, file_of, pos_of, facts)
+        schema = self.spec.arrow_schema()
+        updates = [i for i, o in enumerate(ops) if o == "u" and rows.old_rows[i] is not None]
+        old: dict[int, pa.Table | None] = {}
+        if updates:
+            converted, bad = convert_rows([rows.old_rows[i] for i in updates], schema)
+            good = [j for j in range(len(updates)) if j not in bad]
+            for j, i in enumerate(updates):
+                old[i] = None
+            for k, j in enumerate(good):
+                old[updates[j]] = converted.slice(k, 1)
+        blob = write_keyless_changes(typed, ops, old, schema, file_of, pos_of, rows.topics, rows.partitions,
+                                     rows.offsets, [p or (0, 0) for p in rows.positions])
+        facts.append(rp.RowLocations(self.spec.name, self.task_id, blob))
 
     def _typed_rows(self, pending: _Pending, facts: list[rp.Fact]) -> _Rows | None:
         """Every change of the table, typed: record-by-record rows converted strictly (a value that
@@ -368,7 +404,12 @@ class TableWriter:
             return None
         ops = [pending.ops[i] for i in good] + [op for _, _, run in pending.runs for op in run.ops]
         withheld = [pending.withheld[i] for i in good] + [[] for _ in run_topics]
-        return _Rows(table, all_topics, all_partitions, all_offsets, ops, withheld, source_ts, kafka_ts)
+        old_rows = positions = None
+        if spec.mode == "upsert" and not spec.keyed and not pending.runs:
+            old_rows = [pending.old_rows[i] for i in good]
+            positions = [pending.positions[i] for i in good]
+        return _Rows(table, all_topics, all_partitions, all_offsets, ops, withheld, source_ts, kafka_ts,
+                     old_rows, positions)
 
     def _write_files(self, data: pa.Table, final_slots: np.ndarray, file_of: np.ndarray, pos_of: np.ndarray,
                      facts: list[rp.Fact]) -> None:
@@ -520,6 +561,20 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
                                                [(n, t.ddl) for n, t in zip(cols.names, cols.types)],
                                                change.key_columns, cols.inferred, _defaults_json(cols))
             return change
+        if spec.mode == "upsert" and spec.keyed and not change.key_columns:
+            # A keyless event (no message key) for a table mirrored by key.
+            facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
+                                       f"missing key: the message has no key and the stream sets no key_columns "
+                                       f"(table {table} is mirrored by key {spec.key_columns})", rec.key, rec.value,
+                                       table, "missing_key"))
+            return None
+        if spec.mode == "upsert" and not spec.keyed and change.key_columns and change.op in ("u", "d"):
+            facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
+                                       f"the source table gained a primary key {change.key_columns}, but its mirror "
+                                       f"{table} holds rows without one (a multiset), and this {change.op!r} event no "
+                                       "longer names the old row — fix: drop the mirror and capture the table again, "
+                                       "so it is recreated keyed", rec.key, rec.value, table, "missing_key"))
+            return None
         tp = TP(rec.topic, rec.partition)
         committed = spec.committed.get(tp, -1)
         if rec.offset < committed:
@@ -580,7 +635,8 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
                 for i in range(len(rest)):
                     one_by_one(rest.record(i))
             return
-        if spec is None or table not in pending:
+        if spec is None or table not in pending or (spec.mode == "upsert" and not spec.keyed):
+            # (a table without a primary key needs each event's source position: record by record)
             for i in range(len(rest)):
                 one_by_one(rest.record(i))
             return

@@ -38,6 +38,7 @@ import psycopg2
 
 from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError, conflict_cause
+from lakestream.identifiers import SourceTableName
 from lakestream.snapshot.progress import SnapshotReport, TableProgress
 from lakestream.snapshot.reader import ChunkResult, ChunkTarget
 from lakestream.snapshot.slot import ExportedSnapshot, int_to_lsn, lsn_to_int, slot_state
@@ -304,6 +305,7 @@ def resnapshot_tables(
         raise ConfigError("capture.schemas_enabled: the re-snapshot needs Debezium's schemas — fix: set it to true")
     if not tables:
         raise ConfigError("name the tables to re-snapshot (SCHEMA.TABLE ...)")
+    tables = [str(SourceTableName.parse(t)) for t in tables]
     unknown = [t for t in tables if t not in capture.tables]
     if unknown:
         raise ConfigError(f"{unknown} not in capture.tables {capture.tables} — fix: name a captured table (a table "
@@ -349,8 +351,9 @@ def _read_table(spark: SparkSession, config: PipelineConfig, registry: TableRegi
     from lakestream.snapshot.source import describe_table
 
     capture = config.capture
-    source = describe_table(conn, *name.split(".", 1))
-    topic = f"{capture.topic_prefix}.{name}"
+    parsed = SourceTableName.parse(name)
+    source = describe_table(conn, parsed.schema, parsed.table)
+    topic = capture.topic(parsed)
     router = Router.from_config(config)
     stream, lake_name = router.route(topic)
     if stream.mode != "upsert":

@@ -33,6 +33,7 @@ import psycopg2
 
 from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError
+from lakestream.identifiers import SourceTableName
 from lakestream.snapshot.chunks import (  # noqa: F401 — KILL_AFTER_CHUNKS_ENV, source_dsn: this module's API too
     KILL_AFTER_CHUNKS_ENV, STATE_PROPERTY, SnapshotError, SnapshotTable, load_chunks, plan_under, source_dsn,
 )
@@ -57,6 +58,12 @@ def read_snapshot_state(spark: SparkSession, ident: str) -> dict[str, Any] | Non
 
     raw = jvm_helper(spark).latestSummaryValue(spark._jsparkSession, ident, STATE_PROPERTY)
     return orjson.loads(raw) if raw else None
+
+
+def _parts(name: str) -> tuple[str, str]:
+    """(schema, table) of a ``capture.tables`` entry, as PostgreSQL has them."""
+    parsed = SourceTableName.parse(name)
+    return parsed.schema, parsed.table
 
 
 def _unranges(runs: list[list[int]]) -> set[int]:
@@ -91,7 +98,7 @@ def run_snapshot(
         raise ConfigError("the pipeline config has no `capture:` section — fix: add capture.database and capture.tables")
     if not capture.schemas_enabled:
         raise ConfigError("capture.schemas_enabled: the parallel snapshot needs Debezium's schemas — fix: set it to true")
-    names = list(tables or capture.tables)
+    names = [str(SourceTableName.parse(t)) for t in (tables or capture.tables)]
     unknown = [t for t in names if t not in capture.tables]
     if unknown:
         raise ConfigError(f"{unknown} not in capture.tables {capture.tables} — fix: capture them first, or name a "
@@ -122,11 +129,10 @@ def run_snapshot(
         spark = spark or session_for(config)
         registry = TableRegistry.for_config(config, spark)
         router = Router.from_config(config)
-        sources = {name: describe_table(conn, *name.split(".", 1)) for name in names}
+        sources = {name: describe_table(conn, *_parts(name)) for name in names}
         routed = {}
         for name in names:
-            schema, table = name.split(".", 1)
-            topic = f"{capture.topic_prefix}.{schema}.{table}"
+            topic = capture.topic(name)
             stream, lake = router.route(topic)
             if stream.mode != "upsert":
                 raise ConfigError(f"topic {topic} is routed to an append stream; the snapshot fills upsert mirrors — fix: "

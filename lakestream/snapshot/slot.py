@@ -37,26 +37,12 @@ def int_to_lsn(value: int) -> str:
 
 
 def ensure_publication(conn: Any, capture: CaptureSettings, tables: list[str]) -> None:
-    """Create the capture publication for ``tables``, or add the ones it lacks (Debezium's
-    ``publication.autocreate.mode=filtered`` would make the same one later)."""
-    with conn.cursor() as cur:
-        cur.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s", (capture.publication_name,))
-        row = cur.fetchone()
-        idents = [pgsql.Identifier(*t.split(".", 1)) for t in tables]
-        if row is None:
-            cur.execute(pgsql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
-                pgsql.Identifier(capture.publication_name), pgsql.SQL(", ").join(idents)))
-            log.info("snapshot: created publication %s for %s", capture.publication_name, ", ".join(tables))
-            return
-        if row[0]:
-            return
-        cur.execute("SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = %s",
-                    (capture.publication_name,))
-        have = {r[0] for r in cur.fetchall()}
-        missing = [pgsql.Identifier(*t.split(".", 1)) for t in tables if t not in have]
-        if missing:
-            cur.execute(pgsql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
-                pgsql.Identifier(capture.publication_name), pgsql.SQL(", ").join(missing)))
+    """Make the capture publication cover ``tables`` and check it publishes them
+    (`lakestream.capture.publication.prepare_publication`): before the slot exists."""
+    from lakestream.capture.publication import prepare_publication
+    from lakestream.identifiers import SourceTableName
+
+    prepare_publication(conn, capture, [SourceTableName.parse(t) for t in tables])
 
 
 @dataclass

@@ -225,8 +225,10 @@ def test_connector_properties_use_debezium_names(tmp_path):
     props = connector_properties(_capture_settings(connector={"max.batch.size": "100", "snapshot.fetch.size": "5000"}), tmp_path)
     assert props["connector.class"] == "io.debezium.connector.postgresql.PostgresConnector"
     assert props["plugin.name"] == "pgoutput"
-    assert props["table.include.list"] == r"public\.orders,sales\.items"
-    assert props["publication.autocreate.mode"] == "filtered"
+    assert props["table.include.list"] == r"(?-i:public\.orders),(?-i:sales\.items)"
+    # lakestream prepares the publication itself (capture.publication); Debezium only uses it
+    assert props["publication.autocreate.mode"] == "disabled"
+    assert props["publish.via.partition.root"] == "true"
     assert props["tombstones.on.delete"] == "true"
     assert props["value.converter.schemas.enable"] == "true"
     assert props["offset.storage.file.filename"].startswith(str(tmp_path / "capture"))

@@ -54,17 +54,26 @@ def test_unavailable_columns_are_listed():
 
 def test_bad_records_become_error_rows_with_raw_bytes():
     rows = _decode([
-        _rec(0, None, {"after": {"id": 1}, "op": "c"}),  # no key, no key_columns
+        # no key, no key_columns: a table without a primary key (a row multiset), unless an update lacks
+        # its old row (REPLICA IDENTITY DEFAULT cannot say which row changed)
+        _rec(0, None, {"after": {"id": 1}, "before": None, "op": "u"}),
         _rec(1, {"id": 2}, {"after": {"id": None}, "op": "c"}, ),
         _rec(2, {"id": 3}, b"{broken"),
         _rec(3, {"id": 4}, {"after": {"id": 4}, "op": "x"}),
     ])
     errors = [r for r in rows if r["kind"] == "error"]
     assert [e["offset"] for e in errors] == [0, 1, 2, 3]
-    assert "missing key" in errors[0]["error"]
+    assert "REPLICA IDENTITY FULL" in errors[0]["error"]
     assert "key column(s) ['id'] missing or null" in errors[1]["error"]
     assert "malformed JSON" in errors[2]["error"] and errors[2]["raw_value"] == b"{broken"
     assert "unknown op 'x'" in errors[3]["error"]
+
+
+def test_a_change_without_a_key_is_a_keyless_row_with_its_source_position():
+    rows = _decode([_rec(0, None, {"after": {"id": 1, "v": "b"}, "before": {"id": 1, "v": "a"}, "op": "u",
+                                   "source": {"lsn": 500, "sequence": '["400","500"]'}})])
+    change = next(r for r in rows if r["kind"] == "change")
+    assert change["row"] == {"id": 1, "v": "b"}
 
 
 def test_key_columns_from_config_override_the_message_key():
