@@ -15,6 +15,15 @@ class InvalidIdentifierError(LakestreamError, ValueError):
     """A name derived from data (topic, table, column) cannot be used as an SQL identifier."""
 
 
+class FatalError(LakestreamError):
+    """A failure no retry can cure (the driver's JVM died or ran out of memory, Spark stopped): the process
+    exits non-zero at once, for its supervisor to restart it; everything resumes from the tables."""
+
+
+class StoppedAfterFailures(LakestreamError):
+    """Stopped (SIGTERM, Ctrl-C) while batches were failing: the exit is not clean, so it is non-zero."""
+
+
 class StackError(LakestreamError):
     """A local service (PostgreSQL, broker) failed to start, stop or answer."""
 

@@ -110,3 +110,12 @@ def session_for(config: PipelineConfig) -> SparkSession:
 def jvm_helper(session: SparkSession):
     """The ``lakestream.LakestreamHelper`` class, callable through py4j."""
     return session.sparkContext._jvm.lakestream.LakestreamHelper
+
+
+def jvm_alive(spark: SparkSession) -> bool:
+    """Whether the driver's JVM still answers (a dead one cannot be retried back to life)."""
+    try:
+        spark.sparkContext._jvm.java.lang.System.currentTimeMillis()
+        return True
+    except Exception:  # noqa: BLE001 — any failure to reach it means it is gone
+        return False

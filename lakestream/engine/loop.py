@@ -16,7 +16,8 @@ import orjson
 from lakestream.config import PipelineConfig
 from lakestream.engine.pipeline import Pipeline
 from lakestream.engine.result import BatchResult, describe_batch
-from lakestream.errors import ConfigError, first_line, is_service_outage
+from lakestream.spark import jvm_alive
+from lakestream.errors import ConfigError, FatalError, StoppedAfterFailures, classify_failure, first_line
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -66,8 +67,15 @@ def run_pipeline(
             except ConfigError:
                 raise  # a retry cannot fix the config
             except Exception as exc:  # noqa: BLE001 — recovered below, or re-raised after too many
+                failure = classify_failure(exc)
+                if failure.kind == "config":
+                    raise
+                if failure.kind == "fatal" or not jvm_alive(pipeline.spark):
+                    raise FatalError(f"batch failed and cannot be retried in this process ({_failure_summary(exc)}); "
+                                     "exiting so that its supervisor restarts it — every table resumes from its "
+                                     "committed offsets") from exc
                 failures += 1
-                outage = is_service_outage(exc)
+                outage = failure.kind == "outage"
                 others += not outage
                 if outage and outage_since is None:
                     outage_since = time.monotonic()
@@ -109,10 +117,21 @@ def run_pipeline(
                 except Exception as exc:  # noqa: BLE001 — maintenance must never stop ingestion
                     log.error("maintenance round failed (next round as scheduled): %s", first_line(exc)[:300])
     finally:
-        pipeline.close()
+        _close(pipeline)
         if engine_metrics is not None:
             engine_metrics.close()
+    if failures:
+        raise StoppedAfterFailures(f"stopped while batches were failing ({failures} in a row; last: see above); "
+                                   "nothing is lost — the next start resumes from the tables' offsets")
     return results
+
+
+def _close(pipeline: Pipeline) -> None:
+    """Close the pipeline; with a dead JVM there is nothing left to close cleanly (the tables hold the state)."""
+    if not jvm_alive(pipeline.spark):
+        log.error("the driver's JVM is gone: exiting without a clean close (the next start resumes from the tables)")
+        return
+    pipeline.close()
 
 
 def _retry_backoff(config: PipelineConfig, outage: bool, failures: int, others: int, outage_since: float | None
