@@ -112,17 +112,16 @@ class WindowStage:
         return quote_table(self.ctx.config.catalog.name, ns, tbl)
 
     def _ensure_table(self, w: WindowSettings) -> None:
+        from lakestream.sink.files import create_table
+
         ns, tbl = w.table.split(".")
         ctx = self.ctx
         if ctx.tables.exists(ns, tbl):
             return
-        ctx.tables.ensure_namespace(ns)
-        cols = ", ".join(f"{quote_column(n)} {t}" for n, t in window_columns(w))
-        key = quote_column(w.key)
-        part = f"bucket({w.key_buckets}, {key})" if w.key_buckets else key
-        props = ", ".join(f"'{k}'='{v}'" for k, v in DEFAULT_TABLE_PROPERTIES.items())
-        ctx.spark.sql(f"CREATE TABLE IF NOT EXISTS {self._ident(w)} ({cols}) USING iceberg "
-                           f"PARTITIONED BY (days(window_start), {part}) TBLPROPERTIES ({props})")
+        part = f"bucket({w.key_buckets}, {quote_column(w.key)})" if w.key_buckets else quote_column(w.key)
+        create_table(ctx.spark, ctx.config.catalog.name, ns, tbl, {
+            "columns": [{"name": n, "type": t} for n, t in window_columns(w)],
+            "partition_by": ["days(window_start)", part], "properties": dict(DEFAULT_TABLE_PROPERTIES)})
         ctx.tables.schema(ns, tbl, refresh=True)
         log.info("created windows table %s", w.table)
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from lakestream.identifiers import quote, quote_table
+from lakestream.identifiers import quote_table
 from lakestream.sink.convert import convert_rows
 from lakestream.sink.offsets import TableOffsets
 from lakestream.sink.report import BatchReport, DeadLetter
@@ -24,21 +24,24 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# (name, Spark DDL type, required)
 DEAD_LETTER_COLUMNS = (
-    "topic string NOT NULL, `partition` int NOT NULL, `offset` bigint NOT NULL, kafka_timestamp timestamp, "
-    "key binary, value binary, value_is_raw boolean, error string NOT NULL, target_table string, "
-    "pipeline string, failed_at timestamp NOT NULL"
+    ("topic", "string", True), ("partition", "int", True), ("offset", "bigint", True),
+    ("kafka_timestamp", "timestamp", False), ("key", "binary", False), ("value", "binary", False),
+    ("value_is_raw", "boolean", False), ("error", "string", True), ("target_table", "string", False),
+    ("pipeline", "string", False), ("failed_at", "timestamp", True),
 )
 
 
 def ensure_dead_letter_table(spark: SparkSession, catalog: str, dotted: str) -> str:
-    namespace, _ = dotted.split(".", 1)
-    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(catalog, 'catalog')}.{quote(namespace, 'namespace')}")
-    ident = quote_table(catalog, *dotted.split(".", 1))
-    spark.sql(
-        f"CREATE TABLE IF NOT EXISTS {ident} ({DEAD_LETTER_COLUMNS}) USING iceberg PARTITIONED BY (days(failed_at)) "
-        "TBLPROPERTIES ('format-version'='2')")
-    return ident
+    """Create the dead-letter table (and its namespace) if missing; its quoted name."""
+    from lakestream.sink.files import create_table
+
+    namespace, table = dotted.split(".", 1)
+    create_table(spark, catalog, namespace, table, {
+        "columns": [{"name": n, "type": t, "required": r} for n, t, r in DEAD_LETTER_COLUMNS],
+        "partition_by": ["days(failed_at)"], "properties": {"format-version": "2"}})
+    return quote_table(catalog, namespace, table)
 
 
 def dead_letter_table(letters: list[DeadLetter], pipeline: str, schema: pa.Schema) -> pa.Table:
