@@ -46,8 +46,10 @@ class CapturedTable:
         return not self.has_primary_key and self.replica_identity != "index"
 
 
-def describe_captured(conn: Any, tables: list[SourceTableName]) -> list[CapturedTable]:
-    """Resolve ``tables`` in the catalog; CaptureError naming each one that cannot be captured."""
+def describe_captured(conn: Any, tables: list[SourceTableName], allow_missing: bool = False) -> list[CapturedTable]:
+    """Resolve ``tables`` in the catalog; CaptureError naming each one that cannot be captured. With
+    ``allow_missing`` (a publication FOR ALL TABLES, which publishes tables created later), a table that does
+    not exist yet is left out with a warning: it is captured once it is created."""
     out: list[CapturedTable] = []
     problems: list[str] = []
     with conn.cursor() as cur:
@@ -64,6 +66,10 @@ def describe_captured(conn: Any, tables: list[SourceTableName]) -> list[Captured
                    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                    WHERE n.nspname = %s AND c.relname = %s""", (name.schema, name.table))
             row = cur.fetchone()
+            if row is None and allow_missing:
+                log.warning("capture: %s does not exist yet; the publication covers all tables, so its changes are "
+                            "captured once it is created", name)
+                continue
             if row is None:
                 problems.append(f"{name} does not exist in the source database — fix: create it before capture "
                                 "starts, or remove it from capture.tables (names are taken exactly as written, "
@@ -108,15 +114,18 @@ def prepare_publication(conn: Any, capture: CaptureSettings, tables: list[Source
     """Make the capture publication cover ``tables`` (default: ``capture.tables``) when lakestream manages
     it, then check that every one of them will publish its changes under its own name. Returns the tables
     as the catalog has them; CaptureError with the reason and the fix otherwise. ``conn``: autocommit."""
-    wanted = describe_captured(conn, tables if tables is not None else capture.source_tables)
     pub = capture.publication_name
+    with conn.cursor() as cur:
+        existing = _publication(cur, pub)
+    all_tables_wanted = capture.connector.get("publication.autocreate.mode") == "all_tables"
+    publishes_all = bool(existing[0]) if existing is not None else capture.manage_publication and all_tables_wanted
+    wanted = describe_captured(conn, tables if tables is not None else capture.source_tables, allow_missing=publishes_all)
     needs_root = any(t.partitioned for t in wanted)
     ident = pgsql.Identifier(pub)
     with conn.cursor() as cur:
         if capture.manage_publication:
             row = _publication(cur, pub)
             relations = pgsql.SQL(", ").join(pgsql.SQL(t.name.sql()) for t in wanted)
-            all_tables_wanted = capture.connector.get("publication.autocreate.mode") == "all_tables"
             if row is None:
                 # Debezium's all_tables mode, asked for in capture.connector, is kept: tables created later
                 # are published too (the include list then decides what is captured).
