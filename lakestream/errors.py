@@ -76,6 +76,10 @@ _INFRASTRUCTURE_MARKERS = (
     "ExecutorLostFailure", "Py4JNetworkError", "SparkContext was shut down", "CommitStateUnknownException",
     # The table moved under the commit (another writer, maintenance) past the committer's own retries.
     "CommitFailedException", "ValidationException", "NoSuchTableException", "NotFoundException",
+    # Object storage: the AWS SDK (Java: S3FileIO) and pyarrow's S3 filesystem (C++ SDK: "AWS Error ...").
+    "S3Exception", "SdkClientException", "AWS Error", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+    # The REST catalog: unreachable, or an error the server reports (5xx).
+    "RESTException", "ServiceFailureException", "ServiceUnavailableException",
 )
 
 
@@ -93,6 +97,9 @@ _OUTAGE_MARKERS = (
     "PSQLException", "SQLTransientConnectionException", "IOException", "ConnectException", "Connection refused",
     "Connection reset", "SocketTimeoutException", "UnknownHostException", "CommitStateUnknownException",
     "no progress reading",  # a Spark task's read stalled (lakestream.source.reader): the broker is away
+    # Object storage away or overloaded: the AWS SDK's connection failures (Java, and pyarrow's C++ SDK).
+    "Unable to execute HTTP request", "NETWORK_CONNECTION", "Couldn't connect to server", "SlowDown",
+    "Service Unavailable", "ServiceUnavailable", "curlCode: 7,",
 )
 
 

@@ -1,9 +1,10 @@
 """Reading the lake's tables with Spark, DuckDB or pyiceberg, as Arrow (or pandas) for notebooks.
 
 All three engines open the same tables through the pipeline's catalog: Spark through its Iceberg
-SparkCatalog, pyiceberg through a ``SqlCatalog`` on the same JDBC catalog database (or the table's
-``version-hint.text`` for a hadoop catalog), DuckDB through ``iceberg_scan`` of the metadata file
-that catalog points at. Before DuckDB or pyiceberg read a snapshot, its delete files are checked
+SparkCatalog, pyiceberg through a ``SqlCatalog`` on the same JDBC catalog database, a ``RestCatalog``
+on the same REST catalog (or the table's ``version-hint.text`` for a hadoop catalog), DuckDB through
+``iceberg_scan`` of the metadata file that catalog points at. Files on object storage are read with
+the pipeline's ``storage`` settings (`lakestream.storage`), or the credentials a REST catalog vends. Before DuckDB or pyiceberg read a snapshot, its delete files are checked
 against what that engine applies (pyiceberg: no equality deletes); a table it cannot read exactly is
 refused, never read wrong.
 
@@ -120,6 +121,7 @@ def read_table(config: PipelineConfig, table: str, engine: Engine = "pyiceberg",
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     with duckdb_connection() as con:
+        configure_duckdb(con, config.catalog, iceberg_table)
         return _duckdb_result(con, sql)
 
 
@@ -149,6 +151,7 @@ def run_sql(config: PipelineConfig, query: str, engine: Literal["spark", "duckdb
             if snapshot is None:
                 raise QueryError(f"{ref}: the table has no snapshot yet; DuckDB cannot scan it")
             refuse_unreadable(iceberg_table, snapshot.snapshot_id, "duckdb")
+            configure_duckdb(con, config.catalog, iceberg_table)
             schema = f"{quote_ansi(catalog)}.{quote_ansi(ref.namespace)}"
             con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
             con.execute(f"CREATE VIEW {schema}.{quote_ansi(ref.table)} AS SELECT * FROM iceberg_scan("
@@ -179,13 +182,14 @@ def _referenced_tables(query: str, catalog: str) -> list[TableRef]:
 
 
 def load_iceberg_table(catalog: CatalogSettings, ref: TableRef) -> IcebergTable:
-    """The pyiceberg Table for ``ref`` from the pipeline's catalog (JDBC on PostgreSQL, or hadoop)."""
+    """The pyiceberg Table for ``ref`` from the pipeline's catalog (JDBC on PostgreSQL, REST, or hadoop)."""
     from pyiceberg.exceptions import NoSuchTableError
 
     if catalog.type == "hadoop":
         return _load_hadoop_table(catalog, ref)
-    if catalog.type != "jdbc":
-        raise QueryError(f"reading without Spark supports jdbc and hadoop catalogs, not {catalog.type!r}: use --engine spark")
+    if catalog.type not in ("jdbc", "rest"):
+        raise QueryError(f"reading without Spark supports jdbc, rest and hadoop catalogs, not {catalog.type!r}: "
+                         "use --engine spark")
     try:
         return pyiceberg_catalog(catalog).load_table((ref.namespace, ref.table))
     except NoSuchTableError:
@@ -193,13 +197,43 @@ def load_iceberg_table(catalog: CatalogSettings, ref: TableRef) -> IcebergTable:
 
 
 def pyiceberg_catalog(catalog: CatalogSettings):
-    """A pyiceberg ``SqlCatalog`` on the same JDBC catalog database Spark uses.
+    """A pyiceberg catalog on the pipeline's catalog: a ``SqlCatalog`` on the same JDBC catalog database
+    Spark uses, or a ``RestCatalog`` on the same REST catalog; with the ``storage`` settings as FileIO
+    properties.
 
     The catalog name must be Spark's: both keep it in the ``catalog_name`` column of the shared tables.
     """
+    from lakestream.storage import pyiceberg_io_properties
+
+    io = pyiceberg_io_properties(catalog)
+    if catalog.type == "rest":
+        from pyiceberg.catalog.rest import RestCatalog
+
+        props = {"uri": catalog.uri or "", "warehouse": catalog.warehouse, **io}
+        secret = catalog.rest_secret()
+        if secret is not None:
+            props[secret[0]] = secret[1]
+        if catalog.oauth2_server_uri:
+            props["oauth2-server-uri"] = catalog.oauth2_server_uri
+        if catalog.scope:
+            props["scope"] = catalog.scope
+        if catalog.vended_credentials:
+            props["header.X-Iceberg-Access-Delegation"] = "vended-credentials"
+        if catalog.ssl_ca_bundle:
+            props["ssl.cabundle"] = catalog.ssl_ca_bundle
+        return RestCatalog(catalog.name, **props)
     from pyiceberg.catalog.sql import SqlCatalog
 
-    return SqlCatalog(catalog.name, uri=sqlalchemy_url(catalog), warehouse=catalog.warehouse)
+    return SqlCatalog(catalog.name, uri=sqlalchemy_url(catalog), warehouse=catalog.warehouse, **io)
+
+
+def configure_duckdb(con: duckdb.DuckDBPyConnection, catalog: CatalogSettings, table: IcebergTable) -> None:
+    """Let DuckDB read ``table``'s files: the object storage secret (the REST catalog's vended credentials
+    for the table, if it sent any, else the ``storage`` settings). Nothing for a local file system."""
+    from lakestream.storage import configure_duckdb as configure, is_object_store
+
+    if is_object_store(table.metadata_location):
+        configure(con, catalog, dict(table.io.properties), scope=table.location())
 
 
 def sqlalchemy_url(catalog: CatalogSettings) -> str:
@@ -263,6 +297,11 @@ def duckdb_connection() -> duckdb.DuckDBPyConnection:
     for name in ("avro", "iceberg"):
         con.execute(f"LOAD {ansi_string(str(_duckdb_extension(name)))}")
     return con
+
+
+def load_duckdb_extension(con: duckdb.DuckDBPyConnection, name: str) -> None:
+    """LOAD a DuckDB extension from its PyPI wheel (``duckdb-extension-<name>``), never downloaded."""
+    con.execute(f"LOAD {ansi_string(str(_duckdb_extension(name)))}")
 
 
 def _duckdb_result(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
