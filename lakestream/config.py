@@ -162,8 +162,6 @@ class StorageSettings(_Model):
     access_key_id_env: str | None = None
     secret_access_key_env: str | None = None
     session_token_env: str | None = None
-    # Reads the credentials once, at load; a variable named but unset is a config error.
-    _credentials: S3Credentials | None = PrivateAttr(default=None)
 
     @field_validator("endpoint")
     @classmethod
@@ -179,23 +177,24 @@ class StorageSettings(_Model):
         return _check_env_name(value, "LAKE_S3_ACCESS_KEY_ID")
 
     @model_validator(mode="after")
-    def _read_credentials(self) -> StorageSettings:
+    def _paired_credentials(self) -> StorageSettings:
         if bool(self.access_key_id_env) != bool(self.secret_access_key_env):
             raise ValueError("access_key_id_env and secret_access_key_env go together — fix: name both variables, "
                              "or neither to use the default AWS credential chain")
         if self.session_token_env and not self.access_key_id_env:
             raise ValueError("session_token_env needs access_key_id_env and secret_access_key_env too")
-        if self.access_key_id_env and self.secret_access_key_env:
-            key_id = _env_secret(self.access_key_id_env, "storage.access_key_id_env")
-            secret = _env_secret(self.secret_access_key_env, "storage.secret_access_key_env")
-            token = _env_secret(self.session_token_env, "storage.session_token_env")
-            self._credentials = S3Credentials(access_key_id=key_id, secret_access_key=secret, session_token=token)
         return self
 
     @property
     def credentials(self) -> S3Credentials | None:
-        """The static credentials the config names, or None for the default AWS chain."""
-        return self._credentials
+        """The static credentials read from the variables the config names (a ConfigError naming the
+        setting when one is unset), or None for the default AWS chain. Read when a command first reaches
+        the store (`lakestream.storage.check_storage`), not at load: capture never needs them."""
+        if not (self.access_key_id_env and self.secret_access_key_env):
+            return None
+        return S3Credentials(access_key_id=_env_secret(self.access_key_id_env, "storage.access_key_id_env"),
+                             secret_access_key=_env_secret(self.secret_access_key_env, "storage.secret_access_key_env"),
+                             session_token=_env_secret(self.session_token_env, "storage.session_token_env"))
 
     @property
     def scheme(self) -> str:

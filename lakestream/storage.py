@@ -15,6 +15,7 @@ default AWS chain; they are never logged: `S3Options` and `S3Credentials` print 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -108,6 +109,12 @@ def s3_filesystem(options: S3Options | None = None) -> pafs.S3FileSystem:
             if options is None:
                 fs = pafs.S3FileSystem()
             else:
+                if options.endpoint:
+                    # pyarrow's AWS SDK (C++, 2025+) sends every upload aws-chunked with a trailing CRC
+                    # checksum by default; S3-compatible stores that do not decode that framing (nanio
+                    # 0.1.7) store it inside the object. Checksums only where S3 requires them, as every
+                    # SDK did before 2025: plain bodies, still signed. Read when the client is created.
+                    os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "WHEN_REQUIRED")
                 scheme = "http" if options.endpoint and options.endpoint.startswith("http://") else "https"
                 host = options.endpoint.split("://", 1)[1] if options.endpoint else None
                 fs = pafs.S3FileSystem(
@@ -240,8 +247,8 @@ def check_storage(catalog: CatalogSettings) -> None:
         message = str(exc)
         if any(m in message for m in ("NETWORK_CONNECTION", "Couldn't connect", "curlCode: 7,", "curlCode: 28,",
                                       "Timeout was reached", "curlCode: 6,")):
-            log.warning("object store %s not reachable yet (%s); the engine waits it out",
-                        storage.endpoint or "Amazon S3", message.splitlines()[0][:200])
+            log.warning("object store %s (storage.endpoint) not reachable yet (%s); the engine waits it out for up "
+                        "to engine.max_outage_s", storage.endpoint or "Amazon S3", message.splitlines()[0][:200])
             return
         where = (f"the credentials in {storage.access_key_id_env}/{storage.secret_access_key_env} "
                  "(storage.access_key_id_env, storage.secret_access_key_env)" if storage.credentials else

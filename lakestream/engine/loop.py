@@ -17,6 +17,7 @@ from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError
 from lakestream.engine.pipeline import BatchResult, Pipeline, _first_line, describe_batch
 from lakestream.errors import is_service_outage
+from lakestream.storage import activate as activate_storage
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -38,6 +39,8 @@ def run_pipeline(
 ) -> list[BatchResult]:
     """Run the pipeline until ``stop`` is set (or ``max_batches`` / idle when asked)."""
     stop = stop or threading.Event()
+    # The write tasks reach this config's object storage (a session passed in may have served another).
+    activate_storage(config.catalog.storage)
     pipeline = Pipeline(config, spark)
     results: list[BatchResult] = []
     metrics = metrics_path(config)

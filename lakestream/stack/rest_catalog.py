@@ -34,8 +34,10 @@ class RestCatalogServer:
     start_timeout = 60.0
 
     def __init__(self, settings: StackSettings, *, warehouse: str, io_properties: dict[str, str] | None = None,
-                 credential: str | None = None, token: str | None = None, vend: dict[str, str] | None = None):
+                 credential: str | None = None, token: str | None = None, vend: dict[str, str] | None = None,
+                 backend: str = BACKEND_CATALOG):
         self.settings = settings
+        self.backend = backend
         self.warehouse = warehouse
         self.io_properties = io_properties or {}
         self.credential = credential
@@ -64,7 +66,7 @@ class RestCatalogServer:
         props = {
             "server.host": process.LOOPBACK,
             "server.port": str(self.port),
-            "catalog.name": BACKEND_CATALOG,
+            "catalog.name": self.backend,
             "catalog.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
             "catalog.uri": f"jdbc:postgresql://{process.LOOPBACK}:{s.pg_port}/{s.catalog_db}",
             "catalog.jdbc.user": s.pg_user,
@@ -142,7 +144,7 @@ class RestCatalogServer:
         pid = self.pid()
         return ServiceStatus(name=self.name, running=pid is not None, pid=pid, port=self.port,
                              healthy=pid is not None and self.healthy(), persistent=self.persistent,
-                             detail=f"Iceberg CatalogHandlers over the JDBC catalog {BACKEND_CATALOG!r} "
+                             detail=f"Iceberg CatalogHandlers over the JDBC catalog {self.backend!r} "
                                     f"in {self.settings.catalog_db}")
 
 

@@ -169,7 +169,9 @@ public final class RestCatalogServer {
     if (path.equals("/v1/namespaces")) {
       if (method.equals("GET")) {
         Namespace parent = query.containsKey("parent") ? RESTUtil.decodeNamespace(query.get("parent")) : Namespace.empty();
-        return CatalogHandlers.listNamespaces(namespaces, parent, query.get("pageToken"), query.get("pageSize"));
+        return query.containsKey("pageSize")
+            ? CatalogHandlers.listNamespaces(namespaces, parent, query.get("pageToken"), query.get("pageSize"))
+            : CatalogHandlers.listNamespaces(namespaces, parent);
       }
       if (method.equals("POST")) {
         return CatalogHandlers.createNamespace(namespaces, read(exchange, CreateNamespaceRequest.class));
@@ -201,7 +203,9 @@ public final class RestCatalogServer {
     if ((m = TABLES.matcher(path)).matches()) {
       Namespace ns = RESTUtil.decodeNamespace(m.group(1));
       if (method.equals("GET")) {
-        return CatalogHandlers.listTables(catalog, ns, query.get("pageToken"), query.get("pageSize"));
+        return query.containsKey("pageSize")
+            ? CatalogHandlers.listTables(catalog, ns, query.get("pageToken"), query.get("pageSize"))
+            : CatalogHandlers.listTables(catalog, ns);
       }
       if (method.equals("POST")) {
         CreateTableRequest request = read(exchange, CreateTableRequest.class);
