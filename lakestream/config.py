@@ -26,7 +26,7 @@ from lakestream.errors import ConfigError
 from lakestream.identifiers import validate_identifier
 
 # Fields whose values must never be printed; used by `redact` and by the pydantic SecretStr types.
-_SECRET_KEY_PATTERN = re.compile(r"(password|secret|sasl\.jaas|token|credential|api[._-]?key|user\.info)", re.I)
+_SECRET_KEY_PATTERN = re.compile(r"(password|secret|sasl\.jaas|token|credential|api[._-]?key|access[._-]?key|user\.info)", re.I)
 
 
 class _Model(BaseModel):
@@ -275,6 +275,16 @@ class CatalogSettings(_Model):
         """This catalog, reaching its files through ``storage``."""
         self._storage = storage
         return self
+
+    @property
+    def oauth2_token_uri(self) -> str | None:
+        """Where OAuth2 client credentials are exchanged: ``oauth2_server_uri``, else the REST spec's
+        ``<uri>/v1/oauth/tokens`` (set explicitly: Iceberg's clients deprecate finding it themselves)."""
+        if self.oauth2_server_uri:
+            return self.oauth2_server_uri
+        if self.credential_env and self.uri:
+            return f"{self.uri.rstrip('/')}/v1/oauth/tokens"
+        return None
 
     def rest_secret(self) -> tuple[str, str] | None:
         """``("credential" | "token", value)`` read from the environment variable named, or None."""

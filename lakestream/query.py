@@ -213,8 +213,8 @@ def pyiceberg_catalog(catalog: CatalogSettings):
         secret = catalog.rest_secret()
         if secret is not None:
             props[secret[0]] = secret[1]
-        if catalog.oauth2_server_uri:
-            props["oauth2-server-uri"] = catalog.oauth2_server_uri
+        if catalog.oauth2_token_uri:
+            props["oauth2-server-uri"] = catalog.oauth2_token_uri
         if catalog.scope:
             props["scope"] = catalog.scope
         if catalog.vended_credentials:

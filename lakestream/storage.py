@@ -100,33 +100,36 @@ def active_options() -> S3Options | None:
 
 def s3_filesystem(options: S3Options | None = None) -> pafs.S3FileSystem:
     """A pyarrow ``S3FileSystem`` for ``options`` (default: this process's), one per distinct options."""
-    import pyarrow.fs as pafs
-
     options = options if options is not None else _active
     with _lock:
         fs = _filesystems.get(options)  # type: ignore[arg-type]
         if fs is None:
-            if options is None:
-                fs = pafs.S3FileSystem()
-            else:
-                if options.endpoint:
-                    # pyarrow's AWS SDK (C++, 2025+) sends every upload aws-chunked with a trailing CRC
-                    # checksum by default; S3-compatible stores that do not decode that framing (nanio
-                    # 0.1.7) store it inside the object. Checksums only where S3 requires them, as every
-                    # SDK did before 2025: plain bodies, still signed. Read when the client is created.
-                    os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "WHEN_REQUIRED")
-                scheme = "http" if options.endpoint and options.endpoint.startswith("http://") else "https"
-                host = options.endpoint.split("://", 1)[1] if options.endpoint else None
-                fs = pafs.S3FileSystem(
-                    access_key=options.access_key, secret_key=options.secret_key, session_token=options.session_token,
-                    region=options.region, endpoint_override=host, scheme=scheme,
-                    # pyarrow puts the bucket in the path whenever an endpoint is given; for Amazon S3
-                    # itself (no endpoint) virtual hosts are the norm, and path style is not offered.
-                    force_virtual_addressing=bool(host) and not options.path_style,
-                    connect_timeout=5, request_timeout=60,
-                    retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=5))
-            _filesystems[options] = fs  # type: ignore[index]
+            fs = _filesystems[options] = new_s3_filesystem(options)  # type: ignore[index]
         return fs
+
+
+def new_s3_filesystem(options: S3Options | None, attempts: int = 5) -> pafs.S3FileSystem:
+    """A new pyarrow ``S3FileSystem`` for ``options`` (None: the default AWS chain, region lookup)."""
+    import pyarrow.fs as pafs
+
+    if options is None:
+        return pafs.S3FileSystem(retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=attempts))
+    if options.endpoint:
+        # pyarrow's AWS SDK (C++, 2025+) sends every upload aws-chunked with a trailing CRC checksum
+        # by default; S3-compatible stores that do not decode that framing (nanio 0.1.7) store it inside
+        # the object. Checksums only where S3 requires them, as every SDK did before 2025: plain bodies,
+        # still signed. Read when the client is created.
+        os.environ.setdefault("AWS_REQUEST_CHECKSUM_CALCULATION", "WHEN_REQUIRED")
+    scheme = "http" if options.endpoint and options.endpoint.startswith("http://") else "https"
+    host = options.endpoint.split("://", 1)[1] if options.endpoint else None
+    return pafs.S3FileSystem(
+        access_key=options.access_key, secret_key=options.secret_key, session_token=options.session_token,
+        region=options.region, endpoint_override=host, scheme=scheme,
+        # pyarrow puts the bucket in the path whenever an endpoint is given; for Amazon S3 itself (no
+        # endpoint) virtual hosts are the norm, and path style is not offered.
+        force_virtual_addressing=bool(host) and not options.path_style,
+        connect_timeout=5, request_timeout=60,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=attempts))
 
 
 def filesystem_path(uri: str, options: S3Options | None = None) -> tuple[pafs.FileSystem, str]:
@@ -238,7 +241,9 @@ def check_storage(catalog: CatalogSettings) -> None:
         return
     import pyarrow.fs as pafs
 
-    fs, path = filesystem_path(catalog.warehouse, S3Options.from_settings(storage))
+    # One attempt: an answer decides, and an endpoint that does not answer is not decided here.
+    fs = new_s3_filesystem(S3Options.from_settings(storage), attempts=1)
+    path = catalog.warehouse.split("://", 1)[1]
     bucket = path.split("/", 1)[0]
     try:
         fs.get_file_info(pafs.FileSelector(path.rstrip("/"), allow_not_found=True, recursive=False))
