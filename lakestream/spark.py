@@ -55,6 +55,7 @@ def rest_properties(catalog: CatalogSettings) -> dict[str, str]:
     secret = catalog.rest_secret()
     if secret is not None:
         props[secret[0]] = secret[1]
+        props["rest.auth.type"] = "oauth2"  # both a client credential and a bearer token are OAuth2 here
     if catalog.oauth2_token_uri:
         props["oauth2-server-uri"] = catalog.oauth2_token_uri
     if catalog.scope:
