@@ -5,6 +5,7 @@ exact after each: no missing row, no extra row, no duplicate key.
 """
 from __future__ import annotations
 
+import logging
 import os
 import random
 import signal
@@ -193,7 +194,7 @@ def test_parallel_snapshot_then_sigkills_under_load(source, spark):
     _verify_exact(source, spark)
 
 
-def test_object_store_outage_is_waited_out(source, spark):
+def test_object_store_outage_is_waited_out(source, spark, caplog):
     with source.conn.cursor() as cur:
         cur.execute(f"INSERT INTO acc SELECT g, 1, 'during outage' FROM generate_series({ROWS * 10}, {ROWS * 10 + 99}) g")
     _wait_caught_up(source)
@@ -209,9 +210,11 @@ def test_object_store_outage_is_waited_out(source, spark):
 
     runner = threading.Thread(target=run, daemon=True)
     try:
-        runner.start()
-        time.sleep(15)  # batches fail on the store and are retried, not dead-lettered, not fatal
-        assert runner.is_alive() and not errors, errors
+        with caplog.at_level(logging.ERROR, logger="lakestream.engine.loop"):
+            runner.start()
+            time.sleep(15)  # batches fail on the store and are retried, not dead-lettered, not fatal
+            assert runner.is_alive() and not errors, errors
+            assert "an outage" in caplog.text, caplog.text
     finally:
         source.store.start()
     runner.join(300)
