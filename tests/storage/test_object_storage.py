@@ -104,7 +104,8 @@ def _rows(lakes: Lakes, catalog: str, name: str) -> list[tuple]:
 
 
 def test_changes_land_on_object_storage_through_each_catalog(lakes):
-    lakes.sync({"obj_orders": 300, "obj_items": 200})
+    # Debezium's snapshot and the changes after it reach the pipelines together: one run each.
+    lakes.source.wait_for_events({"obj_orders": 300, "obj_items": 200})
     lakes.source.sql("UPDATE public.obj_orders SET qty = qty + 10 WHERE id % 10 = 0",
                      "DELETE FROM public.obj_orders WHERE id % 25 = 0",
                      "DELETE FROM public.obj_items WHERE order_id <= 5",
@@ -204,6 +205,24 @@ def test_maintenance_removes_orphans_on_object_storage(lakes):
     assert fs.get_file_info(young_path).type.name == "File"
     assert _rows(lakes, "restlake", "obj_orders") == before
     lakes.verify_all()
+
+
+def test_health_measures_tables_on_object_storage(lakes):
+    from lakestream.health.monitor import collect_health
+    from lakestream.inspection import file_length, load_java_table
+
+    name = f"{lakes.source.namespace}.obj_orders"
+    report = collect_health(lakes.spark, lakes.configs["restlake"], tables=[name], measure_lag=False)
+    [metrics] = report.tables
+    assert metrics.error is None, metrics.error
+    assert metrics.data_files > 0 and metrics.data_bytes > 0
+    assert metrics.metadata_bytes > 0 and metrics.metadata_files >= 1
+    # Metadata JSON files and manifest lists are sized through the table's S3FileIO, not the local disk.
+    jtable = load_java_table(lakes.spark, "restlake", name)
+    location = jtable.operations().current().metadataFileLocation()
+    bucket, key = location.split("://", 1)[1].split("/", 1)
+    size = lakes.store.client().head_object(Bucket=bucket, Key=key)["ContentLength"]
+    assert file_length(jtable.io(), location) == size > 0
 
 
 def test_vended_credentials_are_used_when_the_config_has_none(lakes, monkeypatch):
