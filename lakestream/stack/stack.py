@@ -70,8 +70,11 @@ class Stack:
         self.postgres.stop()
 
     def status(self) -> dict[str, ServiceStatus]:
-        """Each service by name: running, pid, port, healthy, persistence."""
-        return {service.name: service.status() for service in self._services()}
+        """Each service by name: running, pid, port, healthy, persistence (the object store and the REST
+        catalog also when they run without being asked for: an `up --storage s3` seen by a plain `status`)."""
+        services = self._services()
+        services += [s for s in (self.objectstore, self.rest_catalog) if s not in services and s.pid() is not None]
+        return {service.name: service.status() for service in services}
 
     def info(self) -> StackInfo:
         """Connection facts (valid whether or not the services currently run)."""
