@@ -286,6 +286,22 @@ class CatalogSettings(_Model):
             return f"{self.uri.rstrip('/')}/v1/oauth/tokens"
         return None
 
+    def rest_client_properties(self) -> dict[str, str]:
+        """Iceberg REST client properties, the same for the JVM's ``RESTCatalog`` and pyiceberg's
+        ``RestCatalog``: the credential or token (from the environment), the token endpoint, the scope,
+        and the request for vended credentials."""
+        props: dict[str, str] = {}
+        secret = self.rest_secret()
+        if secret is not None:
+            props[secret[0]] = secret[1]
+        if self.oauth2_token_uri:
+            props["oauth2-server-uri"] = self.oauth2_token_uri
+        if self.scope:
+            props["scope"] = self.scope
+        if self.vended_credentials:
+            props["header.X-Iceberg-Access-Delegation"] = "vended-credentials"
+        return props
+
     def rest_secret(self) -> tuple[str, str] | None:
         """``("credential" | "token", value)`` read from the environment variable named, or None."""
         if self.credential_env:

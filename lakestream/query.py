@@ -4,9 +4,9 @@ All three engines open the same tables through the pipeline's catalog: Spark thr
 SparkCatalog, pyiceberg through a ``SqlCatalog`` on the same JDBC catalog database, a ``RestCatalog``
 on the same REST catalog (or the table's ``version-hint.text`` for a hadoop catalog), DuckDB through
 ``iceberg_scan`` of the metadata file that catalog points at. Files on object storage are read with
-the pipeline's ``storage`` settings (`lakestream.storage`), or the credentials a REST catalog vends. Before DuckDB or pyiceberg read a snapshot, its delete files are checked
-against what that engine applies (pyiceberg: no equality deletes); a table it cannot read exactly is
-refused, never read wrong.
+the pipeline's ``storage`` settings (`lakestream.storage`), or the credentials a REST catalog vends.
+Before DuckDB or pyiceberg read a snapshot, its delete files are checked against what that engine
+applies (pyiceberg: no equality deletes); a table it cannot read exactly is refused, never read wrong.
 
     from lakestream.config import load_config
     from lakestream.query import read_table
@@ -209,16 +209,7 @@ def pyiceberg_catalog(catalog: CatalogSettings):
     if catalog.type == "rest":
         from pyiceberg.catalog.rest import RestCatalog
 
-        props = {"uri": catalog.uri or "", "warehouse": catalog.warehouse, **io}
-        secret = catalog.rest_secret()
-        if secret is not None:
-            props[secret[0]] = secret[1]
-        if catalog.oauth2_token_uri:
-            props["oauth2-server-uri"] = catalog.oauth2_token_uri
-        if catalog.scope:
-            props["scope"] = catalog.scope
-        if catalog.vended_credentials:
-            props["header.X-Iceberg-Access-Delegation"] = "vended-credentials"
+        props = {"uri": catalog.uri or "", "warehouse": catalog.warehouse, **io, **catalog.rest_client_properties()}
         if catalog.ssl_ca_bundle:
             props["ssl.cabundle"] = catalog.ssl_ca_bundle
         return RestCatalog(catalog.name, **props)

@@ -49,19 +49,10 @@ def catalog_conf(catalog: CatalogSettings) -> dict[str, str]:
 
 
 def rest_properties(catalog: CatalogSettings) -> dict[str, str]:
-    """Iceberg REST catalog client properties (Spark's and the Java committer's RESTCatalog): the OAuth2
-    credential or bearer token from the environment, and the request for vended storage credentials."""
-    props: dict[str, str] = {}
-    secret = catalog.rest_secret()
-    if secret is not None:
-        props[secret[0]] = secret[1]
+    """Iceberg REST catalog client properties for Spark's and the Java committer's ``RESTCatalog``."""
+    props = catalog.rest_client_properties()
+    if "credential" in props or "token" in props:
         props["rest.auth.type"] = "oauth2"  # both a client credential and a bearer token are OAuth2 here
-    if catalog.oauth2_token_uri:
-        props["oauth2-server-uri"] = catalog.oauth2_token_uri
-    if catalog.scope:
-        props["scope"] = catalog.scope
-    if catalog.vended_credentials:
-        props["header.X-Iceberg-Access-Delegation"] = "vended-credentials"
     return props
 
 

@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from lakestream.errors import LakestreamError
-from lakestream.storage import S3Options, active_options, use_options
 from lakestream.snapshot.source import Chunk, SourceTable, chunk_query
+from lakestream.storage import S3Options, active_options, use_options
 
 
 @dataclass(frozen=True)
