@@ -75,32 +75,58 @@ class S3Options:
                          access_key=key, secret_key=secret, session_token=properties.get("s3.session-token"))
 
 
+@dataclass(frozen=True)
+class StorageContext:
+    """A process's object storage: the ``storage`` settings, and the credentials a REST catalog vended per
+    table location (longest prefix wins). Picklable; it travels to the executors in each job's context."""
+
+    options: S3Options | None = None
+    vended: tuple[tuple[str, S3Options], ...] = ()
+
+    def options_for(self, uri: str) -> S3Options | None:
+        for location, options in self.vended:
+            if uri.startswith(location):
+                return options
+        return self.options
+
+
 _lock = threading.Lock()
-_active: S3Options | None = None
-_filesystems: dict[S3Options, pafs.S3FileSystem] = {}
+_context = StorageContext()
+_filesystems: dict[S3Options | None, pafs.S3FileSystem] = {}
 
 
 def activate(storage: StorageSettings | None) -> None:
-    """Make ``storage`` this process's object storage (the driver: set when its Spark session is built).
-    The write jobs' contexts take it from here to the executors."""
-    global _active
-    _active = S3Options.from_settings(storage) if storage is not None else None
+    """Make ``storage`` this process's object storage (the driver: set when its Spark session is built and
+    when a pipeline starts). The write jobs' contexts take it from here to the executors."""
+    global _context
+    _context = StorageContext(S3Options.from_settings(storage) if storage is not None else None)
 
 
-def use_options(options: S3Options | None) -> None:
-    """Make ``options`` this process's object storage (an executor: those its task's context carries)."""
-    global _active
-    _active = options
+def remember_vended(location: str, properties: dict[str, str]) -> None:
+    """Use the credentials a REST catalog vended for the table at ``location`` for its files (the driver,
+    whenever it loads the table; the executors get them with the next job)."""
+    global _context
+    base = _context.options or S3Options(region=properties.get("client.region", "us-east-1"))
+    options = base.with_vended(properties)
+    prefix = location.rstrip("/") + "/"
+    vended = [(loc, opts) for loc, opts in _context.vended if loc != prefix] + [(prefix, options)]
+    _context = StorageContext(_context.options, tuple(sorted(vended, key=lambda item: -len(item[0]))))
 
 
-def active_options() -> S3Options | None:
-    """This process's object storage options (None: the default AWS chain and region lookup)."""
-    return _active
+def use_options(context: StorageContext | None) -> None:
+    """Make ``context`` this process's object storage (an executor: the one its task's context carries)."""
+    global _context
+    _context = context or StorageContext()
+
+
+def active_options() -> StorageContext:
+    """This process's object storage (options None: the default AWS chain and region lookup)."""
+    return _context
 
 
 def s3_filesystem(options: S3Options | None = None) -> pafs.S3FileSystem:
     """A pyarrow ``S3FileSystem`` for ``options`` (default: this process's), one per distinct options."""
-    options = options if options is not None else _active
+    options = options if options is not None else _context.options
     with _lock:
         fs = _filesystems.get(options)  # type: ignore[arg-type]
         if fs is None:
@@ -145,7 +171,7 @@ def filesystem_path(uri: str, options: S3Options | None = None) -> tuple[pafs.Fi
     if "://" not in uri:
         return pafs.LocalFileSystem(), uri
     if is_object_store(uri):
-        return s3_filesystem(options), uri.split("://", 1)[1]
+        return s3_filesystem(options or _context.options_for(uri)), uri.split("://", 1)[1]
     return pafs.FileSystem.from_uri(uri)
 
 

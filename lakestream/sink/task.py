@@ -38,7 +38,7 @@ from lakestream.sink.router import Router
 from lakestream.source.kafka import TP
 from lakestream.source.planner import OffsetRange
 from lakestream.source.reader import RecordRun, read_runs
-from lakestream.storage import S3Options, active_options, use_options
+from lakestream.storage import StorageContext, active_options, use_options
 
 
 @dataclass
@@ -142,7 +142,7 @@ class WriteContext:
     # `SchemaRegistrySettings.client_config()` (secrets resolved on the driver), to read Avro records.
     schema_registry: dict[str, Any] | None = field(default=None, repr=False)  # holds secrets: never in a repr
     # The driver's object storage (credentials included): the tasks write their files through it.
-    storage: S3Options | None = field(default_factory=active_options, repr=False)
+    storage: StorageContext = field(default_factory=active_options, repr=False)
 
 
 class _Pending:

@@ -19,7 +19,7 @@ import pyarrow.csv as pcsv
 
 from lakestream.errors import LakestreamError
 from lakestream.snapshot.source import Chunk, SourceTable, chunk_query
-from lakestream.storage import S3Options, active_options, use_options
+from lakestream.storage import StorageContext, active_options, use_options
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class ChunkTarget:
     data_location: str
     report_keys: bool = False  # also report each file's index keys, in row order (a re-snapshot needs them)
     # The driver's object storage (credentials included): the task writes the chunk's files through it.
-    storage: S3Options | None = field(default_factory=active_options, repr=False)
+    storage: StorageContext = field(default_factory=active_options, repr=False)
 
 
 @dataclass

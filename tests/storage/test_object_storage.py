@@ -226,24 +226,31 @@ def test_health_measures_tables_on_object_storage(lakes):
 
 
 def test_vended_credentials_are_used_when_the_config_has_none(lakes, monkeypatch):
-    """A reader whose storage section names no credentials, with none in the AWS chain, reads through
-    the credentials the REST catalog vends for the table (pyiceberg, DuckDB and Spark)."""
+    """A pipeline whose storage section names no credentials, with none in the AWS chain, writes and reads
+    through the credentials the REST catalog vends per table: the write tasks (pyarrow), the committer
+    (S3FileIO), pyiceberg, DuckDB and Spark."""
     from lakestream.stack.objectstore import ACCESS_KEY_ENV, SECRET_KEY_ENV
 
     for variable in (ACCESS_KEY_ENV, SECRET_KEY_ENV, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    section = {k: v for k, v in storage_section(lakes.store).items() if not k.endswith("_env")}
-    base = dict(lakes.data["restlake"])
-    base["catalog"] = {"name": "vended", "type": "rest", "uri": lakes.rest_s3.uri, "warehouse": lakes.rest_s3.warehouse,
-                       "credential_env": CREDENTIAL_ENV, "vended_credentials": True}
-    config = parse_config({**base, "storage": section}, "<vended>")
-    name = f"{lakes.source.namespace}.obj_orders"
+    base = lakes.data["restlake"]
+    namespace = f"{lakes.source.namespace}_vended"
+    data = {**base, "name": f"{base['name']}-vended", "state_dir": f"{base['state_dir']}-vended",
+            "kafka": {**base["kafka"], "group_id": f"{base['kafka']['group_id']}-vended"},
+            "streams": [{**base["streams"][0], "namespace": namespace}],
+            "catalog": {**base["catalog"], "name": "vended", "vended_credentials": True},
+            "storage": {k: v for k, v in storage_section(lakes.store).items() if not k.endswith("_env")}}
+    config = parse_config(data, "<vended>")
+    build_session(config.catalog, config.spark)
+    run_pipeline(config, spark=lakes.spark, stop_when_idle=True)
+    report = verify_tables(config, lakes.spark, tables=[f"public.{t}" for t in TABLES])
+    assert report.ok, report.to_text()
+    name = f"{namespace}.obj_orders"
     expected = len(_rows(lakes, "restlake", "obj_orders"))
     for engine in ("pyiceberg", "duckdb"):
         assert read_table(config, name, engine=engine).num_rows == expected, engine
-    build_session(config.catalog, config.spark)
     assert lakes.spark.table(f"vended.{name}").count() == expected
 
 
