@@ -104,8 +104,7 @@ def _rows(lakes: Lakes, catalog: str, name: str) -> list[tuple]:
 
 
 def test_changes_land_on_object_storage_through_each_catalog(lakes):
-    # Debezium's snapshot and the changes after it reach the pipelines together: one run each.
-    lakes.source.wait_for_events({"obj_orders": 300, "obj_items": 200})
+    lakes.sync({"obj_orders": 300, "obj_items": 200})  # committed first, so the deletes below need deletion vectors
     lakes.source.sql("UPDATE public.obj_orders SET qty = qty + 10 WHERE id % 10 = 0",
                      "DELETE FROM public.obj_orders WHERE id % 25 = 0",
                      "DELETE FROM public.obj_items WHERE order_id <= 5",
