@@ -135,4 +135,5 @@ def _compiled_jar(name: str, sources: list[Path], classpath: list[str], cache_ke
 
 if __name__ == "__main__":
     print(helper_jar())
-    print(*aws_sdk_jars()[-1:])
+    print(aws_sdk_jars()[-1])
+    print(rest_catalog_jar())
