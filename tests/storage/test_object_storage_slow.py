@@ -212,9 +212,14 @@ def test_object_store_outage_is_waited_out(source, spark, caplog):
     try:
         with caplog.at_level(logging.ERROR, logger="lakestream.engine.loop"):
             runner.start()
-            time.sleep(15)  # batches fail on the store and are retried, not dead-lettered, not fatal
+            # A batch fails on the store (after the SDKs' own retries) and is retried as an outage: not
+            # dead-lettered, not fatal.
+            deadline = time.monotonic() + 240
+            while "an outage" not in caplog.text and runner.is_alive() and time.monotonic() < deadline:
+                time.sleep(1)
             assert runner.is_alive() and not errors, errors
             assert "an outage" in caplog.text, caplog.text
+            time.sleep(5)
     finally:
         source.store.start()
     runner.join(300)
