@@ -24,6 +24,11 @@ log = logging.getLogger(__name__)
 
 # The name of the catalog inside the server's JDBC database (its own rows, apart from a `lake` JDBC catalog).
 BACKEND_CATALOG = "rest_backend"
+# The server's S3FileIO gives up on an unreachable store within about a second per request (Iceberg's
+# defaults: 5 retries waiting 2-20 s). Loading a table retries reading its metadata 20 times on top, so with
+# the defaults a client's request would hang for many minutes during an outage of the store; with these the
+# server answers 503 within a couple of minutes and the client's retry policy takes over.
+FAIL_FAST_S3 = {"s3.retry.num-retries": "1", "s3.retry.min-wait-ms": "200", "s3.retry.max-wait-ms": "1000"}
 
 
 class RestCatalogServer:
@@ -73,6 +78,7 @@ class RestCatalogServer:
             "catalog.jdbc.password": s.pg_password,
             "catalog.jdbc.schema-version": "V1",
             "catalog.warehouse": self.warehouse,
+            **({f"catalog.{k}": v for k, v in FAIL_FAST_S3.items()} if self.io_properties else {}),
             **{f"catalog.{k}": v for k, v in self.io_properties.items()},
             **{f"server.vend.{k}": v for k, v in self.vend.items()},
         }

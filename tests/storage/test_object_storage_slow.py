@@ -214,7 +214,7 @@ def test_object_store_outage_is_waited_out(source, spark, caplog):
             runner.start()
             # A batch fails on the store (after the SDKs' own retries) and is retried as an outage: not
             # dead-lettered, not fatal.
-            deadline = time.monotonic() + 240
+            deadline = time.monotonic() + 600
             while "an outage" not in caplog.text and runner.is_alive() and time.monotonic() < deadline:
                 time.sleep(1)
             assert runner.is_alive() and not errors, errors
