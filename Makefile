@@ -1,4 +1,4 @@
-.PHONY: setup demo test test-examples chaos bench clean example-fraud example-iot example-customer360
+.PHONY: setup demo demo-s3 test test-examples test-storage chaos bench clean example-fraud example-iot example-customer360
 VENV ?= .venv
 
 setup:
@@ -6,6 +6,10 @@ setup:
 
 demo: setup
 	$(VENV)/bin/lakestream demo
+
+# The same demo with the warehouse in a local S3-compatible store (nanio) behind a local Iceberg REST catalog.
+demo-s3: setup
+	$(VENV)/bin/lakestream demo --storage s3 --catalog rest
 
 example-fraud: setup
 	$(VENV)/bin/lakestream demo --pattern fraud
@@ -23,6 +27,11 @@ test: setup
 # to hold it under 25 min — derived tables are tested there by test_derived_tables.
 test-examples: setup
 	$(VENV)/bin/python -m pytest -x -v -m examples tests/process
+
+# The long object-storage scenarios (tests/storage/test_object_storage_slow.py): the parallel snapshot into S3
+# behind a REST catalog, SIGKILLs of the pipeline under load, an outage of the object store; plus the fast ones.
+test-storage: setup
+	$(VENV)/bin/python -m pytest -x -v --durations=15 -m 'storage_slow or not storage_slow' tests/storage tests/config/test_storage_config.py
 
 # The long chaos scenarios (tests/engine/test_chaos.py); sized by LAKESTREAM_CHAOS_KILLS (20),
 # LAKESTREAM_CHAOS_COMMIT_KILLS (half), LAKESTREAM_CHAOS_BROKER_OUTAGE_S (30), LAKESTREAM_CHAOS_CATALOG_OUTAGE_S (15),

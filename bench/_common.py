@@ -66,14 +66,19 @@ def _mb(value: int | None) -> float | None:
 # -- the private stack ----------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def private_stack(prefix: str, keep: bool = False) -> Iterator[tuple[StackInfo, Path]]:
-    """A PostgreSQL + noida stack on free ports in a fresh state dir; stopped (and removed) on exit."""
+def private_stack(prefix: str, keep: bool = False, storage: str = "local", catalog: str = "jdbc"
+                  ) -> Iterator[tuple[StackInfo, Path]]:
+    """A PostgreSQL + noida stack on free ports in a fresh state dir (with ``storage="s3"`` a local
+    S3-compatible store holds the warehouse, with ``catalog="rest"`` a local REST catalog serves it);
+    stopped (and removed) on exit."""
     state_dir = Path(tempfile.mkdtemp(prefix=f"lakestream-{prefix}-"))
     state_dir.chmod(0o711)  # PostgreSQL runs as another user and must reach its data dir
-    pg_port, kafka_port = free_ports(2)
-    stack = Stack(StackSettings(state_dir=state_dir, pg_port=pg_port, kafka_port=kafka_port, broker="noida"))
+    pg_port, kafka_port, s3_port, rest_port = free_ports(4)
+    stack = Stack(StackSettings(state_dir=state_dir, pg_port=pg_port, kafka_port=kafka_port, broker="noida",
+                                storage=storage, s3_port=s3_port, catalog=catalog, rest_port=rest_port))
     try:
         info = stack.up()
+        os.environ.update(info.storage_env())  # the config names these variables
         yield info, state_dir
     finally:
         stack.down()
@@ -89,8 +94,8 @@ def pipeline_data(info: StackInfo, state_dir: Path, name: str, streams: list[dic
         "name": name,
         "state_dir": str(state_dir / "pipeline"),
         "kafka": {"bootstrap_servers": info.bootstrap_servers, "group_id": f"bench-{name}"},
-        "catalog": {"name": "lake", "type": "jdbc", "uri": info.catalog_jdbc_uri(), "user": info.pg_user,
-                    "password": info.pg_password, "warehouse": info.warehouse},
+        "catalog": info.catalog_config("lake"),
+        **({"storage": info.storage_config()} if info.storage_config() else {}),
         "streams": streams,
         "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2, **(engine or {})},
         "spark": {"master": "local[2]", "driver_memory": driver_memory},

@@ -527,6 +527,10 @@ def main() -> int:
     parser.add_argument("--only", choices=["steady", "append", "sink", "e2e"], action="append", default=None,
                         help="run only this part (repeatable); overrides the --skip-* flags")
     parser.add_argument("--keep", action="store_true", help="keep the state directory (logs, warehouse)")
+    parser.add_argument("--storage", choices=["local", "s3"], default="local",
+                        help="the warehouse: a local directory, or a local S3-compatible store (nanio) (default local)")
+    parser.add_argument("--catalog", choices=["jdbc", "rest"], default="jdbc",
+                        help="JDBC catalog in PostgreSQL, or a local REST catalog over it (default jdbc)")
     args = parser.parse_args()
     parts = set(args.only) if args.only else {
         part for part, skipped in (("steady", args.skip_steady), ("append", args.skip_steady),
@@ -538,7 +542,7 @@ def main() -> int:
     say(f"machine: {summary['load_start']}")
     spark_box: list = []
     status = 0
-    with private_stack("bench-e2e", keep=args.keep) as (info, state_dir):
+    with private_stack("bench-e2e", keep=args.keep, storage=args.storage, catalog=args.catalog) as (info, state_dir):
         say(f"private stack in {state_dir}: kafka {info.bootstrap_servers}, postgres :{info.pg_port}")
         try:
             if "steady" in parts:

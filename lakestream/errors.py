@@ -98,6 +98,7 @@ OUTAGE_TYPES = frozenset({
     "SQLTransientConnectionException", "IOException", "ConnectException", "SocketException", "SocketTimeoutException",
     "UnknownHostException", "NoRouteToHostException", "CommitStateUnknownException", "ReadStalled",
     "ConnectionError", "ConnectionRefusedError", "ConnectionResetError", "OperationalError",
+    "ServiceUnavailableException",  # the REST catalog answered 503
 })
 # Infrastructure that does not pass by itself (the JVM out of memory, Spark gone), or another failure of
 # a service the batch depends on: never blamed on a record, never waited out as an outage.
@@ -105,7 +106,15 @@ FATAL_TYPES = frozenset({"OutOfMemoryError", "MemoryError", "Py4JNetworkError", 
 INFRASTRUCTURE_TYPES = frozenset({
     "OffsetError", "SchemaRegistryUnavailable", "FileNotFoundException", "NoSuchFileException",
     "AccessDeniedException", "NoSuchTableException", "CommitFailedException", "ValidationException", "NotFoundException",
+    # Object storage (the AWS SDK behind S3FileIO) and the REST catalog (unreachable, or a 5xx it reports).
+    "S3Exception", "SdkClientException", "AwsServiceException", "RESTException", "ServiceFailureException",
 })
+# The AWS SDKs report what went wrong as a code inside one exception type (Java: SdkClientException or
+# S3Exception; pyarrow's C++ SDK: an OSError "... AWS Error <CODE> ..."): read the code there only.
+_STORAGE_TYPES = frozenset({"S3Exception", "SdkClientException", "AwsServiceException", "OSError"})
+_STORAGE_OUTAGE_CODES = ("Unable to execute HTTP request", "NETWORK_CONNECTION", "Couldn't connect to server",
+                         "SlowDown", "Service Unavailable", "ServiceUnavailable", "curlCode: 7,")
+_STORAGE_ERROR_CODES = ("AWS Error", "InvalidAccessKeyId", "SignatureDoesNotMatch")
 # Spark states that no exception type names: the driver's context stopped, an executor died.
 _SPARK_GONE = ("SparkContext was shut down", "ExecutorLostFailure", "SparkContext has been shutdown")
 
@@ -161,11 +170,14 @@ def classify_failure(exc: BaseException) -> Failure:
     if any(n in FATAL_TYPES for n in names) or any(marker in text for marker in _SPARK_GONE):
         return Failure("fatal")
     conflict = next((CONFLICT_TYPES[n] for n in names if n in CONFLICT_TYPES), None)
-    if any(n in OUTAGE_TYPES for n in names):
+    storage = any(n in _STORAGE_TYPES for n in names)
+    if any(n in OUTAGE_TYPES for n in names) or (storage and any(c in text for c in _STORAGE_OUTAGE_CODES)):
         return Failure("outage", conflict)
     if conflict is not None:
         return Failure("conflict", conflict)
     if any(n in INFRASTRUCTURE_TYPES for n in names) or "No space left" in text:  # ENOSPC, Python or Java
+        return Failure("infrastructure")
+    if storage and any(c in text for c in _STORAGE_ERROR_CODES):
         return Failure("infrastructure")
     return Failure("data")
 

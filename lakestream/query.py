@@ -1,11 +1,12 @@
 """Reading the lake's tables with Spark, DuckDB or pyiceberg, as Arrow (or pandas) for notebooks.
 
 All three engines open the same tables through the pipeline's catalog: Spark through its Iceberg
-SparkCatalog, pyiceberg through a ``SqlCatalog`` on the same JDBC catalog database (or the table's
-``version-hint.text`` for a hadoop catalog), DuckDB through ``iceberg_scan`` of the metadata file
-that catalog points at. Before DuckDB or pyiceberg read a snapshot, its delete files are checked
-against what that engine applies (pyiceberg: no equality deletes); a table it cannot read exactly is
-refused, never read wrong.
+SparkCatalog, pyiceberg through a ``SqlCatalog`` on the same JDBC catalog database, a ``RestCatalog``
+on the same REST catalog (or the table's ``version-hint.text`` for a hadoop catalog), DuckDB through
+``iceberg_scan`` of the metadata file that catalog points at. Files on object storage are read with
+the pipeline's ``storage`` settings (`lakestream.storage`), or the credentials a REST catalog vends.
+Before DuckDB or pyiceberg read a snapshot, its delete files are checked against what that engine
+applies (pyiceberg: no equality deletes); a table it cannot read exactly is refused, never read wrong.
 
     from lakestream.config import load_config
     from lakestream.query import read_table
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Literal
 from urllib.parse import parse_qsl, urlsplit
 
 from lakestream.config import CatalogSettings, PipelineConfig
+from lakestream.duckdb_extensions import duckdb_connection, load_duckdb_extension  # noqa: F401 — public here too
 from lakestream.errors import QueryError
 from lakestream.identifiers import (
     ansi_string,
@@ -121,6 +123,7 @@ def read_table(config: PipelineConfig, table: str, engine: Engine = "pyiceberg",
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     with duckdb_connection() as con:
+        configure_duckdb(con, config.catalog, iceberg_table)
         return duckdb_result(con, sql)
 
 
@@ -150,6 +153,7 @@ def run_sql(config: PipelineConfig, query: str, engine: Literal["spark", "duckdb
             if snapshot is None:
                 raise QueryError(f"{ref}: the table has no snapshot yet; DuckDB cannot scan it")
             refuse_unreadable(iceberg_table, snapshot.snapshot_id, "duckdb")
+            configure_duckdb(con, config.catalog, iceberg_table)
             schema = f"{quote_ansi(catalog)}.{quote_ansi(ref.namespace)}"
             con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
             con.execute(f"CREATE VIEW {schema}.{quote_ansi(ref.table)} AS SELECT * FROM iceberg_scan("
@@ -235,13 +239,14 @@ def _referenced_tables(query: str, catalog: str) -> list[TableRef]:
 
 
 def load_iceberg_table(catalog: CatalogSettings, ref: TableRef) -> IcebergTable:
-    """The pyiceberg Table for ``ref`` from the pipeline's catalog (JDBC on PostgreSQL, or hadoop)."""
+    """The pyiceberg Table for ``ref`` from the pipeline's catalog (JDBC on PostgreSQL, REST, or hadoop)."""
     from pyiceberg.exceptions import NoSuchTableError
 
     if catalog.type == "hadoop":
         return _load_hadoop_table(catalog, ref)
-    if catalog.type != "jdbc":
-        raise QueryError(f"reading without Spark supports jdbc and hadoop catalogs, not {catalog.type!r}: use --engine spark")
+    if catalog.type not in ("jdbc", "rest"):
+        raise QueryError(f"reading without Spark supports jdbc, rest and hadoop catalogs, not {catalog.type!r}: "
+                         "use --engine spark")
     try:
         return pyiceberg_catalog(catalog).load_table((ref.namespace, ref.table))
     except NoSuchTableError:
@@ -249,13 +254,34 @@ def load_iceberg_table(catalog: CatalogSettings, ref: TableRef) -> IcebergTable:
 
 
 def pyiceberg_catalog(catalog: CatalogSettings):
-    """A pyiceberg ``SqlCatalog`` on the same JDBC catalog database Spark uses.
+    """A pyiceberg catalog on the pipeline's catalog: a ``SqlCatalog`` on the same JDBC catalog database
+    Spark uses, or a ``RestCatalog`` on the same REST catalog; with the ``storage`` settings as FileIO
+    properties.
 
     The catalog name must be Spark's: both keep it in the ``catalog_name`` column of the shared tables.
     """
+    from lakestream.storage import pyiceberg_io_properties
+
+    io = pyiceberg_io_properties(catalog)
+    if catalog.type == "rest":
+        from pyiceberg.catalog.rest import RestCatalog
+
+        props = {"uri": catalog.uri or "", "warehouse": catalog.warehouse, **io, **catalog.rest_client_properties()}
+        if catalog.ssl_ca_bundle:
+            props["ssl.cabundle"] = catalog.ssl_ca_bundle
+        return RestCatalog(catalog.name, **props)
     from pyiceberg.catalog.sql import SqlCatalog
 
-    return SqlCatalog(catalog.name, uri=sqlalchemy_url(catalog), warehouse=catalog.warehouse)
+    return SqlCatalog(catalog.name, uri=sqlalchemy_url(catalog), warehouse=catalog.warehouse, **io)
+
+
+def configure_duckdb(con: duckdb.DuckDBPyConnection, catalog: CatalogSettings, table: IcebergTable) -> None:
+    """Let DuckDB read ``table``'s files: the object storage secret (the REST catalog's vended credentials
+    for the table, if it sent any, else the ``storage`` settings). Nothing for a local file system."""
+    from lakestream.storage import configure_duckdb as configure, is_object_store
+
+    if is_object_store(table.metadata_location):
+        configure(con, catalog, dict(table.io.properties), scope=table.location())
 
 
 def sqlalchemy_url(catalog: CatalogSettings) -> str:
@@ -310,17 +336,6 @@ def refuse_unreadable(table: IcebergTable, snapshot_id: int, engine: str) -> Non
                          f"{', '.join(e for e in ENGINES if e == 'spark' or unreadable.keys() <= _APPLIES.get(e, set()))}.")
 
 
-def duckdb_connection() -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with the iceberg and avro extensions loaded from their PyPI wheels (no download)."""
-    import duckdb
-
-    con = duckdb.connect(config={"allow_unsigned_extensions": "true", "autoinstall_known_extensions": "false",
-                                 "autoload_known_extensions": "false"})
-    for name in ("avro", "iceberg"):
-        con.execute(f"LOAD {ansi_string(str(_duckdb_extension(name)))}")
-    return con
-
-
 def duckdb_result(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     """Run ``sql``; DuckDB's own errors (a typo, an unknown column) become a QueryError with its message."""
     import duckdb
@@ -329,21 +344,6 @@ def duckdb_result(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
         return con.execute(sql).to_arrow_table()
     except duckdb.Error as exc:
         raise QueryError(f"duckdb: {exc}") from None
-
-
-def _duckdb_extension(name: str) -> Path:
-    import importlib
-
-    import duckdb
-
-    try:
-        package = importlib.import_module(f"duckdb_extension_{name}")
-    except ModuleNotFoundError:
-        raise QueryError(f"the DuckDB {name} extension is missing: install the duckdb-extension-{name} wheel") from None
-    path = Path(package.__file__).parent / "extensions" / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"
-    if not path.exists():
-        raise QueryError(f"no DuckDB {name} extension for DuckDB {duckdb.__version__} at {path}: pin matching wheels")
-    return path
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lakestream import storage
 from lakestream.config import CatalogSettings, PipelineConfig, SparkSettings
-from lakestream.jvm_helper import helper_jar, iceberg_runtime_jar, postgres_jdbc_jar
+from lakestream.jvm_helper import aws_sdk_jars, helper_jar, iceberg_runtime_jar, postgres_jdbc_jar
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -39,19 +40,41 @@ def catalog_conf(catalog: CatalogSettings) -> dict[str, str]:
         if catalog.uri:
             conf[f"{prefix}.uri"] = catalog.uri
         conf[f"{prefix}.cache-enabled"] = "false"
+    if catalog.type == "rest":
+        conf.update({f"{prefix}.{k}": v for k, v in rest_properties(catalog).items()})
+    conf.update({f"{prefix}.{k}": v for k, v in storage.iceberg_io_properties(catalog).items()})
     for key, value in catalog.properties.items():
         conf[f"{prefix}.{key}"] = value
     return conf
 
 
+def rest_properties(catalog: CatalogSettings) -> dict[str, str]:
+    """Iceberg REST catalog client properties for Spark's and the Java committer's ``RESTCatalog``."""
+    props = catalog.rest_client_properties()
+    if "credential" in props or "token" in props:
+        props["rest.auth.type"] = "oauth2"  # both a client credential and a bearer token are OAuth2 here
+    return props
+
+
+def session_jars(spark: SparkSettings) -> list[str]:
+    """The jars of a session: Iceberg's runtime, the JDBC driver, lakestream's helpers, the AWS SDK for
+    ``S3FileIO`` (unless turned off) and ``spark.extra_jars``."""
+    jars = [str(iceberg_runtime_jar()), str(postgres_jdbc_jar()), str(helper_jar())]
+    if spark.bundled_aws_sdk:
+        jars += [str(j) for j in aws_sdk_jars()]
+    return jars + list(spark.extra_jars)
+
+
 def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) -> SparkSession:
-    """A SparkSession with Iceberg's extensions and ``catalog`` registered."""
+    """A SparkSession with Iceberg's extensions and ``catalog`` registered (a running session gets
+    ``catalog`` added). The catalog's object storage becomes this process's (`lakestream.storage`)."""
     from pyspark.sql import SparkSession
 
     spark = spark or SparkSettings()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    jars = [str(iceberg_runtime_jar()), str(postgres_jdbc_jar()), str(helper_jar())]
+    storage.activate(catalog.storage)
+    jars = session_jars(spark)
     builder = (
         SparkSession.builder.master(spark.master)
         .appName(spark.app_name)
@@ -103,7 +126,9 @@ def _jvm_stdout_to_stderr() -> Iterator[None]:
 
 
 def session_for(config: PipelineConfig) -> SparkSession:
-    """The SparkSession for a pipeline config."""
+    """The SparkSession for a pipeline config, once its object storage answered (`storage.check_storage`:
+    credentials the store refuses or a missing bucket stop here, naming the setting)."""
+    storage.check_storage(config.catalog)
     return build_session(config.catalog, config.spark)
 
 

@@ -26,6 +26,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e . 2> >(grep -v "^WARNING: Location" >&2)
   echo "$want" > "$stamp"
 fi
-# Compile the small JVM helper (commit properties, offset lookup) against the installed jars.
+# Compile the small JVM helpers (commit properties, offset lookup; the AWS SDK stand-ins; the local REST
+# catalog server) against the installed jars.
 "$VENV/bin/python" -m lakestream.jvm_helper >/dev/null
 echo "[bootstrap] ready: $VENV"

@@ -302,3 +302,77 @@ def secured_schema_registry():
         yield server
     finally:
         server.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Object storage (nanio, S3-compatible) and Iceberg REST catalogs, beside the shared stack
+# ---------------------------------------------------------------------------------------------
+
+
+def _satellite_settings(stack: StackInfo, state_dir: Path, **overrides) -> StackSettings:
+    """Settings for services that join the shared stack (its PostgreSQL holds their catalogs)."""
+    kafka_port = int(stack.bootstrap_servers.rsplit(":", 1)[1])
+    s3_port, rest_port = free_ports(2)
+    fields = {"s3_port": s3_port, "rest_port": rest_port, **overrides}
+    return StackSettings(state_dir=state_dir, pg_port=stack.pg_port, kafka_port=kafka_port, **fields)
+
+
+@pytest.fixture(scope="session")
+def object_store(stack, service_dir_factory):
+    """A running nanio S3-compatible store on a free loopback port (objects on disk), its bucket created.
+
+    ``.endpoint``, ``.warehouse`` (``s3://<bucket>/warehouse``), ``.settings`` (key, secret, region);
+    ``.stop()``/``.start()`` make an outage that loses nothing."""
+    from lakestream.stack.objectstore import ObjectStore
+
+    store = ObjectStore(_satellite_settings(stack, service_dir_factory("s3"), storage="s3"))
+    store.start()
+    try:
+        yield store
+    finally:
+        store.stop()
+
+
+def storage_section(store) -> dict:
+    """The pipeline config's ``storage`` section for ``store``; export `storage_env(store)` for it."""
+    from lakestream.stack.objectstore import ACCESS_KEY_ENV, SECRET_KEY_ENV
+
+    return {"endpoint": store.endpoint, "region": store.settings.s3_region, "path_style": True,
+            "access_key_id_env": ACCESS_KEY_ENV, "secret_access_key_env": SECRET_KEY_ENV}
+
+
+def storage_env(store) -> dict[str, str]:
+    from lakestream.stack.objectstore import ACCESS_KEY_ENV, SECRET_KEY_ENV
+
+    return {ACCESS_KEY_ENV: store.settings.s3_access_key, SECRET_KEY_ENV: store.settings.s3_secret_key}
+
+
+@pytest.fixture(scope="session")
+def rest_catalog_factory(stack, service_dir_factory):
+    """Start Iceberg REST catalog servers (Iceberg's CatalogHandlers over a JDBC catalog in the shared
+    PostgreSQL; `lakestream.stack.rest_catalog`): ``make(warehouse, store=None, credential=None,
+    vend=False)``; each is stopped at session end. With ``store`` its FileIO is S3FileIO on that store;
+    ``vend`` makes it vend the store's credentials to clients that ask."""
+    from lakestream.stack.rest_catalog import RestCatalogServer
+
+    made: list[RestCatalogServer] = []
+
+    def make(warehouse: str, store=None, credential: str | None = None, vend: bool = False,
+             backend: str = "rest_backend") -> RestCatalogServer:
+        io: dict[str, str] = {}
+        if store is not None:
+            s = store.settings
+            io = {"io-impl": "org.apache.iceberg.aws.s3.S3FileIO", "s3.endpoint": store.endpoint,
+                  "s3.path-style-access": "true", "client.region": s.s3_region,
+                  "s3.access-key-id": s.s3_access_key, "s3.secret-access-key": s.s3_secret_key}
+        vended = {k: v for k, v in io.items() if k != "io-impl"} if vend else {}
+        server = RestCatalogServer(_satellite_settings(stack, service_dir_factory("rest"), catalog="rest"),
+                                   warehouse=warehouse, io_properties=io, credential=credential, vend=vended,
+                                   backend=backend)
+        made.append(server)
+        server.start()
+        return server
+
+    yield make
+    for server in made:
+        server.stop()

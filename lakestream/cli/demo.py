@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from lakestream.demo.runner import DemoSettings
@@ -20,6 +21,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--pg-port", type=int, default=defaults.pg_port, help="PostgreSQL port (default: %(default)s)")
     parser.add_argument("--kafka-port", type=int, default=defaults.kafka_port, help="broker port (default: %(default)s)")
     parser.add_argument("--broker", choices=["noida", "tansu"], default=defaults.broker, help="(default: %(default)s)")
+    parser.add_argument("--storage", choices=["local", "s3"], default=defaults.storage,
+                        help="where the warehouse lives: a local directory, or a bucket of a local S3-compatible "
+                             "store (nanio, from PyPI) (default: %(default)s; the shop pattern)")
+    parser.add_argument("--catalog", choices=["jdbc", "rest"], default=defaults.catalog,
+                        help="the Iceberg catalog: JDBC in PostgreSQL, or a local Iceberg REST catalog over it "
+                             "(default: %(default)s; the shop pattern)")
     parser.add_argument("--catchup-timeout", type=float, default=defaults.catchup_timeout_s,
                         help="seconds to wait for the lake to match after the workload (default: %(default)s)")
     parser.add_argument("--pattern", choices=["shop", "fraud", "iot", "customer360"], default="shop",
@@ -31,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _demo(args: argparse.Namespace) -> int:
     from lakestream.demo.runner import run_demo
 
+    if args.pattern != "shop" and (args.storage != "local" or args.catalog != "jdbc"):
+        print(f"--storage s3 and --catalog rest run the shop pattern only, not {args.pattern!r}", file=sys.stderr)
+        return 2
     if args.pattern == "fraud":
         from lakestream.demo.fraud import FraudSettings, run_fraud_demo
 
@@ -57,5 +67,6 @@ def _demo(args: argparse.Namespace) -> int:
         return 0
 
     settings = DemoSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port, broker=args.broker,
+                            storage=args.storage, catalog=args.catalog,
                             duration_s=args.duration, changes_per_s=args.rate, catchup_timeout_s=args.catchup_timeout)
     return 0 if run_demo(settings).ok else 1

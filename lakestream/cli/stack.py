@@ -15,18 +15,31 @@ def register(subparsers) -> None:
     parser.add_argument("--pg-port", type=int, default=defaults["pg_port"].default, help="PostgreSQL port on 127.0.0.1 (default: %(default)s)")
     parser.add_argument("--kafka-port", type=int, default=defaults["kafka_port"].default, help="broker port on 127.0.0.1 (default: %(default)s)")
     parser.add_argument("--broker", choices=["noida", "tansu"], default=defaults["broker"].default, help="noida keeps topic data across restarts; tansu is memory only (default: %(default)s)")
+    parser.add_argument("--storage", choices=["local", "s3"], default=defaults["storage"].default,
+                        help="the warehouse: a directory under the state dir, or a bucket of a local S3-compatible "
+                             "store (nanio, objects on disk) (default: %(default)s)")
+    parser.add_argument("--s3-port", type=int, default=defaults["s3_port"].default, help="object store port on 127.0.0.1 (default: %(default)s)")
+    parser.add_argument("--catalog", choices=["jdbc", "rest"], default=defaults["catalog"].default,
+                        help="the Iceberg catalog: JDBC in PostgreSQL, or a local REST catalog server over it (default: %(default)s)")
+    parser.add_argument("--rest-port", type=int, default=defaults["rest_port"].default, help="REST catalog port on 127.0.0.1 (default: %(default)s)")
     parser.set_defaults(func=func)
 
 
 def func(args: argparse.Namespace) -> int:
-    stack = Stack(StackSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port, broker=args.broker))
+    stack = Stack(StackSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port, broker=args.broker,
+                                storage=args.storage, s3_port=args.s3_port, catalog=args.catalog, rest_port=args.rest_port))
     if args.action == "up":
         info = stack.up()
         dsn_without_password = f"host={info.pg_host} port={info.pg_port} dbname={info.source_db} user={info.pg_user}"
         print(f"bootstrap.servers  {info.bootstrap_servers}")
         print(f"source db          {dsn_without_password}")
-        print(f"catalog            {info.catalog_jdbc_uri()}")
+        print(f"catalog            {info.rest_uri if info.catalog_type == 'rest' else info.catalog_jdbc_uri()}")
         print(f"warehouse          {info.warehouse}")
+        if info.s3_endpoint:
+            print(f"object store       {info.s3_endpoint} (region {info.s3_region}, path style)")
+            # A pipeline config names these variables, never the values: the local store's development
+            # key and secret are StackSettings.s3_access_key / s3_secret_key (README, "Deploying").
+            print(f"  credentials from {' and '.join(info.storage_env())}")
         print(f"state dir          {stack.settings.state_dir}")
     elif args.action == "down":
         stack.down()

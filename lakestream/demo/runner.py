@@ -52,6 +52,8 @@ class DemoSettings:
     pg_port: int = StackSettings.pg_port
     kafka_port: int = StackSettings.kafka_port
     broker: str = "noida"
+    storage: str = "local"  # or "s3": the warehouse in a local S3-compatible store (nanio)
+    catalog: str = "jdbc"  # or "rest": a local Iceberg REST catalog over the JDBC catalog
     duration_s: float = 60.0
     changes_per_s: float = 400.0
     catchup_timeout_s: float = 180.0
@@ -92,9 +94,15 @@ def run_demo(settings: DemoSettings) -> DemoResult:
     # Spark warns on stderr that the hostname resolves to loopback unless told which address to use.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-    step(f"starting the local stack (PostgreSQL :{settings.pg_port}, {settings.broker} broker :{settings.kafka_port}) — reused if running")
+    extras = "".join([", S3 object store" if settings.storage == "s3" else "",
+                      ", REST catalog" if settings.catalog == "rest" else ""])
+    step(f"starting the local stack (PostgreSQL :{settings.pg_port}, {settings.broker} broker :{settings.kafka_port}"
+         f"{extras}) — reused if running")
     info = Stack(StackSettings(state_dir=state_dir, pg_port=settings.pg_port, kafka_port=settings.kafka_port,
-                               broker=settings.broker)).up()
+                               broker=settings.broker, storage=settings.storage, catalog=settings.catalog)).up()
+    # The config names the object store's credentials by environment variable; capture, the pipeline
+    # and the reads in this process (and its children) find them there.
+    os.environ.update(info.storage_env())
 
     step("resetting the previous demo run (replication slot, publication, tables, topics, offsets)")
     _reset_source(info)
@@ -168,6 +176,9 @@ def run_demo(settings: DemoSettings) -> DemoResult:
         spark.stop()
     seconds = time.monotonic() - started
     print(f"\ndemo finished in {seconds:.0f}s — {'OK' if report.ok else 'FAILED (verify found differences)'}")
+    if info.storage_env():
+        print("the warehouse is in the local S3-compatible store; its credentials come from the environment:")
+        print("  " + " ".join(f"export {name}=..." for name in info.storage_env()) + "   (see `lakestream stack up --storage s3`)")
     print(f"explore: lakestream sql {yaml_path} \"SELECT * FROM {config.catalog.name}.{NAMESPACE}.orders LIMIT 10\"")
     return DemoResult(ok=report.ok, seconds=seconds, changes=stats.changes, verify=report)
 
@@ -180,8 +191,8 @@ def _config_data(info: StackInfo, state_dir: Path, prefix: str, group: str) -> d
         "name": PIPELINE_NAME,
         "state_dir": str(state_dir),
         "kafka": {"bootstrap_servers": info.bootstrap_servers, "group_id": group},
-        "catalog": {"name": "lake", "type": "jdbc", "uri": info.catalog_jdbc_uri(), "user": info.pg_user,
-                    "password": info.pg_password, "warehouse": info.warehouse},
+        "catalog": info.catalog_config("lake"),
+        **({"storage": info.storage_config()} if info.storage_config() else {}),
         "capture": {
             "database": {"host": info.pg_host, "port": info.pg_port, "dbname": info.source_db,
                          "user": info.pg_user, "password": info.pg_password},

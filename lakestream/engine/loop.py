@@ -16,8 +16,9 @@ import orjson
 from lakestream.config import PipelineConfig
 from lakestream.engine.pipeline import Pipeline
 from lakestream.engine.result import BatchResult, describe_batch
-from lakestream.spark import jvm_alive
 from lakestream.errors import ConfigError, FatalError, StoppedAfterFailures, classify_failure, first_line
+from lakestream.spark import jvm_alive
+from lakestream.storage import activate as activate_storage
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -39,6 +40,8 @@ def run_pipeline(
 ) -> list[BatchResult]:
     """Run the pipeline until ``stop`` is set (or ``max_batches`` / idle when asked)."""
     stop = stop or threading.Event()
+    # The write tasks reach this config's object storage (a session passed in may have served another).
+    activate_storage(config.catalog.storage)
     pipeline = Pipeline(config, spark)
     results: list[BatchResult] = []
     metrics = metrics_path(config)

@@ -166,8 +166,24 @@ public final class LakestreamSink {
     }
     ObjectNode props = out.putObject("properties");
     t.properties().forEach(props::put);
+    // Storage credentials a REST catalog vended for this table (its FileIO's properties), for the
+    // Python writers; the Python side takes them out of the answer at once (never logged).
+    Map<String, String> io = t.io().properties();
+    if (io.containsKey("s3.access-key-id")) {
+      ObjectNode vended = out.putObject("io");
+      for (String key : VENDED_KEYS) {
+        if (io.get(key) != null) {
+          vended.put(key, io.get(key));
+        }
+      }
+    }
     return out;
   }
+
+  private static final String[] VENDED_KEYS = {
+    "s3.access-key-id", "s3.secret-access-key", "s3.session-token", "s3.endpoint", "client.region",
+    "s3.path-style-access"
+  };
 
   // -- table creation --------------------------------------------------------------------------
 

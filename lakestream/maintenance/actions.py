@@ -25,6 +25,7 @@ from lakestream.inspection import (
     split_table_name,
 )
 from lakestream.identifiers import quote, quote_column, quote_table, sql_string
+from lakestream.storage import lists_through_file_io
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -414,9 +415,11 @@ def remove_orphan_files(
     )
 
     def call() -> None:
+        # Object stores have no Hadoop FileSystem here (no s3a): list through the table's FileIO instead.
+        prefix = ", prefix_listing => true" if lists_through_file_io(jtable.location()) else ""
         rows = spark.sql(
             f"CALL {_procedure(catalog, 'remove_orphan_files')}(table => {_table_arg(name)}, "
-            f"older_than => {_timestamp(older_than_ms)}, dry_run => {'true' if dry_run else 'false'})"
+            f"older_than => {_timestamp(older_than_ms)}, dry_run => {'true' if dry_run else 'false'}{prefix})"
         ).collect()
         paths = [r["orphan_file_location"] for r in rows]
         result.files_before = len(paths)

@@ -28,6 +28,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from lakestream.sink.storage import canonical_location, filesystem_path
+from lakestream.storage import remember_vended
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -430,7 +431,11 @@ def _sink(spark: SparkSession):
 def table_info(spark: SparkSession, catalog: str, namespace: str, table: str) -> dict[str, Any]:
     """``{"exists": false}`` or ``{"exists": true, location, data_location, format_version,
     snapshot_id, schema, spec, identifier_fields, properties}`` (always the latest metadata)."""
-    return orjson.loads(_sink(spark).tableInfo(spark._jsparkSession, catalog, namespace, table))
+    info = orjson.loads(_sink(spark).tableInfo(spark._jsparkSession, catalog, namespace, table))
+    vended = info.pop("io", None)  # storage credentials a REST catalog vended: for the writers, never shown
+    if vended:
+        remember_vended(info["location"], vended)
+    return info
 
 
 def create_table(spark: SparkSession, catalog: str, namespace: str, table: str, request: dict[str, Any]

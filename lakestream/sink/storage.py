@@ -1,19 +1,9 @@
 """Where data files live: table locations (``file:/...``, ``s3://...``) as pyarrow filesystems."""
 from __future__ import annotations
 
-import pyarrow.fs as pafs
+from lakestream.storage import filesystem_path
 
-
-def filesystem_path(uri: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem and in-filesystem path of a table file URI or plain path."""
-    if uri.startswith("file:"):
-        rest = uri[len("file:"):]
-        if rest.startswith("//") and not rest.startswith("///"):
-            raise ValueError(f"file URI with a host is not supported: {uri}")
-        return pafs.LocalFileSystem(), "/" + rest.lstrip("/")
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), uri
-    return pafs.FileSystem.from_uri(uri)
+__all__ = ["canonical_location", "filesystem_path"]
 
 
 def canonical_location(location: str) -> str:

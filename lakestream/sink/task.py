@@ -38,6 +38,7 @@ from lakestream.sink.router import Router
 from lakestream.source.kafka import TP
 from lakestream.source.planner import OffsetRange
 from lakestream.source.reader import RecordRun, read_runs
+from lakestream.storage import StorageContext, active_options, use_options
 
 
 @dataclass
@@ -140,6 +141,8 @@ class WriteContext:
         return self.only_tables is None or table in self.only_tables
     # `SchemaRegistrySettings.client_config()` (secrets resolved on the driver), to read Avro records.
     schema_registry: dict[str, Any] | None = field(default=None, repr=False)  # holds secrets: never in a repr
+    # The driver's object storage (credentials included): the tasks write their files through it.
+    storage: StorageContext = field(default_factory=active_options, repr=False)
 
 
 class _Pending:
@@ -493,6 +496,7 @@ def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.
 
 def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.RecordBatch]:
     task_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    use_options(ctx.storage)
     decoder = RecordDecoder(ctx.router, ctx.schema_registry)
     runs = RunDecoder()
     facts: list[rp.Fact] = []

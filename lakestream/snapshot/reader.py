@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,6 +19,7 @@ import pyarrow.csv as pcsv
 
 from lakestream.errors import LakestreamError
 from lakestream.snapshot.source import Chunk, SourceTable, chunk_query
+from lakestream.storage import StorageContext, active_options, use_options
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class ChunkTarget:
     partition_spec: dict[str, Any]
     data_location: str
     report_keys: bool = False  # also report each file's index keys, in row order (a re-snapshot needs them)
+    # The driver's object storage (credentials included): the task writes the chunk's files through it.
+    storage: StorageContext = field(default_factory=active_options, repr=False)
 
 
 @dataclass
@@ -99,6 +102,7 @@ def read_chunk(dsn: str, snapshot_name: str, source: SourceTable, chunk: Chunk, 
     from lakestream.sink.index import index_keys
 
     started = time.monotonic()
+    use_options(target.storage)
     buffer = io.BytesIO()
     conn = psycopg2.connect(dsn)
     try:

@@ -7,7 +7,13 @@ from typing import Literal
 
 from lakestream.errors import ConfigError
 
+# The local object store's keys reach its clients through these variables (never through a config file).
+ACCESS_KEY_ENV = "LAKESTREAM_S3_ACCESS_KEY_ID"
+SECRET_KEY_ENV = "LAKESTREAM_S3_SECRET_ACCESS_KEY"
+
 BrokerKind = Literal["noida", "tansu"]
+StorageKind = Literal["local", "s3"]
+CatalogKind = Literal["jdbc", "rest"]
 
 
 @dataclass
@@ -22,18 +28,39 @@ class StackSettings:
     pg_password: str = "lakestream"
     source_db: str = "shop"
     catalog_db: str = "lakestream_catalog"
+    # The warehouse: a directory under state_dir, or a bucket of a local S3-compatible store (nanio).
+    storage: StorageKind = "local"
+    s3_port: int = 19000
+    s3_bucket: str = "lakestream"
+    s3_region: str = "us-east-1"
+    s3_access_key: str = "lakestream"
+    s3_secret_key: str = "lakestream-secret"
+    # The catalog: JDBC in PostgreSQL, or a local Iceberg REST catalog server over it.
+    catalog: CatalogKind = "jdbc"
+    rest_port: int = 18181
 
     def __post_init__(self) -> None:
         # Resolve once: services chdir, and the pid files must not depend on the caller's cwd.
         self.state_dir = Path(self.state_dir).expanduser().resolve()
-        for name in ("pg_port", "kafka_port"):
+        for name in ("pg_port", "kafka_port", "s3_port", "rest_port"):
             port = getattr(self, name)
             if not isinstance(port, int) or not 1 <= port <= 65535:
                 raise ConfigError(f"{name}={port!r} is not a TCP port (1-65535)")
         if self.pg_port == self.kafka_port:
             raise ConfigError(f"pg_port and kafka_port are both {self.pg_port}; give them different ports")
+        used = {"pg_port": self.pg_port, "kafka_port": self.kafka_port}
+        if self.storage == "s3":
+            used["s3_port"] = self.s3_port
+        if self.catalog == "rest":
+            used["rest_port"] = self.rest_port
+        if len(set(used.values())) != len(used):
+            raise ConfigError(f"two services share a port: {used}; give them different ports")
         if self.broker not in ("noida", "tansu"):
             raise ConfigError(f"broker={self.broker!r} is unknown; use 'noida' or 'tansu'")
+        if self.storage not in ("local", "s3"):
+            raise ConfigError(f"storage={self.storage!r} is unknown; use 'local' or 's3'")
+        if self.catalog not in ("jdbc", "rest"):
+            raise ConfigError(f"catalog={self.catalog!r} is unknown; use 'jdbc' or 'rest'")
         for name in ("pg_user", "source_db", "catalog_db"):
             value = getattr(self, name)
             if not value or not value.replace("_", "").isalnum() or value[0].isdigit():
@@ -59,6 +86,33 @@ class StackInfo:
     source_db: str
     catalog_db: str
     warehouse: str
+    catalog_type: CatalogKind = "jdbc"
+    rest_uri: str | None = None
+    s3_endpoint: str | None = None
+    s3_region: str | None = None
+    s3_access_key: str | None = field(default=None, repr=False)
+    s3_secret_key: str | None = field(default=None, repr=False)
+
+    def catalog_config(self, name: str = "lake") -> dict:
+        """The ``catalog`` section of a pipeline config for this stack (holds the PostgreSQL password)."""
+        if self.catalog_type == "rest":
+            return {"name": name, "type": "rest", "uri": self.rest_uri, "warehouse": self.warehouse}
+        return {"name": name, "type": "jdbc", "uri": self.catalog_jdbc_uri(), "user": self.pg_user,
+                "password": self.pg_password, "warehouse": self.warehouse}
+
+    def storage_config(self) -> dict | None:
+        """The ``storage`` section for this stack's object store (credentials named by environment
+        variable: export `storage_env()`), or None for a local warehouse."""
+        if self.s3_endpoint is None:
+            return None
+        return {"endpoint": self.s3_endpoint, "region": self.s3_region, "path_style": True,
+                "access_key_id_env": ACCESS_KEY_ENV, "secret_access_key_env": SECRET_KEY_ENV}
+
+    def storage_env(self) -> dict[str, str]:
+        """The environment variables `storage_config()` names, with the object store's credentials."""
+        if self.s3_endpoint is None:
+            return {}
+        return {ACCESS_KEY_ENV: self.s3_access_key or "", SECRET_KEY_ENV: self.s3_secret_key or ""}
 
     def pg_dsn(self, dbname: str | None = None) -> str:
         """A libpq key/value DSN for psycopg2 (default: the source database)."""

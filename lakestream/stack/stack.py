@@ -1,4 +1,6 @@
-"""The local stack: a private PostgreSQL cluster plus one Kafka-protocol broker, on loopback ports."""
+"""The local stack: a private PostgreSQL cluster plus one Kafka-protocol broker, on loopback ports; with
+``storage="s3"`` a local S3-compatible store holds the warehouse, with ``catalog="rest"`` a local Iceberg
+REST catalog serves it."""
 from __future__ import annotations
 
 import logging
@@ -7,7 +9,9 @@ from dataclasses import replace
 from lakestream.stack import process
 from lakestream.stack.broker import Broker, make_broker
 from lakestream.stack.models import ServiceStatus, StackInfo, StackSettings
+from lakestream.stack.objectstore import ObjectStore
 from lakestream.stack.postgres import PostgresCluster
+from lakestream.stack.rest_catalog import RestCatalogServer
 
 log = logging.getLogger(__name__)
 
@@ -19,29 +23,58 @@ class Stack:
         self.settings = settings
         self.postgres = PostgresCluster(settings)
         self.broker: Broker = make_broker(settings)
+        self.objectstore = ObjectStore(settings)
+        self.rest_catalog = RestCatalogServer(settings, warehouse=self.warehouse, io_properties=self._io_properties())
+
+    @property
+    def warehouse(self) -> str:
+        s = self.settings
+        return self.objectstore.warehouse if s.storage == "s3" else (s.state_dir / "warehouse").as_uri()
+
+    def _io_properties(self) -> dict[str, str]:
+        """The REST catalog server's FileIO: S3FileIO on the local store (the server writes metadata files)."""
+        s = self.settings
+        if s.storage != "s3":
+            return {}
+        return {"io-impl": "org.apache.iceberg.aws.s3.S3FileIO", "s3.endpoint": self.objectstore.endpoint,
+                "s3.path-style-access": "true", "client.region": s.s3_region,
+                "s3.access-key-id": s.s3_access_key, "s3.secret-access-key": s.s3_secret_key}
+
+    def _services(self) -> list:
+        services = [self.postgres, self.broker]
+        if self.settings.storage == "s3":
+            services.append(self.objectstore)
+        if self.settings.catalog == "rest":
+            services.append(self.rest_catalog)
+        return services
 
     def up(self) -> StackInfo:
         """Start whatever is not running (idempotent) and health-check every service."""
         # Check every port first so a conflict never leaves half a stack running.
-        for service in (self.postgres, self.broker):
+        for service in self._services():
             if service.pid() is None:
                 service.check_port_free()
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         (self.settings.state_dir / "warehouse").mkdir(exist_ok=True)
-        self.postgres.start()
-        self.broker.start()
+        for service in self._services():  # in order: the REST catalog needs PostgreSQL and the store
+            service.start()
         return self.info()
 
     def down(self) -> None:
         """Stop every service by pid; data directories are kept. Safe when nothing runs."""
+        self.rest_catalog.stop()
+        self.objectstore.stop()
         # Stop any broker kind left behind by an `up` with a different --broker and this state dir.
         for kind in ("noida", "tansu"):
             make_broker(replace(self.settings, broker=kind)).stop()
         self.postgres.stop()
 
     def status(self) -> dict[str, ServiceStatus]:
-        """Each service by name: running, pid, port, healthy, persistence."""
-        return {service.name: service.status() for service in (self.postgres, self.broker)}
+        """Each service by name: running, pid, port, healthy, persistence (the object store and the REST
+        catalog also when they run without being asked for: an `up --storage s3` seen by a plain `status`)."""
+        services = self._services()
+        services += [s for s in (self.objectstore, self.rest_catalog) if s not in services and s.pid() is not None]
+        return {service.name: service.status() for service in services}
 
     def info(self) -> StackInfo:
         """Connection facts (valid whether or not the services currently run)."""
@@ -54,5 +87,11 @@ class Stack:
             pg_password=s.pg_password,
             source_db=s.source_db,
             catalog_db=s.catalog_db,
-            warehouse=(s.state_dir / "warehouse").as_uri(),
+            warehouse=self.warehouse,
+            catalog_type=s.catalog,
+            rest_uri=self.rest_catalog.uri if s.catalog == "rest" else None,
+            s3_endpoint=self.objectstore.endpoint if s.storage == "s3" else None,
+            s3_region=s.s3_region if s.storage == "s3" else None,
+            s3_access_key=s.s3_access_key if s.storage == "s3" else None,
+            s3_secret_key=s.s3_secret_key if s.storage == "s3" else None,
         )

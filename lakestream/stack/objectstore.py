@@ -1,0 +1,115 @@
+"""A local S3-compatible object store: nanio (PyPI), objects on disk under the state dir.
+
+nanio keeps every object as a file, so the warehouse survives a restart of the store (an outage the
+engine waits out loses nothing), and it checks SigV4 signatures, so wrong credentials fail as they
+would on S3. It is a development stand-in: the clients (Iceberg's S3FileIO, pyarrow, DuckDB's httpfs,
+pyiceberg) are the real ones and talk to it as to any S3 endpoint.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from lakestream.errors import StackError
+from lakestream.stack import process
+from lakestream.stack.models import ACCESS_KEY_ENV, SECRET_KEY_ENV, ServiceStatus, StackSettings  # noqa: F401
+
+log = logging.getLogger(__name__)
+
+# The environment variables a local-stack pipeline config names for the store's credentials
+# (`storage.access_key_id_env` / `secret_access_key_env`): the file never holds them.
+
+
+class ObjectStore:
+    """nanio on 127.0.0.1:<s3_port> with one bucket (``s3_bucket``), tracked by a pid file."""
+
+    name = "objectstore"
+    persistent = True
+    start_timeout = 30.0
+
+    def __init__(self, settings: StackSettings):
+        self.settings = settings
+        self.data_dir = settings.state_dir / "objectstore"
+        self.log_path = settings.state_dir / "logs" / f"{self.name}.log"
+        self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid",
+                                        Path(sys.executable).name)
+
+    @property
+    def port(self) -> int:
+        return self.settings.s3_port
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{process.LOOPBACK}:{self.port}"
+
+    @property
+    def warehouse(self) -> str:
+        return f"s3://{self.settings.s3_bucket}/warehouse"
+
+    def pid(self) -> int | None:
+        return self.pid_file.live_pid()
+
+    def check_port_free(self) -> None:
+        process.require_free_port(self.port, "object store", "--s3-port / StackSettings.s3_port")
+
+    def start(self) -> None:
+        """Start nanio unless it runs, wait until it answers, and create the bucket (idempotent)."""
+        if self.pid() is None:
+            self.check_port_free()
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            # Credentials through the environment, not argv: /proc/<pid>/cmdline is world-readable.
+            env = {**os.environ, "NANIO_ACCESS_KEY": self.settings.s3_access_key,
+                   "NANIO_SECRET_KEY": self.settings.s3_secret_key}
+            argv = [sys.executable, "-m", "nanio", "serve", "--data-dir", str(self.data_dir), "--host",
+                    process.LOOPBACK, "--port", str(self.port), "--region", self.settings.s3_region,
+                    "--no-access-log", "--log-level", "warning"]
+            log.info("starting %s on %s", self.name, self.endpoint)
+            pid = process.spawn_detached(argv, self.log_path, cwd=self.settings.state_dir, env=env)
+            self.pid_file.write(pid)
+            process.wait_until(lambda: not process.pid_alive(pid) or process.port_accepts(self.port), self.start_timeout)
+            if not process.pid_alive(pid) or not process.port_accepts(self.port):
+                self.stop(timeout=5)
+                raise StackError(f"{self.name} (nanio) on {self.endpoint} did not start\n"
+                                 f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
+        if not process.wait_until(self.healthy, 15.0, 0.2):
+            raise StackError(f"{self.name} on {self.endpoint} does not answer S3 requests\n"
+                             f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
+        self.create_bucket()
+
+    def client(self):
+        """A boto3 S3 client with the store's credentials."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name=self.settings.s3_region,
+                            aws_access_key_id=self.settings.s3_access_key,
+                            aws_secret_access_key=self.settings.s3_secret_key,
+                            config=Config(connect_timeout=2, read_timeout=10, retries={"max_attempts": 1},
+                                          s3={"addressing_style": "path"}))
+
+    def create_bucket(self) -> None:
+        client = self.client()
+        existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+        if self.settings.s3_bucket not in existing:
+            client.create_bucket(Bucket=self.settings.s3_bucket)
+
+    def healthy(self) -> bool:
+        try:
+            self.client().list_buckets()
+            return True
+        except Exception:  # noqa: BLE001 — any failure means "not answering yet"
+            return False
+
+    def stop(self, timeout: float = 15.0) -> None:
+        pid = self.pid()
+        if pid is not None:
+            process.stop_pid(pid, timeout=timeout)
+        self.pid_file.remove()
+
+    def status(self) -> ServiceStatus:
+        pid = self.pid()
+        return ServiceStatus(name=self.name, running=pid is not None, pid=pid, port=self.port,
+                             healthy=pid is not None and self.healthy(), persistent=self.persistent,
+                             detail=f"nanio, objects on disk ({self.data_dir}), bucket {self.settings.s3_bucket}")

@@ -1,0 +1,159 @@
+"""A local Iceberg REST catalog: Iceberg's own ``CatalogHandlers`` over a JDBC catalog in the stack's
+PostgreSQL, served by the JDK's HTTP server (``lakestream/java/rest/RestCatalogServer.java``).
+
+No REST catalog server installs here (Polaris, Lakekeeper, Nessie, Gravitino are on no reachable
+registry); this one is what Iceberg's own REST test fixture is: the protocol's routes over the request
+handlers real servers build on. Every client stays real (Spark's and the committer's RESTCatalog,
+pyiceberg's RestCatalog). Its settings (with the JDBC password and the storage keys it vends) are in
+``<state_dir>/rest-catalog/server.properties``, readable by its owner only.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from lakestream.errors import StackError
+from lakestream.stack import process
+from lakestream.stack.models import ServiceStatus, StackSettings
+
+log = logging.getLogger(__name__)
+
+# The name of the catalog inside the server's JDBC database (its own rows, apart from a `lake` JDBC catalog).
+BACKEND_CATALOG = "rest_backend"
+# The server's S3FileIO gives up on an unreachable store within about a second per request (Iceberg's
+# defaults: 5 retries waiting 2-20 s). Loading a table retries reading its metadata 20 times on top, so with
+# the defaults a client's request would hang for many minutes during an outage of the store; with these the
+# server answers 503 within a couple of minutes and the client's retry policy takes over.
+FAIL_FAST_S3 = {"s3.retry.num-retries": "1", "s3.retry.min-wait-ms": "200", "s3.retry.max-wait-ms": "1000"}
+
+
+class RestCatalogServer:
+    """The REST catalog on 127.0.0.1:<rest_port>, tracked by a pid file."""
+
+    name = "rest-catalog"
+    persistent = True  # its state is the JDBC catalog in PostgreSQL
+    start_timeout = 60.0
+
+    def __init__(self, settings: StackSettings, *, warehouse: str, io_properties: dict[str, str] | None = None,
+                 credential: str | None = None, token: str | None = None, vend: dict[str, str] | None = None,
+                 backend: str = BACKEND_CATALOG):
+        self.settings = settings
+        self.backend = backend
+        self.warehouse = warehouse
+        self.io_properties = io_properties or {}
+        self.credential = credential
+        self.token = token
+        self.vend = vend or {}
+        self.dir = settings.state_dir / "rest-catalog"
+        self.log_path = settings.state_dir / "logs" / f"{self.name}.log"
+        self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid", "java")
+
+    @property
+    def port(self) -> int:
+        return self.settings.rest_port
+
+    @property
+    def uri(self) -> str:
+        return f"http://{process.LOOPBACK}:{self.port}"
+
+    def pid(self) -> int | None:
+        return self.pid_file.live_pid()
+
+    def check_port_free(self) -> None:
+        process.require_free_port(self.port, "REST catalog", "--rest-port / StackSettings.rest_port")
+
+    def properties(self) -> dict[str, str]:
+        s = self.settings
+        props = {
+            "server.host": process.LOOPBACK,
+            "server.port": str(self.port),
+            "catalog.name": self.backend,
+            "catalog.catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+            "catalog.uri": f"jdbc:postgresql://{process.LOOPBACK}:{s.pg_port}/{s.catalog_db}",
+            "catalog.jdbc.user": s.pg_user,
+            "catalog.jdbc.password": s.pg_password,
+            "catalog.jdbc.schema-version": "V1",
+            "catalog.warehouse": self.warehouse,
+            **({f"catalog.{k}": v for k, v in FAIL_FAST_S3.items()} if self.io_properties else {}),
+            **{f"catalog.{k}": v for k, v in self.io_properties.items()},
+            **{f"server.vend.{k}": v for k, v in self.vend.items()},
+        }
+        if self.credential:
+            props["server.credential"] = self.credential
+        if self.token:
+            props["server.token"] = self.token
+        return props
+
+    def _write_properties(self) -> Path:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / "server.properties"
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            for key, value in self.properties().items():
+                fh.write(f"{_escape(key)}={_escape(value)}\n")
+        return path
+
+    def argv(self, properties: Path) -> list[str]:
+        from lakestream.jvm_helper import (
+            spark_jars_dir,
+            aws_sdk_jars,
+            iceberg_runtime_jar,
+            postgres_jdbc_jar,
+            rest_catalog_jar,
+        )
+        from lakestream.spark import LOG4J2_CONFIG
+
+        java = shutil.which("java")
+        if java is None:
+            raise StackError("java not found: install a JDK 11+ (apt-get install openjdk-17-jdk-headless)")
+        classpath = [str(rest_catalog_jar()), str(iceberg_runtime_jar()), str(postgres_jdbc_jar()),
+                     *map(str, aws_sdk_jars()), str(spark_jars_dir() / "*")]
+        return [java, "-Xmx384m", f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}", "-cp",
+                os.pathsep.join(classpath), "lakestream.rest.RestCatalogServer", str(properties)]
+
+    def start(self) -> None:
+        """Start the server unless it runs; wait until ``/v1/config`` answers."""
+        if self.pid() is None:
+            self.check_port_free()
+            argv = self.argv(self._write_properties())
+            log.info("starting %s on %s", self.name, self.uri)
+            pid = process.spawn_detached(argv, self.log_path, cwd=self.dir)
+            self.pid_file.write(pid)
+            process.wait_until(lambda: not process.pid_alive(pid) or self.healthy(), self.start_timeout, 0.2)
+            if not process.pid_alive(pid) or not self.healthy():
+                self.stop(timeout=5)
+                raise StackError(f"{self.name} on {self.uri} did not start\n"
+                                 f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
+
+    def healthy(self) -> bool:
+        """Whether the server answers HTTP (401 without a token counts: it is up)."""
+        try:
+            with urllib.request.urlopen(f"{self.uri}/v1/config", timeout=2):
+                return True
+        except urllib.error.HTTPError as exc:
+            return exc.code in (401, 403)
+        except OSError:
+            return False
+
+    def stop(self, timeout: float = 15.0) -> None:
+        pid = self.pid()
+        if pid is not None:
+            process.stop_pid(pid, timeout=timeout)
+        self.pid_file.remove()
+
+    def status(self) -> ServiceStatus:
+        pid = self.pid()
+        return ServiceStatus(name=self.name, running=pid is not None, pid=pid, port=self.port,
+                             healthy=pid is not None and self.healthy(), persistent=self.persistent,
+                             detail=f"Iceberg CatalogHandlers over the JDBC catalog {self.backend!r} "
+                                    f"in {self.settings.catalog_db}")
+
+
+def _escape(value: str) -> str:
+    # java.util.Properties: backslashes, and separators/comments at the start of keys or values.
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace("=", "\\=").replace(":", "\\:").replace("#", "\\#")
