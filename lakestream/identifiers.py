@@ -197,10 +197,16 @@ class TableName:
         return f"{self.namespace}.{self.table}"
 
     @classmethod
-    def parse(cls, text: str) -> TableName:
-        """``namespace.table`` (the namespace is everything before the first dot)."""
-        namespace, table = text.split(".", 1)
-        return cls(namespace, table)
+    def parse(cls, text: str, catalog: str | None = None) -> TableName:
+        """``namespace.table`` (or ``<catalog>.namespace.table`` when ``catalog`` is given), every part a valid
+        identifier; InvalidIdentifierError naming the expected form otherwise."""
+        parts = text.split(".") if isinstance(text, str) else []
+        if catalog is not None and len(parts) == 3 and parts[0] == catalog:
+            parts = parts[1:]
+        if len(parts) != 2:
+            form = f"namespace.table or {catalog}.namespace.table" if catalog else "namespace.table"
+            raise InvalidIdentifierError(f"table {text!r}: write it as {form}")
+        return cls(validate_identifier(parts[0], "namespace"), validate_identifier(parts[1], "table"))
 
     def quoted(self, catalog: str) -> str:
         """``catalog.namespace.table`` validated and quoted for Spark SQL."""

@@ -194,12 +194,15 @@ def list_tables(spark: SparkSession, catalog: str) -> list[str]:
 
 
 def split_table_name(name: str) -> tuple[str, str]:
-    namespace, _, table = name.partition(".")
-    if not namespace or not table:
-        from lakestream.errors import ConfigError
+    """(namespace, table) of a ``namespace.table`` name (`identifiers.TableName`); ConfigError when malformed."""
+    from lakestream.errors import ConfigError, InvalidIdentifierError
+    from lakestream.identifiers import TableName
 
-        raise ConfigError(f"table {name!r}: write it as <namespace>.<table>")
-    return namespace, table
+    try:
+        parsed = TableName.parse(name)
+    except InvalidIdentifierError as exc:
+        raise ConfigError(str(exc)) from None
+    return parsed.namespace, parsed.table
 
 
 def load_java_table(spark: SparkSession, catalog: str, name: str):

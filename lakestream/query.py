@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import parse_qsl, urlsplit
@@ -25,12 +24,12 @@ from lakestream.config import CatalogSettings, PipelineConfig
 from lakestream.duckdb_extensions import duckdb_connection, load_duckdb_extension  # noqa: F401 — public here too
 from lakestream.errors import QueryError
 from lakestream.identifiers import (
+    TableName,
     ansi_string,
     quote_ansi,
     quote_ansi_column,
     quote_column,
     quote_table,
-    validate_identifier,
 )
 
 if TYPE_CHECKING:
@@ -55,27 +54,6 @@ _APPLIES: dict[str, set[tuple[str, str]]] = {
 }
 
 
-@dataclass(frozen=True)
-class TableRef:
-    """A lake table as ``namespace.table`` (the catalog is the pipeline's)."""
-
-    namespace: str
-    table: str
-
-    @classmethod
-    def parse(cls, name: str, catalog: str) -> TableRef:
-        """``ns.table`` or ``<catalog>.ns.table``, every part a validated identifier."""
-        parts = name.split(".")
-        if len(parts) == 3 and parts[0] == catalog:
-            parts = parts[1:]
-        if len(parts) != 2:
-            raise QueryError(f"table {name!r}: write it as namespace.table or {catalog}.namespace.table")
-        return cls(validate_identifier(parts[0], "namespace"), validate_identifier(parts[1], "table"))
-
-    def __str__(self) -> str:
-        return f"{self.namespace}.{self.table}"
-
-
 def read_table(config: PipelineConfig, table: str, engine: Engine = "pyiceberg", *, columns: list[str] | None = None,
                where: str | None = None, snapshot_id: int | None = None, limit: int | None = None,
                spark: SparkSession | None = None, fresh: bool = False) -> pa.Table:
@@ -89,7 +67,7 @@ def read_table(config: PipelineConfig, table: str, engine: Engine = "pyiceberg",
     by key as the pipeline will apply it (`lakestream.fresh`); ``where`` is then DuckDB SQL over
     the merged rows.
     """
-    ref = TableRef.parse(table, config.catalog.name)
+    ref = TableName.parse(table, config.catalog.name)
     if fresh:
         if snapshot_id is not None:
             raise QueryError("a fresh read starts from the current snapshot: it cannot time travel (drop --snapshot)")
@@ -161,7 +139,7 @@ def run_sql(config: PipelineConfig, query: str, engine: Literal["spark", "duckdb
         return duckdb_result(con, query)
 
 
-def _read_fresh(config: PipelineConfig, ref: TableRef, engine: str = "pyiceberg", columns: list[str] | None = None,
+def _read_fresh(config: PipelineConfig, ref: TableName, engine: str = "pyiceberg", columns: list[str] | None = None,
                where: str | None = None, limit: int | None = None, spark: SparkSession | None = None) -> pa.Table:
     """``ref``'s current snapshot, read by ``engine``, with the uncommitted Kafka tail applied.
 
@@ -216,20 +194,20 @@ def _read_fresh(config: PipelineConfig, ref: TableRef, engine: str = "pyiceberg"
     return merged.slice(0, limit) if limit is not None else merged
 
 
-def check_columns(ref: TableRef, columns: list[str] | None, existing: list[str]) -> None:
+def check_columns(ref: TableName, columns: list[str] | None, existing: list[str]) -> None:
     missing = [c for c in columns or [] if c not in existing]
     if missing:
         raise QueryError(f"{ref} has no column {', '.join(map(repr, missing))}; its columns: {', '.join(existing)}")
 
 
-def _referenced_tables(query: str, catalog: str) -> list[TableRef]:
+def _referenced_tables(query: str, catalog: str) -> list[TableName]:
     """``<catalog>.ns.table`` names in ``query`` (plain or double-quoted parts), in order of first use."""
     part = r'(?:"([A-Za-z_][A-Za-z0-9_$]*)"|([A-Za-z_][A-Za-z0-9_$]*))'
     pattern = re.compile(rf'(?<![\w."]){re.escape(catalog)}\s*\.\s*{part}\s*\.\s*{part}', re.IGNORECASE)
-    found: dict[tuple[str, str], TableRef] = {}
+    found: dict[tuple[str, str], TableName] = {}
     for match in pattern.finditer(query):
         namespace, table = match.group(1) or match.group(2), match.group(3) or match.group(4)
-        found.setdefault((namespace, table), TableRef(namespace, table))
+        found.setdefault((namespace, table), TableName(namespace, table))
     return list(found.values())
 
 
@@ -238,7 +216,7 @@ def _referenced_tables(query: str, catalog: str) -> list[TableRef]:
 # ---------------------------------------------------------------------------------------------
 
 
-def load_iceberg_table(catalog: CatalogSettings, ref: TableRef) -> IcebergTable:
+def load_iceberg_table(catalog: CatalogSettings, ref: TableName) -> IcebergTable:
     """The pyiceberg Table for ``ref`` from the pipeline's catalog (JDBC on PostgreSQL, REST, or hadoop)."""
     from pyiceberg.exceptions import NoSuchTableError
 
@@ -302,7 +280,7 @@ def sqlalchemy_url(catalog: CatalogSettings) -> str:
     return url.render_as_string(hide_password=False)
 
 
-def _load_hadoop_table(catalog: CatalogSettings, ref: TableRef) -> IcebergTable:
+def _load_hadoop_table(catalog: CatalogSettings, ref: TableName) -> IcebergTable:
     """A hadoop-catalog table: ``<warehouse>/<ns>/<table>/metadata/v<version-hint>.metadata.json``."""
     from pyiceberg.table import StaticTable
 
@@ -357,7 +335,7 @@ def _session(config: PipelineConfig) -> SparkSession:
     return session_for(config)
 
 
-def _read_spark(config: PipelineConfig, ref: TableRef, columns: list[str] | None, where: str | None,
+def _read_spark(config: PipelineConfig, ref: TableName, columns: list[str] | None, where: str | None,
                 snapshot_id: int | None, limit: int | None, spark: SparkSession | None) -> pa.Table:
     session = spark or _session(config)
     reader = session.read

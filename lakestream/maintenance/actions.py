@@ -89,6 +89,7 @@ def _procedure(catalog: str, name: str) -> str:
 
 
 def _table_arg(name: str) -> str:
+    """A procedure's ``table`` argument: the quoted ``namespace.table`` as a string literal."""
     namespace, table = split_table_name(name)
     return sql_string(f"{quote(namespace, 'namespace')}.{quote(table, 'table')}")
 
