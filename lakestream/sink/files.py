@@ -18,7 +18,7 @@ import base64
 import decimal
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import orjson
@@ -398,7 +398,7 @@ def read_data_files(paths: list[str]) -> pa.Table:
     return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
 
 
-def write_driver_files(table: pa.Table, spec: Any, file_name_prefix: str) -> list[dict[str, Any]]:
+def write_driver_files(table: pa.Table, spec: Any, file_name_prefix: str) -> list[DataFileEntry]:
     """Rows the driver produced (dead letters, alerts), written as one data file per partition of ``spec``
     (a `TableSpec`); the `commit_files` entries for them."""
     groups = partition_values(spec.partition_spec, spec.schema, table) if spec.partition_spec.get("fields") \
@@ -424,11 +424,57 @@ def delete_quietly(paths: list[str]) -> None:
 
 # -- the JVM side (driver only) ----------------------------------------------------------------
 
+class TableInfo(TypedDict, total=False):
+    """What `LakestreamSink.tableInfo` answers about a table (always its latest metadata)."""
+
+    exists: bool
+    location: str
+    data_location: str
+    format_version: int
+    snapshot_id: int | None
+    schema: dict[str, Any]  # Iceberg schema JSON
+    spec: dict[str, Any]  # Iceberg partition spec JSON
+    identifier_fields: list[str]
+    properties: dict[str, str]
+
+
+class DataFileEntry(TypedDict, total=False):
+    """A data file to commit: where it is, its size, its rows, its partition values (`partition_values`)."""
+
+    path: str
+    file_size: int
+    record_count: int
+    partition: list[Any]
+    spec_id: int
+
+
+class CommitRequest(TypedDict, total=False):
+    """One `commit_files` call: data files and deletion vectors with snapshot properties, in one snapshot."""
+
+    base_snapshot_id: int | None
+    expect_snapshot_id: int | None  # the commit is refused (``stale``) unless the table is still there
+    data_files: list[DataFileEntry]
+    deletes: list[dict[str, Any]]  # {data_file, positions}
+    properties: dict[str, str]
+
+
+class CommitResult(TypedDict, total=False):
+    """What `commit_files` committed (``stale`` instead when ``expect_snapshot_id`` no longer held)."""
+
+    snapshot_id: int | None
+    parent_snapshot_id: int | None
+    sequence_number: int
+    data_files: int
+    delete_files: int
+    removed_delete_files: int
+    stale: bool
+
+
 def _sink(spark: SparkSession):
     return spark.sparkContext._jvm.lakestream.LakestreamSink
 
 
-def table_info(spark: SparkSession, catalog: str, namespace: str, table: str) -> dict[str, Any]:
+def table_info(spark: SparkSession, catalog: str, namespace: str, table: str) -> TableInfo:
     """``{"exists": false}`` or ``{"exists": true, location, data_location, format_version,
     snapshot_id, schema, spec, identifier_fields, properties}`` (always the latest metadata)."""
     info = orjson.loads(_sink(spark).tableInfo(spark._jsparkSession, catalog, namespace, table))
@@ -439,7 +485,7 @@ def table_info(spark: SparkSession, catalog: str, namespace: str, table: str) ->
 
 
 def create_table(spark: SparkSession, catalog: str, namespace: str, table: str, request: dict[str, Any]
-                 ) -> dict[str, Any]:
+                 ) -> TableInfo:
     """Create a table (and its namespace) in one catalog commit, no-op if it exists; returns its
     `table_info`. ``request``: ``{columns: [{name, type (Spark DDL), required?, comment?}],
     identifier_fields?, partition_by?, sort_by?, properties?}``."""
@@ -448,15 +494,15 @@ def create_table(spark: SparkSession, catalog: str, namespace: str, table: str, 
 
 
 def add_column_with_default(spark: SparkSession, catalog: str, namespace: str, table: str, column: str, ddl: str,
-                            default_json: str) -> dict[str, Any]:
+                            default_json: str) -> TableInfo:
     """Add ``column`` (Spark DDL type) whose existing rows read ``default_json`` (Iceberg v3
     initial-default and write-default, single-value JSON); returns `table_info`."""
     return orjson.loads(_sink(spark).addColumnWithDefault(spark._jsparkSession, catalog, namespace, table, column,
                                                           ddl, default_json))
 
 
-def commit_files(spark: SparkSession, catalog: str, namespace: str, table: str, request: dict[str, Any]
-                 ) -> dict[str, Any]:
+def commit_files(spark: SparkSession, catalog: str, namespace: str, table: str, request: CommitRequest
+                 ) -> CommitResult:
     """Commit data files and deletion vectors with snapshot properties in one snapshot.
 
     ``request``: ``{base_snapshot_id, data_files: [{path, file_size, record_count, spec_id?,
