@@ -99,7 +99,7 @@ _OUTAGE_MARKERS = (
     "no progress reading",  # a Spark task's read stalled (lakestream.source.reader): the broker is away
     # Object storage away or overloaded: the AWS SDK's connection failures (Java, and pyarrow's C++ SDK).
     "Unable to execute HTTP request", "NETWORK_CONNECTION", "Couldn't connect to server", "SlowDown",
-    "Service Unavailable", "ServiceUnavailable", "curlCode: 7,",
+    "Service Unavailable", "ServiceUnavailable", "curlCode: 7,", "curlCode: 28,",
 )
 
 
