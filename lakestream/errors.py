@@ -113,7 +113,7 @@ INFRASTRUCTURE_TYPES = frozenset({
 # S3Exception; pyarrow's C++ SDK: an OSError "... AWS Error <CODE> ..."): read the code there only.
 _STORAGE_TYPES = frozenset({"S3Exception", "SdkClientException", "AwsServiceException", "OSError"})
 _STORAGE_OUTAGE_CODES = ("Unable to execute HTTP request", "NETWORK_CONNECTION", "Couldn't connect to server",
-                         "SlowDown", "Service Unavailable", "ServiceUnavailable", "curlCode: 7,")
+                         "SlowDown", "Service Unavailable", "ServiceUnavailable", "curlCode: 7,", "curlCode: 28,")
 _STORAGE_ERROR_CODES = ("AWS Error", "InvalidAccessKeyId", "SignatureDoesNotMatch")
 # Spark states that no exception type names: the driver's context stopped, an executor died.
 _SPARK_GONE = ("SparkContext was shut down", "ExecutorLostFailure", "SparkContext has been shutdown")

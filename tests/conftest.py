@@ -317,15 +317,32 @@ def _satellite_settings(stack: StackInfo, state_dir: Path, **overrides) -> Stack
     return StackSettings(state_dir=state_dir, pg_port=stack.pg_port, kafka_port=kafka_port, **fields)
 
 
+def _restartable_port() -> int:
+    """A free loopback port below the kernel's ephemeral range: a service stopped for a while can take it
+    back, where a port from the ephemeral range may meanwhile be some client connection's local port."""
+    import random
+
+    from lakestream.stack.process import port_is_free
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(20_000, max(20_001, low - 1))
+        if port_is_free(port):
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
 @pytest.fixture(scope="session")
 def object_store(stack, service_dir_factory):
     """A running nanio S3-compatible store on a free loopback port (objects on disk), its bucket created.
 
     ``.endpoint``, ``.warehouse`` (``s3://<bucket>/warehouse``), ``.settings`` (key, secret, region);
-    ``.stop()``/``.start()`` make an outage that loses nothing."""
+    ``.stop()``/``.start()`` make an outage that loses nothing (on the same port)."""
     from lakestream.stack.objectstore import ObjectStore
 
-    store = ObjectStore(_satellite_settings(stack, service_dir_factory("s3"), storage="s3"))
+    store = ObjectStore(_satellite_settings(stack, service_dir_factory("s3"), storage="s3",
+                                            s3_port=_restartable_port()))
     store.start()
     try:
         yield store
