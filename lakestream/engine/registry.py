@@ -166,10 +166,12 @@ class TableRegistry:
         if key:
             hashed = not is_integer_key(spec.arrow_schema(), key)
             index = self.indexes.get(name)
-            if index is None or index.hashed != hashed or result.statements:
-                self.indexes[name] = KeyIndex(hashed)
-        elif stream.mode == "upsert" and (not isinstance(self.indexes.get(name), KeylessIndex) or result.statements):
-            self.indexes[name] = KeylessIndex(spec.arrow_schema())  # no primary key: a row multiset
+            if (not isinstance(index, KeyIndex) or index.hashed != hashed or result.statements
+                    or index.key_columns != tuple(key) or index.table_uuid != info.get("uuid")):
+                self.indexes[name] = KeyIndex(hashed, key, info.get("uuid"))
+        elif stream.mode == "upsert" and (not isinstance(self.indexes.get(name), KeylessIndex) or result.statements
+                                          or self.indexes[name].table_uuid != info.get("uuid")):
+            self.indexes[name] = KeylessIndex(spec.arrow_schema(), info.get("uuid"))  # no primary key: a multiset
         topic = topic or next((s.topic for s in shapes), None)
         if stream.transforms and topic is not None:
             self.prepare_derived(name, topic, stream)
@@ -250,8 +252,12 @@ class TableRegistry:
         if index is None or index.valid:
             return index  # a valid index is checked by the commit itself (expect_snapshot_id)
         table = TableName.parse(name)
-        current = table_info(self.spark, self.config.catalog.name, table.namespace, table.table).get("snapshot_id")
-        saved = type(index).load(self.index_path(name), index.hashed, current)
+        info = table_info(self.spark, self.config.catalog.name, table.namespace, table.table)
+        current = info.get("snapshot_id")
+        if info.get("uuid") != index.table_uuid:  # dropped and created again since the table was prepared
+            index.table_uuid = info.get("uuid")
+        saved = type(index).load(self.index_path(name), index.hashed, current, self.specs[name].key_columns,
+                                 index.table_uuid)
         if saved is not None:
             log.info("table %s: key index loaded as saved at snapshot %s (%d keys)", name, current, len(saved))
             self.indexes[name] = saved

@@ -149,6 +149,7 @@ public final class LakestreamSink {
     ObjectNode out = JSON.createObjectNode();
     out.put("exists", true);
     out.put("location", t.location());
+    out.put("uuid", t.uuid().toString());
     String data = t.properties().get(TableProperties.WRITE_DATA_LOCATION);
     out.put("data_location", data != null ? data : t.location() + "/data");
     out.put("format_version", formatVersion(t));
