@@ -298,15 +298,17 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     if index is not None and resolved is not None:
         parent = result.get("parent_snapshot_id")
         if parent is not None and parent != index.snapshot_id:
-            index.valid = False  # another writer committed in between: rebuild before the next use
+            # Another writer committed in between: the index stays exact at its snapshot, and is refreshed
+            # from there (the other writer's snapshot and this one) before its next use.
+            index.valid = False
         else:
             if changes.truncates:
-                snapshot_id = index.snapshot_id
+                snapshot_id, parent_of_journal = index.snapshot_id, index.journal_parent
                 index.reset()  # every earlier row is gone
-                index.snapshot_id, index.valid = snapshot_id, True
+                index.snapshot_id, index.valid, index.journal_parent = snapshot_id, True, parent_of_journal
             live = ~resolved.unchanged
             index.update(resolved.keys[live], resolved.locations.packed(index)[live])
-        index.snapshot_id = result["snapshot_id"]
+            index.snapshot_id = result["snapshot_id"]
     appended = sum(f.record_count for f in changes.files)
     if write.mode == "upsert":
         return TableCommit("upsert", len(resolved.keys) if resolved is not None else appended)

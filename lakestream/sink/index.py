@@ -143,6 +143,11 @@ class KeyIndex:
         self._path_ids: dict[str, int] = {}
         self.snapshot_id: int | None = None
         self.valid = False
+        # Changes since the index was last made durable (`lakestream.sink.index_store`): (keys, locations)
+        # in order, and whether everything before them was replaced (a rebuild, a truncate).
+        self.journal: list[tuple[np.ndarray, np.ndarray]] = []
+        self.journal_parent: int | None = None  # the snapshot the journal starts from
+        self.rebased = True
 
     def __len__(self) -> int:
         return int((self.locs >= 0).sum() + (self.delta_locs >= 0).sum())
@@ -150,6 +155,21 @@ class KeyIndex:
     @property
     def nbytes(self) -> int:
         return self.keys.nbytes + self.locs.nbytes + self.delta_keys.nbytes + self.delta_locs.nbytes
+
+    def known_file_id(self, path: str) -> int | None:
+        """The id of data file ``path`` if the index has one."""
+        return self._path_ids.get(path)
+
+    def journal_entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """The journal as one (keys, locations) pair, the last change of each key, sorted by key."""
+        if not self.journal:
+            return np.empty(0, self.dtype), np.empty(0, np.int64)
+        keys = np.concatenate([k for k, _ in self.journal])
+        locs = np.concatenate([v for _, v in self.journal])
+        order = np.argsort(keys, kind="stable")
+        k = keys[order]
+        last = np.r_[k[1:] != k[:-1], True] if len(k) else np.empty(0, bool)
+        return k[last], locs[order][last]
 
     def file_id(self, path: str) -> int:
         fid = self._path_ids.get(path)
@@ -179,6 +199,7 @@ class KeyIndex:
         """Set the location of each (distinct) key; MISSING marks a deleted key."""
         if len(probe) == 0:
             return
+        self.journal.append((np.array(probe, self.dtype), np.array(locations, np.int64)))
         found_d, idx_d = self._find(self.delta_keys, probe)
         self.delta_locs[idx_d[found_d]] = locations[found_d]
         rest = ~found_d
@@ -195,6 +216,26 @@ class KeyIndex:
         if len(self.delta_keys) > max(65_536, len(self.keys) // 8):
             self._merge()
 
+    def forget_files(self, file_ids: list[int]) -> int:
+        """Drop every entry whose row is in one of ``file_ids`` (data files a snapshot removed); returns
+        how many. One vectorized pass over the locations."""
+        if not file_ids:
+            return 0
+        ids = np.asarray(sorted(file_ids), np.int64)
+        dropped = 0
+        for keys, locs in ((self.keys, self.locs), (self.delta_keys, self.delta_locs)):
+            hit = (locs >= 0) & np.isin(locs >> 32, ids)
+            if hit.any():
+                self.journal.append((keys[hit].copy(), np.full(int(hit.sum()), MISSING, np.int64)))
+                locs[hit] = MISSING
+                dropped += int(hit.sum())
+        return dropped
+
+    def entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every live (key, location), sorted by key."""
+        self._merge()
+        return self.keys, self.locs
+
     def _merge(self) -> None:
         keys = np.concatenate([self.keys, self.delta_keys])
         locs = np.concatenate([self.locs, self.delta_locs])
@@ -209,8 +250,7 @@ class KeyIndex:
         """Write the index, valid at ``snapshot_id``, to ``path``: a restart loads it instead of
         scanning the table, if the table is still at that snapshot."""
         self._merge()
-        meta = orjson.dumps({"snapshot_id": self.snapshot_id, "hashed": self.hashed, "paths": self.paths,
-                             **self.identity()})
+        meta = orjson.dumps({"snapshot_id": self.snapshot_id, "paths": self.paths, **self.identity()})
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as fh:
@@ -220,7 +260,8 @@ class KeyIndex:
     def identity(self) -> dict[str, Any]:
         """What a saved index must match to be loaded: the table (its UUID: a table dropped and created
         again under the same name is another table), the key columns, and the key encoding."""
-        return {"table_uuid": self.table_uuid, "key_columns": list(self.key_columns), "key_encoding": KEY_ENCODING}
+        return {"table_uuid": self.table_uuid, "key_columns": list(self.key_columns), "key_encoding": KEY_ENCODING,
+                "hashed": self.hashed}
 
     def matches(self, meta: dict[str, Any]) -> bool:
         """Whether saved ``meta`` describes this index's table, key columns and key encoding."""

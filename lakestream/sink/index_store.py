@@ -1,0 +1,284 @@
+"""The key index made durable with every commit, beside the table's data, and refreshed by diff.
+
+Where: ``<table location>/_lakestream/index/``, written through pyarrow's filesystem of the table's
+location (`lakestream.sink.storage.filesystem_path`), so it lives wherever the table lives (a local
+warehouse, an object store) and survives the loss of the driver's disk. Iceberg's orphan-file removal
+skips paths whose name starts with ``_`` (its hidden-path filter), so it never deletes these files.
+
+What: a **base** (``base-<seq>.npz``: every live key and its packed location, the data file paths, the
+snapshot it describes, the table UUID, key columns and key encoding it was built for) and after it one
+small **delta** per commit (``delta-<seq>.npz``: the keys the commit moved or deleted, the paths it
+added, the snapshot it leads to and its parent). A delta costs what the commit's changes cost. When the
+deltas since the base outweigh a quarter of it (or number more than `MAX_DELTAS`), the next commit
+writes a new base instead and the older files are deleted.
+
+Loading: the newest base that matches the table and key, then its deltas in order while each one's
+parent is the snapshot reached so far. Whatever the table committed after that point (a commit whose
+delta was never written — the process died between the commit and the delta —, a compaction, a
+manual DELETE, a backfill) is applied by `refresh_by_diff`: per snapshot, the entries of the data
+files it removed are dropped, the rows of the files it added are read (the key columns only, from
+those files alone), and rows it deleted by position are looked up and dropped. A schema change adds no
+snapshot and keeps the index. Only when the chain is broken (the index's snapshot is no ancestor of the
+current one: a rollback, expired history) or a snapshot holds equality deletes is the index rebuilt.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from lakestream.sink.index import MISSING, KeyIndex, index_keys, pack
+from lakestream.sink.storage import filesystem_path
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+MAX_DELTAS = 256
+_NAME = re.compile(r"^(base|delta)-(\d{12})\.npz$")
+
+
+def store_location(table_location: str) -> str:
+    return table_location.rstrip("/") + "/_lakestream/index"
+
+
+class IndexStore:
+    """The durable files of one table's key index (see the module doc)."""
+
+    def __init__(self, location: str):
+        self.location = location
+        self.fs, self.root = filesystem_path(location)
+        self.seq: int | None = None  # of the newest file written or loaded
+        self.base_seq: int | None = None
+        self.base_bytes = 0
+        self.delta_bytes = 0
+        self.deltas = 0
+        self.paths_written = 0  # data file paths the files so far name (a delta adds the rest)
+        self.written_bytes = 0
+
+    # -- listing and reading ---------------------------------------------------------------------
+    def _files(self) -> list[tuple[str, int, str]]:
+        """(kind, seq, path) of every index file, by seq."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        except OSError as exc:
+            log.warning("key index store %s unreadable: %s", self.location, exc)
+            return []
+        out = []
+        for info in infos:
+            m = _NAME.match(info.base_name)
+            if m and info.type == pafs.FileType.File:
+                out.append((m.group(1), int(m.group(2)), info.path))
+        return sorted(out, key=lambda f: f[1])
+
+    def _read(self, path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        with self.fs.open_input_stream(path) as fh:
+            data = fh.read()
+        with np.load(io.BytesIO(data)) as saved:
+            arrays = {k: saved[k] for k in saved.files}
+        return orjson.loads(arrays.pop("meta").tobytes()), arrays
+
+    def _write(self, kind: str, seq: int, meta: dict[str, Any], **arrays: np.ndarray) -> int:
+        buf = io.BytesIO()
+        np.savez(buf, meta=np.frombuffer(orjson.dumps(meta), np.uint8), **arrays)
+        data = buf.getvalue()
+        self.fs.create_dir(self.root, recursive=True)
+        path = f"{self.root}/{kind}-{seq:012d}.npz"
+        tmp = f"{self.root}/.{kind}-{seq:012d}.tmp"
+        # Written whole then moved where a filesystem can rename atomically; an object store's put is
+        # atomic anyway (a reader sees the whole object or none).
+        try:
+            with self.fs.open_output_stream(tmp) as fh:
+                fh.write(data)
+            self.fs.move(tmp, path)
+        except (OSError, pa.ArrowNotImplementedError):
+            with self.fs.open_output_stream(path) as fh:
+                fh.write(data)
+        self.written_bytes += len(data)
+        return len(data)
+
+    def load(self, index: KeyIndex) -> KeyIndex | None:
+        """The index as durable: the newest matching base and its chain of deltas (None: no usable base)."""
+        files = self._files()
+        bases = [f for f in files if f[0] == "base"]
+        for _, seq, path in reversed(bases):
+            try:
+                meta, arrays = self._read(path)
+            except (OSError, ValueError, KeyError, orjson.JSONDecodeError) as exc:
+                log.warning("ignoring key index base %s: %s", path, exc)
+                continue
+            if not index.matches(meta):
+                log.info("key index base %s is of another table, key or encoding (%s, not %s): not used", path,
+                         {k: meta.get(k) for k in index.identity()}, index.identity())
+                continue
+            loaded = KeyIndex(index.hashed, index.key_columns, index.table_uuid)
+            keys, locs = arrays["keys"], arrays["locs"]
+            if keys.dtype != loaded.dtype or len(keys) != len(locs):
+                continue
+            loaded.keys, loaded.locs = keys, locs
+            for p in meta["paths"]:
+                loaded.file_id(p)
+            loaded.snapshot_id = meta["snapshot_id"]
+            self.base_seq = self.seq = seq
+            self.base_bytes, self.delta_bytes, self.deltas = int(keys.nbytes + locs.nbytes), 0, 0
+            for kind, dseq, dpath in files:
+                if kind != "delta" or dseq <= seq:
+                    continue
+                try:
+                    dmeta, darrays = self._read(dpath)
+                except (OSError, ValueError, KeyError, orjson.JSONDecodeError) as exc:
+                    log.warning("key index delta %s unreadable (%s): the rest comes from the table's snapshots",
+                                dpath, exc)
+                    break
+                if dmeta.get("parent_snapshot_id") != loaded.snapshot_id or dmeta.get("paths_start") != len(
+                        loaded.paths):
+                    break  # a gap (a delta never written): the table's snapshots fill it
+                for p in dmeta["new_paths"]:
+                    loaded.file_id(p)
+                if dmeta.get("reset"):
+                    loaded.keys, loaded.locs = np.empty(0, loaded.dtype), np.empty(0, np.int64)
+                    loaded.delta_keys, loaded.delta_locs = np.empty(0, loaded.dtype), np.empty(0, np.int64)
+                loaded.update(darrays["keys"], darrays["locs"])
+                loaded.snapshot_id = dmeta["snapshot_id"]
+                self.seq = dseq
+                self.deltas += 1
+                self.delta_bytes += int(darrays["keys"].nbytes + darrays["locs"].nbytes)
+            loaded.journal, loaded.rebased, loaded.journal_parent = [], False, loaded.snapshot_id
+            self.paths_written = len(loaded.paths)
+            loaded.valid = True
+            return loaded
+        return None
+
+    # -- writing ---------------------------------------------------------------------------------
+    def persist(self, index: KeyIndex) -> None:
+        """Make ``index`` (valid at its snapshot) durable: a delta of its journal, or a new base."""
+        if index.snapshot_id is None or not index.valid:
+            return
+        if (not index.rebased and not index.journal and index.journal_parent == index.snapshot_id
+                and self.base_seq is not None and self.paths_written == len(index.paths)):
+            return  # already durable as it is
+        journal_bytes = sum(k.nbytes + v.nbytes for k, v in index.journal)
+        if (index.rebased or self.base_seq is None or self.deltas >= MAX_DELTAS
+                or self.delta_bytes + journal_bytes > max(self.base_bytes // 4, 1 << 20)):
+            self.write_base(index)
+            return
+        keys, locs = index.journal_entries()
+        seq = (self.seq or 0) + 1
+        meta = {"snapshot_id": index.snapshot_id, "parent_snapshot_id": index.journal_parent,
+                "paths_start": self.paths_written, "new_paths": index.paths[self.paths_written:], **index.identity()}
+        self._write("delta", seq, meta, keys=keys, locs=locs)
+        self.seq, self.deltas = seq, self.deltas + 1
+        self.delta_bytes += int(keys.nbytes + locs.nbytes)
+        self.paths_written = len(index.paths)
+        index.journal = []
+        index.journal_parent = index.snapshot_id
+
+    def write_base(self, index: KeyIndex) -> None:
+        started = time.monotonic()
+        keys, locs = index.entries()
+        seq = (self.seq or 0) + 1
+        meta = {"snapshot_id": index.snapshot_id, "paths": index.paths, **index.identity()}
+        size = self._write("base", seq, meta, keys=keys, locs=locs)
+        old = [path for _, s, path in self._files() if s < seq]
+        self.seq = self.base_seq = seq
+        self.base_bytes, self.delta_bytes, self.deltas = int(keys.nbytes + locs.nbytes), 0, 0
+        self.paths_written = len(index.paths)
+        index.journal, index.rebased = [], False
+        index.journal_parent = index.snapshot_id
+        for path in old:
+            try:
+                self.fs.delete_file(path)
+            except OSError:
+                pass
+        log.info("key index base written to %s: %d keys, %.1f MB, %.2fs", self.location, len(keys), size / 1e6,
+                 time.monotonic() - started)
+
+    def footprint(self) -> int:
+        """Bytes of the index's files."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        except OSError:
+            return 0
+        return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+
+
+# -- refresh by diff ---------------------------------------------------------------------------------
+
+def snapshot_changes(spark: SparkSession, catalog: str, namespace: str, table: str, from_snapshot: int
+                     ) -> dict[str, Any]:
+    """`LakestreamSink.snapshotChanges`: the snapshots after ``from_snapshot`` with their added and removed
+    data files and deleted positions."""
+    return orjson.loads(spark.sparkContext._jvm.lakestream.LakestreamSink.snapshotChanges(
+        spark._jsparkSession, catalog, namespace, table, int(from_snapshot)))
+
+
+def _file_keys(path: str, key_columns: tuple[str, ...]) -> np.ndarray:
+    """The index keys of every row of data file ``path``, by position (only the key columns are read)."""
+    import pyarrow.parquet as pq
+
+    fs, local = filesystem_path(path)
+    pf = pq.ParquetFile(local, filesystem=fs)
+    names = {n.lower(): n for n in pf.schema_arrow.names}
+    columns = [names.get(k.lower(), k) for k in key_columns]
+    table = pf.read(columns=columns)
+    table = table.rename_columns(list(key_columns))
+    return index_keys(table, list(key_columns))
+
+
+def refresh_by_diff(index: KeyIndex, changes: dict[str, Any]) -> dict[str, int]:
+    """Move ``index`` over the snapshots in ``changes`` (`snapshot_changes`), reading only the files they
+    added and the rows they deleted. Returns counts of what it did."""
+    stats = {"snapshots": 0, "files_read": 0, "rows_added": 0, "entries_dropped": 0}
+    for snap in changes["snapshots"]:
+        deleted = {d["data_file"]: np.asarray(d["positions"], np.int64) for d in snap["deleted"]}
+        removed = [fid for p in snap["removed"] if (fid := index.known_file_id(p)) is not None]
+        stats["entries_dropped"] += index.forget_files(removed)
+        added_paths = set()
+        for f in snap["added"]:
+            path = f["path"]
+            added_paths.add(path)
+            keys = _file_keys(path, index.key_columns)
+            stats["files_read"] += 1
+            live = np.ones(len(keys), bool)
+            gone = deleted.get(path)
+            if gone is not None and len(gone):
+                live[gone[gone < len(keys)]] = False
+            positions = np.flatnonzero(live)
+            keys = keys[live]
+            if len(keys) == 0:
+                continue
+            # Within one snapshot a key written twice keeps its last row (file order, then position).
+            order = np.argsort(keys, kind="stable")
+            k = keys[order]
+            last = np.r_[k[1:] != k[:-1], True]
+            fid = index.file_id(path)
+            index.update(k[last], pack(np.full(int(last.sum()), fid), positions[order][last]))
+            stats["rows_added"] += int(last.sum())
+        for path, positions in deleted.items():
+            fid = index.known_file_id(path)
+            if path in added_paths or fid is None:
+                continue
+            keys = _file_keys(path, index.key_columns)
+            stats["files_read"] += 1
+            positions = positions[positions < len(keys)]
+            probe = keys[positions]
+            at = index.lookup(probe)
+            mine = at == pack(np.full(len(probe), fid), positions)
+            if mine.any():
+                k = probe[mine]
+                order = np.argsort(k, kind="stable")
+                index.update(k[order], np.full(len(k), MISSING, np.int64))
+                stats["entries_dropped"] += int(mine.sum())
+        index.snapshot_id = snap["snapshot_id"]
+        stats["snapshots"] += 1
+    return stats
+
+
