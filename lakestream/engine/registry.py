@@ -21,7 +21,8 @@ from lakestream.errors import ConfigError, LakestreamError, first_line
 from lakestream.identifiers import validate_identifier
 from lakestream.process.reference import ReferenceCache, ReferenceData
 from lakestream.process.transform import Derived, empty_input, output_columns, reference_views, run_transform
-from lakestream.sink.index import KeyIndex, is_integer_key
+from lakestream.sink.disk_index import DiskKeyIndex
+from lakestream.sink.index import is_integer_key
 from lakestream.sink.index_store import IndexStore, refresh_by_diff, snapshot_changes, store_location
 from lakestream.sink.multiset import KeylessIndex
 from lakestream.sink.offsets import TableOffsets
@@ -51,7 +52,7 @@ class TableRegistry:
         self.cadence = cadence if cadence is not None else Cadence()
         self.batch_id = batch_id  # names the backup column of a widening (`pre_string_<batch>`)
         self.specs: dict[str, TableSpec] = {}
-        self.indexes: dict[str, KeyIndex | KeylessIndex] = {}
+        self.indexes: dict[str, DiskKeyIndex | KeylessIndex] = {}
         self.index_stores: dict[str, IndexStore] = {}  # where each key index is durable
         self.derived: dict[str, list[Derived]] = {}  # input table → its transforms (lakestream.process)
         self.derived_inputs: dict[str, tuple[str, StreamSettings]] = {}  # input table → (a topic, its stream)
@@ -171,9 +172,9 @@ class TableRegistry:
             hashed = not is_integer_key(spec.arrow_schema(), key)
             index = self.indexes.get(name)
             # A schema change (ADD COLUMN, a wider type) moves no row: the index is kept.
-            if (not isinstance(index, KeyIndex) or index.hashed != hashed
+            if (not isinstance(index, DiskKeyIndex) or index.hashed != hashed
                     or index.key_columns != tuple(key) or index.table_uuid != info.get("uuid")):
-                self.indexes[name] = KeyIndex(hashed, key, info.get("uuid"))
+                self.indexes[name] = DiskKeyIndex(hashed, key, info.get("uuid"))
         elif stream.mode == "upsert" and (not isinstance(self.indexes.get(name), KeylessIndex) or result.statements
                                           or self.indexes[name].table_uuid != info.get("uuid")):
             self.indexes[name] = KeylessIndex(spec.arrow_schema(), info.get("uuid"))  # no primary key: a multiset
@@ -248,7 +249,7 @@ class TableRegistry:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-prep") as pool:
                 list(pool.map(lambda item: self.prepare_table(*item), todo))
 
-    def fresh_index(self, name: str, ident: str) -> KeyIndex | KeylessIndex | None:
+    def fresh_index(self, name: str, ident: str) -> DiskKeyIndex | KeylessIndex | None:
         """The table's key index: as it is while valid (the commit checks it still describes the table's
         current snapshot); else brought to the current snapshot from where it is exact (in memory, or as
         durable beside the table: `lakestream.sink.index_store`) by the diff of the snapshots since, or
@@ -278,7 +279,7 @@ class TableRegistry:
         if store is None or store.location != store_location(info["location"]):
             store = self.index_stores[name] = IndexStore(store_location(info["location"]))
         key_columns = tuple(self.specs[name].key_columns)
-        start: KeyIndex | None = None
+        start: DiskKeyIndex | None = None
         if index.snapshot_id is not None and index.key_columns == key_columns:
             start, origin = index, "memory"  # exact at its snapshot (a commit of another writer came between)
         else:
@@ -308,6 +309,7 @@ class TableRegistry:
         elif start is not None and current is None:
             start = None  # the table has no snapshot (rolled back to empty): nothing to follow
         if start is None:
+            index.build_root = store.location
             index.rebuild(self.spark, ident, list(key_columns), current)
             start = index
         start.valid, start.snapshot_id = True, current
@@ -320,7 +322,7 @@ class TableRegistry:
         failure is logged: the next start refreshes from the table's snapshots instead."""
         index = self.indexes.get(name)
         store = self.index_stores.get(name)
-        if not isinstance(index, KeyIndex) or store is None or not index.valid:
+        if not isinstance(index, DiskKeyIndex) or store is None or not index.valid:
             return
         try:
             store.persist(index)

@@ -22,11 +22,14 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from lakestream.sink.index import MISSING, KeyIndex, keys_from_arrow, unpack
+from lakestream.sink.index import MISSING, keys_from_arrow, unpack
 from lakestream.sink.report import OP_DELETE, TableReport
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from lakestream.sink.disk_index import DiskKeyIndex
+    from lakestream.sink.multiset import KeylessIndex
 
     from lakestream.sink.router import TableName
     from lakestream.sink.task import TableSpec
@@ -56,7 +59,7 @@ class TableWrite:
     catalog: str
     name: TableName
     spec: TableSpec
-    index: KeyIndex | None  # upsert and de-duplicated tables
+    index: DiskKeyIndex | KeylessIndex | None  # upsert and de-duplicated tables
 
     @property
     def mode(self) -> str:
@@ -96,7 +99,7 @@ class _Locations:
         self.paths.append(path)
         self.file[g], self.pos[g] = len(self.paths) - 1, pos
 
-    def packed(self, index: KeyIndex) -> np.ndarray:
+    def packed(self, index: DiskKeyIndex) -> np.ndarray:
         """The index's packed locations (file id << 32 | pos; MISSING where there is no row)."""
         used = np.unique(self.file[self.file >= 0])
         ids = np.zeros(max(len(self.paths), 1), np.int64)  # a batch of deletes only writes no file

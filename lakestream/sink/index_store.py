@@ -34,7 +34,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from lakestream.sink.index import MISSING, KeyIndex, index_keys, pack
+from lakestream.sink.disk_index import DiskKeyIndex, local_generation
+from lakestream.sink.index import MISSING, index_keys, pack
 from lakestream.sink.storage import filesystem_path
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_DELTAS = 256
-_NAME = re.compile(r"^(base|delta)-(\d{12})\.npz$")
+_NAME = re.compile(r"^(base|delta)-(\d{12})\.(json|npz)$")
 
 
 def store_location(table_location: str) -> str:
@@ -58,8 +59,6 @@ class IndexStore:
         self.fs, self.root = filesystem_path(location)
         self.seq: int | None = None  # of the newest file written or loaded
         self.base_seq: int | None = None
-        self.base_bytes = 0
-        self.delta_bytes = 0
         self.deltas = 0
         self.paths_written = 0  # data file paths the files so far name (a delta adds the rest)
         self.written_bytes = 0
@@ -79,22 +78,19 @@ class IndexStore:
                 out.append((m.group(1), int(m.group(2)), info.path))
         return sorted(out, key=lambda f: f[1])
 
-    def _read(self, path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    def _read_bytes(self, path: str) -> bytes:
         with self.fs.open_input_stream(path) as fh:
-            data = fh.read()
-        with np.load(io.BytesIO(data)) as saved:
+            return fh.read()
+
+    def _read_delta(self, path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        with np.load(io.BytesIO(self._read_bytes(path))) as saved:
             arrays = {k: saved[k] for k in saved.files}
         return orjson.loads(arrays.pop("meta").tobytes()), arrays
 
-    def _write(self, kind: str, seq: int, meta: dict[str, Any], **arrays: np.ndarray) -> int:
-        buf = io.BytesIO()
-        np.savez(buf, meta=np.frombuffer(orjson.dumps(meta), np.uint8), **arrays)
-        data = buf.getvalue()
-        self.fs.create_dir(self.root, recursive=True)
-        path = f"{self.root}/{kind}-{seq:012d}.npz"
-        tmp = f"{self.root}/.{kind}-{seq:012d}.tmp"
+    def _put(self, path: str, data: bytes) -> None:
         # Written whole then moved where a filesystem can rename atomically; an object store's put is
         # atomic anyway (a reader sees the whole object or none).
+        tmp = path.rsplit("/", 1)[0] + "/." + path.rsplit("/", 1)[1] + ".tmp"
         try:
             with self.fs.open_output_stream(tmp) as fh:
                 fh.write(data)
@@ -103,37 +99,32 @@ class IndexStore:
             with self.fs.open_output_stream(path) as fh:
                 fh.write(data)
         self.written_bytes += len(data)
-        return len(data)
 
-    def load(self, index: KeyIndex) -> KeyIndex | None:
+    def load(self, index: DiskKeyIndex) -> DiskKeyIndex | None:
         """The index as durable: the newest matching base and its chain of deltas (None: no usable base)."""
         files = self._files()
-        bases = [f for f in files if f[0] == "base"]
-        for _, seq, path in reversed(bases):
+        for _, seq, path in reversed([f for f in files if f[0] == "base"]):
             try:
-                meta, arrays = self._read(path)
+                meta = orjson.loads(self._read_bytes(path))
+                if not index.matches(meta):
+                    log.info("key index base %s is of another table, key or encoding (%s, not %s): not used", path,
+                             {k: meta.get(k) for k in index.identity()}, index.identity())
+                    continue
+                loaded = DiskKeyIndex(index.hashed, index.key_columns, index.table_uuid)
+                gen = f"{self.root}/{meta['generation']}"
+                loaded.open_base(local_generation(self.fs, gen, meta["generation"], meta["buckets"]), meta)
             except (OSError, ValueError, KeyError, orjson.JSONDecodeError) as exc:
                 log.warning("ignoring key index base %s: %s", path, exc)
                 continue
-            if not index.matches(meta):
-                log.info("key index base %s is of another table, key or encoding (%s, not %s): not used", path,
-                         {k: meta.get(k) for k in index.identity()}, index.identity())
-                continue
-            loaded = KeyIndex(index.hashed, index.key_columns, index.table_uuid)
-            keys, locs = arrays["keys"], arrays["locs"]
-            if keys.dtype != loaded.dtype or len(keys) != len(locs):
-                continue
-            loaded.keys, loaded.locs = keys, locs
-            for p in meta["paths"]:
-                loaded.file_id(p)
+            loaded.generation = meta["generation"]
             loaded.snapshot_id = meta["snapshot_id"]
             self.base_seq = self.seq = seq
-            self.base_bytes, self.delta_bytes, self.deltas = int(keys.nbytes + locs.nbytes), 0, 0
+            self.deltas = 0
             for kind, dseq, dpath in files:
                 if kind != "delta" or dseq <= seq:
                     continue
                 try:
-                    dmeta, darrays = self._read(dpath)
+                    dmeta, darrays = self._read_delta(dpath)
                 except (OSError, ValueError, KeyError, orjson.JSONDecodeError) as exc:
                     log.warning("key index delta %s unreadable (%s): the rest comes from the table's snapshots",
                                 dpath, exc)
@@ -144,13 +135,11 @@ class IndexStore:
                 for p in dmeta["new_paths"]:
                     loaded.file_id(p)
                 if dmeta.get("reset"):
-                    loaded.keys, loaded.locs = np.empty(0, loaded.dtype), np.empty(0, np.int64)
-                    loaded.delta_keys, loaded.delta_locs = np.empty(0, loaded.dtype), np.empty(0, np.int64)
+                    loaded.reset()
                 loaded.update(darrays["keys"], darrays["locs"])
                 loaded.snapshot_id = dmeta["snapshot_id"]
                 self.seq = dseq
                 self.deltas += 1
-                self.delta_bytes += int(darrays["keys"].nbytes + darrays["locs"].nbytes)
             loaded.journal, loaded.rebased, loaded.journal_parent = [], False, loaded.snapshot_id
             self.paths_written = len(loaded.paths)
             loaded.valid = True
@@ -158,53 +147,74 @@ class IndexStore:
         return None
 
     # -- writing ---------------------------------------------------------------------------------
-    def persist(self, index: KeyIndex) -> None:
+    def persist(self, index: DiskKeyIndex) -> None:
         """Make ``index`` (valid at its snapshot) durable: a delta of its journal, or a new base."""
         if index.snapshot_id is None or not index.valid:
             return
         if (not index.rebased and not index.journal and index.journal_parent == index.snapshot_id
                 and self.base_seq is not None and self.paths_written == len(index.paths)):
             return  # already durable as it is
-        journal_bytes = sum(k.nbytes + v.nbytes for k, v in index.journal)
-        if (index.rebased or self.base_seq is None or self.deltas >= MAX_DELTAS
-                or self.delta_bytes + journal_bytes > max(self.base_bytes // 4, 1 << 20)):
+        if index.rebased or self.base_seq is None or self.deltas >= MAX_DELTAS or index.wants_merge():
             self.write_base(index)
             return
         keys, locs = index.journal_entries()
         seq = (self.seq or 0) + 1
         meta = {"snapshot_id": index.snapshot_id, "parent_snapshot_id": index.journal_parent,
                 "paths_start": self.paths_written, "new_paths": index.paths[self.paths_written:], **index.identity()}
-        self._write("delta", seq, meta, keys=keys, locs=locs)
+        buf = io.BytesIO()
+        np.savez(buf, meta=np.frombuffer(orjson.dumps(meta), np.uint8), keys=keys, locs=locs)
+        self.fs.create_dir(self.root, recursive=True)
+        self._put(f"{self.root}/delta-{seq:012d}.npz", buf.getvalue())
         self.seq, self.deltas = seq, self.deltas + 1
-        self.delta_bytes += int(keys.nbytes + locs.nbytes)
         self.paths_written = len(index.paths)
         index.journal = []
         index.journal_parent = index.snapshot_id
 
-    def write_base(self, index: KeyIndex) -> None:
+    def write_base(self, index: DiskKeyIndex) -> None:
+        """A new base: the mapped generation as it is (just built) or merged with the overlay into a new
+        one; then the older bases, deltas and generations are deleted."""
         started = time.monotonic()
-        keys, locs = index.entries()
         seq = (self.seq or 0) + 1
-        meta = {"snapshot_id": index.snapshot_id, "paths": index.paths, **index.identity()}
-        size = self._write("base", seq, meta, keys=keys, locs=locs)
-        old = [path for _, s, path in self._files() if s < seq]
+        self.fs.create_dir(self.root, recursive=True)
+        if index.generation is not None and index.overlay_size == 0:
+            meta = {"bits": index.bits, "rows": index.base_rows, "buckets": sorted(index.runs), **index.identity()}
+            generation = index.generation
+        else:
+            generation = f"gen-{seq:012d}"
+            meta = index.write_generation(self.fs, f"{self.root}/{generation}")
+            index.adopt(local_generation(self.fs, f"{self.root}/{generation}", generation, meta["buckets"]), meta)
+            index.generation = generation
+        meta.update({"snapshot_id": index.snapshot_id, "paths": index.paths, "generation": generation})
+        self._put(f"{self.root}/base-{seq:012d}.json", orjson.dumps(meta))
         self.seq = self.base_seq = seq
-        self.base_bytes, self.delta_bytes, self.deltas = int(keys.nbytes + locs.nbytes), 0, 0
+        self.deltas = 0
         self.paths_written = len(index.paths)
         index.journal, index.rebased = [], False
         index.journal_parent = index.snapshot_id
-        for path in old:
+        self._collect(seq, generation)
+        log.info("key index base %d of %s: %d keys in %d bucket(s), %.2fs", seq, self.location, meta["rows"],
+                 len(meta["buckets"]), time.monotonic() - started)
+
+    def _collect(self, seq: int, generation: str) -> None:
+        """Delete what the base ``seq`` made unnecessary: older bases and deltas, other generations."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        except OSError:
+            return
+        for info in infos:
+            m = _NAME.match(info.base_name)
             try:
-                self.fs.delete_file(path)
-            except OSError:
-                pass
-        log.info("key index base written to %s: %d keys, %.1f MB, %.2fs", self.location, len(keys), size / 1e6,
-                 time.monotonic() - started)
+                if m and int(m.group(2)) < seq:
+                    self.fs.delete_file(info.path)
+                elif info.type == pafs.FileType.Directory and info.base_name != generation:
+                    self.fs.delete_dir(info.path)
+            except OSError as exc:
+                log.debug("could not delete %s: %s", info.path, exc)
 
     def footprint(self) -> int:
         """Bytes of the index's files."""
         try:
-            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True, recursive=True))
         except OSError:
             return 0
         return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
@@ -233,7 +243,7 @@ def _file_keys(path: str, key_columns: tuple[str, ...]) -> np.ndarray:
     return index_keys(table, list(key_columns))
 
 
-def refresh_by_diff(index: KeyIndex, changes: dict[str, Any]) -> dict[str, int]:
+def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, int]:
     """Move ``index`` over the snapshots in ``changes`` (`snapshot_changes`), reading only the files they
     added and the rows they deleted. Returns counts of what it did."""
     stats = {"snapshots": 0, "files_read": 0, "rows_added": 0, "entries_dropped": 0}

@@ -107,16 +107,16 @@ def test_index_survives_compaction_and_another_writer(stack, spark, mirror, monk
 
 def _count_rebuilds(monkeypatch) -> list[int | None]:
     """The snapshots at which a key index is rebuilt from a full scan, from now on."""
-    from lakestream.sink.index import KeyIndex
+    from lakestream.sink.disk_index import DiskKeyIndex
 
     rebuilds: list[int | None] = []
-    real_rebuild = KeyIndex.rebuild
+    real_rebuild = DiskKeyIndex.rebuild
 
     def counting_rebuild(self, spark_, ident, key_columns, snapshot_id):
         rebuilds.append(snapshot_id)
         return real_rebuild(self, spark_, ident, key_columns, snapshot_id)
 
-    monkeypatch.setattr(KeyIndex, "rebuild", counting_rebuild)
+    monkeypatch.setattr(DiskKeyIndex, "rebuild", counting_rebuild)
     return rebuilds
 
 
@@ -138,6 +138,7 @@ def test_the_index_is_durable_with_every_commit(stack, spark, mirror, monkeypatc
     location = spark.sql(f"DESCRIBE TABLE EXTENDED {table}").where("col_name = 'Location'").collect()[0][1]
     store = Path(location.replace("file:", "", 1)) / "_lakestream" / "index"
     assert any(p.name.startswith("base-") for p in store.iterdir())
+    assert any(p.name.startswith("gen-") and p.is_dir() for p in store.iterdir())
     assert any(p.name.startswith("delta-") for p in store.iterdir())
     assert not (Path(config.state_dir) / "indexes").exists()  # nothing on the driver's disk
     # Dies: no close(), nothing saved at exit.

@@ -36,20 +36,38 @@ def test_composite_keys_with_the_separator_inside_are_distinct():
 
 
 def _saved(tmp_path, key_columns, table_uuid):
-    index = KeyIndex(False, key_columns, table_uuid)
+    from lakestream.sink.disk_index import DiskKeyIndex
+    from lakestream.sink.index_store import IndexStore
+
+    index = DiskKeyIndex(False, key_columns, table_uuid)
     index.update(np.array([1, 2, 3], np.int64), pack(np.array([index.file_id("f1")] * 3), np.array([0, 1, 2])))
     index.snapshot_id, index.valid = 42, True
-    path = tmp_path / "t.npz"
-    index.save(path)
-    return path
+    IndexStore(str(tmp_path / "store")).persist(index)
+    return str(tmp_path / "store")
 
 
 def test_a_saved_index_is_loaded_only_for_its_table_and_key_columns(tmp_path):
-    path = _saved(tmp_path, ["id"], "uuid-1")
-    assert KeyIndex.load(path, False, 42, ["id"], "uuid-1") is not None
-    assert KeyIndex.load(path, False, 42, ["id"], "uuid-2") is None  # another table of the same name
-    assert KeyIndex.load(path, False, 42, ["code"], "uuid-1") is None  # the key columns changed
-    assert KeyIndex.load(path, False, 43, ["id"], "uuid-1") is None  # the table moved on
+    from lakestream.sink.disk_index import DiskKeyIndex
+    from lakestream.sink.index_store import IndexStore
+
+    location = _saved(tmp_path, ["id"], "uuid-1")
+
+    def load(key_columns, table_uuid, hashed=False):
+        return IndexStore(location).load(DiskKeyIndex(hashed, key_columns, table_uuid))
+
+    loaded = load(["id"], "uuid-1")
+    assert loaded is not None and loaded.snapshot_id == 42 and len(loaded) == 3
+    assert load(["id"], "uuid-2") is None  # another table of the same name
+    assert load(["code"], "uuid-1") is None  # the key columns changed
+    assert load(["id"], "uuid-1", hashed=True) is None
+    # The in-memory KeyIndex's own saved form (keyless tables) checks the same identity.
+    index = KeyIndex(False, ["id"], "uuid-1")
+    index.update(np.array([1], np.int64), np.array([0], np.int64))
+    index.snapshot_id, index.valid = 42, True
+    index.save(tmp_path / "t.npz")
+    assert KeyIndex.load(tmp_path / "t.npz", False, 42, ["id"], "uuid-1") is not None
+    assert KeyIndex.load(tmp_path / "t.npz", False, 42, ["id"], "uuid-2") is None
+    assert KeyIndex.load(tmp_path / "t.npz", False, 42, ["code"], "uuid-1") is None
 
 
 def test_a_restart_with_other_key_columns_does_not_use_the_saved_index(stack, spark, pipeline_config_factory):
