@@ -243,14 +243,39 @@ def _file_keys(path: str, key_columns: tuple[str, ...]) -> np.ndarray:
     return index_keys(table, list(key_columns))
 
 
+def _drop_rows_at(index: DiskKeyIndex, fid: int, keys: np.ndarray, positions: np.ndarray) -> int:
+    """Drop the entries of ``keys`` that still point at their row (``fid``, ``positions``)."""
+    if len(keys) == 0:
+        return 0
+    mine = index.lookup(keys) == pack(np.full(len(keys), fid), positions)
+    if not mine.any():
+        return 0
+    k = np.unique(keys[mine])
+    index.update(k, np.full(len(k), MISSING, np.int64))
+    return len(k)
+
+
 def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, int]:
     """Move ``index`` over the snapshots in ``changes`` (`snapshot_changes`), reading only the files they
     added and the rows they deleted. Returns counts of what it did."""
     stats = {"snapshots": 0, "files_read": 0, "rows_added": 0, "entries_dropped": 0}
     for snap in changes["snapshots"]:
         deleted = {d["data_file"]: np.asarray(d["positions"], np.int64) for d in snap["deleted"]}
-        removed = [fid for p in snap["removed"] if (fid := index.known_file_id(p)) is not None]
-        stats["entries_dropped"] += index.forget_files(removed)
+        unreadable = []
+        for path in snap["removed"]:
+            fid = index.known_file_id(path)
+            if fid is None:
+                continue
+            # The rows of a removed file are found through its own keys (O(its rows)); a file already
+            # deleted from storage (expired history) costs one pass over the index's locations instead.
+            try:
+                keys = _file_keys(path, index.key_columns)
+            except (OSError, ValueError, KeyError, pa.ArrowException):
+                unreadable.append(fid)
+                continue
+            stats["files_read"] += 1
+            stats["entries_dropped"] += _drop_rows_at(index, fid, keys, np.arange(len(keys), dtype=np.int64))
+        stats["entries_dropped"] += index.forget_files(unreadable)
         added_paths = set()
         for f in snap["added"]:
             path = f["path"]
@@ -279,14 +304,7 @@ def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, i
             keys = _file_keys(path, index.key_columns)
             stats["files_read"] += 1
             positions = positions[positions < len(keys)]
-            probe = keys[positions]
-            at = index.lookup(probe)
-            mine = at == pack(np.full(len(probe), fid), positions)
-            if mine.any():
-                k = probe[mine]
-                order = np.argsort(k, kind="stable")
-                index.update(k[order], np.full(len(k), MISSING, np.int64))
-                stats["entries_dropped"] += int(mine.sum())
+            stats["entries_dropped"] += _drop_rows_at(index, fid, keys[positions], positions)
         index.snapshot_id = snap["snapshot_id"]
         stats["snapshots"] += 1
     return stats
