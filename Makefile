@@ -1,4 +1,4 @@
-.PHONY: setup demo test test-examples chaos bench clean example-fraud example-iot example-customer360
+.PHONY: setup demo test test-examples chaos bench bench-scale clean example-fraud example-iot example-customer360
 VENV ?= .venv
 
 setup:
@@ -36,6 +36,11 @@ chaos: setup
 
 bench: setup
 	$(VENV)/bin/python bench/e2e.py
+
+# Upsert batches at 1M and 20M rows (thousands of data files), driver memory and the key index's full build
+# (bench/scale.py; the last line is one JSON object). Long: not part of `make test`.
+bench-scale: setup
+	$(VENV)/bin/python bench/scale.py $(BENCH_SCALE_ARGS)
 
 clean:
 	-$(VENV)/bin/lakestream stack down

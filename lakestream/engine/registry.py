@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Above this many rows added since the key index's snapshot (and above its own size), the index is built again
+# on the executors instead of following the diff on the driver.
+DIFF_ROWS_MAX = 2_000_000
+
 
 class TableRegistry:
     """Specs, key indexes and transforms of every table this pipeline writes, and their preparation."""
@@ -292,10 +296,17 @@ class TableRegistry:
             try:
                 changes = snapshot_changes(self.spark, self.config.catalog.name, table.namespace, table.table,
                                            start.snapshot_id)
+                added = sum(int(f["records"]) for snap in changes.get("snapshots", []) for f in snap["added"])
                 if not changes["ancestor"] or changes.get("unsupported"):
                     log.info("table %s: the key index's snapshot %s is %s; rebuilding", name, start.snapshot_id,
                              "not an ancestor of the current one" if not changes["ancestor"]
                              else "followed by deletes it cannot follow (equality deletes)")
+                    start = None
+                elif added > max(DIFF_ROWS_MAX, start.base_rows):
+                    # A backfill bigger than the index itself: read on the driver it would all sit in the
+                    # overlay; a build on the executors keeps the driver's memory bounded.
+                    log.info("table %s: %d rows added since the key index's snapshot; building it again on the "
+                             "executors", name, added)
                     start = None
                 else:
                     stats = refresh_by_diff(start, changes)
