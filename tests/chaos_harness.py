@@ -303,7 +303,7 @@ class ChaosFigures:
     seed: int = 0  # of every random choice of the run (the write load's, the kills')
     events_sent: int = 0  # plain events acknowledged by the broker (the append table must hold each once)
     append_rows_checked: int = 0  # rows of the append table and the transform outputs counted exactly
-    failed_batches: dict[str, int] = field(default_factory=dict)  # scenario → failed batches it caused
+    faults_observed: dict[str, int] = field(default_factory=dict)  # scenario → failures the pipeline met
 
 
 class ChaosEnv:
@@ -409,6 +409,13 @@ class ChaosEnv:
     def failed_batches(self) -> int:
         """Batches the running pipeline reported as failed so far (its log)."""
         return self.pipeline.log_text().count("batch failed (")
+
+    def broker_errors(self) -> int:
+        """Failures to reach the broker the running pipeline met so far: failed batches, and librdkafka's
+        own connection failures (a client waits out a short outage inside its timeouts without failing)."""
+        text = self.pipeline.log_text()
+        return text.count("batch failed (") + len(re.findall(r"FAIL\|rdkafka#[^|]+\|.*(?:Connection refused|"
+                                                            r"timed out|Disconnected)", text))
 
     def _execute(self, *statements: str) -> None:
         conn = psycopg2.connect(self.dsn)

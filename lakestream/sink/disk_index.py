@@ -10,8 +10,9 @@ small in-memory overlay of the changes since they were written.
   DONTNEED``), so the driver's resident memory does not grow with the table: what it holds is the overlay
   (24-32 bytes per change since the last merge) and the list of data file paths.
 - **Updates** (a commit's moved and deleted keys) go to the overlay, deletes as tombstones. When the overlay
-  outgrows an eighth of the base (at least `MIN_MERGE` entries) the next durable write merges it into a new
-  generation, one bucket at a time (memory: one bucket).
+  outgrows an eighth of the base (at least `MIN_MERGE`, at most `MAX_OVERLAY` entries) the next durable write
+  merges it into a new generation, one bucket at a time (memory: one bucket). That merge rewrites the whole
+  base (O(table) I/O, synchronous in the commit that triggers it: once per ``MAX_OVERLAY`` changes at most).
 
 `lakestream.sink.index_store` keeps the generations and the per-commit deltas beside the table.
 """
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 BUCKET_ROWS = 2_000_000
 MIN_MERGE = 1_000_000
+MAX_OVERLAY = 4_000_000  # entries (64-96 MB): the overlay never holds more before a merge
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -246,7 +248,7 @@ class DiskKeyIndex:
         return k[last], locs[order][last]
 
     def wants_merge(self) -> bool:
-        return len(self.ov_keys) > max(MIN_MERGE, self.base_rows // 8)
+        return len(self.ov_keys) > max(MIN_MERGE, min(self.base_rows // 8, MAX_OVERLAY))
 
     # -- generations -----------------------------------------------------------------------------------
     def open_base(self, local_dir: str | None, meta: dict[str, Any]) -> None:

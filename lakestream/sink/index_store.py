@@ -5,12 +5,12 @@ location (`lakestream.sink.storage.filesystem_path`), so it lives wherever the t
 warehouse, an object store) and survives the loss of the driver's disk. Iceberg's orphan-file removal
 skips paths whose name starts with ``_`` (its hidden-path filter), so it never deletes these files.
 
-What: a **base** (``base-<seq>.npz``: every live key and its packed location, the data file paths, the
-snapshot it describes, the table UUID, key columns and key encoding it was built for) and after it one
-small **delta** per commit (``delta-<seq>.npz``: the keys the commit moved or deleted, the paths it
-added, the snapshot it leads to and its parent). A delta costs what the commit's changes cost. When the
-deltas since the base outweigh a quarter of it (or number more than `MAX_DELTAS`), the next commit
-writes a new base instead and the older files are deleted.
+What: a **base** (``base-<seq>.json``: the generation of sorted bucket files it names — ``gen-<seq>/`` or
+``build-…/``, see `lakestream.sink.disk_index` —, the data file paths, the snapshot it describes, the table
+UUID, key columns and key encoding it was built for) and after it one small **delta** per commit
+(``delta-<seq>.npz``: the keys the commit moved or deleted, the paths it added, the snapshot it leads to and its
+parent). A delta costs what the commit's changes cost. When the index's overlay is due for a merge (or after
+`MAX_DELTAS` deltas) the next commit writes a new generation and base instead, and the older files are deleted.
 
 Loading: the newest base that matches the table and key, then its deltas in order while each one's
 parent is the snapshot reached so far. Whatever the table committed after that point (a commit whose

@@ -7,6 +7,8 @@ import threading
 import time
 import uuid
 
+import pytest
+
 from conftest import produce_records
 from lakestream.engine.loop import run_pipeline
 from lakestream.maintenance import maybe_maintain
@@ -42,6 +44,7 @@ def test_inline_rounds_keep_to_the_pipelines_tables_unless_a_policy_names_others
     assert spark.sql(f"SELECT count(*) FROM lake.{other}.data_files").collect()[0][0] == 1
 
 
+@pytest.mark.chaos  # ~80 s of live ingestion: `make chaos`
 def test_maintenance_runs_beside_ingestion_and_moves_the_index_by_diff(stack, spark, pipeline_config_factory,
                                                                        monkeypatch):
     from lakestream.maintenance import runner
