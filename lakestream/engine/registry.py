@@ -296,17 +296,18 @@ class TableRegistry:
             try:
                 changes = snapshot_changes(self.spark, self.config.catalog.name, table.namespace, table.table,
                                            start.snapshot_id)
-                added = sum(int(f["records"]) for snap in changes.get("snapshots", []) for f in snap["added"])
+                moved = sum(int(f["records"]) for snap in changes.get("snapshots", []) for f in snap["added"]) + sum(
+                    int(snap.get("removed_records", 0)) for snap in changes.get("snapshots", []))
                 if not changes["ancestor"] or changes.get("unsupported"):
                     log.info("table %s: the key index's snapshot %s is %s; rebuilding", name, start.snapshot_id,
                              "not an ancestor of the current one" if not changes["ancestor"]
                              else "followed by deletes it cannot follow (equality deletes)")
                     start = None
-                elif added > max(DIFF_ROWS_MAX, start.base_rows):
-                    # A backfill bigger than the index itself: read on the driver it would all sit in the
-                    # overlay; a build on the executors keeps the driver's memory bounded.
-                    log.info("table %s: %d rows added since the key index's snapshot; building it again on the "
-                             "executors", name, added)
+                elif moved > max(DIFF_ROWS_MAX, start.base_rows):
+                    # A backfill (or a rewrite) bigger than the index itself: read on the driver it would all sit
+                    # in the overlay; a build on the executors keeps the driver's memory bounded.
+                    log.info("table %s: %d rows added or removed since the key index's snapshot; building it "
+                             "again on the executors", name, moved)
                     start = None
                 else:
                     stats = refresh_by_diff(start, changes)

@@ -738,9 +738,12 @@ public final class LakestreamSink {
         a.put("records", f.recordCount());
       }
       ArrayNode removed = n.putArray("removed");
+      long removedRecords = 0;
       for (DataFile f : s.removedDataFiles(t.io())) {
         removed.add(f.location());
+        removedRecords += f.recordCount();
       }
+      n.put("removed_records", removedRecords);
       Map<String, List<DeleteFile>> byFile = new LinkedHashMap<>();
       for (DeleteFile d : s.addedDeleteFiles(t.io())) {
         if (d.content() != FileContent.POSITION_DELETES || d.referencedDataFile() == null) {

@@ -141,6 +141,7 @@ class IndexStore:
                 self.seq = dseq
                 self.deltas += 1
             loaded.journal, loaded.rebased, loaded.journal_parent = [], False, loaded.snapshot_id
+            self.seq = max([self.seq or 0, *(f[1] for f in files)])  # new files never reuse a name
             self.paths_written = len(loaded.paths)
             loaded.valid = True
             return loaded
