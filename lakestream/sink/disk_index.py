@@ -60,7 +60,7 @@ def bucket_of(keys: np.ndarray, bits: int) -> np.ndarray:
     return (h >> np.uint64(64 - bits)).astype(np.int64)
 
 
-def _write_npy(fs: Any, path: str, array: np.ndarray) -> None:
+def write_npy(fs: Any, path: str, array: np.ndarray) -> None:
     import io
 
     buf = io.BytesIO()
@@ -301,8 +301,8 @@ class DiskKeyIndex:
             if len(keys) == 0:
                 continue
             order = np.argsort(keys, kind="stable")
-            _write_npy(fs, f"{gen_dir}/bucket-{b:05d}.keys.npy", keys[order])
-            _write_npy(fs, f"{gen_dir}/bucket-{b:05d}.locs.npy", locs[order])
+            write_npy(fs, f"{gen_dir}/bucket-{b:05d}.keys.npy", keys[order])
+            write_npy(fs, f"{gen_dir}/bucket-{b:05d}.locs.npy", locs[order])
             written.append(b)
             total += len(keys)
         return {"bits": bits, "rows": total, "buckets": written, "paths": list(self.paths), **self.identity()}
@@ -405,8 +405,8 @@ def build_on_executors(spark: SparkSession, ident: str, key_columns: list[str], 
             k = np.concatenate([p[0] for p in parts])
             loc = np.concatenate([p[1] for p in parts])
             order = np.argsort(k, kind="stable")
-            _write_npy(wfs, f"{wroot}/bucket-{bucket:05d}.keys.npy", k[order])
-            _write_npy(wfs, f"{wroot}/bucket-{bucket:05d}.locs.npy", loc[order])
+            write_npy(wfs, f"{wroot}/bucket-{bucket:05d}.keys.npy", k[order])
+            write_npy(wfs, f"{wroot}/bucket-{bucket:05d}.locs.npy", loc[order])
             out.append((bucket, len(k)))
         yield pa.record_batch([pa.array([o[0] for o in out], pa.int32()), pa.array([o[1] for o in out], pa.int64())],
                               names=["bucket", "rows"])
