@@ -1,4 +1,4 @@
-.PHONY: setup demo demo-s3 test test-examples test-storage chaos bench clean example-fraud example-iot example-customer360
+.PHONY: setup demo demo-s3 test test-examples test-storage chaos bench bench-scale clean example-fraud example-iot example-customer360
 VENV ?= .venv
 
 setup:
@@ -40,11 +40,16 @@ chaos: setup
 	mkdir -p .lakestream
 	LAKESTREAM_CHAOS_REPORT=$${LAKESTREAM_CHAOS_REPORT:-.lakestream/chaos-report.json} \
 		$(VENV)/bin/python -m pytest -x -v -m chaos -o log_cli=true --log-cli-level=INFO tests/engine/test_chaos.py \
-		tests/engine/test_exactly_once.py
+		tests/engine/test_exactly_once.py tests/maintenance/test_inline_beside_ingest.py
 	cat $${LAKESTREAM_CHAOS_REPORT:-.lakestream/chaos-report.json}
 
 bench: setup
 	$(VENV)/bin/python bench/e2e.py
+
+# Upsert batches at 1M and 20M rows (thousands of data files), driver memory and the key index's full build
+# (bench/scale.py; the last line is one JSON object). Long: not part of `make test`.
+bench-scale: setup
+	$(VENV)/bin/python bench/scale.py $(BENCH_SCALE_ARGS)
 
 clean:
 	-$(VENV)/bin/lakestream stack down

@@ -1,12 +1,18 @@
-"""Does an upsert batch cost what its changes cost, whatever the table size?
+"""Does an upsert batch cost what its changes cost, whatever the table size, with bounded driver memory?
 
-    .venv/bin/python bench/scale.py [--sizes 100000,4000000,20000000] [--batches 7] [--changes 5000]
+    .venv/bin/python bench/scale.py [--sizes 1000000,20000000] [--batches 7] [--changes 5000] [--rows-per-file 10000]
 
-For each size N: the pipeline creates an upsert table from real Debezium events (schemas off), Spark
-SQL fills it to N rows (not timed), one small batch rebuilds the key index (timed apart), then
-``--batches`` batches of ``--changes`` random-key changes (10% deletes) run one at a time. The
-median batch per size and the ratio of the largest to the smallest size are printed; the table is
-verified (count, distinct keys, sum of versions) after the last batch. The LAST line is one JSON object.
+For each size N: the pipeline creates an upsert table from real Debezium events (schemas off); the table is then
+filled to N rows through the pipeline's own write path — data files written by the sink's writer
+(`sink.files.write_data_file`, in Spark tasks, ``--rows-per-file`` rows each: thousands of files, as a streaming
+table holds before compaction) and committed by the sink's commit (`LakestreamSink.commitFiles`) — not timed.
+The first batch after it brings the key index up to date (timed apart: a diff up to 2M added rows, else a build on
+the executors); then ``--batches``
+batches of ``--changes`` random-key changes (10% deletes) run one at a time. Per size: the median batch, data
+files touched and deletion vectors written per batch (snapshot summaries), the driver's peak RSS (the Python
+process and the JVM apart, from each one's VmHWM, reset before the size), the index's bytes on disk and in the
+driver's heap, and the time of a full build of the index on the executors. The table is verified (count, distinct keys, sum of versions) after the last batch. Default driver
+memory (2g). The LAST line is one JSON object.
 """
 from __future__ import annotations
 
@@ -21,16 +27,100 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    DebeziumEvents, FastProducer, bulk_fill, OrderRow, machine_load, pipeline_data, private_stack, quiet_logs, say, to_config,
+    DebeziumEvents, FastProducer, OrderRow, machine_load, pipeline_data, private_stack, quiet_logs, say, to_config,
 )
 
 from lakestream.engine.loop import run_pipeline  # noqa: E402
 from lakestream.engine.pipeline import Pipeline  # noqa: E402
 from lakestream.spark import session_for  # noqa: E402
 
+
+def _status_kb(pid: int | str, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _reset_peak(pid: int | str) -> None:
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM (Linux)
+    except OSError:
+        pass
+
+
+def _jvm_pid(spark) -> int:
+    return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+
+
+def _fill_files(spec_json: str, first: int, last: int, rows_per_file: int):
+    """A Spark task: rows ``first`` ≤ id < ``last`` as data files written by the sink's writer."""
+    def run(indexes):
+        import numpy as np
+        import pyarrow as pa
+
+        from lakestream.sink.files import arrow_schema, write_data_file
+
+        spec = json.loads(spec_json)
+        schema = arrow_schema(spec["schema"])
+        for i in indexes:
+            lo = first + i * rows_per_file
+            hi = min(last, lo + rows_per_file)
+            ids = np.arange(lo, hi, dtype=np.int64)
+            columns = {}
+            for f in schema:
+                t, n = f.type, f.name
+                if n == "id":
+                    v = pa.array(ids).cast(t)
+                elif n == "customer_id":
+                    v = pa.array(ids % 50000).cast(t)
+                elif n == "qty":
+                    v = pa.array(ids % 19 + 1).cast(t)
+                elif n == "version":
+                    v = pa.array(np.ones(len(ids), np.int64)).cast(t)
+                elif pa.types.is_string(t):
+                    v = pa.array([f"v{x}" for x in ids.tolist()], t)
+                elif pa.types.is_boolean(t):
+                    v = pa.array(ids % 3 == 0)
+                elif pa.types.is_date(t):
+                    v = pa.array((19_800 + ids % 365).astype(np.int32)).cast(pa.int32()).cast(t)
+                elif pa.types.is_timestamp(t):
+                    v = pa.array(np.full(len(ids), 1_704_067_200_000_000, np.int64)).cast(pa.timestamp("us")).cast(t)
+                elif pa.types.is_decimal(t):
+                    v = pa.array([None] * len(ids), t)
+                elif pa.types.is_floating(t):
+                    v = pa.array((ids % 1000).astype(np.float64)).cast(t)
+                else:
+                    v = pa.array(ids % 1000).cast(t)
+                columns[n] = v
+            written = write_data_file(pa.table(columns, schema=schema), spec["data_location"], schema, "bulk")
+            yield json.dumps({"path": written["path"], "file_size": written["file_size"],
+                              "record_count": written["record_count"], "partition": []})
+    return run
+
+
+def fill_through_write_path(spark, config, name: str, first: int, last: int, rows_per_file: int) -> int:
+    """Rows ``first`` ≤ id < ``last`` as data files of ``rows_per_file`` rows, committed in chunks by the sink's
+    commit; returns the number of files."""
+    from lakestream.sink.files import commit_files, table_info
+    from lakestream.sink.router import TableName
+
+    table = TableName.parse(name)
+    info = table_info(spark, config.catalog.name, table.namespace, table.table)
+    spec_json = json.dumps({"schema": info["schema"], "data_location": info["data_location"]})
+    files = (last - first + rows_per_file - 1) // rows_per_file
+    written = [json.loads(x) for x in spark.sparkContext.parallelize(range(files), max(2, files // 250))
+               .mapPartitions(_fill_files(spec_json, first, last, rows_per_file)).collect()]
+    for i in range(0, len(written), 500):
+        commit_files(spark, config.catalog.name, table.namespace, table.table,
+                     {"data_files": written[i:i + 500], "deletes": [], "properties": {}})
+    return len(written)
+
+
 def one_size(info, state_dir: Path, spark, size: int, args) -> dict:
     events = DebeziumEvents(f"lsscale{size}", f"orders_{size}", schemas=False)
-    table = f"lake.bench.orders_{size}"
+    name = f"bench.orders_{size}"
+    table = f"lake.{name}"
     config = to_config(pipeline_data(info, state_dir, f"scale{size}", [
         {"topics": [events.topic], "mode": "upsert", "namespace": "bench", "table": "{table}"}]))
     producer = FastProducer(info.bootstrap_servers)
@@ -40,20 +130,26 @@ def one_size(info, state_dir: Path, spark, size: int, args) -> dict:
     producer.flush()
     run_pipeline(config, spark=spark, stop_when_idle=True)
     started = time.perf_counter()
-    bulk_fill(spark, table, 101, size + 1)
-    say(f"{size:,} rows: filled in {time.perf_counter() - started:.1f}s (not timed)")
+    files = fill_through_write_path(spark, config, name, 101, size + 1, args.rows_per_file)
+    say(f"{size:,} rows: filled through the write path in {time.perf_counter() - started:.1f}s, {files:,} files "
+        f"(not timed)")
+    jvm = _jvm_pid(spark)
+    _reset_peak("self")
+    _reset_peak(jvm)
     rng = random.Random(size)
     versions = {}  # id → version for ids changed (others stay 1); None = deleted
     pipeline = Pipeline(config, spark)
+    dvs: list[int] = []  # one deletion vector per data file a batch touches
     try:
         producer.send(events.topic, *events.upsert(OrderRow(1, 1, 1, 2), "u", now))
         versions[1] = 2
         producer.flush()
         started = time.perf_counter()
         pipeline.run_batch()
-        rebuild_s = time.perf_counter() - started
-        index = pipeline.indexes[f"bench.orders_{size}"]
-        say(f"{size:,} rows: index rebuild batch {rebuild_s:.1f}s ({len(index):,} keys, {index.nbytes / 1e6:.0f} MB)")
+        build_s = time.perf_counter() - started
+        index = pipeline.indexes[name]
+        store = pipeline.registry.index_stores[name]
+        say(f"{size:,} rows: first batch after the fill {build_s:.1f}s ({len(index):,} keys, {len(index.runs)} buckets)")
         seconds = []
         for b in range(args.batches):
             for _ in range(args.changes):
@@ -71,10 +167,29 @@ def one_size(info, state_dir: Path, spark, size: int, args) -> dict:
             producer.flush()
             result = pipeline.run_batch()
             seconds.append(result.seconds)
+            summary = spark.sql(f"SELECT summary FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1"
+                                ).collect()[0][0]
+            dvs.append(int(summary.get("added-dvs", summary.get("added-delete-files", 0))))
             say(f"  batch {b + 1}: {result.changes:,} changes in {result.seconds:.2f}s "
-                f"(tasks {result.read_seconds:.2f}s, commit {result.seconds - result.read_seconds:.2f}s)")
+                f"(tasks {result.read_seconds:.2f}s, commit {result.seconds - result.read_seconds:.2f}s), "
+                f"{dvs[-1]} deletion vectors")
+        index_disk = store.footprint()
+        heap = index.nbytes
+        # A full build as after a lost state or on a first start: on the executors, into the table's store.
+        from lakestream.sink.disk_index import DiskKeyIndex
+
+        fresh = DiskKeyIndex(index.hashed, index.key_columns, index.table_uuid)
+        fresh.build_root = store.location
+        started = time.perf_counter()
+        fresh.rebuild(spark, f"`lake`.`bench`.`orders_{size}`", list(index.key_columns), index.snapshot_id)
+        full_build_s = time.perf_counter() - started
+        assert len(fresh) == len(index), (len(fresh), len(index))
+        say(f"{size:,} rows: full build on the executors {full_build_s:.1f}s ({len(fresh):,} keys, "
+            f"{len(fresh.runs)} buckets)")
     finally:
         pipeline.close()
+    py_peak_mb = _status_kb("self", "VmHWM") / 1024
+    jvm_peak_mb = _status_kb(jvm, "VmHWM") / 1024
     deleted = sum(1 for v in versions.values() if v is None)
     want_rows = size - deleted
     want_version = (size - len(versions)) + sum(v for v in versions.values() if v is not None)
@@ -83,22 +198,33 @@ def one_size(info, state_dir: Path, spark, size: int, args) -> dict:
         raise SystemExit(f"{size:,}: lake has {row['n']} rows / {row['k']} keys / {row['v']} version sum, "
                          f"expected {want_rows} / {want_rows} / {want_version}")
     median = statistics.median(seconds)
-    say(f"{size:,} rows: median batch {median:.2f}s over {len(seconds)} batches; verified {want_rows:,} rows")
-    return {"size": size, "median_batch_s": round(median, 3), "batches_s": [round(s, 3) for s in seconds],
-            "index_rebuild_batch_s": round(rebuild_s, 2), "index_mb": round(index.nbytes / 1e6, 1)}
+    say(f"{size:,} rows: median batch {median:.2f}s over {len(seconds)} batches; verified {want_rows:,} rows; "
+        f"driver peak RSS Python {py_peak_mb:.0f} MB, JVM {jvm_peak_mb:.0f} MB; index {index_disk / 1e6:.0f} MB on "
+        f"disk, {heap / 1e6:.1f} MB in the heap")
+    return {"size": size, "data_files": files + 1, "median_batch_s": round(median, 3),
+            "batches_s": [round(s, 3) for s in seconds], "first_batch_after_fill_s": round(build_s, 2),
+            "full_build_s": round(full_build_s, 2),
+            "files_touched_per_batch": statistics.median(dvs) if dvs else 0,
+            "dvs_written_per_batch": statistics.median(dvs) if dvs else 0,
+            "driver_peak_rss_python_mb": round(py_peak_mb), "driver_peak_rss_jvm_mb": round(jvm_peak_mb),
+            "index_bytes_on_disk": index_disk, "index_overlay_bytes_in_heap": heap,
+            "index_buckets": len(index.runs)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="100000,4000000,20000000")
+    parser.add_argument("--sizes", default="1000000,20000000")
     parser.add_argument("--batches", type=int, default=7)
     parser.add_argument("--changes", type=int, default=5000)
+    parser.add_argument("--rows-per-file", type=int, default=10000)
+    parser.add_argument("--driver-memory", default="2g")
     args = parser.parse_args()
     quiet_logs()
     sizes = [int(s) for s in args.sizes.split(",")]
     summary = {"bench": "scale", "load_start": machine_load(), "params": vars(args), "sizes": []}
     with private_stack("bench-scale") as (info, state_dir):
-        config = to_config(pipeline_data(info, state_dir, "scale", [{"topics": ["x"]}], driver_memory="4g"))
+        config = to_config(pipeline_data(info, state_dir, "scale", [{"topics": ["x"]}],
+                                         driver_memory=args.driver_memory))
         spark = session_for(config)
         try:
             for size in sizes:
@@ -108,10 +234,11 @@ def main() -> int:
     medians = {s["size"]: s["median_batch_s"] for s in summary["sizes"]}
     summary["ratio_largest_to_smallest"] = round(medians[max(medians)] / medians[min(medians)], 3)
     summary["load_end"] = machine_load()
-    say("\n  rows         median batch   index rebuild   index MB")
+    say("\n  rows         files   median batch   full build   DVs/batch   py RSS   JVM RSS   index on disk")
     for s in summary["sizes"]:
-        say(f"  {s['size']:>11,}   {s['median_batch_s']:>9.2f} s   {s['index_rebuild_batch_s']:>10.1f} s   "
-            f"{s['index_mb']:>7.1f}")
+        say(f"  {s['size']:>11,}  {s['data_files']:>6,}   {s['median_batch_s']:>9.2f} s   {s['full_build_s']:>8.1f} s"
+            f"   {s['dvs_written_per_batch']:>9}   {s['driver_peak_rss_python_mb']:>5} MB  {s['driver_peak_rss_jvm_mb']:>5} MB"
+            f"   {s['index_bytes_on_disk'] / 1e6:>8.0f} MB")
     say(f"  median at {max(medians):,} rows / median at {min(medians):,} rows = {summary['ratio_largest_to_smallest']}")
     print(json.dumps(summary), flush=True)
     return 0

@@ -140,6 +140,68 @@ class WriteLoad(threading.Thread):
             cur.execute("DELETE FROM transfers WHERE id = %s", (key,))
 
 
+class EventLoad(threading.Thread):
+    """Plain JSON events (``event_id`` unique, counting on from ``first``) at about ``rate``/s to ``topic``
+    with an idempotent producer, until stopped; ``acked`` counts the ones the broker acknowledged (a
+    broker outage holds them back; they are delivered once it returns)."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: int, first: int) -> None:
+        super().__init__(daemon=True, name="event-load")
+        from confluent_kafka import Producer
+
+        self.topic, self.rate, self.next_id, self.sent = topic, rate, first, 0
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
+                                  "message.timeout.ms": 600000})
+        self.stop_event = threading.Event()
+        self.acked = 0
+        self.failed: list[str] = []
+
+    def _delivered(self, err, _msg) -> None:
+        if err is None:
+            self.acked += 1
+        else:
+            self.failed.append(str(err))
+
+    def run(self) -> None:
+        started = time.monotonic()
+        while not self.stop_event.is_set():
+            event = {"event_id": self.next_id, "account": self.next_id % 97, "amount": self.next_id * 3}
+            self.producer.produce(self.topic, json.dumps(event).encode(), on_delivery=self._delivered)
+            self.next_id += 1
+            self.sent += 1
+            self.producer.poll(0)
+            while not self.stop_event.is_set() and self.sent >= self.rate * (time.monotonic() - started):
+                self.stop_event.wait(0.05)
+                self.producer.poll(0)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(60)
+        left = self.producer.flush(600)
+        assert left == 0 and not self.failed, f"{left} events undelivered, failures: {self.failed[:5]}"
+
+
+def count_values(bootstrap: str, topic: str) -> int:
+    """Records of ``topic`` (partition 0) that carry a value (tombstones excluded)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"count-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1]
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        count, position = 0, 0
+        deadline = time.monotonic() + 300
+        while position < end and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, timeout=2):
+                if msg.error():
+                    continue
+                position = msg.offset() + 1
+                count += msg.value() is not None
+        assert position >= end, f"{topic}: read up to {position} of {end}"
+        return count
+    finally:
+        consumer.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # The pipeline process
 # ---------------------------------------------------------------------------------------------
@@ -238,6 +300,10 @@ class ChaosFigures:
     verifies: int = 0
     maintenance_ok: dict[str, int] = field(default_factory=dict)
     scenarios: dict[str, float] = field(default_factory=dict)  # name → seconds
+    seed: int = 0  # of every random choice of the run (the write load's, the kills')
+    events_sent: int = 0  # plain events acknowledged by the broker (the append table must hold each once)
+    append_rows_checked: int = 0  # rows of the append table and the transform outputs counted exactly
+    faults_observed: dict[str, int] = field(default_factory=dict)  # scenario → failures the pipeline met
 
 
 class ChaosEnv:
@@ -258,6 +324,8 @@ class ChaosEnv:
         self._execute(*SETUP_SQL)
         self.prefix, self.namespace = "chaos", "chaos"
         self.topics = [f"{self.prefix}.public.{t}" for t in TABLES]
+        self.events_topic = f"{self.prefix}.events"  # plain JSON events, not captured: an append table
+        self.figures.seed = seed
         self.config = {
             "name": "chaos",
             "state_dir": str(workdir / "state"),
@@ -265,7 +333,12 @@ class ChaosEnv:
                       "client": {"session.timeout.ms": 6000}},
             "catalog": catalog_settings(self.info).model_dump(mode="json") | {"password": self.info.pg_password},
             "streams": [{"topics": self.topics, "namespace": self.namespace, "table": "{table}",
-                         "layout": {"partition_by": ["bucket(4, id)"]}}],
+                         "layout": {"partition_by": ["bucket(4, id)"]},
+                         # Every change as a row: a double apply shows in its count (a mirror hides it).
+                         "transforms": [{"name": "changes", "table": "changes_{table}",
+                                         "sql": "SELECT id, _op, _kafka_offset FROM batch"}]},
+                        {"topics": [self.events_topic], "mode": "append", "namespace": self.namespace,
+                         "table": "events"}],
             "engine": {"commit_interval_s": 0.5, "max_records_per_batch": 20000, "idle_poll_s": 0.2},
             "spark": {"master": "local[2]", "driver_memory": "1g", "conf": {"spark.ui.enabled": "false"}},
             # Maintenance in its own process beside the pipeline (`lakestream maintain --watch`),
@@ -320,13 +393,29 @@ class ChaosEnv:
 
     def load(self) -> WriteLoad:
         load = WriteLoad(self.dsn, self.rate, self.rng.randint(0, 2**31))
+        load.events = EventLoad(self.info.bootstrap_servers, self.events_topic, max(1, self.rate // 3),
+                                self.figures.events_sent)
         load.start()
+        load.events.start()
         return load
 
     def stop_load(self, load: WriteLoad) -> None:
         load.stop()
+        load.events.stop()
         self.figures.load_changes += load.changes
         self.figures.load_reconnects += load.reconnects
+        self.figures.events_sent += load.events.acked
+
+    def failed_batches(self) -> int:
+        """Batches the running pipeline reported as failed so far (its log)."""
+        return self.pipeline.log_text().count("batch failed (")
+
+    def broker_errors(self) -> int:
+        """Failures to reach the broker the running pipeline met so far: failed batches, and librdkafka's
+        own connection failures (a client waits out a short outage inside its timeouts without failing)."""
+        text = self.pipeline.log_text()
+        return text.count("batch failed (") + len(re.findall(r"FAIL\|rdkafka#[^|]+\|.*(?:Connection refused|"
+                                                            r"timed out|Disconnected)", text))
 
     def _execute(self, *statements: str) -> None:
         conn = psycopg2.connect(self.dsn)
@@ -354,12 +443,13 @@ class ChaosEnv:
                 assert self.pipeline.alive, f"pipeline exited (code {self.pipeline.proc.returncode}):\n{self.pipeline.tail()}"
                 assert time.monotonic() < deadline, (f"pipeline did not catch up ({ends}):\n{self.pipeline.tail()}\n"
                                                      f"--- its threads ---\n{self.pipeline.stacks()}")
-                parts = [TopicPartition(t, 0) for t in self.topics]
+                every = [*self.topics, self.events_topic]
+                parts = [TopicPartition(t, 0) for t in every]
                 ends = {t: consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=10, cached=False)[1]
-                        for t in self.topics}
+                        for t in every}
                 committed = {p.topic: p.offset for p in consumer.committed(parts, timeout=10)}
                 if all(_holds_marker(self.info.bootstrap_servers, t, ends[t], mark) for t in self.topics) \
-                        and all(committed[t] >= ends[t] for t in self.topics):
+                        and all(committed[t] >= ends[t] for t in every):
                     break
                 time.sleep(1.0)
         finally:
@@ -374,7 +464,30 @@ class ChaosEnv:
         assert report["ok"] and all(t["duplicate_keys"] == 0 for t in report["tables"]), result.stdout
         self.figures.verifies += 1
         self.figures.rows_checked += sum(t["source_rows"] for t in report["tables"])
+        self.check_exact_counts()
         return report
+
+    def _count(self, table: str, distinct: str) -> tuple[int, int]:
+        result = run_lakestream("sql", str(self.config_path), f"SELECT count(*) AS n, count(DISTINCT {distinct}) AS d "
+                                f"FROM lake.{self.namespace}.{table}", "--engine", "duckdb", "--format", "json",
+                                timeout=300)
+        assert result.returncode == 0, f"counting {table} failed:\n{result.stdout}\n{result.stderr[-3000:]}"
+        rows = json.loads(result.stdout)
+        row = rows[0] if isinstance(rows, list) else rows["rows"][0]
+        return (int(row["n"]), int(row["d"])) if isinstance(row, dict) else (int(row[0]), int(row[1]))
+
+    def check_exact_counts(self) -> None:
+        """The append table holds each acknowledged event once; each transform output holds one row per
+        change record of its topic (tombstones carry no row), each Kafka offset once."""
+        n, d = self._count("events", "event_id")
+        assert (n, d) == (self.figures.events_sent, self.figures.events_sent), \
+            f"append table: {n} rows / {d} distinct events, {self.figures.events_sent} sent"
+        self.figures.append_rows_checked += n
+        for table, topic in zip(TABLES, self.topics):
+            want = count_values(self.info.bootstrap_servers, topic)
+            n, d = self._count(f"changes_{table}", "_kafka_offset")
+            assert (n, d) == (want, want), f"changes_{table}: {n} rows / {d} distinct offsets, {want} change records"
+            self.figures.append_rows_checked += n
 
 
 def _holds_marker(bootstrap: str, topic: str, end: int, mark: int) -> bool:

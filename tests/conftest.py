@@ -393,3 +393,14 @@ def rest_catalog_factory(stack, service_dir_factory):
     yield make
     for server in made:
         server.stop()
+
+
+def simulate_death(pipeline) -> None:
+    """What is left of a pipeline whose process died: nothing closed or saved by it (no ``close()``: held
+    files are not committed, nothing is flushed, files in flight are not deleted). Only what the operating
+    system ends with a process ends here: its sockets, and the write job still running on its thread (waited
+    for; a dead process's job stops with it and leaves orphan files)."""
+    pool = getattr(pipeline.prefetch, "_pool", None)
+    if pool is not None:
+        pool.shutdown(wait=True)
+    pipeline.kafka.close()

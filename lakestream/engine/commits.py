@@ -92,6 +92,7 @@ class Committer:
                     write.index.valid = False
                 self.retries.append(name)
                 time.sleep(0.2 * attempt)
+        self.registry.persist_index(name)  # durable with the commit (a death before this: refreshed by diff)
         pause_point("commit.table.after")
         self.offsets.record(ident, merged)
         spec.committed = dict(merged)

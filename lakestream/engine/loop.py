@@ -115,11 +115,17 @@ def run_pipeline(
                     stop.wait(remaining)
             if maintain is not None and not stop.is_set():
                 try:
-                    for action in maintain(pipeline.spark, config, time.time()) or []:
+                    # Beside ingestion, on the tables this pipeline writes (and those a policy names).
+                    for action in maintain(pipeline.spark, config, time.time(), own=set(pipeline.specs),
+                                           background=True) or []:
                         log.info("maintenance: %s", action)
                 except Exception as exc:  # noqa: BLE001 — maintenance must never stop ingestion
                     log.error("maintenance round failed (next round as scheduled): %s", first_line(exc)[:300])
     finally:
+        if maintain is not None:
+            from lakestream.maintenance.runner import finish_maintenance
+
+            finish_maintenance(config)
         _close(pipeline)
         if engine_metrics is not None:
             engine_metrics.close()

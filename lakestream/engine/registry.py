@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,11 +17,13 @@ from typing import TYPE_CHECKING
 
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.engine.cadence import Cadence
-from lakestream.errors import ConfigError, LakestreamError
+from lakestream.errors import ConfigError, LakestreamError, first_line
 from lakestream.identifiers import validate_identifier
 from lakestream.process.reference import ReferenceCache, ReferenceData
 from lakestream.process.transform import Derived, empty_input, output_columns, reference_views, run_transform
-from lakestream.sink.index import KeyIndex, is_integer_key
+from lakestream.sink.disk_index import DiskKeyIndex
+from lakestream.sink.index import is_integer_key
+from lakestream.sink.index_store import IndexStore, refresh_by_diff, snapshot_changes, store_location
 from lakestream.sink.multiset import KeylessIndex
 from lakestream.sink.offsets import TableOffsets
 from lakestream.sink.report import NewShape
@@ -36,6 +39,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Above this many rows added since the key index's snapshot (and above its own size), the index is built again
+# on the executors instead of following the diff on the driver.
+DIFF_ROWS_MAX = 2_000_000
+
 
 class TableRegistry:
     """Specs, key indexes and transforms of every table this pipeline writes, and their preparation."""
@@ -49,7 +56,8 @@ class TableRegistry:
         self.cadence = cadence if cadence is not None else Cadence()
         self.batch_id = batch_id  # names the backup column of a widening (`pre_string_<batch>`)
         self.specs: dict[str, TableSpec] = {}
-        self.indexes: dict[str, KeyIndex] = {}
+        self.indexes: dict[str, DiskKeyIndex | KeylessIndex] = {}
+        self.index_stores: dict[str, IndexStore] = {}  # where each key index is durable
         self.derived: dict[str, list[Derived]] = {}  # input table → its transforms (lakestream.process)
         self.derived_inputs: dict[str, tuple[str, StreamSettings]] = {}  # input table → (a topic, its stream)
         self.references = ReferenceCache(spark, config.catalog.name)
@@ -67,9 +75,10 @@ class TableRegistry:
         return Path(self.config.state_dir) / "indexes" / f"{safe}.npz"
 
     def save_indexes(self) -> None:
-        """Keep every valid key index for the next start (at a clean close)."""
+        """Keep every valid keyless index for the next start (at a clean close). Key indexes are durable
+        with every commit beside their table (`persist_index`)."""
         for name, index in self.indexes.items():
-            if index.valid and index.snapshot_id is not None:
+            if isinstance(index, KeylessIndex) and index.valid and index.snapshot_id is not None:
                 try:
                     index.save(self.index_path(name))
                 except OSError as exc:
@@ -166,10 +175,13 @@ class TableRegistry:
         if key:
             hashed = not is_integer_key(spec.arrow_schema(), key)
             index = self.indexes.get(name)
-            if index is None or index.hashed != hashed or result.statements:
-                self.indexes[name] = KeyIndex(hashed)
-        elif stream.mode == "upsert" and (not isinstance(self.indexes.get(name), KeylessIndex) or result.statements):
-            self.indexes[name] = KeylessIndex(spec.arrow_schema())  # no primary key: a row multiset
+            # A schema change (ADD COLUMN, a wider type) moves no row: the index is kept.
+            if (not isinstance(index, DiskKeyIndex) or index.hashed != hashed
+                    or index.key_columns != tuple(key) or index.table_uuid != info.get("uuid")):
+                self.indexes[name] = DiskKeyIndex(hashed, key, info.get("uuid"))
+        elif stream.mode == "upsert" and (not isinstance(self.indexes.get(name), KeylessIndex) or result.statements
+                                          or self.indexes[name].table_uuid != info.get("uuid")):
+            self.indexes[name] = KeylessIndex(spec.arrow_schema(), info.get("uuid"))  # no primary key: a multiset
         topic = topic or next((s.topic for s in shapes), None)
         if stream.transforms and topic is not None:
             self.prepare_derived(name, topic, stream)
@@ -241,20 +253,92 @@ class TableRegistry:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-prep") as pool:
                 list(pool.map(lambda item: self.prepare_table(*item), todo))
 
-    def fresh_index(self, name: str, ident: str) -> KeyIndex | None:
+    def fresh_index(self, name: str, ident: str) -> DiskKeyIndex | KeylessIndex | None:
         """The table's key index: as it is while valid (the commit checks it still describes the table's
-        current snapshot), else loaded as saved at the current snapshot, or rebuilt from a scan."""
+        current snapshot); else brought to the current snapshot from where it is exact (in memory, or as
+        durable beside the table: `lakestream.sink.index_store`) by the diff of the snapshots since, or
+        rebuilt from a scan when no such starting point exists."""
         from lakestream.sink.files import table_info
 
         index = self.indexes.get(name)
         if index is None or index.valid:
             return index  # a valid index is checked by the commit itself (expect_snapshot_id)
         table = TableName.parse(name)
-        current = table_info(self.spark, self.config.catalog.name, table.namespace, table.table).get("snapshot_id")
-        saved = type(index).load(self.index_path(name), index.hashed, current)
-        if saved is not None:
-            log.info("table %s: key index loaded as saved at snapshot %s (%d keys)", name, current, len(saved))
-            self.indexes[name] = saved
-            return saved
-        index.rebuild(self.spark, ident, self.specs[name].key_columns, current)
-        return index
+        info = table_info(self.spark, self.config.catalog.name, table.namespace, table.table)
+        current = info.get("snapshot_id")
+        if info.get("uuid") != index.table_uuid:  # dropped and created again since the table was prepared
+            index.table_uuid = info.get("uuid")
+            index.snapshot_id = None
+        if isinstance(index, KeylessIndex):
+            saved = KeylessIndex.load(self.index_path(name), True, current, (), index.table_uuid)
+            if saved is not None:
+                log.info("table %s: keyless index loaded as saved at snapshot %s (%d rows)", name, current, len(saved))
+                saved.schema = index.schema
+                self.indexes[name] = saved
+                return saved
+            index.rebuild(self.spark, ident, self.specs[name].key_columns, current)
+            return index
+        started = time.monotonic()
+        store = self.index_stores.get(name)
+        if store is None or store.location != store_location(info["location"]):
+            store = self.index_stores[name] = IndexStore(store_location(info["location"]))
+        key_columns = tuple(self.specs[name].key_columns)
+        start: DiskKeyIndex | None = None
+        if index.snapshot_id is not None and index.key_columns == key_columns:
+            start, origin = index, "memory"  # exact at its snapshot (a commit of another writer came between)
+        else:
+            index.key_columns = key_columns
+            try:
+                start, origin = store.load(index), "durable state"
+            except (OSError, ValueError) as exc:
+                log.warning("table %s: durable key index unreadable (%s); rebuilding", name, exc)
+        if start is not None and start.snapshot_id != current and current is not None:
+            try:
+                changes = snapshot_changes(self.spark, self.config.catalog.name, table.namespace, table.table,
+                                           start.snapshot_id)
+                moved = sum(int(f["records"]) for snap in changes.get("snapshots", []) for f in snap["added"]) + sum(
+                    int(snap.get("removed_records", 0)) for snap in changes.get("snapshots", []))
+                if not changes["ancestor"] or changes.get("unsupported"):
+                    log.info("table %s: the key index's snapshot %s is %s; rebuilding", name, start.snapshot_id,
+                             "not an ancestor of the current one" if not changes["ancestor"]
+                             else "followed by deletes it cannot follow (equality deletes)")
+                    start = None
+                elif moved > max(DIFF_ROWS_MAX, start.base_rows):
+                    # A backfill (or a rewrite) bigger than the index itself: read on the driver it would all sit
+                    # in the overlay; a build on the executors keeps the driver's memory bounded.
+                    log.info("table %s: %d rows added or removed since the key index's snapshot; building it "
+                             "again on the executors", name, moved)
+                    start = None
+                else:
+                    stats = refresh_by_diff(start, changes)
+                    log.info("table %s: key index refreshed by diff from %s: %d snapshot(s), %d file(s) read, "
+                             "%d row(s) added, %d entr(ies) dropped, %.2fs", name, origin, stats["snapshots"],
+                             stats["files_read"], stats["rows_added"], stats["entries_dropped"],
+                             time.monotonic() - started)
+            except (OSError, ValueError, KeyError) as exc:
+                log.warning("table %s: key index refresh by diff failed (%s); rebuilding", name, first_line(exc))
+                start = None
+        elif start is not None and current is None:
+            start = None  # the table has no snapshot (rolled back to empty): nothing to follow
+        if start is None:
+            index.build_root = store.location
+            index.rebuild(self.spark, ident, list(key_columns), current)
+            start = index
+        start.valid, start.snapshot_id = True, current
+        self.indexes[name] = start
+        self.persist_index(name)
+        return start
+
+    def persist_index(self, name: str) -> None:
+        """Make the table's key index durable as it is now (after each commit): a delta, or a new base. A
+        failure is logged: the next start refreshes from the table's snapshots instead."""
+        index = self.indexes.get(name)
+        store = self.index_stores.get(name)
+        if not isinstance(index, DiskKeyIndex) or store is None or not index.valid:
+            return
+        try:
+            store.persist(index)
+        except OSError as exc:
+            index.rebased = True  # the chain is broken: the next write is a whole base
+            log.warning("table %s: key index not made durable (%s); a restart refreshes it from the table's "
+                        "snapshots", name, exc)

@@ -149,6 +149,7 @@ public final class LakestreamSink {
     ObjectNode out = JSON.createObjectNode();
     out.put("exists", true);
     out.put("location", t.location());
+    out.put("uuid", t.uuid().toString());
     String data = t.properties().get(TableProperties.WRITE_DATA_LOCATION);
     out.put("data_location", data != null ? data : t.location() + "/data");
     out.put("format_version", formatVersion(t));
@@ -705,5 +706,77 @@ public final class LakestreamSink {
     out.put("delete_files", newDeletes.size());
     out.put("removed_delete_files", rewritten.size());
     return out;
+  }
+  // -- what snapshots changed (the key index refreshes by diff) -----------------------------------
+
+  /**
+   * The snapshots committed after {@code fromSnapshotId}, oldest first, each with the data files it added
+   * ({path, records}) and removed (paths), and per data file with deletes added by it, every position those
+   * delete files hold ({data_file, positions}). {"ancestor": false} when {@code fromSnapshotId} is not an
+   * ancestor of the current snapshot (rolled back, expired, another table); "unsupported": true when a
+   * snapshot added equality deletes or position delete files that name no single data file.
+   */
+  public static String snapshotChanges(
+      SparkSession spark, String catalog, String namespace, String table, long fromSnapshotId) throws Exception {
+    Table t = loadFresh(catalog(spark, catalog), identifier(namespace, table));
+    ObjectNode out = JSON.createObjectNode();
+    Snapshot current = t.currentSnapshot();
+    if (current == null) {
+      out.putNull("current");
+    } else {
+      out.put("current", current.snapshotId());
+    }
+    List<Snapshot> chain = new ArrayList<>();
+    boolean found = false;
+    for (Snapshot s = current; s != null; s = s.parentId() == null ? null : t.snapshot(s.parentId())) {
+      if (s.snapshotId() == fromSnapshotId) {
+        found = true;
+        break;
+      }
+      chain.add(s);
+    }
+    out.put("ancestor", found);
+    if (!found) {
+      return out.toString();
+    }
+    java.util.Collections.reverse(chain);
+    BaseDeleteLoader loader = new BaseDeleteLoader(d -> t.io().newInputFile(d.location()));
+    ArrayNode snapshots = out.putArray("snapshots");
+    boolean unsupported = false;
+    for (Snapshot s : chain) {
+      ObjectNode n = snapshots.addObject();
+      n.put("snapshot_id", s.snapshotId());
+      n.put("operation", s.operation());
+      ArrayNode added = n.putArray("added");
+      for (DataFile f : s.addedDataFiles(t.io())) {
+        ObjectNode a = added.addObject();
+        a.put("path", f.location());
+        a.put("records", f.recordCount());
+      }
+      ArrayNode removed = n.putArray("removed");
+      long removedRecords = 0;
+      for (DataFile f : s.removedDataFiles(t.io())) {
+        removed.add(f.location());
+        removedRecords += f.recordCount();
+      }
+      n.put("removed_records", removedRecords);
+      Map<String, List<DeleteFile>> byFile = new LinkedHashMap<>();
+      for (DeleteFile d : s.addedDeleteFiles(t.io())) {
+        if (d.content() != FileContent.POSITION_DELETES || d.referencedDataFile() == null) {
+          unsupported = true;
+          continue;
+        }
+        byFile.computeIfAbsent(d.referencedDataFile(), k -> new ArrayList<>()).add(d.copy());
+      }
+      ArrayNode deleted = n.putArray("deleted");
+      for (Map.Entry<String, List<DeleteFile>> e : byFile.entrySet()) {
+        ObjectNode d = deleted.addObject();
+        d.put("data_file", e.getKey());
+        ArrayNode positions = d.putArray("positions");
+        loader.loadPositionDeletes(e.getValue(), e.getKey()).forEach(positions::add);
+      }
+    }
+    out.put("unsupported", unsupported);
+    return out.toString();
   }
 }

@@ -7,6 +7,7 @@ replaced and the trim deletes the metadata files written before expiry.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -31,9 +32,25 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def select_tables(spark: SparkSession, config: PipelineConfig, tables: list[str] | None = None) -> list[str]:
-    """``tables`` if given, else every catalog table whose policy is enabled."""
-    names = list(tables) if tables else list_tables(spark, config.catalog.name)
+# A policy matching every table names none: inline maintenance keeps to the pipeline's own tables under it.
+_MATCH_ALL = {".*", ".+", "(.*)", "^.*$"}
+
+
+def select_tables(spark: SparkSession, config: PipelineConfig, tables: list[str] | None = None,
+                  own: set[str] | None = None) -> list[str]:
+    """``tables`` if given; else with ``own`` (the tables a pipeline writes, for its inline maintenance)
+    those, plus the catalog tables an enabled policy names explicitly (a ``tables`` pattern other than
+    match-all); else every catalog table whose policy is enabled."""
+    if tables:
+        names = list(tables)
+    elif own is not None:
+        names = sorted(own)
+        explicit = [p for p in config.maintenance.policies if p.enabled and p.tables.strip() not in _MATCH_ALL]
+        if explicit:
+            names += [n for n in list_tables(spark, config.catalog.name)
+                      if n not in own and any(re.fullmatch(p.tables, n) for p in explicit)]
+    else:
+        names = list_tables(spark, config.catalog.name)
     return [n for n in names if config.maintenance.policy_for(n).enabled]
 
 
@@ -100,13 +117,14 @@ class MaintenanceScheduler:
         return self.last_round_s is None or now_s - self.last_round_s >= self.config.maintenance.interval_s
 
     def run_round(
-        self, spark: SparkSession, tables: list[str] | None = None, dry_run: bool = False, now_s: float | None = None
+        self, spark: SparkSession, tables: list[str] | None = None, dry_run: bool = False, now_s: float | None = None,
+        own: set[str] | None = None,
     ) -> list[MaintenanceResult]:
         """One round over the selected tables; a failing table is logged and does not stop the others."""
         now_s = now_s if now_s is not None else time.time()
         wall_started = time.monotonic()
         results: list[MaintenanceResult] = []
-        for name in select_tables(spark, self.config, tables):
+        for name in select_tables(spark, self.config, tables, own):
             last_scan = self.last_orphan_scan_s.get(name)
             orphans = last_scan is None or now_s - last_scan >= self.config.maintenance.orphan_interval_s
             try:
@@ -163,11 +181,29 @@ def watch(
 _inline_schedulers: dict[int, MaintenanceScheduler] = {}
 
 
-def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | None = None) -> list[MaintenanceResult]:
+class _Background:
+    """The inline round running beside ingestion, and the results of the last one finished."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.finished: list[MaintenanceResult] | None = None
+        self.lock = threading.Lock()
+
+
+_background: dict[int, _Background] = {}
+
+
+def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | None = None, own: set[str] | None = None,
+                   background: bool = False) -> list[MaintenanceResult]:
     """The engine's between-batches hook: a round when ``maintenance.mode`` is inline and interval_s has passed.
 
-    ``now`` is epoch seconds (default: the clock). Returns [] when nothing ran. Results never raise:
-    conflicts with the engine's own commits are reported and retried on a later round.
+    ``now`` is epoch seconds (default: the clock). ``own``: the tables the pipeline writes — the round then
+    keeps to them and to tables a policy names explicitly (`select_tables`). With ``background`` the round
+    runs on a thread beside ingestion (its commits meet the pipeline's only through the normal commit-conflict
+    handling: a stale key index is refreshed by diff, a conflicting compaction is retried next round); the
+    call returns at once with the results of the round that finished since the last call ([] if none).
+    Without it the round runs here and its results are returned. Results never raise: conflicts with the
+    engine's own commits are reported and retried on a later round.
     """
     if config.maintenance.mode != "inline":
         return []
@@ -175,7 +211,39 @@ def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | Non
     scheduler = _inline_schedulers.get(id(config))
     if scheduler is None or scheduler.config is not config:
         scheduler = _inline_schedulers[id(config)] = MaintenanceScheduler(config)
-    if not scheduler.due(now):
-        return []
-    return scheduler.run_round(spark, now_s=now)
+    if not background:
+        if not scheduler.due(now):
+            return []
+        return scheduler.run_round(spark, now_s=now, own=own)
+    state = _background.setdefault(id(config), _Background())
+    with state.lock:
+        done, state.finished = state.finished or [], None
+        if state.thread is not None and state.thread.is_alive():
+            return done
+        if not scheduler.due(now):
+            return done
 
+        def run() -> None:
+            try:
+                results = scheduler.run_round(spark, now_s=now, own=set(own) if own is not None else None)
+            except Exception as exc:  # noqa: BLE001 — e.g. the catalog restarting: the next round tries again
+                log.error("maintenance round failed (next round as scheduled): %s",
+                          str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+                scheduler.last_round_s = time.time()
+                results = []
+            with state.lock:
+                state.finished = (state.finished or []) + results
+
+        state.thread = threading.Thread(target=run, name="lakestream-maintenance", daemon=True)
+        state.thread.start()
+    return done
+
+
+def finish_maintenance(config: PipelineConfig, timeout_s: float = 60.0) -> None:
+    """Wait (up to ``timeout_s``) for the inline round running beside ingestion, at a pipeline's close. A round
+    cut short by the process's end is harmless: each action commits atomically or not at all."""
+    state = _background.get(id(config))
+    thread = state.thread if state is not None else None
+    if thread is not None and thread.is_alive():
+        log.info("waiting up to %.0fs for the maintenance round in progress", timeout_s)
+        thread.join(timeout_s)

@@ -22,11 +22,14 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from lakestream.sink.index import MISSING, KeyIndex, keys_from_arrow, unpack
+from lakestream.sink.index import MISSING, keys_from_arrow, unpack
 from lakestream.sink.report import OP_DELETE, TableReport
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from lakestream.sink.disk_index import DiskKeyIndex
+    from lakestream.sink.multiset import KeylessIndex
 
     from lakestream.sink.router import TableName
     from lakestream.sink.task import TableSpec
@@ -56,7 +59,7 @@ class TableWrite:
     catalog: str
     name: TableName
     spec: TableSpec
-    index: KeyIndex | None  # upsert and de-duplicated tables
+    index: DiskKeyIndex | KeylessIndex | None  # upsert and de-duplicated tables
 
     @property
     def mode(self) -> str:
@@ -96,7 +99,7 @@ class _Locations:
         self.paths.append(path)
         self.file[g], self.pos[g] = len(self.paths) - 1, pos
 
-    def packed(self, index: KeyIndex) -> np.ndarray:
+    def packed(self, index: DiskKeyIndex) -> np.ndarray:
         """The index's packed locations (file id << 32 | pos; MISSING where there is no row)."""
         used = np.unique(self.file[self.file >= 0])
         ids = np.zeros(max(len(self.paths), 1), np.int64)  # a batch of deletes only writes no file
@@ -298,15 +301,17 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     if index is not None and resolved is not None:
         parent = result.get("parent_snapshot_id")
         if parent is not None and parent != index.snapshot_id:
-            index.valid = False  # another writer committed in between: rebuild before the next use
+            # Another writer committed in between: the index stays exact at its snapshot, and is refreshed
+            # from there (the other writer's snapshot and this one) before its next use.
+            index.valid = False
         else:
             if changes.truncates:
-                snapshot_id = index.snapshot_id
+                snapshot_id, parent_of_journal = index.snapshot_id, index.journal_parent
                 index.reset()  # every earlier row is gone
-                index.snapshot_id, index.valid = snapshot_id, True
+                index.snapshot_id, index.valid, index.journal_parent = snapshot_id, True, parent_of_journal
             live = ~resolved.unchanged
             index.update(resolved.keys[live], resolved.locations.packed(index)[live])
-        index.snapshot_id = result["snapshot_id"]
+            index.snapshot_id = result["snapshot_id"]
     appended = sum(f.record_count for f in changes.files)
     if write.mode == "upsert":
         return TableCommit("upsert", len(resolved.keys) if resolved is not None else appended)

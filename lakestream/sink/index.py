@@ -60,14 +60,25 @@ def index_keys(table: pa.Table, key_columns: list[str]) -> np.ndarray:
     """The index keys of ``table``'s rows: int64 for one integer key column, else 16-byte hashes."""
     if is_integer_key(table.schema, key_columns):
         return table.column(key_columns[0]).cast(pa.int64()).to_numpy()
-    import pandas as pd
-
     texts = [_canonical_text(table.column(k)) for k in key_columns]
-    if len(texts) == 1:
-        joined = texts[0]
-    else:
-        joined = pc.binary_join_element_wise(*texts, "\x1f")
+    joined = texts[0] if len(texts) == 1 else _unambiguous_join(texts)
     return _hash_texts(np.asarray(joined.to_numpy(zero_copy_only=False), dtype=object))
+
+
+# Bumped whenever the text a key or a row hashes by changes: an index saved under another encoding
+# describes other keys and is never loaded.
+KEY_ENCODING = 2
+
+
+def _unambiguous_join(texts: list[pa.Array]) -> pa.Array:
+    """One text per row from several columns' texts, each value written as ``<byte length>:<value>``
+    (a null as ``-``) so that no two different tuples give the same text: ``('a\x1fb', 'c')`` and
+    ``('a', 'b\x1fc')`` stay two keys whatever characters the values hold."""
+    parts = []
+    for text in texts:
+        length = pc.cast(pc.binary_length(text), pa.string())
+        parts.append(pc.fill_null(pc.binary_join_element_wise(length, text, ":"), "-"))
+    return pc.binary_join_element_wise(*parts, "")
 
 
 def _hash_texts(values: np.ndarray) -> np.ndarray:
@@ -103,8 +114,7 @@ def row_keys(table: pa.Table, schema: pa.Schema) -> np.ndarray:
             column = pa.array([None if v is None else orjson.dumps(v, default=str).decode()
                                for v in column.to_pylist()], pa.string())
         texts.append(_canonical_text(column))
-    joined = pc.binary_join_element_wise(*texts, "\x1f", null_handling="replace", null_replacement="\x00") \
-        if len(texts) > 1 else pc.fill_null(texts[0], "\x00")
+    joined = _unambiguous_join(texts)
     return _hash_texts(np.asarray(joined.to_numpy(zero_copy_only=False), dtype=object))
 
 
@@ -119,8 +129,11 @@ def unpack(locations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class KeyIndex:
     """Key → packed location of the live row, valid for ``snapshot_id``."""
 
-    def __init__(self, hashed: bool):
+    def __init__(self, hashed: bool, key_columns: list[str] | tuple[str, ...] = (), table_uuid: str | None = None):
         self.hashed = hashed
+        # What the keys are of: a saved index is only ever loaded for the same table and key columns.
+        self.key_columns = tuple(key_columns)
+        self.table_uuid = table_uuid
         self.dtype = np.dtype("S16") if hashed else np.dtype(np.int64)
         self.keys = np.empty(0, self.dtype)
         self.locs = np.empty(0, np.int64)
@@ -130,6 +143,11 @@ class KeyIndex:
         self._path_ids: dict[str, int] = {}
         self.snapshot_id: int | None = None
         self.valid = False
+        # Changes since the index was last made durable (`lakestream.sink.index_store`): (keys, locations)
+        # in order, and whether everything before them was replaced (a rebuild, a truncate).
+        self.journal: list[tuple[np.ndarray, np.ndarray]] = []
+        self.journal_parent: int | None = None  # the snapshot the journal starts from
+        self.rebased = True
 
     def __len__(self) -> int:
         return int((self.locs >= 0).sum() + (self.delta_locs >= 0).sum())
@@ -137,6 +155,21 @@ class KeyIndex:
     @property
     def nbytes(self) -> int:
         return self.keys.nbytes + self.locs.nbytes + self.delta_keys.nbytes + self.delta_locs.nbytes
+
+    def known_file_id(self, path: str) -> int | None:
+        """The id of data file ``path`` if the index has one."""
+        return self._path_ids.get(path)
+
+    def journal_entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """The journal as one (keys, locations) pair, the last change of each key, sorted by key."""
+        if not self.journal:
+            return np.empty(0, self.dtype), np.empty(0, np.int64)
+        keys = np.concatenate([k for k, _ in self.journal])
+        locs = np.concatenate([v for _, v in self.journal])
+        order = np.argsort(keys, kind="stable")
+        k = keys[order]
+        last = np.r_[k[1:] != k[:-1], True] if len(k) else np.empty(0, bool)
+        return k[last], locs[order][last]
 
     def file_id(self, path: str) -> int:
         fid = self._path_ids.get(path)
@@ -166,6 +199,7 @@ class KeyIndex:
         """Set the location of each (distinct) key; MISSING marks a deleted key."""
         if len(probe) == 0:
             return
+        self.journal.append((np.array(probe, self.dtype), np.array(locations, np.int64)))
         found_d, idx_d = self._find(self.delta_keys, probe)
         self.delta_locs[idx_d[found_d]] = locations[found_d]
         rest = ~found_d
@@ -182,6 +216,26 @@ class KeyIndex:
         if len(self.delta_keys) > max(65_536, len(self.keys) // 8):
             self._merge()
 
+    def forget_files(self, file_ids: list[int]) -> int:
+        """Drop every entry whose row is in one of ``file_ids`` (data files a snapshot removed); returns
+        how many. One vectorized pass over the locations."""
+        if not file_ids:
+            return 0
+        ids = np.asarray(sorted(file_ids), np.int64)
+        dropped = 0
+        for keys, locs in ((self.keys, self.locs), (self.delta_keys, self.delta_locs)):
+            hit = (locs >= 0) & np.isin(locs >> 32, ids)
+            if hit.any():
+                self.journal.append((keys[hit].copy(), np.full(int(hit.sum()), MISSING, np.int64)))
+                locs[hit] = MISSING
+                dropped += int(hit.sum())
+        return dropped
+
+    def entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every live (key, location), sorted by key."""
+        self._merge()
+        return self.keys, self.locs
+
     def _merge(self) -> None:
         keys = np.concatenate([self.keys, self.delta_keys])
         locs = np.concatenate([self.locs, self.delta_locs])
@@ -196,24 +250,40 @@ class KeyIndex:
         """Write the index, valid at ``snapshot_id``, to ``path``: a restart loads it instead of
         scanning the table, if the table is still at that snapshot."""
         self._merge()
-        meta = orjson.dumps({"snapshot_id": self.snapshot_id, "hashed": self.hashed, "paths": self.paths})
+        meta = orjson.dumps({"snapshot_id": self.snapshot_id, "paths": self.paths, **self.identity()})
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as fh:
             np.savez(fh, keys=self.keys, locs=self.locs, meta=np.frombuffer(meta, np.uint8))
         os.replace(tmp, path)
 
+    def identity(self) -> dict[str, Any]:
+        """What a saved index must match to be loaded: the table (its UUID: a table dropped and created
+        again under the same name is another table), the key columns, and the key encoding."""
+        return {"table_uuid": self.table_uuid, "key_columns": list(self.key_columns), "key_encoding": KEY_ENCODING,
+                "hashed": self.hashed}
+
+    def matches(self, meta: dict[str, Any]) -> bool:
+        """Whether saved ``meta`` describes this index's table, key columns and key encoding."""
+        return (meta.get("hashed") == self.hashed and meta.get("key_encoding") == KEY_ENCODING
+                and meta.get("table_uuid") == self.table_uuid
+                and [k.lower() for k in meta.get("key_columns") or []] == [k.lower() for k in self.key_columns])
+
     @classmethod
-    def load(cls, path: Path, hashed: bool, snapshot_id: int | None) -> KeyIndex | None:
-        """The index saved at ``path`` if it describes ``snapshot_id`` (else None: rebuild)."""
+    def load(cls, path: Path, hashed: bool, snapshot_id: int | None, key_columns: list[str] | tuple[str, ...] = (),
+             table_uuid: str | None = None) -> KeyIndex | None:
+        """The index saved at ``path`` if it describes ``snapshot_id`` of the table ``table_uuid`` keyed on
+        ``key_columns`` (else None: rebuild)."""
         if snapshot_id is None or not path.exists():
             return None
         try:
             with np.load(path) as saved:
                 meta = orjson.loads(saved["meta"].tobytes())
-                if meta.get("snapshot_id") != snapshot_id or meta.get("hashed") != hashed:
+                index = cls(hashed, key_columns, table_uuid)
+                if meta.get("snapshot_id") != snapshot_id or not index.matches(meta):
+                    log.info("the saved key index %s is of another snapshot, table or key (%s); not loaded", path,
+                             {k: meta.get(k) for k in ("snapshot_id", "table_uuid", "key_columns", "key_encoding")})
                     return None
-                index = cls(hashed)
                 index.keys, index.locs = saved["keys"], saved["locs"]
         except (OSError, ValueError, KeyError, orjson.JSONDecodeError) as exc:
             log.warning("ignoring the saved key index %s: %s", path, exc)
@@ -226,7 +296,7 @@ class KeyIndex:
         return index
 
     def reset(self) -> None:
-        self.__init__(self.hashed)  # type: ignore[misc]
+        self.__init__(self.hashed, self.key_columns, self.table_uuid)  # type: ignore[misc]
 
     def rebuild(self, spark: SparkSession, ident: str, key_columns: list[str], snapshot_id: int | None) -> None:
         """Load the index from a scan of the table at ``snapshot_id`` (deletes applied)."""

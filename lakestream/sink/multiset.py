@@ -35,7 +35,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from lakestream.sink.index import MISSING, KeyIndex, keys_from_arrow, pack, row_keys, unpack
+from lakestream.sink.index import KEY_ENCODING, MISSING, KeyIndex, keys_from_arrow, pack, row_keys, unpack
 from lakestream.source.kafka import TP
 
 if TYPE_CHECKING:
@@ -97,8 +97,9 @@ class KeylessIndex:
 
     hashed = True
 
-    def __init__(self, schema: pa.Schema | None = None):
-        self.schema = schema  # the table's columns, as the write tasks hash rows (`index.row_keys`)
+    def __init__(self, schema: pa.Schema | None = None, table_uuid: str | None = None):
+        self.schema = schema
+        self.table_uuid = table_uuid  # a saved index is only loaded for the same table  # the table's columns, as the write tasks hash rows (`index.row_keys`)
         self.rows = KeyIndex(True)
         self.counts = KeyIndex(True)  # the "location" is the number of copies
         self.positions: dict[TP, tuple[int, int, int]] = {}
@@ -116,13 +117,14 @@ class KeylessIndex:
         return self.rows.paths
 
     def reset(self) -> None:
-        self.__init__(self.schema)  # type: ignore[misc]
+        self.__init__(self.schema, self.table_uuid)  # type: ignore[misc]
 
     def save(self, path: Path) -> None:
         self.rows._merge()
         self.counts._merge()
         meta = orjson.dumps({"snapshot_id": self.snapshot_id, "keyless": True, "paths": self.rows.paths,
-                             "positions": _encode_positions(self.positions), "columns": list(self.columns)})
+                             "positions": _encode_positions(self.positions), "columns": list(self.columns),
+                             "table_uuid": self.table_uuid, "key_encoding": KEY_ENCODING})
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as fh:
@@ -131,15 +133,17 @@ class KeylessIndex:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: Path, hashed: bool, snapshot_id: int | None) -> KeylessIndex | None:
+    def load(cls, path: Path, hashed: bool, snapshot_id: int | None, key_columns: list[str] | tuple[str, ...] = (),
+             table_uuid: str | None = None) -> KeylessIndex | None:
         if snapshot_id is None or not path.exists():
             return None
         try:
             with np.load(path) as saved:
                 meta = orjson.loads(saved["meta"].tobytes())
-                if meta.get("snapshot_id") != snapshot_id or not meta.get("keyless"):
+                if (meta.get("snapshot_id") != snapshot_id or not meta.get("keyless")
+                        or meta.get("table_uuid") != table_uuid or meta.get("key_encoding") != KEY_ENCODING):
                     return None
-                index = cls()
+                index = cls(None, table_uuid)
                 index.rows.keys, index.rows.locs = saved["keys"], saved["locs"]
                 index.counts.keys, index.counts.locs = saved["count_keys"], saved["counts"]
         except (OSError, ValueError, KeyError, orjson.JSONDecodeError) as exc:
@@ -216,7 +220,7 @@ def resolve_keyless(index: KeylessIndex, changes: TableReport) -> KeylessResolut
     survives (the commit removes every existing data file): its partition's changes before it only move
     the source position."""
     if changes.truncates:
-        emptied = KeylessIndex(index.schema)
+        emptied = KeylessIndex(index.schema, index.table_uuid)
         emptied.positions, emptied._seen_at = dict(index.positions), dict(index._seen_at)
         emptied.rows.paths, emptied.rows._path_ids = index.rows.paths, index.rows._path_ids
         index = emptied

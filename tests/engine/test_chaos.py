@@ -8,7 +8,10 @@ running beside the pipeline all along (compaction, delete and manifest rewrites,
 4. a restart of the PostgreSQL cluster holding the JDBC catalog (and the source database).
 
 Each scenario ends with the running pipeline caught up and `lakestream verify` passing (no missing,
-extra, differing or duplicated key). The short scale runs in `make test`; `make chaos` runs the long
+extra, differing or duplicated key), the append table holding every event sent exactly once and each
+transform output one row per change record (counts, not latest-per-key: a double apply shows), and
+asserts that its fault was observed (the process gone, a failed batch, a re-sent event). The report
+carries the run's random seed. The short scale runs in `make test`; `make chaos` runs the long
 one (marker `chaos`), sized by LAKESTREAM_CHAOS_KILLS, LAKESTREAM_CHAOS_COMMIT_KILLS,
 LAKESTREAM_CHAOS_BROKER_OUTAGE_S, LAKESTREAM_CHAOS_CATALOG_OUTAGE_S, LAKESTREAM_CHAOS_RATE and
 LAKESTREAM_CHAOS_LOAD_S, and writes its figures to LAKESTREAM_CHAOS_REPORT when set.
@@ -109,6 +112,7 @@ def test_sigkills_of_the_pipeline(chaos: ChaosEnv):
                 assert pipeline.alive, pipeline.tail()
                 pipeline.kill_group()
                 chaos.figures.random_kills += 1
+            assert not pipeline.alive, "the SIGKILL did not end the pipeline"  # the fault really happened
             chaos.figures.kills += 1
             log.info("SIGKILL %d/%d (%s)", i + 1, scale.kills, "in commit" if in_commit else "random")
         pipeline.start()
@@ -144,6 +148,7 @@ def test_broker_outage(chaos: ChaosEnv):
     try:
         time.sleep(scale.load_s)  # also makes sure both topics exist (they are created by the first record)
         starts = end_offsets(servers, chaos.topics)
+        failed_before = chaos.broker_errors()
         for outage in ("frozen", "stopped"):
             before = len(pipeline.batches())
             ends = end_offsets(servers, chaos.topics)
@@ -170,6 +175,9 @@ def test_broker_outage(chaos: ChaosEnv):
     settling = time.monotonic()
     chaos.settle_and_verify()
     log.info("broker outage: caught up and verified in %.1fs", time.monotonic() - settling)
+    failed = chaos.broker_errors() - failed_before
+    chaos.figures.faults_observed["broker_outage"] = failed
+    assert failed > 0, "the pipeline met no broker failure while it was away: the outage was not observed"
     resent = count_resent(servers, chaos.topics, starts)
     chaos.figures.broker_resent += resent
     assert resent == 0, f"capture published {resent} change events twice across the broker outage"
@@ -193,7 +201,9 @@ def test_sigkill_of_capture(chaos: ChaosEnv):
     finally:
         chaos.stop_load(load)
     chaos.settle_and_verify()
-    chaos.figures.capture_resent += count_resent(chaos.info.bootstrap_servers, chaos.topics, starts)
+    resent = count_resent(chaos.info.bootstrap_servers, chaos.topics, starts)
+    chaos.figures.capture_resent += resent
+    assert resent > 0, "capture re-sent nothing after its SIGKILL: the fault was not observed"
     _timed(chaos, "capture_sigkill", started)
 
 
@@ -207,6 +217,7 @@ def test_catalog_postgres_restart(chaos: ChaosEnv):
     try:
         time.sleep(scale.load_s)
         before = len(pipeline.batches())
+        failed_before = chaos.failed_batches()
         chaos.stack.postgres.stop()
         stopped = time.monotonic()
         time.sleep(scale.catalog_outage_s)
@@ -214,6 +225,9 @@ def test_catalog_postgres_restart(chaos: ChaosEnv):
         chaos.figures.catalog_outage_s += round(time.monotonic() - stopped, 1)
         assert pipeline.alive, f"the pipeline gave up during the catalog outage:\n{pipeline.tail()}"
         pipeline.wait_for(lambda: len(pipeline.batches()) > before, "batch after the restart", 300)
+        failed = chaos.failed_batches() - failed_before
+        chaos.figures.faults_observed["catalog_restart"] = failed
+        assert failed > 0, "no batch failed while the catalog was down: the outage was not observed"
         if not chaos.capture.running:
             # Debezium's connector stops when its database goes away; its supervisor restarts it.
             chaos.figures.catalog_capture_restarts += 1

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from conftest import produce_records
+from conftest import produce_records, simulate_death
 from lakestream.engine import commits as commits_module
 from lakestream.engine.loop import run_pipeline
 from lakestream.engine.pipeline import Pipeline
@@ -49,7 +49,7 @@ def test_crash_between_table_commits(spark, pipeline_config_factory, monkeypatch
     first = Pipeline(config, spark)
     with pytest.raises(SimulatedProcessDeath):
         first.run_batch()
-    first.close()
+    simulate_death(first)
     alpha, beta = f"lake.crash.alpha_{topic[-6:]}", f"lake.crash.beta_{topic[-6:]}"
     committed_first = calls[0]
     assert spark.table(committed_first.replace("`", "")).count() in (200, 100)  # one table landed

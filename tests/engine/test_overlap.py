@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from conftest import produce_records
+from conftest import produce_records, simulate_death
 from lakestream.engine import commits as commits_module
 from lakestream.engine.loop import run_pipeline
 from lakestream.engine.pipeline import Pipeline
@@ -85,7 +85,7 @@ def test_a_death_inside_a_commit_with_the_next_job_in_flight(spark, pipeline_con
         while True:
             first.run_batch()
     assert first.prefetch.pending is not None, "the next batch's job was not in flight when the commit died"
-    first.close()  # what a dead process leaves: a job nobody commits (its files are deleted here)
+    simulate_death(first)  # what a dead process leaves: a job nobody commits (its files are orphans)
     monkeypatch.setattr(commits_module, "write_table", real_write)
 
     run_pipeline(config, spark=spark, stop_when_idle=True)  # the restart

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from conftest import produce_records
+from conftest import produce_records, simulate_death
 from lakestream.engine import commits as commits_module
 from lakestream.engine.loop import run_pipeline
 from lakestream.engine.pipeline import Pipeline
@@ -105,7 +105,7 @@ def test_rules_raise_exact_alerts_across_batches_and_a_crash(stack, spark, pipel
     crashed = Pipeline(config, spark)
     with pytest.raises(ProcessDeath):
         crashed.run_batch()
-    crashed.close()
+    simulate_death(crashed)
     assert calls[0].endswith("`alerts`") and calls[1].endswith("`tx_history`"), calls
     monkeypatch.setattr(commits_module, "write_table", real_write)
     run_pipeline(config, spark=spark, stop_when_idle=True)

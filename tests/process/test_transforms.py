@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import produce_records
+from conftest import produce_records, simulate_death
 from lakestream.engine import commits as commits_module
 from lakestream.engine.loop import run_pipeline
 from lakestream.engine.pipeline import Pipeline
@@ -61,7 +61,7 @@ def test_sql_and_python_transforms_exactly_once(stack, spark, py_transforms, pip
     first = Pipeline(config, spark)
     with pytest.raises(ProcessDeath):
         first.run_batch()
-    first.close()
+    simulate_death(first)
     assert not calls[0].endswith("`payments`")  # outputs commit before their input
     monkeypatch.setattr(commits_module, "write_table", real_write)
     more = _payments(60, 90)

@@ -58,9 +58,11 @@ def _rows(spark, sql: str) -> dict[int, tuple]:
     return {r["id"]: (r["v"], r["tag"]) for r in rows}
 
 
-def test_index_survives_compaction_and_another_writer(stack, spark, mirror):
+def test_index_survives_compaction_and_another_writer(stack, spark, mirror, monkeypatch):
+    """... and follows them by diff (the files each snapshot added and removed), never by a full scan."""
     topic, table, pipeline = mirror
     expected: dict[int, tuple] = {}
+    rebuilds = _count_rebuilds(monkeypatch)
 
     send = _sender(stack, topic, expected)
 
@@ -93,57 +95,97 @@ def test_index_survives_compaction_and_another_writer(stack, spark, mirror):
     send([(1000, 6), (13, 7), (17, 8, "c"), (19, 0, "d"), (21, 9)])
     _drain(pipeline)
     assert _rows(spark, f"SELECT * FROM {table}") == expected
+    # ADD COLUMN moves no row: the index is kept.
+    spark.sql(f"ALTER TABLE {table} ADD COLUMN note string")
+    send([(5, 11), (7, 0, "d")])
+    _drain(pipeline)
+    assert _rows(spark, f"SELECT * FROM {table}") == expected
     deletes = spark.sql(f"SELECT count(*) FROM {table}.delete_files").collect()[0][0]
     assert deletes > 0  # the upserts really went through deletion vectors
+    assert [s for s in rebuilds if s is not None] == []  # no full scan of the table, ever
 
 
-def test_a_restart_loads_the_saved_index_unless_the_table_moved_on(stack, spark, mirror, monkeypatch):
-    """The index is saved when a pipeline closes; the next pipeline loads it instead of scanning the
-    table, but only while the table is still at the saved snapshot: after a foreign snapshot it
-    rebuilds, and the mirror stays exact either way."""
-    from lakestream.sink.index import KeyIndex
-
-    topic, table, pipeline = mirror
-    config = pipeline.config
-    expected: dict[int, tuple] = {}
-
-    send = _sender(stack, topic, expected)
+def _count_rebuilds(monkeypatch) -> list[int | None]:
+    """The snapshots at which a key index is rebuilt from a full scan, from now on."""
+    from lakestream.sink.disk_index import DiskKeyIndex
 
     rebuilds: list[int | None] = []
-    real_rebuild = KeyIndex.rebuild
+    real_rebuild = DiskKeyIndex.rebuild
 
     def counting_rebuild(self, spark_, ident, key_columns, snapshot_id):
         rebuilds.append(snapshot_id)
         return real_rebuild(self, spark_, ident, key_columns, snapshot_id)
 
-    monkeypatch.setattr(KeyIndex, "rebuild", counting_rebuild)
+    monkeypatch.setattr(DiskKeyIndex, "rebuild", counting_rebuild)
+    return rebuilds
+
+
+def test_the_index_is_durable_with_every_commit(stack, spark, mirror, monkeypatch, pipeline_config_factory):
+    """The index is durable beside the table with each commit: a pipeline that dies (no close) restarts
+    from it without a scan; one that died between a commit and its index delta, or after which another
+    writer committed, catches up from the table's snapshots since (a diff), again without a scan. The files
+    live under the table's location, where orphan removal leaves them alone."""
+    from lakestream.engine.registry import TableRegistry
+
+    topic, table, pipeline = mirror
+    config = pipeline.config
+    expected: dict[int, tuple] = {}
+    send = _sender(stack, topic, expected)
+    rebuilds = _count_rebuilds(monkeypatch)
     send([(i, 0, "c") for i in range(1, 201)])
     _drain(pipeline)
     send([(i, 1) for i in range(1, 201, 3)] + [(i, 0, "d") for i in range(5, 201, 7)])
     _drain(pipeline)
-    pipeline.close()
-    saved = list((Path(config.state_dir) / "indexes").glob("*.npz"))
-    assert len(saved) == 1, saved
-
-    # A restart with the table where the index was saved: loaded, no scan.
-    before = len(rebuilds)
-    restarted = Pipeline(config, spark)
+    location = spark.sql(f"DESCRIBE TABLE EXTENDED {table}").where("col_name = 'Location'").collect()[0][1]
+    store = Path(location.replace("file:", "", 1)) / "_lakestream" / "index"
+    assert any(p.name.startswith("base-") for p in store.iterdir())
+    assert any(p.name.startswith("gen-") and p.is_dir() for p in store.iterdir())
+    assert any(p.name.startswith("delta-") for p in store.iterdir())
+    assert not (Path(config.state_dir) / "indexes").exists()  # nothing on the driver's disk
+    # Dies: no close(), nothing saved at exit.
+    pipeline = Pipeline(config, spark)
     send([(i, 2) for i in range(2, 201, 5)] + [(i, 0, "d") for i in range(3, 201, 11)])
-    _drain(restarted)
-    assert len(rebuilds) == before
+    _drain(pipeline)
     assert _rows(spark, f"SELECT * FROM {table}") == expected
-    restarted.close()
 
-    # Another writer moves the table on while no pipeline runs: the saved index is stale, rebuilt.
+    # Dies between a commit and its delta: the next start follows that snapshot by diff.
+    monkeypatch.setattr(TableRegistry, "persist_index", lambda self, name: None)
+    send([(i, 3) for i in range(1, 201, 9)] + [(10, 0, "d"), (1000, 1, "c")])
+    _drain(pipeline)
+    monkeypatch.undo()
+    rebuilds = _count_rebuilds(monkeypatch)
+    # ... and another writer moves the table on while no pipeline runs.
     spark.sql(f"UPDATE {table} SET v = 77, tag = 't4-77' WHERE id = 4")
+    spark.sql(f"DELETE FROM {table} WHERE id = 6")
     expected[4] = (77, "t4-77")
+    expected.pop(6, None)
     again = Pipeline(config, spark)
-    send([(4, 8), (6, 0, "d"), (1000, 1, "c")])
-    expected[4] = (8, "t4-8")
+    send([(4, 8), (6, 0, "c"), (1000, 2), (12, 0, "d")])
     _drain(again)
-    assert len(rebuilds) == before + 1
     assert _rows(spark, f"SELECT * FROM {table}") == expected
     again.close()
+    assert [s for s in rebuilds if s is not None] == []
+
+    # Orphan removal lists the table's location: it removes a real orphan and leaves the index's files alone.
+    import os
+    import time
+
+    from lakestream.maintenance.runner import maintain_table
+
+    root = store.parent.parent
+    files = sorted(store.iterdir())
+    orphan = root / "data" / "orphan-old.parquet"
+    orphan.write_bytes(b"not referenced")
+    old = time.time() - 5 * 86400
+    for path in [*files, store, store.parent, orphan]:
+        os.utime(path, (old, old))
+    maintenance = pipeline_config_factory([{"topics": [topic]}], maintenance={"policies": [
+        {"tables": ".*", "orphan_min_age_s": 3 * 86400}]})
+    results = maintain_table(spark, maintenance, table.split(".", 1)[1])
+    [orphans] = [r for r in results if r.action == "remove_orphans"]
+    assert orphans.status == "ok", orphans
+    assert not orphan.exists()
+    assert all(path.exists() for path in files)
 
 
 def _duckdb():

@@ -1,0 +1,313 @@
+"""The key index made durable with every commit, beside the table's data, and refreshed by diff.
+
+Where: ``<table location>/_lakestream/index/``, written through pyarrow's filesystem of the table's
+location (`lakestream.sink.storage.filesystem_path`), so it lives wherever the table lives (a local
+warehouse, an object store) and survives the loss of the driver's disk. Iceberg's orphan-file removal
+skips paths whose name starts with ``_`` (its hidden-path filter), so it never deletes these files.
+
+What: a **base** (``base-<seq>.json``: the generation of sorted bucket files it names — ``gen-<seq>/`` or
+``build-…/``, see `lakestream.sink.disk_index` —, the data file paths, the snapshot it describes, the table
+UUID, key columns and key encoding it was built for) and after it one small **delta** per commit
+(``delta-<seq>.npz``: the keys the commit moved or deleted, the paths it added, the snapshot it leads to and its
+parent). A delta costs what the commit's changes cost. When the index's overlay is due for a merge (or after
+`MAX_DELTAS` deltas) the next commit writes a new generation and base instead, and the older files are deleted.
+
+Loading: the newest base that matches the table and key, then its deltas in order while each one's
+parent is the snapshot reached so far. Whatever the table committed after that point (a commit whose
+delta was never written — the process died between the commit and the delta —, a compaction, a
+manual DELETE, a backfill) is applied by `refresh_by_diff`: per snapshot, the entries of the data
+files it removed are dropped, the rows of the files it added are read (the key columns only, from
+those files alone), and rows it deleted by position are looked up and dropped. A schema change adds no
+snapshot and keeps the index. Only when the chain is broken (the index's snapshot is no ancestor of the
+current one: a rollback, expired history) or a snapshot holds equality deletes is the index rebuilt.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from lakestream.sink.disk_index import DiskKeyIndex, local_generation
+from lakestream.sink.index import MISSING, index_keys, pack
+from lakestream.sink.storage import filesystem_path
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+MAX_DELTAS = 256
+_NAME = re.compile(r"^(base|delta)-(\d{12})\.(json|npz)$")
+
+
+def store_location(table_location: str) -> str:
+    return table_location.rstrip("/") + "/_lakestream/index"
+
+
+class IndexStore:
+    """The durable files of one table's key index (see the module doc)."""
+
+    def __init__(self, location: str):
+        self.location = location
+        self.fs, self.root = filesystem_path(location)
+        self.seq: int | None = None  # of the newest file written or loaded
+        self.base_seq: int | None = None
+        self.deltas = 0
+        self.paths_written = 0  # data file paths the files so far name (a delta adds the rest)
+        self.written_bytes = 0
+
+    # -- listing and reading ---------------------------------------------------------------------
+    def _files(self) -> list[tuple[str, int, str]]:
+        """(kind, seq, path) of every index file, by seq."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        except OSError as exc:
+            log.warning("key index store %s unreadable: %s", self.location, exc)
+            return []
+        out = []
+        for info in infos:
+            m = _NAME.match(info.base_name)
+            if m and info.type == pafs.FileType.File:
+                out.append((m.group(1), int(m.group(2)), info.path))
+        return sorted(out, key=lambda f: f[1])
+
+    def _read_bytes(self, path: str) -> bytes:
+        with self.fs.open_input_stream(path) as fh:
+            return fh.read()
+
+    def _read_delta(self, path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        with np.load(io.BytesIO(self._read_bytes(path))) as saved:
+            arrays = {k: saved[k] for k in saved.files}
+        return orjson.loads(arrays.pop("meta").tobytes()), arrays
+
+    def _put(self, path: str, data: bytes) -> None:
+        # Written whole then moved where a filesystem can rename atomically; an object store's put is
+        # atomic anyway (a reader sees the whole object or none).
+        tmp = path.rsplit("/", 1)[0] + "/." + path.rsplit("/", 1)[1] + ".tmp"
+        try:
+            with self.fs.open_output_stream(tmp) as fh:
+                fh.write(data)
+            self.fs.move(tmp, path)
+        except (OSError, pa.ArrowNotImplementedError):
+            with self.fs.open_output_stream(path) as fh:
+                fh.write(data)
+        self.written_bytes += len(data)
+
+    def load(self, index: DiskKeyIndex) -> DiskKeyIndex | None:
+        """The index as durable: the newest matching base and its chain of deltas (None: no usable base)."""
+        files = self._files()
+        for _, seq, path in reversed([f for f in files if f[0] == "base"]):
+            try:
+                meta = orjson.loads(self._read_bytes(path))
+                if not index.matches(meta):
+                    log.info("key index base %s is of another table, key or encoding (%s, not %s): not used", path,
+                             {k: meta.get(k) for k in index.identity()}, index.identity())
+                    continue
+                loaded = DiskKeyIndex(index.hashed, index.key_columns, index.table_uuid)
+                gen = f"{self.root}/{meta['generation']}"
+                loaded.open_base(local_generation(self.fs, gen, meta["generation"], meta["buckets"]), meta)
+            except (OSError, ValueError, KeyError, orjson.JSONDecodeError) as exc:
+                log.warning("ignoring key index base %s: %s", path, exc)
+                continue
+            loaded.generation = meta["generation"]
+            loaded.snapshot_id = meta["snapshot_id"]
+            self.base_seq = self.seq = seq
+            self.deltas = 0
+            for kind, dseq, dpath in files:
+                if kind != "delta" or dseq <= seq:
+                    continue
+                try:
+                    dmeta, darrays = self._read_delta(dpath)
+                except (OSError, ValueError, KeyError, orjson.JSONDecodeError) as exc:
+                    log.warning("key index delta %s unreadable (%s): the rest comes from the table's snapshots",
+                                dpath, exc)
+                    break
+                if dmeta.get("parent_snapshot_id") != loaded.snapshot_id or dmeta.get("paths_start") != len(
+                        loaded.paths):
+                    break  # a gap (a delta never written): the table's snapshots fill it
+                for p in dmeta["new_paths"]:
+                    loaded.file_id(p)
+                if dmeta.get("reset"):
+                    loaded.reset()
+                loaded.update(darrays["keys"], darrays["locs"])
+                loaded.snapshot_id = dmeta["snapshot_id"]
+                self.seq = dseq
+                self.deltas += 1
+            loaded.journal, loaded.rebased, loaded.journal_parent = [], False, loaded.snapshot_id
+            self.seq = max([self.seq or 0, *(f[1] for f in files)])  # new files never reuse a name
+            self.paths_written = len(loaded.paths)
+            loaded.valid = True
+            return loaded
+        return None
+
+    # -- writing ---------------------------------------------------------------------------------
+    def persist(self, index: DiskKeyIndex) -> None:
+        """Make ``index`` (valid at its snapshot) durable: a delta of its journal, or a new base."""
+        if index.snapshot_id is None or not index.valid:
+            return
+        if (not index.rebased and not index.journal and index.journal_parent == index.snapshot_id
+                and self.base_seq is not None and self.paths_written == len(index.paths)):
+            return  # already durable as it is
+        if index.rebased or self.base_seq is None or self.deltas >= MAX_DELTAS or index.wants_merge():
+            self.write_base(index)
+            return
+        keys, locs = index.journal_entries()
+        seq = (self.seq or 0) + 1
+        meta = {"snapshot_id": index.snapshot_id, "parent_snapshot_id": index.journal_parent,
+                "paths_start": self.paths_written, "new_paths": index.paths[self.paths_written:], **index.identity()}
+        buf = io.BytesIO()
+        np.savez(buf, meta=np.frombuffer(orjson.dumps(meta), np.uint8), keys=keys, locs=locs)
+        self.fs.create_dir(self.root, recursive=True)
+        self._put(f"{self.root}/delta-{seq:012d}.npz", buf.getvalue())
+        self.seq, self.deltas = seq, self.deltas + 1
+        self.paths_written = len(index.paths)
+        index.journal = []
+        index.journal_parent = index.snapshot_id
+
+    def write_base(self, index: DiskKeyIndex) -> None:
+        """A new base: the mapped generation as it is (just built) or merged with the overlay into a new
+        one; then the older bases, deltas and generations are deleted."""
+        started = time.monotonic()
+        seq = (self.seq or 0) + 1
+        self.fs.create_dir(self.root, recursive=True)
+        if index.generation is not None and index.overlay_size == 0:
+            meta = {"bits": index.bits, "rows": index.base_rows, "buckets": sorted(index.runs), **index.identity()}
+            generation = index.generation
+        else:
+            generation = f"gen-{seq:012d}"
+            meta = index.write_generation(self.fs, f"{self.root}/{generation}")
+            index.adopt(local_generation(self.fs, f"{self.root}/{generation}", generation, meta["buckets"]), meta)
+            index.generation = generation
+        meta.update({"snapshot_id": index.snapshot_id, "paths": index.paths, "generation": generation})
+        self._put(f"{self.root}/base-{seq:012d}.json", orjson.dumps(meta))
+        self.seq = self.base_seq = seq
+        self.deltas = 0
+        self.paths_written = len(index.paths)
+        index.journal, index.rebased = [], False
+        index.journal_parent = index.snapshot_id
+        self._collect(seq, generation)
+        log.info("key index base %d of %s: %d keys in %d bucket(s), %.2fs", seq, self.location, meta["rows"],
+                 len(meta["buckets"]), time.monotonic() - started)
+
+    def _collect(self, seq: int, generation: str) -> None:
+        """Delete what the base ``seq`` made unnecessary: older bases and deltas, other generations."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
+        except OSError:
+            return
+        for info in infos:
+            m = _NAME.match(info.base_name)
+            try:
+                if m and int(m.group(2)) < seq:
+                    self.fs.delete_file(info.path)
+                elif info.type == pafs.FileType.Directory and info.base_name != generation:
+                    self.fs.delete_dir(info.path)
+            except OSError as exc:
+                log.debug("could not delete %s: %s", info.path, exc)
+
+    def footprint(self) -> int:
+        """Bytes of the index's files."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True, recursive=True))
+        except OSError:
+            return 0
+        return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+
+
+# -- refresh by diff ---------------------------------------------------------------------------------
+
+def snapshot_changes(spark: SparkSession, catalog: str, namespace: str, table: str, from_snapshot: int
+                     ) -> dict[str, Any]:
+    """`LakestreamSink.snapshotChanges`: the snapshots after ``from_snapshot`` with their added and removed
+    data files and deleted positions."""
+    return orjson.loads(spark.sparkContext._jvm.lakestream.LakestreamSink.snapshotChanges(
+        spark._jsparkSession, catalog, namespace, table, int(from_snapshot)))
+
+
+def _file_keys(path: str, key_columns: tuple[str, ...]) -> np.ndarray:
+    """The index keys of every row of data file ``path``, by position (only the key columns are read)."""
+    import pyarrow.parquet as pq
+
+    fs, local = filesystem_path(path)
+    pf = pq.ParquetFile(local, filesystem=fs)
+    names = {n.lower(): n for n in pf.schema_arrow.names}
+    columns = [names.get(k.lower(), k) for k in key_columns]
+    table = pf.read(columns=columns)
+    table = table.rename_columns(list(key_columns))
+    return index_keys(table, list(key_columns))
+
+
+def _drop_rows_at(index: DiskKeyIndex, fid: int, keys: np.ndarray, positions: np.ndarray) -> int:
+    """Drop the entries of ``keys`` that still point at their row (``fid``, ``positions``)."""
+    if len(keys) == 0:
+        return 0
+    mine = index.lookup(keys) == pack(np.full(len(keys), fid), positions)
+    if not mine.any():
+        return 0
+    k = np.unique(keys[mine])
+    index.update(k, np.full(len(k), MISSING, np.int64))
+    return len(k)
+
+
+def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, int]:
+    """Move ``index`` over the snapshots in ``changes`` (`snapshot_changes`), reading only the files they
+    added and the rows they deleted. Returns counts of what it did."""
+    stats = {"snapshots": 0, "files_read": 0, "rows_added": 0, "entries_dropped": 0}
+    for snap in changes["snapshots"]:
+        deleted = {d["data_file"]: np.asarray(d["positions"], np.int64) for d in snap["deleted"]}
+        unreadable = []
+        for path in snap["removed"]:
+            fid = index.known_file_id(path)
+            if fid is None:
+                continue
+            # The rows of a removed file are found through its own keys (O(its rows)); a file already
+            # deleted from storage (expired history) costs one pass over the index's locations instead.
+            try:
+                keys = _file_keys(path, index.key_columns)
+            except (OSError, ValueError, KeyError, pa.ArrowException):
+                unreadable.append(fid)
+                continue
+            stats["files_read"] += 1
+            stats["entries_dropped"] += _drop_rows_at(index, fid, keys, np.arange(len(keys), dtype=np.int64))
+        stats["entries_dropped"] += index.forget_files(unreadable)
+        added_paths = set()
+        for f in snap["added"]:
+            path = f["path"]
+            added_paths.add(path)
+            keys = _file_keys(path, index.key_columns)
+            stats["files_read"] += 1
+            live = np.ones(len(keys), bool)
+            gone = deleted.get(path)
+            if gone is not None and len(gone):
+                live[gone[gone < len(keys)]] = False
+            positions = np.flatnonzero(live)
+            keys = keys[live]
+            if len(keys) == 0:
+                continue
+            # Within one snapshot a key written twice keeps its last row (file order, then position).
+            order = np.argsort(keys, kind="stable")
+            k = keys[order]
+            last = np.r_[k[1:] != k[:-1], True]
+            fid = index.file_id(path)
+            index.update(k[last], pack(np.full(int(last.sum()), fid), positions[order][last]))
+            stats["rows_added"] += int(last.sum())
+        for path, positions in deleted.items():
+            fid = index.known_file_id(path)
+            if path in added_paths or fid is None:
+                continue
+            keys = _file_keys(path, index.key_columns)
+            stats["files_read"] += 1
+            positions = positions[positions < len(keys)]
+            stats["entries_dropped"] += _drop_rows_at(index, fid, keys[positions], positions)
+        index.snapshot_id = snap["snapshot_id"]
+        stats["snapshots"] += 1
+    return stats
+
+
