@@ -233,7 +233,8 @@ class CatalogSettings(_Model):
     scope: str | None = None
     # Ask the REST catalog for storage credentials per table (X-Iceberg-Access-Delegation: vended-credentials).
     vended_credentials: bool = False
-    # A PEM bundle trusted for an https REST catalog (pyiceberg, DuckDB); the JVM uses its own trust store.
+    # A PEM bundle trusted for an https REST catalog by pyiceberg (and so DuckDB reads); the JVM uses its own
+    # trust store (-Djavax.net.ssl.trustStore in spark.conf spark.driver.extraJavaOptions). Untested here.
     ssl_ca_bundle: str | None = None
     # The pipeline's `storage` section (set by PipelineConfig): how the catalog's FileIO reaches the files.
     _storage: StorageSettings | None = PrivateAttr(default=None)
