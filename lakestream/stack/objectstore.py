@@ -74,8 +74,10 @@ class ObjectStore:
                 raise StackError(f"{self.name} (nanio) on {self.endpoint} did not start\n"
                                  f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
         if not process.wait_until(self.healthy, 15.0, 0.2):
+            tail = process.log_tail(self.log_path)
+            self.stop(timeout=5)  # not left running behind a start that failed
             raise StackError(f"{self.name} on {self.endpoint} does not answer S3 requests\n"
-                             f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
+                             f"--- {self.log_path} ---\n{tail}")
         self.create_bucket()
 
     def client(self):
