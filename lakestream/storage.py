@@ -188,13 +188,18 @@ def iceberg_io_properties(catalog: CatalogSettings) -> dict[str, str]:
              "s3.path-style-access": str(storage.path_style).lower()}
     if storage.endpoint:
         props["s3.endpoint"] = storage.endpoint
-    creds = storage.credentials
-    if creds is not None and not catalog.vended_credentials:
-        props["s3.access-key-id"] = creds.access_key_id
-        props["s3.secret-access-key"] = creds.secret_access_key.get_secret_value()
-        if creds.session_token is not None:
-            props["s3.session-token"] = creds.session_token.get_secret_value()
-    return props
+    return props | _static_keys(catalog)
+
+
+def _static_keys(catalog: CatalogSettings) -> dict[str, str]:
+    """The ``s3.*`` keys of the configured credentials (none when the catalog vends them, or for the AWS chain)."""
+    creds = catalog.storage.credentials if catalog.storage is not None else None
+    if creds is None or catalog.vended_credentials:
+        return {}
+    keys = {"s3.access-key-id": creds.access_key_id, "s3.secret-access-key": creds.secret_access_key.get_secret_value()}
+    if creds.session_token is not None:
+        keys["s3.session-token"] = creds.session_token.get_secret_value()
+    return keys
 
 
 def pyiceberg_io_properties(catalog: CatalogSettings) -> dict[str, str]:
@@ -206,13 +211,7 @@ def pyiceberg_io_properties(catalog: CatalogSettings) -> dict[str, str]:
     if storage.endpoint:
         props["s3.endpoint"] = storage.endpoint
         props["s3.force-virtual-addressing"] = str(not storage.path_style).lower()
-    creds = storage.credentials
-    if creds is not None and not catalog.vended_credentials:
-        props["s3.access-key-id"] = creds.access_key_id
-        props["s3.secret-access-key"] = creds.secret_access_key.get_secret_value()
-        if creds.session_token is not None:
-            props["s3.session-token"] = creds.session_token.get_secret_value()
-    return props
+    return props | _static_keys(catalog)
 
 
 def configure_duckdb(con: duckdb.DuckDBPyConnection, catalog: CatalogSettings,
