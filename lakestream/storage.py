@@ -158,6 +158,16 @@ def new_s3_filesystem(options: S3Options | None, attempts: int = 5) -> pafs.S3Fi
         retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=attempts))
 
 
+def ensure_dir(fs: Any, path: str) -> None:
+    """Create directory ``path`` on a local file system. Object stores have no directories (a key prefix
+    exists once an object under it does), and some S3-compatible stores refuse the marker objects a
+    directory would be written as: nothing is created there."""
+    import pyarrow.fs as pafs
+
+    if isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(path, recursive=True)
+
+
 def filesystem_path(uri: str, options: S3Options | None = None) -> tuple[pafs.FileSystem, str]:
     """The pyarrow filesystem and in-filesystem path of a table file URI or plain path: local files, or
     ``s3://``/``s3a://``/``s3n://`` through this process's (or ``options``') object storage."""

@@ -18,6 +18,7 @@ small in-memory overlay of the changes since they were written.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import mmap
 import os
@@ -29,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from lakestream.sink.index import KEY_ENCODING, MISSING, index_keys, keys_from_arrow, keys_to_arrow, pack
+from lakestream.sink.storage import ensure_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -269,7 +271,7 @@ class DiskKeyIndex:
         time); returns its meta (not yet including the snapshot)."""
         rows = self.base_rows + max(0, len(self.ov_keys))
         bits = max(self.bits, bucket_bits(rows))
-        fs.create_dir(gen_dir, recursive=True)
+        ensure_dir(fs, gen_dir)
         ov_buckets = bucket_of(self.ov_keys, bits)
         # Old buckets map to new ones by the top bits (bits only grow): new bucket n reads old n >> (bits - old).
         shift = bits - self.bits
@@ -365,7 +367,7 @@ def build_on_executors(spark: SparkSession, ident: str, key_columns: list[str], 
     bits = bucket_bits(rows)
     gen = f"{root.rstrip('/')}/{name}"
     fs, gen_path = filesystem_path(gen)
-    fs.create_dir(gen_path, recursive=True)
+    ensure_dir(fs, gen_path)
     hashes = np.array(sorted(fid_of_hash), np.int64)
     fids = np.array([fid_of_hash[int(h)] for h in hashes], np.int64)
     key_type = "binary" if hashed else "bigint"
@@ -437,7 +439,10 @@ def local_generation(fs: Any, path: str, name: str, buckets: list[int]) -> str:
 
     if isinstance(fs, pafs.LocalFileSystem):
         return path
-    local = os.path.join(tempfile.gettempdir(), "lakestream-index", name)
+    # Keyed by the generation's whole location: every table's generations are named gen-<seq>, so a copy
+    # keyed by the name alone would serve one table's keys to another.
+    digest = hashlib.sha1(f"{type(fs).__name__}:{path}".encode()).hexdigest()[:20]
+    local = os.path.join(tempfile.gettempdir(), "lakestream-index", f"{digest}-{name}")
     os.makedirs(local, exist_ok=True)
     for b in buckets:
         for part in ("keys", "locs"):

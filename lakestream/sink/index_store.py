@@ -36,7 +36,7 @@ import pyarrow.fs as pafs
 
 from lakestream.sink.disk_index import DiskKeyIndex, local_generation
 from lakestream.sink.index import MISSING, index_keys, pack
-from lakestream.sink.storage import filesystem_path
+from lakestream.sink.storage import ensure_dir, filesystem_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -164,7 +164,7 @@ class IndexStore:
                 "paths_start": self.paths_written, "new_paths": index.paths[self.paths_written:], **index.identity()}
         buf = io.BytesIO()
         np.savez(buf, meta=np.frombuffer(orjson.dumps(meta), np.uint8), keys=keys, locs=locs)
-        self.fs.create_dir(self.root, recursive=True)
+        ensure_dir(self.fs, self.root)
         self._put(f"{self.root}/delta-{seq:012d}.npz", buf.getvalue())
         self.seq, self.deltas = seq, self.deltas + 1
         self.paths_written = len(index.paths)
@@ -176,7 +176,7 @@ class IndexStore:
         one; then the older bases, deltas and generations are deleted."""
         started = time.monotonic()
         seq = (self.seq or 0) + 1
-        self.fs.create_dir(self.root, recursive=True)
+        ensure_dir(self.fs, self.root)
         if index.generation is not None and index.overlay_size == 0:
             meta = {"bits": index.bits, "rows": index.base_rows, "buckets": sorted(index.runs), **index.identity()}
             generation = index.generation

@@ -1,7 +1,7 @@
 """Where data files live: table locations (``file:/...``, ``s3://...``) as pyarrow filesystems."""
 from __future__ import annotations
 
-from lakestream.storage import filesystem_path
+from lakestream.storage import ensure_dir, filesystem_path  # noqa: F401 — re-exported
 
 __all__ = ["canonical_location", "filesystem_path"]
 
