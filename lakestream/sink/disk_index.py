@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from lakestream.sink.index import KEY_ENCODING, MISSING, index_keys, keys_from_arrow, keys_to_arrow, pack
+from lakestream.sink.index import KEY_ENCODING, MISSING, find_sorted, index_keys, keys_from_arrow, keys_to_arrow, pack
 from lakestream.sink.storage import ensure_dir
 
 if TYPE_CHECKING:
@@ -166,14 +166,6 @@ class DiskKeyIndex:
         return int(self.base_rows + (live & ~in_base).sum() - (~live & in_base).sum())
 
     # -- lookups and updates -------------------------------------------------------------------------
-    @staticmethod
-    def _find(keys: np.ndarray, probe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if len(keys) == 0:
-            return np.zeros(len(probe), bool), np.zeros(len(probe), np.int64)
-        idx = np.searchsorted(keys, probe)
-        idx_c = np.minimum(idx, len(keys) - 1)
-        return keys[idx_c] == probe, idx_c
-
     def _base_lookup(self, probe: np.ndarray) -> np.ndarray:
         out = np.full(len(probe), MISSING, np.int64)
         if not self.runs or len(probe) == 0:
@@ -184,7 +176,7 @@ class DiskKeyIndex:
             if run is None:
                 continue
             sel = np.flatnonzero(buckets == b)
-            found, idx = self._find(run.keys, probe[sel])
+            found, idx = find_sorted(run.keys, probe[sel])
             out[sel[found]] = run.locs[idx[found]]
             run.release()
         return out
@@ -192,7 +184,7 @@ class DiskKeyIndex:
     def lookup(self, probe: np.ndarray) -> np.ndarray:
         """Packed locations of ``probe`` keys (MISSING where absent or deleted)."""
         out = self._base_lookup(probe)
-        found, idx = self._find(self.ov_keys, probe)
+        found, idx = find_sorted(self.ov_keys, probe)
         out[found] = self.ov_locs[idx[found]]
         return out
 
@@ -203,7 +195,7 @@ class DiskKeyIndex:
         probe = np.asarray(probe, self.dtype)
         locations = np.asarray(locations, np.int64)
         self.journal.append((probe.copy(), locations.copy()))
-        found, idx = self._find(self.ov_keys, probe)
+        found, idx = find_sorted(self.ov_keys, probe)
         self.ov_locs[idx[found]] = locations[found]
         if (~found).any():
             keys = np.concatenate([self.ov_keys, probe[~found]])
@@ -224,7 +216,7 @@ class DiskKeyIndex:
             h = (run.locs >= 0) & np.isin(run.locs >> 32, ids)
             if h.any():
                 keys = np.array(run.keys[h])
-                shadowed, _ = self._find(self.ov_keys, keys)  # the overlay already says where they are
+                shadowed, _ = find_sorted(self.ov_keys, keys)  # the overlay already says where they are
                 dropped_keys.append(keys[~shadowed])
             run.release()
         if not dropped_keys:
@@ -291,7 +283,7 @@ class DiskKeyIndex:
             ok, ol = self.ov_keys[sel], self.ov_locs[sel]
             if parts_k:
                 k0, l0 = parts_k[0], parts_l[0]
-                shadowed, _ = self._find(ok, k0)
+                shadowed, _ = find_sorted(ok, k0)
                 keys = np.concatenate([k0[~shadowed], ok])
                 locs = np.concatenate([l0[~shadowed], ol])
             else:

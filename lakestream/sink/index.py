@@ -38,6 +38,15 @@ MISSING = np.int64(-1)
 _HASH_KEYS = ("lakestream-key-a1", "lakestream-key-b2")
 
 
+def find_sorted(keys: np.ndarray, probe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each ``probe`` key: whether the sorted ``keys`` hold it, and its position there (both key indexes)."""
+    if len(keys) == 0:
+        return np.zeros(len(probe), bool), np.zeros(len(probe), np.int64)
+    idx = np.searchsorted(keys, probe)
+    idx_c = np.minimum(idx, len(keys) - 1)
+    return keys[idx_c] == probe, idx_c
+
+
 def is_integer_key(schema: pa.Schema, key_columns: list[str]) -> bool:
     return len(key_columns) == 1 and pa.types.is_integer(schema.field(key_columns[0]).type)
 
@@ -178,20 +187,12 @@ class KeyIndex:
             self.paths.append(path)
         return fid
 
-    @staticmethod
-    def _find(keys: np.ndarray, probe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if len(keys) == 0:
-            return np.zeros(len(probe), bool), np.zeros(len(probe), np.int64)
-        idx = np.searchsorted(keys, probe)
-        idx_c = np.minimum(idx, len(keys) - 1)
-        return keys[idx_c] == probe, idx_c
-
     def lookup(self, probe: np.ndarray) -> np.ndarray:
         """Packed locations of ``probe`` keys (MISSING where absent or deleted)."""
         out = np.full(len(probe), MISSING, np.int64)
-        found, idx = self._find(self.keys, probe)
+        found, idx = find_sorted(self.keys, probe)
         out[found] = self.locs[idx[found]]
-        found_d, idx_d = self._find(self.delta_keys, probe)
+        found_d, idx_d = find_sorted(self.delta_keys, probe)
         out[found_d] = self.delta_locs[idx_d[found_d]]
         return out
 
@@ -200,10 +201,10 @@ class KeyIndex:
         if len(probe) == 0:
             return
         self.journal.append((np.array(probe, self.dtype), np.array(locations, np.int64)))
-        found_d, idx_d = self._find(self.delta_keys, probe)
+        found_d, idx_d = find_sorted(self.delta_keys, probe)
         self.delta_locs[idx_d[found_d]] = locations[found_d]
         rest = ~found_d
-        found, idx = self._find(self.keys, probe[rest])
+        found, idx = find_sorted(self.keys, probe[rest])
         self.locs[idx[found]] = locations[rest][found]
         new_keys, new_locs = probe[rest][~found], locations[rest][~found]
         live = new_locs != MISSING
