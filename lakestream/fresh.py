@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.errors import DecodeError, QueryError
-from lakestream.sink.offsets import OFFSETS_PROPERTY, decode_offsets
+from lakestream.sink.latest import STORED, latest_per_key
+from lakestream.sink.offsets import OFFSETS_PROPERTY, ancestry, decode_offsets
 from lakestream.source.kafka import TP
 
 if TYPE_CHECKING:
@@ -49,13 +50,12 @@ class Tail:
 def stored_offsets(table: IcebergTable, snapshot_id: int) -> dict[TP, int]:
     """The Kafka offsets stored with ``snapshot_id``: its own, or its newest ancestor's that has them
     (maintenance snapshots carry none)."""
-    snapshot = table.snapshot_by_id(snapshot_id)
-    while snapshot is not None:
-        summary = snapshot.summary
+    snapshots = {s.snapshot_id: s for s in table.metadata.snapshots}
+    for sid in ancestry(snapshot_id, {sid: s.parent_snapshot_id for sid, s in snapshots.items()}):
+        summary = snapshots[sid].summary
         text = summary.additional_properties.get(OFFSETS_PROPERTY) if summary is not None else None
         if text:
             return decode_offsets(text)
-        snapshot = table.snapshot_by_id(snapshot.parent_snapshot_id) if snapshot.parent_snapshot_id else None
     return {}
 
 
@@ -156,20 +156,7 @@ def apply_tail(snapshot_rows: pa.Table, tail: Tail, stream: StreamSettings, key_
         return pa.concat_tables([snapshot_rows, tail_rows.take(pa.array(first, pa.int64()))])
     # Upsert: the latest change per key; TOAST columns Debezium withheld come from the key's
     # previous version (an earlier change in the tail, else the snapshot's row).
-    latest: dict[tuple, int] = {}
-    fills: dict[int, dict[str, tuple[str, int]]] = {}  # row → column → ("tail", row) | ("snapshot", key)
-    for i, key in enumerate(tail.keys):
-        prev = latest.get(key)
-        if tail.withheld[i] and tail.ops[i] != "d":
-            mine = {}
-            for column in tail.withheld[i]:
-                if prev is None:
-                    mine[column] = ("snapshot", -1)
-                elif tail.ops[prev] != "d":
-                    mine[column] = fills.get(prev, {}).get(column, ("tail", prev))
-            fills[i] = mine
-        latest[key] = i
-    order = sorted(latest.values())
+    order, fills = latest_per_key(tail.keys, tail.ops, tail.withheld, range(len(tail.keys)))
     touched = tail_rows.select(key_columns).take(pa.array(order, pa.int64()))
     kept = snapshot_rows
     if snapshot_rows.num_rows:
@@ -185,7 +172,7 @@ def apply_tail(snapshot_rows: pa.Table, tail: Tail, stream: StreamSettings, key_
     return pa.concat_tables([kept, new_rows]) if new_rows.num_rows else kept
 
 
-def _fill_withheld(new_rows: pa.Table, live: list[int], fills: dict[int, dict[str, tuple[str, int]]],
+def _fill_withheld(new_rows: pa.Table, live: list[int], fills: dict[int, dict[str, int]],
                    tail_rows: pa.Table, snapshot_rows: pa.Table, key_columns: list[str]) -> pa.Table:
     import pyarrow as pa
 
@@ -193,9 +180,9 @@ def _fill_withheld(new_rows: pa.Table, live: list[int], fills: dict[int, dict[st
     earlier: dict[int, dict[str, Any]] = {}
     snapshot_keys = None
     for slot, i in enumerate(live):
-        for column, (where, source) in fills.get(i, {}).items():
-            if where == "tail":
-                if source not in tail_rows:
+        for column, source in fills.get(i, {}).items():
+            if source != STORED:
+                if source not in earlier:
                     earlier[source] = tail_rows.slice(source, 1).to_pylist()[0]
                 rows[slot][column] = earlier[source].get(column)
             else:

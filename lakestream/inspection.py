@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from lakestream.identifiers import quote_table, sql_string
-from lakestream.sink.offsets import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, decode_offsets
+from lakestream.sink.offsets import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, ancestry, decode_offsets
 from lakestream.source.kafka import TP, kafka_lag
 
 # Table properties that bound the metadata log: Iceberg keeps at most previous-versions-max earlier
@@ -247,14 +247,15 @@ def collect_table_metrics(
     metrics.data_files, metrics.data_bytes, metrics.small_files = int(row.n), int(row.bytes), int(row.small)
 
     snapshot_rows = spark.sql(
-        f"SELECT s.snapshot_id, s.committed_at, s.operation, s.manifest_list, "
+        f"SELECT s.snapshot_id, s.parent_id, s.committed_at, s.operation, s.manifest_list, "
         f"s.summary[{sql_string(OFFSETS_PROPERTY)}] AS offsets, s.summary[{sql_string(SOURCE_TS_PROPERTY)}] AS source_ts, "
-        f"s.summary['deleted-data-files'] AS deleted_data_files, coalesce(h.is_current_ancestor, false) AS ancestor "
-        f"FROM {qualified}.snapshots s LEFT JOIN {qualified}.history h ON s.snapshot_id = h.snapshot_id"
+        f"s.summary['deleted-data-files'] AS deleted_data_files FROM {qualified}.snapshots s"
     ).collect()
     metrics.snapshots = len(snapshot_rows)
-    ancestry = [r for r in snapshot_rows if r.ancestor]
-    ancestry.sort(key=lambda r: (r.committed_at, r.snapshot_id), reverse=True)
+    by_id = {int(r.snapshot_id): r for r in snapshot_rows}
+    current = jtable.currentSnapshot()
+    chain = ancestry(int(current.snapshotId()) if current is not None else None,
+                     {sid: (int(r.parent_id) if r.parent_id is not None else None) for sid, r in by_id.items()})
     metrics.ancestry = [
         SnapshotInfo(
             snapshot_id=int(r.snapshot_id),
@@ -264,7 +265,7 @@ def collect_table_metrics(
             source_ts_max_ms=int(r.source_ts) if r.source_ts and r.source_ts.lstrip("-").isdigit() else None,
             rewrote_data=r.operation == "replace" and int(r.deleted_data_files or 0) > 0,
         )
-        for r in ancestry
+        for r in (by_id[sid] for sid in chain)
     ]
     if snapshot_rows:
         metrics.oldest_snapshot_ms = min(_to_ms(r.committed_at) or 0 for r in snapshot_rows)

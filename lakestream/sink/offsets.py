@@ -6,12 +6,15 @@ partition that fed the table, the next offset to read. Because data and offsets 
 atomic snapshot, a crash at any instant leaves each table either with both or with neither.
 On restart a record is applied to a table only if its offset is at or past the table's stored
 offset for that partition. Maintenance snapshots (compaction, expiry) carry no offsets, so the
-lookup walks back through the snapshot ancestry to the newest snapshot that has them.
+lookup walks back through the snapshot ancestry to the newest snapshot that has them: ``ancestry`` is that
+walk for the readers outside the JVM (fresh reads through pyiceberg, table inspection through Spark SQL's
+metadata tables); the engine walks the same chain in the JVM (``LakestreamHelper.latestSummaryValue``,
+Iceberg's ``SnapshotUtil.currentAncestors``) without copying the table's snapshot list into Python.
 """
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import orjson
 
@@ -45,6 +48,18 @@ def commit_properties(offsets: dict[TP, int], pipeline: str, batch_id: int, sour
     if source_ts_ms is not None:
         props[SOURCE_TS_PROPERTY] = str(source_ts_ms)
     return props | extra
+
+
+def ancestry(snapshot_id: int | None, parent_of: Mapping[int, int | None]) -> list[int]:
+    """``snapshot_id`` and its ancestors, newest first (``parent_of``: every known snapshot → its parent),
+    as far back as the table still has them: expiry removes the oldest, and the chain ends there."""
+    chain: list[int] = []
+    seen: set[int] = set()
+    while snapshot_id is not None and snapshot_id in parent_of and snapshot_id not in seen:
+        chain.append(snapshot_id)
+        seen.add(snapshot_id)
+        snapshot_id = parent_of[snapshot_id]
+    return chain
 
 
 def decode_offsets(text: str | None, strict: bool = True) -> dict[TP, int]:

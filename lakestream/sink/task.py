@@ -34,6 +34,7 @@ from lakestream.process.transform import (
 from lakestream.sink import report as rp
 from lakestream.sink.convert import convert_rows
 from lakestream.sink.index import index_keys, is_integer_key, keys_to_arrow
+from lakestream.sink.latest import STORED, first_per_key, last_per_key, latest_per_key
 from lakestream.sink.router import Router
 from lakestream.source.kafka import TP
 from lakestream.source.planner import OffsetRange
@@ -223,43 +224,6 @@ def _kafka_order(rows: _Rows) -> np.ndarray:
     return np.lexsort((rows.offsets, rows.partitions, topics))
 
 
-def _last_per_key(keys: np.ndarray, order: np.ndarray) -> list[int]:
-    """Indices of the last change of each key in ``order`` (vectorized; no TOAST fills needed)."""
-    reversed_keys = keys[order][::-1]
-    _, first_in_reversed = np.unique(reversed_keys, return_index=True)
-    return sorted(order[::-1][first_in_reversed].tolist())
-
-
-def _latest_per_key(keys: list[Any], ops: list[str], withheld: list[list[str]], order: list[int]
-                    ) -> tuple[list[int], dict[int, dict[str, int]]]:
-    """Indices of the last change of each key (in ``order``), and for those whose TOAST columns
-    Debezium withheld, the earlier change of the same key in this task that carries the value."""
-    last: dict[Any, int] = {}
-    fills: dict[int, dict[str, int]] = {}
-    for i in order:
-        key = keys[i]
-        prev = last.get(key)
-        if withheld[i] and prev is not None and ops[prev] != "d":
-            sources = fills.get(prev, {})
-            mine: dict[str, int] = {}
-            for column in withheld[i]:
-                if column in sources:
-                    mine[column] = sources[column]  # the earlier change had it withheld too, but filled
-                elif column not in withheld[prev]:
-                    mine[column] = prev
-            if mine:
-                fills[i] = mine
-        last[key] = i
-    return sorted(last.values()), fills
-
-
-def _first_per_key(keys: list[Any], order: list[int]) -> list[int]:
-    first: dict[Any, int] = {}
-    for i in order:
-        first.setdefault(keys[i], i)
-    return sorted(first.values())
-
-
 def _apply_fills(table: pa.Table, fills: dict[int, dict[str, int]]) -> pa.Table:
     """Copy withheld column values from earlier rows (``fills``: row → column → source row)."""
     by_column: dict[str, dict[int, int]] = {}
@@ -303,15 +267,18 @@ class TableWriter:
             # Kafka order within a partition; partitions of one key do not interleave in Debezium.
             order_np = _kafka_order(rows)
             if spec.mode == "upsert" and not any(withheld):
-                final, fills = _last_per_key(keys_np, order_np), {}
+                final, fills = last_per_key(keys_np, order_np), {}
             elif spec.mode == "upsert":
                 keys, order = keys_np.tolist(), order_np.tolist()
-                final, fills = _latest_per_key(keys, ops, withheld, order)
+                final, fills = latest_per_key(keys, ops, withheld, order)
+                # a value from the stored row stays withheld here: the committer fills it from the table
+                fills = {row: mine for row, columns in fills.items()
+                         if (mine := {c: src for c, src in columns.items() if src != STORED})}
                 if fills:
                     typed = _apply_fills(typed, fills)
                     withheld = [[c for c in w if c not in fills.get(j, {})] for j, w in enumerate(withheld)]
             else:
-                final = _first_per_key(keys_np.tolist(), order_np.tolist())
+                final = first_per_key(keys_np.tolist(), order_np.tolist())
         else:
             final = list(range(typed.num_rows))
         is_delete = np.array([ops[j] == "d" for j in final], dtype=bool)

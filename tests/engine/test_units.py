@@ -7,7 +7,7 @@ from lakestream.config import StreamSettings
 from lakestream.engine.result import combine_quantiles
 from lakestream.errors import DecodeError, InvalidIdentifierError
 from lakestream.identifiers import quote, quote_column, quote_table, sql_string
-from lakestream.sink.offsets import decode_offsets, encode_offsets
+from lakestream.sink.offsets import ancestry, decode_offsets, encode_offsets
 from lakestream.sink.router import Router, TableName, topic_parts
 from lakestream.source.kafka import TP
 
@@ -52,6 +52,15 @@ def test_offsets_round_trip():
     offsets = {TP("a.b.c", 0): 10, TP("a.b.c", 3): 7, TP("x", 1): 0}
     assert decode_offsets(encode_offsets(offsets)) == offsets
     assert decode_offsets(None) == {}
+
+
+def test_offsets_are_looked_up_along_the_ancestry_not_by_time():
+    # 4 was rolled back (not an ancestor of 5); 1 is expired (its child's chain ends at 2)
+    parents = {2: 1, 3: 2, 4: 3, 5: 3}
+    assert ancestry(5, parents) == [5, 3, 2]
+    assert ancestry(4, parents) == [4, 3, 2]
+    assert ancestry(None, parents) == [] and ancestry(9, parents) == []
+    assert ancestry(7, {7: 8, 8: 7}) == [7, 8]  # a corrupt loop ends instead of spinning
 
 
 def test_combined_quantiles_of_two_groups():
