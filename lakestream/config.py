@@ -233,8 +233,8 @@ class CatalogSettings(_Model):
     scope: str | None = None
     # Ask the REST catalog for storage credentials per table (X-Iceberg-Access-Delegation: vended-credentials).
     vended_credentials: bool = False
-    # A PEM bundle trusted for an https REST catalog by pyiceberg (and so DuckDB reads); the JVM uses its own
-    # trust store (-Djavax.net.ssl.trustStore in spark.conf spark.driver.extraJavaOptions). Untested here.
+    # A PEM bundle of the CA(s) to trust for an https REST catalog, instead of the defaults: used by Spark and the
+    # Java committer (Iceberg's REST client, through lakestream's TLSConfigurer) and by pyiceberg (DuckDB reads).
     ssl_ca_bundle: str | None = None
     # The pipeline's `storage` section (set by PipelineConfig): how the catalog's FileIO reaches the files.
     _storage: StorageSettings | None = PrivateAttr(default=None)
@@ -262,6 +262,13 @@ class CatalogSettings(_Model):
         if rest_only and self.type != "rest":
             raise ValueError(f"catalog.{rest_only[0]} applies to a REST catalog only — fix: remove it, or set "
                              "catalog.type: rest")
+        if self.ssl_ca_bundle is not None:
+            if not Path(self.ssl_ca_bundle).is_file():
+                raise ValueError(f"catalog.ssl_ca_bundle: {self.ssl_ca_bundle!r} is not a readable file — fix: the "
+                                 "path of a PEM file holding the certificate of the CA that signed the catalog's")
+            if not self.uri.startswith("https://"):
+                raise ValueError("catalog.ssl_ca_bundle is set but catalog.uri is not https — fix: use the catalog's "
+                                 "https:// URL, or remove ssl_ca_bundle")
         if self.credential_env and self.token_env:
             raise ValueError("catalog.credential_env and catalog.token_env: give one (OAuth2 client credentials, "
                              "or a bearer token)")

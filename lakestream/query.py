@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import parse_qsl, urlsplit
 
 from lakestream.config import CatalogSettings, PipelineConfig
@@ -244,13 +244,36 @@ def pyiceberg_catalog(catalog: CatalogSettings):
     if catalog.type == "rest":
         from pyiceberg.catalog.rest import RestCatalog
 
-        props = {"uri": catalog.uri or "", "warehouse": catalog.warehouse, **io, **catalog.rest_client_properties()}
-        if catalog.ssl_ca_bundle:
-            props["ssl.cabundle"] = catalog.ssl_ca_bundle
-        return RestCatalog(catalog.name, **props)
+        props: dict[str, Any] = {"uri": catalog.uri or "", "warehouse": catalog.warehouse, **io,
+                                 **catalog.rest_client_properties()}
+        if not catalog.ssl_ca_bundle:
+            return RestCatalog(catalog.name, **props)
+        props["ssl"] = {"cabundle": catalog.ssl_ca_bundle}  # pyiceberg reads it nested, as in .pyiceberg.yaml
+        return _rest_catalog_with_ca(catalog.ssl_ca_bundle)(catalog.name, **props)
     from pyiceberg.catalog.sql import SqlCatalog
 
     return SqlCatalog(catalog.name, uri=sqlalchemy_url(catalog), warehouse=catalog.warehouse, **io)
+
+
+def _rest_catalog_with_ca(bundle: str) -> type:
+    """pyiceberg's RestCatalog whose https requests verify against ``bundle`` only. pyiceberg sets the bundle as
+    its session's ``verify``, but requests lets ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE`` from the environment
+    override a session's ``verify``: an adapter that pins it per request does not yield."""
+    from pyiceberg.catalog.rest import RestCatalog
+    from requests.adapters import HTTPAdapter
+
+    class PinnedCA(HTTPAdapter):
+        def send(self, request, **kwargs):  # type: ignore[no-untyped-def]
+            kwargs["verify"] = bundle
+            return super().send(request, **kwargs)
+
+    class RestCatalogWithCA(RestCatalog):
+        def _create_session(self):  # type: ignore[no-untyped-def]
+            session = super()._create_session()
+            session.mount("https://", PinnedCA())
+            return session
+
+    return RestCatalogWithCA
 
 
 def configure_duckdb(con: duckdb.DuckDBPyConnection, catalog: CatalogSettings, table: IcebergTable) -> None:

@@ -53,6 +53,11 @@ def rest_properties(catalog: CatalogSettings) -> dict[str, str]:
     props = catalog.rest_client_properties()
     if "credential" in props or "token" in props:
         props["rest.auth.type"] = "oauth2"  # both a client credential and a bearer token are OAuth2 here
+    if catalog.ssl_ca_bundle:
+        # Iceberg's REST client trusts the JVM's default store; a private CA's bundle comes in through our
+        # TLSConfigurer (java/LakestreamTlsConfigurer.java), as pyiceberg takes it as ssl.cabundle.
+        props["rest.client.tls.configurer-impl"] = "lakestream.LakestreamTlsConfigurer"
+        props["lakestream.ssl-ca-bundle"] = catalog.ssl_ca_bundle
     return props
 
 
@@ -127,9 +132,41 @@ def _jvm_stdout_to_stderr() -> Iterator[None]:
 
 def session_for(config: PipelineConfig) -> SparkSession:
     """The SparkSession for a pipeline config, once its object storage answered (`storage.check_storage`:
-    credentials the store refuses or a missing bucket stop here, naming the setting)."""
+    credentials the store refuses or a missing bucket stop here, naming the setting) and an https REST
+    catalog's certificate is trusted (`check_catalog_tls`)."""
     storage.check_storage(config.catalog)
+    check_catalog_tls(config.catalog)
     return build_session(config.catalog, config.spark)
+
+
+def check_catalog_tls(catalog: CatalogSettings, timeout_s: float = 5.0) -> None:
+    """An https REST catalog whose certificate is not trusted is a config error (no retry can cure it), named
+    with its fix before anything starts. An unreachable catalog is not decided here: the engine waits outages
+    out. The check is Python's TLS with the same trust as the clients: ``catalog.ssl_ca_bundle``, else the
+    system's CAs."""
+    import socket
+    import ssl
+    from urllib.parse import urlsplit
+
+    from lakestream.errors import ConfigError
+
+    if catalog.type != "rest" or not (catalog.uri or "").startswith("https://"):
+        return
+    url = urlsplit(catalog.uri)
+    context = ssl.create_default_context(cafile=catalog.ssl_ca_bundle) if catalog.ssl_ca_bundle \
+        else ssl.create_default_context()
+    try:
+        with socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s) as sock:
+            with context.wrap_socket(sock, server_hostname=url.hostname):
+                return
+    except ssl.SSLCertVerificationError as exc:
+        fix = ("the bundle does not hold the CA that signed it — fix: catalog.ssl_ca_bundle must hold that CA's "
+               "certificate" if catalog.ssl_ca_bundle else
+               "fix: set catalog.ssl_ca_bundle to a PEM file holding the certificate of the CA that signed it")
+        raise ConfigError(f"catalog.uri {catalog.uri}: its TLS certificate is not trusted "
+                          f"({exc.verify_message or exc.reason}); {fix}") from None
+    except OSError:
+        return  # unreachable or not TLS: left to the clients (an outage is waited out)
 
 
 def jvm_helper(session: SparkSession):

@@ -368,14 +368,15 @@ def storage_env(store) -> dict[str, str]:
 def rest_catalog_factory(stack, service_dir_factory):
     """Start Iceberg REST catalog servers (Iceberg's CatalogHandlers over a JDBC catalog in the shared
     PostgreSQL; `lakestream.stack.rest_catalog`): ``make(warehouse, store=None, credential=None,
-    vend=False)``; each is stopped at session end. With ``store`` its FileIO is S3FileIO on that store;
-    ``vend`` makes it vend the store's credentials to clients that ask."""
+    vend=False, tls=False)``; each is stopped at session end. With ``store`` its FileIO is S3FileIO on that
+    store; ``vend`` makes it vend the store's credentials to clients that ask; ``tls`` serves https with a
+    certificate of its own CA (``server.ca_bundle``)."""
     from lakestream.stack.rest_catalog import RestCatalogServer
 
     made: list[RestCatalogServer] = []
 
     def make(warehouse: str, store=None, credential: str | None = None, vend: bool = False,
-             backend: str = "rest_backend") -> RestCatalogServer:
+             backend: str = "rest_backend", tls: bool = False) -> RestCatalogServer:
         io: dict[str, str] = {}
         if store is not None:
             s = store.settings
@@ -385,7 +386,7 @@ def rest_catalog_factory(stack, service_dir_factory):
         vended = {k: v for k, v in io.items() if k != "io-impl"} if vend else {}
         server = RestCatalogServer(_satellite_settings(stack, service_dir_factory("rest"), catalog="rest"),
                                    warehouse=warehouse, io_properties=io, credential=credential, vend=vended,
-                                   backend=backend)
+                                   backend=backend, tls=tls)
         made.append(server)
         server.start()
         return server

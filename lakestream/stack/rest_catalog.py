@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import ssl
+import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -40,7 +42,7 @@ class RestCatalogServer:
 
     def __init__(self, settings: StackSettings, *, warehouse: str, io_properties: dict[str, str] | None = None,
                  credential: str | None = None, token: str | None = None, vend: dict[str, str] | None = None,
-                 backend: str = BACKEND_CATALOG):
+                 backend: str = BACKEND_CATALOG, tls: bool = False):
         self.settings = settings
         self.backend = backend
         self.warehouse = warehouse
@@ -48,6 +50,7 @@ class RestCatalogServer:
         self.credential = credential
         self.token = token
         self.vend = vend or {}
+        self.tls = tls  # serve https with a certificate of its own CA (`ca_bundle`), made on first start
         self.dir = settings.state_dir / "rest-catalog"
         self.log_path = settings.state_dir / "logs" / f"{self.name}.log"
         self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid", "java")
@@ -58,7 +61,38 @@ class RestCatalogServer:
 
     @property
     def uri(self) -> str:
-        return f"http://{process.LOOPBACK}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{process.LOOPBACK}:{self.port}"
+
+    @property
+    def ca_bundle(self) -> Path:
+        """The PEM certificate clients trust for this server (``catalog.ssl_ca_bundle``), with ``tls``."""
+        return self.dir / "tls" / "ca.pem"
+
+    @property
+    def _keystore(self) -> Path:
+        return self.dir / "tls" / "server.p12"
+
+    def _make_certificate(self) -> None:
+        """A self-signed certificate for 127.0.0.1 (its own CA) in a PKCS12 key store, and its PEM for clients."""
+        if self._keystore.exists() and self.ca_bundle.exists():
+            return
+        keytool = shutil.which("keytool")
+        if keytool is None:
+            raise StackError("keytool not found: it comes with the JDK (apt-get install openjdk-17-jdk-headless)")
+        tls_dir = self._keystore.parent
+        tls_dir.mkdir(parents=True, exist_ok=True)
+        self._keystore.unlink(missing_ok=True)
+        common = ["-alias", "rest", "-keystore", str(self._keystore), "-storetype", "PKCS12",
+                  "-storepass", self._keystore_password()]
+        _run([keytool, "-genkeypair", *common, "-keyalg", "RSA", "-keysize", "2048",
+                             "-validity", "3650", "-dname", "CN=lakestream local REST catalog",
+                             "-ext", f"san=ip:{process.LOOPBACK},dns:localhost"], "keytool -genkeypair")
+        _run([keytool, "-exportcert", *common, "-rfc", "-file", str(self.ca_bundle)],
+                            "keytool -exportcert")
+
+    def _keystore_password(self) -> str:
+        # Protects nothing beyond the file's own mode (the key never leaves this directory): a fixed value.
+        return "lakestream-local"
 
     def pid(self) -> int | None:
         return self.pid_file.live_pid()
@@ -86,6 +120,9 @@ class RestCatalogServer:
             props["server.credential"] = self.credential
         if self.token:
             props["server.token"] = self.token
+        if self.tls:
+            props["server.tls.keystore"] = str(self._keystore)
+            props["server.tls.keystore-password"] = self._keystore_password()
         return props
 
     def _write_properties(self) -> Path:
@@ -120,6 +157,8 @@ class RestCatalogServer:
         """Start the server unless it runs; wait until ``/v1/config`` answers."""
         if self.pid() is None:
             self.check_port_free()
+            if self.tls:
+                self._make_certificate()
             argv = self.argv(self._write_properties())
             log.info("starting %s on %s", self.name, self.uri)
             pid = process.spawn_detached(argv, self.log_path, cwd=self.dir)
@@ -132,8 +171,9 @@ class RestCatalogServer:
 
     def healthy(self) -> bool:
         """Whether the server answers HTTP (401 without a token counts: it is up)."""
+        context = ssl.create_default_context(cafile=str(self.ca_bundle)) if self.tls else None
         try:
-            with urllib.request.urlopen(f"{self.uri}/v1/config", timeout=2):
+            with urllib.request.urlopen(f"{self.uri}/v1/config", timeout=2, context=context):
                 return True
         except urllib.error.HTTPError as exc:
             return exc.code in (401, 403)
@@ -152,6 +192,12 @@ class RestCatalogServer:
                              healthy=pid is not None and self.healthy(), persistent=self.persistent,
                              detail=f"Iceberg CatalogHandlers over the JDBC catalog {self.backend!r} "
                                     f"in {self.settings.catalog_db}")
+
+
+def _run(argv: list[str], what: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise StackError(f"{what} failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-500:]}")
 
 
 def _escape(value: str) -> str:

@@ -87,11 +87,25 @@ def test_rest_catalog_settings(monkeypatch):
     assert "secret-value" not in str(redact(spark))
 
 
+def test_a_private_ca_reaches_the_jvm_rest_client(tmp_path):
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    cfg = config(catalog={"type": "rest", "uri": "https://catalog.internal:8181", "warehouse": "w",
+                          "ssl_ca_bundle": str(bundle)})
+    spark = catalog_conf(cfg.catalog)
+    assert spark["spark.sql.catalog.lake.rest.client.tls.configurer-impl"] == "lakestream.LakestreamTlsConfigurer"
+    assert spark["spark.sql.catalog.lake.lakestream.ssl-ca-bundle"] == str(bundle)
+
+
 @pytest.mark.parametrize("catalog, message", [
     ({"type": "rest", "uri": "catalog:8181", "warehouse": "w"}, r"is not an http\(s\) URL — fix: the REST catalog"),
     ({"type": "jdbc", "uri": "jdbc:postgresql://h/d", "warehouse": "file:///w", "token_env": "T"},
      r"catalog\.token_env applies to a REST catalog only — fix"),
     ({"type": "rest", "uri": "http://h", "warehouse": "w", "token_env": "T", "credential_env": "C"}, r"give one"),
+    ({"type": "rest", "uri": "https://h", "warehouse": "w", "ssl_ca_bundle": "/nonexistent/ca.pem"},
+     r"catalog\.ssl_ca_bundle: '/nonexistent/ca\.pem' is not a readable file — fix"),
+    ({"type": "rest", "uri": "http://h", "warehouse": "w", "ssl_ca_bundle": "/etc/hostname"},
+     r"catalog\.ssl_ca_bundle is set but catalog\.uri is not https — fix"),
 ])
 def test_bad_rest_settings_name_the_field(catalog, message):
     with pytest.raises(ConfigError, match=message):

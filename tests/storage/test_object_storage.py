@@ -4,7 +4,8 @@ catalog (Iceberg's own CatalogHandlers over JDBC, with OAuth2 client credentials
 
 One Debezium capture feeds three pipelines, the {jdbc, rest} × {local, s3} matrix beside the suite's own
 jdbc × local: ``s3lake`` (JDBC catalog, S3 files), ``restfs`` (REST catalog, local files), ``restlake``
-(REST catalog, S3 files). Every scenario ends with `lakestream verify` exact for each of them. The clients
+(REST catalog, S3 files); ``restfs``'s catalog is served over https by a private CA. Every scenario ends
+with `lakestream verify` exact for each of them. The clients
 are the real ones: Spark's and the Java committer's RESTCatalog and S3FileIO, pyarrow's S3FileSystem in
 the write tasks, pyiceberg's RestCatalog, DuckDB's httpfs.
 """
@@ -74,7 +75,7 @@ def lakes(stack, spark, object_store, rest_catalog_factory, service_dir_factory)
     os.environ[CREDENTIAL_ENV] = credential
     rest_s3 = rest_catalog_factory(f"{object_store.warehouse}/rest", store=object_store, credential=credential,
                                    vend=True, backend="obj_rest_s3")
-    rest_fs = rest_catalog_factory(service_dir_factory("restfs").as_uri(), backend="obj_rest_fs")
+    rest_fs = rest_catalog_factory(service_dir_factory("restfs").as_uri(), backend="obj_rest_fs", tls=True)
     source = start_captured_source(stack, SETUP, TABLES, "obj")
     base = yaml.safe_load((source.workdir / "pipeline.yaml").read_text())
     configs, datas = {}, {}
@@ -86,6 +87,8 @@ def lakes(stack, spark, object_store, rest_catalog_factory, service_dir_factory)
             data["catalog"] = {"name": name, "type": "rest", "uri": rest.uri, "warehouse": rest.warehouse}
             if rest is rest_s3:
                 data["catalog"]["credential_env"] = CREDENTIAL_ENV
+            else:  # served over https with a private CA: Spark, the committer and pyiceberg trust its bundle
+                data["catalog"]["ssl_ca_bundle"] = str(rest.ca_bundle)
         else:
             data["catalog"] = {**base["catalog"], "name": name, "warehouse": f"{object_store.warehouse}/jdbc"}
         if where == "s3":
@@ -127,7 +130,7 @@ def test_changes_land_on_object_storage_through_each_catalog(lakes):
 
 
 def test_spark_duckdb_and_pyiceberg_read_the_same_rows(lakes):
-    for catalog in ("restlake", "s3lake"):
+    for catalog in ("restlake", "s3lake", "restfs"):
         config = lakes.configs[catalog]
         name = f"{lakes.source.namespace}.obj_orders"
         spark_rows = read_table(config, name, engine="spark", spark=lakes.spark).sort_by("id")
@@ -266,6 +269,22 @@ def test_wrong_credentials_stop_at_once_naming_the_setting(lakes, monkeypatch):
     monkeypatch.delenv(SECRET_KEY_ENV)
     with pytest.raises(ConfigError, match=f"storage.secret_access_key_env: environment variable {SECRET_KEY_ENV}"):
         session_for(config)
+
+
+def test_an_untrusted_catalog_certificate_stops_at_once_naming_the_setting(lakes):
+    """The https REST catalog (restfs) with no CA bundle, or one without its CA: a config error naming
+    catalog.ssl_ca_bundle before anything starts; with its CA, the check passes."""
+    from lakestream.spark import check_catalog_tls
+
+    base = lakes.data["restfs"]
+    assert base["catalog"]["uri"].startswith("https://")
+    check_catalog_tls(lakes.configs["restfs"].catalog)
+    without = {k: v for k, v in base["catalog"].items() if k != "ssl_ca_bundle"}
+    with pytest.raises(ConfigError, match=r"not trusted.*fix: set catalog\.ssl_ca_bundle"):
+        check_catalog_tls(parse_config(base | {"catalog": without}, "<no-ca>").catalog)
+    other = base["catalog"] | {"ssl_ca_bundle": "/etc/ssl/certs/ca-certificates.crt"}
+    with pytest.raises(ConfigError, match=r"not trusted.*catalog\.ssl_ca_bundle must hold"):
+        check_catalog_tls(parse_config(base | {"catalog": other}, "<wrong-ca>").catalog)
 
 
 def test_unreachable_endpoint_is_named_and_left_to_the_outage_wait(lakes, caplog):

@@ -2,6 +2,8 @@ package lakestream.rest;
 
 import com.sun.net.httpserver.HttpExchange;
 import com.sun.net.httpserver.HttpServer;
+import com.sun.net.httpserver.HttpsConfigurator;
+import com.sun.net.httpserver.HttpsServer;
 import java.io.FileInputStream;
 import java.io.IOException;
 import java.io.InputStream;
@@ -9,6 +11,7 @@ import java.io.OutputStream;
 import java.net.InetSocketAddress;
 import java.net.URLDecoder;
 import java.nio.charset.StandardCharsets;
+import java.security.KeyStore;
 import java.security.MessageDigest;
 import java.security.SecureRandom;
 import java.util.Base64;
@@ -18,6 +21,8 @@ import java.util.Properties;
 import java.util.concurrent.Executors;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
+import javax.net.ssl.KeyManagerFactory;
+import javax.net.ssl.SSLContext;
 import org.apache.hadoop.conf.Configuration;
 import org.apache.iceberg.CatalogUtil;
 import org.apache.iceberg.catalog.Catalog;
@@ -60,8 +65,9 @@ import org.apache.iceberg.shaded.com.fasterxml.jackson.databind.ObjectMapper;
  * {@code server.credential} = {@code client_id:client_secret} turns on OAuth2 (client credentials at
  * {@code /v1/oauth/tokens}, then a bearer token on every request); {@code server.token} accepts one
  * static bearer token; {@code server.vend.<key>} are FileIO properties (storage credentials) added to
- * a table's config when the client asks for vended credentials; {@code catalog.<key>} configure the
- * backing catalog ({@code catalog.name}, {@code catalog.catalog-impl}, {@code catalog.uri}, ...).
+ * a table's config when the client asks for vended credentials; {@code server.tls.keystore} (a PKCS12
+ * file) and {@code server.tls.keystore-password} serve HTTPS instead of HTTP; {@code catalog.<key>}
+ * configure the backing catalog ({@code catalog.name}, {@code catalog.catalog-impl}, {@code catalog.uri}, ...).
  *
  * <p>Not implemented (not used by lakestream's clients): views, multi-table transactions, scan
  * planning, pagination beyond what CatalogHandlers does.
@@ -112,11 +118,34 @@ public final class RestCatalogServer {
     RestCatalogServer server = new RestCatalogServer(props);
     String host = props.getProperty("server.host", "127.0.0.1");
     int port = Integer.parseInt(props.getProperty("server.port", "8181"));
-    HttpServer http = HttpServer.create(new InetSocketAddress(host, port), 64);
+    String keystore = props.getProperty("server.tls.keystore");
+    HttpServer http;
+    if (keystore != null) {
+      HttpsServer https = HttpsServer.create(new InetSocketAddress(host, port), 64);
+      https.setHttpsConfigurator(new HttpsConfigurator(tlsContext(keystore,
+          props.getProperty("server.tls.keystore-password", "").toCharArray())));
+      http = https;
+    } else {
+      http = HttpServer.create(new InetSocketAddress(host, port), 64);
+    }
     http.createContext("/", server::serve);
     http.setExecutor(Executors.newFixedThreadPool(8));
     http.start();
-    System.err.println("lakestream REST catalog listening on http://" + host + ":" + port);
+    System.err.println("lakestream REST catalog listening on " + (keystore != null ? "https" : "http") + "://"
+        + host + ":" + port);
+  }
+
+  /** The server's TLS context: its key and certificate from a PKCS12 key store. */
+  private static SSLContext tlsContext(String keystore, char[] password) throws Exception {
+    KeyStore ks = KeyStore.getInstance("PKCS12");
+    try (InputStream in = new FileInputStream(keystore)) {
+      ks.load(in, password);
+    }
+    KeyManagerFactory kmf = KeyManagerFactory.getInstance(KeyManagerFactory.getDefaultAlgorithm());
+    kmf.init(ks, password);
+    SSLContext context = SSLContext.getInstance("TLS");
+    context.init(kmf.getKeyManagers(), null, null);
+    return context;
   }
 
   private void serve(HttpExchange exchange) throws IOException {
