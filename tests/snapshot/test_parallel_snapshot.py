@@ -251,3 +251,28 @@ def test_a_value_that_does_not_fit_stops_with_the_table_and_key_range(stack, spa
         assert state is None  # nothing of the failed chunk was committed
     finally:
         source.close()
+
+
+def test_interrupted_snapshot_of_a_keyless_table_is_refused_with_the_fix(stack, spark, monkeypatch):
+    """A table without a key is committed in one piece (all its chunks at the handover point, or none): a
+    resumed run could only read it later, and the stream would then add the rows inserted in between twice."""
+    from lakestream.snapshot import chunks
+
+    setup = [*SETUP, "CREATE TABLE log (msg text, n int)",
+             "INSERT INTO log SELECT 'm' || (g % 10), g % 3 FROM generate_series(1, 6000) g", "ANALYZE"]
+    source = Source(stack, "snapkl", setup, ["public.items", "public.log"])
+    monkeypatch.setattr(chunks, "COMMIT_EVERY_S", 0.0)  # every finished chunk commits at once
+
+    def interrupt(tables) -> None:
+        if any(t.source == "public.items" and t.rows for t in tables):
+            raise KeyboardInterrupt("interrupted snapshot")
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_snapshot(source.config, spark=spark, progress_interval_s=0.2, on_progress=interrupt, parallelism=1)
+        assert read_snapshot_state(spark, f"lake.{source.prefix}.items")["done"]
+        assert read_snapshot_state(spark, f"lake.{source.prefix}.log") is None  # nothing of it committed
+        with pytest.raises(SnapshotError, match=r"had not finished \['public.log'\], without a primary key.*fix"):
+            run_snapshot(source.config, spark=spark)
+    finally:
+        source.close()
