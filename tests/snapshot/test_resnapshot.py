@@ -3,7 +3,6 @@ real PostgreSQL, Debezium, the broker, Spark and Iceberg: a mirror that drifted 
 duplicated and invented by hand) is repaired while writes go on, and ends equal to the source."""
 from __future__ import annotations
 
-import random
 import threading
 import time
 
@@ -22,8 +21,7 @@ from lakestream.snapshot.slot import write_handover
 from lakestream.source.kafka import KafkaCluster
 from lakestream.spark import jvm_helper
 from lakestream.verify import verify_tables
-from lakestream.snapshot.runner import read_snapshot_state
-from test_parallel_snapshot import TABLES, Source, Writer
+from test_parallel_snapshot import KINDS, TABLES, KindsWriter, Source, Writer, kinds_source, load_kinds
 
 
 class PipelineThread:
@@ -200,98 +198,19 @@ def _yaml(tmp_path, config):
     return path
 
 
-KINDS_SETUP = [
-    # a partitioned parent: a range partition, a sub-partitioned one (by hash) and a DEFAULT partition
-    "CREATE TABLE events (id int, ts date, v text, PRIMARY KEY (id, ts)) PARTITION BY RANGE (ts)",
-    "CREATE TABLE events_2020 PARTITION OF events FOR VALUES FROM ('2020-01-01') TO ('2021-01-01')",
-    "CREATE TABLE events_2021 PARTITION OF events FOR VALUES FROM ('2021-01-01') TO ('2022-01-01') PARTITION BY HASH (id)",
-    "CREATE TABLE events_2021_h0 PARTITION OF events_2021 FOR VALUES WITH (MODULUS 2, REMAINDER 0)",
-    "CREATE TABLE events_2021_h1 PARTITION OF events_2021 FOR VALUES WITH (MODULUS 2, REMAINDER 1)",
-    "CREATE TABLE events_other PARTITION OF events DEFAULT",
-    "INSERT INTO events SELECT g, date '2020-01-01' + (g % 1000), 'v' || g FROM generate_series(1, 3000) g",
-    # without a primary key: insert-only, and REPLICA IDENTITY FULL; many rows are equal
-    "CREATE TABLE log_plain (msg text, n int)",
-    "INSERT INTO log_plain SELECT 'm' || (g % 40), g % 7 FROM generate_series(1, 2000) g",
-    "CREATE TABLE log_full (msg text, n int, at date)",
-    "ALTER TABLE log_full REPLICA IDENTITY FULL",
-    "INSERT INTO log_full SELECT 'f' || (g % 60), g % 3, date '2024-01-01' + g % 5 FROM generate_series(1, 2000) g",
-    "ANALYZE",
-]
-KINDS = ["public.events", "public.log_plain", "public.log_full"]
 
-
-class KindsWriter(Writer):
-    """Changes of every kind on the partitioned and keyless tables, one per transaction: rows moved between
-    partitions, deleted, inserted into each partition; equal rows inserted; one of several equal rows updated."""
-
-    def __init__(self, stack, dbname: str, first_id: int = 10_000, seed: int = 7):
-        super().__init__(stack, dbname)
-        self.next_id = first_id
-        self.rng = random.Random(seed)
-
-    def step(self, cur) -> None:
-        r = self.rng.random()
-        key = self.rng.randint(1, 3000)
-        if r < 0.2:
-            cur.execute("INSERT INTO events VALUES (%s, date '2020-01-01' + %s, 'new')",
-                        (self.next_id, self.rng.randint(0, 1200)))
-            self.next_id += 1
-        elif r < 0.35:  # the partition key changes: the row moves to another partition
-            cur.execute("UPDATE events SET ts = ts + 400, v = v || '>' WHERE id = %s", (key,))
-        elif r < 0.45:
-            cur.execute("DELETE FROM events WHERE id = %s", (key,))
-        elif r < 0.7:
-            cur.execute("INSERT INTO log_plain VALUES ('w', %s)", (self.rng.randint(0, 2),))
-        elif r < 0.9:
-            cur.execute("UPDATE log_full SET n = n + 10 WHERE ctid = (SELECT ctid FROM log_full WHERE msg = %s LIMIT 1)",
-                        (f"f{self.rng.randint(1, 5)}",))
-        else:
-            cur.execute("DELETE FROM log_full WHERE ctid = (SELECT ctid FROM log_full WHERE msg = 'f6' LIMIT 1)")
-
-
-def _verify_exact(source: Source, spark) -> None:
-    report = verify_tables(source.config, spark, tables=KINDS)
-    assert report.ok, report.to_text()
-
-
-def test_partitioned_and_keyless_tables_snapshot_and_resnapshot_exactly(stack, spark):
-    """The parallel snapshot of a partitioned parent (read leaf by leaf into its one mirror) and of tables without
-    a primary key (read by block ranges, equal rows kept), handed over to the stream while writes go on; then all
-    three re-snapshotted while streaming, repairing drift made by hand. `verify` is exact after each."""
-    source = Source(stack, "kinds", KINDS_SETUP, KINDS)
-    source.data["capture"]["snapshot_chunk_rows"] = 400
-    source.config = parse_config(source.data, "<kinds test>")
-    source.yaml.write_text(yaml.safe_dump(source.data))
-    writer = KindsWriter(stack, source.dbname)
-    pipeline = None
+@pytest.mark.snapshot_slow
+def test_partitioned_and_keyless_tables_resnapshot_exactly(stack, spark):
+    """A partitioned parent and both kinds of table without a primary key, loaded by the parallel snapshot and
+    streamed (`load_kinds`), drifted by hand, then re-snapshotted while streaming and writes go on: `verify` exact.
+    Long (a snapshot, capture, three re-snapshots): `make test-snapshot`."""
+    source = kinds_source(stack)
+    pipeline = writer = None
     lake = {t: f"lake.{source.prefix}.{t.split('.')[1]}" for t in KINDS}
     try:
-        writer.start()  # writes go on during the snapshot and its handover
-        report = run_snapshot(source.config, spark=spark)
-        _mark("kinds snapshot")
-        assert writer.changes > 0, "no write happened during the snapshot"
-        by_name = {t.source: t for t in report.tables}
-        state = read_snapshot_state(spark, lake["public.events"])
-        leaves = {tuple(c["relation"]) for c in state["chunks"]}
-        assert leaves == {("public", "events_2020"), ("public", "events_2021_h0"), ("public", "events_2021_h1"),
-                          ("public", "events_other")}, state["chunks"]
-        assert by_name["public.events"].chunks_total > len(leaves)
-        for keyless in ("public.log_plain", "public.log_full"):
-            assert by_name[keyless].chunks_total >= 3, by_name[keyless]  # block ranges, read in parallel
-        # One commit for a table without a key (a crash cannot leave part of it to a later snapshot).
-        assert len(spark.sql(f"SELECT * FROM {lake['public.log_plain']}.snapshots").collect()) == 1
-        assert spark.sql(f"SELECT count(*) FROM {lake['public.log_plain']} WHERE msg = 'm1'").first()[0] >= 50
-        source.start_capture()
-        _mark("kinds capture")
+        next_id = load_kinds(source, spark)
+        _mark("kinds loaded")
         pipeline = PipelineThread(source, spark)
-        time.sleep(1.0)
-        writer.stop()
-        source.wait_caught_up()
-        pipeline.wait_applied(source, spark, tables=KINDS)
-        _mark("kinds streamed")
-        _verify_exact(source, spark)
-        _mark("kinds verified")
-
         # Drift by hand: rows lost, changed and invented in the parent's mirror; every copy of a row lost and
         # extra copies of another in the keyless mirrors (rows the writer does not touch while it runs).
         spark.sql(f"DELETE FROM {lake['public.events']} WHERE id % 50 = 0")
@@ -301,21 +220,24 @@ def test_partitioned_and_keyless_tables_snapshot_and_resnapshot_exactly(stack, s
             spark.sql(f"DELETE FROM {lake[table]} WHERE msg = '{gone}'")
             spark.sql(f"INSERT INTO {lake[table]} SELECT * FROM {lake[table]} WHERE msg = '{twice}'")
         assert not verify_tables(source.config, spark, tables=KINDS).ok
-        writer = KindsWriter(stack, source.dbname, first_id=writer.next_id, seed=8)
+        writer = KindsWriter(stack, source.dbname, first_id=next_id, seed=8)
         writer.start()
         report = run_snapshot(source.config, KINDS, spark)
         _mark("kinds resnapshot")
         assert report.resnapshot and len(report.tables) == 3
-        assert _resnapshot_state(spark, lake["public.log_plain"])["stream_kept"] > 0  # 'w' rows streamed meanwhile
+        for table in ("public.log_plain", "public.log_full"):  # contents the writer changed meanwhile
+            assert _resnapshot_state(spark, lake[table])["stream_kept"] > 0, _resnapshot_state(spark, lake[table])
         time.sleep(1.0)
         writer.stop()
         source.wait_caught_up()
         pipeline.wait_applied(source, spark, tables=KINDS)
         pipeline.stop()
-        _verify_exact(source, spark)
+        report = verify_tables(source.config, spark, tables=KINDS)
+        assert report.ok, report.to_text()
         _mark("kinds re-verified")
     finally:
-        writer.stop()
+        if writer is not None:
+            writer.stop()
         if pipeline is not None:
             pipeline.stop_event.set()
             pipeline.thread.join(300)
