@@ -1,5 +1,6 @@
-"""The snapshot task: read one chunk (a key range, or a block range of a table without a key) under the exported snapshot and write it as
-Parquet data files of the table, in the table's Arrow schema and partition layout.
+"""The snapshot task: read one chunk (a key range, or a block range of a table without a key) under the
+exported snapshot and write it as Parquet data files of the table, in the table's Arrow schema and
+partition layout.
 
 PostgreSQL renders the chunk as CSV (``COPY ... TO STDOUT``) and pyarrow's CSV reader parses it
 straight into typed columns: no Python object per value, which is what makes a task fast. Values
