@@ -1,4 +1,4 @@
-.PHONY: setup demo demo-s3 test test-examples test-storage chaos bench bench-scale clean example-fraud example-iot example-customer360
+.PHONY: setup demo demo-s3 test test-examples test-storage test-snapshot chaos bench bench-scale clean example-fraud example-iot example-customer360
 VENV ?= .venv
 
 setup:
@@ -32,6 +32,11 @@ test-examples: setup
 # behind a REST catalog, SIGKILLs of the pipeline under load, an outage of the object store; plus the fast ones.
 test-storage: setup
 	$(VENV)/bin/python -m pytest -x -v --durations=15 -m 'storage_slow or not storage_slow' tests/storage tests/config/test_storage_config.py
+
+# The long snapshot scenarios (tests/snapshot): a partitioned parent and tables without a primary key loaded by the
+# parallel snapshot, drifted by hand and re-snapshotted while streaming; plus the fast snapshot tests.
+test-snapshot: setup
+	$(VENV)/bin/python -m pytest -x -v --durations=15 -m 'snapshot_slow or not snapshot_slow' tests/snapshot
 
 # The long chaos scenarios (tests/engine/test_chaos.py); sized by LAKESTREAM_CHAOS_KILLS (20),
 # LAKESTREAM_CHAOS_COMMIT_KILLS (half), LAKESTREAM_CHAOS_BROKER_OUTAGE_S (30), LAKESTREAM_CHAOS_CATALOG_OUTAGE_S (15),

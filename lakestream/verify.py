@@ -17,7 +17,7 @@ from psycopg2 import sql as pgsql
 
 from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError
-from lakestream.identifiers import SourceTableName, quote_column, quote_table
+from lakestream.identifiers import SourceTableName, quote_table
 from lakestream.sink.router import Router, TableName
 
 if TYPE_CHECKING:
@@ -163,6 +163,12 @@ def _verify_one(config: PipelineConfig, spark: SparkSession, conn, router: Route
     if not columns:
         result.error = "source table not found"
         return result
+    clash = _case_clash(columns)
+    if clash is not None:
+        result.error = (f"source columns {clash[0]!r} and {clash[1]!r} differ only by case: no mirror can hold both "
+                        "(Spark's column names are case-insensitive), so this table's changes are dead letters — fix: "
+                        "rename one of them at the source")
+        return result
     primary_key = _primary_key(conn, schema, table)
     # Without a primary key, whole rows are the keys: the comparison becomes one of row multisets.
     keys = primary_key or [c.name for c in columns]
@@ -176,10 +182,35 @@ def _verify_one(config: PipelineConfig, spark: SparkSession, conn, router: Route
             result.missing = result.source_rows
             result.error = f"lake table {config.catalog.name}.{lake_name} does not exist"
         return result
-    lake_fields = {f.name.lower(): f for f in lake.schema.fields}
-    result.missing_columns = [c.name for c in columns if c.name.lower() not in lake_fields]
+    lake_fields = _match_lake_columns(columns, lake.schema.fields)
+    result.missing_columns = [c.name for c in columns if c.name not in lake_fields]
     _compare(result, columns, keys, bool(primary_key), source, lake, lake_fields, samples)
     return result
+
+
+def _case_clash(columns: list[_SourceColumn]) -> tuple[str, str] | None:
+    seen: dict[str, str] = {}
+    for c in columns:
+        if c.name.lower() in seen:
+            return seen[c.name.lower()], c.name
+        seen[c.name.lower()] = c.name
+    return None
+
+
+def _match_lake_columns(columns: list[_SourceColumn], fields: list[Any]) -> dict[str, tuple[int, Any]]:
+    """Source column name → (position, field) of the mirror's column: the one of the same name, else the one
+    equal but for case (Spark resolves names case-insensitively; the source has no two such columns)."""
+    exact = {f.name: (i, f) for i, f in enumerate(fields)}
+    folded: dict[str, list[tuple[int, Any]]] = {}
+    for i, f in enumerate(fields):
+        folded.setdefault(f.name.lower(), []).append((i, f))
+    out = {}
+    for c in columns:
+        if c.name in exact:
+            out[c.name] = exact[c.name]
+        elif len(folded.get(c.name.lower(), [])) == 1:
+            out[c.name] = folded[c.name.lower()][0]
+    return out
 
 
 def _source_columns(conn, schema: str, table: str) -> list[_SourceColumn]:
@@ -319,14 +350,19 @@ def _compare(result: TableVerification, columns: list[_SourceColumn], keys: list
     from pyspark.sql import functions as F
 
     def side_frame(df: DataFrame, side: str) -> DataFrame:
+        # Columns are addressed by position (renamed s0.. / l0..): a name never has to be resolved by Spark,
+        # whose resolution ignores case, nor quoted.
+        df = df.toDF(*[f"{side[0]}{i}" for i in range(len(df.columns))])
         values = []
-        for c in columns:
-            lake_field = lake_fields.get(c.name.lower())
-            if side == "lake" and lake_field is None:
+        for i, c in enumerate(columns):
+            matched = lake_fields.get(c.name)
+            lake_field = matched[1] if matched else None
+            if side == "lake" and matched is None:
                 values.append(F.lit(None).cast("string"))
                 continue
-            col_name = c.name if side == "source" else lake_field.name
-            values.append(_canonical(c, F.col(quote_column(col_name)), lake_field.dataType if lake_field else None, side))
+            position = i if side == "source" else matched[0]
+            values.append(_canonical(c, F.col(f"{side[0]}{position}"), lake_field.dataType if lake_field else None,
+                                     side))
         names = [c.name for c in columns]
         key_values = [values[names.index(k)] for k in keys]
         return df.select(

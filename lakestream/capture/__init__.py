@@ -1,5 +1,5 @@
 """Capture: Debezium reads PostgreSQL's replication slot and publishes change events to Kafka."""
-from lakestream.capture.connector import connect_json, connector_properties
+from lakestream.capture.connector import connect_json, connector_properties, prepared_connect_json
 from lakestream.capture.process import CaptureProcess
 from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
 from lakestream.capture.runner import CaptureProgress, run_capture
@@ -10,6 +10,7 @@ __all__ = [
     "KafkaPublishingHandler",
     "connect_json",
     "connector_properties",
+    "prepared_connect_json",
     "producer_config",
     "run_capture",
 ]

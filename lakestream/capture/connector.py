@@ -1,7 +1,8 @@
 """Debezium PostgreSQL connector properties derived from the typed capture settings.
 
 One function builds the properties for the embedded engine lakestream runs; another renders the
-same connector as Kafka Connect REST JSON for users who run their own Connect cluster.
+same connector as Kafka Connect REST JSON for users who run their own Connect cluster, after the
+same publication preparation and start check (`prepared_connect_json`).
 """
 from __future__ import annotations
 
@@ -138,17 +139,43 @@ def connector_properties(capture: CaptureSettings, state_dir: Path) -> dict[str,
     return props
 
 
-def connect_json(capture: CaptureSettings) -> dict[str, Any]:
+def _topic_renames(capture: CaptureSettings, user_transforms: str | None) -> dict[str, str]:
+    """RegexRouter transforms giving a table whose Debezium topic differs from lakestream's (a dot inside a
+    name) the topic lakestream reads, as the embedded capture's publisher does; the user's own
+    ``transforms`` run after them."""
+    renames = {t.debezium_topic(capture.topic_prefix): t.topic(capture.topic_prefix) for t in capture.source_tables}
+    renames = {d: t for d, t in sorted(renames.items()) if d != t}
+    if not renames:
+        return {}
+    out: dict[str, str] = {}
+    names = []
+    for i, (debezium_topic, topic) in enumerate(renames.items()):
+        name = f"lakestreamTopic{i}"
+        names.append(name)
+        # Topics hold only letters, digits, '.', '_' and '-': nothing to escape inside \Q...\E or in the
+        # replacement.
+        out.update({f"transforms.{name}.type": "org.apache.kafka.connect.transforms.RegexRouter",
+                    f"transforms.{name}.regex": f"\\Q{debezium_topic}\\E", f"transforms.{name}.replacement": topic})
+    out["transforms"] = ",".join(names + ([user_transforms] if user_transforms else []))
+    return out
+
+
+def connect_json(capture: CaptureSettings, publication_checked: bool = False) -> dict[str, Any]:
     """The same connector as Kafka Connect REST JSON (``POST /connectors``), password not included.
 
     The password is a ``${file:...}`` config-provider placeholder: put the real value in that
     file on the Connect workers (with ``config.providers=file``), or replace it before posting.
+    ``publication_checked``: the publication was prepared and checked (`prepared_connect_json`), so
+    Debezium only uses it, as under `lakestream capture`; otherwise Debezium's ``filtered`` mode creates it.
     """
     config = _debezium_settings(capture)
     config.update(_converter_settings(capture, secrets=False))
+    if publication_checked:
+        config["publication.autocreate.mode"] = "disabled"
     for key, value in capture.connector.items():
         if not str(key).startswith(_EMBEDDED_ONLY_PREFIXES):
             config[str(key)] = str(value)
+    config.update(_topic_renames(capture, config.get("transforms")))
     if capture.database.password or "database.password" in config:
         config["database.password"] = PASSWORD_PLACEHOLDER
     if capture.snapshot == "parallel":
@@ -157,6 +184,31 @@ def connect_json(capture: CaptureSettings) -> dict[str, Any]:
         config["snapshot.mode"] = "no_data"
         return {"name": _connector_name(capture), "config": config, "initial_state": "STOPPED"}
     return {"name": _connector_name(capture), "config": config}
+
+
+def prepared_connect_json(capture: CaptureSettings) -> dict[str, Any]:
+    """`connect_json` after what `lakestream capture` does before Debezium starts: the publication made to
+    cover every table (when lakestream manages it) and the check that every table will publish its changes
+    (`lakestream.capture.publication.prepare_publication`); CaptureError with the reason and the fix otherwise.
+
+    A Connect cluster runs the connector without lakestream: the check holds for the publication as it is
+    now; a later change to it (or a table attached to the include list by hand) is not checked again."""
+    import psycopg2
+
+    from lakestream.capture.publication import prepare_publication, source_connection
+    from lakestream.errors import CaptureError
+
+    try:
+        conn = source_connection(capture)
+    except psycopg2.OperationalError as exc:
+        raise CaptureError(f"cannot reach the source database to check the publication: {str(exc).strip()[:300]} — "
+                           "fix: make capture.database reachable from here, or pass --skip-publication-check (then "
+                           "check the publication yourself; see docs/design/capture.md)") from None
+    try:
+        prepare_publication(conn, capture)
+    finally:
+        conn.close()
+    return connect_json(capture, publication_checked=True)
 
 
 def connect_offsets_json(capture: CaptureSettings, lsn: int) -> dict[str, Any]:

@@ -18,7 +18,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--print-connector-config",
         action="store_true",
-        help="print the equivalent Kafka Connect connector JSON (password as a placeholder) and exit",
+        help="prepare and check the publication as capture does, then print the equivalent Kafka Connect "
+             "connector JSON (password as a placeholder) and exit",
+    )
+    parser.add_argument(
+        "--skip-publication-check",
+        action="store_true",
+        help="with --print-connector-config: do not connect to the source database (Debezium's filtered mode then "
+             "creates the publication, and nothing checks that every table publishes its changes)",
     )
     parser.set_defaults(func=_capture)
 
@@ -28,9 +35,16 @@ def _capture(args: argparse.Namespace) -> int:
     if config.capture is None:
         raise ConfigError(f"{args.pipeline_yaml} has no `capture:` section — fix: add capture.database and capture.tables")
     if args.print_connector_config:
-        from lakestream.capture.connector import PASSWORD_NOTE, connect_json
+        from lakestream.capture.connector import PASSWORD_NOTE, connect_json, prepared_connect_json
 
-        print(json.dumps(connect_json(config.capture), indent=2))
+        if args.skip_publication_check:
+            doc = connect_json(config.capture)
+            print("note: the publication was not checked: Debezium's filtered mode creates it unquoted (tables "
+                  "whose names need quotes fail) and nothing checks that a partitioned table publishes under its "
+                  "own name", file=sys.stderr)
+        else:
+            doc = prepared_connect_json(config.capture)
+        print(json.dumps(doc, indent=2))
         print(f"note: {PASSWORD_NOTE}", file=sys.stderr)
         if config.capture.snapshot == "parallel":
             _print_handover_note(config)

@@ -89,7 +89,18 @@ def load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot_
     """Read every chunk not yet committed in parallel Spark jobs; hand each table's finished chunks to
     ``commit`` (default: commit them as an append carrying the snapshot's state)."""
     if commit is None:
+        held: dict[str, list[ChunkResult]] = defaultdict(list)
+
         def commit(w: SnapshotTable, results: list[ChunkResult]) -> None:
+            if w.source.keyless:
+                # A table without a key commits all its chunks at once: a resumed snapshot could only read its
+                # missing chunks later than the handover point, and the stream from that point would then add
+                # the rows inserted in between a second time (nothing tells a row from its equal copy).
+                held[w.source.name].extend(results)
+                w.progress.chunks_done = len(w.done) + len(held[w.source.name])
+                if len(w.done) + len(held[w.source.name]) < len(w.plan.chunks):
+                    return
+                results = held.pop(w.source.name)
             commit_chunks(spark, config, w, results, handover_lsn)
 
     todo: list[tuple[SnapshotTable, Chunk]] = []

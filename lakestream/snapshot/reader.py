@@ -1,5 +1,6 @@
-"""The snapshot task: read one key-range chunk under the exported snapshot and write it as
-Parquet data files of the table, in the table's Arrow schema and partition layout.
+"""The snapshot task: read one chunk (a key range, or a block range of a table without a key) under the
+exported snapshot and write it as Parquet data files of the table, in the table's Arrow schema and
+partition layout.
 
 PostgreSQL renders the chunk as CSV (``COPY ... TO STDOUT``) and pyarrow's CSV reader parses it
 straight into typed columns: no Python object per value, which is what makes a task fast. Values
@@ -30,7 +31,9 @@ class ChunkTarget:
     schema: dict[str, Any]
     partition_spec: dict[str, Any]
     data_location: str
-    report_keys: bool = False  # also report each file's index keys, in row order (a re-snapshot needs them)
+    # also report each file's index keys (a keyless table's: row content hashes), in row order (a re-snapshot
+    # needs them)
+    report_keys: bool = False
     # The driver's object storage (credentials included): the task writes the chunk's files through it.
     storage: StorageContext = field(default_factory=active_options, repr=False)
 
@@ -99,7 +102,7 @@ def read_chunk(dsn: str, snapshot_name: str, source: SourceTable, chunk: Chunk, 
     import psycopg2
 
     from lakestream.sink.files import arrow_schema, partition_values, write_data_file
-    from lakestream.sink.index import index_keys
+    from lakestream.sink.index import index_keys, row_keys
 
     started = time.monotonic()
     use_options(target.storage)
@@ -120,7 +123,7 @@ def read_chunk(dsn: str, snapshot_name: str, source: SourceTable, chunk: Chunk, 
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         # Nothing of the chunk is committed: the snapshot stops here and resumes from this chunk.
         raise LakestreamError(
-            f"{source.name} rows with key in [{chunk.lower}, {chunk.upper}) do not fit the lake table {target.table}: "
+            f"{source.name} {chunk.describe(source)} do not fit the lake table {target.table}: "
             f"{str(exc).splitlines()[0][:300]} — fix: correct those source values (or the lake column type), then run "
             f"`lakestream snapshot` again to resume") from None
     files = []
@@ -130,5 +133,6 @@ def read_chunk(dsn: str, snapshot_name: str, source: SourceTable, chunk: Chunk, 
         written = write_data_file(part, target.data_location, schema, f"snapshot-{chunk.chunk_id:05d}")
         files.append({**written, "partition": values})
         if keys is not None:
-            keys.append(index_keys(part, source.key))
+            # A table without a key is a row multiset: a row's identity is its whole content.
+            keys.append(row_keys(part, schema) if source.keyless else index_keys(part, source.key))
     return ChunkResult(source.name, chunk.chunk_id, table.num_rows, files, time.monotonic() - started, keys)

@@ -68,6 +68,9 @@ class TopicWindow:
     key_columns: list[str]
     key_types: dict[str, Any]  # key column → Arrow type in the lake table
     decoder: Any  # lakestream.decode.records.RecordDecoder
+    # A table without a key: the lake table's Arrow schema; each event's keys are then the contents of the rows
+    # it removes and adds (`index.row_keys`), as the multiset index identifies rows.
+    content_schema: Any = None
     next: dict[int, int] = field(default_factory=dict)
     offsets: dict[int, list[np.ndarray]] = field(default_factory=dict)  # row events' offsets
     keys: dict[int, list[np.ndarray]] = field(default_factory=dict)  # their index keys
@@ -116,6 +119,9 @@ class TopicWindow:
         from lakestream.sink.index import index_keys
         from lakestream.source.reader import RawRecord
 
+        if self.content_schema is not None:
+            self._add_contents(partition, messages)
+            return
         offsets, deletes, values = [], [], {k: [] for k in self.key_columns}
         for m in messages:
             rec = RawRecord(m.topic(), partition, m.offset(), 0, m.key(), m.value(), m.headers())
@@ -134,6 +140,36 @@ class TopicWindow:
             self.offsets.setdefault(partition, []).append(np.array(offsets, np.int64))
             self.keys.setdefault(partition, []).append(index_keys(table, self.key_columns))
             self.deletes.setdefault(partition, []).append(np.array(deletes, bool))
+
+    def _add_contents(self, partition: int, messages: list[Any]) -> None:
+        """A table without a key: an insert touches its new row's content, a delete its old row's, an update
+        both. None counts as a delete: the contents' copies the stream left are kept as they are."""
+        from lakestream.decode.envelope import TRUNCATE
+        from lakestream.sink.convert import convert_rows
+        from lakestream.sink.index import row_keys
+        from lakestream.source.reader import RawRecord
+
+        offsets, rows = [], []
+        for m in messages:
+            decoded = self.decoder.decode(RawRecord(m.topic(), partition, m.offset(), 0, m.key(), m.value(),
+                                                    m.headers()))
+            if decoded is None or decoded.op == "m":
+                continue
+            if decoded.op == TRUNCATE:
+                self.truncates.setdefault(partition, []).append(m.offset())
+                continue
+            touched = [decoded.row] if decoded.op != "u" or decoded.old_row is None else [decoded.old_row,
+                                                                                          decoded.row]
+            offsets.extend([m.offset()] * len(touched))
+            rows.extend(touched)
+        if offsets:
+            typed, _bad = convert_rows(rows, self.content_schema)
+            if _bad:  # a value the lake cannot hold was a dead letter: it touched no row of the mirror
+                keep = [i for i in range(len(rows)) if i not in _bad]
+                offsets = [offsets[i] for i in keep]
+            self.offsets.setdefault(partition, []).append(np.array(offsets, np.int64))
+            self.keys.setdefault(partition, []).append(row_keys(typed, self.content_schema))
+            self.deletes.setdefault(partition, []).append(np.zeros(len(offsets), bool))
 
     def _concat(self, partition: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         offs = self.offsets.get(partition)
@@ -268,7 +304,7 @@ class _Planned:
     lake: str
     ident: str
     topic: str
-    key_columns: list[str]
+    key_columns: list[str]  # empty: a table without a key (the mirror is a row multiset)
     integer_key: bool
     results: list[ChunkResult]
     high_lsn: int
@@ -380,7 +416,7 @@ def _read_table(spark: SparkSession, config: PipelineConfig, registry: TableRegi
     _wait_for_running_transactions(conn, wait_timeout_s)
     window = TopicWindow(config.kafka.consumer_config(), topic, {p: low.get(p, 0) for p in partitions},
                          list(source.key), {k: schema.field(k).type for k in source.key},
-                         RecordDecoder(router, registry_client(config)))
+                         RecordDecoder(router, registry_client(config)), schema if source.keyless else None)
     # Step 2: the snapshot S, and the high mark right after it.
     with ExportedSnapshot(dsn) as snapshot:
         with conn.cursor() as cur:
@@ -410,8 +446,9 @@ def _read_table(spark: SparkSession, config: PipelineConfig, registry: TableRegi
 def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, planned: _Planned,
             wait_timeout_s: float) -> None:
     """Steps 3-4: wait for the pipeline to pass the high mark, then replace the mirror in one commit."""
-    from lakestream.sink.files import table_info
+    from lakestream.sink.files import arrow_schema, table_info
     from lakestream.sink.index import KeyIndex
+    from lakestream.sink.multiset import KeylessIndex
     from lakestream.snapshot.chunks import SnapshotError
 
     capture = config.capture
@@ -438,7 +475,9 @@ def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, 
                                 f"{high} within {wait_timeout_s:.0f}s (committed: {committed}) — fix: keep "
                                 "`lakestream run` running during a re-snapshot, then run it again")
         time.sleep(0.5)
-    mirror = KeyIndex(not planned.integer_key)
+    # A table without a key: its rows by content, as the pipeline's multiset index holds them.
+    mirror = (KeylessIndex(arrow_schema(table_info(spark, config.catalog.name, ns, tbl)["schema"]))
+              if not planned.key_columns else KeyIndex(not planned.integer_key))
     mirror.rebuild(spark, planned.ident, planned.key_columns, table_info(spark, config.catalog.name, ns, tbl).get(
         "snapshot_id"))
     attempts = 0
@@ -494,6 +533,26 @@ def _keep_newest_only(spark: SparkSession, ident: str, mirror: Any, keep: np.nda
     keep[kept[order[~last]]] = False
 
 
+def _copies_of(mirror: Any, contents: np.ndarray) -> np.ndarray:
+    """Which rows of a keyless mirror (`multiset.KeylessIndex`, rows in its copy-key order) hold one of
+    ``contents``: all copies of each."""
+    from lakestream.sink.index import MISSING
+    from lakestream.sink.multiset import copy_keys
+
+    keep = np.zeros(len(mirror.rows.keys), bool)
+    if not len(contents) or not len(keep):
+        return keep
+    counts = mirror.counts.lookup(np.unique(contents))
+    present = counts != MISSING
+    hashes, counts = np.unique(contents)[present], counts[present]
+    if not len(hashes):
+        return keep
+    ordinals = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    copies = copy_keys(np.repeat(hashes, counts), ordinals)
+    keep[np.isin(mirror.rows.keys, copies)] = True
+    return keep
+
+
 def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned, mirror: Any,
                  changed: tuple[np.ndarray, np.ndarray] | None, base: int | None, committed: dict[int, int],
                  high: dict[int, int], new_files: list[dict[str, Any]], new_keys: list[np.ndarray], chunk_keys: np.ndarray,
@@ -508,13 +567,22 @@ def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned,
     # Existing rows all go, except those of the keys the stream changed inside the window (W), which
     # stay as the stream left them: none if its last change deleted the key, else only the newest
     # row (the stream's) should the key have been duplicated by hand.
-    w_keys = changed[0] if changed is not None else np.empty(0, mirror.keys.dtype)
-    w_deleted = changed[0][changed[1]] if changed is not None else w_keys
-    keep_old = np.isin(mirror.keys, w_keys) & ~np.isin(mirror.keys, w_deleted)
-    duplicates = int(keep_old.sum())
-    _keep_newest_only(spark, planned.ident, mirror, keep_old)
-    duplicates -= int(keep_old.sum())
-    file_ids, positions = unpack(mirror.locs[~keep_old & (mirror.locs >= 0)])
+    if not planned.key_columns:
+        # A row multiset: a content the stream changed keeps every copy the stream left of it.
+        w_keys = changed[0] if changed is not None else np.empty(0, "S16")
+        w_deleted = w_keys[:0]
+        keep_old = _copies_of(mirror, w_keys)
+        duplicates = 0
+        locs = mirror.rows.locs
+    else:
+        w_keys = changed[0] if changed is not None else np.empty(0, mirror.keys.dtype)
+        w_deleted = changed[0][changed[1]] if changed is not None else w_keys
+        keep_old = np.isin(mirror.keys, w_keys) & ~np.isin(mirror.keys, w_deleted)
+        duplicates = int(keep_old.sum())
+        _keep_newest_only(spark, planned.ident, mirror, keep_old)
+        duplicates -= int(keep_old.sum())
+        locs = mirror.locs
+    file_ids, positions = unpack(locs[~keep_old & (locs >= 0)])
     for fid in np.unique(file_ids).tolist():
         deletes.setdefault(mirror.paths[fid], []).append(positions[file_ids == fid])
     # Snapshot rows: all come in, except those same keys.

@@ -163,6 +163,14 @@ def run_snapshot(
             if slot.confirmed_flush_lsn is not None and slot.confirmed_flush_lsn > handover_lsn:
                 raise SnapshotError(f"slot {capture.slot_name} was streamed past the snapshot's handover point before "
                                     "the snapshot finished — fix: drop the lake tables and the slot, snapshot again")
+            unfinished = [n for n in names if sources[n].keyless and not (states.get(n) or {}).get("complete")]
+            if unfinished:
+                raise SnapshotError(
+                    f"the interrupted snapshot had not finished {unfinished}, without a primary key: such a table can "
+                    "only be read at the handover point (read later, the changes made in between would be applied "
+                    "to it twice, and nothing tells a row from its equal copy) — fix: drop the lake tables and "
+                    f"the slot (SELECT pg_drop_replication_slot('{capture.slot_name}')), then snapshot again; or "
+                    "snapshot these tables with Debezium (capture.snapshot: debezium)")
         elif slot.exists:
             raise SnapshotError(f"replication slot {capture.slot_name} exists already (Debezium or an earlier run made "
                                 f"it); the snapshot must create its own — fix: SELECT pg_drop_replication_slot("

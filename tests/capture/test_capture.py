@@ -252,7 +252,8 @@ def test_producer_config_drops_consumer_keys():
 
 def test_cli_prints_connector_config(tmp_path):
     path = _write_yaml(tmp_path / "p.yaml", _pipeline_dict())
-    out = subprocess.run([*LAKESTREAM_COMMAND, "capture", str(path), "--print-connector-config"],
+    out = subprocess.run([*LAKESTREAM_COMMAND, "capture", str(path), "--print-connector-config",
+                          "--skip-publication-check"],
                          capture_output=True, text=True, check=True)
     doc = json.loads(out.stdout)
     assert doc["config"]["database.dbname"] == "shop"
@@ -271,7 +272,8 @@ def test_avro_format_sets_the_avro_converter_and_registry(tmp_path, monkeypatch)
         assert props[f"{side}.converter.basic.auth.credentials.source"] == "USER_INFO"
         assert props[f"{side}.converter.basic.auth.user.info"] == "cdc:sr-secret-pw"  # the embedded engine needs it
     path = _write_yaml(tmp_path / "p.yaml", data)
-    out = subprocess.run([*LAKESTREAM_COMMAND, "capture", str(path), "--print-connector-config"],
+    out = subprocess.run([*LAKESTREAM_COMMAND, "capture", str(path), "--print-connector-config",
+                          "--skip-publication-check"],
                          capture_output=True, text=True, check=True, env={**os.environ})
     config = json.loads(out.stdout)["config"]
     assert config["value.converter"] == config["key.converter"] == "io.confluent.connect.avro.AvroConverter"

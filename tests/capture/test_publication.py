@@ -148,3 +148,49 @@ def test_names_colliding_under_the_naming_rules_are_refused_with_both(stack):
         _capture(stack, "x", ["public.Orders", "public.orders"])
     with pytest.raises(Exception, match=r"public\.Order Items and public\.Order_Items both publish to topic"):
         _capture(stack, "x", ["public.Order Items", "public.Order_Items"])
+
+
+def test_kafka_connect_config_runs_the_same_start_checks(stack, db, tmp_path):
+    """`lakestream capture --print-connector-config` (a Kafka Connect cluster) prepares and checks the publication
+    as `lakestream capture` does, and gives a table with a dot in its name the topic lakestream reads."""
+    import json
+    import subprocess
+
+    import yaml
+
+    from lakestream.capture.connector import prepared_connect_json
+    from lakestream.capture.process import LAKESTREAM_COMMAND
+
+    dbname, conn = db
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE parted (id int PRIMARY KEY) PARTITION BY RANGE (id)")
+        cur.execute("CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (100)")
+        cur.execute('CREATE TABLE "a.b" (id int PRIMARY KEY)')
+        cur.execute("CREATE PUBLICATION lspub FOR TABLE parted")
+    tables = ["public.parted", 'public."a.b"']
+    with pytest.raises(CaptureError, match=r"public.parted is a partitioned table.*publish_via_partition_root"):
+        prepared_connect_json(_capture(stack, dbname, tables, manage_publication=False))
+    doc = prepared_connect_json(_capture(stack, dbname, tables))
+    config = doc["config"]
+    assert config["publication.autocreate.mode"] == "disabled"  # Debezium only uses what was checked
+    assert _published(conn) == {("public", "parted"), ("public", "a.b")}
+    assert config["transforms"] == "lakestreamTopic0"
+    assert config["transforms.lakestreamTopic0.regex"] == r"\Qp.public.a.b\E"
+    assert config["transforms.lakestreamTopic0.replacement"] == "p.public.a_b"
+    # The command line runs the check too, and refuses with the reason.
+    with conn.cursor() as cur:
+        cur.execute("ALTER PUBLICATION lspub SET (publish = 'insert')")
+    data = {"kafka": {"bootstrap_servers": "127.0.0.1:9"}, "catalog": {"type": "hadoop", "warehouse": "file:///tmp/w"},
+            "streams": [{"topic_pattern": r"p\..*"}],
+            "capture": {"database": {"host": stack.pg_host, "port": stack.pg_port, "dbname": dbname,
+                                     "user": stack.pg_user, "password": stack.pg_password},
+                        "tables": tables, "topic_prefix": "p", "publication_name": "lspub",
+                        "manage_publication": False}}
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = subprocess.run([*LAKESTREAM_COMMAND, "capture", str(path), "--print-connector-config"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "does not publish update or delete changes" in out.stderr, out.stderr[-2000:]
+    out = subprocess.run([*LAKESTREAM_COMMAND, "capture", str(path), "--print-connector-config",
+                          "--skip-publication-check"], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(out.stdout)["config"]["publication.autocreate.mode"] == "filtered"

@@ -163,3 +163,41 @@ def test_cli_exit_status_and_json(mirrored, spark, stack, tmp_path: Path):
     bad = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=600)
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert '"missing": 1' in bad.stdout
+
+
+def test_mixed_case_and_quoted_column_names_match_by_name(stack, pg_conn, spark, pipeline_config_factory):
+    """Columns are matched by their exact names (not by position, not folded): "Name" with "Name", whatever the
+    mirror's column order; a source with "Name" and name (no mirror can hold both) is reported, not a crash."""
+    suffix = uuid.uuid4().hex[:8]
+    table, both, namespace, prefix = f"Vq_{suffix}", f"Both_{suffix}", f"verify_{suffix}", f"vq{suffix}"
+    with pg_conn.cursor() as cur:
+        cur.execute(f'CREATE TABLE public."{table}" ("Id" int PRIMARY KEY, "Name" text, "Value" int, "select" text, '
+                    '"naïve col" text)')
+        cur.execute(f"""INSERT INTO public."{table}" SELECT g, 'N' || g, g * 10, 's' || g, 'é' || g
+                        FROM generate_series(1, 50) g""")
+        cur.execute(f'CREATE TABLE public."{both}" (id int PRIMARY KEY, "Name" text, name text)')
+        cur.execute(f"""INSERT INTO public."{both}" VALUES (1, 'A', 'a')""")
+    config = pipeline_config_factory(
+        name=f"verify-{suffix}",
+        streams=[{"topic_pattern": rf"{prefix}\.public\..*", "namespace": namespace, "table": "{table}"}],
+        capture={"database": {"host": stack.pg_host, "port": stack.pg_port, "dbname": stack.source_db,
+                              "user": stack.pg_user, "password": stack.pg_password},
+                 "tables": [f"public.{table}", f"public.{both}"], "topic_prefix": prefix})
+    lake_table = f"lake.{namespace}.vq_{suffix}"
+    # The mirror's columns in another order than the source's, and "Value" next to a lower-case value-ish name.
+    spark.sql(f"CREATE TABLE {lake_table} (`select` string, `Name` string, `naïve col` string, `Id` int NOT NULL, "
+              "`Value` int) USING iceberg")
+    spark.sql(f"INSERT INTO {lake_table} SELECT concat('s', g), concat('N', g), concat('é', g), g, g * 10 "
+              "FROM (SELECT explode(sequence(1, 50)) AS g)")
+    try:
+        report = verify_tables(config, spark, tables=[f"public.{table}"])
+        assert report.ok, report.to_text()
+        assert report.tables[0].key_columns == ["Id"]
+        spark.sql(f"UPDATE {lake_table} SET `Name` = 'changed' WHERE `Id` = 7")
+        result, clash = verify_tables(config, spark).tables
+        assert result.differing == 1 and result.samples["differing"] == ["Id=7"], result
+        assert not clash.ok and "'Name' and 'name' differ only by case" in clash.error, clash
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {lake_table} PURGE")
+        with pg_conn.cursor() as cur:
+            cur.execute(f'DROP TABLE IF EXISTS public."{table}", public."{both}"')
