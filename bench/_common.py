@@ -390,8 +390,35 @@ def bulk_fill(spark, table: str, first: int, last: int) -> None:
 
 # -- base tables filled through the sink's write path ---------------------------------------------
 
-def _fill_files(spec_json: str, first: int, last: int, rows_per_file: int):
-    """A Spark task: rows ``first`` ≤ id < ``last`` as data files written by the sink's writer."""
+def _fill_files(spec_json: str, first: int, last: int, rows_per_file: int, like_events: bool = False):
+    """A Spark task: rows ``first`` ≤ id < ``last`` as data files written by the sink's writer. With ``like_events``
+    the columns of a schemas-off orders table hold what `DebeziumEvents.row` sends for the row (version 1), so the
+    files weigh what the pipeline's own files weigh per row; else short placeholders."""
+    # Computed here, not in the task: the task must not refer to this module, which the executors cannot import.
+    amounts = [_decimal_bytes((qty + 1) * 1999 + 1) for qty in range(19)]  # by id % 19 (qty = id % 19 + 1)
+    status = STATUSES[1]
+    updated_at = "2026-11-20T08:00:00.000000Z"
+
+    def event_like(name: str, ids, t):
+        import numpy as np
+        import pyarrow as pa
+
+        if name == "status" and pa.types.is_string(t):
+            return pa.array(np.full(len(ids), status, dtype=object), t)
+        if name == "amount" and pa.types.is_string(t):
+            return pa.array(np.array(amounts, dtype=object)[ids % 19], t)
+        if name == "price" and pa.types.is_floating(t):
+            return pa.array((ids % 19 + 1) * 19.99).cast(t)
+        if name == "created_day" and pa.types.is_integer(t):
+            return pa.array(19_800 + ids % 365).cast(t)
+        if name == "created_at" and pa.types.is_integer(t):
+            return pa.array((1_795_000_000_000 - ids % 86_400_000) * 1000).cast(t)
+        if name == "updated_at" and pa.types.is_string(t):
+            return pa.array(np.full(len(ids), updated_at, dtype=object), t)
+        if name == "note" and pa.types.is_string(t):
+            return pa.array([f"order {x} v1 " + "x" * (x % 40) for x in ids.tolist()], t)
+        return None
+
     def run(indexes):
         import numpy as np
         import pyarrow as pa
@@ -415,6 +442,8 @@ def _fill_files(spec_json: str, first: int, last: int, rows_per_file: int):
                     v = pa.array(ids % 19 + 1).cast(t)
                 elif n == "version":
                     v = pa.array(np.ones(len(ids), np.int64)).cast(t)
+                elif like_events and (like := event_like(n, ids, t)) is not None:
+                    v = like
                 elif pa.types.is_string(t):
                     v = pa.array([f"v{x}" for x in ids.tolist()], t)
                 elif pa.types.is_boolean(t):
@@ -436,9 +465,10 @@ def _fill_files(spec_json: str, first: int, last: int, rows_per_file: int):
     return run
 
 
-def fill_through_write_path(spark, config, name: str, first: int, last: int, rows_per_file: int) -> int:
+def fill_through_write_path(spark, config, name: str, first: int, last: int, rows_per_file: int,
+                            like_events: bool = False) -> int:
     """Rows ``first`` ≤ id < ``last`` as data files of ``rows_per_file`` rows, committed in chunks by the sink's
-    commit; returns the number of files."""
+    commit; returns the number of files. ``like_events``: rows as the events would carry them (`_fill_files`)."""
     from lakestream.sink.files import commit_files, table_info
     from lakestream.sink.router import TableName
 
@@ -447,7 +477,7 @@ def fill_through_write_path(spark, config, name: str, first: int, last: int, row
     spec_json = json.dumps({"schema": info["schema"], "data_location": info["data_location"]})
     files = (last - first + rows_per_file - 1) // rows_per_file
     written = [json.loads(x) for x in spark.sparkContext.parallelize(range(files), max(2, files // 250))
-               .mapPartitions(_fill_files(spec_json, first, last, rows_per_file)).collect()]
+               .mapPartitions(_fill_files(spec_json, first, last, rows_per_file, like_events)).collect()]
     for i in range(0, len(written), 500):
         commit_files(spark, config.catalog.name, table.namespace, table.table,
                      {"data_files": written[i:i + 500], "deletes": [], "properties": {}})

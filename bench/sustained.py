@@ -13,9 +13,13 @@ reads a topic of its own; a run that did not end with an exact mirror leaves the
 
 The run: `lakestream run` as a real subprocess (its own process group: driver and Spark JVM), inline maintenance
 (`maintenance.mode: inline`, a round every ``--maintenance-interval`` s and at each start, compaction of the
-table's one partition even while it is written — ``quiet_time_s: 0`` — into files of ``--compact-target-mb``,
-by default the base's median file size, so that the files the stream adds are compacted and the base's are
-not). A producer sends ``--rate`` changes/s for ``--duration`` s: updates of random existing keys (85%), deletes
+table's one partition even while it is written — ``quiet_time_s: 0`` —, once it holds more than
+``--compact-max-files`` files, into files of ``--compact-target-mb``, by default the base's median file size).
+Iceberg's binpack rewrites the files below 0.75× or above 1.8× the target: with the default the base's files are
+left alone and the smaller files the stream adds are compacted. That needs base files well above the stream's
+(a few hundred KB a batch at 5,000 changes/s), hence ``--rows-per-file`` 200,000 by default (~2.5 MB, 500 files at
+100M rows: a base whose earlier compactions are done). With scale.py's 10,000 (thousands of small files) the
+stream's files are no smaller than the base's and a round compacts nothing; the output says so. A producer sends ``--rate`` changes/s for ``--duration`` s: updates of random existing keys (85%), deletes
 (10%, with their tombstones) and inserts of new keys (5%), keeping the expected count and sums. At ``--kill-at``
 of the duration the pipeline's process group is SIGKILLed and started again at once.
 
@@ -175,7 +179,7 @@ def build_base(info, state_dir: Path, spark, args) -> tuple[Base, MirrorModel]:
     run_pipeline(config, spark=spark, stop_when_idle=True)
     started = time.perf_counter()
     files = fill_through_write_path(spark, config, f"{NAMESPACE}.{TABLE}", first + 1, args.rows + 1,
-                                    args.rows_per_file) if args.rows > first else 0
+                                    args.rows_per_file, like_events=True) if args.rows > first else 0
     fill_s = time.perf_counter() - started
     say(f"base: {args.rows:,} rows filled through the write path in {fill_s:.0f}s ({files:,} files)")
     model = MirrorModel(args.rows, args.rows + 1)
@@ -605,6 +609,7 @@ def analyse(load: ChangeLoad, watch: SnapshotWatch, kill_ms: float, restart_spaw
                                       (kill_ms, recovered_ms or restart_commit_ms or kill_ms))
     stream_files = [int(c.summary.get("added-files-size", 0)) // max(1, int(c.summary.get("added-data-files", 1)))
                     for c in commits if int(c.summary.get("added-data-files", 0))]
+    dvs = [int(c.summary.get("added-dvs", 0)) for c in commits if c.committed_ms >= load.started_ms]
     pipeline_fresh = freshness_from_metrics(metrics_path(config), load.started_ms)
     return {
         "changes_visible": int((~np.isnan(visible)).sum()), "changes_never_visible": int(np.isnan(visible).sum()),
@@ -626,6 +631,7 @@ def analyse(load: ChangeLoad, watch: SnapshotWatch, kill_ms: float, restart_spaw
         "batch_median_s": round(statistics.median([b["seconds"] for b in batches]), 2) if batches else None,
         "batch_max_s": max((b["seconds"] for b in batches), default=None),
         "stream_file_median_bytes": int(statistics.median(stream_files)) if stream_files else None,
+        "dvs_per_commit_median": statistics.median(dvs) if dvs else None,
         **maintenance,
     }
 
@@ -635,7 +641,8 @@ def analyse(load: ChangeLoad, watch: SnapshotWatch, kill_ms: float, restart_spaw
 def maintenance_settings(args, base: Base) -> dict[str, Any]:
     target = int(args.compact_target_mb * 2**20) if args.compact_target_mb else base.median_file_bytes
     return {"mode": "inline", "interval_s": args.maintenance_interval or max(10.0, args.duration / 4),
-            "policies": [{"tables": ".*", "compaction": {"quiet_time_s": 0, "target_file_size_bytes": max(1, target)}}]}
+            "policies": [{"tables": ".*", "compaction": {"quiet_time_s": 0, "target_file_size_bytes": max(1, target),
+                                                         "max_files_per_partition": args.compact_max_files}}]}
 
 
 def wait_for(predicate, what: str, timeout: float, pipeline: PipelineProcess, watch: SnapshotWatch) -> None:
@@ -732,8 +739,25 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
         "changes": load.changes, "changes_by_op": dict(load.counts),
         "offered_changes_per_s": round(load.changes / load.seconds) if load.seconds else None,
         "kill_at_s": round(kill_at, 1), "clean_stop": clean_stop,
-        **figures, "verify": verify, "pipeline_peak_rss_mb": round(pipeline.peak_rss / 2**20),
+        **figures, "compaction_commits_failed": failed_rewrite_commits(pipeline.log_path),
+        "verify": verify, "pipeline_peak_rss_mb": round(pipeline.peak_rss / 2**20),
     })
+
+
+def failed_rewrite_commits(log_path: Path) -> dict[str, Any]:
+    """Compaction groups whose commit failed, from the pipeline's log: with partial progress on, Iceberg only logs
+    them (and the maintenance log reports the action as ok with nothing rewritten)."""
+    count, first = 0, None
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return {"count": 0, "first_cause": None}
+    for i, line in enumerate(lines):
+        if "Cannot commit groups" in line:
+            count += 1
+            if first is None:
+                first = next((x.strip()[:300] for x in lines[i + 1:i + 40] if "Exception" in x), None)
+    return {"count": count, "first_cause": first}
 
 
 def targets(s: dict[str, Any]) -> dict[str, bool | None]:
@@ -757,8 +781,8 @@ def print_table(s: dict[str, Any]) -> None:
     say(f"  freshness p50 / p99 outside the restart {fo['p50']} s / {fo['p99']} s   target p99 ≤ 5 s"
         f"{verdict(t['freshness_p99_outside_restart_le_5s'])}")
     say(f"  restart → first commit                  {s['restart_to_first_commit_s']} s   target ≤ 30 s"
-        f"{verdict(t['restart_to_first_commit_le_30s'])} (back to the pre-kill p99 after "
-        f"{s['restart_to_recovered_s']} s)")
+        f"{verdict(t['restart_to_first_commit_le_30s'])} (back to the pre-kill p99 "
+        + (f"after {s['restart_to_recovered_s']} s)" if s['restart_to_recovered_s'] is not None else "never)"))
     say(f"  worst batch after a maintenance round   {s['worst_batch_after_round_s']} s vs median "
         f"{s['batch_median_quiet_s']} s: +{s['round_adds_s']} s   target ≤ +1 s{verdict(t['round_adds_le_1s'])}")
     v = s["verify"]
@@ -766,9 +790,18 @@ def print_table(s: dict[str, Any]) -> None:
         f"rows (want {v['want']['count']:,}), {v['duplicate_keys']} duplicate keys{verdict(t['mirror_exact'])}")
     say(f"  pipeline peak RSS (process group)       {s['pipeline_peak_rss_mb']:,} MB; compactions committed "
         f"{s['compactions_committed']} of {s['compactions_attempted']} attempted")
+    if not s["compactions_committed"]:
+        failed = s["compaction_commits_failed"]
+        target = s["maintenance_config"]["policies"][0]["compaction"]["target_file_size_bytes"]
+        say(f"  no compaction committed: {failed['count']} rewrite commit(s) failed"
+            + (f" ({failed['first_cause']})" if failed["first_cause"] else "")
+            + f"; the stream's files (median {(s['stream_file_median_bytes'] or 0) / 1e3:.0f} KB) are candidates "
+            f"only below 0.75 × the target ({target / 1e3:.0f} KB)")
     say("\n  round  length  worst / next batch  actions")
     for i, r in enumerate(s["maintenance_rounds"], 1):
-        actions = ", ".join(f"{a['action']} {a['status']} {a['seconds']}s" for a in r["actions"])
+        actions = ", ".join(f"{a['action']} {a['status']} {a['seconds']}s"
+                            + (f" ({a['rewritten_data_files']} files → {a['added_data_files']})"
+                               if "rewritten_data_files" in a else "") for a in r["actions"])
         say(f"  {i:>5}  {r['seconds']:>5.1f}s  {r['worst_batch_s']} s / {r['next_batch_s']} s  {actions}")
 
 
@@ -778,11 +811,14 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=5000.0, help="changes/s")
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of load")
     parser.add_argument("--kill-at", type=float, default=0.5, help="SIGKILL at this fraction of the duration")
-    parser.add_argument("--rows-per-file", type=int, default=50_000, help="rows per data file of the base")
+    parser.add_argument("--rows-per-file", type=int, default=200_000,
+                        help="rows per data file of the base (500 files at 100M rows; see the module doc)")
     parser.add_argument("--maintenance-interval", type=float, default=None,
                         help="maintenance.interval_s (default: a quarter of the duration, at least 10)")
     parser.add_argument("--compact-target-mb", type=float, default=None,
                         help="compaction target file size (default: the base's median data file)")
+    parser.add_argument("--compact-max-files", type=int, default=100,
+                        help="compaction starts above this many data files (the policy's max_files_per_partition)")
     parser.add_argument("--commit-interval", type=float, default=0.0, help="engine.commit_interval_s")
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--state-dir", type=Path, default=None,
