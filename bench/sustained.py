@@ -739,25 +739,29 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
         "changes": load.changes, "changes_by_op": dict(load.counts),
         "offered_changes_per_s": round(load.changes / load.seconds) if load.seconds else None,
         "kill_at_s": round(kill_at, 1), "clean_stop": clean_stop,
-        **figures, "compaction_commits_failed": failed_rewrite_commits(pipeline.log_path),
+        **figures, "compaction_log": compaction_log(pipeline.log_path),
         "verify": verify, "pipeline_peak_rss_mb": round(pipeline.peak_rss / 2**20),
     })
 
 
-def failed_rewrite_commits(log_path: Path) -> dict[str, Any]:
-    """Compaction groups whose commit failed, from the pipeline's log: with partial progress on, Iceberg only logs
-    them (and the maintenance log reports the action as ok with nothing rewritten)."""
-    count, first = 0, None
+def compaction_log(log_path: Path) -> dict[str, Any]:
+    """Compactions planned and rewrite groups whose commit failed, from the pipeline's own log: rounds cut short by
+    the SIGKILL or the final stop never reach the maintenance log, and with partial progress on Iceberg only logs a
+    failed group commit (the maintenance log then says "ok" with nothing rewritten)."""
+    planned = failed = 0
+    first = None
     try:
         lines = log_path.read_text(errors="replace").splitlines()
     except OSError:
-        return {"count": 0, "first_cause": None}
+        return {"planned": 0, "commits_failed": 0, "first_cause": None}
     for i, line in enumerate(lines):
-        if "Cannot commit groups" in line:
-            count += 1
+        if "lakestream.maintenance.runner" in line and ": compact " in line:
+            planned += 1
+        elif "Cannot commit groups" in line:
+            failed += 1
             if first is None:
                 first = next((x.strip()[:300] for x in lines[i + 1:i + 40] if "Exception" in x), None)
-    return {"count": count, "first_cause": first}
+    return {"planned": planned, "commits_failed": failed, "first_cause": first}
 
 
 def targets(s: dict[str, Any]) -> dict[str, bool | None]:
@@ -789,11 +793,11 @@ def print_table(s: dict[str, Any]) -> None:
     say(f"  mirror at the end                       {'exact' if v['exact'] else 'NOT EXACT'}: {v['got']['count']:,} "
         f"rows (want {v['want']['count']:,}), {v['duplicate_keys']} duplicate keys{verdict(t['mirror_exact'])}")
     say(f"  pipeline peak RSS (process group)       {s['pipeline_peak_rss_mb']:,} MB; compactions committed "
-        f"{s['compactions_committed']} of {s['compactions_attempted']} attempted")
+        f"{s['compactions_committed']} of {s['compaction_log']['planned']} planned")
     if not s["compactions_committed"]:
-        failed = s["compaction_commits_failed"]
+        failed = s["compaction_log"]
         target = s["maintenance_config"]["policies"][0]["compaction"]["target_file_size_bytes"]
-        say(f"  no compaction committed: {failed['count']} rewrite commit(s) failed"
+        say(f"  no compaction committed: {failed['commits_failed']} rewrite commit(s) failed"
             + (f" ({failed['first_cause']})" if failed["first_cause"] else "")
             + f"; the stream's files (median {(s['stream_file_median_bytes'] or 0) / 1e3:.0f} KB) are candidates "
             f"only below 0.75 × the target ({target / 1e3:.0f} KB)")
