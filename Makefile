@@ -1,4 +1,4 @@
-.PHONY: setup demo demo-s3 test test-examples test-storage test-snapshot chaos bench bench-scale clean example-fraud example-iot example-customer360
+.PHONY: setup demo demo-s3 test test-examples test-storage test-snapshot chaos bench bench-scale bench-sustained clean example-fraud example-iot example-customer360
 VENV ?= .venv
 
 setup:
@@ -55,6 +55,12 @@ bench: setup
 # (bench/scale.py; the last line is one JSON object). Long: not part of `make test`.
 bench-scale: setup
 	$(VENV)/bin/python bench/scale.py $(BENCH_SCALE_ARGS)
+
+# A sustained run on a 100M-row mirror: 5,000 changes/s for 10 min, inline maintenance, one SIGKILL of
+# `lakestream run` half-way (bench/sustained.py; the last line is one JSON object). The base takes long to build:
+# BENCH_SUSTAINED_ARGS="--state-dir DIR --keep" keeps it, "--state-dir DIR --reuse" starts from it.
+bench-sustained: setup
+	$(VENV)/bin/python bench/sustained.py $(BENCH_SUSTAINED_ARGS)
 
 clean:
 	-$(VENV)/bin/lakestream stack down

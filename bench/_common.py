@@ -1,5 +1,5 @@
 """Shared helpers for the benchmarks: a private stack, pipeline configs, Debezium-shaped change events,
-process memory, machine load and freshness percentiles.
+base tables filled through the sink's write path, process memory, machine load and freshness percentiles.
 
 Benchmarks start their own PostgreSQL + broker on free ports under a fresh state directory, so they
 never collide with tests or a developer's `.lakestream/`, and remove it all at the end.
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lakestream.config import PipelineConfig, parse_config  # noqa: E402
 from lakestream.stack import Stack, StackSettings  # noqa: E402
 from lakestream.stack.models import StackInfo  # noqa: E402
-from lakestream.stack.process import free_ports  # noqa: E402
+from lakestream.stack.process import free_ports, stop_pid  # noqa: E402
 
 
 # -- machine --------------------------------------------------------------------------------------
@@ -66,12 +68,22 @@ def _mb(value: int | None) -> float | None:
 # -- the private stack ----------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def private_stack(prefix: str, keep: bool = False, storage: str = "local", catalog: str = "jdbc"
-                  ) -> Iterator[tuple[StackInfo, Path]]:
+def private_stack(prefix: str, keep: bool = False, storage: str = "local", catalog: str = "jdbc",
+                  state_dir: Path | None = None, discard_topics: bool = False) -> Iterator[tuple[StackInfo, Path]]:
     """A PostgreSQL + noida stack on free ports in a fresh state dir (with ``storage="s3"`` a local
     S3-compatible store holds the warehouse, with ``catalog="rest"`` a local REST catalog serves it);
-    stopped (and removed) on exit."""
-    state_dir = Path(tempfile.mkdtemp(prefix=f"lakestream-{prefix}-"))
+    stopped (and removed) on exit.
+
+    ``state_dir`` starts the stack in that directory instead (created if missing, its catalog and tables
+    reused if not) and never removes it. ``discard_topics`` ends the broker with SIGKILL and removes its data
+    instead of letting it save: noida rewrites every record it holds into one file when it stops, which takes
+    minutes after a run of millions of records that nobody reads again."""
+    created = state_dir is None
+    if state_dir is None:
+        state_dir = Path(tempfile.mkdtemp(prefix=f"lakestream-{prefix}-"))
+    else:
+        state_dir = state_dir.resolve()
+        state_dir.mkdir(parents=True, exist_ok=True)
     state_dir.chmod(0o711)  # PostgreSQL runs as another user and must reach its data dir
     pg_port, kafka_port, s3_port, rest_port = free_ports(4)
     stack = Stack(StackSettings(state_dir=state_dir, pg_port=pg_port, kafka_port=kafka_port, broker="noida",
@@ -81,8 +93,13 @@ def private_stack(prefix: str, keep: bool = False, storage: str = "local", catal
         os.environ.update(info.storage_env())  # the config names these variables
         yield info, state_dir
     finally:
+        if discard_topics:
+            pid = stack.broker.pid()
+            if pid is not None:
+                stop_pid(pid, sig=signal.SIGKILL, timeout=10)
+            shutil.rmtree(state_dir / "noida", ignore_errors=True)
         stack.down()
-        if not keep:
+        if created and not keep:
             shutil.rmtree(state_dir, ignore_errors=True)
 
 
@@ -264,9 +281,12 @@ class DebeziumEvents:
 
 
 class FastProducer:
-    """A confluent-kafka producer tuned for pre-filling topics; raises if any delivery failed."""
+    """A confluent-kafka producer tuned for pre-filling topics; raises if any delivery failed.
 
-    def __init__(self, bootstrap: str):
+    ``on_delivered(msg)`` is called for every record the broker acknowledged (its partition, offset and
+    timestamp), from `send`'s polls and `flush`."""
+
+    def __init__(self, bootstrap: str, on_delivered: Callable[[Any], None] | None = None):
         from confluent_kafka import Producer
 
         self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
@@ -277,21 +297,30 @@ class FastProducer:
                                    "compression.type": "lz4"})
         self.failures: list[str] = []
         self.sent = 0
+        self._on_delivered = on_delivered
 
-    def _on_delivery(self, err, _msg) -> None:
+    def _on_delivery(self, err, msg) -> None:
         if err is not None:
             self.failures.append(str(err))
+        elif self._on_delivered is not None:
+            self._on_delivered(msg)
 
-    def send(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+    def send(self, topic: str, key: bytes | None, value: bytes | None, timestamp_ms: int | None = None) -> None:
+        """Queue one record (``timestamp_ms``: its CreateTime, default now)."""
+        extra = {} if timestamp_ms is None else {"timestamp": timestamp_ms}
         while True:
             try:
-                self._producer.produce(topic, key=key, value=value, on_delivery=self._on_delivery)
+                self._producer.produce(topic, key=key, value=value, on_delivery=self._on_delivery, **extra)
                 break
             except BufferError:
                 self._producer.poll(0.05)
         self.sent += 1
         if self.sent % 1000 == 0:
             self._producer.poll(0)
+
+    def poll(self) -> None:
+        """Serve delivery reports now."""
+        self._producer.poll(0)
 
     def flush(self) -> None:
         remaining = self._producer.flush(120)
@@ -357,3 +386,99 @@ def bulk_fill(spark, table: str, first: int, last: int) -> None:
         exprs.append(f"CAST({expr} AS {t})")
     parts = max(2, (last - first) // 2_000_000)
     spark.sql(f"INSERT INTO {table} SELECT {', '.join(exprs)} FROM range({first}, {last}, 1, {parts})")
+
+
+# -- base tables filled through the sink's write path ---------------------------------------------
+
+def _fill_files(spec_json: str, first: int, last: int, rows_per_file: int, like_events: bool = False):
+    """A Spark task: rows ``first`` ≤ id < ``last`` as data files written by the sink's writer. With ``like_events``
+    the columns of a schemas-off orders table hold what `DebeziumEvents.row` sends for the row (version 1), so the
+    files weigh what the pipeline's own files weigh per row; else short placeholders."""
+    # Computed here, not in the task: the task must not refer to this module, which the executors cannot import.
+    amounts = [_decimal_bytes((qty + 1) * 1999 + 1) for qty in range(19)]  # by id % 19 (qty = id % 19 + 1)
+    status = STATUSES[1]
+    updated_at = "2026-11-20T08:00:00.000000Z"
+
+    def event_like(name: str, ids, t):
+        import numpy as np
+        import pyarrow as pa
+
+        if name == "status" and pa.types.is_string(t):
+            return pa.array(np.full(len(ids), status, dtype=object), t)
+        if name == "amount" and pa.types.is_string(t):
+            return pa.array(np.array(amounts, dtype=object)[ids % 19], t)
+        if name == "price" and pa.types.is_floating(t):
+            return pa.array((ids % 19 + 1) * 19.99).cast(t)
+        if name == "created_day" and pa.types.is_integer(t):
+            return pa.array(19_800 + ids % 365).cast(t)
+        if name == "created_at" and pa.types.is_integer(t):
+            return pa.array((1_795_000_000_000 - ids % 86_400_000) * 1000).cast(t)
+        if name == "updated_at" and pa.types.is_string(t):
+            return pa.array(np.full(len(ids), updated_at, dtype=object), t)
+        if name == "note" and pa.types.is_string(t):
+            return pa.array([f"order {x} v1 " + "x" * (x % 40) for x in ids.tolist()], t)
+        return None
+
+    def run(indexes):
+        import numpy as np
+        import pyarrow as pa
+
+        from lakestream.sink.files import arrow_schema, write_data_file
+
+        spec = json.loads(spec_json)
+        schema = arrow_schema(spec["schema"])
+        for i in indexes:
+            lo = first + i * rows_per_file
+            hi = min(last, lo + rows_per_file)
+            ids = np.arange(lo, hi, dtype=np.int64)
+            columns = {}
+            for f in schema:
+                t, n = f.type, f.name
+                if n == "id":
+                    v = pa.array(ids).cast(t)
+                elif n == "customer_id":
+                    v = pa.array(ids % 50000).cast(t)
+                elif n == "qty":
+                    v = pa.array(ids % 19 + 1).cast(t)
+                elif n == "version":
+                    v = pa.array(np.ones(len(ids), np.int64)).cast(t)
+                elif like_events and (like := event_like(n, ids, t)) is not None:
+                    v = like
+                elif pa.types.is_string(t):
+                    v = pa.array([f"v{x}" for x in ids.tolist()], t)
+                elif pa.types.is_boolean(t):
+                    v = pa.array(ids % 3 == 0)
+                elif pa.types.is_date(t):
+                    v = pa.array((19_800 + ids % 365).astype(np.int32)).cast(pa.int32()).cast(t)
+                elif pa.types.is_timestamp(t):
+                    v = pa.array(np.full(len(ids), 1_704_067_200_000_000, np.int64)).cast(pa.timestamp("us")).cast(t)
+                elif pa.types.is_decimal(t):
+                    v = pa.array([None] * len(ids), t)
+                elif pa.types.is_floating(t):
+                    v = pa.array((ids % 1000).astype(np.float64)).cast(t)
+                else:
+                    v = pa.array(ids % 1000).cast(t)
+                columns[n] = v
+            written = write_data_file(pa.table(columns, schema=schema), spec["data_location"], schema, "bulk")
+            yield json.dumps({"path": written["path"], "file_size": written["file_size"],
+                              "record_count": written["record_count"], "partition": []})
+    return run
+
+
+def fill_through_write_path(spark, config, name: str, first: int, last: int, rows_per_file: int,
+                            like_events: bool = False) -> int:
+    """Rows ``first`` ≤ id < ``last`` as data files of ``rows_per_file`` rows, committed in chunks by the sink's
+    commit; returns the number of files. ``like_events``: rows as the events would carry them (`_fill_files`)."""
+    from lakestream.sink.files import commit_files, table_info
+    from lakestream.sink.router import TableName
+
+    table = TableName.parse(name)
+    info = table_info(spark, config.catalog.name, table.namespace, table.table)
+    spec_json = json.dumps({"schema": info["schema"], "data_location": info["data_location"]})
+    files = (last - first + rows_per_file - 1) // rows_per_file
+    written = [json.loads(x) for x in spark.sparkContext.parallelize(range(files), max(2, files // 250))
+               .mapPartitions(_fill_files(spec_json, first, last, rows_per_file, like_events)).collect()]
+    for i in range(0, len(written), 500):
+        commit_files(spark, config.catalog.name, table.namespace, table.table,
+                     {"data_files": written[i:i + 500], "deletes": [], "properties": {}})
+    return len(written)

@@ -27,7 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    DebeziumEvents, FastProducer, OrderRow, machine_load, pipeline_data, private_stack, quiet_logs, say, to_config,
+    DebeziumEvents, FastProducer, OrderRow, fill_through_write_path, machine_load, pipeline_data, private_stack,
+    quiet_logs, say, to_config,
 )
 
 from lakestream.engine.loop import run_pipeline  # noqa: E402
@@ -51,70 +52,6 @@ def _reset_peak(pid: int | str) -> None:
 
 def _jvm_pid(spark) -> int:
     return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-
-
-def _fill_files(spec_json: str, first: int, last: int, rows_per_file: int):
-    """A Spark task: rows ``first`` ≤ id < ``last`` as data files written by the sink's writer."""
-    def run(indexes):
-        import numpy as np
-        import pyarrow as pa
-
-        from lakestream.sink.files import arrow_schema, write_data_file
-
-        spec = json.loads(spec_json)
-        schema = arrow_schema(spec["schema"])
-        for i in indexes:
-            lo = first + i * rows_per_file
-            hi = min(last, lo + rows_per_file)
-            ids = np.arange(lo, hi, dtype=np.int64)
-            columns = {}
-            for f in schema:
-                t, n = f.type, f.name
-                if n == "id":
-                    v = pa.array(ids).cast(t)
-                elif n == "customer_id":
-                    v = pa.array(ids % 50000).cast(t)
-                elif n == "qty":
-                    v = pa.array(ids % 19 + 1).cast(t)
-                elif n == "version":
-                    v = pa.array(np.ones(len(ids), np.int64)).cast(t)
-                elif pa.types.is_string(t):
-                    v = pa.array([f"v{x}" for x in ids.tolist()], t)
-                elif pa.types.is_boolean(t):
-                    v = pa.array(ids % 3 == 0)
-                elif pa.types.is_date(t):
-                    v = pa.array((19_800 + ids % 365).astype(np.int32)).cast(pa.int32()).cast(t)
-                elif pa.types.is_timestamp(t):
-                    v = pa.array(np.full(len(ids), 1_704_067_200_000_000, np.int64)).cast(pa.timestamp("us")).cast(t)
-                elif pa.types.is_decimal(t):
-                    v = pa.array([None] * len(ids), t)
-                elif pa.types.is_floating(t):
-                    v = pa.array((ids % 1000).astype(np.float64)).cast(t)
-                else:
-                    v = pa.array(ids % 1000).cast(t)
-                columns[n] = v
-            written = write_data_file(pa.table(columns, schema=schema), spec["data_location"], schema, "bulk")
-            yield json.dumps({"path": written["path"], "file_size": written["file_size"],
-                              "record_count": written["record_count"], "partition": []})
-    return run
-
-
-def fill_through_write_path(spark, config, name: str, first: int, last: int, rows_per_file: int) -> int:
-    """Rows ``first`` ≤ id < ``last`` as data files of ``rows_per_file`` rows, committed in chunks by the sink's
-    commit; returns the number of files."""
-    from lakestream.sink.files import commit_files, table_info
-    from lakestream.sink.router import TableName
-
-    table = TableName.parse(name)
-    info = table_info(spark, config.catalog.name, table.namespace, table.table)
-    spec_json = json.dumps({"schema": info["schema"], "data_location": info["data_location"]})
-    files = (last - first + rows_per_file - 1) // rows_per_file
-    written = [json.loads(x) for x in spark.sparkContext.parallelize(range(files), max(2, files // 250))
-               .mapPartitions(_fill_files(spec_json, first, last, rows_per_file)).collect()]
-    for i in range(0, len(written), 500):
-        commit_files(spark, config.catalog.name, table.namespace, table.table,
-                     {"data_files": written[i:i + 500], "deletes": [], "properties": {}})
-    return len(written)
 
 
 def one_size(info, state_dir: Path, spark, size: int, args) -> dict:
