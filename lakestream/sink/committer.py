@@ -294,6 +294,9 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
         "truncate": bool(changes.truncates),
     }
     result = commit_files(spark, write.catalog, write.name.namespace, write.name.table, request)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s: commit of %d data file(s), deletes in %d, steps (ms) %s", write.ident, len(data_files),
+                  len(request["deletes"]), result.get("timings_ms"))
     if result.get("stale"):
         index.valid = False
         raise StaleIndex(f"{write.ident} is at snapshot {result.get('snapshot_id')}, its key index at "
