@@ -358,7 +358,7 @@ def test_dvs_of_many_files_from_several_commits_merge_into_one_commit(spark, ns)
                                                                       for p in paths[4:]]})
     assert (first["previous_deletes_loaded"], second["previous_deletes_loaded"]) == (0, 4)
     # another writer's snapshot: the committer plans the table afresh (delete files as read from manifests)
-    spark.sql(f"INSERT INTO {name} (id) VALUES (1000)")
+    spark.sql(f"INSERT INTO {name} SELECT 1000, NULL, NULL, NULL, NULL, NULL, NULL")
     third = commit_files(spark, CATALOG, ns, "manydv", {"deletes": [{"data_file": p, "positions": [9]}
                                                                      for p in paths]})
     assert (third["delete_files"], third["removed_delete_files"], third["previous_deletes_loaded"]) == (12, 12, 12)
