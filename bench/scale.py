@@ -1,6 +1,7 @@
 """Does an upsert batch cost what its changes cost, whatever the table size, with bounded driver memory?
 
     .venv/bin/python bench/scale.py [--sizes 1000000,20000000] [--batches 7] [--changes 5000] [--rows-per-file 10000]
+                                    [--no-full-build] [--jfr PATH]
 
 For each size N: the pipeline creates an upsert table from real Debezium events (schemas off); the table is then
 filled to N rows through the pipeline's own write path — data files written by the sink's writer
@@ -8,10 +9,15 @@ filled to N rows through the pipeline's own write path — data files written by
 table holds before compaction) and committed by the sink's commit (`LakestreamSink.commitFiles`) — not timed.
 The first batch after it brings the key index up to date (timed apart: a diff up to 2M added rows, else a build on
 the executors); then ``--batches``
-batches of ``--changes`` random-key changes (10% deletes) run one at a time. Per size: the median batch, data
-files touched and deletion vectors written per batch (snapshot summaries), the driver's peak RSS (the Python
+batches of ``--changes`` random-key changes (10% deletes) run one at a time. Per size: the median batch and its
+commit part (the batch after the write job; within it the JVM's `commitFiles` and that call's own steps), data
+files touched (named by the commit's deletes) and deletion vectors written per batch, the driver's peak RSS (the Python
 process and the JVM apart, from each one's VmHWM, reset before the size), the index's bytes on disk and in the
-driver's heap, and the time of a full build of the index on the executors. The table is verified (count, distinct keys, sum of versions) after the last batch. Default driver
+driver's heap, and the time of a full build of the index on the executors (``--no-full-build``: skipped). The
+commit's cost follows the data files a batch touches, not the rows: ``--sizes 1000000 --rows-per-file 100`` (10,000
+files, ~3,900 touched per batch) gives a 100M-row table's commit shape in minutes. ``--rows-per-file`` may list one
+value per size (``--sizes 1000000,1000000 --rows-per-file 10000,100``: the 1M-row and the 100M-row shapes in one
+run, compared by the last line's ratio). The table is verified (count, distinct keys, sum of versions) after the last batch. Default driver
 memory (2g). The LAST line is one JSON object.
 """
 from __future__ import annotations
@@ -20,6 +26,7 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,6 +38,7 @@ from _common import (  # noqa: E402
     quiet_logs, say, to_config,
 )
 
+import lakestream.sink.files as sink_files  # noqa: E402
 from lakestream.engine.loop import run_pipeline  # noqa: E402
 from lakestream.engine.pipeline import Pipeline  # noqa: E402
 from lakestream.spark import session_for  # noqa: E402
@@ -54,11 +62,33 @@ def _jvm_pid(spark) -> int:
     return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
 
 
-def one_size(info, state_dir: Path, spark, size: int, args) -> dict:
-    events = DebeziumEvents(f"lsscale{size}", f"orders_{size}", schemas=False)
-    name = f"bench.orders_{size}"
+class CommitCalls:
+    """Records each `commit_files` call (the JVM's commit of one table): wall time, files touched, the result."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+        self._real = sink_files.commit_files
+
+    def __enter__(self) -> CommitCalls:
+        def recorded(spark, catalog, namespace, table, request):
+            started = time.perf_counter()
+            result = self._real(spark, catalog, namespace, table, request)
+            self.calls.append({"seconds": time.perf_counter() - started, "files_touched": len(request["deletes"]),
+                               "result": result})
+            return result
+        sink_files.commit_files = recorded
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sink_files.commit_files = self._real
+
+
+def one_size(info, state_dir: Path, spark, size: int, rows_per_file: int, args) -> dict:
+    tag = f"{size}" if rows_per_file == 10000 else f"{size}_{rows_per_file}"  # one table per case
+    events = DebeziumEvents(f"lsscale{tag}", f"orders_{tag}", schemas=False)
+    name = f"bench.orders_{tag}"
     table = f"lake.{name}"
-    config = to_config(pipeline_data(info, state_dir, f"scale{size}", [
+    config = to_config(pipeline_data(info, state_dir, f"scale{tag}", [
         {"topics": [events.topic], "mode": "upsert", "namespace": "bench", "table": "{table}"}]))
     producer = FastProducer(info.bootstrap_servers)
     now = int(time.time() * 1000)
@@ -67,7 +97,7 @@ def one_size(info, state_dir: Path, spark, size: int, args) -> dict:
     producer.flush()
     run_pipeline(config, spark=spark, stop_when_idle=True)
     started = time.perf_counter()
-    files = fill_through_write_path(spark, config, name, 101, size + 1, args.rows_per_file)
+    files = fill_through_write_path(spark, config, name, 101, size + 1, rows_per_file)
     say(f"{size:,} rows: filled through the write path in {time.perf_counter() - started:.1f}s, {files:,} files "
         f"(not timed)")
     jvm = _jvm_pid(spark)
@@ -87,7 +117,10 @@ def one_size(info, state_dir: Path, spark, size: int, args) -> dict:
         index = pipeline.indexes[name]
         store = pipeline.registry.index_stores[name]
         say(f"{size:,} rows: first batch after the fill {build_s:.1f}s ({len(index):,} keys, {len(index.runs)} buckets)")
-        seconds = []
+        seconds, commit_s, java_s, touched, steps = [], [], [], [], []
+        if args.jfr:  # a JFR recording of the driver JVM over the timed batches (jfr print / jfr summary)
+            subprocess.run(["jcmd", str(jvm), "JFR.start", "name=scale", "settings=profile",
+                            f"filename={Path(args.jfr).resolve()}"], check=True, capture_output=True)
         for b in range(args.batches):
             for _ in range(args.changes):
                 row_id = rng.randrange(1, size + 1)
@@ -102,27 +135,42 @@ def one_size(info, state_dir: Path, spark, size: int, args) -> dict:
                     producer.send(events.topic, *events.upsert(OrderRow(row_id, row_id % 50000, 3, version), "u", now))
                     versions[row_id] = version
             producer.flush()
-            result = pipeline.run_batch()
+            with CommitCalls() as calls:
+                result = pipeline.run_batch()
             seconds.append(result.seconds)
+            commit_s.append(result.seconds - result.read_seconds)
+            mine = [c for c in calls.calls if not c["result"].get("stale")]
+            java_s.append(sum(c["seconds"] for c in mine))
+            touched.append(sum(c["files_touched"] for c in mine))
+            timings: dict[str, float] = {}
+            for c in mine:
+                for step, ms in c["result"].get("timings_ms", {}).items():
+                    timings[step] = timings.get(step, 0.0) + ms
+            steps.append(timings)
             summary = spark.sql(f"SELECT summary FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1"
                                 ).collect()[0][0]
             dvs.append(int(summary.get("added-dvs", summary.get("added-delete-files", 0))))
             say(f"  batch {b + 1}: {result.changes:,} changes in {result.seconds:.2f}s "
-                f"(tasks {result.read_seconds:.2f}s, commit {result.seconds - result.read_seconds:.2f}s), "
-                f"{dvs[-1]} deletion vectors")
+                f"(tasks {result.read_seconds:.2f}s, commit {commit_s[-1]:.2f}s of which commitFiles "
+                f"{java_s[-1]:.2f}s), {touched[-1]} files touched, {dvs[-1]} deletion vectors; commitFiles steps ms "
+                + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
+        if args.jfr:
+            subprocess.run(["jcmd", str(jvm), "JFR.stop", "name=scale"], check=True, capture_output=True)
         index_disk = store.footprint()
         heap = index.nbytes
         # A full build as after a lost state or on a first start: on the executors, into the table's store.
         from lakestream.sink.disk_index import DiskKeyIndex
 
-        fresh = DiskKeyIndex(index.hashed, index.key_columns, index.table_uuid)
-        fresh.build_root = store.location
-        started = time.perf_counter()
-        fresh.rebuild(spark, f"`lake`.`bench`.`orders_{size}`", list(index.key_columns), index.snapshot_id)
-        full_build_s = time.perf_counter() - started
-        assert len(fresh) == len(index), (len(fresh), len(index))
-        say(f"{size:,} rows: full build on the executors {full_build_s:.1f}s ({len(fresh):,} keys, "
-            f"{len(fresh.runs)} buckets)")
+        full_build_s = None
+        if args.full_build:
+            fresh = DiskKeyIndex(index.hashed, index.key_columns, index.table_uuid)
+            fresh.build_root = store.location
+            started = time.perf_counter()
+            fresh.rebuild(spark, f"`lake`.`bench`.`orders_{tag}`", list(index.key_columns), index.snapshot_id)
+            full_build_s = time.perf_counter() - started
+            assert len(fresh) == len(index), (len(fresh), len(index))
+            say(f"{size:,} rows: full build on the executors {full_build_s:.1f}s ({len(fresh):,} keys, "
+                f"{len(fresh.runs)} buckets)")
     finally:
         pipeline.close()
     py_peak_mb = _status_kb("self", "VmHWM") / 1024
@@ -135,13 +183,19 @@ def one_size(info, state_dir: Path, spark, size: int, args) -> dict:
         raise SystemExit(f"{size:,}: lake has {row['n']} rows / {row['k']} keys / {row['v']} version sum, "
                          f"expected {want_rows} / {want_rows} / {want_version}")
     median = statistics.median(seconds)
-    say(f"{size:,} rows: median batch {median:.2f}s over {len(seconds)} batches; verified {want_rows:,} rows; "
+    step_names = list(dict.fromkeys(k for t in steps for k in t))
+    say(f"{size:,} rows: median batch {median:.2f}s over {len(seconds)} batches (commit part "
+        f"{statistics.median(commit_s):.2f}s, commitFiles {statistics.median(java_s):.2f}s); verified {want_rows:,} rows; "
         f"driver peak RSS Python {py_peak_mb:.0f} MB, JVM {jvm_peak_mb:.0f} MB; index {index_disk / 1e6:.0f} MB on "
         f"disk, {heap / 1e6:.1f} MB in the heap")
-    return {"size": size, "data_files": files + 1, "median_batch_s": round(median, 3),
+    return {"size": size, "rows_per_file": rows_per_file, "data_files": files + 1, "median_batch_s": round(median, 3),
             "batches_s": [round(s, 3) for s in seconds], "first_batch_after_fill_s": round(build_s, 2),
-            "full_build_s": round(full_build_s, 2),
-            "files_touched_per_batch": statistics.median(dvs) if dvs else 0,
+            "median_commit_part_s": round(statistics.median(commit_s), 3),
+            "median_commit_files_s": round(statistics.median(java_s), 3),
+            "commit_files_steps_ms_median": {k: round(statistics.median(t.get(k, 0.0) for t in steps), 1)
+                                             for k in step_names},
+            "full_build_s": None if full_build_s is None else round(full_build_s, 2),
+            "files_touched_per_batch": statistics.median(touched) if touched else 0,
             "dvs_written_per_batch": statistics.median(dvs) if dvs else 0,
             "driver_peak_rss_python_mb": round(py_peak_mb), "driver_peak_rss_jvm_mb": round(jvm_peak_mb),
             "index_bytes_on_disk": index_disk, "index_overlay_bytes_in_heap": heap,
@@ -153,30 +207,41 @@ def main() -> int:
     parser.add_argument("--sizes", default="1000000,20000000")
     parser.add_argument("--batches", type=int, default=7)
     parser.add_argument("--changes", type=int, default=5000)
-    parser.add_argument("--rows-per-file", type=int, default=10000)
+    parser.add_argument("--rows-per-file", default="10000", help="one value, or one per size")
     parser.add_argument("--driver-memory", default="2g")
+    parser.add_argument("--no-full-build", dest="full_build", action="store_false",
+                        help="skip the timed full build of the index after the batches")
+    parser.add_argument("--jfr", help="record the driver JVM over the timed batches into this .jfr file (one size)")
     args = parser.parse_args()
     quiet_logs()
     sizes = [int(s) for s in args.sizes.split(",")]
+    per_file = [int(r) for r in args.rows_per_file.split(",")]
+    if len(per_file) not in (1, len(sizes)):
+        parser.error("--rows-per-file: one value, or one per size")
+    cases = list(zip(sizes, per_file * len(sizes) if len(per_file) == 1 else per_file))
     summary = {"bench": "scale", "load_start": machine_load(), "params": vars(args), "sizes": []}
     with private_stack("bench-scale") as (info, state_dir):
         config = to_config(pipeline_data(info, state_dir, "scale", [{"topics": ["x"]}],
                                          driver_memory=args.driver_memory))
         spark = session_for(config)
         try:
-            for size in sizes:
-                summary["sizes"].append(one_size(info, state_dir, spark, size, args))
+            for size, rows_per_file in cases:
+                summary["sizes"].append(one_size(info, state_dir, spark, size, rows_per_file, args))
         finally:
             spark.stop()
-    medians = {s["size"]: s["median_batch_s"] for s in summary["sizes"]}
-    summary["ratio_largest_to_smallest"] = round(medians[max(medians)] / medians[min(medians)], 3)
+    # the largest table (of one size: the one with the most files) against the smallest (the fewest files)
+    first, last = (f(summary["sizes"], key=lambda s: (s["size"], s["data_files"])) for f in (min, max))
+    summary["ratio_largest_to_smallest"] = round(last["median_batch_s"] / first["median_batch_s"], 3)
     summary["load_end"] = machine_load()
-    say("\n  rows         files   median batch   full build   DVs/batch   py RSS   JVM RSS   index on disk")
+    say("\n  rows         files   median batch   commit   full build   DVs/batch   py RSS   JVM RSS   index on disk")
     for s in summary["sizes"]:
-        say(f"  {s['size']:>11,}  {s['data_files']:>6,}   {s['median_batch_s']:>9.2f} s   {s['full_build_s']:>8.1f} s"
+        build = "-" if s["full_build_s"] is None else f"{s['full_build_s']:.1f} s"
+        say(f"  {s['size']:>11,}  {s['data_files']:>6,}   {s['median_batch_s']:>9.2f} s   {s['median_commit_part_s']:>5.2f} s"
+            f"   {build:>10}"
             f"   {s['dvs_written_per_batch']:>9}   {s['driver_peak_rss_python_mb']:>5} MB  {s['driver_peak_rss_jvm_mb']:>5} MB"
             f"   {s['index_bytes_on_disk'] / 1e6:>8.0f} MB")
-    say(f"  median at {max(medians):,} rows / median at {min(medians):,} rows = {summary['ratio_largest_to_smallest']}")
+    say(f"  median at {last['size']:,} rows in {last['data_files']:,} files / median at {first['size']:,} rows in "
+        f"{first['data_files']:,} files = {summary['ratio_largest_to_smallest']}")
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -482,9 +482,11 @@ public final class LakestreamSink {
     String owner = req.path("hold_owner").asText("");
     while (true) {
       synchronized (LOCKS.computeIfAbsent(key, k -> new Object())) {
+        Laps clock = new Laps();
         Table t = loadFresh(cat, ident);
+        clock.lap("load_table");
         if (!heldByOther(t, owner)) {
-          return commit(t, key, req).toString();
+          return commit(t, key, req, clock).toString();
         }
       }
       // Another writer holds the table's commits: wait without the table's lock (it may commit from this JVM).
@@ -513,7 +515,24 @@ public final class LakestreamSink {
     return !owner.equals(h.path("owner").asText()) && h.path("until_ms").asLong(0) > System.currentTimeMillis();
   }
 
-  private static ObjectNode commit(Table t, String key, JsonNode req) throws Exception {
+  /** Milliseconds spent in each step of a commit, in order (reported with the commit's result). */
+  static final class Laps {
+    private final Map<String, Long> laps = new LinkedHashMap<>();
+    private long last = System.nanoTime();
+
+    void lap(String step) {
+      long now = System.nanoTime();
+      laps.merge(step, now - last, Long::sum);
+      last = now;
+    }
+
+    void into(ObjectNode out) {
+      ObjectNode ms = out.putObject("timings_ms");
+      laps.forEach((step, nanos) -> ms.put(step, Math.round(nanos / 1e4) / 100.0));
+    }
+  }
+
+  private static ObjectNode commit(Table t, String key, JsonNode req, Laps clock) throws Exception {
     if (req.has("expect_snapshot_id")) {
       // The caller's view of the table (its key index) describes this snapshot: if another writer
       // committed since, nothing is committed and the caller refreshes its view first.
@@ -530,6 +549,7 @@ public final class LakestreamSink {
         return stale;
       }
     }
+    Map<String, Integer> counts = new LinkedHashMap<>();
     MetricsConfig metricsConfig = MetricsConfig.forTable(t);
     List<JsonNode> requested = new ArrayList<>();
     req.path("data_files").forEach(requested::add);
@@ -544,6 +564,7 @@ public final class LakestreamSink {
         throw new IllegalArgumentException("data file " + df.location() + " listed twice");
       }
     }
+    clock.lap("data_file_footers");
 
     // positions by data file, in request order
     Map<String, List<Long>> positions = new LinkedHashMap<>();
@@ -606,32 +627,38 @@ public final class LakestreamSink {
       }
       FileState state = truncate ? new FileState() : state(key, t); // after a truncate no old file is live
       st = state;
+      clock.lap("file_state");
       if (validateFrom == null) {
         // The DVs merge the deletes live at this snapshot: DVs added after it must fail the commit,
         // and history before it must not (the DVs replaced here were added there).
         validateFrom = state.snapshotId;
       }
-      BaseDeleteLoader loader = new BaseDeleteLoader(d -> t.io().newInputFile(d.location()));
+      List<String> referencedExisting = new ArrayList<>();
+      Map<String, DataFile> targets = new HashMap<>();
+      for (String path : positions.keySet()) {
+        DataFile target = added.get(path);
+        if (target == null) {
+          target = state.dataFiles.get(path);
+          if (target == null) {
+            throw new ValidationException(
+                "Cannot delete rows of data file %s: it is not live in table %s at snapshot %s",
+                path, key, state.snapshotId);
+          }
+          referencedExisting.add(path);
+        }
+        targets.put(path, target);
+      }
+      clock.lap("plan_deletes");
+      Map<String, PositionDeleteIndex> previous = PreviousDeletes.load(t, state.deletes, referencedExisting);
+      clock.lap("load_previous_deletes");
+      counts.put("previous_deletes_loaded", previous.size());
       OutputFileFactory files = OutputFileFactory.builderFor(t, 0, TASK_IDS.incrementAndGet())
           .format(FileFormat.PUFFIN).build();
-      BaseDVFileWriter writer = new BaseDVFileWriter(files, path -> {
-        List<DeleteFile> previous = state.deletes.get(path);
-        return previous == null || previous.isEmpty() ? null : loader.loadPositionDeletes(previous, path);
-      });
-      List<String> referencedExisting = new ArrayList<>();
+      BaseDVFileWriter writer = new BaseDVFileWriter(files, previous::get);
       try {
         for (Map.Entry<String, List<Long>> e : positions.entrySet()) {
           String path = e.getKey();
-          DataFile target = added.get(path);
-          if (target == null) {
-            target = state.dataFiles.get(path);
-            if (target == null) {
-              throw new ValidationException(
-                  "Cannot delete rows of data file %s: it is not live in table %s at snapshot %s",
-                  path, key, state.snapshotId);
-            }
-            referencedExisting.add(path);
-          }
+          DataFile target = targets.get(path);
           PartitionSpec targetSpec = t.specs().get(target.specId());
           long rows = target.recordCount();
           for (long pos : e.getValue()) {
@@ -658,6 +685,7 @@ public final class LakestreamSink {
       if (!referencedExisting.isEmpty()) {
         delta.validateDataFilesExist(referencedExisting);
       }
+      clock.lap("write_dvs");
     }
     if (validateFrom != null && delta != null) {
       delta.validateFromSnapshot(validateFrom);
@@ -665,7 +693,9 @@ public final class LakestreamSink {
     req.path("properties").fields().forEachRemaining(e -> update.set(e.getKey(), text(e.getValue())));
 
     LAST_COMMIT.remove();
+    clock.lap("prepare");
     update.commit();
+    clock.lap("iceberg_commit");
     CreateSnapshotEvent event = LAST_COMMIT.get();
     LAST_COMMIT.remove();
     Snapshot committed = event != null ? t.snapshot(event.snapshotId()) : null;
@@ -693,6 +723,7 @@ public final class LakestreamSink {
     } else {
       STATES.remove(key);
     }
+    clock.lap("file_state_update");
 
     ObjectNode out = JSON.createObjectNode();
     out.put("snapshot_id", committed.snapshotId());
@@ -705,6 +736,8 @@ public final class LakestreamSink {
     out.put("data_files", added.size());
     out.put("delete_files", newDeletes.size());
     out.put("removed_delete_files", rewritten.size());
+    counts.forEach(out::put);
+    clock.into(out);
     return out;
   }
   // -- what snapshots changed (the key index refreshes by diff) -----------------------------------

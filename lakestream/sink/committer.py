@@ -75,9 +75,21 @@ class _Deletes:
     def add(self, path: str, positions: np.ndarray | list[int]) -> None:
         self._parts[path].append(np.asarray(positions, np.int64))
 
+    def add_grouped(self, file_ids: np.ndarray, positions: np.ndarray, names: list[str]) -> None:
+        """Rows ``positions`` of data files ``names[file_ids]``, grouped by file in one sort (a batch of random
+        keys names thousands of files, one or two rows each)."""
+        if len(file_ids) == 0:
+            return
+        order = np.lexsort((positions, file_ids))
+        fids, pos = np.asarray(file_ids)[order], np.asarray(positions, np.int64)[order]
+        starts = np.flatnonzero(np.r_[True, fids[1:] != fids[:-1]])
+        for fid, part in zip(fids[starts].tolist(), np.split(pos, starts[1:])):
+            self._parts[names[fid]].append(part)
+
     def by_file(self) -> dict[str, np.ndarray]:
         """Sorted distinct positions of each file."""
-        return {path: np.unique(np.concatenate(parts)) for path, parts in self._parts.items()}
+        return {path: parts[0] if len(parts) == 1 and len(parts[0]) == 1 else np.unique(np.concatenate(parts))
+                for path, parts in self._parts.items()}
 
 
 class _Locations:
@@ -158,21 +170,15 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
     else:  # after a TRUNCATE no earlier row survives: the commit removes every existing data file
         old = np.full(len(distinct), MISSING)
 
-    def add_deletes(file_ids: np.ndarray, pos: np.ndarray, names: list[str]) -> None:
-        if len(file_ids) == 0:
-            return
-        for fid in np.unique(file_ids):
-            deletes.add(names[int(fid)], pos[file_ids == fid])
-
     if write.mode == "upsert":
         # The key's previous row, wherever it is, and every row of this batch but the last one.
         has_old = old != MISSING
         old_fid, old_pos = unpack(old)
-        add_deletes(old_fid[has_old], old_pos[has_old], write.index.paths if write.index is not None else [])
+        deletes.add_grouped(old_fid[has_old], old_pos[has_old], write.index.paths if write.index is not None else [])
         superseded = np.ones(len(k), bool)
         superseded[last] = False
         superseded &= files >= 0
-        add_deletes(files[superseded], positions[superseded], paths)
+        deletes.add_grouped(files[superseded], positions[superseded], paths)
         gone = np.zeros(len(last), bool)
         if truncated:
             # A key whose last change came before the TRUNCATE (in its partition) is gone with it.
@@ -183,7 +189,7 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
                 cut[(row_topics == tp.topic) & (row_partitions == tp.partition)] = offset
             gone = (rows.column("offset").to_numpy()[order] < cut)[last]
             written = gone & (files[last] >= 0)
-            add_deletes(files[last][written], positions[last][written], paths)
+            deletes.add_grouped(files[last][written], positions[last][written], paths)
         final_file = np.where((ops[last] == OP_DELETE) | gone, -1, files[last])
         locations = _Locations(paths, final_file, positions[last])
         patches = []
@@ -294,6 +300,9 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
         "truncate": bool(changes.truncates),
     }
     result = commit_files(spark, write.catalog, write.name.namespace, write.name.table, request)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("%s: commit of %d data file(s), deletes in %d, steps (ms) %s", write.ident, len(data_files),
+                  len(request["deletes"]), result.get("timings_ms"))
     if result.get("stale"):
         index.valid = False
         raise StaleIndex(f"{write.ident} is at snapshot {result.get('snapshot_id')}, its key index at "

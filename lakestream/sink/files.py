@@ -467,6 +467,8 @@ class CommitResult(TypedDict, total=False):
     data_files: int
     delete_files: int
     removed_delete_files: int
+    previous_deletes_loaded: int  # data files whose earlier deletes the new DVs merged
+    timings_ms: dict[str, float]  # the commit's steps in order (load_table, ..., iceberg_commit, ...)
     stale: bool
 
 

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from conftest import produce_records
+from conftest import produce_records, simulate_death
 from lakestream.config import DerivedTableSettings
 from lakestream.engine.pipeline import Pipeline
 from lakestream.process.materialize import DerivedTable
@@ -155,7 +155,7 @@ def test_customer_360_kept_current_by_key(stack, spark, pipeline_config_factory,
     workload.send(stack.bootstrap_servers, 40)
     with pytest.raises(ProcessDeath):
         _drain(pipeline)
-    pipeline.close()
+    simulate_death(pipeline)  # a dead process closes and saves nothing
     monkeypatch.setattr(DerivedTable, "upsert", real_upsert)
 
     # Restarted with a commit cadence: touched keys wait for it, and are upserted when the pipeline stops.

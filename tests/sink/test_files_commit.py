@@ -341,6 +341,39 @@ def test_upgraded_v2_position_deletes_are_merged_into_the_dv(spark, ns):
     assert [(r.file_format, r.record_count) for r in live] == [("PUFFIN", 2)]
 
 
+def test_dvs_of_many_files_from_several_commits_merge_into_one_commit(spark, ns):
+    """A commit touching many data files whose earlier DVs sit in several Puffin files (one per earlier commit),
+    read up front: each new DV holds every earlier position, the old DVs go; both from the JVM's cached view of
+    the table and from a freshly planned one (after another writer's snapshot)."""
+    name, info = _new_table(spark, ns, "manydv")
+    files = []
+    for k in range(12):
+        written, _ = _write(info, _rows(range(k * 10, (k + 1) * 10)), prefix=f"m{k}")
+        files += written
+    commit_files(spark, CATALOG, ns, "manydv", _request(files))
+    paths = [f["path"] for f in files]
+    first = commit_files(spark, CATALOG, ns, "manydv", {"deletes": [{"data_file": p, "positions": [0]}
+                                                                     for p in paths[:8]]})
+    second = commit_files(spark, CATALOG, ns, "manydv", {"deletes": [{"data_file": p, "positions": [1, 2]}
+                                                                      for p in paths[4:]]})
+    assert (first["previous_deletes_loaded"], second["previous_deletes_loaded"]) == (0, 4)
+    # another writer's snapshot: the committer plans the table afresh (delete files as read from manifests)
+    spark.sql(f"INSERT INTO {name} SELECT 1000, NULL, NULL, NULL, NULL, NULL, NULL")
+    third = commit_files(spark, CATALOG, ns, "manydv", {"deletes": [{"data_file": p, "positions": [9]}
+                                                                     for p in paths]})
+    assert (third["delete_files"], third["removed_delete_files"], third["previous_deletes_loaded"]) == (12, 12, 12)
+    assert {"load_previous_deletes", "write_dvs", "iceberg_commit"} <= set(third["timings_ms"])
+    fourth = commit_files(spark, CATALOG, ns, "manydv", {"deletes": [{"data_file": p, "positions": [5]}
+                                                                      for p in paths[::3]]})
+    assert (fourth["delete_files"], fourth["removed_delete_files"]) == (4, 4)
+    gone = {k * 10 + pos for k in range(12) for pos in ([0] if k < 4 else [0, 1, 2] if k < 8 else [1, 2]) + [9]}
+    gone |= {k * 10 + 5 for k in range(0, 12, 3)}
+    assert _ids(spark, name) == sorted(set(range(120)) - gone) + [1000]
+    counts = {r.referenced_data_file: r.record_count
+              for r in spark.sql(f"SELECT referenced_data_file, record_count FROM {name}.delete_files").collect()}
+    assert counts == {p: sum(1 for i in gone if i // 10 == k) for k, p in enumerate(paths)}
+
+
 def test_commit_timings(spark, ns):
     """Not a benchmark: prints the order of magnitude of a commit with many files and deletes."""
     took = []
