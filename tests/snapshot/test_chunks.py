@@ -24,14 +24,19 @@ def schema(pg_conn):
         cur.execute(f"DROP SCHEMA {name} CASCADE")
 
 
-def _rows_per_chunk(conn, source, plan) -> list[int]:
-    counts = []
+def _chunk_outputs(conn, source, plan) -> list[bytes]:
+    """What each chunk's query reads (COPY text), in plan order."""
+    outputs = []
     with conn.cursor() as cur:
         for chunk in plan.chunks:
             buf = io.BytesIO()
             cur.copy_expert(chunk_query(source, chunk).as_string(conn), buf)
-            counts.append(buf.getvalue().count(b"\n"))
-    return counts
+            outputs.append(buf.getvalue())
+    return outputs
+
+
+def _rows_per_chunk(conn, source, plan) -> list[int]:
+    return [out.count(b"\n") for out in _chunk_outputs(conn, source, plan)]
 
 
 @pytest.mark.parametrize("key_type,key_sql", [("bigint", "g * 3 - 7"), ("text", "'k' || g"),
@@ -71,13 +76,7 @@ def test_unsupported_types_and_missing_tables_are_refused(pg_conn, schema):
 
 
 def _rows_read(conn, source, plan) -> list[tuple]:
-    rows = []
-    with conn.cursor() as cur:
-        for chunk in plan.chunks:
-            buf = io.BytesIO()
-            cur.copy_expert(chunk_query(source, chunk).as_string(conn), buf)
-            rows.extend(tuple(line.split(",")) for line in buf.getvalue().decode().splitlines())
-    return rows
+    return [tuple(line.split(",")) for out in _chunk_outputs(conn, source, plan) for line in out.decode().splitlines()]
 
 
 def _rows_of(conn, sql_text: str) -> list[tuple]:
