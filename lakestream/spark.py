@@ -89,6 +89,9 @@ def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) 
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.adaptive.enabled", "true")
+        # Inline maintenance runs its jobs in a pool of their own: a batch's tasks then take the next free
+        # slot instead of queueing behind every task of a maintenance job (FIFO).
+        .config("spark.scheduler.mode", "FAIR")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")

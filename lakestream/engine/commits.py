@@ -8,21 +8,27 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from concurrent.futures import ThreadPoolExecutor
 
 from lakestream.config import PipelineConfig
 from lakestream.engine.isolation import Isolator, without
 from lakestream.engine.registry import TableRegistry
-from lakestream.errors import conflict_cause, first_line, is_infrastructure_failure
+from lakestream.errors import classify_failure, conflict_cause, first_line, is_infrastructure_failure
 from lakestream.faults import pause_point
 from lakestream.process.stage import commit_phases
 from lakestream.sink.committer import StaleIndex, TableCommit, TableWrite, write_table
 from lakestream.sink.files import delete_quietly
 from lakestream.sink.offsets import TableOffsets, commit_properties
 from lakestream.sink.report import BatchReport, TableReport
+from lakestream.sink.rewrite import commit_rewrite
 from lakestream.sink.router import TableName
 from lakestream.source.kafka import TP
 from lakestream.source.planner import OffsetRange
+
+if TYPE_CHECKING:
+    from lakestream.maintenance.actions import MaintenanceResult
+    from lakestream.maintenance.compaction import PreparedRewrite
 
 log = logging.getLogger(__name__)
 
@@ -179,3 +185,51 @@ class Committer:
         if done:
             log.info("committed held file(s) of %s", ", ".join(f"{n} ({c.changes:,} rows)" for n, c in done.items()))
         return done
+
+    def commit_rewrite(self, prepared: PreparedRewrite) -> MaintenanceResult:
+        """Commit a compaction written beside ingestion (`lakestream.maintenance.compaction`), between two
+        batches: the deletes since its start carried onto the new files, the key index moved with the rows
+        and made durable. A failure is reported, never raised, unless the process cannot go on."""
+        name = prepared.table
+        result = prepared.result
+        started = time.monotonic()
+        table = TableName.parse(name)
+        ident = self.registry.catalog.ident(table.namespace, table.table)
+        attempts = 3
+        try:
+            for attempt in range(1, attempts + 1):
+                index = self.registry.fresh_index(name, ident)
+                write = TableWrite(ident, self.config.catalog.name, table, self.registry.specs[name], index)
+                try:
+                    done = commit_rewrite(self.spark, write, prepared)
+                    break
+                except StaleIndex:
+                    if attempt == attempts:
+                        raise
+                except Exception as exc:  # noqa: BLE001 — a conflict is retried on a fresh view, the rest below
+                    if conflict_cause(exc) is None or attempt == attempts:
+                        raise
+                    index.valid = False
+        except Exception as exc:  # noqa: BLE001 — maintenance never stops ingestion, unless nothing can go on
+            if classify_failure(exc).kind in ("fatal", "config"):
+                raise
+            # The new files stay until orphan removal: whether a failed commit landed is not always known.
+            result.status = "conflict" if isinstance(exc, StaleIndex) or conflict_cause(exc) else "failed"
+            result.error = first_line(exc)[:300]
+            result.seconds = time.monotonic() - started
+            log.warning("compaction of %s not committed: %s", name, result.error)
+            return result
+        self.registry.persist_index(name)
+        result.seconds = time.monotonic() - started  # the commit's own time; the rewrite's is in detail
+        result.files_after = done.files_added
+        result.bytes_after = sum(g.output["file_size"] for g in prepared.groups if g.output is not None) \
+            if not done.dropped_groups else None
+        result.files_before = done.files_removed
+        result.detail.update({"snapshot_id": done.snapshot_id, "rows_moved": done.rows_moved,
+                              "deletes_carried": done.deletes_carried, "groups_dropped": done.dropped_groups,
+                              "waited_s": round(started - prepared.started, 3)})
+        if done.snapshot_id is None:
+            result.status = "conflict"
+            result.error = "every group's inputs changed under the rewrite"
+        log.info("%s", result.describe())
+        return result

@@ -117,15 +117,18 @@ def run_pipeline(
                 try:
                     # Beside ingestion, on the tables this pipeline writes (and those a policy names).
                     for action in maintain(pipeline.spark, config, time.time(), own=set(pipeline.specs),
-                                           background=True) or []:
+                                           background=True, rewrite_specs=pipeline.compacted_here()) or []:
                         log.info("maintenance: %s", action)
                 except Exception as exc:  # noqa: BLE001 — maintenance must never stop ingestion
                     log.error("maintenance round failed (next round as scheduled): %s", first_line(exc)[:300])
+                _commit_compactions(pipeline, config)
     finally:
         if maintain is not None:
             from lakestream.maintenance.runner import finish_maintenance
 
             finish_maintenance(config)
+            if jvm_alive(pipeline.spark):
+                _commit_compactions(pipeline, config)
         _close(pipeline)
         if engine_metrics is not None:
             engine_metrics.close()
@@ -133,6 +136,25 @@ def run_pipeline(
         raise StoppedAfterFailures(f"stopped while batches were failing ({failures} in a row; last: see above); "
                                    "nothing is lost — the next start resumes from the tables' offsets")
     return results
+
+
+def _commit_compactions(pipeline: Pipeline, config: PipelineConfig) -> None:
+    """Commit the compactions inline maintenance wrote beside the batches (between two batches: their
+    commits never race). Only a failure no retry can cure (a dead JVM) ends the process."""
+    from lakestream.maintenance.runner import record_commits, take_prepared
+
+    prepared = take_prepared(config)
+    if not prepared:
+        return
+    try:
+        results = pipeline.commit_rewrites(prepared)
+    except Exception as exc:  # noqa: BLE001 — classified just below
+        if classify_failure(exc).kind in ("fatal", "config") or not jvm_alive(pipeline.spark):
+            raise FatalError(f"committing a compaction failed and cannot be retried in this process "
+                             f"({_failure_summary(exc)})") from exc
+        log.error("compaction commit failed (retried by a later round): %s", first_line(exc)[:300])
+        return
+    record_commits(config, results)
 
 
 def _close(pipeline: Pipeline) -> None:

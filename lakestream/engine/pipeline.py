@@ -126,6 +126,18 @@ class Pipeline:
     def refresh_references(self) -> None:
         self.registry.refresh_references()
 
+    def compacted_here(self) -> dict[str, Any]:
+        """The tables whose compaction this pipeline commits itself (`commit_rewrites`): its upsert mirrors
+        with a key index; their specs."""
+        from lakestream.sink.disk_index import DiskKeyIndex
+
+        return {name: spec for name, spec in self.registry.specs.items()
+                if spec.mode == "upsert" and spec.keyed and isinstance(self.registry.indexes.get(name), DiskKeyIndex)}
+
+    def commit_rewrites(self, prepared: list[Any]) -> list[Any]:
+        """Commit compactions written beside the batches (`lakestream.maintenance.compaction`), one by one."""
+        return [self.committer.commit_rewrite(p) for p in prepared if p.table in self.registry.specs]
+
     def reads(self) -> dict[str, set[str]]:
         """Each table computed from others in this pipeline → those tables (it commits before them)."""
         reads: dict[str, set[str]] = {}

@@ -35,6 +35,7 @@ import org.apache.iceberg.NullOrder;
 import org.apache.iceberg.PartitionData;
 import org.apache.iceberg.PartitionSpec;
 import org.apache.iceberg.PartitionSpecParser;
+import org.apache.iceberg.RewriteFiles;
 import org.apache.iceberg.RowDelta;
 import org.apache.iceberg.Schema;
 import org.apache.iceberg.SchemaParser;
@@ -740,6 +741,204 @@ public final class LakestreamSink {
     clock.into(out);
     return out;
   }
+  // -- compaction committed by the pipeline: rows re-mapped, the key index moved ---------------------
+
+  /**
+   * The positions deleted, at the table's current snapshot, in each data file of {@code pathsJson} (a JSON
+   * array): {"snapshot_id", "files": {path: {"records", "positions": [...]}}, "missing": [paths not live]}.
+   * A compaction written beside ingestion reads its inputs without these rows, and its commit carries the
+   * positions deleted since onto the new files.
+   */
+  public static String deletedPositions(
+      SparkSession spark, String catalog, String namespace, String table, String pathsJson) throws Exception {
+    JsonNode paths = JSON.readTree(pathsJson);
+    Catalog cat = catalog(spark, catalog);
+    TableIdentifier ident = identifier(namespace, table);
+    String key = catalog + "." + ident;
+    synchronized (LOCKS.computeIfAbsent(key, k -> new Object())) {
+      Table t = loadFresh(cat, ident);
+      FileState st = state(key, t);
+      ObjectNode out = JSON.createObjectNode();
+      if (st.snapshotId == null) {
+        out.putNull("snapshot_id");
+      } else {
+        out.put("snapshot_id", st.snapshotId);
+      }
+      List<String> live = new ArrayList<>();
+      ArrayNode missing = out.putArray("missing");
+      for (JsonNode p : paths) {
+        if (st.dataFiles.containsKey(p.asText())) {
+          live.add(p.asText());
+        } else {
+          missing.add(p.asText());
+        }
+      }
+      Map<String, PositionDeleteIndex> deleted = PreviousDeletes.load(t, st.deletes, live);
+      ObjectNode files = out.putObject("files");
+      for (String path : live) {
+        ObjectNode f = files.putObject(path);
+        f.put("records", st.dataFiles.get(path).recordCount());
+        ArrayNode positions = f.putArray("positions");
+        PositionDeleteIndex index = deleted.get(path);
+        if (index != null) {
+          index.forEach(positions::add);
+        }
+      }
+      return out.toString();
+    }
+  }
+
+  /**
+   * Replace data files by files that hold their live rows, in one `replace` snapshot (a compaction written
+   * beside ingestion, committed by the pipeline between its batches). Request: {"expect_snapshot_id",
+   * "groups": [{"inputs": [paths], "output": {path, file_size, record_count}, "deletes": [positions of the
+   * output]}], "properties"}. Each output takes its inputs' spec and partition (one per group); the inputs'
+   * delete files go with them; "deletes" are the rows deleted in the inputs after the rewrite read them,
+   * carried onto the output as its deletion vector. {"stale": true} when the table is past expect_snapshot_id.
+   */
+  public static String commitRewrite(
+      SparkSession spark, String catalog, String namespace, String table, String requestJson) throws Exception {
+    JsonNode req = JSON.readTree(requestJson);
+    Catalog cat = catalog(spark, catalog);
+    TableIdentifier ident = identifier(namespace, table);
+    String key = catalog + "." + ident;
+    String owner = req.path("hold_owner").asText("");
+    while (true) {
+      synchronized (LOCKS.computeIfAbsent(key, k -> new Object())) {
+        Laps clock = new Laps();
+        Table t = loadFresh(cat, ident);
+        clock.lap("load_table");
+        if (!heldByOther(t, owner)) {
+          return rewrite(t, key, req, clock).toString();
+        }
+      }
+      Thread.sleep(200);
+    }
+  }
+
+  private static ObjectNode rewrite(Table t, String key, JsonNode req, Laps clock) throws Exception {
+    Long expected = req.get("expect_snapshot_id").isNull() ? null : req.get("expect_snapshot_id").asLong();
+    Long current = t.currentSnapshot() == null ? null : t.currentSnapshot().snapshotId();
+    if (!Objects.equals(expected, current) || current == null) {
+      ObjectNode stale = JSON.createObjectNode();
+      stale.put("stale", true);
+      if (current == null) {
+        stale.putNull("snapshot_id");
+      } else {
+        stale.put("snapshot_id", current);
+      }
+      return stale;
+    }
+    FileState st = state(key, t);
+    clock.lap("file_state");
+    MetricsConfig metricsConfig = MetricsConfig.forTable(t);
+    RewriteFiles rw = t.newRewrite();
+    rw.validateFromSnapshot(current);
+    Map<String, DataFile> outputs = new LinkedHashMap<>();
+    Set<String> inputs = new HashSet<>();
+    List<DeleteFile> removedDeletes = new ArrayList<>();
+    OutputFileFactory files = OutputFileFactory.builderFor(t, 0, TASK_IDS.incrementAndGet())
+        .format(FileFormat.PUFFIN).build();
+    BaseDVFileWriter writer = new BaseDVFileWriter(files, p -> null);
+    try {
+      for (JsonNode g : req.path("groups")) {
+        DataFile first = null;
+        for (JsonNode in : g.path("inputs")) {
+          String path = in.asText();
+          DataFile df = st.dataFiles.get(path);
+          if (df == null) {
+            throw new ValidationException("Cannot rewrite data file %s: it is not live in table %s at snapshot %s",
+                path, key, current);
+          }
+          if (first == null) {
+            first = df;
+          } else if (df.specId() != first.specId() || !Objects.equals(df.partition(), first.partition())) {
+            throw new IllegalArgumentException("rewrite group mixes partitions: " + path + " and " + first.location());
+          }
+          if (!inputs.add(path)) {
+            throw new IllegalArgumentException("data file " + path + " is in two rewrite groups");
+          }
+          rw.deleteFile(df);
+          for (DeleteFile d : st.deletes.getOrDefault(path, List.of())) {
+            rw.deleteFile(d);
+            removedDeletes.add(d);
+          }
+        }
+        if (first == null) {
+          throw new IllegalArgumentException("rewrite group without inputs");
+        }
+        JsonNode o = g.get("output");
+        String path = o.get("path").asText();
+        PartitionSpec spec = t.specs().get(first.specId());
+        Metrics metrics = ParquetUtil.fileMetrics(t.io().newInputFile(path), metricsConfig);
+        if (o.get("record_count").asLong() != metrics.recordCount()) {
+          throw new IllegalArgumentException("data file " + path + ": record_count " + o.get("record_count").asLong()
+              + " but its footer says " + metrics.recordCount());
+        }
+        DataFiles.Builder b = DataFiles.builder(spec).withPath(path).withFormat(FileFormat.PARQUET)
+            .withFileSizeInBytes(o.get("file_size").asLong()).withMetrics(metrics);
+        if (spec.isPartitioned()) {
+          b = b.withPartition(first.partition());
+        }
+        DataFile out = b.build();
+        rw.addFile(out);
+        outputs.put(path, out);
+        for (JsonNode pos : g.path("deletes")) {
+          long p = pos.asLong();
+          if (p < 0 || p >= out.recordCount()) {
+            throw new IllegalArgumentException("position " + p + " out of range for data file " + path);
+          }
+          writer.delete(path, p, spec, out.partition());
+        }
+      }
+    } finally {
+      writer.close();
+    }
+    clock.lap("prepare");
+    List<DeleteFile> newDeletes = new ArrayList<>(writer.result().deleteFiles());
+    newDeletes.forEach(rw::addFile);
+    req.path("properties").fields().forEachRemaining(e -> rw.set(e.getKey(), text(e.getValue())));
+    LAST_COMMIT.remove();
+    rw.commit();
+    clock.lap("iceberg_commit");
+    CreateSnapshotEvent event = LAST_COMMIT.get();
+    LAST_COMMIT.remove();
+    Snapshot committed = event != null ? t.snapshot(event.snapshotId()) : null;
+    if (committed == null) {
+      committed = t.currentSnapshot();
+    }
+    Long parent = committed.parentId();
+    FileState cached = STATES.get(key);
+    if (cached != null && Objects.equals(parent, cached.snapshotId)) {
+      for (String path : inputs) {
+        cached.dataFiles.remove(path);
+        cached.deletes.remove(path);
+      }
+      outputs.forEach((path, df) -> cached.dataFiles.put(path, df.copyWithoutStats()));
+      for (DeleteFile dv : newDeletes) {
+        List<DeleteFile> one = new ArrayList<>();
+        one.add(dv.copy());
+        cached.deletes.put(dv.referencedDataFile(), one);
+      }
+      cached.snapshotId = committed.snapshotId();
+    } else {
+      STATES.remove(key);
+    }
+    ObjectNode out = JSON.createObjectNode();
+    out.put("snapshot_id", committed.snapshotId());
+    if (parent == null) {
+      out.putNull("parent_snapshot_id");
+    } else {
+      out.put("parent_snapshot_id", parent);
+    }
+    out.put("removed_data_files", inputs.size());
+    out.put("added_data_files", outputs.size());
+    out.put("removed_delete_files", removedDeletes.size());
+    out.put("delete_files", newDeletes.size());
+    clock.into(out);
+    return out;
+  }
+
   // -- what snapshots changed (the key index refreshes by diff) -----------------------------------
 
   /**

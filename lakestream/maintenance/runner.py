@@ -6,6 +6,7 @@ replaced and the trim deletes the metadata files written before expiry.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -23,14 +24,20 @@ from lakestream.maintenance.actions import (
     rewrite_manifests,
     rewrite_position_deletes,
 )
-from lakestream.maintenance.history import record_maintenance
+from lakestream.maintenance.history import read_maintenance_log, record_maintenance
 from lakestream.maintenance.policy import MaintenancePlan, plan_maintenance
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from lakestream.maintenance.compaction import PreparedRewrite
+    from lakestream.sink.task import TableSpec
+
 log = logging.getLogger(__name__)
 
+
+# The Spark scheduler pool of the rounds that run beside ingestion (`spark.scheduler.mode` is FAIR).
+MAINTENANCE_POOL = "maintenance"
 
 # A policy matching every table names none: inline maintenance keeps to the pipeline's own tables under it.
 _MATCH_ALL = {".*", ".+", "(.*)", "^.*$"}
@@ -69,8 +76,14 @@ def maintain_table(
     dry_run: bool = False,
     remove_orphans: bool = True,
     now_ms: int | None = None,
+    rewrite_spec: TableSpec | None = None,
+    prepared: list[PreparedRewrite] | None = None,
 ) -> list[MaintenanceResult]:
-    """Plan and run one round of maintenance on one table."""
+    """Plan and run one round of maintenance on one table.
+
+    With ``rewrite_spec`` (an upsert mirror of the pipeline running this round) compaction is written here
+    and appended to ``prepared`` for the pipeline to commit between its batches
+    (`lakestream.maintenance.compaction`), hot partitions included."""
     catalog = config.catalog.name
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     policy = config.maintenance.policy_for(name)
@@ -80,7 +93,13 @@ def maintain_table(
         log.info("%s: %s", name, reason)
     jtable = load_java_table(spark, catalog, name)
     results: list[MaintenanceResult] = []
-    if plan.compact:
+    if rewrite_spec is not None and prepared is not None and not dry_run:
+        if plan.compact or plan.hot_skipped:
+            written = write_compaction(spark, catalog, name, plan.compact + plan.hot_skipped, policy, rewrite_spec)
+            if written is not None:
+                prepared.append(written)
+                results.append(dataclasses.replace(written.result, status="written", detail=dict(written.result.detail)))
+    elif plan.compact:
         results.append(
             compact_cold_partitions(spark, catalog, name, jtable, plan.compact, policy, sort=metrics.has_sort_order, dry_run=dry_run)
         )
@@ -105,22 +124,69 @@ def maintain_table(
     return results
 
 
+def write_compaction(spark: SparkSession, catalog: str, name: str, partitions: list, policy, spec: TableSpec
+                     ) -> PreparedRewrite | None:
+    """Compaction of a pipeline's upsert mirror, written on the executors and left for its commit."""
+    from lakestream.maintenance.compaction import prepare_rewrite, run_rewrite
+
+    started = time.monotonic()
+    prepared = prepare_rewrite(spark, catalog, name, partitions, policy.compaction.target_file_size_bytes)
+    if prepared is None:
+        return None
+    run_rewrite(spark, prepared, spec)
+    if not prepared.groups:
+        return None
+    prepared.result.detail.update({"groups": len(prepared.groups), "start_snapshot_id": prepared.snapshot_id,
+                                   "rewrite_s": round(time.monotonic() - started, 3)})
+    log.info("%s: compaction of %d file(s) in %d group(s) written in %.1fs; the pipeline commits it", name,
+             sum(len(g.inputs) for g in prepared.groups), len(prepared.groups), time.monotonic() - started)
+    return prepared
+
+
 class MaintenanceScheduler:
     """Remembers when each table last had maintenance, and when its (costly, listing) orphan scan ran."""
 
-    def __init__(self, config: PipelineConfig):
+    def __init__(self, config: PipelineConfig, resume: bool = False):
         self.config = config
         self.last_round_s: float | None = None
         self.last_orphan_scan_s: dict[str, float] = {}
+        self.prepared: list[PreparedRewrite] = []  # compactions written, for the pipeline to commit
+        self.lock = threading.Lock()
+        if resume:
+            self.resume_from_log()
+
+    def resume_from_log(self) -> None:
+        """Go on with the schedule of the pipeline's earlier life, from its maintenance log: a restart (a crash
+        loop above all) would otherwise begin with a full round, orphan listing included, while it catches up."""
+        try:
+            lines = read_maintenance_log(self.config, limit=5000)
+        except OSError:
+            return
+        ends = [int(line["finished_ms"]) for line in lines if isinstance(line.get("finished_ms"), int)]
+        if ends:
+            self.last_round_s = max(ends) / 1000
+        for line in lines:
+            if line.get("action") == "remove_orphans" and line.get("status") in ("ok", "dry-run") \
+                    and isinstance(line.get("finished_ms"), int):
+                table = str(line.get("table"))
+                self.last_orphan_scan_s[table] = max(self.last_orphan_scan_s.get(table, 0.0),
+                                                     line["finished_ms"] / 1000)
+
+    def take_prepared(self) -> list[PreparedRewrite]:
+        """The compactions written since the last call, for the pipeline to commit."""
+        with self.lock:
+            taken, self.prepared = self.prepared, []
+        return taken
 
     def due(self, now_s: float) -> bool:
         return self.last_round_s is None or now_s - self.last_round_s >= self.config.maintenance.interval_s
 
     def run_round(
         self, spark: SparkSession, tables: list[str] | None = None, dry_run: bool = False, now_s: float | None = None,
-        own: set[str] | None = None,
+        own: set[str] | None = None, rewrite_specs: dict[str, TableSpec] | None = None,
     ) -> list[MaintenanceResult]:
-        """One round over the selected tables; a failing table is logged and does not stop the others."""
+        """One round over the selected tables; a failing table is logged and does not stop the others.
+        ``rewrite_specs``: the tables whose compaction the pipeline commits (`take_prepared`)."""
         now_s = now_s if now_s is not None else time.time()
         wall_started = time.monotonic()
         results: list[MaintenanceResult] = []
@@ -128,7 +194,12 @@ class MaintenanceScheduler:
             last_scan = self.last_orphan_scan_s.get(name)
             orphans = last_scan is None or now_s - last_scan >= self.config.maintenance.orphan_interval_s
             try:
-                results.extend(maintain_table(spark, self.config, name, dry_run=dry_run, remove_orphans=orphans, now_ms=int(now_s * 1000)))
+                prepared: list[PreparedRewrite] = []
+                spec = (rewrite_specs or {}).get(name)
+                results.extend(maintain_table(spark, self.config, name, dry_run=dry_run, remove_orphans=orphans,
+                                              now_ms=int(now_s * 1000), rewrite_spec=spec, prepared=prepared))
+                with self.lock:
+                    self.prepared.extend(prepared)
                 if orphans:
                     self.last_orphan_scan_s[name] = now_s
             except Exception as exc:  # one broken table (dropped mid-round, corrupt metadata) must not stop the rest
@@ -161,7 +232,7 @@ def watch(
 ) -> None:
     """Run a round every ``maintenance.interval_s`` until ``stop`` is set (or ``max_rounds`` are done)."""
     stop = stop or threading.Event()
-    scheduler = MaintenanceScheduler(config)
+    scheduler = MaintenanceScheduler(config, resume=True)
     rounds = 0
     while not stop.is_set():
         started = time.time()
@@ -194,7 +265,8 @@ _background: dict[int, _Background] = {}
 
 
 def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | None = None, own: set[str] | None = None,
-                   background: bool = False) -> list[MaintenanceResult]:
+                   background: bool = False, rewrite_specs: dict[str, TableSpec] | None = None
+                   ) -> list[MaintenanceResult]:
     """The engine's between-batches hook: a round when ``maintenance.mode`` is inline and interval_s has passed.
 
     ``now`` is epoch seconds (default: the clock). ``own``: the tables the pipeline writes — the round then
@@ -203,18 +275,21 @@ def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | Non
     handling: a stale key index is refreshed by diff, a conflicting compaction is retried next round); the
     call returns at once with the results of the round that finished since the last call ([] if none).
     Without it the round runs here and its results are returned. Results never raise: conflicts with the
-    engine's own commits are reported and retried on a later round.
+    engine's own commits are reported and retried on a later round. ``rewrite_specs``: the pipeline's upsert
+    mirrors, whose compaction is written by the round and committed by the pipeline (`take_prepared`).
+    Beside ingestion the round's Spark jobs run in the ``maintenance`` scheduler pool (FAIR: a batch's
+    tasks take the next free slot instead of queueing behind the round's).
     """
     if config.maintenance.mode != "inline":
         return []
     now = now if now is not None else time.time()
     scheduler = _inline_schedulers.get(id(config))
     if scheduler is None or scheduler.config is not config:
-        scheduler = _inline_schedulers[id(config)] = MaintenanceScheduler(config)
+        scheduler = _inline_schedulers[id(config)] = MaintenanceScheduler(config, resume=True)
     if not background:
         if not scheduler.due(now):
             return []
-        return scheduler.run_round(spark, now_s=now, own=own)
+        return scheduler.run_round(spark, now_s=now, own=own, rewrite_specs=rewrite_specs)
     state = _background.setdefault(id(config), _Background())
     with state.lock:
         done, state.finished = state.finished or [], None
@@ -223,9 +298,13 @@ def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | Non
         if not scheduler.due(now):
             return done
 
+        specs = dict(rewrite_specs or {})
+
         def run() -> None:
+            spark.sparkContext.setLocalProperty("spark.scheduler.pool", MAINTENANCE_POOL)
             try:
-                results = scheduler.run_round(spark, now_s=now, own=set(own) if own is not None else None)
+                results = scheduler.run_round(spark, now_s=now, own=set(own) if own is not None else None,
+                                              rewrite_specs=specs)
             except Exception as exc:  # noqa: BLE001 — e.g. the catalog restarting: the next round tries again
                 log.error("maintenance round failed (next round as scheduled): %s",
                           str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
@@ -237,6 +316,20 @@ def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | Non
         state.thread = threading.Thread(target=run, name="lakestream-maintenance", daemon=True)
         state.thread.start()
     return done
+
+
+def take_prepared(config: PipelineConfig) -> list[PreparedRewrite]:
+    """The compactions the inline rounds of ``config`` wrote since the last call, for the pipeline's commit."""
+    scheduler = _inline_schedulers.get(id(config))
+    return scheduler.take_prepared() if scheduler is not None and scheduler.config is config else []
+
+
+def record_commits(config: PipelineConfig, results: list[MaintenanceResult]) -> None:
+    """Log the pipeline's compaction commits in the maintenance log, like a round's actions."""
+    try:
+        record_maintenance(config, results, int(time.time() * 1000))
+    except OSError as exc:
+        log.warning("maintenance log not written: %s", exc)
 
 
 def finish_maintenance(config: PipelineConfig, timeout_s: float = 60.0) -> None:

@@ -513,3 +513,20 @@ def commit_files(spark: SparkSession, catalog: str, namespace: str, table: str, 
     removed_delete_files}``. Iceberg's exceptions surface as py4j errors carrying the Java class."""
     return orjson.loads(_sink(spark).commitFiles(spark._jsparkSession, catalog, namespace, table,
                                                  orjson.dumps(request, option=orjson.OPT_SERIALIZE_NUMPY).decode()))
+
+
+def deleted_positions(spark: SparkSession, catalog: str, namespace: str, table: str, paths: list[str]
+                      ) -> dict[str, Any]:
+    """The positions deleted in each of the data files ``paths`` at the table's current snapshot:
+    ``{snapshot_id, files: {path: {records, positions}}, missing: [paths not live]}``."""
+    return orjson.loads(_sink(spark).deletedPositions(spark._jsparkSession, catalog, namespace, table,
+                                                      orjson.dumps(paths).decode()))
+
+
+def commit_rewrite(spark: SparkSession, catalog: str, namespace: str, table: str, request: dict[str, Any]
+                   ) -> dict[str, Any]:
+    """Replace data files by files holding their live rows, in one ``replace`` snapshot
+    (`LakestreamSink.commitRewrite`): ``{expect_snapshot_id, groups: [{inputs, output: {path, file_size,
+    record_count}, deletes}], properties}``; ``{stale: true}`` when the table moved on."""
+    return orjson.loads(_sink(spark).commitRewrite(spark._jsparkSession, catalog, namespace, table,
+                                                   orjson.dumps(request, option=orjson.OPT_SERIALIZE_NUMPY).decode()))

@@ -1,0 +1,225 @@
+"""Compaction of the pipeline's own upsert mirrors: written beside ingestion, committed by the pipeline.
+
+Iceberg's ``rewrite_data_files`` cannot commit under a stream of random-key updates: while it rewrites a
+group of files, the batches keep adding deletion vectors to those files, and its commit fails validation
+(``Can't index multiple DVs for file``), round after round. Here the rewrite and its commit are split:
+
+1. `prepare_rewrite` (the maintenance thread): pick the small files of the partitions the plan chose, and
+   read, at the table's current snapshot S0, the positions already deleted in each.
+2. `run_rewrite` (executors, beside the batches): one task per group reads its files in order, leaves out
+   the rows deleted at S0 and writes their live rows as one data file, with the rows' index keys.
+3. The pipeline, between two batches (`lakestream.sink.rewrite`), reads the positions deleted in the
+   inputs now, carries those deleted since S0 onto the new file (row ``p`` of input ``i`` is row
+   ``offset(i) + p - |deleted at S0 before p|`` of the output), commits one ``replace`` snapshot, and
+   moves the key index with the rows. Nothing races: the batches commit from the same thread.
+
+Used only for the tables a pipeline writes as upsert mirrors with a key index (inline maintenance);
+other tables, and ``lakestream maintain``, keep Iceberg's procedure. Hot partitions are compacted too:
+the commit cannot conflict with the batches, which is what ``quiet_time_s`` protects the procedure from.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lakestream.identifiers import TableName
+from lakestream.inspection import PartitionMetrics
+from lakestream.maintenance.actions import MaintenanceResult
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+    from lakestream.sink.task import TableSpec
+
+log = logging.getLogger(__name__)
+
+# Iceberg's binpack default: files under 0.75× the target are rewritten.
+SMALL_FILE_RATIO = 0.75
+# Inputs of one output file (one task): bounds a task's open files and its time.
+MAX_GROUP_FILES = 1000
+
+
+@dataclass
+class RewriteGroup:
+    """Data files whose live rows become one new data file (all of one partition)."""
+
+    inputs: list[str]
+    records: list[int]  # rows of each input
+    deleted: list[np.ndarray]  # sorted positions deleted in each input at the start snapshot
+    bytes: int = 0
+    output: dict[str, Any] | None = None  # {path, file_size, record_count} once written
+    keys: np.ndarray | None = None  # the output rows' index keys, by position
+
+    @property
+    def live_rows(self) -> int:
+        return sum(r - len(d) for r, d in zip(self.records, self.deleted))
+
+
+@dataclass
+class PreparedRewrite:
+    """A compaction written and waiting for the pipeline's commit."""
+
+    table: str  # namespace.table
+    snapshot_id: int  # the start snapshot S0 its inputs were read at
+    groups: list[RewriteGroup]
+    result: MaintenanceResult
+    started: float = field(default_factory=time.monotonic)
+
+    def outputs(self) -> list[str]:
+        return [g.output["path"] for g in self.groups if g.output is not None]
+
+
+def _partition_key(spec_id: int, partition: dict[str, Any]) -> tuple:
+    return (spec_id, tuple(sorted((k, str(v)) for k, v in partition.items())))
+
+
+def plan_groups(files: list[dict[str, Any]], target_bytes: int) -> list[list[dict[str, Any]]]:
+    """Small files (under 0.75× the target) packed per partition into groups of at most the target's bytes
+    (a group of one file is left alone). ``files``: ``{path, size, records, key}`` (key: the partition)."""
+    by_partition: dict[tuple, list[dict[str, Any]]] = {}
+    for f in files:
+        if f["size"] < SMALL_FILE_RATIO * target_bytes:
+            by_partition.setdefault(f["key"], []).append(f)
+    groups = []
+    for members in by_partition.values():
+        members.sort(key=lambda f: f["path"])
+        group: list[dict[str, Any]] = []
+        size = 0
+        for f in members:
+            if group and (size + f["size"] > target_bytes or len(group) >= MAX_GROUP_FILES):
+                groups.append(group)
+                group, size = [], 0
+            group.append(f)
+            size += f["size"]
+        groups.append(group)
+    return [g for g in groups if len(g) >= 2]
+
+
+def prepare_rewrite(spark: SparkSession, catalog: str, name: str, partitions: list[PartitionMetrics],
+                    target_bytes: int) -> PreparedRewrite | None:
+    """The groups to rewrite in ``partitions`` and the rows deleted in their files at the current snapshot;
+    None when no partition has two small files."""
+    from lakestream.identifiers import quote_table
+    from lakestream.sink.files import deleted_positions
+
+    table = TableName.parse(name)
+    started = time.monotonic()
+    wanted = {_partition_key(p.spec_id, p.partition) for p in partitions}
+    listing = spark.table(f"{quote_table(catalog, table.namespace, table.table)}.data_files")
+    partitioned = "partition" in listing.columns  # an unpartitioned table's has no such column
+    rows = listing.select("file_path", "file_size_in_bytes", "record_count", "spec_id",
+                          *(["partition"] if partitioned else [])).collect()
+    files = []
+    for r in rows:
+        partition = r["partition"].asDict() if partitioned and r["partition"] is not None else {}
+        key = _partition_key(int(r["spec_id"]), partition)
+        if key in wanted:
+            files.append({"path": r["file_path"], "size": int(r["file_size_in_bytes"]),
+                          "records": int(r["record_count"]), "key": key})
+    groups = plan_groups(files, target_bytes)
+    result = MaintenanceResult(table=name, action="compact", status="ok",
+                               detail={"partitions": [p.label() for p in partitions], "strategy": "binpack",
+                                       "committed_by": "pipeline"})
+    if not groups:
+        return None
+    now = deleted_positions(spark, catalog, table.namespace, table.table, [f["path"] for g in groups for f in g])
+    missing = set(now["missing"])
+    prepared = []
+    for g in groups:
+        live = [f for f in g if f["path"] not in missing]  # listed, then removed by another writer
+        if len(live) < 2:
+            continue
+        prepared.append(RewriteGroup(
+            inputs=[f["path"] for f in live], records=[f["records"] for f in live],
+            deleted=[np.asarray(now["files"][f["path"]]["positions"], np.int64) for f in live],
+            bytes=sum(f["size"] for f in live)))
+    if not prepared or now["snapshot_id"] is None:
+        return None
+    result.files_before = sum(len(g.inputs) for g in prepared)
+    result.bytes_before = sum(g.bytes for g in prepared)
+    return PreparedRewrite(table=name, snapshot_id=int(now["snapshot_id"]), groups=prepared, result=result,
+                           started=started)
+
+
+class NotRewritable(Exception):
+    """An input file's columns do not map onto the table's schema by field id (left as it is)."""
+
+
+def project_by_field_id(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` (a data file's rows) with ``schema``'s columns, matched by Parquet field id (renames keep
+    their id); a column the file lacks would need the column's default, so the file is not rewritten."""
+    import pyarrow as pa
+
+    def field_id(f: pa.Field) -> str | None:
+        meta = f.metadata or {}
+        value = meta.get(b"PARQUET:field_id")
+        return value.decode() if value is not None else None
+
+    by_id = {field_id(f): i for i, f in enumerate(table.schema) if field_id(f) is not None}
+    columns = []
+    for f in schema:
+        i = by_id.get(field_id(f))
+        if i is None:
+            raise NotRewritable(f"column {f.name} (field id {field_id(f)}) is not in the file")
+        columns.append(table.column(i).cast(f.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _rewrite_group(group: RewriteGroup, data_location: str, schema: pa.Schema, key_columns: list[str],
+                   storage: Any) -> tuple[dict[str, Any] | None, np.ndarray | None, str | None]:
+    """One task: the group's live rows as one data file, and their index keys by position."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lakestream.sink.files import write_data_file
+    from lakestream.sink.index import index_keys
+    from lakestream.storage import filesystem_path, use_options
+
+    use_options(storage)
+    parts = []
+    try:
+        for path, records, deleted in zip(group.inputs, group.records, group.deleted):
+            fs, local = filesystem_path(path)
+            rows = pq.read_table(local, filesystem=fs)
+            if rows.num_rows != records:
+                raise NotRewritable(f"{path} has {rows.num_rows} rows, its manifest says {records}")
+            rows = project_by_field_id(rows, schema)
+            if len(deleted):
+                keep = np.ones(records, bool)
+                keep[deleted] = False
+                rows = rows.filter(pa.array(keep))
+            parts.append(rows)
+    except NotRewritable as exc:
+        return None, None, str(exc)
+    out = pa.concat_tables(parts)
+    written = write_data_file(out, data_location, schema, "compact")
+    return written, index_keys(out, key_columns), None
+
+
+def run_rewrite(spark: SparkSession, prepared: PreparedRewrite, spec: TableSpec) -> None:
+    """Write each group's file on the executors, at most half the cluster's task slots at a time (the
+    batches keep the rest); groups whose files cannot be rewritten are dropped with a log line."""
+    from lakestream.storage import active_options
+
+    sc = spark.sparkContext
+    at_once = max(1, sc.defaultParallelism // 2)
+    data_location, schema, key_columns, storage = spec.data_location, spec.arrow_schema(), list(spec.key_columns), \
+        active_options()
+    done: list[RewriteGroup] = []
+    for start in range(0, len(prepared.groups), at_once):
+        chunk = prepared.groups[start:start + at_once]
+        outcomes = sc.parallelize(chunk, len(chunk)).map(
+            lambda g: _rewrite_group(g, data_location, schema, key_columns, storage)).collect()
+        for group, (written, keys, problem) in zip(chunk, outcomes):
+            if problem is not None:
+                log.warning("%s: a compaction group of %d file(s) left as it is: %s", prepared.table,
+                            len(group.inputs), problem)
+                continue
+            group.output, group.keys = written, keys
+            done.append(group)
+    prepared.groups = done

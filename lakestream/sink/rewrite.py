@@ -1,0 +1,145 @@
+"""The commit of a compaction written beside ingestion (`lakestream.maintenance.compaction`), made by the
+pipeline between two batches: the rows deleted in the inputs since the rewrite read them are carried onto
+the new files, and the key index moves with the rows — no diff to read, no conflict to retry.
+
+Row ``p`` of input ``i`` (not deleted at the start snapshot S0) is row ``offset(i) + p - d`` of the output,
+where ``offset(i)`` counts the live rows of the inputs before it and ``d`` the positions deleted in input
+``i`` before ``p`` at S0. The inputs' deletion vectors only grow between S0 and now (a batch adds to a
+file's DV; a delete-file rewrite keeps its positions), so the positions deleted since are their
+difference.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from lakestream.sink.committer import StaleIndex
+from lakestream.sink.index import pack
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from lakestream.maintenance.compaction import PreparedRewrite, RewriteGroup
+    from lakestream.sink.committer import TableWrite
+
+log = logging.getLogger(__name__)
+
+# A commit property marking the snapshot as the pipeline's own compaction.
+COMPACTION_PROPERTY = "lakestream.compaction"
+
+
+@dataclass(frozen=True)
+class RewriteCommit:
+    """What a compaction's commit did."""
+
+    snapshot_id: int | None
+    files_removed: int
+    files_added: int
+    rows_moved: int  # index entries moved to the new files
+    deletes_carried: int  # rows deleted in the inputs since the rewrite read them
+    dropped_groups: int  # groups not committed (an input no longer live, a DV that shrank)
+
+
+def carried_deletes(group: RewriteGroup, now: dict[str, np.ndarray]) -> np.ndarray | None:
+    """Positions in the output of the rows deleted in the inputs since S0 (``now``: each input's
+    positions deleted at the current snapshot); None when an input's deletes are not a superset of S0's."""
+    out = []
+    offset = 0
+    for path, records, d0 in zip(group.inputs, group.records, group.deleted):
+        current = now[path]
+        new = np.setdiff1d(current, d0, assume_unique=True)
+        if len(np.setdiff1d(d0, current, assume_unique=True)):
+            return None  # a row deleted at S0 came back: not a state a rewrite can carry over
+        out.append(offset + new - np.searchsorted(d0, new))
+        offset += records - len(d0)
+    return np.concatenate(out) if out else np.empty(0, np.int64)
+
+
+def _old_locations(group: RewriteGroup, file_ids: list[int]) -> np.ndarray:
+    """The packed location each output row had before the rewrite (input file id, position)."""
+    parts = []
+    for fid, records, d0 in zip(file_ids, group.records, group.deleted):
+        keep = np.ones(records, bool)
+        keep[d0] = False
+        positions = np.flatnonzero(keep).astype(np.int64)
+        parts.append(pack(np.full(len(positions), fid, np.int64), positions))
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+
+def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRewrite) -> RewriteCommit:
+    """Commit ``prepared`` on the table of ``write`` (its index valid at the table's current snapshot);
+    raises `StaleIndex` when the table moved past the index (refresh, then call again)."""
+    from lakestream.sink.files import commit_rewrite as commit_files_rewrite
+    from lakestream.sink.files import deleted_positions
+
+    index = write.index
+    inputs = [p for g in prepared.groups for p in g.inputs]
+    now = deleted_positions(spark, write.catalog, write.name.namespace, write.name.table, inputs)
+    if now["snapshot_id"] != index.snapshot_id:
+        index.valid = False
+        raise StaleIndex(f"{write.ident} is at snapshot {now['snapshot_id']}, its key index at {index.snapshot_id}")
+    missing = set(now["missing"])
+    current = {p: np.asarray(f["positions"], np.int64) for p, f in now["files"].items()}
+    groups, carried, dropped = [], [], 0
+    for g in prepared.groups:
+        deletes = None if missing.intersection(g.inputs) else carried_deletes(g, current)
+        if deletes is None:
+            dropped += 1
+            drop_outputs([g.output["path"]])  # never part of a commit
+            continue
+        groups.append(g)
+        carried.append(deletes)
+    if not groups:
+        return RewriteCommit(None, 0, 0, 0, 0, dropped)
+    request = {
+        "expect_snapshot_id": index.snapshot_id,
+        "groups": [{"inputs": g.inputs, "output": g.output, "deletes": d} for g, d in zip(groups, carried)],
+        "properties": {COMPACTION_PROPERTY: "true"},
+    }
+    result = commit_files_rewrite(spark, write.catalog, write.name.namespace, write.name.table, request)
+    if result.get("stale"):
+        index.valid = False
+        raise StaleIndex(f"{write.ident} is at snapshot {result.get('snapshot_id')}, its key index at "
+                         f"{index.snapshot_id}: another writer committed in between")
+    carried_rows = int(sum(len(d) for d in carried))
+    if result.get("parent_snapshot_id") != index.snapshot_id:
+        # Another writer committed in between (inside Iceberg's retry): the index is exact at its snapshot
+        # and follows both snapshots by their diff.
+        index.valid = False
+        return RewriteCommit(result["snapshot_id"], int(result["removed_data_files"]),
+                             int(result["added_data_files"]), 0, carried_rows, dropped)
+    moves = []
+    for g, deletes in zip(groups, carried):
+        live = np.ones(g.output["record_count"], bool)
+        live[deletes] = False
+        keys = g.keys[live]
+        old = _old_locations(g, [index.file_id(p) for p in g.inputs])[live]
+        # Each live row's key must still name the row the rewrite copied (a key updated since S0 has its old
+        # row deleted, so it is not live here).
+        if not (index.lookup(keys) == old).all():
+            log.warning("%s: rows of the compaction were not where the key index said; reading its diff instead",
+                        write.ident)
+            index.valid = False
+            return RewriteCommit(result["snapshot_id"], int(result["removed_data_files"]),
+                                 int(result["added_data_files"]), 0, carried_rows, dropped)
+        moves.append((keys, g.output["path"], np.flatnonzero(live).astype(np.int64)))
+    moved = 0
+    for keys, path, positions in moves:
+        index.update(keys, pack(np.full(len(keys), index.file_id(path), np.int64), positions))
+        moved += len(keys)
+    index.snapshot_id = result["snapshot_id"]
+    return RewriteCommit(result["snapshot_id"], int(result["removed_data_files"]), int(result["added_data_files"]),
+                         moved, carried_rows, dropped)
+
+
+def drop_outputs(paths: list[str]) -> None:
+    """Delete files a rewrite wrote that no commit will reference (orphan removal would, days later)."""
+    from lakestream.sink.files import delete_quietly
+
+    delete_quietly(paths)
+
+
+__all__ = ["COMPACTION_PROPERTY", "RewriteCommit", "carried_deletes", "commit_rewrite", "drop_outputs"]

@@ -1,0 +1,158 @@
+"""Compaction of an upsert mirror written beside ingestion and committed by the pipeline (issue 21, item 3):
+rows deleted in the inputs after the rewrite read them are carried onto the new file, the key index moves
+with the rows (no diff, no rebuild), and the mirror stays exact through later updates and a restart."""
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from conftest import produce_records
+from lakestream.engine.pipeline import Pipeline
+from lakestream.maintenance.compaction import RewriteGroup, plan_groups
+from lakestream.maintenance.runner import write_compaction
+from lakestream.sink.rewrite import carried_deletes
+
+NS = "pcomp"
+
+
+def test_carried_deletes_map_input_rows_onto_the_output():
+    import numpy as np
+
+    group = RewriteGroup(inputs=["a", "b"], records=[5, 4],
+                         deleted=[np.array([1, 3], np.int64), np.array([0], np.int64)])
+    # Output rows: a0 a2 a4 | b1 b2 b3 → positions 0..5.
+    now = {"a": np.array([1, 3, 4], np.int64), "b": np.array([0, 2], np.int64)}
+    assert carried_deletes(group, now).tolist() == [2, 4]
+    # A row deleted at the start that is live again: not something a rewrite can carry.
+    assert carried_deletes(group, {"a": np.array([1], np.int64), "b": np.array([0], np.int64)}) is None
+
+
+def test_plan_groups_packs_small_files_per_partition():
+    files = [{"path": f"p{i}", "size": 10, "records": 1, "key": (0, (("b", str(i % 2)),))} for i in range(6)]
+    files.append({"path": "big", "size": 90, "records": 1, "key": (0, (("b", "0"),))})
+    files.append({"path": "alone", "size": 5, "records": 1, "key": (0, (("b", "9"),))})
+    groups = plan_groups(files, target_bytes=25)
+    assert sorted(sorted(f["path"] for f in g) for g in groups) == [["p0", "p2"], ["p1", "p3"]]
+
+
+@pytest.fixture
+def mirror(stack, spark, pipeline_config_factory):
+    suffix = uuid.uuid4().hex[:6]
+    topic, name = f"pc{suffix}.public.items", f"{NS}.items_{suffix}"
+    config = pipeline_config_factory(
+        [{"topics": [topic], "namespace": NS, "table": f"items_{suffix}"}], name=f"pc{suffix}",
+        maintenance={"mode": "inline", "interval_s": 3600, "policies": [{
+            "tables": ".*", "compaction": {"max_files_per_partition": 2, "quiet_time_s": 600,
+                                           "target_file_size_bytes": 64 * 1024 * 1024}}]})
+    model: dict[int, int] = {}
+
+    def send(changes: list[tuple[int, int | None]]) -> None:
+        records = []
+        for key, version in changes:
+            if version is None:
+                records.append((json.dumps({"id": key}), json.dumps({"before": {"id": key}, "after": None,
+                                                                     "op": "d"})))
+                model.pop(key, None)
+            else:
+                records.append((json.dumps({"id": key}), json.dumps(
+                    {"before": None, "after": {"id": key, "v": version}, "op": "u" if key in model else "c"})))
+                model[key] = version
+        produce_records(stack.bootstrap_servers, topic, records)
+
+    return config, name, send, model
+
+
+def _rows(spark, name):
+    rows = spark.sql(f"SELECT id, v FROM lake.{name}").collect()
+    assert len(rows) == len({r["id"] for r in rows}), "a key has two rows"
+    return {r["id"]: r["v"] for r in rows}
+
+
+def test_compaction_written_beside_batches_is_committed_with_their_deletes(spark, mirror, monkeypatch):
+    from lakestream.sink import index_store
+
+    config, name, send, model = mirror
+    pipeline = Pipeline(config, spark)
+    send([(k, 0) for k in range(200)])
+    pipeline.run_batch()
+    for version in (1, 2, 3):  # each batch: a file, and deletes in the files before it
+        send([(k, version) for k in range(version * 10, 200, 7)] + [(version, None)])
+        pipeline.run_batch()
+    files_before = spark.sql(f"SELECT count(*) FROM lake.{name}.data_files").collect()[0][0]
+    assert files_before >= 4
+
+    spec = pipeline.compacted_here()[name]
+    policy = config.maintenance.policy_for(name)
+    from lakestream.maintenance.runner import plan_table
+
+    plan = plan_table(spark, config, name)
+    assert plan.hot_skipped and not plan.compact  # hot: Iceberg's procedure would leave it alone
+    prepared = write_compaction(spark, config.catalog.name, name, plan.hot_skipped, policy, spec)
+    assert prepared is not None and sum(len(g.inputs) for g in prepared.groups) == files_before
+
+    # Batches commit while the rewrite waits: updates and deletes of rows the rewrite copied.
+    copied = set(model)
+    changed = set(range(0, 200, 3)) | {5, 50, 150}
+    send([(k, 10) for k in range(0, 200, 3)] + [(k, None) for k in (5, 50, 150)])
+    pipeline.run_batch()
+    diffs: list[object] = []
+    monkeypatch.setattr(index_store, "refresh_by_diff", lambda *a: diffs.append(a) or {})
+    [result] = pipeline.commit_rewrites([prepared])
+    assert result.status == "ok", result.describe()
+    # Every copied row updated or deleted since the rewrite read it is deleted in the new file; the rest move.
+    assert result.detail["deletes_carried"] == len(copied & changed)
+    assert result.detail["rows_moved"] == len(copied - changed)
+    snapshots = spark.sql(f"SELECT operation, summary FROM lake.{name}.snapshots ORDER BY committed_at").collect()
+    assert snapshots[-1]["operation"] == "replace"
+    assert _rows(spark, name) == model
+    live_files = spark.sql(f"SELECT file_path FROM lake.{name}.data_files").collect()
+    assert len(live_files) == 2  # the new file, and the batch's own (written after the rewrite started)
+
+    # The index moved with the rows: later changes of moved keys delete their rows in the new file.
+    send([(k, 20) for k in range(1, 200, 5)] + [(k, None) for k in (7, 8)])
+    pipeline.run_batch()
+    assert diffs == []  # no diff read, no rebuild: the index was exact after the compaction's commit
+    assert _rows(spark, name) == model
+
+    # A restart without a clean close (a SIGKILL) resumes from the durable index, the compaction included.
+    monkeypatch.undo()
+    again = Pipeline(config, spark)
+    try:
+        send([(k, 30) for k in range(2, 200, 4)] + [(11, None)])
+        again.run_batch()
+    finally:
+        again.close()
+    assert _rows(spark, name) == model
+
+
+def test_a_group_whose_input_was_removed_is_dropped_and_its_file_deleted(spark, mirror):
+    import os
+    from urllib.parse import urlparse
+
+    config, name, send, model = mirror
+    pipeline = Pipeline(config, spark)
+    try:
+        for version in range(3):
+            send([(k, version) for k in range(version, 30)])
+            pipeline.run_batch()
+        spec = pipeline.compacted_here()[name]
+        from lakestream.maintenance.runner import plan_table
+
+        plan = plan_table(spark, config, name)
+        prepared = write_compaction(spark, config.catalog.name, name, plan.hot_skipped,
+                                    config.maintenance.policy_for(name), spec)
+        assert prepared is not None
+        output = urlparse(prepared.outputs()[0]).path
+        assert os.path.exists(output)
+        # Another writer rewrites the table's files first (Iceberg's own procedure, no stream running).
+        spark.sql(f"CALL lake.system.rewrite_data_files(table => '{name}', options => map('min-input-files', '2'))")
+        [result] = pipeline.commit_rewrites([prepared])
+        assert result.status == "conflict" and result.detail["groups_dropped"] == 1, result.describe()
+        assert not os.path.exists(output)
+        send([(k, 9) for k in range(0, 30, 2)])
+        pipeline.run_batch()
+    finally:
+        pipeline.close()
+    assert _rows(spark, name) == model
