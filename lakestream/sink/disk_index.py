@@ -71,10 +71,57 @@ def write_npy(fs: Any, path: str, array: np.ndarray) -> None:
         fh.write(buf.getvalue())
 
 
+def merge_generation(fs: Any, gen_dir: str, runs: dict[int, _Run | tuple[str, str]], old_bits: int,
+                     ov_keys: np.ndarray, ov_locs: np.ndarray) -> dict[str, Any]:
+    """Merge base buckets ``runs`` (mapped, or their keys and locations files) and an overlay into a new
+    generation in ``gen_dir``, one bucket in memory at a time; returns ``{bits, rows, buckets}``."""
+    runs = {b: r if isinstance(r, _Run) else _Run(*r) for b, r in runs.items()}
+    base_rows = sum(len(r.keys) for r in runs.values())
+    bits = max(old_bits, bucket_bits(base_rows + len(ov_keys)))
+    ensure_dir(fs, gen_dir)
+    ov_buckets = bucket_of(ov_keys, bits)
+    # Old buckets map to new ones by the top bits (bits only grow): new bucket n reads old n >> (bits - old).
+    shift = bits - old_bits
+    written, total = [], 0
+    for b in range(1 << bits):
+        parts_k, parts_l = [], []
+        old = runs.get(b >> shift)
+        if old is not None:
+            if shift:
+                sel = bucket_of(np.asarray(old.keys), bits) == b
+                parts_k.append(np.asarray(old.keys)[sel])
+                parts_l.append(np.asarray(old.locs)[sel])
+            else:
+                parts_k.append(np.asarray(old.keys))
+                parts_l.append(np.asarray(old.locs))
+        sel = ov_buckets == b
+        ok, ol = ov_keys[sel], ov_locs[sel]
+        if parts_k:
+            k0, l0 = parts_k[0], parts_l[0]
+            shadowed, _ = find_sorted(ok, k0)
+            keys = np.concatenate([k0[~shadowed], ok])
+            locs = np.concatenate([l0[~shadowed], ol])
+        else:
+            keys, locs = ok, ol
+        live = locs != MISSING
+        keys, locs = keys[live], locs[live]
+        if old is not None:
+            old.release()
+        if len(keys) == 0:
+            continue
+        order = np.argsort(keys, kind="stable")
+        write_npy(fs, f"{gen_dir}/bucket-{b:05d}.keys.npy", keys[order])
+        write_npy(fs, f"{gen_dir}/bucket-{b:05d}.locs.npy", locs[order])
+        written.append(b)
+        total += len(keys)
+    return {"bits": bits, "rows": total, "buckets": written}
+
+
 class _Run:
     """One bucket's sorted keys and locations, memory-mapped from local ``.npy`` files."""
 
     def __init__(self, keys_path: str, locs_path: str):
+        self.keys_path, self.locs_path = keys_path, locs_path
         self.maps: list[mmap.mmap] = []
         self.keys = self._map(keys_path)
         self.locs = self._map(locs_path)
@@ -126,6 +173,8 @@ class DiskKeyIndex:
         self.build_root: str | None = None  # where `rebuild` writes a generation (set by the registry)
         self.build_seq = 0
         self.generation: str | None = None  # the name of the mapped generation under the store
+        self.resets = 0  # how many times it was emptied (a TRUNCATE, a rebuild)
+        self.touched: list[np.ndarray] | None = None  # keys updated since a merge beside the batches began
 
     # -- identity (as `KeyIndex`) ------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
@@ -195,6 +244,8 @@ class DiskKeyIndex:
         probe = np.asarray(probe, self.dtype)
         locations = np.asarray(locations, np.int64)
         self.journal.append((probe.copy(), locations.copy()))
+        if self.touched is not None:
+            self.touched.append(self.journal[-1][0])
         found, idx = find_sorted(self.ov_keys, probe)
         self.ov_locs[idx[found]] = locations[found]
         if (~found).any():
@@ -230,6 +281,8 @@ class DiskKeyIndex:
         self.runs, self.bits, self.base_rows, self.base_dir, self.generation = {}, 0, 0, None, None
         self.ov_keys, self.ov_locs = np.empty(0, self.dtype), np.empty(0, np.int64)
         self.journal, self.rebased = [], True
+        self.resets += 1
+        self.touched = None
 
     def journal_entries(self) -> tuple[np.ndarray, np.ndarray]:
         if not self.journal:
@@ -261,45 +314,30 @@ class DiskKeyIndex:
     def write_generation(self, fs: Any, gen_dir: str) -> dict[str, Any]:
         """Merge the base and the overlay into a new generation in ``gen_dir`` (one bucket in memory at a
         time); returns its meta (not yet including the snapshot)."""
-        rows = self.base_rows + max(0, len(self.ov_keys))
-        bits = max(self.bits, bucket_bits(rows))
-        ensure_dir(fs, gen_dir)
-        ov_buckets = bucket_of(self.ov_keys, bits)
-        # Old buckets map to new ones by the top bits (bits only grow): new bucket n reads old n >> (bits - old).
-        shift = bits - self.bits
-        written, total = [], 0
-        for b in range(1 << bits):
-            parts_k, parts_l = [], []
-            old = self.runs.get(b >> shift)
-            if old is not None:
-                if shift:
-                    sel = bucket_of(np.asarray(old.keys), bits) == b
-                    parts_k.append(np.asarray(old.keys)[sel])
-                    parts_l.append(np.asarray(old.locs)[sel])
-                else:
-                    parts_k.append(np.asarray(old.keys))
-                    parts_l.append(np.asarray(old.locs))
-            sel = ov_buckets == b
-            ok, ol = self.ov_keys[sel], self.ov_locs[sel]
-            if parts_k:
-                k0, l0 = parts_k[0], parts_l[0]
-                shadowed, _ = find_sorted(ok, k0)
-                keys = np.concatenate([k0[~shadowed], ok])
-                locs = np.concatenate([l0[~shadowed], ol])
-            else:
-                keys, locs = ok, ol
-            live = locs != MISSING
-            keys, locs = keys[live], locs[live]
-            if old is not None:
-                old.release()
-            if len(keys) == 0:
-                continue
-            order = np.argsort(keys, kind="stable")
-            write_npy(fs, f"{gen_dir}/bucket-{b:05d}.keys.npy", keys[order])
-            write_npy(fs, f"{gen_dir}/bucket-{b:05d}.locs.npy", locs[order])
-            written.append(b)
-            total += len(keys)
-        return {"bits": bits, "rows": total, "buckets": written, "paths": list(self.paths), **self.identity()}
+        meta = merge_generation(fs, gen_dir, self.runs, self.bits, self.ov_keys, self.ov_locs)
+        return {**meta, "paths": list(self.paths), **self.identity()}
+
+    def freeze(self) -> dict[str, Any]:
+        """What a merge beside the batches needs, as it is now: the base's bucket files and a copy of the
+        overlay; from here on the keys updated are tracked, to stay in the overlay after `swap_base`."""
+        self.touched = []
+        return {"runs": {b: (r.keys_path, r.locs_path) for b, r in self.runs.items()}, "bits": self.bits,
+                "ov_keys": self.ov_keys.copy(), "ov_locs": self.ov_locs.copy(), "snapshot_id": self.snapshot_id,
+                "paths": list(self.paths), "resets": self.resets, "identity": self.identity()}
+
+    def swap_base(self, local_dir: str, meta: dict[str, Any], generation: str) -> None:
+        """Switch to a generation merged beside the batches from `freeze`'s state: the overlay keeps only
+        the keys updated since."""
+        touched = np.unique(np.concatenate(self.touched)) if self.touched else np.empty(0, self.dtype)
+        self.touched = None
+        found, idx = find_sorted(self.ov_keys, touched)
+        keep = np.sort(idx[found])
+        ov_keys, ov_locs = self.ov_keys[keep], self.ov_locs[keep]
+        paths, ids = self.paths, self._path_ids
+        self.open_base(local_dir, meta)
+        self.paths, self._path_ids = paths, ids
+        self.ov_keys, self.ov_locs = ov_keys, ov_locs
+        self.generation = generation
 
     def adopt(self, local_dir: str, meta: dict[str, Any]) -> None:
         """Switch to a generation just written from this index's own state: the overlay is in it now."""

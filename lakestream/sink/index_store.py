@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,19 @@ def store_location(table_location: str) -> str:
     return table_location.rstrip("/") + "/_lakestream/index"
 
 
+class _Merge:
+    """A generation being merged on a thread from an index's frozen state (`IndexStore.start_merge`)."""
+
+    def __init__(self, seq: int, generation: str, index: DiskKeyIndex, frozen: dict[str, Any], deltas_before: int):
+        self.seq, self.generation, self.index, self.frozen = seq, generation, index, frozen
+        self.deltas_before = deltas_before  # deltas the new base covers
+        self.done = threading.Event()
+        self.meta: dict[str, Any] | None = None
+        self.local_dir: str | None = None
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+
+
 class IndexStore:
     """The durable files of one table's key index (see the module doc)."""
 
@@ -62,6 +76,7 @@ class IndexStore:
         self.deltas = 0
         self.paths_written = 0  # data file paths the files so far name (a delta adds the rest)
         self.written_bytes = 0
+        self.merge: _Merge | None = None  # a new generation being written beside the batches
 
     # -- listing and reading ---------------------------------------------------------------------
     def _files(self) -> list[tuple[str, int, str]]:
@@ -149,15 +164,24 @@ class IndexStore:
 
     # -- writing ---------------------------------------------------------------------------------
     def persist(self, index: DiskKeyIndex) -> None:
-        """Make ``index`` (valid at its snapshot) durable: a delta of its journal, or a new base."""
+        """Make ``index`` (valid at its snapshot) durable: a delta of its journal (a new base after a build or
+        a reset). When the overlay is due for a merge, or after `MAX_DELTAS` deltas, a new generation is
+        merged on a thread beside the batches (`start_merge`) and adopted by a later call."""
         if index.snapshot_id is None or not index.valid:
             return
+        self.finish_merge(index)
         if (not index.rebased and not index.journal and index.journal_parent == index.snapshot_id
                 and self.base_seq is not None and self.paths_written == len(index.paths)):
             return  # already durable as it is
-        if index.rebased or self.base_seq is None or self.deltas >= MAX_DELTAS or index.wants_merge():
+        if index.rebased or self.base_seq is None:
             self.write_base(index)
             return
+        self.write_delta(index)
+        if self.merge is None and (self.deltas >= MAX_DELTAS or index.wants_merge()):
+            self.start_merge(index)
+
+    def write_delta(self, index: DiskKeyIndex) -> None:
+        """One delta: the keys the commits since the last file moved or deleted, and the paths they added."""
         keys, locs = index.journal_entries()
         seq = (self.seq or 0) + 1
         meta = {"snapshot_id": index.snapshot_id, "parent_snapshot_id": index.journal_parent,
@@ -195,6 +219,64 @@ class IndexStore:
         self._collect(seq, generation)
         log.info("key index base %d of %s: %d keys in %d bucket(s), %.2fs", seq, self.location, meta["rows"],
                  len(meta["buckets"]), time.monotonic() - started)
+
+    # -- merging beside the batches ------------------------------------------------------------
+    def start_merge(self, index: DiskKeyIndex) -> None:
+        """Merge the base and the overlay as they are now into a new generation on a thread. Its base file
+        takes the next sequence number now, so the deltas written meanwhile load on top of it; until it is
+        adopted, a restart loads the old base and every delta."""
+        seq = (self.seq or 0) + 1
+        self.seq = seq
+        merge = _Merge(seq, f"gen-{seq:012d}", index, index.freeze(), self.deltas)
+        self.merge = merge
+
+        def work() -> None:
+            from lakestream.sink import disk_index
+
+            started = time.monotonic()
+            try:
+                frozen = merge.frozen
+                gen_dir = f"{self.root}/{merge.generation}"
+                meta = disk_index.merge_generation(self.fs, gen_dir, frozen["runs"], frozen["bits"],
+                                                   frozen["ov_keys"], frozen["ov_locs"])
+                merge.local_dir = local_generation(self.fs, gen_dir, merge.generation, meta["buckets"])
+                merge.meta = {**meta, **frozen["identity"], "snapshot_id": frozen["snapshot_id"],
+                              "paths": frozen["paths"], "generation": merge.generation}
+            except Exception as exc:  # noqa: BLE001 — reported when adopted; the deltas stay the durable record
+                merge.error = exc
+            merge.seconds = time.monotonic() - started
+            merge.done.set()
+
+        threading.Thread(target=work, name="key-index-merge", daemon=True).start()
+
+    def finish_merge(self, index: DiskKeyIndex, wait: bool = False) -> None:
+        """Adopt a merge that finished (with ``wait``: once it has): write its base, switch the index to its
+        generation (the overlay keeps the keys updated since it began), delete what it made unnecessary."""
+        merge = self.merge
+        if merge is None:
+            return
+        if wait:
+            merge.done.wait()
+        if not merge.done.is_set():
+            return
+        self.merge = None
+        if merge.error is not None or merge.index is not index or merge.frozen["resets"] != index.resets:
+            if merge.error is not None:
+                log.warning("key index merge of %s failed (%s); the deltas stay its durable record", self.location,
+                            merge.error)
+            index.touched = None
+            try:
+                self.fs.delete_dir(f"{self.root}/{merge.generation}")
+            except OSError:
+                pass
+            return
+        self._put(f"{self.root}/base-{merge.seq:012d}.json", orjson.dumps(merge.meta))
+        index.swap_base(merge.local_dir, merge.meta, merge.generation)
+        self.base_seq = merge.seq
+        self.deltas -= merge.deltas_before
+        self._collect(merge.seq, merge.generation)
+        log.info("key index base %d of %s: %d keys in %d bucket(s), merged beside the batches in %.2fs", merge.seq,
+                 self.location, merge.meta["rows"], len(merge.meta["buckets"]), merge.seconds)
 
     def _collect(self, seq: int, generation: str) -> None:
         """Delete what the base ``seq`` made unnecessary: older bases and deltas, other generations."""

@@ -62,9 +62,73 @@ def test_bucketed_index_matches_a_dict_through_merges_and_reloads(tmp_path, monk
             reloaded = IndexStore(str(tmp_path / "store")).load(DiskKeyIndex(False, ["id"], "u"))
             assert reloaded is not None and reloaded.snapshot_id == snapshot
             _check(reloaded, model, universe)
+    store.finish_merge(index, wait=True)
     assert index.bits > 1 and len(index.runs) > 2  # the base really is bucketed
     assert store.base_seq is not None and store.base_seq > 1  # merges happened
     _check(index, model, universe)
+
+
+def test_a_merge_beside_the_batches_never_holds_a_commit_and_loses_nothing(tmp_path, monkeypatch):
+    """The overlay's merge into a new generation runs on a thread: commits go on writing deltas meanwhile, a
+    restart in the middle loads the old base and every delta, and the index adopts the new generation later
+    with only the keys updated since in its overlay."""
+    import threading
+
+    from lakestream.sink import index_store
+
+    release = threading.Event()
+    real_merge = disk_index.merge_generation
+
+    def held_merge(*args):
+        if threading.current_thread() is not threading.main_thread():  # the first base is written in line
+            assert release.wait(30)
+        return real_merge(*args)
+
+    monkeypatch.setattr(disk_index, "merge_generation", held_merge)
+    monkeypatch.setattr(index_store, "MAX_DELTAS", 4)
+    index = DiskKeyIndex(False, ["id"], "u")
+    index.snapshot_id, index.valid = 1, True
+    store = IndexStore(str(tmp_path / "store"))
+    model: dict[int, tuple[str, int]] = {}
+    rng = random.Random(3)
+    touched: set[int] = set()
+
+    def commit(n: int) -> None:
+        path = f"file-{n}"
+        keys = sorted(rng.sample(range(300), 40))
+        touched.update(keys)
+        locs = []
+        for i, k in enumerate(keys):
+            if rng.random() < 0.2:
+                locs.append(MISSING)
+                model.pop(k, None)
+            else:
+                locs.append(pack(np.array([index.file_id(path)]), np.array([i]))[0])
+                model[k] = (path, i)
+        index.update(np.array(keys, np.int64), np.array(locs, np.int64))
+        index.snapshot_id = n + 1
+        store.persist(index)
+
+    for n in range(1, 6):
+        commit(n)  # the first writes a base; the fifth starts a merge (4 deltas)
+    assert store.merge is not None and not store.merge.done.is_set()
+    first_generation = index.generation
+    touched.clear()
+    for n in range(6, 12):
+        commit(n)  # the merge is held: these commits write deltas and return
+    assert index.generation == first_generation
+    during = IndexStore(str(tmp_path / "store")).load(DiskKeyIndex(False, ["id"], "u"))
+    assert during is not None and during.snapshot_id == 12
+    _check(during, model, 300)
+    release.set()
+    store.finish_merge(index, wait=True)
+    assert index.generation != first_generation and store.base_seq is not None
+    assert set(index.ov_keys.tolist()) == touched  # only the keys updated since the merge began stay
+    _check(index, model, 300)
+    commit(12)
+    after = IndexStore(str(tmp_path / "store")).load(DiskKeyIndex(False, ["id"], "u"))
+    assert after is not None and after.snapshot_id == 13 and after.generation == index.generation
+    _check(after, model, 300)
 
 
 def test_hashed_keys_bucket_the_same_everywhere(tmp_path):
