@@ -219,7 +219,9 @@ class Committer:
             result.seconds = time.monotonic() - started
             log.warning("compaction of %s not committed: %s", name, result.error)
             return result
+        persist_started = time.monotonic()
         self.registry.persist_index(name)
+        done.timings_s["persist_index"] = round(time.monotonic() - persist_started, 3)
         result.seconds = time.monotonic() - started  # the commit's own time; the rewrite's is in detail
         result.files_after = done.files_added
         result.bytes_after = sum(g.output["file_size"] for g in prepared.groups if g.output is not None) \
@@ -227,7 +229,7 @@ class Committer:
         result.files_before = done.files_removed
         result.detail.update({"snapshot_id": done.snapshot_id, "rows_moved": done.rows_moved,
                               "deletes_carried": done.deletes_carried, "groups_dropped": done.dropped_groups,
-                              "waited_s": round(started - prepared.started, 3)})
+                              "waited_s": round(started - prepared.started, 3), "timings_s": done.timings_s})
         if done.snapshot_id is None:
             result.status = "conflict"
             result.error = "every group's inputs changed under the rewrite"

@@ -832,6 +832,14 @@ public final class LakestreamSink {
     FileState st = state(key, t);
     clock.lap("file_state");
     MetricsConfig metricsConfig = MetricsConfig.forTable(t);
+    List<JsonNode> groups = new ArrayList<>();
+    req.path("groups").forEach(groups::add);
+    Metrics[] footers = new Metrics[groups.size()];
+    Tasks.range(footers.length).stopOnFailure().throwFailureWhenFinished()
+        .executeWith(footers.length > 1 ? ThreadPools.getWorkerPool() : null)
+        .run(i -> footers[i] = ParquetUtil.fileMetrics(
+            t.io().newInputFile(groups.get(i).get("output").get("path").asText()), metricsConfig));
+    clock.lap("output_footers");
     RewriteFiles rw = t.newRewrite();
     rw.validateFromSnapshot(current);
     Map<String, DataFile> outputs = new LinkedHashMap<>();
@@ -841,7 +849,8 @@ public final class LakestreamSink {
         .format(FileFormat.PUFFIN).build();
     BaseDVFileWriter writer = new BaseDVFileWriter(files, p -> null);
     try {
-      for (JsonNode g : req.path("groups")) {
+      for (int gi = 0; gi < groups.size(); gi++) {
+        JsonNode g = groups.get(gi);
         DataFile first = null;
         for (JsonNode in : g.path("inputs")) {
           String path = in.asText();
@@ -870,7 +879,7 @@ public final class LakestreamSink {
         JsonNode o = g.get("output");
         String path = o.get("path").asText();
         PartitionSpec spec = t.specs().get(first.specId());
-        Metrics metrics = ParquetUtil.fileMetrics(t.io().newInputFile(path), metricsConfig);
+        Metrics metrics = footers[gi];
         if (o.get("record_count").asLong() != metrics.recordCount()) {
           throw new IllegalArgumentException("data file " + path + ": record_count " + o.get("record_count").asLong()
               + " but its footer says " + metrics.recordCount());
