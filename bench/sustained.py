@@ -322,6 +322,7 @@ class PipelineProcess:
 
     def __init__(self, config_path: Path, log_path: Path):
         self.config_path, self.log_path = config_path, log_path
+        self.log_start = log_path.stat().st_size if log_path.exists() else 0  # this run's part of a kept log
         self.proc: subprocess.Popen | None = None
         self.peak_rss = 0
 
@@ -739,29 +740,37 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
         "changes": load.changes, "changes_by_op": dict(load.counts),
         "offered_changes_per_s": round(load.changes / load.seconds) if load.seconds else None,
         "kill_at_s": round(kill_at, 1), "clean_stop": clean_stop,
-        **figures, "compaction_log": compaction_log(pipeline.log_path),
+        **figures, "compaction_log": compaction_log(pipeline.log_path, pipeline.log_start),
         "verify": verify, "pipeline_peak_rss_mb": round(pipeline.peak_rss / 2**20),
     })
 
 
-def compaction_log(log_path: Path) -> dict[str, Any]:
-    """Compactions planned and rewrite groups whose commit failed, from the pipeline's own log: rounds cut short by
-    the SIGKILL or the final stop never reach the maintenance log, and with partial progress on Iceberg only logs a
-    failed group commit (the maintenance log then says "ok" with nothing rewritten)."""
-    planned = failed = 0
+def compaction_log(log_path: Path, start: int = 0) -> dict[str, Any]:
+    """Compactions planned and rewrite groups whose commit failed, from this run's part of the pipeline's own log:
+    rounds cut short by the SIGKILL or the final stop never reach the maintenance log, and with partial progress on
+    Iceberg only logs a failed group commit (the maintenance log then says "ok" with nothing rewritten). A mirror's
+    compaction written beside the batches is committed by the pipeline (``lakestream.engine.commits``)."""
+    planned = failed = by_pipeline = written = 0
     first = None
     try:
-        lines = log_path.read_text(errors="replace").splitlines()
+        with open(log_path, "rb") as fh:
+            fh.seek(start)
+            lines = fh.read().decode(errors="replace").splitlines()
     except OSError:
-        return {"planned": 0, "commits_failed": 0, "first_cause": None}
+        return {"planned": 0, "commits_failed": 0, "committed_by_pipeline": 0, "first_cause": None}
     for i, line in enumerate(lines):
-        if "lakestream.maintenance.runner" in line and ": compact " in line:
+        if "lakestream.maintenance.runner" in line and ": compaction of " in line:
+            written += 1  # written beside the batches, for the pipeline to commit
+        elif "lakestream.maintenance.runner" in line and ": compact " in line:
             planned += 1
+        elif "lakestream.engine.commits" in line and ": compact " in line and ": ok," in line:
+            by_pipeline += 1
         elif "Cannot commit groups" in line:
             failed += 1
             if first is None:
                 first = next((x.strip()[:300] for x in lines[i + 1:i + 40] if "Exception" in x), None)
-    return {"planned": planned, "commits_failed": failed, "first_cause": first}
+    return {"planned": planned, "commits_failed": failed, "written_beside_batches": written,
+            "committed_by_pipeline": by_pipeline, "first_cause": first}
 
 
 def targets(s: dict[str, Any]) -> dict[str, bool | None]:
@@ -793,7 +802,9 @@ def print_table(s: dict[str, Any]) -> None:
     say(f"  mirror at the end                       {'exact' if v['exact'] else 'NOT EXACT'}: {v['got']['count']:,} "
         f"rows (want {v['want']['count']:,}), {v['duplicate_keys']} duplicate keys{verdict(t['mirror_exact'])}")
     say(f"  pipeline peak RSS (process group)       {s['pipeline_peak_rss_mb']:,} MB; compactions committed "
-        f"{s['compactions_committed']} of {s['compaction_log']['planned']} planned")
+        f"{s['compactions_committed']} of {s['compaction_log']['planned'] + s['compaction_log']['written_beside_batches']}"
+        f" planned ({s['compaction_log']['committed_by_pipeline']} written beside the batches and committed by the "
+        "pipeline)")
     if not s["compactions_committed"]:
         failed = s["compaction_log"]
         target = s["maintenance_config"]["policies"][0]["compaction"]["target_file_size_bytes"]
