@@ -795,7 +795,10 @@ class MaintenancePolicy(_Model):
     max_snapshots: int | None = Field(default=500, ge=1)
     orphan_min_age_s: float = Field(default=3 * 86400, ge=0)
     orphan_dry_run: bool = False
-    max_manifests: int = Field(default=100, ge=2)
+    # Iceberg merges a table's manifests itself at a commit once 100 of them are live
+    # (commit.manifest.min-count-to-merge): a streaming table sits just above 100, and a rewrite there races
+    # every commit. The rewrite is for tables written without those merges.
+    max_manifests: int = Field(default=200, ge=2)
     # Earlier metadata JSON files a table keeps (write.metadata.previous-versions-max, where the table
     # does not set it); maintenance also deletes those written before it expired snapshots.
     metadata_previous_versions: int = Field(default=50, ge=1)

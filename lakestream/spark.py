@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 # WARN and above to stderr. Without a config file log4j2 falls back to its default console appender
 # on *stdout*, and a bare ``-Dlog4j2.level`` is enough to stop Spark installing its own defaults.
 LOG4J2_CONFIG = Path(__file__).parent / "log4j2.properties"
+# The FAIR scheduler's pools: the batches first, inline maintenance with what is left.
+FAIR_POOLS = Path(__file__).parent / "fairscheduler.xml"
 
 
 def catalog_conf(catalog: CatalogSettings) -> dict[str, str]:
@@ -90,8 +92,9 @@ def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) 
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.sql.adaptive.enabled", "true")
         # Inline maintenance runs its jobs in a pool of their own: a batch's tasks then take the next free
-        # slot instead of queueing behind every task of a maintenance job (FIFO).
+        # slot first instead of queueing behind every task of a maintenance job (FIFO).
         .config("spark.scheduler.mode", "FAIR")
+        .config("spark.scheduler.allocation.file", str(FAIR_POOLS))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")

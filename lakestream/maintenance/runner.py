@@ -11,6 +11,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from lakestream.config import PipelineConfig
@@ -77,12 +78,12 @@ def maintain_table(
     remove_orphans: bool = True,
     now_ms: int | None = None,
     rewrite_spec: TableSpec | None = None,
-    prepared: list[PreparedRewrite] | None = None,
+    hand_over: Callable[[PreparedRewrite], None] | None = None,
 ) -> list[MaintenanceResult]:
     """Plan and run one round of maintenance on one table.
 
     With ``rewrite_spec`` (an upsert mirror of the pipeline running this round) compaction is written here
-    and appended to ``prepared`` for the pipeline to commit between its batches
+    and given to ``hand_over`` as soon as it is, for the pipeline to commit between its batches
     (`lakestream.maintenance.compaction`), hot partitions included."""
     catalog = config.catalog.name
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
@@ -93,11 +94,11 @@ def maintain_table(
         log.info("%s: %s", name, reason)
     jtable = load_java_table(spark, catalog, name)
     results: list[MaintenanceResult] = []
-    if rewrite_spec is not None and prepared is not None and not dry_run:
+    if rewrite_spec is not None and hand_over is not None and not dry_run:
         if plan.compact or plan.hot_skipped:
             written = write_compaction(spark, catalog, name, plan.compact + plan.hot_skipped, policy, rewrite_spec)
             if written is not None:
-                prepared.append(written)
+                hand_over(written)  # committed by the pipeline while the round goes on
                 results.append(dataclasses.replace(written.result, status="written", detail=dict(written.result.detail)))
     elif plan.compact:
         results.append(
@@ -172,6 +173,11 @@ class MaintenanceScheduler:
                 self.last_orphan_scan_s[table] = max(self.last_orphan_scan_s.get(table, 0.0),
                                                      line["finished_ms"] / 1000)
 
+    def hand_over(self, prepared: PreparedRewrite) -> None:
+        """A compaction written, for the pipeline to commit (`take_prepared`)."""
+        with self.lock:
+            self.prepared.append(prepared)
+
     def take_prepared(self) -> list[PreparedRewrite]:
         """The compactions written since the last call, for the pipeline to commit."""
         with self.lock:
@@ -194,12 +200,9 @@ class MaintenanceScheduler:
             last_scan = self.last_orphan_scan_s.get(name)
             orphans = last_scan is None or now_s - last_scan >= self.config.maintenance.orphan_interval_s
             try:
-                prepared: list[PreparedRewrite] = []
                 spec = (rewrite_specs or {}).get(name)
                 results.extend(maintain_table(spark, self.config, name, dry_run=dry_run, remove_orphans=orphans,
-                                              now_ms=int(now_s * 1000), rewrite_spec=spec, prepared=prepared))
-                with self.lock:
-                    self.prepared.extend(prepared)
+                                              now_ms=int(now_s * 1000), rewrite_spec=spec, hand_over=self.hand_over))
                 if orphans:
                     self.last_orphan_scan_s[name] = now_s
             except Exception as exc:  # one broken table (dropped mid-round, corrupt metadata) must not stop the rest

@@ -129,7 +129,7 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         index.valid = False
         return RewriteCommit(result["snapshot_id"], int(result["removed_data_files"]),
                              int(result["added_data_files"]), 0, carried_rows, dropped, timings)
-    moves = []
+    moves, samples, expected = [], [], []
     for g, deletes in zip(groups, carried):
         live = np.ones(g.output["record_count"], bool)
         live[deletes] = False
@@ -139,14 +139,15 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         # that the rewrite read what the index describes.
         sample = np.linspace(0, len(keys) - 1, min(len(keys), CHECK_SAMPLE)).astype(np.int64) if len(keys) else \
             np.empty(0, np.int64)
-        old = _old_locations(g, [index.file_id(p) for p in g.inputs])[live]
-        if not (index.lookup(keys[sample]) == old[sample]).all():
-            log.warning("%s: rows of the compaction were not where the key index said; reading its diff instead",
-                        write.ident)
-            index.valid = False
-            return RewriteCommit(result["snapshot_id"], int(result["removed_data_files"]),
-                                 int(result["added_data_files"]), 0, carried_rows, dropped, timings)
+        samples.append(keys[sample])
+        expected.append(_old_locations(g, [index.file_id(p) for p in g.inputs])[live][sample])
         moves.append((keys, g.output["path"], np.flatnonzero(live).astype(np.int64)))
+    if samples and not (index.lookup(np.concatenate(samples)) == np.concatenate(expected)).all():
+        log.warning("%s: rows of the compaction were not where the key index said; reading its diff instead",
+                    write.ident)
+        index.valid = False
+        return RewriteCommit(result["snapshot_id"], int(result["removed_data_files"]),
+                             int(result["added_data_files"]), 0, carried_rows, dropped, timings)
     lap("check_index")
     if moves:
         keys = np.concatenate([m[0] for m in moves])

@@ -49,7 +49,7 @@ def test_snapshot_count_cap_expires_young_snapshots_but_not_the_offsets_one():
     metrics = TableMetrics("ns.t", NOW, snapshots=1200, oldest_snapshot_ms=ancestry[-1].committed_ms, ancestry=ancestry)
     plan = plan_maintenance(metrics, MaintenancePolicy(max_snapshots=500), NOW)
     assert plan.expire
-    assert plan.expire_older_than_ms == NOW - 499 * 1000  # the 500 newest survive
+    assert plan.expire_older_than_ms == NOW - 249 * 1000  # past the cap of 500, the 250 newest survive
     assert plan.protected_snapshot_id == 1200 and plan.expire_older_than_ms <= NOW
     uncapped = plan_maintenance(metrics, MaintenancePolicy(max_snapshots=None), NOW)
     assert not uncapped.expire
