@@ -791,7 +791,8 @@ class MaintenancePolicy(_Model):
     snapshot_retention_s: float = Field(default=7 * 86400, ge=0)
     retain_last_snapshots: int = Field(default=10, ge=1)
     # Streaming commits every few seconds make ~40k snapshots a day: cap the count as well as the age
-    # (below health's default 1,000-snapshot threshold). None = age only.
+    # (below health's default 1,000-snapshot threshold). Past the cap, expiry keeps the newest half of it
+    # (expiry reads every kept snapshot's manifests: not every round). None = age only.
     max_snapshots: int | None = Field(default=500, ge=1)
     orphan_min_age_s: float = Field(default=3 * 86400, ge=0)
     orphan_dry_run: bool = False

@@ -178,10 +178,29 @@ class MaintenanceScheduler:
         with self.lock:
             self.prepared.append(prepared)
 
-    def take_prepared(self) -> list[PreparedRewrite]:
-        """The compactions written since the last call, for the pipeline to commit."""
+    def take_prepared(self, max_rows: int | None = None) -> list[PreparedRewrite]:
+        """The compactions written and not taken yet, for the pipeline to commit. With ``max_rows`` only groups
+        of up to that many rows (one group at least): a commit waits between two batches and moves each row's
+        index entry, so a large compaction is committed over several pauses, a short one each."""
         with self.lock:
-            taken, self.prepared = self.prepared, []
+            if max_rows is None:
+                taken, self.prepared = self.prepared, []
+                return taken
+            taken, rows = [], 0
+            while self.prepared:
+                head = self.prepared[0]
+                groups = []
+                while head.groups and (rows == 0 or rows + head.groups[0].live_rows <= max_rows):
+                    groups.append(head.groups.pop(0))
+                    rows += groups[-1].live_rows
+                if groups:
+                    result = dataclasses.replace(head.result, detail=dict(head.result.detail),
+                                                 files_before=sum(len(g.inputs) for g in groups),
+                                                 bytes_before=sum(g.bytes for g in groups))
+                    taken.append(dataclasses.replace(head, groups=groups, result=result))
+                if head.groups:
+                    break
+                self.prepared.pop(0)
         return taken
 
     def due(self, now_s: float) -> bool:
@@ -321,10 +340,11 @@ def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | Non
     return done
 
 
-def take_prepared(config: PipelineConfig) -> list[PreparedRewrite]:
-    """The compactions the inline rounds of ``config`` wrote since the last call, for the pipeline's commit."""
+def take_prepared(config: PipelineConfig, max_rows: int | None = None) -> list[PreparedRewrite]:
+    """The compactions the inline rounds of ``config`` wrote and the pipeline has not committed yet (with
+    ``max_rows``: a share of them, `MaintenanceScheduler.take_prepared`)."""
     scheduler = _inline_schedulers.get(id(config))
-    return scheduler.take_prepared() if scheduler is not None and scheduler.config is config else []
+    return scheduler.take_prepared(max_rows) if scheduler is not None and scheduler.config is config else []
 
 
 def record_commits(config: PipelineConfig, results: list[MaintenanceResult]) -> None:

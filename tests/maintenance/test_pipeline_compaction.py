@@ -156,3 +156,25 @@ def test_a_group_whose_input_was_removed_is_dropped_and_its_file_deleted(spark, 
     finally:
         pipeline.close()
     assert _rows(spark, name) == model
+
+
+def test_a_large_compaction_is_committed_over_several_pauses():
+    import numpy as np
+
+    from lakestream.maintenance.actions import MaintenanceResult
+    from lakestream.maintenance.compaction import PreparedRewrite
+    from lakestream.maintenance.runner import MaintenanceScheduler
+
+    def group(name: str, rows: int) -> RewriteGroup:
+        return RewriteGroup(inputs=[f"{name}-a", f"{name}-b"], records=[rows, 10],
+                            deleted=[np.empty(0, np.int64), np.arange(10, dtype=np.int64)], bytes=rows)
+
+    scheduler = MaintenanceScheduler(config=None)
+    for table, groups in (("ns.one", [group("g1", 100_000), group("g2", 200_000), group("g3", 50_000)]),
+                          ("ns.two", [group("g4", 300_000)])):
+        scheduler.hand_over(PreparedRewrite(table, 1, groups, MaintenanceResult(table, "compact", "ok")))
+    pauses = []
+    while taken := scheduler.take_prepared(max_rows=250_000):
+        pauses.append([(p.table, [g.inputs[0] for g in p.groups], p.result.files_before) for p in taken])
+    assert pauses == [[("ns.one", ["g1-a"], 2)], [("ns.one", ["g2-a", "g3-a"], 4)], [("ns.two", ["g4-a"], 2)]]
+    assert scheduler.take_prepared() == []
