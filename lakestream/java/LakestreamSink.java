@@ -420,6 +420,33 @@ public final class LakestreamSink {
     return st;
   }
 
+  /**
+   * The files {@code committed} added, in {@code cached} as read back from its new manifests: with their
+   * manifest's location. A later commit that removes them (a DV replaced, a compaction's inputs) then lets
+   * Iceberg rewrite only the manifests naming them; without it Iceberg reads every manifest of the table.
+   * Best effort: a failed read keeps the files as written.
+   */
+  private static void withManifestLocations(Table t, Snapshot committed, FileState cached) {
+    try {
+      for (DataFile f : committed.addedDataFiles(t.io())) {
+        if (cached.dataFiles.containsKey(f.location())) {
+          cached.dataFiles.put(f.location(), f.copyWithoutStats());
+        }
+      }
+      for (DeleteFile d : committed.addedDeleteFiles(t.io())) {
+        List<DeleteFile> current = cached.deletes.get(d.referencedDataFile());
+        if (current != null && current.size() == 1 && current.get(0).location().equals(d.location())
+            && Objects.equals(current.get(0).contentOffset(), d.contentOffset())) {
+          List<DeleteFile> one = new ArrayList<>();
+          one.add(d.copy());
+          cached.deletes.put(d.referencedDataFile(), one);
+        }
+      }
+    } catch (RuntimeException e) {
+      // The files as written carry no manifest location: correct, only slower to remove later.
+    }
+  }
+
   /** A partition value from JSON in Iceberg's internal form for the partition field's result type. */
   private static Object partitionValue(Type type, JsonNode v) {
     if (v == null || v.isNull()) {
@@ -720,6 +747,7 @@ public final class LakestreamSink {
         one.add(dv.copy());
         cached.deletes.put(dv.referencedDataFile(), one); // the DV holds every earlier position too
       }
+      withManifestLocations(t, committed, cached);
       cached.snapshotId = committed.snapshotId();
     } else {
       STATES.remove(key);
@@ -929,6 +957,7 @@ public final class LakestreamSink {
         one.add(dv.copy());
         cached.deletes.put(dv.referencedDataFile(), one);
       }
+      withManifestLocations(t, committed, cached);
       cached.snapshotId = committed.snapshotId();
     } else {
       STATES.remove(key);
