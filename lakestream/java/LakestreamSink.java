@@ -447,6 +447,49 @@ public final class LakestreamSink {
     }
   }
 
+  /**
+   * Move the cached file state of {@code key} over {@code committed} when nobody else committed in between,
+   * instead of planning the table again: everything out with {@code clear} (a TRUNCATE), the {@code removed}
+   * data files and their deletes out, {@code added} in, and each DV of {@code dvs} as its data file's only delete
+   * (it holds every earlier position too). Otherwise the cache is dropped.
+   */
+  private static void advanceState(Table t, String key, Snapshot committed, boolean clear,
+      java.util.Collection<String> removed, Map<String, DataFile> added, List<DeleteFile> dvs) {
+    FileState cached = STATES.get(key);
+    if (cached == null || !Objects.equals(committed.parentId(), cached.snapshotId)) {
+      STATES.remove(key);
+      return;
+    }
+    if (clear) {
+      cached.dataFiles.clear();
+      cached.deletes.clear();
+    }
+    for (String path : removed) {
+      cached.dataFiles.remove(path);
+      cached.deletes.remove(path);
+    }
+    added.forEach((path, df) -> cached.dataFiles.put(path, df.copyWithoutStats()));
+    for (DeleteFile dv : dvs) {
+      List<DeleteFile> one = new ArrayList<>();
+      one.add(dv.copy());
+      cached.deletes.put(dv.referencedDataFile(), one);
+    }
+    withManifestLocations(t, committed, cached);
+    cached.snapshotId = committed.snapshotId();
+  }
+
+  /** The snapshot a commit made and its parent, as the commit's answer begins. */
+  private static ObjectNode committedAnswer(Snapshot committed) {
+    ObjectNode out = JSON.createObjectNode();
+    out.put("snapshot_id", committed.snapshotId());
+    if (committed.parentId() == null) {
+      out.putNull("parent_snapshot_id");
+    } else {
+      out.put("parent_snapshot_id", committed.parentId());
+    }
+    return out;
+  }
+
   /** A partition value from JSON in Iceberg's internal form for the partition field's result type. */
   private static Object partitionValue(Type type, JsonNode v) {
     if (v == null || v.isNull()) {
@@ -504,6 +547,22 @@ public final class LakestreamSink {
   public static String commitFiles(
       SparkSession spark, String catalog, String namespace, String table, String requestJson) throws Exception {
     JsonNode req = JSON.readTree(requestJson);
+    return underTableLock(spark, catalog, namespace, table, req, LakestreamSink::commit);
+  }
+
+  /** One commit of a table: its fresh metadata, its key in the caches, the request, the step clock. */
+  @FunctionalInterface
+  interface TableCommit {
+    ObjectNode run(Table t, String key, JsonNode req, Laps clock) throws Exception;
+  }
+
+  /**
+   * Run {@code body} on the freshly loaded table under the table's lock in this JVM, once no other owner
+   * holds the table's commits (`heldByOther`); waits for a hold without the lock (its holder may commit from
+   * this JVM).
+   */
+  private static String underTableLock(SparkSession spark, String catalog, String namespace, String table,
+      JsonNode req, TableCommit body) throws Exception {
     Catalog cat = catalog(spark, catalog);
     TableIdentifier ident = identifier(namespace, table);
     String key = catalog + "." + ident;
@@ -514,12 +573,33 @@ public final class LakestreamSink {
         Table t = loadFresh(cat, ident);
         clock.lap("load_table");
         if (!heldByOther(t, owner)) {
-          return commit(t, key, req, clock).toString();
+          return body.run(t, key, req, clock).toString();
         }
       }
-      // Another writer holds the table's commits: wait without the table's lock (it may commit from this JVM).
       Thread.sleep(200);
     }
+  }
+
+  /** The answer to a commit whose caller's view is behind the table: nothing was committed. */
+  private static ObjectNode stale(Long current) {
+    ObjectNode stale = JSON.createObjectNode();
+    stale.put("stale", true);
+    if (current == null) {
+      stale.putNull("snapshot_id");
+    } else {
+      stale.put("snapshot_id", current);
+    }
+    return stale;
+  }
+
+  /** Commit {@code update}; the snapshot it made (seen by the commit listener, else the table's current one). */
+  private static Snapshot commitAndGet(Table t, SnapshotUpdate<?> update) {
+    LAST_COMMIT.remove();
+    update.commit();
+    CreateSnapshotEvent event = LAST_COMMIT.get();
+    LAST_COMMIT.remove();
+    Snapshot committed = event != null ? t.snapshot(event.snapshotId()) : null;
+    return committed != null ? committed : t.currentSnapshot();
   }
 
   /** Table property by which one writer (a re-snapshot's final commit) holds back the others' commits. */
@@ -567,14 +647,7 @@ public final class LakestreamSink {
       Long expected = req.get("expect_snapshot_id").isNull() ? null : req.get("expect_snapshot_id").asLong();
       Long current = t.currentSnapshot() == null ? null : t.currentSnapshot().snapshotId();
       if (!java.util.Objects.equals(expected, current)) {
-        ObjectNode stale = JSON.createObjectNode();
-        stale.put("stale", true);
-        if (current == null) {
-          stale.putNull("snapshot_id");
-        } else {
-          stale.put("snapshot_id", current);
-        }
-        return stale;
+        return stale(current);
       }
     }
     Map<String, Integer> counts = new LinkedHashMap<>();
@@ -720,47 +793,13 @@ public final class LakestreamSink {
     }
     req.path("properties").fields().forEachRemaining(e -> update.set(e.getKey(), text(e.getValue())));
 
-    LAST_COMMIT.remove();
     clock.lap("prepare");
-    update.commit();
+    Snapshot committed = commitAndGet(t, update);
     clock.lap("iceberg_commit");
-    CreateSnapshotEvent event = LAST_COMMIT.get();
-    LAST_COMMIT.remove();
-    Snapshot committed = event != null ? t.snapshot(event.snapshotId()) : null;
-    if (committed == null) { // listener not called (should not happen): the refreshed current snapshot
-      committed = t.currentSnapshot();
-    }
-    Long parent = committed.parentId();
-
-    FileState cached = STATES.get(key);
-    if (cached != null && Objects.equals(parent, cached.snapshotId)) {
-      // Nobody else committed in between: move the cached state forward instead of re-planning.
-      if (truncate) {
-        cached.dataFiles.clear();
-        cached.deletes.clear();
-      }
-      for (Map.Entry<String, DataFile> e : added.entrySet()) {
-        cached.dataFiles.put(e.getKey(), e.getValue().copyWithoutStats());
-      }
-      for (DeleteFile dv : newDeletes) {
-        List<DeleteFile> one = new ArrayList<>();
-        one.add(dv.copy());
-        cached.deletes.put(dv.referencedDataFile(), one); // the DV holds every earlier position too
-      }
-      withManifestLocations(t, committed, cached);
-      cached.snapshotId = committed.snapshotId();
-    } else {
-      STATES.remove(key);
-    }
+    advanceState(t, key, committed, truncate, List.of(), added, newDeletes);
     clock.lap("file_state_update");
 
-    ObjectNode out = JSON.createObjectNode();
-    out.put("snapshot_id", committed.snapshotId());
-    if (parent == null) {
-      out.putNull("parent_snapshot_id");
-    } else {
-      out.put("parent_snapshot_id", parent);
-    }
+    ObjectNode out = committedAnswer(committed);
     out.put("sequence_number", committed.sequenceNumber());
     out.put("data_files", added.size());
     out.put("delete_files", newDeletes.size());
@@ -769,6 +808,7 @@ public final class LakestreamSink {
     clock.into(out);
     return out;
   }
+
   // -- compaction committed by the pipeline: rows re-mapped, the key index moved ---------------------
 
   /**
@@ -826,36 +866,14 @@ public final class LakestreamSink {
    */
   public static String commitRewrite(
       SparkSession spark, String catalog, String namespace, String table, String requestJson) throws Exception {
-    JsonNode req = JSON.readTree(requestJson);
-    Catalog cat = catalog(spark, catalog);
-    TableIdentifier ident = identifier(namespace, table);
-    String key = catalog + "." + ident;
-    String owner = req.path("hold_owner").asText("");
-    while (true) {
-      synchronized (LOCKS.computeIfAbsent(key, k -> new Object())) {
-        Laps clock = new Laps();
-        Table t = loadFresh(cat, ident);
-        clock.lap("load_table");
-        if (!heldByOther(t, owner)) {
-          return rewrite(t, key, req, clock).toString();
-        }
-      }
-      Thread.sleep(200);
-    }
+    return underTableLock(spark, catalog, namespace, table, JSON.readTree(requestJson), LakestreamSink::rewrite);
   }
 
   private static ObjectNode rewrite(Table t, String key, JsonNode req, Laps clock) throws Exception {
     Long expected = req.get("expect_snapshot_id").isNull() ? null : req.get("expect_snapshot_id").asLong();
     Long current = t.currentSnapshot() == null ? null : t.currentSnapshot().snapshotId();
     if (!Objects.equals(expected, current) || current == null) {
-      ObjectNode stale = JSON.createObjectNode();
-      stale.put("stale", true);
-      if (current == null) {
-        stale.putNull("snapshot_id");
-      } else {
-        stale.put("snapshot_id", current);
-      }
-      return stale;
+      return stale(current);
     }
     FileState st = state(key, t);
     clock.lap("file_state");
@@ -935,40 +953,10 @@ public final class LakestreamSink {
     List<DeleteFile> newDeletes = new ArrayList<>(writer.result().deleteFiles());
     newDeletes.forEach(rw::addFile);
     req.path("properties").fields().forEachRemaining(e -> rw.set(e.getKey(), text(e.getValue())));
-    LAST_COMMIT.remove();
-    rw.commit();
+    Snapshot committed = commitAndGet(t, rw);
     clock.lap("iceberg_commit");
-    CreateSnapshotEvent event = LAST_COMMIT.get();
-    LAST_COMMIT.remove();
-    Snapshot committed = event != null ? t.snapshot(event.snapshotId()) : null;
-    if (committed == null) {
-      committed = t.currentSnapshot();
-    }
-    Long parent = committed.parentId();
-    FileState cached = STATES.get(key);
-    if (cached != null && Objects.equals(parent, cached.snapshotId)) {
-      for (String path : inputs) {
-        cached.dataFiles.remove(path);
-        cached.deletes.remove(path);
-      }
-      outputs.forEach((path, df) -> cached.dataFiles.put(path, df.copyWithoutStats()));
-      for (DeleteFile dv : newDeletes) {
-        List<DeleteFile> one = new ArrayList<>();
-        one.add(dv.copy());
-        cached.deletes.put(dv.referencedDataFile(), one);
-      }
-      withManifestLocations(t, committed, cached);
-      cached.snapshotId = committed.snapshotId();
-    } else {
-      STATES.remove(key);
-    }
-    ObjectNode out = JSON.createObjectNode();
-    out.put("snapshot_id", committed.snapshotId());
-    if (parent == null) {
-      out.putNull("parent_snapshot_id");
-    } else {
-      out.put("parent_snapshot_id", parent);
-    }
+    advanceState(t, key, committed, false, inputs, outputs, newDeletes);
+    ObjectNode out = committedAnswer(committed);
     out.put("removed_data_files", inputs.size());
     out.put("added_data_files", outputs.size());
     out.put("removed_delete_files", removedDeletes.size());
