@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 
     from lakestream.config import KafkaSettings, MaintenancePolicy
 
+def partition_key(spec_id: int, partition: dict[str, Any]) -> tuple:
+    """A hashable identity of one partition of one spec (values compared as text)."""
+    return (spec_id, tuple(sorted((k, str(v)) for k, v in partition.items())))
+
+
 @dataclass
 class PartitionMetrics:
     """One partition of one spec, as the `partitions` metadata table sees it."""
@@ -44,6 +49,10 @@ class PartitionMetrics:
     @property
     def avg_file_bytes(self) -> float:
         return self.data_bytes / self.data_files if self.data_files else 0.0
+
+    @property
+    def key(self) -> tuple:
+        return partition_key(self.spec_id, self.partition)
 
     def label(self) -> str:
         """A short human/Prometheus label such as ``ts_day=2024-01-01/region=eu``."""

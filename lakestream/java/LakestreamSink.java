@@ -580,6 +580,13 @@ public final class LakestreamSink {
     }
   }
 
+  /** {@code body} for 0..n-1 on Iceberg's worker pool (in this thread for one), failing on the first failure. */
+  private static void inParallel(int n, java.util.function.IntConsumer body) {
+    Tasks.range(n).stopOnFailure().throwFailureWhenFinished()
+        .executeWith(n > 1 ? ThreadPools.getWorkerPool() : null)
+        .run(body::accept);
+  }
+
   /** The answer to a commit whose caller's view is behind the table: nothing was committed. */
   private static ObjectNode stale(Long current) {
     ObjectNode stale = JSON.createObjectNode();
@@ -656,9 +663,7 @@ public final class LakestreamSink {
     req.path("data_files").forEach(requested::add);
     DataFile[] built = new DataFile[requested.size()];
     // footers are read in parallel (one small ranged read each; remote object stores benefit most)
-    Tasks.range(built.length).stopOnFailure().throwFailureWhenFinished()
-        .executeWith(built.length > 1 ? ThreadPools.getWorkerPool() : null)
-        .run(i -> built[i] = dataFile(t, metricsConfig, requested.get(i)));
+    inParallel(built.length, i -> built[i] = dataFile(t, metricsConfig, requested.get(i)));
     Map<String, DataFile> added = new LinkedHashMap<>();
     for (DataFile df : built) {
       if (added.put(df.location(), df) != null) {
@@ -881,10 +886,8 @@ public final class LakestreamSink {
     List<JsonNode> groups = new ArrayList<>();
     req.path("groups").forEach(groups::add);
     Metrics[] footers = new Metrics[groups.size()];
-    Tasks.range(footers.length).stopOnFailure().throwFailureWhenFinished()
-        .executeWith(footers.length > 1 ? ThreadPools.getWorkerPool() : null)
-        .run(i -> footers[i] = ParquetUtil.fileMetrics(
-            t.io().newInputFile(groups.get(i).get("output").get("path").asText()), metricsConfig));
+    inParallel(footers.length, i -> footers[i] = ParquetUtil.fileMetrics(
+        t.io().newInputFile(groups.get(i).get("output").get("path").asText()), metricsConfig));
     clock.lap("output_footers");
     RewriteFiles rw = t.newRewrite();
     rw.validateFromSnapshot(current);

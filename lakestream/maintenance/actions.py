@@ -206,15 +206,11 @@ def partition_predicate(catalog: str, jtable, partition: PartitionMetrics) -> st
     return " AND ".join(f"({c})" for c in clauses) if clauses else "true"
 
 
-def _partition_key(partition: PartitionMetrics) -> tuple:
-    return (partition.spec_id, tuple(sorted((k, str(v)) for k, v in partition.partition.items())))
-
-
 def _partition_totals(spark: SparkSession, catalog: str, name: str, keys: set[tuple]) -> tuple[int, int]:
     namespace, table = split_table_name(name)
     files = size = 0
     for partition in collect_partitions(spark, quote_table(catalog, namespace, table)):
-        if _partition_key(partition) in keys:
+        if partition.key in keys:
             files += partition.data_files
             size += partition.data_bytes
     return files, size
@@ -283,7 +279,7 @@ def compact_cold_partitions(
     result.detail.update(counts)
     try:
         result.files_after, result.bytes_after = _partition_totals(
-            spark, catalog, name, {_partition_key(p) for p in partitions}
+            spark, catalog, name, {p.key for p in partitions}
         )
     except Exception as exc:  # measuring after is best effort; the rewrite itself is done
         log.debug("could not measure %s after compaction: %s", name, exc)

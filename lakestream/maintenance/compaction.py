@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lakestream.identifiers import TableName
-from lakestream.inspection import PartitionMetrics
+from lakestream.inspection import PartitionMetrics, partition_key
 from lakestream.maintenance.actions import MaintenanceResult
 
 if TYPE_CHECKING:
@@ -74,10 +74,6 @@ class PreparedRewrite:
         return [g.output["path"] for g in self.groups if g.output is not None]
 
 
-def _partition_key(spec_id: int, partition: dict[str, Any]) -> tuple:
-    return (spec_id, tuple(sorted((k, str(v)) for k, v in partition.items())))
-
-
 def plan_groups(files: list[dict[str, Any]], target_bytes: int) -> list[list[dict[str, Any]]]:
     """Small files (under 0.75× the target) packed per partition into groups of at most the target's bytes
     (a group of one file is left alone). ``files``: ``{path, size, records, key}`` (key: the partition)."""
@@ -109,7 +105,7 @@ def prepare_rewrite(spark: SparkSession, catalog: str, name: str, partitions: li
 
     table = TableName.parse(name)
     started = time.monotonic()
-    wanted = {_partition_key(p.spec_id, p.partition) for p in partitions}
+    wanted = {p.key for p in partitions}
     listing = spark.table(f"{quote_table(catalog, table.namespace, table.table)}.data_files")
     partitioned = "partition" in listing.columns  # an unpartitioned table's has no such column
     rows = listing.select("file_path", "file_size_in_bytes", "record_count", "spec_id",
@@ -117,7 +113,7 @@ def prepare_rewrite(spark: SparkSession, catalog: str, name: str, partitions: li
     files = []
     for r in rows:
         partition = r["partition"].asDict() if partitioned and r["partition"] is not None else {}
-        key = _partition_key(int(r["spec_id"]), partition)
+        key = partition_key(int(r["spec_id"]), partition)
         if key in wanted:
             files.append({"path": r["file_path"], "size": int(r["file_size_in_bytes"]),
                           "records": int(r["record_count"]), "key": key})

@@ -78,7 +78,7 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
     """Commit ``prepared`` on the table of ``write`` (its index valid at the table's current snapshot);
     raises `StaleIndex` when the table moved past the index (refresh, then call again)."""
     from lakestream.sink.files import commit_rewrite as commit_files_rewrite
-    from lakestream.sink.files import deleted_positions
+    from lakestream.sink.files import delete_quietly, deleted_positions
 
     index = write.index
     timings: dict[str, float] = {}
@@ -102,7 +102,7 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         deletes = None if missing.intersection(g.inputs) else carried_deletes(g, current)
         if deletes is None:
             dropped += 1
-            drop_outputs([g.output["path"]])  # never part of a commit
+            delete_quietly([g.output["path"]])  # never part of a commit; orphan removal would take days
             continue
         groups.append(g)
         carried.append(deletes)
@@ -122,13 +122,17 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         index.valid = False
         raise StaleIndex(f"{write.ident} is at snapshot {result.get('snapshot_id')}, its key index at "
                          f"{index.snapshot_id}: another writer committed in between")
-    carried_rows = int(sum(len(d) for d in carried))
+
+    def committed(moved: int) -> RewriteCommit:
+        return RewriteCommit(result["snapshot_id"], int(result["removed_data_files"]),
+                             int(result["added_data_files"]), moved, int(sum(len(d) for d in carried)), dropped,
+                             timings)
+
     if result.get("parent_snapshot_id") != index.snapshot_id:
         # Another writer committed in between (inside Iceberg's retry): the index is exact at its snapshot
         # and follows both snapshots by their diff.
         index.valid = False
-        return RewriteCommit(result["snapshot_id"], int(result["removed_data_files"]),
-                             int(result["added_data_files"]), 0, carried_rows, dropped, timings)
+        return committed(0)
     moves, samples, expected = [], [], []
     for g, deletes in zip(groups, carried):
         live = np.ones(g.output["record_count"], bool)
@@ -146,8 +150,7 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         log.warning("%s: rows of the compaction were not where the key index said; reading its diff instead",
                     write.ident)
         index.valid = False
-        return RewriteCommit(result["snapshot_id"], int(result["removed_data_files"]),
-                             int(result["added_data_files"]), 0, carried_rows, dropped, timings)
+        return committed(0)
     lap("check_index")
     if moves:
         keys = np.concatenate([m[0] for m in moves])
@@ -156,15 +159,7 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         index.update(keys, locations)  # one sorted insert into the overlay
     lap("move_index")
     index.snapshot_id = result["snapshot_id"]
-    return RewriteCommit(result["snapshot_id"], int(result["removed_data_files"]), int(result["added_data_files"]),
-                         int(sum(len(m[0]) for m in moves)), carried_rows, dropped, timings)
+    return committed(int(sum(len(m[0]) for m in moves)))
 
 
-def drop_outputs(paths: list[str]) -> None:
-    """Delete files a rewrite wrote that no commit will reference (orphan removal would, days later)."""
-    from lakestream.sink.files import delete_quietly
-
-    delete_quietly(paths)
-
-
-__all__ = ["COMPACTION_PROPERTY", "RewriteCommit", "carried_deletes", "commit_rewrite", "drop_outputs"]
+__all__ = ["COMPACTION_PROPERTY", "RewriteCommit", "carried_deletes", "commit_rewrite"]
