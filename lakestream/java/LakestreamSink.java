@@ -421,33 +421,6 @@ public final class LakestreamSink {
   }
 
   /**
-   * The files {@code committed} added, in {@code cached} as read back from its new manifests: with their
-   * manifest's location. A later commit that removes them (a DV replaced, a compaction's inputs) then lets
-   * Iceberg rewrite only the manifests naming them; without it Iceberg reads every manifest of the table.
-   * Best effort: a failed read keeps the files as written.
-   */
-  private static void withManifestLocations(Table t, Snapshot committed, FileState cached) {
-    try {
-      for (DataFile f : committed.addedDataFiles(t.io())) {
-        if (cached.dataFiles.containsKey(f.location())) {
-          cached.dataFiles.put(f.location(), f.copyWithoutStats());
-        }
-      }
-      for (DeleteFile d : committed.addedDeleteFiles(t.io())) {
-        List<DeleteFile> current = cached.deletes.get(d.referencedDataFile());
-        if (current != null && current.size() == 1 && current.get(0).location().equals(d.location())
-            && Objects.equals(current.get(0).contentOffset(), d.contentOffset())) {
-          List<DeleteFile> one = new ArrayList<>();
-          one.add(d.copy());
-          cached.deletes.put(d.referencedDataFile(), one);
-        }
-      }
-    } catch (RuntimeException e) {
-      // The files as written carry no manifest location: correct, only slower to remove later.
-    }
-  }
-
-  /**
    * Move the cached file state of {@code key} over {@code committed} when nobody else committed in between,
    * instead of planning the table again: everything out with {@code clear} (a TRUNCATE), the {@code removed}
    * data files and their deletes out, {@code added} in, and each DV of {@code dvs} as its data file's only delete
@@ -474,7 +447,6 @@ public final class LakestreamSink {
       one.add(dv.copy());
       cached.deletes.put(dv.referencedDataFile(), one);
     }
-    withManifestLocations(t, committed, cached);
     cached.snapshotId = committed.snapshotId();
   }
 
