@@ -533,7 +533,7 @@ public final class LakestreamSink {
    * holds the table's commits (`heldByOther`); waits for a hold without the lock (its holder may commit from
    * this JVM).
    */
-  private static String underTableLock(SparkSession spark, String catalog, String namespace, String table,
+  static String underTableLock(SparkSession spark, String catalog, String namespace, String table,
       JsonNode req, TableCommit body) throws Exception {
     Catalog cat = catalog(spark, catalog);
     TableIdentifier ident = identifier(namespace, table);
@@ -614,7 +614,7 @@ public final class LakestreamSink {
     }
 
     void into(ObjectNode out) {
-      ObjectNode ms = out.putObject("timings_ms");
+      ObjectNode ms = out.has("timings_ms") ? (ObjectNode) out.get("timings_ms") : out.putObject("timings_ms");
       laps.forEach((step, nanos) -> ms.put(step, Math.round(nanos / 1e4) / 100.0));
     }
   }

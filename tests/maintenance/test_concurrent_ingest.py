@@ -11,6 +11,8 @@ import random
 import threading
 import time
 import uuid
+from pathlib import Path
+from urllib.parse import urlparse
 
 from conftest import load_debezium_fixture, produce_records
 from lakestream.engine.loop import run_pipeline
@@ -128,6 +130,11 @@ def test_maintenance_concurrent_with_cdc_load(spark, pipeline_config_factory):
     done = {a.action for a in actions if a.status in ("ok", "partial")}
     assert "compact" in done, [a.describe() for a in actions][:20]
     assert "expire_snapshots" in done
+    expiries = [a for a in actions if a.action == "expire_snapshots" and a.status == "ok"]
+    assert all(a.detail.get("method") == "line" for a in expiries), [a.detail for a in expiries]
+    # Expiry beside the batches deleted nothing a kept snapshot still names (a DV's Puffin file included).
+    referenced = {r[0] for r in spark.sql(f"SELECT file_path FROM {table}.all_files").collect()}
+    assert referenced and all(Path(urlparse(p).path).exists() for p in referenced)
     replaces = spark.sql(f"SELECT count(*) FROM {table}.snapshots WHERE operation = 'replace'").collect()[0][0]
     assert replaces >= 1
 
