@@ -86,6 +86,8 @@ class TableMetrics:
     small_files: int = 0
     small_file_bytes_threshold: int = 0
     delete_files: int = 0
+    # Of delete_files, deletion vectors (Puffin): one per data file, merged at every write, so never rewritten.
+    deletion_vectors: int = 0
     snapshots: int = 0
     manifests: int = 0
     metadata_bytes: int = 0
@@ -245,6 +247,9 @@ def collect_table_metrics(
 
     metrics.partitions = collect_partitions(spark, qualified)
     metrics.delete_files = sum(p.delete_files for p in metrics.partitions)
+    if metrics.delete_files > policy.max_delete_files:  # only asked when the rewrite would be planned
+        metrics.deletion_vectors = int(spark.sql(
+            f"SELECT count_if(file_format = 'PUFFIN') FROM {qualified}.delete_files").collect()[0][0])
 
     compaction = policy.compaction
     small = int(compaction.target_file_size_bytes * compaction.min_avg_file_size_ratio)

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, timezone
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from lakestream.config import MaintenancePolicy
 from lakestream.errors import conflict_cause
@@ -26,6 +27,7 @@ from lakestream.inspection import (
     split_table_name,
 )
 from lakestream.identifiers import quote, quote_column, quote_table, sql_string
+from lakestream.sink.index_store import store_location
 from lakestream.storage import lists_through_file_io
 
 if TYPE_CHECKING:
@@ -36,8 +38,9 @@ log = logging.getLogger(__name__)
 # Partitions per rewrite_data_files call: keeps the WHERE clause and each commit small.
 PARTITIONS_PER_CALL = 50
 
-# Threads reading and deleting for an expiry beside the batches: one, so it never takes both cores.
-EXPIRY_THREADS = 1
+# Expiry and orphan scans in the JVM read on one thread of their own, working half of the time: beside the
+# batches they never take more than a quarter of a 2-core machine.
+BESIDE_THE_BATCHES = {"threads": 1, "duty": 0.5}
 
 
 @dataclass
@@ -343,8 +346,8 @@ def expire_snapshots(
 ) -> MaintenanceResult:
     """Expire the snapshots older than ``older_than_ms`` beyond the newest ``retain_last``, never the offsets one.
 
-    A table whose history is one line (a pipeline's tables) is expired by ``SnapshotExpiry`` in the JVM: it
-    reads only the expired snapshots' changes and the oldest kept snapshot's manifests, where Iceberg's
+    A table whose history is one line (a pipeline's tables) is expired by ``LineHistory`` in the JVM: it
+    reads only the manifests that can hold a file to delete and the oldest kept snapshot's, where Iceberg's
     procedure reads every manifest of every snapshot (35-78 s of Spark jobs beside the batches on a 100M-row
     mirror). Branches, tags or snapshots off the line fall back to the procedure.
     """
@@ -363,8 +366,8 @@ def expire_snapshots(
 
     def in_the_jvm() -> bool:
         request = {"older_than_ms": int(older_than_ms), "retain_last": int(retain_last),
-                   "protected_snapshot_id": protected_snapshot_id, "threads": EXPIRY_THREADS}
-        answer = json.loads(spark.sparkContext._jvm.lakestream.SnapshotExpiry.expire(
+                   "protected_snapshot_id": protected_snapshot_id, **BESIDE_THE_BATCHES}
+        answer = json.loads(spark.sparkContext._jvm.lakestream.LineHistory.expire(
             spark._jsparkSession, catalog, namespace, table, json.dumps(request)))
         if "fallback" in answer:
             log.info("%s: expiring with Iceberg's procedure: %s", name, answer["fallback"])
@@ -438,22 +441,54 @@ def trim_metadata_log(spark: SparkSession, catalog: str, name: str, jtable, keep
 def remove_orphan_files(
     spark: SparkSession, catalog: str, name: str, jtable, older_than_ms: int, dry_run: bool = False
 ) -> MaintenanceResult:
-    """remove_orphan_files(older_than, dry_run): files under the table location no snapshot references."""
+    """Files under the table location that no snapshot references, older than ``older_than_ms``: deleted
+    unless ``dry_run``. Never the pipeline's key index (``<location>/_lakestream/``): no snapshot names it.
+
+    A table whose history is one line is scanned by ``LineHistory`` in the JVM (the oldest snapshot's manifests
+    and those with added files, on one paced thread); others by Iceberg's procedure, listing only, with the
+    deletes done here so that ``_lakestream/`` is left out.
+    """
     started = time.monotonic()
     result = MaintenanceResult(
         table=name, action="remove_orphans", status="dry-run" if dry_run else "ok", detail={"older_than_ms": older_than_ms}
     )
+    namespace, table = split_table_name(name)
 
-    def call() -> None:
+    def in_the_jvm() -> list[str] | None:
+        request = {"older_than_ms": int(older_than_ms), "dry_run": bool(dry_run), **BESIDE_THE_BATCHES}
+        answer = json.loads(spark.sparkContext._jvm.lakestream.LineHistory.removeOrphans(
+            spark._jsparkSession, catalog, namespace, table, json.dumps(request)))
+        if "fallback" in answer:
+            log.info("%s: listing orphans with Iceberg's procedure: %s", name, answer["fallback"])
+            return None
+        result.detail.update(method="line", listed=answer["listed"], referenced=answer["referenced"],
+                             timings_s={k: round(v / 1000, 3) for k, v in answer["timings_ms"].items()})
+        result.files_before = int(answer["orphan_count"])
+        return list(answer["orphans"])
+
+    def with_the_procedure() -> list[str]:
         # Object stores have no Hadoop FileSystem here (no s3a): list through the table's FileIO instead.
         prefix = ", prefix_listing => true" if lists_through_file_io(jtable.location()) else ""
         rows = spark.sql(
             f"CALL {_procedure(catalog, 'remove_orphan_files')}(table => {_table_arg(name)}, "
-            f"older_than => {_timestamp(older_than_ms)}, dry_run => {'true' if dry_run else 'false'}{prefix})"
+            f"older_than => {_timestamp(older_than_ms)}, dry_run => true{prefix})"
         ).collect()
-        paths = [r["orphan_file_location"] for r in rows]
+        own = store_location(jtable.location()).rsplit("/", 1)[0] + "/"
+        own_path = urlparse(own).path
+        paths = [p for p in (r["orphan_file_location"] for r in rows) if not urlparse(p).path.startswith(own_path)]
+        if not dry_run:
+            io = jtable.io()
+            for path in paths:
+                io.deleteFile(path)
+        result.detail["method"] = "procedure"
         result.files_before = len(paths)
-        result.files_after = len(paths) if dry_run else 0
+        return paths
+
+    def call() -> None:
+        paths = in_the_jvm()
+        if paths is None:
+            paths = with_the_procedure()
+        result.files_after = result.files_before if dry_run else 0
         if dry_run:
             result.bytes_before = sum(file_length(jtable.io(), p) for p in paths)
         result.detail["orphans"] = paths[:100]

@@ -53,3 +53,12 @@ def test_snapshot_count_cap_expires_young_snapshots_but_not_the_offsets_one():
     assert plan.protected_snapshot_id == 1200 and plan.expire_older_than_ms <= NOW
     uncapped = plan_maintenance(metrics, MaintenancePolicy(max_snapshots=None), NOW)
     assert not uncapped.expire
+
+
+def test_deletion_vectors_are_not_rewritten_but_position_delete_files_are():
+    policy = MaintenancePolicy(max_delete_files=50)
+    only_dvs = TableMetrics("ns.t", NOW, delete_files=900, deletion_vectors=900)
+    assert not plan_maintenance(only_dvs, policy, NOW).rewrite_deletes
+    mixed = TableMetrics("ns.t", NOW, delete_files=900, deletion_vectors=840)
+    plan = plan_maintenance(mixed, policy, NOW)
+    assert plan.rewrite_deletes and "60 position/equality delete files" in " ".join(plan.reasons)

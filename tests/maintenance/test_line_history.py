@@ -1,9 +1,11 @@
-"""Snapshot expiry of a pipeline's mirror in the JVM (`SnapshotExpiry`): a Puffin file holding the DVs of two
-data files stays while one of them is live and goes with the last; after an expiry to one snapshot, the table's
-directory holds exactly the files that snapshot references (nothing live deleted, nothing left behind)."""
+"""Expiry and orphan removal of a pipeline's mirror in the JVM (`LineHistory`): a Puffin file holding the DVs of
+two data files stays while one of them is live and goes with the last; after an expiry to one snapshot, the
+table's directory holds exactly the files that snapshot references (nothing live deleted, nothing left behind);
+an orphan scan removes planted files and never the key index under `_lakestream/`, on the line or not."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from pathlib import Path
@@ -11,7 +13,8 @@ from urllib.parse import urlparse
 
 from conftest import produce_records
 from lakestream.engine.pipeline import Pipeline
-from lakestream.maintenance.actions import expire_snapshots
+from lakestream.inspection import load_java_table
+from lakestream.maintenance.actions import MaintenanceResult, expire_snapshots, remove_orphan_files
 
 NS = "sexp"
 
@@ -92,3 +95,65 @@ def test_a_shared_puffin_file_outlives_its_first_dv_and_goes_with_its_last(spark
         assert on_disk == _referenced(spark, f"lake.{name}")
     finally:
         pipeline.close()
+
+
+def test_orphans_go_and_the_key_index_and_every_referenced_file_stay(spark, pipeline_config_factory):
+    suffix = uuid.uuid4().hex[:6]
+    topic, name = f"so{suffix}.public.items", f"{NS}.orph_{suffix}"
+    config = pipeline_config_factory([{"topics": [topic], "namespace": NS, "table": f"orph_{suffix}"}],
+                                     name=f"so{suffix}")
+    pipeline = Pipeline(config, spark)
+    try:
+        for version in range(3):  # files, DVs, several snapshots
+            produce_records(config.kafka.bootstrap_servers, topic, [
+                (json.dumps({"id": k}), json.dumps({"before": None, "after": {"id": k, "v": version},
+                                                    "op": "u" if version else "c"})) for k in range(50)])
+            pipeline.run_batch()
+    finally:
+        pipeline.close()  # the key index is durable under <location>/_lakestream/
+    table = f"lake.{name}"
+    location = _path(spark.sql(f"SELECT file_path FROM {table}.files LIMIT 1").collect()[0][0]).parents[1]
+    index_files = [p for p in (location / "_lakestream").rglob("*") if p.is_file()]
+    assert index_files
+
+    def plant(relative: str) -> Path:
+        path = location / relative
+        path.write_bytes(b"not referenced by any snapshot")
+        return path
+
+    def age_everything() -> None:
+        old = time.time() - 5 * 86400  # a quiet table: even its index files are days old
+        for p in location.rglob("*"):
+            if p.is_file():
+                os.utime(p, (old, old))
+
+    def remove() -> MaintenanceResult:
+        result = remove_orphan_files(spark, "lake", name, load_java_table(spark, "lake", name),
+                                     int((time.time() - 3 * 86400) * 1000))
+        assert result.status == "ok", result.describe()
+        return result
+
+    def still_whole() -> None:
+        assert all(p.exists() for p in index_files), "the key index was taken for orphans"
+        referenced = {r[0] for r in spark.sql(f"SELECT file_path FROM {table}.all_files").collect()}
+        referenced |= {r[0] for r in spark.sql(f"SELECT path FROM {table}.all_manifests").collect()}
+        referenced |= {r[0] for r in spark.sql(f"SELECT manifest_list FROM {table}.snapshots").collect()}
+        assert all(_path(p).exists() for p in referenced)
+        assert spark.sql(f"SELECT count(*), sum(v) FROM {table}").collect()[0][:] == (50, 100)
+
+    planted = [plant("data/orphan-a.parquet"), plant("metadata/orphan-b.avro")]
+    age_everything()
+    line = remove()
+    assert line.detail["method"] == "line"
+    assert sorted(_path(p) for p in line.detail["orphans"]) == sorted(planted)
+    assert not any(p.exists() for p in planted)
+    still_whole()
+
+    # A tag takes the table off the line: Iceberg's procedure lists, and the index is still left out.
+    spark.sql(f"ALTER TABLE {table} CREATE TAG kept")
+    planted = [plant("data/orphan-c.parquet")]
+    age_everything()
+    procedure = remove()
+    assert procedure.detail["method"] == "procedure"
+    assert [_path(p) for p in procedure.detail["orphans"]] == planted and not planted[0].exists()
+    still_whole()
