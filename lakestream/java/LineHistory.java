@@ -106,7 +106,7 @@ public final class LineHistory {
    * {@code older_than_ms}: deleted unless {@code dry_run}. Never a metadata JSON file (the catalog's pointer and
    * its log: `trim_metadata` bounds them), never a checksum file, never anything under {@code <location>/_lakestream/}
    * (the pipeline's key index lives there and no snapshot names it). Answers {"fallback": why} when the history
-   * is not one line or the table's FileIO cannot list, else {"orphans": [first 100 paths], "orphan_count",
+   * is not one line or the table's FileIO cannot list an object store, else {"orphans": [first 100 paths], "orphan_count",
    * "listed", "referenced", "timings_ms"}.
    */
   public static String removeOrphans(SparkSession spark, String catalog, String namespace, String table,
@@ -116,7 +116,7 @@ public final class LineHistory {
     ObjectNode out = JSON.createObjectNode();
     TableMetadata m = ((HasTableOperations) t).operations().current();
     String notLinear = notOneLine(m);
-    if (notLinear == null && !(t.io() instanceof SupportsPrefixOperations)) {
+    if (notLinear == null && localRoot(m.location()) == null && !(t.io() instanceof SupportsPrefixOperations)) {
       notLinear = "the table's FileIO cannot list (" + t.io().getClass().getSimpleName() + ")";
     }
     if (notLinear != null) {
@@ -133,7 +133,7 @@ public final class LineHistory {
       long olderThan = req.path("older_than_ms").asLong();
       List<String> orphans = new ArrayList<>();
       int listed = 0;
-      for (FileInfo f : ((SupportsPrefixOperations) t.io()).listPrefix(location + "/")) {
+      for (FileInfo f : listing(t.io(), location)) {
         listed++;
         String path = f.location();
         String name = path.substring(path.lastIndexOf('/') + 1);
@@ -194,6 +194,48 @@ public final class LineHistory {
           live.forEach(p -> out.add(key(p)));
         }));
     return out;
+  }
+
+  /**
+   * Every file under {@code location}. A local directory is walked with java.nio: Hadoop's local file system
+   * runs `ls -ld` once per file for its permissions (a minute for the 100M-row mirror's ~10k files) and fails
+   * the whole listing when a file vanishes meanwhile (Iceberg deletes old metadata files at commits).
+   */
+  private static Iterable<FileInfo> listing(FileIO io, String location) throws java.io.IOException {
+    java.nio.file.Path root = localRoot(location);
+    if (root == null) {
+      return ((SupportsPrefixOperations) io).listPrefix(location + "/");
+    }
+    String scheme = location.startsWith("file:") ? "file:" : "";
+    List<FileInfo> files = new ArrayList<>();
+    if (!java.nio.file.Files.isDirectory(root)) {
+      return files;
+    }
+    java.nio.file.Files.walkFileTree(root, new java.nio.file.SimpleFileVisitor<java.nio.file.Path>() {
+      @Override
+      public java.nio.file.FileVisitResult visitFile(java.nio.file.Path file,
+          java.nio.file.attribute.BasicFileAttributes attrs) {
+        if (attrs.isRegularFile()) {
+          files.add(new FileInfo(scheme + file.toAbsolutePath(), attrs.size(), attrs.lastModifiedTime().toMillis()));
+        }
+        return java.nio.file.FileVisitResult.CONTINUE;
+      }
+
+      @Override
+      public java.nio.file.FileVisitResult visitFileFailed(java.nio.file.Path file, java.io.IOException e) {
+        return java.nio.file.FileVisitResult.CONTINUE; // gone since it was listed: not an orphan to delete
+      }
+    });
+    return files;
+  }
+
+  /** The local directory of a {@code file:} or scheme-less location, else null. */
+  private static java.nio.file.Path localRoot(String location) {
+    java.net.URI uri = new org.apache.hadoop.fs.Path(location).toUri();
+    if (uri.getScheme() != null && !uri.getScheme().equals("file")) {
+      return null;
+    }
+    return java.nio.file.Paths.get(uri.getPath());
   }
 
   /** A path compared by its path part only: one table's files share a scheme and authority, spelled variously. */
