@@ -153,6 +153,7 @@ class MaintenanceScheduler:
         self.last_orphan_scan_s: dict[str, float] = {}
         self.prepared: list[PreparedRewrite] = []  # compactions written, for the pipeline to commit
         self.lock = threading.Lock()
+        self.hold_until_s: float | None = None  # no round before (a restart catching up)
         if resume:
             self.resume_from_log()
 
@@ -166,6 +167,7 @@ class MaintenanceScheduler:
         ends = [int(line["finished_ms"]) for line in lines if isinstance(line.get("finished_ms"), int)]
         if ends:
             self.last_round_s = max(ends) / 1000
+            self.hold_until_s = time.time() + self.config.maintenance.restart_delay_s
         for line in lines:
             if line.get("action") == "remove_orphans" and line.get("status") in ("ok", "dry-run") \
                     and isinstance(line.get("finished_ms"), int):
@@ -204,6 +206,8 @@ class MaintenanceScheduler:
         return taken
 
     def due(self, now_s: float) -> bool:
+        if self.hold_until_s is not None and now_s < self.hold_until_s:
+            return False
         return self.last_round_s is None or now_s - self.last_round_s >= self.config.maintenance.interval_s
 
     def run_round(

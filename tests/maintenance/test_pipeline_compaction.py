@@ -178,3 +178,21 @@ def test_a_large_compaction_is_committed_over_several_pauses():
         pauses.append([(p.table, [g.inputs[0] for g in p.groups], p.result.files_before) for p in taken])
     assert pauses == [[("ns.one", ["g1-a"], 2)], [("ns.one", ["g2-a", "g3-a"], 4)], [("ns.two", ["g4-a"], 2)]]
     assert scheduler.take_prepared() == []
+
+
+def test_a_restarted_pipeline_catches_up_before_its_first_round(pipeline_config_factory):
+    import time
+
+    from lakestream.maintenance.history import record_maintenance
+    from lakestream.maintenance.actions import MaintenanceResult
+    from lakestream.maintenance.runner import MaintenanceScheduler
+
+    config = pipeline_config_factory([{"topics": ["r.public.t"], "namespace": NS, "table": "t"}], name="rdelay",
+                                     maintenance={"mode": "inline", "interval_s": 10, "restart_delay_s": 60})
+    now = time.time()
+    assert MaintenanceScheduler(config, resume=True).due(now)  # a first life: a round at once
+    record_maintenance(config, [MaintenanceResult(table="ns.t", action="compact", status="ok")],
+                       int((now - 3600) * 1000))
+    restarted = MaintenanceScheduler(config, resume=True)  # an earlier life in the log: a restart
+    assert not restarted.due(time.time()) and not restarted.due(time.time() + 59)
+    assert restarted.due(time.time() + 61)
