@@ -104,8 +104,8 @@ public final class LineHistory {
   /**
    * The files under the table's location that no snapshot references and that are older than
    * {@code older_than_ms}: deleted unless {@code dry_run}. Never a metadata JSON file (the catalog's pointer and
-   * its log: `trim_metadata` bounds them), never a checksum file, never anything under {@code <location>/_lakestream/}
-   * (the pipeline's key index lives there and no snapshot names it). Answers {"fallback": why} when the history
+   * its log: `trim_metadata` bounds them), never a checksum file, never anything under {@code keep_under} (the
+   * pipeline's own files beside the table, its key index: no snapshot names them). Answers {"fallback": why} when the history
    * is not one line or the table's FileIO cannot list an object store, else {"orphans": [first 100 paths], "orphan_count",
    * "listed", "referenced", "timings_ms"}.
    */
@@ -129,7 +129,8 @@ public final class LineHistory {
       Set<String> referenced = referenced(t.io(), m, pool, paced(req));
       clock.lap("read_referenced");
       String location = m.location().replaceAll("/+$", "");
-      String own = key(location + "/_lakestream/");
+      String kept = req.path("keep_under").asText("");
+      String own = kept.isEmpty() ? null : key(kept.replaceAll("/+$", "") + "/");
       long olderThan = req.path("older_than_ms").asLong();
       List<String> orphans = new ArrayList<>();
       int listed = 0;
@@ -138,7 +139,7 @@ public final class LineHistory {
         String path = f.location();
         String name = path.substring(path.lastIndexOf('/') + 1);
         if (f.createdAtMillis() >= olderThan || name.endsWith(".crc") || name.equals("version-hint.text")
-            || name.contains(".metadata.json") || key(path).startsWith(own) || referenced.contains(key(path))) {
+            || name.contains(".metadata.json") || (own != null && key(path).startsWith(own)) || referenced.contains(key(path))) {
           continue;
         }
         orphans.add(path);
@@ -176,7 +177,7 @@ public final class LineHistory {
     }
     Snapshot oldest = snapshots.stream().min(Comparator.comparingLong(Snapshot::sequenceNumber)).orElseThrow();
     Map<String, ManifestFile> toRead = new ConcurrentHashMap<>();
-    Tasks.foreach(snapshots).executeWith(pool).retry(2).stopOnFailure().throwFailureWhenFinished().run(s -> pace.run(() -> {
+    eachPaced(snapshots, pool, pace, s -> {
       if (s.manifestListLocation() != null) {
         out.add(key(s.manifestListLocation()));
       }
@@ -186,13 +187,12 @@ public final class LineHistory {
           toRead.putIfAbsent(mf.path(), mf);
         }
       }
-    }));
-    Tasks.foreach(toRead.values()).executeWith(pool).retry(2).stopOnFailure().throwFailureWhenFinished()
-        .run(mf -> pace.run(() -> {
-          Set<String> live = new HashSet<>();
-          collectLive(mf, io, live);
-          live.forEach(p -> out.add(key(p)));
-        }));
+    });
+    eachPaced(toRead.values(), pool, pace, mf -> {
+      Set<String> live = new HashSet<>();
+      collectLive(mf, io, live);
+      live.forEach(p -> out.add(key(p)));
+    });
     return out;
   }
 
@@ -268,6 +268,13 @@ public final class LineHistory {
         }
       }
     }
+  }
+
+  /** {@code body} for each item on {@code pool}, paced; the first failure (after two retries) is thrown. */
+  private static <T> void eachPaced(Iterable<T> items, ExecutorService pool, Pace pace,
+      java.util.function.Consumer<T> body) {
+    Tasks.foreach(items).executeWith(pool).retry(2).stopOnFailure().throwFailureWhenFinished()
+        .run(item -> pace.run(() -> body.accept(item)));
   }
 
   private static Pace paced(JsonNode req) {
@@ -348,14 +355,14 @@ public final class LineHistory {
     Snapshot oldestExpired = expired.stream().min(Comparator.comparingLong(Snapshot::sequenceNumber)).orElseThrow();
     Map<String, ManifestFile> expiredManifests = new ConcurrentHashMap<>();
     Set<String> ofOldestExpired = ConcurrentHashMap.newKeySet();
-    Tasks.foreach(expired).executeWith(pool).retry(2).stopOnFailure().throwFailureWhenFinished().run(s -> pace.run(() -> {
+    eachPaced(expired, pool, pace, s -> {
       for (ManifestFile m : s.allManifests(io)) {
         expiredManifests.putIfAbsent(m.path(), m);
         if (s == oldestExpired) {
           ofOldestExpired.add(m.path());
         }
       }
-    }));
+    });
     Set<String> keptManifests = new HashSet<>();
     List<ManifestFile> keptList = oldestKept.allManifests(io);
     keptList.forEach(m -> keptManifests.add(m.path()));
@@ -364,36 +371,34 @@ public final class LineHistory {
     // Candidates: the files live in some expired snapshot, i.e. live in the oldest expired one or added since.
     // A manifest the oldest kept snapshot still lists holds only files live there: not read. Failing to
     // read a candidate manifest only leaves orphans.
-    Set<String> removedData = ConcurrentHashMap.newKeySet();
-    Set<String> removedDeletes = ConcurrentHashMap.newKeySet();
+    Set<String> data = ConcurrentHashMap.newKeySet(); // the candidates, by content
+    Set<String> deletes = ConcurrentHashMap.newKeySet();
     List<ManifestFile> candidates = new ArrayList<>();
     for (ManifestFile m : expiredManifests.values()) {
       if (!keptManifests.contains(m.path()) && (ofOldestExpired.contains(m.path()) || m.hasAddedFiles())) {
         candidates.add(m);
       }
     }
-    Tasks.foreach(candidates).executeWith(pool).retry(2).stopOnFailure().throwFailureWhenFinished().run(m -> pace.run(
-        () -> collectLive(m, io, m.content() == ManifestContent.DATA ? removedData : removedDeletes)));
+    eachPaced(candidates, pool, pace, m -> collectLive(m, io, m.content() == ManifestContent.DATA ? data : deletes));
     clock.lap("read_expired");
 
     // What the oldest kept snapshot still references: never deleted. A failure here stops the cleanup.
     Set<String> liveInKept = ConcurrentHashMap.newKeySet();
-    if (!removedData.isEmpty() || !removedDeletes.isEmpty()) {
-      Tasks.foreach(keptList).executeWith(pool).retry(2).stopOnFailure().throwFailureWhenFinished()
-          .run(m -> pace.run(() -> collectLive(m, io, liveInKept)));
+    if (!data.isEmpty() || !deletes.isEmpty()) {
+      eachPaced(keptList, pool, pace, m -> collectLive(m, io, liveInKept));
     }
     clock.lap("read_kept");
 
-    removedData.removeAll(liveInKept);
-    removedDeletes.removeAll(liveInKept);
+    data.removeAll(liveInKept);
+    deletes.removeAll(liveInKept);
     List<String> manifests = new ArrayList<>();
     expiredManifests.keySet().stream().filter(p -> !keptManifests.contains(p)).forEach(manifests::add);
     List<String> lists = new ArrayList<>();
     expired.stream().map(Snapshot::manifestListLocation).filter(p -> p != null).forEach(lists::add);
     List<String> statistics = expiredStatistics(before, after);
 
-    out.put("deleted_data_files", delete(io, removedData, pool));
-    out.put("deleted_position_delete_files", delete(io, removedDeletes, pool));
+    out.put("deleted_data_files", delete(io, data, pool));
+    out.put("deleted_position_delete_files", delete(io, deletes, pool));
     out.put("deleted_equality_delete_files", 0);
     out.put("deleted_manifest_files", delete(io, manifests, pool));
     out.put("deleted_manifest_lists", delete(io, lists, pool));

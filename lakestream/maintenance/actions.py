@@ -27,7 +27,7 @@ from lakestream.inspection import (
     split_table_name,
 )
 from lakestream.identifiers import quote, quote_column, quote_table, sql_string
-from lakestream.sink.index_store import store_location
+from lakestream.sink.index_store import own_location
 from lakestream.storage import lists_through_file_io
 
 if TYPE_CHECKING:
@@ -41,6 +41,19 @@ PARTITIONS_PER_CALL = 50
 # Expiry and orphan scans in the JVM read on one thread of their own, working half of the time: beside the
 # batches they never take more than a quarter of a 2-core machine.
 BESIDE_THE_BATCHES = {"threads": 1, "duty": 0.5}
+
+
+def _line_history(spark: SparkSession, method: str, catalog: str, name: str, request: dict) -> dict | None:
+    """``LineHistory.<method>`` on table ``name`` beside the batches: its answer (timings in seconds), or None
+    when the table's history is not one line (the caller falls back to Iceberg's procedure)."""
+    namespace, table = split_table_name(name)
+    answer = json.loads(getattr(spark.sparkContext._jvm.lakestream.LineHistory, method)(
+        spark._jsparkSession, catalog, namespace, table, json.dumps({**request, **BESIDE_THE_BATCHES})))
+    if "fallback" in answer:
+        log.info("%s: %s with Iceberg's procedure: %s", name, method, answer["fallback"])
+        return None
+    answer["timings_s"] = {step: round(ms / 1000, 3) for step, ms in answer.pop("timings_ms", {}).items()}
+    return answer
 
 
 @dataclass
@@ -365,20 +378,15 @@ def expire_snapshots(
     qualified = quote_table(catalog, namespace, table)
 
     def in_the_jvm() -> bool:
-        request = {"older_than_ms": int(older_than_ms), "retain_last": int(retain_last),
-                   "protected_snapshot_id": protected_snapshot_id, **BESIDE_THE_BATCHES}
-        answer = json.loads(spark.sparkContext._jvm.lakestream.LineHistory.expire(
-            spark._jsparkSession, catalog, namespace, table, json.dumps(request)))
-        if "fallback" in answer:
-            log.info("%s: expiring with Iceberg's procedure: %s", name, answer["fallback"])
+        answer = _line_history(spark, "expire", catalog, name, {
+            "older_than_ms": int(older_than_ms), "retain_last": int(retain_last),
+            "protected_snapshot_id": protected_snapshot_id})
+        if answer is None:
             return False
         if "error" in answer:
             result.status, result.error = "failed", answer["error"]
             log.error("%s: %s", name, result.error)
-        timings = answer.pop("timings_ms", {})
-        result.detail.update(answer)
-        result.detail["method"] = "line"
-        result.detail["timings_s"] = {step: round(ms / 1000, 3) for step, ms in timings.items()}
+        result.detail.update(answer, method="line")
         result.files_after = snapshots - int(answer.get("expired_snapshots", 0))
         return True
 
@@ -452,17 +460,15 @@ def remove_orphan_files(
     result = MaintenanceResult(
         table=name, action="remove_orphans", status="dry-run" if dry_run else "ok", detail={"older_than_ms": older_than_ms}
     )
-    namespace, table = split_table_name(name)
+    own = own_location(jtable.location())
 
     def in_the_jvm() -> list[str] | None:
-        request = {"older_than_ms": int(older_than_ms), "dry_run": bool(dry_run), **BESIDE_THE_BATCHES}
-        answer = json.loads(spark.sparkContext._jvm.lakestream.LineHistory.removeOrphans(
-            spark._jsparkSession, catalog, namespace, table, json.dumps(request)))
-        if "fallback" in answer:
-            log.info("%s: listing orphans with Iceberg's procedure: %s", name, answer["fallback"])
+        answer = _line_history(spark, "removeOrphans", catalog, name, {
+            "older_than_ms": int(older_than_ms), "dry_run": bool(dry_run), "keep_under": own})
+        if answer is None:
             return None
         result.detail.update(method="line", listed=answer["listed"], referenced=answer["referenced"],
-                             timings_s={k: round(v / 1000, 3) for k, v in answer["timings_ms"].items()})
+                             timings_s=answer["timings_s"])
         result.files_before = int(answer["orphan_count"])
         return list(answer["orphans"])
 
@@ -473,8 +479,7 @@ def remove_orphan_files(
             f"CALL {_procedure(catalog, 'remove_orphan_files')}(table => {_table_arg(name)}, "
             f"older_than => {_timestamp(older_than_ms)}, dry_run => true{prefix})"
         ).collect()
-        own = store_location(jtable.location()).rsplit("/", 1)[0] + "/"
-        own_path = urlparse(own).path
+        own_path = urlparse(own).path.rstrip("/") + "/"
         paths = [p for p in (r["orphan_file_location"] for r in rows) if not urlparse(p).path.startswith(own_path)]
         if not dry_run:
             io = jtable.io()

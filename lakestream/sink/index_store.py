@@ -48,8 +48,13 @@ MAX_DELTAS = 256
 _NAME = re.compile(r"^(base|delta)-(\d{12})\.(json|npz)$")
 
 
+def own_location(table_location: str) -> str:
+    """Where Lakestream keeps its own files beside a table's (no snapshot names them: orphan removal skips it)."""
+    return table_location.rstrip("/") + "/_lakestream"
+
+
 def store_location(table_location: str) -> str:
-    return table_location.rstrip("/") + "/_lakestream/index"
+    return own_location(table_location) + "/index"
 
 
 class _Merge:
