@@ -810,9 +810,9 @@ class MaintenanceSettings(_Model):
     interval_s: float = Field(default=300, gt=0)
     # remove_orphan_files lists the whole table location: run it less often than the other actions.
     orphan_interval_s: float = Field(default=6 * 3600, ge=0)
-    # After a restart (the maintenance log shows an earlier life), no round for this long: the pipeline catches
-    # up on what arrived while it was down first, with both cores.
-    restart_delay_s: float = Field(default=60, ge=0)
+    # No inline round for this long after the pipeline starts (or restarts): it first catches up on what
+    # arrived while it was down, with both cores, while its JVM is still compiling the batch path.
+    start_delay_s: float = Field(default=60, ge=0)
     policies: list[MaintenancePolicy] = Field(default_factory=lambda: [MaintenancePolicy()])
 
     def policy_for(self, table: str) -> MaintenancePolicy:

@@ -153,8 +153,10 @@ class MaintenanceScheduler:
         self.last_orphan_scan_s: dict[str, float] = {}
         self.prepared: list[PreparedRewrite] = []  # compactions written, for the pipeline to commit
         self.lock = threading.Lock()
-        self.hold_until_s: float | None = None  # no round before (a restart catching up)
+        self.hold_until_s: float | None = None  # no round before (a start catching up)
         if resume:
+            if config.maintenance.start_delay_s > 0:
+                self.hold_until_s = time.time() + config.maintenance.start_delay_s
             self.resume_from_log()
 
     def resume_from_log(self) -> None:
@@ -167,7 +169,6 @@ class MaintenanceScheduler:
         ends = [int(line["finished_ms"]) for line in lines if isinstance(line.get("finished_ms"), int)]
         if ends:
             self.last_round_s = max(ends) / 1000
-            self.hold_until_s = time.time() + self.config.maintenance.restart_delay_s
         for line in lines:
             if line.get("action") == "remove_orphans" and line.get("status") in ("ok", "dry-run") \
                     and isinstance(line.get("finished_ms"), int):

@@ -63,57 +63,70 @@ def bucket_of(keys: np.ndarray, bits: int) -> np.ndarray:
 
 
 def write_npy(fs: Any, path: str, array: np.ndarray) -> None:
-    import io
-
-    buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array))
+    """``array`` as an ``.npy`` file of ``fs``, written straight to the stream (no copy in memory)."""
     with fs.open_output_stream(path) as fh:
-        fh.write(buf.getvalue())
+        np.lib.format.write_array(fh, np.ascontiguousarray(array), allow_pickle=False)
+
+
+def merge_sorted(keys: np.ndarray, locs: np.ndarray, ov_keys: np.ndarray, ov_locs: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """A base run (sorted ``keys``, their ``locs``) with the overlay's sorted entries applied: an overlay
+    key replaces the base's entry, a new one is inserted in order, a tombstone (MISSING) removes the key.
+    Linear in the run: one pass of inserts, no sort (the run is millions of keys, the overlay's share of it
+    tens of thousands)."""
+    if len(keys):
+        at = np.searchsorted(keys, ov_keys)
+        clipped = np.minimum(at, len(keys) - 1)
+        known = keys[clipped] == ov_keys
+        new_at = at[~known]
+        keys = np.insert(keys, new_at, ov_keys[~known])
+        locs = np.insert(locs, new_at, ov_locs[~known])
+        # A known key's position after the inserts: shifted by the new keys inserted at or before it.
+        replaced = clipped[known]
+        locs[replaced + np.searchsorted(new_at, replaced, side="right")] = ov_locs[known]
+    else:
+        keys, locs = ov_keys, ov_locs
+    live = locs != MISSING
+    return (keys, locs) if live.all() else (keys[live], locs[live])
 
 
 def merge_generation(fs: Any, gen_dir: str, runs: dict[int, _Run | tuple[str, str]], old_bits: int,
-                     ov_keys: np.ndarray, ov_locs: np.ndarray) -> dict[str, Any]:
+                     ov_keys: np.ndarray, ov_locs: np.ndarray, duty: float = 1.0) -> dict[str, Any]:
     """Merge base buckets ``runs`` (mapped, or their keys and locations files) and an overlay into a new
-    generation in ``gen_dir``, one bucket in memory at a time; returns ``{bits, rows, buckets}``."""
+    generation in ``gen_dir``, one bucket in memory at a time; returns ``{bits, rows, buckets}``. With
+    ``duty`` < 1 it works that share of the time (a pause after each bucket), so that a merge beside the
+    batches leaves them the machine's disk and cores most of the time."""
     runs = {b: r if isinstance(r, _Run) else _Run(*r) for b, r in runs.items()}
     base_rows = sum(len(r.keys) for r in runs.values())
     bits = max(old_bits, bucket_bits(base_rows + len(ov_keys)))
     ensure_dir(fs, gen_dir)
     ov_buckets = bucket_of(ov_keys, bits)
+    by_bucket = np.argsort(ov_buckets, kind="stable")  # stable: each bucket's overlay keys stay sorted
+    bounds = np.searchsorted(ov_buckets[by_bucket], np.arange((1 << bits) + 1))
     # Old buckets map to new ones by the top bits (bits only grow): new bucket n reads old n >> (bits - old).
     shift = bits - old_bits
     written, total = [], 0
     for b in range(1 << bits):
-        parts_k, parts_l = [], []
+        started = time.monotonic()
+        mine = by_bucket[bounds[b]:bounds[b + 1]]
         old = runs.get(b >> shift)
+        keys, locs = np.empty(0, ov_keys.dtype), np.empty(0, np.int64)
         if old is not None:
+            keys, locs = np.asarray(old.keys), np.asarray(old.locs)
             if shift:
-                sel = bucket_of(np.asarray(old.keys), bits) == b
-                parts_k.append(np.asarray(old.keys)[sel])
-                parts_l.append(np.asarray(old.locs)[sel])
-            else:
-                parts_k.append(np.asarray(old.keys))
-                parts_l.append(np.asarray(old.locs))
-        sel = ov_buckets == b
-        ok, ol = ov_keys[sel], ov_locs[sel]
-        if parts_k:
-            k0, l0 = parts_k[0], parts_l[0]
-            shadowed, _ = find_sorted(ok, k0)
-            keys = np.concatenate([k0[~shadowed], ok])
-            locs = np.concatenate([l0[~shadowed], ol])
-        else:
-            keys, locs = ok, ol
-        live = locs != MISSING
-        keys, locs = keys[live], locs[live]
+                sel = bucket_of(keys, bits) == b
+                keys, locs = keys[sel], locs[sel]
+        keys, locs = merge_sorted(keys, locs, ov_keys[mine], ov_locs[mine])
+        if len(keys):
+            write_npy(fs, f"{gen_dir}/bucket-{b:05d}.keys.npy", keys)
+            write_npy(fs, f"{gen_dir}/bucket-{b:05d}.locs.npy", locs)
+            written.append(b)
+            total += len(keys)
+        del keys, locs
         if old is not None:
             old.release()
-        if len(keys) == 0:
-            continue
-        order = np.argsort(keys, kind="stable")
-        write_npy(fs, f"{gen_dir}/bucket-{b:05d}.keys.npy", keys[order])
-        write_npy(fs, f"{gen_dir}/bucket-{b:05d}.locs.npy", locs[order])
-        written.append(b)
-        total += len(keys)
+        if duty < 1.0:
+            time.sleep((time.monotonic() - started) * (1.0 - duty) / duty)
     return {"bits": bits, "rows": total, "buckets": written}
 
 

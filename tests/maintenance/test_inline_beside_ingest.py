@@ -31,13 +31,13 @@ def test_inline_rounds_keep_to_the_pipelines_tables_unless_a_policy_names_others
     other = _small_files_table(spark, f"other_{suffix}")
     policy = {"compaction": {"max_files_per_partition": 2, "quiet_time_s": 0}}
     config = pipeline_config_factory([{"topics": ["unused"]}], name=f"own{suffix}", maintenance={
-        "mode": "inline", "interval_s": 3600, "policies": [{"tables": ".*", **policy}]})
+        "mode": "inline", "interval_s": 3600, "start_delay_s": 0, "policies": [{"tables": ".*", **policy}]})
     results = maybe_maintain(spark, config, time.time(), own={mine})
     assert results and {r.table for r in results} == {mine}, [r.describe() for r in results]
     assert spark.sql(f"SELECT count(*) FROM lake.{other}.data_files").collect()[0][0] == 4  # untouched
 
     named = pipeline_config_factory([{"topics": ["unused"]}], name=f"own{suffix}b", maintenance={
-        "mode": "inline", "interval_s": 3600,
+        "mode": "inline", "interval_s": 3600, "start_delay_s": 0,
         "policies": [{"tables": f"{NS}\\.other_{suffix}", **policy}, {"tables": ".*", **policy}]})
     results = maybe_maintain(spark, named, time.time(), own={mine})
     assert {r.table for r in results} == {mine, other}
@@ -55,7 +55,7 @@ def test_maintenance_runs_beside_ingestion_and_moves_the_index_by_diff(stack, sp
     config = pipeline_config_factory(
         [{"topics": [topic], "namespace": NS, "table": f"items_{suffix}"}], name=f"mb{suffix}",
         engine={"commit_interval_s": 0, "idle_poll_s": 0.2},
-        maintenance={"mode": "inline", "interval_s": 1, "orphan_interval_s": 3600, "policies": [{
+        maintenance={"mode": "inline", "interval_s": 1, "orphan_interval_s": 3600, "start_delay_s": 0, "policies": [{
             "tables": ".*", "compaction": {"max_files_per_partition": 3, "quiet_time_s": 0},
             "max_delete_files": 2, "orphan_min_age_s": 3 * 86400, "orphan_dry_run": True}]})
     rebuilds: list[int | None] = []

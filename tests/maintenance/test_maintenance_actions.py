@@ -18,7 +18,8 @@ NS = "maint"
 def config_with(pipeline_config_factory, **policy):
     return pipeline_config_factory(
         streams=[{"topics": ["unused"]}],
-        maintenance={"mode": "inline", "interval_s": 3600, "policies": [{"tables": ".*", **policy}]},
+        maintenance={"mode": "inline", "interval_s": 3600, "start_delay_s": 0,
+                     "policies": [{"tables": ".*", **policy}]},
     )
 
 

@@ -43,7 +43,7 @@ def mirror(stack, spark, pipeline_config_factory):
     topic, name = f"pc{suffix}.public.items", f"{NS}.items_{suffix}"
     config = pipeline_config_factory(
         [{"topics": [topic], "namespace": NS, "table": f"items_{suffix}"}], name=f"pc{suffix}",
-        maintenance={"mode": "inline", "interval_s": 3600, "policies": [{
+        maintenance={"mode": "inline", "interval_s": 3600, "start_delay_s": 0, "policies": [{
             "tables": ".*", "compaction": {"max_files_per_partition": 2, "quiet_time_s": 600,
                                            "target_file_size_bytes": 64 * 1024 * 1024}}]})
     model: dict[int, int] = {}
@@ -180,7 +180,7 @@ def test_a_large_compaction_is_committed_over_several_pauses():
     assert scheduler.take_prepared() == []
 
 
-def test_a_restarted_pipeline_catches_up_before_its_first_round(pipeline_config_factory):
+def test_a_started_pipeline_catches_up_before_its_first_round(pipeline_config_factory):
     import time
 
     from lakestream.maintenance.history import record_maintenance
@@ -188,11 +188,17 @@ def test_a_restarted_pipeline_catches_up_before_its_first_round(pipeline_config_
     from lakestream.maintenance.runner import MaintenanceScheduler
 
     config = pipeline_config_factory([{"topics": ["r.public.t"], "namespace": NS, "table": "t"}], name="rdelay",
-                                     maintenance={"mode": "inline", "interval_s": 10, "restart_delay_s": 60})
-    now = time.time()
-    assert MaintenanceScheduler(config, resume=True).due(now)  # a first life: a round at once
+                                     maintenance={"mode": "inline", "interval_s": 10, "start_delay_s": 60})
+    first = MaintenanceScheduler(config, resume=True)  # a first life: its first round after the delay too
+    assert not first.due(time.time()) and not first.due(time.time() + 59)
+    assert first.due(time.time() + 61)
     record_maintenance(config, [MaintenanceResult(table="ns.t", action="compact", status="ok")],
-                       int((now - 3600) * 1000))
+                       int((time.time() - 3600) * 1000))
     restarted = MaintenanceScheduler(config, resume=True)  # an earlier life in the log: a restart
     assert not restarted.due(time.time()) and not restarted.due(time.time() + 59)
     assert restarted.due(time.time() + 61)
+    record_maintenance(config, [MaintenanceResult(table="ns.t", action="compact", status="ok")],
+                       int(time.time() * 1000))
+    undelayed = config.model_copy(update={"maintenance": config.maintenance.model_copy(update={"start_delay_s": 0})})
+    resumed = MaintenanceScheduler(undelayed, resume=True)  # no delay: the schedule of the earlier life goes on
+    assert not resumed.due(time.time() + 5) and resumed.due(time.time() + 11)

@@ -79,10 +79,10 @@ def test_a_merge_beside_the_batches_never_holds_a_commit_and_loses_nothing(tmp_p
     release = threading.Event()
     real_merge = disk_index.merge_generation
 
-    def held_merge(*args):
+    def held_merge(*args, **kwargs):
         if threading.current_thread() is not threading.main_thread():  # the first base is written in line
             assert release.wait(30)
-        return real_merge(*args)
+        return real_merge(*args, **kwargs)
 
     monkeypatch.setattr(disk_index, "merge_generation", held_merge)
     monkeypatch.setattr(index_store, "MAX_DELTAS", 4)
@@ -139,3 +139,26 @@ def test_hashed_keys_bucket_the_same_everywhere(tmp_path):
     buckets = disk_index.bucket_of(keys, 4)
     assert set(buckets.tolist()) == set(range(16))
     assert np.array_equal(disk_index.bucket_of(keys.copy(), 4), buckets)
+
+
+def test_merge_sorted_applies_replacements_inserts_and_tombstones_like_a_dict():
+    rng = np.random.default_rng(7)
+    for dtype in (np.int64, np.dtype("S16")):
+        for base_n, ov_n in ((0, 50), (2_000, 0), (2_000, 300), (50, 2_000)):
+            pool = rng.choice(10_000, base_n + ov_n, replace=False).astype(np.int64)
+            base_keys = np.sort(rng.choice(pool, base_n, replace=False))
+            ov_keys = np.sort(rng.choice(pool, ov_n, replace=False))  # some in the base, some new
+            base_locs = rng.integers(0, 1 << 40, base_n)
+            ov_locs = rng.integers(0, 1 << 40, ov_n)
+            ov_locs[rng.random(ov_n) < 0.2] = MISSING  # tombstones, of known and of unknown keys
+            if dtype != np.int64:
+                base_keys, ov_keys = np.sort(base_keys.astype(dtype)), np.sort(ov_keys.astype(dtype))
+            want = dict(zip(base_keys.tolist(), base_locs.tolist()))
+            for k, v in zip(ov_keys.tolist(), ov_locs.tolist()):
+                if v == MISSING:
+                    want.pop(k, None)
+                else:
+                    want[k] = v
+            keys, locs = disk_index.merge_sorted(base_keys, base_locs, ov_keys, ov_locs)
+            assert keys.tolist() == sorted(want)
+            assert locs.tolist() == [want[k] for k in sorted(want)]
