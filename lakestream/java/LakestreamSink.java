@@ -61,7 +61,6 @@ import org.apache.iceberg.expressions.Term;
 import org.apache.iceberg.io.CloseableIterable;
 import org.apache.iceberg.io.DeleteWriteResult;
 import org.apache.iceberg.io.OutputFileFactory;
-import org.apache.iceberg.parquet.ParquetUtil;
 import org.apache.iceberg.spark.SparkSchemaUtil;
 import org.apache.iceberg.spark.source.HasIcebergCatalog;
 import org.apache.iceberg.types.Type;
@@ -494,7 +493,7 @@ public final class LakestreamSink {
       throw new IllegalArgumentException("data file " + path + " has " + values.size()
           + " partition values; spec " + spec.specId() + " has " + pfields.size() + " fields");
     }
-    Metrics metrics = ParquetUtil.fileMetrics(t.io().newInputFile(path), metricsConfig);
+    Metrics metrics = ParquetFooters.metrics(t.io().newInputFile(path), metricsConfig);
     if (f.hasNonNull("record_count") && f.get("record_count").asLong() != metrics.recordCount()) {
       throw new IllegalArgumentException("data file " + path + ": record_count " + f.get("record_count").asLong()
           + " but its footer says " + metrics.recordCount());
@@ -858,7 +857,7 @@ public final class LakestreamSink {
     List<JsonNode> groups = new ArrayList<>();
     req.path("groups").forEach(groups::add);
     Metrics[] footers = new Metrics[groups.size()];
-    inParallel(footers.length, i -> footers[i] = ParquetUtil.fileMetrics(
+    inParallel(footers.length, i -> footers[i] = ParquetFooters.metrics(
         t.io().newInputFile(groups.get(i).get("output").get("path").asText()), metricsConfig));
     clock.lap("output_footers");
     RewriteFiles rw = t.newRewrite();

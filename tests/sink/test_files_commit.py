@@ -402,3 +402,34 @@ def test_commit_timings(spark, ns):
           f"merged DVs: {merged * 1000:.0f} ms")
     assert (result["delete_files"], result["removed_delete_files"]) == (20, 20)
     assert spark.sql(f"SELECT count(*) FROM {name}").collect()[0][0] == 20 * 500 - 20 * 100
+
+
+def test_committed_file_metrics_are_icebergs_own(spark, ns):
+    """The footer metrics of a committed data file (read without a Hadoop Configuration per file) are exactly
+    those Iceberg's ParquetUtil.fileMetrics computes: counts, null counts and bounds of every column."""
+    name, info = _new_table(spark, ns, "metrics")
+    files, table = _write(info, _rows(range(1, 200)))
+    commit_files(spark, CATALOG, ns, "metrics", _request(files))
+    jvm = spark._jvm
+    iceberg_table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, name)
+    config = jvm.org.apache.iceberg.MetricsConfig.forTable(iceberg_table)
+    rows = spark.sql(f"SELECT file_path, record_count, value_counts, null_value_counts, lower_bounds, upper_bounds, "
+                     f"column_sizes FROM {name}.data_files").collect()
+    assert len(rows) == len(files) and sum(r.record_count for r in rows) == 199
+    for row in rows:
+        want = jvm.org.apache.iceberg.parquet.ParquetUtil.fileMetrics(
+            iceberg_table.io().newInputFile(row.file_path), config)
+
+        def as_dict(java_map, convert=lambda v: v):
+            return {int(k): convert(v) for k, v in dict(java_map or {}).items()}
+
+        def as_bytes(buffer):
+            return bytes(jvm.org.apache.iceberg.util.ByteBuffers.toByteArray(buffer))
+
+        assert row.record_count == want.recordCount()
+        assert dict(row.value_counts) == as_dict(want.valueCounts())
+        assert dict(row.null_value_counts) == as_dict(want.nullValueCounts())
+        assert dict(row.column_sizes) == as_dict(want.columnSizes())
+        assert {k: bytes(v) for k, v in row.lower_bounds.items()} == as_dict(want.lowerBounds(), as_bytes)
+        assert {k: bytes(v) for k, v in row.upper_bounds.items()} == as_dict(want.upperBounds(), as_bytes)
+        assert len(row.lower_bounds) >= 3  # id, name, amount, ts, region at least: the bounds were computed
