@@ -10,9 +10,10 @@ small in-memory overlay of the changes since they were written.
   DONTNEED``), so the driver's resident memory does not grow with the table: what it holds is the overlay
   (24-32 bytes per change since the last merge) and the list of data file paths.
 - **Updates** (a commit's moved and deleted keys) go to the overlay, deletes as tombstones. When the overlay
-  outgrows an eighth of the base (at least `MIN_MERGE`, at most `MAX_OVERLAY` entries) the next durable write
-  merges it into a new generation, one bucket at a time (memory: one bucket). That merge rewrites the whole
-  base (O(table) I/O, synchronous in the commit that triggers it: once per ``MAX_OVERLAY`` changes at most).
+  outgrows an eighth of the base (at least `MIN_MERGE`, at most `MAX_OVERLAY` entries) it is merged into a new
+  generation on a thread beside the batches (`lakestream.sink.index_store`), one bucket at a time (memory: one
+  bucket; `merge_sorted`: linear inserts, no sort), paced to half the time. That merge still rewrites the whole
+  base (O(table) I/O: 1.5 GB at 100M keys, once per ``MAX_OVERLAY`` changes at most).
 
 `lakestream.sink.index_store` keeps the generations and the per-commit deltas beside the table.
 """
