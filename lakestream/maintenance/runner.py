@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from lakestream.beside import release_slot, take_slot
 from lakestream.config import PipelineConfig
 from lakestream.inspection import collect_table_metrics, list_tables, load_java_table
 from lakestream.maintenance.actions import (
@@ -324,6 +325,8 @@ def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | Non
             return done
         if not scheduler.due(now):
             return done
+        if not take_slot():  # a key index merge runs beside the batches: the round waits for a later pause
+            return done
 
         specs = dict(rewrite_specs or {})
 
@@ -337,11 +340,17 @@ def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | Non
                           str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
                 scheduler.last_round_s = time.time()
                 results = []
+            finally:
+                release_slot()
             with state.lock:
                 state.finished = (state.finished or []) + results
 
         state.thread = threading.Thread(target=run, name="lakestream-maintenance", daemon=True)
-        state.thread.start()
+        try:
+            state.thread.start()
+        except BaseException:
+            release_slot()
+            raise
     return done
 
 

@@ -311,6 +311,10 @@ class DiskKeyIndex:
     def wants_merge(self) -> bool:
         return len(self.ov_keys) > max(MIN_MERGE, min(self.base_rows // 8, MAX_OVERLAY))
 
+    def needs_merge(self) -> bool:
+        """Past twice the merge threshold: merged now even beside another heavy job (memory stays bounded)."""
+        return len(self.ov_keys) > 2 * max(MIN_MERGE, min(self.base_rows // 8, MAX_OVERLAY))
+
     # -- generations -----------------------------------------------------------------------------------
     def open_base(self, local_dir: str | None, meta: dict[str, Any]) -> None:
         """Map the generation in ``local_dir`` described by ``meta`` (None: an empty base)."""

@@ -35,6 +35,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from lakestream.beside import release_slot, take_slot
 from lakestream.sink.disk_index import DiskKeyIndex, local_generation
 from lakestream.sink.index import MISSING, index_keys, pack
 from lakestream.sink.storage import ensure_dir, filesystem_path
@@ -186,7 +187,16 @@ class IndexStore:
             return
         self.write_delta(index)
         if self.merge is None and (self.deltas >= MAX_DELTAS or index.wants_merge()):
-            self.start_merge(index)
+            # Not beside another heavy job (an inline maintenance round) unless the overlay or the delta chain
+            # is past twice its threshold: a later commit starts it.
+            holds_slot = take_slot()
+            if holds_slot or index.needs_merge() or self.deltas >= 2 * MAX_DELTAS:
+                try:
+                    self.start_merge(index, holds_slot)
+                except BaseException:
+                    if holds_slot:
+                        release_slot()
+                    raise
 
     def write_delta(self, index: DiskKeyIndex) -> None:
         """One delta: the keys the commits since the last file moved or deleted, and the paths they added."""
@@ -229,10 +239,11 @@ class IndexStore:
                  len(meta["buckets"]), time.monotonic() - started)
 
     # -- merging beside the batches ------------------------------------------------------------
-    def start_merge(self, index: DiskKeyIndex) -> None:
+    def start_merge(self, index: DiskKeyIndex, holds_slot: bool = False) -> None:
         """Merge the base and the overlay as they are now into a new generation on a thread. Its base file
         takes the next sequence number now, so the deltas written meanwhile load on top of it; until it is
-        adopted, a restart loads the old base and every delta."""
+        adopted, a restart loads the old base and every delta. ``holds_slot``: the merge releases the slot of
+        heavy jobs beside the batches (`lakestream.beside`) when it ends."""
         seq = (self.seq or 0) + 1
         self.seq = seq
         merge = _Merge(seq, f"gen-{seq:012d}", index, index.freeze(), self.deltas)
@@ -252,6 +263,9 @@ class IndexStore:
                               "paths": frozen["paths"], "generation": merge.generation}
             except Exception as exc:  # noqa: BLE001 — reported when adopted; the deltas stay the durable record
                 merge.error = exc
+            finally:
+                if holds_slot:
+                    release_slot()
             merge.seconds = time.monotonic() - started
             merge.done.set()
 

@@ -44,6 +44,30 @@ def test_inline_rounds_keep_to_the_pipelines_tables_unless_a_policy_names_others
     assert spark.sql(f"SELECT count(*) FROM lake.{other}.data_files").collect()[0][0] == 1
 
 
+def test_a_round_waits_while_a_key_index_merge_runs_beside_the_batches(spark, pipeline_config_factory):
+    from lakestream import beside
+    from lakestream.maintenance import runner
+
+    suffix = uuid.uuid4().hex[:6]
+    mine = _small_files_table(spark, f"slot_{suffix}")
+    config = pipeline_config_factory([{"topics": ["unused"]}], name=f"slot{suffix}", maintenance={
+        "mode": "inline", "interval_s": 3600, "start_delay_s": 0,
+        "policies": [{"tables": ".*", "compaction": {"max_files_per_partition": 2, "quiet_time_s": 0}}]})
+    assert beside.take_slot()  # a key index merge runs
+    try:
+        assert maybe_maintain(spark, config, time.time(), own={mine}, background=True) == []
+        state = runner._background[id(config)]
+        assert state.thread is None  # no round started
+    finally:
+        beside.release_slot()
+    maybe_maintain(spark, config, time.time(), own={mine}, background=True)
+    assert state.thread is not None and beside.slot_taken()  # the round holds the slot while it runs
+    state.thread.join(120)
+    assert not beside.slot_taken()
+    results = maybe_maintain(spark, config, time.time(), own={mine}, background=True)  # the finished round's
+    assert any(r.table == mine and r.action == "compact" for r in results), [r.describe() for r in results]
+
+
 @pytest.mark.chaos  # ~80 s of live ingestion: `make chaos`
 def test_maintenance_runs_beside_ingestion_and_moves_the_index_by_diff(stack, spark, pipeline_config_factory,
                                                                        monkeypatch):

@@ -162,3 +162,43 @@ def test_merge_sorted_applies_replacements_inserts_and_tombstones_like_a_dict():
             keys, locs = disk_index.merge_sorted(base_keys, base_locs, ov_keys, ov_locs)
             assert keys.tolist() == sorted(want)
             assert locs.tolist() == [want[k] for k in sorted(want)]
+
+
+def test_a_merge_waits_while_a_maintenance_round_runs_beside_the_batches(tmp_path, monkeypatch):
+    """One heavy job beside the batches at a time: while the slot is taken (an inline round) a merge that is
+    due is left for a later commit, unless the overlay is past twice its threshold; the merge then holds
+    the slot until it ends."""
+    from lakestream import beside
+    from lakestream.sink import index_store
+
+    monkeypatch.setattr(disk_index, "MIN_MERGE", 20)
+    monkeypatch.setattr(index_store, "MAX_DELTAS", 1000)
+    index = DiskKeyIndex(False, ["id"], "u")
+    index.snapshot_id, index.valid = 1, True
+    store = IndexStore(str(tmp_path / "store"))
+    store.persist(index)  # the first base
+    rng = random.Random(5)
+
+    def commit(n: int, count: int) -> None:
+        keys = np.array(sorted(rng.sample(range(10_000), count)), np.int64)
+        index.update(keys, pack(np.full(count, index.file_id(f"file-{n}"), np.int64), np.arange(count)))
+        index.snapshot_id = n + 1
+        store.persist(index)
+
+    assert beside.take_slot()  # a round runs
+    try:
+        commit(1, 25)  # past the threshold (20): due, but the slot is taken
+        assert index.wants_merge() and store.merge is None
+        commit(2, 10)  # still not past twice the threshold
+        assert store.merge is None
+        commit(3, 30)  # past 40: merged now, beside the round, without taking the slot
+        assert store.merge is not None
+        store.finish_merge(index, wait=True)
+        assert beside.slot_taken()  # still the round's
+    finally:
+        beside.release_slot()
+    commit(4, 25)
+    assert store.merge is not None
+    store.finish_merge(index, wait=True)
+    assert not beside.slot_taken()  # the merge released it at its end
+    assert not index.wants_merge()

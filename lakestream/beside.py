@@ -1,0 +1,31 @@
+"""One heavy job beside the batches at a time: a key index merge or an inline maintenance round.
+
+Each alone leaves the batches most of the machine; together (a 1.5 GB index rewrite, a compaction written on the
+executors, the expiry and orphan scan in the JVM) they starved them on two cores: in the 100M-row sustained
+run the batches that made freshness p99 were those where two of these overlapped (session 12). A job that
+finds the slot taken waits for a later turn: a merge for a later commit (the overlay grows meanwhile, up to its
+hard cap), a round for a later pause between batches.
+
+The slot is a plain lock, taken by the thread that starts a job and released by the job's own thread.
+"""
+from __future__ import annotations
+
+import threading
+
+_slot = threading.Lock()
+
+
+def take_slot() -> bool:
+    """Take the slot if it is free; the caller then releases it when its job ends (`release_slot`)."""
+    return _slot.acquire(blocking=False)
+
+
+def release_slot() -> None:
+    _slot.release()
+
+
+def slot_taken() -> bool:
+    return _slot.locked()
+
+
+__all__ = ["release_slot", "slot_taken", "take_slot"]
