@@ -131,6 +131,29 @@ def merge_generation(fs: Any, gen_dir: str, runs: dict[int, _Run | tuple[str, st
     return {"bits": bits, "rows": total, "buckets": written}
 
 
+def warm_page_cache(paths: list[str]) -> None:
+    """Ask the kernel to read ``paths`` into its page cache (sequential readahead, in the background).
+
+    A batch's lookups touch ~21 scattered pages per key in every bucket: from a cold cache (a new host, or a
+    cache another job evicted) the first batch after a start read them one by one — 14 s for 1,098 keys at 100M
+    keys in the sustained run, against ~2 s to read the 1.5 GB generation front to back. The pages land in the
+    page cache, not in this process's resident memory."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 class _Run:
     """One bucket's sorted keys and locations, memory-mapped from local ``.npy`` files."""
 
@@ -325,6 +348,9 @@ class DiskKeyIndex:
         for b in meta.get("buckets", []):
             self.runs[int(b)] = _Run(f"{local_dir}/bucket-{int(b):05d}.keys.npy",
                                      f"{local_dir}/bucket-{int(b):05d}.locs.npy")
+        if self.runs:
+            paths = [p for r in self.runs.values() for p in (r.keys_path, r.locs_path)]
+            threading.Thread(target=warm_page_cache, args=(paths,), name="key-index-warm", daemon=True).start()
         self.paths, self._path_ids = [], {}
         for p in meta.get("paths", []):
             self.file_id(p)
