@@ -16,6 +16,7 @@ from lakestream.engine.isolation import Isolator, without
 from lakestream.engine.registry import TableRegistry
 from lakestream.errors import classify_failure, conflict_cause, first_line, is_infrastructure_failure
 from lakestream.faults import pause_point
+from lakestream.laps import Laps
 from lakestream.process.stage import commit_phases
 from lakestream.sink.committer import StaleIndex, TableCommit, TableWrite, write_table
 from lakestream.sink.files import delete_quietly
@@ -65,8 +66,10 @@ class Committer:
         if not changes.files and not changes.locations and not changes.truncates:
             return None  # nothing left to write (all dead letters): the offsets advance with the next commit
         attempts = 5
+        laps = Laps()
         for attempt in range(1, attempts + 1):
             write = TableWrite(ident, self.config.catalog.name, table, spec, self.registry.fresh_index(name, ident))
+            laps.lap("fresh_index")
             try:
                 pause_point("commit.table.before")
                 done = write_table(self.spark, write, changes, props)
@@ -98,11 +101,14 @@ class Committer:
                     write.index.valid = False
                 self.retries.append(name)
                 time.sleep(0.2 * attempt)
+        laps.lap("write")
         self.registry.persist_index(name)  # durable with the commit (a death before this: refreshed by diff)
+        laps.lap("persist_index")
         pause_point("commit.table.after")
         self.offsets.record(ident, merged)
         spec.committed = dict(merged)
-        return dataclasses.replace(done, source_ts_ms=changes.max_source_ts)
+        return dataclasses.replace(done, source_ts_ms=changes.max_source_ts,
+                                   timings_ms={**laps.ms, **{f"write.{k}": v for k, v in done.timings_ms.items()}})
 
     def commit_tables(self, report: BatchReport, ranges: list[OffsetRange] | None = None) -> dict[str, TableCommit]:
         """Commit every table of the batch; tables are independent, so several commit at once. With

@@ -173,4 +173,7 @@ def sum_commits(a: TableCommit | None, b: TableCommit | None) -> TableCommit | N
     if a is None or b is None:
         return a or b
     newest = max((t for t in (a.source_ts_ms, b.source_ts_ms) if t is not None), default=None)
-    return TableCommit(b.kind, a.changes + b.changes, newest)
+    timings = dict(a.timings_ms)
+    for step, ms in b.timings_ms.items():
+        timings[step] = round(timings.get(step, 0.0) + ms, 1)
+    return TableCommit(b.kind, a.changes + b.changes, newest, timings)

@@ -29,6 +29,7 @@ from lakestream.engine.result import BatchResult, combine_quantiles
 from lakestream.engine.writejob import WriteJob
 from lakestream.errors import LakestreamError, first_line
 from lakestream.faults import pause_point
+from lakestream.laps import Laps
 from lakestream.process.alerts import AlertStage
 from lakestream.process.materialize import MaterializeStage
 from lakestream.process.stage import Stage, StageContext
@@ -178,8 +179,10 @@ class Pipeline:
     def run_batch(self) -> BatchResult | None:
         """Plan, read and write, commit, advance. None when there was nothing to read."""
         started = time.monotonic()
+        laps = Laps()
         self._in_batch = True
         ranges, report, overlapped = self._plan()
+        laps.lap("plan")
         if not ranges:
             self._idle()
             self._in_batch = False
@@ -191,7 +194,9 @@ class Pipeline:
             self.job.prepare_new_tables(ranges)
             report = self.isolator.write(ranges, self.positions.watermarks)
         jobs = self._write_new_shapes(ranges, report)
+        laps.lap("write_job")
         self.prefetch.start(report, started)  # plans without touching the positions' watermarks
+        laps.lap("next_job")
         # The job's dead letters commit before any table: the restart reads from the tables' offsets, so after a
         # crash between a table's commit and theirs they would be lost. A crash before the tables commit reads
         # their records again, and the dead-letter table's own offsets leave the second copies out.
@@ -199,7 +204,9 @@ class Pipeline:
         dead = self.dead_letters.write(report)
         self._run_stages("before_commits", report)
         read_seconds = time.monotonic() - started
+        laps.lap("dead_letters")
         committed = self.committer.commit_tables(report, ranges)
+        laps.lap("commit_tables")
         self._run_stages("after_commits", report)
         # Dead letters that came up since (late window readings, records a failing commit isolated): new in this
         # batch, so not left out by the offsets the first write stored.
@@ -207,9 +214,10 @@ class Pipeline:
             dead[kind] = dead.get(kind, 0) + n
         commit_ts_ms = int(time.time() * 1000)
         advanced = self._advance(report)
+        laps.lap("advance")
         self._in_batch = False
         return self._result(report, committed, dead, started, read_seconds, commit_ts_ms, advanced, jobs,
-                            isolations_before, overlapped)
+                            isolations_before, overlapped, laps.ms)
 
     def _plan(self) -> tuple[list[OffsetRange], BatchReport | None, bool]:
         """This batch's ranges, and its report when its job already ran during the last commit."""
@@ -280,7 +288,7 @@ class Pipeline:
 
     def _result(self, report: BatchReport, committed: dict[str, Any], dead: dict[str, int], started: float,
                 read_seconds: float, commit_ts_ms: int, advanced: int, jobs: int, isolations_before: int,
-                overlapped: bool) -> BatchResult:
+                overlapped: bool, steps_ms: dict[str, float]) -> BatchResult:
         changes = sum(tr.count for tr in report.tables.values())
         groups = [(s.count, s.source_ts_q, s.source_ts_min, s.source_ts_max)
                   for tr in report.tables.values() for s in tr.stats if s.source_ts_q]
@@ -298,4 +306,5 @@ class Pipeline:
             commit_conflicts=list(self.committer.conflicts), commit_retries=retries,
             isolated=self.isolator.isolations - isolations_before, skipped=dict(report.skipped),
             truncated=sorted(n for n, tr in report.tables.items() if tr.truncates and n in committed),
-            overlapped=overlapped, held=self.registry.cadence.records())
+            overlapped=overlapped, held=self.registry.cadence.records(), steps_ms=steps_ms,
+            table_steps_ms={n: c.timings_ms for n, c in committed.items() if c.timings_ms})

@@ -33,6 +33,8 @@ class BatchResult:
     truncated: list[str] = field(default_factory=list)  # tables a source TRUNCATE emptied in this batch
     overlapped: bool = False  # this batch's write job ran while the previous batch committed
     held: dict[str, int] = field(default_factory=dict)  # table → records written but held for its own cadence
+    steps_ms: dict[str, float] = field(default_factory=dict)  # where the batch's time went, step → ms, in order
+    table_steps_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # table → its commit's steps (ms)
 
     def progress_line(self) -> str:
         rate = self.records / self.seconds if self.seconds > 0 else 0.0
@@ -62,4 +64,4 @@ def describe_batch(result: BatchResult) -> dict[str, Any]:
             "table_lag": result.table_lag, "dead_letter_kinds": result.dead_letter_kinds,
             "commit_conflicts": [list(c) for c in result.commit_conflicts], "commit_retries": result.commit_retries,
             "skipped": result.skipped, "truncated": result.truncated, "overlapped": result.overlapped,
-            "held": result.held}
+            "held": result.held, "steps_ms": result.steps_ms, "table_steps_ms": result.table_steps_ms}

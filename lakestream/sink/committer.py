@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
 import pyarrow as pa
 
+from lakestream.laps import Laps
 from lakestream.sink.index import MISSING, keys_from_arrow, unpack
 from lakestream.sink.report import OP_DELETE, TableReport
 
@@ -45,6 +46,9 @@ class TableCommit:
     kind: str  # append | upsert | dedupe-append
     changes: int
     source_ts_ms: int | None = None  # the newest source change it carries (set by Pipeline.commit_table)
+    # Where the commit's time went, in ms, in order: the key index lookup ("resolve"), the JVM's own steps
+    # ("jvm.<step>"), moving the index ("index_update"); the engine adds its steps around them.
+    timings_ms: dict[str, float] = field(default_factory=dict)
 
 
 class StaleIndex(Exception):
@@ -287,9 +291,11 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     data_files = [{"path": f.path, "file_size": f.file_size, "record_count": f.record_count,
                    "partition": f.partition_values} for f in changes.files]
     index = write.index
+    laps = Laps()
     resolved = _resolve(write, changes) if index is not None else None
     if resolved is not None and resolved.patches:
         _apply_patches(write, changes, resolved, data_files)
+    laps.lap("resolve")
     request = {
         "base_snapshot_id": index.snapshot_id if index is not None else None,
         **({"expect_snapshot_id": index.snapshot_id} if index is not None else {}),
@@ -300,6 +306,8 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
         "truncate": bool(changes.truncates),
     }
     result = commit_files(spark, write.catalog, write.name.namespace, write.name.table, request)
+    laps.lap("jvm")
+    laps.add_steps("jvm", result.get("timings_ms"))
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s: commit of %d data file(s), deletes in %d, steps (ms) %s", write.ident, len(data_files),
                   len(request["deletes"]), result.get("timings_ms"))
@@ -321,12 +329,14 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
             live = ~resolved.unchanged
             index.update(resolved.keys[live], resolved.locations.packed(index)[live])
             index.snapshot_id = result["snapshot_id"]
+            laps.lap("index_update")
     appended = sum(f.record_count for f in changes.files)
     if write.mode == "upsert":
-        return TableCommit("upsert", len(resolved.keys) if resolved is not None else appended)
+        return TableCommit("upsert", len(resolved.keys) if resolved is not None else appended, timings_ms=laps.ms)
     if index is not None and resolved is not None:
-        return TableCommit("dedupe-append", int((~resolved.unchanged & (resolved.locations.file >= 0)).sum()))
-    return TableCommit("append", appended)
+        return TableCommit("dedupe-append", int((~resolved.unchanged & (resolved.locations.file >= 0)).sum()),
+                           timings_ms=laps.ms)
+    return TableCommit("append", appended, timings_ms=laps.ms)
 
 
 def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport, properties: dict[str, str]
@@ -337,7 +347,9 @@ def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport,
     from lakestream.sink.multiset import apply_resolution, positions_property, resolve_keyless
 
     index = write.index
+    laps = Laps()
     resolved = resolve_keyless(index, changes)
+    laps.lap("resolve")
     request = {
         "base_snapshot_id": index.snapshot_id,
         "expect_snapshot_id": index.snapshot_id,
@@ -349,6 +361,8 @@ def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport,
         "truncate": bool(changes.truncates),
     }
     result = commit_files(spark, write.catalog, write.name.namespace, write.name.table, request)
+    laps.lap("jvm")
+    laps.add_steps("jvm", result.get("timings_ms"))
     if result.get("stale"):
         index.valid = False
         raise StaleIndex(f"{write.ident} is at snapshot {result.get('snapshot_id')}, its index at "
@@ -362,4 +376,5 @@ def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport,
     if resolved.resent:
         log.info("%s: %d re-sent event(s) recognised by their source position and left out", write.ident,
                  resolved.resent)
-    return TableCommit("upsert", resolved.applied)
+    laps.lap("index_update")
+    return TableCommit("upsert", resolved.applied, timings_ms=laps.ms)

@@ -58,3 +58,36 @@ def test_batch_ids_continue_after_restart_and_recovery(spark, pipeline_config_fa
     logged = [orjson.loads(line)["batch"] for line in metrics_path(config).read_bytes().splitlines()]
     assert logged == sorted(set(logged)) == [1, 2, 3, 4, 6]
     assert spark.table(table).count() == 60
+
+
+def test_the_metrics_log_says_where_each_batch_and_commit_spent_its_time(spark, pipeline_config_factory):
+    suffix = uuid.uuid4().hex[:6]
+    upserts, events = f"steps{suffix}.public.items", f"steps{suffix}.public.events"
+    config = pipeline_config_factory(
+        [{"topics": [upserts], "mode": "upsert", "namespace": "steps", "table": "items_" + suffix,
+          "key_columns": ["id"]},
+         {"topics": [events], "mode": "append", "namespace": "steps", "table": "events_" + suffix}],
+        name=f"steps{suffix}", engine={"max_records_per_batch": 40})
+    produce_records(config.kafka.bootstrap_servers, upserts, _events(0, 20) + _events(10, 20))
+    produce_records(config.kafka.bootstrap_servers, events, _events(0, 20))
+    results = run_pipeline(config, spark=spark, stop_when_idle=True)
+    assert results
+    lines = [orjson.loads(line) for line in metrics_path(config).read_bytes().splitlines()]
+    assert len(lines) == len(results)
+    tables = set()
+    for line in lines:
+        steps = line["steps_ms"]
+        assert list(steps) == ["plan", "write_job", "next_job", "dead_letters", "commit_tables", "advance"]
+        # The steps are the batch, lap by lap: they add up to its time.
+        assert abs(sum(steps.values()) / 1000 - line["seconds"]) < 0.01 + 0.02 * line["seconds"]
+        assert steps["commit_tables"] > 0
+        for table, table_steps in line["table_steps_ms"].items():
+            tables.add(table)
+            assert {"fresh_index", "write", "persist_index", "write.jvm"} <= set(table_steps)
+            assert table_steps["write.jvm.iceberg_commit"] <= table_steps["write.jvm"]
+            if table.startswith("steps.items_"):  # an upsert: the key index is looked up and moved
+                assert {"write.resolve", "write.index_update"} <= set(table_steps)
+            else:
+                assert "write.index_update" not in table_steps
+            assert table_steps["write"] <= steps["commit_tables"] + 0.1
+    assert tables == {f"steps.items_{suffix}", f"steps.events_{suffix}"}
