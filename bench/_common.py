@@ -23,7 +23,11 @@ from typing import Any
 import orjson
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+# Child processes (a `lakestream run` the bench starts, Spark's Python workers) import this checkout too, not
+# the one the venv was installed from: a bench run from a git worktree measures the worktree's code.
+os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 from lakestream.config import PipelineConfig, parse_config  # noqa: E402
 from lakestream.stack import Stack, StackSettings  # noqa: E402
