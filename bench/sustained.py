@@ -489,12 +489,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def round_windows(log_lines: list[dict[str, Any]]) -> list[tuple[int, int, list[dict[str, Any]]]]:
     """(start ms, end ms, actions) of each round in the pipeline's maintenance log. The actions of a round run one
-    after the other and share its end time; the table metrics read before them is not timed, so the start is a
-    little late."""
+    after the other and share its end time; its start (``round_started_ms``) comes before the tables' metrics
+    read. Logs written before it was recorded: the actions' own times back from the end (a little late)."""
     by_end: dict[int, list[dict[str, Any]]] = {}
     for line in log_lines:
         by_end.setdefault(int(line["finished_ms"]), []).append(line)
-    return [(end - int(1000 * sum(float(a.get("seconds") or 0) for a in actions)), end, actions)
+    return [(min((int(a["round_started_ms"]) for a in actions if a.get("round_started_ms") is not None),
+                 default=end - int(1000 * sum(float(a.get("seconds") or 0) for a in actions))), end, actions)
             for end, actions in sorted(by_end.items())]
 
 

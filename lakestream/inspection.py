@@ -232,8 +232,13 @@ def collect_table_metrics(
     policy: MaintenancePolicy | None = None,
     kafka: KafkaSettings | None = None,
     now_ms: int | None = None,
+    for_plan: bool = False,
 ) -> TableMetrics:
-    """Measure one table. ``policy`` sets the small-file size; ``kafka`` enables lag measurement."""
+    """Measure one table. ``policy`` sets the small-file size; ``kafka`` enables lag measurement.
+
+    ``for_plan``: only what a maintenance plan reads (`lakestream.maintenance.policy`) — no table-wide data file
+    totals and no metadata byte count (0), whose reading of every snapshot's manifest list took half of the
+    time: a round beside ingestion reads these metrics every interval, and they share the batches' JVM."""
     from lakestream.config import MaintenancePolicy
 
     policy = policy or MaintenancePolicy()
@@ -254,11 +259,12 @@ def collect_table_metrics(
     compaction = policy.compaction
     small = int(compaction.target_file_size_bytes * compaction.min_avg_file_size_ratio)
     metrics.small_file_bytes_threshold = small
-    row = spark.sql(
-        f"SELECT count(*) AS n, coalesce(sum(file_size_in_bytes), 0) AS bytes, "
-        f"count_if(file_size_in_bytes < {small}) AS small FROM {qualified}.data_files"
-    ).collect()[0]
-    metrics.data_files, metrics.data_bytes, metrics.small_files = int(row.n), int(row.bytes), int(row.small)
+    if not for_plan:
+        row = spark.sql(
+            f"SELECT count(*) AS n, coalesce(sum(file_size_in_bytes), 0) AS bytes, "
+            f"count_if(file_size_in_bytes < {small}) AS small FROM {qualified}.data_files"
+        ).collect()[0]
+        metrics.data_files, metrics.data_bytes, metrics.small_files = int(row.n), int(row.bytes), int(row.small)
 
     snapshot_rows = spark.sql(
         f"SELECT s.snapshot_id, s.parent_id, s.committed_at, s.operation, s.manifest_list, "
@@ -290,8 +296,11 @@ def collect_table_metrics(
         metrics.freshness_s = max(0.0, (now_ms - max(source_ts)) / 1000)
 
     metrics.manifests = int(spark.sql(f"SELECT count(*) FROM {qualified}.manifests").collect()[0][0])
-    metrics.metadata_bytes, metrics.metadata_files = _metadata_size(
-        spark, qualified, jtable, [r.manifest_list for r in snapshot_rows])
+    if for_plan:
+        metrics.metadata_files = len(_metadata_files(spark, qualified, jtable))
+    else:
+        metrics.metadata_bytes, metrics.metadata_files = _metadata_size(
+            spark, qualified, jtable, [r.manifest_list for r in snapshot_rows])
     metrics.metadata_delete_after_commit = str(jtable.properties().get(METADATA_DELETE_AFTER_COMMIT)).lower() == "true"
 
     if kafka is not None:
@@ -340,12 +349,18 @@ def collect_partitions(spark: SparkSession, qualified: str) -> list[PartitionMet
     return result
 
 
+def _metadata_files(spark: SparkSession, qualified: str, jtable) -> set[str]:
+    """The metadata JSON files: those on the current one's log, and itself."""
+    files = {r[0] for r in spark.sql(f"SELECT file FROM {qualified}.metadata_log_entries").collect()}
+    files.add(jtable.operations().current().metadataFileLocation())
+    return files
+
+
 def _metadata_size(spark: SparkSession, qualified: str, jtable, manifest_lists: list[str | None]) -> tuple[int, int]:
     """(bytes, metadata JSON files) of table metadata: metadata JSON files (current + logged), all
     manifests, all manifest lists."""
     total = int(spark.sql(f"SELECT coalesce(sum(length), 0) FROM (SELECT DISTINCT path, length FROM {qualified}.all_manifests)").collect()[0][0])
-    metadata_files = {r[0] for r in spark.sql(f"SELECT file FROM {qualified}.metadata_log_entries").collect()}
-    metadata_files.add(jtable.operations().current().metadataFileLocation())
+    metadata_files = _metadata_files(spark, qualified, jtable)
     io = jtable.io()
     for path in metadata_files | {p for p in manifest_lists if p}:
         total += file_length(io, path)

@@ -281,13 +281,31 @@ public final class LineHistory {
     return new Pace(req.path("duty").asDouble(1.0));
   }
 
-  /** The reading and deleting threads: their own, not Iceberg's worker pool (the batches' commits use it). */
+  /**
+   * The reading and deleting threads: their own, not Iceberg's worker pool (the batches' commits use it), at nice
+   * {@code req.nice} (0: as they are) for as long as they live (the pool ends with the call).
+   */
   private static ExecutorService pool(JsonNode req) {
+    int nice = req.path("nice").asInt(0);
     return Executors.newFixedThreadPool(Math.max(1, req.path("threads").asInt(1)), r -> {
-      Thread th = new Thread(r, "lakestream-line-history");
+      Thread th = new Thread(() -> {
+        ThreadPriority.lower(nice);
+        r.run();
+      }, "lakestream-line-history");
       th.setDaemon(true);
       return th;
     });
+  }
+
+  /** The nice value the pool's threads of {@code requestJson} run at (for tests). */
+  public static int poolNiceness(String requestJson) throws Exception {
+    ExecutorService pool = pool(JSON.readTree(requestJson));
+    try {
+      Integer nice = pool.submit(ThreadPriority::current).get();
+      return nice == null ? -100 : nice;
+    } finally {
+      pool.shutdownNow();
+    }
   }
 
   /** The metadata commit; {@code beforeAfter} gets the metadata around it when something was expired. */

@@ -38,9 +38,10 @@ log = logging.getLogger(__name__)
 # Partitions per rewrite_data_files call: keeps the WHERE clause and each commit small.
 PARTITIONS_PER_CALL = 50
 
-# Expiry and orphan scans in the JVM read on one thread of their own, working half of the time: beside the
-# batches they never take more than a quarter of a 2-core machine.
-BESIDE_THE_BATCHES = {"threads": 1, "duty": 0.5}
+# Expiry and orphan scans in the JVM read on one thread of their own, working half of the time, at nice 10
+# (`ThreadPriority`): beside the batches they never take more than a quarter of a 2-core machine, and under
+# contention far less — the batches' commits come first.
+BESIDE_THE_BATCHES = {"threads": 1, "duty": 0.5, "nice": 10}
 
 
 def _line_history(spark: SparkSession, method: str, catalog: str, name: str, request: dict) -> dict | None:

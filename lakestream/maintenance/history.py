@@ -18,9 +18,12 @@ def maintenance_log_path(config: PipelineConfig) -> Path:
     return Path(config.state_dir) / "maintenance" / f"{config.name}.jsonl"
 
 
-def record_maintenance(config: PipelineConfig, results: Iterable[MaintenanceResult], finished_ms: int) -> None:
-    """Append ``results`` (one round) to the pipeline's maintenance log."""
-    append_lines(maintenance_log_path(config), [r.to_json() | {"finished_ms": finished_ms} for r in results])
+def record_maintenance(config: PipelineConfig, results: Iterable[MaintenanceResult], finished_ms: int,
+                       started_ms: int | None = None) -> None:
+    """Append ``results`` (one round, from ``started_ms`` — its tables' metrics read included — to
+    ``finished_ms``) to the pipeline's maintenance log."""
+    window = {"finished_ms": finished_ms} | ({"round_started_ms": started_ms} if started_ms is not None else {})
+    append_lines(maintenance_log_path(config), [r.to_json() | window for r in results])
 
 
 def read_maintenance_log(config: PipelineConfig, limit: int = 200) -> list[dict[str, Any]]:

@@ -67,7 +67,7 @@ def plan_table(spark: SparkSession, config: PipelineConfig, name: str, now_ms: i
     """The plan one round would carry out on ``name`` (nothing is changed)."""
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     policy = config.maintenance.policy_for(name)
-    metrics = collect_table_metrics(spark, config.catalog.name, name, policy, now_ms=now_ms)
+    metrics = collect_table_metrics(spark, config.catalog.name, name, policy, now_ms=now_ms, for_plan=True)
     return plan_maintenance(metrics, policy, now_ms)
 
 
@@ -89,7 +89,7 @@ def maintain_table(
     catalog = config.catalog.name
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
     policy = config.maintenance.policy_for(name)
-    metrics = collect_table_metrics(spark, catalog, name, policy, now_ms=now_ms)
+    metrics = collect_table_metrics(spark, catalog, name, policy, now_ms=now_ms, for_plan=True)
     plan = plan_maintenance(metrics, policy, now_ms)
     for reason in plan.reasons:
         log.info("%s: %s", name, reason)
@@ -237,7 +237,7 @@ class MaintenanceScheduler:
         self.last_round_s = now_s + (time.monotonic() - wall_started)
         if not dry_run:
             try:
-                record_maintenance(self.config, results, int(self.last_round_s * 1000))
+                record_maintenance(self.config, results, int(self.last_round_s * 1000), int(now_s * 1000))
             except OSError as exc:  # the round itself succeeded: an unwritable state dir must not fail it
                 log.warning("maintenance log not written: %s", exc)
         return results
@@ -364,7 +364,8 @@ def take_prepared(config: PipelineConfig, max_rows: int | None = None) -> list[P
 def record_commits(config: PipelineConfig, results: list[MaintenanceResult]) -> None:
     """Log the pipeline's compaction commits in the maintenance log, like a round's actions."""
     try:
-        record_maintenance(config, results, int(time.time() * 1000))
+        finished_ms = int(time.time() * 1000)
+        record_maintenance(config, results, finished_ms, finished_ms - int(1000 * sum(r.seconds or 0 for r in results)))
     except OSError as exc:
         log.warning("maintenance log not written: %s", exc)
 

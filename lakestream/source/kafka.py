@@ -36,15 +36,15 @@ class KafkaCluster:
     def __init__(self, settings: KafkaSettings, timeout_s: float = 10.0):
         self.settings = settings
         self.timeout_s = timeout_s
-        # Commits are asynchronous and awaited for at most timeout_s (see commit): their outcome
-        # arrives here, served by poll().
-        self._commit_outcomes: list[KafkaError | None] = []
+        # Group commits are asynchronous (see commit): their outcomes arrive in _on_commit, served by poll().
+        self._unacknowledged = 0
         self._consumer = Consumer(settings.consumer_config(**{"auto.offset.reset": "earliest"},
                                                            on_commit=self._on_commit))
         self._admin = None
         self._batched_offsets_ok = True
 
     def close(self) -> None:
+        self._settle()
         self._consumer.close()
 
     def list_topics(self) -> dict[str, list[int]]:
@@ -103,6 +103,7 @@ class KafkaCluster:
         """The consumer group's committed offsets (only partitions that have one)."""
         if not tps:
             return {}
+        self._settle()  # this client's own commits first
         try:
             parts = self._consumer.committed([TopicPartition(t.topic, t.partition) for t in tps], timeout=self.timeout_s)
         except KafkaException as exc:
@@ -111,30 +112,43 @@ class KafkaCluster:
         return {TP(p.topic, p.partition): p.offset for p in parts if p.offset >= 0}
 
     def commit(self, positions: dict[TP, int]) -> None:
-        """Store ``positions`` (next offsets to read) as the group's committed offsets."""
+        """Store ``positions`` (next offsets to read) as the group's committed offsets.
+
+        The commit is sent and not waited for: the tables hold the truth, and a failed or unacknowledged group
+        commit only makes a restart re-read a little more, so a batch must not wait a broker round trip for it
+        (waiting cost ~50 ms a batch: poll() returns at its timeout, not at the acknowledgement). Outcomes are
+        collected at the next commit (a failure is logged), in full before `committed` and at `close`."""
         if not positions:
             return
+        self._consumer.poll(0)  # serve the outcomes of earlier commits
+        if self._unacknowledged >= MAX_UNACKNOWLEDGED_COMMITS:
+            self._settle()
         offsets = [TopicPartition(tp.topic, tp.partition, off) for tp, off in positions.items()]
-        # A failed or unacknowledged commit is harmless for correctness (the tables hold the truth; a
-        # restart just re-reads a little more), but a synchronous commit has no timeout and must not
-        # stall the engine on a broker that does not answer.
-        self._commit_outcomes.clear()
         try:
             self._consumer.commit(offsets=offsets, asynchronous=True)
         except KafkaException as exc:
             log.warning("could not commit group offsets: %s", exc)
             return
+        self._unacknowledged += 1
+
+    def _settle(self) -> None:
+        """Wait (at most timeout_s) for the outcomes of the commits sent so far."""
         deadline = time.monotonic() + self.timeout_s
-        while not self._commit_outcomes and time.monotonic() < deadline:
-            self._consumer.poll(0.05)
-        if not self._commit_outcomes:
-            log.warning("group offsets not acknowledged within %.0fs (broker away?); the next commit carries them",
-                        self.timeout_s)
-        elif self._commit_outcomes[0] is not None:
-            log.warning("could not commit group offsets: %s", self._commit_outcomes[0])
+        while self._unacknowledged > 0 and time.monotonic() < deadline:
+            self._consumer.poll(0.01)
+        if self._unacknowledged > 0:
+            log.warning("%d group offset commit(s) not acknowledged within %.0fs (broker away?); the next commit "
+                        "carries their offsets", self._unacknowledged, self.timeout_s)
+            self._unacknowledged = 0
 
     def _on_commit(self, err: KafkaError | None, _partitions: list[TopicPartition]) -> None:
-        self._commit_outcomes.append(err)
+        self._unacknowledged = max(0, self._unacknowledged - 1)
+        if err is not None:
+            log.warning("could not commit group offsets: %s", err)
+
+
+# Group commits in flight before a commit waits for their outcomes (a broker that stopped answering).
+MAX_UNACKNOWLEDGED_COMMITS = 20
 
 
 def consumer_lag(high_watermarks: dict[TP, int], positions: dict[TP, int]) -> int:

@@ -12,6 +12,7 @@ import pytest
 from conftest import produce_records
 from lakestream.engine.loop import run_pipeline
 from lakestream.maintenance import maybe_maintain
+from lakestream.maintenance.history import read_maintenance_log
 
 NS = "mown"
 
@@ -66,6 +67,11 @@ def test_a_round_waits_while_a_key_index_merge_runs_beside_the_batches(spark, pi
     assert not beside.slot_taken()
     results = maybe_maintain(spark, config, time.time(), own={mine}, background=True)  # the finished round's
     assert any(r.table == mine and r.action == "compact" for r in results), [r.describe() for r in results]
+    # The log gives the round's whole window: from before its tables' metrics were read to its end.
+    logged = read_maintenance_log(config)
+    assert {line["action"] for line in logged} >= {"compact"}
+    for line in logged:
+        assert line["round_started_ms"] + 1000 * (line["seconds"] or 0) <= line["finished_ms"] + 1, line
 
 
 @pytest.mark.chaos  # ~80 s of live ingestion: `make chaos`

@@ -157,3 +157,15 @@ def test_orphans_go_and_the_key_index_and_every_referenced_file_stay(spark, pipe
     assert procedure.detail["method"] == "procedure"
     assert [_path(p) for p in procedure.detail["orphans"]] == planted and not planted[0].exists()
     still_whole()
+
+
+def test_expiry_and_orphan_scans_read_on_threads_at_a_lower_priority(spark):
+    from lakestream.maintenance.actions import BESIDE_THE_BATCHES
+
+    history = spark.sparkContext._jvm.lakestream.LineHistory
+    as_they_are = history.poolNiceness(json.dumps({"threads": 1}))
+    assert as_they_are > -100, "no /proc/thread-self: the priority cannot be read"
+    assert BESIDE_THE_BATCHES["nice"] > 0
+    assert history.poolNiceness(json.dumps(BESIDE_THE_BATCHES)) == max(as_they_are, BESIDE_THE_BATCHES["nice"])
+    # The pool's threads end with the call: the JVM's other threads (the batches' commits) keep their priority.
+    assert history.poolNiceness(json.dumps({"threads": 1})) == as_they_are

@@ -18,6 +18,7 @@ from lakestream.inspection import (
     count_table_files,
     load_java_table,
 )
+from lakestream.maintenance.policy import plan_maintenance
 from lakestream.maintenance.runner import maintain_table, plan_table
 from lakestream.sink.schema import DEFAULT_TABLE_PROPERTIES
 
@@ -45,6 +46,15 @@ def test_one_round_deletes_old_metadata_and_keeps_the_log_bounded(spark, pipelin
     )
     before = collect_table_metrics(spark, "lake", name)
     assert before.snapshots == COMMITS and before.metadata_files == COMMITS + 1
+    # A maintenance plan's reading: all it plans from is the same, without the table-wide totals.
+    for_plan = collect_table_metrics(spark, "lake", name, now_ms=before.collected_ms, for_plan=True)
+    assert for_plan.metadata_bytes == 0 < before.metadata_bytes and for_plan.data_files == 0 < before.data_files
+    for field in ("partitions", "delete_files", "deletion_vectors", "manifests", "ancestry", "snapshots",
+                  "metadata_files", "oldest_snapshot_ms", "metadata_delete_after_commit", "has_sort_order", "rows"):
+        assert getattr(for_plan, field) == getattr(before, field), field
+    policy = config.maintenance.policy_for(name)
+    assert plan_maintenance(for_plan, policy, before.collected_ms) == plan_maintenance(before, policy,
+                                                                                        before.collected_ms)
     assert len(_metadata_files_on_disk(spark, name)) == COMMITS + 1
 
     results = {r.action: r for r in maintain_table(spark, config, name, remove_orphans=False)}

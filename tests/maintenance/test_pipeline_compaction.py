@@ -202,3 +202,19 @@ def test_a_started_pipeline_catches_up_before_its_first_round(pipeline_config_fa
     undelayed = config.model_copy(update={"maintenance": config.maintenance.model_copy(update={"start_delay_s": 0})})
     resumed = MaintenanceScheduler(undelayed, resume=True)  # no delay: the schedule of the earlier life goes on
     assert not resumed.due(time.time() + 5) and resumed.due(time.time() + 11)
+
+
+def test_a_rewrite_task_works_at_a_lower_priority_and_leaves_its_worker_as_it_was():
+    import os
+    import threading
+
+    from lakestream.maintenance.compaction import REWRITE_NICE, at_low_priority
+
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = niceness()
+    assert at_low_priority(niceness) == max(before, REWRITE_NICE)
+    assert niceness() == before  # the worker's own thread, reused by the batches' tasks, keeps its priority
+    with pytest.raises(ZeroDivisionError):
+        at_low_priority(lambda: 1 // 0)

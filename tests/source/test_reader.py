@@ -165,8 +165,10 @@ def test_group_offsets_round_trip(broker):
         assert tp in cluster.partitions_of(lambda t: t == topic)
         assert cluster.committed([tp]) == {}
         cluster.commit({tp: 7})
-        assert cluster.committed([tp]) == {tp: 7}
-        cluster.commit({tp: 10})
+        assert cluster._unacknowledged == 1  # sent, not waited for: a batch does not wait a round trip
+        assert cluster.committed([tp]) == {tp: 7}  # a read waits for this client's own commits
+        assert cluster._unacknowledged == 0
+        cluster.commit({tp: 10})  # acknowledged at close
     finally:
         cluster.close()
     # A new client (as after a restart) sees the same committed offset.
