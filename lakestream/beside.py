@@ -14,6 +14,11 @@ import threading
 
 _slot = threading.Lock()
 
+# The nice value of background work's own threads (0 normal, 19 lowest): the compaction rewrite's work in its Python
+# worker, the JVM's expiry, orphan and table-stats reads. Linux keeps a nice value per thread; under contention a
+# nice-10 thread gets about a tenth of the CPU a nice-0 one gets (CFS weights 110 vs 1024), and all of an idle core.
+BACKGROUND_NICE = 10
+
 
 def take_slot() -> bool:
     """Take the slot if it is free; the caller then releases it when its job ends (`release_slot`)."""
@@ -28,4 +33,4 @@ def slot_taken() -> bool:
     return _slot.locked()
 
 
-__all__ = ["release_slot", "slot_taken", "take_slot"]
+__all__ = ["BACKGROUND_NICE", "release_slot", "slot_taken", "take_slot"]

@@ -8,6 +8,7 @@ plus the sizes of metadata files.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -16,6 +17,7 @@ from datetime import date, datetime, timezone
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from lakestream.beside import BACKGROUND_NICE
 from lakestream.identifiers import quote_table, sql_string
 from lakestream.sink.offsets import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, ancestry, decode_offsets
 from lakestream.source.kafka import TP, kafka_lag
@@ -252,8 +254,11 @@ def collect_table_metrics(
 
     metrics.partitions = collect_partitions(spark, qualified)
     metrics.delete_files = sum(p.delete_files for p in metrics.partitions)
+    current_files = None
+    if for_plan:  # beside the batches: read in the JVM at a lower priority, no Spark job
+        current_files = json.loads(spark.sparkContext._jvm.lakestream.TableStats.currentFiles(jtable, BACKGROUND_NICE))
     if metrics.delete_files > policy.max_delete_files:  # only asked when the rewrite would be planned
-        metrics.deletion_vectors = int(spark.sql(
+        metrics.deletion_vectors = int(current_files["deletion_vectors"]) if current_files else int(spark.sql(
             f"SELECT count_if(file_format = 'PUFFIN') FROM {qualified}.delete_files").collect()[0][0])
 
     compaction = policy.compaction
@@ -295,7 +300,8 @@ def collect_table_metrics(
     if source_ts:
         metrics.freshness_s = max(0.0, (now_ms - max(source_ts)) / 1000)
 
-    metrics.manifests = int(spark.sql(f"SELECT count(*) FROM {qualified}.manifests").collect()[0][0])
+    metrics.manifests = int(current_files["manifests"]) if current_files else int(
+        spark.sql(f"SELECT count(*) FROM {qualified}.manifests").collect()[0][0])
     if for_plan:
         metrics.metadata_files = len(_metadata_files(spark, qualified, jtable))
     else:

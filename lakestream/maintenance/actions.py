@@ -15,6 +15,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from lakestream.beside import BACKGROUND_NICE
 from lakestream.config import MaintenancePolicy
 from lakestream.errors import conflict_cause
 from lakestream.inspection import (
@@ -41,7 +42,7 @@ PARTITIONS_PER_CALL = 50
 # Expiry and orphan scans in the JVM read on one thread of their own, working half of the time, at nice 10
 # (`ThreadPriority`): beside the batches they never take more than a quarter of a 2-core machine, and under
 # contention far less — the batches' commits come first.
-BESIDE_THE_BATCHES = {"threads": 1, "duty": 0.5, "nice": 10}
+BESIDE_THE_BATCHES = {"threads": 1, "duty": 0.5, "nice": BACKGROUND_NICE}
 
 
 def _line_history(spark: SparkSession, method: str, catalog: str, name: str, request: dict) -> dict | None:

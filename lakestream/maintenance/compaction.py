@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from lakestream.beside import BACKGROUND_NICE
 from lakestream.identifiers import TableName
 from lakestream.inspection import PartitionMetrics, partition_key
 from lakestream.maintenance.actions import MaintenanceResult
@@ -46,9 +47,6 @@ T = TypeVar("T")
 SMALL_FILE_RATIO = 0.75
 # Inputs of one output file (one task): bounds a task's open files and its time.
 MAX_GROUP_FILES = 1000
-# The niceness a rewrite task's work runs at (0 normal, 19 lowest): under contention a nice-10 thread gets about a
-# tenth of the CPU time a nice-0 one gets (CFS weights 110 vs 1024), and all of an idle core.
-REWRITE_NICE = 10
 
 
 @dataclass
@@ -174,7 +172,7 @@ def project_by_field_id(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def at_low_priority(work: Callable[[], T]) -> T:
-    """``work()`` on a thread of its own at nice `REWRITE_NICE` (on Linux a thread's niceness is its own, and
+    """``work()`` on a thread of its own at nice `BACKGROUND_NICE` (on Linux a thread's niceness is its own, and
     ends with it: the Python worker that runs the task, reused by the batches' tasks later, keeps its own). Beside
     the batches a rewrite task takes a core they would otherwise get: at a lower priority it gets what they leave.
     """
@@ -183,7 +181,7 @@ def at_low_priority(work: Callable[[], T]) -> T:
     def run() -> None:
         try:
             me = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, me, max(REWRITE_NICE, os.getpriority(os.PRIO_PROCESS, me)))
+            os.setpriority(os.PRIO_PROCESS, me, max(BACKGROUND_NICE, os.getpriority(os.PRIO_PROCESS, me)))
         except (OSError, AttributeError):  # not Linux, or not allowed: at the usual priority
             pass
         try:

@@ -81,3 +81,23 @@ def test_one_round_deletes_old_metadata_and_keeps_the_log_bounded(spark, pipelin
     assert "metadata_bytes" not in {a.metric for a in evaluate(after, thresholds)}
     assert after.to_json()["metadata_files"] == after.metadata_files
     assert not plan_table(spark, config, name).trim_metadata
+
+
+def test_a_plans_metrics_count_deletion_vectors_and_manifests_as_the_metadata_tables_do(spark):
+    from lakestream.config import MaintenancePolicy
+
+    name = f"{NS}.dvs"
+    properties = ", ".join(f"{sql_string(k)}={sql_string(v)}" for k, v in DEFAULT_TABLE_PROPERTIES.items())
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.{NS}")
+    spark.sql(f"DROP TABLE IF EXISTS lake.{name} PURGE")
+    spark.sql(f"CREATE TABLE lake.{name} (id BIGINT, note STRING) USING iceberg TBLPROPERTIES ({properties})")
+    for i in range(3):  # a few rows per data file: deleting some leaves a deletion vector, not a removed file
+        spark.sql(f"INSERT INTO lake.{name} SELECT id, 'row' FROM range({100 * i}, {100 * i + 100})")
+    spark.sql(f"DELETE FROM lake.{name} WHERE id IN (1, 160)")  # deletion vectors in two data files
+    spark.sql(f"DELETE FROM lake.{name} WHERE id = 3")
+    policy = MaintenancePolicy(max_delete_files=1)
+    full = collect_table_metrics(spark, "lake", name, policy)
+    for_plan = collect_table_metrics(spark, "lake", name, policy, now_ms=full.collected_ms, for_plan=True)
+    assert full.delete_files == for_plan.delete_files >= 2
+    assert full.deletion_vectors == for_plan.deletion_vectors == full.delete_files
+    assert full.manifests == for_plan.manifests >= 2

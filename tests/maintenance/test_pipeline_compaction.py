@@ -208,13 +208,14 @@ def test_a_rewrite_task_works_at_a_lower_priority_and_leaves_its_worker_as_it_wa
     import os
     import threading
 
-    from lakestream.maintenance.compaction import REWRITE_NICE, at_low_priority
+    from lakestream.beside import BACKGROUND_NICE
+    from lakestream.maintenance.compaction import at_low_priority
 
     def niceness() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     before = niceness()
-    assert at_low_priority(niceness) == max(before, REWRITE_NICE)
+    assert at_low_priority(niceness) == max(before, BACKGROUND_NICE)
     assert niceness() == before  # the worker's own thread, reused by the batches' tasks, keeps its priority
     with pytest.raises(ZeroDivisionError):
         at_low_priority(lambda: 1 // 0)
