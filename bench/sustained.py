@@ -674,7 +674,8 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
     config_path = write_pipeline_yaml(state_dir / "sustained.yaml", data)
     config = to_config(data)
     for path in (metrics_path(config), maintenance_log_path(config)):
-        path.unlink(missing_ok=True)  # this run's figures only
+        if path.exists():  # this run's figures only; the previous run's kept beside, to read batch by batch
+            path.replace(path.with_name(f"{path.stem}.previous-run{path.suffix}"))
     base.clean = False  # from the first change on, until the mirror is found exact
     base.save(state_dir)
 
