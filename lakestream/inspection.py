@@ -252,11 +252,18 @@ def collect_table_metrics(
     metrics.has_sort_order = bool(jtable.sortOrder().isSorted())
     metrics.rows = live_rows(jtable)
 
-    metrics.partitions = collect_partitions(spark, qualified)
-    metrics.delete_files = sum(p.delete_files for p in metrics.partitions)
     current_files = None
     if for_plan:  # beside the batches: read in the JVM at a lower priority, no Spark job
         current_files = json.loads(spark.sparkContext._jvm.lakestream.TableStats.currentFiles(jtable, BACKGROUND_NICE))
+    if current_files is not None and "partition" in current_files:  # a table never partitioned
+        one = current_files["partition"]
+        metrics.partitions = [] if one is None else [PartitionMetrics(
+            partition={}, spec_id=int(one["spec_id"]), data_files=int(one["data_files"]),
+            data_bytes=int(one["data_bytes"]), delete_files=int(one["delete_files"]),
+            last_updated_ms=one["last_updated_ms"])]
+    else:
+        metrics.partitions = collect_partitions(spark, qualified)
+    metrics.delete_files = sum(p.delete_files for p in metrics.partitions)
     if metrics.delete_files > policy.max_delete_files:  # only asked when the rewrite would be planned
         metrics.deletion_vectors = int(current_files["deletion_vectors"]) if current_files else int(spark.sql(
             f"SELECT count_if(file_format = 'PUFFIN') FROM {qualified}.delete_files").collect()[0][0])

@@ -6,6 +6,7 @@ metadata log (after 500 commits they are most of the metadata bytes: see bench/s
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -101,3 +102,8 @@ def test_a_plans_metrics_count_deletion_vectors_and_manifests_as_the_metadata_ta
     assert full.delete_files == for_plan.delete_files >= 2
     assert full.deletion_vectors == for_plan.deletion_vectors == full.delete_files
     assert full.manifests == for_plan.manifests >= 2
+    # A table never partitioned: its one partition read in the JVM, the deletion vectors' commits included.
+    assert for_plan.partitions == full.partitions and full.partitions[0].delete_files == full.delete_files
+    assert full.partitions[0].last_updated_ms == full.ancestry[0].committed_ms
+    stats = json.loads(spark.sparkContext._jvm.lakestream.TableStats.currentFiles(load_java_table(spark, "lake", name), 0))
+    assert stats["partition"]["data_files"] == full.partitions[0].data_files == full.data_files  # read there
