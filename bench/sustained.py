@@ -12,7 +12,7 @@ index and the model of its content stay in DIR, and a later ``--state-dir DIR --
 reads a topic of its own; a run that did not end with an exact mirror leaves the base marked unusable).
 
 The run: `lakestream run` as a real subprocess (its own process group: driver and Spark JVM), inline maintenance
-(`maintenance.mode: inline`, a round every ``--maintenance-interval`` s, the first ``start_delay_s`` (180 s) after each
+(`maintenance.mode: inline`, a round every ``--maintenance-interval`` s, the first ``start_delay_s`` (60 s) after each
 start, compaction of the
 table's one partition even while it is written — ``quiet_time_s: 0`` —, once it holds more than
 ``--compact-max-files`` files, into files of ``--compact-target-mb``, by default the base's median file size).

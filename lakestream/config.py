@@ -811,9 +811,8 @@ class MaintenanceSettings(_Model):
     # remove_orphan_files lists the whole table location: run it less often than the other actions.
     orphan_interval_s: float = Field(default=6 * 3600, ge=0)
     # No inline round for this long after the pipeline starts (or restarts): it first catches up on what
-    # arrived while it was down, with both cores, while its JVM is still compiling the batch path. The 100M
-    # sustained run's batches took ~2.5 min after a SIGKILL's restart to come back to their pace (session 13).
-    start_delay_s: float = Field(default=180, ge=0)
+    # arrived while it was down, with both cores, while its JVM is still compiling the batch path.
+    start_delay_s: float = Field(default=60, ge=0)
     policies: list[MaintenancePolicy] = Field(default_factory=lambda: [MaintenancePolicy()])
 
     def policy_for(self, table: str) -> MaintenancePolicy:
