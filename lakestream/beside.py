@@ -6,11 +6,17 @@ run the batches that made freshness p99 were those where two of these overlapped
 finds the slot taken waits for a later turn: a merge for a later commit (the overlay grows meanwhile, up to its
 hard cap), a round for a later pause between batches.
 
-The slot is a plain lock, taken by the thread that starts a job and released by the job's own thread.
+The slot is a plain lock, taken by the thread that starts a job and released by the job's own thread. Background
+work's own threads also run at a lower priority (`BACKGROUND_NICE`, `at_low_priority`; the JVM's: `ThreadPriority`).
 """
 from __future__ import annotations
 
+import os
 import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _slot = threading.Lock()
 
@@ -18,6 +24,32 @@ _slot = threading.Lock()
 # worker, the JVM's expiry, orphan and table-stats reads. Linux keeps a nice value per thread; under contention a
 # nice-10 thread gets about a tenth of the CPU a nice-0 one gets (CFS weights 110 vs 1024), and all of an idle core.
 BACKGROUND_NICE = 10
+
+
+def at_low_priority(work: Callable[[], T]) -> T:
+    """``work()`` on a thread of its own at nice `BACKGROUND_NICE`, never raising a priority (on Linux a thread's
+    niceness is its own and ends with it: the calling thread — a Spark Python worker, reused by the batches' tasks
+    later — keeps its own). E.g. a compaction rewrite task: at a lower priority it gets what the batches leave."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            me = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, me, max(BACKGROUND_NICE, os.getpriority(os.PRIO_PROCESS, me)))
+        except (OSError, AttributeError):  # not Linux, or not allowed: at the usual priority
+            pass
+        try:
+            outcome.append((True, work()))
+        except BaseException as exc:  # noqa: BLE001 — raised again on the task's own thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=run, name="lakestream-background", daemon=True)
+    thread.start()
+    thread.join()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 def take_slot() -> bool:
@@ -33,4 +65,4 @@ def slot_taken() -> bool:
     return _slot.locked()
 
 
-__all__ = ["BACKGROUND_NICE", "release_slot", "slot_taken", "take_slot"]
+__all__ = ["BACKGROUND_NICE", "at_low_priority", "release_slot", "slot_taken", "take_slot"]

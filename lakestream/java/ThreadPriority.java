@@ -3,6 +3,9 @@ package lakestream;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
+import java.util.concurrent.Callable;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.FutureTask;
 import java.util.concurrent.TimeUnit;
 
 /**
@@ -15,9 +18,26 @@ import java.util.concurrent.TimeUnit;
 final class ThreadPriority {
   private ThreadPriority() {}
 
+  /** {@code work} on a thread of its own at nice {@code nice} (the caller's thread keeps its priority). */
+  static <T> T call(int nice, Callable<T> work) throws Exception {
+    FutureTask<T> task = new FutureTask<>(() -> {
+      lower(nice);
+      return work.call();
+    });
+    Thread thread = new Thread(task, "lakestream-background");
+    thread.setDaemon(true);
+    thread.start();
+    try {
+      return task.get();
+    } catch (ExecutionException e) {
+      throw e.getCause() instanceof Exception ? (Exception) e.getCause() : e;
+    }
+  }
+
   /** Sets the calling thread's nice value to {@code nice} if that lowers its priority; whether it did. */
   static boolean lower(int nice) {
-    if (nice <= 0) {
+    Integer now = current();
+    if (nice <= 0 || (now != null && now >= nice)) {
       return false;
     }
     try {

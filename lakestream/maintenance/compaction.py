@@ -20,16 +20,13 @@ the commit cannot conflict with the batches, which is what ``quiet_time_s`` prot
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lakestream.beside import BACKGROUND_NICE
+from lakestream.beside import at_low_priority
 from lakestream.identifiers import TableName
 from lakestream.inspection import PartitionMetrics, partition_key
 from lakestream.maintenance.actions import MaintenanceResult
@@ -41,7 +38,6 @@ if TYPE_CHECKING:
     from lakestream.sink.task import TableSpec
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # Iceberg's binpack default: files under 0.75× the target are rewritten.
 SMALL_FILE_RATIO = 0.75
@@ -169,33 +165,6 @@ def project_by_field_id(table: pa.Table, schema: pa.Schema) -> pa.Table:
             raise NotRewritable(f"column {f.name} (field id {field_id(f)}) is not in the file")
         columns.append(table.column(i).cast(f.type))
     return pa.Table.from_arrays(columns, schema=schema)
-
-
-def at_low_priority(work: Callable[[], T]) -> T:
-    """``work()`` on a thread of its own at nice `BACKGROUND_NICE` (on Linux a thread's niceness is its own, and
-    ends with it: the Python worker that runs the task, reused by the batches' tasks later, keeps its own). Beside
-    the batches a rewrite task takes a core they would otherwise get: at a lower priority it gets what they leave.
-    """
-    outcome: list[Any] = []
-
-    def run() -> None:
-        try:
-            me = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, me, max(BACKGROUND_NICE, os.getpriority(os.PRIO_PROCESS, me)))
-        except (OSError, AttributeError):  # not Linux, or not allowed: at the usual priority
-            pass
-        try:
-            outcome.append((True, work()))
-        except BaseException as exc:  # noqa: BLE001 — raised again on the task's own thread
-            outcome.append((False, exc))
-
-    thread = threading.Thread(target=run, name="lakestream-rewrite", daemon=True)
-    thread.start()
-    thread.join()
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
 
 
 def _rewrite_group(group: RewriteGroup, data_location: str, schema: pa.Schema, key_columns: list[str],

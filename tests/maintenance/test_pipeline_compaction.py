@@ -208,8 +208,7 @@ def test_a_rewrite_task_works_at_a_lower_priority_and_leaves_its_worker_as_it_wa
     import os
     import threading
 
-    from lakestream.beside import BACKGROUND_NICE
-    from lakestream.maintenance.compaction import at_low_priority
+    from lakestream.beside import BACKGROUND_NICE, at_low_priority
 
     def niceness() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
