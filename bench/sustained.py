@@ -22,7 +22,9 @@ left alone and the smaller files the stream adds are compacted. That needs base 
 100M rows: a base whose earlier compactions are done). With scale.py's 10,000 (thousands of small files) the
 stream's files are no smaller than the base's and a round compacts nothing; the output says so. A producer sends ``--rate`` changes/s for ``--duration`` s: updates of random existing keys (85%), deletes
 (10%, with their tombstones) and inserts of new keys (5%), keeping the expected count and sums. At ``--kill-at``
-of the duration the pipeline's process group is SIGKILLed and started again at once.
+of the duration the pipeline's process group is SIGKILLed and started again at once. The records the pipeline has
+committed are deleted from the broker as the run goes (`Retention`: the local broker rewrites every record it holds
+every few seconds, which took most of a core by the end of a run).
 
 Measured:
 - freshness of every change: the commit time of the first snapshot whose `lakestream.offsets` covers its offset
@@ -36,7 +38,7 @@ Measured:
   batch outside rounds and the restart (batch times from the pipeline's metrics log);
 - at the end, after the pipeline drained and stopped: the mirror against the model (count, sum(version),
   sum(qty)) and no duplicate key (GROUP BY id HAVING count(*) > 1); the pipeline's peak memory (its process
-  group's RSS); the load averages.
+  group's RSS); the load averages, and the cores the pipeline, the broker and the bench itself used during the load.
 
 Targets (issue 21): freshness p99 ≤ 5 s outside the restart; a round adds ≤ 1 s to the next batch; restart to
 first commit ≤ 30 s; the mirror exact. A progress line goes to stderr every 10 s; the LAST line of stdout is one
@@ -363,28 +365,108 @@ class PipelineProcess:
             self.kill()
             return False
 
-    def sample_rss(self) -> None:
-        """The group's resident memory now (all its processes), kept as the peak."""
+    def sample_rss(self, cpu: CpuMeter | None = None) -> None:
+        """The group's resident memory now (all its processes), kept as the peak; its CPU time into ``cpu``."""
         if not self.alive:
             return
-        pgid, total = self.proc.pid, 0
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
+        pids, total = group_pids(self.proc.pid), 0
+        for pid in pids:
             try:
-                stat = Path(f"/proc/{entry.name}/stat").read_text()
-                if int(stat.rsplit(")", 1)[1].split()[2]) != pgid:
-                    continue
-                total += int(Path(f"/proc/{entry.name}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+                total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
             except (OSError, ValueError, IndexError):
                 continue
         self.peak_rss = max(self.peak_rss, total)
+        if cpu is not None:
+            cpu.sample("pipeline", pids)
 
     def tail(self, lines: int = 40) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+class CpuMeter:
+    """CPU seconds used by groups of processes over the run (``/proc/<pid>/stat``), sampled with the RSS: the pipeline
+    (its process group, both lives), the broker, and this bench (producer, snapshot watcher, its Spark). On 2 cores
+    the broker and the load generator share the machine with the pipeline; their share says what the pipeline had."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, dict[int, float]] = {}  # group → pid → last cumulative CPU seconds
+
+    def sample(self, group: str, pids: list[int]) -> None:
+        tick = os.sysconf("SC_CLK_TCK")
+        seen = self.seen.setdefault(group, {})
+        for pid in pids:
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                seen[pid] = (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / tick
+            except (OSError, ValueError, IndexError):
+                continue
+
+    def totals(self) -> dict[str, float]:
+        return {group: sum(pids.values()) for group, pids in self.seen.items()}
+
+    def cores(self, since: dict[str, float], seconds: float) -> dict[str, float]:
+        """Average cores each group used over the ``seconds`` since ``totals()`` gave ``since``."""
+        return {group: round((total - since.get(group, 0.0)) / seconds, 2)
+                for group, total in self.totals().items()} if seconds > 0 else {}
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The processes of a process group."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if int(Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                    pids.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return pids
+
+
+def broker_pids(state_dir: Path) -> list[int]:
+    """The local broker serving ``state_dir`` (its data dir is in its command line)."""
+    mark = str(state_dir / "noida").encode()
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if mark in Path(f"/proc/{entry.name}/cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+class Retention:
+    """Deletes the records the pipeline has committed from the broker (Kafka's DeleteRecords), as a topic's retention
+    would. The local broker keeps every record in memory and rewrites all of them into one JSON file every few
+    seconds: 3M changes grow that file to ~1 GB and its rewrites to most of a core by the end of a run (measured:
+    0.55 cores on average, 0.7-0.95 in the last minutes), taken from the pipeline's 2 cores. A real cluster's
+    brokers run on machines of their own. Only offsets below the newest commit's go: a restart resumes from there."""
+
+    def __init__(self, bootstrap: str, topic: str):
+        from confluent_kafka.admin import AdminClient
+
+        self.admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        self.topic = topic
+        self.trimmed: dict[int, int] = {}
+        self.failures = 0
+
+    def trim(self, covered: dict[int, int]) -> None:
+        from confluent_kafka import TopicPartition
+
+        ahead = [TopicPartition(self.topic, p, off) for p, off in covered.items() if off > self.trimmed.get(p, 0)]
+        if not ahead:
+            return
+        for tp, future in self.admin.delete_records(ahead, request_timeout=10).items():
+            try:
+                future.result(timeout=15)
+                self.trimmed[tp.partition] = tp.offset
+            except Exception:  # noqa: BLE001 — the next poll tries again; the run does not depend on it
+                self.failures += 1
 
 
 # -- the table's snapshots -------------------------------------------------------------------------------
@@ -535,7 +617,8 @@ def maintenance_figures(log_lines: list[dict[str, Any]], maint_snaps: list[Snap]
     per_round = []
     for started, finished, actions in windows:
         own = [s for s in maint_snaps if started - 1000 <= s.committed_ms <= finished + 1000]
-        hit = {i for i, t in enumerate(times) if started <= t <= finished}
+        # A batch that ended at the round's start (the loop starts a round after a batch) ran before it.
+        hit = {i for i, t in enumerate(times) if started < t <= finished}
         hit |= {i for i in (first_after(t) for t in [finished] + [s.committed_ms for s in own]) if i is not None}
         slowed |= hit
         per_round.append((started, finished, actions, own, hit, first_after(finished)))
@@ -690,6 +773,16 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
         say(f"pipeline up: first commit {(watch.commits()[0].committed_ms - first_spawn_ms) / 1000:.1f}s after "
             f"its start; load starts ({args.rate:,.0f} changes/s for {args.duration:.0f}s)")
         summary["load_at_start"] = machine_load()
+        cpu, retention = CpuMeter(), Retention(info.bootstrap_servers, events.topic)
+
+        def sample_cpu() -> None:
+            pipeline.sample_rss(cpu)
+            broker = broker_pids(state_dir)
+            cpu.sample("broker", broker)
+            cpu.sample("bench", [pid for pid in group_pids(os.getpgid(0)) if pid not in broker])
+
+        sample_cpu()
+        cpu_start = cpu.totals()
         load.start()
         started = time.monotonic()
         kill_at = args.kill_at * args.duration
@@ -706,7 +799,8 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
             if now - last_poll >= 5:
                 last_poll = now
                 watch.poll()
-                pipeline.sample_rss()
+                retention.trim(watch.covered())
+                sample_cpu()
             if not pipeline.alive:
                 load.stop.set()
                 raise SystemExit(f"the pipeline exited (code {pipeline.proc.returncode}):\n{pipeline.tail()}")
@@ -722,6 +816,10 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
         if load.error is not None:
             raise SystemExit(f"the load failed: {load.error!r}")
         summary["load_at_end_of_load"] = machine_load()
+        sample_cpu()
+        summary["cpu_cores_during_load"] = cpu.cores(cpu_start, time.monotonic() - started)
+        summary["broker_records_deleted_to"] = dict(retention.trimmed)
+        summary["broker_trim_failures"] = retention.failures
         ends = load.deliveries.ends()
         say(f"load done: {load.changes:,} changes in {load.seconds:.0f}s; waiting for the pipeline to commit them")
         wait_for(lambda: all(watch.covered().get(p, 0) >= end for p, end in ends.items()), "drain",
@@ -804,6 +902,9 @@ def print_table(s: dict[str, Any]) -> None:
     v = s["verify"]
     say(f"  mirror at the end                       {'exact' if v['exact'] else 'NOT EXACT'}: {v['got']['count']:,} "
         f"rows (want {v['want']['count']:,}), {v['duplicate_keys']} duplicate keys{verdict(t['mirror_exact'])}")
+    cores = s.get("cpu_cores_during_load") or {}
+    say(f"  CPU during the load (cores of {os.cpu_count()})       "
+        + ", ".join(f"{group} {cores[group]}" for group in ("pipeline", "broker", "bench") if group in cores))
     say(f"  pipeline peak RSS (process group)       {s['pipeline_peak_rss_mb']:,} MB; compactions committed "
         f"{s['compactions_committed']} of {s['compaction_log']['planned'] + s['compaction_log']['written_beside_batches']}"
         f" planned ({s['compaction_log']['committed_by_pipeline']} written beside the batches and committed by the "
