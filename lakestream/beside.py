@@ -26,6 +26,16 @@ _slot = threading.Lock()
 BACKGROUND_NICE = 10
 
 
+def lower_this_thread() -> None:
+    """The calling thread at nice `BACKGROUND_NICE` from now on (never raising its priority; on Linux a thread's
+    niceness is its own): for a thread that only ever does background work."""
+    try:
+        me = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, me, max(BACKGROUND_NICE, os.getpriority(os.PRIO_PROCESS, me)))
+    except (OSError, AttributeError):  # not Linux, or not allowed: at the usual priority
+        pass
+
+
 def at_low_priority(work: Callable[[], T]) -> T:
     """``work()`` on a thread of its own at nice `BACKGROUND_NICE`, never raising a priority (on Linux a thread's
     niceness is its own and ends with it: the calling thread — a Spark Python worker, reused by the batches' tasks
@@ -33,11 +43,7 @@ def at_low_priority(work: Callable[[], T]) -> T:
     outcome: list[Any] = []
 
     def run() -> None:
-        try:
-            me = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, me, max(BACKGROUND_NICE, os.getpriority(os.PRIO_PROCESS, me)))
-        except (OSError, AttributeError):  # not Linux, or not allowed: at the usual priority
-            pass
+        lower_this_thread()
         try:
             outcome.append((True, work()))
         except BaseException as exc:  # noqa: BLE001 — raised again on the task's own thread
