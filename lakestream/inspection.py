@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from datetime import date, datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlparse
 
 from lakestream.beside import BACKGROUND_NICE
@@ -227,6 +227,22 @@ def load_java_table(spark: SparkSession, catalog: str, name: str):
     return jtable
 
 
+# The snapshot summary values a maintenance plan reads, in `_SnapshotRow`'s order.
+_PLAN_SUMMARY_KEYS = (OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, "deleted-data-files")
+
+
+class _SnapshotRow(NamedTuple):
+    """A row of the snapshots metadata table, as `collect_table_metrics` reads it."""
+    snapshot_id: int
+    parent_id: int | None
+    committed_at: Any  # epoch ms, or Spark's datetime
+    operation: str | None
+    manifest_list: str | None
+    offsets: str | None
+    source_ts: str | None
+    deleted_data_files: str | None
+
+
 def collect_table_metrics(
     spark: SparkSession,
     catalog: str,
@@ -240,7 +256,9 @@ def collect_table_metrics(
 
     ``for_plan``: only what a maintenance plan reads (`lakestream.maintenance.policy`) — no table-wide data file
     totals and no metadata byte count (0), whose reading of every snapshot's manifest list took half of the
-    time: a round beside ingestion reads these metrics every interval, and they share the batches' JVM."""
+    time: a round beside ingestion reads these metrics every interval, and they share the batches' JVM. Its counts,
+    snapshots and metadata log come from the JVM's loaded metadata (`java/TableStats.java`, at a lower priority):
+    no Spark job for a table never partitioned (a partitioned one's partitions table still is one)."""
     from lakestream.config import MaintenancePolicy
 
     policy = policy or MaintenancePolicy()
@@ -254,7 +272,8 @@ def collect_table_metrics(
 
     current_files = None
     if for_plan:  # beside the batches: read in the JVM at a lower priority, no Spark job
-        current_files = json.loads(spark.sparkContext._jvm.lakestream.TableStats.currentFiles(jtable, BACKGROUND_NICE))
+        current_files = json.loads(spark.sparkContext._jvm.lakestream.TableStats.currentFiles(
+            jtable, BACKGROUND_NICE, ",".join(_PLAN_SUMMARY_KEYS)))
     if current_files is not None and "partition" in current_files:  # a table never partitioned
         one = current_files["partition"]
         metrics.partitions = [] if one is None else [PartitionMetrics(
@@ -278,11 +297,16 @@ def collect_table_metrics(
         ).collect()[0]
         metrics.data_files, metrics.data_bytes, metrics.small_files = int(row.n), int(row.bytes), int(row.small)
 
-    snapshot_rows = spark.sql(
-        f"SELECT s.snapshot_id, s.parent_id, s.committed_at, s.operation, s.manifest_list, "
-        f"s.summary[{sql_string(OFFSETS_PROPERTY)}] AS offsets, s.summary[{sql_string(SOURCE_TS_PROPERTY)}] AS source_ts, "
-        f"s.summary['deleted-data-files'] AS deleted_data_files FROM {qualified}.snapshots s"
-    ).collect()
+    if current_files is not None:  # the JVM's loaded metadata, as the snapshots table would give it
+        snapshot_rows = [_SnapshotRow(s["snapshot_id"], s["parent_id"], s["committed_ms"], s["operation"], None,
+                                      *(s["summary"].get(k) for k in _PLAN_SUMMARY_KEYS))
+                         for s in current_files["snapshots"]]
+    else:
+        snapshot_rows = spark.sql(
+            f"SELECT s.snapshot_id, s.parent_id, s.committed_at, s.operation, s.manifest_list, "
+            f"s.summary[{sql_string(OFFSETS_PROPERTY)}] AS offsets, s.summary[{sql_string(SOURCE_TS_PROPERTY)}] AS source_ts, "
+            f"s.summary['deleted-data-files'] AS deleted_data_files FROM {qualified}.snapshots s"
+        ).collect()
     metrics.snapshots = len(snapshot_rows)
     by_id = {int(r.snapshot_id): r for r in snapshot_rows}
     current = jtable.currentSnapshot()
@@ -310,7 +334,7 @@ def collect_table_metrics(
     metrics.manifests = int(current_files["manifests"]) if current_files else int(
         spark.sql(f"SELECT count(*) FROM {qualified}.manifests").collect()[0][0])
     if for_plan:
-        metrics.metadata_files = len(_metadata_files(spark, qualified, jtable))
+        metrics.metadata_files = len(set(current_files["metadata_files"]))
     else:
         metrics.metadata_bytes, metrics.metadata_files = _metadata_size(
             spark, qualified, jtable, [r.manifest_list for r in snapshot_rows])

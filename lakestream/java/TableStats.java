@@ -1,6 +1,7 @@
 package lakestream;
 
 import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.util.HashMap;
 import java.util.List;
@@ -16,6 +17,7 @@ import org.apache.iceberg.ManifestFiles;
 import org.apache.iceberg.ManifestReader;
 import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.Table;
+import org.apache.iceberg.TableMetadata;
 
 /**
  * Counts a maintenance plan needs from a table's current snapshot, read here in the JVM on a thread of its own at
@@ -33,11 +35,42 @@ public final class TableStats {
    * never partitioned also "partition": its one row of the {@code partitions} metadata table ({"spec_id",
    * "data_files", "data_bytes", "delete_files", "last_updated_ms"}; null when it holds no file) — a partitioned
    * table's partition values are typed by Spark's reading of that table, so those stay with Spark.
+   *
+   * <p>With {@code summaryKeys} (comma-separated; "" for none) also what the {@code snapshots} and
+   * {@code metadata_log_entries} metadata tables would give a plan, from the metadata already loaded: "snapshots"
+   * (each one's "snapshot_id", "parent_id", "committed_ms", "operation" and "summary": the values of those keys)
+   * and "metadata_files" (the metadata log's files and the current one).
    */
-  public static String currentFiles(Table t, int nice) throws Exception {
+  public static String currentFiles(Table t, int nice, String summaryKeys) throws Exception {
+    TableMetadata metadata = ((HasTableOperations) t).operations().current();
     boolean unpartitioned = t.specs().size() == 1 && t.spec().isUnpartitioned() // and sequence numbers (v2+)
-        && ((HasTableOperations) t).operations().current().formatVersion() >= 2;
-    return ThreadPriority.call(nice, () -> count(t, unpartitioned).toJson(t, unpartitioned)).toString();
+        && metadata.formatVersion() >= 2;
+    return ThreadPriority.call(nice, () -> {
+      ObjectNode out = count(t, unpartitioned).toJson(t, unpartitioned);
+      if (!summaryKeys.isEmpty()) {
+        history(out, metadata, summaryKeys.split(","));
+      }
+      return out;
+    }).toString();
+  }
+
+  private static void history(ObjectNode out, TableMetadata metadata, String[] summaryKeys) {
+    ArrayNode snapshots = out.putArray("snapshots");
+    for (Snapshot s : metadata.snapshots()) {
+      ObjectNode n = snapshots.addObject();
+      n.put("snapshot_id", s.snapshotId());
+      n.put("parent_id", s.parentId()); // null for the first
+      n.put("committed_ms", s.timestampMillis());
+      n.put("operation", s.operation());
+      ObjectNode summary = n.putObject("summary");
+      Map<String, String> all = s.summary() == null ? Map.of() : s.summary();
+      for (String key : summaryKeys) {
+        summary.put(key, all.get(key));
+      }
+    }
+    ArrayNode files = out.putArray("metadata_files");
+    metadata.previousFiles().forEach(e -> files.add(e.file()));
+    files.add(metadata.metadataFileLocation());
   }
 
   private static Counts count(Table t, boolean unpartitioned) throws Exception {

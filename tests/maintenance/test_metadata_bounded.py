@@ -51,7 +51,8 @@ def test_one_round_deletes_old_metadata_and_keeps_the_log_bounded(spark, pipelin
     for_plan = collect_table_metrics(spark, "lake", name, now_ms=before.collected_ms, for_plan=True)
     assert for_plan.metadata_bytes == 0 < before.metadata_bytes and for_plan.data_files == 0 < before.data_files
     for field in ("partitions", "delete_files", "deletion_vectors", "manifests", "ancestry", "snapshots",
-                  "metadata_files", "oldest_snapshot_ms", "metadata_delete_after_commit", "has_sort_order", "rows"):
+                  "metadata_files", "oldest_snapshot_ms", "last_compaction_ms", "freshness_s",
+                  "metadata_delete_after_commit", "has_sort_order", "rows"):
         assert getattr(for_plan, field) == getattr(before, field), field
     policy = config.maintenance.policy_for(name)
     assert plan_maintenance(for_plan, policy, before.collected_ms) == plan_maintenance(before, policy,
@@ -98,12 +99,17 @@ def test_a_plans_metrics_count_deletion_vectors_and_manifests_as_the_metadata_ta
     spark.sql(f"DELETE FROM lake.{name} WHERE id = 3")
     policy = MaintenancePolicy(max_delete_files=1)
     full = collect_table_metrics(spark, "lake", name, policy)
+    jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup())
     for_plan = collect_table_metrics(spark, "lake", name, policy, now_ms=full.collected_ms, for_plan=True)
+    # A table never partitioned: the plan's metrics (snapshots and metadata log included) run no Spark job.
+    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup()) == jobs_before
+    assert (for_plan.ancestry, for_plan.snapshots, for_plan.metadata_files) == (
+        full.ancestry, full.snapshots, full.metadata_files)
     assert full.delete_files == for_plan.delete_files >= 2
     assert full.deletion_vectors == for_plan.deletion_vectors == full.delete_files
     assert full.manifests == for_plan.manifests >= 2
     # A table never partitioned: its one partition read in the JVM, the deletion vectors' commits included.
     assert for_plan.partitions == full.partitions and full.partitions[0].delete_files == full.delete_files
     assert full.partitions[0].last_updated_ms == full.ancestry[0].committed_ms
-    stats = json.loads(spark.sparkContext._jvm.lakestream.TableStats.currentFiles(load_java_table(spark, "lake", name), 0))
+    stats = json.loads(spark.sparkContext._jvm.lakestream.TableStats.currentFiles(load_java_table(spark, "lake", name), 0, ""))
     assert stats["partition"]["data_files"] == full.partitions[0].data_files == full.data_files  # read there
