@@ -317,7 +317,10 @@ class IndexStore:
         def delete() -> None:
             for path, is_dir in doomed:
                 try:
-                    self.fs.delete_dir(path) if is_dir else self.fs.delete_file(path)
+                    if is_dir:
+                        self.fs.delete_dir(path)
+                    else:
+                        self.fs.delete_file(path)
                 except OSError as exc:
                     log.debug("could not delete %s: %s", path, exc)
 
