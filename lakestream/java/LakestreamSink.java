@@ -791,45 +791,60 @@ public final class LakestreamSink {
    * The positions deleted, at the table's current snapshot, in each data file of {@code pathsJson} (a JSON
    * array): {"snapshot_id", "files": {path: {"records", "positions": [...]}}, "missing": [paths not live]}.
    * A compaction written beside ingestion reads its inputs without these rows, and its commit carries the
-   * positions deleted since onto the new files.
+   * positions deleted since onto the new files. {@code nice}: the priority of the DV reads (0: the caller's, on
+   * Iceberg's worker pool).
    */
-  public static String deletedPositions(
-      SparkSession spark, String catalog, String namespace, String table, String pathsJson) throws Exception {
+  public static String deletedPositions(SparkSession spark, String catalog, String namespace, String table,
+      String pathsJson, int nice) throws Exception {
     JsonNode paths = JSON.readTree(pathsJson);
     Catalog cat = catalog(spark, catalog);
     TableIdentifier ident = identifier(namespace, table);
     String key = catalog + "." + ident;
+    Table t;
+    Long snapshotId;
+    Map<String, Long> records = new LinkedHashMap<>(); // live inputs → their row counts
+    Map<String, List<DeleteFile>> deletes = new HashMap<>();
+    ObjectNode out = JSON.createObjectNode();
+    ArrayNode missing = out.putArray("missing");
+    // Under the table's lock only the file state is read (the batches' commits update it); the DVs are read after.
     synchronized (LOCKS.computeIfAbsent(key, k -> new Object())) {
-      Table t = loadFresh(cat, ident);
+      t = loadFresh(cat, ident);
       FileState st = state(key, t);
-      ObjectNode out = JSON.createObjectNode();
-      if (st.snapshotId == null) {
-        out.putNull("snapshot_id");
-      } else {
-        out.put("snapshot_id", st.snapshotId);
-      }
-      List<String> live = new ArrayList<>();
-      ArrayNode missing = out.putArray("missing");
+      snapshotId = st.snapshotId;
       for (JsonNode p : paths) {
-        if (st.dataFiles.containsKey(p.asText())) {
-          live.add(p.asText());
-        } else {
+        DataFile f = st.dataFiles.get(p.asText());
+        if (f == null) {
           missing.add(p.asText());
+          continue;
+        }
+        records.put(p.asText(), f.recordCount());
+        List<DeleteFile> ds = st.deletes.get(p.asText());
+        if (ds != null) {
+          deletes.put(p.asText(), new ArrayList<>(ds));
         }
       }
-      Map<String, PositionDeleteIndex> deleted = PreviousDeletes.load(t, st.deletes, live);
-      ObjectNode files = out.putObject("files");
-      for (String path : live) {
-        ObjectNode f = files.putObject(path);
-        f.put("records", st.dataFiles.get(path).recordCount());
-        ArrayNode positions = f.putArray("positions");
-        PositionDeleteIndex index = deleted.get(path);
-        if (index != null) {
-          index.forEach(positions::add);
-        }
-      }
-      return out.toString();
     }
+    // At nice > 0 (a compaction planned beside the batches) on a thread of its own, one Puffin file after another:
+    // not on Iceberg's shared worker pool, which the batches' commits use.
+    Map<String, PositionDeleteIndex> deleted = nice > 0
+        ? ThreadPriority.call(nice, () -> PreviousDeletes.load(t, deletes, records.keySet(), null))
+        : PreviousDeletes.load(t, deletes, records.keySet());
+    if (snapshotId == null) {
+      out.putNull("snapshot_id");
+    } else {
+      out.put("snapshot_id", snapshotId);
+    }
+    ObjectNode files = out.putObject("files");
+    records.forEach((path, count) -> {
+      ObjectNode f = files.putObject(path);
+      f.put("records", count);
+      ArrayNode positions = f.putArray("positions");
+      PositionDeleteIndex index = deleted.get(path);
+      if (index != null) {
+        index.forEach(positions::add);
+      }
+    });
+    return out.toString();
   }
 
   /**

@@ -10,6 +10,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutorService;
 import org.apache.iceberg.DeleteFile;
 import org.apache.iceberg.Table;
 import org.apache.iceberg.data.BaseDeleteLoader;
@@ -47,6 +48,12 @@ final class PreviousDeletes {
    */
   static Map<String, PositionDeleteIndex> load(
       Table table, Map<String, List<DeleteFile>> live, Collection<String> dataFiles) {
+    return load(table, live, dataFiles, ThreadPools.getWorkerPool());
+  }
+
+  /** As {@link #load(Table, Map, Collection)}, reading on {@code pool} (null: one file after another, here). */
+  static Map<String, PositionDeleteIndex> load(
+      Table table, Map<String, List<DeleteFile>> live, Collection<String> dataFiles, ExecutorService pool) {
     Map<String, List<DeleteFile>> dvsByPuffin = new LinkedHashMap<>();
     List<String> positionDeleteFiles = new ArrayList<>();
     for (String path : dataFiles) {
@@ -69,14 +76,14 @@ final class PreviousDeletes {
     Tasks.foreach(groups)
         .stopOnFailure()
         .throwFailureWhenFinished()
-        .executeWith(groups.size() > 1 ? ThreadPools.getWorkerPool() : null)
+        .executeWith(groups.size() > 1 ? pool : null)
         .run(group -> readPuffin(table, group, out));
     if (!positionDeleteFiles.isEmpty()) {
       BaseDeleteLoader loader = new BaseDeleteLoader(d -> table.io().newInputFile(d));
       Tasks.foreach(positionDeleteFiles)
           .stopOnFailure()
           .throwFailureWhenFinished()
-          .executeWith(positionDeleteFiles.size() > 1 ? ThreadPools.getWorkerPool() : null)
+          .executeWith(positionDeleteFiles.size() > 1 ? pool : null)
           .run(path -> out.put(path, loader.loadPositionDeletes(live.get(path), path)));
     }
     return out;

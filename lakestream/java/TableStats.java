@@ -54,6 +54,36 @@ public final class TableStats {
     }).toString();
   }
 
+  /**
+   * The live data files of {@code t}'s current snapshot, read on a thread at nice {@code nice}, for a compaction's
+   * plan: {"unpartitioned": true, "files": [{"path", "size", "records", "spec_id"}]} for a table that was never
+   * partitioned; {"unpartitioned": false} for any other (its partition values are typed by Spark's listing).
+   */
+  public static String liveDataFiles(Table t, int nice) throws Exception {
+    ObjectNode out = JSON.createObjectNode();
+    boolean unpartitioned = t.specs().size() == 1 && t.spec().isUnpartitioned();
+    out.put("unpartitioned", unpartitioned);
+    if (!unpartitioned) {
+      return out.toString();
+    }
+    return ThreadPriority.call(nice, () -> {
+      ArrayNode files = out.putArray("files");
+      Snapshot s = t.currentSnapshot();
+      for (ManifestFile m : s == null ? List.<ManifestFile>of() : s.dataManifests(t.io())) {
+        try (ManifestReader<DataFile> reader = ManifestFiles.read(m, t.io(), t.specs())) {
+          for (DataFile d : reader) { // the live entries
+            ObjectNode f = files.addObject();
+            f.put("path", d.location());
+            f.put("size", d.fileSizeInBytes());
+            f.put("records", d.recordCount());
+            f.put("spec_id", d.specId());
+          }
+        }
+      }
+      return out;
+    }).toString();
+  }
+
   private static void history(ObjectNode out, TableMetadata metadata, String[] summaryKeys) {
     ArrayNode snapshots = out.putArray("snapshots");
     for (Snapshot s : metadata.snapshots()) {

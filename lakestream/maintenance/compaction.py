@@ -19,6 +19,7 @@ the commit cannot conflict with the batches, which is what ``quiet_time_s`` prot
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -26,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lakestream.beside import at_low_priority
+from lakestream.beside import BACKGROUND_NICE, at_low_priority
 from lakestream.identifiers import TableName
-from lakestream.inspection import PartitionMetrics, partition_key
+from lakestream.inspection import PartitionMetrics, load_java_table, partition_key
 from lakestream.maintenance.actions import MaintenanceResult
 
 if TYPE_CHECKING:
@@ -97,34 +98,47 @@ def plan_groups(files: list[dict[str, Any]], target_bytes: int) -> list[list[dic
     return [g for g in groups if len(g) >= 2]
 
 
+def live_data_files(spark: SparkSession, catalog: str, table: TableName
+                    ) -> list[tuple[str, int, int, int, dict[str, Any]]]:
+    """(path, bytes, records, spec id, partition) of each live data file. A table never partitioned is listed from
+    its manifests in the JVM at a lower priority (`TableStats.liveDataFiles`): no Spark job beside the batches; a
+    partitioned one by Spark's ``data_files`` table, whose partition values are typed as the plan's are."""
+    from lakestream.identifiers import quote_table
+
+    jtable = load_java_table(spark, catalog, f"{table.namespace}.{table.table}")
+    answer = json.loads(spark.sparkContext._jvm.lakestream.TableStats.liveDataFiles(jtable, BACKGROUND_NICE))
+    if answer["unpartitioned"]:
+        return [(f["path"], int(f["size"]), int(f["records"]), int(f["spec_id"]), {}) for f in answer["files"]]
+    listing = spark.table(f"{quote_table(catalog, table.namespace, table.table)}.data_files")
+    partitioned = "partition" in listing.columns  # a table whose specs are all unpartitioned has no such column
+    rows = listing.select("file_path", "file_size_in_bytes", "record_count", "spec_id",
+                          *(["partition"] if partitioned else [])).collect()
+    return [(r["file_path"], int(r["file_size_in_bytes"]), int(r["record_count"]), int(r["spec_id"]),
+             r["partition"].asDict() if partitioned and r["partition"] is not None else {}) for r in rows]
+
+
 def prepare_rewrite(spark: SparkSession, catalog: str, name: str, partitions: list[PartitionMetrics],
                     target_bytes: int) -> PreparedRewrite | None:
     """The groups to rewrite in ``partitions`` and the rows deleted in their files at the current snapshot;
     None when no partition has two small files."""
-    from lakestream.identifiers import quote_table
     from lakestream.sink.files import deleted_positions
 
     table = TableName.parse(name)
     started = time.monotonic()
     wanted = {p.key for p in partitions}
-    listing = spark.table(f"{quote_table(catalog, table.namespace, table.table)}.data_files")
-    partitioned = "partition" in listing.columns  # an unpartitioned table's has no such column
-    rows = listing.select("file_path", "file_size_in_bytes", "record_count", "spec_id",
-                          *(["partition"] if partitioned else [])).collect()
     files = []
-    for r in rows:
-        partition = r["partition"].asDict() if partitioned and r["partition"] is not None else {}
-        key = partition_key(int(r["spec_id"]), partition)
+    for path, size, records, spec_id, partition in live_data_files(spark, catalog, table):
+        key = partition_key(spec_id, partition)
         if key in wanted:
-            files.append({"path": r["file_path"], "size": int(r["file_size_in_bytes"]),
-                          "records": int(r["record_count"]), "key": key})
+            files.append({"path": path, "size": size, "records": records, "key": key})
     groups = plan_groups(files, target_bytes)
     result = MaintenanceResult(table=name, action="compact", status="ok",
                                detail={"partitions": [p.label() for p in partitions], "strategy": "binpack",
                                        "committed_by": "pipeline"})
     if not groups:
         return None
-    now = deleted_positions(spark, catalog, table.namespace, table.table, [f["path"] for g in groups for f in g])
+    now = deleted_positions(spark, catalog, table.namespace, table.table, [f["path"] for g in groups for f in g],
+                            nice=BACKGROUND_NICE)
     missing = set(now["missing"])
     prepared = []
     for g in groups:

@@ -515,12 +515,13 @@ def commit_files(spark: SparkSession, catalog: str, namespace: str, table: str, 
                                                  orjson.dumps(request, option=orjson.OPT_SERIALIZE_NUMPY).decode()))
 
 
-def deleted_positions(spark: SparkSession, catalog: str, namespace: str, table: str, paths: list[str]
-                      ) -> dict[str, Any]:
+def deleted_positions(spark: SparkSession, catalog: str, namespace: str, table: str, paths: list[str],
+                      nice: int = 0) -> dict[str, Any]:
     """The positions deleted in each of the data files ``paths`` at the table's current snapshot:
-    ``{snapshot_id, files: {path: {records, positions}}, missing: [paths not live]}``."""
+    ``{snapshot_id, files: {path: {records, positions}}, missing: [paths not live]}``. With ``nice`` the deletion
+    vectors are read on a JVM thread at that nice value (work beside the batches)."""
     return orjson.loads(_sink(spark).deletedPositions(spark._jsparkSession, catalog, namespace, table,
-                                                      orjson.dumps(paths).decode()))
+                                                      orjson.dumps(paths).decode(), nice))
 
 
 def commit_rewrite(spark: SparkSession, catalog: str, namespace: str, table: str, request: dict[str, Any]

@@ -111,5 +111,21 @@ def test_a_plans_metrics_count_deletion_vectors_and_manifests_as_the_metadata_ta
     # A table never partitioned: its one partition read in the JVM, the deletion vectors' commits included.
     assert for_plan.partitions == full.partitions and full.partitions[0].delete_files == full.delete_files
     assert full.partitions[0].last_updated_ms == full.ancestry[0].committed_ms
+    # A compaction's plan beside the batches: the live files listed and their deleted rows read in the JVM at a
+    # lower priority, no Spark job, the same as Spark's data_files table and as the batches' own reading.
+    from lakestream.identifiers import TableName
+    from lakestream.maintenance.compaction import live_data_files
+    from lakestream.sink.files import deleted_positions
+
+    jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup())
+    listed = live_data_files(spark, "lake", TableName.parse(name))
+    assert len(spark.sparkContext.statusTracker().getJobIdsForGroup()) == jobs_before
+    by_spark = spark.sql(f"SELECT file_path, file_size_in_bytes, record_count, spec_id FROM lake.{name}.data_files")
+    assert sorted(f[:4] for f in listed) == sorted(tuple(r) for r in by_spark.collect())
+    assert all(f[4] == {} for f in listed)
+    paths = [f[0] for f in listed]
+    beside = deleted_positions(spark, "lake", NS, "dvs", paths, nice=10)
+    assert beside == deleted_positions(spark, "lake", NS, "dvs", paths)
+    assert sum(len(f["positions"]) for f in beside["files"].values()) == 3 and not beside["missing"]
     stats = json.loads(spark.sparkContext._jvm.lakestream.TableStats.currentFiles(load_java_table(spark, "lake", name), 0, ""))
     assert stats["partition"]["data_files"] == full.partitions[0].data_files == full.data_files  # read there
