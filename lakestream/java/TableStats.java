@@ -43,8 +43,7 @@ public final class TableStats {
    */
   public static String currentFiles(Table t, int nice, String summaryKeys) throws Exception {
     TableMetadata metadata = ((HasTableOperations) t).operations().current();
-    boolean unpartitioned = t.specs().size() == 1 && t.spec().isUnpartitioned() // and sequence numbers (v2+)
-        && metadata.formatVersion() >= 2;
+    boolean unpartitioned = neverPartitioned(t) && metadata.formatVersion() >= 2; // and sequence numbers (v2+)
     return ThreadPriority.call(nice, () -> {
       ObjectNode out = count(t, unpartitioned).toJson(t, unpartitioned);
       if (!summaryKeys.isEmpty()) {
@@ -61,7 +60,7 @@ public final class TableStats {
    */
   public static String liveDataFiles(Table t, int nice) throws Exception {
     ObjectNode out = JSON.createObjectNode();
-    boolean unpartitioned = t.specs().size() == 1 && t.spec().isUnpartitioned();
+    boolean unpartitioned = neverPartitioned(t);
     out.put("unpartitioned", unpartitioned);
     if (!unpartitioned) {
       return out.toString();
@@ -82,6 +81,11 @@ public final class TableStats {
       }
       return out;
     }).toString();
+  }
+
+  /** One spec, unpartitioned: the table's files all sit in its one partition. */
+  private static boolean neverPartitioned(Table t) {
+    return t.specs().size() == 1 && t.spec().isUnpartitioned();
   }
 
   private static void history(ObjectNode out, TableMetadata metadata, String[] summaryKeys) {

@@ -98,14 +98,16 @@ def plan_groups(files: list[dict[str, Any]], target_bytes: int) -> list[list[dic
     return [g for g in groups if len(g) >= 2]
 
 
-def live_data_files(spark: SparkSession, catalog: str, table: TableName
+def live_data_files(spark: SparkSession, catalog: str, table: TableName, jtable: Any = None
                     ) -> list[tuple[str, int, int, int, dict[str, Any]]]:
     """(path, bytes, records, spec id, partition) of each live data file. A table never partitioned is listed from
     its manifests in the JVM at a lower priority (`TableStats.liveDataFiles`): no Spark job beside the batches; a
-    partitioned one by Spark's ``data_files`` table, whose partition values are typed as the plan's are."""
+    partitioned one by Spark's ``data_files`` table, whose partition values are typed as the plan's are.
+    ``jtable``: the table as just loaded by the caller (else it is loaded here)."""
     from lakestream.identifiers import quote_table
 
-    jtable = load_java_table(spark, catalog, f"{table.namespace}.{table.table}")
+    if jtable is None:
+        jtable = load_java_table(spark, catalog, f"{table.namespace}.{table.table}")
     answer = json.loads(spark.sparkContext._jvm.lakestream.TableStats.liveDataFiles(jtable, BACKGROUND_NICE))
     if answer["unpartitioned"]:
         return [(f["path"], int(f["size"]), int(f["records"]), int(f["spec_id"]), {}) for f in answer["files"]]
@@ -118,16 +120,16 @@ def live_data_files(spark: SparkSession, catalog: str, table: TableName
 
 
 def prepare_rewrite(spark: SparkSession, catalog: str, name: str, partitions: list[PartitionMetrics],
-                    target_bytes: int) -> PreparedRewrite | None:
+                    target_bytes: int, jtable: Any = None) -> PreparedRewrite | None:
     """The groups to rewrite in ``partitions`` and the rows deleted in their files at the current snapshot;
-    None when no partition has two small files."""
+    None when no partition has two small files. ``jtable``: the table as the caller just loaded it."""
     from lakestream.sink.files import deleted_positions
 
     table = TableName.parse(name)
     started = time.monotonic()
     wanted = {p.key for p in partitions}
     files = []
-    for path, size, records, spec_id, partition in live_data_files(spark, catalog, table):
+    for path, size, records, spec_id, partition in live_data_files(spark, catalog, table, jtable):
         key = partition_key(spec_id, partition)
         if key in wanted:
             files.append({"path": path, "size": size, "records": records, "key": key})

@@ -97,7 +97,8 @@ def maintain_table(
     results: list[MaintenanceResult] = []
     if rewrite_spec is not None and hand_over is not None and not dry_run:
         if plan.compact or plan.hot_skipped:
-            written = write_compaction(spark, catalog, name, plan.compact + plan.hot_skipped, policy, rewrite_spec)
+            written = write_compaction(spark, catalog, name, plan.compact + plan.hot_skipped, policy, rewrite_spec,
+                                       jtable)
             if written is not None:
                 hand_over(written)  # committed by the pipeline while the round goes on
                 results.append(dataclasses.replace(written.result, status="written", detail=dict(written.result.detail)))
@@ -126,13 +127,14 @@ def maintain_table(
     return results
 
 
-def write_compaction(spark: SparkSession, catalog: str, name: str, partitions: list, policy, spec: TableSpec
-                     ) -> PreparedRewrite | None:
-    """Compaction of a pipeline's upsert mirror, written on the executors and left for its commit."""
+def write_compaction(spark: SparkSession, catalog: str, name: str, partitions: list, policy, spec: TableSpec,
+                     jtable=None) -> PreparedRewrite | None:
+    """Compaction of a pipeline's upsert mirror, written on the executors and left for its commit (``jtable``: the
+    table as the round just loaded it)."""
     from lakestream.maintenance.compaction import prepare_rewrite, run_rewrite
 
     started = time.monotonic()
-    prepared = prepare_rewrite(spark, catalog, name, partitions, policy.compaction.target_file_size_bytes)
+    prepared = prepare_rewrite(spark, catalog, name, partitions, policy.compaction.target_file_size_bytes, jtable)
     if prepared is None:
         return None
     run_rewrite(spark, prepared, spec)
