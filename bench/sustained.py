@@ -51,6 +51,7 @@ import bisect
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -697,6 +698,9 @@ def analyse(load: ChangeLoad, watch: SnapshotWatch, kill_ms: float, restart_spaw
                     for c in commits if int(c.summary.get("added-data-files", 0))]
     dvs = [int(c.summary.get("added-dvs", 0)) for c in commits if c.committed_ms >= load.started_ms]
     pipeline_fresh = freshness_from_metrics(metrics_path(config), load.started_ms)
+    rounds = sorted(start for start, _, actions in round_windows(log_lines)
+                    if any((a.get("detail") or {}).get("committed_by") != "pipeline" or a.get("status") != "ok"
+                           for a in actions))  # a round, not one of the pipeline's compaction commits
     return {
         "changes_visible": int((~np.isnan(visible)).sum()), "changes_never_visible": int(np.isnan(visible).sum()),
         "freshness_s": quantiles(fresh),
@@ -718,6 +722,7 @@ def analyse(load: ChangeLoad, watch: SnapshotWatch, kill_ms: float, restart_spaw
         "batch_max_s": max((b["seconds"] for b in batches), default=None),
         "stream_file_median_bytes": int(statistics.median(stream_files)) if stream_files else None,
         "dvs_per_commit_median": statistics.median(dvs) if dvs else None,
+        "first_round_after_start_s": round((rounds[0] - first_spawn_ms) / 1000, 1) if rounds else None,
         **maintenance,
     }
 
@@ -757,8 +762,12 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
     config_path = write_pipeline_yaml(state_dir / "sustained.yaml", data)
     config = to_config(data)
     for path in (metrics_path(config), maintenance_log_path(config)):
-        if path.exists():  # this run's figures only; the previous run's kept beside, to read batch by batch
-            path.replace(path.with_name(f"{path.stem}.previous-run{path.suffix}"))
+        if path.exists():  # the previous run's kept beside, to read batch by batch
+            shutil.copyfile(path, path.with_name(f"{path.stem}.previous-run{path.suffix}"))
+    # The maintenance log starts empty (each run's first round lists orphans, as a first start does); the metrics
+    # log stays: the pipeline reads its previous life's batch time there (`maintenance/settle.py`), and the figures
+    # below read only this run's batches (by time).
+    maintenance_log_path(config).unlink(missing_ok=True)
     base.clean = False  # from the first change on, until the mirror is found exact
     base.save(state_dir)
 

@@ -813,6 +813,10 @@ class MaintenanceSettings(_Model):
     # No inline round for this long after the pipeline starts (or restarts): it first catches up on what
     # arrived while it was down, with both cores, while its JVM is still compiling the batch path.
     start_delay_s: float = Field(default=60, ge=0)
+    # After that delay the first round also waits for the batches to be back to their steady time (the previous
+    # life's median batch, from the metrics log; `maintenance/settle.py`), at most this long after the start.
+    # 0 with start_delay_s 0: no wait at all.
+    settle_max_s: float = Field(default=180, ge=0)
     policies: list[MaintenancePolicy] = Field(default_factory=lambda: [MaintenancePolicy()])
 
     def policy_for(self, table: str) -> MaintenancePolicy:

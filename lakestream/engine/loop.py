@@ -120,7 +120,8 @@ def run_pipeline(
                 try:
                     # Beside ingestion, on the tables this pipeline writes (and those a policy names).
                     for action in maintain(pipeline.spark, config, time.time(), own=set(pipeline.specs),
-                                           background=True, rewrite_specs=pipeline.compacted_here()) or []:
+                                           background=True, rewrite_specs=pipeline.compacted_here(),
+                                           pace=(metrics, None if idle else result.seconds)) or []:
                         log.info("maintenance: %s", action)
                 except Exception as exc:  # noqa: BLE001 — maintenance must never stop ingestion
                     log.error("maintenance round failed (next round as scheduled): %s", first_line(exc)[:300])

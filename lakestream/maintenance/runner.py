@@ -12,6 +12,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lakestream.beside import release_slot, take_slot
@@ -28,6 +29,7 @@ from lakestream.maintenance.actions import (
 )
 from lakestream.maintenance.history import read_maintenance_log, record_maintenance
 from lakestream.maintenance.policy import MaintenancePlan, plan_maintenance
+from lakestream.maintenance.settle import Settling, steady_batch_s
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -157,10 +159,28 @@ class MaintenanceScheduler:
         self.prepared: list[PreparedRewrite] = []  # compactions written, for the pipeline to commit
         self.lock = threading.Lock()
         self.hold_until_s: float | None = None  # no round before (a start catching up)
+        self.settling: Settling | None = None  # the first round waits for the batches to settle (inline only)
         if resume:
             if config.maintenance.start_delay_s > 0:
                 self.hold_until_s = time.time() + config.maintenance.start_delay_s
             self.resume_from_log()
+
+    def wait_for_settled_batches(self, metrics_log: Path) -> None:
+        """Hold the first round, after the start delay, until the batches are back to their steady time
+        (`Settling`; at most ``settle_max_s`` after the start)."""
+        if self.hold_until_s is None:  # start_delay_s 0: the user wants no wait
+            return
+        settle = self.config.maintenance
+        deadline_s = self.hold_until_s - settle.start_delay_s + max(settle.settle_max_s, settle.start_delay_s)
+        self.settling = Settling(steady_batch_s(metrics_log), deadline_s)
+
+    def observe_batch(self, seconds: float | None) -> None:
+        """A batch's time, or None for a poll that found nothing (for the first round's wait)."""
+        if self.settling is not None:
+            if seconds is None:
+                self.settling.idle()
+            else:
+                self.settling.observe(seconds)
 
     def resume_from_log(self) -> None:
         """Go on with the schedule of the pipeline's earlier life, from its maintenance log: a restart (a crash
@@ -212,6 +232,12 @@ class MaintenanceScheduler:
     def due(self, now_s: float) -> bool:
         if self.hold_until_s is not None and now_s < self.hold_until_s:
             return False
+        if self.settling is not None:
+            if not self.settling.settled(now_s):
+                return False
+            log.info("first maintenance round %.0fs after the start (%s)",
+                     now_s - self.hold_until_s + self.config.maintenance.start_delay_s, self.settling.describe())
+            self.settling = None
         return self.last_round_s is None or now_s - self.last_round_s >= self.config.maintenance.interval_s
 
     def run_round(
@@ -295,8 +321,8 @@ _background: dict[int, _Background] = {}
 
 
 def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | None = None, own: set[str] | None = None,
-                   background: bool = False, rewrite_specs: dict[str, TableSpec] | None = None
-                   ) -> list[MaintenanceResult]:
+                   background: bool = False, rewrite_specs: dict[str, TableSpec] | None = None,
+                   pace: tuple[Path, float | None] | None = None) -> list[MaintenanceResult]:
     """The engine's between-batches hook: a round when ``maintenance.mode`` is inline and interval_s has passed.
 
     ``now`` is epoch seconds (default: the clock). ``own``: the tables the pipeline writes — the round then
@@ -307,6 +333,8 @@ def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | Non
     Without it the round runs here and its results are returned. Results never raise: conflicts with the
     engine's own commits are reported and retried on a later round. ``rewrite_specs``: the pipeline's upsert
     mirrors, whose compaction is written by the round and committed by the pipeline (`take_prepared`).
+    ``pace``: the pipeline's metrics log and the time of the batch just run (None after a poll that found
+    nothing): the first round of the process waits for its batches to settle (`Settling`).
     Beside ingestion the round's Spark jobs run in the ``maintenance`` scheduler pool (FAIR: a batch's
     tasks take the next free slot instead of queueing behind the round's).
     """
@@ -316,6 +344,10 @@ def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | Non
     scheduler = _inline_schedulers.get(id(config))
     if scheduler is None or scheduler.config is not config:
         scheduler = _inline_schedulers[id(config)] = MaintenanceScheduler(config, resume=True)
+        if pace is not None:
+            scheduler.wait_for_settled_batches(pace[0])
+    if pace is not None:
+        scheduler.observe_batch(pace[1])
     if not background:
         if not scheduler.due(now):
             return []

@@ -204,6 +204,60 @@ def test_a_started_pipeline_catches_up_before_its_first_round(pipeline_config_fa
     assert not resumed.due(time.time() + 5) and resumed.due(time.time() + 11)
 
 
+def test_the_first_round_waits_for_the_batches_to_settle(pipeline_config_factory, tmp_path):
+    import json
+    import time
+
+    from lakestream.maintenance.runner import MaintenanceScheduler
+    from lakestream.maintenance.settle import WINDOW, Settling, steady_batch_s
+
+    # The previous life's metrics log gives the steady batch time: the median of its batches with records.
+    log = tmp_path / "metrics.jsonl"
+    assert steady_batch_s(log) is None  # no earlier life
+    log.write_text("".join(json.dumps({"batch": i, "records": 10 if i % 4 else 0, "seconds": 0.4 + (i % 3) / 10})
+                           + "\n" for i in range(200)) + "{cut")
+    assert steady_batch_s(log) == 0.5
+    config = pipeline_config_factory([{"topics": ["s.public.t"], "namespace": NS, "table": "t"}], name="settle",
+                                     maintenance={"mode": "inline", "interval_s": 10, "start_delay_s": 60,
+                                                  "settle_max_s": 180})
+    now = time.time()
+    scheduler = MaintenanceScheduler(config, resume=True)
+    scheduler.wait_for_settled_batches(log)
+    for _ in range(WINDOW):
+        scheduler.observe_batch(0.9)  # still warming: 1.8x the steady time
+    assert not scheduler.due(now + 61) and not scheduler.due(now + 179)
+    for _ in range(WINDOW // 2 + 1):
+        scheduler.observe_batch(0.6)  # within 1.25x of the steady 0.5 s
+    assert not scheduler.due(now + 59)  # the start delay still comes first
+    assert scheduler.due(now + 61) and scheduler.settling is None  # only the first round waits
+
+    capped = MaintenanceScheduler(config, resume=True)
+    capped.wait_for_settled_batches(log)
+    for _ in range(WINDOW):
+        capped.observe_batch(2.0)
+    assert not capped.due(now + 179) and capped.due(now + 181)  # at most settle_max_s after the start
+    idle = MaintenanceScheduler(config, resume=True)
+    idle.wait_for_settled_batches(log)
+    idle.observe_batch(3.0)
+    idle.observe_batch(None)  # a poll found nothing: no batch for a round to slow down
+    assert idle.due(now + 61)
+    undelayed = config.model_copy(update={"maintenance": config.maintenance.model_copy(update={"start_delay_s": 0})})
+    no_wait = MaintenanceScheduler(undelayed, resume=True)
+    no_wait.wait_for_settled_batches(log)
+    no_wait.observe_batch(5.0)
+    assert no_wait.due(now) and no_wait.settling is None
+
+    # No earlier life: settled once a window of batches is no longer faster than the one before.
+    first = Settling(None, deadline_s=now + 1000)
+    for median in (1.1, 0.8, 0.5):
+        for _ in range(WINDOW):
+            first.observe(median)
+        assert not first.settled(now)
+    for _ in range(WINDOW):
+        first.observe(0.48)
+    assert first.settled(now)
+
+
 def test_a_rewrite_task_works_at_a_lower_priority_and_leaves_its_worker_as_it_was():
     import os
     import threading
