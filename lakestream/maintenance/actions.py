@@ -470,7 +470,8 @@ def remove_orphan_files(
         if answer is None:
             return None
         result.detail.update(method="line", listed=answer["listed"], referenced=answer["referenced"],
-                             timings_s=answer["timings_s"])
+                             timings_s=answer["timings_s"],
+                             **({"delete_nice": answer["delete_nice"]} if "delete_nice" in answer else {}))
         result.files_before = int(answer["orphan_count"])
         return list(answer["orphans"])
 

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 from conftest import produce_records
 from lakestream.engine.pipeline import Pipeline
 from lakestream.inspection import load_java_table
-from lakestream.maintenance.actions import MaintenanceResult, expire_snapshots, remove_orphan_files
+from lakestream.maintenance.actions import BESIDE_THE_BATCHES, MaintenanceResult, expire_snapshots, remove_orphan_files
 
 NS = "sexp"
 
@@ -87,6 +87,8 @@ def test_a_shared_puffin_file_outlives_its_first_dv_and_goes_with_its_last(spark
         second = _expire_all_but_current(spark, name)
         assert not shared.exists(), "the Puffin file no snapshot references was left behind"
         assert second.detail["deleted_position_delete_files"] >= 1 and second.detail["deleted_manifest_lists"] == 2
+        # Deleted on the expiry's own paced threads at its nice, not in a burst on HadoopFileIO's bulk pool.
+        assert second.detail["delete_nice"] >= BESIDE_THE_BATCHES["nice"]
         assert rows() == model
 
         location = _path(spark.sql(f"SELECT file_path FROM lake.{name}.files LIMIT 1").collect()[0][0]).parents[1]
@@ -147,6 +149,7 @@ def test_orphans_go_and_the_key_index_and_every_referenced_file_stay(spark, pipe
     assert line.detail["method"] == "line"
     assert sorted(_path(p) for p in line.detail["orphans"]) == sorted(planted)
     assert not any(p.exists() for p in planted)
+    assert line.detail["delete_nice"] >= BESIDE_THE_BATCHES["nice"]  # deleted paced, at the scan's priority
     still_whole()
 
     # A tag takes the table off the line: Iceberg's procedure lists, and the index is still left out.
