@@ -463,12 +463,12 @@ public final class LineHistory {
     return gone;
   }
 
-  /** Delete {@code paths} (a missing file is already gone); the number asked for. */
   /**
-   * Deletes files paced on the call's own threads (at its nice): a burst of thousands of unlinks at once
-   * (HadoopFileIO's bulk delete runs four threads a core at nice 0) made the batches' commits two to four times
-   * slower while it lasted (expiry deletes 6-10k files a round at 100M rows). An object store's bulk delete
-   * still goes a request of up to {@code BULK} keys at a time, paced.
+   * Deletes files paced on the call's own threads, at its nice (a missing file is already gone; {@code all}
+   * answers the number asked for). A burst of thousands of unlinks at once (HadoopFileIO's bulk delete runs four
+   * threads a core at nice 0) made the batches' commits two to four times slower while it lasted (expiry deletes
+   * 6-10k files a round at 100M rows). An object store's bulk delete still goes a request of up to {@code BULK}
+   * keys at a time, paced.
    */
   static final class Deletes {
     private static final int BULK = 1000;

@@ -11,14 +11,11 @@ after the start. A fixed longer delay was tried (session 13): the rounds came fe
 """
 from __future__ import annotations
 
-import logging
 import statistics
 from collections import deque
 from pathlib import Path
 
 import orjson
-
-log = logging.getLogger(__name__)
 
 WINDOW = 20  # batches whose median is compared
 SETTLED_RATIO = 1.25  # steady: the window's median at most this times the previous life's median batch
