@@ -74,6 +74,8 @@ from _common import (  # noqa: E402
 
 from lakestream.engine.freshness import freshness_from_metrics  # noqa: E402
 from lakestream.engine.loop import metrics_path, run_pipeline  # noqa: E402
+from lakestream.faults import ENV_VAR as PAUSE_ENV  # noqa: E402
+from lakestream.faults import PAUSE_MARKER  # noqa: E402
 from lakestream.maintenance.history import maintenance_log_path  # noqa: E402
 from lakestream.sink.offsets import OFFSETS_PROPERTY, decode_offsets  # noqa: E402
 from lakestream.spark import session_for  # noqa: E402
@@ -319,6 +321,9 @@ class ChangeLoad(threading.Thread):
             self.error = exc
 
 
+KILL_POINTS = {"anywhere": None, "landed": "commit.table.landed"}
+
+
 # -- the pipeline process ------------------------------------------------------------------------------
 
 class PipelineProcess:
@@ -330,15 +335,26 @@ class PipelineProcess:
         self.proc: subprocess.Popen | None = None
         self.peak_rss = 0
 
-    def start(self, note: str) -> float:
-        """Start it; returns the wall-clock time (ms) of the spawn."""
+    def start(self, note: str, env: dict[str, str] | None = None) -> float:
+        """Start it (``env`` added to this environment); returns the wall-clock time (ms) of the spawn."""
         with open(self.log_path, "ab") as out:
             out.write(f"\n===== {time.strftime('%H:%M:%S')} {note} =====\n".encode())
             out.flush()
+            self.spawn_offset = out.tell()
             self.proc = subprocess.Popen([sys.executable, "-m", "lakestream", "run", str(self.config_path)],
                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, cwd=self.config_path.parent)
+                                         start_new_session=True, cwd=self.config_path.parent,
+                                         env={**os.environ, **(env or {})})
         return time.time() * 1000
+
+    def logged_since_spawn(self, text: str) -> bool:
+        """Whether this life's log holds ``text``."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self.spawn_offset)
+                return text.encode() in fh.read()
+        except OSError:
+            return False
 
     @property
     def alive(self) -> bool:
@@ -776,8 +792,15 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
     load.producer.flush()
     watch = SnapshotWatch(config, events.topic)
     pipeline = PipelineProcess(config_path, state_dir / "sustained-run.log")
+    # --kill-point landed: the kill waits for a table commit that has landed and whose key index delta is not
+    # written (the pause point, armed by a file at the kill time): the restart then follows that one snapshot by
+    # diff, the restart's worst case.
+    armed = state_dir / "kill-point-armed"
+    armed.unlink(missing_ok=True)
+    pause_env = ({PAUSE_ENV: f"{KILL_POINTS[args.kill_point]}:900@{armed}"} if KILL_POINTS.get(args.kill_point)
+                 else None)
     try:
-        first_spawn_ms = pipeline.start("start")
+        first_spawn_ms = pipeline.start("start", pause_env)
         wait_for(lambda: bool(watch.commits()), "first commit", 900, pipeline, watch)
         say(f"pipeline up: first commit {(watch.commits()[0].committed_ms - first_spawn_ms) / 1000:.1f}s after "
             f"its start; load starts ({args.rate:,.0f} changes/s for {args.duration:.0f}s)")
@@ -800,9 +823,14 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
         while load.is_alive():
             time.sleep(0.5)
             now = time.monotonic()
-            if kill_ms is None and now - started >= kill_at:
+            if kill_ms is None and now - started >= kill_at and pause_env and not armed.exists():
+                armed.touch()  # the pause point holds the next table commit that lands
+            if kill_ms is None and now - started >= kill_at and (
+                    not pause_env or pipeline.logged_since_spawn(f"{PAUSE_MARKER} {pause_env[PAUSE_ENV].split(':')[0]}")):
                 summary["load_at_kill"] = machine_load()
                 kill_ms = pipeline.kill()
+                armed.unlink(missing_ok=True)
+                summary["killed_at_s"] = round(now - started, 1)
                 restart_spawn_ms = pipeline.start("restart after SIGKILL")
                 say(f"SIGKILL of `lakestream run` at {now - started:.0f}s; started again")
             if now - last_poll >= 5:
@@ -849,7 +877,7 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
     summary.update({
         "changes": load.changes, "changes_by_op": dict(load.counts),
         "offered_changes_per_s": round(load.changes / load.seconds) if load.seconds else None,
-        "kill_at_s": round(kill_at, 1), "clean_stop": clean_stop,
+        "kill_at_s": round(kill_at, 1), "kill_point": args.kill_point, "clean_stop": clean_stop,
         **figures, "compaction_log": compaction_log(pipeline.log_path, pipeline.log_start),
         "verify": verify, "pipeline_peak_rss_mb": round(pipeline.peak_rss / 2**20),
     })
@@ -947,6 +975,9 @@ def main() -> int:
                         help="compaction target file size (default: the base's median data file)")
     parser.add_argument("--compact-max-files", type=int, default=100,
                         help="compaction starts above this many data files (the policy's max_files_per_partition)")
+    parser.add_argument("--kill-point", choices=sorted(KILL_POINTS), default="anywhere",
+                        help="where the SIGKILL lands: anywhere (at --kill-at), or landed (the first table commit after "
+                             "--kill-at, before its key index delta is written)")
     parser.add_argument("--commit-interval", type=float, default=0.0, help="engine.commit_interval_s")
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--state-dir", type=Path, default=None,

@@ -1,8 +1,9 @@
 """Named pause points in the commit protocol, so a crash test can kill the process exactly there.
 
-Inactive unless the environment variable ``LAKESTREAM_PAUSE_AT`` names a point: ``name[:seconds]``,
-comma-separated (default 60 s). The first time a named point is reached the process logs
-``PAUSE_MARKER <name>`` and sleeps; the test SIGKILLs it meanwhile. Later passes do not pause.
+Inactive unless the environment variable ``LAKESTREAM_PAUSE_AT`` names a point: ``name[:seconds][@file]``,
+comma-separated (default 60 s). The first time a named point is reached (once ``file`` exists, if one is
+named: a long run arms the point when it wants the kill) the process logs ``PAUSE_MARKER <name>`` and
+sleeps; the test SIGKILLs it meanwhile. Later passes do not pause.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ PAUSE_MARKER = "pause point reached:"
 # The points, in the order a batch passes them.
 POINTS = (
     "commit.table.before",  # a table's data files are written; its Iceberg commit has not been made
-    "commit.table.after",  # a table's snapshot (data + offsets) has landed; the batch has not finished
+    "commit.table.landed",  # a table's snapshot (data + offsets) has landed; its key index delta is not written
+    "commit.table.after",  # the table's key index is durable too; the batch has not finished
     "commit.group.before",  # every table and the dead letters have committed; the Kafka group has not
 )
 
@@ -32,8 +34,9 @@ def pause_point(name: str) -> None:
     if not spec:
         return
     for item in spec.split(","):
-        point, _, seconds = item.strip().partition(":")
-        if point != name:
+        spec_, _, arm_file = item.strip().partition("@")
+        point, _, seconds = spec_.partition(":")
+        if point != name or (arm_file and not os.path.exists(arm_file)):
             continue
         with _lock:
             if name in _passed:

@@ -102,6 +102,7 @@ class Committer:
                 self.retries.append(name)
                 time.sleep(0.2 * attempt)
         laps.lap("write")
+        pause_point("commit.table.landed")
         self.registry.persist_index(name)  # durable with the commit (a death before this: refreshed by diff)
         laps.lap("persist_index")
         pause_point("commit.table.after")
