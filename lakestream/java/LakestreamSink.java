@@ -965,6 +965,19 @@ public final class LakestreamSink {
    */
   public static String snapshotChanges(
       SparkSession spark, String catalog, String namespace, String table, long fromSnapshotId) throws Exception {
+    return snapshotChanges(spark, catalog, namespace, table, fromSnapshotId, Long.MAX_VALUE);
+  }
+
+  /**
+   * The snapshots after {@code fromSnapshotId} with the data files each added and removed and the row positions
+   * each newly deleted: a deletion vector that replaces an earlier one of the same data file in the same snapshot
+   * (v3 keeps one per file, so every upsert of a file's row rewrites its whole vector) reports only the positions
+   * the earlier one did not hold. Positions go as base64 of little-endian longs ({@code positions_le64}): tens of
+   * millions of JSON numbers would not fit a default driver's heap. Past {@code maxPositions} positions in all, no
+   * more are listed and {@code positions_over} is true: the caller builds the index again instead.
+   */
+  public static String snapshotChanges(SparkSession spark, String catalog, String namespace, String table,
+      long fromSnapshotId, long maxPositions) throws Exception {
     Table t = loadFresh(catalog(spark, catalog), identifier(namespace, table));
     ObjectNode out = JSON.createObjectNode();
     Snapshot current = t.currentSnapshot();
@@ -990,6 +1003,7 @@ public final class LakestreamSink {
     BaseDeleteLoader loader = new BaseDeleteLoader(d -> t.io().newInputFile(d.location()));
     ArrayNode snapshots = out.putArray("snapshots");
     boolean unsupported = false;
+    long listed = 0;
     for (Snapshot s : chain) {
       ObjectNode n = snapshots.addObject();
       n.put("snapshot_id", s.snapshotId());
@@ -1015,14 +1029,40 @@ public final class LakestreamSink {
         }
         byFile.computeIfAbsent(d.referencedDataFile(), k -> new ArrayList<>()).add(d.copy());
       }
+      Map<String, List<DeleteFile>> replaced = new HashMap<>();
+      for (DeleteFile d : s.removedDeleteFiles(t.io())) {
+        if (d.content() == FileContent.POSITION_DELETES && d.referencedDataFile() != null
+            && byFile.containsKey(d.referencedDataFile())) {
+          replaced.computeIfAbsent(d.referencedDataFile(), k -> new ArrayList<>()).add(d.copy());
+        }
+      }
       ArrayNode deleted = n.putArray("deleted");
       for (Map.Entry<String, List<DeleteFile>> e : byFile.entrySet()) {
+        if (listed > maxPositions) {
+          break;
+        }
+        PositionDeleteIndex now = loader.loadPositionDeletes(e.getValue(), e.getKey());
+        List<DeleteFile> before = replaced.get(e.getKey());
+        PositionDeleteIndex earlier = before == null ? null : loader.loadPositionDeletes(before, e.getKey());
+        ByteBuffer fresh = ByteBuffer.allocate((int) Math.min(Integer.MAX_VALUE - 8, 8L * now.cardinality()))
+            .order(java.nio.ByteOrder.LITTLE_ENDIAN);
+        now.forEach(pos -> {
+          if (earlier == null || !earlier.isDeleted(pos)) {
+            fresh.putLong(pos);
+          }
+        });
+        listed += fresh.position() / 8;
         ObjectNode d = deleted.addObject();
         d.put("data_file", e.getKey());
-        ArrayNode positions = d.putArray("positions");
-        loader.loadPositionDeletes(e.getValue(), e.getKey()).forEach(positions::add);
+        d.put("positions_le64", Base64.getEncoder().encodeToString(
+            java.util.Arrays.copyOf(fresh.array(), fresh.position())));
+      }
+      if (listed > maxPositions) {
+        out.put("positions_over", true);
+        break;
       }
     }
+    out.put("positions_listed", listed);
     out.put("unsupported", unsupported);
     return out.toString();
   }

@@ -23,12 +23,14 @@ current one: a rollback, expired history) or a snapshot holds equality deletes i
 """
 from __future__ import annotations
 
+import base64
+import functools
 import io
 import logging
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 import orjson
@@ -346,12 +348,26 @@ class IndexStore:
 
 # -- refresh by diff ---------------------------------------------------------------------------------
 
-def snapshot_changes(spark: SparkSession, catalog: str, namespace: str, table: str, from_snapshot: int
-                     ) -> dict[str, Any]:
+# Deleted positions a diff lists at most (JVM side: 8 bytes each, then base64): past that the index is built
+# again on the executors. A foreign DELETE of millions of rows costs a build, never the driver's heap.
+DIFF_POSITIONS_MAX = 4_000_000
+# Data files whose key columns a diff reads at once (pyarrow reads release the GIL; each holds one file's keys).
+DIFF_READERS = 4
+
+
+def snapshot_changes(spark: SparkSession, catalog: str, namespace: str, table: str, from_snapshot: int,
+                     max_positions: int | None = None) -> dict[str, Any]:
     """`LakestreamSink.snapshotChanges`: the snapshots after ``from_snapshot`` with their added and removed
-    data files and deleted positions."""
-    return orjson.loads(spark.sparkContext._jvm.lakestream.LakestreamSink.snapshotChanges(
-        spark._jsparkSession, catalog, namespace, table, int(from_snapshot)))
+    data files and the positions each newly deleted (``positions``, int64 arrays); ``positions_over`` when more
+    than ``max_positions`` (default `DIFF_POSITIONS_MAX`) were deleted (then the listing is incomplete)."""
+    limit = DIFF_POSITIONS_MAX if max_positions is None else max_positions
+    changes = orjson.loads(spark.sparkContext._jvm.lakestream.LakestreamSink.snapshotChanges(
+        spark._jsparkSession, catalog, namespace, table, int(from_snapshot), int(limit)))
+    changes["positions_max"] = limit
+    for snap in changes.get("snapshots", []):
+        for d in snap["deleted"]:
+            d["positions"] = np.frombuffer(base64.b64decode(d.pop("positions_le64")), "<i8").astype(np.int64)
+    return changes
 
 
 def _file_keys(path: str, key_columns: tuple[str, ...]) -> np.ndarray:
@@ -379,32 +395,57 @@ def _drop_rows_at(index: DiskKeyIndex, fid: int, keys: np.ndarray, positions: np
     return len(k)
 
 
+def _read_ahead(paths: list[str], read: Any) -> Iterator[tuple[str, Any]]:
+    """``(path, read(path))`` in order, up to `DIFF_READERS` reads running ahead of the consumer."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=DIFF_READERS, thread_name_prefix="index-diff") as pool:
+        window: deque = deque()
+        todo = iter(paths)
+        for path in todo:
+            window.append((path, pool.submit(read, path)))
+            if len(window) >= 2 * DIFF_READERS:
+                break
+        while window:
+            path, future = window.popleft()
+            nxt = next(todo, None)
+            if nxt is not None:
+                window.append((nxt, pool.submit(read, nxt)))
+            yield path, future.result()
+
+
 def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, int]:
     """Move ``index`` over the snapshots in ``changes`` (`snapshot_changes`), reading only the files they
-    added and the rows they deleted. Returns counts of what it did."""
+    added and the rows they deleted (several files at once). Returns counts of what it did."""
+    if changes.get("positions_over"):
+        raise DiffTooBig(f"more than {changes.get('positions_max')} rows deleted by position since the index's "
+                         "snapshot")
+    keys_of = functools.partial(_file_keys, key_columns=index.key_columns)
     stats = {"snapshots": 0, "files_read": 0, "rows_added": 0, "entries_dropped": 0}
     for snap in changes["snapshots"]:
         deleted = {d["data_file"]: np.asarray(d["positions"], np.int64) for d in snap["deleted"]}
         unreadable = []
-        for path in snap["removed"]:
-            fid = index.known_file_id(path)
-            if fid is None:
-                continue
-            # The rows of a removed file are found through its own keys (O(its rows)); a file already
-            # deleted from storage (expired history) costs one pass over the index's locations instead.
+
+        def removed_keys(path: str) -> np.ndarray | None:
             try:
-                keys = _file_keys(path, index.key_columns)
+                return keys_of(path)
             except (OSError, ValueError, KeyError, pa.ArrowException):
+                return None  # already deleted from storage (expired history)
+
+        # The rows of a removed file are found through its own keys (O(its rows)); a file already
+        # deleted from storage costs one pass over the index's locations instead.
+        removed = [p for p in snap["removed"] if index.known_file_id(p) is not None]
+        for path, keys in _read_ahead(removed, removed_keys):
+            fid = index.known_file_id(path)
+            if keys is None:
                 unreadable.append(fid)
                 continue
             stats["files_read"] += 1
             stats["entries_dropped"] += _drop_rows_at(index, fid, keys, np.arange(len(keys), dtype=np.int64))
         stats["entries_dropped"] += index.forget_files(unreadable)
-        added_paths = set()
-        for f in snap["added"]:
-            path = f["path"]
-            added_paths.add(path)
-            keys = _file_keys(path, index.key_columns)
+        added_paths = {f["path"] for f in snap["added"]}
+        for path, keys in _read_ahead([f["path"] for f in snap["added"]], keys_of):
             stats["files_read"] += 1
             live = np.ones(len(keys), bool)
             gone = deleted.get(path)
@@ -421,16 +462,23 @@ def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, i
             fid = index.file_id(path)
             index.update(k[last], pack(np.full(int(last.sum()), fid), positions[order][last]))
             stats["rows_added"] += int(last.sum())
-        for path, positions in deleted.items():
-            fid = index.known_file_id(path)
-            if path in added_paths or fid is None:
-                continue
-            keys = _file_keys(path, index.key_columns)
-            stats["files_read"] += 1
+
+        def deleted_keys(path: str) -> tuple[np.ndarray, np.ndarray]:
+            """The keys at the file's newly deleted positions (only those are kept in memory)."""
+            keys = keys_of(path)
+            positions = deleted[path]
             positions = positions[positions < len(keys)]
-            stats["entries_dropped"] += _drop_rows_at(index, fid, keys[positions], positions)
+            return keys[positions], positions
+
+        others = [p for p in deleted if p not in added_paths and index.known_file_id(p) is not None
+                  and len(deleted[p])]
+        for path, (keys, positions) in _read_ahead(others, deleted_keys):
+            stats["files_read"] += 1
+            stats["entries_dropped"] += _drop_rows_at(index, index.known_file_id(path), keys, positions)
         index.snapshot_id = snap["snapshot_id"]
         stats["snapshots"] += 1
     return stats
 
 
+class DiffTooBig(ValueError):
+    """The snapshots since the index's own delete more rows by position than a diff lists: build it again."""
