@@ -187,3 +187,8 @@ def jvm_alive(spark: SparkSession) -> bool:
         return True
     except Exception:  # noqa: BLE001 — any failure to reach it means it is gone
         return False
+
+
+def jvm_pid(spark: SparkSession) -> int:
+    """The process id of the driver's JVM (always on the driver's host: py4j talks to it over loopback)."""
+    return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lakestream.beside import release_slot, take_slot
+from lakestream.beside import BACKGROUND_NICE, lower_jit_compilers, release_slot, take_slot
 from lakestream.config import PipelineConfig
 from lakestream.inspection import collect_table_metrics, list_tables, load_java_table
 from lakestream.maintenance.actions import (
@@ -30,6 +30,7 @@ from lakestream.maintenance.actions import (
 from lakestream.maintenance.history import read_maintenance_log, record_maintenance
 from lakestream.maintenance.policy import MaintenancePlan, plan_maintenance
 from lakestream.maintenance.settle import Settling, steady_batch_s
+from lakestream.spark import jvm_pid
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -315,6 +316,7 @@ class _Background:
         self.thread: threading.Thread | None = None
         self.finished: list[MaintenanceResult] | None = None
         self.lock = threading.Lock()
+        self.jit_lowered = False  # the driver JVM's JIT compilers lowered at the first round (`lower_jit_compilers`)
 
 
 _background: dict[int, _Background] = {}
@@ -361,6 +363,11 @@ def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | Non
             return done
         if not take_slot():  # a key index merge runs beside the batches: the round waits for a later pause
             return done
+        if not state.jit_lowered:
+            state.jit_lowered = True
+            lowered = lower_jit_compilers(jvm_pid(spark))
+            log.info("the driver JVM's %d JIT compiler thread(s) at nice %d from this first round on", lowered,
+                     BACKGROUND_NICE)
 
         specs = dict(rewrite_specs or {})
 
