@@ -638,7 +638,12 @@ def maintenance_figures(log_lines: list[dict[str, Any]], maint_snaps: list[Snap]
         hit = {i for i, t in enumerate(times) if started < t <= finished}
         hit |= {i for i in (first_after(t) for t in [finished] + [s.committed_ms for s in own]) if i is not None}
         slowed |= hit
-        per_round.append((started, finished, actions, own, hit, first_after(finished)))
+        # A round the SIGKILL cut short: the restart's batches are the restart's figures, not the round's.
+        nxt = first_after(finished)
+        cut = {i for i in hit if restart[0] <= times[i] <= restart[1]}
+        if nxt in cut:
+            nxt = None
+        per_round.append((started, finished, actions, own, hit - cut, nxt))
     unlogged = [s for s in maint_snaps if not any(w[0] - 1000 <= s.committed_ms <= w[1] + 1000 for w in windows)]
     slowed |= {i for i in (first_after(s.committed_ms) for s in unlogged) if i is not None}
     quiet = [b["seconds"] for i, b in enumerate(batches)
