@@ -296,6 +296,7 @@ class TableRegistry:
             try:
                 changes = snapshot_changes(self.spark, self.config.catalog.name, table.namespace, table.table,
                                            start.snapshot_id)
+                listed_s = time.monotonic() - started
                 moved = sum(int(f["records"]) for snap in changes.get("snapshots", []) for f in snap["added"]) + sum(
                     int(snap.get("removed_records", 0)) for snap in changes.get("snapshots", []))
                 if not changes["ancestor"] or changes.get("unsupported"):
@@ -316,9 +317,10 @@ class TableRegistry:
                 else:
                     stats = refresh_by_diff(start, changes)
                     log.info("table %s: key index refreshed by diff from %s: %d snapshot(s), %d file(s) read, "
-                             "%d row(s) added, %d entr(ies) dropped, %.2fs", name, origin, stats["snapshots"],
-                             stats["files_read"], stats["rows_added"], stats["entries_dropped"],
-                             time.monotonic() - started)
+                             "%d row(s) added, %d entr(ies) dropped, %d deleted position(s) listed, %.2fs (loading and listing "
+                             "%.2fs)", name, origin, stats["snapshots"], stats["files_read"], stats["rows_added"],
+                             stats["entries_dropped"], changes.get("positions_listed", 0), time.monotonic() - started,
+                             listed_s)
             except (OSError, ValueError, KeyError) as exc:
                 log.warning("table %s: key index refresh by diff failed (%s); rebuilding", name, first_line(exc))
                 start = None
