@@ -317,10 +317,10 @@ class TableRegistry:
                 else:
                     stats = refresh_by_diff(start, changes)
                     log.info("table %s: key index refreshed by diff from %s: %d snapshot(s), %d file(s) read, "
-                             "%d row(s) added, %d entr(ies) dropped, %d deleted position(s) listed, %.2fs (loading and listing "
-                             "%.2fs)", name, origin, stats["snapshots"], stats["files_read"], stats["rows_added"],
-                             stats["entries_dropped"], changes.get("positions_listed", 0), time.monotonic() - started,
-                             listed_s)
+                             "%d row(s) added, %d entr(ies) dropped, %d deleted position(s) listed, %.2fs "
+                             "(loading and listing %.2fs)", name, origin, stats["snapshots"], stats["files_read"],
+                             stats["rows_added"], stats["entries_dropped"], changes.get("positions_listed", 0),
+                             time.monotonic() - started, listed_s)
             except (OSError, ValueError, KeyError) as exc:
                 log.warning("table %s: key index refresh by diff failed (%s); rebuilding", name, first_line(exc))
                 start = None
