@@ -6,8 +6,8 @@ of a core for minutes). A maintenance round then (a compaction written beside th
 orphan listing) lands on batches that are already slow. So the first round of a process waits, after
 ``maintenance.start_delay_s``, until the pipeline is steady — the median of its last batches within
 ``SETTLED_RATIO`` of the previous life's median batch (from its metrics log), or, with no earlier life on record,
-until the batches stop getting faster — or until nothing arrives, and at most until ``maintenance.settle_max_s``
-after the start. A fixed longer delay was tried (session 13): the rounds came fewer and heavier.
+until the batches stop getting faster — or until polls in a row find nothing, and at most until
+``maintenance.settle_max_s`` after the start. A fixed longer delay was tried (session 13): the rounds came fewer and heavier.
 """
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ import orjson
 WINDOW = 20  # batches whose median is compared
 SETTLED_RATIO = 1.25  # steady: the window's median at most this times the previous life's median batch
 STILL_FALLING = 0.9  # without an earlier life: still warming while a window's median is below this share of the last
+# Polls in a row that found nothing: caught up. One is not enough — at 15,000 changes/s a poll found nothing by
+# chance while the restarted batches were still at 1.8x their steady time (session 16).
+IDLE_POLLS = 3
 TAIL_BYTES = 1 << 20  # of the metrics log read for the previous life's median (~700 batches)
 
 
@@ -53,10 +56,10 @@ class Settling:
         self.batches = 0
         self.last_window_s: float | None = None  # median of the last full window (no earlier life)
         self.stopped_falling = False
-        self.idle_now = False
+        self.idle_polls = 0  # polls in a row that found nothing
 
     def observe(self, seconds: float) -> None:
-        self.idle_now = False
+        self.idle_polls = 0
         self.recent.append(seconds)
         self.batches += 1
         if self.steady_s is None and self.batches % WINDOW == 0:
@@ -66,11 +69,12 @@ class Settling:
             self.last_window_s = median
 
     def idle(self) -> None:
-        """Nothing arrived: nothing to catch up on, and no batch for a round to slow down."""
-        self.idle_now = True
+        """Nothing arrived: after `IDLE_POLLS` such polls in a row, nothing to catch up on and no batch for a round
+        to slow down."""
+        self.idle_polls += 1
 
     def settled(self, now_s: float) -> bool:
-        if now_s >= self.deadline_s or self.idle_now:
+        if now_s >= self.deadline_s or self.idle_polls >= IDLE_POLLS:
             return True
         if len(self.recent) < WINDOW:
             return False

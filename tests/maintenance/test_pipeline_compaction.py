@@ -209,7 +209,7 @@ def test_the_first_round_waits_for_the_batches_to_settle(pipeline_config_factory
     import time
 
     from lakestream.maintenance.runner import MaintenanceScheduler
-    from lakestream.maintenance.settle import WINDOW, Settling, steady_batch_s
+    from lakestream.maintenance.settle import IDLE_POLLS, WINDOW, Settling, steady_batch_s
 
     # The previous life's metrics log gives the steady batch time: the median of its batches with records.
     log = tmp_path / "metrics.jsonl"
@@ -239,7 +239,13 @@ def test_the_first_round_waits_for_the_batches_to_settle(pipeline_config_factory
     idle = MaintenanceScheduler(config, resume=True)
     idle.wait_for_settled_batches(log)
     idle.observe_batch(3.0)
-    idle.observe_batch(None)  # a poll found nothing: no batch for a round to slow down
+    idle.observe_batch(None)  # one poll found nothing: at a high rate that happens by chance
+    assert not idle.due(now + 61)
+    idle.observe_batch(3.0)
+    for _ in range(IDLE_POLLS - 1):
+        idle.observe_batch(None)
+    assert not idle.due(now + 61)  # a batch came between: the count starts again
+    idle.observe_batch(None)  # polls in a row found nothing: caught up, no batch for a round to slow down
     assert idle.due(now + 61)
     undelayed = config.model_copy(update={"maintenance": config.maintenance.model_copy(update={"start_delay_s": 0})})
     no_wait = MaintenanceScheduler(undelayed, resume=True)
