@@ -7,7 +7,8 @@ orphan listing) lands on batches that are already slow. So the first round of a 
 ``maintenance.start_delay_s``, until the pipeline is steady — the median of its last batches within
 ``SETTLED_RATIO`` of the previous life's median batch (from its metrics log), or, with no earlier life on record,
 until the batches stop getting faster — or until polls in a row find nothing, and at most until
-``maintenance.settle_max_s`` after the start. A fixed longer delay was tried (session 13): the rounds came fewer and heavier.
+``maintenance.settle_max_s`` after the start. A fixed longer delay was tried (session 13): the rounds came fewer
+and heavier.
 """
 from __future__ import annotations
 
