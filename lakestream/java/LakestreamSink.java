@@ -958,23 +958,15 @@ public final class LakestreamSink {
 
   /**
    * The snapshots committed after {@code fromSnapshotId}, oldest first, each with the data files it added
-   * ({path, records}) and removed (paths), and per data file with deletes added by it, every position those
-   * delete files hold ({data_file, positions}). {"ancestor": false} when {@code fromSnapshotId} is not an
-   * ancestor of the current snapshot (rolled back, expired, another table); "unsupported": true when a
-   * snapshot added equality deletes or position delete files that name no single data file.
-   */
-  public static String snapshotChanges(
-      SparkSession spark, String catalog, String namespace, String table, long fromSnapshotId) throws Exception {
-    return snapshotChanges(spark, catalog, namespace, table, fromSnapshotId, Long.MAX_VALUE);
-  }
-
-  /**
-   * The snapshots after {@code fromSnapshotId} with the data files each added and removed and the row positions
-   * each newly deleted: a deletion vector that replaces an earlier one of the same data file in the same snapshot
-   * (v3 keeps one per file, so every upsert of a file's row rewrites its whole vector) reports only the positions
-   * the earlier one did not hold. Positions go as base64 of little-endian longs ({@code positions_le64}): tens of
-   * millions of JSON numbers would not fit a default driver's heap. Past {@code maxPositions} positions in all, no
-   * more are listed and {@code positions_over} is true: the caller builds the index again instead.
+   * ({path, records}) and removed (paths), and per data file with deletes added by it the row positions it newly
+   * deleted ({data_file, positions_le64}): a deletion vector that replaces an earlier one of the same data file in
+   * the same snapshot (v3 keeps one per file, so every upsert of a file's row rewrites its whole vector) reports only
+   * the positions the earlier one did not hold. Positions go as base64 of little-endian longs: tens of millions of
+   * JSON numbers would not fit a default driver's heap. Past {@code maxPositions} positions in all, no more are listed
+   * and "positions_over" is true: the caller builds the index again instead. {"ancestor": false} when
+   * {@code fromSnapshotId} is not an ancestor of the current snapshot (rolled back, expired, another table);
+   * "unsupported": true when a snapshot added equality deletes or position delete files that name no single data
+   * file.
    */
   public static String snapshotChanges(SparkSession spark, String catalog, String namespace, String table,
       long fromSnapshotId, long maxPositions) throws Exception {

@@ -361,13 +361,13 @@ def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | Non
             return done
         if not scheduler.due(now):
             return done
-        if not take_slot():  # a key index merge runs beside the batches: the round waits for a later pause
-            return done
         if not state.jit_lowered:
             state.jit_lowered = True
             lowered = lower_jit_compilers(jvm_pid(spark))
             log.info("the driver JVM's %d JIT compiler thread(s) at nice %d from this first round on", lowered,
                      BACKGROUND_NICE)
+        if not take_slot():  # a key index merge runs beside the batches: the round waits for a later pause
+            return done
 
         specs = dict(rewrite_specs or {})
 

@@ -70,13 +70,6 @@ def test_a_round_waits_while_a_key_index_merge_runs_beside_the_batches(spark, pi
     config = pipeline_config_factory([{"topics": ["unused"]}], name=f"slot{suffix}", maintenance={
         "mode": "inline", "interval_s": 3600, "start_delay_s": 0,
         "policies": [{"tables": ".*", "compaction": {"max_files_per_partition": 2, "quiet_time_s": 0}}]})
-    assert beside.take_slot()  # a key index merge runs
-    try:
-        assert maybe_maintain(spark, config, time.time(), own={mine}, background=True) == []
-        state = runner._background[id(config)]
-        assert state.thread is None  # no round started
-    finally:
-        beside.release_slot()
     jit_before = _jit_nice(spark)
     assert jit_before
     try:  # an earlier test's round may have lowered them already: back to 0 (root only)
@@ -85,10 +78,17 @@ def test_a_round_waits_while_a_key_index_merge_runs_beside_the_batches(spark, pi
     except OSError:
         pytest.skip("not allowed to raise the JIT threads' priority again")
     try:
+        assert beside.take_slot()  # a key index merge runs
+        try:
+            assert maybe_maintain(spark, config, time.time(), own={mine}, background=True) == []
+            state = runner._background[id(config)]
+            assert state.thread is None  # no round started
+        finally:
+            beside.release_slot()
+        # From the first round due on, the JVM's JIT compilers work on what the batches leave.
+        assert min(_jit_nice(spark).values()) >= beside.BACKGROUND_NICE
         maybe_maintain(spark, config, time.time(), own={mine}, background=True)
         assert state.thread is not None and beside.slot_taken()  # the round holds the slot while it runs
-        # From the first round on, the JVM's JIT compilers work on what the batches leave.
-        assert min(_jit_nice(spark).values()) >= beside.BACKGROUND_NICE
         state.thread.join(120)
     finally:
         for tid in jit_before:  # the rest of the suite's JVM at the usual priority
