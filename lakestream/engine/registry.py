@@ -304,10 +304,6 @@ class TableRegistry:
                              "not an ancestor of the current one" if not changes["ancestor"]
                              else "followed by deletes it cannot follow (equality deletes)")
                     start = None
-                elif changes.get("positions_over"):
-                    log.info("table %s: more than %d rows deleted by position since the key index's snapshot; "
-                             "building it again on the executors", name, changes["positions_max"])
-                    start = None
                 elif moved > max(DIFF_ROWS_MAX, start.base_rows):
                     # A backfill (or a rewrite) bigger than the index itself: read on the driver it would all sit
                     # in the overlay; a build on the executors keeps the driver's memory bounded.

@@ -363,7 +363,6 @@ def snapshot_changes(spark: SparkSession, catalog: str, namespace: str, table: s
     limit = DIFF_POSITIONS_MAX if max_positions is None else max_positions
     changes = orjson.loads(spark.sparkContext._jvm.lakestream.LakestreamSink.snapshotChanges(
         spark._jsparkSession, catalog, namespace, table, int(from_snapshot), int(limit)))
-    changes["positions_max"] = limit
     for snap in changes.get("snapshots", []):
         for d in snap["deleted"]:
             d["positions"] = np.frombuffer(base64.b64decode(d.pop("positions_le64")), "<i8").astype(np.int64)
@@ -396,43 +395,41 @@ def _drop_rows_at(index: DiskKeyIndex, fid: int, keys: np.ndarray, positions: np
 
 
 def _read_ahead(paths: list[str], read: Any) -> Iterator[tuple[str, Any]]:
-    """``(path, read(path))`` in order, up to `DIFF_READERS` reads running ahead of the consumer."""
+    """``(path, read(path))`` in order, `DIFF_READERS` reads at a time, at most twice that many read ahead of the
+    consumer."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=DIFF_READERS, thread_name_prefix="index-diff") as pool:
         window: deque = deque()
-        todo = iter(paths)
-        for path in todo:
+        for path in paths:
             window.append((path, pool.submit(read, path)))
-            if len(window) >= 2 * DIFF_READERS:
-                break
+            if len(window) > 2 * DIFF_READERS:
+                done, future = window.popleft()
+                yield done, future.result()
         while window:
-            path, future = window.popleft()
-            nxt = next(todo, None)
-            if nxt is not None:
-                window.append((nxt, pool.submit(read, nxt)))
-            yield path, future.result()
+            done, future = window.popleft()
+            yield done, future.result()
 
 
 def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, int]:
     """Move ``index`` over the snapshots in ``changes`` (`snapshot_changes`), reading only the files they
     added and the rows they deleted (several files at once). Returns counts of what it did."""
     if changes.get("positions_over"):
-        raise DiffTooBig(f"more than {changes.get('positions_max')} rows deleted by position since the index's "
-                         "snapshot")
+        raise DiffTooBig("more rows deleted by position since the index's snapshot than a diff lists "
+                         "(DIFF_POSITIONS_MAX)")
     keys_of = functools.partial(_file_keys, key_columns=index.key_columns)
     stats = {"snapshots": 0, "files_read": 0, "rows_added": 0, "entries_dropped": 0}
+
+    def removed_keys(path: str) -> np.ndarray | None:
+        try:
+            return keys_of(path)
+        except (OSError, ValueError, KeyError, pa.ArrowException):
+            return None  # already deleted from storage (expired history)
+
     for snap in changes["snapshots"]:
         deleted = {d["data_file"]: np.asarray(d["positions"], np.int64) for d in snap["deleted"]}
         unreadable = []
-
-        def removed_keys(path: str) -> np.ndarray | None:
-            try:
-                return keys_of(path)
-            except (OSError, ValueError, KeyError, pa.ArrowException):
-                return None  # already deleted from storage (expired history)
-
         # The rows of a removed file are found through its own keys (O(its rows)); a file already
         # deleted from storage costs one pass over the index's locations instead.
         removed = [p for p in snap["removed"] if index.known_file_id(p) is not None]
@@ -481,4 +478,5 @@ def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, i
 
 
 class DiffTooBig(ValueError):
-    """The snapshots since the index's own delete more rows by position than a diff lists: build it again."""
+    """The snapshots since the index's own delete more rows by position than a diff lists (a foreign DELETE of
+    millions of rows): build it again, on the executors."""
