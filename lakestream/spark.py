@@ -1,4 +1,4 @@
-"""Builds the SparkSession: Iceberg runtime and JDBC driver from wheels, the configured catalog."""
+"""Builds the SparkSession: Iceberg runtime, JDBC driver and AWS bundle by Maven coordinates, the configured catalog."""
 from __future__ import annotations
 
 import contextlib
@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lakestream import jars as jar_groups
 from lakestream import storage
 from lakestream.config import CatalogSettings, PipelineConfig, SparkSettings
 from lakestream.jvm_helper import aws_sdk_jars, helper_jar, iceberg_runtime_jar, postgres_jdbc_jar
@@ -64,12 +65,22 @@ def rest_properties(catalog: CatalogSettings) -> dict[str, str]:
 
 
 def session_jars(spark: SparkSettings) -> list[str]:
-    """The jars of a session: Iceberg's runtime, the JDBC driver, lakestream's helpers, the AWS SDK for
-    ``S3FileIO`` (unless turned off) and ``spark.extra_jars``."""
-    jars = [str(iceberg_runtime_jar()), str(postgres_jdbc_jar()), str(helper_jar())]
-    if spark.bundled_aws_sdk:
-        jars += [str(j) for j in aws_sdk_jars()]
+    """The jars of a session (``spark.jars``): Iceberg's runtime, the JDBC driver, the AWS bundle for
+    ``S3FileIO`` (unless turned off; all three only with ``jars_from: cache``), lakestream's helpers and
+    ``spark.extra_jars``."""
+    jars = [str(helper_jar())]
+    if spark.jars_from == "cache":
+        jars += [str(iceberg_runtime_jar()), str(postgres_jdbc_jar())]
+        if spark.bundled_aws_sdk:
+            jars += [str(j) for j in aws_sdk_jars()]
     return jars + list(spark.extra_jars)
+
+
+def session_packages(spark: SparkSettings) -> str | None:
+    """``spark.jars.packages`` for ``jars_from: packages``: the coordinates of lakestream/jars.toml."""
+    if spark.jars_from != "packages":
+        return None
+    return jar_groups.packages("spark", *(["spark-aws"] if spark.bundled_aws_sdk else []))
 
 
 def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) -> SparkSession:
@@ -101,6 +112,9 @@ def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) 
         .config("spark.python.worker.reuse", "true")
         .config("spark.python.daemon.module", "lakestream.worker_daemon")
     )
+    packages = session_packages(spark)
+    if packages:
+        builder = builder.config("spark.jars.packages", packages)
     for key, value in catalog_conf(catalog).items():
         builder = builder.config(key, value)
     java_options = f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"

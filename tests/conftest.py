@@ -15,7 +15,6 @@ import psycopg2
 import pytest
 
 from lakestream.stack import Stack, StackInfo, StackSettings
-from lakestream.stack.broker import TansuBroker
 from lakestream.stack.process import free_ports
 
 # ---------------------------------------------------------------------------------------------
@@ -45,7 +44,7 @@ def service_dir_factory() -> Iterator[Callable[[str], Path]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Local stack: PostgreSQL + noida-db broker
+# Local stack: PostgreSQL + Apache Kafka
 # ---------------------------------------------------------------------------------------------
 
 
@@ -57,10 +56,10 @@ def stack_factory(service_dir_factory) -> Iterator[Callable[..., Stack]]:
     """
     made: list[Stack] = []
 
-    def make(broker: str = "noida", **overrides) -> Stack:
+    def make(**overrides) -> Stack:
         pg_port, kafka_port = free_ports(2)
         fields = {"pg_port": pg_port, "kafka_port": kafka_port, **overrides}
-        settings = StackSettings(state_dir=service_dir_factory("stack"), broker=broker, **fields)
+        settings = StackSettings(state_dir=service_dir_factory("stack"), **fields)
         stack = Stack(settings)
         made.append(stack)
         return stack
@@ -72,7 +71,7 @@ def stack_factory(service_dir_factory) -> Iterator[Callable[..., Stack]]:
 
 @pytest.fixture(scope="session")
 def stack(stack_factory) -> StackInfo:
-    """The shared running stack (PostgreSQL + noida-db), started once per session."""
+    """The shared running stack (PostgreSQL + Apache Kafka), started once per session."""
     return stack_factory().up()
 
 
@@ -85,25 +84,6 @@ def pg_conn(stack: StackInfo) -> Iterator[psycopg2.extensions.connection]:
         yield conn
     finally:
         conn.close()
-
-
-# ---------------------------------------------------------------------------------------------
-# Tansu: a second, memory-only broker
-# ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def tansu_bootstrap(service_dir_factory) -> Iterator[str]:
-    """`bootstrap.servers` of a separate Tansu broker (memory only, empty at start)."""
-    pg_port_unused, kafka_port = free_ports(2)
-    broker = TansuBroker(
-        StackSettings(state_dir=service_dir_factory("tansu"), pg_port=pg_port_unused, kafka_port=kafka_port, broker="tansu")
-    )
-    broker.start()
-    try:
-        yield broker.bootstrap_servers
-    finally:
-        broker.stop()
 
 
 # ---------------------------------------------------------------------------------------------

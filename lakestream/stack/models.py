@@ -11,7 +11,6 @@ from lakestream.errors import ConfigError
 ACCESS_KEY_ENV = "LAKESTREAM_S3_ACCESS_KEY_ID"
 SECRET_KEY_ENV = "LAKESTREAM_S3_SECRET_ACCESS_KEY"
 
-BrokerKind = Literal["noida", "tansu"]
 StorageKind = Literal["local", "s3"]
 CatalogKind = Literal["jdbc", "rest"]
 
@@ -23,7 +22,8 @@ class StackSettings:
     state_dir: Path = Path(".lakestream")
     pg_port: int = 15432
     kafka_port: int = 19092
-    broker: BrokerKind = "noida"
+    # The KRaft controller's listener; 0: a free port chosen when the broker's storage is first formatted.
+    kafka_controller_port: int = 0
     pg_user: str = "lakestream"
     pg_password: str = "lakestream"
     source_db: str = "shop"
@@ -46,17 +46,20 @@ class StackSettings:
             port = getattr(self, name)
             if not isinstance(port, int) or not 1 <= port <= 65535:
                 raise ConfigError(f"{name}={port!r} is not a TCP port (1-65535)")
+        if not isinstance(self.kafka_controller_port, int) or not 0 <= self.kafka_controller_port <= 65535:
+            raise ConfigError(f"kafka_controller_port={self.kafka_controller_port!r} is not a TCP port "
+                              "(1-65535, or 0 to choose a free one)")
         if self.pg_port == self.kafka_port:
             raise ConfigError(f"pg_port and kafka_port are both {self.pg_port}; give them different ports")
         used = {"pg_port": self.pg_port, "kafka_port": self.kafka_port}
+        if self.kafka_controller_port:
+            used["kafka_controller_port"] = self.kafka_controller_port
         if self.storage == "s3":
             used["s3_port"] = self.s3_port
         if self.catalog == "rest":
             used["rest_port"] = self.rest_port
         if len(set(used.values())) != len(used):
             raise ConfigError(f"two services share a port: {used}; give them different ports")
-        if self.broker not in ("noida", "tansu"):
-            raise ConfigError(f"broker={self.broker!r} is unknown; use 'noida' or 'tansu'")
         if self.storage not in ("local", "s3"):
             raise ConfigError(f"storage={self.storage!r} is unknown; use 'local' or 's3'")
         if self.catalog not in ("jdbc", "rest"):

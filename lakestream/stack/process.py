@@ -158,6 +158,14 @@ def spawn_detached(
     return proc.pid
 
 
+def run_logged(argv: Sequence[str], log_path: Path, *, cwd: Path | None = None, timeout: float = 120.0) -> int:
+    """Run ``argv`` to completion, stdout+stderr appended to ``log_path``; its exit code."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                              cwd=cwd, timeout=timeout, check=False).returncode
+
+
 def stop_pid(pid: int, *, sig: int = signal.SIGTERM, timeout: float = 15.0) -> bool:
     """Send ``sig`` and wait; after ``timeout`` SIGKILL the whole process group. True if it stopped gracefully."""
     try:

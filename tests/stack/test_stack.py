@@ -49,12 +49,12 @@ def pg_query(info: StackInfo, query: str, dbname: str | None = None) -> list[tup
 
 
 def test_data_survives_down_and_up(stack_factory):
-    stack = stack_factory(broker="noida")
+    stack = stack_factory()
     info = stack.up()
     status = stack.status()
     assert {name: (s.running, s.healthy) for name, s in status.items()} == {
         "postgres": (True, True),
-        "noida": (True, True),
+        "kafka": (True, True),
     }
     assert info.warehouse.startswith("file:///") and info.warehouse.endswith("/warehouse")
     assert info.catalog_jdbc_uri() == f"jdbc:postgresql://127.0.0.1:{info.pg_port}/lakestream_catalog"
@@ -76,7 +76,7 @@ def test_data_survives_down_and_up(stack_factory):
 
 
 def test_up_is_idempotent_and_detects_stale_pid_files(stack_factory):
-    stack = stack_factory(broker="tansu")
+    stack = stack_factory()
     # A pid file naming a live process that is not PostgreSQL (this pytest) is stale.
     pid_file = stack.settings.state_dir / "pids" / "postgres.pid"
     pid_file.parent.mkdir(parents=True)
@@ -90,8 +90,8 @@ def test_up_is_idempotent_and_detects_stale_pid_files(stack_factory):
     stack.up()
     assert time.monotonic() - started < 5
     assert {name: s.pid for name, s in stack.status().items()} == pids
-    tansu = stack.status()["tansu"]
-    assert tansu.healthy and not tansu.persistent and "memory" in tansu.detail
+    kafka = stack.status()["kafka"]
+    assert kafka.healthy and kafka.persistent and "Apache Kafka" in kafka.detail
     stack.down()
 
 
@@ -108,9 +108,9 @@ def test_taken_port_names_the_port_and_the_setting(stack_factory, taken):
         assert not any(s.running for s in stack.status().values())
 
 
-def test_shared_fixtures(stack, pg_conn, tansu_bootstrap):
+def test_shared_fixtures(stack, pg_conn):
     with pg_conn.cursor() as cur:
         cur.execute("SELECT current_database(), current_user")
         assert cur.fetchone() == (stack.source_db, stack.pg_user)
-    produce_one(tansu_bootstrap, "tansu_check", b"k", b"v")
-    assert read_all(tansu_bootstrap, "tansu_check", 1) == [(b"k", b"v")]
+    produce_one(stack.bootstrap_servers, "shared_check", b"k", b"v")
+    assert read_all(stack.bootstrap_servers, "shared_check", 1) == [(b"k", b"v")]

@@ -1,0 +1,178 @@
+"""The JVM jars lakestream uses, by Maven coordinates (``jars.toml``), resolved by Maven into a local cache.
+
+Each group of ``jars.toml`` becomes a small pom; ``mvn dependency:copy-dependencies`` resolves it from the
+configured Maven repositories (Maven Central unless the user's ``~/.m2/settings.xml`` names a mirror) with
+strict checksums (``-C``: a jar whose SHA-1 does not match the repository's fails the resolution), into
+``<cache>/jars/<group>-<digest>/``. The digest covers the group's coordinates, so changing a version resolves
+anew and never mixes versions. ``scripts/bootstrap.sh`` resolves every group; the first use resolves a group
+that is missing (a lock keeps two processes from resolving one group at once).
+
+On a Spark cluster the same coordinates go into ``spark.jars.packages`` (``python -m lakestream.jars
+--packages spark spark-aws``), where Spark's Ivy resolves them.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+from lakestream.errors import LakestreamError
+
+MANIFEST = Path(__file__).parent / "jars.toml"
+
+
+@dataclass(frozen=True)
+class Coordinate:
+    """``group:artifact:version`` of one Maven artifact."""
+
+    group: str
+    artifact: str
+    version: str
+
+    @classmethod
+    def parse(cls, text: str) -> Coordinate:
+        parts = text.split(":")
+        if len(parts) != 3 or not all(parts):
+            raise LakestreamError(f"{MANIFEST}: {text!r} is not group:artifact:version")
+        return cls(*parts)
+
+    def __str__(self) -> str:
+        return f"{self.group}:{self.artifact}:{self.version}"
+
+
+@dataclass(frozen=True)
+class JarGroup:
+    """One group of ``jars.toml``: the artifacts one class path needs."""
+
+    name: str
+    artifacts: tuple[Coordinate, ...]
+    transitive: bool
+
+    @property
+    def digest(self) -> str:
+        key = f"{self.name}|{self.transitive}|" + "|".join(map(str, self.artifacts))
+        return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+    def pom(self) -> str:
+        """A pom whose dependencies are this group's artifacts (all their dependencies excluded unless
+        ``transitive``)."""
+        exclusions = ("" if self.transitive else
+                      "<exclusions><exclusion><groupId>*</groupId><artifactId>*</artifactId></exclusion></exclusions>")
+        deps = "\n".join(
+            f"    <dependency><groupId>{escape(c.group)}</groupId><artifactId>{escape(c.artifact)}</artifactId>"
+            f"<version>{escape(c.version)}</version>{exclusions}</dependency>"
+            for c in self.artifacts
+        )
+        return ('<project xmlns="http://maven.apache.org/POM/4.0.0">\n'
+                "  <modelVersion>4.0.0</modelVersion>\n"
+                f"  <groupId>lakestream.jars</groupId><artifactId>{escape(self.name)}</artifactId>"
+                "<version>1</version><packaging>pom</packaging>\n"
+                f"  <dependencies>\n{deps}\n  </dependencies>\n</project>\n")
+
+
+@cache
+def groups() -> dict[str, JarGroup]:
+    """Every group of ``jars.toml`` by name."""
+    with MANIFEST.open("rb") as f:
+        data = tomllib.load(f)
+    return {
+        name: JarGroup(name, tuple(Coordinate.parse(a) for a in spec["artifacts"]), bool(spec.get("transitive")))
+        for name, spec in data["groups"].items()
+    }
+
+
+def group(name: str) -> JarGroup:
+    try:
+        return groups()[name]
+    except KeyError:
+        raise LakestreamError(f"no jar group {name!r} in {MANIFEST}; groups: {', '.join(groups())}") from None
+
+
+def cache_root() -> Path:
+    path = Path(os.environ.get("LAKESTREAM_CACHE", Path.home() / ".cache" / "lakestream")) / "jars"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def jars(name: str) -> list[Path]:
+    """The jars of group ``name``, resolved on first use."""
+    g = group(name)
+    target = cache_root() / f"{g.name}-{g.digest}"
+    if not (target / ".complete").exists():
+        _resolve(g, target)
+    return sorted(target.glob("*.jar"))
+
+
+def jar(name: str, artifact: str) -> Path:
+    """The jar of ``artifact`` in group ``name`` (its file is ``<artifact>-<version>.jar``)."""
+    coordinate = next((c for c in group(name).artifacts if c.artifact == artifact), None)
+    if coordinate is None:
+        raise LakestreamError(f"jar group {name!r} of {MANIFEST} has no artifact {artifact!r}")
+    path = next((j for j in jars(name) if j.name == f"{artifact}-{coordinate.version}.jar"), None)
+    if path is None:
+        raise LakestreamError(f"{artifact}-{coordinate.version}.jar missing from the resolved group {name!r}")
+    return path
+
+
+def packages(*names: str) -> str:
+    """The artifacts of ``names`` as ``spark.jars.packages`` takes them (Ivy resolves their dependencies)."""
+    return ",".join(str(c) for n in names for c in group(n).artifacts)
+
+
+def _resolve(g: JarGroup, target: Path) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise LakestreamError("mvn not found: run ./scripts/bootstrap.sh (it installs Maven) or apt-get install maven")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / ".complete").exists():
+            return  # another process resolved it while this one waited
+        print(f"[jars] resolving {g.name}: {', '.join(map(str, g.artifacts))}", file=sys.stderr)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            (Path(tmp) / "pom.xml").write_text(g.pom())
+            out = Path(tmp) / "jars"
+            result = subprocess.run(
+                [mvn, "-B", "-q", "-C", "-f", str(Path(tmp) / "pom.xml"), "dependency:copy-dependencies",
+                 f"-DoutputDirectory={out}", "-DincludeScope=runtime"],
+                capture_output=True, text=True, check=False,
+            )
+            if result.returncode != 0:
+                raise LakestreamError(f"resolving jar group {g.name!r} ({MANIFEST}) with Maven failed "
+                                      f"(exit {result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}")
+            (out / ".complete").write_text("\n".join(map(str, g.artifacts)) + "\n")
+            shutil.rmtree(target, ignore_errors=True)
+            out.rename(target)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lakestream.jars", description=__doc__.split("\n")[0])
+    parser.add_argument("groups", nargs="*", help="groups to resolve or print (default: all)")
+    parser.add_argument("--packages", action="store_true", help="print the groups as spark.jars.packages")
+    parser.add_argument("--classpath", action="store_true", help="print the resolved jars, one per line")
+    args = parser.parse_args(argv)
+    names = args.groups or list(groups())
+    if args.packages:
+        print(packages(*names))
+        return 0
+    for name in names:
+        resolved = jars(name)
+        if args.classpath:
+            print("\n".join(map(str, resolved)))
+        else:
+            print(f"[jars] {name}: {len(resolved)} jars", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
