@@ -89,7 +89,11 @@ class TopicWindow:
             # A partition (or the whole topic) that does not exist yet holds no event: nothing to read.
             meta = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
             existing = set(meta.partitions) if meta is not None and meta.error is None else set()
-            open_parts = {p for p in partitions if p in existing}
+            # The ends as of now: under a live producer a consumer may never see end-of-partition (each fetch
+            # finds a few new records), so the read stops at these offsets, or at end-of-partition.
+            ends = {p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1]
+                    for p in partitions if p in existing}
+            open_parts = {p for p, end in ends.items() if self.next[p] < end}
             consumer.assign([TopicPartition(self.topic, p, self.next[p]) for p in sorted(open_parts)])
             deadline = time.monotonic() + 60
             while open_parts:
@@ -108,6 +112,7 @@ class TopicWindow:
                     rows.setdefault(m.partition(), []).append(m)
                 for p, msgs in rows.items():
                     self._add(p, msgs)
+                open_parts = {p for p in open_parts if self.next[p] < ends[p]}
         finally:
             consumer.close()
         return {p: self.next[p] for p in partitions}

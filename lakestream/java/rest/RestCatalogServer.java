@@ -39,6 +39,7 @@ import org.apache.iceberg.exceptions.NoSuchTableException;
 import org.apache.iceberg.exceptions.NotAuthorizedException;
 import org.apache.iceberg.exceptions.ValidationException;
 import org.apache.iceberg.rest.CatalogHandlers;
+import org.apache.iceberg.rest.RESTCatalogProperties.SnapshotMode;
 import org.apache.iceberg.rest.LakestreamRestMapper;
 import org.apache.iceberg.rest.RESTUtil;
 import org.apache.iceberg.rest.requests.CreateNamespaceRequest;
@@ -73,6 +74,8 @@ import org.apache.iceberg.shaded.com.fasterxml.jackson.databind.ObjectMapper;
  * planning, pagination beyond what CatalogHandlers does.
  */
 public final class RestCatalogServer {
+  // The REST spec's multi-level namespace separator (0x1F, URL-encoded), as clients send it by default.
+  private static final String NAMESPACE_SEPARATOR = "%1F";
   private static final String DELEGATION_HEADER = "X-Iceberg-Access-Delegation";
   private static final Pattern NAMESPACE = Pattern.compile("^/v1/namespaces/([^/]+)$");
   private static final Pattern NAMESPACE_PROPERTIES = Pattern.compile("^/v1/namespaces/([^/]+)/properties$");
@@ -197,7 +200,7 @@ public final class RestCatalogServer {
     }
     if (path.equals("/v1/namespaces")) {
       if (method.equals("GET")) {
-        Namespace parent = query.containsKey("parent") ? RESTUtil.decodeNamespace(query.get("parent")) : Namespace.empty();
+        Namespace parent = query.containsKey("parent") ? RESTUtil.decodeNamespace(query.get("parent"), NAMESPACE_SEPARATOR) : Namespace.empty();
         return query.containsKey("pageSize")
             ? CatalogHandlers.listNamespaces(namespaces, parent, query.get("pageToken"), query.get("pageSize"))
             : CatalogHandlers.listNamespaces(namespaces, parent);
@@ -211,7 +214,7 @@ public final class RestCatalogServer {
       return null;
     }
     if ((m = NAMESPACE.matcher(path)).matches()) {
-      Namespace ns = RESTUtil.decodeNamespace(m.group(1));
+      Namespace ns = RESTUtil.decodeNamespace(m.group(1), NAMESPACE_SEPARATOR);
       switch (method) {
         case "GET":
           return CatalogHandlers.loadNamespace(namespaces, ns);
@@ -226,11 +229,11 @@ public final class RestCatalogServer {
       }
     }
     if ((m = NAMESPACE_PROPERTIES.matcher(path)).matches() && method.equals("POST")) {
-      Namespace ns = RESTUtil.decodeNamespace(m.group(1));
+      Namespace ns = RESTUtil.decodeNamespace(m.group(1), NAMESPACE_SEPARATOR);
       return CatalogHandlers.updateNamespaceProperties(namespaces, ns, read(exchange, UpdateNamespacePropertiesRequest.class));
     }
     if ((m = TABLES.matcher(path)).matches()) {
-      Namespace ns = RESTUtil.decodeNamespace(m.group(1));
+      Namespace ns = RESTUtil.decodeNamespace(m.group(1), NAMESPACE_SEPARATOR);
       if (method.equals("GET")) {
         return query.containsKey("pageSize")
             ? CatalogHandlers.listTables(catalog, ns, query.get("pageToken"), query.get("pageSize"))
@@ -245,7 +248,7 @@ public final class RestCatalogServer {
       }
     }
     if ((m = REGISTER.matcher(path)).matches() && method.equals("POST")) {
-      Namespace ns = RESTUtil.decodeNamespace(m.group(1));
+      Namespace ns = RESTUtil.decodeNamespace(m.group(1), NAMESPACE_SEPARATOR);
       return withVended(exchange, CatalogHandlers.registerTable(catalog, ns, read(exchange, RegisterTableRequest.class)));
     }
     if ((m = METRICS.matcher(path)).matches() && method.equals("POST")) {
@@ -253,10 +256,12 @@ public final class RestCatalogServer {
       return null;
     }
     if ((m = TABLE.matcher(path)).matches()) {
-      TableIdentifier ident = TableIdentifier.of(RESTUtil.decodeNamespace(m.group(1)), decode(m.group(2)));
+      TableIdentifier ident = TableIdentifier.of(RESTUtil.decodeNamespace(m.group(1), NAMESPACE_SEPARATOR), decode(m.group(2)));
       switch (method) {
         case "GET":
-          return withVended(exchange, CatalogHandlers.loadTable(catalog, ident));
+          // ?snapshots=refs asks for the snapshots that refs point to only; all of them otherwise (the spec's default).
+          SnapshotMode mode = "refs".equalsIgnoreCase(query.get("snapshots")) ? SnapshotMode.REFS : SnapshotMode.ALL;
+          return withVended(exchange, CatalogHandlers.loadTable(catalog, ident, mode));
         case "HEAD":
           CatalogHandlers.tableExists(catalog, ident);
           return null;
