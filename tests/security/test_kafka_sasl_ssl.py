@@ -1,0 +1,119 @@
+"""The pipeline's Kafka clients through the stack's SASL_SSL listener (SCRAM-SHA-512, ACLs on), the password
+given as ``${VAR}`` in the YAML; a refused client stops the process at once with the setting to fix, and the
+password appears in no output."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka.admin import AclOperation, ResourceType
+
+from conftest import catalog_settings, run_lakestream
+from lakestream.stack import StackInfo
+from lakestream.stack.broker import allow, upsert_scram_user
+from lakestream.stack.tls import make_ca
+
+PASSWORD_ENV = "LAKESTREAM_TEST_KAFKA_PASSWORD"
+
+
+def sasl_pipeline_yaml(stack: StackInfo, path: Path, topic: str, table: str, **client) -> Path:
+    """A pipeline YAML reading ``topic`` through SASL_SSL as the stack's user, its password as ${PASSWORD_ENV}."""
+    data = {
+        "name": f"sasl{uuid.uuid4().hex[:6]}",
+        "kafka": {"bootstrap_servers": stack.kafka_sasl_bootstrap_servers, "group_id": f"lakestream-{table}",
+                  "client": {**stack.kafka_sasl_client("${" + PASSWORD_ENV + "}"), **client}},
+        "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
+        "streams": [{"topics": [topic], "namespace": "sasl", "table": table}],
+        "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
+        "spark": {"master": "local[1]", "driver_memory": "1g"},
+        "state_dir": str(path.parent / "state"),
+    }
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def produce_sasl(stack: StackInfo, topic: str, ids: range) -> None:
+    """Debezium-shaped JSON changes, produced as the stack's SCRAM user over SASL_SSL."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": stack.kafka_sasl_bootstrap_servers,
+                         **stack.kafka_sasl_client(stack.kafka_sasl_password())})
+    failures = []
+    for i in ids:
+        producer.produce(topic, key=json.dumps({"id": i}), value=json.dumps({"op": "c", "after": {"id": i, "n": i}}),
+                         partition=0, on_delivery=lambda err, _msg: err and failures.append(str(err)))
+    assert producer.flush(30) == 0 and not failures, failures
+
+
+def assert_no_secret(outputs: list[str], *secrets: str) -> None:
+    for text in outputs:
+        for secret in secrets:
+            assert secret not in text
+
+
+@pytest.fixture
+def topic(stack):
+    name = f"sasl{uuid.uuid4().hex[:6]}.public.items"
+    produce_sasl(stack, name, range(5))
+    return name
+
+
+def test_a_pipeline_run_and_a_fresh_read_through_sasl_ssl(stack, topic, tmp_path, monkeypatch):
+    password = stack.kafka_sasl_password()
+    monkeypatch.setenv(PASSWORD_ENV, password)
+    table = "items_" + topic[4:10]
+    config = sasl_pipeline_yaml(stack, tmp_path / "p.yaml", topic, table)
+    assert password not in config.read_text()
+
+    run = run_lakestream("run", str(config), "--until-idle")
+    assert run.returncode == 0, run.stderr[-3000:]
+    produce_sasl(stack, topic, range(5, 8))  # a tail the pipeline has not committed
+    fresh = run_lakestream("query", str(config), f"sasl.{table}", "--fresh", "--format", "json")
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert sorted(row["id"] for row in json.loads(fresh.stdout)) == list(range(8))
+    assert_no_secret([run.stdout, run.stderr, fresh.stdout, fresh.stderr], password)
+
+
+@pytest.mark.parametrize("refusal", ["wrong password", "untrusted certificate"])
+def test_a_refused_client_stops_the_run_at_once_naming_the_setting(stack, topic, tmp_path, monkeypatch, refusal):
+    password = stack.kafka_sasl_password()
+    if refusal == "wrong password":
+        given, client, setting = "not-" + password, {}, "kafka.client.sasl.password"
+    else:
+        other_ca = make_ca(tmp_path / "other-ca", "not the broker's")
+        given, client, setting = password, {"ssl.ca.location": str(other_ca)}, "kafka.client.ssl.ca.location"
+    monkeypatch.setenv(PASSWORD_ENV, given)
+    config = sasl_pipeline_yaml(stack, tmp_path / "p.yaml", topic, "refused", **client)
+
+    started = time.monotonic()
+    run = run_lakestream("run", str(config), "--until-idle", timeout=120)
+    elapsed = time.monotonic() - started
+    assert run.returncode != 0
+    assert setting in run.stderr, run.stderr[-3000:]
+    assert "KafkaAccessError" not in run.stdout and "batch failed (" not in run.stderr  # no retry
+    assert elapsed < 30, elapsed  # before Spark starts, not waited out as an outage
+    assert_no_secret([run.stdout, run.stderr], password, given)
+
+
+def test_a_principal_without_read_on_the_topic_stops_the_run(stack, topic, tmp_path, monkeypatch):
+    user, password = f"noread{uuid.uuid4().hex[:6]}", uuid.uuid4().hex
+    upsert_scram_user(stack.bootstrap_servers, user, password)
+    # It sees the topic and may use its group, but may not read the topic's records.
+    allow(stack.bootstrap_servers, user, [(ResourceType.TOPIC, topic)], AclOperation.DESCRIBE)
+    allow(stack.bootstrap_servers, user, [(ResourceType.GROUP, "*")], AclOperation.READ)
+    monkeypatch.setenv(PASSWORD_ENV, password)
+    config = sasl_pipeline_yaml(stack, tmp_path / "p.yaml", topic, "noread", **{"sasl.username": user})
+
+    started = time.monotonic()
+    run = run_lakestream("run", str(config), "--until-idle", timeout=300)
+    elapsed = time.monotonic() - started
+    assert run.returncode != 0
+    assert f"denied User:{user} READ on topic '{topic}'" in run.stderr, run.stderr[-3000:]
+    assert "kafka.client.sasl.username" in run.stderr
+    assert "batch failed (" not in run.stderr  # stopped at the first failure, not retried
+    assert elapsed < 120, elapsed
+    assert_no_secret([run.stdout, run.stderr], password, stack.kafka_sasl_password())
