@@ -167,7 +167,8 @@ class Failure:
 
     @property
     def infrastructure(self) -> bool:
-        return self.kind in ("fatal", "outage", "conflict", "infrastructure")
+        """Not a record's fault: never isolated as one (a config failure included: no record causes it)."""
+        return self.kind in ("config", "fatal", "outage", "conflict", "infrastructure")
 
 
 def classify_failure(exc: BaseException) -> Failure:
@@ -200,8 +201,8 @@ def conflict_cause(exc: BaseException) -> str | None:
 
 
 def is_infrastructure_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` (possibly a Py4J-wrapped Java or Spark task error) comes from infrastructure: not a
-    record's fault, so it fails the batch instead of being isolated."""
+    """Whether ``exc`` (possibly a Py4J-wrapped Java or Spark task error) comes from infrastructure or the
+    configuration: not a record's fault, so it fails the batch instead of being isolated."""
     return classify_failure(exc).infrastructure
 
 

@@ -73,12 +73,15 @@ def denied_on_topic(err: KafkaError, conf: dict[str, Any], operation: str, topic
     if resource is None:
         return None
     principal = f"User:{conf.get('sasl.username', 'ANONYMOUS')}"
-    named = {"topic": f"topic {topic!r}", "group": f"group {conf.get('group.id')!r} (kafka.group_id)",
-             "cluster": "the cluster", "transactional id": "its transactional id"}[resource]
+    group = conf.get("group.id")
+    named, option = {"topic": (f"topic {topic!r}", f"--topic {topic}"),
+                     "group": (f"group {group!r} (kafka.group_id)", f"--group {group}"),
+                     "cluster": ("the cluster", "--cluster"),
+                     "transactional id": ("its transactional id", "--transactional-id ...")}[resource]
     return KafkaAccessError(
         f"Kafka at {conf.get('bootstrap.servers')} denied {principal} {operation} on {named}: {err.str()} — fix: "
-        f"grant it an ACL (kafka-acls.sh --add --allow-principal {principal} --operation {operation} "
-        f"--{resource.replace(' ', '-')} ...) or set kafka.client.sasl.username to a principal that has one")
+        f"grant it an ACL (kafka-acls.sh --add --allow-principal {principal} --operation {operation} {option}) "
+        "or set kafka.client.sasl.username to a principal that has one")
 
 
 def check_access(client: Any, timeout_s: float = 10.0) -> None:

@@ -13,6 +13,8 @@ import yaml
 from confluent_kafka.admin import AclOperation, ResourceType
 
 from conftest import catalog_settings, run_lakestream
+from lakestream.config import load_config
+from lakestream.query import read_table
 from lakestream.stack import StackInfo
 from lakestream.stack.broker import allow, upsert_scram_user
 from lakestream.stack.tls import make_ca
@@ -71,6 +73,7 @@ def test_a_pipeline_run_and_a_fresh_read_through_sasl_ssl(stack, topic, tmp_path
 
     run = run_lakestream("run", str(config), "--until-idle")
     assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(read_table(load_config(config), f"sasl.{table}").column("id").to_pylist()) == list(range(5))
     produce_sasl(stack, topic, range(5, 8))  # a tail the pipeline has not committed
     fresh = run_lakestream("query", str(config), f"sasl.{table}", "--fresh", "--format", "json")
     assert fresh.returncode == 0, fresh.stderr[-3000:]
