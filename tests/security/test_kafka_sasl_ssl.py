@@ -22,7 +22,8 @@ from lakestream.stack.tls import make_ca
 PASSWORD_ENV = "LAKESTREAM_TEST_KAFKA_PASSWORD"
 
 
-def sasl_pipeline_yaml(stack: StackInfo, path: Path, topic: str, table: str, **client) -> Path:
+def sasl_pipeline_yaml(stack: StackInfo, path: Path, topic: str, table: str, sections: dict | None = None,
+                       **client) -> Path:
     """A pipeline YAML reading ``topic`` through SASL_SSL as the stack's user, its password as ${PASSWORD_ENV}."""
     data = {
         "name": f"sasl{uuid.uuid4().hex[:6]}",
@@ -33,9 +34,20 @@ def sasl_pipeline_yaml(stack: StackInfo, path: Path, topic: str, table: str, **c
         "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
         "spark": {"master": "local[1]", "driver_memory": "1g"},
         "state_dir": str(path.parent / "state"),
+        **(sections or {}),
     }
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def high_watermark(stack: StackInfo, topic: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap_servers, "group.id": "sasl-test-watermarks"})
+    try:
+        return consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+    finally:
+        consumer.close()
 
 
 def produce_sasl(stack: StackInfo, topic: str, ids: range) -> None:
@@ -64,21 +76,50 @@ def topic(stack):
     return name
 
 
-def test_a_pipeline_run_and_a_fresh_read_through_sasl_ssl(stack, topic, tmp_path, monkeypatch):
+def test_a_pipeline_run_a_fresh_read_and_a_replay_through_sasl_ssl(stack, topic, tmp_path, monkeypatch):
     password = stack.kafka_sasl_password()
     monkeypatch.setenv(PASSWORD_ENV, password)
     table = "items_" + topic[4:10]
     config = sasl_pipeline_yaml(stack, tmp_path / "p.yaml", topic, table)
     assert password not in config.read_text()
+    from confluent_kafka import Producer
+
+    malformed = Producer({"bootstrap.servers": stack.bootstrap_servers})
+    malformed.produce(topic, key=b'{"id": 99}', value=b"not json", partition=0)  # becomes a dead letter
+    assert malformed.flush(10) == 0
 
     run = run_lakestream("run", str(config), "--until-idle")
     assert run.returncode == 0, run.stderr[-3000:]
     assert sorted(read_table(load_config(config), f"sasl.{table}").column("id").to_pylist()) == list(range(5))
+    before = high_watermark(stack, topic)
+    replay = run_lakestream("dead-letters", "replay", str(config), "--topic", topic)
+    assert replay.returncode == 0, replay.stderr[-3000:]
+    assert high_watermark(stack, topic) == before + 1  # the dead letter, sent again as the SCRAM user
     produce_sasl(stack, topic, range(5, 8))  # a tail the pipeline has not committed
     fresh = run_lakestream("query", str(config), f"sasl.{table}", "--fresh", "--format", "json")
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     assert sorted(row["id"] for row in json.loads(fresh.stdout)) == list(range(8))
-    assert_no_secret([run.stdout, run.stderr, fresh.stdout, fresh.stderr], password)
+    assert_no_secret([p.stdout + p.stderr for p in (run, replay, fresh)], password)
+
+
+def test_the_alerts_producer_through_sasl_ssl(stack, topic, tmp_path, monkeypatch):
+    password = stack.kafka_sasl_password()
+    monkeypatch.setenv(PASSWORD_ENV, password)
+    uid = topic[4:10]
+    alerts_topic = f"sasl_alerts_{uid}"
+    config = sasl_pipeline_yaml(stack, tmp_path / "p.yaml", topic, f"history_{uid}", sections={
+        "streams": [{"topics": [topic], "mode": "append", "namespace": "sasl", "table": f"raw_{uid}",
+                     "transforms": [{"name": "history", "table": f"history_{uid}",
+                                     "sql": "SELECT id, n, _kafka_ts_ms AS ts_ms, _topic, _kafka_partition, "
+                                            "_kafka_offset, _kafka_ts_ms AS _source_ts_ms FROM batch"}]}],
+        "rules": [{"name": "big", "source": f"sasl.history_{uid}", "key": "id", "event_time": "ts_ms", "event_id": "id",
+                   "alerts_table": f"sasl.alerts_{uid}", "alerts_topic": alerts_topic,
+                   "checks": [{"name": "big", "kind": "predicate", "sql": "n >= 3"}]}]})
+
+    run = run_lakestream("run", str(config), "--until-idle")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert high_watermark(stack, alerts_topic) == 2  # ids 3 and 4
+    assert_no_secret([run.stdout, run.stderr], password)
 
 
 @pytest.mark.parametrize("refusal", ["wrong password", "untrusted certificate"])
