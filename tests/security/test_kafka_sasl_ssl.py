@@ -110,11 +110,13 @@ def test_the_alerts_producer_through_sasl_ssl(stack, topic, tmp_path, monkeypatc
     config = sasl_pipeline_yaml(stack, tmp_path / "p.yaml", topic, f"history_{uid}", sections={
         "streams": [{"topics": [topic], "mode": "append", "namespace": "sasl", "table": f"raw_{uid}",
                      "transforms": [{"name": "history", "table": f"history_{uid}",
-                                     "sql": "SELECT id, n, _kafka_ts_ms AS ts_ms, _topic, _kafka_partition, "
-                                            "_kafka_offset, _kafka_ts_ms AS _source_ts_ms FROM batch"}]}],
-        "rules": [{"name": "big", "source": f"sasl.history_{uid}", "key": "id", "event_time": "ts_ms", "event_id": "id",
+                                     "sql": "SELECT after.id AS id, after.id AS event_no, _kafka_ts_ms AS ts_ms, "
+                                            "_topic, _kafka_partition, _kafka_offset, _kafka_ts_ms AS _source_ts_ms "
+                                            "FROM batch"}]}],
+        "rules": [{"name": "big", "source": f"sasl.history_{uid}", "key": "id", "event_time": "ts_ms",
+                   "event_id": "event_no",
                    "alerts_table": f"sasl.alerts_{uid}", "alerts_topic": alerts_topic,
-                   "checks": [{"name": "big", "kind": "predicate", "sql": "n >= 3"}]}]})
+                   "checks": [{"name": "big", "kind": "predicate", "sql": "id >= 3"}]}]})
 
     run = run_lakestream("run", str(config), "--until-idle")
     assert run.returncode == 0, run.stderr[-3000:]
