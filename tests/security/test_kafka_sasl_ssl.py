@@ -163,3 +163,21 @@ def test_a_principal_without_read_on_the_topic_stops_the_run(stack, topic, tmp_p
     assert "batch failed (" not in run.stderr  # stopped at the first failure, not retried
     assert elapsed < 120, elapsed
     assert_no_secret([run.stdout, run.stderr], password, stack.kafka_sasl_password())
+
+
+def test_the_stack_exposes_its_sasl_listener_without_the_password(stack):
+    password_file = Path(stack.kafka_sasl_password_file)
+    assert password_file.stat().st_mode & 0o777 == 0o600
+    assert Path(stack.kafka_ca_location).read_text().startswith("-----BEGIN CERTIFICATE-----")
+    assert stack.kafka_sasl_password() not in repr(stack)
+    client = stack.kafka_sasl_client("${X}")
+    assert client["sasl.password"] == "${X}" and client["security.protocol"] == "SASL_SSL"
+
+
+def test_a_refusal_named_by_a_spark_task_is_a_config_failure():
+    from lakestream.errors import KafkaAccessError, classify_failure
+
+    remote = RuntimeError("Traceback (most recent call last):\n  File \"reader.py\", line 1, in _take\n"
+                          "lakestream.errors.KafkaAccessError: Kafka at h:1 denied User:u READ on topic 't'")
+    assert classify_failure(remote).kind == "config" and classify_failure(remote).infrastructure
+    assert classify_failure(KafkaAccessError("refused")).kind == "config"
