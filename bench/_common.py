@@ -74,14 +74,13 @@ def _mb(value: int | None) -> float | None:
 @contextlib.contextmanager
 def private_stack(prefix: str, keep: bool = False, storage: str = "local", catalog: str = "jdbc",
                   state_dir: Path | None = None, discard_topics: bool = False) -> Iterator[tuple[StackInfo, Path]]:
-    """A PostgreSQL + noida stack on free ports in a fresh state dir (with ``storage="s3"`` a local
+    """A PostgreSQL + Apache Kafka stack on free ports in a fresh state dir (with ``storage="s3"`` a local
     S3-compatible store holds the warehouse, with ``catalog="rest"`` a local REST catalog serves it);
     stopped (and removed) on exit.
 
     ``state_dir`` starts the stack in that directory instead (created if missing, its catalog and tables
-    reused if not) and never removes it. ``discard_topics`` ends the broker with SIGKILL and removes its data
-    instead of letting it save: noida rewrites every record it holds into one file when it stops, which takes
-    minutes after a run of millions of records that nobody reads again."""
+    reused if not) and never removes it. ``discard_topics`` ends the broker with SIGKILL and removes its
+    topics: a run's millions of records that nobody reads again."""
     created = state_dir is None
     if state_dir is None:
         state_dir = Path(tempfile.mkdtemp(prefix=f"lakestream-{prefix}-"))
@@ -90,7 +89,7 @@ def private_stack(prefix: str, keep: bool = False, storage: str = "local", catal
         state_dir.mkdir(parents=True, exist_ok=True)
     state_dir.chmod(0o711)  # PostgreSQL runs as another user and must reach its data dir
     pg_port, kafka_port, s3_port, rest_port = free_ports(4)
-    stack = Stack(StackSettings(state_dir=state_dir, pg_port=pg_port, kafka_port=kafka_port, broker="noida",
+    stack = Stack(StackSettings(state_dir=state_dir, pg_port=pg_port, kafka_port=kafka_port,
                                 storage=storage, s3_port=s3_port, catalog=catalog, rest_port=rest_port))
     try:
         info = stack.up()
@@ -101,7 +100,7 @@ def private_stack(prefix: str, keep: bool = False, storage: str = "local", catal
             pid = stack.broker.pid()
             if pid is not None:
                 stop_pid(pid, sig=signal.SIGKILL, timeout=10)
-            shutil.rmtree(state_dir / "noida", ignore_errors=True)
+            shutil.rmtree(state_dir / "kafka", ignore_errors=True)
         stack.down()
         if created and not keep:
             shutil.rmtree(state_dir, ignore_errors=True)
@@ -296,9 +295,7 @@ class FastProducer:
         self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
                                    "queue.buffering.max.messages": 200_000, "queue.buffering.max.kbytes": 512_000,
                                    "enable.idempotence": True,
-                                   # As capture produces. noida answers fetches over uncompressed 1 MB
-                                   # batches with responses far beyond fetch.max.bytes.
-                                   "compression.type": "lz4"})
+                                   "compression.type": "lz4"})  # as capture produces
         self.failures: list[str] = []
         self.sent = 0
         self._on_delivered = on_delivered

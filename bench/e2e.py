@@ -8,7 +8,7 @@ Parts: `steady` (upserts with 10% deletes into a table of --base-rows, schemas o
 JSON events into a new append table; Debezium inserts into a new upsert table), `sink` (a pre-filled topic
 of mixed changes), `e2e` (PostgreSQL and Debezium included).
 
-A private PostgreSQL + noida stack is started on free ports in a fresh state directory and removed
+A private PostgreSQL + Apache Kafka stack is started on free ports in a fresh state directory and removed
 afterwards. Both parts verify the final Iceberg table against what must be there (row count, distinct
 keys, column sums) and fail loudly otherwise. Human-readable figures first; the LAST line is one JSON
 object (`sink_upserts_per_s`, `e2e_changes_per_s`, `freshness_p50_s`, `freshness_p99_s`, load, parameters).

@@ -5,7 +5,7 @@ memory against T; the LAST line is one JSON object.
     .venv/bin/python bench/fanout.py [--tables 3,10,50,200] [--rounds 4] [--changes 200]
 
 The point it shows: a batch touching 3 of 200 tables costs about what it costs with 3 tables.
-A private PostgreSQL (JDBC catalog) + noida stack is started on free ports and removed afterwards;
+A private PostgreSQL (JDBC catalog) + Apache Kafka stack is started on free ports and removed afterwards;
 each T runs in its own Python process (its own Spark driver JVM), so memory figures do not mix.
 """
 from __future__ import annotations

@@ -445,7 +445,7 @@ def group_pids(pgid: int) -> list[int]:
 
 def broker_pids(state_dir: Path) -> list[int]:
     """The local broker serving ``state_dir`` (its data dir is in its command line)."""
-    mark = str(state_dir / "noida").encode()
+    mark = str(state_dir / "kafka").encode()
     pids = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():

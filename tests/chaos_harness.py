@@ -1,7 +1,7 @@
-"""The chaos harness: a private stack (PostgreSQL + noida), a captured source under a write load,
+"""The chaos harness: a private stack (PostgreSQL + Apache Kafka), a captured source under a write load,
 `lakestream capture` and `lakestream run` as their own processes, and the faults tests/engine/test_chaos.py
 inflicts on them, with `lakestream maintain --watch` running beside the pipeline: SIGKILLs of the pipeline (some parked at a pause point inside the commit), a broker
-outage, a SIGKILL of capture, a restart of the PostgreSQL that holds the JDBC catalog.
+outage (frozen, stopped, SIGKILLed), a SIGKILL of capture, a restart of the PostgreSQL that holds the JDBC catalog.
 
 After each fault the load stops, a marker row is written to every table, the pipeline must catch up
 with the topics by itself, and `lakestream verify` must pass (no missing, extra, differing or
@@ -290,7 +290,7 @@ class ChaosFigures:
     random_kills: int = 0
     capture_kills: int = 0
     capture_resent: int = 0
-    broker_outage_s: float = 0.0  # frozen + stopped
+    broker_outage_s: float = 0.0  # frozen + stopped + killed
     broker_resent: int = 0  # change events capture published twice across the broker outage
     catalog_outage_s: float = 0.0
     catalog_capture_restarts: int = 0

@@ -72,7 +72,8 @@ class KafkaCluster:
         return [TP(t, p) for t in sorted(topics) if wanted(t) for p in topics[t]]
 
     def watermarks(self, tps: list[TP]) -> dict[TP, tuple[int, int]]:
-        """(low, high) per partition. Some brokers (Tansu) under-report high; the reader copes."""
+        """(low, high) per partition; for a read_committed client (librdkafka's default) Kafka lists the
+        last stable offset as high: the records of open transactions are not counted."""
         if len(tps) > 8 and self._batched_offsets_ok:
             try:
                 return self._watermarks_batched(tps)

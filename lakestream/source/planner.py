@@ -1,8 +1,10 @@
 """Planning a micro-batch: which offset range of which partition each Spark task reads.
 
-Ranges are capped per batch and split per task. A range may be *open* (``end is None``): the task
-reads until the broker says end-of-partition or ``limit`` records. Open ranges exist because some
-brokers (Tansu) list an end offset that lags the true end; the task reports where it really stopped.
+Ranges are capped per batch and split per task. A partition's last range is *open* (``end is None``): the
+task reads until the broker says end-of-partition or ``limit`` records, and reports where it really stopped.
+Kafka lists a read_committed client the last stable offset as the end, so the end planned is exact; the
+open last range also takes what arrived since planning (for at most ``OPEN_RANGE_MAX_S`` past the planned
+end, ``reader.py``), and a range never waits for records that are not readable yet.
 """
 from __future__ import annotations
 
@@ -59,8 +61,7 @@ def plan_offset_ranges(
     ranges: list[OffsetRange] = []
     for tp, start, known in sorted(active):
         budget = share
-        # Known records are split into closed per-task chunks; the last chunk stays open so a
-        # lagging high watermark never strands records.
+        # Known records are split into closed per-task chunks; the last chunk stays open (module doc).
         while known > per_task and budget > per_task:
             ranges.append(OffsetRange(tp.topic, tp.partition, start, start + per_task, per_task))
             start += per_task

@@ -121,13 +121,11 @@ def read_runs(
         raise ValueError("read_runs needs ranges of distinct partitions")
     conf = dict(consumer_conf)
     # Bigger fetches than librdkafka's defaults (1 MB per partition): a range is read to its end at
-    # once, and schemas-on Debezium messages are ~5 KB each. Settings the user gave win.
-    # receive.message.max.bytes: a broker may answer beyond fetch.max.bytes — Kafka itself with a record
-    # batch larger than it, noida-db with the rest of a large backlog (~200 MB seen after a 1M-row
-    # Debezium snapshot, STACK.md). Over librdkafka's 100 MB default the fetch fails and is retried
-    # forever: the read stalls.
+    # once, and schemas-on Debezium messages are ~5 KB each. Settings the user gave win. Kafka keeps a
+    # response within fetch.max.bytes (but for one record batch larger than it, which the broker's
+    # message.max.bytes bounds), so librdkafka's default receive.message.max.bytes (100 MB) holds it.
     for key, value in (("fetch.max.bytes", 64 * 1024 * 1024), ("max.partition.fetch.bytes", 16 * 1024 * 1024),
-                       ("queued.max.messages.kbytes", 256 * 1024), ("receive.message.max.bytes", 1 << 30)):
+                       ("queued.max.messages.kbytes", 256 * 1024)):
         conf.setdefault(key, value)
     conf.update({
         "enable.partition.eof": True,
@@ -203,11 +201,7 @@ def _take(messages: list[Message], states: dict[tuple[str, int], _RangeState], n
             denied = denied_on_topic(err, conf, "READ", st.rng.topic)
             if denied is not None:
                 raise denied
-            hint = ""
-            if err.code() == KafkaError._BAD_MSG:
-                hint = (" — the broker sent a malformed or oversized response; noida-db does this "
-                        "for fetches over large uncompressed batches (produce with compression)")
-            raise OffsetError(f"reading {st.rng.topic}[{st.rng.partition}] at {st.next_offset}: {err}{hint}")
+            raise OffsetError(f"reading {st.rng.topic}[{st.rng.partition}] at {st.next_offset}: {err}")
     if n and clean and topics.count(topics[0]) == n and partitions.count(partitions[0]) == n:
         groups = {(topics[0], partitions[0]): None}  # the usual chunk: one partition, no marker
     else:
@@ -252,8 +246,15 @@ def _take(messages: list[Message], states: dict[tuple[str, int], _RangeState], n
             st.remaining -= take
             if st.past_known_at is None and offs[-1] >= st.rng.known_end:
                 st.past_known_at = now
-    for tp in cut:
+    for tp, i in cut.items():
         st = states.get(tp)
-        if st is not None and tp not in groups and not st.done:
+        if st is None:
+            continue
+        if tp not in groups and not st.done:
             st.done = st.at_end = True
+        if st.at_end:
+            # The end-of-partition marker carries the end offset: past a transaction's commit marker (or
+            # aborted records), which no record reports, so the next batch does not plan an empty range.
+            eof = messages[i].offset()
+            st.next_offset = max(st.next_offset, eof if st.rng.end is None else min(eof, st.rng.end))
     return runs

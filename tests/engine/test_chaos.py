@@ -127,20 +127,14 @@ def test_sigkills_of_the_pipeline(chaos: ChaosEnv):
 
 @pytest.mark.timeout(1800)
 def test_broker_outage(chaos: ChaosEnv):
-    """The broker is away twice under load, each time for ``broker_outage_s``: first frozen (SIGSTOP, then
-    SIGCONT: connections stay open and requests hang, as with a hung broker or a network partition), then
-    stopped and restarted as a new process on the same port and data dir (connections refused, as in a
-    broker restart). Capture's producer waits: a batch it cannot deliver is not acknowledged to Debezium,
-    whose offsets stay put, and it carries on once the broker is back, with nothing restarted. The same
-    pipeline process fails its batches meanwhile and resumes. No topic loses a record, capture publishes
-    no change twice, and `verify` passes.
-
-    The stop is `NoidaBroker.stop`, which stops noida-db's Kafka service before the process. A plain
-    SIGTERM is not a faithful model of a Kafka broker's shutdown: noida-db 0.2.3 saves its topics on
-    SIGTERM yet goes on acknowledging produce requests until it exits, so under this load it loses the
-    records it acknowledged last, reuses their offsets after the restart (records the pipeline then
-    skips) and fails capture's idempotent producer with OUT_OF_ORDER_SEQUENCE_NUMBER. A Kafka broker
-    keeps what it acknowledged (STACK.md; tests/stack/test_broker_durability.py shows both)."""
+    """Apache Kafka is away three times under load, each time for ``broker_outage_s``: first frozen (SIGSTOP,
+    then SIGCONT: connections stay open and requests hang, as with a hung broker or a network partition),
+    then stopped (SIGTERM: a controlled shutdown) and restarted, then SIGKILLed and restarted on the same
+    data directory (its logs recovered at start, as after a crash). Capture's producer waits: a batch it
+    cannot deliver is not acknowledged to Debezium, whose offsets stay put, and it carries on once the
+    broker is back, with nothing restarted. The same pipeline process fails its batches meanwhile and
+    resumes. No topic loses a record, capture publishes no change twice (its idempotent producer's
+    sequence state survives both restarts), and `verify` passes."""
     started = time.monotonic()
     pipeline, capture, scale = chaos.pipeline, chaos.capture, chaos.scale
     servers = chaos.info.bootstrap_servers
@@ -149,13 +143,13 @@ def test_broker_outage(chaos: ChaosEnv):
         time.sleep(scale.load_s)  # also makes sure both topics exist (they are created by the first record)
         starts = end_offsets(servers, chaos.topics)
         failed_before = chaos.broker_errors()
-        for outage in ("frozen", "stopped"):
+        for outage in ("frozen", "stopped", "killed"):
             before = len(pipeline.batches())
             ends = end_offsets(servers, chaos.topics)
             if outage == "frozen":
                 chaos.figures.broker_outage_s += round(chaos.freeze_broker(scale.broker_outage_s), 1)
             else:
-                chaos.stack.broker.stop()
+                chaos.stack.broker.stop() if outage == "stopped" else chaos.stack.broker.kill()
                 stopped = time.monotonic()
                 time.sleep(scale.broker_outage_s)
                 chaos.stack.broker.start()

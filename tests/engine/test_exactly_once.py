@@ -1,4 +1,4 @@
-"""The exactly-once chaos test: PostgreSQL → Debezium → noida → `lakestream run` → Iceberg while the
+"""The exactly-once chaos test: PostgreSQL → Debezium → Apache Kafka → `lakestream run` → Iceberg while the
 pipeline process is killed with SIGKILL at random moments during a load.
 
 Real services on the whole path: a source database with two tables, a load generator doing

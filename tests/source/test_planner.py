@@ -19,7 +19,7 @@ def test_partitions_with_nothing_new_are_skipped():
 
 
 def test_maybe_more_partition_is_read_even_if_the_watermark_says_nothing_new():
-    # Tansu's high watermark lags: the last read stopped at its limit, so there may be more.
+    # The last read stopped at its limit, not at the end: there may be more than the watermark listed.
     ranges = plan_offset_ranges({A: 15, B: 3}, {A: (0, 15), B: (0, 3)}, {A}, 1000, 100)
     assert ranges == [OffsetRange("t", 0, 15, None, 100, 15)]
 

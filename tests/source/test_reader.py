@@ -221,6 +221,30 @@ def test_transactional_records_are_read_exactly_once_across_offset_gaps(stack):
     assert seen == offsets
 
 
+def test_the_listed_end_is_the_last_stable_offset_and_an_open_range_stops_there(stack):
+    """Apache Kafka lists a read_committed client the last stable offset as a partition's end, not the high
+    watermark: the records of a transaction still open are neither counted nor read (no read waits for
+    them), and are read once it commits."""
+    bootstrap = stack.bootstrap_servers
+    topic = f"opentxn-{uuid.uuid4().hex[:8]}"
+    produce_records(bootstrap, topic, [(_key(i), _value(i)) for i in range(5)], partition=PARTITION)
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(5, 9):
+        producer.produce(topic, key=_key(i), value=_value(i), partition=PARTITION)
+    producer.flush(30)
+    assert watermarks(bootstrap, topic) == (0, 5)
+    records, range_end = read_all(bootstrap, OffsetRange(topic, PARTITION, 0, None, 10_000, known_end=5))
+    assert_records(records, topic, list(range(5)))
+    assert range_end == RangeEnd(5, at_end=True)
+    producer.commit_transaction(30)
+    assert watermarks(bootstrap, topic) == (0, 10)  # past the commit marker
+    records, range_end = read_all(bootstrap, OffsetRange(topic, PARTITION, 5, None, 10_000, known_end=10))
+    assert [r.offset for r in records] == [5, 6, 7, 8]
+    assert range_end == RangeEnd(10, at_end=True)
+
+
 def test_an_open_range_reads_its_known_backlog_in_full_before_the_time_cap(filled, monkeypatch):
     """The open-range time cap (a live producer must not hold a batch back) starts only past the end
     known at planning: a backlog is read whole however long it takes; live records beyond it are cut."""
