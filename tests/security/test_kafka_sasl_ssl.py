@@ -181,3 +181,86 @@ def test_a_refusal_named_by_a_spark_task_is_a_config_failure():
                           "lakestream.errors.KafkaAccessError: Kafka at h:1 denied User:u READ on topic 't'")
     assert classify_failure(remote).kind == "config" and classify_failure(remote).infrastructure
     assert classify_failure(KafkaAccessError("refused")).kind == "config"
+
+
+@pytest.fixture
+def capture_source(stack):
+    """A fresh source database with one table of three rows: (its name, an autocommit connection)."""
+    import psycopg2
+
+    name = f"sasl_{uuid.uuid4().hex[:8]}"
+    admin = psycopg2.connect(stack.pg_dsn())
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    conn = psycopg2.connect(stack.pg_dsn(name))
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE public.items (id integer PRIMARY KEY, n integer)")
+        cur.execute("INSERT INTO public.items VALUES (1, 1), (2, 2), (3, 3)")
+    try:
+        yield name, conn
+    finally:
+        conn.close()
+        with admin.cursor() as cur:
+            cur.execute(f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '{name}'")
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.close()
+
+
+def capture_yaml(stack: StackInfo, path: Path, dbname: str, prefix: str, **client) -> Path:
+    """A pipeline YAML whose capture publishes through SASL_SSL as the stack's user (password as ${PASSWORD_ENV})."""
+    data = {
+        "name": f"capture-{prefix}",
+        "state_dir": str(path.parent / "state"),
+        "kafka": {"bootstrap_servers": stack.kafka_sasl_bootstrap_servers,
+                  "client": {**stack.kafka_sasl_client("${" + PASSWORD_ENV + "}"), **client}},
+        "catalog": {"type": "hadoop", "warehouse": f"file://{path.parent}/warehouse"},
+        "streams": [{"topic_pattern": rf"{prefix}\..*"}],
+        "capture": {"database": {"host": stack.pg_host, "port": stack.pg_port, "dbname": dbname,
+                                 "user": stack.pg_user, "password": stack.pg_password},
+                    "tables": ["public.items"], "topic_prefix": prefix, "slot_name": f"slot_{prefix}",
+                    "publication_name": f"pub_{prefix}", "schemas_enabled": False},
+    }
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_capture_publishes_through_sasl_ssl(stack, capture_source, tmp_path, monkeypatch):
+    """Debezium's snapshot and a streamed change reach the topic through the SASL_SSL listener."""
+    from lakestream.capture import CaptureProcess
+
+    dbname, conn = capture_source
+    password = stack.kafka_sasl_password()
+    monkeypatch.setenv(PASSWORD_ENV, password)
+    prefix = f"sasl{uuid.uuid4().hex[:6]}"
+    topic = f"{prefix}.public.items"
+    capture = CaptureProcess(capture_yaml(stack, tmp_path / "pipeline.yaml", dbname, prefix),
+                             log_path=tmp_path / "capture.log")
+    try:
+        capture.start()
+        capture.wait_until_streaming(timeout=180)
+        with conn.cursor() as cur:
+            cur.execute("UPDATE public.items SET n = 10 WHERE id = 1")
+        deadline = time.monotonic() + 60
+        while high_watermark(stack, topic) < 4 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert high_watermark(stack, topic) == 4  # three snapshot rows and the update
+        assert capture.stop() == 0, capture.log_text()[-3000:]
+    finally:
+        capture.stop()
+    assert_no_secret([capture.log_text()], password)
+
+
+def test_capture_with_a_wrong_password_stops_at_once(stack, capture_source, tmp_path, monkeypatch):
+    dbname, _ = capture_source
+    password = "not-the-password-" + uuid.uuid4().hex[:8]
+    monkeypatch.setenv(PASSWORD_ENV, password)
+    prefix = f"sasl{uuid.uuid4().hex[:6]}"
+    started = time.monotonic()
+    done = run_lakestream("capture", str(capture_yaml(stack, tmp_path / "pipeline.yaml", dbname, prefix)),
+                          timeout=120)
+    assert done.returncode != 0
+    assert time.monotonic() - started < 60
+    assert "kafka.client.sasl.password" in done.stderr, done.stderr[-3000:]
+    assert_no_secret([done.stdout, done.stderr], password)
