@@ -11,6 +11,12 @@ class ConfigError(LakestreamError):
     """A configuration value is missing or wrong; the message names the field and the fix."""
 
 
+class KafkaAccessError(ConfigError):
+    """Kafka refused this client: its SASL credentials, its trust of the broker's certificate, or an ACL.
+    No retry cures it, so the process stops at once; the message names the ``kafka.client`` setting (or the
+    ACL) to fix and never holds a secret."""
+
+
 class InvalidIdentifierError(LakestreamError, ValueError):
     """A name derived from data (topic, table, column) cannot be used as an SQL identifier."""
 
@@ -92,6 +98,9 @@ class ReadStalled(OffsetError):
 CONFLICT_TYPES = {"CommitFailedException": "commit_failed", "ValidationException": "validation",
                   "CommitStateUnknownException": "state_unknown", "NotFoundException": "not_found",
                   "FileNotFoundException": "not_found"}
+# Kafka refused a client (credentials, TLS trust, ACL): a retry cannot fix it, stop. A Spark task's failure
+# names the type only in its text.
+CONFIG_TYPES = frozenset({"KafkaAccessError"})  # the name must end in Error: see _NAMED_CLASS
 # A service the batch needs (broker, catalog, storage) is unreachable: waited out, it passes by itself.
 OUTAGE_TYPES = frozenset({
     "KafkaException", "KafkaError", "BrokerNotAvailableError", "SQLException", "PSQLException",
@@ -158,7 +167,8 @@ class Failure:
 
     @property
     def infrastructure(self) -> bool:
-        return self.kind in ("fatal", "outage", "conflict", "infrastructure")
+        """Not a record's fault: never isolated as one (a config failure included: no record causes it)."""
+        return self.kind in ("config", "fatal", "outage", "conflict", "infrastructure")
 
 
 def classify_failure(exc: BaseException) -> Failure:
@@ -166,6 +176,8 @@ def classify_failure(exc: BaseException) -> Failure:
     if isinstance(exc, ConfigError):
         return Failure("config")
     names = exception_types(exc)
+    if any(n in CONFIG_TYPES for n in names):
+        return Failure("config")
     text = str(exc)
     if any(n in FATAL_TYPES for n in names) or any(marker in text for marker in _SPARK_GONE):
         return Failure("fatal")
@@ -189,8 +201,8 @@ def conflict_cause(exc: BaseException) -> str | None:
 
 
 def is_infrastructure_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` (possibly a Py4J-wrapped Java or Spark task error) comes from infrastructure: not a
-    record's fault, so it fails the batch instead of being isolated."""
+    """Whether ``exc`` (possibly a Py4J-wrapped Java or Spark task error) comes from infrastructure or the
+    configuration: not a record's fault, so it fails the batch instead of being isolated."""
     return classify_failure(exc).infrastructure
 
 

@@ -52,13 +52,16 @@ def service_dir_factory() -> Iterator[Callable[[str], Path]]:
 def stack_factory(service_dir_factory) -> Iterator[Callable[..., Stack]]:
     """Build (not start) independent `Stack`s on free ports; every one made is stopped at session end.
 
-    Use it for tests that stop and restart services; everything else should share `stack`.
+    Use it for tests that stop and restart services; everything else should share `stack`. With
+    ``kafka_sasl=True`` the broker also opens its SASL_SSL listener on a free port.
     """
     made: list[Stack] = []
 
-    def make(**overrides) -> Stack:
-        pg_port, kafka_port = free_ports(2)
+    def make(kafka_sasl: bool = False, **overrides) -> Stack:
+        pg_port, kafka_port, sasl_port = free_ports(3)
         fields = {"pg_port": pg_port, "kafka_port": kafka_port, **overrides}
+        if kafka_sasl:
+            fields["kafka_sasl_port"] = sasl_port
         settings = StackSettings(state_dir=service_dir_factory("stack"), **fields)
         stack = Stack(settings)
         made.append(stack)
@@ -71,8 +74,9 @@ def stack_factory(service_dir_factory) -> Iterator[Callable[..., Stack]]:
 
 @pytest.fixture(scope="session")
 def stack(stack_factory) -> StackInfo:
-    """The shared running stack (PostgreSQL + Apache Kafka), started once per session."""
-    return stack_factory().up()
+    """The shared running stack (PostgreSQL + Apache Kafka, with its SASL_SSL listener), started once per
+    session."""
+    return stack_factory(kafka_sasl=True).up()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from lakestream.capture.connector import connector_properties
 from lakestream.capture.handover import handover_properties, seed_offsets
 from lakestream.capture.publication import prepare_publication, source_connection
 from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
+from lakestream.kafka_access import check_access, refusals_raised
 from lakestream.config import PipelineConfig
 from lakestream.jvm_helper import capture_jar, confluent_avro_jars, debezium_jars
 from lakestream.errors import CaptureError, ConfigError
@@ -177,7 +178,8 @@ def run_capture(
     seed_lsn = None
     if capture.snapshot == "parallel":
         properties, seed_lsn = handover_properties(config, properties)
-    producer = Producer(producer_config(config.kafka))
+    producer = Producer(refusals_raised(producer_config(config.kafka)))
+    check_access(producer)  # a refused client stops capture before Debezium starts
     renames = {t.debezium_topic(capture.topic_prefix): t.topic(capture.topic_prefix) for t in capture.source_tables}
     handler = KafkaPublishingHandler(producer, topic_renames={d: t for d, t in renames.items() if d != t})
     # Start the JVM here, before installing signal handlers, so ours are the ones that stay.

@@ -73,7 +73,8 @@ def run_pipeline(
             except Exception as exc:  # noqa: BLE001 — recovered below, or re-raised after too many
                 failure = classify_failure(exc)
                 if failure.kind == "config":
-                    raise
+                    # A Spark task's refusal by Kafka reaches the driver as text: say what it named, not the task.
+                    raise ConfigError(f"batch failed: {first_line(exc)}") from exc
                 if failure.kind == "fatal" or not jvm_alive(pipeline.spark):
                     raise FatalError(f"batch failed and cannot be retried in this process ({_failure_summary(exc)}); "
                                      "exiting so that its supervisor restarts it — every table resumes from its "

@@ -56,8 +56,9 @@ class Pipeline:
         from lakestream.spark import session_for
 
         self.config = config
-        self.spark = spark or session_for(config)
+        # Kafka first: a client the broker refuses (credentials, TLS trust) stops the run before Spark starts.
         self.kafka = KafkaCluster(config.kafka)
+        self.spark = spark or session_for(config)
         self.router = Router.from_config(config)
         registry = config.kafka.schema_registry
         # Resolved here (secrets from the environment): a missing variable fails the start, not a task.

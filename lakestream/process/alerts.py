@@ -19,7 +19,8 @@ import orjson
 import pyarrow as pa
 
 from lakestream.config import StreamSettings
-from lakestream.errors import LakestreamError
+from lakestream.errors import KafkaAccessError, LakestreamError
+from lakestream.kafka_access import check_access, denied_on_topic, refusals_raised
 from lakestream.process.rules import ALERT_COLUMNS, RuleEvaluator, alert_id
 from lakestream.sink.files import read_data_files, write_driver_files
 from lakestream.sink.report import BatchReport, DataFileWritten, NewShape
@@ -42,6 +43,7 @@ class AlertStage:
         self.evaluators = {r.name: RuleEvaluator(r) for r in self.rule_sets}
         self._loaded: set[str] = set()
         self._producer: Any = None
+        self._producer_conf: dict[str, Any] = {}
 
     @property
     def tables(self) -> set[str]:
@@ -62,7 +64,9 @@ class AlertStage:
                                                                                             "auto.offset"))}
             conf.update({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True,
                          "linger.ms": 5})
-            self._producer = Producer(conf)
+            self._producer_conf = conf
+            self._producer = Producer(refusals_raised(conf))
+            check_access(self._producer)
         return self._producer
 
     def run(self, report: BatchReport, isolated: bool = False) -> int:
@@ -138,16 +142,22 @@ class AlertStage:
     def _produce(self, topic: str, alerts: list[dict[str, Any]]) -> None:
         producer = self._producer_for()
         errors: list[str] = []
+        denied: list[KafkaAccessError] = []
 
         def delivered(err: Any, _msg: Any) -> None:
             if err is not None:
                 errors.append(str(err))
+                refusal = denied_on_topic(err, self._producer_conf, "WRITE", topic)
+                if refusal is not None:
+                    denied.append(refusal)
 
         for a in alerts:
             value = {k: v for k, v in a.items() if k not in ("event_time", "alerted_at")}
             value["event_time_ms"], value["alerted_at_ms"] = a["event_time"] // 1000, a["alerted_at"] // 1000
             producer.produce(topic, key=a["alert_id"].encode(), value=orjson.dumps(value), on_delivery=delivered)
         remaining = producer.flush(30)
+        if denied:
+            raise denied[0]
         if remaining or errors:
             raise LakestreamError(f"alerts to topic {topic}: {remaining} undelivered, errors {errors[:3]}")
 

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lakestream.config import PipelineConfig
+from lakestream.errors import KafkaAccessError
 from lakestream.identifiers import quote_table
+from lakestream.kafka_access import check_access, denied_on_topic, refusals_raised
 from lakestream.source.kafka import TP
 
 if TYPE_CHECKING:
@@ -174,9 +176,10 @@ def _already_sent(config: PipelineConfig, letters: dict[tuple[str, int, int], An
         tp = TP(topic, partition)
         starts[tp] = min(starts.get(tp, offset), offset)
     found: dict[tuple[str, int, int], tuple[int, int]] = {}
-    consumer = Consumer(config.kafka.consumer_config(**{"group.id": f"{config.kafka.group_id}-replay-check",
-                                                        "enable.partition.eof": True}))
+    consumer = Consumer(refusals_raised(config.kafka.consumer_config(
+        **{"group.id": f"{config.kafka.group_id}-replay-check", "enable.partition.eof": True})))
     try:
+        check_access(consumer)
         for tp, start in sorted(starts.items()):
             low, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=30)
             position = max(start + 1, low)
@@ -190,6 +193,9 @@ def _already_sent(config: PipelineConfig, letters: dict[tuple[str, int, int], An
                         if msg.error().code() == KafkaError._PARTITION_EOF:
                             position = high
                             continue
+                        denied = denied_on_topic(msg.error(), config.kafka.consumer_config(), "READ", tp.topic)
+                        if denied is not None:
+                            raise denied
                         raise RuntimeError(f"reading {tp} to check earlier replays: {msg.error()}")
                     position = msg.offset() + 1
                     for name, value in msg.headers() or []:
@@ -208,15 +214,20 @@ def _produce(config: PipelineConfig, todo: list[tuple[str, int, int]],
 
     from lakestream.capture.publisher import producer_config
 
-    producer = Producer(producer_config(config.kafka, **{"message.max.bytes": 16 * 1024 * 1024}))
+    conf = producer_config(config.kafka, **{"message.max.bytes": 16 * 1024 * 1024})
+    producer = Producer(refusals_raised(conf))
     placed: dict[tuple[str, int, int], tuple[int, int]] = {}
     failures: list[str] = []
+    denied: list[KafkaAccessError] = []
     for coordinate in todo:
         key, value = letters[coordinate]
 
         def delivered(err: Any, msg: Any, coordinate: tuple[str, int, int] = coordinate) -> None:
             if err is not None:
                 failures.append(f"{coordinate}: {err}")
+                refusal = denied_on_topic(err, conf, "WRITE", coordinate[0])
+                if refusal is not None:
+                    denied.append(refusal)
             else:
                 placed[coordinate] = (msg.partition(), msg.offset())
 
@@ -224,6 +235,8 @@ def _produce(config: PipelineConfig, todo: list[tuple[str, int, int]],
                          partition=coordinate[1], headers=[(REPLAY_HEADER, _header(coordinate))], on_delivery=delivered)
         producer.poll(0)
     producer.flush(120)
+    if denied:
+        raise denied[0]
     if failures or len(placed) != len(todo):
         # What was delivered is recorded by the next replay's check; what was not is sent again then.
         raise RuntimeError(f"replay: {len(todo) - len(placed)} record(s) not delivered: {failures[:3]}")

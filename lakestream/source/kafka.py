@@ -15,6 +15,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from lakestream.config import KafkaSettings
 from lakestream.errors import OffsetError
+from lakestream.kafka_access import check_access, refusals_raised
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +39,15 @@ class KafkaCluster:
         self.timeout_s = timeout_s
         # Group commits are asynchronous (see commit): their outcomes arrive in _on_commit, served by poll().
         self._unacknowledged = 0
-        self._consumer = Consumer(settings.consumer_config(**{"auto.offset.reset": "earliest"},
-                                                           on_commit=self._on_commit))
+        self._consumer = Consumer(refusals_raised(settings.consumer_config(**{"auto.offset.reset": "earliest"},
+                                                                           on_commit=self._on_commit)))
         self._admin = None
         self._batched_offsets_ok = True
+        try:
+            check_access(self._consumer, timeout_s)
+        except BaseException:
+            self._consumer.close()
+            raise
 
     def close(self) -> None:
         self._settle()
@@ -92,7 +98,7 @@ class KafkaCluster:
 
             conf = {k: v for k, v in self.settings.consumer_config().items()
                     if k not in ("group.id", "enable.auto.commit", "auto.offset.reset", "session.timeout.ms")}
-            self._admin = AdminClient(conf)
+            self._admin = AdminClient(refusals_raised(conf))
         parts = [TopicPartition(tp.topic, tp.partition) for tp in tps]
         ends = {}
         for name, spec in (("low", OffsetSpec.earliest()), ("high", OffsetSpec.latest())):

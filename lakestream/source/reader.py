@@ -10,6 +10,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from lakestream.errors import OffsetError, ReadStalled
+from lakestream.kafka_access import denied_on_topic, refusals_raised
 from lakestream.source.planner import OffsetRange
 
 
@@ -134,7 +135,7 @@ def read_runs(
     })
     pending = [st for st in states.values() if not st.done]
     if pending:
-        consumer = Consumer(conf)
+        consumer = Consumer(refusals_raised(conf))
         try:
             consumer.assign([TopicPartition(st.rng.topic, st.rng.partition, st.rng.start) for st in pending])
             open_count = len(pending)
@@ -151,7 +152,7 @@ def read_runs(
                     continue
                 last_progress = time.monotonic()
                 finished: list[TopicPartition] = []
-                for run in _take(messages, states, last_progress):
+                for run in _take(messages, states, last_progress, conf):
                     yield run
                 for st in states.values():
                     if st.done and not st.paused:
@@ -172,11 +173,13 @@ def read_runs(
         yield st.rng, RangeEnd(st.next_offset, st.at_end)
 
 
-def _take(messages: list[Message], states: dict[tuple[str, int], _RangeState], now: float) -> list[RecordRun]:
+def _take(messages: list[Message], states: dict[tuple[str, int], _RangeState], now: float,
+          conf: dict[str, Any]) -> list[RecordRun]:
     """The records of a fetched chunk that belong to their ranges, as one run per partition.
 
     Columns are pulled from the messages with C-level ``map`` calls; only errors (end-of-partition
-    markers) are looked at one by one. Updates each range's state."""
+    markers) are looked at one by one. Updates each range's state. An ACL refusal raises
+    `KafkaAccessError` (``conf`` names the principal)."""
     errors = list(map(Message.error, messages))
     topics = list(map(Message.topic, messages))
     partitions = list(map(Message.partition, messages))
@@ -195,6 +198,9 @@ def _take(messages: list[Message], states: dict[tuple[str, int], _RangeState], n
             if err.code() == KafkaError._PARTITION_EOF:
                 cut.setdefault(tp, i)
                 continue
+            denied = denied_on_topic(err, conf, "READ", st.rng.topic)
+            if denied is not None:
+                raise denied
             raise OffsetError(f"reading {st.rng.topic}[{st.rng.partition}] at {st.next_offset}: {err}")
     if n and clean and topics.count(topics[0]) == n and partitions.count(partitions[0]) == n:
         groups = {(topics[0], partitions[0]): None}  # the usual chunk: one partition, no marker

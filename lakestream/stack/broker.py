@@ -4,23 +4,41 @@ Its jars come from ``org.apache.kafka:kafka_2.13`` by coordinates (``lakestream/
 The storage is formatted once (a cluster id and the metadata log under ``<state_dir>/kafka/data``); topics
 persist across restarts and SIGKILLs as on any Kafka broker (the log is recovered at start). The pipeline
 only ever sees ``bootstrap.servers`` and runs unchanged against any Kafka cluster.
+
+With ``StackSettings.kafka_sasl_port`` the broker also listens for SASL_SSL (SCRAM-SHA-512 over TLS, a
+certificate of the stack's own CA in ``<state_dir>/kafka/tls``) and enforces ACLs (KRaft's
+StandardAuthorizer) for the principals of that listener. The PLAINTEXT and controller listeners' principal
+(``User:ANONYMOUS``) is a super user, so PLAINTEXT clients keep working as without ACLs. The stack's SCRAM
+user (``kafka_sasl_user``) may do anything on every topic, group and transactional id; its password is
+generated once and kept in ``<state_dir>/kafka/sasl/<user>.password`` (mode 0600), never logged.
 """
 from __future__ import annotations
 
 import base64
 import logging
 import os
+import secrets
 import shutil
 import signal
 import uuid
 from pathlib import Path
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
 
 from lakestream import jars
 from lakestream.errors import StackError
-from lakestream.stack import process
+from lakestream.stack import process, tls
 from lakestream.stack.models import ServiceStatus, StackSettings
 
 log = logging.getLogger(__name__)
@@ -60,6 +78,27 @@ def kafka_healthy(bootstrap_servers: str, timeout: float = 3.0) -> bool:
         return False
 
 
+def upsert_scram_user(bootstrap_servers: str, user: str, password: str, timeout: float = 30.0) -> None:
+    """Create SCRAM-SHA-512 credentials for ``user`` (or replace its password), through a super user's
+    listener (the stack's PLAINTEXT one)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    upsertion = UserScramCredentialUpsertion(user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
+                                             password.encode())
+    for future in admin.alter_user_scram_credentials([upsertion], request_timeout=timeout).values():
+        future.result(timeout=timeout)
+
+
+def allow(bootstrap_servers: str, user: str, resources: list[tuple[ResourceType, str]],
+          operation: AclOperation = AclOperation.ALL, timeout: float = 30.0) -> None:
+    """Grant ``User:<user>`` ``operation`` on each (resource type, literal name; ``"*"`` is every one),
+    through a super user's listener. Granting what is granted already changes nothing."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    bindings = [AclBinding(kind, name, ResourcePatternType.LITERAL, f"User:{user}", "*", operation,
+                           AclPermissionType.ALLOW) for kind, name in resources]
+    for future in admin.create_acls(bindings, request_timeout=timeout).values():
+        future.result(timeout=timeout)
+
+
 def _java() -> str:
     home = os.environ.get("JAVA_HOME")
     java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
@@ -70,7 +109,8 @@ def _java() -> str:
 
 class KafkaBroker:
     """Apache Kafka on 127.0.0.1:<kafka_port> (PLAINTEXT) with its KRaft controller on
-    127.0.0.1:<kafka_controller_port>, tracked by a pid file."""
+    127.0.0.1:<kafka_controller_port>, and SASL_SSL on 127.0.0.1:<kafka_sasl_port> when asked; tracked by a
+    pid file."""
 
     name = "kafka"
     persistent = True
@@ -109,6 +149,28 @@ class KafkaBroker:
         path.write_text(f"{port}\n")
         return port
 
+    @property
+    def sasl_port(self) -> int:
+        """The SASL_SSL listener's port; 0: none."""
+        return self.settings.kafka_sasl_port
+
+    @property
+    def sasl_bootstrap_servers(self) -> str | None:
+        return f"{process.LOOPBACK}:{self.sasl_port}" if self.sasl_port else None
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.dir / "tls"
+
+    @property
+    def ca_location(self) -> Path:
+        """The PEM certificate of the CA that signed the SASL_SSL listener's (librdkafka's ``ssl.ca.location``)."""
+        return self.tls_dir / "ca.pem"
+
+    @property
+    def sasl_password_file(self) -> Path:
+        return self.dir / "sasl" / f"{self.settings.kafka_sasl_user}.password"
+
     def pid(self) -> int | None:
         return self.pid_file.live_pid()
 
@@ -137,11 +199,36 @@ class KafkaBroker:
             "group.initial.rebalance.delay.ms": "0",
             "num.partitions": "1",
             "auto.create.topics.enable": "true",
+            **(self._sasl_ssl_properties() if self.sasl_port else {}),
+        }
+
+    def _sasl_ssl_properties(self) -> dict[str, str]:
+        """The SASL_SSL listener (SCRAM-SHA-512, the stack's certificate) and ACLs enforced on it."""
+        loopback = process.LOOPBACK
+        cert = tls.ServerCertificate(keystore=self.tls_dir / "server.p12", ca_pem=self.ca_location)
+        return {
+            "listeners": f"PLAINTEXT://{loopback}:{self.port},CONTROLLER://{loopback}:{self.controller_port},"
+                         f"SASL_SSL://{loopback}:{self.sasl_port}",
+            "advertised.listeners": f"PLAINTEXT://{loopback}:{self.port},SASL_SSL://{loopback}:{self.sasl_port}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL",
+            "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+            # Per listener: the broker's SCRAM server needs a JAAS entry even though it holds no secret.
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            "ssl.keystore.type": "PKCS12",
+            "ssl.keystore.location": str(cert.keystore),
+            "ssl.keystore.password": cert.keystore_password,
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            # PLAINTEXT and CONTROLLER authenticate nobody: their principal is ANONYMOUS. As a super user it
+            # keeps inter-broker, controller and PLAINTEXT traffic working without any ACL.
+            "super.users": "User:ANONYMOUS",
         }
 
     def _write_config(self) -> Path:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "log4j2.properties").write_text(_LOG4J2)
+        if self.sasl_port:
+            tls.make_server_certificate(self.tls_dir, "lakestream local Kafka")
         path = self.dir / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in self.server_properties().items()))
         return path
@@ -197,12 +284,57 @@ class KafkaBroker:
                 f"Kafka on {self.bootstrap_servers} does not answer metadata requests\n"
                 f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
             )
+        if self.sasl_port:
+            self._provision_sasl_user()
+
+    def sasl_password(self) -> str:
+        """The stack's SCRAM user's password, generated (and kept, mode 0600) the first time it is asked for."""
+        path = self.sasl_password_file
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_urlsafe(24) + "\n")
+        return path.read_text().strip()
+
+    def _provision_sasl_user(self) -> None:
+        """The stack's SCRAM user and its ACLs (both kept in the metadata log; re-applying them is harmless),
+        then wait until that user can ask for metadata over SASL_SSL."""
+        user = self.settings.kafka_sasl_user
+        try:
+            upsert_scram_user(self.bootstrap_servers, user, self.sasl_password())
+            allow(self.bootstrap_servers, user, [(ResourceType.TOPIC, "*"), (ResourceType.GROUP, "*"),
+                                                 (ResourceType.TRANSACTIONAL_ID, "*"),
+                                                 (ResourceType.BROKER, "kafka-cluster")])
+        except KafkaException as exc:
+            raise StackError(f"creating the SCRAM user {user!r} or its ACLs on {self.bootstrap_servers} failed: "
+                             f"{exc}") from None
+        # The credential reaches the SASL_SSL listener once the broker applied the metadata record.
+        if not process.wait_until(self.sasl_healthy, 30.0, 0.2):
+            raise StackError(
+                f"Kafka's SASL_SSL listener on {self.sasl_bootstrap_servers} does not answer user {user!r}\n"
+                f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
+            )
+
+    def sasl_healthy(self) -> bool:
+        """True if the stack's SCRAM user gets metadata over SASL_SSL."""
+        admin = AdminClient({"bootstrap.servers": self.sasl_bootstrap_servers, "log_level": 0,
+                             "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+                             "sasl.username": self.settings.kafka_sasl_user, "sasl.password": self.sasl_password(),
+                             "ssl.ca.location": str(self.ca_location)})
+        try:
+            admin.list_topics(timeout=3.0)
+            return True
+        except KafkaException:
+            return False
 
     def check_port_free(self) -> None:
         """Raise StackError naming the port and the setting if another process holds a port of the broker."""
         process.require_free_port(self.port, "Kafka", "--kafka-port / StackSettings.kafka_port")
         process.require_free_port(self.controller_port, "Kafka's controller",
                                   "StackSettings.kafka_controller_port")
+        if self.sasl_port:
+            process.require_free_port(self.sasl_port, "Kafka's SASL_SSL listener", "StackSettings.kafka_sasl_port")
 
     def stop(self, timeout: float | None = None) -> None:
         """SIGTERM (a controlled shutdown), SIGKILL after ``timeout``."""

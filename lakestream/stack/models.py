@@ -24,6 +24,11 @@ class StackSettings:
     kafka_port: int = 19092
     # The KRaft controller's listener; 0: a free port chosen when the broker's storage is first formatted.
     kafka_controller_port: int = 0
+    # A SASL_SSL listener (SCRAM-SHA-512, a certificate of the stack's own CA) beside PLAINTEXT, and ACLs
+    # enforced for its principals; 0: none (PLAINTEXT only, no authorizer).
+    kafka_sasl_port: int = 0
+    # The SCRAM user the stack creates for SASL_SSL clients (its password is generated, kept in a file).
+    kafka_sasl_user: str = "lakestream"
     pg_user: str = "lakestream"
     pg_password: str = "lakestream"
     source_db: str = "shop"
@@ -49,11 +54,16 @@ class StackSettings:
         if not isinstance(self.kafka_controller_port, int) or not 0 <= self.kafka_controller_port <= 65535:
             raise ConfigError(f"kafka_controller_port={self.kafka_controller_port!r} is not a TCP port "
                               "(1-65535, or 0 to choose a free one)")
+        if not isinstance(self.kafka_sasl_port, int) or not 0 <= self.kafka_sasl_port <= 65535:
+            raise ConfigError(f"kafka_sasl_port={self.kafka_sasl_port!r} is not a TCP port "
+                              "(1-65535, or 0 for no SASL_SSL listener)")
         if self.pg_port == self.kafka_port:
             raise ConfigError(f"pg_port and kafka_port are both {self.pg_port}; give them different ports")
         used = {"pg_port": self.pg_port, "kafka_port": self.kafka_port}
         if self.kafka_controller_port:
             used["kafka_controller_port"] = self.kafka_controller_port
+        if self.kafka_sasl_port:
+            used["kafka_sasl_port"] = self.kafka_sasl_port
         if self.storage == "s3":
             used["s3_port"] = self.s3_port
         if self.catalog == "rest":
@@ -64,7 +74,7 @@ class StackSettings:
             raise ConfigError(f"storage={self.storage!r} is unknown; use 'local' or 's3'")
         if self.catalog not in ("jdbc", "rest"):
             raise ConfigError(f"catalog={self.catalog!r} is unknown; use 'jdbc' or 'rest'")
-        for name in ("pg_user", "source_db", "catalog_db"):
+        for name in ("pg_user", "source_db", "catalog_db", "kafka_sasl_user"):
             value = getattr(self, name)
             if not value or not value.replace("_", "").isalnum() or value[0].isdigit():
                 raise ConfigError(f"{name}={value!r}: use letters, digits and _ (not starting with a digit)")
@@ -95,6 +105,27 @@ class StackInfo:
     s3_region: str | None = None
     s3_access_key: str | None = field(default=None, repr=False)
     s3_secret_key: str | None = field(default=None, repr=False)
+    # The SASL_SSL listener, with `StackSettings.kafka_sasl_port`: its address, the CA's PEM to trust, the
+    # SCRAM-SHA-512 user and the file holding its password (the password itself is never in this object).
+    kafka_sasl_bootstrap_servers: str | None = None
+    kafka_ca_location: str | None = None
+    kafka_sasl_user: str | None = None
+    kafka_sasl_password_file: str | None = None
+
+    def kafka_sasl_client(self, password: str) -> dict[str, str]:
+        """The ``kafka.client`` settings for the SASL_SSL listener; give ``password`` as a reference such as
+        ``"${KAFKA_PASSWORD}"`` (expanded when the config loads) so that it is never written in a file."""
+        if self.kafka_sasl_bootstrap_servers is None:
+            raise ConfigError("this stack has no SASL_SSL listener — fix: start it with StackSettings.kafka_sasl_port")
+        return {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.username": self.kafka_sasl_user or "", "sasl.password": password,
+                "ssl.ca.location": self.kafka_ca_location or ""}
+
+    def kafka_sasl_password(self) -> str:
+        """The SCRAM user's password, read from `kafka_sasl_password_file`."""
+        if self.kafka_sasl_password_file is None:
+            raise ConfigError("this stack has no SASL_SSL listener — fix: start it with StackSettings.kafka_sasl_port")
+        return Path(self.kafka_sasl_password_file).read_text().strip()
 
     def catalog_config(self, name: str = "lake") -> dict:
         """The ``catalog`` section of a pipeline config for this stack (holds the PostgreSQL password)."""

@@ -90,4 +90,8 @@ class Stack:
             s3_region=s.s3_region if s.storage == "s3" else None,
             s3_access_key=s.s3_access_key if s.storage == "s3" else None,
             s3_secret_key=s.s3_secret_key if s.storage == "s3" else None,
+            kafka_sasl_bootstrap_servers=self.broker.sasl_bootstrap_servers,
+            kafka_ca_location=str(self.broker.ca_location) if s.kafka_sasl_port else None,
+            kafka_sasl_user=s.kafka_sasl_user if s.kafka_sasl_port else None,
+            kafka_sasl_password_file=str(self.broker.sasl_password_file) if s.kafka_sasl_port else None,
         )
