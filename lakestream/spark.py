@@ -117,16 +117,28 @@ def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) 
         builder = builder.config("spark.jars.packages", packages)
     for key, value in catalog_conf(catalog).items():
         builder = builder.config(key, value)
-    java_options = f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}"
+    sdk_options = " ".join(storage.jvm_options(catalog.storage))
+    java_options = f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()} {sdk_options}".strip()
+    executor_options = sdk_options
     for key, value in spark.conf.items():
         if key == "spark.driver.extraJavaOptions":
             java_options = f"{java_options} {value}"  # the user's options come last and win
             continue
+        if key == "spark.executor.extraJavaOptions":
+            executor_options = f"{executor_options} {value}".strip()
+            continue
         builder = builder.config(key, value)
     builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    if executor_options:
+        builder = builder.config("spark.executor.extraJavaOptions", executor_options)
     with _jvm_stdout_to_stderr():
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    # A running driver JVM (a catalog added to it) never saw the options above: set them as properties too.
+    # The SDK reads them whenever it builds a client.
+    for option in storage.jvm_options(catalog.storage):
+        key, value = option[2:].split("=", 1)
+        session._jvm.java.lang.System.setProperty(key, value)
     return session
 
 

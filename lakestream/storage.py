@@ -95,6 +95,18 @@ _context = StorageContext()
 _filesystems: dict[S3Options | None, pafs.S3FileSystem] = {}
 
 
+# The AWS SDK for Java (2.30+, as in Iceberg's AWS bundle) sends uploads aws-chunked with a trailing CRC
+# checksum by default, as pyarrow's does (`new_s3_filesystem`); S3-compatible stores that do not decode that
+# framing fail some of them ("missing CRLF terminator on aws-chunked frame", nanio 0.1.7). With an endpoint
+# the JVMs compute checksums only where S3 requires them, as every SDK did before 2025.
+JVM_CHECKSUM_OPTIONS = ("-Daws.requestChecksumCalculation=WHEN_REQUIRED", "-Daws.responseChecksumValidation=WHEN_REQUIRED")
+
+
+def jvm_options(storage: StorageSettings | None) -> list[str]:
+    """JVM system properties the AWS SDK needs for ``storage`` (an S3-compatible endpoint: no aws-chunked)."""
+    return list(JVM_CHECKSUM_OPTIONS) if storage is not None and storage.endpoint else []
+
+
 def activate(storage: StorageSettings | None) -> None:
     """Make ``storage`` this process's object storage (the driver: set when its Spark session is built and
     when a pipeline starts). The write jobs' contexts take it from here to the executors."""

@@ -230,7 +230,11 @@ class KafkaBroker:
         if self.sasl_port:
             tls.make_server_certificate(self.tls_dir, "lakestream local Kafka")
         path = self.dir / "server.properties"
-        path.write_text("".join(f"{k}={v}\n" for k, v in self.server_properties().items()))
+        path.unlink(missing_ok=True)
+        # Owner-only: with SASL_SSL it holds the keystore's password.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write("".join(f"{k}={v}\n" for k, v in self.server_properties().items()))
         return path
 
     def _format_storage(self, config: Path) -> None:

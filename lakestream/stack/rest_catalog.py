@@ -144,13 +144,16 @@ class RestCatalogServer:
             rest_catalog_jar,
         )
         from lakestream.spark import LOG4J2_CONFIG
+        from lakestream.storage import JVM_CHECKSUM_OPTIONS
 
         java = shutil.which("java")
         if java is None:
             raise StackError("java not found: install a JDK 11+ (apt-get install openjdk-17-jdk-headless)")
         classpath = [str(rest_catalog_jar()), str(iceberg_runtime_jar()), str(postgres_jdbc_jar()),
                      *map(str, aws_sdk_jars()), str(spark_jars_dir() / "*")]
-        return [java, "-Xmx384m", f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}", "-cp",
+        # Its S3FileIO writes metadata files to an S3-compatible store: no aws-chunked uploads (storage.py).
+        sdk = list(JVM_CHECKSUM_OPTIONS) if "s3.endpoint" in self.io_properties else []
+        return [java, "-Xmx384m", *sdk, f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}", "-cp",
                 os.pathsep.join(classpath), "lakestream.rest.RestCatalogServer", str(properties)]
 
     def start(self) -> None:
