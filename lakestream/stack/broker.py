@@ -288,6 +288,11 @@ class KafkaBroker:
                 f"Kafka on {self.bootstrap_servers} does not answer metadata requests\n"
                 f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
             )
+        if not process.wait_until(self.coordinator_ready, 30.0, 0.2):
+            raise StackError(
+                f"Kafka on {self.bootstrap_servers} has no group coordinator after 30 s\n"
+                f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
+            )
         if self.sasl_port:
             self._provision_sasl_user()
 
@@ -356,6 +361,22 @@ class KafkaBroker:
 
     def healthy(self) -> bool:
         return kafka_healthy(self.bootstrap_servers)
+
+    def coordinator_ready(self) -> bool:
+        """True once a consumer group's coordinator answers. A new broker creates ``__consumer_offsets`` on the
+        first such request and answers COORDINATOR_LOAD_IN_PROGRESS / NOT_COORDINATOR while it loads: the stack
+        is up only when a pipeline's first offset lookup would succeed, as on a running cluster."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": "lakestream-stack-probe",
+                             "log_level": 0})
+        try:
+            consumer.committed([TopicPartition("lakestream-stack-probe", 0)], timeout=2)
+            return True
+        except KafkaException:
+            return False
+        finally:
+            consumer.close()
 
     def status(self) -> ServiceStatus:
         pid = self.pid()
