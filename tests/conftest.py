@@ -90,6 +90,30 @@ def pg_conn(stack: StackInfo) -> Iterator[psycopg2.extensions.connection]:
         conn.close()
 
 
+@pytest.fixture
+def source_db(stack) -> Iterator[tuple[str, psycopg2.extensions.connection]]:
+    """A fresh source database per test (its name, an autocommit connection), so each test owns its slot and
+    publication; dropped afterwards with the slots left in it."""
+    import uuid
+
+    name = f"src_{uuid.uuid4().hex[:8]}"
+    admin = psycopg2.connect(stack.pg_dsn())
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    conn = psycopg2.connect(stack.pg_dsn(name))
+    conn.autocommit = True
+    try:
+        yield name, conn
+    finally:
+        conn.close()
+        with admin.cursor() as cur:
+            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                        "WHERE database = %s AND NOT active", (name,))
+            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        admin.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # Spark with the Iceberg runtime, on the shared stack's JDBC catalog
 # ---------------------------------------------------------------------------------------------

@@ -71,24 +71,6 @@ def _write_yaml(path: Path, data: dict) -> Path:
     return path
 
 
-@pytest.fixture
-def source_db(stack):
-    """A fresh database per test, so each test owns its slot and publication."""
-    name = f"cap_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(stack.pg_dsn())
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    conn = psycopg2.connect(stack.pg_dsn(name))
-    conn.autocommit = True
-    yield name, conn
-    conn.close()
-    with admin.cursor() as cur:
-        cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                    "WHERE database = %s AND NOT active", (name,))
-    admin.close()
-
-
 class TopicReader:
     """Reads one topic partition 0 from the beginning, remembering everything seen."""
 

@@ -5,9 +5,6 @@ Only PostgreSQL runs here (the shared stack's); Debezium is exercised in test_so
 """
 from __future__ import annotations
 
-import uuid
-
-import psycopg2
 import pytest
 
 from lakestream.capture.publication import prepare_publication
@@ -18,18 +15,8 @@ ODD_NAMES = ["Order Items", "select", "naïve", "a.b", 'say "hi"', "MixedCase"]
 
 
 @pytest.fixture
-def db(stack):
-    name = f"pub_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(stack.pg_dsn())
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    conn = psycopg2.connect(stack.pg_dsn(name))
-    conn.autocommit = True
-    yield name, conn
-    conn.close()
-    with admin.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+def db(source_db):
+    return source_db
     admin.close()
 
 

@@ -184,28 +184,13 @@ def test_a_refusal_named_by_a_spark_task_is_a_config_failure():
 
 
 @pytest.fixture
-def capture_source(stack):
+def capture_source(source_db):
     """A fresh source database with one table of three rows: (its name, an autocommit connection)."""
-    import psycopg2
-
-    name = f"sasl_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(stack.pg_dsn())
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute(f"CREATE DATABASE {name}")
-    conn = psycopg2.connect(stack.pg_dsn(name))
-    conn.autocommit = True
+    _, conn = source_db
     with conn.cursor() as cur:
         cur.execute("CREATE TABLE public.items (id integer PRIMARY KEY, n integer)")
         cur.execute("INSERT INTO public.items VALUES (1, 1), (2, 2), (3, 3)")
-    try:
-        yield name, conn
-    finally:
-        conn.close()
-        with admin.cursor() as cur:
-            cur.execute(f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '{name}'")
-            cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        admin.close()
+    return source_db
 
 
 def capture_yaml(stack: StackInfo, path: Path, dbname: str, prefix: str, **client) -> Path:
