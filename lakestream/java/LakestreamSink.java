@@ -40,6 +40,7 @@ import org.apache.iceberg.RowDelta;
 import org.apache.iceberg.Schema;
 import org.apache.iceberg.SchemaParser;
 import org.apache.iceberg.Snapshot;
+import org.apache.iceberg.SnapshotChanges;
 import org.apache.iceberg.SnapshotUpdate;
 import org.apache.iceberg.SortOrder;
 import org.apache.iceberg.Table;
@@ -1000,21 +1001,24 @@ public final class LakestreamSink {
       ObjectNode n = snapshots.addObject();
       n.put("snapshot_id", s.snapshotId());
       n.put("operation", s.operation());
+      // SnapshotChanges reads the manifests with the table's specs (Snapshot.addedDataFiles(io) reads each
+      // manifest's spec from its own metadata, deprecated since Iceberg 1.11).
+      SnapshotChanges changes = SnapshotChanges.builderFor(t).snapshot(s).build();
       ArrayNode added = n.putArray("added");
-      for (DataFile f : s.addedDataFiles(t.io())) {
+      for (DataFile f : changes.addedDataFiles()) {
         ObjectNode a = added.addObject();
         a.put("path", f.location());
         a.put("records", f.recordCount());
       }
       ArrayNode removed = n.putArray("removed");
       long removedRecords = 0;
-      for (DataFile f : s.removedDataFiles(t.io())) {
+      for (DataFile f : changes.removedDataFiles()) {
         removed.add(f.location());
         removedRecords += f.recordCount();
       }
       n.put("removed_records", removedRecords);
       Map<String, List<DeleteFile>> byFile = new LinkedHashMap<>();
-      for (DeleteFile d : s.addedDeleteFiles(t.io())) {
+      for (DeleteFile d : changes.addedDeleteFiles()) {
         if (d.content() != FileContent.POSITION_DELETES || d.referencedDataFile() == null) {
           unsupported = true;
           continue;
@@ -1022,7 +1026,7 @@ public final class LakestreamSink {
         byFile.computeIfAbsent(d.referencedDataFile(), k -> new ArrayList<>()).add(d.copy());
       }
       Map<String, List<DeleteFile>> replaced = new HashMap<>();
-      for (DeleteFile d : s.removedDeleteFiles(t.io())) {
+      for (DeleteFile d : changes.removedDeleteFiles()) {
         if (d.content() == FileContent.POSITION_DELETES && d.referencedDataFile() != null
             && byFile.containsKey(d.referencedDataFile())) {
           replaced.computeIfAbsent(d.referencedDataFile(), k -> new ArrayList<>()).add(d.copy());

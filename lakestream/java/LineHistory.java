@@ -21,6 +21,7 @@ import org.apache.iceberg.ManifestContent;
 import org.apache.iceberg.ManifestFile;
 import org.apache.iceberg.ManifestFiles;
 import org.apache.iceberg.ManifestReader;
+import org.apache.iceberg.PartitionSpec;
 import org.apache.iceberg.PartitionStatisticsFile;
 import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.SnapshotRef;
@@ -193,7 +194,7 @@ public final class LineHistory {
     });
     eachPaced(toRead.values(), pool, pace, mf -> {
       Set<String> live = new HashSet<>();
-      collectLive(mf, io, live);
+      collectLive(mf, io, m.specsById(), live);
       live.forEach(p -> out.add(key(p)));
     });
     return out;
@@ -400,13 +401,13 @@ public final class LineHistory {
         candidates.add(m);
       }
     }
-    eachPaced(candidates, pool, pace, m -> collectLive(m, io, m.content() == ManifestContent.DATA ? data : deletes));
+    eachPaced(candidates, pool, pace, m -> collectLive(m, io, before.specsById(), m.content() == ManifestContent.DATA ? data : deletes));
     clock.lap("read_expired");
 
     // What the oldest kept snapshot still references: never deleted. A failure here stops the cleanup.
     Set<String> liveInKept = ConcurrentHashMap.newKeySet();
     if (!data.isEmpty() || !deletes.isEmpty()) {
-      eachPaced(keptList, pool, pace, m -> collectLive(m, io, liveInKept));
+      eachPaced(keptList, pool, pace, m -> collectLive(m, io, before.specsById(), liveInKept));
     }
     clock.lap("read_kept");
 
@@ -432,10 +433,10 @@ public final class LineHistory {
   }
 
   /** Paths of {@code m}'s live files (only the path column is read). */
-  private static void collectLive(ManifestFile m, FileIO io, Set<String> into) {
+  private static void collectLive(ManifestFile m, FileIO io, Map<Integer, PartitionSpec> specs, Set<String> into) {
     try (ManifestReader<? extends ContentFile<?>> r = m.content() == ManifestContent.DATA
-        ? ManifestFiles.read(m, io, null).select(ImmutableList.of("file_path"))
-        : ManifestFiles.readDeleteManifest(m, io, null).select(ImmutableList.of("file_path"))) {
+        ? ManifestFiles.read(m, io, specs).select(ImmutableList.of("file_path"))
+        : ManifestFiles.readDeleteManifest(m, io, specs).select(ImmutableList.of("file_path"))) {
       for (ContentFile<?> f : r) {
         into.add(f.location());
       }
