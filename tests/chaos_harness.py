@@ -520,24 +520,25 @@ def count_resent(bootstrap: str, topics: list[str], starts: dict[str, int]) -> i
     repeats = 0
     try:
         for topic in topics:
-            consumer.assign([TopicPartition(topic, 0, starts.get(topic, 0))])
-            while True:
+            # Up to the end listed now: while capture and the load go on, Kafka may never answer with
+            # end-of-partition (each fetch finds a few new records), and a read waiting for it never ends.
+            end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1]
+            position = starts.get(topic, 0)
+            consumer.assign([TopicPartition(topic, 0, position)])
+            while position < end:
                 msgs = consumer.consume(1000, timeout=5)
                 if not msgs:
                     break
-                done = False
                 for msg in msgs:
                     if msg.error() is not None:
-                        done = True  # partition EOF
-                        continue
+                        continue  # partition EOF
+                    position = msg.offset() + 1
                     if msg.value() is None:
                         continue
                     payload = json.loads(msg.value()).get("payload") or {}
                     ident = (topic, msg.key(), (payload.get("source") or {}).get("lsn"), payload.get("op"))
                     repeats += ident in seen
                     seen.add(ident)
-                if done:
-                    break
     finally:
         consumer.close()
     return repeats
