@@ -87,9 +87,9 @@ def helper_jar() -> Path:
 def capture_jar() -> Path:
     """Path of the jar of ``lakestream/java/capture/*.java`` (the Debezium side, run inside ``lakestream
     capture``'s JVM), compiled on first use against Debezium's jars."""
-    classpath = [str(j) for j in debezium_jars()]
-    return _compiled_jar("lakestream-capture", sorted((_JAVA_DIR / "capture").glob("*.java")), classpath,
-                         ",".join(j.name for j in debezium_jars()))
+    libs = debezium_jars()
+    return _compiled_jar("lakestream-capture", sorted((_JAVA_DIR / "capture").glob("*.java")), [str(j) for j in libs],
+                         ",".join(j.name for j in libs))
 
 
 def rest_catalog_jar() -> Path:

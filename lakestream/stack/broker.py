@@ -391,8 +391,6 @@ class KafkaBroker:
         )
 
 
-Broker = KafkaBroker
-
 
 def make_broker(settings: StackSettings) -> KafkaBroker:
     """The stack's broker."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from lakestream.stack import process
-from lakestream.stack.broker import Broker, make_broker
+from lakestream.stack.broker import KafkaBroker, make_broker
 from lakestream.stack.models import ServiceStatus, StackInfo, StackSettings
 from lakestream.stack.objectstore import ObjectStore
 from lakestream.stack.postgres import PostgresCluster
@@ -20,7 +20,7 @@ class Stack:
     def __init__(self, settings: StackSettings):
         self.settings = settings
         self.postgres = PostgresCluster(settings)
-        self.broker: Broker = make_broker(settings)
+        self.broker: KafkaBroker = make_broker(settings)
         self.objectstore = ObjectStore(settings)
         self.rest_catalog = RestCatalogServer(settings, warehouse=self.warehouse, io_properties=self._io_properties())
 
