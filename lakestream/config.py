@@ -778,10 +778,26 @@ class SparkSettings(_Model):
 
 
 class CompactionPolicy(_Model):
+    """When a partition is compacted, and (for the pipeline's own upsert mirrors, `maintenance/compaction.py`)
+    which of its files and how much per round."""
+
     max_files_per_partition: int = Field(default=100, ge=2)
     min_avg_file_size_ratio: float = Field(default=0.1, gt=0, le=1)
     target_file_size_bytes: int = Field(default=128 * 1024 * 1024, gt=0)
     quiet_time_s: float = Field(default=600, ge=0)
+    # A file whose share of deleted rows reaches this is rewritten whatever its size (Iceberg's
+    # delete-ratio-threshold); a partition whose share does is compacted.
+    delete_ratio_threshold: float = Field(default=0.3, gt=0, le=1)
+    # Small files are merged with files of their own size class (sizes within 4× of each other) once a class
+    # has this many (Iceberg's min-input-files): a file a round wrote waits for peers instead of being
+    # rewritten with every new small file.
+    min_input_files: int = Field(default=4, ge=2)
+    # Input bytes one round of a pipeline's own compaction rewrites (the rest waits for later rounds): the
+    # rewrite shares the cores with the batches.
+    max_bytes_per_round: int = Field(default=64 * 1024 * 1024, gt=0)
+    # Rows of one rewritten file: its commit, between two batches, moves each row's key index entry. A file
+    # with 3/4 as many live rows is full: never rewritten for its size.
+    max_rows_per_file: int = Field(default=1_000_000, ge=1000)
 
 
 class MaintenancePolicy(_Model):

@@ -23,6 +23,14 @@ POINTS = (
     "commit.table.after",  # the table's key index is durable too; the batch has not finished
     "commit.group.before",  # every table and the dead letters have committed; the Kafka group has not
 )
+# The points of a compaction of the pipeline's own mirror (inline maintenance), in the order it passes them.
+MAINTENANCE_POINTS = (
+    "maintenance.rewrite.planned",  # its groups are chosen and their deleted rows read; nothing written yet
+    "maintenance.rewrite.written",  # its new files are written on the executors; not handed to the pipeline yet
+    "maintenance.commit.before",  # the pipeline is committing it between two batches; Iceberg's commit not made
+    "maintenance.commit.landed",  # its snapshot has landed; the key index's delta for it is not written
+    "maintenance.commit.after",  # the key index is durable at its snapshot too
+)
 
 _passed: set[str] = set()
 _lock = threading.Lock()

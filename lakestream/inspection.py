@@ -47,6 +47,12 @@ class PartitionMetrics:
     data_bytes: int
     delete_files: int
     last_updated_ms: int | None
+    records: int = 0  # rows in its data files
+    deleted_records: int = 0  # of those, rows deleted by position (deletion vectors)
+
+    @property
+    def deleted_ratio(self) -> float:
+        return self.deleted_records / self.records if self.records else 0.0
 
     @property
     def avg_file_bytes(self) -> float:
@@ -279,7 +285,8 @@ def collect_table_metrics(
         metrics.partitions = [] if one is None else [PartitionMetrics(
             partition={}, spec_id=int(one["spec_id"]), data_files=int(one["data_files"]),
             data_bytes=int(one["data_bytes"]), delete_files=int(one["delete_files"]),
-            last_updated_ms=one["last_updated_ms"])]
+            last_updated_ms=one["last_updated_ms"], records=int(one.get("records", 0)),
+            deleted_records=int(one.get("deleted_records", 0)))]
     else:
         metrics.partitions = collect_partitions(spark, qualified)
     metrics.delete_files = sum(p.delete_files for p in metrics.partitions)
@@ -381,6 +388,9 @@ def collect_partitions(spark: SparkSession, qualified: str) -> list[PartitionMet
                 data_bytes=int(row["total_data_file_size_in_bytes"] or 0),
                 delete_files=deletes,
                 last_updated_ms=_to_ms(row["last_updated_at"]),
+                records=int(row["record_count"] or 0),
+                deleted_records=int(row["position_delete_record_count"] or 0) if "position_delete_record_count"
+                in columns else 0,
             )
         )
     return result

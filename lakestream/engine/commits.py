@@ -226,9 +226,13 @@ class Committer:
             result.seconds = time.monotonic() - started
             log.warning("compaction of %s not committed: %s", name, result.error)
             return result
+        if done.snapshot_id is not None:
+            pause_point("maintenance.commit.landed")
         persist_started = time.monotonic()
         self.registry.persist_index(name)
         done.timings_s["persist_index"] = round(time.monotonic() - persist_started, 3)
+        if done.snapshot_id is not None:
+            pause_point("maintenance.commit.after")
         result.seconds = time.monotonic() - started  # the commit's own time; the rewrite's is in detail
         result.files_after = done.files_added
         result.bytes_after = sum(g.output["file_size"] for g in prepared.groups if g.output is not None) \

@@ -23,7 +23,7 @@ from lakestream.process.reference import ReferenceCache, ReferenceData
 from lakestream.process.transform import Derived, empty_input, output_columns, reference_views, run_transform
 from lakestream.sink.disk_index import DiskKeyIndex
 from lakestream.sink.index import is_integer_key
-from lakestream.sink.index_store import IndexStore, refresh_by_diff, snapshot_changes, store_location
+from lakestream.sink.index_store import IndexStore, refresh_by_diff, rows_to_follow, snapshot_changes, store_location
 from lakestream.sink.multiset import KeylessIndex
 from lakestream.sink.offsets import TableOffsets
 from lakestream.sink.report import NewShape
@@ -297,8 +297,7 @@ class TableRegistry:
                 changes = snapshot_changes(self.spark, self.config.catalog.name, table.namespace, table.table,
                                            start.snapshot_id)
                 listed_s = time.monotonic() - started
-                moved = sum(int(f["records"]) for snap in changes.get("snapshots", []) for f in snap["added"]) + sum(
-                    int(snap.get("removed_records", 0)) for snap in changes.get("snapshots", []))
+                moved = rows_to_follow(changes)
                 if not changes["ancestor"] or changes.get("unsupported"):
                     log.info("table %s: the key index's snapshot %s is %s; rebuilding", name, start.snapshot_id,
                              "not an ancestor of the current one" if not changes["ancestor"]
@@ -312,11 +311,11 @@ class TableRegistry:
                     start = None
                 else:
                     stats = refresh_by_diff(start, changes)
-                    log.info("table %s: key index refreshed by diff from %s: %d snapshot(s), %d file(s) read, "
-                             "%d row(s) added, %d entr(ies) dropped, %d deleted position(s) listed, %.2fs "
-                             "(loading and listing %.2fs)", name, origin, stats["snapshots"], stats["files_read"],
-                             stats["rows_added"], stats["entries_dropped"], changes.get("positions_listed", 0),
-                             time.monotonic() - started, listed_s)
+                    log.info("table %s: key index refreshed by diff from %s: %d snapshot(s) (%d compaction(s)), %d "
+                             "file(s) read, %d row(s) added, %d entr(ies) dropped, %d deleted position(s) listed, "
+                             "%.2fs (loading and listing %.2fs)", name, origin, stats["snapshots"],
+                             stats["compactions"], stats["files_read"], stats["rows_added"], stats["entries_dropped"],
+                             changes.get("positions_listed", 0), time.monotonic() - started, listed_s)
             except (OSError, ValueError, KeyError) as exc:
                 log.warning("table %s: key index refresh by diff failed (%s); rebuilding", name, first_line(exc))
                 start = None

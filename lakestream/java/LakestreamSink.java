@@ -1001,6 +1001,8 @@ public final class LakestreamSink {
       ObjectNode n = snapshots.addObject();
       n.put("snapshot_id", s.snapshotId());
       n.put("operation", s.operation());
+      // Lakestream's own compaction moves rows and changes none: the index follows it from its new files alone.
+      n.put("compaction", "true".equals(s.summary() == null ? null : s.summary().get("lakestream.compaction")));
       // SnapshotChanges reads the manifests with the table's specs (Snapshot.addedDataFiles(io) reads each
       // manifest's spec from its own metadata, deprecated since Iceberg 1.11).
       SnapshotChanges changes = SnapshotChanges.builderFor(t).snapshot(s).build();

@@ -9,6 +9,7 @@ import java.util.Map;
 import org.apache.iceberg.ContentFile;
 import org.apache.iceberg.DataFile;
 import org.apache.iceberg.DeleteFile;
+import org.apache.iceberg.FileContent;
 import org.apache.iceberg.FileFormat;
 import org.apache.iceberg.HasTableOperations;
 import org.apache.iceberg.ManifestContent;
@@ -55,7 +56,7 @@ public final class TableStats {
 
   /**
    * The live data files of {@code t}'s current snapshot, read on a thread at nice {@code nice}, for a compaction's
-   * plan: {"unpartitioned": true, "files": [{"path", "size", "records", "spec_id"}]} for a table that was never
+   * plan: {"unpartitioned": true, "files": [{"path", "size", "records", "spec_id", "deleted"}]} for a table that was never
    * partitioned; {"unpartitioned": false} for any other (its partition values are typed by Spark's listing).
    */
   public static String liveDataFiles(Table t, int nice) throws Exception {
@@ -68,6 +69,18 @@ public final class TableStats {
     return ThreadPriority.call(nice, () -> {
       ArrayNode files = out.putArray("files");
       Snapshot s = t.currentSnapshot();
+      // Rows deleted in each data file by the live position deletes that name it (a deletion vector's count
+      // is its cardinality): compaction picks files by their share of deleted rows.
+      Map<String, Long> deleted = new HashMap<>();
+      for (ManifestFile m : s == null ? List.<ManifestFile>of() : s.deleteManifests(t.io())) {
+        try (ManifestReader<DeleteFile> reader = ManifestFiles.readDeleteManifest(m, t.io(), t.specs())) {
+          for (DeleteFile d : reader) {
+            if (d.referencedDataFile() != null) {
+              deleted.merge(d.referencedDataFile(), d.recordCount(), Long::sum);
+            }
+          }
+        }
+      }
       for (ManifestFile m : s == null ? List.<ManifestFile>of() : s.dataManifests(t.io())) {
         try (ManifestReader<DataFile> reader = ManifestFiles.read(m, t.io(), t.specs())) {
           for (DataFile d : reader) { // the live entries
@@ -76,6 +89,7 @@ public final class TableStats {
             f.put("size", d.fileSizeInBytes());
             f.put("records", d.recordCount());
             f.put("spec_id", d.specId());
+            f.put("deleted", deleted.getOrDefault(d.location(), 0L));
           }
         }
       }
@@ -121,6 +135,7 @@ public final class TableStats {
           for (DeleteFile d : reader) {
             c.deleteFiles++;
             c.dvs += d.format() == FileFormat.PUFFIN ? 1 : 0;
+            c.deletedRecords += d.content() == FileContent.POSITION_DELETES ? d.recordCount() : 0;
             c.updated(d);
           }
         }
@@ -129,6 +144,7 @@ public final class TableStats {
           for (DataFile d : reader) {
             c.dataFiles++;
             c.dataBytes += d.fileSizeInBytes();
+            c.records += d.recordCount();
             c.updated(d);
           }
         }
@@ -143,6 +159,8 @@ public final class TableStats {
     long manifests;
     long dataFiles;
     long dataBytes;
+    long records;
+    long deletedRecords; // rows deleted by position (a deletion vector's cardinality)
     long deleteFiles;
     long dvs;
     Long lastUpdatedMs; // the latest commit among the live files' (expired snapshots unknown)
@@ -171,6 +189,8 @@ public final class TableStats {
       p.put("data_files", dataFiles);
       p.put("data_bytes", dataBytes);
       p.put("delete_files", deleteFiles);
+      p.put("records", records);
+      p.put("deleted_records", deletedRecords);
       p.put("last_updated_ms", lastUpdatedMs); // null when unknown
       return out;
     }

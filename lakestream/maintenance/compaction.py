@@ -36,14 +36,18 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
+    from lakestream.config import CompactionPolicy
     from lakestream.sink.task import TableSpec
 
 log = logging.getLogger(__name__)
 
-# Iceberg's binpack default: files under 0.75× the target are rewritten.
+# Iceberg's binpack default: files under 0.75× the target are small.
 SMALL_FILE_RATIO = 0.75
 # Inputs of one output file (one task): bounds a task's open files and its time.
 MAX_GROUP_FILES = 1000
+# Size classes (`size_class`): a class spans a factor CLASS_RATIO, the first everything under CLASS_BASE_BYTES×4.
+CLASS_BASE_BYTES = 64 * 1024
+CLASS_RATIO = 4
 
 
 @dataclass
@@ -76,66 +80,111 @@ class PreparedRewrite:
         return [g.output["path"] for g in self.groups if g.output is not None]
 
 
-def plan_groups(files: list[dict[str, Any]], target_bytes: int) -> list[list[dict[str, Any]]]:
-    """Small files (under 0.75× the target) packed per partition into groups of at most the target's bytes
-    (a group of one file is left alone). ``files``: ``{path, size, records, key}`` (key: the partition)."""
+def size_class(size: int) -> int:
+    """Files within 4× of each other in size share a class (0: under `CLASS_BASE_BYTES`×4)."""
+    return int(np.floor(np.log(max(size, CLASS_BASE_BYTES) / CLASS_BASE_BYTES) / np.log(CLASS_RATIO)))
+
+
+def plan_groups(files: list[dict[str, Any]], policy: CompactionPolicy) -> list[list[dict[str, Any]]]:
+    """The groups one round rewrites, each the inputs of one new file (all of one partition). ``files``:
+    ``{path, size, records, deleted, key}`` (key: the partition; deleted: rows its deletion vector holds).
+
+    A file is rewritten when it is small — under 3/4 of the target size and of `max_rows_per_file` live rows — and
+    its size class has `min_input_files` small files (so a file a round wrote waits for peers of its size instead
+    of being rewritten with each new small file: each row is rewritten about once per class it climbs), or when its
+    share of deleted rows reaches `delete_ratio_threshold` (alone if need be: the rewrite drops them; the small files
+    no larger than it join it). Groups hold
+    at most the target's bytes, `max_rows_per_file` live rows and `MAX_GROUP_FILES` files; a round takes the
+    groups of the smallest files first, up to `max_bytes_per_round` input bytes (one group at least)."""
+    target, max_rows = policy.target_file_size_bytes, policy.max_rows_per_file
     by_partition: dict[tuple, list[dict[str, Any]]] = {}
     for f in files:
-        if f["size"] < SMALL_FILE_RATIO * target_bytes:
-            by_partition.setdefault(f["key"], []).append(f)
-    groups = []
+        by_partition.setdefault(f["key"], []).append(f)
+    groups: list[list[dict[str, Any]]] = []
     for members in by_partition.values():
-        members.sort(key=lambda f: f["path"])
-        group: list[dict[str, Any]] = []
-        size = 0
+        heavy, classes = [], {}
         for f in members:
-            if group and (size + f["size"] > target_bytes or len(group) >= MAX_GROUP_FILES):
+            live = f["records"] - f.get("deleted", 0)
+            if f["records"] and f.get("deleted", 0) / f["records"] >= policy.delete_ratio_threshold:
+                heavy.append(f)
+            elif f["size"] < SMALL_FILE_RATIO * target and live < SMALL_FILE_RATIO * max_rows:
+                classes.setdefault(size_class(f["size"]), []).append(f)
+        # Beside a file rewritten for its deletes, the small files no larger than it ride along (it is rewritten
+        # anyway), whatever their class's count.
+        ride = max((f["size"] for f in heavy), default=-1)
+        chosen = list(heavy) + [f for c in classes.values() for f in c
+                                if len(c) >= policy.min_input_files or f["size"] <= ride]
+        chosen.sort(key=lambda f: (f["size"], f["path"]))
+        group: list[dict[str, Any]] = []
+        size = rows = 0
+        for f in chosen:
+            live = f["records"] - f.get("deleted", 0)
+            if group and (size + f["size"] > target or rows + live > max_rows or len(group) >= MAX_GROUP_FILES):
                 groups.append(group)
-                group, size = [], 0
+                group, size, rows = [], 0, 0
             group.append(f)
             size += f["size"]
-        groups.append(group)
-    return [g for g in groups if len(g) >= 2]
+            rows += live
+        if group:
+            groups.append(group)
+    heavy_paths = {f["path"] for f in files if f["records"]
+                   and f.get("deleted", 0) / f["records"] >= policy.delete_ratio_threshold}
+    worth = [g for g in groups if len(g) >= 2 or g[0]["path"] in heavy_paths]
+    worth.sort(key=lambda g: sum(f["size"] for f in g) / len(g))
+    taken, spent = [], 0
+    for g in worth:
+        size = sum(f["size"] for f in g)
+        if taken and spent + size > policy.max_bytes_per_round:
+            continue  # a smaller group further on may still fit
+        taken.append(g)
+        spent += size
+    return taken
 
 
 def live_data_files(spark: SparkSession, catalog: str, table: TableName, jtable: Any = None
-                    ) -> list[tuple[str, int, int, int, dict[str, Any]]]:
-    """(path, bytes, records, spec id, partition) of each live data file. A table never partitioned is listed from
-    its manifests in the JVM at a lower priority (`TableStats.liveDataFiles`): no Spark job beside the batches; a
-    partitioned one by Spark's ``data_files`` table, whose partition values are typed as the plan's are.
-    ``jtable``: the table as just loaded by the caller (else it is loaded here)."""
+                    ) -> list[tuple[str, int, int, int, dict[str, Any], int]]:
+    """(path, bytes, records, spec id, partition, rows deleted) of each live data file. A table never partitioned is
+    listed from its manifests in the JVM at a lower priority (`TableStats.liveDataFiles`): no Spark job beside the
+    batches; a partitioned one by Spark's ``data_files`` and ``delete_files`` tables, whose partition values are
+    typed as the plan's are. ``jtable``: the table as just loaded by the caller (else it is loaded here)."""
     from lakestream.identifiers import quote_table
 
     if jtable is None:
         jtable = load_java_table(spark, catalog, f"{table.namespace}.{table.table}")
     answer = json.loads(spark.sparkContext._jvm.lakestream.TableStats.liveDataFiles(jtable, BACKGROUND_NICE))
     if answer["unpartitioned"]:
-        return [(f["path"], int(f["size"]), int(f["records"]), int(f["spec_id"]), {}) for f in answer["files"]]
-    listing = spark.table(f"{quote_table(catalog, table.namespace, table.table)}.data_files")
+        return [(f["path"], int(f["size"]), int(f["records"]), int(f["spec_id"]), {}, int(f.get("deleted", 0)))
+                for f in answer["files"]]
+    qualified = quote_table(catalog, table.namespace, table.table)
+    listing = spark.table(f"{qualified}.data_files")
     partitioned = "partition" in listing.columns  # a table whose specs are all unpartitioned has no such column
     rows = listing.select("file_path", "file_size_in_bytes", "record_count", "spec_id",
                           *(["partition"] if partitioned else [])).collect()
+    deleted = {r[0]: int(r[1]) for r in spark.sql(
+        f"SELECT referenced_data_file, SUM(record_count) FROM {qualified}.delete_files "
+        "WHERE content = 1 AND referenced_data_file IS NOT NULL GROUP BY referenced_data_file").collect()}
     return [(r["file_path"], int(r["file_size_in_bytes"]), int(r["record_count"]), int(r["spec_id"]),
-             r["partition"].asDict() if partitioned and r["partition"] is not None else {}) for r in rows]
+             r["partition"].asDict() if partitioned and r["partition"] is not None else {},
+             deleted.get(r["file_path"], 0)) for r in rows]
 
 
 def prepare_rewrite(spark: SparkSession, catalog: str, name: str, partitions: list[PartitionMetrics],
-                    target_bytes: int, jtable: Any = None) -> PreparedRewrite | None:
-    """The groups to rewrite in ``partitions`` and the rows deleted in their files at the current snapshot;
-    None when no partition has two small files. ``jtable``: the table as the caller just loaded it."""
+                    policy: CompactionPolicy, jtable: Any = None) -> PreparedRewrite | None:
+    """The groups to rewrite in ``partitions`` (`plan_groups`) and the rows deleted in their files at the current
+    snapshot; None when there is nothing worth rewriting. ``jtable``: the table as the caller just loaded it."""
     from lakestream.sink.files import deleted_positions
 
     table = TableName.parse(name)
     started = time.monotonic()
     wanted = {p.key for p in partitions}
     files = []
-    for path, size, records, spec_id, partition in live_data_files(spark, catalog, table, jtable):
+    for path, size, records, spec_id, partition, deleted in live_data_files(spark, catalog, table, jtable):
         key = partition_key(spec_id, partition)
         if key in wanted:
-            files.append({"path": path, "size": size, "records": records, "key": key})
-    groups = plan_groups(files, target_bytes)
+            files.append({"path": path, "size": size, "records": records, "deleted": deleted, "key": key})
+    groups = plan_groups(files, policy)
     result = MaintenanceResult(table=name, action="compact", status="ok",
-                               detail={"partitions": [p.label() for p in partitions], "strategy": "binpack",
+                               detail={"partitions": [p.label() for p in partitions], "strategy": "size classes",
                                        "committed_by": "pipeline"})
     if not groups:
         return None

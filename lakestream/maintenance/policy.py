@@ -38,7 +38,10 @@ class MaintenancePlan:
 
 
 def needs_compaction(partition: PartitionMetrics, policy: CompactionPolicy) -> bool:
-    """Too many files, or files far below the target size on average (a lone file never needs it)."""
+    """Too many files, files far below the target size on average (a lone file never needs either), or a large
+    share of its rows deleted."""
+    if partition.deleted_ratio >= policy.delete_ratio_threshold:
+        return True
     if partition.data_files < 2:
         return False
     if partition.data_files > policy.max_files_per_partition:

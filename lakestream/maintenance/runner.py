@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from lakestream.beside import BACKGROUND_NICE, lower_jit_compilers, release_slot, take_slot
 from lakestream.config import PipelineConfig
+from lakestream.faults import pause_point
 from lakestream.inspection import collect_table_metrics, list_tables, load_java_table
 from lakestream.maintenance.actions import (
     MaintenanceResult,
@@ -137,12 +138,14 @@ def write_compaction(spark: SparkSession, catalog: str, name: str, partitions: l
     from lakestream.maintenance.compaction import prepare_rewrite, run_rewrite
 
     started = time.monotonic()
-    prepared = prepare_rewrite(spark, catalog, name, partitions, policy.compaction.target_file_size_bytes, jtable)
+    prepared = prepare_rewrite(spark, catalog, name, partitions, policy.compaction, jtable)
     if prepared is None:
         return None
+    pause_point("maintenance.rewrite.planned")
     run_rewrite(spark, prepared, spec)
     if not prepared.groups:
         return None
+    pause_point("maintenance.rewrite.written")
     prepared.result.detail.update({"groups": len(prepared.groups), "start_snapshot_id": prepared.snapshot_id,
                                    "rewrite_s": round(time.monotonic() - started, 3)})
     log.info("%s: compaction of %d file(s) in %d group(s) written in %.1fs; the pipeline commits it", name,

@@ -419,7 +419,7 @@ def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, i
         raise DiffTooBig("more rows deleted by position since the index's snapshot than a diff lists "
                          "(DIFF_POSITIONS_MAX)")
     keys_of = functools.partial(_file_keys, key_columns=index.key_columns)
-    stats = {"snapshots": 0, "files_read": 0, "rows_added": 0, "entries_dropped": 0}
+    stats = {"snapshots": 0, "files_read": 0, "rows_added": 0, "entries_dropped": 0, "compactions": 0}
 
     def removed_keys(path: str) -> np.ndarray | None:
         try:
@@ -431,8 +431,10 @@ def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, i
         deleted = {d["data_file"]: np.asarray(d["positions"], np.int64) for d in snap["deleted"]}
         unreadable = []
         # The rows of a removed file are found through its own keys (O(its rows)); a file already
-        # deleted from storage costs one pass over the index's locations instead.
-        removed = [p for p in snap["removed"] if index.known_file_id(p) is not None]
+        # deleted from storage costs one pass over the index's locations instead. Lakestream's own compaction
+        # moved every live row of its inputs into the files it added, where they are read below: those rows'
+        # entries are overwritten there, and the inputs need not be read (nor the index passed over).
+        removed = [] if snap.get("compaction") else [p for p in snap["removed"] if index.known_file_id(p) is not None]
         for path, keys in _read_ahead(removed, removed_keys):
             fid = index.known_file_id(path)
             if keys is None:
@@ -474,7 +476,15 @@ def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, i
             stats["entries_dropped"] += _drop_rows_at(index, index.known_file_id(path), keys, positions)
         index.snapshot_id = snap["snapshot_id"]
         stats["snapshots"] += 1
+        stats["compactions"] += bool(snap.get("compaction"))
     return stats
+
+
+def rows_to_follow(changes: dict[str, Any]) -> int:
+    """Rows a diff over ``changes`` reads into the index: the rows of the files each snapshot added and removed,
+    but for Lakestream's own compactions only those of the files they added (their inputs are not read)."""
+    return sum(int(f["records"]) for snap in changes.get("snapshots", []) for f in snap["added"]) + sum(
+        int(snap.get("removed_records", 0)) for snap in changes.get("snapshots", []) if not snap.get("compaction"))
 
 
 class DiffTooBig(ValueError):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from lakestream.faults import pause_point
 from lakestream.sink.committer import StaleIndex
 from lakestream.sink.index import pack
 
@@ -114,6 +115,7 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         "groups": [{"inputs": g.inputs, "output": g.output, "deletes": d} for g, d in zip(groups, carried)],
         "properties": {COMPACTION_PROPERTY: "true"},
     }
+    pause_point("maintenance.commit.before")
     result = commit_files_rewrite(spark, write.catalog, write.name.namespace, write.name.table, request)
     lap("commit")
     for step, ms in (result.get("timings_ms") or {}).items():

@@ -29,12 +29,59 @@ def test_carried_deletes_map_input_rows_onto_the_output():
     assert carried_deletes(group, {"a": np.array([1], np.int64), "b": np.array([0], np.int64)}) is None
 
 
-def test_plan_groups_packs_small_files_per_partition():
-    files = [{"path": f"p{i}", "size": 10, "records": 1, "key": (0, (("b", str(i % 2)),))} for i in range(6)]
-    files.append({"path": "big", "size": 90, "records": 1, "key": (0, (("b", "0"),))})
-    files.append({"path": "alone", "size": 5, "records": 1, "key": (0, (("b", "9"),))})
-    groups = plan_groups(files, target_bytes=25)
-    assert sorted(sorted(f["path"] for f in g) for g in groups) == [["p0", "p2"], ["p1", "p3"]]
+def _policy(**overrides):
+    from lakestream.config import CompactionPolicy
+
+    return CompactionPolicy(**({"target_file_size_bytes": 64 << 20, "min_input_files": 4} | overrides))
+
+
+def _file(path, size, records=1000, deleted=0, key=(0, ())):
+    return {"path": path, "size": size, "records": records, "deleted": deleted, "key": key}
+
+
+def _paths(groups):
+    return sorted(sorted(f["path"] for f in g) for g in groups)
+
+
+def test_small_files_are_merged_per_partition_once_their_size_class_has_enough():
+    part = [(0, (("b", str(i)),)) for i in range(2)]
+    files = [_file(f"p{i}", 10_000, key=part[i % 2]) for i in range(7)]  # 4 in partition 0, 3 in partition 1
+    files.append(_file("alone", 5_000, key=(0, (("b", "9"),))))
+    assert _paths(plan_groups(files, _policy())) == [["p0", "p2", "p4", "p6"]]
+    assert _paths(plan_groups(files, _policy(min_input_files=3))) == [["p0", "p2", "p4", "p6"], ["p1", "p3", "p5"]]
+
+
+def test_a_file_a_round_wrote_waits_for_peers_of_its_size_instead_of_being_rewritten_every_round():
+    # A table far below the target size: the earlier round's 3 MB output is not rewritten with each round's new
+    # small files (that rewrote the whole table every round); it is merged once three more of its class exist.
+    news = [_file(f"new{i}", 60_000) for i in range(5)]
+    assert _paths(plan_groups([_file("compacted", 3 << 20), *news], _policy())) == [[f"new{i}" for i in range(5)]]
+    peers = [_file(f"c{i}", (2 << 20) + i) for i in range(3)]
+    assert _paths(plan_groups([_file("compacted", 3 << 20), *peers], _policy())) == [["c0", "c1", "c2", "compacted"]]
+
+
+def test_a_file_with_a_large_share_of_deleted_rows_is_rewritten_even_alone_and_large():
+    big = _file("big", 60 << 20, records=1000, deleted=400)
+    assert _paths(plan_groups([big, _file("light", 60 << 20, records=1000, deleted=100)], _policy())) == [["big"]]
+    assert plan_groups([big], _policy(delete_ratio_threshold=0.5)) == []
+    # Small files no larger than it join it, however few (it is rewritten anyway); larger ones wait for peers.
+    heavy = _file("heavy", 5_000, records=100, deleted=40)
+    assert _paths(plan_groups([heavy, _file("s1", 3_000), _file("s2", 9_000)], _policy())) == [["heavy", "s1"]]
+
+
+def test_groups_are_bounded_by_rows_and_a_round_by_bytes_smallest_files_first():
+    files = [_file(f"f{i}", 100_000, records=300_000) for i in range(8)]
+    groups = plan_groups(files, _policy(max_rows_per_file=1_000_000))
+    assert [len(g) for g in groups] == [3, 3, 2]  # 900k live rows at most a file
+    # A file with 3/4 of the row cap is full: never rewritten for its size.
+    assert plan_groups([_file(f"full{i}", 100_000, records=800_000) for i in range(6)],
+                       _policy(max_rows_per_file=1_000_000)) == []
+    # Smallest files first (a group's files are taken by size), then the groups that still fit the round's bytes.
+    tiny = [_file(f"t{i}", 1_000, records=10) for i in range(4)]
+    taken = plan_groups(files + tiny, _policy(max_rows_per_file=1_000_000, max_bytes_per_round=500_000))
+    assert _paths(taken) == [["f0", "f1", "f2", "t0", "t1", "t2", "t3"]]  # 304 kB; 300 kB more would pass 500 kB
+    assert _paths(plan_groups(files, _policy(max_rows_per_file=1_000_000, max_bytes_per_round=1))) == [
+        ["f0", "f1", "f2"]]  # one group at least
 
 
 @pytest.fixture
