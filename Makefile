@@ -45,7 +45,8 @@ chaos: setup
 	mkdir -p .lakestream
 	LAKESTREAM_CHAOS_REPORT=$${LAKESTREAM_CHAOS_REPORT:-.lakestream/chaos-report.json} \
 		$(VENV)/bin/python -m pytest -x -v -m chaos -o log_cli=true --log-cli-level=INFO tests/engine/test_chaos.py \
-		tests/engine/test_exactly_once.py tests/maintenance/test_inline_beside_ingest.py
+		tests/engine/test_exactly_once.py tests/maintenance/test_inline_beside_ingest.py \
+		tests/maintenance/test_maintenance_kills.py
 	cat $${LAKESTREAM_CHAOS_REPORT:-.lakestream/chaos-report.json}
 
 bench: setup
