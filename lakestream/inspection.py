@@ -69,6 +69,10 @@ class PartitionMetrics:
         return "/".join(f"{k}={_render(v)}" for k, v in self.partition.items())
 
 
+# Write amplification is reported over this window (`TableMetrics.write_amplification`).
+AMPLIFICATION_WINDOW_S = 3600
+
+
 @dataclass
 class SnapshotInfo:
     """One snapshot on the current snapshot's ancestry (newest first in `TableMetrics.ancestry`)."""
@@ -79,6 +83,7 @@ class SnapshotInfo:
     offsets: dict[TP, int] | None
     source_ts_max_ms: int | None
     rewrote_data: bool = False  # a compaction: a `replace` that removed data files (not a manifest rewrite)
+    added_bytes: int = 0  # of the data and delete files it added (its summary's added-files-size)
 
 
 @dataclass
@@ -125,6 +130,18 @@ class TableMetrics:
     def small_file_share(self) -> float:
         return self.small_files / self.data_files if self.data_files else 0.0
 
+    def write_amplification(self, window_s: float = AMPLIFICATION_WINDOW_S) -> dict[str, Any]:
+        """Bytes compactions wrote against bytes the writers added, over the snapshots of the last ``window_s``
+        still in the table's history (``window_s`` in the answer: the span covered, shorter once expiry has removed
+        older snapshots); ``ratio`` None when nothing was added."""
+        since = self.collected_ms - window_s * 1000
+        recent = [s for s in self.ancestry if s.committed_ms >= since]
+        rewritten = sum(s.added_bytes for s in recent if s.rewrote_data)
+        ingested = sum(s.added_bytes for s in recent if s.operation != "replace")
+        span = (self.collected_ms - min(s.committed_ms for s in recent)) / 1000 if recent else 0.0
+        return {"rewritten_bytes": rewritten, "ingested_bytes": ingested, "window_s": round(span, 1),
+                "ratio": round(rewritten / ingested, 2) if ingested else None}
+
     @property
     def seconds_since_compaction(self) -> float | None:
         if self.last_compaction_ms is None:
@@ -152,6 +169,7 @@ class TableMetrics:
             "metadata_bytes": self.metadata_bytes,
             "metadata_files": self.metadata_files,
             "seconds_since_compaction": _round(self.seconds_since_compaction),
+            "write_amplification": self.write_amplification(),
             "freshness_s": _round(self.freshness_s),
             "kafka_lag": self.kafka_lag,
             "error": self.error,
@@ -234,7 +252,7 @@ def load_java_table(spark: SparkSession, catalog: str, name: str):
 
 
 # The snapshot summary values a maintenance plan reads, in `_SnapshotRow`'s order.
-_PLAN_SUMMARY_KEYS = (OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, "deleted-data-files")
+_PLAN_SUMMARY_KEYS = (OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, "deleted-data-files", "added-files-size")
 
 
 class _SnapshotRow(NamedTuple):
@@ -247,6 +265,7 @@ class _SnapshotRow(NamedTuple):
     offsets: str | None
     source_ts: str | None
     deleted_data_files: str | None
+    added_files_size: str | None
 
 
 def collect_table_metrics(
@@ -312,7 +331,8 @@ def collect_table_metrics(
         snapshot_rows = spark.sql(
             f"SELECT s.snapshot_id, s.parent_id, s.committed_at, s.operation, s.manifest_list, "
             f"s.summary[{sql_string(OFFSETS_PROPERTY)}] AS offsets, s.summary[{sql_string(SOURCE_TS_PROPERTY)}] AS source_ts, "
-            f"s.summary['deleted-data-files'] AS deleted_data_files FROM {qualified}.snapshots s"
+            f"s.summary['deleted-data-files'] AS deleted_data_files, s.summary['added-files-size'] AS added_files_size "
+            f"FROM {qualified}.snapshots s"
         ).collect()
     metrics.snapshots = len(snapshot_rows)
     by_id = {int(r.snapshot_id): r for r in snapshot_rows}
@@ -327,6 +347,7 @@ def collect_table_metrics(
             offsets=None if r.offsets is None else decode_offsets(r.offsets, strict=False),
             source_ts_max_ms=int(r.source_ts) if r.source_ts and r.source_ts.lstrip("-").isdigit() else None,
             rewrote_data=r.operation == "replace" and int(r.deleted_data_files or 0) > 0,
+            added_bytes=int(r.added_files_size) if r.added_files_size and r.added_files_size.isdigit() else 0,
         )
         for r in (by_id[sid] for sid in chain)
     ]

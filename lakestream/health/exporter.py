@@ -33,6 +33,12 @@ _TABLE_GAUGES = [
     ("lakestream_table_metadata_bytes", "Metadata JSON + manifests + manifest lists", lambda m: m.metadata_bytes),
     ("lakestream_table_metadata_files", "Metadata JSON files: the current one and those on its log", lambda m: m.metadata_files),
     ("lakestream_table_seconds_since_compaction", "Seconds since the last replace snapshot", lambda m: m.seconds_since_compaction),
+    ("lakestream_table_rewritten_bytes_1h", "Bytes compactions wrote in the last hour (snapshots still kept)",
+     lambda m: m.write_amplification()["rewritten_bytes"]),
+    ("lakestream_table_ingested_bytes_1h", "Bytes the writers added in the last hour (snapshots still kept)",
+     lambda m: m.write_amplification()["ingested_bytes"]),
+    ("lakestream_table_write_amplification_1h", "Bytes compactions wrote per byte the writers added, last hour",
+     lambda m: m.write_amplification()["ratio"]),
     ("lakestream_table_freshness_seconds", "Now minus the newest committed source change", lambda m: m.freshness_s),
     ("lakestream_table_kafka_lag", "Kafka records not yet committed to the table", lambda m: m.kafka_lag),
 ]

@@ -18,6 +18,14 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds:.0f}s"
 
 
+def _amplification(figures: dict) -> str:
+    """``rewritten / ingested (ratio×)`` over the last hour, e.g. ``120 MB / 80 MB (1.5×)``."""
+    if not figures["rewritten_bytes"] and not figures["ingested_bytes"]:
+        return "-"
+    ratio = "" if figures["ratio"] is None else f" ({figures['ratio']:g}×)"
+    return f"{format_bytes(figures['rewritten_bytes'])} / {format_bytes(figures['ingested_bytes'])}{ratio}"
+
+
 def render_json(report: HealthReport, out: IO[str]) -> None:
     out.write(json.dumps(report.to_json(), indent=2, default=str) + "\n")
 
@@ -37,12 +45,12 @@ def render_table(report: HealthReport, out: IO[str] | None = None) -> None:
 
     grid = Table(title="Lakestream table health", header_style="bold")
     for column in ("table", "rows", "files", "files/part max", "p95", "avg file", "small %", "deletes",
-                   "snapshots", "metadata", "since compaction", "freshness", "kafka lag"):
+                   "snapshots", "metadata", "since compaction", "rewritten/ingested 1h", "freshness", "kafka lag"):
         grid.add_column(column, justify="left" if column == "table" else "right")
     for m in report.tables:
         t = m.table
         if m.error:
-            grid.add_row(f"[bold red]{t}[/]", f"[red]{m.error[:80]}[/]", *[""] * 11)
+            grid.add_row(f"[bold red]{t}[/]", f"[red]{m.error[:80]}[/]", *[""] * 12)
             continue
         grid.add_row(
             t,
@@ -56,6 +64,7 @@ def render_table(report: HealthReport, out: IO[str] | None = None) -> None:
             cell(t, "snapshots", str(m.snapshots)),
             cell(t, "metadata_bytes", format_bytes(m.metadata_bytes)),
             cell(t, "compaction_lag_s", _duration(m.seconds_since_compaction)),
+            _amplification(m.write_amplification()),
             cell(t, "freshness_s", _duration(m.freshness_s)),
             cell(t, "kafka_lag", "?" if m.kafka_lag is None else str(m.kafka_lag)),
         )

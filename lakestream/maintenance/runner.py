@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from lakestream.beside import BACKGROUND_NICE, lower_jit_compilers, release_slot, take_slot
 from lakestream.config import PipelineConfig
 from lakestream.faults import pause_point
-from lakestream.inspection import collect_table_metrics, list_tables, load_java_table
+from lakestream.inspection import collect_table_metrics, format_bytes, list_tables, load_java_table
 from lakestream.maintenance.actions import (
     MaintenanceResult,
     compact_cold_partitions,
@@ -97,6 +97,12 @@ def maintain_table(
     plan = plan_maintenance(metrics, policy, now_ms)
     for reason in plan.reasons:
         log.info("%s: %s", name, reason)
+    amplification = metrics.write_amplification()
+    if amplification["rewritten_bytes"]:
+        log.info("%s: compactions wrote %s against %s added by its writers over the last %.0fs (write amplification "
+                 "%s)", name, format_bytes(amplification["rewritten_bytes"]),
+                 format_bytes(amplification["ingested_bytes"]), amplification["window_s"],
+                 "-" if amplification["ratio"] is None else f"{amplification['ratio']:g}×")
     jtable = load_java_table(spark, catalog, name)
     results: list[MaintenanceResult] = []
     if rewrite_spec is not None and hand_over is not None and not dry_run:
@@ -104,6 +110,7 @@ def maintain_table(
             written = write_compaction(spark, catalog, name, plan.compact + plan.hot_skipped, policy, rewrite_spec,
                                        jtable)
             if written is not None:
+                written.result.detail["write_amplification_1h"] = amplification
                 hand_over(written)  # committed by the pipeline while the round goes on
                 results.append(dataclasses.replace(written.result, status="written", detail=dict(written.result.detail)))
     elif plan.compact:

@@ -156,6 +156,16 @@ def test_compaction_written_beside_batches_is_committed_with_their_deletes(spark
     assert _rows(spark, name) == model
     live_files = spark.sql(f"SELECT file_path FROM lake.{name}.data_files").collect()
     assert len(live_files) == 2  # the new file, and the batch's own (written after the rewrite started)
+    # Write amplification as health reports it: the compaction's bytes against the batches' (data files and DVs).
+    from lakestream.inspection import collect_table_metrics
+
+    sizes = [(r["operation"], int(r["summary"]["added-files-size"])) for r in snapshots]
+    figures = collect_table_metrics(spark, config.catalog.name, name).write_amplification()
+    assert figures["rewritten_bytes"] == sum(n for op, n in sizes if op == "replace") > 0
+    assert figures["ingested_bytes"] == sum(n for op, n in sizes if op != "replace") > 0
+    assert figures["ratio"] == round(figures["rewritten_bytes"] / figures["ingested_bytes"], 2)
+    planned = collect_table_metrics(spark, config.catalog.name, name, for_plan=True).write_amplification()
+    assert {k: v for k, v in figures.items() if k != "window_s"} == {k: v for k, v in planned.items() if k != "window_s"}
 
     # The index moved with the rows: later changes of moved keys delete their rows in the new file.
     send([(k, 20) for k in range(1, 200, 5)] + [(k, None) for k in (7, 8)])
