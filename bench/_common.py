@@ -466,6 +466,35 @@ def _fill_files(spec_json: str, first: int, last: int, rows_per_file: int, like_
     return run
 
 
+def fill_through_sql(spark, name: str, first: int, last: int, rows_per_insert: int, files_per_insert: int) -> int:
+    """Rows ``first`` ≤ id < ``last`` added by Spark SQL ``INSERT INTO ... SELECT ... FROM range(...)`` statements of
+    ``rows_per_insert`` rows, each written by ``files_per_insert`` tasks (a file each): the table grown by another
+    writer, as a backfill or a migration grows it. The columns hold what `_fill_files` (``like_events``) writes, so
+    the rows are the ones a schemas-off orders table gets from the events. Returns the number of statements."""
+    from lakestream.identifiers import quote_column, quote_table
+    from lakestream.sink.router import TableName
+
+    table = TableName.parse(name)
+    qualified = quote_table("lake", table.namespace, table.table)
+    amounts = ", ".join(f"'{_decimal_bytes((qty + 1) * 1999 + 1)}'" for qty in range(19))
+    by_name = {
+        "id": "id", "customer_id": "id % 50000", "qty": "id % 19 + 1", "version": "1",
+        "status": f"'{STATUSES[1]}'", "amount": f"element_at(array({amounts}), CAST(id % 19 + 1 AS INT))",
+        "price": "(id % 19 + 1) * 19.99", "created_day": "19800 + id % 365",
+        "created_at": "(1795000000000 - id % 86400000) * 1000", "updated_at": "'2026-11-20T08:00:00.000000Z'",
+        "note": "concat('order ', id, ' v1 ', repeat('x', CAST(id % 40 AS INT)))",
+    }
+    fields = spark.table(qualified).schema.fields
+    select = ", ".join(f"CAST({by_name.get(f.name, 'NULL')} AS {f.dataType.simpleString()}) AS {quote_column(f.name)}"
+                       for f in fields)
+    statements = 0
+    for lo in range(first, last, rows_per_insert):
+        hi = min(last, lo + rows_per_insert)
+        spark.sql(f"INSERT INTO {qualified} SELECT {select} FROM range({lo}, {hi}, 1, {files_per_insert})")
+        statements += 1
+    return statements
+
+
 def fill_through_write_path(spark, config, name: str, first: int, last: int, rows_per_file: int,
                             like_events: bool = False) -> int:
     """Rows ``first`` ≤ id < ``last`` as data files of ``rows_per_file`` rows, committed in chunks by the sink's

@@ -68,8 +68,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    DebeziumEvents, FastProducer, OrderRow, fill_through_write_path, machine_load, pipeline_data, private_stack,
-    quiet_logs, say, to_config, write_pipeline_yaml,
+    DebeziumEvents, FastProducer, OrderRow, fill_through_sql, fill_through_write_path, machine_load, pipeline_data,
+    private_stack, quiet_logs, say, to_config, write_pipeline_yaml,
 )
 
 from lakestream.engine.freshness import freshness_from_metrics  # noqa: E402
@@ -85,6 +85,7 @@ PIPELINE = "sustained"
 BASE_FILE = "sustained-base.json"
 MODEL_FILE = "sustained-model.npz"
 DELETE_SHARE, INSERT_SHARE = 0.10, 0.05
+SQL_ROWS_PER_INSERT = 2_000_000  # --grow sql
 
 
 # -- the expected content of the mirror ---------------------------------------------------------------
@@ -155,6 +156,7 @@ class Base:
     fill_s: float | None
     index_build_s: float | None
     runs: int = 0
+    grown_by: str = "write-path"  # or "sql": INSERTs by Spark SQL, another writer
     clean: bool = True  # False while a run changes the table, until the run ends with the mirror exact
     reused: bool = False
 
@@ -184,10 +186,16 @@ def build_base(info, state_dir: Path, spark, args) -> tuple[Base, MirrorModel]:
     producer.flush()
     run_pipeline(config, spark=spark, stop_when_idle=True)
     started = time.perf_counter()
-    files = fill_through_write_path(spark, config, f"{NAMESPACE}.{TABLE}", first + 1, args.rows + 1,
-                                    args.rows_per_file, like_events=True) if args.rows > first else 0
-    fill_s = time.perf_counter() - started
-    say(f"base: {args.rows:,} rows filled through the write path in {fill_s:.0f}s ({files:,} files)")
+    if args.grow == "sql":
+        inserts = fill_through_sql(spark, f"{NAMESPACE}.{TABLE}", first + 1, args.rows + 1, SQL_ROWS_PER_INSERT,
+                                   max(1, SQL_ROWS_PER_INSERT // args.rows_per_file)) if args.rows > first else 0
+        fill_s = time.perf_counter() - started
+        say(f"base: {args.rows:,} rows added by {inserts} Spark SQL INSERT(s) in {fill_s:.0f}s")
+    else:
+        files = fill_through_write_path(spark, config, f"{NAMESPACE}.{TABLE}", first + 1, args.rows + 1,
+                                        args.rows_per_file, like_events=True) if args.rows > first else 0
+        fill_s = time.perf_counter() - started
+        say(f"base: {args.rows:,} rows filled through the write path in {fill_s:.0f}s ({files:,} files)")
     model = MirrorModel(args.rows, args.rows + 1)
     producer.send(events.topic, *events.upsert(OrderRow(1, 1, 1, 2), "u", now))
     model.overlay[1] = (2, 1)
@@ -198,7 +206,8 @@ def build_base(info, state_dir: Path, spark, args) -> tuple[Base, MirrorModel]:
     row = spark.sql(f"SELECT count(*) AS n, percentile_approx(file_size_in_bytes, 0.5) AS median "
                     f"FROM lake.{NAMESPACE}.{TABLE}.data_files").collect()[0]
     base = Base(rows=args.rows, rows_per_file=args.rows_per_file, data_files=int(row["n"]),
-                median_file_bytes=int(row["median"]), fill_s=round(fill_s, 1), index_build_s=round(index_s, 1))
+                median_file_bytes=int(row["median"]), fill_s=round(fill_s, 1), index_build_s=round(index_s, 1),
+                grown_by=args.grow)
     say(f"base: key index brought up to date in {index_s:.0f}s (a build on the executors above 2M rows); "
         f"{base.data_files:,} data files, median {base.median_file_bytes / 1e6:.2f} MB")
     return base, model
@@ -321,7 +330,11 @@ class ChangeLoad(threading.Thread):
             self.error = exc
 
 
-KILL_POINTS = {"anywhere": None, "landed": "commit.table.landed"}
+KILL_POINTS = {"anywhere": None, "landed": "commit.table.landed",
+               # Inside the pipeline's own compaction (the first one after --kill-at): its files written, its commit
+               # about to be made, its snapshot landed without the key index's delta.
+               "compaction-written": "maintenance.rewrite.written", "compaction-before": "maintenance.commit.before",
+               "compaction-landed": "maintenance.commit.landed"}
 
 
 # -- the pipeline process ------------------------------------------------------------------------------
@@ -751,10 +764,14 @@ def analyse(load: ChangeLoad, watch: SnapshotWatch, kill_ms: float, restart_spaw
 # -- the run ---------------------------------------------------------------------------------------------
 
 def maintenance_settings(args, base: Base) -> dict[str, Any]:
-    target = int(args.compact_target_mb * 2**20) if args.compact_target_mb else base.median_file_bytes
+    """Inline maintenance; a base grown by SQL keeps the policy's default target (a user's standing configuration),
+    one filled through the write path the base's median file (see the module doc)."""
+    compaction: dict[str, Any] = {"quiet_time_s": 0, "max_files_per_partition": args.compact_max_files}
+    if args.compact_target_mb or base.grown_by != "sql":
+        target = int(args.compact_target_mb * 2**20) if args.compact_target_mb else base.median_file_bytes
+        compaction["target_file_size_bytes"] = max(1, target)
     return {"mode": "inline", "interval_s": args.maintenance_interval or max(10.0, args.duration / 4),
-            "policies": [{"tables": ".*", "compaction": {"quiet_time_s": 0, "target_file_size_bytes": max(1, target),
-                                                         "max_files_per_partition": args.compact_max_files}}]}
+            "policies": [{"tables": ".*", "compaction": compaction}]}
 
 
 def wait_for(predicate, what: str, timeout: float, pipeline: PipelineProcess, watch: SnapshotWatch) -> None:
@@ -823,7 +840,7 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
         load.start()
         started = time.monotonic()
         kill_at = args.kill_at * args.duration
-        kill_ms = restart_spawn_ms = None
+        kill_ms = restart_spawn_ms = restart_offset = None
         last_poll = last_line = 0.0
         while load.is_alive():
             time.sleep(0.5)
@@ -837,6 +854,7 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
                 armed.unlink(missing_ok=True)
                 summary["killed_at_s"] = round(now - started, 1)
                 restart_spawn_ms = pipeline.start("restart after SIGKILL")
+                restart_offset = pipeline.spawn_offset
                 say(f"SIGKILL of `lakestream run` at {now - started:.0f}s; started again")
             if now - last_poll >= 5:
                 last_poll = now
@@ -884,8 +902,35 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
         "offered_changes_per_s": round(load.changes / load.seconds) if load.seconds else None,
         "kill_at_s": round(kill_at, 1), "kill_point": args.kill_point, "clean_stop": clean_stop,
         **figures, "compaction_log": compaction_log(pipeline.log_path, pipeline.log_start),
+        "write_amplification": write_amplification(watch.ordered(), first_spawn_ms),
+        "restart_key_index": restart_key_index(pipeline.log_path, restart_offset),
         "verify": verify, "pipeline_peak_rss_mb": round(pipeline.peak_rss / 2**20),
     })
+
+
+def restart_key_index(log_path: Path, offset: int | None) -> dict[str, Any]:
+    """How the restarted process brought the key index up to date: its diff line, or a full build."""
+    if offset is None:
+        return {}
+    with open(log_path, "rb") as f:
+        f.seek(offset)
+        lines = f.read().decode("utf-8", errors="replace").splitlines()
+    builds = [line for line in lines if "building the key index of" in line or "building it again" in line]
+    diffs = [line.split("INFO lakestream.engine.registry: ")[-1] for line in lines if "refreshed by diff" in line]
+    return {"full_build": bool(builds), "diff": diffs[0] if diffs else None}
+
+
+def write_amplification(snaps: list[Snap], since_ms: float) -> dict[str, Any]:
+    """Bytes compactions wrote (replace snapshots that removed data files) against bytes the pipeline's commits added
+    (data files and deletion vectors: their summaries' added-files-size), over the run's snapshots, and per hour."""
+    run = [s for s in snaps if s.committed_ms >= since_ms]
+    rewritten = sum(int(s.summary.get("added-files-size", 0)) for s in run
+                    if s.operation == "replace" and int(s.summary.get("deleted-data-files", 0)) > 0)
+    ingested = sum(int(s.summary.get("added-files-size", 0)) for s in run if s.operation != "replace")
+    hours = (max(s.committed_ms for s in run) - since_ms) / 3.6e6 if run else 0.0
+    return {"rewritten_mb": round(rewritten / 1e6, 1), "ingested_mb": round(ingested / 1e6, 1),
+            "rewritten_mb_per_h": round(rewritten / 1e6 / hours, 1) if hours else None,
+            "ratio": round(rewritten / ingested, 2) if ingested else None}
 
 
 def compaction_log(log_path: Path, start: int = 0) -> dict[str, Any]:
@@ -922,6 +967,7 @@ def targets(s: dict[str, Any]) -> dict[str, bool | None]:
     return {"freshness_p99_outside_restart_le_5s": le(s.get("freshness_outside_restart_s", {}).get("p99"), 5.0),
             "round_adds_le_1s": le(s.get("round_adds_s"), 1.0),
             "restart_to_first_commit_le_30s": le(s.get("restart_to_first_commit_s"), 30.0),
+            "write_amplification_le_3": le(s.get("write_amplification", {}).get("ratio"), 3.0),
             "mirror_exact": s.get("verify", {}).get("exact")}
 
 
@@ -941,6 +987,12 @@ def print_table(s: dict[str, Any]) -> None:
         + (f"after {s['restart_to_recovered_s']} s)" if s['restart_to_recovered_s'] is not None else "never)"))
     say(f"  worst batch after a maintenance round   {s['worst_batch_after_round_s']} s vs median "
         f"{s['batch_median_quiet_s']} s: +{s['round_adds_s']} s   target ≤ +1 s{verdict(t['round_adds_le_1s'])}")
+    ri = s.get("restart_key_index") or {}
+    say(f"  restart's key index                     {'FULL BUILD' if ri.get('full_build') else 'followed by diff'}: "
+        f"{(ri.get('diff') or '-')[:150]}")
+    wa = s["write_amplification"]
+    say(f"  write amplification                     {wa['rewritten_mb']} MB rewritten / {wa['ingested_mb']} MB ingested"
+        f" = {wa['ratio']}× ({wa['rewritten_mb_per_h']} MB/h)   target ≤ 3×{verdict(t['write_amplification_le_3'])}")
     v = s["verify"]
     say(f"  mirror at the end                       {'exact' if v['exact'] else 'NOT EXACT'}: {v['got']['count']:,} "
         f"rows (want {v['want']['count']:,}), {v['duplicate_keys']} duplicate keys{verdict(t['mirror_exact'])}")
@@ -981,8 +1033,12 @@ def main() -> int:
     parser.add_argument("--compact-max-files", type=int, default=100,
                         help="compaction starts above this many data files (the policy's max_files_per_partition)")
     parser.add_argument("--kill-point", choices=sorted(KILL_POINTS), default="anywhere",
-                        help="where the SIGKILL lands: anywhere (at --kill-at), or landed (the first table commit after "
-                             "--kill-at, before its key index delta is written)")
+                        help="where the SIGKILL lands: anywhere (at --kill-at); landed (the first table commit after "
+                             "--kill-at, before its key index delta is written); compaction-written, -before, -landed "
+                             "(inside the first compaction of the pipeline's own after --kill-at)")
+    parser.add_argument("--grow", choices=("write-path", "sql"), default="write-path",
+                        help="how the base is grown: through the sink's write path, or by Spark SQL INSERTs (another "
+                             f"writer: {SQL_ROWS_PER_INSERT:,} rows a statement, --rows-per-file rows a task's file)")
     parser.add_argument("--commit-interval", type=float, default=0.0, help="engine.commit_interval_s")
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--state-dir", type=Path, default=None,
