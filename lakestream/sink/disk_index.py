@@ -429,6 +429,7 @@ def build_on_executors(spark: SparkSession, ident: str, key_columns: list[str], 
     ``root/name``. Returns the generation's meta (bits, rows, buckets, paths, local_dir)."""
     from lakestream.identifiers import quote_column
     from lakestream.sink.storage import filesystem_path
+    from lakestream.storage import active_options, use_options
 
     files = spark.sql(f"SELECT file_path, xxhash64(file_path) AS h, record_count FROM {ident}.data_files "
                       f"VERSION AS OF {snapshot_id}").collect()
@@ -465,7 +466,10 @@ def build_on_executors(spark: SparkSession, ident: str, key_columns: list[str], 
             yield pa.record_batch([pa.array(bucket_of(keys, bits).astype(np.int32)), arrow_keys,
                                    pa.array(locs, pa.int64())], names=["bucket", "key", "loc"])
 
+    storage = active_options()
+
     def write(batches):
+        use_options(storage)  # a fresh Python worker knows no object store but the default AWS one
         by_bucket: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         for rb in batches:
             b = rb.column(0).to_numpy()
