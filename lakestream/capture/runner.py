@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from lakestream.capture.connector import connector_properties
 from lakestream.capture.handover import handover_properties, seed_offsets
@@ -178,11 +179,15 @@ def registry_refusal(error: Any) -> str | None:
     return None
 
 
-def describe_engine_stop(engine: EmbeddedEngine, capture) -> str:
+def describe_engine_stop(engine: EmbeddedEngine, capture, thread_error: BaseException | None = None) -> str:
     """Why Debezium stopped on its own, in the terms of what to fix."""
     refusal = None if engine.failure is None else registry_refusal(engine.failure)
     if refusal is not None:
-        url = capture.schema_registry.url if capture.schema_registry else "the Schema Registry"
+        url = "the Schema Registry"
+        if capture.schema_registry:
+            # the first URL, without any user info a URL could carry
+            parts = urlsplit(capture.schema_registry.url.split(",")[0].strip())
+            url = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
         return (f"the Schema Registry ({url}) refused a table's new schema: {refusal}. Debezium stopped before "
                 "publishing any change of that shape (nothing was lost: the slot keeps it) — fix: change the table "
                 "the way the subject's compatibility level allows (for example add a nullable column instead of "
@@ -190,7 +195,7 @@ def describe_engine_stop(engine: EmbeddedEngine, capture) -> str:
                 f"level (PUT {url}/config/<subject>), then start capture again")
     if engine.failure is not None:
         return f"Debezium stopped on its own: {engine.failure_message or ''} {engine.failure}".strip()
-    return "Debezium stopped on its own: see its log above"
+    return f"Debezium stopped on its own: {thread_error or 'see its log above'}"
 
 
 def run_capture(
@@ -263,7 +268,7 @@ def run_capture(
                 raise handler.error  # type: ignore[misc]
             if not thread.is_alive():
                 cause = engine_error[0] if engine_error else None
-                raise CaptureError(describe_engine_stop(engine, capture)) from cause
+                raise CaptureError(describe_engine_stop(engine, capture, cause)) from cause
             if not streaming and _streaming_connected(capture.topic_prefix):
                 streaming = True
                 total, _ = handler.snapshot_counts()

@@ -77,7 +77,7 @@ def _no_dead_letters(spark, source) -> None:
         assert not rows, rows[:5]
 
 
-def test_the_printed_configuration_runs_and_the_snapshot_is_mirrored_exactly(src, spark, stack, connect_worker):
+def test_the_printed_configuration_runs_and_the_snapshot_is_mirrored_exactly(src, spark, connect_worker):
     stored = connect_worker.request("GET", f"/connectors/{src.connector['name']}/config")
     # the worker stores the placeholder and resolves it only when it starts the task
     assert stored["database.password"] == src.connector["config"]["database.password"]
