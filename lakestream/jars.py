@@ -57,17 +57,25 @@ class JarGroup:
     name: str
     artifacts: tuple[Coordinate, ...]
     transitive: bool
+    # ``group:artifact`` patterns (``*`` for any) left out of the dependencies of a transitive group: what the
+    # process that loads the group already provides (a Connect plugin leaves out the worker's Kafka jars).
+    exclude: tuple[str, ...] = ()
 
     @property
     def digest(self) -> str:
         key = f"{self.name}|{self.transitive}|" + "|".join(map(str, self.artifacts))
+        if self.exclude:
+            key += "|exclude:" + "|".join(self.exclude)
         return hashlib.sha256(key.encode()).hexdigest()[:12]
 
     def pom(self) -> str:
         """A pom whose dependencies are this group's artifacts (all their dependencies excluded unless
-        ``transitive``)."""
-        exclusions = ("" if self.transitive else
-                      "<exclusions><exclusion><groupId>*</groupId><artifactId>*</artifactId></exclusion></exclusions>")
+        ``transitive``; then those matching ``exclude``)."""
+        patterns = self.exclude if self.transitive else ("*:*",)
+        exclusions = "".join(
+            f"<exclusion><groupId>{escape(g)}</groupId><artifactId>{escape(a)}</artifactId></exclusion>"
+            for g, a in (p.split(":", 1) for p in patterns))
+        exclusions = f"<exclusions>{exclusions}</exclusions>" if exclusions else ""
         deps = "\n".join(
             f"    <dependency><groupId>{escape(c.group)}</groupId><artifactId>{escape(c.artifact)}</artifactId>"
             f"<version>{escape(c.version)}</version>{exclusions}</dependency>"
@@ -85,10 +93,16 @@ def groups() -> dict[str, JarGroup]:
     """Every group of ``jars.toml`` by name."""
     with MANIFEST.open("rb") as f:
         data = tomllib.load(f)
-    return {
-        name: JarGroup(name, tuple(Coordinate.parse(a) for a in spec["artifacts"]), bool(spec.get("transitive")))
-        for name, spec in data["groups"].items()
-    }
+    out = {}
+    for name, spec in data["groups"].items():
+        exclude = tuple(spec.get("exclude", ()))
+        for pattern in exclude:
+            if pattern.count(":") != 1 or not all(pattern.split(":")):
+                raise LakestreamError(f"{MANIFEST}: groups.{name}.exclude: {pattern!r} is not group:artifact "
+                                      "(use * for any)")
+        out[name] = JarGroup(name, tuple(Coordinate.parse(a) for a in spec["artifacts"]),
+                             bool(spec.get("transitive")), exclude)
+    return out
 
 
 def group(name: str) -> JarGroup:

@@ -116,10 +116,11 @@ class CapturedSource:
         return self.run()
 
 
-def start_captured_source(stack, setup_sql: list[str], tables: list[str], label: str,
-                          extra: dict | None = None) -> CapturedSource:
-    """Create a database, run ``setup_sql``, start Debezium on ``public.<tables>`` (plus any table
-    created later whose name starts with ``<label>_``) and wait until it streams.
+def prepare_captured_source(stack, setup_sql: list[str], tables: list[str], label: str,
+                            extra: dict | None = None) -> tuple[str, psycopg2.extensions.connection, str, str, dict, Path]:
+    """Create a database, run ``setup_sql`` and write the pipeline config capturing ``public.<tables>`` (plus
+    any table created later whose name starts with ``<label>_``): (dbname, connection, topic prefix, namespace,
+    the config as a dict, the work directory holding ``pipeline.yaml``).
 
     ``extra`` is merged into the config's top-level sections (e.g. ``{"capture": {"format": "avro"}}``)."""
     uid = uuid.uuid4().hex[:6]
@@ -166,10 +167,17 @@ def start_captured_source(stack, setup_sql: list[str], tables: list[str], label:
             data[section].update(settings)
         else:
             data[section] = settings
+    (workdir / "pipeline.yaml").write_text(yaml.safe_dump(data))
+    return dbname, conn, prefix, namespace, data, workdir
+
+
+def start_captured_source(stack, setup_sql: list[str], tables: list[str], label: str,
+                          extra: dict | None = None) -> CapturedSource:
+    """`prepare_captured_source`, then start ``lakestream capture`` (the embedded Debezium engine) on it and
+    wait until it streams."""
+    dbname, conn, prefix, namespace, data, workdir = prepare_captured_source(stack, setup_sql, tables, label, extra)
     config = parse_config(data, "<capture test>")
-    yaml_path = workdir / "pipeline.yaml"
-    yaml_path.write_text(yaml.safe_dump(data))
-    capture = CaptureProcess(yaml_path, log_path=workdir / "capture.log")
+    capture = CaptureProcess(workdir / "pipeline.yaml", log_path=workdir / "capture.log")
     capture.start()
     try:
         capture.wait_until_streaming(timeout=300)
@@ -177,6 +185,71 @@ def start_captured_source(stack, setup_sql: list[str], tables: list[str], label:
         capture.stop()
         raise
     return CapturedSource(stack, dbname, conn, prefix, namespace, config, capture, workdir)
+
+
+class ConnectCapture:
+    """A connector on a Kafka Connect worker, seen the way `CapturedSource` sees a capture process."""
+
+    def __init__(self, worker, name: str, source_dsn: str, slot_name: str):
+        self.worker = worker
+        self.name = name
+        self.source_dsn = source_dsn
+        self.slot_name = slot_name
+        self._log_offset = worker.log_path.stat().st_size if worker.log_path.exists() else 0
+
+    def state(self) -> tuple[str | None, list[str]]:
+        """The connector's state and its tasks' (RUNNING, FAILED, ...); (None, []) while the worker is away."""
+        from lakestream.stack.connect import ConnectError
+
+        try:
+            status = self.worker.connector_status(self.name)
+        except (ConnectError, OSError):
+            return None, []
+        if status is None:
+            return None, []
+        return status["connector"]["state"], [t["state"] for t in status.get("tasks", [])]
+
+    @property
+    def running(self) -> bool:
+        connector, tasks = self.state()
+        return connector == "RUNNING" and bool(tasks) and all(t == "RUNNING" for t in tasks)
+
+    def wait_until_running(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.running:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"connector {self.name} not running after {timeout:.0f}s: {self.state()} "
+                                     f"{self.worker.connector_status(self.name)}\n{self.log_text()[-3000:]}")
+            time.sleep(0.5)
+
+    def log_text(self) -> str:
+        """The worker's log since this connector was made."""
+        if not self.worker.log_path.exists():
+            return ""
+        with open(self.worker.log_path, "rb") as f:
+            f.seek(self._log_offset)
+            return f.read().decode("utf-8", errors="replace")
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Delete the connector (the worker keeps running for the module's other tests) and wait until its task
+        let go of the replication slot (the worker stops it after answering the DELETE)."""
+        if self.worker.pid() is None:
+            return
+        self.worker.delete_connector(self.name)
+        deadline = time.monotonic() + timeout
+        conn = psycopg2.connect(self.source_dsn)
+        try:
+            with conn.cursor() as cur:
+                while time.monotonic() < deadline:
+                    cur.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (self.slot_name,))
+                    row = cur.fetchone()
+                    conn.rollback()
+                    if row is None or not row[0]:
+                        return
+                    time.sleep(0.3)
+        finally:
+            conn.close()
+        raise AssertionError(f"slot {self.slot_name} still active {timeout:.0f}s after deleting connector {self.name}")
 
 
 def stop_captured_source(source: CapturedSource) -> None:

@@ -404,6 +404,31 @@ def rest_catalog_factory(stack, service_dir_factory):
         server.stop()
 
 
+# ---------------------------------------------------------------------------------------------
+# Kafka Connect: one worker (distributed mode, Debezium's PostgreSQL connector) on the shared broker
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def connect_worker(stack, service_dir_factory):
+    """A running Kafka Connect worker on the shared stack's broker (`lakestream.stack.connect`), one per test
+    module, with a group (and internal topics) of its own. Its REST port is below the ephemeral range, so
+    ``kill()`` then ``start()`` brings it back on the same port."""
+    import uuid
+
+    from lakestream.stack.connect import ConnectWorker
+
+    settings = _satellite_settings(stack, service_dir_factory("connect"), connect=True,
+                                   connect_port=_restartable_port(),
+                                   connect_group_id=f"lakestream-connect-{uuid.uuid4().hex[:8]}")
+    worker = ConnectWorker(settings, stack.bootstrap_servers)
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+
+
 def simulate_death(pipeline) -> None:
     """What is left of a pipeline whose process died: nothing closed or saved by it (no ``close()``: held
     files are not committed, nothing is flushed, files in flight are not deleted). Only what the operating

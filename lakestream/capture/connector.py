@@ -15,7 +15,9 @@ CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 SCHEMA_CACHING_JSON_CONVERTER = "lakestream.capture.SchemaCachingJsonConverter"
 AVRO_CONVERTER = "io.confluent.connect.avro.AvroConverter"
-USER_INFO_PLACEHOLDER = "${file:/opt/kafka/secrets/lakestream.properties:schema.registry.user.info}"
+# Where a Connect worker's FileConfigProvider reads the secrets a printed configuration refers to
+# (`lakestream capture --print-connector-config --connect-secrets-file PATH` names another file).
+DEFAULT_SECRETS_FILE = "/opt/kafka/secrets/lakestream.properties"
 
 # Throughput settings that STACK.md measured as useful: bigger batches per handler call mean
 # fewer Python↔Java crossings and fewer Kafka flushes per event.
@@ -30,11 +32,19 @@ _EMBEDDED_ONLY_PREFIXES = ("offset.storage", "offset.flush", "name")
 
 HEARTBEAT_MESSAGE_PREFIX = "lakestream-heartbeat"
 
-PASSWORD_PLACEHOLDER = "${file:/opt/kafka/secrets/lakestream.properties:database.password}"
-PASSWORD_NOTE = (
-    "database.password is a placeholder: configure a FileConfigProvider on the Connect workers "
-    "(config.providers=file) whose file holds the real password, or replace the value before posting."
-)
+
+
+def secret_placeholder(secrets_file: str, key: str) -> str:
+    """A reference the worker's FileConfigProvider (``config.providers=file``) resolves to ``key`` of the
+    properties file ``secrets_file`` on the worker, when it starts the connector."""
+    return f"${{file:{secrets_file}:{key}}}"
+
+
+def password_note(secrets_file: str) -> str:
+    return (f"database.password is a placeholder: on every Connect worker, set config.providers=file and "
+            f"config.providers.file.class=org.apache.kafka.common.config.provider.FileConfigProvider, and put "
+            f"database.password=<the password> in {secrets_file} (readable by the worker only); or replace the "
+            f"value before posting.")
 
 
 def offsets_file(state_dir: Path, capture: CaptureSettings) -> Path:
@@ -83,10 +93,12 @@ def _debezium_settings(capture: CaptureSettings) -> dict[str, str]:
     return props
 
 
-def _converter_settings(capture: CaptureSettings, secrets: bool) -> dict[str, str]:
+def _converter_settings(capture: CaptureSettings, secrets: bool,
+                        secrets_file: str = DEFAULT_SECRETS_FILE) -> dict[str, str]:
     """key/value converter settings: JsonConverter, or Confluent's AvroConverter and its registry.
 
-    Without ``secrets`` the registry's basic-auth user info is a config-provider placeholder."""
+    Without ``secrets`` the registry's basic-auth user info is a config-provider placeholder into
+    ``secrets_file``."""
     if capture.format == "json":
         schemas = "true" if capture.schemas_enabled else "false"
         return {"key.converter": JSON_CONVERTER, "value.converter": JSON_CONVERTER,
@@ -101,7 +113,7 @@ def _converter_settings(capture: CaptureSettings, secrets: bool) -> dict[str, st
     if registry.basic_auth_user_info_env:
         settings["basic.auth.credentials.source"] = "USER_INFO"
         settings["basic.auth.user.info"] = (registry.client_config("capture.schema_registry")["basic.auth.user.info"]
-                                            if secrets else USER_INFO_PLACEHOLDER)
+                                            if secrets else secret_placeholder(secrets_file, "schema.registry.user.info"))
     if registry.ssl_ca_location:
         # The Java client reads a PEM trust store directly (not exercised by the tests here).
         settings["schema.registry.ssl.truststore.location"] = registry.ssl_ca_location
@@ -160,16 +172,17 @@ def _topic_renames(capture: CaptureSettings, user_transforms: str | None) -> dic
     return out
 
 
-def connect_json(capture: CaptureSettings, publication_checked: bool = False) -> dict[str, Any]:
+def connect_json(capture: CaptureSettings, publication_checked: bool = False,
+                 secrets_file: str = DEFAULT_SECRETS_FILE) -> dict[str, Any]:
     """The same connector as Kafka Connect REST JSON (``POST /connectors``), password not included.
 
-    The password is a ``${file:...}`` config-provider placeholder: put the real value in that
-    file on the Connect workers (with ``config.providers=file``), or replace it before posting.
+    The password is a ``${file:<secrets_file>:database.password}`` config-provider placeholder: put the real
+    value in that file on the Connect workers (with ``config.providers=file``), or replace it before posting.
     ``publication_checked``: the publication was prepared and checked (`prepared_connect_json`), so
     Debezium only uses it, as under `lakestream capture`; otherwise Debezium's ``filtered`` mode creates it.
     """
     config = _debezium_settings(capture)
-    config.update(_converter_settings(capture, secrets=False))
+    config.update(_converter_settings(capture, secrets=False, secrets_file=secrets_file))
     if publication_checked:
         config["publication.autocreate.mode"] = "disabled"
     for key, value in capture.connector.items():
@@ -177,7 +190,7 @@ def connect_json(capture: CaptureSettings, publication_checked: bool = False) ->
             config[str(key)] = str(value)
     config.update(_topic_renames(capture, config.get("transforms")))
     if capture.database.password or "database.password" in config:
-        config["database.password"] = PASSWORD_PLACEHOLDER
+        config["database.password"] = secret_placeholder(secrets_file, "database.password")
     if capture.snapshot == "parallel":
         # The rows come from `lakestream snapshot`; the connector must start at its handover point, which
         # it can only be given while stopped (Kafka Connect 3.7+: initial_state, then PATCH .../offsets).
@@ -186,7 +199,7 @@ def connect_json(capture: CaptureSettings, publication_checked: bool = False) ->
     return {"name": _connector_name(capture), "config": config}
 
 
-def prepared_connect_json(capture: CaptureSettings) -> dict[str, Any]:
+def prepared_connect_json(capture: CaptureSettings, secrets_file: str = DEFAULT_SECRETS_FILE) -> dict[str, Any]:
     """`connect_json` after what `lakestream capture` does before Debezium starts: the publication made to
     cover every table (when lakestream manages it) and the check that every table will publish its changes
     (`lakestream.capture.publication.prepare_publication`); CaptureError with the reason and the fix otherwise.
@@ -208,7 +221,7 @@ def prepared_connect_json(capture: CaptureSettings) -> dict[str, Any]:
         prepare_publication(conn, capture)
     finally:
         conn.close()
-    return connect_json(capture, publication_checked=True)
+    return connect_json(capture, publication_checked=True, secrets_file=secrets_file)
 
 
 def connect_offsets_json(capture: CaptureSettings, lsn: int) -> dict[str, Any]:

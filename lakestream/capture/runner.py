@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from lakestream.capture.connector import connector_properties
 from lakestream.capture.handover import handover_properties, seed_offsets
@@ -124,6 +125,15 @@ class EmbeddedEngine:
         self._format = jpype.JClass("io.debezium.engine.format.Avro" if avro
                                     else "io.debezium.engine.format.JsonByteArray")
         self._engine = None
+        # Why the engine stopped, as Debezium reports it to its completion callback (the Java Throwable).
+        self.failure: Any = None
+        self.failure_message: str | None = None
+        self._completion = jpype.JProxy("io.debezium.engine.DebeziumEngine$CompletionCallback",
+                                        dict={"handle": self._completed})
+
+    def _completed(self, success: bool, message: str, error: Any) -> None:
+        if not success:
+            self.failure, self.failure_message = error, None if message is None else str(message)
 
     def run(self) -> None:
         """Build the engine (it reads the offset store when it starts) and run it until closed."""
@@ -133,7 +143,7 @@ class EmbeddedEngine:
         for key, value in self._properties.items():
             java_properties.setProperty(str(key), str(value))
         self._engine = (jpype.JClass("io.debezium.engine.DebeziumEngine").create(self._format)
-                        .using(java_properties).notifying(self._consumer).build())
+                        .using(java_properties).using(self._completion).notifying(self._consumer).build())
         self._engine.run()
 
     def close(self) -> None:
@@ -143,6 +153,49 @@ class EmbeddedEngine:
             self._engine.close()
         except Exception as exc:  # noqa: BLE001 — closing must not hide the reason capture stopped
             log.warning("capture: closing Debezium failed: %s", exc)
+
+
+# Confluent's registry client raises this with the registry's error code; 409: the schema breaks the subject's
+# compatibility level (Confluent's API, which other registries' compatible APIs answer alike).
+REGISTRY_CLIENT_ERROR = "io.confluent.kafka.schemaregistry.client.rest.exceptions.RestClientException"
+INCOMPATIBLE_SCHEMA = 409
+
+
+def _java_causes(error: Any) -> list[Any]:
+    """``error`` and its causes (a Java Throwable's chain), outermost first."""
+    chain: list[Any] = []
+    while error is not None and len(chain) < 20 and all(error is not e for e in chain):
+        chain.append(error)
+        error = error.getCause()
+    return chain
+
+
+def registry_refusal(error: Any) -> str | None:
+    """The registry's message when a Schema Registry refused a schema as incompatible somewhere in ``error``'s
+    chain (found by the exception's class and the registry's error code), else None."""
+    for cause in _java_causes(error):
+        if cause.getClass().getName() == REGISTRY_CLIENT_ERROR and int(cause.getErrorCode()) == INCOMPATIBLE_SCHEMA:
+            return str(cause.getMessage())
+    return None
+
+
+def describe_engine_stop(engine: EmbeddedEngine, capture, thread_error: BaseException | None = None) -> str:
+    """Why Debezium stopped on its own, in the terms of what to fix."""
+    refusal = None if engine.failure is None else registry_refusal(engine.failure)
+    if refusal is not None:
+        url = "the Schema Registry"
+        if capture.schema_registry:
+            # the first URL, without any user info a URL could carry
+            parts = urlsplit(capture.schema_registry.url.split(",")[0].strip())
+            url = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
+        return (f"the Schema Registry ({url}) refused a table's new schema: {refusal}. Debezium stopped before "
+                "publishing any change of that shape (nothing was lost: the slot keeps it) — fix: change the table "
+                "the way the subject's compatibility level allows (for example add a nullable column instead of "
+                "changing a column's type), or, if every consumer can read the new shape, lower that subject's "
+                f"level (PUT {url}/config/<subject>), then start capture again")
+    if engine.failure is not None:
+        return f"Debezium stopped on its own: {engine.failure_message or ''} {engine.failure}".strip()
+    return f"Debezium stopped on its own: {thread_error or 'see its log above'}"
 
 
 def run_capture(
@@ -215,7 +268,7 @@ def run_capture(
                 raise handler.error  # type: ignore[misc]
             if not thread.is_alive():
                 cause = engine_error[0] if engine_error else None
-                raise CaptureError(f"Debezium stopped on its own: {cause or 'see its log above'}") from cause
+                raise CaptureError(describe_engine_stop(engine, capture, cause)) from cause
             if not streaming and _streaming_connected(capture.topic_prefix):
                 streaming = True
                 total, _ = handler.snapshot_counts()

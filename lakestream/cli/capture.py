@@ -22,6 +22,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "connector JSON (password as a placeholder) and exit",
     )
     parser.add_argument(
+        "--connect-secrets-file",
+        metavar="PATH",
+        default=None,
+        help="with --print-connector-config: the properties file on the Connect workers that holds the secrets "
+             "(database.password, schema.registry.user.info), read by their FileConfigProvider "
+             "(default: /opt/kafka/secrets/lakestream.properties)",
+    )
+    parser.add_argument(
         "--skip-publication-check",
         action="store_true",
         help="with --print-connector-config: do not connect to the source database (Debezium's filtered mode then "
@@ -35,17 +43,26 @@ def _capture(args: argparse.Namespace) -> int:
     if config.capture is None:
         raise ConfigError(f"{args.pipeline_yaml} has no `capture:` section — fix: add capture.database and capture.tables")
     if args.print_connector_config:
-        from lakestream.capture.connector import PASSWORD_NOTE, connect_json, prepared_connect_json
+        from lakestream.capture.connector import (
+            DEFAULT_SECRETS_FILE,
+            connect_json,
+            password_note,
+            prepared_connect_json,
+        )
 
+        secrets_file = args.connect_secrets_file or DEFAULT_SECRETS_FILE
+        if not secrets_file.startswith("/"):
+            raise ConfigError(f"--connect-secrets-file {secrets_file!r} is not an absolute path — fix: give the "
+                              "file's absolute path on the Connect workers")
         if args.skip_publication_check:
-            doc = connect_json(config.capture)
+            doc = connect_json(config.capture, secrets_file=secrets_file)
             print("note: the publication was not checked: Debezium's filtered mode creates it unquoted (tables "
                   "whose names need quotes fail) and nothing checks that a partitioned table publishes under its "
                   "own name", file=sys.stderr)
         else:
-            doc = prepared_connect_json(config.capture)
+            doc = prepared_connect_json(config.capture, secrets_file=secrets_file)
         print(json.dumps(doc, indent=2))
-        print(f"note: {PASSWORD_NOTE}", file=sys.stderr)
+        print(f"note: {password_note(secrets_file)}", file=sys.stderr)
         if config.capture.snapshot == "parallel":
             _print_handover_note(config)
         return 0

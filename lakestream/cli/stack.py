@@ -21,12 +21,18 @@ def register(subparsers) -> None:
     parser.add_argument("--catalog", choices=["jdbc", "rest"], default=defaults["catalog"].default,
                         help="the Iceberg catalog: JDBC in PostgreSQL, or a local REST catalog server over it (default: %(default)s)")
     parser.add_argument("--rest-port", type=int, default=defaults["rest_port"].default, help="REST catalog port on 127.0.0.1 (default: %(default)s)")
+    parser.add_argument("--connect", action="store_true",
+                        help="also run a Kafka Connect worker (distributed mode, Debezium's PostgreSQL connector "
+                             "installed) on the broker, for `lakestream capture --print-connector-config`")
+    parser.add_argument("--connect-port", type=int, default=defaults["connect_port"].default,
+                        help="Kafka Connect REST API port on 127.0.0.1 (default: %(default)s)")
     parser.set_defaults(func=func)
 
 
 def func(args: argparse.Namespace) -> int:
     stack = Stack(StackSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
-                                storage=args.storage, s3_port=args.s3_port, catalog=args.catalog, rest_port=args.rest_port))
+                                storage=args.storage, s3_port=args.s3_port, catalog=args.catalog, rest_port=args.rest_port,
+                                connect=args.connect, connect_port=args.connect_port))
     if args.action == "up":
         info = stack.up()
         dsn_without_password = f"host={info.pg_host} port={info.pg_port} dbname={info.source_db} user={info.pg_user}"
@@ -39,6 +45,8 @@ def func(args: argparse.Namespace) -> int:
             # A pipeline config names these variables, never the values: the local store's development
             # key and secret are StackSettings.s3_access_key / s3_secret_key (README, "Deploying").
             print(f"  credentials from {' and '.join(info.storage_env())}")
+        if info.connect_url:
+            print(f"kafka connect      {info.connect_url} (plugin: Debezium PostgreSQL; secrets via ${{file:PATH:KEY}})")
         print(f"state dir          {stack.settings.state_dir}")
     elif args.action == "down":
         stack.down()

@@ -43,11 +43,16 @@ class StackSettings:
     # The catalog: JDBC in PostgreSQL, or a local Iceberg REST catalog server over it.
     catalog: CatalogKind = "jdbc"
     rest_port: int = 18181
+    # A Kafka Connect worker (distributed mode, Debezium's PostgreSQL connector installed) on the broker.
+    connect: bool = False
+    connect_port: int = 18083
+    # The worker's group; its internal topics are <group>-configs, -offsets and -status.
+    connect_group_id: str = "lakestream-connect"
 
     def __post_init__(self) -> None:
         # Resolve once: services chdir, and the pid files must not depend on the caller's cwd.
         self.state_dir = Path(self.state_dir).expanduser().resolve()
-        for name in ("pg_port", "kafka_port", "s3_port", "rest_port"):
+        for name in ("pg_port", "kafka_port", "s3_port", "rest_port", "connect_port"):
             port = getattr(self, name)
             if not isinstance(port, int) or not 1 <= port <= 65535:
                 raise ConfigError(f"{name}={port!r} is not a TCP port (1-65535)")
@@ -68,6 +73,8 @@ class StackSettings:
             used["s3_port"] = self.s3_port
         if self.catalog == "rest":
             used["rest_port"] = self.rest_port
+        if self.connect:
+            used["connect_port"] = self.connect_port
         if len(set(used.values())) != len(used):
             raise ConfigError(f"two services share a port: {used}; give them different ports")
         if self.storage not in ("local", "s3"):
@@ -111,6 +118,8 @@ class StackInfo:
     kafka_ca_location: str | None = None
     kafka_sasl_user: str | None = None
     kafka_sasl_password_file: str | None = None
+    # The Kafka Connect worker's REST API, with `StackSettings.connect`.
+    connect_url: str | None = None
 
     def kafka_sasl_client(self, password: str) -> dict[str, str]:
         """The ``kafka.client`` settings for the SASL_SSL listener; give ``password`` as a reference such as

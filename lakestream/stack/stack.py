@@ -1,11 +1,12 @@
 """The local stack: a private PostgreSQL cluster plus Apache Kafka (KRaft), on loopback ports; with
 ``storage="s3"`` a local S3-compatible store holds the warehouse, with ``catalog="rest"`` a local Iceberg
-REST catalog serves it."""
+REST catalog serves it, with ``connect=True`` a Kafka Connect worker runs Debezium beside the broker."""
 from __future__ import annotations
 
 import logging
 from lakestream.stack import process
 from lakestream.stack.broker import KafkaBroker, make_broker
+from lakestream.stack.connect import ConnectWorker
 from lakestream.stack.models import ServiceStatus, StackInfo, StackSettings
 from lakestream.stack.objectstore import ObjectStore
 from lakestream.stack.postgres import PostgresCluster
@@ -23,6 +24,7 @@ class Stack:
         self.broker: KafkaBroker = make_broker(settings)
         self.objectstore = ObjectStore(settings)
         self.rest_catalog = RestCatalogServer(settings, warehouse=self.warehouse, io_properties=self._io_properties())
+        self.connect = ConnectWorker(settings, self.broker.bootstrap_servers)
 
     @property
     def warehouse(self) -> str:
@@ -44,6 +46,8 @@ class Stack:
             services.append(self.objectstore)
         if self.settings.catalog == "rest":
             services.append(self.rest_catalog)
+        if self.settings.connect:
+            services.append(self.connect)  # after the broker it stores its state in
         return services
 
     def up(self) -> StackInfo:
@@ -60,6 +64,7 @@ class Stack:
 
     def down(self) -> None:
         """Stop every service by pid; data directories are kept. Safe when nothing runs."""
+        self.connect.stop()
         self.rest_catalog.stop()
         self.objectstore.stop()
         self.broker.stop()
@@ -69,7 +74,8 @@ class Stack:
         """Each service by name: running, pid, port, healthy, persistence (the object store and the REST
         catalog also when they run without being asked for: an `up --storage s3` seen by a plain `status`)."""
         services = self._services()
-        services += [s for s in (self.objectstore, self.rest_catalog) if s not in services and s.pid() is not None]
+        services += [s for s in (self.objectstore, self.rest_catalog, self.connect)
+                     if s not in services and s.pid() is not None]
         return {service.name: service.status() for service in services}
 
     def info(self) -> StackInfo:
@@ -94,4 +100,5 @@ class Stack:
             kafka_ca_location=str(self.broker.ca_location) if s.kafka_sasl_port else None,
             kafka_sasl_user=s.kafka_sasl_user if s.kafka_sasl_port else None,
             kafka_sasl_password_file=str(self.broker.sasl_password_file) if s.kafka_sasl_port else None,
+            connect_url=self.connect.url if s.connect else None,
         )

@@ -105,6 +105,53 @@ def test_add_column_while_running(src, spark):
     verify_ok(src, spark, ["avro_items"])
 
 
+def _set_level(src, subject: str, level: str) -> None:
+    """PUT /config/<subject> on the registry, as an operator would (basic auth)."""
+    import base64
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{src.registry.url}/config/{subject}", method="PUT", data=json.dumps({"compatibility": level}).encode(),
+        headers={"Content-Type": "application/vnd.schemaregistry.v1+json",
+                 "Authorization": "Basic " + base64.b64encode(src.registry.user_info.encode()).decode()})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert json.loads(response.read())["compatibility"] == level
+
+
+def _wait_for_capture_to_stop(src) -> str:
+    deadline = time.monotonic() + 180
+    while src.capture.running and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not src.capture.running, "capture kept running after the registry refused a schema"
+    return src.capture.log_text()
+
+
+def test_full_transitive_refuses_a_widened_column_then_backward_takes_it(src, spark):
+    """smallint → bigint is Avro int → long: a reader of the new schema reads old records (BACKWARD holds) but a
+    reader of an old one cannot read new records, so FULL_TRANSITIVE refuses it. Capture stops and says why
+    and what to do; with the subject's level set back to BACKWARD, capture started again publishes the change
+    from the slot (nothing lost) and the mirror takes the wider column."""
+    subject = f"{src.topic('avro_items')}-value"
+    start = src.end_offset("avro_items")
+    _set_level(src, subject, "FULL_TRANSITIVE")
+    src.sql("ALTER TABLE public.avro_items ALTER COLUMN small TYPE bigint",
+            "INSERT INTO public.avro_items (id, small, note) VALUES (25, 3000000000, 'wide')")
+    log = _wait_for_capture_to_stop(src)
+    assert f"lakestream: error: the Schema Registry ({src.registry.url}) refused a table's new schema" in log, log[-3000:]
+    assert "FORWARD" in log and subject in log, log[-3000:]
+    assert "lower that subject's level" in log
+    assert src.end_offset("avro_items") == start  # nothing of the refused shape was published
+    _set_level(src, subject, "BACKWARD")
+    src.capture.start()
+    src.capture.wait_until_streaming(timeout=300)
+    src.sync({"avro_items": start + 1})
+    assert dict(spark.table(src.table("avro_items")).dtypes)["small"] == "bigint"
+    assert {r["id"]: r["small"] for r in spark.table(src.table("avro_items")).where("id = 25").collect()} == {
+        25: 3000000000}
+    verify_ok(src, spark, ["avro_items"])
+
+
 def test_incompatible_change_is_dead_lettered_while_other_tables_update(src, spark):
     """numeric(10,2) → numeric(10,0) is one Avro type (bytes) to the registry, which accepts it, but it
     narrows the column's scale: the table refuses the new shape and its records become dead letters."""
@@ -143,14 +190,13 @@ def test_cold_restart_reads_schema_ids_from_the_registry_again(src, spark):
 
 def test_a_change_the_registry_forbids_stops_capture_before_any_record(src):
     """text → integer breaks BACKWARD (the subject's level): the registry refuses the schema, the
-    AvroConverter cannot serialize, and capture stops instead of publishing. Runs last: it ends capture."""
+    AvroConverter cannot serialize, and capture stops instead of publishing, saying why. Runs last: it ends
+    capture."""
     start = src.end_offset("avro_items")
     src.sql("ALTER TABLE public.avro_items ALTER COLUMN note TYPE integer USING length(note)",
             "INSERT INTO public.avro_items (id, note) VALUES (30, 5)")
-    deadline = time.monotonic() + 180
-    while src.capture.running and time.monotonic() < deadline:
-        time.sleep(1)
-    assert not src.capture.running, "capture kept running after the registry refused a schema"
-    log = src.capture.log_text()
+    log = _wait_for_capture_to_stop(src)
     assert "incompatible with an earlier schema" in log, log[-3000:]
+    assert f"lakestream: error: the Schema Registry ({src.registry.url}) refused a table's new schema" in log, log[-3000:]
+    assert src.registry.user_info.split(":", 1)[1] not in log
     assert src.end_offset("avro_items") == start

@@ -114,3 +114,42 @@ def test_shared_fixtures(stack, pg_conn):
         assert cur.fetchone() == (stack.source_db, stack.pg_user)
     produce_one(stack.bootstrap_servers, "shared_check", b"k", b"v")
     assert read_all(stack.bootstrap_servers, "shared_check", 1) == [(b"k", b"v")]
+
+
+def test_stack_up_with_connect_runs_a_worker_with_debeziums_connector(service_dir_factory):
+    """`lakestream stack up --connect`: a Kafka Connect worker beside PostgreSQL and Kafka, Debezium's PostgreSQL
+    connector installed, shown by `status`, stopped by `down` (its state stays in the broker's topics)."""
+    import json
+    import urllib.request
+
+    from conftest import run_lakestream
+    from lakestream.stack.process import free_ports, pid_alive
+
+    state = service_dir_factory("stack-connect")
+    pg, kafka, connect = free_ports(3)
+    ports = ["--state-dir", str(state), "--pg-port", str(pg), "--kafka-port", str(kafka), "--connect",
+             "--connect-port", str(connect)]
+    try:
+        up = run_lakestream("stack", "up", *ports, timeout=300)
+        assert up.returncode == 0, up.stderr[-3000:]
+        assert f"kafka connect      http://127.0.0.1:{connect}" in up.stdout
+        with urllib.request.urlopen(f"http://127.0.0.1:{connect}/connector-plugins", timeout=10) as response:
+            plugins = {p["class"]: p["version"] for p in json.loads(response.read())}
+        assert plugins == {"io.debezium.connector.postgresql.PostgresConnector": "3.6.3.Final"}
+        status = run_lakestream("stack", "status", *ports)
+        line = next(ln for ln in status.stdout.splitlines() if ln.startswith("connect "))
+        assert " running " in line and " yes " in line, status.stdout
+        pid = int((state / "pids" / "connect.pid").read_text())
+    finally:
+        down = run_lakestream("stack", "down", *ports, timeout=120)
+    assert down.returncode == 0, down.stderr[-3000:]
+    assert not pid_alive(pid)
+
+
+def test_connect_port_must_differ_from_the_others(tmp_path):
+    from lakestream.errors import ConfigError
+    from lakestream.stack import StackSettings
+
+    with pytest.raises(ConfigError, match="two services share a port"):
+        StackSettings(state_dir=tmp_path, kafka_port=19092, connect=True, connect_port=19092)
+    StackSettings(state_dir=tmp_path, kafka_port=19092, connect=False, connect_port=19092)  # no worker: no clash

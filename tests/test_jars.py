@@ -1,0 +1,26 @@
+"""`lakestream.jars`: groups of Maven coordinates turned into poms (no Maven run here)."""
+from __future__ import annotations
+
+from lakestream.jars import Coordinate, JarGroup, groups
+
+
+def test_a_transitive_group_leaves_out_what_it_excludes():
+    plugin = JarGroup("p", (Coordinate.parse("io.debezium:debezium-connector-postgres:3.6.3.Final"),), True,
+                      ("org.apache.kafka:*", "org.slf4j:*"))
+    pom = plugin.pom()
+    assert "<exclusion><groupId>org.apache.kafka</groupId><artifactId>*</artifactId></exclusion>" in pom
+    assert "<exclusion><groupId>org.slf4j</groupId><artifactId>*</artifactId></exclusion>" in pom
+    # the cache directory changes with what is left out: never a directory resolved with other exclusions
+    assert plugin.digest != JarGroup("p", plugin.artifacts, True).digest
+    assert "<exclusions>" not in JarGroup("p", plugin.artifacts, True).pom()
+
+
+def test_a_non_transitive_group_takes_the_artifact_alone():
+    pom = JarGroup("s", (Coordinate.parse("org.postgresql:postgresql:42.7.14"),), False).pom()
+    assert "<exclusion><groupId>*</groupId><artifactId>*</artifactId></exclusion>" in pom
+
+
+def test_the_connect_worker_and_its_plugin_are_listed():
+    worker, plugin = groups()["connect"], groups()["connect-debezium-postgres"]
+    assert any(c.artifact == "connect-runtime" for c in worker.artifacts)
+    assert plugin.exclude == ("org.apache.kafka:*", "org.slf4j:*")
