@@ -1,4 +1,4 @@
-.PHONY: setup demo demo-s3 test test-examples test-storage test-snapshot chaos bench bench-scale bench-sustained clean example-fraud example-iot example-customer360
+.PHONY: setup demo demo-s3 test test-examples test-storage test-snapshot test-engines chaos bench bench-scale bench-sustained clean example-fraud example-iot example-customer360
 VENV ?= .venv
 
 setup:
@@ -37,6 +37,13 @@ test-storage: setup
 # parallel snapshot, drifted by hand and re-snapshotted while streaming; plus the fast snapshot tests.
 test-snapshot: setup
 	$(VENV)/bin/python -m pytest -x -v --durations=15 -m 'snapshot_slow or not snapshot_slow' tests/snapshot
+
+# Other engines reading the tables (tests/query/test_trino.py, marker engines): a Trino node (io.trino:trino-server
+# by coordinates, unpacked in part into ~/.cache/lakestream/dist; it runs on the Temurin 25 JDK, or
+# LAKESTREAM_TRINO_JAVA_HOME) reads the pipeline's tables through the JDBC and the REST catalog, against Spark.
+test-engines: setup
+	$(VENV)/bin/python -m lakestream.jars --distribution trino
+	$(VENV)/bin/python -m pytest -x -v --durations=15 -m engines tests/query/test_trino.py
 
 # The long chaos scenarios (tests/engine/test_chaos.py); sized by LAKESTREAM_CHAOS_KILLS (20),
 # LAKESTREAM_CHAOS_COMMIT_KILLS (half), LAKESTREAM_CHAOS_BROKER_OUTAGE_S (30), LAKESTREAM_CHAOS_CATALOG_OUTAGE_S (15),

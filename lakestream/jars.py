@@ -9,6 +9,10 @@ that is missing (a lock keeps two processes from resolving one group at once).
 
 On a Spark cluster the same coordinates go into ``spark.jars.packages`` (``python -m lakestream.jars
 --packages spark spark-aws``), where Spark's Ivy resolves them.
+
+A distribution (``[distributions.<name>]``: an archive such as Trino's server tarball) is resolved the same
+way, checksums checked, and the entries it lists under ``include`` are unpacked into
+``<cache>/dist/<name>-<digest>/``; it is resolved only when asked for (``--distribution NAME``, or its first use).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import tomllib
 from dataclasses import dataclass
@@ -33,20 +38,30 @@ MANIFEST = Path(__file__).parent / "jars.toml"
 
 @dataclass(frozen=True)
 class Coordinate:
-    """``group:artifact:version`` of one Maven artifact."""
+    """``group:artifact:version`` of one Maven artifact, or ``group:artifact:type:version`` for an artifact that
+    is not a jar (Maven's own order: the type before the version)."""
 
     group: str
     artifact: str
     version: str
+    type: str = "jar"
 
     @classmethod
     def parse(cls, text: str) -> Coordinate:
         parts = text.split(":")
+        if len(parts) == 4 and all(parts):
+            return cls(parts[0], parts[1], parts[3], parts[2])
         if len(parts) != 3 or not all(parts):
-            raise LakestreamError(f"{MANIFEST}: {text!r} is not group:artifact:version")
+            raise LakestreamError(f"{MANIFEST}: {text!r} is not group:artifact:version (or group:artifact:type:version)")
         return cls(*parts)
 
+    @property
+    def file_name(self) -> str:
+        return f"{self.artifact}-{self.version}.{self.type}"
+
     def __str__(self) -> str:
+        if self.type != "jar":
+            return f"{self.group}:{self.artifact}:{self.type}:{self.version}"
         return f"{self.group}:{self.artifact}:{self.version}"
 
 
@@ -78,7 +93,7 @@ class JarGroup:
         exclusions = f"<exclusions>{exclusions}</exclusions>" if exclusions else ""
         deps = "\n".join(
             f"    <dependency><groupId>{escape(c.group)}</groupId><artifactId>{escape(c.artifact)}</artifactId>"
-            f"<version>{escape(c.version)}</version>{exclusions}</dependency>"
+            f"<version>{escape(c.version)}</version><type>{escape(c.type)}</type>{exclusions}</dependency>"
             for c in self.artifacts
         )
         return ('<project xmlns="http://maven.apache.org/POM/4.0.0">\n'
@@ -88,13 +103,35 @@ class JarGroup:
                 f"  <dependencies>\n{deps}\n  </dependencies>\n</project>\n")
 
 
+@dataclass(frozen=True)
+class Distribution:
+    """One distribution of ``jars.toml``: an archive by coordinates, of which the entries under ``include``
+    (paths below the archive's top directory) are unpacked."""
+
+    name: str
+    artifact: Coordinate
+    include: tuple[str, ...]
+
+    @property
+    def group(self) -> JarGroup:
+        """The archive alone, resolved like a group of one artifact."""
+        return JarGroup(f"dist-{self.name}", (self.artifact,), transitive=False)
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(f"{self.artifact}|{'|'.join(self.include)}".encode()).hexdigest()[:12]
+
+
+def _manifest() -> dict:
+    with MANIFEST.open("rb") as f:
+        return tomllib.load(f)
+
+
 @cache
 def groups() -> dict[str, JarGroup]:
     """Every group of ``jars.toml`` by name."""
-    with MANIFEST.open("rb") as f:
-        data = tomllib.load(f)
     out = {}
-    for name, spec in data["groups"].items():
+    for name, spec in _manifest()["groups"].items():
         exclude = tuple(spec.get("exclude", ()))
         for pattern in exclude:
             if pattern.count(":") != 1 or not all(pattern.split(":")):
@@ -103,6 +140,57 @@ def groups() -> dict[str, JarGroup]:
         out[name] = JarGroup(name, tuple(Coordinate.parse(a) for a in spec["artifacts"]),
                              bool(spec.get("transitive")), exclude)
     return out
+
+
+@cache
+def distributions() -> dict[str, Distribution]:
+    """Every distribution of ``jars.toml`` by name."""
+    return {
+        name: Distribution(name, Coordinate.parse(spec["artifact"]), tuple(spec.get("include", ())))
+        for name, spec in _manifest().get("distributions", {}).items()
+    }
+
+
+def distribution(name: str) -> Path:
+    """The unpacked directory of distribution ``name`` (the archive's top directory), resolved and unpacked on
+    first use."""
+    try:
+        d = distributions()[name]
+    except KeyError:
+        raise LakestreamError(f"no distribution {name!r} in {MANIFEST}; distributions: "
+                              f"{', '.join(distributions())}") from None
+    target = cache_root().parent / "dist" / f"{d.name}-{d.digest}"
+    if not (target / ".complete").exists():
+        archive = next((p for p in jars(d.group) if p.name == d.artifact.file_name), None)
+        if archive is None:
+            raise LakestreamError(f"{d.artifact.file_name} missing from the resolved distribution {name!r}")
+        _unpack(d, archive, target)
+        # The archive's copy in the jar cache is no longer read (Maven's own repository keeps one).
+        shutil.rmtree(archive.parent, ignore_errors=True)
+    return next(p for p in target.iterdir() if p.is_dir())
+
+
+def _unpack(d: Distribution, archive: Path, target: Path) -> None:
+    """Extract the entries of ``archive`` below its top directory that ``d.include`` lists into ``target``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / ".complete").exists():
+            return
+        print(f"[jars] unpacking {archive.name}: {', '.join(d.include) or 'everything'}", file=sys.stderr)
+        partial = target.parent / f".{target.name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+
+        def wanted(member: tarfile.TarInfo) -> bool:
+            inner = member.name.split("/", 1)[1] if "/" in member.name else ""
+            return not d.include or any(inner == i or inner.startswith(i + "/") for i in d.include)
+
+        with tarfile.open(archive) as tar:
+            # The "data" filter refuses absolute paths, links out of the tree and device files.
+            tar.extractall(partial, members=[m for m in tar if wanted(m)], filter="data")
+        (partial / ".complete").write_text(f"{d.artifact}\n")
+        shutil.rmtree(target, ignore_errors=True)
+        partial.rename(target)
 
 
 def group(name: str) -> JarGroup:
@@ -118,13 +206,14 @@ def cache_root() -> Path:
     return path
 
 
-def jars(name: str) -> list[Path]:
-    """The jars of group ``name``, resolved on first use."""
-    g = group(name)
+def jars(name: str | JarGroup) -> list[Path]:
+    """The jars (the artifacts) of group ``name``, resolved on first use."""
+    g = name if isinstance(name, JarGroup) else group(name)
     target = cache_root() / f"{g.name}-{g.digest}"
     if not (target / ".complete").exists():
         _resolve(g, target)
-    return sorted(target.glob("*.jar"))
+    named = {c.file_name for c in g.artifacts}
+    return sorted(p for p in target.iterdir() if p.suffix == ".jar" or p.name in named)
 
 
 def jar(name: str, artifact: str) -> Path:
@@ -174,7 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("groups", nargs="*", help="groups to resolve or print (default: all)")
     parser.add_argument("--packages", action="store_true", help="print the groups as spark.jars.packages")
     parser.add_argument("--classpath", action="store_true", help="print the resolved jars, one per line")
+    parser.add_argument("--distribution", action="append", default=[], metavar="NAME",
+                        help="resolve and unpack a distribution (e.g. trino) and print its directory")
     args = parser.parse_args(argv)
+    if args.distribution:
+        for name in args.distribution:
+            print(distribution(name))
+        return 0
     names = args.groups or list(groups())
     if args.packages:
         print(packages(*names))

@@ -16,6 +16,7 @@ import java.security.MessageDigest;
 import java.security.SecureRandom;
 import java.util.Base64;
 import java.util.HashMap;
+import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.Executors;
@@ -39,6 +40,7 @@ import org.apache.iceberg.exceptions.NoSuchTableException;
 import org.apache.iceberg.exceptions.NotAuthorizedException;
 import org.apache.iceberg.exceptions.ValidationException;
 import org.apache.iceberg.rest.CatalogHandlers;
+import org.apache.iceberg.rest.Endpoint;
 import org.apache.iceberg.rest.RESTCatalogProperties.SnapshotMode;
 import org.apache.iceberg.rest.LakestreamRestMapper;
 import org.apache.iceberg.rest.RESTUtil;
@@ -83,6 +85,13 @@ public final class RestCatalogServer {
   private static final Pattern REGISTER = Pattern.compile("^/v1/namespaces/([^/]+)/register$");
   private static final Pattern TABLE = Pattern.compile("^/v1/namespaces/([^/]+)/tables/([^/]+)$");
   private static final Pattern METRICS = Pattern.compile("^/v1/namespaces/([^/]+)/tables/([^/]+)/metrics$");
+
+  private static final List<Endpoint> ENDPOINTS = List.of(
+      Endpoint.V1_LIST_NAMESPACES, Endpoint.V1_LOAD_NAMESPACE, Endpoint.V1_NAMESPACE_EXISTS,
+      Endpoint.V1_CREATE_NAMESPACE, Endpoint.V1_UPDATE_NAMESPACE, Endpoint.V1_DELETE_NAMESPACE,
+      Endpoint.V1_LIST_TABLES, Endpoint.V1_LOAD_TABLE, Endpoint.V1_TABLE_EXISTS, Endpoint.V1_CREATE_TABLE,
+      Endpoint.V1_UPDATE_TABLE, Endpoint.V1_DELETE_TABLE, Endpoint.V1_RENAME_TABLE, Endpoint.V1_REGISTER_TABLE,
+      Endpoint.V1_REPORT_METRICS);
 
   private final Catalog catalog;
   private final SupportsNamespaces namespaces;
@@ -196,7 +205,9 @@ public final class RestCatalogServer {
     Map<String, String> query = query(exchange);
     Matcher m;
     if (path.equals("/v1/config") && method.equals("GET")) {
-      return ConfigResponse.builder().build();
+      // The routes this server serves: a client asks for nothing else (Trino looks a name up as a view
+      // first, and takes a view route the server does not list as "no such view").
+      return ConfigResponse.builder().withEndpoints(ENDPOINTS).build();
     }
     if (path.equals("/v1/namespaces")) {
       if (method.equals("GET")) {
