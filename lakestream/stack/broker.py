@@ -99,7 +99,8 @@ def allow(bootstrap_servers: str, user: str, resources: list[tuple[ResourceType,
         future.result(timeout=timeout)
 
 
-def _java() -> str:
+def java_binary() -> str:
+    """The java of JAVA_HOME, else the one on PATH (the broker and the Connect worker run on it)."""
     home = os.environ.get("JAVA_HOME")
     java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
     if not java or not Path(java).exists():
@@ -243,7 +244,7 @@ class KafkaBroker:
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         result = process.run_logged(
-            [_java(), "-Xmx256m", "-cp", self._classpath(), "kafka.tools.StorageTool", "format",
+            [java_binary(), "-Xmx256m", "-cp", self._classpath(), "kafka.tools.StorageTool", "format",
              f"--cluster-id={cluster_id}", "--config", str(config)],  # an id may start with "-"
             self.log_path,
         )
@@ -259,7 +260,7 @@ class KafkaBroker:
         self._format_storage(config)
         heap = os.environ.get("LAKESTREAM_KAFKA_HEAP", "512m")
         return [
-            _java(), f"-Xmx{heap}", f"-Xms{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+            java_binary(), f"-Xmx{heap}", f"-Xms{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
             "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={(self.dir / 'log4j2.properties').as_uri()}",
             f"-Dkafka.logs.dir={self.dir / 'logs'}",
             "-cp", self._classpath(), "kafka.Kafka", str(config),

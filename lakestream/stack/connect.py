@@ -26,7 +26,7 @@ from typing import Any
 from lakestream import jars
 from lakestream.errors import StackError
 from lakestream.stack import process
-from lakestream.stack.broker import _java
+from lakestream.stack.broker import java_binary
 from lakestream.stack.models import ServiceStatus, StackSettings
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class ConnectWorker:
         heap = os.environ.get("LAKESTREAM_CONNECT_HEAP", "512m")
         classpath = os.pathsep.join(str(j) for j in jars.jars("connect"))
         return [
-            _java(), f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            java_binary(), f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={(self.dir / 'log4j2.properties').as_uri()}",
             "-cp", classpath, "org.apache.kafka.connect.cli.ConnectDistributed", str(config),
         ]
