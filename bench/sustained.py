@@ -767,6 +767,8 @@ def maintenance_settings(args, base: Base) -> dict[str, Any]:
     """Inline maintenance; a base grown by SQL keeps the policy's default target (a user's standing configuration),
     one filled through the write path the base's median file (see the module doc)."""
     compaction: dict[str, Any] = {"quiet_time_s": 0, "max_files_per_partition": args.compact_max_files}
+    if args.compact_max_rows_per_file:
+        compaction["max_rows_per_file"] = args.compact_max_rows_per_file
     if args.compact_target_mb or base.grown_by != "sql":
         target = int(args.compact_target_mb * 2**20) if args.compact_target_mb else base.median_file_bytes
         compaction["target_file_size_bytes"] = max(1, target)
@@ -1032,6 +1034,8 @@ def main() -> int:
                         help="compaction target file size (default: the base's median data file)")
     parser.add_argument("--compact-max-files", type=int, default=100,
                         help="compaction starts above this many data files (the policy's max_files_per_partition)")
+    parser.add_argument("--compact-max-rows-per-file", type=int, default=None,
+                        help="the policy's compaction.max_rows_per_file (default: the policy's)")
     parser.add_argument("--kill-point", choices=sorted(KILL_POINTS), default="anywhere",
                         help="where the SIGKILL lands: anywhere (at --kill-at); landed (the first table commit after "
                              "--kill-at, before its key index delta is written); compaction-written, -before, -landed "

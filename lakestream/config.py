@@ -795,9 +795,11 @@ class CompactionPolicy(_Model):
     # Input bytes one round of a pipeline's own compaction rewrites (the rest waits for later rounds): the
     # rewrite shares the cores with the batches.
     max_bytes_per_round: int = Field(default=64 * 1024 * 1024, gt=0)
-    # Rows of one rewritten file: its commit, between two batches, moves each row's key index entry. A file
-    # with 3/4 as many live rows is full: never rewritten for its size.
-    max_rows_per_file: int = Field(default=1_000_000, ge=1000)
+    # Rows of one rewritten file: its commit, between two batches, moves each row's key index entry (the same budget
+    # as a pause's share, `engine.loop.COMPACTION_ROWS_PER_COMMIT`). At 1M, a 100M-row mirror's batch after such a
+    # commit took 2.7-2.8 s against a 0.23 s median (bench/sustained.py). A file with 3/4 as many live rows is full:
+    # never rewritten for its size.
+    max_rows_per_file: int = Field(default=250_000, ge=1000)
 
 
 class MaintenancePolicy(_Model):
