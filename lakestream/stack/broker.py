@@ -19,7 +19,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import uuid
 from pathlib import Path
 
@@ -39,7 +38,7 @@ from confluent_kafka.admin import (
 from lakestream import jars
 from lakestream.errors import StackError
 from lakestream.stack import process, tls
-from lakestream.stack.models import ServiceStatus, StackSettings
+from lakestream.stack.models import StackSettings
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +107,7 @@ def java_binary() -> str:
     return java
 
 
-class KafkaBroker:
+class KafkaBroker(process.PidService):
     """Apache Kafka on 127.0.0.1:<kafka_port> (PLAINTEXT) with its KRaft controller on
     127.0.0.1:<kafka_controller_port>, and SASL_SSL on 127.0.0.1:<kafka_sasl_port> when asked; tracked by a
     pid file."""
@@ -171,9 +170,6 @@ class KafkaBroker:
     @property
     def sasl_password_file(self) -> Path:
         return self.dir / "sasl" / f"{self.settings.kafka_sasl_user}.password"
-
-    def pid(self) -> int | None:
-        return self.pid_file.live_pid()
 
     def server_properties(self) -> dict[str, str]:
         """The broker's configuration: a single KRaft node on loopback, internal topics at replication 1."""
@@ -346,20 +342,6 @@ class KafkaBroker:
         if self.sasl_port:
             process.require_free_port(self.sasl_port, "Kafka's SASL_SSL listener", "StackSettings.kafka_sasl_port")
 
-    def stop(self, timeout: float | None = None) -> None:
-        """SIGTERM (a controlled shutdown), SIGKILL after ``timeout``."""
-        pid = self.pid()
-        if pid is not None:
-            process.stop_pid(pid, timeout=self.stop_timeout if timeout is None else timeout)
-        self.pid_file.remove()
-
-    def kill(self) -> None:
-        """SIGKILL the broker (a crash: its data directory is kept, the next start recovers the logs)."""
-        pid = self.pid()
-        if pid is not None:
-            process.stop_pid(pid, sig=signal.SIGKILL, timeout=10)
-        self.pid_file.remove()
-
     def healthy(self) -> bool:
         return kafka_healthy(self.bootstrap_servers)
 
@@ -379,17 +361,9 @@ class KafkaBroker:
         finally:
             consumer.close()
 
-    def status(self) -> ServiceStatus:
-        pid = self.pid()
-        return ServiceStatus(
-            name=self.name,
-            running=pid is not None,
-            pid=pid,
-            port=self.port,
-            healthy=pid is not None and self.healthy(),
-            persistent=self.persistent,
-            detail=f"Apache Kafka (KRaft), data in {self.data_dir}",
-        )
+    @property
+    def detail(self) -> str:
+        return f"Apache Kafka (KRaft), data in {self.data_dir}"
 
 
 

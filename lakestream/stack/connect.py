@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,7 +26,7 @@ from lakestream import jars
 from lakestream.errors import StackError
 from lakestream.stack import process
 from lakestream.stack.broker import java_binary
-from lakestream.stack.models import ServiceStatus, StackSettings
+from lakestream.stack.models import StackSettings
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +63,7 @@ class ConnectError(StackError):
         self.status = status
 
 
-class ConnectWorker:
+class ConnectWorker(process.PidService):
     """A Kafka Connect worker (distributed mode) with its REST API on 127.0.0.1:<connect_port>, tracked by a
     pid file."""
 
@@ -97,9 +96,6 @@ class ConnectWorker:
     @property
     def plugin_path(self) -> Path:
         return self.dir / "plugins"
-
-    def pid(self) -> int | None:
-        return self.pid_file.live_pid()
 
     def worker_properties(self) -> dict[str, str]:
         """The worker's configuration: one distributed worker, internal topics at replication 1."""
@@ -187,20 +183,6 @@ class ConnectWorker:
             raise StackError(f"Kafka Connect on {self.url} {why}\n"
                              f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
 
-    def stop(self, timeout: float | None = None) -> None:
-        """SIGTERM (offsets committed, the group left), SIGKILL after ``timeout``."""
-        pid = self.pid()
-        if pid is not None:
-            process.stop_pid(pid, timeout=self.stop_timeout if timeout is None else timeout)
-        self.pid_file.remove()
-
-    def kill(self) -> None:
-        """SIGKILL the worker (a crash: the next start resumes from the offsets flushed before it)."""
-        pid = self.pid()
-        if pid is not None:
-            process.stop_pid(pid, sig=signal.SIGKILL, timeout=10)
-        self.pid_file.remove()
-
     def healthy(self) -> bool:
         """True once ``GET /health`` answers 200: the worker joined its group and can take requests."""
         try:
@@ -209,11 +191,9 @@ class ConnectWorker:
         except (OSError, urllib.error.URLError):
             return False
 
-    def status(self) -> ServiceStatus:
-        pid = self.pid()
-        return ServiceStatus(name=self.name, running=pid is not None, pid=pid, port=self.port,
-                             healthy=pid is not None and self.healthy(), persistent=self.persistent,
-                             detail=f"Kafka Connect (distributed, group {self.group_id}), REST {self.url}")
+    @property
+    def detail(self) -> str:
+        return f"Kafka Connect (distributed, group {self.group_id}), REST {self.url}"
 
     # -- the REST API --------------------------------------------------------------------------------------
 

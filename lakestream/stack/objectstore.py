@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lakestream.errors import StackError
 from lakestream.stack import process
-from lakestream.stack.models import ACCESS_KEY_ENV, SECRET_KEY_ENV, ServiceStatus, StackSettings  # noqa: F401
+from lakestream.stack.models import ACCESS_KEY_ENV, SECRET_KEY_ENV, StackSettings  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 # (`storage.access_key_id_env` / `secret_access_key_env`): the file never holds them.
 
 
-class ObjectStore:
+class ObjectStore(process.PidService):
     """nanio on 127.0.0.1:<s3_port> with one bucket (``s3_bucket``), tracked by a pid file."""
 
     name = "objectstore"
@@ -47,9 +47,6 @@ class ObjectStore:
     @property
     def warehouse(self) -> str:
         return f"s3://{self.settings.s3_bucket}/warehouse"
-
-    def pid(self) -> int | None:
-        return self.pid_file.live_pid()
 
     def check_port_free(self) -> None:
         process.require_free_port(self.port, "object store", "--s3-port / StackSettings.s3_port")
@@ -104,14 +101,6 @@ class ObjectStore:
         except Exception:  # noqa: BLE001 — any failure means "not answering yet"
             return False
 
-    def stop(self, timeout: float = 15.0) -> None:
-        pid = self.pid()
-        if pid is not None:
-            process.stop_pid(pid, timeout=timeout)
-        self.pid_file.remove()
-
-    def status(self) -> ServiceStatus:
-        pid = self.pid()
-        return ServiceStatus(name=self.name, running=pid is not None, pid=pid, port=self.port,
-                             healthy=pid is not None and self.healthy(), persistent=self.persistent,
-                             detail=f"nanio, objects on disk ({self.data_dir}), bucket {self.settings.s3_bucket}")
+    @property
+    def detail(self) -> str:
+        return f"nanio, objects on disk ({self.data_dir}), bucket {self.settings.s3_bucket}"

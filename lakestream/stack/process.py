@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from lakestream.stack.models import ServiceStatus
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -218,3 +220,45 @@ def require_free_port(port: int, service: str, option: str) -> None:
     if not port_is_free(port):
         raise StackError(f"{service} port {port} on 127.0.0.1 is already in use by another process; "
                          f"choose another with {option}")
+
+
+class PidService:
+    """A local service tracked by its pid file: its pid, a stop (SIGTERM, then SIGKILL after the timeout), a
+    SIGKILL, and its status line. A subclass sets ``name``, ``pid_file``, ``port`` and ``persistent`` and defines
+    ``healthy`` and ``detail``."""
+
+    name: str
+    pid_file: PidFile
+    port: int
+    persistent: bool = False  # its state outlives a stop (a data directory, a database, a broker's topics)
+    stop_timeout: float = 15.0  # seconds between SIGTERM and SIGKILL
+
+    def pid(self) -> int | None:
+        return self.pid_file.live_pid()
+
+    def healthy(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def detail(self) -> str:
+        return ""
+
+    def stop(self, timeout: float | None = None) -> None:
+        """SIGTERM, SIGKILL after ``timeout`` (default `stop_timeout`)."""
+        pid = self.pid()
+        if pid is not None:
+            stop_pid(pid, timeout=self.stop_timeout if timeout is None else timeout)
+        self.pid_file.remove()
+
+    def kill(self) -> None:
+        """SIGKILL (a crash: what it keeps on disk is found again by the next start)."""
+        pid = self.pid()
+        if pid is not None:
+            stop_pid(pid, sig=signal.SIGKILL, timeout=10)
+        self.pid_file.remove()
+
+    def status(self) -> ServiceStatus:
+        pid = self.pid()
+        return ServiceStatus(name=self.name, running=pid is not None, pid=pid, port=self.port,
+                             healthy=pid is not None and self.healthy(), persistent=self.persistent,
+                             detail=self.detail)

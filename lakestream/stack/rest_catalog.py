@@ -20,7 +20,7 @@ from pathlib import Path
 
 from lakestream.errors import StackError
 from lakestream.stack import process
-from lakestream.stack.models import ServiceStatus, StackSettings
+from lakestream.stack.models import StackSettings
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ BACKEND_CATALOG = "rest_backend"
 FAIL_FAST_S3 = {"s3.retry.num-retries": "1", "s3.retry.min-wait-ms": "200", "s3.retry.max-wait-ms": "1000"}
 
 
-class RestCatalogServer:
+class RestCatalogServer(process.PidService):
     """The REST catalog on 127.0.0.1:<rest_port>, tracked by a pid file."""
 
     name = "rest-catalog"
@@ -93,9 +93,6 @@ class RestCatalogServer:
     def _keystore_password(self) -> str:
         # Protects nothing beyond the file's own mode (the key never leaves this directory): a fixed value.
         return "lakestream-local"
-
-    def pid(self) -> int | None:
-        return self.pid_file.live_pid()
 
     def check_port_free(self) -> None:
         process.require_free_port(self.port, "REST catalog", "--rest-port / StackSettings.rest_port")
@@ -183,18 +180,9 @@ class RestCatalogServer:
         except OSError:
             return False
 
-    def stop(self, timeout: float = 15.0) -> None:
-        pid = self.pid()
-        if pid is not None:
-            process.stop_pid(pid, timeout=timeout)
-        self.pid_file.remove()
-
-    def status(self) -> ServiceStatus:
-        pid = self.pid()
-        return ServiceStatus(name=self.name, running=pid is not None, pid=pid, port=self.port,
-                             healthy=pid is not None and self.healthy(), persistent=self.persistent,
-                             detail=f"Iceberg CatalogHandlers over the JDBC catalog {self.backend!r} "
-                                    f"in {self.settings.catalog_db}")
+    @property
+    def detail(self) -> str:
+        return f"Iceberg CatalogHandlers over the JDBC catalog {self.backend!r} " f"in {self.settings.catalog_db}"
 
 
 def _run(argv: list[str], what: str) -> None:

@@ -27,7 +27,6 @@ from lakestream import jars
 from lakestream.config import CatalogSettings
 from lakestream.errors import StackError
 from lakestream.stack import process
-from lakestream.stack.models import ServiceStatus
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +101,12 @@ def _java_major(java: Path) -> int:
     return int(found.group(1)) if found else 0
 
 
-class TrinoServer:
+class TrinoServer(process.PidService):
     """One Trino node on 127.0.0.1:<port> with an Iceberg catalog per entry of ``catalogs`` (name →
     connector properties, e.g. `iceberg_catalog_properties`), tracked by a pid file under ``state_dir``."""
 
     name = "trino"
+    stop_timeout = 30.0
     start_timeout = 180.0  # ~30-60 s on an idle 2-core machine; much more while Spark runs beside it
 
     def __init__(self, state_dir: Path, port: int, catalogs: dict[str, dict[str, str]], *, heap: str = "1200m"):
@@ -120,9 +120,6 @@ class TrinoServer:
     @property
     def uri(self) -> str:
         return f"http://{process.LOOPBACK}:{self.port}"
-
-    def pid(self) -> int | None:
-        return self.pid_file.live_pid()
 
     def _write_config(self, install: Path) -> Path:
         etc = self.dir / "etc"
@@ -185,17 +182,9 @@ class TrinoServer:
         except (OSError, ValueError, urllib.error.URLError):
             return False
 
-    def stop(self, timeout: float = 30.0) -> None:
-        pid = self.pid()
-        if pid is not None:
-            process.stop_pid(pid, timeout=timeout)
-        self.pid_file.remove()
-
-    def status(self) -> ServiceStatus:
-        pid = self.pid()
-        return ServiceStatus(name=self.name, running=pid is not None, pid=pid, port=self.port,
-                             healthy=pid is not None and self.healthy(), persistent=False,
-                             detail=f"Trino, catalogs {', '.join(self.catalogs)}")
+    @property
+    def detail(self) -> str:
+        return f"Trino, catalogs {', '.join(self.catalogs)}"
 
 
 def _write_properties(path: Path, values: dict[str, str]) -> None:
