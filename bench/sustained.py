@@ -72,6 +72,7 @@ from _common import (  # noqa: E402
     private_stack, quiet_logs, say, to_config, write_pipeline_yaml,
 )
 
+from lakestream.config import CompactionPolicy  # noqa: E402
 from lakestream.engine.freshness import freshness_from_metrics  # noqa: E402
 from lakestream.engine.loop import metrics_path, run_pipeline  # noqa: E402
 from lakestream.faults import ENV_VAR as PAUSE_ENV  # noqa: E402
@@ -1001,13 +1002,14 @@ def print_table(s: dict[str, Any]) -> None:
     cores = s.get("cpu_cores_during_load") or {}
     say(f"  CPU during the load (cores of {os.cpu_count()})       "
         + ", ".join(f"{group} {cores[group]}" for group in ("pipeline", "broker", "bench") if group in cores))
-    say(f"  pipeline peak RSS (process group)       {s['pipeline_peak_rss_mb']:,} MB; compactions committed "
-        f"{s['compactions_committed']} of {s['compaction_log']['planned'] + s['compaction_log']['written_beside_batches']}"
-        f" planned ({s['compaction_log']['committed_by_pipeline']} written beside the batches and committed by the "
-        "pipeline)")
+    planned = s["compaction_log"]
+    say(f"  pipeline peak RSS (process group)       {s['pipeline_peak_rss_mb']:,} MB; {s['compactions_committed']} "
+        f"compaction snapshot(s) from {planned['planned'] + planned['written_beside_batches']} compaction(s) planned "
+        f"({planned['committed_by_pipeline']} commit(s) by the pipeline: a written compaction is committed in shares)")
     if not s["compactions_committed"]:
         failed = s["compaction_log"]
-        target = s["maintenance_config"]["policies"][0]["compaction"]["target_file_size_bytes"]
+        target = s["maintenance_config"]["policies"][0]["compaction"].get(
+            "target_file_size_bytes", CompactionPolicy().target_file_size_bytes)
         say(f"  no compaction committed: {failed['commits_failed']} rewrite commit(s) failed"
             + (f" ({failed['first_cause']})" if failed["first_cause"] else "")
             + f"; the stream's files (median {(s['stream_file_median_bytes'] or 0) / 1e3:.0f} KB) are candidates "
