@@ -4,11 +4,13 @@ Each group of ``jars.toml`` becomes a small pom; ``mvn dependency:copy-dependenc
 configured Maven repositories (Maven Central unless the user's ``~/.m2/settings.xml`` names a mirror) with
 strict checksums (``-C``: a jar whose SHA-1 does not match the repository's fails the resolution), into
 ``<cache>/jars/<group>-<digest>/``. The digest covers the group's coordinates, so changing a version resolves
-anew and never mixes versions. ``scripts/bootstrap.sh`` resolves every group; the first use resolves a group
+anew and never mixes versions. ``scripts/bootstrap.sh`` resolves the groups its venv uses; the first use resolves a group
 that is missing (a lock keeps two processes from resolving one group at once).
 
-On a Spark cluster the same coordinates go into ``spark.jars.packages`` (``python -m lakestream.jars
---packages spark spark-aws``), where Spark's Ivy resolves them.
+A group with a ``pyspark`` line (``"3.5"``, ``"4.1"``) holds the Spark session's jars for that Spark and its
+Scala; ``spark_group`` picks the one of the running pyspark. On a Spark cluster the same coordinates go into
+``spark.jars.packages`` (``python -m lakestream.jars --packages spark spark-aws``; ``spark4`` for Spark 4.1), where
+Spark's Ivy resolves them.
 
 A distribution (``[distributions.<name>]``: an archive such as Trino's server tarball) is resolved the same
 way, checksums checked, and the entries it lists under ``include`` are unpacked into
@@ -75,6 +77,7 @@ class JarGroup:
     # ``group:artifact`` patterns (``*`` for any) left out of the dependencies of a transitive group: what the
     # process that loads the group already provides (a Connect plugin leaves out the worker's Kafka jars).
     exclude: tuple[str, ...] = ()
+    pyspark: str | None = None  # "major.minor" of the Spark whose session these jars are for; None: any JVM
 
     @property
     def digest(self) -> str:
@@ -138,8 +141,30 @@ def groups() -> dict[str, JarGroup]:
                 raise LakestreamError(f"{MANIFEST}: groups.{name}.exclude: {pattern!r} is not group:artifact "
                                       "(use * for any)")
         out[name] = JarGroup(name, tuple(Coordinate.parse(a) for a in spec["artifacts"]),
-                             bool(spec.get("transitive")), exclude)
+                             bool(spec.get("transitive")), exclude, spec.get("pyspark"))
     return out
+
+
+def spark_group(pyspark_version: str | None = None) -> str:
+    """The name of the group with the Spark session's jars (Iceberg's runtime for that Spark and Scala, the JDBC
+    driver) for ``pyspark_version`` (default: the installed pyspark's)."""
+    if pyspark_version is None:
+        import pyspark
+
+        pyspark_version = pyspark.__version__
+    line = ".".join(pyspark_version.split(".")[:2])
+    for g in groups().values():
+        if g.pyspark == line:
+            return g.name
+    served = ", ".join(g.pyspark for g in groups().values() if g.pyspark)
+    raise LakestreamError(f"pyspark {pyspark_version} is not supported: {MANIFEST} has Iceberg runtimes for Spark "
+                          f"{served} only — fix: install a pyspark of one of those lines")
+
+
+def default_groups() -> list[str]:
+    """The groups this installation uses: the running pyspark's Spark group and every group for no Spark."""
+    spark = spark_group()
+    return [n for n, g in groups().items() if g.pyspark is None or n == spark]
 
 
 @cache
@@ -260,7 +285,8 @@ def _resolve(g: JarGroup, target: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lakestream.jars", description=__doc__.split("\n")[0])
-    parser.add_argument("groups", nargs="*", help="groups to resolve or print (default: all)")
+    parser.add_argument("groups", nargs="*",
+                        help="groups to resolve or print (default: the installed pyspark's and those for no Spark)")
     parser.add_argument("--packages", action="store_true", help="print the groups as spark.jars.packages")
     parser.add_argument("--classpath", action="store_true", help="print the resolved jars, one per line")
     parser.add_argument("--distribution", action="append", default=[], metavar="NAME",
@@ -270,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.distribution:
             print(distribution(name))
         return 0
-    names = args.groups or list(groups())
+    names = args.groups or default_groups()
     if args.packages:
         print(packages(*names))
         return 0

@@ -25,13 +25,16 @@ _JAVA_DIR = Path(__file__).parent / "java"
 
 
 def iceberg_runtime_jar() -> Path:
-    """Iceberg's Spark 3.5 runtime (``org.apache.iceberg:iceberg-spark-runtime-3.5_2.12``)."""
-    return jars.jar("spark", "iceberg-spark-runtime-3.5_2.12")
+    """Iceberg's runtime for the installed pyspark's Spark and Scala (``org.apache.iceberg:iceberg-spark-runtime-3.5_2.12``
+    or ``-4.1_2.13``; ``jars.spark_group``)."""
+    name = jars.spark_group()
+    runtime = next(c.artifact for c in jars.group(name).artifacts if c.artifact.startswith("iceberg-spark-runtime-"))
+    return jars.jar(name, runtime)
 
 
 def postgres_jdbc_jar() -> Path:
     """The PostgreSQL JDBC driver (``org.postgresql:postgresql``)."""
-    return jars.jar("spark", "postgresql")
+    return jars.jar(jars.spark_group(), "postgresql")
 
 
 def aws_sdk_jars() -> list[Path]:
@@ -79,7 +82,8 @@ def cache_dir() -> Path:
 
 def helper_jar() -> Path:
     """Path of the jar of every ``lakestream/java/*.java`` class (Spark and Iceberg side), compiled on first
-    use (the cache key covers every source file's name and content and the Iceberg runtime jar)."""
+    use against the installed pyspark's jars (the cache key covers every source file's name and content and the
+    Iceberg runtime jar, which names the Spark and Scala)."""
     classpath = [str(spark_jars_dir() / "*"), str(iceberg_runtime_jar())]
     return _compiled_jar("lakestream-helper", sorted(_JAVA_DIR.glob("*.java")), classpath, str(iceberg_runtime_jar()))
 

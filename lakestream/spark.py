@@ -77,10 +77,11 @@ def session_jars(spark: SparkSettings) -> list[str]:
 
 
 def session_packages(spark: SparkSettings) -> str | None:
-    """``spark.jars.packages`` for ``jars_from: packages``: the coordinates of lakestream/jars.toml."""
+    """``spark.jars.packages`` for ``jars_from: packages``: the coordinates of lakestream/jars.toml, the Spark group
+    of the running pyspark's Spark line."""
     if spark.jars_from != "packages":
         return None
-    return jar_groups.packages("spark", *(["spark-aws"] if spark.bundled_aws_sdk else []))
+    return jar_groups.packages(jar_groups.spark_group(), *(["spark-aws"] if spark.bundled_aws_sdk else []))
 
 
 def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) -> SparkSession:

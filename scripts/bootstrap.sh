@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${LAKESTREAM_VENV:-.venv}
+# LAKESTREAM_PYSPARK=X.Y.Z: the venv gets that pyspark instead of requirements.lock's (`make test-spark4` makes
+# .venv-spark4 so); every other pin stays. The Iceberg runtime is then the jars.toml group for that Spark.
+PYSPARK=${LAKESTREAM_PYSPARK:-}
+requirements() {
+  if [ -n "$PYSPARK" ]; then sed "s/^pyspark==.*/pyspark==$PYSPARK/" requirements.lock; else cat requirements.lock; fi
+}
 
 need_apt=()
 [ -x /usr/lib/postgresql/15/bin/initdb ] || need_apt+=(postgresql-15)
@@ -20,15 +26,15 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 stamp="$VENV/.lakestream-stamp"
-want="$(cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)"
+want="$( { requirements; cat pyproject.toml; } | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "[bootstrap] creating $VENV (pinned requirements.lock)"
+  echo "[bootstrap] creating $VENV (pinned requirements.lock${PYSPARK:+, pyspark $PYSPARK})"
   [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check -r requirements.lock 2> >(grep -v "^WARNING: Location" >&2)
+  "$VENV/bin/pip" install -q --disable-pip-version-check -r <(requirements) 2> >(grep -v "^WARNING: Location" >&2)
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e . 2> >(grep -v "^WARNING: Location" >&2)
   echo "$want" > "$stamp"
 fi
-# Resolve every jar group of lakestream/jars.toml with Maven (checksums checked) into ~/.cache/lakestream/jars,
+# Resolve the jar groups of lakestream/jars.toml this venv uses with Maven (checksums checked) into ~/.cache/lakestream/jars,
 # then compile the small JVM helpers (commit properties, offset lookup; the capture classes; the local REST
 # catalog server) against them.
 "$VENV/bin/python" -m lakestream.jars

@@ -7,16 +7,37 @@ import json
 import os
 import uuid
 
+import pytest
 from conftest import load_debezium_fixture, produce_records, run_lakestream, write_pipeline_yaml
 from lakestream import jars
 from lakestream.config import SparkSettings
+from lakestream.errors import LakestreamError
+from lakestream.jvm_helper import iceberg_runtime_jar
 from lakestream.spark import session_jars, session_packages
+
+
+def _runtime_artifact() -> str:
+    """Iceberg's runtime artifact for the installed pyspark: ``iceberg-spark-runtime-3.5_2.12`` on pyspark 3.5,
+    ``iceberg-spark-runtime-4.1_2.13`` on 4.1."""
+    import pyspark
+
+    line = ".".join(pyspark.__version__.split(".")[:2])
+    return f"iceberg-spark-runtime-{line}_{'2.12' if line == '3.5' else '2.13'}"
+
+
+def test_the_spark_group_follows_the_running_pyspark():
+    assert jars.spark_group("3.5.9") == "spark"
+    assert jars.spark_group("4.1.4") == "spark4"
+    assert "iceberg-spark-runtime-4.1_2.13" in jars.packages("spark4")
+    with pytest.raises(LakestreamError, match=r"pyspark 4\.0\.1 is not supported.*Spark 3\.5, 4\.1"):
+        jars.spark_group("4.0.1")
+    assert iceberg_runtime_jar().name.startswith(_runtime_artifact() + "-")
 
 
 def test_packages_mode_gives_coordinates_not_cached_jars():
     settings = SparkSettings(jars_from="packages", bundled_aws_sdk=False)
-    assert session_packages(settings) == jars.packages("spark")
-    assert "org.apache.iceberg:iceberg-spark-runtime-3.5_2.12:" in session_packages(settings)
+    assert session_packages(settings) == jars.packages(jars.spark_group())
+    assert f"org.apache.iceberg:{_runtime_artifact()}:" in session_packages(settings)
     assert not any("iceberg-spark-runtime" in j or "postgresql" in j for j in session_jars(settings))
     assert session_packages(SparkSettings()) is None
 
@@ -36,7 +57,7 @@ def test_a_session_with_jars_by_coordinates_writes_and_commits_a_mirror(stack, s
     done = run_lakestream("run", str(path), "--until-idle", timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     # Ivy's resolution report names the runtime it fetched for this session (from Central or its cache).
-    assert "org.apache.iceberg#iceberg-spark-runtime-3.5_2.12" in done.stderr, done.stderr[-3000:]
+    assert f"org.apache.iceberg#{_runtime_artifact()}" in done.stderr, done.stderr[-3000:]
     table = f"lake.pkg.all_types_{topic[:9]}"
     rows = spark.table(table).collect()
     expected_keys = set()
