@@ -361,10 +361,11 @@ def _session(config: PipelineConfig) -> SparkSession:
 def _read_spark(config: PipelineConfig, ref: TableName, columns: list[str] | None, where: str | None,
                 snapshot_id: int | None, limit: int | None, spark: SparkSession | None) -> pa.Table:
     session = spark or _session(config)
-    reader = session.read
-    if snapshot_id is not None:
-        reader = reader.option("snapshot-id", str(int(snapshot_id)))
-    df = reader.table(quote_table(config.catalog.name, ref.namespace, ref.table))
+    ident = quote_table(config.catalog.name, ref.namespace, ref.table)
+    # SQL time travel on either Spark: Iceberg's runtime for Spark 4 refuses its own read option `snapshot-id`
+    # ("use Spark built-in `versionAsOf`").
+    df = session.table(ident) if snapshot_id is None else \
+        session.sql(f"SELECT * FROM {ident} VERSION AS OF {int(snapshot_id)}")
     check_columns(ref, columns, df.columns)
     if where:
         df = df.where(where)
