@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -135,12 +136,28 @@ def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) 
     with _jvm_stdout_to_stderr():
         session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    _quiet_query_context_loggers()
     # A running driver JVM (a catalog added to it) never saw the options above: set them as properties too.
     # The SDK reads them whenever it builds a client.
     for option in storage.jvm_options(catalog.storage):
         key, value = option[2:].split("=", 1)
         session._jvm.java.lang.System.setProperty(key, value)
     return session
+
+
+def _quiet_query_context_loggers() -> None:
+    """PySpark 4 logs every Spark SQL error it converts to a Python exception, at ERROR with the whole JVM stack
+    as one JSON line on stderr (loggers ``SQLQueryContextLogger``, ``DataFrameQueryContextLogger``), also the
+    errors a caller catches and handles. The exception itself still carries the message and the stack; lakestream
+    logs the errors it does not handle. (pyspark 3.5 has no such loggers.)"""
+    try:
+        from pyspark.logger import PySparkLogger
+    except ImportError:
+        return
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        # Through PySparkLogger: a plain logging.Logger of that name would not take the keyword arguments
+        # PySpark passes to it.
+        PySparkLogger.getLogger(name).setLevel(logging.CRITICAL)
 
 
 @contextlib.contextmanager
