@@ -25,9 +25,14 @@ test: setup
 
 # Spark 4.1 (Scala 2.13, Java 17): a second venv with pyspark $(SPARK4_PYSPARK) instead of requirements.lock's 3.5.9
 # (everything else as pinned), Iceberg's 4.1 runtime (jars.toml group spark4, picked by the pyspark version), and the
-# core suite on it. Left out: tests that never start Spark (tests/decode, the pure units: the decoding itself runs in
-# the Spark tasks of the engine and sink tests here), the long chaos, fuzz and exactly-once scenarios, and
-# what `make test` alone needs to cover (capture, stack, storage, snapshot, process, health, dashboard, demo, CLI).
+# core suite on it: every engine, sink, maintenance and query test that starts Spark, and verify (Lakestream's own
+# Spark SQL casts, under Spark 4's ANSI mode). Left out: tests that never start Spark (tests/decode and the pure units
+# engine/test_units, sink/test_latest, test_disk_index, test_convert_defaults, maintenance/test_policy: nothing in them
+# changes with Spark; the decoding itself runs inside the Spark tasks of the engine and sink tests here), the long
+# engine/test_chaos, test_exactly_once and test_fuzz (minutes each; crash recovery is here at small size in
+# test_crash_between_tables, test_dead_letter_durability, test_overlap and test_restart_positions; malformed records in
+# test_isolation and test_strict_types), and the areas beyond the core (capture, stack, storage, snapshot, process,
+# health, dashboard, demo, CLI).
 SPARK4_VENV ?= .venv-spark4
 SPARK4_PYSPARK ?= 4.1.4
 SPARK4_TESTS = \
@@ -43,7 +48,7 @@ SPARK4_TESTS = \
 	tests/maintenance/test_maintenance_actions.py tests/maintenance/test_line_history.py \
 	tests/maintenance/test_metadata_bounded.py tests/maintenance/test_pipeline_compaction.py \
 	tests/maintenance/test_concurrent_ingest.py tests/maintenance/test_inline_beside_ingest.py \
-	tests/query/test_engines.py tests/query/test_fresh.py
+	tests/query/test_engines.py tests/query/test_fresh.py tests/verify/test_verify.py
 
 setup-spark4:
 	LAKESTREAM_VENV=$(SPARK4_VENV) LAKESTREAM_PYSPARK=$(SPARK4_PYSPARK) ./scripts/bootstrap.sh
