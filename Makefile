@@ -40,7 +40,7 @@ SPARK4_TESTS = \
 	tests/engine/test_crash_between_tables.py tests/engine/test_dead_letter_durability.py \
 	tests/engine/test_engine_metrics.py tests/engine/test_fatal_failures.py tests/engine/test_isolation.py \
 	tests/engine/test_overlap.py tests/engine/test_restart_positions.py tests/engine/test_spark_packages.py \
-	tests/engine/test_cluster.py \
+	tests/engine/test_spark_session.py tests/engine/test_cluster.py \
 	tests/sink/test_append_mode.py tests/sink/test_ddl.py tests/sink/test_dead_letter_replay.py \
 	tests/sink/test_debezium_edge_cases.py tests/sink/test_files_commit.py tests/sink/test_index_exactness.py \
 	tests/sink/test_index_identity.py tests/sink/test_routing.py tests/sink/test_schema_evolution.py \
