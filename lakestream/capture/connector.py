@@ -33,7 +33,6 @@ _EMBEDDED_ONLY_PREFIXES = ("offset.storage", "offset.flush", "name")
 HEARTBEAT_MESSAGE_PREFIX = "lakestream-heartbeat"
 
 
-
 def secret_placeholder(secrets_file: str, key: str) -> str:
     """A reference the worker's FileConfigProvider (``config.providers=file``) resolves to ``key`` of the
     properties file ``secrets_file`` on the worker, when it starts the connector."""

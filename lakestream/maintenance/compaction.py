@@ -101,12 +101,14 @@ def plan_groups(files: list[dict[str, Any]], policy: CompactionPolicy) -> list[l
     for f in files:
         by_partition.setdefault(f["key"], []).append(f)
     groups: list[list[dict[str, Any]]] = []
+    heavy_paths: set[str] = set()
     for members in by_partition.values():
         heavy, classes = [], {}
         for f in members:
             live = f["records"] - f.get("deleted", 0)
             if f["records"] and f.get("deleted", 0) / f["records"] >= policy.delete_ratio_threshold:
                 heavy.append(f)
+                heavy_paths.add(f["path"])
             elif f["size"] < SMALL_FILE_RATIO * target and live < SMALL_FILE_RATIO * max_rows:
                 classes.setdefault(size_class(f["size"]), []).append(f)
         # Beside a file rewritten for its deletes, the small files no larger than it ride along (it is rewritten
@@ -127,8 +129,6 @@ def plan_groups(files: list[dict[str, Any]], policy: CompactionPolicy) -> list[l
             rows += live
         if group:
             groups.append(group)
-    heavy_paths = {f["path"] for f in files if f["records"]
-                   and f.get("deleted", 0) / f["records"] >= policy.delete_ratio_threshold}
     worth = [g for g in groups if len(g) >= 2 or g[0]["path"] in heavy_paths]
     worth.sort(key=lambda g: sum(f["size"] for f in g) / len(g))
     taken, spent = [], 0
