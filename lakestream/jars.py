@@ -40,28 +40,36 @@ MANIFEST = Path(__file__).parent / "jars.toml"
 
 @dataclass(frozen=True)
 class Coordinate:
-    """``group:artifact:version`` of one Maven artifact, or ``group:artifact:type:version`` for an artifact that
-    is not a jar (Maven's own order: the type before the version)."""
+    """``group:artifact:version`` of one Maven artifact, ``group:artifact:type:version`` for an artifact that is
+    not a jar, or ``group:artifact:type:classifier:version`` for a secondary artifact of a project (its test
+    fixtures, say) — Maven's own order: the type and classifier before the version."""
 
     group: str
     artifact: str
     version: str
     type: str = "jar"
+    classifier: str = ""
 
     @classmethod
     def parse(cls, text: str) -> Coordinate:
         parts = text.split(":")
-        if len(parts) == 4 and all(parts):
+        if not all(parts) or len(parts) not in (3, 4, 5):
+            raise LakestreamError(f"{MANIFEST}: {text!r} is not group:artifact:version (or group:artifact:type:version, "
+                                  "group:artifact:type:classifier:version)")
+        if len(parts) == 5:
+            return cls(parts[0], parts[1], parts[4], parts[2], parts[3])
+        if len(parts) == 4:
             return cls(parts[0], parts[1], parts[3], parts[2])
-        if len(parts) != 3 or not all(parts):
-            raise LakestreamError(f"{MANIFEST}: {text!r} is not group:artifact:version (or group:artifact:type:version)")
         return cls(*parts)
 
     @property
     def file_name(self) -> str:
-        return f"{self.artifact}-{self.version}.{self.type}"
+        suffix = f"-{self.classifier}" if self.classifier else ""
+        return f"{self.artifact}-{self.version}{suffix}.{self.type}"
 
     def __str__(self) -> str:
+        if self.classifier:
+            return f"{self.group}:{self.artifact}:{self.type}:{self.classifier}:{self.version}"
         if self.type != "jar":
             return f"{self.group}:{self.artifact}:{self.type}:{self.version}"
         return f"{self.group}:{self.artifact}:{self.version}"
@@ -96,7 +104,8 @@ class JarGroup:
         exclusions = f"<exclusions>{exclusions}</exclusions>" if exclusions else ""
         deps = "\n".join(
             f"    <dependency><groupId>{escape(c.group)}</groupId><artifactId>{escape(c.artifact)}</artifactId>"
-            f"<version>{escape(c.version)}</version><type>{escape(c.type)}</type>{exclusions}</dependency>"
+            f"<version>{escape(c.version)}</version><type>{escape(c.type)}</type>"
+            f"{f'<classifier>{escape(c.classifier)}</classifier>' if c.classifier else ''}{exclusions}</dependency>"
             for c in self.artifacts
         )
         return ('<project xmlns="http://maven.apache.org/POM/4.0.0">\n'

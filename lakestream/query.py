@@ -268,6 +268,12 @@ def _rest_catalog_with_ca(bundle: str) -> type:
             return super().send(request, **kwargs)
 
     class RestCatalogWithCA(RestCatalog):
+        # Mounted before the OAuth2 client-credentials exchange, which pyiceberg runs with the session while it
+        # builds it (inside _create_session), and again on the finished session.
+        def _create_legacy_oauth2_auth_manager(self, session):  # type: ignore[no-untyped-def]
+            session.mount("https://", PinnedCA())
+            return super()._create_legacy_oauth2_auth_manager(session)
+
         def _create_session(self):  # type: ignore[no-untyped-def]
             session = super()._create_session()
             session.mount("https://", PinnedCA())

@@ -374,27 +374,31 @@ def storage_env(store) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def rest_catalog_factory(stack, service_dir_factory):
-    """Start Iceberg REST catalog servers (Iceberg's CatalogHandlers over a JDBC catalog in the shared
-    PostgreSQL; `lakestream.stack.rest_catalog`): ``make(warehouse, store=None, credential=None,
-    vend=False, tls=False)``; each is stopped at session end. With ``store`` its FileIO is S3FileIO on that
-    store; ``vend`` makes it vend the store's credentials to clients that ask; ``tls`` serves https with a
-    certificate of its own CA (``server.ca_bundle``)."""
-    from lakestream.stack.rest_catalog import RestCatalogServer
+    """Start Iceberg REST catalog servers over JDBC catalogs in the shared PostgreSQL
+    (`lakestream.stack.rest_catalog`): ``make(warehouse, store=None, credential=None, vend=False, tls=False)``;
+    each is stopped at session end. Apache Iceberg's own server (RESTCatalogServer) unless ``tls`` asks for https,
+    which only the server written here serves (it also checks ``credential``, which Iceberg's accepts unchecked).
+    With ``store`` the server's FileIO is S3FileIO on that store; ``vend`` makes it hand the store's credentials
+    to clients that load a table; ``tls`` serves https with a certificate of its own CA (``server.ca_bundle``)."""
+    from lakestream.stack.rest_catalog import IcebergRestServer, RestCatalogServer
 
-    made: list[RestCatalogServer] = []
+    made: list = []
 
     def make(warehouse: str, store=None, credential: str | None = None, vend: bool = False,
-             backend: str = "rest_backend", tls: bool = False) -> RestCatalogServer:
+             backend: str = "rest_backend", tls: bool = False):
         io: dict[str, str] = {}
         if store is not None:
             s = store.settings
             io = {"io-impl": "org.apache.iceberg.aws.s3.S3FileIO", "s3.endpoint": store.endpoint,
                   "s3.path-style-access": "true", "client.region": s.s3_region,
                   "s3.access-key-id": s.s3_access_key, "s3.secret-access-key": s.s3_secret_key}
-        vended = {k: v for k, v in io.items() if k != "io-impl"} if vend else {}
-        server = RestCatalogServer(_satellite_settings(stack, service_dir_factory("rest"), catalog="rest"),
-                                   warehouse=warehouse, io_properties=io, credential=credential, vend=vended,
-                                   backend=backend, tls=tls)
+        settings = _satellite_settings(stack, service_dir_factory("rest"), catalog="rest")
+        if tls:
+            vended = {k: v for k, v in io.items() if k != "io-impl"} if vend else {}
+            server = RestCatalogServer(settings, warehouse=warehouse, io_properties=io, credential=credential,
+                                       vend=vended, backend=backend, tls=True)
+        else:
+            server = IcebergRestServer(settings, warehouse=warehouse, io_properties=io, vend=vend, backend=backend)
         made.append(server)
         server.start()
         return server

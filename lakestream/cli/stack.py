@@ -21,6 +21,10 @@ def register(subparsers) -> None:
     parser.add_argument("--catalog", choices=["jdbc", "rest"], default=defaults["catalog"].default,
                         help="the Iceberg catalog: JDBC in PostgreSQL, or a local REST catalog server over it (default: %(default)s)")
     parser.add_argument("--rest-port", type=int, default=defaults["rest_port"].default, help="REST catalog port on 127.0.0.1 (default: %(default)s)")
+    parser.add_argument("--rest-server", choices=["iceberg", "lakestream"], default=defaults["rest_server"].default,
+                        help="with --catalog rest: Apache Iceberg's own REST catalog server (RESTCatalogServer: http, "
+                             "OAuth2 secrets not checked) or the one written here (https, a checked OAuth2 secret, "
+                             "loopback only) (default: %(default)s)")
     parser.add_argument("--connect", action="store_true",
                         help="also run a Kafka Connect worker (distributed mode, Debezium's PostgreSQL connector "
                              "installed) on the broker, for `lakestream capture --print-connector-config`")
@@ -32,6 +36,7 @@ def register(subparsers) -> None:
 def func(args: argparse.Namespace) -> int:
     stack = Stack(StackSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
                                 storage=args.storage, s3_port=args.s3_port, catalog=args.catalog, rest_port=args.rest_port,
+                                rest_server=args.rest_server,
                                 connect=args.connect, connect_port=args.connect_port))
     if args.action == "up":
         info = stack.up()

@@ -13,6 +13,7 @@ SECRET_KEY_ENV = "LAKESTREAM_S3_SECRET_ACCESS_KEY"
 
 StorageKind = Literal["local", "s3"]
 CatalogKind = Literal["jdbc", "rest"]
+RestServerKind = Literal["iceberg", "lakestream"]
 
 
 @dataclass
@@ -43,6 +44,9 @@ class StackSettings:
     # The catalog: JDBC in PostgreSQL, or a local Iceberg REST catalog server over it.
     catalog: CatalogKind = "jdbc"
     rest_port: int = 18181
+    # Which REST catalog server: Apache Iceberg's own (RESTCatalogServer, http, no secret checked), or the one
+    # written here (https, a checked OAuth2 secret, loopback only); `lakestream.stack.rest_catalog`.
+    rest_server: RestServerKind = "iceberg"
     # A Kafka Connect worker (distributed mode, Debezium's PostgreSQL connector installed) on the broker.
     connect: bool = False
     connect_port: int = 18083
@@ -81,6 +85,9 @@ class StackSettings:
             raise ConfigError(f"storage={self.storage!r} is unknown; use 'local' or 's3'")
         if self.catalog not in ("jdbc", "rest"):
             raise ConfigError(f"catalog={self.catalog!r} is unknown; use 'jdbc' or 'rest'")
+        if self.rest_server not in ("iceberg", "lakestream"):
+            raise ConfigError(f"rest_server={self.rest_server!r} is unknown; use 'iceberg' (Apache Iceberg's "
+                              "RESTCatalogServer) or 'lakestream' (the server written here)")
         for name in ("pg_user", "source_db", "catalog_db", "kafka_sasl_user"):
             value = getattr(self, name)
             if not value or not value.replace("_", "").isalnum() or value[0].isdigit():

@@ -1,11 +1,19 @@
-"""A local Iceberg REST catalog: Iceberg's own ``CatalogHandlers`` over a JDBC catalog in the stack's
-PostgreSQL, served by the JDK's HTTP server (``lakestream/java/rest/RestCatalogServer.java``).
+"""A local Iceberg REST catalog over a JDBC catalog in the stack's PostgreSQL, one of two servers:
 
-No REST catalog server installs here (Polaris, Lakekeeper, Nessie, Gravitino are on no reachable
-registry); this one is what Iceberg's own REST test fixture is: the protocol's routes over the request
-handlers real servers build on. Every client stays real (Spark's and the committer's RESTCatalog,
-pyiceberg's RestCatalog). Its settings (with the JDBC password and the storage keys it vends) are in
-``<state_dir>/rest-catalog/server.properties``, readable by its owner only.
+- `IcebergRestServer` (the default): Apache Iceberg's own REST catalog server, ``RESTCatalogServer`` from the
+  project's published ``iceberg-open-api`` test fixtures (the server behind Iceberg's REST compatibility kit and
+  its ``apache/iceberg-rest-fixture`` image), run as Iceberg ships it, by coordinates (``jars.toml`` group
+  ``iceberg-rest-server``). It serves http only, answers OAuth2 token requests without checking the client's
+  secret, listens on every interface (its ``main`` takes no host) and has one warehouse.
+- `RestCatalogServer`: one written here (``lakestream/java/rest/RestCatalogServer.java``, Iceberg's
+  ``CatalogHandlers`` behind the JDK's HTTP server) for what Iceberg's server does not do: https with a
+  certificate of its own CA, an OAuth2 client secret that is checked (a wrong one gets 401), credential vending
+  of chosen storage properties, loopback only.
+
+Both keep their tables in the same JDBC catalog (``catalog.name`` = the backend), so either serves what the
+other created. Every client stays real (Spark's and the committer's RESTCatalog, pyiceberg's RestCatalog).
+Their settings (the JDBC password, the storage keys) never reach a log: the home-made server reads them from
+``<state_dir>/rest-catalog/server.properties`` (its owner's only), Iceberg's from its environment.
 """
 from __future__ import annotations
 
@@ -183,6 +191,107 @@ class RestCatalogServer(process.PidService):
     @property
     def detail(self) -> str:
         return f"Iceberg CatalogHandlers over the JDBC catalog {self.backend!r} " f"in {self.settings.catalog_db}"
+
+
+class IcebergRestServer(process.PidService):
+    """Apache Iceberg's REST catalog server on port <rest_port>, tracked by a pid file (the same as the
+    home-made server's: the stack runs one or the other)."""
+
+    name = "rest-catalog"
+    persistent = True  # its state is the JDBC catalog in PostgreSQL
+    start_timeout = 90.0
+    tls = False
+
+    def __init__(self, settings: StackSettings, *, warehouse: str, io_properties: dict[str, str] | None = None,
+                 vend: bool = False, backend: str = BACKEND_CATALOG):
+        self.settings = settings
+        self.backend = backend
+        self.warehouse = warehouse
+        self.io_properties = io_properties or {}
+        self.vend = vend  # hand the catalog's S3 keys to clients that load a table (include-credentials)
+        self.dir = settings.state_dir / "rest-catalog"
+        self.log_path = settings.state_dir / "logs" / f"{self.name}.log"
+        self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid", "java")
+
+    @property
+    def port(self) -> int:
+        return self.settings.rest_port
+
+    @property
+    def uri(self) -> str:
+        return f"http://{process.LOOPBACK}:{self.port}"
+
+    def check_port_free(self) -> None:
+        process.require_free_port(self.port, "REST catalog", "--rest-port / StackSettings.rest_port")
+
+    def properties(self) -> dict[str, str]:
+        """The server's catalog properties (it reads them from ``CATALOG_*`` environment variables)."""
+        s = self.settings
+        props = {
+            "catalog.name": self.backend,
+            "catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+            "uri": f"jdbc:postgresql://{process.LOOPBACK}:{s.pg_port}/{s.catalog_db}",
+            "jdbc.user": s.pg_user,
+            "jdbc.password": s.pg_password,
+            "jdbc.schema-version": "V1",
+            "warehouse": self.warehouse,
+            "rest.port": str(self.port),
+            **(FAIL_FAST_S3 if self.io_properties else {}),
+            **self.io_properties,
+        }
+        if self.vend:
+            props["include-credentials"] = "true"
+        return props
+
+    def environment(self) -> dict[str, str]:
+        """`properties` as the server's ``CATALOG_*`` variables (``-`` spelt ``__``, ``.`` spelt ``_``)."""
+        env = {}
+        for key, value in self.properties().items():
+            if "_" in key:
+                raise StackError(f"{key!r}: Iceberg's REST server reads its properties from environment variables, "
+                                 "which cannot spell an underscore in a property name")
+            env["CATALOG_" + key.replace("-", "__").replace(".", "_").upper()] = value
+        return env
+
+    def argv(self) -> list[str]:
+        from lakestream.jars import jars
+        from lakestream.spark import LOG4J2_CONFIG
+        from lakestream.stack.broker import java_binary
+        from lakestream.storage import JVM_CHECKSUM_OPTIONS
+
+        classpath = os.pathsep.join(map(str, jars("iceberg-rest-server")))
+        # Its S3FileIO writes metadata files to an S3-compatible store: no aws-chunked uploads (storage.py).
+        sdk = list(JVM_CHECKSUM_OPTIONS) if "s3.endpoint" in self.io_properties else []
+        # WARN and above only: at INFO the server logs its catalog properties, the JDBC password among them.
+        return [java_binary(), "-Xmx384m", *sdk, f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}", "-cp",
+                classpath, "org.apache.iceberg.rest.RESTCatalogServer"]
+
+    def start(self) -> None:
+        """Start the server unless it runs; wait until ``/v1/config`` answers."""
+        if self.pid() is None:
+            self.check_port_free()
+            self.dir.mkdir(parents=True, exist_ok=True)
+            argv = self.argv()
+            env = {k: v for k, v in os.environ.items() if not k.startswith("CATALOG_")} | self.environment()
+            log.info("starting %s (Apache Iceberg's RESTCatalogServer) on %s", self.name, self.uri)
+            pid = process.spawn_detached(argv, self.log_path, cwd=self.dir, env=env)
+            self.pid_file.write(pid)
+            process.wait_until(lambda: not process.pid_alive(pid) or self.healthy(), self.start_timeout, 0.2)
+            if not process.pid_alive(pid) or not self.healthy():
+                self.stop(timeout=5)
+                raise StackError(f"{self.name} on {self.uri} did not start\n"
+                                 f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.uri}/v1/config", timeout=2):
+                return True
+        except OSError:
+            return False
+
+    @property
+    def detail(self) -> str:
+        return f"Apache Iceberg's RESTCatalogServer over the JDBC catalog {self.backend!r} in {self.settings.catalog_db}"
 
 
 def _run(argv: list[str], what: str) -> None:

@@ -1,6 +1,6 @@
 """The local stack: a private PostgreSQL cluster plus Apache Kafka (KRaft), on loopback ports; with
 ``storage="s3"`` a local S3-compatible store holds the warehouse, with ``catalog="rest"`` a local Iceberg
-REST catalog serves it, with ``connect=True`` a Kafka Connect worker runs Debezium beside the broker."""
+REST catalog serves it (Apache Iceberg's own server by default), with ``connect=True`` a Kafka Connect worker runs Debezium beside the broker."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +10,7 @@ from lakestream.stack.connect import ConnectWorker
 from lakestream.stack.models import ServiceStatus, StackInfo, StackSettings
 from lakestream.stack.objectstore import ObjectStore
 from lakestream.stack.postgres import PostgresCluster
-from lakestream.stack.rest_catalog import RestCatalogServer
+from lakestream.stack.rest_catalog import IcebergRestServer, RestCatalogServer
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,12 @@ class Stack:
         self.postgres = PostgresCluster(settings)
         self.broker: KafkaBroker = make_broker(settings)
         self.objectstore = ObjectStore(settings)
-        self.rest_catalog = RestCatalogServer(settings, warehouse=self.warehouse, io_properties=self._io_properties())
+        if settings.rest_server == "iceberg":
+            self.rest_catalog: IcebergRestServer | RestCatalogServer = IcebergRestServer(
+                settings, warehouse=self.warehouse, io_properties=self._io_properties())
+        else:
+            self.rest_catalog = RestCatalogServer(settings, warehouse=self.warehouse,
+                                                  io_properties=self._io_properties())
         self.connect = ConnectWorker(settings, self.broker.bootstrap_servers)
 
     @property

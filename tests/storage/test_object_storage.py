@@ -1,10 +1,13 @@
 """Object storage and the Iceberg REST catalog on the real data path: Debezium → broker → pipeline →
 Iceberg tables whose files are in an S3-compatible store (nanio, objects on disk), whose catalog is a REST
-catalog (Iceberg's own CatalogHandlers over JDBC, with OAuth2 client credentials).
+catalog: Apache Iceberg's own REST catalog server (RESTCatalogServer, over JDBC, vending the store's keys;
+the clients authenticate with OAuth2 client credentials, which that server does not check), and for https the
+server written here (`lakestream.stack.rest_catalog`).
 
 One Debezium capture feeds three pipelines, the {jdbc, rest} × {local, s3} matrix beside the suite's own
 jdbc × local: ``s3lake`` (JDBC catalog, S3 files), ``restfs`` (REST catalog, local files), ``restlake``
-(REST catalog, S3 files); ``restfs``'s catalog is served over https by a private CA. Every scenario ends
+(REST catalog, S3 files); ``restlake``'s catalog is Apache Iceberg's server, ``restfs``'s is served over https
+by a private CA (the server written here). Every scenario ends
 with `lakestream verify` exact for each of them. The clients
 are the real ones: Spark's and the Java committer's RESTCatalog and S3FileIO, pyarrow's S3FileSystem in
 the write tasks, pyiceberg's RestCatalog, DuckDB's httpfs.
@@ -75,7 +78,8 @@ def lakes(stack, spark, object_store, rest_catalog_factory, service_dir_factory)
     os.environ[CREDENTIAL_ENV] = credential
     rest_s3 = rest_catalog_factory(f"{object_store.warehouse}/rest", store=object_store, credential=credential,
                                    vend=True, backend="obj_rest_s3")
-    rest_fs = rest_catalog_factory(service_dir_factory("restfs").as_uri(), backend="obj_rest_fs", tls=True)
+    rest_fs = rest_catalog_factory(service_dir_factory("restfs").as_uri(), backend="obj_rest_fs", tls=True,
+                                   credential=credential)
     source = start_captured_source(stack, SETUP, TABLES, "obj")
     base = yaml.safe_load((source.workdir / "pipeline.yaml").read_text())
     configs, datas = {}, {}
@@ -85,9 +89,8 @@ def lakes(stack, spark, object_store, rest_catalog_factory, service_dir_factory)
         if kind == "rest":
             rest = rest_s3 if where == "s3" else rest_fs
             data["catalog"] = {"name": name, "type": "rest", "uri": rest.uri, "warehouse": rest.warehouse}
-            if rest is rest_s3:
-                data["catalog"]["credential_env"] = CREDENTIAL_ENV
-            else:  # served over https with a private CA: Spark, the committer and pyiceberg trust its bundle
+            data["catalog"]["credential_env"] = CREDENTIAL_ENV
+            if rest is rest_fs:  # served over https with a private CA: Spark, the committer and pyiceberg trust its bundle
                 data["catalog"]["ssl_ca_bundle"] = str(rest.ca_bundle)
         else:
             data["catalog"] = {**base["catalog"], "name": name, "warehouse": f"{object_store.warehouse}/jdbc"}
@@ -127,6 +130,24 @@ def test_changes_land_on_object_storage_through_each_catalog(lakes):
     assert any(o["Key"].endswith(".parquet") for o in listed.get("Contents", []))
     assert _rows(lakes, "restlake", "obj_orders") == _rows(lakes, "s3lake", "obj_orders") == \
         _rows(lakes, "restfs", "obj_orders")
+
+
+def test_the_rest_lake_is_served_by_apache_icebergs_server_which_logs_no_secret(lakes):
+    """``restlake`` ran through a REST catalog no one here wrote: the process is Iceberg's RESTCatalogServer from
+    its published jars, and its log holds neither the JDBC password nor the store's secret key."""
+    from lakestream.stack.rest_catalog import IcebergRestServer
+
+    server = lakes.rest_s3
+    assert isinstance(server, IcebergRestServer)
+    cmdline = open(f"/proc/{server.pid()}/cmdline", "rb").read().split(b"\0")
+    assert b"org.apache.iceberg.rest.RESTCatalogServer" in cmdline
+    assert any(b"iceberg-open-api-1.11.0-test-fixtures.jar" in part for part in cmdline)
+    text = server.log_path.read_text() if server.log_path.exists() else ""
+    # At INFO it would log "Creating rest_backend catalog with properties: {... jdbc.password=...}".
+    assert "jdbc.password" not in text and lakes.store.settings.s3_secret_key not in text
+    assert server.environment()["CATALOG_JDBC_PASSWORD"]  # the password it was given, through its environment
+    tables = lakes.spark.sql(f"SHOW TABLES IN restlake.{lakes.source.namespace}").collect()
+    assert {r.tableName for r in tables} >= set(TABLES)
 
 
 def test_spark_duckdb_and_pyiceberg_read_the_same_rows(lakes):
@@ -285,6 +306,35 @@ def test_an_untrusted_catalog_certificate_stops_at_once_naming_the_setting(lakes
     other = base["catalog"] | {"ssl_ca_bundle": "/etc/ssl/certs/ca-certificates.crt"}
     with pytest.raises(ConfigError, match=r"not trusted.*catalog\.ssl_ca_bundle must hold"):
         check_catalog_tls(parse_config(base | {"catalog": other}, "<wrong-ca>").catalog)
+
+
+def test_the_https_catalog_refuses_a_wrong_client_secret(lakes):
+    """The server written here checks the OAuth2 client secret (Iceberg's own server does not): a wrong one gets
+    401 at the token endpoint, no token gets 401 on the catalog's routes, the right one a bearer token."""
+    import ssl
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    server = lakes.configs["restfs"].catalog
+    context = ssl.create_default_context(cafile=server.ssl_ca_bundle)
+    client_id, secret = os.environ[CREDENTIAL_ENV].split(":", 1)
+
+    def token(client_secret: str) -> int:
+        body = urllib.parse.urlencode({"grant_type": "client_credentials", "client_id": client_id,
+                                       "client_secret": client_secret, "scope": "catalog"}).encode()
+        try:
+            with urllib.request.urlopen(f"{server.uri}/v1/oauth/tokens", body, timeout=10, context=context) as r:
+                assert json.load(r)["access_token"]
+                return r.status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    assert token(secret) == 200
+    assert token(secret + "x") == 401
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{server.uri}/v1/namespaces", timeout=10, context=context)
+    assert refused.value.code == 401
 
 
 def test_unreachable_endpoint_is_named_and_left_to_the_outage_wait(lakes, caplog):
