@@ -24,3 +24,15 @@ def test_the_connect_worker_and_its_plugin_are_listed():
     worker, plugin = groups()["connect"], groups()["connect-debezium-postgres"]
     assert any(c.artifact == "connect-runtime" for c in worker.artifacts)
     assert plugin.exclude == ("org.apache.kafka:*", "org.slf4j:*")
+
+
+def test_a_classified_artifact_names_its_classifier_in_the_pom_and_the_file():
+    fixtures = Coordinate.parse("org.apache.iceberg:iceberg-open-api:jar:test-fixtures:1.11.0")
+    assert (fixtures.artifact, fixtures.version, fixtures.classifier) == ("iceberg-open-api", "1.11.0", "test-fixtures")
+    assert fixtures.file_name == "iceberg-open-api-1.11.0-test-fixtures.jar"
+    assert str(fixtures) == "org.apache.iceberg:iceberg-open-api:jar:test-fixtures:1.11.0"
+    assert "<classifier>test-fixtures</classifier>" in JarGroup("r", (fixtures,), True).pom()
+    assert "<classifier>" not in JarGroup("r", (Coordinate.parse("org.postgresql:postgresql:42.7.14"),), True).pom()
+    server = groups()["iceberg-rest-server"]
+    assert {c.classifier for c in server.artifacts if c.artifact in ("iceberg-open-api", "iceberg-core")} == \
+        {"test-fixtures", "tests", ""}

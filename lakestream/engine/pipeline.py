@@ -238,6 +238,7 @@ class Pipeline:
     def _next_batch_id(self) -> None:
         if not self._batch_id_recovered:
             self.batch_id = max(self.batch_id, self.recover_batch_id())
+            self.dead_letters.prepare()
             self._batch_id_recovered = True
         self.batch_id += 1
         self.isolator.culprits = set()

@@ -71,27 +71,36 @@ class DeadLetterWriter:
         self.properties = properties  # offsets → the commit's snapshot properties
         self._spec: TableSpec | None = None
 
+    def prepare(self) -> TableSpec:
+        """Create the dead-letter table if missing (at the pipeline's first batch, so that a monitoring query on
+        it works before the first dead letter) and learn its layout; once per pipeline."""
+        from lakestream.sink.files import table_info
+        from lakestream.sink.task import TableSpec
+
+        if self._spec is None:
+            ns, tbl = self.dotted.split(".", 1)
+            ensure_dead_letter_table(self.spark, self.catalog, self.dotted)
+            info = table_info(self.spark, self.catalog, ns, tbl)
+            self._spec = TableSpec(self.dotted, "append", [], info["schema"], info["spec"], info["data_location"])
+        return self._spec
+
     def write(self, report: BatchReport, first: int = 0) -> dict[str, int]:
         """Commit the batch's dead letters from the ``first``-th on; their count per kind. The batch's first write
         (``first`` 0) leaves out those the dead-letter table holds already (its offsets are past them: a batch
         read again after a crash); later ones came up in this batch's commits and are all new."""
-        from lakestream.sink.files import commit_files, table_info, write_driver_files
-        from lakestream.sink.task import TableSpec
+        from lakestream.sink.files import commit_files, write_driver_files
 
         if len(report.dead_letters) <= first:
             return {}
         ns, tbl = self.dotted.split(".", 1)
         ident = quote_table(self.catalog, ns, tbl)
-        if self._spec is None:
-            ensure_dead_letter_table(self.spark, self.catalog, self.dotted)
-            info = table_info(self.spark, self.catalog, ns, tbl)
-            self._spec = TableSpec(self.dotted, "append", [], info["schema"], info["spec"], info["data_location"])
+        spec = self.prepare()
         committed = self.offsets.load(ident) if first == 0 else {}
         letters = [d for d in report.dead_letters[first:] if d.offset >= committed.get(d.tp, -1)]
         if not letters:
             return {}
-        table = dead_letter_table(letters, self.pipeline, self._spec.arrow_schema())
-        data_files = write_driver_files(table, self._spec, "dead-letters")
+        table = dead_letter_table(letters, self.pipeline, spec.arrow_schema())
+        data_files = write_driver_files(table, spec, "dead-letters")
         merged = self.offsets.merged_after_commit(ident, {tp: end.next_offset for tp, end in report.ends.items()})
         commit_files(self.spark, self.catalog, ns, tbl, {"base_snapshot_id": None, "data_files": data_files,
                                                          "deletes": [], "properties": self.properties(merged)})

@@ -19,10 +19,13 @@ def test_genuine_debezium_events_land_typed(stack, spark, pipeline_config_factor
     topic = f"t{uuid.uuid4().hex[:6]}.public.all_types"
     produce_records(stack.bootstrap_servers, topic, [(e["key"], e["value"]) for e in events])
     ns = "basic_" + ("s" if "noschema" not in fixture else "n")
+    dead = f"dl_{topic[1:7]}.dead_letter"  # a dead-letter table of its own: no other test writes to it
     config = pipeline_config_factory([{"topics": [topic], "namespace": ns, "table": "{table}_" + topic[:7]}],
-                                     name=f"basic{topic[:7]}")
+                                     name=f"basic{topic[:7]}", engine={"dead_letter_table": dead})
     results = run_pipeline(config, spark=spark, stop_when_idle=True)
     assert sum(r.records for r in results) == 7  # 8 messages, one tombstone
+    # No record failed, and yet the dead-letter table exists: a monitoring query on it works from the start.
+    assert spark.sql(f"SELECT count(*) FROM lake.{dead}").collect()[0][0] == 0
     table = f"lake.{ns}.all_types_{topic[:7]}"
     rows = {r["id"]: r for r in spark.sql(f"SELECT * FROM {table}").collect()}
     assert sorted(rows) == [1, 3, 4, 5]  # 2 deleted
