@@ -7,7 +7,7 @@ setup:
 demo: setup
 	$(VENV)/bin/lakestream demo
 
-# The same demo with the warehouse in a local S3-compatible store (nanio) behind a local Iceberg REST catalog.
+# The same demo with the warehouse in a local S3-compatible store (nanio) behind Apache Iceberg's REST catalog server.
 demo-s3: setup
 	$(VENV)/bin/lakestream demo --storage s3 --catalog rest
 
@@ -62,7 +62,8 @@ test-examples: setup
 	$(VENV)/bin/python -m pytest -x -v -m examples tests/process
 
 # The long object-storage scenarios (tests/storage/test_object_storage_slow.py): the parallel snapshot into S3
-# behind a REST catalog, SIGKILLs of the pipeline under load, an outage of the object store; plus the fast ones.
+# behind Apache Iceberg's REST catalog server, SIGKILLs of the pipeline under load, an outage of the object store;
+# plus the fast ones.
 test-storage: setup
 	$(VENV)/bin/python -m pytest -x -v --durations=15 -m 'storage_slow or not storage_slow' tests/storage tests/config/test_storage_config.py
 
@@ -73,7 +74,8 @@ test-snapshot: setup
 
 # Other engines reading the tables (tests/query/test_trino.py, marker engines): a Trino node (io.trino:trino-server
 # by coordinates, unpacked in part into ~/.cache/lakestream/dist; it runs on the Temurin 25 JDK, or
-# LAKESTREAM_TRINO_JAVA_HOME) reads the pipeline's tables through the JDBC and the REST catalog, against Spark.
+# LAKESTREAM_TRINO_JAVA_HOME) reads the pipeline's tables through the JDBC catalog and Apache Iceberg's REST catalog
+# server, against Spark.
 test-engines: setup
 	$(VENV)/bin/python -m lakestream.jars --distribution trino
 	$(VENV)/bin/python -m pytest -x -v --durations=15 -m engines tests/query/test_trino.py

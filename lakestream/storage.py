@@ -278,6 +278,33 @@ def _sql_literal(value: str) -> str:
 # -- a first look at the store, before anything starts ---------------------------------------------------
 
 
+# What pyarrow's S3 client says when the endpoint does not answer (refused, timed out, no such host).
+_UNREACHABLE = ("NETWORK_CONNECTION", "Couldn't connect", "curlCode: 7,", "curlCode: 28,", "Timeout was reached",
+                "curlCode: 6,")
+
+
+def _unreachable(message: str) -> bool:
+    return any(m in message for m in _UNREACHABLE)
+
+
+def storage_unreachable(catalog: CatalogSettings) -> bool:
+    """Whether the warehouse's object store does not answer now (one request, no retry). A REST catalog reports
+    an outage of the store behind it as a plain server error (Apache Iceberg's server: 500 "Server Error"), which
+    names no cause: this tells the engine that the failure is the store's outage, to be waited out."""
+    storage = catalog.storage
+    if storage is None or not is_object_store(catalog.warehouse):
+        return False
+    import pyarrow.fs as pafs
+
+    fs = new_s3_filesystem(S3Options.from_settings(storage), attempts=1)
+    try:
+        fs.get_file_info(pafs.FileSelector(catalog.warehouse.split("://", 1)[1].rstrip("/"), allow_not_found=True,
+                                           recursive=False))
+    except OSError as exc:
+        return _unreachable(str(exc))
+    return False
+
+
 def check_storage(catalog: CatalogSettings) -> None:
     """Ask the store for the warehouse's bucket once, so that settings no retry can cure (credentials the
     store refuses, a bucket that does not exist) stop the command at once with the setting to fix.
@@ -297,8 +324,7 @@ def check_storage(catalog: CatalogSettings) -> None:
         bucket_missing = fs.get_file_info(bucket).type == pafs.FileType.NotFound
     except OSError as exc:
         message = str(exc)
-        if any(m in message for m in ("NETWORK_CONNECTION", "Couldn't connect", "curlCode: 7,", "curlCode: 28,",
-                                      "Timeout was reached", "curlCode: 6,")):
+        if _unreachable(message):
             log.warning("object store %s (storage.endpoint) not reachable yet (%s); the engine waits it out for up "
                         "to engine.max_outage_s", storage.endpoint or "Amazon S3", message.splitlines()[0][:200])
             return

@@ -16,9 +16,9 @@ import orjson
 from lakestream.config import PipelineConfig
 from lakestream.engine.pipeline import Pipeline
 from lakestream.engine.result import BatchResult, describe_batch
-from lakestream.errors import ConfigError, FatalError, StoppedAfterFailures, classify_failure, first_line
+from lakestream.errors import ConfigError, Failure, FatalError, StoppedAfterFailures, classify_failure, first_line
 from lakestream.spark import jvm_alive
-from lakestream.storage import activate as activate_storage
+from lakestream.storage import activate as activate_storage, storage_unreachable
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -79,6 +79,8 @@ def run_pipeline(
                     raise FatalError(f"batch failed and cannot be retried in this process ({_failure_summary(exc)}); "
                                      "exiting so that its supervisor restarts it — every table resumes from its "
                                      "committed offsets") from exc
+                if failure.kind == "infrastructure" and storage_unreachable(config.catalog):
+                    failure = Failure("outage")  # e.g. a REST catalog's 500 while the store behind it is away
                 failures += 1
                 outage = failure.kind == "outage"
                 others += not outage

@@ -339,10 +339,14 @@ def test_the_https_catalog_refuses_a_wrong_client_secret(lakes):
 
 def test_unreachable_endpoint_is_named_and_left_to_the_outage_wait(lakes, caplog):
     from lakestream.stack.process import free_port
-    from lakestream.storage import check_storage
+    from lakestream.storage import check_storage, storage_unreachable
 
     section = storage_section(lakes.store) | {"endpoint": f"http://127.0.0.1:{free_port()}"}
     config = parse_config(lakes.data["s3lake"] | {"storage": section}, "<away>")
     with caplog.at_level(logging.WARNING, logger="lakestream.storage"):
         check_storage(config.catalog)  # no exception: the engine waits an outage out (engine.max_outage_s)
     assert "storage.endpoint" in caplog.text and "not reachable" in caplog.text
+    # The engine's question when a batch fails with an error that names no cause (a REST catalog's 500).
+    assert storage_unreachable(config.catalog)
+    assert not storage_unreachable(lakes.configs["s3lake"].catalog)
+    assert not storage_unreachable(lakes.configs["restfs"].catalog)  # local files: never an object store outage
