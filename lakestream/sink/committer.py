@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from lakestream.laps import Laps
 from lakestream.sink.index import MISSING, keys_from_arrow, unpack
-from lakestream.sink.report import OP_DELETE, TableReport
+from lakestream.sink.report import OP_DELETE, OP_RECREATE, TableReport
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -131,6 +131,10 @@ class _Resolved:
     locations: _Locations  # their new rows
     unchanged: np.ndarray  # bool: keep the index entry as is (de-duplicated appends)
     patches: list[tuple[int, tuple[str, int], tuple[str, int] | None, list[str]]]
+    # Keys whose new row replaces a committed row and keeps its `_row_id` (`sink.lineage`), and that row.
+    kept: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    kept_from: tuple[np.ndarray, np.ndarray] = field(
+        default_factory=lambda: (np.empty(0, np.int64), np.empty(0, np.int64)))  # (index file id, position)
 
 
 def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
@@ -211,7 +215,11 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
                     source = None if ops[prev] == OP_DELETE or files[prev] < 0 else (paths[files[prev]],
                                                                                      int(positions[prev]))
                 patches.append((int(g), locations[g], source, columns))
-        return _Resolved(deletes, distinct, locations, np.zeros(len(distinct), bool), patches)
+        # A key deleted in this batch and written again is a new row (a new `_row_id`), as a primary-key change is.
+        deleted_here = np.maximum.reduceat(((ops == OP_DELETE) | (ops == OP_RECREATE)).astype(np.int8), starts) > 0
+        kept = np.flatnonzero(has_old & ~deleted_here & (final_file >= 0))
+        return _Resolved(deletes, distinct, locations, np.zeros(len(distinct), bool), patches, kept,
+                         (old_fid[kept], old_pos[kept]))
 
     # De-duplicated append: the first row of an id wins, in the table or in this batch.
     location_file = np.full(len(distinct), -1, np.int64)
@@ -276,6 +284,58 @@ def _apply_patches(write: TableWrite, changes: TableReport, resolved: _Resolved,
             resolved.locations[g] = (written["path"], pos)
 
 
+def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | None,
+                  kept: list[tuple[tuple[str, int], tuple[str, int]]], data_files: list[dict[str, Any]]) -> None:
+    """Each new row that replaces a committed row keeps that row's `_row_id` (`lakestream.sink.lineage`):
+    ``kept`` pairs (new row, committed row it replaces) by (data file, position); the batch's files holding such
+    rows are rewritten in place with the lineage columns before the commit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lakestream.sink.lineage import ROW_IDS, UNKNOWN, StaleLineage, write_lineage
+
+    rewritten: set[str] = set()
+    if kept and snapshot_id is not None:
+        by_old: dict[str, list[int]] = defaultdict(list)
+        for j, (_, (path, _pos)) in enumerate(kept):
+            by_old[path].append(j)
+        old_paths = list(by_old)
+        try:
+            found = ROW_IDS.lookup(spark, write.catalog, write.name.namespace, write.name.table, snapshot_id,
+                                   old_paths, [np.array([kept[j][1][1] for j in by_old[p]], np.int64)
+                                               for p in old_paths])
+        except StaleLineage as exc:
+            write.index.valid = False
+            raise StaleIndex(f"{write.ident}: {exc}") from exc
+        if found is not None:  # else the table does not track lineage (format < 3)
+            old_ids = np.empty(len(kept), np.int64)
+            for path, ids in zip(old_paths, found):
+                old_ids[by_old[path]] = ids
+            by_path = {f["path"]: f for f in data_files}
+            new_ids: dict[str, np.ndarray] = {}
+            for j, ((path, pos), _) in enumerate(kept):
+                if path not in new_ids:
+                    new_ids[path] = np.full(by_path[path]["record_count"], UNKNOWN, np.int64)
+                new_ids[path][pos] = old_ids[j]
+            rewrites = list(new_ids.items())
+            with ThreadPoolExecutor(max_workers=min(4, len(rewrites))) as pool:
+                sizes = list(pool.map(lambda item: write_lineage(*item), rewrites))
+            for (path, ids), size in zip(rewrites, sizes):
+                by_path[path]["file_size"] = size
+                ROW_IDS.remember(path, ids)
+                rewritten.add(path)
+    for f in data_files:
+        if f["path"] not in rewritten:
+            ROW_IDS.remember(f["path"], None)
+
+
+def _kept_rows(write: TableWrite, resolved: _Resolved) -> list[tuple[tuple[str, int], tuple[str, int]]]:
+    """(new row, committed row) of each key whose new row keeps the committed row's `_row_id`."""
+    old_fid, old_pos = resolved.kept_from
+    paths = write.index.paths
+    return [((resolved.locations.paths[int(resolved.locations.file[g])], int(resolved.locations.pos[g])),
+             (paths[int(f)], int(p))) for g, f, p in zip(resolved.kept.tolist(), old_fid.tolist(), old_pos.tolist())]
+
+
 def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, properties: dict[str, str]
                 ) -> TableCommit:
     """Commit one table's files, deletion vectors and ``properties`` in one snapshot.
@@ -296,6 +356,9 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     if resolved is not None and resolved.patches:
         _apply_patches(write, changes, resolved, data_files)
     laps.lap("resolve")
+    if resolved is not None and write.mode == "upsert":
+        _keep_row_ids(spark, write, index.snapshot_id, _kept_rows(write, resolved), data_files)
+        laps.lap("lineage")
     request = {
         "base_snapshot_id": index.snapshot_id if index is not None else None,
         **({"expect_snapshot_id": index.snapshot_id} if index is not None else {}),
@@ -350,11 +413,14 @@ def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport,
     laps = Laps()
     resolved = resolve_keyless(index, changes)
     laps.lap("resolve")
+    data_files = [{"path": f.path, "file_size": f.file_size, "record_count": f.record_count,
+                   "partition": f.partition_values} for f in changes.files]
+    _keep_row_ids(spark, write, index.snapshot_id, resolved.kept, data_files)
+    laps.lap("lineage")
     request = {
         "base_snapshot_id": index.snapshot_id,
         "expect_snapshot_id": index.snapshot_id,
-        "data_files": [{"path": f.path, "file_size": f.file_size, "record_count": f.record_count,
-                        "partition": f.partition_values} for f in changes.files],
+        "data_files": data_files,
         "deletes": [{"data_file": path, "positions": np.unique(np.asarray(pos, np.int64))}
                     for path, pos in resolved.deletes.items()],
         "properties": properties | positions_property(resolved),

@@ -1,0 +1,173 @@
+"""Row lineage (Iceberg v3): an updated row keeps its ``_row_id``.
+
+In a v3 table every row has an id and the sequence number of the commit that last changed it. A data file
+that holds no ``_row_id`` column (or a null in it) gives row ``p`` the id ``first_row_id + p``, its
+``first_row_id`` being assigned at commit; a null ``_last_updated_sequence_number`` reads as the file's data
+sequence number. So a row written as new gets a new id by inheritance, and a writer that replaces a row keeps
+its identity by writing the old id explicitly, with a null sequence number (it then reads as the commit that
+wrote it). That is what Spark's own UPDATE and MERGE do on a merge-on-read table.
+
+The write tasks cannot do it: they write a batch's rows before the driver finds, through the key index, which
+of them replace a committed row. So the driver does it before the commit, for the files of the batch that hold
+such rows: it reads each old row's id (`RowIds`: the old file's ``first_row_id`` from the file state the JVM
+keeps, plus the position, or the value the old file holds explicitly) and rewrites the new file in place with
+the two lineage columns (`write_lineage`: same rows, same order, so every position the commit and the index use
+stays valid; the file is referenced by nothing until the commit).
+
+Rows moved without a change (compaction) carry both values explicitly (`lineage_columns`).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lakestream.sink.storage import filesystem_path
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+# Iceberg's reserved field ids (MetadataColumns.ROW_ID, LAST_UPDATED_SEQUENCE_NUMBER).
+ROW_ID_FIELD = 2147483540
+LAST_UPDATED_FIELD = 2147483539
+ROW_ID = "_row_id"
+LAST_UPDATED = "_last_updated_sequence_number"
+UNKNOWN = -1  # no id: the file has none (a table upgraded from v2), the row gets a new one
+
+_FIELD_ID = b"PARQUET:field_id"
+
+
+def lineage_fields() -> list[pa.Field]:
+    """The two lineage columns as Arrow fields carrying their Iceberg field ids."""
+    return [pa.field(ROW_ID, pa.int64(), metadata={_FIELD_ID: str(ROW_ID_FIELD).encode()}),
+            pa.field(LAST_UPDATED, pa.int64(), metadata={_FIELD_ID: str(LAST_UPDATED_FIELD).encode()})]
+
+
+def _field_index(schema: pa.Schema, field_id: int) -> int | None:
+    wanted = str(field_id).encode()
+    for i, f in enumerate(schema):
+        if f.metadata and f.metadata.get(_FIELD_ID) == wanted:
+            return i
+    return None
+
+
+def without_lineage(table: pa.Table) -> pa.Table:
+    """``table`` without the two lineage columns (matched by field id)."""
+    for field_id in (ROW_ID_FIELD, LAST_UPDATED_FIELD):
+        i = _field_index(table.schema, field_id)
+        if i is not None:
+            table = table.remove_column(i)
+    return table
+
+
+def lineage_columns(table: pa.Table, row_ids: np.ndarray, sequence_numbers: np.ndarray | None) -> pa.Table:
+    """``table`` (without lineage columns) with ``_row_id`` = ``row_ids`` (`UNKNOWN` → null: a new id by
+    inheritance) and ``_last_updated_sequence_number`` = ``sequence_numbers`` (None or negative → null: the
+    sequence number of the commit that adds the file)."""
+    ids = np.asarray(row_ids, np.int64)
+    id_array = pa.array(ids, pa.int64(), mask=ids < 0)
+    if sequence_numbers is None:
+        seq_array = pa.nulls(table.num_rows, pa.int64())
+    else:
+        seqs = np.asarray(sequence_numbers, np.int64)
+        seq_array = pa.array(seqs, pa.int64(), mask=seqs < 0)
+    row_field, seq_field = lineage_fields()
+    return table.append_column(row_field, id_array).append_column(seq_field, seq_array)
+
+
+def read_lineage(table: pa.Table) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The explicit ``_row_id`` and ``_last_updated_sequence_number`` values of a data file's rows (-1 where
+    null), or None for a column the file does not hold."""
+    out: list[np.ndarray | None] = []
+    for field_id in (ROW_ID_FIELD, LAST_UPDATED_FIELD):
+        i = _field_index(table.schema, field_id)
+        out.append(None if i is None else table.column(i).fill_null(UNKNOWN).to_numpy().astype(np.int64))
+    return out[0], out[1]
+
+
+def write_lineage(path: str, row_ids: np.ndarray) -> int:
+    """Rewrite the uncommitted data file ``path`` in place with ``_row_id`` = ``row_ids`` (`UNKNOWN` → null)
+    and a null ``_last_updated_sequence_number``; returns its new size in bytes."""
+    fs, local = filesystem_path(path)
+    parquet = pq.ParquetFile(local, filesystem=fs)
+    row_group_rows = parquet.metadata.row_group(0).num_rows if parquet.metadata.num_row_groups else 1
+    table = without_lineage(parquet.read())
+    parquet.close()
+    table = lineage_columns(table, row_ids, None)
+    pq.write_table(table, local, filesystem=fs, compression="zstd", row_group_size=max(row_group_rows, 1),
+                   write_statistics=True, store_schema=False)
+    return fs.get_file_info(local).size
+
+
+class StaleLineage(Exception):
+    """The table is no longer at the snapshot whose file state was asked for."""
+
+
+class RowIds:
+    """The ``_row_id`` of committed rows, for one driver: each data file's explicit ids are read once and kept
+    (a bounded LRU; data files never change), ``first_row_id`` comes from the JVM's file state."""
+
+    def __init__(self, max_ids: int = 4_000_000):
+        self._explicit: OrderedDict[str, np.ndarray | None] = OrderedDict()
+        self._held = 0
+        self.max_ids = max_ids
+
+    def remember(self, path: str, ids: np.ndarray | None) -> None:
+        """What file ``path`` holds (its explicit ids, or None: no ``_row_id`` column)."""
+        old = self._explicit.pop(path, None)
+        self._held -= 0 if old is None else len(old)
+        self._explicit[path] = ids
+        self._held += 0 if ids is None else len(ids)
+        while (self._held > self.max_ids or len(self._explicit) > 100_000) and len(self._explicit) > 1:
+            _, dropped = self._explicit.popitem(last=False)
+            self._held -= 0 if dropped is None else len(dropped)
+
+    def explicit(self, path: str) -> np.ndarray | None:
+        if path in self._explicit:
+            self._explicit.move_to_end(path)
+            return self._explicit[path]
+        fs, local = filesystem_path(path)
+        parquet = pq.ParquetFile(local, filesystem=fs)
+        i = _field_index(parquet.schema_arrow, ROW_ID_FIELD)
+        ids = None
+        if i is not None:
+            column = parquet.read(columns=[parquet.schema_arrow.names[i]]).column(0)
+            ids = column.fill_null(UNKNOWN).to_numpy().astype(np.int64)
+        parquet.close()
+        self.remember(path, ids)
+        return ids
+
+    def lookup(self, spark: SparkSession, catalog: str, namespace: str, table: str, snapshot_id: int,
+               paths: list[str], positions: list[np.ndarray]) -> list[np.ndarray] | None:
+        """The ids of rows ``positions[i]`` of data files ``paths[i]`` at ``snapshot_id`` (`UNKNOWN` where the
+        file has none); None when the table does not track lineage (format < 3)."""
+        answer = orjson.loads(spark.sparkContext._jvm.lakestream.LakestreamSink.rowLineage(
+            spark._jsparkSession, catalog, namespace, table, snapshot_id, orjson.dumps(paths).decode()))
+        if answer.get("stale"):
+            raise StaleLineage(f"{namespace}.{table} is at snapshot {answer.get('snapshot_id')}, not {snapshot_id}")
+        if not answer["lineage"]:
+            return None
+        out = []
+        for path, pos in zip(paths, positions):
+            first = (answer["files"].get(path) or [None])[0]
+            pos = np.asarray(pos, np.int64)
+            ids = np.full(len(pos), UNKNOWN, np.int64) if first is None else first + pos
+            explicit = self.explicit(path)
+            if explicit is not None:
+                held = explicit[pos]
+                ids = np.where(held >= 0, held, ids)
+            out.append(ids)
+        return out
+
+
+ROW_IDS = RowIds()
+
+
+def file_lineage(answer: dict[str, Any], path: str) -> tuple[int | None, int | None]:
+    """(first_row_id, data sequence number) of ``path`` in a `deleted_positions` answer."""
+    f = answer["files"][path]
+    return f.get("first_row_id"), f.get("data_sequence_number")
