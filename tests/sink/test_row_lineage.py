@@ -173,6 +173,7 @@ def test_updates_keep_row_ids_as_spark_merge_does(spark, keyed, monkeypatch):
     spark.sql(f"CALL lake.system.rewrite_data_files(table => '{twin.name.removeprefix('lake.')}', "
               "options => map('rewrite-all', 'true'))")
     history.append(("compacted", _lineage(spark, mirror), _lineage(spark, twin.name)))
+    assert history[-1][1] == history[-2][1] and history[-1][2] == history[-2][2]  # both moved rows, kept lineage
     assert spark.sql(f"SELECT count(*) FROM {mirror}.data_files").collect()[0][0] == 1
     # Updates of rows that now live in a file holding their ids explicitly.
     batch("updates after the compaction", [(k, 7) for k in (1, 5, 20, 40)] + [(21, None)])
