@@ -24,6 +24,21 @@ TWIN_PROPERTIES = ("'format-version'='3', 'write.delete.mode'='merge-on-read', "
                    "'write.update.mode'='merge-on-read', 'write.merge.mode'='merge-on-read'")
 
 
+# README, "Row lineage": the rows inserted or updated since snapshot S, and what each was at S (NULL: new since).
+# S's own sequence number is not in Spark's `snapshots` table; the largest one among S's rows stands for it (a row
+# live now that was last changed at or before S is live at S with that number). The coalesce keeps Iceberg's
+# aggregate push-down away: it cannot bind a metadata column (1.12.0: "Cannot find field
+# '_last_updated_sequence_number' in struct").
+CHANGED_SINCE = """
+WITH s AS (SELECT coalesce(max(coalesce(_last_updated_sequence_number, -1)), -1) AS seq
+           FROM {table} VERSION AS OF {snapshot})
+SELECT now.*, then.v AS v_then
+FROM (SELECT *, _row_id, _last_updated_sequence_number FROM {table}
+      WHERE _last_updated_sequence_number > (SELECT seq FROM s)) now
+LEFT JOIN (SELECT v, _row_id FROM {table} VERSION AS OF {snapshot}) then ON now._row_id = then._row_id
+"""
+
+
 class ProcessDeath(BaseException):
     """The process dies (nothing in it catches this)."""
 
@@ -129,6 +144,8 @@ def test_updates_keep_row_ids_as_spark_merge_does(spark, keyed, monkeypatch):
     batch("updates, deletes, inserts", [(k, 1) for k in range(10)] + [(10, None), (11, None), (30, 0), (31, 0)])
     batch("re-insert, update twice, delete and re-insert in one batch",
           [(10, 2), (30, 2), (1, 2), (12, None), (12, 2), (13, 2), (13, 3), (14, 2)])
+    since = spark.sql(f"SELECT snapshot_id FROM {mirror}.snapshots ORDER BY committed_at DESC LIMIT 1").first()[0]
+    touched = {1, 2, 15, 30, 3, 17, 4, 18, 40, 5, 20} - {16, 19, 21}  # written by the steps below, still live
 
     # A death after the files were written (and rewritten with the kept ids), before the Iceberg commit.
     real_commit = files_module.commit_files
@@ -179,6 +196,27 @@ def test_updates_keep_row_ids_as_spark_merge_does(spark, keyed, monkeypatch):
     batch("updates after the compaction", [(k, 7) for k in (1, 5, 20, 40)] + [(21, None)])
     pipeline.close()
     _compare(history)
+
+    # The documented recipe (README, "Row lineage"): the rows changed since a snapshot, each with its row at it.
+    changed = spark.sql(CHANGED_SINCE.format(table=mirror, snapshot=since)).collect()
+    assert {r["id"] for r in changed} == touched  # the compaction changed nothing
+    final = history[-1][1]
+    at_since = {k: v for k, v in history[2][1].items()}
+    for r in changed:
+        assert r["_row_id"] == final[r["id"]][0]
+        assert r["v_then"] == (at_since[r["id"]][2] if r["id"] in at_since else None)
+
+    # DuckDB reads the same lineage (its iceberg_scan exposes both fields); pyiceberg reads the rows (it does not
+    # expose the fields), neither sees the lineage columns as data.
+    from lakestream.identifiers import TableName
+    from lakestream.query import duckdb_connection, load_iceberg_table, read_table
+
+    metadata = load_iceberg_table(config.catalog, TableName.parse(name, "lake")).metadata_location
+    with duckdb_connection() as con:
+        rows = con.execute("SELECT id, _row_id, _last_updated_sequence_number FROM iceberg_scan(?)",
+                           [metadata]).fetchall()
+    assert {r[0]: (r[1], r[2]) for r in rows} == {k: v[:2] for k, v in final.items()}
+    assert read_table(config, name, "pyiceberg").column_names == ["id", "v"]
 
 
 def test_keyless_update_keeps_the_id_of_the_row_it_replaces(stack, spark, pipeline_config_factory):
