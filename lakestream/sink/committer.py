@@ -284,39 +284,61 @@ def _apply_patches(write: TableWrite, changes: TableReport, resolved: _Resolved,
             resolved.locations[g] = (written["path"], pos)
 
 
-def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | None,
-                  kept: list[tuple[tuple[str, int], tuple[str, int]]], data_files: list[dict[str, Any]]) -> None:
-    """Each new row that replaces a committed row keeps that row's `_row_id` (`lakestream.sink.lineage`):
-    ``kept`` pairs (new row, committed row it replaces) by (data file, position); the batch's files holding such
-    rows are rewritten in place with the lineage columns before the commit."""
+@dataclass
+class KeptRows:
+    """New rows that keep the `_row_id` of the committed rows they replace: row ``i`` is at position
+    ``new_pos[i]`` of data file ``new_paths[new_file[i]]`` and replaces row ``old_pos[i]`` of ``old_paths[old_file[i]]``."""
+
+    new_paths: list[str]
+    new_file: np.ndarray
+    new_pos: np.ndarray
+    old_paths: list[str]
+    old_file: np.ndarray
+    old_pos: np.ndarray
+
+    @classmethod
+    def of_pairs(cls, pairs: list[tuple[tuple[str, int], tuple[str, int]]]) -> KeptRows:
+        new_paths = sorted({new[0] for new, _ in pairs})
+        old_paths = sorted({old[0] for _, old in pairs})
+        new_ids, old_ids = {p: i for i, p in enumerate(new_paths)}, {p: i for i, p in enumerate(old_paths)}
+        return cls(new_paths, np.array([new_ids[n[0]] for n, _ in pairs], np.int64),
+                   np.array([n[1] for n, _ in pairs], np.int64), old_paths,
+                   np.array([old_ids[o[0]] for _, o in pairs], np.int64), np.array([o[1] for _, o in pairs], np.int64))
+
+
+def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | None, kept: KeptRows,
+                  data_files: list[dict[str, Any]]) -> None:
+    """Each new row that replaces a committed row keeps that row's `_row_id` (`lakestream.sink.lineage`): the
+    batch's files holding such rows are rewritten in place with the lineage columns before the commit."""
     from concurrent.futures import ThreadPoolExecutor
 
     from lakestream.sink.lineage import ROW_IDS, UNKNOWN, StaleLineage, write_lineage
 
     rewritten: set[str] = set()
-    if kept and snapshot_id is not None:
-        by_old: dict[str, list[int]] = defaultdict(list)
-        for j, (_, (path, _pos)) in enumerate(kept):
-            by_old[path].append(j)
-        old_paths = list(by_old)
+    if len(kept.new_file) and snapshot_id is not None:
+        order = np.argsort(kept.old_file, kind="stable")
+        fids = kept.old_file[order]
+        starts = np.flatnonzero(np.r_[True, fids[1:] != fids[:-1]])
+        groups = np.split(order, starts[1:])
+        old_paths = [kept.old_paths[int(f)] for f in fids[starts]]
         try:
             found = ROW_IDS.lookup(spark, write.catalog, write.name.namespace, write.name.table, snapshot_id,
-                                   old_paths, [np.array([kept[j][1][1] for j in by_old[p]], np.int64)
-                                               for p in old_paths])
+                                   old_paths, [kept.old_pos[g] for g in groups])
         except StaleLineage as exc:
             write.index.valid = False
             raise StaleIndex(f"{write.ident}: {exc}") from exc
         if found is not None:  # else the table does not track lineage (format < 3)
-            old_ids = np.empty(len(kept), np.int64)
-            for path, ids in zip(old_paths, found):
-                old_ids[by_old[path]] = ids
+            old_ids = np.empty(len(kept.new_file), np.int64)
+            for g, ids in zip(groups, found):
+                old_ids[g] = ids
             by_path = {f["path"]: f for f in data_files}
-            new_ids: dict[str, np.ndarray] = {}
-            for j, ((path, pos), _) in enumerate(kept):
-                if path not in new_ids:
-                    new_ids[path] = np.full(by_path[path]["record_count"], UNKNOWN, np.int64)
-                new_ids[path][pos] = old_ids[j]
-            rewrites = list(new_ids.items())
+            rewrites = []
+            for fid in np.unique(kept.new_file).tolist():
+                path = kept.new_paths[fid]
+                mine = kept.new_file == fid
+                ids = np.full(by_path[path]["record_count"], UNKNOWN, np.int64)
+                ids[kept.new_pos[mine]] = old_ids[mine]
+                rewrites.append((path, ids))
             with ThreadPoolExecutor(max_workers=min(4, len(rewrites))) as pool:
                 sizes = list(pool.map(lambda item: write_lineage(*item), rewrites))
             for (path, ids), size in zip(rewrites, sizes):
@@ -328,12 +350,11 @@ def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | Non
             ROW_IDS.remember(f["path"], None)
 
 
-def _kept_rows(write: TableWrite, resolved: _Resolved) -> list[tuple[tuple[str, int], tuple[str, int]]]:
-    """(new row, committed row) of each key whose new row keeps the committed row's `_row_id`."""
+def _kept_rows(write: TableWrite, resolved: _Resolved) -> KeptRows:
+    """The keys whose new row keeps the `_row_id` of the key's committed row."""
     old_fid, old_pos = resolved.kept_from
-    paths = write.index.paths
-    return [((resolved.locations.paths[int(resolved.locations.file[g])], int(resolved.locations.pos[g])),
-             (paths[int(f)], int(p))) for g, f, p in zip(resolved.kept.tolist(), old_fid.tolist(), old_pos.tolist())]
+    return KeptRows(resolved.locations.paths, resolved.locations.file[resolved.kept],
+                    resolved.locations.pos[resolved.kept], write.index.paths, old_fid, old_pos)
 
 
 def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, properties: dict[str, str]
@@ -415,7 +436,7 @@ def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport,
     laps.lap("resolve")
     data_files = [{"path": f.path, "file_size": f.file_size, "record_count": f.record_count,
                    "partition": f.partition_values} for f in changes.files]
-    _keep_row_ids(spark, write, index.snapshot_id, resolved.kept, data_files)
+    _keep_row_ids(spark, write, index.snapshot_id, KeptRows.of_pairs(resolved.kept), data_files)
     laps.lap("lineage")
     request = {
         "base_snapshot_id": index.snapshot_id,

@@ -38,6 +38,8 @@ FROM (SELECT *, _row_id, _last_updated_sequence_number FROM {table}
 LEFT JOIN (SELECT v, _row_id FROM {table} VERSION AS OF {snapshot}) then ON now._row_id = then._row_id
 """
 
+DELETED_SINCE = "SELECT id FROM {table} VERSION AS OF {snapshot} WHERE _row_id NOT IN (SELECT _row_id FROM {table})"
+
 
 class ProcessDeath(BaseException):
     """The process dies (nothing in it catches this)."""
@@ -205,6 +207,8 @@ def test_updates_keep_row_ids_as_spark_merge_does(spark, keyed, monkeypatch):
     for r in changed:
         assert r["_row_id"] == final[r["id"]][0]
         assert r["v_then"] == (at_since[r["id"]][2] if r["id"] in at_since else None)
+    deleted = spark.sql(DELETED_SINCE.format(table=mirror, snapshot=since)).collect()
+    assert {r["id"] for r in deleted} == {16, 19, 21}
 
     # DuckDB reads the same lineage (its iceberg_scan exposes both fields); pyiceberg reads the rows (it does not
     # expose the fields), neither sees the lineage columns as data.
