@@ -262,3 +262,51 @@ def test_keyless_update_keeps_the_id_of_the_row_it_replaces(stack, spark, pipeli
         changed = [i for i in new if new[i] != old[i]]
         assert len(changed) == 1 and new[changed[0]][:2] == ("a", 2)
         assert new[changed[0]][2] > old[changed[0]][2]  # its sequence number advanced; the others' did not
+
+
+def test_a_file_rewritten_with_lineage_keeps_its_columns_exactly(tmp_path):
+    """The in-place rewrite (`write_lineage`) changes only the two lineage columns: every other column keeps its
+    Parquet type, field id and values, nested and required ones included."""
+    import datetime as dt
+    import decimal
+    import uuid as uuid_
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lakestream.sink.files import arrow_schema, write_data_file
+    from lakestream.sink.lineage import LAST_UPDATED, ROW_ID, read_lineage, write_lineage
+
+    schema = arrow_schema({"fields": [
+        {"id": 1, "name": "id", "type": "long", "required": True},
+        {"id": 2, "name": "amount", "type": "decimal(10,2)"}, {"id": 3, "name": "at", "type": "timestamptz"},
+        {"id": 4, "name": "local", "type": "timestamp"}, {"id": 5, "name": "day", "type": "date"},
+        {"id": 6, "name": "u", "type": "uuid"}, {"id": 7, "name": "tags", "type": {
+            "type": "list", "element-id": 8, "element": "string", "element-required": False}},
+        {"id": 9, "name": "attrs", "type": {"type": "map", "key-id": 10, "key": "string", "value-id": 11,
+                                            "value": "int", "value-required": False}},
+        {"id": 12, "name": "s", "type": {"type": "struct", "fields": [{"id": 13, "name": "x", "type": "double"}]}},
+        {"id": 14, "name": "t", "type": "time"}, {"id": 15, "name": "b", "type": "fixed[3]"}]})
+    rows = pa.Table.from_pylist([
+        {"id": i, "amount": decimal.Decimal("1.25") * i, "at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+         "local": dt.datetime(2026, 1, 2), "day": dt.date(2026, 1, 3), "u": uuid_.UUID(int=i).bytes,
+         "tags": ["a", None], "attrs": [("k", i)], "s": {"x": 0.5}, "t": dt.time(1, 2, 3), "b": b"abc"}
+        for i in range(3)], schema=schema)
+    written = write_data_file(rows, f"file://{tmp_path}", schema, "t")
+    path = written["path"]
+    before = pq.ParquetFile(str(tmp_path / path.rsplit("/", 1)[1]))
+    write_lineage(path, np.array([7, -1, 9], np.int64))
+    after = pq.ParquetFile(str(tmp_path / path.rsplit("/", 1)[1]))
+    assert after.schema_arrow.names == before.schema_arrow.names + [ROW_ID, LAST_UPDATED]
+    n = len(before.schema_arrow)
+    # The Parquet schema (types, logical types, field ids, repetition) is the old one with two more columns.
+    def described(parquet: pq.ParquetFile) -> str:
+        return str(parquet.schema).split("\n", 1)[1]  # (without the object's address)
+
+    assert described(after).startswith(described(before).rstrip().removesuffix("}"))
+    table = after.read()
+    assert table.select(range(n)).equals(before.read())
+    ids, seqs = read_lineage(table)
+    assert ids.tolist() == [7, -1, 9] and seqs.tolist() == [-1, -1, -1]
+    assert [f.metadata[b"PARQUET:field_id"] for f in after.schema_arrow][n:] == [b"2147483540", b"2147483539"]
