@@ -287,7 +287,8 @@ def _apply_patches(write: TableWrite, changes: TableReport, resolved: _Resolved,
 @dataclass
 class KeptRows:
     """New rows that keep the `_row_id` of the committed rows they replace: row ``i`` is at position
-    ``new_pos[i]`` of data file ``new_paths[new_file[i]]`` and replaces row ``old_pos[i]`` of ``old_paths[old_file[i]]``."""
+    ``new_pos[i]`` of data file ``new_paths[new_file[i]]`` and replaces row ``old_pos[i]`` of
+    ``old_paths[old_file[i]]``."""
 
     new_paths: list[str]
     new_file: np.ndarray

@@ -18,7 +18,9 @@ Rows moved without a change (compaction) carry both values explicitly (`lineage_
 """
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -109,37 +111,41 @@ class StaleLineage(Exception):
 
 class RowIds:
     """The ``_row_id`` of committed rows, for one driver: each data file's explicit ids are read once and kept
-    (a bounded LRU; data files never change), ``first_row_id`` comes from the JVM's file state."""
+    (a bounded LRU; data files never change), ``first_row_id`` comes from the JVM's file state. Shared by the
+    tables' commits, which run on several threads."""
 
-    def __init__(self, max_ids: int = 4_000_000):
+    def __init__(self, max_ids: int = 4_000_000, max_files: int = 100_000):
         self._explicit: OrderedDict[str, np.ndarray | None] = OrderedDict()
         self._held = 0
-        self.max_ids = max_ids
+        self._lock = threading.Lock()
+        self.max_ids, self.max_files = max_ids, max_files
 
     def remember(self, path: str, ids: np.ndarray | None) -> None:
         """What file ``path`` holds (its explicit ids, or None: no ``_row_id`` column)."""
-        old = self._explicit.pop(path, None)
-        self._held -= 0 if old is None else len(old)
-        self._explicit[path] = ids
-        self._held += 0 if ids is None else len(ids)
-        while (self._held > self.max_ids or len(self._explicit) > 100_000) and len(self._explicit) > 1:
-            _, dropped = self._explicit.popitem(last=False)
-            self._held -= 0 if dropped is None else len(dropped)
+        with self._lock:
+            old = self._explicit.pop(path, None)
+            self._held -= 0 if old is None else len(old)
+            self._explicit[path] = ids
+            self._held += 0 if ids is None else len(ids)
+            while (self._held > self.max_ids or len(self._explicit) > self.max_files) and len(self._explicit) > 1:
+                _, dropped = self._explicit.popitem(last=False)
+                self._held -= 0 if dropped is None else len(dropped)
 
-    def explicit(self, path: str) -> np.ndarray | None:
-        if path in self._explicit:
-            self._explicit.move_to_end(path)
-            return self._explicit[path]
-        fs, local = filesystem_path(path)
-        parquet = pq.ParquetFile(local, filesystem=fs)
-        i = _field_index(parquet.schema_arrow, ROW_ID_FIELD)
-        ids = None
-        if i is not None:
-            column = parquet.read(columns=[parquet.schema_arrow.names[i]]).column(0)
-            ids = column.fill_null(UNKNOWN).to_numpy().astype(np.int64)
-        parquet.close()
-        self.remember(path, ids)
-        return ids
+    def explicit(self, paths: list[str]) -> dict[str, np.ndarray | None]:
+        """The explicit ids each file holds (None: none), the files not in memory read eight at a time."""
+        out: dict[str, np.ndarray | None] = {}
+        with self._lock:
+            for path in paths:
+                if path in self._explicit:
+                    self._explicit.move_to_end(path)
+                    out[path] = self._explicit[path]
+        missing = [p for p in paths if p not in out]
+        if missing:
+            with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
+                for path, ids in zip(missing, pool.map(_read_row_ids, missing)):
+                    self.remember(path, ids)
+                    out[path] = ids
+        return out
 
     def lookup(self, spark: SparkSession, catalog: str, namespace: str, table: str, snapshot_id: int,
                paths: list[str], positions: list[np.ndarray]) -> list[np.ndarray] | None:
@@ -152,16 +158,32 @@ class RowIds:
         if not answer["lineage"]:
             return None
         out = []
+        held_by = self.explicit(paths)
         for path, pos in zip(paths, positions):
+            # A file not live at the snapshot (never expected: the index is at it) gives its rows new ids.
             first = (answer["files"].get(path) or [None])[0]
             pos = np.asarray(pos, np.int64)
             ids = np.full(len(pos), UNKNOWN, np.int64) if first is None else first + pos
-            explicit = self.explicit(path)
+            explicit = held_by[path]
             if explicit is not None:
                 held = explicit[pos]
                 ids = np.where(held >= 0, held, ids)
             out.append(ids)
         return out
+
+
+def _read_row_ids(path: str) -> np.ndarray | None:
+    """The ``_row_id`` column of data file ``path`` (`UNKNOWN` where null), or None when it has none."""
+    fs, local = filesystem_path(path)
+    parquet = pq.ParquetFile(local, filesystem=fs)
+    try:
+        i = _field_index(parquet.schema_arrow, ROW_ID_FIELD)
+        if i is None:
+            return None
+        column = parquet.read(columns=[parquet.schema_arrow.names[i]]).column(0)
+        return column.fill_null(UNKNOWN).to_numpy().astype(np.int64)
+    finally:
+        parquet.close()
 
 
 ROW_IDS = RowIds()

@@ -310,3 +310,21 @@ def test_a_file_rewritten_with_lineage_keeps_its_columns_exactly(tmp_path):
     ids, seqs = read_lineage(table)
     assert ids.tolist() == [7, -1, 9] and seqs.tolist() == [-1, -1, -1]
     assert [f.metadata[b"PARQUET:field_id"] for f in after.schema_arrow][n:] == [b"2147483540", b"2147483539"]
+
+
+def test_the_explicit_id_cache_is_bounded_and_reads_a_file_once(tmp_path, monkeypatch):
+    import numpy as np
+
+    from lakestream.sink import lineage
+
+    reads: list[str] = []
+    monkeypatch.setattr(lineage, "_read_row_ids", lambda p: reads.append(p) or np.arange(3, dtype=np.int64))
+    ids = lineage.RowIds(max_ids=5, max_files=3)
+    ids.remember("written", np.array([1, -1], np.int64))
+    assert ids.explicit(["written", "old"])["old"].tolist() == [0, 1, 2] and reads == ["old"]
+    assert ids.explicit(["old"])["old"].tolist() == [0, 1, 2] and reads == ["old"]  # kept
+    ids.remember("more", np.arange(3, dtype=np.int64))  # 2 + 3 + 3 ids > 5: the least recently used go
+    assert ids._held <= 5 and "written" not in ids._explicit
+    for name in ("a", "b", "c"):
+        ids.remember(name, None)
+    assert len(ids._explicit) == 3
