@@ -807,6 +807,17 @@ public final class LakestreamSink {
     ObjectNode out = committedAnswer(committed);
     out.put("sequence_number", committed.sequenceNumber());
     out.put("data_files", added.size());
+    FileState now = STATES.get(key);
+    if (now != null && Objects.equals(now.snapshotId, committed.snapshotId()) && now.formatVersion >= 3) {
+      // Each added file's first_row_id (v3 row lineage): a later update of one of its rows keeps that row's id.
+      ObjectNode firstRowIds = out.putObject("first_row_ids");
+      for (String path : added.keySet()) {
+        DataFile df = now.dataFiles.get(path);
+        if (df != null && df.firstRowId() != null) {
+          firstRowIds.put(path, df.firstRowId());
+        }
+      }
+    }
     out.put("delete_files", newDeletes.size());
     out.put("removed_delete_files", rewritten.size());
     counts.forEach(out::put);

@@ -351,6 +351,14 @@ def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | Non
             ROW_IDS.remember(f["path"], None)
 
 
+def _remember_first_row_ids(result: dict[str, Any]) -> None:
+    """Keep the first_row_id of the files a commit added: the next batch's updates of their rows need it."""
+    if result.get("first_row_ids"):
+        from lakestream.sink.lineage import ROW_IDS
+
+        ROW_IDS.committed(result["first_row_ids"])
+
+
 def _kept_rows(write: TableWrite, resolved: _Resolved) -> KeptRows:
     """The keys whose new row keeps the `_row_id` of the key's committed row."""
     old_fid, old_pos = resolved.kept_from
@@ -393,6 +401,7 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     result = commit_files(spark, write.catalog, write.name.namespace, write.name.table, request)
     laps.lap("jvm")
     laps.add_steps("jvm", result.get("timings_ms"))
+    _remember_first_row_ids(result)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s: commit of %d data file(s), deletes in %d, steps (ms) %s", write.ident, len(data_files),
                   len(request["deletes"]), result.get("timings_ms"))
@@ -451,6 +460,7 @@ def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport,
     result = commit_files(spark, write.catalog, write.name.namespace, write.name.table, request)
     laps.lap("jvm")
     laps.add_steps("jvm", result.get("timings_ms"))
+    _remember_first_row_ids(result)
     if result.get("stale"):
         index.valid = False
         raise StaleIndex(f"{write.ident} is at snapshot {result.get('snapshot_id')}, its index at "

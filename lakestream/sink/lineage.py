@@ -116,6 +116,7 @@ class RowIds:
 
     def __init__(self, max_ids: int = 4_000_000, max_files: int = 100_000):
         self._explicit: OrderedDict[str, np.ndarray | None] = OrderedDict()
+        self._first: OrderedDict[str, int] = OrderedDict()  # first_row_id of files this driver committed
         self._held = 0
         self._lock = threading.Lock()
         self.max_ids, self.max_files = max_ids, max_files
@@ -130,6 +131,34 @@ class RowIds:
             while (self._held > self.max_ids or len(self._explicit) > self.max_files) and len(self._explicit) > 1:
                 _, dropped = self._explicit.popitem(last=False)
                 self._held -= 0 if dropped is None else len(dropped)
+
+    def committed(self, first_row_ids: dict[str, int]) -> None:
+        """The ``first_row_id`` the commit gave each file it added (`commit_files`' answer)."""
+        with self._lock:
+            for path, first in first_row_ids.items():
+                self._first[path] = int(first)
+            while len(self._first) > self.max_files:
+                self._first.popitem(last=False)
+
+    def _first_row_ids(self, spark: SparkSession, catalog: str, namespace: str, table: str, snapshot_id: int,
+                       paths: list[str]) -> dict[str, int | None] | None:
+        """Each file's ``first_row_id`` (None: it has none); None when the table does not track lineage. Files
+        this driver committed are answered from memory; only the others ask the JVM's file state, which also
+        says whether the table is still at ``snapshot_id`` (the commit checks that for the rest)."""
+        with self._lock:
+            out: dict[str, int | None] = {p: self._first[p] for p in paths if p in self._first}
+        missing = [p for p in paths if p not in out]
+        if not missing:
+            return out
+        answer = orjson.loads(spark.sparkContext._jvm.lakestream.LakestreamSink.rowLineage(
+            spark._jsparkSession, catalog, namespace, table, snapshot_id, orjson.dumps(missing).decode()))
+        if answer.get("stale"):
+            raise StaleLineage(f"{namespace}.{table} is at snapshot {answer.get('snapshot_id')}, not {snapshot_id}")
+        if not answer["lineage"]:
+            return None
+        for path in missing:
+            out[path] = (answer["files"].get(path) or [None])[0]
+        return out
 
     def explicit(self, paths: list[str]) -> dict[str, np.ndarray | None]:
         """The explicit ids each file holds (None: none), the files not in memory read eight at a time."""
@@ -151,17 +180,14 @@ class RowIds:
                paths: list[str], positions: list[np.ndarray]) -> list[np.ndarray] | None:
         """The ids of rows ``positions[i]`` of data files ``paths[i]`` at ``snapshot_id`` (`UNKNOWN` where the
         file has none); None when the table does not track lineage (format < 3)."""
-        answer = orjson.loads(spark.sparkContext._jvm.lakestream.LakestreamSink.rowLineage(
-            spark._jsparkSession, catalog, namespace, table, snapshot_id, orjson.dumps(paths).decode()))
-        if answer.get("stale"):
-            raise StaleLineage(f"{namespace}.{table} is at snapshot {answer.get('snapshot_id')}, not {snapshot_id}")
-        if not answer["lineage"]:
+        firsts = self._first_row_ids(spark, catalog, namespace, table, snapshot_id, paths)
+        if firsts is None:
             return None
         out = []
         held_by = self.explicit(paths)
         for path, pos in zip(paths, positions):
             # A file not live at the snapshot (never expected: the index is at it) gives its rows new ids.
-            first = (answer["files"].get(path) or [None])[0]
+            first = firsts[path]
             pos = np.asarray(pos, np.int64)
             ids = np.full(len(pos), UNKNOWN, np.int64) if first is None else first + pos
             explicit = held_by[path]
