@@ -181,8 +181,10 @@ def steady_upserts(info, state_dir: Path, args, spark_box: list, schemas: bool) 
     want = {"n": len(live), "keys": len(live), "qty": sum(r.qty for r in live.values()),
             "version": sum(r.version for r in live.values())}
     for r in results:
+        steps = r.table_steps_ms.get(f"{NAMESPACE}.{table}", {})
         say(f"  batch {r.batch_id}: {r.changes:,} changes, {r.seconds:.2f}s (tasks {r.read_seconds:.2f}s, "
-            f"commit {r.seconds - r.read_seconds:.2f}s)")
+            f"commit {r.seconds - r.read_seconds:.2f}s: resolve {steps.get('write.resolve', 0):.0f} ms, row lineage "
+            f"{steps.get('write.lineage', 0):.0f} ms, jvm {steps.get('write.jvm', 0):.0f} ms)")
     if got != want:
         raise BenchmarkFailure(f"steady {label}: lake {got}, expected {want}")
     rate = changes / seconds

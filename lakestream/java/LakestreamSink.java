@@ -29,6 +29,9 @@ import org.apache.iceberg.FileContent;
 import org.apache.iceberg.FileFormat;
 import org.apache.iceberg.FileScanTask;
 import org.apache.iceberg.HasTableOperations;
+import org.apache.iceberg.ManifestFile;
+import org.apache.iceberg.ManifestFiles;
+import org.apache.iceberg.ManifestReader;
 import org.apache.iceberg.Metrics;
 import org.apache.iceberg.MetricsConfig;
 import org.apache.iceberg.NullOrder;
@@ -104,6 +107,7 @@ public final class LakestreamSink {
   private static final class FileState {
     String tableUuid;
     Long snapshotId;
+    int formatVersion;
     final Map<String, DataFile> dataFiles = new HashMap<>();
     final Map<String, List<DeleteFile>> deletes = new HashMap<>();
   }
@@ -399,6 +403,7 @@ public final class LakestreamSink {
     st = new FileState();
     st.snapshotId = id;
     st.tableUuid = uuid;
+    st.formatVersion = formatVersion(t);
     if (current != null) {
       try (CloseableIterable<FileScanTask> tasks = t.newScan().useSnapshot(id).planFiles()) {
         for (FileScanTask task : tasks) {
@@ -441,7 +446,30 @@ public final class LakestreamSink {
       cached.dataFiles.remove(path);
       cached.deletes.remove(path);
     }
-    added.forEach((path, df) -> cached.dataFiles.put(path, df.copyWithoutStats()));
+    Map<String, DataFile> committedFiles = added;
+    if (!added.isEmpty() && formatVersion(t) >= 3) {
+      // The files as the new manifests hold them: first_row_id (assigned at commit, v3 row lineage) and the data
+      // sequence number are known only there, and a later update of one of their rows keeps that row's id.
+      committedFiles = new HashMap<>();
+      for (ManifestFile m : committed.dataManifests(t.io())) {
+        if (!Objects.equals(m.snapshotId(), committed.snapshotId()) || !m.hasAddedFiles()) {
+          continue;
+        }
+        try (ManifestReader<DataFile> reader = ManifestFiles.read(m, t.io(), t.specs())) {
+          for (DataFile df : reader) {
+            if (added.containsKey(df.location())) {
+              committedFiles.put(df.location(), df.copyWithoutStats());
+            }
+          }
+        } catch (java.io.IOException e) {
+          throw new java.io.UncheckedIOException(e);
+        }
+      }
+    }
+    for (Map.Entry<String, DataFile> e : added.entrySet()) {
+      DataFile df = committedFiles.getOrDefault(e.getKey(), e.getValue());
+      cached.dataFiles.put(e.getKey(), df.copyWithoutStats());
+    }
     for (DeleteFile dv : dvs) {
       List<DeleteFile> one = new ArrayList<>();
       one.add(dv.copy());
@@ -779,6 +807,17 @@ public final class LakestreamSink {
     ObjectNode out = committedAnswer(committed);
     out.put("sequence_number", committed.sequenceNumber());
     out.put("data_files", added.size());
+    FileState now = STATES.get(key);
+    if (now != null && Objects.equals(now.snapshotId, committed.snapshotId()) && now.formatVersion >= 3) {
+      // Each added file's first_row_id (v3 row lineage): a later update of one of its rows keeps that row's id.
+      ObjectNode firstRowIds = out.putObject("first_row_ids");
+      for (String path : added.keySet()) {
+        DataFile df = now.dataFiles.get(path);
+        if (df != null && df.firstRowId() != null) {
+          firstRowIds.put(path, df.firstRowId());
+        }
+      }
+    }
     out.put("delete_files", newDeletes.size());
     out.put("removed_delete_files", rewritten.size());
     counts.forEach(out::put);
@@ -790,7 +829,8 @@ public final class LakestreamSink {
 
   /**
    * The positions deleted, at the table's current snapshot, in each data file of {@code pathsJson} (a JSON
-   * array): {"snapshot_id", "files": {path: {"records", "positions": [...]}}, "missing": [paths not live]}.
+   * array): {"snapshot_id", "files": {path: {"records", "positions": [...], "first_row_id"?,
+   * "data_sequence_number"?}}, "missing": [paths not live]} (the last two: the file's row lineage, format v3).
    * A compaction written beside ingestion reads its inputs without these rows, and its commit carries the
    * positions deleted since onto the new files. {@code nice}: the priority of the DV reads (0: the caller's, on
    * Iceberg's worker pool).
@@ -805,6 +845,7 @@ public final class LakestreamSink {
     Long snapshotId;
     Map<String, Long> records = new LinkedHashMap<>(); // live inputs → their row counts
     Map<String, List<DeleteFile>> deletes = new HashMap<>();
+    Map<String, Long[]> lineage = new HashMap<>(); // first_row_id, data sequence number (v3 row lineage)
     ObjectNode out = JSON.createObjectNode();
     ArrayNode missing = out.putArray("missing");
     // Under the table's lock only the file state is read (the batches' commits update it); the DVs are read after.
@@ -819,6 +860,7 @@ public final class LakestreamSink {
           continue;
         }
         records.put(p.asText(), f.recordCount());
+        lineage.put(p.asText(), new Long[] {f.firstRowId(), f.dataSequenceNumber()});
         List<DeleteFile> ds = st.deletes.get(p.asText());
         if (ds != null) {
           deletes.put(p.asText(), new ArrayList<>(ds));
@@ -839,12 +881,67 @@ public final class LakestreamSink {
     records.forEach((path, count) -> {
       ObjectNode f = files.putObject(path);
       f.put("records", count);
+      Long[] rowLineage = lineage.get(path);
+      if (rowLineage[0] != null) {
+        f.put("first_row_id", rowLineage[0]);
+      }
+      if (rowLineage[1] != null) {
+        f.put("data_sequence_number", rowLineage[1]);
+      }
       ArrayNode positions = f.putArray("positions");
       PositionDeleteIndex index = deleted.get(path);
       if (index != null) {
         index.forEach(positions::add);
       }
     });
+    return out.toString();
+  }
+
+  /**
+   * Row lineage (format v3) of live data files at snapshot {@code snapshotId}: {"snapshot_id", "lineage": whether
+   * the table tracks it, "files": {path: [first_row_id or null, data_sequence_number]}, "missing": [paths not live]};
+   * {"stale": true} when the table is no longer at that snapshot. Answered from the file state the commits keep, so
+   * the catalog is read only when that state is not at {@code snapshotId}. A row without an explicit {@code _row_id}
+   * in its file has id first_row_id + position.
+   */
+  public static String rowLineage(SparkSession spark, String catalog, String namespace, String table,
+      long snapshotId, String pathsJson) throws Exception {
+    JsonNode paths = JSON.readTree(pathsJson);
+    TableIdentifier ident = identifier(namespace, table);
+    String key = catalog + "." + ident;
+    ObjectNode out = JSON.createObjectNode();
+    synchronized (LOCKS.computeIfAbsent(key, k -> new Object())) {
+      FileState st = STATES.get(key);
+      if (st == null || !Objects.equals(st.snapshotId, snapshotId) || st.formatVersion == 0) {
+        Table t = loadFresh(catalog(spark, catalog), ident);
+        st = state(key, t);
+        if (!Objects.equals(st.snapshotId, snapshotId)) {
+          return stale(st.snapshotId).toString();
+        }
+      }
+      out.put("snapshot_id", snapshotId);
+      out.put("lineage", st.formatVersion >= 3);
+      ObjectNode files = out.putObject("files");
+      ArrayNode missing = out.putArray("missing");
+      for (JsonNode p : paths) {
+        DataFile f = st.dataFiles.get(p.asText());
+        if (f == null) {
+          missing.add(p.asText());
+          continue;
+        }
+        ArrayNode pair = files.putArray(p.asText());
+        if (f.firstRowId() == null) {
+          pair.addNull();
+        } else {
+          pair.add(f.firstRowId());
+        }
+        if (f.dataSequenceNumber() == null) {
+          pair.addNull();
+        } else {
+          pair.add(f.dataSequenceNumber());
+        }
+      }
+    }
     return out.toString();
   }
 

@@ -60,6 +60,8 @@ class RewriteGroup:
     bytes: int = 0
     output: dict[str, Any] | None = None  # {path, file_size, record_count} once written
     keys: np.ndarray | None = None  # the output rows' index keys, by position
+    # Each input's (first_row_id, data sequence number): its rows' lineage where the file holds none (format v3).
+    lineage: list[tuple[int | None, int | None]] = field(default_factory=list)
 
     @property
     def live_rows(self) -> int:
@@ -173,6 +175,7 @@ def prepare_rewrite(spark: SparkSession, catalog: str, name: str, partitions: li
     """The groups to rewrite in ``partitions`` (`plan_groups`) and the rows deleted in their files at the current
     snapshot; None when there is nothing worth rewriting. ``jtable``: the table as the caller just loaded it."""
     from lakestream.sink.files import deleted_positions
+    from lakestream.sink.lineage import file_lineage
 
     table = TableName.parse(name)
     started = time.monotonic()
@@ -199,7 +202,8 @@ def prepare_rewrite(spark: SparkSession, catalog: str, name: str, partitions: li
         prepared.append(RewriteGroup(
             inputs=[f["path"] for f in live], records=[f["records"] for f in live],
             deleted=[np.asarray(now["files"][f["path"]]["positions"], np.int64) for f in live],
-            bytes=sum(f["size"] for f in live)))
+            bytes=sum(f["size"] for f in live),
+            lineage=[file_lineage(now, f["path"]) for f in live]))
     if not prepared or now["snapshot_id"] is None:
         return None
     result.files_before = sum(len(g.inputs) for g in prepared)
@@ -245,27 +249,60 @@ def _write_group(group: RewriteGroup, data_location: str, schema: pa.Schema, key
 
     from lakestream.sink.files import write_data_file
     from lakestream.sink.index import index_keys
+    from lakestream.sink.lineage import lineage_columns, lineage_fields
     from lakestream.storage import filesystem_path, use_options
 
     use_options(storage)
     parts = []
+    lineage = group.lineage or [(None, None)] * len(group.inputs)
+    row_ids, sequence_numbers = [], []
     try:
-        for path, records, deleted in zip(group.inputs, group.records, group.deleted):
+        for path, records, deleted, (first_row_id, sequence) in zip(group.inputs, group.records, group.deleted,
+                                                                     lineage):
             fs, local = filesystem_path(path)
             rows = pq.read_table(local, filesystem=fs, use_threads=False)  # Arrow's pool runs at nice 0
             if rows.num_rows != records:
                 raise NotRewritable(f"{path} has {rows.num_rows} rows, its manifest says {records}")
+            # A moved row keeps its id and the sequence number of its last change: written explicitly, since the
+            # output file gets its own first_row_id and sequence number.
+            ids, seqs = file_row_lineage(rows, first_row_id, sequence)
             rows = project_by_field_id(rows, schema)
             if len(deleted):
                 keep = np.ones(records, bool)
                 keep[deleted] = False
                 rows = rows.filter(pa.array(keep))
+                ids, seqs = ids[keep], seqs[keep]
             parts.append(rows)
+            row_ids.append(ids)
+            sequence_numbers.append(seqs)
     except NotRewritable as exc:
         return None, None, str(exc)
     out = pa.concat_tables(parts)
-    written = write_data_file(out, data_location, schema, "compact")
+    ids, seqs = np.concatenate(row_ids), np.concatenate(sequence_numbers)
+    if (ids >= 0).any() or (seqs >= 0).any():
+        written = write_data_file(lineage_columns(out, ids, seqs), data_location,
+                                  pa.schema(list(schema) + lineage_fields()), "compact")
+    else:  # a table without row lineage (format < 3)
+        written = write_data_file(out, data_location, schema, "compact")
     return written, index_keys(out, key_columns), None
+
+
+def file_row_lineage(rows: pa.Table, first_row_id: int | None, sequence: int | None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ``_row_id`` and ``_last_updated_sequence_number`` in a data file (``rows``, all of it):
+    the file's explicit value, else ``first_row_id`` + position and the file's data sequence number (-1 where
+    neither is known)."""
+    from lakestream.sink.lineage import UNKNOWN, read_lineage
+
+    n = rows.num_rows
+    ids = np.full(n, UNKNOWN, np.int64) if first_row_id is None else first_row_id + np.arange(n, dtype=np.int64)
+    seqs = np.full(n, UNKNOWN if sequence is None else sequence, np.int64)
+    explicit_ids, explicit_seqs = read_lineage(rows)
+    if explicit_ids is not None:
+        ids = np.where(explicit_ids >= 0, explicit_ids, ids)
+    if explicit_seqs is not None:
+        seqs = np.where(explicit_seqs >= 0, explicit_seqs, seqs)
+    return ids, seqs
 
 
 def run_rewrite(spark: SparkSession, prepared: PreparedRewrite, spec: TableSpec) -> None:

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from lakestream.laps import Laps
 from lakestream.sink.index import MISSING, keys_from_arrow, unpack
-from lakestream.sink.report import OP_DELETE, TableReport
+from lakestream.sink.report import OP_DELETE, OP_RECREATE, TableReport
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -131,6 +131,10 @@ class _Resolved:
     locations: _Locations  # their new rows
     unchanged: np.ndarray  # bool: keep the index entry as is (de-duplicated appends)
     patches: list[tuple[int, tuple[str, int], tuple[str, int] | None, list[str]]]
+    # Keys whose new row replaces a committed row and keeps its `_row_id` (`sink.lineage`), and that row.
+    kept: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    kept_from: tuple[np.ndarray, np.ndarray] = field(
+        default_factory=lambda: (np.empty(0, np.int64), np.empty(0, np.int64)))  # (index file id, position)
 
 
 def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
@@ -211,7 +215,11 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
                     source = None if ops[prev] == OP_DELETE or files[prev] < 0 else (paths[files[prev]],
                                                                                      int(positions[prev]))
                 patches.append((int(g), locations[g], source, columns))
-        return _Resolved(deletes, distinct, locations, np.zeros(len(distinct), bool), patches)
+        # A key deleted in this batch and written again is a new row (a new `_row_id`), as a primary-key change is.
+        deleted_here = np.maximum.reduceat(((ops == OP_DELETE) | (ops == OP_RECREATE)).astype(np.int8), starts) > 0
+        kept = np.flatnonzero(has_old & ~deleted_here & (final_file >= 0))
+        return _Resolved(deletes, distinct, locations, np.zeros(len(distinct), bool), patches, kept,
+                         (old_fid[kept], old_pos[kept]))
 
     # De-duplicated append: the first row of an id wins, in the table or in this batch.
     location_file = np.full(len(distinct), -1, np.int64)
@@ -276,6 +284,88 @@ def _apply_patches(write: TableWrite, changes: TableReport, resolved: _Resolved,
             resolved.locations[g] = (written["path"], pos)
 
 
+@dataclass
+class KeptRows:
+    """New rows that keep the `_row_id` of the committed rows they replace: row ``i`` is at position
+    ``new_pos[i]`` of data file ``new_paths[new_file[i]]`` and replaces row ``old_pos[i]`` of
+    ``old_paths[old_file[i]]``."""
+
+    new_paths: list[str]
+    new_file: np.ndarray
+    new_pos: np.ndarray
+    old_paths: list[str]
+    old_file: np.ndarray
+    old_pos: np.ndarray
+
+    @classmethod
+    def of_pairs(cls, pairs: list[tuple[tuple[str, int], tuple[str, int]]]) -> KeptRows:
+        new_paths = sorted({new[0] for new, _ in pairs})
+        old_paths = sorted({old[0] for _, old in pairs})
+        new_ids, old_ids = {p: i for i, p in enumerate(new_paths)}, {p: i for i, p in enumerate(old_paths)}
+        return cls(new_paths, np.array([new_ids[n[0]] for n, _ in pairs], np.int64),
+                   np.array([n[1] for n, _ in pairs], np.int64), old_paths,
+                   np.array([old_ids[o[0]] for _, o in pairs], np.int64), np.array([o[1] for _, o in pairs], np.int64))
+
+
+def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | None, kept: KeptRows,
+                  data_files: list[dict[str, Any]]) -> None:
+    """Each new row that replaces a committed row keeps that row's `_row_id` (`lakestream.sink.lineage`): the
+    batch's files holding such rows are rewritten in place with the lineage columns before the commit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lakestream.sink.lineage import ROW_IDS, UNKNOWN, StaleLineage, write_lineage
+
+    rewritten: set[str] = set()
+    if len(kept.new_file) and snapshot_id is not None:
+        order = np.argsort(kept.old_file, kind="stable")
+        fids = kept.old_file[order]
+        starts = np.flatnonzero(np.r_[True, fids[1:] != fids[:-1]])
+        groups = np.split(order, starts[1:])
+        old_paths = [kept.old_paths[int(f)] for f in fids[starts]]
+        try:
+            found = ROW_IDS.lookup(spark, write.catalog, write.name.namespace, write.name.table, snapshot_id,
+                                   old_paths, [kept.old_pos[g] for g in groups])
+        except StaleLineage as exc:
+            write.index.valid = False
+            raise StaleIndex(f"{write.ident}: {exc}") from exc
+        if found is not None:  # else the table does not track lineage (format < 3)
+            old_ids = np.empty(len(kept.new_file), np.int64)
+            for g, ids in zip(groups, found):
+                old_ids[g] = ids
+            by_path = {f["path"]: f for f in data_files}
+            rewrites = []
+            for fid in np.unique(kept.new_file).tolist():
+                path = kept.new_paths[fid]
+                mine = kept.new_file == fid
+                ids = np.full(by_path[path]["record_count"], UNKNOWN, np.int64)
+                ids[kept.new_pos[mine]] = old_ids[mine]
+                rewrites.append((path, ids))
+            with ThreadPoolExecutor(max_workers=min(4, len(rewrites))) as pool:
+                sizes = list(pool.map(lambda item: write_lineage(*item), rewrites))
+            for (path, ids), size in zip(rewrites, sizes):
+                by_path[path]["file_size"] = size
+                ROW_IDS.remember(path, ids)
+                rewritten.add(path)
+    for f in data_files:
+        if f["path"] not in rewritten:
+            ROW_IDS.remember(f["path"], None)
+
+
+def _remember_first_row_ids(result: dict[str, Any]) -> None:
+    """Keep the first_row_id of the files a commit added: the next batch's updates of their rows need it."""
+    if result.get("first_row_ids"):
+        from lakestream.sink.lineage import ROW_IDS
+
+        ROW_IDS.committed(result["first_row_ids"])
+
+
+def _kept_rows(write: TableWrite, resolved: _Resolved) -> KeptRows:
+    """The keys whose new row keeps the `_row_id` of the key's committed row."""
+    old_fid, old_pos = resolved.kept_from
+    return KeptRows(resolved.locations.paths, resolved.locations.file[resolved.kept],
+                    resolved.locations.pos[resolved.kept], write.index.paths, old_fid, old_pos)
+
+
 def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, properties: dict[str, str]
                 ) -> TableCommit:
     """Commit one table's files, deletion vectors and ``properties`` in one snapshot.
@@ -296,6 +386,9 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     if resolved is not None and resolved.patches:
         _apply_patches(write, changes, resolved, data_files)
     laps.lap("resolve")
+    if resolved is not None and write.mode == "upsert":
+        _keep_row_ids(spark, write, index.snapshot_id, _kept_rows(write, resolved), data_files)
+        laps.lap("lineage")
     request = {
         "base_snapshot_id": index.snapshot_id if index is not None else None,
         **({"expect_snapshot_id": index.snapshot_id} if index is not None else {}),
@@ -308,6 +401,7 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     result = commit_files(spark, write.catalog, write.name.namespace, write.name.table, request)
     laps.lap("jvm")
     laps.add_steps("jvm", result.get("timings_ms"))
+    _remember_first_row_ids(result)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s: commit of %d data file(s), deletes in %d, steps (ms) %s", write.ident, len(data_files),
                   len(request["deletes"]), result.get("timings_ms"))
@@ -350,11 +444,14 @@ def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport,
     laps = Laps()
     resolved = resolve_keyless(index, changes)
     laps.lap("resolve")
+    data_files = [{"path": f.path, "file_size": f.file_size, "record_count": f.record_count,
+                   "partition": f.partition_values} for f in changes.files]
+    _keep_row_ids(spark, write, index.snapshot_id, KeptRows.of_pairs(resolved.kept), data_files)
+    laps.lap("lineage")
     request = {
         "base_snapshot_id": index.snapshot_id,
         "expect_snapshot_id": index.snapshot_id,
-        "data_files": [{"path": f.path, "file_size": f.file_size, "record_count": f.record_count,
-                        "partition": f.partition_values} for f in changes.files],
+        "data_files": data_files,
         "deletes": [{"data_file": path, "positions": np.unique(np.asarray(pos, np.int64))}
                     for path, pos in resolved.deletes.items()],
         "properties": properties | positions_property(resolved),
@@ -363,6 +460,7 @@ def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport,
     result = commit_files(spark, write.catalog, write.name.namespace, write.name.table, request)
     laps.lap("jvm")
     laps.add_steps("jvm", result.get("timings_ms"))
+    _remember_first_row_ids(result)
     if result.get("stale"):
         index.valid = False
         raise StaleIndex(f"{write.ident} is at snapshot {result.get('snapshot_id')}, its index at "

@@ -27,7 +27,7 @@ import logging
 import os
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -212,6 +212,8 @@ class KeylessResolution:
     applied: int
     resent: int
     unmatched: int
+    # (new row, committed row): an update's new row keeps the `_row_id` of the equal row it replaces
+    kept: list[tuple[tuple[str, int], tuple[str, int]]] = field(default_factory=list)
 
 
 def resolve_keyless(index: KeylessIndex, changes: TableReport) -> KeylessResolution:
@@ -282,6 +284,8 @@ def resolve_keyless(index: KeylessIndex, changes: TableReport) -> KeylessResolut
 
     positions = dict(index.positions)
     seen_at = dict(index._seen_at)
+    # A row this batch wrote → the committed row whose identity it carries (None: a new row).
+    origin: dict[tuple[str, int], tuple[str, int] | None] = {}
     applied = resent = unmatched = 0
     for i in order.tolist():
         tp = TP(topics[i], int(parts_[i]))
@@ -316,10 +320,13 @@ def resolve_keyless(index: KeylessIndex, changes: TableReport) -> KeylessResolut
                 deletes[paths[files[i]]].append(int(pos[i]))
             continue
         applied += 1
+        carried = None
         if ops[i] in (OP_UPDATE, OP_DELETE):
             h = old_h[i]
             c = count(h)
             gone = location(h, c - 1) if c > 0 else None
+            if gone is not None:
+                carried = origin.get(gone, gone)
             if gone is None:
                 unmatched += 1
             else:
@@ -331,6 +338,7 @@ def resolve_keyless(index: KeylessIndex, changes: TableReport) -> KeylessResolut
             c = count(h)
             row_at[copy_keys(np.array([h], "S16"), np.array([c]))[0]] = (paths[files[i]], int(pos[i]))
             count_of[h] = c + 1
+            origin[(paths[files[i]], int(pos[i]))] = carried if ops[i] == OP_UPDATE else None
     if unmatched:
         log.warning("%d update(s)/delete(s) of a keyless table found no equal row in the mirror", unmatched)
     row_keys_ = np.array(list(row_at), "S16") if row_at else np.empty(0, "S16")
@@ -340,8 +348,10 @@ def resolve_keyless(index: KeylessIndex, changes: TableReport) -> KeylessResolut
             new_locs[g] = pack(np.array([index.rows.file_id(v[0])]), np.array([v[1]]))[0]
     count_keys = np.array(list(count_of), "S16") if count_of else np.empty(0, "S16")
     counts = np.array([c if c > 0 else MISSING for c in count_of.values()], np.int64)
+    live = {v for v in row_at.values() if v is not None}
+    kept = [(new, old) for new, old in origin.items() if old is not None and new in live]
     return KeylessResolution(dict(deletes), (row_keys_, new_locs), (count_keys, counts), positions, seen_at,
-                             applied, resent, unmatched)
+                             applied, resent, unmatched, kept)
 
 
 def apply_resolution(index: KeylessIndex, resolved: KeylessResolution, truncated: bool = False) -> None:

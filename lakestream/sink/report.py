@@ -70,13 +70,15 @@ REPORT_DDL = ", ".join(f"`{f.name}` {_ddl}" for f, _ddl in zip(REPORT_SCHEMA, [
     "bigint", "binary", "binary", "string"]))
 
 OP_UPSERT, OP_DELETE = 0, 1
+# An upsert of a key the task also deleted before it: the row is created again, with a new `_row_id`.
+OP_RECREATE = 2
 
 
 def location_schema(hashed_key: bool) -> pa.Schema:
     """The rows of a `RowLocations` blob: one per change that survived the task's own de-duplication."""
     return pa.schema([
         ("key", pa.binary(16) if hashed_key else pa.int64()),
-        ("op", pa.int8()),                # OP_UPSERT | OP_DELETE
+        ("op", pa.int8()),                # OP_UPSERT | OP_DELETE | OP_RECREATE
         ("task_file", pa.int32()),        # -1 for deletes (no row written)
         ("pos", pa.int64()),              # the row's position in that file
         ("topic", pa.string()),

@@ -290,9 +290,13 @@ class TableWriter:
             self._write_files(data, np.flatnonzero(~is_delete), file_of, pos_of, facts)
         if spec.keyed:
             sel = np.array(final, dtype=np.int64)
+            op = np.where(is_delete, rp.OP_DELETE, rp.OP_UPSERT).astype(np.int8)
+            if spec.mode == "upsert" and "d" in ops:
+                deleted = keys_np[np.array([o == "d" for o in ops], dtype=bool)]
+                op[np.isin(keys_np[sel], deleted) & ~is_delete] = rp.OP_RECREATE
             locations = pa.table({
                 "key": keys_to_arrow(keys_np[sel]),
-                "op": pa.array(np.where(is_delete, rp.OP_DELETE, rp.OP_UPSERT).astype(np.int8)),
+                "op": pa.array(op),
                 "task_file": pa.array(file_of),
                 "pos": pa.array(pos_of),
                 "topic": pa.array([rows.topics[j] for j in final], pa.string()),

@@ -91,7 +91,7 @@ def mirror(stack, spark, pipeline_config_factory):
     config = pipeline_config_factory(
         [{"topics": [topic], "namespace": NS, "table": f"items_{suffix}"}], name=f"pc{suffix}",
         maintenance={"mode": "inline", "interval_s": 3600, "start_delay_s": 0, "policies": [{
-            "tables": ".*", "compaction": {"max_files_per_partition": 2, "quiet_time_s": 600,
+            "tables": ".*", "compaction": {"max_files_per_partition": 2, "quiet_time_s": 600, "min_input_files": 3,
                                            "target_file_size_bytes": 64 * 1024 * 1024}}]})
     model: dict[int, int] = {}
 
