@@ -44,7 +44,7 @@ SPARK4_TESTS = \
 	tests/sink/test_append_mode.py tests/sink/test_ddl.py tests/sink/test_dead_letter_replay.py \
 	tests/sink/test_debezium_edge_cases.py tests/sink/test_files_commit.py tests/sink/test_index_exactness.py \
 	tests/sink/test_index_identity.py tests/sink/test_routing.py tests/sink/test_schema_evolution.py \
-	tests/sink/test_strict_types.py \
+	tests/sink/test_strict_types.py tests/sink/test_row_lineage.py \
 	tests/maintenance/test_maintenance_actions.py tests/maintenance/test_line_history.py \
 	tests/maintenance/test_metadata_bounded.py tests/maintenance/test_pipeline_compaction.py \
 	tests/maintenance/test_concurrent_ingest.py tests/maintenance/test_inline_beside_ingest.py \
