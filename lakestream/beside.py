@@ -45,8 +45,8 @@ def lower_jit_compilers(jvm_pid: int) -> int:
     now on; returns how many were lowered. Called when the first maintenance round starts, once the batches' code
     is compiled: the round's new code (the compaction's Parquet rewrite) then compiles on what the batches leave —
     at nice 0 it took up to half a core in the round's first seconds of a 100M-row sustained run, as the batches
-    waited. HotSpot
-    starts further compiler threads from its compiler threads, and a new thread inherits its creator's nice value."""
+    waited. HotSpot starts further compiler threads from its compiler threads, and a new thread inherits its
+    creator's nice value."""
     lowered = 0
     try:
         tasks = os.listdir(f"/proc/{jvm_pid}/task")
