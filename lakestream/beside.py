@@ -2,7 +2,7 @@
 
 Each alone leaves the batches most of the machine; together (a 1.5 GB index rewrite, a compaction written on the
 executors, the expiry and orphan scan in the JVM) they starved them on two cores: in the 100M-row sustained
-run the batches that made freshness p99 were those where two of these overlapped (session 12). A job that
+run (`bench/sustained.py`) the batches that made freshness p99 were those where two of these overlapped. A job that
 finds the slot taken waits for a later turn: a merge for a later commit (the overlay grows meanwhile, up to its
 hard cap), a round for a later pause between batches.
 
@@ -44,8 +44,9 @@ def lower_jit_compilers(jvm_pid: int) -> int:
     """The JIT compiler threads of the JVM ``jvm_pid`` (on this host: the driver's) at nice `BACKGROUND_NICE` from
     now on; returns how many were lowered. Called when the first maintenance round starts, once the batches' code
     is compiled: the round's new code (the compaction's Parquet rewrite) then compiles on what the batches leave —
-    at nice 0 it took up to half a core in the round's first seconds (session 15), as the batches waited. HotSpot
-    starts further compiler threads from its compiler threads, and a new thread inherits its creator's nice value."""
+    at nice 0 it took up to half a core in the round's first seconds of a 100M-row sustained run, as the batches
+    waited. HotSpot starts further compiler threads from its compiler threads, and a new thread inherits its
+    creator's nice value."""
     lowered = 0
     try:
         tasks = os.listdir(f"/proc/{jvm_pid}/task")

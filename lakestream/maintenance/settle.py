@@ -7,8 +7,8 @@ orphan listing) lands on batches that are already slow. So the first round of a 
 ``maintenance.start_delay_s``, until the pipeline is steady — the median of its last batches within
 ``SETTLED_RATIO`` of the previous life's median batch (from its metrics log), or, with no earlier life on record,
 until the batches stop getting faster — or until polls in a row find nothing, and at most until
-``maintenance.settle_max_s`` after the start. A fixed longer delay was tried (session 13): the rounds came fewer
-and heavier.
+``maintenance.settle_max_s`` after the start. A fixed longer delay (180 s for every start) makes the rounds fewer
+and heavier, so it is not used.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ WINDOW = 20  # batches whose median is compared
 SETTLED_RATIO = 1.25  # steady: the window's median at most this times the previous life's median batch
 STILL_FALLING = 0.9  # without an earlier life: still warming while a window's median is below this share of the last
 # Polls in a row that found nothing: caught up. One is not enough — at 15,000 changes/s a poll found nothing by
-# chance while the restarted batches were still at 1.8x their steady time (session 16).
+# chance while the restarted batches were still at 1.8x their steady time.
 IDLE_POLLS = 3
 TAIL_BYTES = 1 << 20  # of the metrics log read for the previous life's median (~700 batches)
 
