@@ -41,24 +41,20 @@ BACKEND_CATALOG = "rest_backend"
 FAIL_FAST_S3 = {"s3.retry.num-retries": "1", "s3.retry.min-wait-ms": "200", "s3.retry.max-wait-ms": "1000"}
 
 
-class RestCatalogServer(process.PidService):
-    """The REST catalog on 127.0.0.1:<rest_port>, tracked by a pid file."""
+class _RestCatalogService(process.PidService):
+    """What both REST catalog servers share: the stack's REST port and pid file, a JDBC catalog in the stack's
+    PostgreSQL as the backend, the start that waits for ``/v1/config``."""
 
-    name = "rest-catalog"
+    name = "rest-catalog"  # one pid file: the stack runs one server or the other
     persistent = True  # its state is the JDBC catalog in PostgreSQL
     start_timeout = 60.0
+    tls = False
 
-    def __init__(self, settings: StackSettings, *, warehouse: str, io_properties: dict[str, str] | None = None,
-                 credential: str | None = None, token: str | None = None, vend: dict[str, str] | None = None,
-                 backend: str = BACKEND_CATALOG, tls: bool = False):
+    def __init__(self, settings: StackSettings, warehouse: str, io_properties: dict[str, str] | None, backend: str):
         self.settings = settings
         self.backend = backend
         self.warehouse = warehouse
         self.io_properties = io_properties or {}
-        self.credential = credential
-        self.token = token
-        self.vend = vend or {}
-        self.tls = tls  # serve https with a certificate of its own CA (`ca_bundle`), made on first start
         self.dir = settings.state_dir / "rest-catalog"
         self.log_path = settings.state_dir / "logs" / f"{self.name}.log"
         self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid", "java")
@@ -71,10 +67,48 @@ class RestCatalogServer(process.PidService):
     def uri(self) -> str:
         return f"{'https' if self.tls else 'http'}://{process.LOOPBACK}:{self.port}"
 
+    def check_port_free(self) -> None:
+        process.require_free_port(self.port, "REST catalog", "--rest-port / StackSettings.rest_port")
+
+    def _launch(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        """Spawn ``argv`` and wait until the server answers; stopped again, with its log's tail, if it does not."""
+        log.info("starting %s on %s", self.name, self.uri)
+        pid = process.spawn_detached(argv, self.log_path, cwd=self.dir, env=env)
+        self.pid_file.write(pid)
+        process.wait_until(lambda: not process.pid_alive(pid) or self.healthy(), self.start_timeout, 0.2)
+        if not process.pid_alive(pid) or not self.healthy():
+            self.stop(timeout=5)
+            raise StackError(f"{self.name} on {self.uri} did not start\n"
+                             f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
+
+    def healthy(self) -> bool:
+        """Whether the server answers HTTP (401 without a token counts: it is up)."""
+        context = ssl.create_default_context(cafile=str(self.ca_bundle)) if self.tls else None
+        try:
+            with urllib.request.urlopen(f"{self.uri}/v1/config", timeout=2, context=context):
+                return True
+        except urllib.error.HTTPError as exc:
+            return exc.code in (401, 403)
+        except OSError:
+            return False
+
     @property
     def ca_bundle(self) -> Path:
         """The PEM certificate clients trust for this server (``catalog.ssl_ca_bundle``), with ``tls``."""
         return self.dir / "tls" / "ca.pem"
+
+
+class RestCatalogServer(_RestCatalogService):
+    """The REST catalog written here on 127.0.0.1:<rest_port>, tracked by a pid file."""
+
+    def __init__(self, settings: StackSettings, *, warehouse: str, io_properties: dict[str, str] | None = None,
+                 credential: str | None = None, token: str | None = None, vend: dict[str, str] | None = None,
+                 backend: str = BACKEND_CATALOG, tls: bool = False):
+        super().__init__(settings, warehouse, io_properties, backend)
+        self.credential = credential
+        self.token = token
+        self.vend = vend or {}
+        self.tls = tls  # serve https with a certificate of its own CA (`ca_bundle`), made on first start
 
     @property
     def _keystore(self) -> Path:
@@ -101,9 +135,6 @@ class RestCatalogServer(process.PidService):
     def _keystore_password(self) -> str:
         # Protects nothing beyond the file's own mode (the key never leaves this directory): a fixed value.
         return "lakestream-local"
-
-    def check_port_free(self) -> None:
-        process.require_free_port(self.port, "REST catalog", "--rest-port / StackSettings.rest_port")
 
     def properties(self) -> dict[str, str]:
         s = self.settings
@@ -167,62 +198,22 @@ class RestCatalogServer(process.PidService):
             self.check_port_free()
             if self.tls:
                 self._make_certificate()
-            argv = self.argv(self._write_properties())
-            log.info("starting %s on %s", self.name, self.uri)
-            pid = process.spawn_detached(argv, self.log_path, cwd=self.dir)
-            self.pid_file.write(pid)
-            process.wait_until(lambda: not process.pid_alive(pid) or self.healthy(), self.start_timeout, 0.2)
-            if not process.pid_alive(pid) or not self.healthy():
-                self.stop(timeout=5)
-                raise StackError(f"{self.name} on {self.uri} did not start\n"
-                                 f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
-
-    def healthy(self) -> bool:
-        """Whether the server answers HTTP (401 without a token counts: it is up)."""
-        context = ssl.create_default_context(cafile=str(self.ca_bundle)) if self.tls else None
-        try:
-            with urllib.request.urlopen(f"{self.uri}/v1/config", timeout=2, context=context):
-                return True
-        except urllib.error.HTTPError as exc:
-            return exc.code in (401, 403)
-        except OSError:
-            return False
+            self._launch(self.argv(self._write_properties()))
 
     @property
     def detail(self) -> str:
         return f"Iceberg CatalogHandlers over the JDBC catalog {self.backend!r} " f"in {self.settings.catalog_db}"
 
 
-class IcebergRestServer(process.PidService):
-    """Apache Iceberg's REST catalog server on port <rest_port>, tracked by a pid file (the same as the
-    home-made server's: the stack runs one or the other)."""
+class IcebergRestServer(_RestCatalogService):
+    """Apache Iceberg's REST catalog server on port <rest_port>, tracked by a pid file."""
 
-    name = "rest-catalog"
-    persistent = True  # its state is the JDBC catalog in PostgreSQL
     start_timeout = 90.0
-    tls = False
 
     def __init__(self, settings: StackSettings, *, warehouse: str, io_properties: dict[str, str] | None = None,
                  vend: bool = False, backend: str = BACKEND_CATALOG):
-        self.settings = settings
-        self.backend = backend
-        self.warehouse = warehouse
-        self.io_properties = io_properties or {}
+        super().__init__(settings, warehouse, io_properties, backend)
         self.vend = vend  # hand the catalog's S3 keys to clients that load a table (include-credentials)
-        self.dir = settings.state_dir / "rest-catalog"
-        self.log_path = settings.state_dir / "logs" / f"{self.name}.log"
-        self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid", "java")
-
-    @property
-    def port(self) -> int:
-        return self.settings.rest_port
-
-    @property
-    def uri(self) -> str:
-        return f"http://{process.LOOPBACK}:{self.port}"
-
-    def check_port_free(self) -> None:
-        process.require_free_port(self.port, "REST catalog", "--rest-port / StackSettings.rest_port")
 
     def properties(self) -> dict[str, str]:
         """The server's catalog properties (it reads them from ``CATALOG_*`` environment variables)."""
@@ -271,23 +262,8 @@ class IcebergRestServer(process.PidService):
         if self.pid() is None:
             self.check_port_free()
             self.dir.mkdir(parents=True, exist_ok=True)
-            argv = self.argv()
             env = {k: v for k, v in os.environ.items() if not k.startswith("CATALOG_")} | self.environment()
-            log.info("starting %s (Apache Iceberg's RESTCatalogServer) on %s", self.name, self.uri)
-            pid = process.spawn_detached(argv, self.log_path, cwd=self.dir, env=env)
-            self.pid_file.write(pid)
-            process.wait_until(lambda: not process.pid_alive(pid) or self.healthy(), self.start_timeout, 0.2)
-            if not process.pid_alive(pid) or not self.healthy():
-                self.stop(timeout=5)
-                raise StackError(f"{self.name} on {self.uri} did not start\n"
-                                 f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.uri}/v1/config", timeout=2):
-                return True
-        except OSError:
-            return False
+            self._launch(self.argv(), env)
 
     @property
     def detail(self) -> str:
