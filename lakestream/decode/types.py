@@ -89,10 +89,13 @@ def _zoned_timestamp(value: Any) -> int:
 
 
 def _time_from_micros(micros: int) -> str:
+    """``HH:MM:SS.ffffff``; a MariaDB/MySQL TIME is a duration (-838:59:59 .. 838:59:59), so the hours may
+    exceed 23 and the value may be negative (``-HH:MM:SS.ffffff``)."""
     micros = _integer(micros)
-    seconds, frac = divmod(micros, 1_000_000)
+    sign = "-" if micros < 0 else ""
+    seconds, frac = divmod(abs(micros), 1_000_000)
     hours, rest = divmod(seconds, 3600)
-    return f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}.{frac:06d}"
+    return f"{sign}{hours:02d}:{rest // 60:02d}:{rest % 60:02d}.{frac:06d}"
 
 
 def _finite_decimal(value: decimal.Decimal, text: Any) -> decimal.Decimal:
