@@ -172,8 +172,9 @@ def _check_tables(cur: Any, tables: list[SourceTableName], problems: list[str]) 
             problems.append(f"{name} is a {str(row[0]).lower()}, which writes no row events — fix: capture the "
                             "tables it reads from instead")
             continue
-        cur.execute("SELECT 1 FROM information_schema.TABLE_CONSTRAINTS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
-                    "AND CONSTRAINT_TYPE = 'PRIMARY KEY'", (name.schema, name.table))
+        # STATISTICS, not TABLE_CONSTRAINTS: MariaDB hides constraints from a user who may only SELECT.
+        cur.execute("SELECT 1 FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
+                    "AND INDEX_NAME = 'PRIMARY' LIMIT 1", (name.schema, name.table))
         if cur.fetchone() is None:
             keyless.append(str(name))
     return keyless
