@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from conftest import catalog_settings, mariadb_database
 from lakestream.capture import CaptureProcess
@@ -84,6 +85,7 @@ class MariaDBCapture:
         self.server, self.dbname, self.conn, self.workdir = server, dbname, conn, workdir
         self.config, self.capture, self.prefix = config, capture, prefix
         self.namespace = self.config.streams[0].namespace
+        self.markers = 0
 
     def sql(self, *statements: str, args=None) -> None:
         with self.conn.cursor() as cur:
@@ -95,43 +97,38 @@ class MariaDBCapture:
             cur.execute(query)
             return list(cur.fetchall())
 
-    def binlog_position(self) -> tuple[str, int]:
-        return tuple(self.rows("SHOW MASTER STATUS")[0][:2])
-
     def sync(self, spark, timeout: float = 120.0) -> None:
-        """Wait until Debezium has read the binlog up to its current end, then run the engine until idle."""
-        target = self.binlog_position()
-        offsets = Path(self.config.state_dir) / "capture" / f"{self.config.capture.slot_name}.offsets"
+        """Write a marker row and wait until its event is in Kafka (Debezium reads the binlog in order and the
+        publisher acknowledges whole batches: every change before the marker is there too), then run the engine
+        until idle."""
+        self.markers += 1
+        self.sql(f"INSERT INTO marker VALUES ({self.markers})")
+        topic = f"{self.prefix}.{self.dbname}.marker"
+        consumer = Consumer({"bootstrap.servers": self.config.kafka.bootstrap_servers, "group.id": "wm"})
         deadline = time.monotonic() + timeout
-        # Debezium flushes its offsets (every second here) only after Kafka acknowledged the events before them.
-        while target[1] > 0:
-            if offsets.exists() and _offset_position(offsets) >= target:
-                break
-            if not self.capture.running:
-                raise AssertionError(f"capture exited:\n{self.capture.log_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"capture did not reach {target} in {timeout:.0f}s:\n"
-                                     f"{self.capture.log_text()[-3000:]}")
-            time.sleep(0.3)
+        try:
+            while True:
+                try:
+                    end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=5)[1]
+                except KafkaException:
+                    end = 0
+                if end >= self.markers:
+                    break
+                if not self.capture.running:
+                    raise AssertionError(f"capture exited:\n{self.capture.log_text()[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the marker did not reach Kafka in {timeout:.0f}s:\n"
+                                         f"{self.capture.log_text()[-3000:]}")
+                time.sleep(0.2)
+        finally:
+            consumer.close()
         run_pipeline(self.config, spark=spark, stop_when_idle=True)
+
+    def verify(self, spark):
+        return verify_tables(self.config, spark, [f"{self.dbname}.{t}" for t in ("types", "orders", "nokey")])
 
     def mirror(self, spark, table: str) -> list[dict]:
         return [r.asDict() for r in spark.table(f"lake.{self.namespace}.{table}").collect()]
-
-
-def _offset_position(path: Path) -> tuple[str, int]:
-    """(binlog file, position) Debezium's FileOffsetBackingStore holds: read from its serialized map's JSON."""
-    text = path.read_bytes().decode("latin-1")
-    start = text.rfind('{"')
-    while start >= 0:
-        try:
-            doc = json.loads(text[start:text.index("}", start) + 1])
-            if "file" in doc and "pos" in doc:
-                return (doc["file"], int(doc["pos"]))
-        except (ValueError, json.JSONDecodeError):
-            pass
-        start = text.rfind('{"', 0, start)
-    return ("", 0)
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +138,7 @@ def captured(stack, mariadb, service_dir_factory):
     mariadb.run_as_root(f"CREATE DATABASE `{dbname}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
     conn = mariadb.connect(dbname)
     with conn.cursor() as cur:
-        for ddl in (TYPES_DDL, ORDERS_DDL, NOKEY_DDL):
+        for ddl in (TYPES_DDL, ORDERS_DDL, NOKEY_DDL, "CREATE TABLE marker (id INT PRIMARY KEY)"):
             cur.execute(ddl)
         cur.execute(f"INSERT INTO types ({TYPES_COLUMNS}) VALUES {TYPES_VALUES}", (1,))
         cur.execute("INSERT INTO types (id) VALUES (2)")
@@ -160,7 +157,7 @@ def captured(stack, mariadb, service_dir_factory):
         "spark": {"master": "local[2]", "driver_memory": "1500m"},
         "state_dir": str(workdir / "state"),
         "capture": {"database": mariadb_database(mariadb, dbname), "topic_prefix": prefix,
-                    "tables": [f"{dbname}.types", f"{dbname}.orders", f"{dbname}.nokey"],
+                    "tables": [f"{dbname}.types", f"{dbname}.orders", f"{dbname}.nokey", f"{dbname}.marker"],
                     "connector": {"heartbeat.interval.ms": "1000"}},
     }
     (workdir / "pipeline.yaml").write_text(yaml.safe_dump(data))
@@ -211,7 +208,7 @@ def test_snapshot_and_streaming_exact(captured, spark):
     assert _mirror_orders(source, spark) == _orders(source)
     assert Counter(tuple(r.values()) for r in source.mirror(spark, "nokey")) == Counter(
         source.rows("SELECT a, b FROM nokey"))
-    report = verify_tables(source.config, spark)
+    report = source.verify(spark)
     assert report.ok, report.to_text()
     assert [t.source_rows for t in report.tables] == [4, 36, 3]
 
@@ -247,11 +244,11 @@ def test_sigkill_rereads_the_binlog_from_the_stored_position(captured, spark):
     assert _mirror_orders(source, spark, ("id", "customer", "amount", "updated", "note")) == want
     assert Counter(tuple(r.values()) for r in source.mirror(spark, "nokey")) == Counter(
         source.rows("SELECT a, b FROM nokey"))
-    report = verify_tables(source.config, spark)
+    report = source.verify(spark)
     assert report.ok, report.to_text()
 
     # verify can fail: changes not yet mirrored are counted
     source.sql("UPDATE types SET bit16 = b'1', tm = '01:00:00' WHERE id = 3", "INSERT INTO nokey VALUES (9, 'n')")
-    report = verify_tables(source.config, spark)
+    report = source.verify(spark)
     by_table = {t.source_table.rsplit(".", 1)[1]: t for t in report.tables}
     assert (by_table["types"].differing, by_table["nokey"].missing, by_table["orders"].ok) == (1, 1, True)
