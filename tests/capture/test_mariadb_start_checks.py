@@ -146,3 +146,22 @@ def test_config_validation_names_the_field_and_the_fix(tmp_path):
         _config({"dbname": "shop", "user": "u", "server_id": 5}, ["public.t"], tmp_path)
     with pytest.raises(ConfigError, match=r"capture.database.kind: .*fix: use one of the allowed values"):
         _config({**database, "kind": "oracle"}, ["shop.t"], tmp_path)
+
+
+def test_zero_dates_in_not_null_columns_are_warned_about(mariadb, mariadb_source, tmp_path, caplog):
+    from lakestream.capture.databases.mariadb import _warn_zero_dates
+
+    dbname, conn = mariadb_source
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE z (id INT PRIMARY KEY, d DATE NOT NULL, dn DATE NULL, ts TIMESTAMP NOT NULL "
+                    "DEFAULT CURRENT_TIMESTAMP)")
+        capture = _config(mariadb_database(mariadb, dbname), [f"{dbname}.z"], tmp_path).capture
+        assert _warn_zero_dates(cur, capture.source_tables) == [f"{dbname}.z.d", f"{dbname}.z.ts"]
+        assert "NO_ZERO_DATE,NO_ZERO_IN_DATE" in caplog.text and "1970-01-01" in caplog.text
+        cur.execute("SELECT @@GLOBAL.sql_mode")
+        (before,) = cur.fetchone()
+        mariadb.run_as_root("SET GLOBAL sql_mode = 'STRICT_TRANS_TABLES,NO_ZERO_DATE,NO_ZERO_IN_DATE'")
+        try:
+            assert _warn_zero_dates(cur, capture.source_tables) == []
+        finally:
+            mariadb.run_as_root(f"SET GLOBAL sql_mode = '{before}'")

@@ -152,6 +152,7 @@ def check_source(conn: Any, capture: CaptureSettings) -> list[str]:
         tables = capture.source_tables
         keyless = _check_tables(cur, tables, problems)
         _check_grants(cur, capture, tables, problems)
+        _warn_zero_dates(cur, tables)
     if problems:
         raise CaptureError("capture cannot start:\n  " + "\n  ".join(problems))
     return keyless
@@ -178,6 +179,33 @@ def _check_tables(cur: Any, tables: list[SourceTableName], problems: list[str]) 
         if cur.fetchone() is None:
             keyless.append(str(name))
     return keyless
+
+
+# What keeps zero dates ('0000-00-00', '2024-00-10') out of a server's tables.
+_NO_ZERO_DATES = {"NO_ZERO_DATE", "NO_ZERO_IN_DATE"}
+_STRICT = {"STRICT_TRANS_TABLES", "STRICT_ALL_TABLES", "TRADITIONAL"}
+
+
+def _warn_zero_dates(cur: Any, tables: list[SourceTableName]) -> list[str]:
+    """Warn about NOT NULL DATE/DATETIME/TIMESTAMP columns when the server's sql_mode lets zero dates in: Debezium
+    reads a zero date as NULL, and a column that may not be NULL gets the epoch (1970-01-01) instead, which
+    nothing downstream can tell from a real 1970-01-01. Returns the columns warned about (``db.table.column``)."""
+    cur.execute("SELECT @@GLOBAL.sql_mode")
+    modes = set(str(cur.fetchone()[0]).upper().split(","))
+    if _NO_ZERO_DATES <= modes and modes & _STRICT:
+        return []
+    exposed: list[str] = []
+    for name in tables:
+        cur.execute("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
+                    "AND IS_NULLABLE = 'NO' AND DATA_TYPE IN ('date', 'datetime', 'timestamp') "
+                    "ORDER BY ORDINAL_POSITION", (name.schema, name.table))
+        exposed += [f"{name}.{column}" for (column,) in cur.fetchall()]
+    if exposed:
+        log.warning("capture: the server's sql_mode admits zero dates, and Debezium turns a zero date in a NOT NULL "
+                    "column into 1970-01-01 (a nullable column gets NULL): %s — fix: SET GLOBAL sql_mode to include "
+                    "NO_ZERO_DATE,NO_ZERO_IN_DATE and STRICT_TRANS_TABLES (so no zero date is written), or make "
+                    "these columns NULL-able (a zero date then reaches the mirror as NULL)", ", ".join(exposed))
+    return exposed
 
 
 # `SHOW GRANTS` lines: GRANT <privileges> ON <scope> TO <user> (role grants have no ON and are skipped).
