@@ -38,6 +38,8 @@ SERVER_SETTINGS = {
     "character-set-server": "utf8mb4",
     "collation-server": "utf8mb4_unicode_ci",
     "default-time-zone": "+00:00",
+    # Strict, and no zero dates: Debezium would turn a zero date in a NOT NULL column into 1970-01-01.
+    "sql-mode": "STRICT_TRANS_TABLES,ERROR_FOR_DIVISION_BY_ZERO,NO_ZERO_DATE,NO_ZERO_IN_DATE,NO_ENGINE_SUBSTITUTION",
     "skip-name-resolve": "ON",
     "innodb-buffer-pool-size": "64M",
     "innodb-log-file-size": "48M",

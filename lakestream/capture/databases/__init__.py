@@ -43,6 +43,10 @@ class CaptureDatabase(Protocol):
         """What a Kafka Connect worker's connector adds (``--print-connector-config``)."""
         ...
 
+    def state_files(self, capture: CaptureSettings, state_dir: Path) -> list[Path]:
+        """What the embedded engine keeps in ``state_dir`` besides its offsets (to remove with them)."""
+        ...
+
     def prepare(self, capture: CaptureSettings) -> list[str]:
         """The start check (and, for PostgreSQL, the publication made to cover the tables): CaptureError naming
         the setting or grant to fix when the database would not deliver every change of ``capture.tables``.

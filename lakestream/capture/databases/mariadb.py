@@ -108,6 +108,9 @@ class MariaDB:
                 "schema.history.internal.kafka.bootstrap.servers": kafka.bootstrap_servers,
                 "schema.history.internal.kafka.topic": schema_history_topic(capture)}
 
+    def state_files(self, capture: CaptureSettings, state_dir: Path) -> list[Path]:
+        return [schema_history_file(state_dir, capture)]
+
     def prepare(self, capture: CaptureSettings) -> list[str]:
         conn = source_connection(capture)
         try:

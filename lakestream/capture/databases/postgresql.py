@@ -65,6 +65,9 @@ class PostgreSQL:
     def connect_settings(self, capture: CaptureSettings, kafka: KafkaSettings | None) -> dict[str, str]:
         return {}
 
+    def state_files(self, capture: CaptureSettings, state_dir: Path) -> list[Path]:
+        return []
+
     def prepare(self, capture: CaptureSettings) -> list[str]:
         from lakestream.capture.publication import prepare_publication, source_connection
 
