@@ -2,6 +2,8 @@
 across down/up, and the `mariadb` fixture's server configured the same way."""
 from __future__ import annotations
 
+from lakestream.stack import Stack, StackSettings
+from lakestream.stack.mariadb import MariaDBServer
 from lakestream.stack.process import free_port
 
 
@@ -18,35 +20,43 @@ EXPECTED = {"log_bin": 1, "binlog_format": "ROW", "binlog_row_image": "FULL", "g
             "charset": "utf8mb4", "time_zone": "+00:00", "bind_address": "127.0.0.1"}
 
 
-def test_stack_up_source_mariadb_keeps_data(stack_factory):
-    stack = stack_factory(source="mariadb", mariadb_port=free_port(), mariadb_server_id=7)
-    info = stack.up()
-    assert {name: (s.running, s.healthy) for name, s in stack.status().items()} == {
-        "postgres": (True, True), "kafka": (True, True), "mariadb": (True, True)}
-    assert info.mariadb_port == stack.settings.mariadb_port
-    database = info.source_database()
-    assert database["kind"] == "mariadb" and database["port"] == info.mariadb_port
-    assert str(stack.mariadb.data_dir).startswith(str(stack.settings.state_dir))
+def test_stack_with_source_mariadb_runs_it_and_names_it_as_the_source(service_dir_factory):
+    settings = StackSettings(state_dir=service_dir_factory("mdbstack"), source="mariadb", mariadb_port=free_port(),
+                             mariadb_server_id=7)
+    stack = Stack(settings)
+    assert stack.mariadb in stack._services() and stack.mariadb not in Stack(StackSettings())._services()
+    database = stack.info().source_database()
+    assert (database["kind"], database["port"], database["dbname"]) == ("mariadb", settings.mariadb_port, "shop")
+    assert "kind" not in Stack(StackSettings()).info().source_database()
 
-    conn = stack.mariadb.connect()
-    try:
-        assert _settings(conn) == {**EXPECTED, "server_id": 7}
-        with conn.cursor() as cur:
-            cur.execute("CREATE TABLE kept (id INT PRIMARY KEY, note VARCHAR(20)) ENGINE=InnoDB")
-            cur.execute("INSERT INTO kept VALUES (1, 'über 🚀')")
-    finally:
-        conn.close()
 
-    stack.down()
-    assert stack.mariadb.pid() is None
-    stack.up()
-    conn = stack.mariadb.connect()
+def test_mariadb_keeps_its_data_across_stop_and_start(service_dir_factory):
+    """The server `lakestream stack up --source mariadb` starts, alone (the rest of the stack is tested elsewhere)."""
+    server = MariaDBServer(StackSettings(state_dir=service_dir_factory("mdbstack"), source="mariadb",
+                                         mariadb_port=free_port(), mariadb_server_id=7))
+    server.start()
     try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT id, note FROM kept")
-            assert cur.fetchall() == ((1, "über 🚀"),)
+        assert server.status().healthy and str(server.data_dir).startswith(str(server.settings.state_dir))
+        conn = server.connect()
+        try:
+            assert _settings(conn) == {**EXPECTED, "server_id": 7}
+            with conn.cursor() as cur:
+                cur.execute("CREATE TABLE kept (id INT PRIMARY KEY, note VARCHAR(20)) ENGINE=InnoDB")
+                cur.execute("INSERT INTO kept VALUES (1, 'über 🚀')")
+        finally:
+            conn.close()
+        server.stop()
+        assert server.pid() is None and not server.status().running
+        server.start()
+        conn = server.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT id, note FROM kept")
+                assert cur.fetchall() == ((1, "über 🚀"),)
+        finally:
+            conn.close()
     finally:
-        conn.close()
+        server.stop()
 
 
 def test_mariadb_fixture_has_the_binlog_settings(mariadb_source):
