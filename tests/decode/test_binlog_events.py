@@ -53,3 +53,49 @@ def test_binlog_positions_rise_along_the_binlog():
     assert source_position(_binlog("binlog.000001", 7194, 1)) == positions[1]  # a re-sent event repeats it
     # PostgreSQL's events keep their (commit LSN, LSN)
     assert source_position({"source": {"connector": "postgresql", "lsn": 500, "sequence": '["400","500"]'}}) == (400, 500)
+
+
+def _recorded(connector: str = "mariadb"):
+    """tests/data/mariadb_events.jsonl: Debezium's MariaDB connector (3.5.0.Final, schemas on) on MariaDB 10.11 —
+    the snapshot of a row of every type (id 1) and of an all-NULL row (id 2), and the same full row streamed from
+    the binlog (id 3). With ``connector="mysql"``: as Debezium's MySQL connector would send them (the events differ
+    only in ``source``)."""
+    import json
+
+    from conftest import load_debezium_fixture
+
+    out = []
+    for event in load_debezium_fixture("mariadb_events.jsonl"):
+        value = json.loads(event["value"])
+        if connector == "mysql":
+            value["payload"]["source"].update(connector="mysql", file="mysql-bin.000003",
+                                              gtid="3e11fa47-71ca-11e1-9e33-c80aa9429562:23")
+        out.append((event["key"].encode(), json.dumps(value).encode()))
+    return out
+
+
+@pytest.mark.parametrize("connector", ["mariadb", "mysql"])
+def test_recorded_events_decode_into_the_documented_types(connector):
+    import datetime as dt
+
+    from lakestream.decode.envelope import SchemaCache, decode_debezium
+
+    cache = SchemaCache()
+    snapshot, nulls, streamed = (decode_debezium(k, v, cache) for k, v in _recorded(connector))
+    assert [c.op for c in (snapshot, nulls, streamed)] == ["r", "r", "c"]
+    types = dict(zip(snapshot.columns.names, (t.ddl for t in snapshot.columns.types)))
+    assert {k: types[k] for k in ("b1", "bo", "tiu", "siu", "iu", "biu", "de", "de65", "dt", "dtm0", "dtm6", "ts",
+                                  "tm", "y", "bit1", "bit5", "en", "st", "js", "g", "gen")} == {
+        "b1": "boolean", "bo": "boolean", "tiu": "int", "siu": "int", "iu": "bigint", "biu": "decimal(20,0)",
+        "de": "decimal(12,3)", "de65": "string", "dt": "date", "dtm0": "timestamp_ntz", "dtm6": "timestamp_ntz",
+        "ts": "timestamp", "tm": "string", "y": "int", "bit1": "boolean", "bit5": "binary", "en": "string",
+        "st": "string", "js": "string", "g": "string", "gen": "bigint"}
+    row = snapshot.row
+    epoch = dt.datetime(1970, 1, 1)
+    assert row["biu"] == decimal.Decimal("18446744073709551615") and row["iu"] == 4294967295
+    assert row["dtm6"] == (dt.datetime(2024, 2, 29, 13, 14, 15, 123456) - epoch) // dt.timedelta(microseconds=1)
+    assert row["ts6"] == (dt.datetime(2024, 2, 29, 13, 14, 15, 654321) - epoch) // dt.timedelta(microseconds=1)
+    assert row["tm"] == "-838:59:59.000000" and row["vc"] == "héllo 🚀" and row["bit5"] == b"\x15"
+    assert all(v is None for k, v in nulls.row.items() if k != "id")
+    assert {k: v for k, v in streamed.row.items() if k != "id"} == {k: v for k, v in row.items() if k != "id"}
+    assert source_position(streamed.payload) > source_position(snapshot.payload)
