@@ -883,6 +883,10 @@ class SourceDatabase(_Model):
     # MariaDB: the replica id Debezium's binlog client registers with (``database.server.id``), unique among the
     # server's replicas and other Debezium connectors. Default: one derived from ``capture.topic_prefix``.
     server_id: int | None = Field(default=None, ge=1, le=2**32 - 1)
+    # MariaDB: a zero date ('0000-00-00') in a NOT NULL DATE/DATETIME/TIMESTAMP column. debezium: Debezium's own
+    # rule (1970-01-01; the start check warns); null: NULL in the mirror; dead_letter: the change is a dead letter
+    # with the reason. In a nullable column a zero date is NULL in every mode.
+    zero_dates: Literal["debezium", "null", "dead_letter"] = "debezium"
 
     @model_validator(mode="after")
     def _kind_defaults(self) -> SourceDatabase:
@@ -890,6 +894,9 @@ class SourceDatabase(_Model):
             self.port = SOURCE_KINDS[self.kind]
         if self.server_id is not None and self.kind != "mariadb":
             raise ValueError("server_id is the replica id of a MariaDB binlog client — fix: remove it, or set "
+                             "kind: mariadb")
+        if self.zero_dates != "debezium" and self.kind != "mariadb":
+            raise ValueError("zero_dates is for MariaDB's zero dates (PostgreSQL has none) — fix: remove it, or set "
                              "kind: mariadb")
         return self
 

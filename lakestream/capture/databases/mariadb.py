@@ -32,6 +32,7 @@ CONNECTOR_CLASS = "io.debezium.connector.mariadb.MariaDbConnector"
 # TINYINT(1) and BOOLEAN (which MariaDB stores as TINYINT(1)) as Connect booleans, not INT16.
 BOOLEAN_CONVERTER = "io.debezium.connector.binlog.converters.TinyIntOneToBooleanConverter"
 FILE_SCHEMA_HISTORY = "io.debezium.storage.file.history.FileSchemaHistory"
+ZERO_DATE_CONVERTER = "lakestream.capture.ZeroDateConverter"
 KAFKA_SCHEMA_HISTORY = "io.debezium.storage.kafka.history.KafkaSchemaHistory"
 # Snapshot modes in which Debezium reads the tables' rows (and so locks them briefly).
 _DATA_SNAPSHOT_MODES = {"initial", "initial_only", "when_needed", "always", "recovery"}
@@ -92,6 +93,12 @@ class MariaDB:
             # Heartbeats let an idle connector record its binlog position (other databases' writes move it on).
             "heartbeat.interval.ms": "10000",
         }
+        if db.zero_dates != "debezium":
+            # NOT NULL date columns taken over by lakestream's converter (the capture jar): a zero date becomes NULL
+            # or a dead letter instead of 1970-01-01.
+            props["converters"] += ",lakestreamZeroDate"
+            props["lakestreamZeroDate.type"] = ZERO_DATE_CONVERTER
+            props["lakestreamZeroDate.mode"] = db.zero_dates
         if not db.password:
             del props["database.password"]
         return props
@@ -101,6 +108,10 @@ class MariaDB:
                 "schema.history.internal.file.filename": str(schema_history_file(state_dir, capture).resolve())}
 
     def connect_settings(self, capture: CaptureSettings, kafka: KafkaSettings | None) -> dict[str, str]:
+        if capture.database.zero_dates != "debezium":
+            raise CaptureError(f"capture.database.zero_dates: {capture.database.zero_dates} runs lakestream's converter "
+                               "class, which a Kafka Connect worker does not have — fix: remove zero_dates for a "
+                               "connector on Connect (Debezium's rule then applies), or run `lakestream capture`")
         if kafka is None:
             raise CaptureError("a MariaDB connector on Kafka Connect keeps its schema history in a Kafka topic: pass "
                                "the pipeline's kafka settings (connect_json(capture, kafka=config.kafka))")
@@ -155,7 +166,8 @@ def check_source(conn: Any, capture: CaptureSettings) -> list[str]:
         tables = capture.source_tables
         keyless = _check_tables(cur, tables, problems)
         _check_grants(cur, capture, tables, problems)
-        _warn_zero_dates(cur, tables)
+        if capture.database.zero_dates == "debezium":
+            _warn_zero_dates(cur, tables)
     if problems:
         raise CaptureError("capture cannot start:\n  " + "\n  ".join(problems))
     return keyless
@@ -206,8 +218,8 @@ def _warn_zero_dates(cur: Any, tables: list[SourceTableName]) -> list[str]:
     if exposed:
         log.warning("capture: the server's sql_mode admits zero dates, and Debezium turns a zero date in a NOT NULL "
                     "column into 1970-01-01 (a nullable column gets NULL): %s — fix: SET GLOBAL sql_mode to include "
-                    "NO_ZERO_DATE,NO_ZERO_IN_DATE and STRICT_TRANS_TABLES (so no zero date is written), or make "
-                    "these columns NULL-able (a zero date then reaches the mirror as NULL)", ", ".join(exposed))
+                    "NO_ZERO_DATE,NO_ZERO_IN_DATE and STRICT_TRANS_TABLES (so no zero date is written), or set "
+                    "capture.database.zero_dates: null or dead_letter", ", ".join(exposed))
     return exposed
 
 
