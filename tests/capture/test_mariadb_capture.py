@@ -76,6 +76,11 @@ EXPECTED_TYPES = {
 ORDERS_DDL = ("CREATE TABLE orders (id INT PRIMARY KEY, customer VARCHAR(40) NOT NULL, amount DECIMAL(10,2), "
               "updated DATETIME(6))")
 NOKEY_DDL = "CREATE TABLE nokey (a INT, b VARCHAR(10))"
+ZERO_DDL = ("CREATE TABLE zd (id INT PRIMARY KEY, d DATE NOT NULL, dt DATETIME(3) NOT NULL, ts TIMESTAMP NOT NULL "
+            "DEFAULT CURRENT_TIMESTAMP, dn DATE NULL)")
+# zero dates need a permissive sql_mode (the stack's server refuses them)
+ZERO_ROW = "INSERT INTO zd VALUES (%s, '0000-00-00', '0000-00-00 00:00:00', '0000-00-00 00:00:00', '0000-00-00')"
+REAL_ROW = "INSERT INTO zd VALUES (%s, '1970-01-01', '1970-01-01 00:00:00.5', '2024-02-29 13:14:15', '1970-01-01')"
 
 
 class MariaDBCapture:
@@ -146,6 +151,11 @@ def captured(stack, mariadb, service_dir_factory):
                         [(i, f"customer {i}", decimal.Decimal(i) / 4, dt.datetime(2024, 1, 1, 0, 0, i, i))
                          for i in range(1, 41)])
         cur.execute("INSERT INTO nokey VALUES (1, 'x'), (1, 'x'), (2, 'y')")
+        cur.execute(ZERO_DDL)
+        cur.execute("SET SESSION sql_mode = ''")
+        cur.execute(ZERO_ROW, (1,))
+        cur.execute(REAL_ROW, (2,))
+        cur.execute("SET SESSION sql_mode = DEFAULT")
     workdir = service_dir_factory("mdbcap")
     data = {
         "name": f"mdb{uid}",
@@ -156,8 +166,10 @@ def captured(stack, mariadb, service_dir_factory):
         "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
         "spark": {"master": "local[2]", "driver_memory": "1500m"},
         "state_dir": str(workdir / "state"),
-        "capture": {"database": mariadb_database(mariadb, dbname), "topic_prefix": prefix,
-                    "tables": [f"{dbname}.types", f"{dbname}.orders", f"{dbname}.nokey", f"{dbname}.marker"],
+        "capture": {"database": {**mariadb_database(mariadb, dbname), "zero_dates": "dead_letter"},
+                    "topic_prefix": prefix,
+                    "tables": [f"{dbname}.types", f"{dbname}.orders", f"{dbname}.nokey", f"{dbname}.zd",
+                               f"{dbname}.marker"],
                     "connector": {"heartbeat.interval.ms": "1000"}},
     }
     (workdir / "pipeline.yaml").write_text(yaml.safe_dump(data))
@@ -185,6 +197,8 @@ def test_snapshot_and_streaming_exact(captured, spark):
     # streamed: every type again (a full row and an all-NULL row), inserts, updates, deletes
     source.sql(f"INSERT INTO types ({TYPES_COLUMNS}) VALUES {TYPES_VALUES}", args=(3,))
     source.sql("INSERT INTO types (id) VALUES (4)")
+    source.sql("SET SESSION sql_mode = ''", ZERO_ROW.replace("%s", "3"), REAL_ROW.replace("%s", "4"),
+               "SET SESSION sql_mode = DEFAULT")
     source.sql("INSERT INTO orders VALUES (41, 'late', 10.50, '2024-05-01 10:00:00.000001')",
                "UPDATE orders SET amount = amount + 1, customer = CONCAT(customer, ' ✓') WHERE id % 3 = 0",
                "DELETE FROM orders WHERE id % 7 = 0",
@@ -208,6 +222,16 @@ def test_snapshot_and_streaming_exact(captured, spark):
     assert _mirror_orders(source, spark) == _orders(source)
     assert Counter(tuple(r.values()) for r in source.mirror(spark, "nokey")) == Counter(
         source.rows("SELECT a, b FROM nokey"))
+    # zero dates in NOT NULL columns (zero_dates: dead_letter): the change is a dead letter with the reason, never
+    # 1970-01-01; a real 1970-01-01 and a zero date in a nullable column (NULL) are mirrored
+    zd = {r["id"]: r for r in source.mirror(spark, "zd")}
+    assert sorted(zd) == [2, 4]
+    assert (zd[2]["d"], zd[2]["dt"], zd[2]["dn"]) == (dt.date(1970, 1, 1), dt.datetime(1970, 1, 1, 0, 0, 0, 500000),
+                                                      dt.date(1970, 1, 1))
+    letters = spark.sql(f"SELECT offset, error FROM lake.lakestream.dead_letter WHERE topic = "
+                        f"'{source.prefix}.{source.dbname}.zd'").collect()
+    assert sorted(r["offset"] for r in letters) == [0, 2]
+    assert all("zero date (0000-00-00) in a NOT NULL column" in r["error"] for r in letters)
     report = source.verify(spark)
     assert report.ok, report.to_text()
     assert [t.source_rows for t in report.tables] == [4, 36, 3]

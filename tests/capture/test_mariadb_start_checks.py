@@ -144,6 +144,14 @@ def test_config_validation_names_the_field_and_the_fix(tmp_path):
     with pytest.raises(ConfigError, match=r"capture.database: server_id is the replica id .* fix: remove it, or set "
                                           r"kind: mariadb"):
         _config({"dbname": "shop", "user": "u", "server_id": 5}, ["public.t"], tmp_path)
+    with pytest.raises(ConfigError, match=r"capture.database: zero_dates is for MariaDB's zero dates .* fix: remove "
+                                          r"it, or set kind: mariadb"):
+        _config({"dbname": "shop", "user": "u", "zero_dates": "null"}, ["public.t"], tmp_path)
+    zero = _config({**database, "zero_dates": "null"}, ["shop.t"], tmp_path)
+    props = connector_properties(zero.capture, Path(zero.state_dir))
+    assert props["converters"] == "lakestreamBoolean,lakestreamZeroDate" and props["lakestreamZeroDate.mode"] == "null"
+    with pytest.raises(CaptureError, match="zero_dates: null runs lakestream's converter class"):
+        connect_json(zero.capture, kafka=zero.kafka)
     with pytest.raises(ConfigError, match=r"capture.database.kind: .*fix: use one of the allowed values"):
         _config({**database, "kind": "oracle"}, ["shop.t"], tmp_path)
 

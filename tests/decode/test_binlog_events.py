@@ -99,3 +99,19 @@ def test_recorded_events_decode_into_the_documented_types(connector):
     assert all(v is None for k, v in nulls.row.items() if k != "id")
     assert {k: v for k, v in streamed.row.items() if k != "id"} == {k: v for k, v in row.items() if k != "id"}
     assert source_position(streamed.payload) > source_position(snapshot.payload)
+
+
+def test_zero_date_sentinels_refused_only_where_the_schema_says_so():
+    from lakestream.errors import DecodeError
+
+    marked = {"parameters": {"lakestream.zero_date": "dead_letter"}, "optional": True}
+    for schema, zero, real, want in (
+            ({"type": "int32", "name": "io.debezium.time.Date"}, -(2**31), 0, 0),
+            ({"type": "int64", "name": "io.debezium.time.MicroTimestamp"}, -(2**63), 500_000, 500_000),
+            ({"type": "string", "name": "io.debezium.time.ZonedTimestamp"}, "0000-00-00T00:00:00Z",
+             "2024-02-29T13:14:15Z", 1709212455000000)):
+        ftype = field_type({**schema, **marked})
+        assert ftype.ddl == field_type(schema).ddl
+        with pytest.raises(DecodeError, match=r"zero date \(0000-00-00\) in a NOT NULL column .*zero_dates: null"):
+            ftype.convert(zero)
+        assert ftype.convert(real) == want
