@@ -1,4 +1,4 @@
-.PHONY: setup setup-spark4 demo demo-s3 test test-spark4 test-examples test-storage test-snapshot test-engines chaos bench bench-scale bench-sustained clean example-fraud example-iot example-customer360
+.PHONY: setup setup-spark4 demo demo-s3 test test-spark4 test-examples test-storage test-snapshot test-engines test-mariadb chaos bench bench-scale bench-sustained clean example-fraud example-iot example-customer360
 VENV ?= .venv
 
 setup:
@@ -71,6 +71,13 @@ test-storage: setup
 # parallel snapshot, drifted by hand and re-snapshotted while streaming; plus the fast snapshot tests.
 test-snapshot: setup
 	$(VENV)/bin/python -m pytest -x -v --durations=15 -m 'snapshot_slow or not snapshot_slow' tests/snapshot
+
+# The long MariaDB scenarios (tests/demo/test_mariadb_slow.py): the shop demo from MariaDB, and `lakestream run`
+# SIGKILLed under a write load streaming from MariaDB; plus the fast MariaDB tests that `make test` runs too.
+test-mariadb: setup
+	$(VENV)/bin/python -m pytest -x -v --durations=15 -m 'mariadb_slow or not mariadb_slow' tests/demo/test_mariadb_slow.py \
+		tests/capture/test_mariadb_capture.py tests/capture/test_mariadb_start_checks.py tests/stack/test_mariadb_stack.py \
+		tests/decode/test_binlog_events.py
 
 # Other engines reading the tables (tests/query/test_trino.py, marker engines): a Trino node (io.trino:trino-server
 # by coordinates, unpacked in part into ~/.cache/lakestream/dist; it runs on the Temurin 25 JDK, or

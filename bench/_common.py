@@ -73,14 +73,15 @@ def _mb(value: int | None) -> float | None:
 
 @contextlib.contextmanager
 def private_stack(prefix: str, keep: bool = False, storage: str = "local", catalog: str = "jdbc",
-                  state_dir: Path | None = None, discard_topics: bool = False) -> Iterator[tuple[StackInfo, Path]]:
+                  state_dir: Path | None = None, discard_topics: bool = False,
+                  source: str = "postgresql") -> Iterator[tuple[StackInfo, Path]]:
     """A PostgreSQL + Apache Kafka stack on free ports in a fresh state dir (with ``storage="s3"`` a local
     S3-compatible store holds the warehouse, with ``catalog="rest"`` a local REST catalog serves it);
     stopped (and removed) on exit.
 
     ``state_dir`` starts the stack in that directory instead (created if missing, its catalog and tables
     reused if not) and never removes it. ``discard_topics`` ends the broker with SIGKILL and removes its
-    topics: a run's millions of records that nobody reads again."""
+    topics: a run's millions of records that nobody reads again. ``source="mariadb"``: a MariaDB source server too."""
     created = state_dir is None
     if state_dir is None:
         state_dir = Path(tempfile.mkdtemp(prefix=f"lakestream-{prefix}-"))
@@ -88,9 +89,10 @@ def private_stack(prefix: str, keep: bool = False, storage: str = "local", catal
         state_dir = state_dir.resolve()
         state_dir.mkdir(parents=True, exist_ok=True)
     state_dir.chmod(0o711)  # PostgreSQL runs as another user and must reach its data dir
-    pg_port, kafka_port, s3_port, rest_port = free_ports(4)
+    pg_port, kafka_port, s3_port, rest_port, mariadb_port = free_ports(5)
     stack = Stack(StackSettings(state_dir=state_dir, pg_port=pg_port, kafka_port=kafka_port,
-                                storage=storage, s3_port=s3_port, catalog=catalog, rest_port=rest_port))
+                                storage=storage, s3_port=s3_port, catalog=catalog, rest_port=rest_port,
+                                source=source, mariadb_port=mariadb_port))
     try:
         info = stack.up()
         os.environ.update(info.storage_env())  # the config names these variables

@@ -1,6 +1,6 @@
 """Capture alone: Debezium's embedded engine → Kafka, snapshot and streaming, in events/s.
 
-    .venv/bin/python bench/capture.py [--rows 300000] [--changes 300000] [--schemas on|off]
+    .venv/bin/python bench/capture.py [--rows 300000] [--changes 300000] [--schemas on|off] [--source mariadb]
 
 1. **Snapshot**: a table of --rows rows (10 columns) exists before capture starts; events/s is
    --rows over the time from the first event in Kafka to the last.
@@ -8,6 +8,9 @@
    them (multi-row INSERTs, then UPDATEs, in transactions of 5,000 rows); events/s is the changes over
    the time from the first write to the last event in Kafka. The write side alone takes a fraction of it
    (printed as `write_s`).
+
+``--source mariadb`` runs the same two phases against a private MariaDB (Debezium's MariaDB connector: its snapshot,
+then the binlog), with the same table and the same writes in MariaDB's SQL.
 
 Both phases report the capture process's CPU seconds per 1,000 events as well (user + system, from
 /proc), which the machine's other load disturbs far less than wall time. The LAST line is one JSON object.
@@ -85,6 +88,49 @@ def write_changes(dsn: str, table: str, first_id: int, changes: int, txn_rows: i
     return time.monotonic() - started
 
 
+MARIADB_DDL = """CREATE TABLE {t} (id BIGINT PRIMARY KEY, customer_id INT, status VARCHAR(20), amount DECIMAL(12,2),
+    qty INT, note TEXT, created_at TIMESTAMP(6) NULL, updated_at DATETIME(6), shipped DATE, paid BOOLEAN)"""
+# MariaDB's Sequence engine: seq_<first>_to_<last> is a table of those integers.
+MARIADB_FILL = """INSERT INTO {t} SELECT seq, seq % 50000, ELT(seq % 3 + 1, 'new', 'paid', 'shipped'), (seq % 100000) / 100.0,
+    seq % 19 + 1, CONCAT('note ', MD5(seq)), NOW(6) - INTERVAL seq SECOND, TIMESTAMP'2024-01-01 00:00:00' + INTERVAL seq * 1000 MICROSECOND,
+    DATE'2024-01-01' + INTERVAL (seq % 365) DAY, seq % 2 = 0 FROM seq_{first}_to_{last}"""
+
+
+def mariadb_connect(info, database: str | None = None):
+    import pymysql
+
+    return pymysql.connect(host=info.pg_host, port=info.mariadb_port, user=info.pg_user, password=info.pg_password,
+                           database=database, autocommit=True)
+
+
+def make_mariadb_source(info, name: str, table: str, rows: int) -> None:
+    conn = mariadb_connect(info)
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+        cur.execute(f"USE {name}")
+        cur.execute(MARIADB_DDL.format(t=table))
+        for first in range(1, rows + 1, 100_000):
+            cur.execute(MARIADB_FILL.format(t=table, first=first, last=min(rows, first + 99_999)))
+    conn.close()
+
+
+def write_mariadb_changes(info, name: str, table: str, first_id: int, changes: int, txn_rows: int = 5000) -> float:
+    """`write_changes` in MariaDB's SQL."""
+    conn = mariadb_connect(info, name)
+    started = time.monotonic()
+    inserts = changes // 2
+    with conn.cursor() as cur:
+        for lo in range(first_id, first_id + inserts, txn_rows):
+            hi = min(first_id + inserts - 1, lo + txn_rows - 1)
+            cur.execute(f"INSERT INTO {table} (id, status, qty, note) SELECT seq, 'new', 1, MD5(seq) FROM seq_{lo}_to_{hi}")
+        updates = changes - inserts
+        for lo in range(1, updates + 1, txn_rows):
+            hi = min(updates, lo + txn_rows - 1)
+            cur.execute(f"UPDATE {table} SET qty = qty + 1, status = 'paid' WHERE id BETWEEN {lo} AND {hi}")
+    conn.close()
+    return time.monotonic() - started
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=300_000, help="rows in the table before capture starts")
@@ -92,26 +138,41 @@ def main() -> int:
     parser.add_argument("--schemas", choices=["on", "off"], default="on", help="JSON with or without schemas")
     parser.add_argument("--format", choices=["json", "avro"], default="json",
                         help="json (--schemas), or avro through a Schema Registry (the tests' registry server)")
+    parser.add_argument("--source", choices=["postgresql", "mariadb"], default="postgresql",
+                        help="the source database (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args()
     quiet_logs()
     load_before = machine_load()
-    out: dict = {"rows": args.rows, "changes": args.changes, "schemas": args.schemas, "format": args.format}
+    out: dict = {"source": args.source, "rows": args.rows, "changes": args.changes, "schemas": args.schemas,
+                 "format": args.format}
     registry = None
     if args.format == "avro":
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         from schema_registry import SchemaRegistryServer  # the protocol-faithful stand-in (no registry installs here)
 
         registry = SchemaRegistryServer(compatibility="NONE").start()
-    with private_stack("capture-bench") as (info, state_dir):
+    with private_stack("capture-bench", source=args.source) as (info, state_dir):
         name = "capbench"
         table = "orders"
-        dsn = make_source(info, name, [(table, args.rows)])
-        topic = f"{name}.public.{table}"
-        capture = {"database": {"host": info.pg_host, "port": info.pg_port, "dbname": name, "user": info.pg_user,
-                                "password": info.pg_password},
-                   "tables": [f"public.{table}"], "topic_prefix": name, "slot_name": f"slot_{name}",
-                   "publication_name": f"pub_{name}", "schemas_enabled": args.schemas == "on"}
+        if args.source == "mariadb":
+            make_mariadb_source(info, name, table, args.rows)
+            topic = f"{name}.{name}.{table}"
+            capture = {"database": info.source_database(name), "tables": [f"{name}.{table}"], "topic_prefix": name,
+                       "schemas_enabled": args.schemas == "on"}
+
+            def write(first_id: int, changes: int) -> float:
+                return write_mariadb_changes(info, name, table, first_id, changes)
+        else:
+            dsn = make_source(info, name, [(table, args.rows)])
+            topic = f"{name}.public.{table}"
+            capture = {"database": {"host": info.pg_host, "port": info.pg_port, "dbname": name, "user": info.pg_user,
+                                    "password": info.pg_password},
+                       "tables": [f"public.{table}"], "topic_prefix": name, "slot_name": f"slot_{name}",
+                       "publication_name": f"pub_{name}", "schemas_enabled": args.schemas == "on"}
+
+            def write(first_id: int, changes: int) -> float:
+                return write_changes(dsn, table, first_id, changes)
         data = pipeline_data(info, state_dir / name, name, [{"topics": [topic], "namespace": name, "table": table}],
                              capture=capture)
         data["state_dir"] = str(state_dir / name / "state")
@@ -138,8 +199,8 @@ def main() -> int:
             written: dict = {}
             cpu_before = cpu_seconds(proc.pid)
             write_started = time.monotonic()
-            writer = threading.Thread(target=lambda: written.update(
-                s=write_changes(dsn, table, args.rows + 1, args.changes)), daemon=True)
+            writer = threading.Thread(target=lambda: written.update(s=write(args.rows + 1, args.changes)),
+                                      daemon=True)
             writer.start()
             # The second half apart: the capture JVM is young, and its JIT compiler takes a third of a core
             # in the first seconds; a capture that runs for days does not pay that.
@@ -157,7 +218,7 @@ def main() -> int:
             out["snapshot_cpu_ms_per_1k"] = round(1000 * cpu_after_snapshot / args.rows * 1000, 1)
             out["streaming_cpu_ms_per_1k"] = round(1000 * cpu_streaming / args.changes * 1000, 1)
             say(f"streaming: {args.changes:,} events in {elapsed:.2f}s = {out['streaming_events_per_s']:,}/s "
-                f"(PostgreSQL took the writes in {written['s']:.2f}s); capture CPU "
+                f"(the source took the writes in {written['s']:.2f}s); capture CPU "
                 f"{out['streaming_cpu_ms_per_1k']} ms per 1,000 events; second half "
                 f"{out['streaming_second_half_events_per_s'] or 0:,}/s")
         finally:

@@ -863,18 +863,47 @@ class HealthSettings(_Model):
     metrics_port: int | None = None
 
 
-class SourceDatabase(_Model):
-    """The PostgreSQL database Debezium captures from."""
+# The source databases capture reads (`lakestream.capture.databases` has one module per kind) and their
+# default ports.
+SOURCE_KINDS = {"postgresql": 5432, "mariadb": 3306}
 
+
+class SourceDatabase(_Model):
+    """The database Debezium captures from: PostgreSQL (the default) or MariaDB."""
+
+    kind: Literal["postgresql", "mariadb"] = "postgresql"
     host: str = "127.0.0.1"
-    port: int = Field(default=5432, ge=1, le=65535)
+    # Default: the kind's (PostgreSQL 5432, MariaDB 3306).
+    port: int | None = Field(default=None, ge=1, le=65535)
+    # PostgreSQL: the database of the captured tables. MariaDB: the database capture's checks connect to
+    # (``capture.tables`` name each table's own database, ``<database>.<table>``).
     dbname: str
     user: str
     password: SecretStr | None = None
+    # MariaDB: the replica id Debezium's binlog client registers with (``database.server.id``), unique among the
+    # server's replicas and other Debezium connectors. Default: one derived from ``capture.topic_prefix``.
+    server_id: int | None = Field(default=None, ge=1, le=2**32 - 1)
+    # MariaDB: a zero date ('0000-00-00') in a NOT NULL DATE/DATETIME/TIMESTAMP column. debezium: Debezium's own
+    # rule (1970-01-01; the start check warns); null: NULL in the mirror; dead_letter: the change is a dead letter
+    # with the reason. In a nullable column a zero date is NULL in every mode.
+    zero_dates: Literal["debezium", "null", "dead_letter"] = "debezium"
+
+    @model_validator(mode="after")
+    def _kind_defaults(self) -> SourceDatabase:
+        if self.port is None:
+            self.port = SOURCE_KINDS[self.kind]
+        if self.server_id is not None and self.kind != "mariadb":
+            raise ValueError("server_id is the replica id of a MariaDB binlog client — fix: remove it, or set "
+                             "kind: mariadb")
+        if self.zero_dates != "debezium" and self.kind != "mariadb":
+            raise ValueError("zero_dates is for MariaDB's zero dates (PostgreSQL has none) — fix: remove it, or set "
+                             "kind: mariadb")
+        return self
 
 
 class CaptureSettings(_Model):
-    """Debezium capture of PostgreSQL into Kafka topics ``<topic_prefix>.<schema>.<table>``.
+    """Debezium capture of PostgreSQL or MariaDB into Kafka topics ``<topic_prefix>.<schema>.<table>`` (for
+    MariaDB the schema is the table's database).
 
     ``connector`` holds extra Debezium properties under Debezium's own names; they override the
     ones lakestream derives, so anything Debezium supports can be set here.
@@ -941,6 +970,13 @@ class CaptureSettings(_Model):
             raise ValueError("snapshot: parallel creates the tables with the column types of Debezium's schemas, "
                              "which schemas_enabled: false leaves out — fix: set schemas_enabled: true, or "
                              "snapshot: debezium")
+        return self
+
+    @model_validator(mode="after")
+    def _kind_supports(self) -> CaptureSettings:
+        if self.database.kind == "mariadb" and self.snapshot == "parallel":
+            raise ValueError("snapshot: parallel loads PostgreSQL tables only (a MariaDB source is loaded by "
+                             "Debezium's snapshot, then its binlog) — fix: set snapshot: debezium, or remove it")
         return self
 
     @field_validator("topic_prefix", "slot_name", "publication_name")

@@ -165,13 +165,20 @@ class SourceTableName:
         """The PostgreSQL SQL identifier ``"schema"."table"`` (quotes doubled)."""
         return ".".join('"' + p.replace('"', '""') + '"' for p in (self.schema, self.table))
 
+    @staticmethod
+    def _pattern_literal(part: str) -> str:
+        return "".join(c if (c.isascii() and (c.isalnum() or c == "_")) else f"\\x{{{ord(c):x}}}" for c in part)
+
     def include_pattern(self) -> str:
         """A Debezium ``table.include.list`` entry matching exactly this table. Debezium matches these
         regular expressions case-insensitively and splits the list at commas, so the pattern turns case
         sensitivity back on and writes every character other than a letter, digit or _ as ``\\x{hex}``."""
-        def lit(part: str) -> str:
-            return "".join(c if (c.isascii() and (c.isalnum() or c == "_")) else f"\\x{{{ord(c):x}}}" for c in part)
-        return f"(?-i:{lit(self.schema)}\\.{lit(self.table)})"
+        return f"(?-i:{self._pattern_literal(self.schema)}\\.{self._pattern_literal(self.table)})"
+
+    def schema_include_pattern(self) -> str:
+        """A Debezium ``database.include.list`` / ``schema.include.list`` entry matching exactly this table's
+        schema (a MariaDB table's database), written as `include_pattern` writes it."""
+        return f"(?-i:{self._pattern_literal(self.schema)})"
 
     def topic(self, prefix: str) -> str:
         """The Kafka topic lakestream publishes this table's changes to: ``<prefix>.<schema>.<table>``, each

@@ -43,9 +43,10 @@ def aws_sdk_jars() -> list[Path]:
     return jars.jars("spark-aws")
 
 
-def debezium_jars() -> list[Path]:
-    """Debezium's embedded engine and PostgreSQL connector with their Kafka Connect jars."""
-    return jars.jars("debezium")
+def debezium_jars(group: str = "debezium") -> list[Path]:
+    """Debezium's embedded engine and a connector with their Kafka Connect jars: ``group`` of jars.toml
+    (``debezium``: PostgreSQL's; ``debezium-mariadb``: MariaDB's)."""
+    return jars.jars(group)
 
 
 def confluent_avro_jars() -> list[Path]:
@@ -88,10 +89,10 @@ def helper_jar() -> Path:
     return _compiled_jar("lakestream-helper", sorted(_JAVA_DIR.glob("*.java")), classpath, str(iceberg_runtime_jar()))
 
 
-def capture_jar() -> Path:
+def capture_jar(group: str = "debezium") -> Path:
     """Path of the jar of ``lakestream/java/capture/*.java`` (the Debezium side, run inside ``lakestream
-    capture``'s JVM), compiled on first use against Debezium's jars."""
-    libs = debezium_jars()
+    capture``'s JVM), compiled on first use against the Debezium jars of ``group``."""
+    libs = debezium_jars(group)
     return _compiled_jar("lakestream-capture", sorted((_JAVA_DIR / "capture").glob("*.java")), [str(j) for j in libs],
                          ",".join(j.name for j in libs))
 

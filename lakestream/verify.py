@@ -1,14 +1,16 @@
-"""Source-vs-lake verification: is every captured PostgreSQL table mirrored exactly in Iceberg?
+"""Source-vs-lake verification: is every captured PostgreSQL or MariaDB table mirrored exactly in Iceberg?
 
-For each captured table the source (read through Spark's JDBC reader, one consistent snapshot) and
+For each captured PostgreSQL table the source (read through Spark's JDBC reader, one consistent snapshot) and
 its Iceberg mirror are brought to the same canonical form column by column — decimals at the
 source's scale, timestamps as UTC text, json as PostgreSQL's text, bytea as hex — hashed per row,
 and joined on the primary key inside Spark. One Spark action per table yields the row counts, the
-missing / extra / differing / duplicated keys and a few sample keys of each.
+missing / extra / differing / duplicated keys and a few sample keys of each. A MariaDB table is read and
+rendered as `lakestream.verify_mariadb` describes, then compared the same way.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -141,25 +143,61 @@ def verify_tables(
             raise ConfigError(f"{unknown} are not captured tables; choose among {selected}")
         selected = [t for t in selected if t in tables]
     router = Router.from_config(config)
+    access = _SOURCE_ACCESS[config.capture.database.kind]()
+    conn = access.connect(config)
+    try:
+        return VerifyReport([_verify_one(config, spark, conn, router, name, samples, access) for name in selected])
+    finally:
+        conn.close()
+
+
+@dataclass(frozen=True)
+class _SourceAccess:
+    """How verify reads one kind of source database: its columns, primary key and rows in canonical form, and
+    the same canonical form of a mirror's column."""
+
+    connect: Callable[[PipelineConfig], Any]
+    columns: Callable[[Any, str, str], list[Any]]
+    primary_key: Callable[[Any, str, str], list[str]]
+    read: Callable[[PipelineConfig, SparkSession, Any, str, str, list[Any]], DataFrame]
+    canonical: Callable[[Any, Column, Any, str], Column]
+
+
+def _postgresql_access() -> _SourceAccess:
+    return _SourceAccess(_pg_connect, _source_columns, _primary_key, _read_source, _canonical)
+
+
+def _mariadb_access() -> _SourceAccess:
+    from lakestream import verify_mariadb as m
+
+    return _SourceAccess(m.connect, m.source_columns, m.primary_key,
+                         lambda config, spark, conn, schema, table, columns: m.read_source(spark, conn, schema, table,
+                                                                                           columns),
+                         m.canonical)
+
+
+_SOURCE_ACCESS: dict[str, Callable[[], _SourceAccess]] = {"postgresql": _postgresql_access,
+                                                          "mariadb": _mariadb_access}
+
+
+def _pg_connect(config: PipelineConfig) -> Any:
     db = config.capture.database
     conn = psycopg2.connect(
         host=db.host, port=db.port, dbname=db.dbname, user=db.user,
         password=db.password.get_secret_value() if db.password else None,
     )
-    try:
-        conn.autocommit = True
-        return VerifyReport([_verify_one(config, spark, conn, router, name, samples) for name in selected])
-    finally:
-        conn.close()
+    conn.autocommit = True
+    return conn
 
 
-def _verify_one(config: PipelineConfig, spark: SparkSession, conn, router: Router, name: str, samples: int) -> TableVerification:
+def _verify_one(config: PipelineConfig, spark: SparkSession, conn, router: Router, name: str, samples: int,
+                access: _SourceAccess) -> TableVerification:
     parsed = SourceTableName.parse(name)
     schema, table = parsed.schema, parsed.table
     topic = config.capture.topic(parsed)
     _, lake_name = router.route(topic)
     result = TableVerification(source_table=name, lake_table=str(lake_name))
-    columns = _source_columns(conn, schema, table)
+    columns = access.columns(conn, schema, table)
     if not columns:
         result.error = "source table not found"
         return result
@@ -169,11 +207,11 @@ def _verify_one(config: PipelineConfig, spark: SparkSession, conn, router: Route
                         "(Spark's column names are case-insensitive), so this table's changes are dead letters — fix: "
                         "rename one of them at the source")
         return result
-    primary_key = _primary_key(conn, schema, table)
+    primary_key = access.primary_key(conn, schema, table)
     # Without a primary key, whole rows are the keys: the comparison becomes one of row multisets.
     keys = primary_key or [c.name for c in columns]
     result.key_columns = keys
-    source = _read_source(config, spark, conn, schema, table, columns)
+    source = access.read(config, spark, conn, schema, table, columns)
     lake = _read_lake(config, spark, lake_name)
     if lake is None:
         result.lake_table_exists = False
@@ -184,7 +222,7 @@ def _verify_one(config: PipelineConfig, spark: SparkSession, conn, router: Route
         return result
     lake_fields = _match_lake_columns(columns, lake.schema.fields)
     result.missing_columns = [c.name for c in columns if c.name not in lake_fields]
-    _compare(result, columns, keys, bool(primary_key), source, lake, lake_fields, samples)
+    _compare(result, columns, keys, bool(primary_key), source, lake, lake_fields, samples, access.canonical)
     return result
 
 
@@ -345,8 +383,10 @@ def _read_lake(config: PipelineConfig, spark: SparkSession, name: TableName) -> 
         raise
 
 
-def _compare(result: TableVerification, columns: list[_SourceColumn], keys: list[str], has_primary_key: bool,
-             source: DataFrame, lake: DataFrame, lake_fields: dict[str, Any], samples: int) -> None:
+def _compare(result: TableVerification, columns: list[Any], keys: list[str], has_primary_key: bool,
+             source: DataFrame, lake: DataFrame, lake_fields: dict[str, Any], samples: int,
+             canonical: Callable[[Any, Column, Any, str], Column] | None = None) -> None:
+    canonical = canonical or _canonical
     from pyspark.sql import functions as F
 
     def side_frame(df: DataFrame, side: str) -> DataFrame:
@@ -361,8 +401,8 @@ def _compare(result: TableVerification, columns: list[_SourceColumn], keys: list
                 values.append(F.lit(None).cast("string"))
                 continue
             position = i if side == "source" else matched[0]
-            values.append(_canonical(c, F.col(f"{side[0]}{position}"), lake_field.dataType if lake_field else None,
-                                     side))
+            values.append(canonical(c, F.col(f"{side[0]}{position}"), lake_field.dataType if lake_field else None,
+                                    side))
         names = [c.name for c in columns]
         key_values = [values[names.index(k)] for k in keys]
         return df.select(

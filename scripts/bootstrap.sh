@@ -13,6 +13,8 @@ requirements() {
 
 need_apt=()
 [ -x /usr/lib/postgresql/15/bin/initdb ] || need_apt+=(postgresql-15)
+# MariaDB 10.11, the second source database (`lakestream stack up --source mariadb`, tests/capture/test_mariadb_*).
+[ -x /usr/sbin/mariadbd ] || need_apt+=(mariadb-server)
 command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)

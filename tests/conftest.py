@@ -115,6 +115,51 @@ def source_db(stack) -> Iterator[tuple[str, psycopg2.extensions.connection]]:
 
 
 # ---------------------------------------------------------------------------------------------
+# MariaDB: a private server (binlog on, ROW, FULL images, GTIDs) beside the shared stack
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def mariadb(stack, service_dir_factory):
+    """A running MariaDB server (`lakestream.stack.mariadb.MariaDBServer`) on a free loopback port with a state
+    dir of its own, configured as `lakestream stack up --source mariadb` configures it; the user and password
+    are the shared stack's. Stopped at session end."""
+    from lakestream.stack.mariadb import MariaDBServer
+
+    kafka_port = int(stack.bootstrap_servers.rsplit(":", 1)[1])
+    (port,) = free_ports(1)
+    server = MariaDBServer(StackSettings(state_dir=service_dir_factory("mariadb"), pg_port=stack.pg_port,
+                                         kafka_port=kafka_port, source="mariadb", mariadb_port=port))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def mariadb_source(mariadb):
+    """A fresh MariaDB database per test (its name, an autocommit PyMySQL connection to it); dropped afterwards."""
+    import uuid
+
+    name = f"src_{uuid.uuid4().hex[:8]}"
+    mariadb.run_as_root(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
+    conn = mariadb.connect(name)
+    try:
+        yield name, conn
+    finally:
+        conn.close()
+        mariadb.run_as_root(f"DROP DATABASE IF EXISTS `{name}`")
+
+
+def mariadb_database(server, dbname: str) -> dict:
+    """The ``capture.database`` section for database ``dbname`` of a `MariaDBServer` (holds the password)."""
+    s = server.settings
+    return {"kind": "mariadb", "host": "127.0.0.1", "port": server.port, "dbname": dbname, "user": s.pg_user,
+            "password": s.pg_password}
+
+
+# ---------------------------------------------------------------------------------------------
 # Spark with the Iceberg runtime, on the shared stack's JDBC catalog
 # ---------------------------------------------------------------------------------------------
 

@@ -1,17 +1,19 @@
-"""Debezium PostgreSQL connector properties derived from the typed capture settings.
+"""Debezium connector properties derived from the typed capture settings.
 
 One function builds the properties for the embedded engine lakestream runs; another renders the
 same connector as Kafka Connect REST JSON for users who run their own Connect cluster, after the
-same publication preparation and start check (`prepared_connect_json`).
+same start check (`prepared_connect_json`). What differs between PostgreSQL and MariaDB lives in
+`lakestream.capture.databases`; converters, offsets and topic renames are shared here.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from lakestream.config import CaptureSettings
+from lakestream.capture.databases import capture_database
+from lakestream.capture.databases.postgresql import CONNECTOR_CLASS, HEARTBEAT_MESSAGE_PREFIX  # noqa: F401
+from lakestream.config import CaptureSettings, KafkaSettings
 
-CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 SCHEMA_CACHING_JSON_CONVERTER = "lakestream.capture.SchemaCachingJsonConverter"
 AVRO_CONVERTER = "io.confluent.connect.avro.AvroConverter"
@@ -29,8 +31,6 @@ _PERFORMANCE_DEFAULTS = {
 
 # Keys that only make sense inside the embedded engine (a Connect worker manages these itself).
 _EMBEDDED_ONLY_PREFIXES = ("offset.storage", "offset.flush", "name")
-
-HEARTBEAT_MESSAGE_PREFIX = "lakestream-heartbeat"
 
 
 def secret_placeholder(secrets_file: str, key: str) -> str:
@@ -52,44 +52,13 @@ def offsets_file(state_dir: Path, capture: CaptureSettings) -> Path:
 
 
 def _connector_name(capture: CaptureSettings) -> str:
-    return f"{capture.topic_prefix}-postgres"
+    return capture_database(capture).connector_name(capture)
 
 
 def _debezium_settings(capture: CaptureSettings) -> dict[str, str]:
-    """The connector's own settings, shared by the embedded engine and a Connect cluster."""
-    db = capture.database
-    props = {
-        "connector.class": CONNECTOR_CLASS,
-        "plugin.name": "pgoutput",
-        "database.hostname": db.host,
-        "database.port": str(db.port),
-        "database.dbname": db.dbname,
-        "database.user": db.user,
-        "database.password": db.password.get_secret_value() if db.password else "",
-        "topic.prefix": capture.topic_prefix,
-        # Debezium takes regular expressions here, matched case-insensitively: one exact pattern per table.
-        "table.include.list": ",".join(t.include_pattern() for t in capture.source_tables),
-        "slot.name": capture.slot_name,
-        "publication.name": capture.publication_name,
-        "publication.autocreate.mode": "filtered",
-        # A partitioned table's changes under its own name (PostgreSQL 13+), not its partitions'.
-        "publish.via.partition.root": "true",
-        "snapshot.mode": capture.snapshot_mode,
-        "skipped.operations": capture.skipped_operations,
-        "tombstones.on.delete": "true",
-        # Heartbeats make an idle slot confirm its position. PostgreSQL 15+ skips empty
-        # transactions in pgoutput, so busy uncaptured tables alone never advance the slot: the
-        # action query writes a tiny WAL message that does (executable by any role by default).
-        "heartbeat.interval.ms": "10000",
-        "heartbeat.action.query": f"SELECT pg_logical_emit_message(false, '{HEARTBEAT_MESSAGE_PREFIX}', now()::varchar)",
-        # ...and that message must not become a Kafka event of its own.
-        "message.prefix.exclude.list": HEARTBEAT_MESSAGE_PREFIX,
-        "decimal.handling.mode": "precise",
-        **_PERFORMANCE_DEFAULTS,
-    }
-    if not db.password:
-        del props["database.password"]
-    return props
+    """The connector's own settings (its kind's, `lakestream.capture.databases`), shared by the embedded engine
+    and a Connect cluster."""
+    return {**capture_database(capture).debezium_settings(capture), **_PERFORMANCE_DEFAULTS}
 
 
 def _converter_settings(capture: CaptureSettings, secrets: bool,
@@ -137,9 +106,9 @@ def connector_properties(capture: CaptureSettings, state_dir: Path) -> dict[str,
         # With schemas: the same bytes, each table's schema rendered once (CaptureBatchConsumer's jar).
         **({f"{side}.converter.class": SCHEMA_CACHING_JSON_CONVERTER for side in ("key", "value")}
            if capture.format == "json" and capture.schemas_enabled else {}),
-        # `lakestream capture` prepares and checks the publication itself before Debezium starts
-        # (`capture.publication`), quoting any name; Debezium only uses it.
-        "publication.autocreate.mode": "disabled",
+        # What only the embedded engine adds (PostgreSQL: the publication lakestream checked; MariaDB: the schema
+        # history file).
+        **capture_database(capture).embedded_settings(capture, state_dir),
         "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
         "offset.storage.file.filename": str(offsets_file(state_dir, capture).resolve()),
         # Offsets are only marked processed after Kafka acknowledged the batch; flushing them
@@ -172,17 +141,19 @@ def _topic_renames(capture: CaptureSettings, user_transforms: str | None) -> dic
 
 
 def connect_json(capture: CaptureSettings, publication_checked: bool = False,
-                 secrets_file: str = DEFAULT_SECRETS_FILE) -> dict[str, Any]:
+                 secrets_file: str = DEFAULT_SECRETS_FILE, kafka: KafkaSettings | None = None) -> dict[str, Any]:
     """The same connector as Kafka Connect REST JSON (``POST /connectors``), password not included.
 
     The password is a ``${file:<secrets_file>:database.password}`` config-provider placeholder: put the real
     value in that file on the Connect workers (with ``config.providers=file``), or replace it before posting.
     ``publication_checked``: the publication was prepared and checked (`prepared_connect_json`), so
     Debezium only uses it, as under `lakestream capture`; otherwise Debezium's ``filtered`` mode creates it.
+    ``kafka``: the pipeline's Kafka, where a MariaDB connector keeps its schema history topic.
     """
     config = _debezium_settings(capture)
     config.update(_converter_settings(capture, secrets=False, secrets_file=secrets_file))
-    if publication_checked:
+    config.update(capture_database(capture).connect_settings(capture, kafka))
+    if publication_checked and capture.database.kind == "postgresql":
         config["publication.autocreate.mode"] = "disabled"
     for key, value in capture.connector.items():
         if not str(key).startswith(_EMBEDDED_ONLY_PREFIXES):
@@ -198,29 +169,26 @@ def connect_json(capture: CaptureSettings, publication_checked: bool = False,
     return {"name": _connector_name(capture), "config": config}
 
 
-def prepared_connect_json(capture: CaptureSettings, secrets_file: str = DEFAULT_SECRETS_FILE) -> dict[str, Any]:
-    """`connect_json` after what `lakestream capture` does before Debezium starts: the publication made to
-    cover every table (when lakestream manages it) and the check that every table will publish its changes
-    (`lakestream.capture.publication.prepare_publication`); CaptureError with the reason and the fix otherwise.
+def prepared_connect_json(capture: CaptureSettings, secrets_file: str = DEFAULT_SECRETS_FILE,
+                          kafka: KafkaSettings | None = None) -> dict[str, Any]:
+    """`connect_json` after what `lakestream capture` does before Debezium starts: its kind's start check
+    (`CaptureDatabase.prepare`; for PostgreSQL the publication made to cover every table when lakestream manages
+    it, and the check that every table will publish its changes, `lakestream.capture.publication`); CaptureError
+    with the reason and the fix otherwise.
 
-    A Connect cluster runs the connector without lakestream: the check holds for the publication as it is
-    now; a later change to it (or a table attached to the include list by hand) is not checked again."""
+    A Connect cluster runs the connector without lakestream: the check holds for the database as it is now; a
+    later change to it (a publication changed, a grant revoked) is not checked again."""
     import psycopg2
 
-    from lakestream.capture.publication import prepare_publication, source_connection
     from lakestream.errors import CaptureError
 
     try:
-        conn = source_connection(capture)
+        capture_database(capture).prepare(capture)
     except psycopg2.OperationalError as exc:
         raise CaptureError(f"cannot reach the source database to check the publication: {str(exc).strip()[:300]} — "
                            "fix: make capture.database reachable from here, or pass --skip-publication-check (then "
                            "check the publication yourself; see docs/design/capture.md)") from None
-    try:
-        prepare_publication(conn, capture)
-    finally:
-        conn.close()
-    return connect_json(capture, publication_checked=True, secrets_file=secrets_file)
+    return connect_json(capture, publication_checked=True, secrets_file=secrets_file, kafka=kafka)
 
 
 def connect_offsets_json(capture: CaptureSettings, lsn: int) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from lakestream.capture.connector import connector_properties
+from lakestream.capture.databases import capture_database
 from lakestream.capture.handover import handover_properties, seed_offsets
-from lakestream.capture.publication import prepare_publication, source_connection
 from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
 from lakestream.kafka_access import check_access, refusals_raised
 from lakestream.config import PipelineConfig
@@ -71,14 +71,14 @@ def _write_log_config(capture_dir: Path) -> Path:
     return path
 
 
-def _streaming_connected(topic_prefix: str) -> bool:
-    """Whether Debezium's streaming source is connected to the slot (its JMX metric)."""
+def _streaming_connected(topic_prefix: str, metrics_domain: str = "debezium.postgres") -> bool:
+    """Whether Debezium's streaming source is connected to the slot or the binlog (its JMX metric)."""
     import jpype
 
     try:
         mbeans = jpype.JClass("java.lang.management.ManagementFactory").getPlatformMBeanServer()
         name = jpype.JClass("javax.management.ObjectName")(
-            f"debezium.postgres:type=connector-metrics,context=streaming,server={topic_prefix}"
+            f"{metrics_domain}:type=connector-metrics,context=streaming,server={topic_prefix}"
         )
         if not mbeans.isRegistered(name):
             return False
@@ -92,14 +92,14 @@ def _format_progress(progress: CaptureProgress) -> str:
     return f"capture: {progress.total} events, {progress.events_per_s:,.0f}/s; per topic: {topics}"
 
 
-def _start_jvm(capture_dir: Path, avro: bool = False) -> None:
-    """Start this process's JVM (JPype) with Debezium's jars (``io.debezium`` by coordinates), lakestream's
-    capture jar and, for Avro, Confluent's converter."""
+def _start_jvm(capture_dir: Path, avro: bool = False, jar_group: str = "debezium") -> None:
+    """Start this process's JVM (JPype) with Debezium's jars (``io.debezium`` by coordinates: the connector's
+    ``jar_group``), lakestream's capture jar and, for Avro, Confluent's converter."""
     import jpype
 
     if jpype.isJVMStarted():
         return
-    classpath = [str(j) for j in debezium_jars()] + [str(capture_jar())]
+    classpath = [str(j) for j in debezium_jars(jar_group)] + [str(capture_jar(jar_group))]
     if avro:
         classpath += [str(j) for j in confluent_avro_jars()]
     opts = ["-Xms256m", "-Xmx2g", "-XX:+UseG1GC", *JVM_OPTS_BASE,
@@ -219,12 +219,8 @@ def run_capture(
     stop_event = stop_event or threading.Event()
 
     properties = connector_properties(capture, capture_dir.parent)
-    conn = source_connection(capture)
-    try:
-        captured = prepare_publication(conn, capture)
-    finally:
-        conn.close()
-    keyless = [str(t.name) for t in captured if t.keyless]
+    database = capture_database(capture)
+    keyless = database.prepare(capture)  # the start check: stops capture before Debezium starts
     if keyless:
         log.info("capture: %s have no primary key: their events have no key, their mirrors are row multisets",
                  ", ".join(keyless))
@@ -236,7 +232,7 @@ def run_capture(
     renames = {t.debezium_topic(capture.topic_prefix): t.topic(capture.topic_prefix) for t in capture.source_tables}
     handler = KafkaPublishingHandler(producer, topic_renames={d: t for d, t in renames.items() if d != t})
     # Start the JVM here, before installing signal handlers, so ours are the ones that stay.
-    _start_jvm(capture_dir, avro=capture.format == "avro")
+    _start_jvm(capture_dir, avro=capture.format == "avro", jar_group=database.jar_group)
     engine = EmbeddedEngine(properties, handler, avro=capture.format == "avro")
     if seed_lsn is not None:
         seed_offsets(Path(properties["offset.storage.file.filename"]), properties, seed_lsn)
@@ -251,9 +247,9 @@ def run_capture(
 
     restore = install_stop_signals(stop_event, "capture")
     log.info(
-        "capture: tables %s → topics %s.<schema>.<table> on %s (slot %s, snapshot.mode %s)",
-        ",".join(capture.tables), capture.topic_prefix, config.kafka.bootstrap_servers,
-        capture.slot_name, capture.snapshot_mode,
+        "capture: %s tables %s → topics %s.<schema>.<table> on %s (%s, snapshot.mode %s)",
+        database.kind, ",".join(capture.tables), capture.topic_prefix, config.kafka.bootstrap_servers,
+        database.stream_name(capture), capture.snapshot_mode,
     )
     thread = threading.Thread(target=run_engine, name="debezium-engine", daemon=True)
     started = last_time = time.monotonic()
@@ -269,10 +265,11 @@ def run_capture(
             if not thread.is_alive():
                 cause = engine_error[0] if engine_error else None
                 raise CaptureError(describe_engine_stop(engine, capture, cause)) from cause
-            if not streaming and _streaming_connected(capture.topic_prefix):
+            if not streaming and _streaming_connected(capture.topic_prefix, database.metrics_domain):
                 streaming = True
                 total, _ = handler.snapshot_counts()
-                log.info("%s snapshot done (%d events so far), reading slot %s", STREAMING_MARKER, total, capture.slot_name)
+                log.info("%s snapshot done (%d events so far), reading %s", STREAMING_MARKER, total,
+                         database.stream_name(capture))
             now = time.monotonic()
             if now - last_time >= progress_interval_s:
                 total, counts = handler.snapshot_counts()

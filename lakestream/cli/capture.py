@@ -12,14 +12,15 @@ from lakestream.errors import ConfigError
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "capture",
-        help="capture PostgreSQL changes into Kafka with Debezium (runs until Ctrl-C / SIGTERM)",
+        help="capture PostgreSQL or MariaDB changes into Kafka with Debezium (runs until Ctrl-C / SIGTERM)",
     )
     parser.add_argument("pipeline_yaml", help="pipeline config with a `capture:` section")
     parser.add_argument(
         "--print-connector-config",
         action="store_true",
-        help="prepare and check the publication as capture does, then print the equivalent Kafka Connect "
-             "connector JSON (password as a placeholder) and exit",
+        help="run capture's start check (PostgreSQL: prepare and check the publication; MariaDB: binlog settings, "
+             "grants, tables), then print the equivalent Kafka Connect connector JSON (password as a placeholder) "
+             "and exit",
     )
     parser.add_argument(
         "--connect-secrets-file",
@@ -55,12 +56,12 @@ def _capture(args: argparse.Namespace) -> int:
             raise ConfigError(f"--connect-secrets-file {secrets_file!r} is not an absolute path — fix: give the "
                               "file's absolute path on the Connect workers")
         if args.skip_publication_check:
-            doc = connect_json(config.capture, secrets_file=secrets_file)
+            doc = connect_json(config.capture, secrets_file=secrets_file, kafka=config.kafka)
             print("note: the publication was not checked: Debezium's filtered mode creates it unquoted (tables "
                   "whose names need quotes fail) and nothing checks that a partitioned table publishes under its "
                   "own name", file=sys.stderr)
         else:
-            doc = prepared_connect_json(config.capture, secrets_file=secrets_file)
+            doc = prepared_connect_json(config.capture, secrets_file=secrets_file, kafka=config.kafka)
         print(json.dumps(doc, indent=2))
         print(f"note: {password_note(secrets_file)}", file=sys.stderr)
         if config.capture.snapshot == "parallel":

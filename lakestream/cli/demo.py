@@ -26,6 +26,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--catalog", choices=["jdbc", "rest"], default=defaults.catalog,
                         help="the Iceberg catalog: JDBC in PostgreSQL, or a local Iceberg REST catalog over it "
                              "(default: %(default)s; the shop pattern)")
+    parser.add_argument("--source", choices=["postgresql", "mariadb"], default=defaults.source,
+                        help="the shop database: in the stack's PostgreSQL, or in a private MariaDB beside it "
+                             "(default: %(default)s; the shop pattern)")
+    parser.add_argument("--mariadb-port", type=int, default=defaults.mariadb_port,
+                        help="MariaDB port, with --source mariadb (default: %(default)s)")
     parser.add_argument("--catchup-timeout", type=float, default=defaults.catchup_timeout_s,
                         help="seconds to wait for the lake to match after the workload (default: %(default)s)")
     parser.add_argument("--pattern", choices=["shop", "fraud", "iot", "customer360"], default="shop",
@@ -37,8 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _demo(args: argparse.Namespace) -> int:
     from lakestream.demo.runner import run_demo
 
-    if args.pattern != "shop" and (args.storage != "local" or args.catalog != "jdbc"):
-        print(f"--storage s3 and --catalog rest run the shop pattern only, not {args.pattern!r}", file=sys.stderr)
+    if args.pattern != "shop" and (args.storage != "local" or args.catalog != "jdbc" or args.source != "postgresql"):
+        print(f"--storage s3, --catalog rest and --source mariadb run the shop pattern only, not {args.pattern!r}",
+              file=sys.stderr)
         return 2
     if args.pattern == "fraud":
         from lakestream.demo.fraud import FraudSettings, run_fraud_demo
@@ -65,6 +71,6 @@ def _demo(args: argparse.Namespace) -> int:
         return 0
 
     settings = DemoSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
-                            storage=args.storage, catalog=args.catalog,
-                            duration_s=args.duration, changes_per_s=args.rate, catchup_timeout_s=args.catchup_timeout)
+                            storage=args.storage, catalog=args.catalog, source=args.source,
+                            mariadb_port=args.mariadb_port, duration_s=args.duration, changes_per_s=args.rate, catchup_timeout_s=args.catchup_timeout)
     return 0 if run_demo(settings).ok else 1

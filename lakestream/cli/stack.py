@@ -1,4 +1,5 @@
-"""`lakestream stack up|down|status`: the local PostgreSQL + Apache Kafka, as a thin shell over `lakestream.stack`."""
+"""`lakestream stack up|down|status`: the local PostgreSQL + Apache Kafka (and MariaDB with ``--source mariadb``), as
+a thin shell over `lakestream.stack`."""
 from __future__ import annotations
 
 import argparse
@@ -28,6 +29,11 @@ def register(subparsers) -> None:
     parser.add_argument("--connect", action="store_true",
                         help="also run a Kafka Connect worker (distributed mode, Debezium's PostgreSQL connector "
                              "installed) on the broker, for `lakestream capture --print-connector-config`")
+    parser.add_argument("--source", choices=["postgresql", "mariadb"], default=defaults["source"].default,
+                        help="the source database: the stack's PostgreSQL, or a private MariaDB server beside it "
+                             "(binlog on: ROW, FULL row images, GTIDs) (default: %(default)s)")
+    parser.add_argument("--mariadb-port", type=int, default=defaults["mariadb_port"].default,
+                        help="MariaDB port on 127.0.0.1, with --source mariadb (default: %(default)s)")
     parser.add_argument("--connect-port", type=int, default=defaults["connect_port"].default,
                         help="Kafka Connect REST API port on 127.0.0.1 (default: %(default)s)")
     parser.set_defaults(func=func)
@@ -37,12 +43,16 @@ def func(args: argparse.Namespace) -> int:
     stack = Stack(StackSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
                                 storage=args.storage, s3_port=args.s3_port, catalog=args.catalog, rest_port=args.rest_port,
                                 rest_server=args.rest_server,
-                                connect=args.connect, connect_port=args.connect_port))
+                                connect=args.connect, connect_port=args.connect_port, source=args.source,
+                                mariadb_port=args.mariadb_port))
     if args.action == "up":
         info = stack.up()
         dsn_without_password = f"host={info.pg_host} port={info.pg_port} dbname={info.source_db} user={info.pg_user}"
         print(f"bootstrap.servers  {info.bootstrap_servers}")
-        print(f"source db          {dsn_without_password}")
+        if info.mariadb_port is not None:
+            print(f"source db          mariadb://{info.pg_user}@{info.pg_host}:{info.mariadb_port}/{info.source_db}")
+        else:
+            print(f"source db          {dsn_without_password}")
         print(f"catalog            {info.rest_uri if info.catalog_type == 'rest' else info.catalog_jdbc_uri()}")
         print(f"warehouse          {info.warehouse}")
         if info.s3_endpoint:

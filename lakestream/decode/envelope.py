@@ -307,13 +307,30 @@ def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache,
     return Change(op, key_obj, row, unavailable, ts, columns, payload, old_row)
 
 
+_BINLOG_FILE_NUMBER = re.compile(r"\.(\d+)$")
+
+
+def _binlog_position(source: dict[str, Any]) -> tuple[int, int]:
+    """(binlog file number << 32 | the row event's position in that file, the row's number in the event) of a
+    MariaDB or MySQL event. Events of one transaction are separate row events at rising positions; the file
+    number rises when the server rotates its binlog; snapshot rows share the snapshot's position."""
+    match = _BINLOG_FILE_NUMBER.search(str(source.get("file") or ""))
+    pos, row = source.get("pos"), source.get("row")
+    pos = pos if isinstance(pos, int) and 0 <= pos < 1 << 32 else 0
+    row = row if isinstance(row, int) else 0
+    return ((int(match.group(1)) << 32 | pos) if match else pos, row)
+
+
 def source_position(payload: dict[str, Any]) -> tuple[int, int]:
-    """Where a Debezium PostgreSQL event sits in the source's stream: (the commit LSN of the transaction
-    before it, its own LSN) from ``source.sequence`` / ``source.lsn``. Transactions arrive in commit order,
-    so these pairs never decrease along a topic partition; a re-sent event repeats its pair."""
+    """Where a Debezium event sits in the source's stream. PostgreSQL: (the commit LSN of the transaction
+    before it, its own LSN) from ``source.sequence`` / ``source.lsn``; MariaDB and MySQL: the binlog position
+    (`_binlog_position`). Transactions arrive in commit order, so these pairs never decrease along a topic
+    partition; a re-sent event repeats its pair."""
     source = payload.get("source")
     if not isinstance(source, dict):
         return (0, 0)
+    if source.get("connector") in ("mariadb", "mysql"):
+        return _binlog_position(source)
     lsn = source.get("lsn")
     lsn = lsn if isinstance(lsn, int) else 0
     commit = 0

@@ -89,10 +89,13 @@ def _zoned_timestamp(value: Any) -> int:
 
 
 def _time_from_micros(micros: int) -> str:
+    """``HH:MM:SS.ffffff``; a MariaDB/MySQL TIME is a duration (-838:59:59 .. 838:59:59), so the hours may
+    exceed 23 and the value may be negative (``-HH:MM:SS.ffffff``)."""
     micros = _integer(micros)
-    seconds, frac = divmod(micros, 1_000_000)
+    sign = "-" if micros < 0 else ""
+    seconds, frac = divmod(abs(micros), 1_000_000)
     hours, rest = divmod(seconds, 3600)
-    return f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}.{frac:06d}"
+    return f"{sign}{hours:02d}:{rest // 60:02d}:{rest % 60:02d}.{frac:06d}"
 
 
 def _finite_decimal(value: decimal.Decimal, text: Any) -> decimal.Decimal:
@@ -239,8 +242,27 @@ def _decimal_type(schema: dict[str, Any]) -> FieldType:
     return FieldType(f"decimal({int(precision)},{scale})", convert)
 
 
+# The values lakestream's ZeroDateConverter (capture.database.zero_dates: dead_letter) writes for a zero date in a
+# NOT NULL MariaDB/MySQL date column; its schema says so with this parameter.
+ZERO_DATE_PARAMETER = "lakestream.zero_date"
+_ZERO_DATES = {-(2**31), -(2**63), "0000-00-00T00:00:00Z"}
+
+
+def _refusing_zero_dates(convert: Converter) -> Converter:
+    def refuse(value: Any) -> Any:
+        if not isinstance(value, bool) and value in _ZERO_DATES:
+            raise BadValue("a zero date (0000-00-00) in a NOT NULL column — fix: correct the row at the source, or "
+                           "set capture.database.zero_dates: null to mirror zero dates as NULL")
+        return convert(value)
+
+    return refuse
+
+
 def field_type(schema: dict[str, Any]) -> FieldType:
     """Map one Kafka Connect JSON field schema onto a table column type."""
+    if (schema.get("parameters") or {}).get(ZERO_DATE_PARAMETER) == "dead_letter":
+        plain = field_type({k: v for k, v in schema.items() if k != "parameters"})
+        return FieldType(plain.ddl, _refusing_zero_dates(plain.convert))
     name = schema.get("name")
     if name == "org.apache.kafka.connect.data.Decimal":
         return _decimal_type(schema)

@@ -21,6 +21,7 @@ import yaml
 from psycopg2 import sql as pgsql
 
 from lakestream.capture.connector import offsets_file
+from lakestream.capture.databases import capture_database
 from lakestream.capture.process import LAKESTREAM_COMMAND, CaptureProcess
 from lakestream.config import PipelineConfig, parse_config
 from lakestream.demo import shop
@@ -52,6 +53,8 @@ class DemoSettings:
     pg_port: int = StackSettings.pg_port
     kafka_port: int = StackSettings.kafka_port
     storage: str = "local"  # or "s3": the warehouse in a local S3-compatible store (nanio)
+    source: str = "postgresql"  # or "mariadb": the shop database in a private MariaDB beside the stack
+    mariadb_port: int = StackSettings.mariadb_port
     catalog: str = "jdbc"  # or "rest": a local Iceberg REST catalog over the JDBC catalog
     duration_s: float = 60.0
     changes_per_s: float = 400.0
@@ -95,26 +98,31 @@ def run_demo(settings: DemoSettings) -> DemoResult:
 
     extras = "".join([", S3 object store" if settings.storage == "s3" else "",
                       ", REST catalog" if settings.catalog == "rest" else ""])
+    if settings.source == "mariadb":
+        extras += f", MariaDB :{settings.mariadb_port}"
     step(f"starting the local stack (PostgreSQL :{settings.pg_port}, Apache Kafka :{settings.kafka_port}"
          f"{extras}) — reused if running")
     info = Stack(StackSettings(state_dir=state_dir, pg_port=settings.pg_port, kafka_port=settings.kafka_port,
-                               storage=settings.storage, catalog=settings.catalog)).up()
+                               storage=settings.storage, catalog=settings.catalog, source=settings.source,
+                               mariadb_port=settings.mariadb_port)).up()
+    sql = shop.DIALECTS[settings.source]
     # The config names the object store's credentials by environment variable; capture, the pipeline
     # and the reads in this process (and its children) find them there.
     os.environ.update(info.storage_env())
 
     step("resetting the previous demo run (replication slot, publication, tables, topics, offsets)")
-    _reset_source(info)
+    _reset_source(info, sql)
     prefix = _reset_topics(info.bootstrap_servers, TOPIC_PREFIX)
     if prefix != TOPIC_PREFIX:
         step.info(f"the broker kept the old topics: this run uses topic prefix {prefix!r}")
     # A fresh consumer group per run: the engine starts new partitions at the group's committed
     # offset, and the last run's offsets point past the start of the re-created topics.
     group = f"lakestream-demo-{int(time.time())}"
-    config = _pipeline_config(info, state_dir, prefix, group)
+    config = _pipeline_config(info, state_dir, prefix, group, sql)
     yaml_path = demo_dir / "pipeline.yaml"
-    _write_pipeline_yaml(yaml_path, info, state_dir, prefix, group)
-    for stale in (offsets_file(state_dir, config.capture), metrics_path(config)):
+    _write_pipeline_yaml(yaml_path, info, state_dir, prefix, group, sql)
+    for stale in (offsets_file(state_dir, config.capture), metrics_path(config),
+                  *capture_database(config.capture).state_files(config.capture, state_dir)):
         stale.unlink(missing_ok=True)
 
     from lakestream.spark import session_for
@@ -125,10 +133,10 @@ def run_demo(settings: DemoSettings) -> DemoResult:
 
         step(f"creating the shop database (customers, orders, order_items) with {settings.seed_customers} customers, "
              f"{settings.seed_orders} orders")
-        conn = psycopg2.connect(info.pg_dsn())
+        conn = _source_connection(info)
         try:
-            shop.create_schema(conn)
-            workload = shop.ShopWorkload(conn, seed=None)
+            shop.create_schema(conn, sql)
+            workload = shop.ShopWorkload(conn, seed=None, sql=sql)
             workload.seed(settings.seed_customers, settings.seed_orders)
             workload.stats = shop.WorkloadStats()
             step.info(f"pipeline config: {yaml_path}")
@@ -185,7 +193,9 @@ def run_demo(settings: DemoSettings) -> DemoResult:
 # -- configuration ---------------------------------------------------------------------------------
 
 
-def _config_data(info: StackInfo, state_dir: Path, prefix: str, group: str) -> dict[str, Any]:
+def _config_data(info: StackInfo, state_dir: Path, prefix: str, group: str,
+                 sql: shop.ShopSQL = shop.POSTGRESQL) -> dict[str, Any]:
+    schema = sql.tables[0].split(".")[0]
     return {
         "name": PIPELINE_NAME,
         "state_dir": str(state_dir),
@@ -193,30 +203,32 @@ def _config_data(info: StackInfo, state_dir: Path, prefix: str, group: str) -> d
         "catalog": info.catalog_config("lake"),
         **({"storage": info.storage_config()} if info.storage_config() else {}),
         "capture": {
-            "database": {"host": info.pg_host, "port": info.pg_port, "dbname": info.source_db,
-                         "user": info.pg_user, "password": info.pg_password},
-            "tables": list(shop.TABLES),
+            "database": info.source_database(),
+            "tables": list(sql.tables),
             "topic_prefix": prefix,
             "slot_name": SLOT,
             "publication_name": PUBLICATION,
         },
-        "streams": [{"topic_pattern": rf"{prefix}\.public\..*", "mode": "upsert", "namespace": NAMESPACE, "table": "{table}"}],
+        "streams": [{"topic_pattern": rf"{prefix}\.{schema}\..*", "mode": "upsert", "namespace": NAMESPACE,
+                     "table": "{table}"}],
         "engine": {"commit_interval_s": 2, "idle_poll_s": 0.3},
         "spark": {"master": "local[2]", "driver_memory": "2g"},
     }
 
 
-def _pipeline_config(info: StackInfo, state_dir: Path, prefix: str, group: str) -> PipelineConfig:
-    return parse_config(_config_data(info, state_dir, prefix, group), "<demo>")
+def _pipeline_config(info: StackInfo, state_dir: Path, prefix: str, group: str,
+                     sql: shop.ShopSQL = shop.POSTGRESQL) -> PipelineConfig:
+    return parse_config(_config_data(info, state_dir, prefix, group, sql), "<demo>")
 
 
-def _write_pipeline_yaml(path: Path, info: StackInfo, state_dir: Path, prefix: str, group: str) -> None:
+def _write_pipeline_yaml(path: Path, info: StackInfo, state_dir: Path, prefix: str, group: str,
+                         sql: shop.ShopSQL = shop.POSTGRESQL) -> None:
     # The file holds the local stack's credentials: readable by its owner only.
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write("# Written by `lakestream demo`; run it yourself with `lakestream run <this file>`.\n")
-        yaml.safe_dump(_config_data(info, state_dir, prefix, group), fh, sort_keys=False)
+        yaml.safe_dump(_config_data(info, state_dir, prefix, group, sql), fh, sort_keys=False)
 
 
 def write_private_yaml(path: Path, data: dict[str, Any]) -> None:
@@ -239,8 +251,29 @@ def example_stack(settings: Any, state_dir: Path, info: StackInfo | None, step: 
 # -- reset -----------------------------------------------------------------------------------------
 
 
-def _reset_source(info: StackInfo) -> None:
-    """Drop the demo's replication slot (ending a leftover reader first), publication and tables."""
+def _source_connection(info: StackInfo) -> Any:
+    """A connection to the stack's source database (autocommit off): MariaDB's when the stack runs one."""
+    if info.mariadb_port is not None:
+        import pymysql
+
+        return pymysql.connect(host=info.pg_host, port=info.mariadb_port, user=info.pg_user,
+                               password=info.pg_password, database=info.source_db, charset="utf8mb4")
+    return psycopg2.connect(info.pg_dsn())
+
+
+def _reset_source(info: StackInfo, sql: shop.ShopSQL = shop.POSTGRESQL) -> None:
+    """Drop the demo's tables and, on PostgreSQL, its replication slot (ending a leftover reader first) and
+    publication."""
+    if info.mariadb_port is not None:
+        conn = _source_connection(info)
+        try:
+            with conn.cursor() as cur:
+                for table in reversed(sql.tables):
+                    cur.execute(f"DROP TABLE IF EXISTS {table}")
+            conn.commit()
+        finally:
+            conn.close()
+        return
     conn = psycopg2.connect(info.pg_dsn())
     conn.autocommit = True
     try:

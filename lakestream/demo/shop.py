@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 TABLES = ["public.customers", "public.orders", "public.order_items"]
+# On MariaDB the tables live in the stack's source database (`StackSettings.source_db`).
+MARIADB_TABLES = ["shop.customers", "shop.orders", "shop.order_items"]
 
 SCHEMA_DDL = [
     """CREATE TABLE public.customers (
@@ -50,6 +52,68 @@ SCHEMA_DDL = [
     )""",
 ]
 
+MARIADB_SCHEMA_DDL = [
+    """CREATE TABLE shop.customers (
+        id BIGINT AUTO_INCREMENT PRIMARY KEY,
+        email VARCHAR(255) NOT NULL UNIQUE,
+        name VARCHAR(200) NOT NULL,
+        segment VARCHAR(20) NOT NULL CHECK (segment IN ('consumer', 'smb', 'enterprise')),
+        country CHAR(2) NOT NULL,
+        loyalty_points INT NOT NULL DEFAULT 0,
+        active BOOLEAN NOT NULL DEFAULT TRUE,
+        attributes JSON NOT NULL DEFAULT '{}',
+        created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+        birthday DATE
+    )""",
+    """CREATE TABLE shop.orders (
+        id BIGINT AUTO_INCREMENT PRIMARY KEY,
+        customer_id BIGINT NOT NULL,
+        status VARCHAR(20) NOT NULL CHECK (status IN ('pending', 'paid', 'shipped', 'delivered', 'cancelled')),
+        total DECIMAL(12,2) NOT NULL DEFAULT 0,
+        currency CHAR(3) NOT NULL DEFAULT 'EUR',
+        shipping_address JSON,
+        ordered_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+        updated_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+        delivery_date DATE,
+        FOREIGN KEY (customer_id) REFERENCES shop.customers (id)
+    )""",
+    """CREATE TABLE shop.order_items (
+        order_id BIGINT NOT NULL,
+        line_no INT NOT NULL,
+        sku VARCHAR(20) NOT NULL,
+        quantity INT NOT NULL CHECK (quantity > 0),
+        unit_price DECIMAL(10,2) NOT NULL,
+        discount DECIMAL(5,4),
+        PRIMARY KEY (order_id, line_no),
+        FOREIGN KEY (order_id) REFERENCES shop.orders (id)
+    )""",
+]
+
+
+@dataclass(frozen=True)
+class ShopSQL:
+    """The statements that differ between the source databases the demo runs on."""
+
+    tables: list[str]
+    schema_ddl: list[str]
+    session_setup: list[str]
+    now_utc: str  # the current UTC time as a timestamp without time zone
+    touch_attributes: str  # attributes with last_seen = now, as text
+
+    def table(self, name: str) -> str:
+        """``customers`` → the qualified name."""
+        return next(t for t in self.tables if t.endswith("." + name))
+
+
+POSTGRESQL = ShopSQL(TABLES, SCHEMA_DDL,
+                     # A demo database: commits need not wait for the WAL flush (the slot still sees them in order).
+                     ["SET synchronous_commit TO off"],
+                     "now() AT TIME ZONE 'UTC'", "attributes || jsonb_build_object('last_seen', now()::text)")
+MARIADB = ShopSQL(MARIADB_TABLES, MARIADB_SCHEMA_DDL, [], "UTC_TIMESTAMP(6)",
+                  "JSON_SET(attributes, '$.last_seen', CAST(NOW(6) AS CHAR))")
+DIALECTS = {"postgresql": POSTGRESQL, "mariadb": MARIADB}
+
+
 _FIRST = ["Ada", "Grace", "Alan", "Edsger", "Barbara", "Donald", "Frances", "Ken", "Margaret", "Linus", "Radia", "Tim"]
 _LAST = ["Lovelace", "Hopper", "Turing", "Dijkstra", "Liskov", "Knuth", "Allen", "Thompson", "Hamilton", "Perlman"]
 _COUNTRIES = ["DE", "FR", "NL", "US", "GB", "ES", "IT", "SE", "PL", "JP"]
@@ -58,12 +122,12 @@ _SKUS = [f"SKU-{n:04d}" for n in range(1, 121)]
 _NEXT_STATUS = {"pending": "paid", "paid": "shipped", "shipped": "delivered"}
 
 
-def create_schema(conn) -> None:
+def create_schema(conn, sql: ShopSQL = POSTGRESQL) -> None:
     """Drop and re-create the shop tables (children first: foreign keys)."""
     with conn.cursor() as cur:
-        for table in reversed(TABLES):
+        for table in reversed(sql.tables):
             cur.execute(f"DROP TABLE IF EXISTS {table}")
-        for ddl in SCHEMA_DDL:
+        for ddl in sql.schema_ddl:
             cur.execute(ddl)
     conn.commit()
 
@@ -78,13 +142,15 @@ class WorkloadStats:
 
 
 class ShopWorkload:
-    """Generates shop transactions on one psycopg2 connection (autocommit off)."""
+    """Generates shop transactions on one DB-API connection (psycopg2 or PyMySQL; autocommit off)."""
 
-    def __init__(self, conn, seed: int | None = None):
+    def __init__(self, conn, seed: int | None = None, sql: ShopSQL = POSTGRESQL):
         self.conn = conn
+        self.sql = sql
+        self.customers, self.orders, self.order_items = (sql.table(t) for t in ("customers", "orders", "order_items"))
         with conn.cursor() as cur:
-            # A demo database: commits need not wait for the WAL flush (the slot still sees them in order).
-            cur.execute("SET synchronous_commit TO off")
+            for statement in sql.session_setup:
+                cur.execute(statement)
         conn.commit()
         self.rng = random.Random(seed)
         self.stats = WorkloadStats()
@@ -151,7 +217,7 @@ class ShopWorkload:
         attributes = {"newsletter": rng.random() < 0.5, "tags": rng.sample(["vip", "b2b", "eco", "mobile"], k=rng.randint(0, 2))}
         with self.conn.cursor() as cur:
             cur.execute(
-                """INSERT INTO public.customers (email, name, segment, country, attributes, birthday)
+                f"""INSERT INTO {self.customers} (email, name, segment, country, attributes, birthday)
                    VALUES (%s, %s, %s, %s, %s, %s) RETURNING id""",
                 (f"{first}.{last}.{self._email_seq}.{rng.randrange(10**6)}@example.com".lower(), f"{first} {last}",
                  rng.choice(_SEGMENTS), rng.choice(_COUNTRIES), json.dumps(attributes),
@@ -169,15 +235,16 @@ class ShopWorkload:
         address = {"city": rng.choice(["Berlin", "Paris", "Amsterdam", "Austin", "Kyoto"]), "zip": f"{rng.randint(10000, 99999)}"}
         with self.conn.cursor() as cur:
             cur.execute(
-                """INSERT INTO public.orders (customer_id, status, shipping_address) VALUES (%s, 'pending', %s) RETURNING id""",
+                f"""INSERT INTO {self.orders} (customer_id, status, shipping_address) VALUES (%s, 'pending', %s) RETURNING id""",
                 (rng.choice(self.customer_ids), json.dumps(address)),
             )
             order_id = cur.fetchone()[0]
             cur.executemany(
-                "INSERT INTO public.order_items (order_id, line_no, sku, quantity, unit_price, discount) VALUES (%s, %s, %s, %s, %s, %s)",
+                f"INSERT INTO {self.order_items} (order_id, line_no, sku, quantity, unit_price, discount) "
+                "VALUES (%s, %s, %s, %s, %s, %s)",
                 [(order_id, n, sku, q, p, d) for n, (sku, q, p, d) in enumerate(lines, start=1)],
             )
-            cur.execute("UPDATE public.orders SET total = %s WHERE id = %s", (total, order_id))
+            cur.execute(f"UPDATE {self.orders} SET total = %s WHERE id = %s", (total, order_id))
         self.open_orders[order_id] = "pending"
         self._count("inserts", 1 + len(lines))
         self._count("updates", 1)
@@ -189,7 +256,7 @@ class ShopWorkload:
         status = _NEXT_STATUS[self.open_orders[order_id]]
         with self.conn.cursor() as cur:
             cur.execute(
-                """UPDATE public.orders SET status = %s, updated_at = now() AT TIME ZONE 'UTC',
+                f"""UPDATE {self.orders} SET status = %s, updated_at = {self.sql.now_utc},
                    delivery_date = CASE WHEN %s = 'delivered' THEN current_date ELSE delivery_date END WHERE id = %s""",
                 (status, status, order_id),
             )
@@ -202,8 +269,8 @@ class ShopWorkload:
     def _update_customer(self) -> None:
         with self.conn.cursor() as cur:
             cur.execute(
-                """UPDATE public.customers SET loyalty_points = loyalty_points + %s,
-                   attributes = attributes || jsonb_build_object('last_seen', now()::text) WHERE id = %s""",
+                f"""UPDATE {self.customers} SET loyalty_points = loyalty_points + %s,
+                   attributes = {self.sql.touch_attributes} WHERE id = %s""",
                 (self.rng.randint(1, 50), self.rng.choice(self.customer_ids)),
             )
         self._count("updates", 1)
@@ -217,20 +284,21 @@ class ShopWorkload:
         with self.conn.cursor() as cur:
             if self.rng.random() < 0.5:
                 # A cancelled order is kept, flagged; half of them are removed with their lines.
-                cur.execute("UPDATE public.orders SET status = 'cancelled', updated_at = now() AT TIME ZONE 'UTC' WHERE id = %s", (order_id,))
+                cur.execute(f"UPDATE {self.orders} SET status = 'cancelled', updated_at = {self.sql.now_utc} WHERE id = %s",
+                            (order_id,))
                 self._count("updates", 1)
                 return
-            cur.execute("DELETE FROM public.order_items WHERE order_id = %s", (order_id,))
+            cur.execute(f"DELETE FROM {self.order_items} WHERE order_id = %s", (order_id,))
             lines = cur.rowcount
-            cur.execute("DELETE FROM public.orders WHERE id = %s", (order_id,))
+            cur.execute(f"DELETE FROM {self.orders} WHERE id = %s", (order_id,))
         self._count("deletes", lines + 1)
 
     def _bulk_reprice(self) -> None:
         sku = self.rng.choice(_SKUS)
         with self.conn.cursor() as cur:
             cur.execute(
-                """UPDATE public.order_items SET unit_price = round(unit_price * 0.97, 2)
-                   WHERE sku = %s AND order_id IN (SELECT id FROM public.orders WHERE status = 'pending')""",
+                f"""UPDATE {self.order_items} SET unit_price = round(unit_price * 0.97, 2)
+                   WHERE sku = %s AND order_id IN (SELECT id FROM {self.orders} WHERE status = 'pending')""",
                 (sku,),
             )
             self._count("updates", cur.rowcount)

@@ -14,6 +14,8 @@ SECRET_KEY_ENV = "LAKESTREAM_S3_SECRET_ACCESS_KEY"
 StorageKind = Literal["local", "s3"]
 CatalogKind = Literal["jdbc", "rest"]
 RestServerKind = Literal["iceberg", "lakestream"]
+# The source database the stack runs for capture (PostgreSQL always runs: it holds the Iceberg catalog).
+SourceKind = Literal["postgresql", "mariadb"]
 
 
 @dataclass
@@ -52,11 +54,16 @@ class StackSettings:
     connect_port: int = 18083
     # The worker's group; its internal topics are <group>-configs, -offsets and -status.
     connect_group_id: str = "lakestream-connect"
+    # The source database: the stack's PostgreSQL, or a private MariaDB server beside it (binlog on, ROW, FULL
+    # images, GTIDs) with the same user, password and source database name.
+    source: SourceKind = "postgresql"
+    mariadb_port: int = 13306
+    mariadb_server_id: int = 1
 
     def __post_init__(self) -> None:
         # Resolve once: services chdir, and the pid files must not depend on the caller's cwd.
         self.state_dir = Path(self.state_dir).expanduser().resolve()
-        for name in ("pg_port", "kafka_port", "s3_port", "rest_port", "connect_port"):
+        for name in ("pg_port", "kafka_port", "s3_port", "rest_port", "connect_port", "mariadb_port"):
             port = getattr(self, name)
             if not isinstance(port, int) or not 1 <= port <= 65535:
                 raise ConfigError(f"{name}={port!r} is not a TCP port (1-65535)")
@@ -79,6 +86,8 @@ class StackSettings:
             used["rest_port"] = self.rest_port
         if self.connect:
             used["connect_port"] = self.connect_port
+        if self.source == "mariadb":
+            used["mariadb_port"] = self.mariadb_port
         if len(set(used.values())) != len(used):
             raise ConfigError(f"two services share a port: {used}; give them different ports")
         if self.storage not in ("local", "s3"):
@@ -88,6 +97,10 @@ class StackSettings:
         if self.rest_server not in ("iceberg", "lakestream"):
             raise ConfigError(f"rest_server={self.rest_server!r} is unknown; use 'iceberg' (Apache Iceberg's "
                               "RESTCatalogServer) or 'lakestream' (the server written here)")
+        if self.source not in ("postgresql", "mariadb"):
+            raise ConfigError(f"source={self.source!r} is unknown; use 'postgresql' or 'mariadb'")
+        if not isinstance(self.mariadb_server_id, int) or not 1 <= self.mariadb_server_id <= 2**32 - 1:
+            raise ConfigError(f"mariadb_server_id={self.mariadb_server_id!r} is not a server id (1-4294967295)")
         for name in ("pg_user", "source_db", "catalog_db", "kafka_sasl_user"):
             value = getattr(self, name)
             if not value or not value.replace("_", "").isalnum() or value[0].isdigit():
@@ -127,6 +140,8 @@ class StackInfo:
     kafka_sasl_password_file: str | None = None
     # The Kafka Connect worker's REST API, with `StackSettings.connect`.
     connect_url: str | None = None
+    # The MariaDB source server's port, with `StackSettings.source` "mariadb" (same user, password, database).
+    mariadb_port: int | None = None
 
     def kafka_sasl_client(self, password: str) -> dict[str, str]:
         """The ``kafka.client`` settings for the SASL_SSL listener; give ``password`` as a reference such as
@@ -174,6 +189,15 @@ class StackInfo:
             "password": self.pg_password,
         }
         return " ".join(f"{key}={_dsn_value(value)}" for key, value in parts.items())
+
+    def source_database(self, dbname: str | None = None) -> dict:
+        """The ``capture.database`` section for this stack's source database (holds the password): MariaDB's
+        when the stack runs one, else PostgreSQL's."""
+        if self.mariadb_port is not None:
+            return {"kind": "mariadb", "host": self.pg_host, "port": self.mariadb_port,
+                    "dbname": dbname or self.source_db, "user": self.pg_user, "password": self.pg_password}
+        return {"host": self.pg_host, "port": self.pg_port, "dbname": dbname or self.source_db,
+                "user": self.pg_user, "password": self.pg_password}
 
     def catalog_jdbc_uri(self) -> str:
         """The JDBC URI of the Iceberg catalog database."""

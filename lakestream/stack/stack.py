@@ -1,4 +1,5 @@
-"""The local stack: a private PostgreSQL cluster plus Apache Kafka (KRaft), on loopback ports; with
+"""The local stack: a private PostgreSQL cluster plus Apache Kafka (KRaft), on loopback ports; with ``source="mariadb"``
+a private MariaDB server as the source database beside them; with
 ``storage="s3"`` a local S3-compatible store holds the warehouse, with ``catalog="rest"`` a local Iceberg
 REST catalog serves it (Apache Iceberg's own server by default), with ``connect=True`` a Kafka Connect worker runs Debezium beside the broker."""
 from __future__ import annotations
@@ -7,6 +8,7 @@ import logging
 from lakestream.stack import process
 from lakestream.stack.broker import KafkaBroker, make_broker
 from lakestream.stack.connect import ConnectWorker
+from lakestream.stack.mariadb import MariaDBServer
 from lakestream.stack.models import ServiceStatus, StackInfo, StackSettings
 from lakestream.stack.objectstore import ObjectStore
 from lakestream.stack.postgres import PostgresCluster
@@ -21,6 +23,7 @@ class Stack:
     def __init__(self, settings: StackSettings):
         self.settings = settings
         self.postgres = PostgresCluster(settings)
+        self.mariadb = MariaDBServer(settings)
         self.broker: KafkaBroker = make_broker(settings)
         self.objectstore = ObjectStore(settings)
         if settings.rest_server == "iceberg":
@@ -47,6 +50,8 @@ class Stack:
 
     def _services(self) -> list:
         services = [self.postgres, self.broker]
+        if self.settings.source == "mariadb":
+            services.append(self.mariadb)
         if self.settings.storage == "s3":
             services.append(self.objectstore)
         if self.settings.catalog == "rest":
@@ -73,13 +78,14 @@ class Stack:
         self.rest_catalog.stop()
         self.objectstore.stop()
         self.broker.stop()
+        self.mariadb.stop()
         self.postgres.stop()
 
     def status(self) -> dict[str, ServiceStatus]:
         """Each service by name: running, pid, port, healthy, persistence (the object store and the REST
         catalog also when they run without being asked for: an `up --storage s3` seen by a plain `status`)."""
         services = self._services()
-        services += [s for s in (self.objectstore, self.rest_catalog, self.connect)
+        services += [s for s in (self.mariadb, self.objectstore, self.rest_catalog, self.connect)
                      if s not in services and s.pid() is not None]
         return {service.name: service.status() for service in services}
 
@@ -106,4 +112,5 @@ class Stack:
             kafka_sasl_user=s.kafka_sasl_user if s.kafka_sasl_port else None,
             kafka_sasl_password_file=str(self.broker.sasl_password_file) if s.kafka_sasl_port else None,
             connect_url=self.connect.url if s.connect else None,
+            mariadb_port=s.mariadb_port if s.source == "mariadb" else None,
         )

@@ -1,0 +1,278 @@
+"""MariaDB through the real pipeline: a private MariaDB (the `mariadb` fixture) → Debezium's MariaDB connector
+(embedded, `lakestream capture`) → Kafka → Spark → Iceberg.
+
+One capture process for the module (one Debezium JVM): Debezium's snapshot of every type, a keyed table and a
+keyless one, then streamed inserts, updates and deletes, ADD COLUMN while streaming, and a SIGKILL of capture
+(the binlog re-read from the stored position; the mirrors converge, the keyless one without doubled rows).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from conftest import catalog_settings, mariadb_database
+from lakestream.capture import CaptureProcess
+from lakestream.config import parse_config
+from lakestream.engine.loop import run_pipeline
+from lakestream.verify import verify_tables
+
+TYPES_DDL = """CREATE TABLE types (
+ id INT PRIMARY KEY,
+ b1 TINYINT(1), bo BOOLEAN, ti TINYINT, tiu TINYINT UNSIGNED, si SMALLINT, siu SMALLINT UNSIGNED,
+ mi MEDIUMINT, miu MEDIUMINT UNSIGNED, i INT, iu INT UNSIGNED, bi BIGINT, biu BIGINT UNSIGNED,
+ de DECIMAL(12,3), de65 DECIMAL(65,10), f FLOAT, d DOUBLE,
+ dt DATE, dtm0 DATETIME, dtm3 DATETIME(3), dtm6 DATETIME(6), ts TIMESTAMP NULL, ts6 TIMESTAMP(6) NULL,
+ tm TIME, tm6 TIME(6), y YEAR,
+ c CHAR(5), vc VARCHAR(50), tx TEXT, bn BINARY(4), vb VARBINARY(10), bl BLOB,
+ bit1 BIT(1), bit5 BIT(5), bit16 BIT(16), bit64 BIT(64),
+ en ENUM('a','b','c'), st SET('x','y','z'), js JSON, g GEOMETRY, pt POINT,
+ gen BIGINT AS (i * 2) VIRTUAL, gens VARCHAR(60) AS (CONCAT(vc, '!')) STORED
+)"""
+TYPES_COLUMNS = ("id,b1,bo,ti,tiu,si,siu,mi,miu,i,iu,bi,biu,de,de65,f,d,dt,dtm0,dtm3,dtm6,ts,ts6,tm,tm6,y,c,vc,tx,bn,vb,"
+                 "bl,bit1,bit5,bit16,bit64,en,st,js,g,pt")
+TYPES_VALUES = """(%s, 1, 0, -128, 255, -32768, 65535, -8388608, 16777215, -2147483648, 4294967295,
+ -9223372036854775808, 18446744073709551615, 123456789.123,
+ 12345678901234567890123456789012345678901234567890.0123456789, 1.5, 2.25,
+ '2024-02-29', '2024-02-29 13:14:15', '2024-02-29 13:14:15.123', '2024-02-29 13:14:15.123456',
+ '2024-02-29 13:14:15', '2024-02-29 13:14:15.654321', '-838:59:59', '12:34:56.789012', 2024,
+ 'ab', 'héllo 🚀', 'long text ✓', x'00010203', x'ff00', x'deadbeef',
+ b'1', b'10101', b'0000000100000010', b'1111111111111111111111111111111111111111111111111111111111111111',
+ 'b', 'x,z', '{"a": [1, 2, {"b": null}]}', ST_GeomFromText('POLYGON((0 0,1 0,1 1,0 0))'),
+ ST_GeomFromText('POINT(1 2)'))"""
+
+# What the mirror holds for TYPES_VALUES (Spark's Python values; the session time zone is UTC).
+EXPECTED_TYPES_ROW = {
+    "b1": True, "bo": False, "ti": -128, "tiu": 255, "si": -32768, "siu": 65535, "mi": -8388608, "miu": 16777215,
+    "i": -2147483648, "iu": 4294967295, "bi": -9223372036854775808,
+    "biu": decimal.Decimal("18446744073709551615"), "de": decimal.Decimal("123456789.123"),
+    "de65": "12345678901234567890123456789012345678901234567890.0123456789", "f": 1.5, "d": 2.25,
+    "dt": dt.date(2024, 2, 29), "dtm0": dt.datetime(2024, 2, 29, 13, 14, 15),
+    "dtm3": dt.datetime(2024, 2, 29, 13, 14, 15, 123000), "dtm6": dt.datetime(2024, 2, 29, 13, 14, 15, 123456),
+    "ts": dt.datetime(2024, 2, 29, 13, 14, 15), "ts6": dt.datetime(2024, 2, 29, 13, 14, 15, 654321),
+    "tm": "-838:59:59.000000", "tm6": "12:34:56.789012", "y": 2024,
+    "c": "ab", "vc": "héllo 🚀", "tx": "long text ✓", "bn": b"\x00\x01\x02\x03", "vb": b"\xff\x00",
+    "bl": b"\xde\xad\xbe\xef", "bit1": True, "bit5": b"\x15", "bit64": b"\xff" * 8,
+    "en": "b", "st": "x,z", "js": '{"a": [1, 2, {"b": null}]}', "gen": -4294967296, "gens": "héllo 🚀!",
+}
+EXPECTED_TYPES = {
+    "id": "int", "b1": "boolean", "bo": "boolean", "ti": "int", "tiu": "int", "si": "int", "siu": "int",
+    "mi": "int", "miu": "int", "i": "int", "iu": "bigint", "bi": "bigint", "biu": "decimal(20,0)",
+    "de": "decimal(12,3)", "de65": "string", "f": "float", "d": "double", "dt": "date", "dtm0": "timestamp_ntz",
+    "dtm3": "timestamp_ntz", "dtm6": "timestamp_ntz", "ts": "timestamp", "ts6": "timestamp", "tm": "string",
+    "tm6": "string", "y": "int", "c": "string", "vc": "string", "tx": "string", "bn": "binary", "vb": "binary",
+    "bl": "binary", "bit1": "boolean", "bit5": "binary", "bit16": "binary", "bit64": "binary", "en": "string",
+    "st": "string", "js": "string", "g": "string", "pt": "string", "gen": "bigint", "gens": "string",
+}
+
+ORDERS_DDL = ("CREATE TABLE orders (id INT PRIMARY KEY, customer VARCHAR(40) NOT NULL, amount DECIMAL(10,2), "
+              "updated DATETIME(6))")
+NOKEY_DDL = "CREATE TABLE nokey (a INT, b VARCHAR(10))"
+ZERO_DDL = ("CREATE TABLE zd (id INT PRIMARY KEY, d DATE NOT NULL, dt DATETIME(3) NOT NULL, ts TIMESTAMP NOT NULL "
+            "DEFAULT CURRENT_TIMESTAMP, dn DATE NULL)")
+# zero dates need a permissive sql_mode (the stack's server refuses them)
+ZERO_ROW = "INSERT INTO zd VALUES (%s, '0000-00-00', '0000-00-00 00:00:00', '0000-00-00 00:00:00', '0000-00-00')"
+REAL_ROW = "INSERT INTO zd VALUES (%s, '1970-01-01', '1970-01-01 00:00:00.5', '2024-02-29 13:14:15', '1970-01-01')"
+
+
+class MariaDBCapture:
+    """The module's source database, its pipeline config and capture process."""
+
+    def __init__(self, server, dbname: str, conn, workdir: Path, config, capture: CaptureProcess, prefix: str):
+        self.server, self.dbname, self.conn, self.workdir = server, dbname, conn, workdir
+        self.config, self.capture, self.prefix = config, capture, prefix
+        self.namespace = self.config.streams[0].namespace
+        self.markers = 0
+
+    def sql(self, *statements: str, args=None) -> None:
+        with self.conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement, args)
+
+    def rows(self, query: str) -> list[tuple]:
+        with self.conn.cursor() as cur:
+            cur.execute(query)
+            return list(cur.fetchall())
+
+    def sync(self, spark, timeout: float = 120.0) -> None:
+        """Write a marker row and wait until its event is in Kafka (Debezium reads the binlog in order and the
+        publisher acknowledges whole batches: every change before the marker is there too), then run the engine
+        until idle."""
+        self.markers += 1
+        self.sql(f"INSERT INTO marker VALUES ({self.markers})")
+        topic = f"{self.prefix}.{self.dbname}.marker"
+        consumer = Consumer({"bootstrap.servers": self.config.kafka.bootstrap_servers, "group.id": "wm"})
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=5)[1]
+                except KafkaException:
+                    end = 0
+                if end >= self.markers:
+                    break
+                if not self.capture.running:
+                    raise AssertionError(f"capture exited:\n{self.capture.log_text()[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the marker did not reach Kafka in {timeout:.0f}s:\n"
+                                         f"{self.capture.log_text()[-3000:]}")
+                time.sleep(0.2)
+        finally:
+            consumer.close()
+        run_pipeline(self.config, spark=spark, stop_when_idle=True)
+
+    def verify(self, spark):
+        return verify_tables(self.config, spark, [f"{self.dbname}.{t}" for t in ("types", "orders", "nokey")])
+
+    def mirror(self, spark, table: str) -> list[dict]:
+        return [r.asDict() for r in spark.table(f"lake.{self.namespace}.{table}").collect()]
+
+
+@pytest.fixture(scope="module")
+def captured(stack, mariadb, service_dir_factory):
+    uid = uuid.uuid4().hex[:6]
+    dbname, prefix, namespace = f"mdb_{uid}", f"mdb{uid}", f"mdb_{uid}"
+    mariadb.run_as_root(f"CREATE DATABASE `{dbname}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
+    conn = mariadb.connect(dbname)
+    with conn.cursor() as cur:
+        for ddl in (TYPES_DDL, ORDERS_DDL, NOKEY_DDL, "CREATE TABLE marker (id INT PRIMARY KEY)"):
+            cur.execute(ddl)
+        cur.execute(f"INSERT INTO types ({TYPES_COLUMNS}) VALUES {TYPES_VALUES}", (1,))
+        cur.execute("INSERT INTO types (id) VALUES (2)")
+        cur.executemany("INSERT INTO orders VALUES (%s, %s, %s, %s)",
+                        [(i, f"customer {i}", decimal.Decimal(i) / 4, dt.datetime(2024, 1, 1, 0, 0, i, i))
+                         for i in range(1, 41)])
+        cur.execute("INSERT INTO nokey VALUES (1, 'x'), (1, 'x'), (2, 'y')")
+        cur.execute(ZERO_DDL)
+        cur.execute("SET SESSION sql_mode = ''")
+        cur.execute(ZERO_ROW, (1,))
+        cur.execute(REAL_ROW, (2,))
+        cur.execute("SET SESSION sql_mode = DEFAULT")
+    workdir = service_dir_factory("mdbcap")
+    data = {
+        "name": f"mdb{uid}",
+        "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-mdb{uid}",
+                  "client": {"session.timeout.ms": 6000}},
+        "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
+        "streams": [{"topic_pattern": rf"{prefix}\..*", "namespace": namespace, "table": "{table}"}],
+        "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
+        "spark": {"master": "local[2]", "driver_memory": "1500m"},
+        "state_dir": str(workdir / "state"),
+        "capture": {"database": {**mariadb_database(mariadb, dbname), "zero_dates": "dead_letter"},
+                    "topic_prefix": prefix,
+                    "tables": [f"{dbname}.types", f"{dbname}.orders", f"{dbname}.nokey", f"{dbname}.zd",
+                               f"{dbname}.marker"],
+                    "connector": {"heartbeat.interval.ms": "1000"}},
+    }
+    (workdir / "pipeline.yaml").write_text(yaml.safe_dump(data))
+    capture = CaptureProcess(workdir / "pipeline.yaml", log_path=workdir / "capture.log")
+    capture.start()
+    try:
+        capture.wait_until_streaming(timeout=180)
+        yield MariaDBCapture(mariadb, dbname, conn, workdir, parse_config(data, "<test>"), capture, prefix)
+    finally:
+        capture.stop()
+        conn.close()
+        mariadb.run_as_root(f"DROP DATABASE IF EXISTS `{dbname}`")
+
+
+def _orders(source: MariaDBCapture) -> set[tuple]:
+    return {tuple(r) for r in source.rows("SELECT id, customer, amount, updated FROM orders")}
+
+
+def _mirror_orders(source: MariaDBCapture, spark, columns=("id", "customer", "amount", "updated")) -> set[tuple]:
+    return {tuple(r[c] for c in columns) for r in source.mirror(spark, "orders")}
+
+
+def test_snapshot_and_streaming_exact(captured, spark):
+    source = captured
+    # streamed: every type again (a full row and an all-NULL row), inserts, updates, deletes
+    source.sql(f"INSERT INTO types ({TYPES_COLUMNS}) VALUES {TYPES_VALUES}", args=(3,))
+    source.sql("INSERT INTO types (id) VALUES (4)")
+    source.sql("SET SESSION sql_mode = ''", ZERO_ROW.replace("%s", "3"), REAL_ROW.replace("%s", "4"),
+               "SET SESSION sql_mode = DEFAULT")
+    source.sql("INSERT INTO orders VALUES (41, 'late', 10.50, '2024-05-01 10:00:00.000001')",
+               "UPDATE orders SET amount = amount + 1, customer = CONCAT(customer, ' ✓') WHERE id % 3 = 0",
+               "DELETE FROM orders WHERE id % 7 = 0",
+               "UPDATE orders SET updated = NULL WHERE id = 2")
+    source.sync(spark)
+
+    schema = {f.name: f.dataType.simpleString() for f in spark.table(f"lake.{source.namespace}.types").schema}
+    assert schema == EXPECTED_TYPES
+    rows = {r["id"]: r for r in source.mirror(spark, "types")}
+    assert sorted(rows) == [1, 2, 3, 4]
+    for row_id in (1, 3):  # 1: Debezium's snapshot; 3: the binlog
+        row = rows[row_id]
+        assert {k: row[k] for k in EXPECTED_TYPES_ROW} == EXPECTED_TYPES_ROW, row_id
+        # BIT(n): Debezium's bytes, least significant byte first (MariaDB's HEX() shows the most significant first)
+        assert row["bit16"] == bytes.fromhex(source.rows("SELECT HEX(bit16) FROM types WHERE id = 1")[0][0].zfill(4))[::-1]
+        assert json.loads(row["pt"])["x"] == 1.0 and json.loads(row["pt"])["y"] == 2.0
+        assert json.loads(row["g"])["wkb"]
+    for row_id in (2, 4):
+        assert all(v is None for k, v in rows[row_id].items() if k != "id"), rows[row_id]
+
+    assert _mirror_orders(source, spark) == _orders(source)
+    assert Counter(tuple(r.values()) for r in source.mirror(spark, "nokey")) == Counter(
+        source.rows("SELECT a, b FROM nokey"))
+    # zero dates in NOT NULL columns (zero_dates: dead_letter): the change is a dead letter with the reason, never
+    # 1970-01-01; a real 1970-01-01 and a zero date in a nullable column (NULL) are mirrored
+    zd = {r["id"]: r for r in source.mirror(spark, "zd")}
+    assert sorted(zd) == [2, 4]
+    assert (zd[2]["d"], zd[2]["dt"], zd[2]["dn"]) == (dt.date(1970, 1, 1), dt.datetime(1970, 1, 1, 0, 0, 0, 500000),
+                                                      dt.date(1970, 1, 1))
+    letters = spark.sql(f"SELECT offset, error FROM lake.lakestream.dead_letter WHERE topic = "
+                        f"'{source.prefix}.{source.dbname}.zd'").collect()
+    assert sorted(r["offset"] for r in letters) == [0, 2]
+    assert all("zero date (0000-00-00) in a NOT NULL column" in r["error"] for r in letters)
+    report = source.verify(spark)
+    assert report.ok, report.to_text()
+    assert [t.source_rows for t in report.tables] == [4, 36, 3]
+
+
+def test_add_column_and_keyless_changes_while_streaming(captured, spark):
+    source = captured
+    source.sql("ALTER TABLE orders ADD COLUMN note VARCHAR(20) DEFAULT 'n/a'",
+               "INSERT INTO orders (id, customer, amount, note) VALUES (100, 'with note', 1.00, 'hello')",
+               "UPDATE orders SET note = 'changed' WHERE id = 1",
+               "INSERT INTO nokey VALUES (3, 'z'), (3, 'z')",
+               "UPDATE nokey SET b = 'w' WHERE a = 1 LIMIT 1",
+               "DELETE FROM nokey WHERE a = 2")
+    source.sync(spark)
+    want = {tuple(r) for r in source.rows("SELECT id, customer, amount, updated, note FROM orders")}
+    assert _mirror_orders(source, spark, ("id", "customer", "amount", "updated", "note")) == want
+    assert Counter(tuple(r.values()) for r in source.mirror(spark, "nokey")) == Counter(
+        source.rows("SELECT a, b FROM nokey"))
+
+
+def test_sigkill_rereads_the_binlog_from_the_stored_position(captured, spark):
+    source = captured
+    source.sql("UPDATE orders SET amount = amount * 2 WHERE id <= 20",
+               "INSERT INTO nokey VALUES (5, 'k'), (5, 'k')")
+    time.sleep(1.5)  # some of it published, perhaps not all of it flushed into the offsets
+    source.capture.kill()
+    source.sql("DELETE FROM orders WHERE id BETWEEN 21 AND 25",
+               "INSERT INTO orders (id, customer, amount) VALUES (200, 'while down', 7.25)",
+               "UPDATE nokey SET b = 'kk' WHERE a = 5 LIMIT 1")
+    source.capture.start()
+    source.capture.wait_until_streaming(timeout=180)
+    source.sync(spark)
+    want = {tuple(r) for r in source.rows("SELECT id, customer, amount, updated, note FROM orders")}
+    assert _mirror_orders(source, spark, ("id", "customer", "amount", "updated", "note")) == want
+    assert Counter(tuple(r.values()) for r in source.mirror(spark, "nokey")) == Counter(
+        source.rows("SELECT a, b FROM nokey"))
+    report = source.verify(spark)
+    assert report.ok, report.to_text()
+
+    # verify can fail: changes not yet mirrored are counted
+    source.sql("UPDATE types SET bit16 = b'1', tm = '01:00:00' WHERE id = 3", "INSERT INTO nokey VALUES (9, 'n')")
+    report = source.verify(spark)
+    by_table = {t.source_table.rsplit(".", 1)[1]: t for t in report.tables}
+    assert (by_table["types"].differing, by_table["nokey"].missing, by_table["orders"].ok) == (1, 1, True)
