@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.config import PipelineConfig
+    from lakestream.source.kafka import TP
 
 log = logging.getLogger(__name__)
 

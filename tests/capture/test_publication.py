@@ -17,7 +17,6 @@ ODD_NAMES = ["Order Items", "select", "naïve", "a.b", 'say "hi"', "MixedCase"]
 @pytest.fixture
 def db(source_db):
     return source_db
-    admin.close()
 
 
 def _capture(stack, dbname: str, tables: list[str], **extra):
