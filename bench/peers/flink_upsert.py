@@ -10,7 +10,7 @@ it), as Flink's operator or an operator by hand does: ``execution.state-recovery
 Runs under PyFlink (the `apache-flink` wheel, Flink's own distribution jars) in the bench's venv `.venv-peers`:
 
     .venv-peers/bin/python bench/peers/flink_upsert.py --bootstrap HOST:PORT --topic T --table ns.t
-        --catalog-uri jdbc:postgresql://... --warehouse file:///... --checkpoints DIR --jars a.jar,b.jar
+        --catalog-uri jdbc:postgresql://... --warehouse file:///... --checkpoints DIR --jars a.jar,b.jar --classpath c.jar,d.jar
         [--interval-s 2] [--parallelism 2]
 
 The catalog password comes from CATALOG_PASSWORD. The columns are fixed in the DDL below, as a Flink SQL job has
@@ -44,6 +44,10 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 
 def environment(args) -> TableEnvironment:
+    # Iceberg's catalogs need Hadoop's classes, and the JDBC catalog its driver, where the catalog is made: the
+    # client JVM's own class path, which PyFlink's launcher takes from HADOOP_CLASSPATH (as Iceberg's Flink docs
+    # say: export HADOOP_CLASSPATH). The connectors go in pipeline.jars.
+    os.environ["HADOOP_CLASSPATH"] = os.pathsep.join(str(Path(j).resolve()) for j in args.classpath.split(",") if j)
     env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
     conf = env.get_config()
     checkpoints = Path(args.checkpoints).resolve()
@@ -77,7 +81,8 @@ def main() -> None:
     parser.add_argument("--catalog-user", default="lakestream")
     parser.add_argument("--warehouse", required=True)
     parser.add_argument("--checkpoints", required=True)
-    parser.add_argument("--jars", required=True, help="comma-separated: Iceberg's Flink runtime, the Kafka connector, ...")
+    parser.add_argument("--jars", required=True, help="comma-separated: Iceberg's Flink runtime, the Kafka connector")
+    parser.add_argument("--classpath", required=True, help="comma-separated: Hadoop's client jars, the JDBC driver")
     parser.add_argument("--interval-s", type=float, default=2.0)
     parser.add_argument("--parallelism", type=int, default=2)
     args = parser.parse_args()

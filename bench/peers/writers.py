@@ -96,13 +96,16 @@ def flink_writer(info, work: Path, topic: str, table: str) -> Writer:
     python = PEERS_VENV / "bin" / "python"
     if not python.exists():
         raise SystemExit(f"{python} is missing: `make bench-peers` creates it (scripts/peers_venv.sh)")
+    flink_jars = jars.jars("bench-flink")
     argv = [str(python), str(HERE / "flink_upsert.py"), "--bootstrap", info.bootstrap_servers, "--topic", topic,
             "--group-id", f"peer-flink-{table}", "--table", f"{NAMESPACE}.{table}",
             "--catalog-uri", info.catalog_jdbc_uri(), "--catalog-user", info.pg_user, "--warehouse", info.warehouse,
-            "--checkpoints", str(work / "checkpoints"), "--jars", ",".join(map(str, jars.jars("bench-flink"))),
+            "--checkpoints", str(work / "checkpoints"),
+            "--jars", ",".join(str(j) for j in flink_jars if j.name.startswith(("iceberg-", "flink-"))),
+            "--classpath", ",".join(str(j) for j in flink_jars if not j.name.startswith(("iceberg-", "flink-"))),
             "--interval-s", str(COMMIT_INTERVAL_S), "--parallelism", "2"]
     # PyFlink's own Python is not this checkout's: it must not import the main venv's packages.
-    env = {"CATALOG_PASSWORD": info.pg_password, "PYTHONPATH": "", "JAVA_TOOL_OPTIONS": "-Xmx2g"}
+    env = {"CATALOG_PASSWORD": info.pg_password, "PYTHONPATH": "", "JVM_ARGS": "-Xmx2g"}
     return Writer("flink", topic, table, argv, env, work, work / "writer.log")
 
 
