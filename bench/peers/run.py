@@ -211,8 +211,8 @@ class Run:
         out = {"writer_up": self.writer.alive, "restarts": 0, "column_in_table": ADDED_COLUMN in columns}
         if out["column_in_table"]:
             out["rows_with_value"] = self.spark.sql(f"SELECT count({ADDED_COLUMN}) AS n FROM {t}").collect()[0]["n"]
-        out["outcome"] = ("kept running, column added" if out["column_in_table"] and out.get("rows_with_value")
-                          else "kept running, column NOT carried (fixed schema)" if self.writer.alive else "failed")
+        out["outcome"] = ("ran on; column added" if out["column_in_table"] and out.get("rows_with_value")
+                          else "ran on; column dropped" if self.writer.alive else "failed")
         return out
 
     def table_stats(self) -> dict[str, Any]:
