@@ -67,6 +67,27 @@ def versions() -> dict[str, str]:
     return out
 
 
+def writer_pids(root: int) -> list[int]:
+    """The writer's process group and every descendant of its first process: PySpark's Python worker daemon puts
+    itself in a group of its own (``os.setpgid(0, 0)`` in ``pyspark.daemon``), and Lakestream's write tasks run in
+    its workers."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = {root}, [root]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in tree:
+                tree.add(child)
+                todo.append(child)
+    return sorted(tree | set(group_pids(root)))
+
+
 class Run:
     """One system's run: its writer, its probe, its CPU, its model."""
 
@@ -87,7 +108,7 @@ class Run:
 
     def sample(self) -> None:
         if self.writer.alive:
-            self.cpu.sample("writer", group_pids(self.writer.proc.pid))
+            self.cpu.sample("writer", writer_pids(self.writer.proc.pid))
         self.cpu.sample("broker", broker_pids(self.work))
         self.cpu.sample("bench", [os.getpid()])
 
@@ -168,7 +189,10 @@ class Run:
             steps.append({"rate": rate, "offered": round(load.changes / load.seconds) if load.seconds else None,
                           "lag_at_end_s": round(lag, 1), "freshness_second_half_s": fresh, "kept_up": kept,
                           "writer_cores": round(cpu / self.args.step_s, 2)})
-            say(f"  {self.system}: {rate:g} changes/s → lag {lag:.1f}s at the end ({'kept up' if kept else 'MISSED'})")
+            # Each step (and the steady phase after the ramp) starts with nothing left behind.
+            steps[-1]["catch_up_s"] = round(self.caught_up(marker_ms, self.args.base_timeout, "catch-up"), 1)
+            say(f"  {self.system}: {rate:g} changes/s → lag {lag:.1f}s at the end ({'kept up' if kept else 'MISSED'}),"
+                f" caught up {steps[-1]['catch_up_s']}s later")
             if not kept:
                 break
         kept = [s for s in steps if s["kept_up"]]
@@ -177,8 +201,6 @@ class Run:
         self.out["ramp"] = {"steps": steps, "max_sustained_rate": kept[-1]["offered"] if kept else None,
                             "capped_by_ramp": len(kept) == len(steps),
                             "step_s": self.args.step_s, "lag_bound_s": self.args.lag_bound_s}
-        if steps and not steps[-1]["kept_up"]:
-            steps[-1]["catch_up_s"] = round(self.caught_up(marker_ms, self.args.base_timeout, "catch-up"), 1)
 
     def steady(self) -> None:
         cpu0 = self.cpu.totals()
@@ -219,14 +241,22 @@ class Run:
         return out
 
     def table_stats(self) -> dict[str, Any]:
-        rows = self.spark.sql(f"SELECT content, file_format, count(*) AS files, sum(file_size_in_bytes) AS bytes, "
-                              f"sum(record_count) AS records FROM lake.{self.writer.qualified}.files "
-                              f"GROUP BY content, file_format").collect()
+        # A Puffin file holds many deletion vectors, each listed with the whole file's size: files and bytes are
+        # counted once per file; ``entries`` is the number of data files' DVs (or delete files) in the table.
+        rows = self.spark.sql(f"SELECT content, file_format, count(DISTINCT file_path) AS files, count(*) AS entries, "
+                              f"sum(record_count) AS records "
+                              f"FROM lake.{self.writer.qualified}.files GROUP BY content, file_format").collect()
+        sizes = {(r["content"], r["file_format"]): r["bytes"] for r in self.spark.sql(
+            f"SELECT content, file_format, sum(file_size_in_bytes) AS bytes FROM (SELECT DISTINCT content, "
+            f"file_format, file_path, file_size_in_bytes FROM lake.{self.writer.qualified}.files) "
+            f"GROUP BY content, file_format").collect()}
+        rows = [{**r.asDict(), "bytes": sizes[(r["content"], r["file_format"])]} for r in rows]
         kinds = {0: "data", 1: "position_deletes", 2: "equality_deletes"}
         out: dict[str, Any] = {"data_files": 0, "delete_files": 0, "bytes": 0, "by_kind": {}}
         for r in rows:
             kind = kinds[r["content"]] + ("_dv" if r["file_format"] == "PUFFIN" else "")
-            out["by_kind"][kind] = {"files": r["files"], "bytes": r["bytes"], "records": r["records"]}
+            out["by_kind"][kind] = {"files": r["files"], "entries": r["entries"], "bytes": r["bytes"],
+                                    "records": r["records"]}
             out["data_files" if r["content"] == 0 else "delete_files"] += r["files"]
             out["bytes"] += r["bytes"]
         out["snapshots"] = self.spark.sql(f"SELECT count(*) AS n FROM lake.{self.writer.qualified}.snapshots"
