@@ -37,7 +37,9 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-from _common import machine_load, pipeline_data, private_stack, quiet_logs, say, to_config  # noqa: E402
+from _common import (  # noqa: E402
+    machine_load, pipeline_data, private_stack, quiet_logs, say, to_config, write_pipeline_yaml,
+)
 from probe import SnapshotProbe  # noqa: E402
 from sustained import CpuMeter, MirrorModel, broker_pids, group_pids  # noqa: E402
 from workload import ADDED_COLUMN, ChangeLoad, OrderEvents, create_topic, produce_base  # noqa: E402
@@ -101,6 +103,7 @@ class Run:
         from lakestream.query import pyiceberg_catalog
         self.probe = SnapshotProbe(pyiceberg_catalog(config.catalog), self.writer.qualified)
         self.work = work
+        self.reader_config = work / "reader.yaml"  # the bench's catalog, for the DuckDB reads' own process
         self.added_column = False
         self.out: dict[str, Any] = {"system": system, "table": self.writer.qualified}
 
@@ -266,8 +269,9 @@ class Run:
         return out
 
     def reads(self) -> dict[str, Any]:
-        from lakestream.query import run_sql
-
+        """A point lookup and a full-table aggregate, by Spark (this bench's session) and by DuckDB (a process of
+        its own, so that a read past ``--read-timeout`` can be ended): the median of ``--read-repeats``, or
+        ``"> N s"`` for a read cut off (its repeats are then skipped)."""
         t = f"lake.{self.writer.qualified}"
         key = next(i for i in range(self.model.next_id - 1, 0, -1) if self.model.current(i) is not None)
         queries = {"point_lookup": f"SELECT id, version, qty FROM {t} WHERE id = {key}",
@@ -278,24 +282,63 @@ class Run:
             for name, sql in queries.items():
                 times = []
                 for _ in range(self.args.read_repeats):
-                    started = time.perf_counter()
-                    if engine == "spark":
-                        self.spark.sql(sql).collect()
-                    else:
-                        run_sql(self.config, sql, engine="duckdb")
-                    times.append(time.perf_counter() - started)
-                out[f"{engine}_{name}_s"] = round(sorted(times)[len(times) // 2], 3)
+                    seconds = self.spark_read(sql) if engine == "spark" else self.duckdb_read(sql)
+                    if seconds is None:
+                        times = [f"> {self.args.read_timeout:.0f} s"]
+                        break
+                    times.append(seconds)
+                out[f"{engine}_{name}_s"] = (times[0] if isinstance(times[0], str)
+                                             else round(sorted(times)[len(times) // 2], 3))
+                say(f"  {self.system}: {engine} {name} {out[f'{engine}_{name}_s']}")
         return out
 
+    def spark_read(self, sql: str) -> float | None:
+        started = time.perf_counter()
+        return None if self.collect(sql, self.args.read_timeout) is None else time.perf_counter() - started
+
+    def collect(self, sql: str, timeout: float) -> list | None:
+        """The rows of ``sql`` by the bench's Spark, or None when it ran past ``timeout`` s (its jobs cancelled)."""
+        import threading
+
+        context = self.spark.sparkContext
+        context.setJobGroup("peers-read", "bench read", interruptOnCancel=True)
+        timer = threading.Timer(timeout, context.cancelJobGroup, ["peers-read"])
+        timer.start()
+        try:
+            return self.spark.sql(sql).collect()
+        except Exception:  # noqa: BLE001 — cancelled by the timer (or failed: either way no rows to report)
+            return None
+        finally:
+            timer.cancel()
+            context.setLocalProperty("spark.jobGroup.id", None)
+
+    def duckdb_read(self, sql: str) -> float | None:
+        import subprocess
+
+        code = ("import sys, time, yaml; from lakestream.config import parse_config; "
+                "from lakestream.query import run_sql; config = parse_config(yaml.safe_load(open(sys.argv[1])), "
+                "sys.argv[1]); started = time.perf_counter(); run_sql(config, sys.argv[2], engine='duckdb'); "
+                "print(time.perf_counter() - started)")
+        try:
+            done = subprocess.run([sys.executable, "-c", code, str(self.reader_config), sql], capture_output=True,
+                                  text=True, timeout=self.args.read_timeout, check=True)
+        except (subprocess.TimeoutExpired, subprocess.CalledProcessError):
+            return None
+        return float(done.stdout.strip().splitlines()[-1])
+
     def exactness(self) -> dict[str, Any]:
+        """The table against the model, by Spark; ``exact`` None when the reads ran past ``--exact-timeout``."""
         t = f"lake.{self.writer.qualified}"
-        got = self.spark.sql(f"SELECT count(*) AS count, coalesce(sum(version), 0) AS sum_version, "
-                             f"coalesce(sum(qty), 0) AS sum_qty FROM {t}").collect()[0].asDict()
-        dups = self.spark.sql(f"SELECT count(*) AS n FROM (SELECT id FROM {t} GROUP BY id HAVING count(*) > 1)"
-                              ).collect()[0]["n"]
+        got = self.collect(f"SELECT count(*) AS count, coalesce(sum(version), 0) AS sum_version, "
+                           f"coalesce(sum(qty), 0) AS sum_qty FROM {t}", self.args.exact_timeout)
+        dups = self.collect(f"SELECT count(*) AS n FROM (SELECT id FROM {t} GROUP BY id HAVING count(*) > 1)",
+                            self.args.exact_timeout) if got is not None else None
         want = self.model.totals()
-        return {"exact": dups == 0 and all(int(got[k]) == want[k] for k in want), "got": {k: int(v) for k, v in
-                got.items()}, "want": want, "duplicate_keys": int(dups)}
+        if got is None or dups is None:
+            return {"exact": None, "want": want, "note": f"the check ran past {self.args.exact_timeout:.0f} s"}
+        got_row, dup_count = got[0].asDict(), int(dups[0]["n"])
+        return {"exact": dup_count == 0 and all(int(got_row[k]) == want[k] for k in want),
+                "got": {k: int(v) for k, v in got_row.items()}, "want": want, "duplicate_keys": dup_count}
 
     def run(self) -> dict[str, Any]:
         try:
@@ -392,11 +435,14 @@ def main() -> int:
     parser.add_argument("--kill-duration", type=float, default=120.0, help="0 skips the SIGKILL run")
     parser.add_argument("--base-timeout", type=float, default=3600.0)
     parser.add_argument("--read-repeats", type=int, default=3)
+    parser.add_argument("--read-timeout", type=float, default=900.0, help="a read is cut off after this many s")
+    parser.add_argument("--exact-timeout", type=float, default=3600.0, help="the exactness check's limit, s")
     parser.add_argument("--chart", type=Path, default=None, help="write an SVG chart here")
     parser.add_argument("--keep", action="store_true", help="keep the state dir (its path is printed)")
     args = parser.parse_args()
     if args.quick:
         args.rows, args.step_s, args.duration, args.kill_duration = 1_000_000, 60.0, 120.0, 60.0
+        args.read_timeout, args.exact_timeout = min(args.read_timeout, 120.0), min(args.exact_timeout, 300.0)
     args.ramp = [float(r) for r in args.ramp.split(",") if r.strip()]
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     quiet_logs()
@@ -411,7 +457,9 @@ def main() -> int:
             say(f"state dir: {state_dir}")
         from lakestream.spark import session_for
 
-        config = to_config(pipeline_data(info, state_dir, "peers-reader", [{"topics": ["x"]}]))
+        reader = pipeline_data(info, state_dir, "peers-reader", [{"topics": ["x"]}])
+        write_pipeline_yaml(state_dir / "reader.yaml", reader)
+        config = to_config(reader)
         spark = session_for(config)
         try:
             for system in systems:
