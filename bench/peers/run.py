@@ -9,15 +9,15 @@ another, each on a topic of its own holding the same records (bench/peers/worklo
 partitions) and into a table of its own (``peers.orders_<system>``). Per system:
 
 1. **base**: ``--rows`` snapshot events, read from the start: the time and CPU the mirror takes to build;
-2. **ramp**: changes at each ``--ramp`` rate for ``--step-s`` s; a rate is kept up with when the lag (now − the
-   newest change a reader sees) is at most ``--lag-bound-s`` at the step's end; the ramp stops at the first rate
-   missed (the writer then catches up before the next phase);
-3. **steady**: ``--rate`` changes/s (one all systems sustain) for ``--duration`` s with the ADD COLUMN half-way;
+2. **steady**: ``--rate`` changes/s (one all systems sustain) for ``--duration`` s with the ADD COLUMN half-way;
    freshness p50/p99 and CPU-seconds per million changes; then the table's files, delete files and bytes; a point
    lookup and a full-table aggregate, each by Spark and by DuckDB; exactness against the model (count, sums, no
    duplicate key); what the ADD COLUMN did (the writer still up, the column in the table, values in it);
-4. **kill**: ``--rate`` for ``--kill-duration`` s with a SIGKILL of the writer's process group half-way and a start
-   at once; exact after the restart or not.
+3. **kill**: ``--rate`` for ``--kill-duration`` s with a SIGKILL of the writer's process group half-way and a start
+   at once; exact after the restart or not;
+4. **ramp**: changes at each ``--ramp`` rate for ``--step-s`` s; a rate is kept up with when the marker sent after
+   the step's records is visible within ``--lag-bound-s``; the ramp stops at the first rate missed. Last, because
+   its length depends on the writer: the phases before it get the same records on every system.
 
 CPU is every process of the writer's group (/proc), both lives; the broker's and this bench's (load, probe, reads)
 are reported apart. ``--quick``: 1M rows, 60 s steps, a 120 s steady phase, 60 s kill phase. The table, one JSON line
@@ -342,12 +342,14 @@ class Run:
 
     def run(self) -> dict[str, Any]:
         try:
+            # The ramp comes last: its length depends on the writer (it stops at the first rate missed), and the
+            # steady and kill phases must get the same records on every system.
             self.base()
-            if self.args.ramp:
-                self.ramp()
             self.steady()
             if self.args.kill_duration > 0:
                 self.kill_run()
+            if self.args.ramp:
+                self.ramp()
             self.out["clean_stop"] = self.writer.stop()
         except (RuntimeError, TimeoutError) as exc:
             self.out["error"] = str(exc)[:2000]

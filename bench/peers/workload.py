@@ -119,8 +119,9 @@ def produce_base(bootstrap: str, events: OrderEvents, rows: int) -> float:
 
 
 class ChangeLoad(threading.Thread):
-    """Changes at ``rate``/s for ``duration`` s in 10 ms slices, from ``rng`` (shared across segments so that a
-    system's whole sequence is one seeded stream), applied to ``model`` as they are sent."""
+    """``rate`` × ``duration`` changes at ``rate``/s in 10 ms slices, from ``rng`` (shared across phases so that a
+    system's whole sequence is one seeded stream), applied to ``model`` as they are sent; the ADD COLUMN after
+    ``add_column_at`` s worth of them."""
 
     def __init__(self, bootstrap: str, events: OrderEvents, model: MirrorModel, rng: random.Random, rate: float,
                  duration: float, added_column: bool = False, add_column_at: float | None = None):
@@ -174,14 +175,12 @@ class ChangeLoad(threading.Thread):
     def run(self) -> None:
         try:
             started = time.monotonic()
-            sent = 0
-            while not self.stop.is_set():
+            sent, total = 0, round(self.rate * self.duration)  # exactly: every system's phase gets the same records
+            while not self.stop.is_set() and sent < total:
                 elapsed = time.monotonic() - started
-                if elapsed >= self.duration:
-                    break
-                if self.add_column_at is not None and not self.added_column and elapsed >= self.add_column_at:
+                if self.add_column_at is not None and not self.added_column and sent >= self.add_column_at * self.rate:
                     self.added_column = True
-                due = int(elapsed * self.rate)
+                due = min(total, int(elapsed * self.rate))
                 now = int(time.time() * 1000)
                 while sent < due:
                     self.send_change(now)
