@@ -111,7 +111,9 @@ setup-peers:
 	./scripts/peers_venv.sh
 
 bench-peers: setup setup-peers
-	$(VENV)/bin/python bench/peers/run.py --chart bench-peers.svg $(BENCH_PEERS_ARGS)
+	mkdir -p .lakestream
+	$(VENV)/bin/python bench/peers/run.py --chart .lakestream/bench-peers.svg $(BENCH_PEERS_ARGS) \
+		| tee .lakestream/bench-peers.out
 
 clean:
 	-$(VENV)/bin/lakestream stack down
