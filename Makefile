@@ -112,8 +112,7 @@ setup-peers:
 
 bench-peers: setup setup-peers
 	mkdir -p .lakestream
-	$(VENV)/bin/python bench/peers/run.py --chart .lakestream/bench-peers.svg $(BENCH_PEERS_ARGS) \
-		| tee .lakestream/bench-peers.out
+	$(VENV)/bin/python bench/peers/run.py --chart .lakestream/bench-peers.svg $(BENCH_PEERS_ARGS)
 
 clean:
 	-$(VENV)/bin/lakestream stack down
