@@ -438,7 +438,8 @@ def main() -> int:
     parser.add_argument("--base-timeout", type=float, default=3600.0)
     parser.add_argument("--read-repeats", type=int, default=3)
     parser.add_argument("--read-timeout", type=float, default=900.0, help="a read is cut off after this many s")
-    parser.add_argument("--exact-timeout", type=float, default=3600.0, help="the exactness check's limit, s")
+    parser.add_argument("--exact-timeout", type=float, default=1800.0,
+                        help="each query of the exactness check is cut off after this many s")
     parser.add_argument("--chart", type=Path, default=None, help="write an SVG chart here")
     parser.add_argument("--keep", action="store_true", help="keep the state dir (its path is printed)")
     args = parser.parse_args()
