@@ -405,11 +405,11 @@ def chart(results: list[dict[str, Any]], path: Path) -> None:
     colours = {"lakestream": "#1f77b4", "flink": "#d62728", "spark": "#2ca02c"}
     parts = ['<svg xmlns="http://www.w3.org/2000/svg" width="760" height="%d" font-family="sans-serif" '
              'font-size="12">' % (40 + 70 * len(figures))]
-    for i, (label, path) in enumerate(figures):
+    for i, (label, keys) in enumerate(figures):
         values = []
         for r in results:
             v = r
-            for p in path:
+            for p in keys:
                 v = v.get(p) if isinstance(v, dict) else None
             values.append(v if isinstance(v, (int, float)) else None)
         top = max((v for v in values if v), default=1) or 1
