@@ -1,4 +1,4 @@
-.PHONY: setup setup-spark4 demo demo-s3 test test-spark4 test-examples test-storage test-snapshot test-engines test-mariadb chaos bench bench-scale bench-sustained clean example-fraud example-iot example-customer360
+.PHONY: setup setup-spark4 setup-peers bench-peers demo demo-s3 test test-spark4 test-examples test-storage test-snapshot test-engines test-mariadb chaos bench bench-scale bench-sustained clean example-fraud example-iot example-customer360
 VENV ?= .venv
 
 setup:
@@ -111,6 +111,17 @@ bench-scale: setup
 # BENCH_SUSTAINED_ARGS="--state-dir DIR --keep" keeps it, "--state-dir DIR --reuse" starts from it.
 bench-sustained: setup
 	$(VENV)/bin/python bench/sustained.py $(BENCH_SUSTAINED_ARGS)
+
+# Lakestream beside Flink SQL's Iceberg upsert sink and a Spark Structured Streaming + MERGE job, on the same topics
+# (bench/peers/run.py; docs/benchmarks.md): a 10M-row mirror, a rate ramp of 5-minute steps, 10 minutes at a common
+# rate with an ADD COLUMN, reads by Spark and DuckDB, a SIGKILL run. Hours long: not part of `make test`.
+# BENCH_PEERS_ARGS="--quick" is the 1M-row check. The Flink peer runs under PyFlink in .venv-peers.
+setup-peers:
+	./scripts/peers_venv.sh
+
+bench-peers: setup setup-peers
+	mkdir -p .lakestream
+	$(VENV)/bin/python bench/peers/run.py --chart .lakestream/bench-peers.svg $(BENCH_PEERS_ARGS)
 
 clean:
 	-$(VENV)/bin/lakestream stack down

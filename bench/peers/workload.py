@@ -1,0 +1,193 @@
+"""The input every system reads: Debezium change events of one `orders` table, generated from a seed so that each
+system's topic holds the same records in the same order (only the produce times differ).
+
+The events are what Debezium's PostgreSQL connector writes with the JSON converter (schemas on), for a table with
+``REPLICA IDENTITY FULL`` (updates and deletes carry ``before``: Flink's ``debezium-json`` format refuses updates
+without it) and ``decimal.handling.mode=double`` (Flink SQL cannot decode Connect's base64 decimals). The same
+records go to all three writers.
+
+- the base: ids 1..rows as snapshot reads (``op: r``), version 1, qty ``id % 19 + 1`` (what `MirrorModel` expects);
+- the changes: updates of random live keys (85%), deletes (10%, each with its tombstone) and inserts of new keys
+  (5%), from a seeded RNG and applied to the model as they are sent; `ChangeLoad.add_column` switches the events to
+  the schema with one more column (``channel``), as an ``ALTER TABLE orders ADD COLUMN channel text`` at the source.
+"""
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import orjson
+
+from _common import STATUSES, FastProducer, OrderRow  # noqa: F401 — OrderRow is the caller's too
+from sustained import DELETE_SHARE, INSERT_SHARE, MirrorModel
+
+PARTITIONS = 2
+ADDED_COLUMN = "channel"
+CHANNELS = ("web", "app", "store")
+
+_FIELDS = [
+    {"type": "int32", "optional": False, "field": "id"},
+    {"type": "int64", "optional": False, "field": "customer_id"},
+    {"type": "string", "optional": True, "field": "status"},
+    {"type": "double", "optional": True, "field": "amount"},  # decimal.handling.mode=double
+    {"type": "int32", "optional": True, "field": "qty"},
+    {"type": "double", "optional": True, "field": "price"},
+    {"type": "boolean", "optional": True, "field": "express"},
+    {"type": "int32", "optional": False, "field": "version"},
+    {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1, "field": "created_day"},
+    {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp", "version": 1, "field": "created_at"},
+    {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp", "version": 1, "field": "updated_at"},
+    {"type": "string", "optional": True, "field": "note"},
+]
+_SOURCE = [{"type": t, "optional": o, "field": f} for t, o, f in (
+    ("string", False, "version"), ("string", False, "connector"), ("string", False, "name"), ("int64", False, "ts_ms"),
+    ("string", True, "snapshot"), ("string", False, "db"), ("string", True, "sequence"), ("string", False, "schema"),
+    ("string", False, "table"), ("int64", True, "txId"), ("int64", True, "lsn"))]
+
+
+class OrderEvents:
+    """Schemas-on Debezium JSON (key, value) for ``<prefix>.public.orders``, before and after the ADD COLUMN."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.topic = f"{prefix}.public.orders"
+        self.heads = {added: self._value_head(added) for added in (False, True)}
+        key_schema = {"type": "struct", "optional": False, "name": f"{self.topic}.Key",
+                      "fields": [{"type": "int32", "optional": False, "field": "id"}]}
+        self._key_head = b'{"schema":' + orjson.dumps(key_schema) + b',"payload":'
+        self._lsn = 30_000_000
+
+    def _value_head(self, added: bool) -> bytes:
+        fields = _FIELDS + ([{"type": "string", "optional": True, "field": ADDED_COLUMN}] if added else [])
+        row = {"type": "struct", "fields": fields, "optional": True, "name": f"{self.topic}.Value"}
+        envelope = {"type": "struct", "optional": False, "name": f"{self.topic}.Envelope", "version": 2, "fields": [
+            {**row, "field": "before"}, {**row, "field": "after"},
+            {"type": "struct", "fields": _SOURCE, "optional": False,
+             "name": "io.debezium.connector.postgresql.Source", "field": "source"},
+            {"type": "string", "optional": False, "field": "op"},
+            {"type": "int64", "optional": True, "field": "ts_ms"}]}
+        return b'{"schema":' + orjson.dumps(envelope) + b',"payload":'
+
+    def key(self, row_id: int) -> bytes:
+        return self._key_head + b'{"id":' + str(row_id).encode() + b"}}"
+
+    @staticmethod
+    def row(r: OrderRow, ts_ms: int, added: bool) -> dict[str, Any]:
+        row = {"id": r.id, "customer_id": r.customer_id, "status": STATUSES[r.version % len(STATUSES)],
+               "amount": round(r.qty * 19.99 + r.version / 100, 2), "qty": r.qty, "price": r.qty * 19.99,
+               "express": r.id % 3 == 0, "version": r.version, "created_day": 19_800 + r.id % 365,
+               "created_at": (1_795_000_000_000 - r.id % 86_400_000) * 1000,
+               # The produce time: the freshness probe reads it back from the files each snapshot adds.
+               "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts_ms / 1000)) + f".{ts_ms % 1000:03d}000Z",
+               "note": f"order {r.id} v{r.version} " + "x" * (r.id % 40)}
+        if added:
+            row[ADDED_COLUMN] = CHANNELS[(r.id + r.version) % len(CHANNELS)]
+        return row
+
+    def value(self, op: str, before: dict | None, after: dict | None, ts_ms: int, added: bool) -> bytes:
+        self._lsn += 232
+        payload = {"before": before, "after": after, "op": op, "ts_ms": ts_ms + 40,
+                   "source": {"version": "3.6.3.Final", "connector": "postgresql", "name": self.prefix,
+                              "ts_ms": ts_ms, "snapshot": "true" if op == "r" else "false", "db": "shop",
+                              "sequence": f'["{self._lsn - 40}","{self._lsn}"]', "schema": "public",
+                              "table": "orders", "txId": self._lsn // 232, "lsn": self._lsn}}
+        return self.heads[added] + orjson.dumps(payload) + b"}"
+
+
+def create_topic(bootstrap: str, topic: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
+        future.result(timeout=30)
+
+
+def produce_base(bootstrap: str, events: OrderEvents, rows: int) -> float:
+    """Ids 1..rows as snapshot reads; returns the seconds it took."""
+    started = time.monotonic()
+    producer = FastProducer(bootstrap)
+    now = int(time.time() * 1000)
+    for row_id in range(1, rows + 1):
+        if row_id % 200_000 == 0:
+            now = int(time.time() * 1000)
+        after = events.row(OrderRow(row_id, row_id % 50000, MirrorModel.base_qty(row_id), 1), now, False)
+        producer.send(events.topic, events.key(row_id), events.value("r", None, after, now, False), now)
+    producer.flush()
+    return time.monotonic() - started
+
+
+class ChangeLoad(threading.Thread):
+    """``rate`` × ``duration`` changes at ``rate``/s in 10 ms slices, from ``rng`` (shared across phases so that a
+    system's whole sequence is one seeded stream), applied to ``model`` as they are sent; the ADD COLUMN after
+    ``add_column_at`` s worth of them."""
+
+    def __init__(self, bootstrap: str, events: OrderEvents, model: MirrorModel, rng: random.Random, rate: float,
+                 duration: float, added_column: bool = False, add_column_at: float | None = None):
+        super().__init__(name="peers-load", daemon=True)
+        self.events, self.model, self.rng, self.rate, self.duration = events, model, rng, rate, duration
+        self.added_column, self.add_column_at = added_column, add_column_at
+        self.producer = FastProducer(bootstrap)
+        self.counts = {"u": 0, "d": 0, "c": 0}
+        self.seconds = 0.0
+        self.error: BaseException | None = None
+        self.stop = threading.Event()
+
+    @property
+    def changes(self) -> int:
+        return sum(self.counts.values())
+
+    def send_change(self, now: int, force_update: bool = False) -> None:
+        """One change; ``force_update``: an update (the marker the harness waits to see)."""
+        model, events, rng, added = self.model, self.events, self.rng, self.added_column
+        draw = rng.random()
+        if force_update:
+            draw = 1.0
+        if draw < INSERT_SHARE:
+            row_id = model.next_id
+            model.next_id += 1
+            qty = rng.randrange(1, 20)
+            after = events.row(OrderRow(row_id, row_id % 50000, qty, 1), now, added)
+            self.producer.send(events.topic, events.key(row_id), events.value("c", None, after, now, added), now)
+            model.overlay[row_id] = (1, qty)
+            self.counts["c"] += 1
+            return
+        while True:  # a random live key
+            row_id = rng.randrange(1, model.next_id)
+            current = model.current(row_id)
+            if current is not None:
+                break
+        before = events.row(OrderRow(row_id, row_id % 50000, current[1], current[0]), now, added)
+        key = events.key(row_id)
+        if draw < INSERT_SHARE + DELETE_SHARE:
+            self.producer.send(events.topic, key, events.value("d", before, None, now, added), now)
+            self.producer.send(events.topic, key, None, now)  # the tombstone
+            model.overlay[row_id] = None
+            self.counts["d"] += 1
+        else:
+            version, qty = current[0] + 1, rng.randrange(1, 20)
+            after = events.row(OrderRow(row_id, row_id % 50000, qty, version), now, added)
+            self.producer.send(events.topic, key, events.value("u", before, after, now, added), now)
+            model.overlay[row_id] = (version, qty)
+            self.counts["u"] += 1
+
+    def run(self) -> None:
+        try:
+            started = time.monotonic()
+            sent, total = 0, round(self.rate * self.duration)  # exactly: every system's phase gets the same records
+            while not self.stop.is_set() and sent < total:
+                elapsed = time.monotonic() - started
+                if self.add_column_at is not None and not self.added_column and sent >= self.add_column_at * self.rate:
+                    self.added_column = True
+                due = min(total, int(elapsed * self.rate))
+                now = int(time.time() * 1000)
+                while sent < due:
+                    self.send_change(now)
+                    sent += 1
+                self.producer.poll()
+                time.sleep(0.01)
+            self.seconds = time.monotonic() - started
+            self.producer.flush()
+        except BaseException as exc:  # noqa: BLE001 — surfaced by the harness
+            self.error = exc
