@@ -397,10 +397,11 @@ class PipelineProcess:
             return False
 
     def sample_rss(self, cpu: CpuMeter | None = None) -> None:
-        """The group's resident memory now (all its processes), kept as the peak; its CPU time into ``cpu``."""
+        """The pipeline's resident memory now (its group and every descendant: `tree_pids`), kept as the peak; its
+        CPU time into ``cpu``."""
         if not self.alive:
             return
-        pids, total = group_pids(self.proc.pid), 0
+        pids, total = tree_pids(self.proc.pid), 0
         for pid in pids:
             try:
                 total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -442,6 +443,27 @@ class CpuMeter:
         """Average cores each group used over the ``seconds`` since ``totals()`` gave ``since``."""
         return {group: round((total - since.get(group, 0.0)) / seconds, 2)
                 for group, total in self.totals().items()} if seconds > 0 else {}
+
+
+def tree_pids(root: int) -> list[int]:
+    """A process's group and every descendant of it: PySpark's Python worker daemon puts itself in a group of its
+    own (``os.setpgid(0, 0)`` in ``pyspark.daemon``), and Lakestream's write tasks run in its workers, so the group
+    alone misses them."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = {root}, [root]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in tree:
+                tree.add(child)
+                todo.append(child)
+    return sorted(tree | set(group_pids(root)))
 
 
 def group_pids(pgid: int) -> list[int]:
@@ -836,7 +858,9 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
             pipeline.sample_rss(cpu)
             broker = broker_pids(state_dir)
             cpu.sample("broker", broker)
-            cpu.sample("bench", [pid for pid in group_pids(os.getpgid(0)) if pid not in broker])
+            # This process and its descendants (its Spark, PySpark's daemon), less the broker and the pipeline's tree.
+            others = set(broker) | (set(tree_pids(pipeline.proc.pid)) if pipeline.alive else set())
+            cpu.sample("bench", [pid for pid in tree_pids(os.getpid()) if pid not in others])
 
         sample_cpu()
         cpu_start = cpu.totals()

@@ -41,7 +41,7 @@ from _common import (  # noqa: E402
     machine_load, pipeline_data, private_stack, quiet_logs, say, to_config, write_pipeline_yaml,
 )
 from probe import SnapshotProbe  # noqa: E402
-from sustained import CpuMeter, MirrorModel, broker_pids, group_pids  # noqa: E402
+from sustained import CpuMeter, MirrorModel, broker_pids, tree_pids  # noqa: E402
 from workload import ADDED_COLUMN, ChangeLoad, OrderEvents, create_topic, produce_base  # noqa: E402
 from writers import NAMESPACE, SYSTEMS, Writer, writer_for  # noqa: E402
 
@@ -69,27 +69,6 @@ def versions() -> dict[str, str]:
     return out
 
 
-def writer_pids(root: int) -> list[int]:
-    """The writer's process group and every descendant of its first process: PySpark's Python worker daemon puts
-    itself in a group of its own (``os.setpgid(0, 0)`` in ``pyspark.daemon``), and Lakestream's write tasks run in
-    its workers."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry.name))
-    tree, todo = {root}, [root]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            if child not in tree:
-                tree.add(child)
-                todo.append(child)
-    return sorted(tree | set(group_pids(root)))
-
-
 class Run:
     """One system's run: its writer, its probe, its CPU, its model."""
 
@@ -111,7 +90,7 @@ class Run:
 
     def sample(self) -> None:
         if self.writer.alive:
-            self.cpu.sample("writer", writer_pids(self.writer.proc.pid))
+            self.cpu.sample("writer", tree_pids(self.writer.proc.pid))
         self.cpu.sample("broker", broker_pids(self.work))
         self.cpu.sample("bench", [os.getpid()])
 
