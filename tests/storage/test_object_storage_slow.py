@@ -165,13 +165,20 @@ def _wait_for_batch(log_path: Path, after: int, timeout: float = 300.0) -> None:
         time.sleep(0.5)
 
 
-def test_parallel_snapshot_then_sigkills_under_load(source, spark):
+def _snapshot_then_capture(source, spark):
+    """The parallel snapshot into S3, then capture streaming from its handover point (once per module: each test
+    that needs the mirror loaded calls it, so any of them runs alone)."""
     report = run_snapshot(source.config, spark=spark)
+    source.capture = CaptureProcess(source.yaml, log_path=source.workdir / "capture.log").start()
+    source.capture.wait_until_streaming(timeout=600)
+    return report
+
+
+def test_parallel_snapshot_then_sigkills_under_load(source, spark):
+    report = _snapshot_then_capture(source, spark)
     assert report.tables[0].rows == ROWS and report.tables[0].chunks_done >= 5
     files = spark.sql(f"SELECT file_path FROM slowlake.{source.config.streams[0].namespace}.acc.files").collect()
     assert files and all(r[0].startswith("s3://") for r in files)
-    source.capture = CaptureProcess(source.yaml, log_path=source.workdir / "capture.log").start()
-    source.capture.wait_until_streaming(timeout=600)
     writer = Writer(source.dsn)
     writer.start()
     log_path = source.workdir / "pipeline.log"
@@ -195,6 +202,8 @@ def test_parallel_snapshot_then_sigkills_under_load(source, spark):
 
 
 def test_object_store_outage_is_waited_out(source, spark, caplog):
+    if getattr(source, "capture", None) is None:  # run alone: load the mirror first
+        _snapshot_then_capture(source, spark)
     with source.conn.cursor() as cur:
         cur.execute(f"INSERT INTO acc SELECT g, 1, 'during outage' FROM generate_series({ROWS * 10}, {ROWS * 10 + 99}) g")
     _wait_caught_up(source)
