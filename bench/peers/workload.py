@@ -20,27 +20,16 @@ from typing import Any
 
 import orjson
 
-from _common import STATUSES, FastProducer, OrderRow  # noqa: F401 — OrderRow is the caller's too
+from _common import _VALUE_FIELDS, STATUSES, FastProducer, OrderRow  # noqa: F401 — OrderRow is the caller's too
 from sustained import DELETE_SHARE, INSERT_SHARE, MirrorModel
 
 PARTITIONS = 2
 ADDED_COLUMN = "channel"
 CHANNELS = ("web", "app", "store")
 
-_FIELDS = [
-    {"type": "int32", "optional": False, "field": "id"},
-    {"type": "int64", "optional": False, "field": "customer_id"},
-    {"type": "string", "optional": True, "field": "status"},
-    {"type": "double", "optional": True, "field": "amount"},  # decimal.handling.mode=double
-    {"type": "int32", "optional": True, "field": "qty"},
-    {"type": "double", "optional": True, "field": "price"},
-    {"type": "boolean", "optional": True, "field": "express"},
-    {"type": "int32", "optional": False, "field": "version"},
-    {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1, "field": "created_day"},
-    {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp", "version": 1, "field": "created_at"},
-    {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp", "version": 1, "field": "updated_at"},
-    {"type": "string", "optional": True, "field": "note"},
-]
+# bench/_common.py's order row, with the amount as a double (decimal.handling.mode=double: every peer reads it).
+_FIELDS = [{"type": "double", "optional": True, "field": "amount"} if f["field"] == "amount" else f
+           for f in _VALUE_FIELDS]
 _SOURCE = [{"type": t, "optional": o, "field": f} for t, o, f in (
     ("string", False, "version"), ("string", False, "connector"), ("string", False, "name"), ("int64", False, "ts_ms"),
     ("string", True, "snapshot"), ("string", False, "db"), ("string", True, "sequence"), ("string", False, "schema"),
