@@ -79,8 +79,8 @@ class _Converter:
             if len(branches) != 1:
                 raise DecodeError(f"unsupported Avro union {orjson.dumps(avro)[:120].decode()}: "
                                   "only [\"null\", T] (an optional field) maps to a column")
-            out = self.field_schema(branches[0], namespace)
-            return {**out, "optional": True}
+            branch = self.field_schema(branches[0], namespace)
+            return {**branch, "optional": True}
         if isinstance(avro, str):
             if avro in _PRIMITIVES:
                 return {"type": _PRIMITIVES[avro], "optional": False}

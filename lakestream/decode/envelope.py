@@ -36,8 +36,8 @@ class Columns:
     defaults: dict[str, Any] = field(default_factory=dict)  # column → its source default, in wire form
 
     def describe(self, key_columns: list[str]) -> dict[str, Any]:
-        return {"columns": [[n, t.ddl] for n, t in zip(self.names, self.types)], "key": key_columns,
-                "inferred": self.inferred}
+        columns = [[n, t.ddl] for n, t in zip(self.names, self.types, strict=True)]
+        return {"columns": columns, "key": key_columns, "inferred": self.inferred}
 
 
 @dataclass(slots=True)
@@ -118,11 +118,11 @@ class SchemaCache:
                     defaults[column["field"]] = ftype.convert(column["default"])
                 except Exception:  # noqa: BLE001 — a default we cannot read is no default, not a bad record
                     pass
-        parts: list[Any] = [(n, t.ddl) for n, t in zip(names, types)]
+        parts: list[Any] = [(n, t.ddl) for n, t in zip(names, types, strict=True)]
         if defaults:
             parts.append(["defaults", sorted((k, repr(v)) for k, v in defaults.items())])
         columns = Columns(names, types, _shape_id(parts), inferred=False, defaults=defaults)
-        result = (columns, dict(zip(names, types)))
+        result = (columns, dict(zip(names, types, strict=True)))
         if raw is not None and len(self._by_bytes) < 1000:
             self._by_bytes[raw] = result
         return result
@@ -246,13 +246,15 @@ def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache,
     With ``avro`` (a registry is configured), Confluent-framed Avro events are read too."""
     split = split_envelope(value)
     known = cache.cached(split[0]) if split else None
+    columns: Columns | None
+    types: dict[str, FieldType]
     if avro is not None and split is None and schema_id_of(value) is not None:
         payload, writer = decode_avro(value, avro)
         if isinstance(payload, dict) and payload.get("op") in (TRUNCATE, MESSAGE):
             columns, types = _NO_COLUMNS, {}
         else:
             columns, types = cache.from_envelope_schema(writer.cache_key, writer.connect)
-    elif known is not None:
+    elif known is not None and split is not None:  # known implies split
         # The schema is the same bytes as an earlier event's: parse only the payload.
         payload = _loads(split[1])
         columns, types = known

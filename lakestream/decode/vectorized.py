@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import orjson
@@ -86,12 +86,14 @@ class RunDecoder:
 
         With ``expected_like``, a schemas-on run must carry the same Debezium schema as that message
         (one whose shape the table is known to accept)."""
-        if records.values[0][:1] == b"\x00":
+        values = cast("list[bytes]", records.values)  # the caller leaves tombstones out
+        if values[0][:1] == b"\x00":
             return None  # Confluent-framed (Avro): decoded record by record
         if expected_like is not None:
             expected = split_envelope(expected_like)
-            first = split_envelope(records.values[0])
-            if (expected is None) != (first is None) or (expected is not None and expected[0] != first[0]):
+            first = split_envelope(values[0])
+            if (expected is None) != (first is None) or (
+                    expected is not None and first is not None and expected[0] != first[0]):
                 return None
         try:
             return self._decode(records, table_schema, key_columns)
@@ -106,7 +108,8 @@ class RunDecoder:
         for key in records.keys:
             if key is None or type(loads(key)) is not dict:
                 return None
-        first = records.values[0]
+        values = cast("list[bytes]", records.values)  # the caller leaves tombstones out
+        first = values[0]
         split = split_envelope(first)
         if split is not None:
             head = split[0]
@@ -119,7 +122,7 @@ class RunDecoder:
             # hold no field the schema lacks and the parser may skip anything unexpected.
             cut = len(first.rstrip()) - 1 - len(split[1])
             prefix = first[:cut]  # the schema part and the payload marker, however it is spaced
-            payloads = [v[cut:-1] for v in records.values if v.startswith(prefix) and v.endswith(b"}")]
+            payloads = [v[cut:-1] for v in values if v.startswith(prefix) and v.endswith(b"}")]
             if len(payloads) != len(records):
                 return None
             unexpected = "ignore"
@@ -134,7 +137,7 @@ class RunDecoder:
                 wire = pa.int64() if pa.types.is_integer(f.type) else pa.float64() if pa.types.is_floating(f.type) \
                     else f.type
                 fields.append(_WireField(f.name, wire, None))
-            payloads = records.values
+            payloads = values
             unexpected = "infer"  # a new column is an unexpected field: it must show in the parsed schema
         by_name = {f.name: f for f in fields}
         if any(name not in by_name for name in key_columns) or any(f.name not in table_schema.names for f in fields):
@@ -179,7 +182,7 @@ class RunDecoder:
         if any(f.name not in columns and f.metadata and _DEFAULT_KEY in f.metadata for f in table_schema):
             return None  # records that predate a column with a default: the record path fills it
         arrays = [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in table_schema]
-        for f, arr in zip(table_schema, arrays):
+        for f, arr in zip(table_schema, arrays, strict=True):
             if not f.nullable and arr.null_count:
                 return None
         table = pa.Table.from_arrays(arrays, schema=table_schema)
@@ -207,7 +210,7 @@ def decode_events(records: RecordRun, table_schema: pa.Schema, key_columns: list
     None (decode them one by one). The same contract as `RunDecoder.decode`: anything unusual — a value
     of another type, a field the table lacks, a missing event time or de-duplication key, invalid
     UTF-8, more or fewer than one object per message — declines the run; the record path decides."""
-    values = records.values
+    values = cast("list[bytes]", records.values)  # the caller leaves tombstones out
     if values[0][:1] == b"\x00" or any(f.metadata and _DEFAULT_KEY in f.metadata for f in table_schema):
         return None
     wires = []
@@ -239,7 +242,7 @@ def decode_events(records: RecordRun, table_schema: pa.Schema, key_columns: list
         parsed.validate(full=True)  # the reader does not check UTF-8
         arrays = []
         source_ts = np.full(len(records), np.nan)
-        for f, (name, wire) in zip(table_schema, wires):
+        for f, (name, wire) in zip(table_schema, wires, strict=True):
             value = parsed.column(name).combine_chunks()
             if (name in key_columns or name == time_field or not f.nullable) and value.null_count:
                 return None
@@ -325,8 +328,8 @@ def decimals_from_base64(value: pa.Array, target: pa.Decimal128Type) -> pa.Array
     pads = padding.sum(axis=1)
     if ((sextets == 255) & inside).any() or pads.max() > 2 or (padding & (columns[None, :] < (lengths - pads)[:, None])).any():
         return None
-    sextets = np.where(inside & ~padding, sextets, 0).astype(np.uint32).reshape(n, 3, 4)
-    triples = (sextets[:, :, 0] << 18) | (sextets[:, :, 1] << 12) | (sextets[:, :, 2] << 6) | sextets[:, :, 3]
+    quads = np.where(inside & ~padding, sextets, 0).astype(np.uint32).reshape(n, 3, 4)
+    triples = (quads[:, :, 0] << 18) | (quads[:, :, 1] << 12) | (quads[:, :, 2] << 6) | quads[:, :, 3]
     raw = np.stack([triples >> 16, (triples >> 8) & 255, triples & 255], axis=2).reshape(n, 9).astype(np.uint64)
     sizes = lengths // 4 * 3 - pads
     if sizes.max() > 8:

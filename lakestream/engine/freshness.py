@@ -7,21 +7,22 @@ distributions (each taken as piecewise linear through its known points).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 
-def mixture_quantiles(groups: list[tuple[int, list[float], float, float]],
+def mixture_quantiles(groups: Sequence[tuple[int, list[float], float, float]],
                       targets: tuple[float, ...] = (0.01, 0.5, 0.99)) -> list[float] | None:
     """Quantiles of a mixture of groups given as (count, [q01, q50, q99], min, max)."""
-    groups = [g for g in groups if g[0] > 0]
-    if not groups:
+    populated = [g for g in groups if g[0] > 0]
+    if not populated:
         return None
     curves = []
-    for n, q, lo, hi in groups:
+    for n, q, lo, hi in populated:
         xs = [float(min(lo, q[0])), float(q[0]), float(q[1]), float(q[2]), float(max(hi, q[2]))]
         curves.append((n, xs, [0.0, 0.01, 0.5, 0.99, 1.0]))
     total = sum(n for n, _, _ in curves)
@@ -67,7 +68,7 @@ class Freshness:
     records: int
 
 
-def freshness_of_batches(batches: Iterable[dict], since_ms: int = 0) -> Freshness | None:
+def freshness_of_batches(batches: Iterable[dict[str, Any]], since_ms: int = 0) -> Freshness | None:
     """Freshness over batch records (dicts with commit_ts_ms, records, source_ts_quantiles)."""
     groups = []
     count = 0

@@ -49,8 +49,8 @@ class Isolator:
 
     def _bisect(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None, report: BatchReport,
                 error: BaseException) -> None:
-        ranges = [r for r in ranges if r.end > r.start]
-        if sum(r.end - r.start for r in ranges) == 1:
+        ranges = [r for r in ranges if r.size > 0]
+        if sum(r.size for r in ranges) == 1:
             try:  # once more alone: a transient failure must not make a good record a dead letter
                 self.job.run_part(ranges, only_tables, report)
                 return
@@ -96,10 +96,10 @@ class Isolator:
                       commit_table: CommitTable) -> TableCommit | None:
         """Write and commit table ``name`` over ``ranges`` in halves (each half its own snapshot, in
         Kafka order, so the table's offsets only move forward); a lone failing record is a dead letter."""
-        ranges = [r for r in without(ranges, self.culprits) if r.end > r.start]
+        ranges = [r for r in without(ranges, self.culprits) if r.size > 0]
         if not ranges:
             return None
-        if sum(r.end - r.start for r in ranges) == 1:
+        if sum(r.size for r in ranges) == 1:
             self.isolate(ranges[0], report, error)
             return None
         done: TableCommit | None = None
@@ -149,13 +149,13 @@ def without(ranges: list[OffsetRange], culprits: set[tuple[TP, int]]) -> list[Of
 
 def halves(ranges: list[OffsetRange]) -> list[list[OffsetRange]]:
     """Closed ``ranges`` split into two lists of about the same number of offsets."""
-    total = sum(r.end - r.start for r in ranges)
+    total = sum(r.size for r in ranges)
     target = total // 2
     left: list[OffsetRange] = []
     right: list[OffsetRange] = []
     seen = 0
     for r in ranges:
-        size = r.end - r.start
+        size = r.size
         if seen >= target:
             right.append(r)
         elif seen + size <= target:

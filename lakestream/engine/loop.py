@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -52,7 +52,7 @@ def run_pipeline(
 
         engine_metrics = EngineMetrics(config.name)
         engine_metrics.serve(config.engine.metrics_port, config.engine.metrics_host)
-    maintain = None
+    maintain: Callable[..., Any] | None = None
     if config.maintenance.mode == "inline":
         try:
             from lakestream.maintenance.runner import maybe_maintain as maintain
@@ -99,7 +99,7 @@ def run_pipeline(
                 pipeline = Pipeline(config, pipeline.spark, last_batch_id=pipeline.batch_id)
                 continue
             idle = result is None or (result.advanced == 0 and not result.tables)
-            if idle:
+            if result is None or idle:
                 # Nothing new (a partition re-checked for records beyond a lagging watermark).
                 if stop_when_idle:
                     break
@@ -124,7 +124,7 @@ def run_pipeline(
                     # Beside ingestion, on the tables this pipeline writes (and those a policy names).
                     for action in maintain(pipeline.spark, config, time.time(), own=set(pipeline.specs),
                                            background=True, rewrite_specs=pipeline.compacted_here(),
-                                           pace=(metrics, None if idle else result.seconds)) or []:
+                                           pace=(metrics, None if result is None or idle else result.seconds)) or []:
                         log.info("maintenance: %s", action)
                 except Exception as exc:  # noqa: BLE001 — maintenance must never stop ingestion
                     log.error("maintenance round failed (next round as scheduled): %s", first_line(exc)[:300])

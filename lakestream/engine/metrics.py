@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from lakestream.engine.result import BatchResult
 from lakestream.errors import DEAD_LETTER_KINDS
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +63,7 @@ class EngineMetrics:
         self.info = Gauge("lakestream_pipeline_info", "The pipeline this process runs", ["pipeline"], registry=r)
         self.info.labels(pipeline).set(1)
         self._source_ts_ms: dict[str, int] = {}
-        self._server = None
+        self._server: WSGIServer | None = None
 
     def observe(self, result: BatchResult) -> None:
         """Fold one committed batch into the metrics."""
@@ -83,9 +88,12 @@ class EngineMetrics:
             if ts > self._source_ts_ms.get(table, -1):
                 if table not in self._source_ts_ms:
                     # Measured when scraped: freshness keeps growing while nothing new commits.
-                    self.freshness.labels(table).set_function(lambda t=table: time.time() - self._source_ts_ms[t] / 1000)
+                    self.freshness.labels(table).set_function(partial(self._freshness_s, table))
                 self._source_ts_ms[table] = ts
         self.last_batch.set(result.commit_ts_ms / 1000)
+
+    def _freshness_s(self, table: str) -> float:
+        return time.time() - self._source_ts_ms[table] / 1000
 
     def batch_failed(self) -> None:
         self.batch_failures.inc()
@@ -93,7 +101,7 @@ class EngineMetrics:
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Serve ``/metrics`` on ``host:port`` (0: any free port) from a daemon thread; the port bound."""
         self._server, _ = start_http_server(port, addr=host, registry=self.registry)
-        bound = self._server.server_address[1]
+        bound = int(self._server.server_address[1])
         log.info("serving the engine's Prometheus metrics on http://%s:%d/metrics", host, bound)
         return bound
 

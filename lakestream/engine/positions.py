@@ -94,7 +94,8 @@ class Positions:
                                     engine.max_records_per_batch, engine.max_records_per_task,
                                     parallelism=self.parallelism)
         for i in {self.config.stream_index(r.topic) for r in ranges}:
-            self.last_read[i] = now
+            if i is not None:  # always: only the topics of due streams were planned
+                self.last_read[i] = now
         return ranges, watermarks
 
     def start_from_tables(self, tp: TP, log_start: int) -> int | None:

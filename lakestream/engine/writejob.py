@@ -96,7 +96,7 @@ class WriteJob:
         (a Spark job per probe costs seconds), large ones as a Spark job."""
         import pyarrow as pa
 
-        if sum(r.end - r.start for r in ranges) > ISOLATE_IN_DRIVER_MAX:
+        if sum(r.size for r in ranges) > ISOLATE_IN_DRIVER_MAX:
             return self.run(ranges, only_tables, into=into)
         # Copies, as a Spark task gets: the task records shapes it found to fit on its spec.
         ctx = self.write_context(only_tables, copy_specs=True)

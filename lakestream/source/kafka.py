@@ -10,12 +10,16 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from lakestream.config import KafkaSettings
 from lakestream.errors import OffsetError
 from lakestream.kafka_access import check_access, refusals_raised
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +45,7 @@ class KafkaCluster:
         self._unacknowledged = 0
         self._consumer = Consumer(refusals_raised(settings.consumer_config(**{"auto.offset.reset": "earliest"},
                                                                            on_commit=self._on_commit)))
-        self._admin = None
+        self._admin: AdminClient | None = None
         self._batched_offsets_ok = True
         try:
             check_access(self._consumer, timeout_s)

@@ -26,6 +26,13 @@ class OffsetRange:
     def tp(self) -> TP:
         return TP(self.topic, self.partition)
 
+    @property
+    def size(self) -> int:
+        """How many offsets a closed range spans (isolation splits closed ranges only)."""
+        if self.end is None:
+            raise TypeError(f"{self.topic}[{self.partition}] from {self.start} is open-ended: it has no size")
+        return self.end - self.start
+
 
 def plan_offset_ranges(
     positions: dict[TP, int],

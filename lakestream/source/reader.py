@@ -5,7 +5,7 @@ import bisect
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -156,8 +156,7 @@ def read_runs(
                     continue
                 last_progress = time.monotonic()
                 finished: list[TopicPartition] = []
-                for run in _take(messages, states, last_progress, conf):
-                    yield run
+                yield from _take(messages, states, last_progress, conf)
                 for st in states.values():
                     if st.done and not st.paused:
                         st.paused = True
@@ -185,8 +184,10 @@ def _take(messages: list[Message], states: dict[tuple[str, int], _RangeState], n
     markers) are looked at one by one. Updates each range's state. An ACL refusal raises
     `KafkaAccessError` (``conf`` names the principal)."""
     errors = list(map(Message.error, messages))
-    topics = list(map(Message.topic, messages))
-    partitions = list(map(Message.partition, messages))
+    # A fetched message always has its topic, partition and offset (confluent-kafka types them optional for
+    # messages a client builds itself).
+    topics = cast("list[str]", list(map(Message.topic, messages)))
+    partitions = cast("list[int]", list(map(Message.partition, messages)))
     n = len(messages)
     cut: dict[tuple[str, int], int] = {}  # a partition's records after its end-of-partition are not taken
     # (KafkaError compares unequal to None by raising: no list.count(None) here.)
@@ -207,13 +208,16 @@ def _take(messages: list[Message], states: dict[tuple[str, int], _RangeState], n
                 raise denied
             raise OffsetError(f"reading {st.rng.topic}[{st.rng.partition}] at {st.next_offset}: {err}")
     if n and clean and topics.count(topics[0]) == n and partitions.count(partitions[0]) == n:
-        groups = {(topics[0], partitions[0]): None}  # the usual chunk: one partition, no marker
+        # The usual chunk: one partition, no marker.
+        groups: dict[tuple[str, int], list[int] | None] = {(topics[0], partitions[0]): None}
     else:
         groups = {}
-        for i, (t, p, err) in enumerate(zip(topics, partitions, errors)):
+        for i, (t, p, err) in enumerate(zip(topics, partitions, errors, strict=True)):
             if err is None:
-                groups.setdefault((t, p), []).append(i)
-    offsets = list(map(Message.offset, messages))
+                rows_of_tp = groups.setdefault((t, p), [])
+                assert rows_of_tp is not None  # None only in the single-partition branch above
+                rows_of_tp.append(i)
+    offsets = cast("list[int]", list(map(Message.offset, messages)))
     runs = []
     for tp, rows in groups.items():
         st = states.get(tp)
@@ -240,7 +244,8 @@ def _take(messages: list[Message], states: dict[tuple[str, int], _RangeState], n
             else:
                 picked = [messages[i] for i in rows[:take]]
             offs = offs[:take]
-            headers = list(map(Message.headers, picked))
+            # A consumer's headers are a list of (name, bytes) pairs, never the dict a producer may take.
+            headers = cast("list[list[tuple[str, bytes]] | None]", list(map(Message.headers, picked)))
             run = RecordRun(tp[0], tp[1], offs, [ts for _, ts in map(Message.timestamp, picked)],
                             list(map(Message.key, picked)), list(map(Message.value, picked)),
                             headers if headers.count(None) != take else None)
@@ -259,6 +264,6 @@ def _take(messages: list[Message], states: dict[tuple[str, int], _RangeState], n
         if st.at_end:
             # The end-of-partition marker carries the end offset: past a transaction's commit marker (or
             # aborted records), which no record reports, so the next batch does not plan an empty range.
-            eof = messages[i].offset()
+            eof = offsets[i]
             st.next_offset = max(st.next_offset, eof if st.rng.end is None else min(eof, st.rng.end))
     return runs
