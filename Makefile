@@ -1,4 +1,4 @@
-.PHONY: setup setup-spark4 setup-peers bench-peers demo demo-s3 test test-spark4 test-examples test-storage test-snapshot test-engines test-mariadb chaos bench bench-scale bench-sustained clean example-fraud example-iot example-customer360
+.PHONY: setup check setup-spark4 setup-peers bench-peers demo demo-s3 test test-spark4 test-examples test-storage test-snapshot test-engines test-mariadb chaos bench bench-scale bench-sustained clean example-fraud example-iot example-customer360
 VENV ?= .venv
 
 setup:
@@ -20,7 +20,14 @@ example-iot: setup
 example-customer360: setup
 	$(VENV)/bin/lakestream demo --pattern customer360
 
-test: setup
+# Lint, format and types, first in `make test` (docs/stack.md, "Checks"): ruff's rules and formatting over the whole
+# tree, then mypy (pyproject.toml's [tool.mypy]) held to scripts/mypy_baseline.txt, which may only shrink.
+check: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/python scripts/mypy_check.py
+
+test: check
 	$(VENV)/bin/python -m pytest -x -v --durations=15 tests
 
 # Spark 4.1 (Scala 2.13, Java 17): a second venv with pyspark $(SPARK4_PYSPARK) instead of requirements.lock's 3.5.9
