@@ -39,8 +39,6 @@ def main() -> int:
     import pyarrow.fs as pafs
 
     fs = pafs.LocalFileSystem()
-    step = 1 << 22
-    parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
     # Keys 0..N-1 in 10,000-row files; written bucket by bucket (one pass per bucket range of keys).
     keys = np.arange(args.keys, dtype=np.int64)
     buckets = bucket_of(keys, bits)

@@ -218,7 +218,7 @@ def main() -> int:
     per_file = [int(r) for r in args.rows_per_file.split(",")]
     if len(per_file) not in (1, len(sizes)):
         parser.error("--rows-per-file: one value, or one per size")
-    cases = list(zip(sizes, per_file * len(sizes) if len(per_file) == 1 else per_file))
+    cases = list(zip(sizes, per_file * len(sizes) if len(per_file) == 1 else per_file, strict=True))
     summary = {"bench": "scale", "load_start": machine_load(), "params": vars(args), "sizes": []}
     with private_stack("bench-scale") as (info, state_dir):
         config = to_config(pipeline_data(info, state_dir, "scale", [{"topics": ["x"]}],

@@ -139,7 +139,7 @@ class MirrorModel:
     def load(cls, path: Path) -> MirrorModel:
         with np.load(path) as data:
             overlay = {int(i): ((int(v), int(q)) if a else None)
-                       for i, a, v, q in zip(data["ids"], data["alive"], data["version"], data["qty"])}
+                       for i, a, v, q in zip(data["ids"], data["alive"], data["version"], data["qty"], strict=True)}
             return cls(int(data["base_rows"]), int(data["next_id"]), overlay)
 
 

@@ -948,7 +948,7 @@ class CaptureSettings(_Model):
         # Any name PostgreSQL accepts; kept in one canonical text form so names compare as written.
         names = [str(SourceTableName.parse(name)) for name in value]
         seen: dict[str, str] = {}
-        for given, name in zip(value, names):
+        for given, name in zip(value, names, strict=True):
             if name in seen:
                 raise ValueError(f"{given!r} and {seen[name]!r} name the same table — fix: list it once")
             seen[name] = given

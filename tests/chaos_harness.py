@@ -483,7 +483,7 @@ class ChaosEnv:
         assert (n, d) == (self.figures.events_sent, self.figures.events_sent), \
             f"append table: {n} rows / {d} distinct events, {self.figures.events_sent} sent"
         self.figures.append_rows_checked += n
-        for table, topic in zip(TABLES, self.topics):
+        for table, topic in zip(TABLES, self.topics, strict=True):
             want = count_values(self.info.bootstrap_servers, topic)
             n, d = self._count(f"changes_{table}", "_kafka_offset")
             assert (n, d) == (want, want), f"changes_{table}: {n} rows / {d} distinct offsets, {want} change records"

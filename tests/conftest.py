@@ -302,7 +302,7 @@ def spark_cluster(service_dir_factory) -> Iterator[str]:
             break
         except OSError:
             if time.monotonic() > deadline or procs[0].poll() is not None:
-                raise RuntimeError(f"Spark master did not start: {(work / 'master.log').read_text()[-2000:]}")
+                raise RuntimeError(f"Spark master did not start: {(work / 'master.log').read_text()[-2000:]}") from None
             time.sleep(0.5)
     procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
                                    "--cores", "1", "--memory", "1g", "--webui-port", str(worker_web)],

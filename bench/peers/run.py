@@ -382,8 +382,8 @@ def chart(results: list[dict[str, Any]], path: Path) -> None:
                ("Spark full agg s", ("reads", "spark_full_aggregate_s")),
                ("DuckDB full agg s", ("reads", "duckdb_full_aggregate_s"))]
     colours = {"lakestream": "#1f77b4", "flink": "#d62728", "spark": "#2ca02c"}
-    parts = ['<svg xmlns="http://www.w3.org/2000/svg" width="760" height="%d" font-family="sans-serif" '
-             'font-size="12">' % (40 + 70 * len(figures))]
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="760" height="{40 + 70 * len(figures)}" '
+             'font-family="sans-serif" font-size="12">']
     for i, (label, keys) in enumerate(figures):
         values = []
         for r in results:
@@ -394,7 +394,7 @@ def chart(results: list[dict[str, Any]], path: Path) -> None:
         top = max((v for v in values if v), default=1) or 1
         y = 30 + 70 * i
         parts.append(f'<text x="10" y="{y + 12}">{label}</text>')
-        for j, (r, v) in enumerate(zip(results, values)):
+        for j, (r, v) in enumerate(zip(results, values, strict=True)):
             w = 0 if v is None else 480 * v / top
             parts.append(f'<rect x="160" y="{y + j * 18}" width="{w:.0f}" height="14" '
                          f'fill="{colours.get(r["system"], "#888")}"/>')

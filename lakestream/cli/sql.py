@@ -71,7 +71,7 @@ def print_arrow(table, output_format: str, limit: int) -> None:
     """Print a pyarrow Table like `print_rows` (at most ``limit`` rows, 0 for all)."""
     if limit > 0:
         table = table.slice(0, limit + 1)
-    rows = list(zip(*(column.to_pylist() for column in table.columns)))
+    rows = list(zip(*(column.to_pylist() for column in table.columns), strict=True))
     print_rows(table.column_names, rows, output_format, limit)
 
 
@@ -80,7 +80,7 @@ def print_rows(columns: list[str], rows: list[tuple], output_format: str, limit:
     truncated = limit > 0 and len(rows) > limit
     rows = rows[:limit] if truncated else rows
     if output_format == "json":
-        print(json.dumps([dict(zip(columns, map(plain_value, row))) for row in rows], indent=2, default=str))
+        print(json.dumps([dict(zip(columns, map(plain_value, row), strict=True)) for row in rows], indent=2, default=str))
     elif output_format == "csv":
         writer = csv.writer(sys.stdout)
         writer.writerow(columns)

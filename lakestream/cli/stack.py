@@ -85,4 +85,5 @@ def print_status_table(stack: Stack) -> None:
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+        # widths covers every column but the last (not padded): zip stops before it.
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1])

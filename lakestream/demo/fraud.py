@@ -173,7 +173,7 @@ def run_fraud_demo(settings: FraudSettings, info: StackInfo | None = None,
         with conn.cursor() as cur:
             cur.execute("SELECT id, account_id, amount, country, created_at FROM public.transactions ORDER BY id")
             names = [d[0] for d in cur.description]
-            transactions = [dict(zip(names, row)) for row in cur.fetchall()]
+            transactions = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
         conn.close()
         alerts_table = next(r.alerts_table for r in config.rules)
         ns, tbl = alerts_table.split(".")

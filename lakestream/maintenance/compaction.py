@@ -65,7 +65,7 @@ class RewriteGroup:
 
     @property
     def live_rows(self) -> int:
-        return sum(r - len(d) for r, d in zip(self.records, self.deleted))
+        return sum(r - len(d) for r, d in zip(self.records, self.deleted, strict=True))
 
 
 @dataclass
@@ -258,7 +258,7 @@ def _write_group(group: RewriteGroup, data_location: str, schema: pa.Schema, key
     row_ids, sequence_numbers = [], []
     try:
         for path, records, deleted, (first_row_id, sequence) in zip(group.inputs, group.records, group.deleted,
-                                                                     lineage):
+                                                                     lineage, strict=True):
             fs, local = filesystem_path(path)
             rows = pq.read_table(local, filesystem=fs, use_threads=False)  # Arrow's pool runs at nice 0
             if rows.num_rows != records:
@@ -319,7 +319,7 @@ def run_rewrite(spark: SparkSession, prepared: PreparedRewrite, spec: TableSpec)
         chunk = prepared.groups[start:start + at_once]
         outcomes = sc.parallelize(chunk, len(chunk)).map(
             lambda g: _rewrite_group(g, data_location, schema, key_columns, storage)).collect()
-        for group, (written, keys, problem) in zip(chunk, outcomes):
+        for group, (written, keys, problem) in zip(chunk, outcomes, strict=True):
             if problem is not None:
                 log.warning("%s: a compaction group of %d file(s) left as it is: %s", prepared.table,
                             len(group.inputs), problem)

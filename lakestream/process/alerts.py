@@ -103,15 +103,15 @@ class AlertStage:
         partitions = np.asarray(new.column("_kafka_partition").to_numpy(zero_copy_only=False), np.int64)
         offsets = np.asarray(new.column("_kafka_offset").to_numpy(zero_copy_only=False), np.int64)
         source_ts = np.asarray(new.column("_source_ts_ms").to_numpy(zero_copy_only=False), np.float64)
-        fresh = np.array([o >= spec.committed.get(TP(t, int(p)), -1) for t, p, o in zip(topics, partitions, offsets)],
-                         dtype=bool)
+        fresh = np.array([o >= spec.committed.get(TP(t, int(p)), -1)
+                          for t, p, o in zip(topics, partitions, offsets, strict=True)], dtype=bool)
         if not fresh.any():
             return 0
         keep = np.flatnonzero(fresh)
         report.table(name).stats.extend(change_stats(name, [topics[i] for i in keep], partitions[keep], offsets[keep],
                                                source_ts[keep]))
         source_ts_of = {(t, int(p), int(o)): (None if np.isnan(s) else int(s))
-                        for t, p, o, s in zip(topics, partitions, offsets, source_ts)}
+                        for t, p, o, s in zip(topics, partitions, offsets, source_ts, strict=True)}
         rows = []
         for a in found.to_pylist():
             if a["_kafka_offset"] < spec.committed.get(TP(a["_topic"], a["_kafka_partition"]), -1):

@@ -62,14 +62,14 @@ def touched_keys(source: _Input, changes: pa.Table) -> set[tuple]:
     """The derived keys ``changes`` (an input's `ChangedKeys`, any order) touch, before and after each
     change; ``source.owners`` is brought up to date."""
     changes = changes.sort_by([("_topic", "ascending"), ("_partition", "ascending"), ("_offset", "ascending")])
-    pk_values = list(zip(*[changes.column(c).to_pylist() for c in source.primary_key])) if source.primary_key \
-        else [None] * changes.num_rows
-    new_values = list(zip(*[changes.column(c).to_pylist() for c in source.settings.key]))
+    pk_values = list(zip(*[changes.column(c).to_pylist() for c in source.primary_key], strict=True)) \
+        if source.primary_key else [None] * changes.num_rows
+    new_values = list(zip(*[changes.column(c).to_pylist() for c in source.settings.key], strict=True))
     ops = changes.column("_op").to_pylist()
     withheld = changes.column("_withheld").to_pylist()
     owners = source.owners
     out: set[tuple] = set()
-    for pk, new, op, hidden in zip(pk_values, new_values, ops, withheld):
+    for pk, new, op, hidden in zip(pk_values, new_values, ops, withheld, strict=True):
         if owners is not None:
             old = owners.get(pk)
         else:
@@ -145,7 +145,7 @@ class DerivedTable:
             # TRUNCATE changes every key: recompute everything rather than reason about it.
             self.start(force=True)
             return
-        for source, tr in zip(self.inputs, inputs_report):
+        for source, tr in zip(self.inputs, inputs_report, strict=True):
             if tr is not None and tr.changed_keys:
                 changes = pa.concat_tables(tr.changed_keys, promote_options="permissive")
                 if not {*source.primary_key, *source.settings.key} <= set(changes.column_names):
@@ -196,9 +196,9 @@ class DerivedTable:
         if not batches:
             return {}
         rows = pa.Table.from_batches(batches)
-        pks = zip(*[rows.column(c).to_pylist() for c in source.primary_key])
-        keys = zip(*[rows.column(c).to_pylist() for c in source.settings.key])
-        return {pk: key for pk, key in zip(pks, keys) if None not in key}
+        pks = zip(*[rows.column(c).to_pylist() for c in source.primary_key], strict=True)
+        keys = zip(*[rows.column(c).to_pylist() for c in source.settings.key], strict=True)
+        return {pk: key for pk, key in zip(pks, keys, strict=True) if None not in key}
 
     def _behind(self) -> list[str]:
         """The input partitions whose offsets are past the ones this table's snapshot reflects."""
@@ -274,7 +274,7 @@ class DerivedTable:
             # a string or a wider number), then cast to the table's key types.
             inferred = spark.createDataFrame(list(keys))
             keys_df = inferred.select(*[F.col(c).cast(target_schema[k].dataType).alias(k)
-                                        for c, k in zip(inferred.columns, key_cols)])
+                                        for c, k in zip(inferred.columns, key_cols, strict=True)])
         result = self._result(keys_df)
         self._evolve(result)
         prefix = f"lakestream_derived_{self.settings.name}"

@@ -147,7 +147,7 @@ class WindowStage:
                 raise ConfigError(f"window {w.name}: source {w.source} has no column(s) {missing} — fix: select them "
                                  f"in the transform that writes it")
             positions = list(zip(rows.column("_topic").to_pylist(), rows.column("_kafka_partition").to_pylist(),
-                                 rows.column("_kafka_offset").to_pylist()))
+                                 rows.column("_kafka_offset").to_pylist(), strict=True))
             fresh = [i for i, (t, p, o) in enumerate(positions) if o >= committed.get(TP(t, p), -1)]
             if not fresh:
                 continue

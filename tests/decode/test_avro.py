@@ -118,7 +118,7 @@ def test_avro_change_decodes_to_the_json_paths_types(registered):
                                        "op": "c", "ts_ms": 1709210097000})
     change = decode_debezium(frame(key_id, KEY, {"id": 7}), value, SchemaCache(), schemas)
     assert change.op == "c" and change.key == {"id": 7} and change.source_ts_ms == 1709210096789
-    ddl = dict(zip(change.columns.names, [t.ddl for t in change.columns.types]))
+    ddl = dict(zip(change.columns.names, [t.ddl for t in change.columns.types], strict=True))
     assert ddl == {"id": "int", "small": "int", "amount": "decimal(10,2)", "day": "date", "ts": "timestamp_ntz",
                    "tstz": "timestamp", "doc": "string", "uid": "string", "mood": "string", "raw": "binary",
                    "tags": "array<int>", "paid_ms": "timestamp_ntz", "paid_us": "timestamp_ntz", "born": "date",

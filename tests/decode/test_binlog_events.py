@@ -83,7 +83,7 @@ def test_recorded_events_decode_into_the_documented_types(connector):
     cache = SchemaCache()
     snapshot, nulls, streamed = (decode_debezium(k, v, cache) for k, v in _recorded(connector))
     assert [c.op for c in (snapshot, nulls, streamed)] == ["r", "r", "c"]
-    types = dict(zip(snapshot.columns.names, (t.ddl for t in snapshot.columns.types)))
+    types = dict(zip(snapshot.columns.names, (t.ddl for t in snapshot.columns.types), strict=True))
     assert {k: types[k] for k in ("b1", "bo", "tiu", "siu", "iu", "biu", "de", "de65", "dt", "dtm0", "dtm6", "ts",
                                   "tm", "y", "bit1", "bit5", "en", "st", "js", "g", "gen")} == {
         "b1": "boolean", "bo": "boolean", "tiu": "int", "siu": "int", "iu": "bigint", "biu": "decimal(20,0)",

@@ -43,7 +43,7 @@ def test_genuine_events_ops_and_keys(name):
 def test_genuine_events_with_schema_are_typed():
     changes = _decode_all("debezium_events.jsonl")
     first = changes[0]
-    types = dict(zip(first.columns.names, (t.ddl for t in first.columns.types)))
+    types = dict(zip(first.columns.names, (t.ddl for t in first.columns.types), strict=True))
     assert types == {"id": "int", "big": "bigint", "amount": "decimal(10,2)", "note": "string", "flag": "boolean",
                      "day": "date", "ts": "timestamp_ntz", "tstz": "timestamp", "doc": "string", "uid": "string",
                      "raw": "binary", "tags": "array<int>"}
@@ -64,7 +64,7 @@ def test_genuine_events_without_schema_are_inferred():
     changes = _decode_all("debezium_events_noschema.jsonl")
     first = changes[0]
     assert first.columns.inferred
-    types = dict(zip(first.columns.names, (t.ddl for t in first.columns.types)))
+    types = dict(zip(first.columns.names, (t.ddl for t in first.columns.types), strict=True))
     assert types["id"] == "bigint" and types["note"] == "string" and types["tags"] == "array<bigint>"
     assert first.row["amount"] == "AeJA"  # no schema: the raw wire value is kept
 
@@ -199,10 +199,10 @@ def test_json_events_are_inferred_and_unioned_by_shape():
     c = decode_json_event(b'{"id": "e3", "n": 2.5, "extra": null}', cache)
     assert a.op == "c" and a.key is None and a.row["meta"] == {"ua": "x"}
     assert a.columns is b.columns
-    assert dict(zip(a.columns.names, (t.ddl for t in a.columns.types))) == {
+    assert dict(zip(a.columns.names, (t.ddl for t in a.columns.types), strict=True)) == {
         "id": "string", "n": "bigint", "meta": "struct<`ua`:string>"}
     # null fields give no type evidence
-    assert dict(zip(c.columns.names, (t.ddl for t in c.columns.types))) == {"id": "string", "n": "double"}
+    assert dict(zip(c.columns.names, (t.ddl for t in c.columns.types), strict=True)) == {"id": "string", "n": "double"}
     with pytest.raises(DecodeError, match="not a JSON object"):
         decode_json_event(b'"just a string"', cache)
     with pytest.raises(DecodeError, match="malformed"):
@@ -221,7 +221,8 @@ def test_json_event_time_field_becomes_utc_micros(raw, expected):
     micros = (expected - dt.datetime(1970, 1, 1)) // dt.timedelta(microseconds=1)
     assert change.row["at"] == micros and isinstance(change.row["at"], int)
     assert change.source_ts_ms == micros // 1000
-    assert dict(zip(change.columns.names, (t.ddl for t in change.columns.types))) == {"device": "string", "at": "timestamp"}
+    types = dict(zip(change.columns.names, (t.ddl for t in change.columns.types), strict=True))
+    assert types == {"device": "string", "at": "timestamp"}
 
 
 def test_json_event_time_field_missing_or_bad():

@@ -60,7 +60,7 @@ def test_an_integer_literal_below_int64_is_not_rounded_into_range():
 def _records(keys: list[bytes | None], days: list[int]) -> list:
     return [SimpleNamespace(topic="t", partition=0, offset=i, timestamp_ms=0, key=k, value=_value({"id": i, "day": d}),
                             headers=None)
-            for i, (k, d) in enumerate(zip(keys, days))]
+            for i, (k, d) in enumerate(zip(keys, days, strict=True))]
 
 
 def test_vectorized_runs_decline_what_the_record_path_dead_letters():

@@ -98,7 +98,8 @@ def test_sigkills_of_the_pipeline(chaos: ChaosEnv):
             if in_commit:
                 point = POINTS[(first_point + commit_kills) % len(POINTS)]
                 pipeline.start(pause_at=f"{point}:300")
-                pipeline.wait_for(lambda: f"{PAUSE_MARKER} {point}" in pipeline.log_text(), f"pause at {point}", 300)
+                pipeline.wait_for(lambda point=point: f"{PAUSE_MARKER} {point}" in pipeline.log_text(), f"pause at {point}",
+                                  300)
                 pipeline.kill_group()
                 commit_kills += 1
                 chaos.figures.kills_in_commit[point] = chaos.figures.kills_in_commit.get(point, 0) + 1
@@ -160,7 +161,8 @@ def test_broker_outage(chaos: ChaosEnv):
             assert all(back[t] >= ends[t] for t in chaos.topics), \
                 f"topics went back after the broker was {outage}: {ends} → {back}"
             resumed = time.monotonic()
-            pipeline.wait_for(lambda: len(pipeline.batches()) > before, f"batch after the broker was {outage}", 300)
+            pipeline.wait_for(lambda before=before: len(pipeline.batches()) > before,
+                              f"batch after the broker was {outage}", 300)
             log.info("broker %s: the pipeline's next batch came %.1fs after it was back", outage,
                      time.monotonic() - resumed)
             time.sleep(scale.load_s)

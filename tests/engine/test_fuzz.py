@@ -253,7 +253,7 @@ class Fuzz:
             "non_utf8_key": lambda: self._bad("non_utf8_key", _envelope("c", None, self._good_row(
                 rng.randint(900_000, 999_999))[0]), rng.choice([b"\xff\xfe\xfd", b'{"id":\xff}', b"\x80" * 10])),
         }
-        for kind, make in gen.items():
+        for make in gen.values():
             for _ in range(PER_KIND):
                 make()
         # A few 1-5 MB values.

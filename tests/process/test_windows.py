@@ -32,7 +32,7 @@ def test_iot_windows_match_a_reference_aggregation_with_late_readings(stack, spa
             assert abs(r["temperature_avg"] - r["temperature_sum"] / r["temperature_count"]) < 1e-9
             assert (r["window_end"] - r["window_start"]).total_seconds() == w.size_s
     assert result.late_dead_letters == len(result.too_late) * len(result.config.windows)
-    for w, second in zip(result.config.windows, ["equipment_id", "equipment_id_bucket"]):
+    for w, second in zip(result.config.windows, ["equipment_id", "equipment_id_bucket"], strict=True):
         fields = [f.name for f in spark.table(f"lake.{w.table}.partitions").schema["partition"].dataType.fields]
         assert fields == ["window_start_day", second]
     out = capsys.readouterr().out

@@ -119,7 +119,7 @@ def test_every_engine_returns_sparks_rows(cdc_table, spark, engine):
 def test_pandas_and_duckdb_sql(cdc_table, spark):
     config, table, expected, _, _ = cdc_table
     frame = read_pandas(config, table, "pyiceberg", columns=["id", "note"])
-    assert dict(zip(frame["id"], frame["note"])) == {k: v[0] for k, v in expected.items()}
+    assert dict(zip(frame["id"], frame["note"], strict=True)) == {k: v[0] for k, v in expected.items()}
     query = f"SELECT count(*) AS n, sum(amount) AS total FROM lake.{table} WHERE note LIKE 'again%'"
     duck = run_sql(config, query, engine="duckdb").to_pylist()
     assert duck == [{"n": sum(1 for v in expected.values() if v[0].startswith("again")),

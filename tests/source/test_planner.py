@@ -1,6 +1,8 @@
 """plan_offset_ranges: pure planning, no broker."""
 from __future__ import annotations
 
+from itertools import pairwise
+
 from lakestream.source.kafka import TP
 from lakestream.source.planner import OffsetRange, plan_offset_ranges
 
@@ -40,7 +42,7 @@ def test_backlog_is_split_into_closed_chunks_with_the_last_one_open():
         OffsetRange("t", 0, 300, None, 100, 350),  # an open range knows where the end was
     ]
     # chunks are contiguous and each closed chunk ends where the next starts
-    for a, b in zip(ranges, ranges[1:]):
+    for a, b in pairwise(ranges):
         assert a.end == b.start
 
 

@@ -5,6 +5,7 @@ Records are produced in several separately flushed groups so the log holds sever
 from __future__ import annotations
 
 import uuid
+from itertools import pairwise
 
 import pytest
 from confluent_kafka import Producer
@@ -206,7 +207,7 @@ def test_transactional_records_are_read_exactly_once_across_offset_gaps(stack):
     assert range_end.at_end and range_end.next_offset == high == offsets[-1] + 1
 
     # Re-reading from a gap (a marker's offset) or from the middle returns exactly the rest.
-    gap = next(o for a, o in zip(offsets, offsets[1:]) if o - a > 1) - 1
+    gap = next(o for a, o in pairwise(offsets) if o - a > 1) - 1
     rest, rest_end = read_all(bootstrap, OffsetRange(topic, PARTITION, gap, None, 10_000))
     assert [r.offset for r in rest] == [o for o in offsets if o >= gap]
     assert rest_end == range_end
@@ -214,7 +215,7 @@ def test_transactional_records_are_read_exactly_once_across_offset_gaps(stack):
     # Closed ranges split at arbitrary offsets cover every record exactly once.
     seen: list[int] = []
     cuts = list(range(0, high, 4)) + [high]
-    for a, b in zip(cuts, cuts[1:]):
+    for a, b in pairwise(cuts):
         part, part_end = read_all(bootstrap, OffsetRange(topic, PARTITION, a, b, 10_000))
         seen += [r.offset for r in part]
         assert all(a <= r.offset < b for r in part)

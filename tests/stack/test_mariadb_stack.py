@@ -13,7 +13,7 @@ def _settings(conn) -> dict:
                     "@@character_set_server, @@time_zone, @@bind_address")
         names = ("log_bin", "binlog_format", "binlog_row_image", "gtid_strict_mode", "server_id", "charset",
                  "time_zone", "bind_address")
-        return dict(zip(names, cur.fetchone()))
+        return dict(zip(names, cur.fetchone(), strict=True))
 
 
 EXPECTED = {"log_bin": 1, "binlog_format": "ROW", "binlog_row_image": "FULL", "gtid_strict_mode": 1,
