@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, overload
 
 import yaml
 from pydantic import (
@@ -33,6 +33,12 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
 
 
+@overload
+def _env_secret(variable: str, field: str) -> str: ...
+@overload
+def _env_secret(variable: None, field: str) -> None: ...
+@overload
+def _env_secret(variable: str | None, field: str) -> str | None: ...
 def _env_secret(variable: str | None, field: str) -> str | None:
     """The value of the environment variable a ``*_env`` setting names (never logged)."""
     if variable is None:
@@ -192,9 +198,11 @@ class StorageSettings(_Model):
         the store (`lakestream.storage.check_storage`), not at load: capture never needs them."""
         if not (self.access_key_id_env and self.secret_access_key_env):
             return None
-        return S3Credentials(access_key_id=_env_secret(self.access_key_id_env, "storage.access_key_id_env"),
-                             secret_access_key=_env_secret(self.secret_access_key_env, "storage.secret_access_key_env"),
-                             session_token=_env_secret(self.session_token_env, "storage.session_token_env"))
+        token = _env_secret(self.session_token_env, "storage.session_token_env")
+        return S3Credentials(
+            access_key_id=_env_secret(self.access_key_id_env, "storage.access_key_id_env"),
+            secret_access_key=SecretStr(_env_secret(self.secret_access_key_env, "storage.secret_access_key_env")),
+            session_token=None if token is None else SecretStr(token))
 
     @property
     def scheme(self) -> str:
@@ -266,7 +274,7 @@ class CatalogSettings(_Model):
             if not Path(self.ssl_ca_bundle).is_file():
                 raise ValueError(f"catalog.ssl_ca_bundle: {self.ssl_ca_bundle!r} is not a readable file — fix: the "
                                  "path of a PEM file holding the certificate of the CA that signed the catalog's")
-            if not self.uri.startswith("https://"):
+            if not (self.uri or "").startswith("https://"):
                 raise ValueError("catalog.ssl_ca_bundle is set but catalog.uri is not https — fix: use the catalog's "
                                  "https:// URL, or remove ssl_ca_bundle")
         if self.credential_env and self.token_env:
@@ -1086,6 +1094,13 @@ class PipelineConfig(_Model):
         """The first routing rule that claims ``topic``, or None."""
         index = self.stream_index(topic)
         return None if index is None else self.streams[index]
+
+    def require_capture(self, what: str) -> CaptureSettings:
+        """The ``capture:`` section, which ``what`` (a command) needs: a ConfigError naming the fix when there is none."""
+        if self.capture is None:
+            raise ConfigError(f"{what} needs a `capture:` section naming the source database and tables — fix: add "
+                              "capture.database and capture.tables")
+        return self.capture
 
     def stream_index(self, topic: str) -> int | None:
         """The position in ``streams`` of the first rule that claims ``topic``, or None."""

@@ -32,10 +32,13 @@ def extension_path(name: str) -> Path:
 
     import duckdb
 
+    missing = f"the DuckDB {name} extension is missing: install the duckdb-extension-{name} wheel"
     try:
         package = importlib.import_module(f"duckdb_extension_{name}")
     except ModuleNotFoundError:
-        raise QueryError(f"the DuckDB {name} extension is missing: install the duckdb-extension-{name} wheel") from None
+        raise QueryError(missing) from None
+    if package.__file__ is None:  # a namespace package: a directory of that name, not the wheel
+        raise QueryError(missing)
     path = Path(package.__file__).parent / "extensions" / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"
     if not path.exists():
         raise QueryError(f"no DuckDB {name} extension for DuckDB {duckdb.__version__} at {path}: pin matching wheels")

@@ -28,7 +28,7 @@ METADATA_DELETE_AFTER_COMMIT = "write.metadata.delete-after-commit.enabled"
 METADATA_PREVIOUS_VERSIONS_MAX = "write.metadata.previous-versions-max"
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import Row, SparkSession
 
     from lakestream.config import KafkaSettings, MaintenancePolicy
 
@@ -244,9 +244,11 @@ def split_table_name(name: str) -> tuple[str, str]:
 
 def load_java_table(spark: SparkSession, catalog: str, name: str):
     """The Iceberg `Table` object (via py4j) for ``namespace.table``; refreshed."""
+    from lakestream.spark import driver_jvm
+
     namespace, table = split_table_name(name)
     ident = quote_table(catalog, namespace, table).replace("`", "")
-    jtable = spark.sparkContext._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, ident)
+    jtable = driver_jvm(spark).org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, ident)
     jtable.refresh()
     return jtable
 
@@ -295,9 +297,11 @@ def collect_table_metrics(
     metrics.has_sort_order = bool(jtable.sortOrder().isSorted())
     metrics.rows = live_rows(jtable)
 
-    current_files = None
+    current_files: dict[str, Any] | None = None
     if for_plan:  # beside the batches: read in the JVM at a lower priority, no Spark job
-        current_files = json.loads(spark.sparkContext._jvm.lakestream.TableStats.currentFiles(
+        from lakestream.spark import driver_jvm
+
+        current_files = json.loads(driver_jvm(spark).lakestream.TableStats.currentFiles(
             jtable, BACKGROUND_NICE, ",".join(_PLAN_SUMMARY_KEYS)))
     if current_files is not None and "partition" in current_files:  # a table never partitioned
         one = current_files["partition"]
@@ -323,6 +327,7 @@ def collect_table_metrics(
         ).collect()[0]
         metrics.data_files, metrics.data_bytes, metrics.small_files = int(row.n), int(row.bytes), int(row.small)
 
+    snapshot_rows: list[_SnapshotRow] | list[Row]
     if current_files is not None:  # the JVM's loaded metadata, as the snapshots table would give it
         snapshot_rows = [_SnapshotRow(s["snapshot_id"], s["parent_id"], s["committed_ms"], s["operation"], None,
                                       *(s["summary"].get(k) for k in _PLAN_SUMMARY_KEYS))
@@ -361,7 +366,7 @@ def collect_table_metrics(
 
     metrics.manifests = int(current_files["manifests"]) if current_files else int(
         spark.sql(f"SELECT count(*) FROM {qualified}.manifests").collect()[0][0])
-    if for_plan:
+    if current_files is not None:  # for_plan
         metrics.metadata_files = len(set(current_files["metadata_files"]))
     else:
         metrics.metadata_bytes, metrics.metadata_files = _metadata_size(

@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     import duckdb
     import pandas as pd
     import pyarrow as pa
+    from pyiceberg.schema import Schema
     from pyiceberg.table import Table as IcebergTable
+    from pyiceberg.table.snapshots import Snapshot
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
@@ -85,7 +87,7 @@ def read_table(config: PipelineConfig, table: str, engine: Engine = "pyiceberg",
     if snapshot is None:  # a table never written to
         return iceberg_table.schema().as_arrow().empty_table()
     refuse_unreadable(iceberg_table, snapshot.snapshot_id, engine)
-    schema = iceberg_table.schemas().get(snapshot.schema_id, iceberg_table.schema())
+    schema = _snapshot_schema(iceberg_table, snapshot)
     check_columns(ref, columns, schema.column_names)
     if engine == "pyiceberg":
         from pyiceberg.expressions import AlwaysTrue
@@ -139,7 +141,7 @@ def run_sql(config: PipelineConfig, query: str, engine: Literal["spark", "duckdb
         return duckdb_result(con, query)
 
 
-def _read_fresh(config: PipelineConfig, ref: TableName, engine: str = "pyiceberg", columns: list[str] | None = None,
+def _read_fresh(config: PipelineConfig, ref: TableName, engine: Engine = "pyiceberg", columns: list[str] | None = None,
                where: str | None = None, limit: int | None = None, spark: SparkSession | None = None) -> pa.Table:
     """``ref``'s current snapshot, read by ``engine``, with the uncommitted Kafka tail applied.
 
@@ -163,7 +165,7 @@ def _read_fresh(config: PipelineConfig, ref: TableName, engine: str = "pyiceberg
     if not offsets or stream is None:
         raise QueryError(f"{ref}: its snapshots store no Kafka offsets of a stream in this pipeline config, so there "
                          "is no tail to read: read without --fresh")
-    schema = iceberg_table.schemas().get(snapshot.schema_id, iceberg_table.schema())
+    schema = _snapshot_schema(iceberg_table, snapshot)
     check_columns(ref, columns, schema.column_names)
     if stream.mode == "upsert":
         key_columns = stream.key_columns or list(schema.identifier_field_names())
@@ -322,12 +324,21 @@ def _load_hadoop_table(catalog: CatalogSettings, ref: TableName) -> IcebergTable
     return StaticTable.from_metadata(str(metadata / f"v{hint.read_text().strip()}.metadata.json"))
 
 
+def _snapshot_schema(table: IcebergTable, snapshot: Snapshot) -> Schema:
+    """The schema ``snapshot`` was written with (the table's current one for a snapshot that records none)."""
+    if snapshot.schema_id is None:
+        return table.schema()
+    return table.schemas().get(snapshot.schema_id, table.schema())
+
+
 def refuse_unreadable(table: IcebergTable, snapshot_id: int, engine: str) -> None:
     """Raise QueryError when the snapshot holds delete files ``engine`` does not apply.
 
     Reading data files without applying their deletes would return deleted rows: refuse instead.
     """
     snapshot = table.snapshot_by_id(snapshot_id)
+    if snapshot is None:
+        raise QueryError(f"{table.name()}: no snapshot {snapshot_id}")
     unreadable: dict[tuple[str, str], int] = {}
     for manifest in snapshot.manifests(table.io):
         if manifest.content.name != "DELETES":

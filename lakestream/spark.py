@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lakestream import jars as jar_groups
 from lakestream import storage
@@ -141,7 +141,7 @@ def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) 
     # The SDK reads them whenever it builds a client.
     for option in storage.jvm_options(catalog.storage):
         key, value = option[2:].split("=", 1)
-        session._jvm.java.lang.System.setProperty(key, value)
+        driver_jvm(session).java.lang.System.setProperty(key, value)
     return session
 
 
@@ -200,9 +200,10 @@ def check_catalog_tls(catalog: CatalogSettings, timeout_s: float = 5.0) -> None:
 
     from lakestream.errors import ConfigError
 
-    if catalog.type != "rest" or not (catalog.uri or "").startswith("https://"):
+    uri = catalog.uri or ""
+    if catalog.type != "rest" or not uri.startswith("https://"):
         return
-    url = urlsplit(catalog.uri)
+    url = urlsplit(uri)
     context = ssl.create_default_context(cafile=catalog.ssl_ca_bundle) if catalog.ssl_ca_bundle \
         else ssl.create_default_context()
     try:
@@ -219,15 +220,23 @@ def check_catalog_tls(catalog: CatalogSettings, timeout_s: float = 5.0) -> None:
         return  # unreachable or not TLS: left to the clients (an outage is waited out)
 
 
-def jvm_helper(session: SparkSession):
+def driver_jvm(spark: SparkSession) -> Any:
+    """The driver JVM's packages and classes through py4j (``sparkContext._jvm``, gone once the context stops)."""
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("the SparkContext has stopped: its driver JVM is gone")
+    return jvm
+
+
+def jvm_helper(session: SparkSession) -> Any:
     """The ``lakestream.LakestreamHelper`` class, callable through py4j."""
-    return session.sparkContext._jvm.lakestream.LakestreamHelper
+    return driver_jvm(session).lakestream.LakestreamHelper
 
 
 def jvm_alive(spark: SparkSession) -> bool:
     """Whether the driver's JVM still answers (a dead one cannot be retried back to life)."""
     try:
-        spark.sparkContext._jvm.java.lang.System.currentTimeMillis()
+        driver_jvm(spark).java.lang.System.currentTimeMillis()
         return True
     except Exception:  # noqa: BLE001 — any failure to reach it means it is gone
         return False
@@ -235,4 +244,4 @@ def jvm_alive(spark: SparkSession) -> bool:
 
 def jvm_pid(spark: SparkSession) -> int:
     """The process id of the driver's JVM (always on the driver's host: py4j talks to it over loopback)."""
-    return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+    return int(driver_jvm(spark).java.lang.ProcessHandle.current().pid())

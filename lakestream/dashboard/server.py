@@ -63,7 +63,7 @@ class DashboardServer:
     @property
     def url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}/"
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}/"
 
     def refresh(self) -> None:
         """One round now (the background thread calls this every ``interval_s``)."""

@@ -145,9 +145,12 @@ def _run(settings: Customer360Settings, info: StackInfo | None, spark: SparkSess
                       settings.catchup_timeout_s, f"the catalog mirror {settings.namespace}.plans")
             step.info(f"pipeline committed its first batch (the plan catalog) after {ready:.1f}s")
             step(f"running the subscriptions workload for {settings.duration_s:.0f}s (~{settings.per_s:.0f} changes/s)")
-            stats = workload.run(settings.duration_s, settings.per_s,
-                                 on_progress=lambda s, t: (pipeline.check(), step.info(
-                                     f"{t:4.0f}s  {s.changes} changes, {len(workload.users)} customers")))
+
+            def progress(s: SubscriptionStats, t: float) -> None:
+                pipeline.check()
+                step.info(f"{t:4.0f}s  {s.changes} changes, {len(workload.users)} customers")
+
+            stats = workload.run(settings.duration_s, settings.per_s, on_progress=progress)
             step.info(f"{stats.changes} changes: {stats.signups} sign-ups, {stats.users_deleted} customers gone, "
                       f"{stats.plan_changes} plan changes, {stats.transfers} transfers, {stats.cancellations} "
                       f"cancellations, {stats.usage_events} usage events")

@@ -21,7 +21,7 @@ from psycopg2 import sql as pgsql
 from lakestream.capture.process import CaptureProcess
 from lakestream.config import PipelineConfig, parse_config
 from lakestream.demo.runner import PipelineProcess, Step, wait_for_first_commit, example_stack, write_private_yaml
-from lakestream.demo.transactions import TransactionsWorkload
+from lakestream.demo.transactions import TransactionStats, TransactionsWorkload
 from lakestream.errors import LakestreamError
 from lakestream.identifiers import quote, quote_table
 from lakestream.stack import StackInfo, StackSettings
@@ -153,9 +153,12 @@ def run_fraud_demo(settings: FraudSettings, info: StackInfo | None = None,
             ready = wait_for_first_commit(config, pipeline, timeout=300)
             step.info(f"pipeline committed its first batch after {ready:.1f}s")
             step(f"running the transactions workload for {settings.duration_s:.0f}s (~{settings.per_s:.0f}/s)")
-            stats = workload.run(settings.duration_s, settings.per_s,
-                                 on_progress=lambda s, t: (pipeline.check(), step.info(
-                                     f"{t:4.0f}s  {s.transactions} transactions ({s.injected} in patterns)")))
+
+            def progress(s: TransactionStats, t: float) -> None:
+                pipeline.check()
+                step.info(f"{t:4.0f}s  {s.transactions} transactions ({s.injected} in patterns)")
+
+            stats = workload.run(settings.duration_s, settings.per_s, on_progress=progress)
             step.info(f"{stats.transactions} transactions, {stats.injected} in injected patterns")
             step("waiting until the history table holds every transaction")
             history = f"{settings.namespace}.tx_history"

@@ -231,7 +231,7 @@ class ShopWorkload:
         lines = [(rng.choice(_SKUS), rng.randint(1, 5), Decimal(rng.randint(199, 24999)) / 100,
                   None if rng.random() < 0.7 else Decimal(rng.choice([5, 10, 15])) / 100)
                  for _ in range(rng.randint(1, 4))]
-        total = sum(q * p * (1 - (d or 0)) for _, q, p, d in lines).quantize(Decimal("0.01"))
+        total = sum((q * p * (1 - (d or 0)) for _, q, p, d in lines), Decimal(0)).quantize(Decimal("0.01"))
         address = {"city": rng.choice(["Berlin", "Paris", "Amsterdam", "Austin", "Kyoto"]), "zip": f"{rng.randint(10000, 99999)}"}
         with self.conn.cursor() as cur:
             cur.execute(

@@ -9,12 +9,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from lakestream.health.model import HealthReport
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +105,7 @@ class MetricsExporter:
         self._collector = HealthCollector()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self._collector)
-        self._server = None
+        self._server: WSGIServer | None = None
 
     @property
     def port(self) -> int:

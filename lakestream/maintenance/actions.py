@@ -48,8 +48,10 @@ BESIDE_THE_BATCHES = {"threads": 1, "duty": 0.5, "nice": BACKGROUND_NICE}
 def _line_history(spark: SparkSession, method: str, catalog: str, name: str, request: dict) -> dict | None:
     """``LineHistory.<method>`` on table ``name`` beside the batches: its answer (timings in seconds), or None
     when the table's history is not one line (the caller falls back to Iceberg's procedure)."""
+    from lakestream.spark import driver_jvm
+
     namespace, table = split_table_name(name)
-    answer = json.loads(getattr(spark.sparkContext._jvm.lakestream.LineHistory, method)(
+    answer = json.loads(getattr(driver_jvm(spark).lakestream.LineHistory, method)(
         spark._jsparkSession, catalog, namespace, table, json.dumps({**request, **BESIDE_THE_BATCHES})))
     if "fallback" in answer:
         log.info("%s: %s with Iceberg's procedure: %s", name, method, answer["fallback"])

@@ -105,7 +105,8 @@ def plan_groups(files: list[dict[str, Any]], policy: CompactionPolicy) -> list[l
     groups: list[list[dict[str, Any]]] = []
     heavy_paths: set[str] = set()
     for members in by_partition.values():
-        heavy, classes = [], {}
+        heavy: list[dict[str, Any]] = []
+        classes: dict[int, list[dict[str, Any]]] = {}
         for f in members:
             live = f["records"] - f.get("deleted", 0)
             if f["records"] and f.get("deleted", 0) / f["records"] >= policy.delete_ratio_threshold:
@@ -133,7 +134,8 @@ def plan_groups(files: list[dict[str, Any]], policy: CompactionPolicy) -> list[l
             groups.append(group)
     worth = [g for g in groups if len(g) >= 2 or g[0]["path"] in heavy_paths]
     worth.sort(key=lambda g: sum(f["size"] for f in g) / len(g))
-    taken, spent = [], 0
+    taken: list[list[dict[str, Any]]] = []
+    spent = 0
     for g in worth:
         size = sum(f["size"] for f in g)
         if taken and spent + size > policy.max_bytes_per_round:
@@ -150,10 +152,11 @@ def live_data_files(spark: SparkSession, catalog: str, table: TableName, jtable:
     batches; a partitioned one by Spark's ``data_files`` and ``delete_files`` tables, whose partition values are
     typed as the plan's are. ``jtable``: the table as just loaded by the caller (else it is loaded here)."""
     from lakestream.identifiers import quote_table
+    from lakestream.spark import driver_jvm
 
     if jtable is None:
         jtable = load_java_table(spark, catalog, f"{table.namespace}.{table.table}")
-    answer = json.loads(spark.sparkContext._jvm.lakestream.TableStats.liveDataFiles(jtable, BACKGROUND_NICE))
+    answer = json.loads(driver_jvm(spark).lakestream.TableStats.liveDataFiles(jtable, BACKGROUND_NICE))
     if answer["unpartitioned"]:
         return [(f["path"], int(f["size"]), int(f["records"]), int(f["spec_id"]), {}, int(f.get("deleted", 0)))
                 for f in answer["files"]]

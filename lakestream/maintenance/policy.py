@@ -85,11 +85,12 @@ def plan_maintenance(metrics: TableMetrics, policy: MaintenancePolicy, now_ms: i
 
     plan.retain_last = policy.retain_last_snapshots
     older_than = now_ms - int(policy.snapshot_retention_s * 1000)
-    over_cap = policy.max_snapshots is not None and len(metrics.ancestry) > policy.max_snapshots
-    if over_cap:
+    cap = policy.max_snapshots
+    over_cap = cap is not None and len(metrics.ancestry) > cap
+    if cap is not None and over_cap:
         # Past the cap, keep the newest half of it: expiry reads every manifest of every snapshot it keeps (a
         # minute at 500 snapshots of a 100M-row mirror), so it runs once per max/2 commits, not every round.
-        keep = max(1, policy.max_snapshots // 2)
+        keep = max(1, cap // 2)
         older_than = max(older_than, metrics.ancestry[keep - 1].committed_ms)
     protected = metrics.newest_offsets_snapshot()
     if protected is not None:

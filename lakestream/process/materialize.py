@@ -62,13 +62,15 @@ def touched_keys(source: _Input, changes: pa.Table) -> set[tuple]:
     """The derived keys ``changes`` (an input's `ChangedKeys`, any order) touch, before and after each
     change; ``source.owners`` is brought up to date."""
     changes = changes.sort_by([("_topic", "ascending"), ("_partition", "ascending"), ("_offset", "ascending")])
-    pk_values = list(zip(*[changes.column(c).to_pylist() for c in source.primary_key], strict=True)) \
+    # A primary key's values per change (a tuple each), or None for each change of a table without one.
+    pk_values: list[Any] = list(zip(*[changes.column(c).to_pylist() for c in source.primary_key], strict=True)) \
         if source.primary_key else [None] * changes.num_rows
     new_values = list(zip(*[changes.column(c).to_pylist() for c in source.settings.key], strict=True))
     ops = changes.column("_op").to_pylist()
     withheld = changes.column("_withheld").to_pylist()
     owners = source.owners
     out: set[tuple] = set()
+    new: tuple | None
     for pk, new, op, hidden in zip(pk_values, new_values, ops, withheld, strict=True):
         if owners is not None:
             old = owners.get(pk)

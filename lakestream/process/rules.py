@@ -57,17 +57,27 @@ def _ts_expr(rules: RuleSet, arrow_type: pa.DataType) -> str:
                      f"timestamp or epoch milliseconds")
 
 
+def _field(check: RuleCheck) -> str:
+    assert check.field is not None, "RuleCheck's validation gives sum and change checks a field"
+    return check.field
+
+
+def _above(check: RuleCheck) -> float:
+    assert check.above is not None, "RuleCheck's validation gives count and sum checks a threshold"
+    return check.above
+
+
 def _check_expr(check: RuleCheck, key: str) -> str:
     """A DuckDB expression, over the events ordered per key, that is the check's value (NULL: no alert)."""
     window = f"PARTITION BY {key} ORDER BY _ts RANGE BETWEEN {int(check.window_s * 1000) if check.window_s else 0} " \
              f"PRECEDING AND CURRENT ROW"
     if check.kind == "count":
-        return f"CASE WHEN count(*) OVER ({window}) > {float(check.above)} THEN count(*) OVER ({window}) END"
+        return f"CASE WHEN count(*) OVER ({window}) > {float(_above(check))} THEN count(*) OVER ({window}) END"
     if check.kind == "sum":
-        f = quote_ansi_column(check.field)
-        return f"CASE WHEN sum({f}) OVER ({window}) > {float(check.above)} THEN sum({f}) OVER ({window}) END"
+        f = quote_ansi_column(_field(check))
+        return f"CASE WHEN sum({f}) OVER ({window}) > {float(_above(check))} THEN sum({f}) OVER ({window}) END"
     if check.kind == "change":
-        f = quote_ansi_column(check.field)
+        f = quote_ansi_column(_field(check))
         prev = f"lag({f}) OVER (PARTITION BY {key} ORDER BY _ts, _topic, _kafka_partition, _kafka_offset)"
         return f"CASE WHEN {prev} IS NOT NULL AND {f} IS NOT NULL AND {prev} <> {f} THEN 1 END"
     return f"CASE WHEN ({check.sql}) THEN 1 END"
@@ -79,9 +89,9 @@ def _detail_expr(check: RuleCheck, key: str) -> str:
     if check.kind == "sum":
         return f"'sum of {check.field} > {check.above:g} within {check.window_s:g}s'"
     if check.kind == "change":
-        f = quote_ansi_column(check.field)
+        f = quote_ansi_column(_field(check))
         prev = f"lag({f}) OVER (PARTITION BY {key} ORDER BY _ts, _topic, _kafka_partition, _kafka_offset)"
-        return f"{ansi_string(check.field + ': ')} || CAST({prev} AS VARCHAR) || ' → ' || CAST({f} AS VARCHAR)"
+        return f"{ansi_string(_field(check) + ': ')} || CAST({prev} AS VARCHAR) || ' → ' || CAST({f} AS VARCHAR)"
     return ansi_string(check.sql or "")
 
 

@@ -169,7 +169,7 @@ class WindowStage:
                 self.watermarks[w.name] = candidate if watermark is None else max(watermark, candidate)
             consumed = {TP(t, p): report.ends[TP(t, p)].next_offset for t, p, _ in positions if TP(t, p) in report.ends}
             merged = ctx.offsets.merged_after_commit(ident, consumed)
-            props = ctx.commit_properties(merged, **{WATERMARK_PROPERTY: str(self.watermarks[w.name])})
+            props = ctx.commit_properties(merged, None, **{WATERMARK_PROPERTY: str(self.watermarks[w.name])})
             if partials.num_rows:
                 view = f"lakestream_windows_{w.name}"
                 ctx.spark.createDataFrame(partials.to_pandas()).createOrReplaceTempView(view)

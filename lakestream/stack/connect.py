@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -223,7 +224,7 @@ class ConnectWorker(process.PidService):
     def connector_status(self, name: str) -> dict[str, Any] | None:
         """``GET /connectors/<name>/status`` (None if there is no such connector)."""
         try:
-            return self.request("GET", f"/connectors/{urllib.request.quote(name, safe='')}/status")
+            return self.request("GET", f"/connectors/{urllib.parse.quote(name, safe='')}/status")
         except ConnectError as exc:
             if exc.status == 404:
                 return None
@@ -231,7 +232,7 @@ class ConnectWorker(process.PidService):
 
     def delete_connector(self, name: str) -> None:
         try:
-            self.request("DELETE", f"/connectors/{urllib.request.quote(name, safe='')}")
+            self.request("DELETE", f"/connectors/{urllib.parse.quote(name, safe='')}")
         except ConnectError as exc:
             if exc.status != 404:
                 raise

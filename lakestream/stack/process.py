@@ -229,9 +229,13 @@ class PidService:
 
     name: str
     pid_file: PidFile
-    port: int
     persistent: bool = False  # its state outlives a stop (a data directory, a database, a broker's topics)
     stop_timeout: float = 15.0  # seconds between SIGTERM and SIGKILL
+
+    @property
+    def port(self) -> int:
+        """The port it serves on (from the stack's settings, or given to it)."""
+        raise NotImplementedError
 
     def pid(self) -> int | None:
         return self.pid_file.live_pid()

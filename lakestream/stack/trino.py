@@ -111,11 +111,15 @@ class TrinoServer(process.PidService):
 
     def __init__(self, state_dir: Path, port: int, catalogs: dict[str, dict[str, str]], *, heap: str = "1200m"):
         self.dir = Path(state_dir) / "trino"
-        self.port = port
+        self._port = port
         self.catalogs = catalogs
         self.heap = heap
         self.log_path = Path(state_dir) / "logs" / f"{self.name}.log"
         self.pid_file = process.PidFile(Path(state_dir) / "pids" / f"{self.name}.pid", "java")
+
+    @property
+    def port(self) -> int:
+        return self._port
 
     @property
     def uri(self) -> str:
