@@ -91,8 +91,9 @@ def write_changes(dsn: str, table: str, first_id: int, changes: int, txn_rows: i
 MARIADB_DDL = """CREATE TABLE {t} (id BIGINT PRIMARY KEY, customer_id INT, status VARCHAR(20), amount DECIMAL(12,2),
     qty INT, note TEXT, created_at TIMESTAMP(6) NULL, updated_at DATETIME(6), shipped DATE, paid BOOLEAN)"""
 # MariaDB's Sequence engine: seq_<first>_to_<last> is a table of those integers.
-MARIADB_FILL = """INSERT INTO {t} SELECT seq, seq % 50000, ELT(seq % 3 + 1, 'new', 'paid', 'shipped'), (seq % 100000) / 100.0,
-    seq % 19 + 1, CONCAT('note ', MD5(seq)), NOW(6) - INTERVAL seq SECOND, TIMESTAMP'2024-01-01 00:00:00' + INTERVAL seq * 1000 MICROSECOND,
+MARIADB_FILL = """INSERT INTO {t} SELECT seq, seq % 50000, ELT(seq % 3 + 1, 'new', 'paid', 'shipped'),
+    (seq % 100000) / 100.0, seq % 19 + 1, CONCAT('note ', MD5(seq)), NOW(6) - INTERVAL seq SECOND,
+    TIMESTAMP'2024-01-01 00:00:00' + INTERVAL seq * 1000 MICROSECOND,
     DATE'2024-01-01' + INTERVAL (seq % 365) DAY, seq % 2 = 0 FROM seq_{first}_to_{last}"""
 
 

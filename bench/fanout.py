@@ -170,7 +170,8 @@ def main() -> int:
                 continue
             runs.append(json.loads(lines[-1]))
 
-    say("\n  T  first batch (creates T tables)  batch touching 3 (median)  read part  driver JVM RSS  heap after GC  python RSS")
+    say("\n  T  first batch (creates T tables)  batch touching 3 (median)  read part  driver JVM RSS  heap after GC"
+        "  python RSS")
     for r in runs:
         say(f"{r['tables']:>4}  {r['first_batch_s']:>8.2f}s ({r['first_batch_s_per_table']:.3f}s/table)"
             f"  {r['batch_s_median']:>18.2f}s  {r['read_s_median']:>16.2f}s  {r['jvm_rss_mb']:>10.0f} MB"

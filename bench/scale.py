@@ -17,8 +17,8 @@ driver's heap, and the time of a full build of the index on the executors (``--n
 commit's cost follows the data files a batch touches, not the rows: ``--sizes 1000000 --rows-per-file 100`` (10,000
 files, ~3,900 touched per batch) gives a 100M-row table's commit shape in minutes. ``--rows-per-file`` may list one
 value per size (``--sizes 1000000,1000000 --rows-per-file 10000,100``: the 1M-row and the 100M-row shapes in one
-run, compared by the last line's ratio). The table is verified (count, distinct keys, sum of versions) after the last batch. Default driver
-memory (2g). The LAST line is one JSON object.
+run, compared by the last line's ratio). The table is verified (count, distinct keys, sum of versions) after the
+last batch. Default driver memory (2g). The LAST line is one JSON object.
 """
 from __future__ import annotations
 
@@ -185,7 +185,8 @@ def one_size(info, state_dir: Path, spark, size: int, rows_per_file: int, args) 
     median = statistics.median(seconds)
     step_names = list(dict.fromkeys(k for t in steps for k in t))
     say(f"{size:,} rows: median batch {median:.2f}s over {len(seconds)} batches (commit part "
-        f"{statistics.median(commit_s):.2f}s, commitFiles {statistics.median(java_s):.2f}s); verified {want_rows:,} rows; "
+        f"{statistics.median(commit_s):.2f}s, commitFiles {statistics.median(java_s):.2f}s); "
+        f"verified {want_rows:,} rows; "
         f"driver peak RSS Python {py_peak_mb:.0f} MB, JVM {jvm_peak_mb:.0f} MB; index {index_disk / 1e6:.0f} MB on "
         f"disk, {heap / 1e6:.1f} MB in the heap")
     return {"size": size, "rows_per_file": rows_per_file, "data_files": files + 1, "median_batch_s": round(median, 3),
@@ -236,9 +237,11 @@ def main() -> int:
     say("\n  rows         files   median batch   commit   full build   DVs/batch   py RSS   JVM RSS   index on disk")
     for s in summary["sizes"]:
         build = "-" if s["full_build_s"] is None else f"{s['full_build_s']:.1f} s"
-        say(f"  {s['size']:>11,}  {s['data_files']:>6,}   {s['median_batch_s']:>9.2f} s   {s['median_commit_part_s']:>5.2f} s"
+        say(f"  {s['size']:>11,}  {s['data_files']:>6,}   {s['median_batch_s']:>9.2f} s"
+            f"   {s['median_commit_part_s']:>5.2f} s"
             f"   {build:>10}"
-            f"   {s['dvs_written_per_batch']:>9}   {s['driver_peak_rss_python_mb']:>5} MB  {s['driver_peak_rss_jvm_mb']:>5} MB"
+            f"   {s['dvs_written_per_batch']:>9}"
+            f"   {s['driver_peak_rss_python_mb']:>5} MB  {s['driver_peak_rss_jvm_mb']:>5} MB"
             f"   {s['index_bytes_on_disk'] / 1e6:>8.0f} MB")
     say(f"  median at {last['size']:,} rows in {last['data_files']:,} files / median at {first['size']:,} rows in "
         f"{first['data_files']:,} files = {summary['ratio_largest_to_smallest']}")

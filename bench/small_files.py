@@ -97,7 +97,8 @@ def main() -> int:
         spark = session_for(config)
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.{NAMESPACE}")
         spark.sql(f"DROP TABLE IF EXISTS lake.{NAMESPACE}.{TABLE} PURGE")
-        spark.sql(f"CREATE TABLE lake.{NAMESPACE}.{TABLE} (id BIGINT, ts TIMESTAMP, region STRING, customer INT, amount DOUBLE) "
+        spark.sql(f"CREATE TABLE lake.{NAMESPACE}.{TABLE} "
+                  "(id BIGINT, ts TIMESTAMP, region STRING, customer INT, amount DOUBLE) "
                   f"USING iceberg PARTITIONED BY (days(ts), region) TBLPROPERTIES ('format-version'='2')")
 
         rng = random.Random(7)
@@ -111,7 +112,8 @@ def main() -> int:
             for region in REGIONS:
                 for _ in range(ROWS_PER_REGION):
                     ts = day + timedelta(seconds=rng.randrange(86400))
-                    values.append(f"({next_id}, TIMESTAMP '{ts:%Y-%m-%d %H:%M:%S}', '{region}', {rng.randrange(1000)}, {rng.uniform(0, 100):.2f})")
+                    values.append(f"({next_id}, TIMESTAMP '{ts:%Y-%m-%d %H:%M:%S}', '{region}', "
+                                  f"{rng.randrange(1000)}, {rng.uniform(0, 100):.2f})")
                     next_id += 1
             spark.sql(f"INSERT INTO lake.{NAMESPACE}.{TABLE} VALUES {', '.join(values)}")
             if (commit + 1) % 100 == 0:

@@ -20,7 +20,8 @@ Iceberg's binpack rewrites the files below 0.75× or above 1.8× the target: wit
 left alone and the smaller files the stream adds are compacted. That needs base files well above the stream's
 (a few hundred KB a batch at 5,000 changes/s), hence ``--rows-per-file`` 200,000 by default (~2.5 MB, 500 files at
 100M rows: a base whose earlier compactions are done). With scale.py's 10,000 (thousands of small files) the
-stream's files are no smaller than the base's and a round compacts nothing; the output says so. A producer sends ``--rate`` changes/s for ``--duration`` s: updates of random existing keys (85%), deletes
+stream's files are no smaller than the base's and a round compacts nothing; the output says so. A producer sends
+``--rate`` changes/s for ``--duration`` s: updates of random existing keys (85%), deletes
 (10%, with their tombstones) and inserts of new keys (5%), keeping the expected count and sums. At ``--kill-at``
 of the duration the pipeline's process group is SIGKILLed and started again at once. The records the pipeline has
 committed are deleted from the broker as the run goes (`Retention`: the local broker rewrites every record it holds
@@ -896,7 +897,8 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
                 ends, covered = load.deliveries.ends(), watch.covered()
                 behind = sum(max(0, end - covered.get(p, 0)) for p, end in ends.items())
                 rounds = len({line.get("finished_ms") for line in read_jsonl(maintenance_log_path(config))})
-                print(f"[{now - started:4.0f}s] {load.changes:,} changes sent ({load.changes / max(1e-9, now - started):,.0f}/s)"
+                print(f"[{now - started:4.0f}s] {load.changes:,} changes sent "
+                      f"({load.changes / max(1e-9, now - started):,.0f}/s)"
                       f" · {len(watch.commits()):,} commits, {behind:,} records behind"
                       f" · {rounds} maintenance round(s) · pipeline {'restarted' if kill_ms else 'up'}"
                       f" · load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
@@ -1003,7 +1005,8 @@ def print_table(s: dict[str, Any]) -> None:
         return "" if ok is None else ("  ok" if ok else "  MISSED")
     t, f, fo = s["targets"], s["freshness_s"], s["freshness_outside_restart_s"]
     base = s["base"]
-    say(f"\n  sustained: {base['rows']:,} rows ({base['data_files']:,} files), {s['offered_changes_per_s']:,} changes/s "
+    say(f"\n  sustained: {base['rows']:,} rows ({base['data_files']:,} files), "
+        f"{s['offered_changes_per_s']:,} changes/s "
         f"for {s['params']['duration']:.0f}s, SIGKILL at {s['kill_at_s']:.0f}s; {s['commits']} commits, "
         f"batch median {s['batch_median_s']} s")
     say(f"  freshness p50 / p99 over the run        {f['p50']} s / {f['p99']} s (max {f['max']} s)")

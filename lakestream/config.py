@@ -501,7 +501,8 @@ class StreamSettings(_Model):
             value.format(prefix="p", schema="s", table="t", topic="x", field="f")
         except (KeyError, IndexError, ValueError) as exc:
             raise ValueError(
-                f"unknown placeholder {exc} in table template; use {{prefix}}, {{schema}}, {{table}}, {{topic}} or {{field}}"
+                f"unknown placeholder {exc} in table template; use {{prefix}}, {{schema}}, {{table}}, {{topic}} "
+                "or {field}"
             ) from exc
         return value
 
@@ -1096,7 +1097,7 @@ class PipelineConfig(_Model):
         return None if index is None else self.streams[index]
 
     def require_capture(self, what: str) -> CaptureSettings:
-        """The ``capture:`` section, which ``what`` (a command) needs: a ConfigError naming the fix when there is none."""
+        """The ``capture:`` section, which ``what`` (a command) needs; a ConfigError naming the fix without one."""
         if self.capture is None:
             raise ConfigError(f"{what} needs a `capture:` section naming the source database and tables — fix: add "
                               "capture.database and capture.tables")

@@ -17,7 +17,8 @@ def validate_identifier(name: str, what: str = "identifier") -> str:
     """Return ``name`` if it is a safe identifier, else raise InvalidIdentifierError."""
     if not isinstance(name, str) or not _IDENTIFIER.match(name):
         raise InvalidIdentifierError(
-            f"{what} {name!r} is not a valid identifier: use letters, digits and _ (not starting with a digit), at most 128 chars"
+            f"{what} {name!r} is not a valid identifier: use letters, digits and _ (not starting with a digit), "
+            "at most 128 chars"
         )
     return name
 

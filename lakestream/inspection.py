@@ -335,7 +335,8 @@ def collect_table_metrics(
     else:
         snapshot_rows = spark.sql(
             f"SELECT s.snapshot_id, s.parent_id, s.committed_at, s.operation, s.manifest_list, "
-            f"s.summary[{sql_string(OFFSETS_PROPERTY)}] AS offsets, s.summary[{sql_string(SOURCE_TS_PROPERTY)}] AS source_ts, "
+            f"s.summary[{sql_string(OFFSETS_PROPERTY)}] AS offsets, "
+            f"s.summary[{sql_string(SOURCE_TS_PROPERTY)}] AS source_ts, "
             f"s.summary['deleted-data-files'] AS deleted_data_files, s.summary['added-files-size'] AS added_files_size "
             f"FROM {qualified}.snapshots s"
         ).collect()

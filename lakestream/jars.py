@@ -4,8 +4,8 @@ Each group of ``jars.toml`` becomes a small pom; ``mvn dependency:copy-dependenc
 configured Maven repositories (Maven Central unless the user's ``~/.m2/settings.xml`` names a mirror) with
 strict checksums (``-C``: a jar whose SHA-1 does not match the repository's fails the resolution), into
 ``<cache>/jars/<group>-<digest>/``. The digest covers the group's coordinates, so changing a version resolves
-anew and never mixes versions. ``scripts/bootstrap.sh`` resolves the groups its venv uses; the first use resolves a group
-that is missing (a lock keeps two processes from resolving one group at once).
+anew and never mixes versions. ``scripts/bootstrap.sh`` resolves the groups its venv uses; the first use resolves a
+group that is missing (a lock keeps two processes from resolving one group at once).
 
 A group with a ``pyspark`` line (``"3.5"``, ``"4.1"``) holds the Spark session's jars for that Spark and its
 Scala; ``spark_group`` picks the one of the running pyspark. On a Spark cluster the same coordinates go into

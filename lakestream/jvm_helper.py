@@ -25,8 +25,8 @@ _JAVA_DIR = Path(__file__).parent / "java"
 
 
 def iceberg_runtime_jar() -> Path:
-    """Iceberg's runtime for the installed pyspark's Spark and Scala (``org.apache.iceberg:iceberg-spark-runtime-3.5_2.12``
-    or ``-4.1_2.13``; ``jars.spark_group``)."""
+    """Iceberg's runtime for the installed pyspark's Spark and Scala
+    (``org.apache.iceberg:iceberg-spark-runtime-3.5_2.12`` or ``-4.1_2.13``; ``jars.spark_group``)."""
     name = jars.spark_group()
     runtime = next(c.artifact for c in jars.group(name).artifacts if c.artifact.startswith("iceberg-spark-runtime-"))
     return jars.jar(name, runtime)

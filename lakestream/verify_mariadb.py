@@ -15,7 +15,7 @@ for PostgreSQL. The normalisations, per MariaDB type:
 | TIMESTAMP(n) | the UTC instant as ``YYYY-MM-DD HH:MM:SS.ffffff`` |
 | TIME(n) | ``[-]HH:MM:SS.ffffff`` (hours up to 838) |
 | BINARY, VARBINARY, BLOB | lower-case hex |
-| BIT(n > 1) | lower-case hex, most significant byte first (the mirror holds Debezium's bytes, least significant first) |
+| BIT(n > 1) | lower-case hex, most significant byte first (the mirror holds Debezium's, least significant first) |
 | GEOMETRY, POINT, ... | lower-case hex of the standard WKB (the mirror: the ``wkb`` of Debezium's geometry JSON) |
 | CHAR, VARCHAR, TEXT, ENUM, SET, JSON | the text as MariaDB returns it |
 

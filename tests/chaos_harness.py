@@ -1,7 +1,8 @@
 """The chaos harness: a private stack (PostgreSQL + Apache Kafka), a captured source under a write load,
 `lakestream capture` and `lakestream run` as their own processes, and the faults tests/engine/test_chaos.py
-inflicts on them, with `lakestream maintain --watch` running beside the pipeline: SIGKILLs of the pipeline (some parked at a pause point inside the commit), a broker
-outage (frozen, stopped, SIGKILLed), a SIGKILL of capture, a restart of the PostgreSQL that holds the JDBC catalog.
+inflicts on them, with `lakestream maintain --watch` running beside the pipeline: SIGKILLs of the pipeline (some
+parked at a pause point inside the commit), a broker outage (frozen, stopped, SIGKILLed), a SIGKILL of capture, a
+restart of the PostgreSQL that holds the JDBC catalog.
 
 After each fault the load stops, a marker row is written to every table, the pipeline must catch up
 with the topics by itself, and `lakestream verify` must pass (no missing, extra, differing or
@@ -39,8 +40,10 @@ MAINTENANCE_OK = re.compile(r"INFO lakestream\.maintenance\.actions: (\w+) \S+: 
 SEED_ACCOUNTS = 300
 TABLES = ("accounts", "transfers")
 SETUP_SQL = [
-    "CREATE TABLE public.accounts (id integer PRIMARY KEY, balance bigint NOT NULL, note text, version integer NOT NULL)",
-    "CREATE TABLE public.transfers (id bigint PRIMARY KEY, account_id integer NOT NULL, amount bigint NOT NULL, memo text)",
+    "CREATE TABLE public.accounts "
+    "(id integer PRIMARY KEY, balance bigint NOT NULL, note text, version integer NOT NULL)",
+    "CREATE TABLE public.transfers "
+    "(id bigint PRIMARY KEY, account_id integer NOT NULL, amount bigint NOT NULL, memo text)",
     f"INSERT INTO public.accounts SELECT g, g * 10, 'seed ' || g, 0 FROM generate_series(1, {SEED_ACCOUNTS}) g",
 ]
 # PostgreSQL connection errors while the cluster restarts: the load reconnects and goes on.

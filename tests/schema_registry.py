@@ -7,8 +7,9 @@ confluent-kafka's ``SchemaRegistryClient`` use, with Confluent's content type an
   a schema incompatible with the subject's level is refused with 409), ``POST /subjects/{s}`` looks
   a schema up, ``GET /subjects``, ``GET /subjects/{s}/versions``, ``GET /subjects/{s}/versions/{v|latest}``,
   ``GET /schemas/ids/{id}``;
-- ``GET|PUT /config`` and ``/config/{s}`` (compatibility levels), ``POST /compatibility/subjects/{s}/versions/{v|latest}``
-  and ``POST /compatibility/subjects/{s}/versions`` (against all versions).
+- ``GET|PUT /config`` and ``/config/{s}`` (compatibility levels),
+  ``POST /compatibility/subjects/{s}/versions/{v|latest}`` and ``POST /compatibility/subjects/{s}/versions``
+  (against all versions).
 
 Compatibility follows Avro's schema-resolution rules for what the tests exercise: records (fields
 added or removed, with or without defaults), optional unions, the primitive promotions (int → long →

@@ -10,7 +10,8 @@ it), as Flink's operator or an operator by hand does: ``execution.state-recovery
 Runs under PyFlink (the `apache-flink` wheel, Flink's own distribution jars) in the bench's venv `.venv-peers`:
 
     .venv-peers/bin/python bench/peers/flink_upsert.py --bootstrap HOST:PORT --topic T --table ns.t
-        --catalog-uri jdbc:postgresql://... --warehouse file:///... --checkpoints DIR --jars a.jar,b.jar --classpath c.jar,d.jar
+        --catalog-uri jdbc:postgresql://... --warehouse file:///... --checkpoints DIR
+        --jars a.jar,b.jar --classpath c.jar,d.jar
         [--interval-s 2] [--parallelism 2]
 
 The catalog password comes from CATALOG_PASSWORD. The columns are fixed in the DDL below, as a Flink SQL job has
@@ -33,7 +34,8 @@ SINK_COLUMNS = """id INT NOT NULL, customer_id BIGINT, status STRING, amount DOU
 SELECT = """id, customer_id, status, amount, qty, price, express, version,
     CAST(TIMESTAMPADD(DAY, created_day, DATE '1970-01-01') AS DATE),
     CAST(TO_TIMESTAMP_LTZ(created_at / 1000, 3) AS TIMESTAMP(6)),
-    CAST(TO_TIMESTAMP(REPLACE(REPLACE(updated_at, 'T', ' '), 'Z', ''), 'yyyy-MM-dd HH:mm:ss.SSSSSS') AS TIMESTAMP_LTZ(6)),
+    CAST(TO_TIMESTAMP(REPLACE(REPLACE(updated_at, 'T', ' '), 'Z', ''), 'yyyy-MM-dd HH:mm:ss.SSSSSS')
+         AS TIMESTAMP_LTZ(6)),
     note"""
 
 

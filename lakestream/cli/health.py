@@ -1,4 +1,5 @@
-"""`lakestream health PIPELINE_YAML [--json] [--check] [--serve-metrics PORT]`: a thin shell over `lakestream.health`."""
+"""`lakestream health PIPELINE_YAML [--json] [--check] [--serve-metrics PORT]`: a thin shell over
+`lakestream.health`."""
 from __future__ import annotations
 
 import argparse

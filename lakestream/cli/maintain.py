@@ -1,4 +1,5 @@
-"""`lakestream maintain PIPELINE_YAML [--watch] [--dry-run] [--table NS.T]`: a thin shell over `lakestream.maintenance`."""
+"""`lakestream maintain PIPELINE_YAML [--watch] [--dry-run] [--table NS.T]`: a thin shell over
+`lakestream.maintenance`."""
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
-"""`lakestream query PIPELINE_YAML NS.TABLE [--engine spark|duckdb|pyiceberg]`: read one table, a thin shell over `lakestream.query`."""
+"""`lakestream query PIPELINE_YAML NS.TABLE [--engine spark|duckdb|pyiceberg]`: read one table, a thin shell over
+`lakestream.query`."""
 from __future__ import annotations
 
 import argparse

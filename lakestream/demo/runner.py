@@ -278,7 +278,8 @@ def _reset_source(info: StackInfo, sql: shop.ShopSQL = shop.POSTGRESQL) -> None:
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s AND active_pid IS NOT NULL", (SLOT,))
+            cur.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s "
+                        "AND active_pid IS NOT NULL", (SLOT,))
             for _ in range(50):
                 cur.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s AND active", (SLOT,))
                 if cur.fetchone()[0] == 0:

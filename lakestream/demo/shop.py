@@ -235,7 +235,8 @@ class ShopWorkload:
         address = {"city": rng.choice(["Berlin", "Paris", "Amsterdam", "Austin", "Kyoto"]), "zip": f"{rng.randint(10000, 99999)}"}
         with self.conn.cursor() as cur:
             cur.execute(
-                f"""INSERT INTO {self.orders} (customer_id, status, shipping_address) VALUES (%s, 'pending', %s) RETURNING id""",
+                f"""INSERT INTO {self.orders} (customer_id, status, shipping_address)
+                    VALUES (%s, 'pending', %s) RETURNING id""",
                 (rng.choice(self.customer_ids), json.dumps(address)),
             )
             order_id = cur.fetchone()[0]
@@ -309,7 +310,8 @@ SELECT c.segment,
        count(DISTINCT o.id) AS orders,
        count(DISTINCT c.id) AS customers,
        CAST(sum(i.quantity * i.unit_price * (1 - coalesce(i.discount, 0))) AS DECIMAL(14,2)) AS revenue,
-       CAST(sum(i.quantity * i.unit_price * (1 - coalesce(i.discount, 0))) / count(DISTINCT o.id) AS DECIMAL(12,2)) AS avg_order
+       CAST(sum(i.quantity * i.unit_price * (1 - coalesce(i.discount, 0))) / count(DISTINCT o.id)
+            AS DECIMAL(12,2)) AS avg_order
 FROM {customers} c
 JOIN {orders} o ON o.customer_id = c.id AND o.status <> 'cancelled'
 JOIN {order_items} i ON i.order_id = o.id

@@ -60,7 +60,8 @@ def evaluate(metrics: TableMetrics, thresholds: HealthThresholds, compaction: Co
         worst = max(metrics.partitions, key=lambda p: p.data_files)
         if worst.data_files > thresholds.max_files_per_partition:
             alerts.append(Alert(table, "files_per_partition", worst.data_files, thresholds.max_files_per_partition,
-                                f"{worst.data_files} data files in partition {worst.label()} > {thresholds.max_files_per_partition}",
+                                f"{worst.data_files} data files in partition {worst.label()} "
+                                f"> {thresholds.max_files_per_partition}",
                                 partition=worst.label()))
     if metrics.snapshots > thresholds.max_snapshots:
         alerts.append(Alert(table, "snapshots", metrics.snapshots, thresholds.max_snapshots,

@@ -210,8 +210,9 @@ class KafkaBroker(process.PidService):
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL",
             "sasl.enabled.mechanisms": "SCRAM-SHA-512",
             # Per listener: the broker's SCRAM server needs a JAAS entry even though it holds no secret.
-            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
-                "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
             "ssl.keystore.type": "PKCS12",
             "ssl.keystore.location": str(cert.keystore),
             "ssl.keystore.password": cert.keystore_password,

@@ -1,7 +1,8 @@
 """The local stack: a private PostgreSQL cluster plus Apache Kafka (KRaft), on loopback ports; with ``source="mariadb"``
 a private MariaDB server as the source database beside them; with
 ``storage="s3"`` a local S3-compatible store holds the warehouse, with ``catalog="rest"`` a local Iceberg
-REST catalog serves it (Apache Iceberg's own server by default), with ``connect=True`` a Kafka Connect worker runs Debezium beside the broker."""
+REST catalog serves it (Apache Iceberg's own server by default), with ``connect=True`` a Kafka Connect worker runs
+Debezium beside the broker."""
 from __future__ import annotations
 
 import logging

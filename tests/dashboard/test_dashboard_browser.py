@@ -56,7 +56,8 @@ def page_row(page, table: str) -> dict[str, str]:
     when the round they come from was measured; read in one go, between two refreshes."""
     return page.evaluate(
         """table => { const cells = document.querySelectorAll(`#tables tr[data-table="${table}"] td[data-field]`);
-                      const row = Object.fromEntries([...cells].map(c => [c.dataset.field, c.dataset.value ?? c.textContent]));
+                      const row = Object.fromEntries([...cells].map(
+                          c => [c.dataset.field, c.dataset.value ?? c.textContent]));
                       row.collected_ms = document.body.dataset.collectedMs; return row; }""", table)
 
 

@@ -129,7 +129,8 @@ def test_ts_ms_falls_back_to_envelope():
     (b'{"after": null, "op": "c"}', "without a 'after'"),
     (b'{"before": null, "after": null, "op": "d"}', "without a 'before'"),
     (b'{"schema": {"type": "struct", "fields": []}, "payload": {"after": {"id": 1}, "op": "c"}}', "no 'after'/'before'"),
-    (b'{"schema": {"type": "struct", "fields": [{"type": "struct", "field": "after", "fields": []}]}, "payload": "text"}',
+    (b'{"schema": {"type": "struct", "fields": [{"type": "struct", "field": "after", "fields": []}]}, '
+     b'"payload": "text"}',
      "payload is not a JSON object"),
 ])
 def test_bad_envelopes_are_decode_errors(value, message):

@@ -113,8 +113,9 @@ def test_maintenance_concurrent_with_cdc_load(spark, pipeline_config_factory):
         while time.time() < deadline and not errors:
             if batches and batches[-1].lag == 0 and spark.catalog.tableExists(table):
                 offsets = decode_offsets(spark.sql(
-                    f"SELECT summary['{OFFSETS_PROPERTY}'] FROM {table}.snapshots WHERE summary['{OFFSETS_PROPERTY}'] "
-                    "IS NOT NULL ORDER BY committed_at DESC LIMIT 1").collect()[0][0])
+                    f"SELECT summary['{OFFSETS_PROPERTY}'] FROM {table}.snapshots "
+                    f"WHERE summary['{OFFSETS_PROPERTY}'] IS NOT NULL ORDER BY committed_at DESC LIMIT 1"
+                ).collect()[0][0])
                 # The last message may be a tombstone; the table's offset passes it once read.
                 if offsets.get(TP(topic, 0), 0) >= total_messages(config, topic) - 1:
                     caught_up = True

@@ -16,7 +16,8 @@ def _by_key(rows: list[dict]) -> dict[int, tuple]:
     return out
 
 
-@pytest.mark.examples  # `make test-examples`; derived tables are covered in make test by tests/process/test_derived_tables.py
+# `make test-examples`; derived tables are covered in `make test` by tests/process/test_derived_tables.py
+@pytest.mark.examples
 def test_customer360_example_matches_its_sql_from_scratch(stack, spark, service_dir_factory, capsys):
     uid = uuid.uuid4().hex[:6]
     settings = Customer360Settings(state_dir=service_dir_factory("c360"), duration_s=12, per_s=12, seed=11,

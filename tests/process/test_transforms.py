@@ -39,8 +39,8 @@ def test_sql_and_python_transforms_exactly_once(stack, spark, py_transforms, pip
         "topics": [topic], "mode": "append", "namespace": ns, "table": "payments",
         "transforms": [
             {"name": "big", "table": "big_payments",
-             "sql": "SELECT id, amount * 100 AS cents, region AS zone, _kafka_offset AS src_offset FROM batch "
-                    "WHERE amount >= 100"},
+             "sql": "SELECT id, amount * 100 AS cents, region AS zone, _kafka_offset AS src_offset "
+                    "FROM batch WHERE amount >= 100"},
             {"name": "codes", "table": "codes", "sql": "SELECT id, CAST(code AS INTEGER) AS code_n FROM batch"},
             {"name": "rounds", "table": "{table}_round", "python": "transform_fns:flag_round_amounts"},
         ]}], name=f"tr{uid}", engine={"table_write_parallelism": 1})
