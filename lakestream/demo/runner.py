@@ -32,6 +32,7 @@ from lakestream.identifiers import quote, quote_table
 from lakestream.inspection import count_table_files
 from lakestream.sink.router import Router
 from lakestream.stack import Stack, StackInfo, StackSettings
+from lakestream.stack.models import CatalogKind, SourceKind, StorageKind
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -52,10 +53,10 @@ class DemoSettings:
     state_dir: Path = Path(".lakestream")
     pg_port: int = StackSettings.pg_port
     kafka_port: int = StackSettings.kafka_port
-    storage: str = "local"  # or "s3": the warehouse in a local S3-compatible store (nanio)
-    source: str = "postgresql"  # or "mariadb": the shop database in a private MariaDB beside the stack
+    storage: StorageKind = "local"  # or "s3": the warehouse in a local S3-compatible store (nanio)
+    source: SourceKind = "postgresql"  # or "mariadb": the shop database in a private MariaDB beside the stack
     mariadb_port: int = StackSettings.mariadb_port
-    catalog: str = "jdbc"  # or "rest": a local Iceberg REST catalog over the JDBC catalog
+    catalog: CatalogKind = "jdbc"  # or "rest": a local Iceberg REST catalog over the JDBC catalog
     duration_s: float = 60.0
     changes_per_s: float = 400.0
     catchup_timeout_s: float = 180.0
@@ -121,8 +122,9 @@ def run_demo(settings: DemoSettings) -> DemoResult:
     config = _pipeline_config(info, state_dir, prefix, group, sql)
     yaml_path = demo_dir / "pipeline.yaml"
     _write_pipeline_yaml(yaml_path, info, state_dir, prefix, group, sql)
-    for stale in (offsets_file(state_dir, config.capture), metrics_path(config),
-                  *capture_database(config.capture).state_files(config.capture, state_dir)):
+    captured = config.require_capture("the demo")
+    for stale in (offsets_file(state_dir, captured), metrics_path(config),
+                  *capture_database(captured).state_files(captured, state_dir)):
         stale.unlink(missing_ok=True)
 
     from lakestream.spark import session_for
@@ -418,7 +420,7 @@ def _last_commit_ms(metrics: Path) -> int:
 
 
 def _print_report(spark: SparkSession, config: PipelineConfig, report: VerifyReport, since_ms: int) -> None:
-    from rich.console import Console
+    from rich.console import Console, JustifyMethod
     from rich.table import Table
 
     console = Console(soft_wrap=False, width=None if sys.stdout.isatty() else 200)
@@ -443,13 +445,15 @@ def _print_report(spark: SparkSession, config: PipelineConfig, report: VerifyRep
 
     router = Router.from_config(config)
     layout = Table(title="Iceberg tables", header_style="bold")
-    for name, justify in (("table", "left"), ("snapshots", "right"), ("data files", "right"), ("delete files", "right"),
-                          ("data MB", "right")):
+    columns: list[tuple[str, JustifyMethod]] = [("table", "left"), ("snapshots", "right"), ("data files", "right"),
+                                                ("delete files", "right"), ("data MB", "right")]
+    for name, justify in columns:
         layout.add_column(name, justify=justify)
     names = {}
-    for source in config.capture.tables:
+    captured = config.require_capture("the demo")
+    for source in captured.tables:
         schema, table = source.split(".")
-        _, lake_name = router.route(f"{config.capture.topic_prefix}.{schema}.{table}")
+        _, lake_name = router.route(f"{captured.topic_prefix}.{schema}.{table}")
         names[table] = lake_name
         try:
             stats = count_table_files(spark, config.catalog.name, str(lake_name))
@@ -464,12 +468,12 @@ def _print_report(spark: SparkSession, config: PipelineConfig, report: VerifyRep
     try:
         df = spark.sql(query)
         result = df.collect()
-        table = Table(title="revenue by customer segment (top 5, from the lake)", header_style="bold")
+        segments = Table(title="revenue by customer segment (top 5, from the lake)", header_style="bold")
         for column in df.columns:
-            table.add_column(column, justify="left" if column == "segment" else "right")
+            segments.add_column(column, justify="left" if column == "segment" else "right")
         for r in result:
-            table.add_row(*(f"{v:,}" if not isinstance(v, str) else v for v in r))
-        console.print(table)
+            segments.add_row(*(f"{v:,}" if not isinstance(v, str) else v for v in r))
+        console.print(segments)
     except Exception as exc:  # noqa: BLE001 - the query is illustration; verify decides the exit code
         print(f"analytical query failed: {exc}")
 
