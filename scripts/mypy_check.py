@@ -117,6 +117,12 @@ def run_mypy() -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, proc.stderr
 
 
+def mypy_failed(status: int, found: list[Located]) -> bool:
+    """Whether mypy itself failed (a bad config, a crash, mypy not installed) rather than reporting findings: exit 2,
+    or exit 1 without a single finding."""
+    return status not in (0, 1) or (status == 1 and not found)
+
+
 def report(result: Comparison) -> str:
     lines = []
     if result.new:
@@ -139,11 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update", action="store_true", help="rewrite the baseline from the current findings")
     args = parser.parse_args(argv)
     status, out, err = run_mypy()
-    if status not in (0, 1):  # 2: mypy itself failed (bad config, crash), not a type error
+    current = parse_mypy_json(out)
+    if mypy_failed(status, current):
         sys.stderr.write(out + err)
         print(f"mypy failed to run (exit {status})", file=sys.stderr)
         return 2
-    current = parse_mypy_json(out)
     if args.update:
         BASELINE.write_text(format_baseline(loc.finding for loc in current))
         print(f"mypy: wrote {len(current)} finding(s) to {BASELINE.relative_to(ROOT)}")

@@ -82,6 +82,13 @@ def test_a_fixed_finding_fails_until_the_baseline_shrinks():
     assert mypy_check.UPDATE_COMMAND in mypy_check.report(result)
 
 
+def test_mypy_failing_to_run_is_told_from_findings():
+    assert mypy_check.mypy_failed(2, [])  # a crash or a bad config
+    assert mypy_check.mypy_failed(1, [])  # `No module named mypy`: exit 1, no finding
+    assert not mypy_check.mypy_failed(1, [Located(UNION, 3)])
+    assert not mypy_check.mypy_failed(0, [])
+
+
 def test_the_committed_baseline_parses_and_is_sorted():
     text = mypy_check.BASELINE.read_text()
     counts = mypy_check.parse_baseline(text)
