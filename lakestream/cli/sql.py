@@ -80,7 +80,8 @@ def print_rows(columns: list[str], rows: list[tuple], output_format: str, limit:
     truncated = limit > 0 and len(rows) > limit
     rows = rows[:limit] if truncated else rows
     if output_format == "json":
-        print(json.dumps([dict(zip(columns, map(plain_value, row), strict=True)) for row in rows], indent=2, default=str))
+        records = [dict(zip(columns, map(plain_value, row), strict=True)) for row in rows]
+        print(json.dumps(records, indent=2, default=str))
     elif output_format == "csv":
         writer = csv.writer(sys.stdout)
         writer.writerow(columns)

@@ -98,8 +98,8 @@ def test_sigkills_of_the_pipeline(chaos: ChaosEnv):
             if in_commit:
                 point = POINTS[(first_point + commit_kills) % len(POINTS)]
                 pipeline.start(pause_at=f"{point}:300")
-                pipeline.wait_for(lambda point=point: f"{PAUSE_MARKER} {point}" in pipeline.log_text(), f"pause at {point}",
-                                  300)
+                paused = f"{PAUSE_MARKER} {point}"
+                pipeline.wait_for(lambda paused=paused: paused in pipeline.log_text(), f"pause at {point}", 300)
                 pipeline.kill_group()
                 commit_kills += 1
                 chaos.figures.kills_in_commit[point] = chaos.figures.kills_in_commit.get(point, 0) + 1
