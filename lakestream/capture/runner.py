@@ -220,7 +220,8 @@ def run_capture(
 
     properties = connector_properties(capture, capture_dir.parent)
     database = capture_database(capture)
-    keyless = database.prepare(capture)  # the start check: stops capture before Debezium starts
+    resuming = Path(properties["offset.storage.file.filename"]).exists()
+    keyless = database.prepare(capture, resuming)  # the start check: stops capture before Debezium starts
     if keyless:
         log.info("capture: %s have no primary key: their events have no key, their mirrors are row multisets",
                  ", ".join(keyless))
