@@ -143,9 +143,9 @@ def test_config_validation_names_the_field_and_the_fix(tmp_path):
     database = {"kind": "mariadb", "dbname": "shop", "user": "u"}
     assert _config(database, ["shop.t"], tmp_path).capture.database.port == 3306
     assert _config({"dbname": "shop", "user": "u"}, ["public.t"], tmp_path).capture.database.port == 5432
-    with pytest.raises(ConfigError, match=r"capture: .*snapshot: parallel loads PostgreSQL tables only.*fix: set "
-                                          r"snapshot: debezium"):
-        _config(database, ["shop.t"], tmp_path, snapshot="parallel")
+    parallel = _config(database, ["shop.t"], tmp_path, snapshot="parallel")
+    with pytest.raises(CaptureError, match=r"snapshot: parallel .* Kafka Connect .* fix: run `lakestream capture`"):
+        connect_json(parallel.capture, kafka=parallel.kafka)
     with pytest.raises(ConfigError, match=r"capture.database: server_id is the replica id .* fix: remove it, or set "
                                           r"kind: mariadb"):
         _config({"dbname": "shop", "user": "u", "server_id": 5}, ["public.t"], tmp_path)

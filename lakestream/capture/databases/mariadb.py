@@ -112,6 +112,11 @@ class MariaDB:
             raise CaptureError(f"capture.database.zero_dates: {capture.database.zero_dates} runs lakestream's converter "
                                "class, which a Kafka Connect worker does not have — fix: remove zero_dates for a "
                                "connector on Connect (Debezium's rule then applies), or run `lakestream capture`")
+        if capture.snapshot == "parallel":
+            raise CaptureError("snapshot: parallel hands a MariaDB source over to the binlog through the embedded "
+                               "engine's offsets and a schema recovery at its first start, which a connector on Kafka "
+                               "Connect is not given — fix: run `lakestream capture` (after `lakestream snapshot`), or "
+                               "set snapshot: debezium for a connector on Connect")
         if kafka is None:
             raise CaptureError("a MariaDB connector on Kafka Connect keeps its schema history in a Kafka topic: pass "
                                "the pipeline's kafka settings (connect_json(capture, kafka=config.kafka))")

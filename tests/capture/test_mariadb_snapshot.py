@@ -1,0 +1,175 @@
+"""The parallel snapshot of a MariaDB source (`lakestream snapshot`, `capture.snapshot: parallel`) against a real
+MariaDB, Spark, Iceberg and Debezium's MariaDB connector: tables loaded in chunks under one consistent snapshot while
+writes go on, Debezium streaming from that snapshot's binlog position, then `verify` exact (marker ``mariadb_slow``,
+`make test-mariadb`)."""
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import catalog_settings, mariadb_database
+from test_mariadb_capture import EXPECTED_TYPES, EXPECTED_TYPES_ROW, MariaDBCapture
+
+from lakestream.capture import CaptureProcess
+from lakestream.capture.handover import handover_properties
+from lakestream.config import parse_config
+from lakestream.errors import CaptureError, ConfigError
+from lakestream.snapshot import run_snapshot
+from lakestream.snapshot.slot import read_handover
+
+# The types of test_mariadb_capture's table that the parallel snapshot reads (BIT(n > 1) and spatial types are
+# refused, naming Debezium's snapshot as the fix).
+SNAP_TYPES_DDL = """CREATE TABLE types (
+ id INT PRIMARY KEY,
+ b1 TINYINT(1), bo BOOLEAN, ti TINYINT, tiu TINYINT UNSIGNED, si SMALLINT, siu SMALLINT UNSIGNED,
+ mi MEDIUMINT, miu MEDIUMINT UNSIGNED, i INT, iu INT UNSIGNED, bi BIGINT, biu BIGINT UNSIGNED,
+ de DECIMAL(12,3), de65 DECIMAL(65,10), f FLOAT, d DOUBLE,
+ dt DATE, dtm0 DATETIME, dtm3 DATETIME(3), dtm6 DATETIME(6), ts TIMESTAMP NULL, ts6 TIMESTAMP(6) NULL,
+ tm TIME, tm6 TIME(6), y YEAR,
+ c CHAR(5), vc VARCHAR(50), tx TEXT, bn BINARY(4), vb VARBINARY(10), bl BLOB, bit1 BIT(1),
+ en ENUM('a','b','c'), st SET('x','y','z'), js JSON,
+ gen BIGINT AS (i * 2) VIRTUAL, gens VARCHAR(60) AS (CONCAT(vc, '!')) STORED
+)"""
+SNAP_COLUMNS = ("id,b1,bo,ti,tiu,si,siu,mi,miu,i,iu,bi,biu,de,de65,f,d,dt,dtm0,dtm3,dtm6,ts,ts6,tm,tm6,y,c,vc,tx,bn,"
+                "vb,bl,bit1,en,st,js")
+SNAP_VALUES = """(%s, 1, 0, -128, 255, -32768, 65535, -8388608, 16777215, -2147483648, 4294967295,
+ -9223372036854775808, 18446744073709551615, 123456789.123,
+ 12345678901234567890123456789012345678901234567890.0123456789, 1.5, 2.25,
+ '2024-02-29', '2024-02-29 13:14:15', '2024-02-29 13:14:15.123', '2024-02-29 13:14:15.123456',
+ '2024-02-29 13:14:15', '2024-02-29 13:14:15.654321', '-838:59:59', '12:34:56.789012', 2024,
+ 'ab', 'héllo 🚀', 'long text ✓', x'00010203', x'ff00', x'deadbeef', b'1',
+ 'b', 'x,z', '{"a": [1, 2, {"b": null}]}')"""
+pytestmark = pytest.mark.mariadb_slow  # ~50 s beyond the shared fixtures: `make test-mariadb`
+
+SNAP_EXPECTED = {k: v for k, v in EXPECTED_TYPES.items() if k not in ("bit5", "bit16", "bit64", "g", "pt")}
+ORDERS = 6_000
+
+
+class Writes(threading.Thread):
+    """Inserts, updates and deletes of ``orders`` and ``nokey`` as fast as one session goes, until stopped."""
+
+    def __init__(self, mariadb, dbname: str):
+        super().__init__(daemon=True)
+        self.conn = mariadb.connect(dbname)
+        self.stop, self.changes, self.error = threading.Event(), 0, None
+
+    def run(self) -> None:
+        rng, next_id = random.Random(11), ORDERS + 1
+        try:
+            with self.conn.cursor() as cur:
+                while not self.stop.is_set():
+                    roll = rng.random()
+                    if roll < 0.4:
+                        cur.execute("INSERT INTO orders VALUES (%s, %s, %s)", (next_id, f"c{next_id}", next_id % 97))
+                        next_id += 1
+                    elif roll < 0.75:
+                        cur.execute("UPDATE orders SET amount = amount + 1, customer = CONCAT(customer, '+') "
+                                    "WHERE id = %s", (rng.randrange(1, next_id),))
+                    elif roll < 0.9:
+                        cur.execute("DELETE FROM orders WHERE id = %s", (rng.randrange(1, next_id),))
+                    else:
+                        cur.execute("INSERT INTO nokey VALUES (%s, 'w')", (rng.randrange(5),))
+                    self.changes += 1
+                    time.sleep(0.002)
+        except Exception as exc:  # noqa: BLE001 — reported by the test
+            self.error = exc
+        finally:
+            self.conn.close()
+
+
+def test_parallel_snapshot_under_writes_hands_over_exactly(stack, mariadb, service_dir_factory, spark):
+    uid = uuid.uuid4().hex[:6]
+    dbname, prefix = f"mps_{uid}", f"mps{uid}"
+    mariadb.run_as_root(f"CREATE DATABASE `{dbname}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
+    conn = mariadb.connect(dbname)
+    with conn.cursor() as cur:
+        cur.execute(SNAP_TYPES_DDL)
+        cur.execute(f"INSERT INTO types ({SNAP_COLUMNS}) VALUES {SNAP_VALUES}", (1,))
+        cur.execute("INSERT INTO types (id) VALUES (2)")
+        cur.execute("CREATE TABLE orders (id INT PRIMARY KEY, customer VARCHAR(40) NOT NULL, amount DECIMAL(10,2))")
+        cur.executemany("INSERT INTO orders VALUES (%s, %s, %s)", [(i, f"c{i}", i % 89) for i in range(1, ORDERS + 1)])
+        cur.execute("CREATE TABLE nokey (a INT, b VARCHAR(10))")
+        cur.execute("INSERT INTO nokey VALUES (1, 'x'), (1, 'x'), (2, 'y')")
+        cur.execute("CREATE TABLE marker (id INT PRIMARY KEY)")
+        cur.execute("CREATE TABLE gis (id INT PRIMARY KEY, g POINT)")
+    workdir = service_dir_factory("mdbsnap")
+    data = {
+        "name": f"mps{uid}",
+        "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-mps{uid}",
+                  "client": {"session.timeout.ms": 6000}},
+        "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
+        "streams": [{"topic_pattern": rf"{prefix}\..*", "namespace": dbname, "table": "{table}"}],
+        "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
+        "spark": {"master": "local[2]", "driver_memory": "1500m"},
+        "state_dir": str(workdir / "state"),
+        "capture": {"database": mariadb_database(mariadb, dbname), "topic_prefix": prefix, "snapshot": "parallel",
+                    "snapshot_chunk_rows": 1000,
+                    "tables": [f"{dbname}.{t}" for t in ("types", "orders", "nokey", "marker")],
+                    "connector": {"heartbeat.interval.ms": "1000"}},
+    }
+    (workdir / "pipeline.yaml").write_text(yaml.safe_dump(data))
+    config = parse_config(data, "<test>")
+    writes = Writes(mariadb, dbname)
+    capture = CaptureProcess(workdir / "pipeline.yaml", log_path=workdir / "capture.log")
+    try:
+        # A spatial column is refused before anything is loaded, naming the fix.
+        gis = parse_config({**data, "capture": {**data["capture"], "tables": [f"{dbname}.gis"]}}, "<test>")
+        with pytest.raises(Exception, match=r"column 'g' has type point.*capture.snapshot: debezium"):
+            run_snapshot(gis, spark=spark)
+
+        writes.start()
+        time.sleep(1)
+        report = run_snapshot(config, spark=spark)
+        assert [t.chunks_total for t in report.tables] == [1, 6, 1, 1], report.to_text()
+        assert writes.changes > 0 and writes.error is None, writes.error
+        handover = read_handover(config.state_dir, config.capture)
+        assert handover["binlog"]["file"] and handover["binlog"]["pos"] > 4 and report.lsn == handover["lsn_text"]
+
+        # the tables are the ones Debezium's events would have created (streamed rows land without a change)
+        schema = {f.name: f.dataType.simpleString() for f in spark.table(f"lake.{dbname}.types").schema}
+        assert schema == SNAP_EXPECTED
+        row = {r["id"]: r for r in (x.asDict() for x in spark.table(f"lake.{dbname}.types").collect())}
+        assert {k: row[1][k] for k in EXPECTED_TYPES_ROW if k in SNAP_EXPECTED} == {
+            k: v for k, v in EXPECTED_TYPES_ROW.items() if k in SNAP_EXPECTED}
+        assert all(v is None for k, v in row[2].items() if k != "id"), row[2]
+
+        capture.start()
+        capture.wait_until_streaming(timeout=180)
+        time.sleep(2)
+        writes.stop.set()
+        writes.join(30)
+        assert writes.error is None, writes.error
+        with conn.cursor() as cur:  # a streamed row of every type
+            cur.execute(f"INSERT INTO types ({SNAP_COLUMNS}) VALUES {SNAP_VALUES}", (3,))
+        source = MariaDBCapture(mariadb, dbname, conn, workdir, config, capture, prefix)
+        source.sync(spark)
+        schema = {f.name: f.dataType.simpleString() for f in spark.table(f"lake.{dbname}.types").schema}
+        assert schema == SNAP_EXPECTED
+        assert not spark.catalog.tableExists("lake.lakestream.dead_letter") or spark.sql(
+            f"SELECT count(*) FROM lake.lakestream.dead_letter WHERE topic LIKE '{prefix}.%'").first()[0] == 0
+        result = source.verify(spark, ("types", "orders", "nokey"))
+        assert result.ok, result.to_text()
+        assert [t.source_rows for t in result.tables][0] == 3
+
+        # a re-snapshot of a MariaDB table while streaming is refused, naming the alternatives
+        with pytest.raises(ConfigError, match=r"orders: re-snapshotting a table while it streams is built for "
+                                              r"PostgreSQL only .* fix: `lakestream verify`"):
+            run_snapshot(config, [f"{dbname}.orders"], spark=spark)
+
+        # a table changed since the handover: a capture started afresh from it refuses to read the binlog
+        capture.stop()
+        with conn.cursor() as cur:
+            cur.execute("ALTER TABLE orders ADD COLUMN late INT")
+        (Path(config.state_dir) / "capture" / f"{config.capture.slot_name}.offsets").unlink()
+        with pytest.raises(CaptureError, match=rf"{dbname}.orders changed \(DDL\) since the parallel snapshot"):
+            handover_properties(config, {})
+    finally:
+        writes.stop.set()
+        capture.stop()
+        conn.close()
+        mariadb.run_as_root(f"DROP DATABASE IF EXISTS `{dbname}`")
