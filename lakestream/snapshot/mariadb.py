@@ -1,13 +1,15 @@
 """The parallel initial load of a MariaDB source: chunks read under one consistent snapshot, converted and written
 in Spark tasks, and the binlog position that snapshot corresponds to left for ``lakestream capture``.
 
-MariaDB cannot hand one transaction's snapshot to other sessions (PostgreSQL exports it). So one session holds it:
-``START TRANSACTION WITH CONSISTENT SNAPSHOT`` and, in the same session, ``SHOW STATUS LIKE 'binlog_snapshot_%'``,
-the binlog file and position of exactly that snapshot (MariaDB takes both at one instant, without a lock: every
-transaction committed before the position is in the snapshot, every one after it is not). That session reads the
-chunks one after another, each rendered by the server as one JSON object per row; the Spark tasks parse, convert
-and write them while the session reads the next ones (`load_chunks` with a driver-side `task`). No RELOAD grant and
-no lock: the session's metadata locks only hold back DDL on the tables being loaded, until the load ends.
+MariaDB cannot hand one transaction's snapshot to other sessions (PostgreSQL exports it), but it tells each
+session the binlog position its snapshot corresponds to: ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` then, in the
+same session, ``SHOW STATUS LIKE 'binlog_snapshot_%'`` (MariaDB takes both at one instant, without a lock: every
+transaction committed before the position is in the snapshot, every one after it is not). Snapshots at the same
+position therefore hold the same data: the load starts one per chunk thread and keeps those that share a position
+(`ConsistentSnapshot`). Each chunk is read in a free session, rendered by the server as one JSON object per row;
+the Spark tasks parse, convert and write it while the sessions read the next ones (`load_chunks` with a driver-side
+`task`). No RELOAD grant and no lock: the sessions' metadata locks only hold back DDL on the tables being loaded,
+until the load ends.
 
 Debezium then starts at that position (`lakestream.capture.handover`): its offsets are seeded with the binlog file
 and position, and its first start runs ``snapshot.mode=recovery`` (the tables' schemas into its history, no rows).
@@ -24,8 +26,11 @@ from __future__ import annotations
 
 import io
 import logging
-import threading
+import queue
 import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -178,42 +183,83 @@ def write_json_chunk(data: bytes, source: SourceTable, chunk: Chunk, target: Chu
 
 
 class ConsistentSnapshot:
-    """One MariaDB session holding ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` and the binlog position it
-    corresponds to; reads chunks one at a time for the driver's chunk threads (use as a context manager)."""
+    """MariaDB sessions each holding ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` at one and the same binlog
+    position, which is the handover point; each chunk is read in a free session by one of the driver's chunk threads
+    (use as a context manager).
 
-    def __init__(self, config: PipelineConfig, tables: list[SourceTableName]):
+    MariaDB cannot share one transaction's snapshot between sessions, but it reports each snapshot's binlog position,
+    and two snapshots at the same position hold the same committed transactions (every transaction that reaches the
+    binlog moves the position). So ``sessions`` snapshots are started one after another; those at the position most
+    of them share are kept, the others rolled back, and the whole start is tried again (``START_ATTEMPTS``) while
+    writes keep them apart. Under a heavy write load the load may read with fewer sessions, at worst one: never a
+    lock (no FLUSH TABLES WITH READ LOCK, no RELOAD grant)."""
+
+    START_ATTEMPTS = 5
+
+    def __init__(self, config: PipelineConfig, tables: list[SourceTableName], sessions: int = 1):
         from lakestream.capture.databases.mariadb import source_connection
 
-        self._conn = source_connection(_capture(config))
-        self._lock = threading.Lock()
-        with self._conn.cursor() as cur:
-            # Rendering: timestamps in UTC, text in utf8mb4; REPEATABLE READ is what the snapshot holds on to.
-            cur.execute("SET SESSION time_zone = '+00:00'")
-            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-            cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
-            status = {str(k).lower(): str(v) for k, v in cur.fetchall()}
-            self.file = status.get("binlog_snapshot_file", "")
-            self.pos = int(status.get("binlog_snapshot_position", "0") or 0)
-            if not self.file:
-                raise SnapshotError("MariaDB reports no binlog position for the snapshot (the binary log is off) — "
-                                    "fix: start MariaDB with log-bin, binlog_format=ROW and binlog_row_image=FULL")
-            # The GTID state at that position: Debezium's MariaDB connector asks the server for the stream by GTID.
-            cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (self.file, self.pos))
-            self.gtids = str(cur.fetchone()[0] or "")
-            # Touch every table inside the transaction: its metadata lock holds DDL on it back until the load
-            # ends (a DDL committed since the snapshot began fails the read: "Table definition has changed").
-            for name in tables:
-                cur.execute(f"SELECT 1 FROM {quote(name.schema)}.{quote(name.table)} LIMIT 0")
-                cur.fetchall()
-        log.info("snapshot: consistent snapshot at binlog %s:%d (GTID %s)", self.file, self.pos, self.gtids)
+        capture = _capture(config)
+        conns = [source_connection(capture) for _ in range(max(1, sessions))]
+        kept: list[Any] = []
+        try:
+            for conn in conns:
+                with conn.cursor() as cur:
+                    # Rendering: timestamps in UTC, text in utf8mb4; REPEATABLE READ is what the snapshot holds on to.
+                    cur.execute("SET SESSION time_zone = '+00:00'")
+                    cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            for attempt in range(self.START_ATTEMPTS):
+                positions = [_begin_snapshot(conn) for conn in conns]
+                (best, count), = Counter(positions).most_common(1)
+                if count == len(conns) or attempt == self.START_ATTEMPTS - 1:
+                    break
+                for conn in conns:
+                    conn.rollback()
+            kept = [conn for conn, position in zip(conns, positions, strict=True) if position == best]
+        finally:
+            for conn in conns:
+                if conn not in kept:
+                    conn.close()
+        self.file, self.pos = best
+        self.sessions = len(kept)
+        self._free: queue.Queue[Any] = queue.Queue()
+        try:
+            with kept[0].cursor() as cur:
+                # The GTID state at that position: Debezium's MariaDB connector asks the server for the stream by GTID.
+                cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (self.file, self.pos))
+                self.gtids = str(cur.fetchone()[0] or "")
+            for conn in kept:
+                # Touch every table inside each transaction: the metadata lock holds DDL on it back until the load
+                # ends (a DDL committed since the snapshot began fails the read: "Table definition has changed").
+                with conn.cursor() as cur:
+                    for name in tables:
+                        cur.execute(f"SELECT 1 FROM {quote(name.schema)}.{quote(name.table)} LIMIT 0")
+                        cur.fetchall()
+                self._free.put(conn)
+        except BaseException:
+            for conn in kept:
+                conn.close()
+            raise
+        self._conns = kept
+        log.info("snapshot: %d of %d sessions share the consistent snapshot at binlog %s:%d (GTID %s)",
+                 len(kept), len(conns), self.file, self.pos, self.gtids)
 
     @property
     def position(self) -> dict[str, Any]:
         return {"file": self.file, "pos": self.pos, "gtids": self.gtids}
 
+    @contextmanager
+    def _session(self) -> Iterator[Any]:
+        """A cursor of a free session (waits for one)."""
+        conn = self._free.get()
+        try:
+            with conn.cursor() as cur:
+                yield cur
+        finally:
+            self._free.put(conn)
+
     def describe(self, name: SourceTableName) -> tuple[SourceTable, list[list[str]]]:
-        with self._lock, self._conn.cursor() as cur:
+        with self._session() as cur:
             return describe_table(cur, name.schema, name.table), table_signature(cur, name.schema, name.table)
 
     def plan(self, source: SourceTable, chunk_rows: int) -> ChunkPlan:
@@ -222,7 +268,7 @@ class ConsistentSnapshot:
         bounds: list[int] = []
         if source.integer_key:
             key = quote(source.key[0])
-            with self._lock, self._conn.cursor() as cur:
+            with self._session() as cur:
                 cur.execute(f"SELECT MIN({key}), MAX({key}), COUNT(*) FROM {quote(source.schema)}."
                             f"{quote(source.table)}")
                 low, high, count = cur.fetchone()
@@ -234,25 +280,39 @@ class ConsistentSnapshot:
         return ChunkPlan(source.name, [Chunk(source.name, i, cuts[i], cuts[i + 1]) for i in range(len(cuts) - 1)])
 
     def task(self, w: SnapshotTable, chunk: Chunk) -> ChunkTask:
-        """Read ``chunk`` in the snapshot's session (the chunk threads take turns) and give the Spark task that
-        converts and writes it."""
+        """Read ``chunk`` in a free session (the chunk threads take turns when there are fewer sessions than
+        threads) and give the Spark task that converts and writes it."""
         started = time.monotonic()
-        with self._lock, self._conn.cursor() as cur:
+        with self._session() as cur:
             cur.execute(chunk_query(w.source, chunk))
             data = b"\n".join(row[0].encode() for row in cur.fetchall())
         return write_json_chunk, (data, w.source, chunk, w.target, time.monotonic() - started)
 
     def close(self) -> None:
-        try:
-            self._conn.rollback()
-        finally:
-            self._conn.close()
+        for conn in self._conns:
+            try:
+                conn.rollback()
+            finally:
+                conn.close()
 
     def __enter__(self) -> ConsistentSnapshot:
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def _begin_snapshot(conn: Any) -> tuple[str, int]:
+    """Start the session's consistent snapshot; the binlog (file, position) it corresponds to."""
+    with conn.cursor() as cur:
+        cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+        cur.execute("SHOW STATUS LIKE 'binlog_snapshot_%'")
+        status = {str(k).lower(): str(v) for k, v in cur.fetchall()}
+    file, pos = status.get("binlog_snapshot_file", ""), int(status.get("binlog_snapshot_position", "0") or 0)
+    if not file:
+        raise SnapshotError("MariaDB reports no binlog position for the snapshot (the binary log is off) — fix: start "
+                            "MariaDB with log-bin, binlog_format=ROW and binlog_row_image=FULL")
+    return file, pos
 
 
 def _binlog_lag(config: PipelineConfig, position: dict[str, Any]) -> int:
@@ -356,7 +416,8 @@ def run_mariadb_snapshot(config: PipelineConfig, names: list[str], spark: SparkS
                                 "was purged, and with it the changes since — fix: drop the lake tables and snapshot "
                                 "again (and keep binlogs longer: binlog_expire_logs_seconds)")
     sources = [SourceTableName.parse(n) for n in names]
-    with ConsistentSnapshot(config, sources) as snapshot:
+    sessions = parallelism or capture.snapshot_parallelism or spark.sparkContext.defaultParallelism
+    with ConsistentSnapshot(config, sources, sessions) as snapshot:
         if position is None:
             position = snapshot.position
         handover_started = time.time()

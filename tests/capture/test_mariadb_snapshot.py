@@ -173,3 +173,33 @@ def test_parallel_snapshot_under_writes_hands_over_exactly(stack, mariadb, servi
         capture.stop()
         conn.close()
         mariadb.run_as_root(f"DROP DATABASE IF EXISTS `{dbname}`")
+
+
+def test_sessions_share_one_snapshot_at_its_binlog_position(mariadb, mariadb_source, tmp_path):
+    """Several sessions at one binlog position read one state: a row committed after they started is in none of
+    them, and the position is the one the binlog had then."""
+    from lakestream.identifiers import SourceTableName
+    from lakestream.snapshot.mariadb import ConsistentSnapshot
+
+    dbname, conn = mariadb_source
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))")
+        cur.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+        cur.execute("SHOW MASTER STATUS")
+        file, pos = cur.fetchone()[:2]
+    config = parse_config({
+        "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+        "catalog": {"type": "hadoop", "warehouse": f"file://{tmp_path}/warehouse"},
+        "streams": [{"topic_pattern": r"mdb\..*"}], "state_dir": str(tmp_path / "state"),
+        "capture": {"database": mariadb_database(mariadb, dbname), "tables": [f"{dbname}.t"], "topic_prefix": "mdb"},
+    }, "<test>")
+    with ConsistentSnapshot(config, [SourceTableName.parse(f"{dbname}.t")], sessions=3) as snapshot:
+        assert (snapshot.sessions, snapshot.file, snapshot.pos) == (3, file, int(pos))
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO t VALUES (3, 'late')")
+            cur.execute("UPDATE t SET v = 'changed' WHERE id = 1")
+        source, _ = snapshot.describe(SourceTableName.parse(f"{dbname}.t"))
+        plan = snapshot.plan(source, 1)
+        reads = [snapshot.task(type("W", (), {"source": source, "target": None})(), c)[1][0] for c in plan.chunks * 3]
+        # every session read every chunk (the free sessions are taken in turn)
+        assert sorted(reads) == sorted([b'{"id": 1, "v": "a"}', b'{"id": 2, "v": "b"}'] * 3), reads
