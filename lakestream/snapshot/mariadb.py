@@ -285,7 +285,17 @@ class ConsistentSnapshot:
         started = time.monotonic()
         with self._session() as cur:
             cur.execute(chunk_query(w.source, chunk))
-            data = b"\n".join(row[0].encode() for row in cur.fetchall())
+            rows = cur.fetchall()
+            # A value the server could not render (HEX() or JSON_OBJECT() longer than max_allowed_packet, ...) is
+            # NULL with a warning: fail the chunk rather than load a NULL.
+            cur.execute("SHOW WARNINGS LIMIT 3")
+            warnings = [str(w[2]) for w in cur.fetchall()]
+        if warnings or any(row[0] is None for row in rows):
+            raise SnapshotError(f"{w.source.name} {chunk.describe(w.source)}: MariaDB could not render every value "
+                                f"({'; '.join(warnings) or 'a row is NULL'}) — fix: SET GLOBAL max_allowed_packet = "
+                                "1073741824 (the largest) if a value is too long, or snapshot this table with "
+                                "Debezium (capture.snapshot: debezium)")
+        data = b"\n".join(row[0].encode() for row in rows)
         return write_json_chunk, (data, w.source, chunk, w.target, time.monotonic() - started)
 
     def close(self) -> None:

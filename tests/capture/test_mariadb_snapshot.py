@@ -203,3 +203,28 @@ def test_sessions_share_one_snapshot_at_its_binlog_position(mariadb, mariadb_sou
         reads = [snapshot.task(type("W", (), {"source": source, "target": None})(), c)[1][0] for c in plan.chunks * 3]
         # every session read every chunk (the free sessions are taken in turn)
         assert sorted(reads) == sorted([b'{"id": 1, "v": "a"}', b'{"id": 2, "v": "b"}'] * 3), reads
+
+
+def test_a_value_the_server_cannot_render_fails_the_chunk(mariadb, mariadb_source, tmp_path):
+    """HEX() of a BLOB longer than max_allowed_packet / 2 is NULL with a warning: the chunk fails, naming the
+    setting, instead of loading a NULL."""
+    from lakestream.identifiers import SourceTableName
+    from lakestream.snapshot import SnapshotError
+    from lakestream.snapshot.mariadb import ConsistentSnapshot
+
+    dbname, conn = mariadb_source
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE b (id INT PRIMARY KEY, bl LONGBLOB)")
+        cur.execute("INSERT INTO b VALUES (1, REPEAT('x', 9000000))")  # HEX(): 18 MB, over the default 16 MB
+    config = parse_config({
+        "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+        "catalog": {"type": "hadoop", "warehouse": f"file://{tmp_path}/warehouse"},
+        "streams": [{"topic_pattern": r"mdb\..*"}], "state_dir": str(tmp_path / "state"),
+        "capture": {"database": mariadb_database(mariadb, dbname), "tables": [f"{dbname}.b"], "topic_prefix": "mdb"},
+    }, "<test>")
+    name = SourceTableName.parse(f"{dbname}.b")
+    with ConsistentSnapshot(config, [name]) as snapshot:
+        source, _ = snapshot.describe(name)
+        (chunk,) = snapshot.plan(source, 1000).chunks
+        with pytest.raises(SnapshotError, match=r"could not render every value .*max_allowed_packet"):
+            snapshot.task(type("W", (), {"source": source, "target": None})(), chunk)
