@@ -1,7 +1,8 @@
 """The parallel snapshot of a MariaDB source (`lakestream snapshot`, `capture.snapshot: parallel`) against a real
 MariaDB, Spark, Iceberg and Debezium's MariaDB connector: tables loaded in chunks under one consistent snapshot while
 writes go on, Debezium streaming from that snapshot's binlog position, then `verify` exact (marker ``mariadb_slow``,
-`make test-mariadb`)."""
+`make test-mariadb`); and, in `make test`, the sessions lined up at one binlog position and a value the server
+cannot render."""
 from __future__ import annotations
 
 import random
@@ -44,8 +45,6 @@ SNAP_VALUES = """(%s, 1, 0, -128, 255, -32768, 65535, -8388608, 16777215, -21474
  '2024-02-29 13:14:15', '2024-02-29 13:14:15.654321', '-838:59:59', '12:34:56.789012', 2024,
  'ab', 'héllo 🚀', 'long text ✓', x'00010203', x'ff00', x'deadbeef', b'1',
  'b', 'x,z', '{"a": [1, 2, {"b": null}]}')"""
-pytestmark = pytest.mark.mariadb_slow  # ~50 s beyond the shared fixtures: `make test-mariadb`
-
 SNAP_EXPECTED = {k: v for k, v in EXPECTED_TYPES.items() if k not in ("bit5", "bit16", "bit64", "g", "pt")}
 ORDERS = 6_000
 
@@ -82,6 +81,7 @@ class Writes(threading.Thread):
             self.conn.close()
 
 
+@pytest.mark.mariadb_slow  # ~50 s beyond the shared fixtures: `make test-mariadb`
 def test_parallel_snapshot_under_writes_hands_over_exactly(stack, mariadb, service_dir_factory, spark):
     uid = uuid.uuid4().hex[:6]
     dbname, prefix = f"mps_{uid}", f"mps{uid}"
