@@ -437,10 +437,12 @@ def run_mariadb_snapshot(config: PipelineConfig, names: list[str], spark: SparkS
             topic, stream, lake, ident = routed[name]
             source, signatures[name] = snapshot.describe(parsed)
             state = states.get(name)
-            if state is not None and source.keyless and not state.get("complete"):
+            if resumed and source.keyless and not (state or {}).get("complete"):
                 raise SnapshotError(f"the interrupted snapshot had not finished {name}, without a primary key: read "
                                     "later than the handover point, the changes made in between would be applied to "
-                                    "it twice — fix: drop the lake tables and snapshot again")
+                                    "it twice, and nothing tells a row from its equal copy — fix: drop the lake "
+                                    "tables and snapshot again, or snapshot such tables with Debezium "
+                                    "(capture.snapshot: debezium)")
             shape = NewShape(lake, topic, f"snapshot:{name}", [(c.name, c.ddl) for c in source.columns],
                              list(source.key), False)
             registry.prepare_table(lake, [shape], stream)

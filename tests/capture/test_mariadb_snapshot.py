@@ -5,7 +5,10 @@ writes go on, Debezium streaming from that snapshot's binlog position, then `ver
 cannot render."""
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -18,9 +21,11 @@ from test_mariadb_capture import EXPECTED_TYPES, EXPECTED_TYPES_ROW, MariaDBCapt
 
 from lakestream.capture import CaptureProcess
 from lakestream.capture.handover import handover_properties
+from lakestream.capture.process import LAKESTREAM_COMMAND
 from lakestream.config import parse_config
 from lakestream.errors import CaptureError, ConfigError
-from lakestream.snapshot import run_snapshot
+from lakestream.snapshot import SnapshotError, run_snapshot
+from lakestream.snapshot.runner import KILL_AFTER_CHUNKS_ENV, read_snapshot_state
 from lakestream.snapshot.slot import read_handover
 
 # The types of test_mariadb_capture's table that the parallel snapshot reads (BIT(n > 1) and spatial types are
@@ -81,10 +86,11 @@ class Writes(threading.Thread):
             self.conn.close()
 
 
-@pytest.mark.mariadb_slow  # ~50 s beyond the shared fixtures: `make test-mariadb`
-def test_parallel_snapshot_under_writes_hands_over_exactly(stack, mariadb, service_dir_factory, spark):
+def _pipeline(stack, mariadb, service_dir_factory, label: str, tables: list[str]) -> tuple[str, str, Path, dict]:
+    """A fresh MariaDB database with the test's tables, and a pipeline capturing ``tables`` with the parallel
+    snapshot: (database, topic prefix, work dir, config data)."""
     uid = uuid.uuid4().hex[:6]
-    dbname, prefix = f"mps_{uid}", f"mps{uid}"
+    dbname, prefix = f"{label}_{uid}", f"{label}{uid}"
     mariadb.run_as_root(f"CREATE DATABASE `{dbname}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
     conn = mariadb.connect(dbname)
     with conn.cursor() as cur:
@@ -97,10 +103,11 @@ def test_parallel_snapshot_under_writes_hands_over_exactly(stack, mariadb, servi
         cur.execute("INSERT INTO nokey VALUES (1, 'x'), (1, 'x'), (2, 'y')")
         cur.execute("CREATE TABLE marker (id INT PRIMARY KEY)")
         cur.execute("CREATE TABLE gis (id INT PRIMARY KEY, g POINT)")
-    workdir = service_dir_factory("mdbsnap")
+    conn.close()
+    workdir = service_dir_factory(label)
     data = {
-        "name": f"mps{uid}",
-        "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-mps{uid}",
+        "name": prefix,
+        "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-{prefix}",
                   "client": {"session.timeout.ms": 6000}},
         "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
         "streams": [{"topic_pattern": rf"{prefix}\..*", "namespace": dbname, "table": "{table}"}],
@@ -108,11 +115,18 @@ def test_parallel_snapshot_under_writes_hands_over_exactly(stack, mariadb, servi
         "spark": {"master": "local[2]", "driver_memory": "1500m"},
         "state_dir": str(workdir / "state"),
         "capture": {"database": mariadb_database(mariadb, dbname), "topic_prefix": prefix, "snapshot": "parallel",
-                    "snapshot_chunk_rows": 1000,
-                    "tables": [f"{dbname}.{t}" for t in ("types", "orders", "nokey", "marker")],
+                    "snapshot_chunk_rows": 1000, "tables": [f"{dbname}.{t}" for t in tables],
                     "connector": {"heartbeat.interval.ms": "1000"}},
     }
     (workdir / "pipeline.yaml").write_text(yaml.safe_dump(data))
+    return dbname, prefix, workdir, data
+
+
+@pytest.mark.mariadb_slow  # ~50 s beyond the shared fixtures: `make test-mariadb`
+def test_parallel_snapshot_under_writes_hands_over_exactly(stack, mariadb, service_dir_factory, spark):
+    dbname, prefix, workdir, data = _pipeline(stack, mariadb, service_dir_factory, "mps",
+                                              ["types", "orders", "nokey", "marker"])
+    conn = mariadb.connect(dbname)
     config = parse_config(data, "<test>")
     writes = Writes(mariadb, dbname)
     capture = CaptureProcess(workdir / "pipeline.yaml", log_path=workdir / "capture.log")
@@ -228,3 +242,52 @@ def test_a_value_the_server_cannot_render_fails_the_chunk(mariadb, mariadb_sourc
         (chunk,) = snapshot.plan(source, 1000).chunks
         with pytest.raises(SnapshotError, match=r"could not render every value .*max_allowed_packet"):
             snapshot.task(type("W", (), {"source": source, "target": None})(), chunk)
+
+
+@pytest.mark.mariadb_slow
+def test_snapshot_killed_midway_resumes_exactly(stack, mariadb, service_dir_factory, spark):
+    """`lakestream snapshot` SIGKILLed after two chunks: the resumed run keeps them and reads the rest under a new
+    snapshot, later; the stream still starts at the first run's position, the mirror converges. A keyless table
+    not finished by the first run is refused on resume (its rows would be doubled)."""
+    dbname, prefix, workdir, data = _pipeline(stack, mariadb, service_dir_factory, "mpk", ["orders", "marker"])
+    conn = mariadb.connect(dbname)
+    config = parse_config(data, "<test>")
+    writes = Writes(mariadb, dbname)
+    capture = CaptureProcess(workdir / "pipeline.yaml", log_path=workdir / "capture.log")
+    try:
+        writes.start()
+        env = {**os.environ, KILL_AFTER_CHUNKS_ENV: "2"}
+        killed = subprocess.run([*LAKESTREAM_COMMAND, "snapshot", str(workdir / "pipeline.yaml")], capture_output=True,
+                                text=True, timeout=600, env=env, stdin=subprocess.DEVNULL)
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+        state = read_snapshot_state(spark, f"lake.{dbname}.orders")
+        done = sum(b - a + 1 for a, b in state["done"])
+        assert 0 < done < len(state["chunks"]) and not state["complete"] and state["lsn"]["file"]
+        with pytest.raises(CaptureError, match="no snapshot finished"):
+            handover_properties(config, {})
+
+        # a keyless table the first run did not finish: refused on resume
+        with_nokey = parse_config({**data, "capture": {**data["capture"], "tables": [
+            *data["capture"]["tables"], f"{dbname}.nokey"]}}, "<test>")
+        with pytest.raises(SnapshotError, match=rf"had not finished {dbname}.nokey, without a primary key"):
+            run_snapshot(with_nokey, spark=spark)
+
+        report = run_snapshot(config, spark=spark)
+        orders = report.tables[0]
+        assert report.resumed and orders.resumed_chunks == done and orders.chunks_done == orders.chunks_total
+        assert read_handover(config.state_dir, config.capture)["binlog"] == state["lsn"]  # the first run's position
+        capture.start()
+        capture.wait_until_streaming(timeout=180)
+        time.sleep(2)
+        writes.stop.set()
+        writes.join(30)
+        assert writes.error is None and writes.changes > 0, writes.error
+        source = MariaDBCapture(mariadb, dbname, conn, workdir, config, capture, prefix)
+        source.sync(spark)
+        result = source.verify(spark, ("orders",))
+        assert result.ok, result.to_text()
+    finally:
+        writes.stop.set()
+        capture.stop()
+        conn.close()
+        mariadb.run_as_root(f"DROP DATABASE IF EXISTS `{dbname}`")
