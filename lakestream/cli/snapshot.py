@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "under it in parallel and appends them to the Iceberg mirrors; `lakestream capture` then streams "
                     "from that exact point. An interrupted snapshot resumes from the chunks already committed. "
                     "Tables named after the handover are re-snapshotted while `lakestream capture` and `lakestream "
-                    "run` keep streaming them: their mirrors are replaced, exactly, in one commit (PostgreSQL).",
+                    "run` keep streaming them: their mirrors are replaced, exactly, in one commit.",
     )
     parser.add_argument("pipeline_yaml", help="pipeline config with a `capture:` section")
     parser.add_argument("tables", nargs="*", metavar="SCHEMA.TABLE", help="only these captured tables (default: all)")

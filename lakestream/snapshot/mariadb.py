@@ -17,6 +17,8 @@ The schemas it records are the tables' as they are then; a table changed by DDL 
 misread from the binlog before the change, so capture refuses to start when a table's columns differ from those
 the handover recorded.
 
+The re-snapshot of a table while it streams reads it with the same sessions (`lakestream.snapshot.resnapshot`).
+
 A run interrupted by a crash resumes as PostgreSQL's does (`lakestream.snapshot.runner`): the chunks committed stay,
 the rest are read under a new snapshot, later, and the stream still starts at the first run's position; every
 binlog row event holds the whole row and the mirror keeps the latest change per key, so the mirror converges. A

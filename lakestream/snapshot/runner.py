@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -107,20 +106,13 @@ def run_snapshot(
     chunk_rows = chunk_rows or capture.snapshot_chunk_rows
     started = time.monotonic()
     handover = read_handover(config.state_dir, capture)
-    if capture.database.kind == "mariadb":
-        if tables and (again or (handover is not None and set(names) <= set(handover["tables"]))):
-            raise ConfigError(
-                f"{', '.join(names)}: re-snapshotting a table while it streams is built for PostgreSQL only (the "
-                "MariaDB design: docs/design/snapshot.md, \"A MariaDB source\") — fix: `lakestream verify` shows "
-                "whether the mirror drifted; to load MariaDB tables again, stop `lakestream capture` and `lakestream "
-                "run`, drop the mirrors, delete the capture state "
-                f"({Path(config.state_dir) / 'capture' / capture.slot_name}.*: handover, offsets, schema history) "
-                "and run `lakestream snapshot` again")
+    resnapshot = tables and (again or (handover is not None and set(names) <= set(handover["tables"])))
+    if capture.database.kind == "mariadb" and not resnapshot:
         from lakestream.snapshot.mariadb import run_mariadb_snapshot
 
         return run_mariadb_snapshot(config, names, spark, chunk_rows=chunk_rows, parallelism=parallelism,
                                     progress_interval_s=progress_interval_s, on_progress=on_progress)
-    if tables and (again or (handover is not None and set(names) <= set(handover["tables"]))):
+    if resnapshot:
         from lakestream.snapshot.resnapshot import resnapshot_tables
 
         return resnapshot_tables(config, names, spark, chunk_rows=chunk_rows, parallelism=parallelism,

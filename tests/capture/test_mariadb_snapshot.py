@@ -14,6 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
+import orjson
 import pytest
 import yaml
 from conftest import catalog_settings, mariadb_database
@@ -23,10 +24,12 @@ from lakestream.capture import CaptureProcess
 from lakestream.capture.handover import handover_properties
 from lakestream.capture.process import LAKESTREAM_COMMAND
 from lakestream.config import parse_config
-from lakestream.errors import CaptureError, ConfigError
-from lakestream.snapshot import SnapshotError, run_snapshot
+from lakestream.engine.loop import run_pipeline
+from lakestream.errors import CaptureError
+from lakestream.snapshot import RESNAPSHOT_PROPERTY, SnapshotError, run_snapshot
 from lakestream.snapshot.runner import KILL_AFTER_CHUNKS_ENV, read_snapshot_state
 from lakestream.snapshot.slot import read_handover
+from lakestream.spark import jvm_helper
 
 # The types of test_mariadb_capture's table that the parallel snapshot reads (BIT(n > 1) and spatial types are
 # refused, naming Debezium's snapshot as the fix).
@@ -57,13 +60,19 @@ ORDERS = 6_000
 class Writes(threading.Thread):
     """Inserts, updates and deletes of ``orders`` and ``nokey`` as fast as one session goes, until stopped."""
 
-    def __init__(self, mariadb, dbname: str):
+    def __init__(self, mariadb, dbname: str, first_id: int = ORDERS + 1):
         super().__init__(daemon=True)
         self.conn = mariadb.connect(dbname)
-        self.stop, self.changes, self.error = threading.Event(), 0, None
+        self.stop, self.changes, self.error, self.first_id = threading.Event(), 0, None, first_id
+
+    def _some_id(self, rng: random.Random, next_id: int) -> int:
+        """A key of the loaded rows or of this writer's own inserts."""
+        if next_id > self.first_id and rng.random() < 0.5:
+            return rng.randrange(self.first_id, next_id)
+        return rng.randrange(1, ORDERS + 1)
 
     def run(self) -> None:
-        rng, next_id = random.Random(11), ORDERS + 1
+        rng, next_id = random.Random(self.first_id), self.first_id
         try:
             with self.conn.cursor() as cur:
                 while not self.stop.is_set():
@@ -73,9 +82,9 @@ class Writes(threading.Thread):
                         next_id += 1
                     elif roll < 0.75:
                         cur.execute("UPDATE orders SET amount = amount + 1, customer = CONCAT(customer, '+') "
-                                    "WHERE id = %s", (rng.randrange(1, next_id),))
+                                    "WHERE id = %s", (self._some_id(rng, next_id),))
                     elif roll < 0.9:
-                        cur.execute("DELETE FROM orders WHERE id = %s", (rng.randrange(1, next_id),))
+                        cur.execute("DELETE FROM orders WHERE id = %s", (self._some_id(rng, next_id),))
                     else:
                         cur.execute("INSERT INTO nokey VALUES (%s, 'w')", (rng.randrange(5),))
                     self.changes += 1
@@ -170,11 +179,6 @@ def test_parallel_snapshot_under_writes_hands_over_exactly(stack, mariadb, servi
         assert result.ok, result.to_text()
         assert [t.source_rows for t in result.tables][0] == 3
 
-        # a re-snapshot of a MariaDB table while streaming is refused, naming the alternatives
-        with pytest.raises(ConfigError, match=r"orders: re-snapshotting a table while it streams is built for "
-                                              r"PostgreSQL only .* fix: `lakestream verify`"):
-            run_snapshot(config, [f"{dbname}.orders"], spark=spark)
-
         # a table changed since the handover: a capture started afresh from it refuses to read the binlog
         capture.stop()
         with conn.cursor() as cur:
@@ -245,10 +249,11 @@ def test_a_value_the_server_cannot_render_fails_the_chunk(mariadb, mariadb_sourc
 
 
 @pytest.mark.mariadb_slow
-def test_snapshot_killed_midway_resumes_exactly(stack, mariadb, service_dir_factory, spark):
+def test_snapshot_killed_midway_resumes_and_resnapshot_repairs_drift(stack, mariadb, service_dir_factory, spark):
     """`lakestream snapshot` SIGKILLed after two chunks: the resumed run keeps them and reads the rest under a new
     snapshot, later; the stream still starts at the first run's position, the mirror converges. A keyless table
-    not finished by the first run is refused on resume (its rows would be doubled)."""
+    not finished by the first run is refused on resume (its rows would be doubled). Then the mirror, drifted by
+    hand, is re-snapshotted while capture, the pipeline and writes go on, and ends exact."""
     dbname, prefix, workdir, data = _pipeline(stack, mariadb, service_dir_factory, "mpk", ["orders", "marker"])
     conn = mariadb.connect(dbname)
     config = parse_config(data, "<test>")
@@ -283,6 +288,40 @@ def test_snapshot_killed_midway_resumes_exactly(stack, mariadb, service_dir_fact
         writes.join(30)
         assert writes.error is None and writes.changes > 0, writes.error
         source = MariaDBCapture(mariadb, dbname, conn, workdir, config, capture, prefix)
+        source.sync(spark)
+        result = source.verify(spark, ("orders",))
+        assert result.ok, result.to_text()
+
+        # The re-snapshot while capture and the pipeline stream: a mirror drifted by hand is repaired exactly, with
+        # writes going on (the keys they change between the low mark and the commit keep the stream's rows).
+        mirror = f"lake.{dbname}.orders"
+        spark.sql(f"DELETE FROM {mirror} WHERE id % 97 = 0")
+        spark.sql(f"UPDATE {mirror} SET customer = 'drifted' WHERE id % 89 = 0")
+        spark.sql(f"INSERT INTO {mirror} SELECT * FROM {mirror} WHERE id IN (3, 4)")
+        assert not source.verify(spark, ("orders",)).ok
+        stop, errors = threading.Event(), []
+
+        def pipeline() -> None:
+            try:
+                run_pipeline(config, spark=spark, stop=stop)
+            except BaseException as exc:  # noqa: BLE001 — asserted below
+                errors.append(exc)
+
+        runner = threading.Thread(target=pipeline, daemon=True)
+        runner.start()
+        writes = Writes(mariadb, dbname, first_id=100_000)
+        writes.start()
+        report = run_snapshot(config, [f"{dbname}.orders"], spark, progress_interval_s=0.5, wait_timeout_s=120)
+        assert report.resnapshot and report.tables[0].chunks_total >= 6 and report.lsn.startswith("binlog."), report
+        state = orjson.loads(jvm_helper(spark).latestSummaryValue(spark._jsparkSession, mirror, RESNAPSHOT_PROPERTY))
+        assert state["table"] == f"{dbname}.orders" and state["high_lsn"].startswith("binlog."), state
+        time.sleep(1)
+        writes.stop.set()
+        writes.join(30)
+        assert writes.error is None and writes.changes > 0, writes.error
+        stop.set()
+        runner.join(120)
+        assert not errors, errors
         source.sync(spark)
         result = source.verify(spark, ("orders",))
         assert result.ok, result.to_text()
