@@ -79,11 +79,12 @@ test-storage: setup
 test-snapshot: setup
 	$(VENV)/bin/python -m pytest -x -v --durations=15 -m 'snapshot_slow or not snapshot_slow' tests/snapshot
 
-# The long MariaDB scenarios (tests/demo/test_mariadb_slow.py): the shop demo from MariaDB, and `lakestream run`
-# SIGKILLed under a write load streaming from MariaDB; plus the fast MariaDB tests that `make test` runs too.
+# The long MariaDB scenarios (tests/demo/test_mariadb_slow.py, tests/capture/test_mariadb_snapshot.py): the shop demo
+# from MariaDB, `lakestream run` SIGKILLed under a write load streaming from MariaDB, and the parallel snapshot of
+# MariaDB tables under writes handed over to the binlog; plus the fast MariaDB tests that `make test` runs too.
 test-mariadb: setup
 	$(VENV)/bin/python -m pytest -x -v --durations=15 -m 'mariadb_slow or not mariadb_slow' tests/demo/test_mariadb_slow.py \
-		tests/capture/test_mariadb_capture.py tests/capture/test_mariadb_start_checks.py tests/stack/test_mariadb_stack.py \
+		tests/capture/test_mariadb_snapshot.py tests/capture/test_mariadb_capture.py tests/capture/test_mariadb_start_checks.py tests/stack/test_mariadb_stack.py \
 		tests/decode/test_binlog_events.py
 
 # Other engines reading the tables (tests/query/test_trino.py, marker engines): a Trino node (io.trino:trino-server

@@ -10,7 +10,9 @@
    (printed as `write_s`).
 
 ``--source mariadb`` runs the same two phases against a private MariaDB (Debezium's MariaDB connector: its snapshot,
-then the binlog), with the same table and the same writes in MariaDB's SQL.
+then the binlog), with the same table and the same writes in MariaDB's SQL. ``--snapshot parallel`` loads the table
+with `lakestream snapshot` instead (Spark tasks at the pipeline's ``spark.master``, rows all the way into Iceberg;
+rows/s over the whole `run_snapshot`), and capture then streams from its handover point.
 
 Both phases report the capture process's CPU seconds per 1,000 events as well (user + system, from
 /proc), which the machine's other load disturbs far less than wall time. The LAST line is one JSON object.
@@ -132,6 +134,25 @@ def write_mariadb_changes(info, name: str, table: str, first_id: int, changes: i
     return time.monotonic() - started
 
 
+def parallel_snapshot(yaml_path: Path, rows: int) -> dict:
+    """`lakestream snapshot` of the pipeline's tables in this process: its rows/s into Iceberg."""
+    from lakestream.config import load_config
+    from lakestream.snapshot import run_snapshot
+    from lakestream.spark import session_for
+
+    config = load_config(str(yaml_path))
+    spark = session_for(config)
+    try:
+        say(f"parallel snapshot: {rows:,} rows")
+        report = run_snapshot(config, spark=spark)
+    finally:
+        spark.stop()
+    say(f"parallel snapshot: {report.rows:,} rows in {report.seconds:.2f}s = {report.rows_per_s:,.0f}/s "
+        f"(handover {report.lsn})")
+    return {"snapshot_s": round(report.seconds, 2), "snapshot_rows_per_s": round(report.rows_per_s),
+            "snapshot_chunks": sum(t.chunks_total for t in report.tables)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=300_000, help="rows in the table before capture starts")
@@ -141,12 +162,15 @@ def main() -> int:
                         help="json (--schemas), or avro through a Schema Registry (the tests' registry server)")
     parser.add_argument("--source", choices=["postgresql", "mariadb"], default="postgresql",
                         help="the source database (default: %(default)s)")
+    parser.add_argument("--snapshot", choices=["debezium", "parallel"], default="debezium",
+                        help="the initial load: Debezium's snapshot into Kafka, or `lakestream snapshot` into Iceberg")
+    parser.add_argument("--chunk-rows", type=int, default=50_000, help="--snapshot parallel: rows per chunk")
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args()
     quiet_logs()
     load_before = machine_load()
     out: dict = {"source": args.source, "rows": args.rows, "changes": args.changes, "schemas": args.schemas,
-                 "format": args.format}
+                 "format": args.format, "snapshot": args.snapshot}
     registry = None
     if args.format == "avro":
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -180,20 +204,28 @@ def main() -> int:
         if registry is not None:
             data["capture"]["format"] = "avro"
             data["kafka"]["schema_registry"] = {"url": registry.url}
+        if args.snapshot == "parallel":
+            data["capture"].update(snapshot="parallel", snapshot_chunk_rows=args.chunk_rows)
         yaml_path = write_pipeline_yaml(state_dir / f"{name}.yaml", data)
         proc = CaptureProcess(yaml_path, log_path=state_dir / f"{name}.capture.log")
         try:
-            started = time.monotonic()
-            proc.start()
-            say(f"snapshot: {args.rows:,} rows")
-            first, last = wait_for_events(info.bootstrap_servers, topic, args.rows, args.timeout, proc)
-            proc.wait_until_streaming(timeout=300)
-            cpu_after_snapshot = cpu_seconds(proc.pid)
-            out["snapshot_start_s"] = round(first - started, 2)
-            out["snapshot_s"] = round(last - first, 2)
-            out["snapshot_events_per_s"] = round(args.rows / max(last - first, 1e-3))
-            say(f"snapshot: {args.rows:,} events in {last - first:.2f}s = {out['snapshot_events_per_s']:,}/s "
-                f"(JVM start to first event {first - started:.1f}s)")
+            if args.snapshot == "parallel":
+                out.update(parallel_snapshot(yaml_path, args.rows))
+                proc.start()
+                proc.wait_until_streaming(timeout=300)
+            else:
+                started = time.monotonic()
+                proc.start()
+                say(f"snapshot: {args.rows:,} rows")
+                first, last = wait_for_events(info.bootstrap_servers, topic, args.rows, args.timeout, proc)
+                proc.wait_until_streaming(timeout=300)
+                cpu_after_snapshot = cpu_seconds(proc.pid)
+                out["snapshot_start_s"] = round(first - started, 2)
+                out["snapshot_s"] = round(last - first, 2)
+                out["snapshot_events_per_s"] = round(args.rows / max(last - first, 1e-3))
+                out["snapshot_cpu_ms_per_1k"] = round(1000 * cpu_after_snapshot / args.rows * 1000, 1)
+                say(f"snapshot: {args.rows:,} events in {last - first:.2f}s = {out['snapshot_events_per_s']:,}/s "
+                    f"(JVM start to first event {first - started:.1f}s)")
 
             say(f"streaming: {args.changes:,} changes")
             before = topic_ends(info.bootstrap_servers, [topic])
@@ -216,7 +248,6 @@ def main() -> int:
             out["write_s"] = round(written["s"], 2)
             out["streaming_s"] = round(elapsed, 2)
             out["streaming_events_per_s"] = round(args.changes / elapsed)
-            out["snapshot_cpu_ms_per_1k"] = round(1000 * cpu_after_snapshot / args.rows * 1000, 1)
             out["streaming_cpu_ms_per_1k"] = round(1000 * cpu_streaming / args.changes * 1000, 1)
             say(f"streaming: {args.changes:,} events in {elapsed:.2f}s = {out['streaming_events_per_s']:,}/s "
                 f"(the source took the writes in {written['s']:.2f}s); capture CPU "

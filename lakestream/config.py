@@ -981,13 +981,6 @@ class CaptureSettings(_Model):
                              "snapshot: debezium")
         return self
 
-    @model_validator(mode="after")
-    def _kind_supports(self) -> CaptureSettings:
-        if self.database.kind == "mariadb" and self.snapshot == "parallel":
-            raise ValueError("snapshot: parallel loads PostgreSQL tables only (a MariaDB source is loaded by "
-                             "Debezium's snapshot, then its binlog) — fix: set snapshot: debezium, or remove it")
-        return self
-
     @field_validator("topic_prefix", "slot_name", "publication_name")
     @classmethod
     def _simple(cls, value: str) -> str:

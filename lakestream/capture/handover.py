@@ -30,14 +30,25 @@ def streaming_offset(lsn: int) -> bytes:
     return orjson.dumps({"lsn": lsn, "ts_usec": int(time.time() * 1_000_000)})
 
 
-def seed_offsets(path: Path, properties: dict[str, str], lsn: int) -> None:
+def binlog_offset(file: str, pos: int, gtids: str) -> bytes:
+    """A MariaDB connector's streaming position: the binlog file and the position of the next event to read (a
+    transaction boundary, so no rows or events within it to skip), and the GTID state there (the connector asks
+    the server for the transactions after it)."""
+    offset: dict[str, object] = {"file": file, "pos": pos, "ts_sec": int(time.time())}
+    if gtids:
+        offset["gtids"] = gtids
+    return orjson.dumps(offset)
+
+
+def seed_offsets(path: Path, properties: dict[str, str], offset: bytes) -> None:
     """Write a FileOffsetBackingStore file (a Java-serialized ``HashMap<byte[], byte[]>``) holding the
-    connector's streaming position ``lsn``. Needs the JVM (JPype) running."""
+    connector's streaming position ``offset`` (`streaming_offset`, `binlog_offset`). Needs the JVM (JPype)
+    running."""
     import jpype
 
     java_map = jpype.JClass("java.util.HashMap")()
     as_bytes = jpype.JArray(jpype.JByte)
-    java_map.put(as_bytes(offset_key(properties)), as_bytes(streaming_offset(lsn)))
+    java_map.put(as_bytes(offset_key(properties)), as_bytes(offset))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     out = jpype.JClass("java.io.ObjectOutputStream")(jpype.JClass("java.io.FileOutputStream")(str(tmp)))
@@ -48,13 +59,20 @@ def seed_offsets(path: Path, properties: dict[str, str], lsn: int) -> None:
     tmp.replace(path)
 
 
-def handover_properties(config: PipelineConfig, properties: dict[str, str]) -> tuple[dict[str, str], int | None]:
-    """The connector properties for a capture whose tables came from the parallel snapshot, and the LSN
-    to seed the offsets with (None when Debezium has offsets already, i.e. it streamed before)."""
+def handover_properties(config: PipelineConfig, properties: dict[str, str]) -> tuple[dict[str, str], bytes | None]:
+    """The connector properties for a capture whose tables came from the parallel snapshot, and the offset
+    to seed the offsets with (None when Debezium has offsets already, i.e. it streamed before).
+
+    A MariaDB connector also needs the tables' schemas in its history before it reads the binlog: its first start
+    runs ``snapshot.mode=recovery`` (schemas only, no rows), after checking that no table changed since the
+    handover (`lakestream.snapshot.mariadb`)."""
     from lakestream.capture.connector import offsets_file
     from lakestream.snapshot.slot import read_handover
 
     capture = config.capture
+    if capture is None:
+        raise CaptureError("the pipeline config has no `capture:` section — fix: add capture.database and "
+                           "capture.tables")
     handover = read_handover(config.state_dir, capture)
     if handover is None:
         raise CaptureError(f"capture.snapshot is parallel but no snapshot finished for slot {capture.slot_name} — fix: "
@@ -67,7 +85,21 @@ def handover_properties(config: PipelineConfig, properties: dict[str, str]) -> t
     props["snapshot.mode"] = "no_data"
     store = offsets_file(Path(config.state_dir), capture)
     if store.exists() and store.stat().st_size > 0:
+        if capture.database.kind == "mariadb":
+            from lakestream.capture.databases.mariadb import schema_history_file
+
+            history = schema_history_file(Path(config.state_dir), capture)
+            if not history.exists() or history.stat().st_size == 0:
+                # the first start stopped before Debezium recorded the schemas: record them now
+                props["snapshot.mode"] = "recovery"
         return props, None
     log.info("capture: streaming from the snapshot's handover point %s (slot %s)", handover["lsn_text"],
              capture.slot_name)
-    return props, int(handover["lsn"])
+    if capture.database.kind == "mariadb":
+        from lakestream.snapshot.mariadb import check_unchanged_since_handover
+
+        check_unchanged_since_handover(config, handover)
+        props["snapshot.mode"] = "recovery"
+        binlog = handover["binlog"]
+        return props, binlog_offset(binlog["file"], int(binlog["pos"]), binlog.get("gtids", ""))
+    return props, streaming_offset(int(handover["lsn"]))

@@ -220,13 +220,14 @@ def run_capture(
 
     properties = connector_properties(capture, capture_dir.parent)
     database = capture_database(capture)
-    keyless = database.prepare(capture)  # the start check: stops capture before Debezium starts
+    resuming = Path(properties["offset.storage.file.filename"]).exists()
+    keyless = database.prepare(capture, resuming)  # the start check: stops capture before Debezium starts
     if keyless:
         log.info("capture: %s have no primary key: their events have no key, their mirrors are row multisets",
                  ", ".join(keyless))
-    seed_lsn = None
+    seed_offset = None
     if capture.snapshot == "parallel":
-        properties, seed_lsn = handover_properties(config, properties)
+        properties, seed_offset = handover_properties(config, properties)
     producer = Producer(refusals_raised(producer_config(config.kafka)))
     check_access(producer)  # a refused client stops capture before Debezium starts
     renames = {t.debezium_topic(capture.topic_prefix): t.topic(capture.topic_prefix) for t in capture.source_tables}
@@ -234,8 +235,8 @@ def run_capture(
     # Start the JVM here, before installing signal handlers, so ours are the ones that stay.
     _start_jvm(capture_dir, avro=capture.format == "avro", jar_group=database.jar_group)
     engine = EmbeddedEngine(properties, handler, avro=capture.format == "avro")
-    if seed_lsn is not None:
-        seed_offsets(Path(properties["offset.storage.file.filename"]), properties, seed_lsn)
+    if seed_offset is not None:
+        seed_offsets(Path(properties["offset.storage.file.filename"]), properties, seed_offset)
 
     engine_error: list[BaseException] = []
 

@@ -13,7 +13,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "snapshot",
         help="initial load of the captured tables in parallel Spark tasks, handing over to Debezium's stream",
-        description="Creates the replication slot with an exported snapshot, reads the tables' key-range chunks "
+        description="PostgreSQL: creates the replication slot with an exported snapshot; MariaDB: starts "
+                    "consistent-snapshot sessions at one binlog position. Reads the tables' key-range chunks "
                     "under it in parallel and appends them to the Iceberg mirrors; `lakestream capture` then streams "
                     "from that exact point. An interrupted snapshot resumes from the chunks already committed. "
                     "Tables named after the handover are re-snapshotted while `lakestream capture` and `lakestream "

@@ -82,12 +82,24 @@ def chunk_runs(ids: set[int]) -> list[list[int]]:
     return out
 
 
+# What a chunk's Spark task runs: a function (importable on the executors) and its arguments.
+ChunkTask = tuple[Callable[..., ChunkResult], tuple[Any, ...]]
+
+
 def load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot_name: str, work: dict[str, SnapshotTable],
-                 handover_lsn: int, parallelism: int | None, progress_interval_s: float,
+                 handover_lsn: int | dict[str, Any], parallelism: int | None, progress_interval_s: float,
                  on_progress: Callable[[list[TableProgress]], Any] | None,
-                 commit: Callable[[SnapshotTable, list[ChunkResult]], None] | None = None) -> None:
+                 commit: Callable[[SnapshotTable, list[ChunkResult]], None] | None = None,
+                 task: Callable[[SnapshotTable, Chunk], ChunkTask] | None = None) -> None:
     """Read every chunk not yet committed in parallel Spark jobs; hand each table's finished chunks to
-    ``commit`` (default: commit them as an append carrying the snapshot's state)."""
+    ``commit`` (default: commit them as an append carrying the snapshot's state).
+
+    ``task`` gives the Spark task of a chunk, called on a driver thread (default: the task reads the chunk from
+    PostgreSQL under ``snapshot_name`` itself, `read_chunk`; MariaDB's snapshot reads it on the driver and the
+    task converts and writes it, `lakestream.snapshot.mariadb`)."""
+    if task is None:
+        def task(w: SnapshotTable, chunk: Chunk) -> ChunkTask:
+            return read_chunk, (dsn, snapshot_name, w.source, chunk, w.target)
     if commit is None:
         held: dict[str, list[ChunkResult]] = defaultdict(list)
 
@@ -116,10 +128,10 @@ def load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot_
     sc = spark.sparkContext
 
     def run_chunk(w: SnapshotTable, chunk: Chunk) -> ChunkResult:
-        payload = (dsn, snapshot_name, w.source, chunk, w.target)
+        function, payload = task(w, chunk)
         sc.setJobDescription(f"lakestream snapshot {w.source.name} chunk {chunk.chunk_id}")
         try:
-            return sc.parallelize([payload], 1).map(lambda p: read_chunk(*p)).collect()[0]
+            return sc.parallelize([payload], 1).map(lambda p: function(*p)).collect()[0]
         except Exception as exc:  # noqa: BLE001 — py4j wraps the task's Python error; surface its message
             message = str(exc)
             marker = "lakestream.errors.LakestreamError: "
@@ -175,7 +187,7 @@ def load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot_
 
 
 def commit_chunks(spark: SparkSession, config: PipelineConfig, w: SnapshotTable, results: list[ChunkResult],
-                   handover_lsn: int) -> None:
+                   handover_lsn: int | dict[str, Any]) -> None:
     """One append of the chunks' files, its summary recording every chunk of the table done so far."""
     from lakestream.sink.files import commit_files
 

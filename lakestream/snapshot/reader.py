@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,11 +102,7 @@ def read_chunk(dsn: str, snapshot_name: str, source: SourceTable, chunk: Chunk, 
     """Read ``chunk`` in a REPEATABLE READ transaction on ``snapshot_name`` and write its data files."""
     import psycopg2
 
-    from lakestream.sink.files import arrow_schema, partition_values, write_data_file
-    from lakestream.sink.index import index_keys, row_keys
-
     started = time.monotonic()
-    use_options(target.storage)
     buffer = io.BytesIO()
     conn = psycopg2.connect(dsn)
     try:
@@ -117,9 +114,20 @@ def read_chunk(dsn: str, snapshot_name: str, source: SourceTable, chunk: Chunk, 
         conn.rollback()
     finally:
         conn.close()
+    return write_chunk(buffer.getvalue(), parse_chunk, source, chunk, target, started)
+
+
+def write_chunk(data: bytes, parse: Callable[[bytes, SourceTable, pa.Schema], pa.Table], source: SourceTable,
+                chunk: Chunk, target: ChunkTarget, started: float) -> ChunkResult:
+    """Parse a chunk's rows (``data``, as the source rendered them) with ``parse`` into the table's schema and
+    write them as the table's data files."""
+    from lakestream.sink.files import arrow_schema, partition_values, write_data_file
+    from lakestream.sink.index import index_keys, row_keys
+
+    use_options(target.storage)
     schema = arrow_schema(target.schema)
     try:
-        table = parse_chunk(buffer.getvalue(), source, schema)
+        table = parse(data, source, schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         # Nothing of the chunk is committed: the snapshot stops here and resumes from this chunk.
         raise LakestreamError(

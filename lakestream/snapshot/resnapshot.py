@@ -22,6 +22,10 @@ shows:
    not show; their mirror rows are the stream's and stay. Events after the committed offsets are
    applied by the pipeline after this commit, in order. Another commit landing first makes this one
    stale; the window is extended and it is planned again.
+
+A MariaDB table (`_read_mariadb_table`): no wait in step 1 (the binlog holds committed transactions only, and a
+later consistent snapshot holds every one before its binlog position); in step 2 the snapshot's binlog position is
+the high mark H; in step 3 the wait is for capture's stored binlog offset to pass H (`_wait_binlog_published`).
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -301,6 +306,94 @@ def _wait_confirmed(conn: Any, slot: str, lsn: int, timeout_s: float) -> None:
         time.sleep(0.2)
 
 
+def _mark_text(mark: int | dict[str, Any]) -> str:
+    """A high mark for logs and the commit's summary: an LSN, or ``binlog-file:position``."""
+    return f"{mark['file']}:{mark['pos']}" if isinstance(mark, dict) else int_to_lsn(mark)
+
+
+def _binlog_number(file: str) -> int:
+    return int(file.rsplit(".", 1)[-1])
+
+
+def published_binlog_position(config: PipelineConfig) -> dict[str, Any] | None:
+    """The binlog position capture has published up to: the MariaDB connector's stored offset (the embedded
+    engine stores it only after Kafka acknowledged the events before it; heartbeats move it on while the
+    captured tables are idle). None before capture stored one."""
+    import re
+
+    from lakestream.capture.connector import offsets_file
+
+    assert config.capture is not None
+    path = offsets_file(Path(config.state_dir), config.capture)
+    if not path.exists():
+        return None
+    # A Java-serialized map of byte arrays: the offset is the JSON object holding "file" and "pos".
+    found = None
+    for match in re.finditer(rb'\{[^{}]*"file"[^{}]*\}', path.read_bytes()):
+        try:
+            offset = orjson.loads(match.group(0))
+        except orjson.JSONDecodeError:
+            continue
+        if "pos" in offset:
+            found = offset
+    return found
+
+
+def _wait_binlog_published(config: PipelineConfig, mark: dict[str, Any], timeout_s: float) -> None:
+    """Wait until capture published the binlog up to ``mark`` (the snapshot's position): every event the snapshot
+    shows is in Kafka."""
+    from lakestream.snapshot.chunks import SnapshotError
+
+    want = (_binlog_number(mark["file"]), int(mark["pos"]))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        offset = published_binlog_position(config)
+        if offset is not None and (_binlog_number(offset["file"]), int(offset["pos"])) >= want:
+            return
+        if time.monotonic() > deadline:
+            seen = "nothing" if offset is None else f"{offset['file']}:{offset['pos']}"
+            raise SnapshotError(f"the capture did not publish the binlog past the re-snapshot's position "
+                                f"{_mark_text(mark)} within {timeout_s:.0f}s (stored: {seen}) — fix: keep `lakestream "
+                                "capture` running during a re-snapshot (its heartbeats move the stored position on "
+                                "while the tables are idle)")
+        time.sleep(0.2)
+
+
+def _read_mariadb_table(spark: SparkSession, config: PipelineConfig, name: str, source: Any, lake: str, ident: str,
+                        topic: str, spec: Any, window: TopicWindow, chunk_rows: int | None, parallelism: int | None,
+                        progress_interval_s: float,
+                        on_progress: Callable[[list[TableProgress]], Any] | None) -> _Planned:
+    """Step 2 for MariaDB: consistent-snapshot sessions at one binlog position read the chunks; that position is
+    the high mark (every transaction before it is in the snapshot, every one after it in the stream)."""
+    from lakestream.snapshot.chunks import SnapshotTable, load_chunks
+    from lakestream.snapshot.mariadb import ConsistentSnapshot
+
+    capture = config.capture
+    assert capture is not None
+    sessions = parallelism or capture.snapshot_parallelism or spark.sparkContext.defaultParallelism
+    parsed = SourceTableName.parse(name)
+    with ConsistentSnapshot(config, [parsed], sessions) as snapshot:
+        source, _ = snapshot.describe(parsed)  # as the snapshot sees it
+        plan = snapshot.plan(source, chunk_rows or capture.snapshot_chunk_rows)
+        progress = TableProgress(name, lake, len(plan.chunks))
+        target = ChunkTarget(lake, spec.schema, spec.partition_spec, spec.data_location, report_keys=True)
+        work = {name: SnapshotTable(source, lake, ident, target, plan, set(), None, progress)}
+        results: list[ChunkResult] = []
+
+        def collect(w: SnapshotTable, done: list[ChunkResult]) -> None:
+            results.extend(done)
+            w.done |= {r.chunk_id for r in done}
+            w.progress.chunks_done = len(w.done)
+            w.progress.rows += sum(r.rows for r in done)
+            if len(w.done) == len(w.plan.chunks):
+                w.progress.finished = time.monotonic()
+
+        load_chunks(spark, config, "", "", work, snapshot.position, sessions, progress_interval_s, on_progress,
+                    commit=collect, task=snapshot.task)
+        mark = snapshot.position
+    return _Planned(name, lake, ident, topic, list(source.key), source.integer_key, results, mark, window, progress)
+
+
 @dataclass
 class _Planned:
     """One table's re-snapshot, read and waiting to be committed."""
@@ -312,7 +405,7 @@ class _Planned:
     key_columns: list[str]  # empty: a table without a key (the mirror is a row multiset)
     integer_key: bool
     results: list[ChunkResult]
-    high_lsn: int
+    high_lsn: int | dict[str, Any]  # PostgreSQL: the LSN; MariaDB: the snapshot's binlog position {file, pos, gtids}
     window: TopicWindow
     progress: TableProgress
 
@@ -328,8 +421,8 @@ def resnapshot_tables(
     on_progress: Callable[[list[TableProgress]], Any] | None = None,
     wait_timeout_s: float = 600.0,
 ) -> SnapshotReport:
-    """Read ``tables`` again from PostgreSQL in parallel and replace their mirrors with the result,
-    while `lakestream capture` and `lakestream run` keep streaming them (see the module doc).
+    """Read ``tables`` again from the source (PostgreSQL or MariaDB) in parallel and replace their mirrors with
+    the result, while `lakestream capture` and `lakestream run` keep streaming them (see the module doc).
 
     Needs both running: the commit waits until the pipeline has applied every change the snapshot
     shows. Nothing is committed before the end: a run that stops midway leaves the mirror as it was
@@ -352,31 +445,48 @@ def resnapshot_tables(
         raise ConfigError(f"{unknown} not in capture.tables {capture.tables} — fix: name a captured table (a table "
                           "must be captured, and its mirror exist, before it can be re-snapshotted)")
     started = time.monotonic()
-    dsn = source_dsn(config)
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
+    mariadb = capture.database.kind == "mariadb"
+    dsn = "" if mariadb else source_dsn(config)
+    conn = None if mariadb else psycopg2.connect(dsn)
     kafka = None
     try:
-        if not slot_state(conn, capture.slot_name).exists:
-            raise SnapshotError(f"replication slot {capture.slot_name} does not exist: nothing streams the tables — "
-                                "fix: run `lakestream capture` first (a re-snapshot repairs a mirror that streams)")
+        if mariadb:
+            from lakestream.capture.connector import offsets_file
+
+            stored = offsets_file(Path(config.state_dir), capture)
+            if not stored.exists():
+                raise SnapshotError(f"capture has no stored binlog position ({stored}): nothing streams the tables — "
+                                    "fix: run `lakestream capture` first (a re-snapshot repairs a mirror that "
+                                    "streams)")
+        else:
+            conn.autocommit = True
+            if not slot_state(conn, capture.slot_name).exists:
+                raise SnapshotError(f"replication slot {capture.slot_name} does not exist: nothing streams the tables "
+                                    "— fix: run `lakestream capture` first (a re-snapshot repairs a mirror that "
+                                    "streams)")
         spark = spark or session_for(config)
         registry = TableRegistry.for_config(config, spark)
         kafka = KafkaCluster(config.kafka)
         progresses = []
+        progress_marks: list[int | dict[str, Any]] = []
         for name in tables:
             planned = _read_table(spark, config, registry, kafka, conn, dsn, name, chunk_rows, parallelism,
                                   progress_interval_s, on_progress, wait_timeout_s)
             _commit(spark, config, conn, kafka, planned, wait_timeout_s)
             progresses.append(planned.progress)
-        with conn.cursor() as cur:
-            cur.execute("SELECT pg_current_wal_lsn()::text")
-            lsn = cur.fetchone()[0]
+            progress_marks.append(planned.high_lsn)
+        if conn is None:
+            lsn = _mark_text(progress_marks[-1]) if progress_marks else ""
+        else:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_current_wal_lsn()::text")
+                lsn = cur.fetchone()[0]
         return SnapshotReport(capture.slot_name, lsn, progresses, time.monotonic() - started, resnapshot=True)
     finally:
         if kafka is not None:
             kafka.close()
-        conn.close()
+        if conn is not None:
+            conn.close()
 
 
 def _read_table(spark: SparkSession, config: PipelineConfig, registry: TableRegistry, kafka: Any, conn: Any, dsn: str,
@@ -393,7 +503,19 @@ def _read_table(spark: SparkSession, config: PipelineConfig, registry: TableRegi
 
     capture = config.capture
     parsed = SourceTableName.parse(name)
-    source = describe_table(conn, parsed.schema, parsed.table)
+    mariadb = conn is None
+    if mariadb:
+        from lakestream.capture.databases.mariadb import source_connection
+        from lakestream.snapshot.mariadb import describe_table as describe_mariadb_table
+
+        probe = source_connection(capture)
+        try:
+            with probe.cursor() as cur:
+                source = describe_mariadb_table(cur, parsed.schema, parsed.table)
+        finally:
+            probe.close()
+    else:
+        source = describe_table(conn, parsed.schema, parsed.table)
     topic = capture.topic(parsed)
     router = Router.from_config(config)
     stream, lake_name = router.route(topic)
@@ -418,10 +540,16 @@ def _read_table(spark: SparkSession, config: PipelineConfig, registry: TableRegi
     partitions = [tp.partition for tp in kafka.partitions_of(lambda t: t == topic)] or [0]
     # Step 1: the low mark, then every transaction running at that instant must end.
     low = _committed_offsets(spark, ident, topic)
-    _wait_for_running_transactions(conn, wait_timeout_s)
+    if not mariadb:
+        # (MariaDB: an event in Kafka was in the binlog, and a consistent snapshot started later holds every
+        # transaction before its binlog position.)
+        _wait_for_running_transactions(conn, wait_timeout_s)
     window = TopicWindow(config.kafka.consumer_config(), topic, {p: low.get(p, 0) for p in partitions},
                          list(source.key), {k: schema.field(k).type for k in source.key},
                          RecordDecoder(router, registry_client(config)), schema if source.keyless else None)
+    if mariadb:
+        return _read_mariadb_table(spark, config, name, source, lake, ident, topic, spec, window, chunk_rows,
+                                   parallelism, progress_interval_s, on_progress)
     # Step 2: the snapshot S, and the high mark right after it.
     with ExportedSnapshot(dsn) as snapshot:
         with conn.cursor() as cur:
@@ -458,11 +586,14 @@ def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, 
 
     capture = config.capture
     waited = time.monotonic()
-    _wait_confirmed(conn, capture.slot_name, planned.high_lsn, wait_timeout_s)
+    if isinstance(planned.high_lsn, dict):
+        _wait_binlog_published(config, planned.high_lsn, wait_timeout_s)
+    else:
+        _wait_confirmed(conn, capture.slot_name, planned.high_lsn, wait_timeout_s)
     partitions = [tp.partition for tp in kafka.partitions_of(lambda t: t == planned.topic)] or [0]
     # Every event the snapshot shows is now in Kafka, below these ends.
     high = planned.window.read_to_end(partitions)
-    log.info("re-snapshot of %s: high mark %s in Kafka at %s after %.1fs", planned.name, int_to_lsn(planned.high_lsn),
+    log.info("re-snapshot of %s: high mark %s in Kafka at %s after %.1fs", planned.name, _mark_text(planned.high_lsn),
              high, time.monotonic() - waited)
     ns, tbl = planned.lake.split(".", 1)
     new_files = [f for r in planned.results for f in r.files]
@@ -603,7 +734,7 @@ def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned,
              "replaced": int((~keep_old).sum()), "chunks": planned.progress.chunks_total,
              "low": {str(p): o for p, o in planned.window.start.items()},
              "committed": {str(p): o for p, o in committed.items()}, "high": {str(p): o for p, o in high.items()},
-             "high_lsn": int_to_lsn(planned.high_lsn)}
+             "high_lsn": _mark_text(planned.high_lsn)}
     request = {
         "base_snapshot_id": base,
         "expect_snapshot_id": base,

@@ -106,7 +106,13 @@ def run_snapshot(
     chunk_rows = chunk_rows or capture.snapshot_chunk_rows
     started = time.monotonic()
     handover = read_handover(config.state_dir, capture)
-    if tables and (again or (handover is not None and set(names) <= set(handover["tables"]))):
+    resnapshot = tables and (again or (handover is not None and set(names) <= set(handover["tables"])))
+    if capture.database.kind == "mariadb" and not resnapshot:
+        from lakestream.snapshot.mariadb import run_mariadb_snapshot
+
+        return run_mariadb_snapshot(config, names, spark, chunk_rows=chunk_rows, parallelism=parallelism,
+                                    progress_interval_s=progress_interval_s, on_progress=on_progress)
+    if resnapshot:
         from lakestream.snapshot.resnapshot import resnapshot_tables
 
         return resnapshot_tables(config, names, spark, chunk_rows=chunk_rows, parallelism=parallelism,

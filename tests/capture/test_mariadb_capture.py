@@ -2,8 +2,10 @@
 (embedded, `lakestream capture`) → Kafka → Spark → Iceberg.
 
 One capture process for the module (one Debezium JVM): Debezium's snapshot of every type, a keyed table and a
-keyless one, then streamed inserts, updates and deletes, ADD COLUMN while streaming, and a SIGKILL of capture
-(the binlog re-read from the stored position; the mirrors converge, the keyless one without doubled rows).
+keyless one, then streamed inserts, updates and deletes, ADD COLUMN while streaming, the rest of the source DDL
+(TRUNCATE, DROP and RENAME COLUMN, retyping, tables dropped, renamed and swapped), and a SIGKILL of capture (the
+binlog re-read from the stored position through the schema history; the mirrors converge, the keyless one without
+doubled rows).
 """
 from __future__ import annotations
 
@@ -81,6 +83,24 @@ ZERO_DDL = ("CREATE TABLE zd (id INT PRIMARY KEY, d DATE NOT NULL, dt DATETIME(3
 # zero dates need a permissive sql_mode (the stack's server refuses them)
 ZERO_ROW = "INSERT INTO zd VALUES (%s, '0000-00-00', '0000-00-00 00:00:00', '0000-00-00 00:00:00', '0000-00-00')"
 REAL_ROW = "INSERT INTO zd VALUES (%s, '1970-01-01', '1970-01-01 00:00:00.5', '2024-02-29 13:14:15', '1970-01-01')"
+# Tables for DDL while streaming (test_ddl_while_streaming), each with a few snapshot rows.
+DDL_SETUP = [
+    "CREATE TABLE ddl_trunc (id INT PRIMARY KEY, v VARCHAR(10))",
+    "INSERT INTO ddl_trunc VALUES (1, 'a'), (2, 'b'), (3, 'c')",
+    "CREATE TABLE ddl_cols (id INT PRIMARY KEY, a VARCHAR(10), b VARCHAR(10), c VARCHAR(10))",
+    "INSERT INTO ddl_cols VALUES (1, 'a1', 'b1', 'c1'), (2, 'a2', 'b2', 'c2')",
+    "CREATE TABLE ddl_retype (id INT PRIMARY KEY, qty INT, name VARCHAR(10), price FLOAT, amount DECIMAL(8,2))",
+    "INSERT INTO ddl_retype VALUES (1, 5, 'short', 1.5, 10.25), (2, 6, 'other', 2.5, 20.50)",
+    "CREATE TABLE ddl_bad (id INT PRIMARY KEY, code INT)",
+    "INSERT INTO ddl_bad VALUES (1, 100)",
+    "CREATE TABLE ddl_gone (id INT PRIMARY KEY, v VARCHAR(10))",
+    "INSERT INTO ddl_gone VALUES (1, 'kept')",
+    "CREATE TABLE ddl_moved (id INT PRIMARY KEY, v VARCHAR(10))",
+    "INSERT INTO ddl_moved VALUES (1, 'kept')",
+    "CREATE TABLE ddl_swap (id INT PRIMARY KEY, v VARCHAR(10))",
+    "INSERT INTO ddl_swap VALUES (1, 'one'), (2, 'two')",
+]
+DDL_TABLES = ["ddl_trunc", "ddl_cols", "ddl_retype", "ddl_bad", "ddl_gone", "ddl_moved", "ddl_swap"]
 
 
 class MariaDBCapture:
@@ -129,8 +149,8 @@ class MariaDBCapture:
             consumer.close()
         run_pipeline(self.config, spark=spark, stop_when_idle=True)
 
-    def verify(self, spark):
-        return verify_tables(self.config, spark, [f"{self.dbname}.{t}" for t in ("types", "orders", "nokey")])
+    def verify(self, spark, tables=("types", "orders", "nokey")):
+        return verify_tables(self.config, spark, [f"{self.dbname}.{t}" for t in tables])
 
     def mirror(self, spark, table: str) -> list[dict]:
         return [r.asDict() for r in spark.table(f"lake.{self.namespace}.{table}").collect()]
@@ -156,6 +176,8 @@ def captured(stack, mariadb, service_dir_factory):
         cur.execute(ZERO_ROW, (1,))
         cur.execute(REAL_ROW, (2,))
         cur.execute("SET SESSION sql_mode = DEFAULT")
+        for statement in DDL_SETUP:
+            cur.execute(statement)
     workdir = service_dir_factory("mdbcap")
     data = {
         "name": f"mdb{uid}",
@@ -169,7 +191,7 @@ def captured(stack, mariadb, service_dir_factory):
         "capture": {"database": {**mariadb_database(mariadb, dbname), "zero_dates": "dead_letter"},
                     "topic_prefix": prefix,
                     "tables": [f"{dbname}.types", f"{dbname}.orders", f"{dbname}.nokey", f"{dbname}.zd",
-                               f"{dbname}.marker"],
+                               f"{dbname}.marker", *(f"{dbname}.{t}" for t in DDL_TABLES)],
                     "connector": {"heartbeat.interval.ms": "1000"}},
     }
     (workdir / "pipeline.yaml").write_text(yaml.safe_dump(data))
@@ -252,6 +274,61 @@ def test_add_column_and_keyless_changes_while_streaming(captured, spark):
         source.rows("SELECT a, b FROM nokey"))
 
 
+def test_ddl_while_streaming(captured, spark):
+    """TRUNCATE, DROP and RENAME COLUMN, retyping (widening, and an incompatible change), a table dropped, a table
+    renamed away, and an online schema change's table swap (gh-ost, pt-online-schema-change), in one batch of
+    changes: each as the README's "Source DDL" table says."""
+    source = captured
+    source.sql("INSERT INTO ddl_trunc VALUES (4, 'd')", "TRUNCATE TABLE ddl_trunc",
+               "INSERT INTO ddl_trunc VALUES (10, 'after')",
+               "ALTER TABLE ddl_cols DROP COLUMN b", "ALTER TABLE ddl_cols RENAME COLUMN c TO c2",
+               "INSERT INTO ddl_cols VALUES (3, 'a3', 'c3')", "UPDATE ddl_cols SET a = 'A1' WHERE id = 1",
+               "ALTER TABLE ddl_retype MODIFY qty BIGINT, MODIFY name VARCHAR(100), MODIFY price DOUBLE, "
+               "MODIFY amount DECIMAL(12,2)",
+               "INSERT INTO ddl_retype VALUES (3, 1099511627776, 'a name longer than ten', 0.1, 1234567890.12)",
+               "UPDATE ddl_retype SET qty = qty + 1 WHERE id = 1",
+               "ALTER TABLE ddl_bad MODIFY code VARCHAR(20)", "INSERT INTO ddl_bad VALUES (2, 'X-2')",
+               "DROP TABLE ddl_gone",
+               "RENAME TABLE ddl_moved TO ddl_moved_away", "INSERT INTO ddl_moved_away VALUES (2, 'elsewhere')",
+               # the swap: a shadow table with the new shape, filled, then renamed into place in one statement
+               "CREATE TABLE ddl_swap_new (id INT PRIMARY KEY, v VARCHAR(10), note VARCHAR(10) DEFAULT 'new')",
+               "INSERT INTO ddl_swap_new (id, v) SELECT id, v FROM ddl_swap",
+               "RENAME TABLE ddl_swap TO ddl_swap_old, ddl_swap_new TO ddl_swap",
+               "INSERT INTO ddl_swap VALUES (3, 'three', 'n3')", "UPDATE ddl_swap SET v = 'TWO' WHERE id = 2")
+    source.sync(spark)
+
+    rows = {t: {r["id"]: r for r in source.mirror(spark, t)} for t in DDL_TABLES}
+    # TRUNCATE (op t): the rows before it are gone, the row after it applies
+    assert {i: r["v"] for i, r in rows["ddl_trunc"].items()} == {10: "after"}
+    # DROP COLUMN b: kept in the mirror (on_dropped_column: keep), NULL in rows written since; RENAME COLUMN c TO
+    # c2: c2 added, c kept with its old values where rows did not change
+    assert {i: (r["a"], r["b"], r["c"], r["c2"]) for i, r in rows["ddl_cols"].items()} == {
+        1: ("A1", None, None, "c1"), 2: ("a2", "b2", "c2", None), 3: ("a3", None, None, "c3")}
+    # widening in place: INT→BIGINT, FLOAT→DOUBLE, DECIMAL(8,2)→DECIMAL(12,2); VARCHAR(10)→VARCHAR(100) is a string
+    schema = {f.name: f.dataType.simpleString() for f in spark.table(f"lake.{source.namespace}.ddl_retype").schema}
+    assert schema == {"id": "int", "qty": "bigint", "name": "string", "price": "double", "amount": "decimal(12,2)"}
+    assert {i: (r["qty"], r["name"], r["amount"]) for i, r in rows["ddl_retype"].items()} == {
+        1: (6, "short", decimal.Decimal("10.25")), 2: (6, "other", decimal.Decimal("20.50")),
+        3: (1099511627776, "a name longer than ten", decimal.Decimal("1234567890.12"))}
+    assert rows["ddl_retype"][3]["price"] == 0.1
+    # INT→VARCHAR: the change of the new shape is a dead letter naming the column; the table keeps its rows
+    assert {i: r["code"] for i, r in rows["ddl_bad"].items()} == {1: 100}
+    letters = spark.sql(f"SELECT error FROM lake.lakestream.dead_letter WHERE topic = "
+                        f"'{source.prefix}.{source.dbname}.ddl_bad'").collect()
+    assert len(letters) == 1 and "code" in letters[0]["error"], letters
+    # a table dropped or renamed away: its mirror stays as it was, nothing is published for the new name
+    assert {i: r["v"] for i, r in rows["ddl_gone"].items()} == {1: "kept"}
+    assert {i: r["v"] for i, r in rows["ddl_moved"].items()} == {1: "kept"}
+    # the swapped-in table continues the mirror, its added column with the DEFAULT for rows that did not change
+    assert {i: (r["v"], r["note"]) for i, r in rows["ddl_swap"].items()} == {
+        1: ("one", "new"), 2: ("TWO", "new"), 3: ("three", "n3")}
+    report = source.verify(spark, ("ddl_trunc", "ddl_retype", "ddl_swap"))
+    assert report.ok, report.to_text()
+    # the renamed column's values are not moved for rows that did not change: verify names that row
+    (cols,) = source.verify(spark, ("ddl_cols",)).tables
+    assert (cols.differing, cols.samples["differing"]) == (1, ["id=2"]), cols
+
+
 def test_sigkill_rereads_the_binlog_from_the_stored_position(captured, spark):
     source = captured
     source.sql("UPDATE orders SET amount = amount * 2 WHERE id <= 20",
@@ -260,7 +337,10 @@ def test_sigkill_rereads_the_binlog_from_the_stored_position(captured, spark):
     source.capture.kill()
     source.sql("DELETE FROM orders WHERE id BETWEEN 21 AND 25",
                "INSERT INTO orders (id, customer, amount) VALUES (200, 'while down', 7.25)",
-               "UPDATE nokey SET b = 'kk' WHERE a = 5 LIMIT 1")
+               "UPDATE nokey SET b = 'kk' WHERE a = 5 LIMIT 1",
+               # rows of retyped and swapped tables: the restarted connector reads them through its schema history
+               "INSERT INTO ddl_retype VALUES (4, 2199023255552, 'after the restart', 0.25, 99999999.99)",
+               "INSERT INTO ddl_swap VALUES (4, 'four', 'n4')")
     source.capture.start()
     source.capture.wait_until_streaming(timeout=180)
     source.sync(spark)
@@ -268,8 +348,9 @@ def test_sigkill_rereads_the_binlog_from_the_stored_position(captured, spark):
     assert _mirror_orders(source, spark, ("id", "customer", "amount", "updated", "note")) == want
     assert Counter(tuple(r.values()) for r in source.mirror(spark, "nokey")) == Counter(
         source.rows("SELECT a, b FROM nokey"))
-    report = source.verify(spark)
+    report = source.verify(spark, ("types", "orders", "nokey", "ddl_retype", "ddl_swap"))
     assert report.ok, report.to_text()
+    assert {r["id"]: r["qty"] for r in source.mirror(spark, "ddl_retype")}[4] == 2199023255552
 
     # verify can fail: changes not yet mirrored are counted
     source.sql("UPDATE types SET bit16 = b'1', tm = '01:00:00' WHERE id = 3", "INSERT INTO nokey VALUES (9, 'n')")

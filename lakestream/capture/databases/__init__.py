@@ -47,10 +47,11 @@ class CaptureDatabase(Protocol):
         """What the embedded engine keeps in ``state_dir`` besides its offsets (to remove with them)."""
         ...
 
-    def prepare(self, capture: CaptureSettings) -> list[str]:
+    def prepare(self, capture: CaptureSettings, resuming: bool = False) -> list[str]:
         """The start check (and, for PostgreSQL, the publication made to cover the tables): CaptureError naming
         the setting or grant to fix when the database would not deliver every change of ``capture.tables``.
-        Returns the captured tables that have no primary key (their events have no key)."""
+        ``resuming``: capture has stored offsets (it streamed before). Returns the captured tables that have no
+        primary key (their events have no key)."""
         ...
 
 

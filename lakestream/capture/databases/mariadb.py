@@ -112,6 +112,11 @@ class MariaDB:
             raise CaptureError(f"capture.database.zero_dates: {capture.database.zero_dates} runs lakestream's converter "
                                "class, which a Kafka Connect worker does not have — fix: remove zero_dates for a "
                                "connector on Connect (Debezium's rule then applies), or run `lakestream capture`")
+        if capture.snapshot == "parallel":
+            raise CaptureError("snapshot: parallel hands a MariaDB source over to the binlog through the embedded "
+                               "engine's offsets and a schema recovery at its first start, which a connector on Kafka "
+                               "Connect is not given — fix: run `lakestream capture` (after `lakestream snapshot`), or "
+                               "set snapshot: debezium for a connector on Connect")
         if kafka is None:
             raise CaptureError("a MariaDB connector on Kafka Connect keeps its schema history in a Kafka topic: pass "
                                "the pipeline's kafka settings (connect_json(capture, kafka=config.kafka))")
@@ -122,10 +127,10 @@ class MariaDB:
     def state_files(self, capture: CaptureSettings, state_dir: Path) -> list[Path]:
         return [schema_history_file(state_dir, capture)]
 
-    def prepare(self, capture: CaptureSettings) -> list[str]:
+    def prepare(self, capture: CaptureSettings, resuming: bool = False) -> list[str]:
         conn = source_connection(capture)
         try:
-            return check_source(conn, capture)
+            return check_source(conn, capture, resuming)
         finally:
             conn.close()
 
@@ -145,9 +150,13 @@ def source_connection(capture: CaptureSettings) -> Any:
                            "(host, port, user, password, dbname) and that the server is running") from None
 
 
-def check_source(conn: Any, capture: CaptureSettings) -> list[str]:
+def check_source(conn: Any, capture: CaptureSettings, resuming: bool = False) -> list[str]:
     """CaptureError naming every setting, grant or table that would keep changes of ``capture.tables`` from
-    reaching Kafka; the captured tables without a primary key otherwise."""
+    reaching Kafka; the captured tables without a primary key otherwise.
+
+    A captured table that is missing when capture resumes (``resuming``: it has offsets) was dropped or renamed
+    while capture streamed: a warning, so one table gone does not stop the others. On a first start it is an
+    error (a misspelt name would otherwise capture nothing, silently)."""
     problems: list[str] = []
     with conn.cursor() as cur:
         cur.execute("SELECT @@log_bin, @@binlog_format, @@binlog_row_image")
@@ -164,7 +173,7 @@ def check_source(conn: Any, capture: CaptureSettings) -> list[str]:
                             "and the mirror would lose the others — fix: SET GLOBAL binlog_row_image = 'FULL' (and "
                             "binlog_row_image=FULL in the server's config)")
         tables = capture.source_tables
-        keyless = _check_tables(cur, tables, problems)
+        keyless = _check_tables(cur, tables, problems, resuming)
         _check_grants(cur, capture, tables, problems)
         if capture.database.zero_dates == "debezium":
             _warn_zero_dates(cur, tables)
@@ -173,12 +182,17 @@ def check_source(conn: Any, capture: CaptureSettings) -> list[str]:
     return keyless
 
 
-def _check_tables(cur: Any, tables: list[SourceTableName], problems: list[str]) -> list[str]:
+def _check_tables(cur: Any, tables: list[SourceTableName], problems: list[str], resuming: bool) -> list[str]:
     keyless: list[str] = []
     for name in tables:
         cur.execute("SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
                     (name.schema, name.table))
         row = cur.fetchone()
+        if row is None and resuming:
+            log.warning("capture: %s no longer exists (dropped or renamed while capture streamed); its mirror stays "
+                        "as it was, and a table created again under this name continues it — fix: remove it from "
+                        "capture.tables if it is gone for good", name)
+            continue
         if row is None:
             problems.append(f"{name} does not exist in the source database (or the user cannot see it) — fix: "
                             "create it before capture starts, GRANT SELECT on it, or remove it from capture.tables "

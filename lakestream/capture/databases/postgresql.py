@@ -68,7 +68,7 @@ class PostgreSQL:
     def state_files(self, capture: CaptureSettings, state_dir: Path) -> list[Path]:
         return []
 
-    def prepare(self, capture: CaptureSettings) -> list[str]:
+    def prepare(self, capture: CaptureSettings, resuming: bool = False) -> list[str]:
         from lakestream.capture.publication import prepare_publication, source_connection
 
         conn = source_connection(capture)
