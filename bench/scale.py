@@ -159,14 +159,14 @@ def one_size(info, state_dir: Path, spark, size: int, rows_per_file: int, args) 
         index_disk = store.footprint()
         heap = index.nbytes
         # A full build as after a lost state or on a first start: on the executors, into the table's store.
-        from lakestream.sink.disk_index import DiskKeyIndex
+        from lakestream.sink.index.disk import DiskKeyIndex
 
         full_build_s = None
         if args.full_build:
             fresh = DiskKeyIndex(index.hashed, index.key_columns, index.table_uuid)
             fresh.build_root = store.location
             started = time.perf_counter()
-            fresh.rebuild(spark, f"`lake`.`bench`.`orders_{tag}`", list(index.key_columns), index.snapshot_id)
+            fresh.rebuild(spark, f"`lake`.`bench`.`orders_{tag}`", index.snapshot_id)
             full_build_s = time.perf_counter() - started
             assert len(fresh) == len(index), (len(fresh), len(index))
             say(f"{size:,} rows: full build on the executors {full_build_s:.1f}s ({len(fresh):,} keys, "

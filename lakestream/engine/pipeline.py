@@ -131,10 +131,9 @@ class Pipeline:
     def compacted_here(self) -> dict[str, Any]:
         """The tables whose compaction this pipeline commits itself (`commit_rewrites`): its upsert mirrors
         with a key index; their specs."""
-        from lakestream.sink.disk_index import DiskKeyIndex
-
+        indexes = self.registry.indexes
         return {name: spec for name, spec in self.registry.specs.items()
-                if spec.mode == "upsert" and spec.keyed and isinstance(self.registry.indexes.get(name), DiskKeyIndex)}
+                if spec.mode == "upsert" and spec.keyed and name in indexes and indexes[name].keyed}
 
     def commit_rewrites(self, prepared: list[Any]) -> list[Any]:
         """Commit compactions written beside the batches (`lakestream.maintenance.compaction`), one by one."""

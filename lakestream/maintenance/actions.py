@@ -28,7 +28,7 @@ from lakestream.inspection import (
     split_table_name,
 )
 from lakestream.identifiers import quote, quote_column, quote_table, sql_string
-from lakestream.sink.index_store import own_location
+from lakestream.sink.index.store import own_location
 from lakestream.storage import lists_through_file_io
 
 if TYPE_CHECKING:

@@ -248,7 +248,7 @@ def _write_group(group: RewriteGroup, data_location: str, schema: pa.Schema, key
     import pyarrow.parquet as pq
 
     from lakestream.sink.files import write_data_file
-    from lakestream.sink.index import index_keys
+    from lakestream.sink.index.keys import index_keys
     from lakestream.sink.lineage import lineage_columns, lineage_fields
     from lakestream.storage import filesystem_path, use_options
 

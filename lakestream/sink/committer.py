@@ -23,15 +23,14 @@ import orjson
 import pyarrow as pa
 
 from lakestream.laps import Laps
-from lakestream.sink.index import MISSING, keys_from_arrow, unpack
+from lakestream.sink.index.keys import MISSING, keys_from_arrow, unpack
 from lakestream.sink.report import OP_DELETE, OP_RECREATE, TableReport
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from lakestream.sink.disk_index import DiskKeyIndex
-    from lakestream.sink.multiset import KeylessIndex
-
+    from lakestream.sink.index.disk import DiskKeyIndex
+    from lakestream.sink.index.keyless import KeylessIndex
     from lakestream.sink.router import TableName
     from lakestream.sink.task import TableSpec
 
@@ -374,7 +373,7 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     the table's current snapshot; it is moved to the new snapshot.
     """
     from lakestream.sink.files import commit_files
-    from lakestream.sink.multiset import KeylessIndex
+    from lakestream.sink.index.keyless import KeylessIndex
 
     if isinstance(write.index, KeylessIndex):
         return _write_keyless(spark, write, changes, properties)
@@ -438,7 +437,7 @@ def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport,
     """A table without a primary key (`lakestream.sink.multiset`): appended rows, one equal row removed per
     update or delete, re-sent events left out; the source positions commit with the offsets."""
     from lakestream.sink.files import commit_files
-    from lakestream.sink.multiset import apply_resolution, positions_property, resolve_keyless
+    from lakestream.sink.index.keyless import apply_resolution, positions_property, resolve_keyless
 
     index = write.index
     laps = Laps()

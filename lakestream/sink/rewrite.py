@@ -19,7 +19,7 @@ import numpy as np
 
 from lakestream.faults import pause_point
 from lakestream.sink.committer import StaleIndex
-from lakestream.sink.index import pack
+from lakestream.sink.index.keys import pack
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -33,7 +33,7 @@ from lakestream.process.transform import (
 )
 from lakestream.sink import report as rp
 from lakestream.sink.convert import convert_rows
-from lakestream.sink.index import index_keys, is_integer_key, keys_to_arrow
+from lakestream.sink.index.keys import index_keys, is_integer_key, keys_to_arrow
 from lakestream.sink.latest import STORED, first_per_key, last_per_key, latest_per_key
 from lakestream.sink.router import Router
 from lakestream.source.kafka import TP
@@ -309,7 +309,7 @@ class TableWriter:
     def _write_keyless(self, rows: _Rows, facts: list[rp.Fact]) -> None:
         """A table without a primary key (`sink.multiset`): every insert and update writes its new row; the
         driver resolves which existing row each update or delete removes, and which events are re-sends."""
-        from lakestream.sink.multiset import write_keyless_changes
+        from lakestream.sink.index.keyless import write_keyless_changes
 
         typed, ops = rows.table, rows.ops
         is_delete = np.array([o == "d" for o in ops], dtype=bool)

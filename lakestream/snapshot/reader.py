@@ -102,7 +102,7 @@ def read_chunk(dsn: str, snapshot_name: str, source: SourceTable, chunk: Chunk, 
     import psycopg2
 
     from lakestream.sink.files import arrow_schema, partition_values, write_data_file
-    from lakestream.sink.index import index_keys, row_keys
+    from lakestream.sink.index.keys import index_keys, row_keys
 
     started = time.monotonic()
     use_options(target.storage)

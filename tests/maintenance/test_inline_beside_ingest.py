@@ -110,7 +110,7 @@ def test_a_round_waits_while_a_key_index_merge_runs_beside_the_batches(spark, pi
 def test_maintenance_runs_beside_ingestion_and_moves_the_index_by_diff(stack, spark, pipeline_config_factory,
                                                                        monkeypatch):
     from lakestream.maintenance import runner
-    from lakestream.sink.disk_index import DiskKeyIndex
+    from lakestream.sink.index.disk import DiskKeyIndex
 
     suffix = uuid.uuid4().hex[:6]
     topic, table = f"mb{suffix}.public.items", f"lake.{NS}.items_{suffix}"

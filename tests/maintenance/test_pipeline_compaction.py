@@ -118,7 +118,7 @@ def _rows(spark, name):
 
 
 def test_compaction_written_beside_batches_is_committed_with_their_deletes(spark, mirror, monkeypatch):
-    from lakestream.sink import index_store
+    from lakestream.sink.index import diff
 
     config, name, send, model = mirror
     pipeline = Pipeline(config, spark)
@@ -145,7 +145,7 @@ def test_compaction_written_beside_batches_is_committed_with_their_deletes(spark
     send([(k, 10) for k in range(0, 200, 3)] + [(k, None) for k in (5, 50, 150)])
     pipeline.run_batch()
     diffs: list[object] = []
-    monkeypatch.setattr(index_store, "refresh_by_diff", lambda *a: diffs.append(a) or {})
+    monkeypatch.setattr(diff, "refresh_by_diff", lambda *a: diffs.append(a) or {})
     [result] = pipeline.commit_rewrites([prepared])
     assert result.status == "ok", result.describe()
     # Every copied row updated or deleted since the rewrite read it is deleted in the new file; the rest move.

@@ -35,7 +35,10 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
-from lakestream.sink.index import KEY_ENCODING, MISSING, KeyIndex, keys_from_arrow, pack, row_keys, unpack
+from lakestream.sink.index.contract import IndexIdentity
+from lakestream.sink.index.keys import MISSING, keys_from_arrow, pack, row_keys, unpack
+from lakestream.sink.index.memory import KeyIndex
+from lakestream.sink.index.scan import FILE_COLUMN, POS_COLUMN, scan_locations
 from lakestream.source.kafka import TP
 
 if TYPE_CHECKING:
@@ -91,15 +94,17 @@ def _decode_positions(text: str | None) -> dict[TP, tuple[int, int, int]]:
         raise ValueError(f"unreadable {POSITIONS_PROPERTY} snapshot property {text[:200]!r}: {exc}") from None
 
 
-class KeylessIndex:
+class KeylessIndex(IndexIdentity):
     """Row copies → locations, content → copy count, and the newest source position applied per partition;
-    valid for ``snapshot_id`` (the same contract as `KeyIndex`)."""
+    valid for ``snapshot_id`` (`TableIndex`, not keyed)."""
 
-    hashed = True
+    keyed = False
 
     def __init__(self, schema: pa.Schema | None = None, table_uuid: str | None = None):
-        self.schema = schema
-        self.table_uuid = table_uuid  # a saved index is only loaded for the same table  # the table's columns, as the write tasks hash rows (`index.row_keys`)
+        self.hashed = True
+        self.key_columns: tuple[str, ...] = ()
+        self.schema = schema  # the table's columns, as the write tasks hash rows (`keys.row_keys`)
+        self.table_uuid = table_uuid  # a saved index is only loaded for the same table
         self.rows = KeyIndex(True)
         self.counts = KeyIndex(True)  # the "location" is the number of copies
         self.positions: dict[TP, tuple[int, int, int]] = {}
@@ -116,15 +121,23 @@ class KeylessIndex:
     def paths(self) -> list[str]:
         return self.rows.paths
 
+    def file_id(self, path: str) -> int:
+        return self.rows.file_id(path)
+
+    def known_file_id(self, path: str) -> int | None:
+        return self.rows.known_file_id(path)
+
     def reset(self) -> None:
+        """Forget every row, count and position."""
         self.__init__(self.schema, self.table_uuid)  # type: ignore[misc]
 
     def save(self, path: Path) -> None:
+        """Write the index, valid at ``snapshot_id``, to ``path`` (driver-local state, at a clean close)."""
         self.rows._merge()
         self.counts._merge()
-        meta = orjson.dumps({"snapshot_id": self.snapshot_id, "keyless": True, "paths": self.rows.paths,
+        meta = orjson.dumps({"snapshot_id": self.snapshot_id, "paths": self.rows.paths,
                              "positions": _encode_positions(self.positions), "columns": list(self.columns),
-                             "table_uuid": self.table_uuid, "key_encoding": KEY_ENCODING})
+                             **self.identity()})
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as fh:
@@ -133,17 +146,16 @@ class KeylessIndex:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: Path, hashed: bool, snapshot_id: int | None, key_columns: list[str] | tuple[str, ...] = (),
-             table_uuid: str | None = None) -> KeylessIndex | None:
+    def load(cls, path: Path, snapshot_id: int | None, table_uuid: str | None) -> KeylessIndex | None:
+        """The index saved at ``path`` if it describes ``snapshot_id`` of the table ``table_uuid`` (else None)."""
         if snapshot_id is None or not path.exists():
             return None
         try:
             with np.load(path) as saved:
                 meta = orjson.loads(saved["meta"].tobytes())
-                if (meta.get("snapshot_id") != snapshot_id or not meta.get("keyless")
-                        or meta.get("table_uuid") != table_uuid or meta.get("key_encoding") != KEY_ENCODING):
-                    return None
                 index = cls(None, table_uuid)
+                if meta.get("snapshot_id") != snapshot_id or not index.matches(meta):
+                    return None
                 index.rows.keys, index.rows.locs = saved["keys"], saved["locs"]
                 index.counts.keys, index.counts.locs = saved["count_keys"], saved["counts"]
         except (OSError, ValueError, KeyError, orjson.JSONDecodeError) as exc:
@@ -157,7 +169,7 @@ class KeylessIndex:
         index.snapshot_id, index.valid = snapshot_id, True
         return index
 
-    def rebuild(self, spark: SparkSession, ident: str, key_columns: list[str], snapshot_id: int | None) -> None:
+    def rebuild(self, spark: SparkSession, ident: str, snapshot_id: int | None) -> None:
         """Load the index from a scan of every column of the table at ``snapshot_id`` (deletes applied), and
         the source positions from the newest snapshot summary that has them."""
         from lakestream.spark import jvm_helper
@@ -165,21 +177,12 @@ class KeylessIndex:
         started = time.monotonic()
         self.reset()
         if snapshot_id is not None:
-            paths = {int(r[1]): r[0] for r in spark.sql(
-                f"SELECT file_path, xxhash64(file_path) FROM {ident}.data_files VERSION AS OF {int(snapshot_id)}"
-            ).collect()}
-            df = spark.sql(f"SELECT *, xxhash64(_file) AS __lakestream_file, _pos AS __lakestream_pos "
-                           f"FROM {ident} VERSION AS OF {int(snapshot_id)}")
-            batches = df._collect_as_arrow()
-            if batches:
-                table = pa.Table.from_batches(batches)
-                content = self.schema or pa.schema([f for f in table.schema if not f.name.startswith("__lakestream_")])
+            scanned = scan_locations(spark, ident, "*", int(snapshot_id), self.rows.file_id)
+            if scanned is not None:
+                table, locs = scanned
+                content = self.schema or pa.schema([f for f in table.schema
+                                                    if f.name not in (FILE_COLUMN, POS_COLUMN)])
                 hashes = row_keys(table, content)
-                files = table.column("__lakestream_file").to_numpy()
-                known = np.array(sorted(paths), dtype=np.int64)
-                slot = np.searchsorted(known, files)
-                fid_of_slot = np.array([self.rows.file_id(paths[int(h)]) for h in known], dtype=np.int64)
-                locs = pack(fid_of_slot[np.minimum(slot, len(known) - 1)], table.column("__lakestream_pos").to_numpy())
                 order = np.argsort(hashes, kind="stable")
                 h = hashes[order]
                 starts = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
@@ -263,8 +266,8 @@ def resolve_keyless(index: KeylessIndex, changes: TableReport) -> KeylessResolut
     # Batch-local overlays over the index: copy key → (path, pos) or None; content → count.
     row_at: dict[bytes, tuple[str, int] | None] = {}
     count_of: dict[bytes, int] = {}
-    stored_counts = dict(zip(np.unique(np.concatenate([new_h, old_h])).tolist(),
-                             index.counts.lookup(np.unique(np.concatenate([new_h, old_h]))).tolist()))
+    contents = np.unique(np.concatenate([new_h, old_h]))
+    stored_counts = dict(zip(contents.tolist(), index.counts.lookup(contents).tolist(), strict=True))
 
     def count(h: bytes) -> int:
         if h in count_of:
