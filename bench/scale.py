@@ -34,11 +34,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    DebeziumEvents, FastProducer, OrderRow, fill_through_write_path, machine_load, pipeline_data, private_stack,
-    quiet_logs, say, to_config,
+    DebeziumEvents,
+    FastProducer,
+    OrderRow,
+    fill_through_write_path,
+    machine_load,
+    pipeline_data,
+    private_stack,
+    quiet_logs,
+    say,
+    to_config,
 )
 
-import lakestream.sink.files as sink_files  # noqa: E402
+import lakestream.sink.catalog.sink as sink_files  # noqa: E402
 from lakestream.engine.loop import run_pipeline  # noqa: E402
 from lakestream.engine.pipeline import Pipeline  # noqa: E402
 from lakestream.spark import session_for  # noqa: E402

@@ -68,8 +68,18 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    DebeziumEvents, FastProducer, OrderRow, fill_through_sql, fill_through_write_path, machine_load, pipeline_data,
-    private_stack, quiet_logs, say, to_config, write_pipeline_yaml,
+    DebeziumEvents,
+    FastProducer,
+    OrderRow,
+    fill_through_sql,
+    fill_through_write_path,
+    machine_load,
+    pipeline_data,
+    private_stack,
+    quiet_logs,
+    say,
+    to_config,
+    write_pipeline_yaml,
 )
 
 from lakestream.config import CompactionPolicy  # noqa: E402
@@ -78,7 +88,7 @@ from lakestream.engine.loop import metrics_path, run_pipeline  # noqa: E402
 from lakestream.faults import ENV_VAR as PAUSE_ENV  # noqa: E402
 from lakestream.faults import PAUSE_MARKER  # noqa: E402
 from lakestream.maintenance.history import maintenance_log_path  # noqa: E402
-from lakestream.sink.offsets import OFFSETS_PROPERTY, decode_offsets  # noqa: E402
+from lakestream.sink.commit.offsets import OFFSETS_PROPERTY, decode_offsets  # noqa: E402
 from lakestream.spark import session_for  # noqa: E402
 
 NAMESPACE, TABLE = "bench", "orders"

@@ -20,7 +20,7 @@ from psycopg2 import sql as pgsql
 from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError
 from lakestream.identifiers import SourceTableName, quote_table
-from lakestream.sink.router import Router, TableName
+from lakestream.sink.write.routing import Router, TableName
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

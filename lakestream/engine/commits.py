@@ -1,5 +1,5 @@
 """The commits of a micro-batch: each table's data files and deletion vectors with the offsets it consumed,
-in one snapshot per table (`lakestream.sink.committer.write_table`), retried on commit conflicts, in the
+in one snapshot per table (`lakestream.sink.commit.tables.write_table`), retried on commit conflicts, in the
 order the stages declare, with the tables that commit at their own cadence held until due.
 """
 from __future__ import annotations
@@ -8,8 +8,8 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from lakestream.config import PipelineConfig
 from lakestream.engine.isolation import Isolator, without
@@ -18,12 +18,12 @@ from lakestream.errors import classify_failure, conflict_cause, first_line, is_i
 from lakestream.faults import pause_point
 from lakestream.laps import Laps
 from lakestream.process.stage import commit_phases
-from lakestream.sink.committer import StaleIndex, TableCommit, TableWrite, write_table
-from lakestream.sink.files import delete_quietly
-from lakestream.sink.offsets import TableOffsets, commit_properties
+from lakestream.sink.commit.offsets import TableOffsets, commit_properties
+from lakestream.sink.commit.rewrites import commit_rewrite
+from lakestream.sink.commit.tables import StaleIndex, TableCommit, TableWrite, write_table
 from lakestream.sink.report import BatchReport, TableReport
-from lakestream.sink.rewrite import commit_rewrite
-from lakestream.sink.router import TableName
+from lakestream.sink.write.files import delete_quietly
+from lakestream.sink.write.routing import TableName
 from lakestream.source.kafka import TP
 from lakestream.source.planner import OffsetRange
 

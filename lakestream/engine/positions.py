@@ -11,10 +11,10 @@ from collections.abc import Callable
 from lakestream.config import PipelineConfig
 from lakestream.engine.registry import TableRegistry
 from lakestream.errors import DecodeError
-from lakestream.sink.offsets import TableOffsets
+from lakestream.sink.commit.offsets import TableOffsets
 from lakestream.sink.report import BatchReport
-from lakestream.sink.router import Router
-from lakestream.sink.task import replay_from
+from lakestream.sink.write.routing import Router
+from lakestream.sink.write.task import replay_from
 from lakestream.source.kafka import TP, KafkaCluster, consumer_lag
 from lakestream.source.planner import OffsetRange, plan_offset_ranges
 

@@ -20,19 +20,25 @@ from lakestream.errors import ConfigError, LakestreamError
 from lakestream.identifiers import validate_identifier
 from lakestream.process.reference import ReferenceCache, ReferenceData
 from lakestream.process.transform import Derived, empty_input, output_columns, reference_views, run_transform
+from lakestream.sink.catalog.schema import (
+    DEFAULT_TABLE_PROPERTIES,
+    Shape,
+    TableManager,
+    dropped_column_statements,
+    merged_columns,
+    reconcile,
+    unusable_shape,
+    widen_to_string_statements,
+)
+from lakestream.sink.commit.offsets import TableOffsets
 from lakestream.sink.index.disk import DiskKeyIndex
 from lakestream.sink.index.keyless import KeylessIndex
 from lakestream.sink.index.keys import is_integer_key
 from lakestream.sink.index.refresh import refresh_keyed, refresh_keyless
 from lakestream.sink.index.store import IndexStore, store_location
-from lakestream.sink.offsets import TableOffsets
 from lakestream.sink.report import NewShape
-from lakestream.sink.router import TableName, topic_parts
-from lakestream.sink.schema import (
-    DEFAULT_TABLE_PROPERTIES, Shape, TableManager, dropped_column_statements, merged_columns, reconcile, unusable_shape,
-    widen_to_string_statements,
-)
-from lakestream.sink.task import TableSpec
+from lakestream.sink.spec import TableSpec
+from lakestream.sink.write.routing import TableName, topic_parts
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -92,7 +98,7 @@ class TableRegistry:
                       topic: str | None = None) -> None:
         """Create or evolve ``name`` so every compatible shape can be written; reject the others.
         Then the same for the tables of its stream's transforms."""
-        from lakestream.sink.files import create_table, table_info
+        from lakestream.sink.catalog.sink import create_table, table_info
 
         table_name = TableName.parse(name)
         ns, tbl = table_name.namespace, table_name.table
@@ -251,7 +257,7 @@ class TableRegistry:
     def fresh_index(self, name: str, ident: str) -> DiskKeyIndex | KeylessIndex | None:
         """The table's index: as it is while valid (the commit checks it still describes the table's current
         snapshot); else brought to the current snapshot by the one refresh policy (`lakestream.sink.index.refresh`)."""
-        from lakestream.sink.files import table_info
+        from lakestream.sink.catalog.sink import table_info
 
         index = self.indexes.get(name)
         if index is None or index.valid:

@@ -24,9 +24,9 @@ from lakestream.maintenance.actions import (
     compact_cold_partitions,
     expire_snapshots,
     remove_orphan_files,
-    trim_metadata_log,
     rewrite_manifests,
     rewrite_position_deletes,
+    trim_metadata_log,
 )
 from lakestream.maintenance.history import read_maintenance_log, record_maintenance
 from lakestream.maintenance.policy import MaintenancePlan, plan_maintenance
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.maintenance.compaction import PreparedRewrite
-    from lakestream.sink.task import TableSpec
+    from lakestream.sink.spec import TableSpec
 
 log = logging.getLogger(__name__)
 

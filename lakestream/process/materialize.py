@@ -29,8 +29,8 @@ import pyarrow as pa
 from lakestream.config import DerivedInputSettings, DerivedTableSettings
 from lakestream.errors import ConfigError
 from lakestream.identifiers import quote_column, quote_table
+from lakestream.sink.catalog.schema import DEFAULT_TABLE_PROPERTIES
 from lakestream.sink.report import BatchReport
-from lakestream.sink.schema import DEFAULT_TABLE_PROPERTIES
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -164,7 +164,7 @@ class DerivedTable:
     def start(self, force: bool = False) -> None:
         """Create the table if needed, learn the inputs' keys, and recompute the whole table when it is
         new or behind an input (or ``force``)."""
-        from lakestream.sink.files import table_info
+        from lakestream.sink.catalog.sink import table_info
 
         ctx = self.ctx
         catalog = ctx.config.catalog.name
@@ -258,7 +258,7 @@ class DerivedTable:
     def upsert(self, keys: set[tuple] | None) -> None:
         """Recompute the rows of ``keys`` (every key when None) and MERGE them into the table, with
         the inputs' offsets in the snapshot."""
-        from lakestream.sink.files import commit_files, table_info
+        from lakestream.sink.catalog.sink import commit_files, table_info
         from lakestream.spark import jvm_helper
 
         started = time.monotonic()

@@ -4,7 +4,7 @@ partition layout.
 
 PostgreSQL renders the chunk as CSV (``COPY ... TO STDOUT``) and pyarrow's CSV reader parses it
 straight into typed columns: no Python object per value, which is what makes a task fast. Values
-are then cast strictly into the table's schema (`lakestream.sink.files`), split by partition and
+are then cast strictly into the table's schema (`lakestream.sink.write.files`), split by partition and
 written like the streaming write tasks write theirs.
 """
 from __future__ import annotations
@@ -101,8 +101,10 @@ def read_chunk(dsn: str, snapshot_name: str, source: SourceTable, chunk: Chunk, 
     """Read ``chunk`` in a REPEATABLE READ transaction on ``snapshot_name`` and write its data files."""
     import psycopg2
 
-    from lakestream.sink.files import arrow_schema, partition_values, write_data_file
     from lakestream.sink.index.keys import index_keys, row_keys
+    from lakestream.sink.types import arrow_schema
+    from lakestream.sink.write.files import write_data_file
+    from lakestream.sink.write.partitioning import partition_values
 
     started = time.monotonic()
     use_options(target.storage)

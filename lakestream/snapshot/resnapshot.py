@@ -150,8 +150,8 @@ class TopicWindow:
         """A table without a key: an insert touches its new row's content, a delete its old row's, an update
         both. None counts as a delete: the contents' copies the stream left are kept as they are."""
         from lakestream.decode.envelope import TRUNCATE
-        from lakestream.sink.convert import convert_rows
         from lakestream.sink.index.keys import row_keys
+        from lakestream.sink.write.convert import convert_rows
         from lakestream.source.reader import RawRecord
 
         offsets, rows = [], []
@@ -217,7 +217,7 @@ class TopicWindow:
 
 
 def _committed_offsets(spark: SparkSession, ident: str, topic: str) -> dict[int, int]:
-    from lakestream.sink.offsets import OFFSETS_PROPERTY, decode_offsets
+    from lakestream.sink.commit.offsets import OFFSETS_PROPERTY, decode_offsets
     from lakestream.spark import jvm_helper
 
     raw = jvm_helper(spark).latestSummaryValue(spark._jsparkSession, ident, OFFSETS_PROPERTY)
@@ -235,7 +235,7 @@ def _hold_commits(spark: SparkSession, ident: str, owner: str, ttl_s: float) -> 
 
 def _release_commits(spark: SparkSession, ident: str, owner: str) -> None:
     from lakestream.identifiers import sql_string
-    from lakestream.sink.files import table_info
+    from lakestream.sink.catalog.sink import table_info
 
     ns, tbl = ident.split(".")[-2:]
     catalog = ident.split(".")[0]
@@ -385,9 +385,10 @@ def _read_table(spark: SparkSession, config: PipelineConfig, registry: TableRegi
     """Steps 1-2: the low mark, the snapshot, the chunks read and written (not committed), the high mark."""
     from lakestream.capture.connector import HEARTBEAT_MESSAGE_PREFIX
     from lakestream.decode.records import RecordDecoder
-    from lakestream.sink.files import arrow_schema, table_info
+    from lakestream.sink.catalog.sink import table_info
     from lakestream.sink.report import NewShape
-    from lakestream.sink.router import Router
+    from lakestream.sink.types import arrow_schema
+    from lakestream.sink.write.routing import Router
     from lakestream.snapshot.chunks import SnapshotError, SnapshotTable, load_chunks, plan_under
     from lakestream.snapshot.source import describe_table
 
@@ -451,9 +452,10 @@ def _read_table(spark: SparkSession, config: PipelineConfig, registry: TableRegi
 def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, planned: _Planned,
             wait_timeout_s: float) -> None:
     """Steps 3-4: wait for the pipeline to pass the high mark, then replace the mirror in one commit."""
-    from lakestream.sink.files import arrow_schema, table_info
+    from lakestream.sink.catalog.sink import table_info
     from lakestream.sink.index.keyless import KeylessIndex
     from lakestream.sink.index.memory import KeyIndex
+    from lakestream.sink.types import arrow_schema
     from lakestream.snapshot.chunks import SnapshotError
 
     capture = config.capture
@@ -564,7 +566,7 @@ def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned,
                  run_id: str) -> dict[str, Any] | None:
     """One commit attempt on top of ``base``: the new snapshot's id and state, or None if another
     commit got there first."""
-    from lakestream.sink.files import commit_files, table_info
+    from lakestream.sink.catalog.sink import commit_files, table_info
     from lakestream.sink.index.keys import unpack
 
     ns, tbl = planned.lake.split(".", 1)

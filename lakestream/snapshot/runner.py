@@ -35,12 +35,24 @@ from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError
 from lakestream.identifiers import SourceTableName
 from lakestream.snapshot.chunks import (  # noqa: F401 — KILL_AFTER_CHUNKS_ENV, source_dsn: this module's API too
-    KILL_AFTER_CHUNKS_ENV, STATE_PROPERTY, SnapshotError, SnapshotTable, load_chunks, plan_under, source_dsn,
+    KILL_AFTER_CHUNKS_ENV,
+    STATE_PROPERTY,
+    SnapshotError,
+    SnapshotTable,
+    load_chunks,
+    plan_under,
+    source_dsn,
 )
 from lakestream.snapshot.progress import SnapshotReport, TableProgress
 from lakestream.snapshot.reader import ChunkTarget
 from lakestream.snapshot.slot import (
-    ExportedSlot, ExportedSnapshot, ensure_publication, handover_path, int_to_lsn, lsn_to_int, read_handover,
+    ExportedSlot,
+    ExportedSnapshot,
+    ensure_publication,
+    handover_path,
+    int_to_lsn,
+    lsn_to_int,
+    read_handover,
     slot_state,
     write_handover,
 )
@@ -88,9 +100,9 @@ def run_snapshot(
     Tables named after the handover (or with ``again``) are re-snapshotted while streaming continues
     (`lakestream.snapshot.resnapshot`)."""
     from lakestream.engine.registry import TableRegistry
-    from lakestream.sink.files import table_info
-    from lakestream.sink.router import Router
+    from lakestream.sink.catalog.sink import table_info
     from lakestream.sink.report import NewShape
+    from lakestream.sink.write.routing import Router
     from lakestream.spark import session_for
 
     capture = config.capture

@@ -9,8 +9,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from lakestream.sink.offsets import OFFSETS_PROPERTY
 from lakestream.maintenance import maintain_table, maybe_maintain
+from lakestream.sink.commit.offsets import OFFSETS_PROPERTY
 
 NS = "maint"
 

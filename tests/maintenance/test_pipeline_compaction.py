@@ -7,12 +7,12 @@ import json
 import uuid
 
 import pytest
-
 from conftest import produce_records
+
 from lakestream.engine.pipeline import Pipeline
 from lakestream.maintenance.compaction import RewriteGroup, plan_groups
 from lakestream.maintenance.runner import write_compaction
-from lakestream.sink.rewrite import carried_deletes
+from lakestream.sink.commit.rewrites import carried_deletes
 
 NS = "pcomp"
 
@@ -240,8 +240,8 @@ def test_a_large_compaction_is_committed_over_several_pauses():
 def test_a_started_pipeline_catches_up_before_its_first_round(pipeline_config_factory):
     import time
 
-    from lakestream.maintenance.history import record_maintenance
     from lakestream.maintenance.actions import MaintenanceResult
+    from lakestream.maintenance.history import record_maintenance
     from lakestream.maintenance.runner import MaintenanceScheduler
 
     config = pipeline_config_factory([{"topics": ["r.public.t"], "namespace": NS, "table": "t"}], name="rdelay",

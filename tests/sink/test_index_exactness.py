@@ -8,8 +8,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import produce_records
+
 from lakestream.engine.pipeline import Pipeline
 
 
@@ -194,8 +194,8 @@ def test_a_diff_lists_only_the_rows_each_snapshot_deleted(stack, spark, mirror, 
     at 100M rows a batch's vectors hold tens of millions of earlier positions, which once filled a 2g driver's
     heap as JSON. Past the limit of listed positions the index is built again instead."""
     from lakestream.engine.registry import TableRegistry
+    from lakestream.sink.catalog.sink import snapshot_changes
     from lakestream.sink.index import diff
-    from lakestream.sink.index.diff import snapshot_changes
 
     topic, table, pipeline = mirror
     expected: dict[int, tuple] = {}

@@ -10,7 +10,6 @@ millions of rows costs a build, never the driver's heap.
 """
 from __future__ import annotations
 
-import base64
 import functools
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -18,7 +17,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
-import orjson
 import pyarrow as pa
 
 from lakestream.sink.index.disk import MAX_OVERLAY, DiskKeyIndex
@@ -26,27 +24,13 @@ from lakestream.sink.index.keys import MISSING, index_keys, pack
 from lakestream.storage import filesystem_path
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    pass
 
 T = TypeVar("T")
 
 DIFF_MAX = MAX_OVERLAY
 # Data files whose key columns a diff reads at once (pyarrow reads release the GIL; each holds one file's keys).
 DIFF_READERS = 4
-
-
-def snapshot_changes(spark: SparkSession, catalog: str, namespace: str, table: str, from_snapshot: int,
-                     max_positions: int | None = None) -> dict[str, Any]:
-    """`LakestreamSink.snapshotChanges`: the snapshots after ``from_snapshot`` with their added and removed
-    data files and the positions each newly deleted (``positions``, int64 arrays); ``positions_over`` when more
-    than ``max_positions`` (default `DIFF_MAX`) were deleted (then the listing is incomplete)."""
-    limit = DIFF_MAX if max_positions is None else max_positions
-    changes = orjson.loads(spark.sparkContext._jvm.lakestream.LakestreamSink.snapshotChanges(
-        spark._jsparkSession, catalog, namespace, table, int(from_snapshot), int(limit)))
-    for snap in changes.get("snapshots", []):
-        for d in snap["deleted"]:
-            d["positions"] = np.frombuffer(base64.b64decode(d.pop("positions_le64")), "<i8").astype(np.int64)
-    return changes
 
 
 def _file_keys(path: str, key_columns: tuple[str, ...]) -> np.ndarray:

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from lakestream.sink.files import DEFAULT_KEY, write_default
+from lakestream.sink.types import DEFAULT_KEY, write_default
 
 
 def _text(value: Any) -> Any:

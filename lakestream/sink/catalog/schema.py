@@ -9,8 +9,8 @@ dead-letter table; the table is left as it is.
 from __future__ import annotations
 
 import functools
-import re
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -282,7 +282,7 @@ class TableManager:
             self._namespaces.add(namespace)
 
     def apply(self, namespace: str, table: str, statements: list[str | AddColumnWithDefault]) -> None:
-        from lakestream.sink.files import add_column_with_default
+        from lakestream.sink.catalog.sink import add_column_with_default
 
         for stmt in statements:
             log.info("schema change: %s", stmt)

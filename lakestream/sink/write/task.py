@@ -29,82 +29,23 @@ from lakestream.decode.vectorized import DecodedRun, RunDecoder, decode_events
 from lakestream.errors import BadValue, DecodeError
 from lakestream.process.reference import ReferenceData
 from lakestream.process.transform import (
-    Derived, apply_isolating, fit_output, reference_views, run_transform, with_meta,
+    Derived,
+    apply_isolating,
+    fit_output,
+    reference_views,
+    run_transform,
+    with_meta,
 )
 from lakestream.sink import report as rp
-from lakestream.sink.convert import convert_rows
 from lakestream.sink.index.keys import index_keys, is_integer_key, keys_to_arrow
-from lakestream.sink.latest import STORED, first_per_key, last_per_key, latest_per_key
-from lakestream.sink.router import Router
+from lakestream.sink.spec import TableSpec
+from lakestream.sink.write.convert import convert_rows
+from lakestream.sink.write.latest import STORED, first_per_key, last_per_key, latest_per_key
+from lakestream.sink.write.routing import Router
 from lakestream.source.kafka import TP
 from lakestream.source.planner import OffsetRange
 from lakestream.source.reader import RecordRun, read_runs
 from lakestream.storage import StorageContext, active_options, use_options
-
-
-@dataclass
-class TableSpec:
-    """What a task needs to write one table (built by the driver, shipped to the tasks)."""
-
-    name: str  # namespace.table
-    mode: str  # upsert | append
-    key_columns: list[str]  # upsert key, or [dedupe_field] for de-duplicated appends
-    schema: dict[str, Any]  # Iceberg schema JSON
-    partition_spec: dict[str, Any]  # Iceberg partition spec JSON
-    data_location: str
-    accepted_shapes: frozenset[str] = frozenset()
-    rejected_shapes: dict[str, str] = field(default_factory=dict)  # schema id → reason
-    committed: dict[TP, int] = field(default_factory=dict)  # the table's stored next offsets
-    drop_missing: bool = False  # on_dropped_column=drop: a full row shape lacking a column goes to the driver
-    _arrow: pa.Schema | None = None
-    _ddl: dict[str, str] | None = None
-
-    @property
-    def keyed(self) -> bool:
-        return bool(self.key_columns)
-
-    def fits(self, names: list[str], ddls: list[str], complete: bool = False) -> bool:
-        """Whether rows of this shape can be written to the table as it is (no evolution needed):
-        every column exists with the same type or one it widens to. Decided in the task, without
-        the driver; anything else goes to the driver (`NewShape`). A ``complete`` shape (the source's
-        full row schema) lacking a table column also goes there when dropped columns are dropped."""
-        if self._ddl is None:
-            from lakestream.sink.files import spark_ddl
-
-            try:
-                self._ddl = {f["name"]: spark_ddl(f["type"]) for f in self.schema["fields"]}
-            except ValueError:
-                self._ddl = {}
-        if complete and self.drop_missing and len(self._ddl) > len(set(names) & set(self._ddl)):
-            return False
-        for name, ddl in zip(names, ddls):
-            have = self._ddl.get(name)
-            if have is None or not _ddl_fits(have, ddl):
-                return False
-        return True
-
-    def arrow_schema(self) -> pa.Schema:
-        if self._arrow is None:
-            from lakestream.sink.files import arrow_schema
-
-            self._arrow = arrow_schema(self.schema)
-        return self._arrow
-
-
-def _ddl_fits(table: str, incoming: str) -> bool:
-    """Values of Spark type ``incoming`` can be written to a column of type ``table`` without loss
-    (the rules of `lakestream.sink.schema._fits`, on DDL strings)."""
-    if table == incoming or table == "string":
-        return True
-    if table == "bigint" and incoming in ("int", "smallint", "tinyint"):
-        return True
-    if table == "double" and incoming in ("float", "int", "bigint"):
-        return True
-    if table.startswith("decimal(") and incoming.startswith("decimal("):
-        tp, ts = table[8:-1].split(",")
-        ip, is_ = incoming[8:-1].split(",")
-        return ts.strip() == is_.strip() and int(ip) <= int(tp)
-    return False
 
 
 @dataclass
@@ -258,7 +199,7 @@ class TableWriter:
 
     def _write_changes(self, rows: _Rows, facts: list[rp.Fact]) -> None:
         spec = self.spec
-        if spec.mode == "upsert" and not spec.keyed and rows.positions is not None:
+        if spec.kind == "multiset" and rows.positions is not None:
             self._write_keyless(rows, facts)
             return
         typed, ops, withheld = rows.table, rows.ops, rows.withheld
@@ -266,9 +207,9 @@ class TableWriter:
             keys_np = index_keys(typed, spec.key_columns)
             # Kafka order within a partition; partitions of one key do not interleave in Debezium.
             order_np = _kafka_order(rows)
-            if spec.mode == "upsert" and not any(withheld):
+            if spec.kind == "mirror" and not any(withheld):
                 final, fills = last_per_key(keys_np, order_np), {}
-            elif spec.mode == "upsert":
+            elif spec.kind == "mirror":
                 keys, order = keys_np.tolist(), order_np.tolist()
                 final, fills = latest_per_key(keys, ops, withheld, order)
                 # a value from the stored row stays withheld here: the committer fills it from the table
@@ -290,10 +231,10 @@ class TableWriter:
             self._write_files(data, np.flatnonzero(~is_delete), file_of, pos_of, facts)
         if spec.keyed:
             sel = np.array(final, dtype=np.int64)
-            op = np.where(is_delete, rp.OP_DELETE, rp.OP_UPSERT).astype(np.int8)
-            if spec.mode == "upsert" and "d" in ops:
+            op = np.where(is_delete, rp.KeyedOp.DELETE, rp.KeyedOp.UPSERT).astype(np.int8)
+            if spec.kind == "mirror" and "d" in ops:
                 deleted = keys_np[np.array([o == "d" for o in ops], dtype=bool)]
-                op[np.isin(keys_np[sel], deleted) & ~is_delete] = rp.OP_RECREATE
+                op[np.isin(keys_np[sel], deleted) & ~is_delete] = rp.KeyedOp.RECREATE
             locations = pa.table({
                 "key": keys_to_arrow(keys_np[sel]),
                 "op": pa.array(op),
@@ -307,9 +248,9 @@ class TableWriter:
             facts.append(rp.RowLocations(spec.name, self.task_id, locations))
 
     def _write_keyless(self, rows: _Rows, facts: list[rp.Fact]) -> None:
-        """A table without a primary key (`sink.multiset`): every insert and update writes its new row; the
+        """A table without a primary key (`lakestream.sink.index.keyless`): every insert and update writes its new row; the
         driver resolves which existing row each update or delete removes, and which events are re-sends."""
-        from lakestream.sink.index.keyless import write_keyless_changes
+        from lakestream.sink.write.keyless import write_keyless_changes
 
         typed, ops = rows.table, rows.ops
         is_delete = np.array([o == "d" for o in ops], dtype=bool)
@@ -379,7 +320,7 @@ class TableWriter:
         ops = [pending.ops[i] for i in good] + [op for _, _, run in pending.runs for op in run.ops]
         withheld = [pending.withheld[i] for i in good] + [[] for _ in run_topics]
         old_rows = positions = None
-        if spec.mode == "upsert" and not spec.keyed and not pending.runs:
+        if spec.kind == "multiset" and not pending.runs:
             old_rows = [pending.old_rows[i] for i in good]
             positions = [pending.positions[i] for i in good]
         return _Rows(table, all_topics, all_partitions, all_offsets, ops, withheld, source_ts, kafka_ts,
@@ -388,7 +329,8 @@ class TableWriter:
     def _write_files(self, data: pa.Table, final_slots: np.ndarray, file_of: np.ndarray, pos_of: np.ndarray,
                      facts: list[rp.Fact]) -> None:
         """Write ``data`` (one partition per file); record where each row of ``final_slots`` landed."""
-        from lakestream.sink.files import partition_values, write_data_file
+        from lakestream.sink.write.files import write_data_file
+        from lakestream.sink.write.partitioning import partition_values
 
         spec = self.spec
         if spec.partition_spec.get("fields"):
@@ -429,7 +371,7 @@ def _defaults_json(columns: Any) -> dict[str, Any]:
     """The shape's column defaults in Iceberg's single-value JSON form (those a column can take)."""
     if not columns.defaults:
         return {}
-    from lakestream.sink.defaults import iceberg_json
+    from lakestream.sink.write.defaults import iceberg_json
 
     ddl = dict(zip(columns.names, (t.ddl for t in columns.types)))
     return {name: v for name, wire in columns.defaults.items() if (v := iceberg_json(ddl[name], wire)) is not None}
@@ -437,7 +379,7 @@ def _defaults_json(columns: Any) -> dict[str, Any]:
 
 def _shape_schema(shape: rp.NewShape) -> pa.Schema | None:
     """The Arrow schema a new table of ``shape`` would get (flat columns only; None otherwise)."""
-    from lakestream.sink.files import ddl_arrow_type
+    from lakestream.sink.types import ddl_arrow_type
 
     fields = []
     for name, ddl in shape.columns:
@@ -536,14 +478,14 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
                                                [(n, t.ddl) for n, t in zip(cols.names, cols.types)],
                                                change.key_columns, cols.inferred, _defaults_json(cols))
             return change
-        if spec.mode == "upsert" and spec.keyed and not change.key_columns:
+        if spec.kind == "mirror" and not change.key_columns:
             # A keyless event (no message key) for a table mirrored by key.
             facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
                                        f"missing key: the message has no key and the stream sets no key_columns "
                                        f"(table {table} is mirrored by key {spec.key_columns})", rec.key, rec.value,
                                        table, "missing_key"))
             return None
-        if spec.mode == "upsert" and not spec.keyed and change.key_columns and change.op in ("u", "d"):
+        if spec.kind == "multiset" and change.key_columns and change.op in ("u", "d"):
             facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
                                        f"the source table gained a primary key {change.key_columns}, but its mirror "
                                        f"{table} holds rows without one (a multiset), and this {change.op!r} event no "
@@ -610,7 +552,7 @@ def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.Rec
                 for i in range(len(rest)):
                     one_by_one(rest.record(i))
             return
-        if spec is None or table not in pending or (spec.mode == "upsert" and not spec.keyed):
+        if spec is None or table not in pending or (spec.kind == "multiset"):
             # (a table without a primary key needs each event's source position: record by record)
             for i in range(len(rest)):
                 one_by_one(rest.record(i))

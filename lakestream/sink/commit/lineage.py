@@ -28,7 +28,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lakestream.sink.storage import filesystem_path
+from lakestream.storage import filesystem_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -84,7 +84,7 @@ def replays_table(config: PipelineConfig) -> str:
 
 
 def _idents(spark: SparkSession, config: PipelineConfig) -> tuple[str, str]:
-    from lakestream.sink.deadletter import ensure_dead_letter_table
+    from lakestream.sink.deadletters.table import ensure_dead_letter_table
 
     catalog = config.catalog.name
     dead = ensure_dead_letter_table(spark, catalog, config.engine.dead_letter_table)

@@ -24,15 +24,15 @@ import pyarrow as pa
 
 from lakestream.laps import Laps
 from lakestream.sink.index.keys import MISSING, keys_from_arrow, unpack
-from lakestream.sink.report import OP_DELETE, OP_RECREATE, TableReport
+from lakestream.sink.report import KeyedOp, TableReport
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.sink.index.disk import DiskKeyIndex
     from lakestream.sink.index.keyless import KeylessIndex
-    from lakestream.sink.router import TableName
-    from lakestream.sink.task import TableSpec
+    from lakestream.sink.spec import TableSpec
+    from lakestream.sink.write.routing import TableName
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
             gone = (rows.column("offset").to_numpy()[order] < cut)[last]
             written = gone & (files[last] >= 0)
             deletes.add_grouped(files[last][written], positions[last][written], paths)
-        final_file = np.where((ops[last] == OP_DELETE) | gone, -1, files[last])
+        final_file = np.where((ops[last] == KeyedOp.DELETE) | gone, -1, files[last])
         locations = _Locations(paths, final_file, positions[last])
         patches = []
         withheld = rows.column("withheld")
@@ -211,11 +211,11 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
                 source = (write.index.paths[old_fid[g]], int(old_pos[g])) if has_old[g] else None
                 if e_ - 1 > s_:  # an earlier change of the key in this batch
                     prev = e_ - 2
-                    source = None if ops[prev] == OP_DELETE or files[prev] < 0 else (paths[files[prev]],
+                    source = None if ops[prev] == KeyedOp.DELETE or files[prev] < 0 else (paths[files[prev]],
                                                                                      int(positions[prev]))
                 patches.append((int(g), locations[g], source, columns))
         # A key deleted in this batch and written again is a new row (a new `_row_id`), as a primary-key change is.
-        deleted_here = np.maximum.reduceat(((ops == OP_DELETE) | (ops == OP_RECREATE)).astype(np.int8), starts) > 0
+        deleted_here = np.maximum.reduceat(((ops == KeyedOp.DELETE) | (ops == KeyedOp.RECREATE)).astype(np.int8), starts) > 0
         kept = np.flatnonzero(has_old & ~deleted_here & (final_file >= 0))
         return _Resolved(deletes, distinct, locations, np.zeros(len(distinct), bool), patches, kept,
                          (old_fid[kept], old_pos[kept]))
@@ -239,7 +239,7 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
 def _read_rows(locations: list[tuple[str, int]]) -> dict[tuple[str, int], dict[str, Any]]:
     import pyarrow.parquet as pq
 
-    from lakestream.sink.storage import filesystem_path
+    from lakestream.storage import filesystem_path
 
     out: dict[tuple[str, int], dict[str, Any]] = {}
     by_file: dict[str, list[int]] = defaultdict(list)
@@ -257,8 +257,8 @@ def _apply_patches(write: TableWrite, changes: TableReport, resolved: _Resolved,
                    ) -> None:
     """Rows whose TOAST columns Debezium withheld get the stored values: the row is copied into a
     new file with the value from its previous version, and the copy replaces it (same snapshot)."""
-    from lakestream.sink.convert import convert_rows
-    from lakestream.sink.files import write_data_file
+    from lakestream.sink.write.convert import convert_rows
+    from lakestream.sink.write.files import write_data_file
 
     wanted = [p[1] for p in resolved.patches] + [p[2] for p in resolved.patches if p[2] is not None]
     rows = _read_rows(wanted)
@@ -308,11 +308,11 @@ class KeptRows:
 
 def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | None, kept: KeptRows,
                   data_files: list[dict[str, Any]]) -> None:
-    """Each new row that replaces a committed row keeps that row's `_row_id` (`lakestream.sink.lineage`): the
+    """Each new row that replaces a committed row keeps that row's `_row_id` (`lakestream.sink.commit.lineage`): the
     batch's files holding such rows are rewritten in place with the lineage columns before the commit."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from lakestream.sink.lineage import ROW_IDS, UNKNOWN, StaleLineage, write_lineage
+    from lakestream.sink.commit.lineage import ROW_IDS, UNKNOWN, StaleLineage, write_lineage
 
     rewritten: set[str] = set()
     if len(kept.new_file) and snapshot_id is not None:
@@ -353,7 +353,7 @@ def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | Non
 def _remember_first_row_ids(result: dict[str, Any]) -> None:
     """Keep the first_row_id of the files a commit added: the next batch's updates of their rows need it."""
     if result.get("first_row_ids"):
-        from lakestream.sink.lineage import ROW_IDS
+        from lakestream.sink.commit.lineage import ROW_IDS
 
         ROW_IDS.committed(result["first_row_ids"])
 
@@ -372,7 +372,7 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     Returns the kind of write and the changes applied. The index (if any) must describe
     the table's current snapshot; it is moved to the new snapshot.
     """
-    from lakestream.sink.files import commit_files
+    from lakestream.sink.catalog.sink import commit_files
     from lakestream.sink.index.keyless import KeylessIndex
 
     if isinstance(write.index, KeylessIndex):
@@ -434,10 +434,10 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
 
 def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport, properties: dict[str, str]
                    ) -> TableCommit:
-    """A table without a primary key (`lakestream.sink.multiset`): appended rows, one equal row removed per
+    """A table without a primary key (`lakestream.sink.index.keyless`): appended rows, one equal row removed per
     update or delete, re-sent events left out; the source positions commit with the offsets."""
-    from lakestream.sink.files import commit_files
-    from lakestream.sink.index.keyless import apply_resolution, positions_property, resolve_keyless
+    from lakestream.sink.catalog.sink import commit_files
+    from lakestream.sink.commit.keyless import apply_resolution, positions_property, resolve_keyless
 
     index = write.index
     laps = Laps()

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from lakestream.faults import pause_point
-from lakestream.sink.committer import StaleIndex
+from lakestream.sink.commit.tables import StaleIndex
 from lakestream.sink.index.keys import pack
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.maintenance.compaction import PreparedRewrite, RewriteGroup
-    from lakestream.sink.committer import TableWrite
+    from lakestream.sink.commit.tables import TableWrite
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +78,9 @@ def _old_locations(group: RewriteGroup, file_ids: list[int]) -> np.ndarray:
 def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRewrite) -> RewriteCommit:
     """Commit ``prepared`` on the table of ``write`` (its index valid at the table's current snapshot);
     raises `StaleIndex` when the table moved past the index (refresh, then call again)."""
-    from lakestream.sink.files import commit_rewrite as commit_files_rewrite
-    from lakestream.sink.files import delete_quietly, deleted_positions
+    from lakestream.sink.catalog.sink import commit_rewrite as commit_files_rewrite
+    from lakestream.sink.catalog.sink import deleted_positions
+    from lakestream.sink.write.files import delete_quietly
 
     index = write.index
     timings: dict[str, float] = {}
