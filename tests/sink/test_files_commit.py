@@ -13,10 +13,11 @@ import pyarrow as pa
 import pytest
 from py4j.protocol import Py4JJavaError
 
-from lakestream.sink.catalog.sink import canonical_location, commit_files, create_table, table_info
+from lakestream.sink.catalog.sink import commit_files, create_table, table_info
 from lakestream.sink.types import arrow_schema, spark_ddl
 from lakestream.sink.write.files import write_data_file
 from lakestream.sink.write.partitioning import partition_values
+from lakestream.storage import canonical_location
 
 CATALOG = "lake"
 

@@ -17,7 +17,7 @@ import os
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -67,11 +67,11 @@ class WriteContext:
     # input, so the input's records they lack are read again to feed them, and not written again.
     held_outputs: frozenset[str] = frozenset()
 
-    def replay_from(self, table: str, tp: TP, committed: int) -> int:
+    def reread_from(self, table: str, tp: TP, committed: int) -> int:
         """The first offset of ``tp`` to read for ``table``: its own stored offset (``committed``), or a
         lagging held output's, lower."""
         outputs = [d for d in self.derived.get(table, ()) if self.writes(d.table)]
-        return replay_from(outputs, self.tables, self.held_outputs, tp, committed)
+        return reread_from(outputs, self.tables, self.held_outputs, tp, committed)
 
     def wanted(self, table: str) -> bool:
         """Whether this job reads ``table``'s changes: to write it, or to feed one of its transforms."""
@@ -145,7 +145,7 @@ def change_stats(name: str, topics: list[str], partitions: np.ndarray, offsets: 
            ) -> list[rp.TableStats]:
     """Per partition: records consumed (kept or not: a dead letter is consumed too) and source times."""
     out = []
-    distinct = set(zip(topics, partitions.tolist()))
+    distinct = set(zip(topics, partitions.tolist(), strict=True))
     for topic, partition in distinct:
         if len(distinct) == 1:
             sel = slice(None)
@@ -223,7 +223,7 @@ class TableWriter:
         else:
             final = list(range(typed.num_rows))
         is_delete = np.array([ops[j] == "d" for j in final], dtype=bool)
-        data_rows = [j for j, d in zip(final, is_delete) if not d]
+        data_rows = [j for j, d in zip(final, is_delete, strict=True) if not d]
         data = typed.take(pa.array(data_rows, pa.int64())) if len(data_rows) != typed.num_rows else typed
         file_of = np.full(len(final), -1, np.int32)
         pos_of = np.zeros(len(final), np.int64)
@@ -248,7 +248,8 @@ class TableWriter:
             facts.append(rp.RowLocations(spec.name, self.task_id, locations))
 
     def _write_keyless(self, rows: _Rows, facts: list[rp.Fact]) -> None:
-        """A table without a primary key (`lakestream.sink.index.keyless`): every insert and update writes its new row; the
+        """A table without a primary key (`lakestream.sink.index.keyless`): every insert and update writes its new
+        row; the
         driver resolves which existing row each update or delete removes, and which events are re-sends."""
         from lakestream.sink.write.keyless import write_keyless_changes
 
@@ -266,7 +267,7 @@ class TableWriter:
         if updates:
             converted, bad = convert_rows([rows.old_rows[i] for i in updates], schema)
             good = [j for j in range(len(updates)) if j not in bad]
-            for j, i in enumerate(updates):
+            for i in updates:
                 old[i] = None
             for k, j in enumerate(good):
                 old[updates[j]] = converted.slice(k, 1)
@@ -283,14 +284,15 @@ class TableWriter:
         all_topics = pending.topics + run_topics
         all_partitions = np.concatenate([np.asarray(pending.partitions, np.int64)]
                                         + [np.full(run.table.num_rows, p, np.int64) for _, p, run in pending.runs])
-        all_offsets = np.concatenate([np.asarray(pending.offsets, np.int64)] + [run.offsets for _, _, run in pending.runs])
+        all_offsets = np.concatenate([np.asarray(pending.offsets, np.int64)]
+                                     + [run.offsets for _, _, run in pending.runs])
         source_ts = np.concatenate([np.array([np.nan if t is None else t for t in pending.source_ts], np.float64)]
                                    + [run.source_ts for _, _, run in pending.runs])
         kafka_ts = np.concatenate([np.asarray(pending.kafka_ts, np.int64)]
                                   + [np.asarray(run.kafka_ts, np.int64) for _, _, run in pending.runs])
         if pending.truncates:
             # A truncate is consumed by the table like any change: its offset commits with the table.
-            t_topics, t_parts, t_offs, t_ts = zip(*pending.truncates)
+            t_topics, t_parts, t_offs, t_ts = zip(*pending.truncates, strict=True)
             facts.extend(change_stats(spec.name, all_topics + list(t_topics),
                                 np.concatenate([all_partitions, np.asarray(t_parts, np.int64)]),
                                 np.concatenate([all_offsets, np.asarray(t_offs, np.int64)]),
@@ -304,9 +306,9 @@ class TableWriter:
             facts.extend(change_stats(spec.name, all_topics, all_partitions, all_offsets, source_ts))
         typed, bad = convert_rows(pending.rows, schema)
         for i, reason in sorted(bad.items()):
-            facts.append(rp.DeadLetter(TP(pending.topics[i], pending.partitions[i]), pending.offsets[i],
-                                       pending.kafka_ts[i], reason, pending.raw_keys[i], pending.raw_values[i],
-                                       spec.name, BadValue.kind))
+            facts.append(dead_letter(TP(pending.topics[i], pending.partitions[i]), pending.offsets[i],
+                                     pending.kafka_ts[i], reason, pending.raw_keys[i], pending.raw_values[i],
+                                     spec.name, BadValue.kind))
         good = [i for i in range(len(pending.rows)) if i not in bad]
         if bad:
             keep = np.array(good + list(range(len(pending.rows), len(all_topics))), dtype=np.int64)
@@ -339,7 +341,8 @@ class TableWriter:
             groups = [([], np.arange(data.num_rows))]
         for values, rows in groups:
             rows = np.asarray(rows, dtype=np.int64)
-            part = data if len(rows) == data.num_rows and not spec.partition_spec.get("fields") else data.take(pa.array(rows))
+            whole = len(rows) == data.num_rows and not spec.partition_spec.get("fields")
+            part = data if whole else data.take(pa.array(rows))
             task_file = sum(1 for f in facts if isinstance(f, rp.DataFileWritten))
             written = write_data_file(part, spec.data_location, spec.arrow_schema(), f"{self.task_id}-{task_file:05d}")
             facts.append(rp.DataFileWritten(spec.name, written["path"], written["file_size"], written["record_count"],
@@ -373,7 +376,7 @@ def _defaults_json(columns: Any) -> dict[str, Any]:
         return {}
     from lakestream.sink.write.defaults import iceberg_json
 
-    ddl = dict(zip(columns.names, (t.ddl for t in columns.types)))
+    ddl = dict(zip(columns.names, (t.ddl for t in columns.types), strict=True))
     return {name: v for name, wire in columns.defaults.items() if (v := iceberg_json(ddl[name], wire)) is not None}
 
 
@@ -407,201 +410,267 @@ def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.
     yield from _write_task(ranges, ctx)
 
 
-def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.RecordBatch]:
-    task_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    use_options(ctx.storage)
-    decoder = RecordDecoder(ctx.router, ctx.schema_registry)
-    runs = RunDecoder()
-    facts: list[rp.Fact] = []
-    pending: dict[str, _Pending] = {}
-    replay: dict[str, _Pending] = {}  # changes a table holds already, read again for its lagging outputs
-    deferred: dict[str, dict[str, rp.NewShape]] = {}
-    topic_tables: dict[str, str | None] = {}
-    event_time_fields: dict[str, str | None] = {}  # topics of plain JSON event streams → their event time field
-    skipped: dict[str, int] = {}
+MAX_REASON = 2000  # characters of a dead letter's reason
 
-    def one_by_one(rec: Any) -> DecodedRecord | None:
+
+def dead_letter(tp: TP, offset: int, kafka_ts: int | None, reason: str, key: bytes | None, value: bytes | None,
+                table: str | None, kind: str) -> rp.DeadLetter:
+    """The one way a task reports a record it cannot write: its Kafka coordinates, raw bytes and a bounded
+    reason (``kind``: one of `lakestream.errors.DEAD_LETTER_KINDS`)."""
+    return rp.DeadLetter(tp, offset, kafka_ts, reason[:MAX_REASON], key, value, table, kind)
+
+
+def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.RecordBatch]:
+    yield WriteTask(ctx).run(ranges)
+
+
+class WriteTask:
+    """One write task: reads its ranges (`run`), places every record (`place_record`, or a whole run at once:
+    `place_run`), leaves the tables the driver must prepare first to a second job (`defer_unprepared`), writes
+    the others and their transforms' outputs (`write_tables`), and returns its facts."""
+
+    def __init__(self, ctx: WriteContext):
+        self.ctx = ctx
+        self.task_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        use_options(ctx.storage)
+        self.decoder = RecordDecoder(ctx.router, ctx.schema_registry)
+        self.runs = RunDecoder()
+        self.facts: list[rp.Fact] = []
+        self.pending: dict[str, _Pending] = {}
+        self.reread: dict[str, _Pending] = {}  # changes a table holds already, read again for its lagging outputs
+        self.deferred: dict[str, dict[str, rp.NewShape]] = {}
+        self.topic_tables: dict[str, str | None] = {}
+        self.event_time_fields: dict[str, str | None] = {}  # topics of plain JSON event streams → event time field
+        self.skipped: dict[str, int] = {}
+        self.raw_runs: list[RecordRun] = []  # kept for the dead letters of transforms
+
+    # -- the steps ---------------------------------------------------------------------------------
+    def run(self, ranges: list[OffsetRange]) -> pa.RecordBatch:
+        """Read, place, defer, write: the task's report."""
+        ctx = self.ctx
+        for item in read_runs(ctx.consumer_conf, list(ranges)):
+            if isinstance(item, tuple):
+                rng, end = item
+                self.facts.append(rp.RangeEnd(rng.tp, end.next_offset, end.at_end))
+                continue
+            if ctx.derived:
+                self.raw_runs.append(item)
+            if ctx.record_hook is not None:
+                for i in range(len(item)):
+                    ctx.record_hook(item.record(i))
+            self.place_run(item)
+        self.defer_unprepared()
+        self.write_tables()
+        self.facts.extend(rp.Skipped(reason, count) for reason, count in self.skipped.items())
+        return rp.to_batch(self.facts)
+
+    def dead_letter(self, rec: Any, reason: str, table: str | None, kind: str) -> None:
+        """Report record ``rec`` as a dead letter."""
+        self.facts.append(dead_letter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms, reason, rec.key,
+                                      rec.value, table, kind))
+
+    def skip(self, reason: str) -> None:
+        """Count a record that carries no row change on purpose (reported once, by the first job)."""
+        if self.ctx.only_tables is None:
+            self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def place_record(self, rec: Any) -> DecodedRecord | None:
         """Decode, route and place one record; its change when the record was kept or deferred."""
-        try:
-            change = decoder.decode(rec)
-        except (DecodeError, RecursionError, ValueError, TypeError, KeyError, AttributeError,
-                UnicodeDecodeError, OverflowError) as exc:
-            # Anything a record's content can make the decoder raise is that record's fault.
-            if ctx.only_tables is None:
-                reason = str(exc) if isinstance(exc, DecodeError) else f"cannot decode: {type(exc).__name__}: {exc}"
-                kind = exc.kind if isinstance(exc, DecodeError) else DecodeError.kind
-                facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                           reason[:2000], rec.key, rec.value, topic_table(ctx.router, rec.topic),
-                                           kind))
-            return None
+        change = self.decode(rec)
         if change is None:
             return None
         if change.op == MESSAGE:
-            if ctx.only_tables is None:
-                skipped["logical_decoding_message"] = skipped.get("logical_decoding_message", 0) + 1
+            self.skip("logical_decoding_message")
             return None
         table = change.table
-        if not ctx.wanted(table):
+        if not self.ctx.wanted(table):
             return None
-        spec = ctx.tables.get(table)
+        spec = self.ctx.tables.get(table)
         if change.op == TRUNCATE:
-            if change.stream.mode != "upsert":
-                if ctx.only_tables is None:
-                    skipped["truncate_in_append_stream"] = skipped.get("truncate_in_append_stream", 0) + 1
-                return None
-            if spec is None or rec.offset < spec.committed.get(TP(rec.topic, rec.partition), -1):
-                return None  # no table yet (nothing to empty), or the table already applied it
-            buf = pending.get(table)
-            if buf is None:
-                buf = pending[table] = _Pending(spec)
-            buf.truncates.append((rec.topic, rec.partition, rec.offset, change.source_ts_ms))
+            self.truncate(rec, change, spec)
             return None
-        shape_id = change.columns.schema_id
+        placed = self.place_shape(rec, change, spec)
+        if placed != "accepted" or spec is None:
+            return change if placed == "deferred" else None
+        if not self.fits_kind(rec, change, spec):
+            return None
+        tp = TP(rec.topic, rec.partition)
+        committed = spec.committed.get(tp, -1)
+        if rec.offset < committed:
+            if self.ctx.held_outputs and rec.offset >= self.ctx.reread_from(table, tp, committed):
+                self._buffer(self.reread, spec).add(rec, change)
+                return change
+            return None  # the table already holds it (a re-read after a restart)
+        self._buffer(self.pending, spec).add(rec, change)
+        return change
+
+    def decode(self, rec: Any) -> DecodedRecord | None:
+        """The record's change (None: no change, or a dead letter for what its content made the decoder raise)."""
+        try:
+            return self.decoder.decode(rec)
+        except (DecodeError, RecursionError, ValueError, TypeError, KeyError, AttributeError,
+                UnicodeDecodeError, OverflowError) as exc:
+            # Anything a record's content can make the decoder raise is that record's fault.
+            if self.ctx.only_tables is None:
+                reason = str(exc) if isinstance(exc, DecodeError) else f"cannot decode: {type(exc).__name__}: {exc}"
+                kind = exc.kind if isinstance(exc, DecodeError) else DecodeError.kind
+                self.dead_letter(rec, reason, topic_table(self.ctx.router, rec.topic), kind)
+            return None
+
+    def truncate(self, rec: Any, change: DecodedRecord, spec: TableSpec | None) -> None:
+        """A TRUNCATE of a mirrored table: its rows as of this offset go (see `TableWriter.finish`)."""
+        if change.stream.mode != "upsert":
+            self.skip("truncate_in_append_stream")
+            return
+        if spec is None or rec.offset < spec.committed.get(TP(rec.topic, rec.partition), -1):
+            return  # no table yet (nothing to empty), or the table already applied it
+        self._buffer(self.pending, spec).truncates.append((rec.topic, rec.partition, rec.offset, change.source_ts_ms))
+
+    def place_shape(self, rec: Any, change: DecodedRecord, spec: TableSpec | None
+                    ) -> Literal["accepted", "rejected", "deferred"]:
+        """Whether the table takes the change's row shape as it is; a rejected shape is a dead letter, a new one is
+        reported for the driver to prepare (the table is deferred to a second job)."""
+        table, shape_id = change.table, change.columns.schema_id
         if spec is not None and shape_id in spec.rejected_shapes:
             reason = spec.rejected_shapes[shape_id]
             if (schema_id := schema_id_of(rec.value)) is not None:
                 reason = f"{reason} (Avro writer schema id {schema_id})"
-            facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                       reason, rec.key, rec.value, table, "incompatible_schema"))
-            return None
-        if (spec is not None and shape_id not in spec.accepted_shapes and table not in deferred
+            self.dead_letter(rec, reason, table, "incompatible_schema")
+            return "rejected"
+        if (spec is not None and shape_id not in spec.accepted_shapes and table not in self.deferred
                 and (change.op == "d" and _keys_in_table(spec, change)
                      or spec.fits(change.columns.names, [t.ddl for t in change.columns.types],
                                   complete=not change.columns.inferred))):
             # The table can take it as it is (a delete writes only its key).
             spec.accepted_shapes = spec.accepted_shapes | {shape_id}
-        if spec is None or shape_id not in spec.accepted_shapes or table in deferred:
-            shapes = deferred.setdefault(table, {})
+        if spec is None or shape_id not in spec.accepted_shapes or table in self.deferred:
+            shapes = self.deferred.setdefault(table, {})
             if shape_id not in shapes:
                 cols = change.columns
                 shapes[shape_id] = rp.NewShape(table, rec.topic, shape_id,
-                                               [(n, t.ddl) for n, t in zip(cols.names, cols.types)],
+                                               [(n, t.ddl) for n, t in zip(cols.names, cols.types, strict=True)],
                                                change.key_columns, cols.inferred, _defaults_json(cols))
-            return change
+            return "deferred"
+        return "accepted"
+
+    def fits_kind(self, rec: Any, change: DecodedRecord, spec: TableSpec) -> bool:
+        """Whether the change fits the table's kind: a keyed mirror needs a key; a multiset cannot take an update
+        or delete that names its row by a key it does not have. Else a dead letter."""
         if spec.kind == "mirror" and not change.key_columns:
             # A keyless event (no message key) for a table mirrored by key.
-            facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                       f"missing key: the message has no key and the stream sets no key_columns "
-                                       f"(table {table} is mirrored by key {spec.key_columns})", rec.key, rec.value,
-                                       table, "missing_key"))
-            return None
+            self.dead_letter(rec, f"missing key: the message has no key and the stream sets no key_columns "
+                                  f"(table {spec.name} is mirrored by key {spec.key_columns})", spec.name,
+                             "missing_key")
+            return False
         if spec.kind == "multiset" and change.key_columns and change.op in ("u", "d"):
-            facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                       f"the source table gained a primary key {change.key_columns}, but its mirror "
-                                       f"{table} holds rows without one (a multiset), and this {change.op!r} event no "
-                                       "longer names the old row — fix: drop the mirror and capture the table again, "
-                                       "so it is recreated keyed", rec.key, rec.value, table, "missing_key"))
-            return None
-        tp = TP(rec.topic, rec.partition)
-        committed = spec.committed.get(tp, -1)
-        if rec.offset < committed:
-            if ctx.held_outputs and rec.offset >= ctx.replay_from(table, tp, committed):
-                buf = replay.get(table)
-                if buf is None:
-                    buf = replay[table] = _Pending(spec)
-                buf.add(rec, change)
-                return change
-            return None  # the table already holds it (a replay after a restart)
-        buf = pending.get(table)
+            self.dead_letter(rec, f"the source table gained a primary key {change.key_columns}, but its mirror "
+                                  f"{spec.name} holds rows without one (a multiset), and this {change.op!r} event no "
+                                  "longer names the old row — fix: drop the mirror and capture the table again, "
+                                  "so it is recreated keyed", spec.name, "missing_key")
+            return False
+        return True
+
+    @staticmethod
+    def _buffer(buffers: dict[str, _Pending], spec: TableSpec) -> _Pending:
+        buf = buffers.get(spec.name)
         if buf is None:
-            buf = pending[table] = _Pending(spec)
-        buf.add(rec, change)
-        return change
+            buf = buffers[spec.name] = _Pending(spec)
+        return buf
 
-    def decode_run(records: RecordRun, schema: pa.Schema, key_columns: list[str], like: bytes) -> DecodedRun | None:
-        """``records`` decoded as one typed run, or None (decode them one by one); ``like``: a
-        message of theirs whose shape the table accepts (its first)."""
-        if records.topic in event_time_fields:
-            return decode_events(records, schema, key_columns, event_time_fields[records.topic])
-        return runs.decode(records, schema, key_columns, expected_like=like)
-
-    def vectorized(run: RecordRun) -> None:
+    def place_run(self, run: RecordRun) -> None:
         """A partition's run of a fetch: decoded as one when it can be, else record by record."""
+        ctx = self.ctx
         topic, partition = run.topic, run.partition
-        if topic not in topic_tables:
-            stream = ctx.router.streams[i] if (i := ctx.router.stream_index(topic)) is not None else None
-            eligible = stream is not None and (stream.record_format == "debezium" and stream.mode == "upsert"
-                                               or stream.record_format == "json" and stream.mode == "append")
-            topic_tables[topic] = topic_table(ctx.router, topic) if eligible else None
-            if eligible and stream.record_format == "json":
-                event_time_fields[topic] = stream.event_time_field
-        table = topic_tables[topic]
+        table = self._run_table(topic)
         changes = run if None not in run.values else run.select(
             [i for i, v in enumerate(run.values) if v is not None])  # tombstones carry no change
         if table is None or len(changes) < 16 or not ctx.wanted(table):
-            for i in range(len(run)):
-                one_by_one(run.record(i))
+            self._one_by_one(run)
             return
         # The first record goes the careful way: it proves the run's shape is one the table accepts.
-        first = one_by_one(changes.record(0))
+        first = self.place_record(changes.record(0))
         spec = ctx.tables.get(table)
         committed = spec.committed.get(TP(topic, partition), -1) if spec is not None else -1
-        start = ctx.replay_from(table, TP(topic, partition), committed) if ctx.held_outputs else committed
+        start = ctx.reread_from(table, TP(topic, partition), committed) if ctx.held_outputs else committed
         rest = changes.tail(max(1, bisect.bisect_left(changes.offsets, start)))
-        if first is None or not len(rest) or rest.offsets[0] < committed:  # replayed records go one by one
-            for i in range(len(rest)):
-                one_by_one(rest.record(i))
+        if first is None or not len(rest) or rest.offsets[0] < committed:  # re-read records go one by one
+            self._one_by_one(rest)
             return
-        if table in deferred:
+        if table in self.deferred:
             # Not written by this job (the driver creates or evolves the table first): the run only
             # has to prove it brings no other shape, which a vectorized parse in the first record's
             # shape does; anything else is decoded record by record to report it.
-            shape = deferred[table].get(first.columns.schema_id)
+            shape = self.deferred[table].get(first.columns.schema_id)
             schema = _shape_schema(shape) if shape is not None else None
-            if schema is None or decode_run(rest, schema, first.key_columns, changes.values[0]) is None:
-                for i in range(len(rest)):
-                    one_by_one(rest.record(i))
+            if schema is None or self._decode_run(rest, schema, first.key_columns, changes.values[0]) is None:
+                self._one_by_one(rest)
             return
-        if spec is None or table not in pending or (spec.kind == "multiset"):
+        if spec is None or table not in self.pending or spec.kind == "multiset":
             # (a table without a primary key needs each event's source position: record by record)
-            for i in range(len(rest)):
-                one_by_one(rest.record(i))
+            self._one_by_one(rest)
             return
-        decoded = decode_run(rest, spec.arrow_schema(), spec.key_columns, changes.values[0])
+        decoded = self._decode_run(rest, spec.arrow_schema(), spec.key_columns, changes.values[0])
         if decoded is None:
-            for i in range(len(rest)):
-                one_by_one(rest.record(i))
+            self._one_by_one(rest)
         else:
-            pending[table].runs.append((topic, partition, decoded))
+            self.pending[table].runs.append((topic, partition, decoded))
 
-    raw_runs: list[RecordRun] = []  # kept for the dead letters of transforms
-    for item in read_runs(ctx.consumer_conf, list(ranges)):
-        if isinstance(item, tuple):
-            rng, end = item
-            facts.append(rp.RangeEnd(rng.tp, end.next_offset, end.at_end))
-            continue
-        if ctx.derived:
-            raw_runs.append(item)
-        if ctx.record_hook is not None:
-            for i in range(len(item)):
-                ctx.record_hook(item.record(i))
-        vectorized(item)
-    if deferred:
-        # A deferred table is written by a second job once the driver has prepared it, and that job reports
-        # its records of rejected shapes again: reported here too, they would be dead letters twice.
-        facts[:] = [f for f in facts if not (isinstance(f, rp.DeadLetter) and f.table in deferred
-                                             and f.reason_kind == "incompatible_schema")]
-    for table, shapes in deferred.items():
-        pending.pop(table, None)
-        replay.pop(table, None)
-        facts.extend(shapes.values())
+    def _one_by_one(self, run: RecordRun) -> None:
+        for i in range(len(run)):
+            self.place_record(run.record(i))
 
-    def feed_transforms(table: str, rows: _Rows | None, only: Collection[str] | None = None) -> None:
+    def _run_table(self, topic: str) -> str | None:
+        """The table a topic's runs may be decoded for as one (None: its records go one by one)."""
+        if topic not in self.topic_tables:
+            router = self.ctx.router
+            stream = router.streams[i] if (i := router.stream_index(topic)) is not None else None
+            eligible = stream is not None and (stream.record_format == "debezium" and stream.mode == "upsert"
+                                               or stream.record_format == "json" and stream.mode == "append")
+            self.topic_tables[topic] = topic_table(router, topic) if eligible else None
+            if stream is not None and eligible and stream.record_format == "json":
+                self.event_time_fields[topic] = stream.event_time_field
+        return self.topic_tables[topic]
+
+    def _decode_run(self, records: RecordRun, schema: pa.Schema, key_columns: list[str], like: bytes
+                    ) -> DecodedRun | None:
+        """``records`` decoded as one typed run, or None (decode them one by one); ``like``: a
+        message of theirs whose shape the table accepts (its first)."""
+        if records.topic in self.event_time_fields:
+            return decode_events(records, schema, key_columns, self.event_time_fields[records.topic])
+        return self.runs.decode(records, schema, key_columns, expected_like=like)
+
+    def defer_unprepared(self) -> None:
+        """A deferred table is written by a second job once the driver has prepared it: its new shapes are
+        reported instead, and its changes dropped here. That job reports its records of rejected shapes again:
+        reported here too, they would be dead letters twice."""
+        if self.deferred:
+            self.facts[:] = [f for f in self.facts if not (isinstance(f, rp.DeadLetter) and f.table in self.deferred
+                                                           and f.reason_kind == "incompatible_schema")]
+        for table, shapes in self.deferred.items():
+            self.pending.pop(table, None)
+            self.reread.pop(table, None)
+            self.facts.extend(shapes.values())
+
+    def write_tables(self) -> None:
+        """Write each table's changes (and feed its transforms); re-read changes feed only the held outputs."""
+        ctx = self.ctx
+        for table, buf in self.reread.items():  # for the held outputs only: the input holds these already
+            rows = TableWriter(buf.spec, self.task_id).finish(buf, self.facts, write=False)
+            self.feed_transforms(table, rows, ctx.held_outputs)
+        for table, buf in self.pending.items():
+            rows = TableWriter(buf.spec, self.task_id).finish(buf, self.facts, write=ctx.writes(table))
+            if rows is not None and ctx.writes(table) and table in ctx.changed_keys:
+                self.facts.append(rp.ChangedKeys(table, self.task_id, _changed_keys(rows, ctx.changed_keys[table])))
+            self.feed_transforms(table, rows)
+
+    def feed_transforms(self, table: str, rows: _Rows | None, only: Collection[str] | None = None) -> None:
+        """Run the transforms of input ``table`` over its typed changes (those of ``only`` outputs)."""
+        ctx = self.ctx
         for derived in ctx.derived.get(table, ()):
             if rows is not None and ctx.writes(derived.table) and derived.table in ctx.tables \
                     and (only is None or derived.table in only):
-                _run_derived(derived, ctx.tables[derived.table], rows, raw_runs, task_id, facts,
+                _run_derived(derived, ctx.tables[derived.table], rows, self.raw_runs, self.task_id, self.facts,
                              reference_views(derived, ctx.references))
-
-    for table, buf in replay.items():  # for the held outputs only: the input holds these already
-        feed_transforms(table, TableWriter(buf.spec, task_id).finish(buf, facts, write=False), ctx.held_outputs)
-    for table, buf in pending.items():
-        rows = TableWriter(buf.spec, task_id).finish(buf, facts, write=ctx.writes(table))
-        if rows is not None and ctx.writes(table) and table in ctx.changed_keys:
-            facts.append(rp.ChangedKeys(table, task_id, _changed_keys(rows, ctx.changed_keys[table])))
-        feed_transforms(table, rows)
-    facts.extend(rp.Skipped(reason, count) for reason, count in skipped.items())
-    yield rp.to_batch(facts)
 
 
 def _changed_keys(rows: _Rows, columns: list[str]) -> pa.Table:
@@ -619,7 +688,7 @@ def _changed_keys(rows: _Rows, columns: list[str]) -> pa.Table:
     return pa.table(out)
 
 
-def replay_from(derived: Iterable[Derived], specs: dict[str, TableSpec], held: Collection[str], tp: TP,
+def reread_from(derived: Iterable[Derived], specs: dict[str, TableSpec], held: Collection[str], tp: TP,
                 committed: int, default: int = -1) -> int:
     """``committed`` (an input table's stored offset of ``tp``), lowered to the stored offset of any of its
     transform outputs that holds its commits (``held``) and has committed less (``default`` if none yet)."""
@@ -635,7 +704,7 @@ def _run_derived(derived: Derived, spec: TableSpec, rows: _Rows, raw_runs: list[
     """Run one transform over an input table's typed changes and append its output to ``spec``'s
     table; rows it fails on become dead letters. Changes the output table already holds are skipped."""
     fresh = np.array([o >= spec.committed.get(TP(t, int(p)), -1)
-                      for t, p, o in zip(rows.topics, rows.partitions, rows.offsets)], dtype=bool)
+                      for t, p, o in zip(rows.topics, rows.partitions, rows.offsets, strict=True)], dtype=bool)
     if not fresh.any():
         return
     order = _kafka_order(rows)
@@ -657,8 +726,8 @@ def _run_derived(derived: Derived, spec: TableSpec, rows: _Rows, raw_runs: list[
         for row, error in sorted(failed.items()):
             tp, offset = TP(topics[row], int(partitions[row])), int(offsets[row])
             key, value, ts = raws.get((tp.topic, tp.partition, offset), (None, None, None))
-            facts.append(rp.DeadLetter(tp, offset, ts, f"transform {derived.name} ({derived.where}) failed: "
-                                       f"{error}"[:2000], key, value, spec.name, "transform_failed"))
+            facts.append(dead_letter(tp, offset, ts, f"transform {derived.name} ({derived.where}) failed: {error}", key,
+                                     value, spec.name, "transform_failed"))
     data = pa.concat_tables(outputs) if outputs else None
     if data is not None and data.num_rows:
         n = data.num_rows
