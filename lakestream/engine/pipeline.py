@@ -137,7 +137,7 @@ class Pipeline:
 
     def commit_rewrites(self, prepared: list[Any]) -> list[Any]:
         """Commit compactions written beside the batches (`lakestream.maintenance.compaction`), one by one."""
-        return [self.committer.commit_rewrite(p) for p in prepared if p.table in self.registry.specs]
+        return [self.committer.commit_compaction(p) for p in prepared if p.table in self.registry.specs]
 
     def reads(self) -> dict[str, set[str]]:
         """Each table computed from others in this pipeline → those tables (it commits before them)."""

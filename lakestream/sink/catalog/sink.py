@@ -116,7 +116,7 @@ def deleted_positions(spark: SparkSession, catalog: str, namespace: str, table: 
                                                       orjson.dumps(paths).decode(), nice))
 
 
-def commit_rewrite(spark: SparkSession, catalog: str, namespace: str, table: str, request: dict[str, Any]
+def commit_rewrite_groups(spark: SparkSession, catalog: str, namespace: str, table: str, request: dict[str, Any]
                    ) -> dict[str, Any]:
     """Replace data files by files holding their live rows, in one ``replace`` snapshot
     (`LakestreamSink.commitRewrite`): ``{expect_snapshot_id, groups: [{inputs, output: {path, file_size,

@@ -78,8 +78,7 @@ def _old_locations(group: RewriteGroup, file_ids: list[int]) -> np.ndarray:
 def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRewrite) -> RewriteCommit:
     """Commit ``prepared`` on the table of ``write`` (its index valid at the table's current snapshot);
     raises `StaleIndex` when the table moved past the index (refresh, then call again)."""
-    from lakestream.sink.catalog.sink import commit_rewrite as commit_files_rewrite
-    from lakestream.sink.catalog.sink import deleted_positions
+    from lakestream.sink.catalog.sink import commit_rewrite_groups, deleted_positions
     from lakestream.sink.write.files import delete_quietly
 
     index = write.index
@@ -117,7 +116,7 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         "properties": {COMPACTION_PROPERTY: "true"},
     }
     pause_point("maintenance.commit.before")
-    result = commit_files_rewrite(spark, write.catalog, write.name.namespace, write.name.table, request)
+    result = commit_rewrite_groups(spark, write.catalog, write.name.namespace, write.name.table, request)
     lap("commit")
     for step, ms in (result.get("timings_ms") or {}).items():
         timings[f"commit.{step}"] = round(ms / 1000, 3)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import orjson
@@ -37,12 +37,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# What a table commit did: resolved changes by key (a mirror or a multiset), de-duplicated appends, appends.
+CommitKind = Literal["upsert", "dedupe-append", "append"]
+
+
 @dataclass(frozen=True)
 class TableCommit:
     """What one table's commit did: the kind of write and the row changes it applied (keys upserted
     or deleted after the latest change per key won; rows appended)."""
 
-    kind: str  # append | upsert | dedupe-append
+    kind: CommitKind
     changes: int
     source_ts_ms: int | None = None  # the newest source change it carries (set by Pipeline.commit_table)
     # Where the commit's time went, in ms, in order: the key index lookup ("resolve"), the JVM's own steps
