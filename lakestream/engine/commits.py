@@ -237,7 +237,7 @@ class Committer:
                 raise
             # The new files stay until orphan removal: whether a failed commit landed is not always known.
             result.status = "conflict" if isinstance(exc, StaleIndex) or conflict_cause(exc) else "failed"
-            result.error = first_line(exc)[:300]
+            result.error = first_line(exc, 300)
             result.seconds = time.monotonic() - started
             log.warning("compaction of %s not committed: %s", name, result.error)
             return result

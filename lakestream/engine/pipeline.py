@@ -129,13 +129,13 @@ class Pipeline:
         self.registry.refresh_references()
 
     def compacted_here(self) -> dict[str, Any]:
-        """The tables whose compaction this pipeline commits itself (`commit_rewrites`): its upsert mirrors
+        """The tables whose compaction this pipeline commits itself (`commit_compactions`): its upsert mirrors
         with a key index; their specs."""
         indexes = self.registry.indexes
         return {name: spec for name, spec in self.registry.specs.items()
                 if spec.kind == "mirror" and name in indexes and indexes[name].keyed}
 
-    def commit_rewrites(self, prepared: list[Any]) -> list[Any]:
+    def commit_compactions(self, prepared: list[Any]) -> list[Any]:
         """Commit compactions written beside the batches (`lakestream.maintenance.compaction`), one by one."""
         return [self.committer.commit_compaction(p) for p in prepared if p.table in self.registry.specs]
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from lakestream.config import DerivedInputSettings, DerivedTableSettings
-from lakestream.errors import ConfigError
+from lakestream.errors import ConfigError, first_line
 from lakestream.identifiers import quote_column, quote_table
 from lakestream.sink.catalog.schema import DEFAULT_TABLE_PROPERTIES
 from lakestream.sink.report import BatchReport
@@ -347,7 +347,7 @@ class MaterializeStage:
                     table.pending = set()
                 except Exception as exc:  # noqa: BLE001 — the next start finds the table behind and recomputes it
                     log.warning("derived table %s: could not upsert its waiting keys on stop: %s",
-                                table.settings.table, str(exc).splitlines()[0][:300])
+                                table.settings.table, first_line(exc, 300))
 
     def run(self, report: BatchReport, isolated: bool) -> None:
         """After the batch's commits: bring every derived table up to date (or wait for its interval)."""

@@ -146,7 +146,7 @@ def test_compaction_written_beside_batches_is_committed_with_their_deletes(spark
     pipeline.run_batch()
     diffs: list[object] = []
     monkeypatch.setattr(diff, "refresh_by_diff", lambda *a: diffs.append(a) or {})
-    [result] = pipeline.commit_rewrites([prepared])
+    [result] = pipeline.commit_compactions([prepared])
     assert result.status == "ok", result.describe()
     # Every copied row updated or deleted since the rewrite read it is deleted in the new file; the rest move.
     assert result.detail["deletes_carried"] == len(copied & changed)
@@ -205,7 +205,7 @@ def test_a_group_whose_input_was_removed_is_dropped_and_its_file_deleted(spark, 
         assert os.path.exists(output)
         # Another writer rewrites the table's files first (Iceberg's own procedure, no stream running).
         spark.sql(f"CALL lake.system.rewrite_data_files(table => '{name}', options => map('min-input-files', '2'))")
-        [result] = pipeline.commit_rewrites([prepared])
+        [result] = pipeline.commit_compactions([prepared])
         assert result.status == "conflict" and result.detail["groups_dropped"] == 1, result.describe()
         assert not os.path.exists(output)
         send([(k, 9) for k in range(0, 30, 2)])

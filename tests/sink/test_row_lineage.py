@@ -187,7 +187,7 @@ def test_updates_keep_row_ids_as_spark_merge_does(spark, keyed, monkeypatch):
     prepared = write_compaction(spark, config.catalog.name, name, plan.hot_skipped + plan.compact,
                                 config.maintenance.policy_for(name), pipeline.compacted_here()[name])
     assert prepared is not None
-    [result] = pipeline.commit_rewrites([prepared])
+    [result] = pipeline.commit_compactions([prepared])
     assert result.status == "ok", result.describe()
     spark.sql(f"CALL lake.system.rewrite_data_files(table => '{twin.name.removeprefix('lake.')}', "
               "options => map('rewrite-all', 'true'))")

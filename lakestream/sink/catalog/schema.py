@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from lakestream.errors import first_line
 from lakestream.identifiers import quote, quote_column, quote_table
 
 if TYPE_CHECKING:
@@ -232,7 +233,7 @@ def unusable_shape(columns: list[tuple[str, str]]) -> str | None:
         try:
             parse_type(ddl)
         except Exception as exc:  # noqa: BLE001 — Spark's parser raises its own exception types
-            return f"column {name!r}: type {ddl[:200]!r} cannot be used: {str(exc).splitlines()[0][:200]}"
+            return f"column {name!r}: type {ddl[:200]!r} cannot be used: {first_line(exc, 200)}"
     return None
 
 

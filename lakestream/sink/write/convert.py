@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from lakestream.errors import first_line
 from lakestream.sink.types import DEFAULT_KEY, write_default
 
 
@@ -72,7 +73,7 @@ def _value_error(value: Any, arrow_type: pa.DataType) -> str | None:
         build_column([value], arrow_type)
         return None
     except (ValueError, TypeError, OverflowError, pa.ArrowException) as exc:
-        return str(exc).splitlines()[0][:200]
+        return first_line(exc, 200)
 
 
 def _columns(rows: list[dict[str, Any]], names: list[str]) -> dict[str, list[Any]]:
