@@ -23,11 +23,12 @@ uses the columns its dataclass names.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 
@@ -120,6 +121,13 @@ def keyless_change_schema() -> pa.Schema:
 def is_keyless_report(table: pa.Table) -> bool:
     """Whether a `RowLocations` blob is of a keyless table (`keyless_change_schema`), not `location_schema`."""
     return "new_row" in table.column_names
+
+
+def kafka_order(topics: Sequence[str], partitions: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Row numbers in Kafka order: by topic, partition, then offset. The one order changes are applied in, by the
+    write tasks (the latest change per key) and by the driver (across tasks)."""
+    codes = np.unique(np.asarray(topics, dtype=object), return_inverse=True)[1]
+    return np.lexsort((np.asarray(offsets), np.asarray(partitions), codes))
 
 @dataclass(frozen=True)
 class RangeEnd:

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from lakestream.sink.index.keyless import POSITIONS_PROPERTY, KeylessIndex, copy_keys, encode_positions
 from lakestream.sink.index.keys import MISSING, keys_from_arrow, pack, unpack
-from lakestream.sink.report import KeylessOp, TableReport, is_keyless_report
+from lakestream.sink.report import KeylessOp, TableReport, is_keyless_report, kafka_order
 from lakestream.source.kafka import TP
 
 log = logging.getLogger(__name__)
@@ -67,8 +67,7 @@ def resolve_keyless(index: KeylessIndex, changes: TableReport) -> KeylessResolut
     rows = pa.concat_tables(parts)
     files = np.concatenate(task_files)
     topics = rows.column("topic").to_pylist()
-    topic_codes = np.unique(np.array(topics, dtype=object), return_inverse=True)[1]
-    order = np.lexsort((rows.column("offset").to_numpy(), rows.column("partition").to_numpy(), topic_codes))
+    order = kafka_order(topics, rows.column("partition").to_numpy(), rows.column("offset").to_numpy())
     ops = rows.column("op").to_numpy()
     zero = pa.scalar(b"\0" * 16, pa.binary(16))
     new_h = keys_from_arrow(rows.column("new_row").combine_chunks().fill_null(zero))

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from lakestream.laps import Laps
 from lakestream.sink.index.keys import MISSING, keys_from_arrow, unpack
-from lakestream.sink.report import KeyedOp, TableReport
+from lakestream.sink.report import KeyedOp, TableReport, kafka_order
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -73,7 +73,7 @@ class TableWrite:
         return self.spec.mode
 
 
-class _Deletes:
+class Deletes:
     """Positions to delete, per data file path, gathered as arrays."""
 
     def __init__(self) -> None:
@@ -99,7 +99,7 @@ class _Deletes:
                 for path, parts in self._parts.items()}
 
 
-class _Locations:
+class Locations:
     """Where each touched key's row is after the commit: ``paths[file[g]]`` at ``pos[g]``
     (``file[g] < 0``: deleted, or unchanged for de-duplicated appends)."""
 
@@ -128,10 +128,12 @@ class _Locations:
 
 
 @dataclass
-class _Resolved:
-    deletes: _Deletes
+class Resolution:
+    """What a batch does to a keyed table (`resolve_changes`)."""
+
+    deletes: Deletes
     keys: np.ndarray  # distinct keys touched
-    locations: _Locations  # their new rows
+    locations: Locations  # their new rows
     unchanged: np.ndarray  # bool: keep the index entry as is (de-duplicated appends)
     patches: list[tuple[int, tuple[str, int], tuple[str, int] | None, list[str]]]
     # Keys whose new row replaces a committed row and keeps its `_row_id` (`sink.lineage`), and that row.
@@ -140,11 +142,11 @@ class _Resolved:
         default_factory=lambda: (np.empty(0, np.int64), np.empty(0, np.int64)))  # (index file id, position)
 
 
-def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
+def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
     """Deletes and new index locations for one table's batch (see module doc)."""
-    deletes = _Deletes()
+    deletes = Deletes()
     if not changes.locations:
-        return _Resolved(deletes, np.empty(0), _Locations([], np.empty(0), np.empty(0)), np.empty(0, bool), [])
+        return Resolution(deletes, np.empty(0), Locations([], np.empty(0), np.empty(0)), np.empty(0, bool), [])
     # Files numbered across tasks: a task's files are base[task] + its own file number.
     paths: list[str] = []
     base: dict[str, int] = {}
@@ -163,10 +165,9 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
     rows = pa.concat_tables(parts)
     keys = keys_from_arrow(rows.column("key"))
     topics = rows.column("topic").to_pylist()
-    topic_codes = np.unique(np.array(topics, dtype=object), return_inverse=True)[1]
-    kafka_order = np.lexsort((rows.column("offset").to_numpy(), rows.column("partition").to_numpy(), topic_codes))
+    in_kafka_order = kafka_order(topics, rows.column("partition").to_numpy(), rows.column("offset").to_numpy())
     # Group by key, Kafka order inside each group (a stable sort of rows already in Kafka order).
-    order = kafka_order[np.argsort(keys[kafka_order], kind="stable")]
+    order = in_kafka_order[np.argsort(keys[in_kafka_order], kind="stable")]
     k = keys[order]
     starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
     ends = np.r_[starts[1:], len(k)]
@@ -202,7 +203,7 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
             written = gone & (files[last] >= 0)
             deletes.add_grouped(files[last][written], positions[last][written], paths)
         final_file = np.where((ops[last] == KeyedOp.DELETE) | gone, -1, files[last])
-        locations = _Locations(paths, final_file, positions[last])
+        locations = Locations(paths, final_file, positions[last])
         patches = []
         withheld = rows.column("withheld")
         if withheld.null_count < len(withheld):
@@ -221,7 +222,7 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
         # A key deleted in this batch and written again is a new row (a new `_row_id`), as a primary-key change is.
         deleted_here = np.maximum.reduceat(((ops == KeyedOp.DELETE) | (ops == KeyedOp.RECREATE)).astype(np.int8), starts) > 0
         kept = np.flatnonzero(has_old & ~deleted_here & (final_file >= 0))
-        return _Resolved(deletes, distinct, locations, np.zeros(len(distinct), bool), patches, kept,
+        return Resolution(deletes, distinct, locations, np.zeros(len(distinct), bool), patches, kept,
                          (old_fid[kept], old_pos[kept]))
 
     # De-duplicated append: the first row of an id wins, in the table or in this batch.
@@ -237,7 +238,7 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
             unchanged[g] = keep is None
         else:
             location_file[g], location_pos[g] = files[keep], positions[keep]
-    return _Resolved(deletes, distinct, _Locations(paths, location_file, location_pos), unchanged, [])
+    return Resolution(deletes, distinct, Locations(paths, location_file, location_pos), unchanged, [])
 
 
 def _read_rows(locations: list[tuple[str, int]]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -257,7 +258,7 @@ def _read_rows(locations: list[tuple[str, int]]) -> dict[tuple[str, int], dict[s
     return out
 
 
-def _apply_patches(write: TableWrite, changes: TableReport, resolved: _Resolved, data_files: list[dict[str, Any]]
+def _apply_patches(write: TableWrite, changes: TableReport, resolved: Resolution, data_files: list[dict[str, Any]]
                    ) -> None:
     """Rows whose TOAST columns Debezium withheld get the stored values: the row is copied into a
     new file with the value from its previous version, and the copy replaces it (same snapshot)."""
@@ -362,7 +363,7 @@ def _remember_first_row_ids(result: dict[str, Any]) -> None:
         ROW_IDS.committed(result["first_row_ids"])
 
 
-def _kept_rows(write: TableWrite, resolved: _Resolved) -> KeptRows:
+def _kept_rows(write: TableWrite, resolved: Resolution) -> KeptRows:
     """The keys whose new row keeps the `_row_id` of the key's committed row."""
     old_fid, old_pos = resolved.kept_from
     return KeptRows(resolved.locations.paths, resolved.locations.file[resolved.kept],
@@ -385,7 +386,7 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
                    "partition": f.partition_values} for f in changes.files]
     index = write.index
     laps = Laps()
-    resolved = _resolve(write, changes) if index is not None else None
+    resolved = resolve_changes(write, changes) if index is not None else None
     if resolved is not None and resolved.patches:
         _apply_patches(write, changes, resolved, data_files)
     laps.lap("resolve")

@@ -159,12 +159,6 @@ def change_stats(name: str, topics: list[str], partitions: np.ndarray, offsets: 
     return out
 
 
-def _kafka_order(rows: _Rows) -> np.ndarray:
-    """Row numbers sorted by (topic, partition, offset)."""
-    topics = np.unique(np.asarray(rows.topics, dtype=object), return_inverse=True)[1]
-    return np.lexsort((rows.offsets, rows.partitions, topics))
-
-
 def _apply_fills(table: pa.Table, fills: dict[int, dict[str, int]]) -> pa.Table:
     """Copy withheld column values from earlier rows (``fills``: row → column → source row)."""
     by_column: dict[str, dict[int, int]] = {}
@@ -206,7 +200,7 @@ class TableWriter:
         if spec.keyed:
             keys_np = index_keys(typed, spec.key_columns)
             # Kafka order within a partition; partitions of one key do not interleave in Debezium.
-            order_np = _kafka_order(rows)
+            order_np = rp.kafka_order(rows.topics, rows.partitions, rows.offsets)
             if spec.kind == "mirror" and not any(withheld):
                 final, fills = last_per_key(keys_np, order_np), {}
             elif spec.kind == "mirror":
@@ -707,7 +701,7 @@ def _run_derived(derived: Derived, spec: TableSpec, rows: _Rows, raw_runs: list[
                       for t, p, o in zip(rows.topics, rows.partitions, rows.offsets, strict=True)], dtype=bool)
     if not fresh.any():
         return
-    order = _kafka_order(rows)
+    order = rp.kafka_order(rows.topics, rows.partitions, rows.offsets)
     order = order[fresh[order]]
     take = pa.array(order, pa.int64())
     topics = [rows.topics[i] for i in order]
