@@ -5,7 +5,7 @@
 
 For each size N: the pipeline creates an upsert table from real Debezium events (schemas off); the table is then
 filled to N rows through the pipeline's own write path — data files written by the sink's writer
-(`sink.files.write_data_file`, in Spark tasks, ``--rows-per-file`` rows each: thousands of files, as a streaming
+(`sink.write.files.write_data_file`, in Spark tasks, ``--rows-per-file`` rows each: thousands of files, as a streaming
 table holds before compaction) and committed by the sink's commit (`LakestreamSink.commitFiles`) — not timed.
 The first batch after it brings the key index up to date (timed apart: a diff up to 2M added rows, else a build on
 the executors); then ``--batches``

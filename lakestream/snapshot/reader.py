@@ -47,7 +47,7 @@ class ChunkResult:
     rows: int
     files: list[dict[str, Any]]
     seconds: float
-    keys: list[np.ndarray] | None = None  # per file, `lakestream.sink.index.index_keys` of its rows
+    keys: list[np.ndarray] | None = None  # per file, `lakestream.sink.index.keys.index_keys` of its rows
 
 
 _HEX_VALUES = np.full(256, 0, np.uint8)

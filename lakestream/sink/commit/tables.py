@@ -136,7 +136,7 @@ class Resolution:
     locations: Locations  # their new rows
     unchanged: np.ndarray  # bool: keep the index entry as is (de-duplicated appends)
     patches: list[tuple[int, tuple[str, int], tuple[str, int] | None, list[str]]]
-    # Keys whose new row replaces a committed row and keeps its `_row_id` (`sink.lineage`), and that row.
+    # Keys whose new row replaces a committed row and keeps its `_row_id` (`sink.commit.lineage`), and that row.
     kept: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     kept_from: tuple[np.ndarray, np.ndarray] = field(
         default_factory=lambda: (np.empty(0, np.int64), np.empty(0, np.int64)))  # (index file id, position)
