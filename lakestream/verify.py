@@ -19,8 +19,8 @@ from psycopg2 import sql as pgsql
 
 from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError
-from lakestream.identifiers import SourceTableName, quote_table
-from lakestream.sink.write.routing import Router, TableName
+from lakestream.identifiers import SourceTableName, TableName, quote_table
+from lakestream.sink.write.routing import Router
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

@@ -16,6 +16,7 @@ from lakestream.engine.isolation import Isolator, without
 from lakestream.engine.registry import TableRegistry
 from lakestream.errors import classify_failure, conflict_cause, first_line, is_infrastructure_failure
 from lakestream.faults import pause_point
+from lakestream.identifiers import TableName
 from lakestream.laps import Laps
 from lakestream.process.stage import commit_phases
 from lakestream.sink.commit.offsets import TableOffsets, commit_properties
@@ -23,7 +24,6 @@ from lakestream.sink.commit.rewrites import commit_rewrite
 from lakestream.sink.commit.tables import StaleIndex, TableCommit, TableWrite, write_table
 from lakestream.sink.report import BatchReport, TableReport
 from lakestream.sink.write.files import delete_quietly
-from lakestream.sink.write.routing import TableName
 from lakestream.source.kafka import TP
 from lakestream.source.planner import OffsetRange
 

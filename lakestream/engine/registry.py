@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.engine.cadence import Cadence
 from lakestream.errors import ConfigError, LakestreamError
-from lakestream.identifiers import validate_identifier
+from lakestream.identifiers import TableName, topic_parts, validate_identifier
 from lakestream.process.reference import ReferenceCache, ReferenceData
 from lakestream.process.transform import Derived, empty_input, output_columns, reference_views, run_transform
 from lakestream.sink.catalog.schema import (
@@ -38,7 +38,6 @@ from lakestream.sink.index.refresh import refresh_keyed, refresh_keyless
 from lakestream.sink.index.store import IndexStore, store_location
 from lakestream.sink.report import NewShape
 from lakestream.sink.spec import TableSpec
-from lakestream.sink.write.routing import TableName, topic_parts
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

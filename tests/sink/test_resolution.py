@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from lakestream.identifiers import TableName
 from lakestream.sink.commit.tables import Resolution, TableWrite, resolve_changes
 from lakestream.sink.index.keys import MISSING, pack
 from lakestream.sink.index.memory import KeyIndex
 from lakestream.sink.report import DataFileWritten, KeyedOp, RowLocations, TableReport, location_schema
 from lakestream.sink.spec import TableSpec
-from lakestream.sink.write.routing import TableName
 from lakestream.source.kafka import TP
 
 SCHEMA = {"type": "struct", "schema-id": 0, "fields": [{"id": 1, "name": "id", "required": True, "type": "long"}]}

@@ -48,6 +48,7 @@ class CommitRequest(TypedDict, total=False):
     data_files: list[DataFileEntry]
     deletes: list[dict[str, Any]]  # {data_file, positions}
     properties: dict[str, str]
+    truncate: bool  # every data file the table had before goes (a TRUNCATE in the batch)
 
 
 class CommitResult(TypedDict, total=False):
@@ -62,6 +63,7 @@ class CommitResult(TypedDict, total=False):
     previous_deletes_loaded: int  # data files whose earlier deletes the new DVs merged
     timings_ms: dict[str, float]  # the commit's steps in order (load_table, ..., iceberg_commit, ...)
     stale: bool
+    first_row_ids: dict[str, int]  # data file added → the `_row_id` of its first row (format v3)
 
 
 def _sink(spark: SparkSession):

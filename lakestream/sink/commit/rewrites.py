@@ -81,7 +81,9 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
     from lakestream.sink.catalog.sink import commit_rewrite_groups, deleted_positions
     from lakestream.sink.write.files import delete_quietly
 
-    index = write.index
+    index = write.keyed_index
+    if index is None:
+        raise TypeError(f"{write.ident}: the pipeline commits compactions of tables kept by key only")
     timings: dict[str, float] = {}
     clock = [time.perf_counter()]
 

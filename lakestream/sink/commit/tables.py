@@ -23,16 +23,17 @@ import orjson
 import pyarrow as pa
 
 from lakestream.laps import Laps
+from lakestream.sink.index.contract import KeyedIndex
+from lakestream.sink.index.keyless import KeylessIndex
 from lakestream.sink.index.keys import MISSING, keys_from_arrow, unpack
 from lakestream.sink.report import KeyedOp, TableReport, kafka_order
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from lakestream.sink.index.disk import DiskKeyIndex
-    from lakestream.sink.index.keyless import KeylessIndex
+    from lakestream.identifiers import TableName
+    from lakestream.sink.catalog.sink import CommitRequest, CommitResult, DataFileEntry
     from lakestream.sink.spec import TableSpec
-    from lakestream.sink.write.routing import TableName
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +67,24 @@ class TableWrite:
     catalog: str
     name: TableName
     spec: TableSpec
-    index: DiskKeyIndex | KeylessIndex | None  # upsert and de-duplicated tables
+    index: KeyedIndex | KeylessIndex | None  # upsert and de-duplicated tables
 
     @property
     def mode(self) -> str:
         return self.spec.mode
+
+    @property
+    def keyed_index(self) -> KeyedIndex | None:
+        """The index of a table kept by key (a mirror, a de-duplicated append); None for the others."""
+        index = self.index
+        return None if index is None or isinstance(index, KeylessIndex) else index
+
+    @property
+    def keyless_index(self) -> KeylessIndex:
+        """The index of a table without a primary key (a multiset)."""
+        if not isinstance(self.index, KeylessIndex):
+            raise TypeError(f"{self.ident} has no keyless index")
+        return self.index
 
 
 class Deletes:
@@ -118,7 +132,7 @@ class Locations:
         self.paths.append(path)
         self.file[g], self.pos[g] = len(self.paths) - 1, pos
 
-    def packed(self, index: DiskKeyIndex) -> np.ndarray:
+    def packed(self, index: KeyedIndex) -> np.ndarray:
         """The index's packed locations (file id << 32 | pos; MISSING where there is no row)."""
         used = np.unique(self.file[self.file >= 0])
         ids = np.zeros(max(len(self.paths), 1), np.int64)  # a batch of deletes only writes no file
@@ -145,6 +159,7 @@ class Resolution:
 def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
     """Deletes and new index locations for one table's batch (see module doc)."""
     deletes = Deletes()
+    index = write.keyed_index
     if not changes.locations:
         return Resolution(deletes, np.empty(0), Locations([], np.empty(0), np.empty(0)), np.empty(0, bool), [])
     # Files numbered across tasks: a task's files are base[task] + its own file number.
@@ -177,8 +192,8 @@ def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
     positions = rows.column("pos").to_numpy()[order]
     distinct = k[starts]
     truncated = bool(changes.truncates)
-    if write.index is not None and not truncated:
-        old = write.index.lookup(distinct)
+    if index is not None and not truncated:
+        old = index.lookup(distinct)
     else:  # after a TRUNCATE no earlier row survives: the commit removes every existing data file
         old = np.full(len(distinct), MISSING)
 
@@ -186,7 +201,7 @@ def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
         # The key's previous row, wherever it is, and every row of this batch but the last one.
         has_old = old != MISSING
         old_fid, old_pos = unpack(old)
-        deletes.add_grouped(old_fid[has_old], old_pos[has_old], write.index.paths if write.index is not None else [])
+        deletes.add_grouped(old_fid[has_old], old_pos[has_old], index.paths if index is not None else [])
         superseded = np.ones(len(k), bool)
         superseded[last] = False
         superseded &= files >= 0
@@ -213,14 +228,15 @@ def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
                 if not columns:
                     continue
                 s_, e_ = starts[g], ends[g]
-                source = (write.index.paths[old_fid[g]], int(old_pos[g])) if has_old[g] else None
+                source = (index.paths[old_fid[g]], int(old_pos[g])) if has_old[g] and index is not None else None
                 if e_ - 1 > s_:  # an earlier change of the key in this batch
                     prev = e_ - 2
-                    source = None if ops[prev] == KeyedOp.DELETE or files[prev] < 0 else (paths[files[prev]],
-                                                                                     int(positions[prev]))
+                    earlier_row = ops[prev] != KeyedOp.DELETE and files[prev] >= 0
+                    source = (paths[files[prev]], int(positions[prev])) if earlier_row else None
                 patches.append((int(g), locations[g], source, columns))
         # A key deleted in this batch and written again is a new row (a new `_row_id`), as a primary-key change is.
-        deleted_here = np.maximum.reduceat(((ops == KeyedOp.DELETE) | (ops == KeyedOp.RECREATE)).astype(np.int8), starts) > 0
+        removed = (ops == KeyedOp.DELETE) | (ops == KeyedOp.RECREATE)
+        deleted_here = np.maximum.reduceat(removed.astype(np.int8), starts) > 0
         kept = np.flatnonzero(has_old & ~deleted_here & (final_file >= 0))
         return Resolution(deletes, distinct, locations, np.zeros(len(distinct), bool), patches, kept,
                          (old_fid[kept], old_pos[kept]))
@@ -330,7 +346,8 @@ def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | Non
             found = ROW_IDS.lookup(spark, write.catalog, write.name.namespace, write.name.table, snapshot_id,
                                    old_paths, [kept.old_pos[g] for g in groups])
         except StaleLineage as exc:
-            write.index.valid = False
+            if write.index is not None:
+                write.index.valid = False
             raise StaleIndex(f"{write.ident}: {exc}") from exc
         if found is not None:  # else the table does not track lineage (format < 3)
             old_ids = np.empty(len(kept.new_file), np.int64)
@@ -355,7 +372,7 @@ def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | Non
             ROW_IDS.remember(f["path"], None)
 
 
-def _remember_first_row_ids(result: dict[str, Any]) -> None:
+def _remember_first_row_ids(result: CommitResult) -> None:
     """Keep the first_row_id of the files a commit added: the next batch's updates of their rows need it."""
     if result.get("first_row_ids"):
         from lakestream.sink.commit.lineage import ROW_IDS
@@ -363,11 +380,11 @@ def _remember_first_row_ids(result: dict[str, Any]) -> None:
         ROW_IDS.committed(result["first_row_ids"])
 
 
-def _kept_rows(write: TableWrite, resolved: Resolution) -> KeptRows:
+def _kept_rows(index: KeyedIndex, resolved: Resolution) -> KeptRows:
     """The keys whose new row keeps the `_row_id` of the key's committed row."""
     old_fid, old_pos = resolved.kept_from
     return KeptRows(resolved.locations.paths, resolved.locations.file[resolved.kept],
-                    resolved.locations.pos[resolved.kept], write.index.paths, old_fid, old_pos)
+                    resolved.locations.pos[resolved.kept], index.paths, old_fid, old_pos)
 
 
 def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, properties: dict[str, str]
@@ -378,22 +395,22 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     the table's current snapshot; it is moved to the new snapshot.
     """
     from lakestream.sink.catalog.sink import commit_files
-    from lakestream.sink.index.keyless import KeylessIndex
 
     if isinstance(write.index, KeylessIndex):
         return _write_keyless(spark, write, changes, properties)
-    data_files = [{"path": f.path, "file_size": f.file_size, "record_count": f.record_count,
-                   "partition": f.partition_values} for f in changes.files]
-    index = write.index
+    data_files: list[DataFileEntry] = [
+        {"path": f.path, "file_size": f.file_size, "record_count": f.record_count, "partition": f.partition_values}
+        for f in changes.files]
+    index = write.keyed_index
     laps = Laps()
     resolved = resolve_changes(write, changes) if index is not None else None
     if resolved is not None and resolved.patches:
         _apply_patches(write, changes, resolved, data_files)
     laps.lap("resolve")
-    if resolved is not None and write.mode == "upsert":
-        _keep_row_ids(spark, write, index.snapshot_id, _kept_rows(write, resolved), data_files)
+    if index is not None and resolved is not None and write.mode == "upsert":
+        _keep_row_ids(spark, write, index.snapshot_id, _kept_rows(index, resolved), data_files)
         laps.lap("lineage")
-    request = {
+    request: CommitRequest = {
         "base_snapshot_id": index.snapshot_id if index is not None else None,
         **({"expect_snapshot_id": index.snapshot_id} if index is not None else {}),
         "data_files": data_files,
@@ -409,7 +426,7 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s: commit of %d data file(s), deletes in %d, steps (ms) %s", write.ident, len(data_files),
                   len(request["deletes"]), result.get("timings_ms"))
-    if result.get("stale"):
+    if result.get("stale") and index is not None:
         index.valid = False
         raise StaleIndex(f"{write.ident} is at snapshot {result.get('snapshot_id')}, its key index at "
                          f"{index.snapshot_id}: another writer committed in between")
@@ -444,15 +461,16 @@ def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport,
     from lakestream.sink.catalog.sink import commit_files
     from lakestream.sink.commit.keyless import apply_resolution, positions_property, resolve_keyless
 
-    index = write.index
+    index = write.keyless_index
     laps = Laps()
     resolved = resolve_keyless(index, changes)
     laps.lap("resolve")
-    data_files = [{"path": f.path, "file_size": f.file_size, "record_count": f.record_count,
-                   "partition": f.partition_values} for f in changes.files]
+    data_files: list[DataFileEntry] = [
+        {"path": f.path, "file_size": f.file_size, "record_count": f.record_count, "partition": f.partition_values}
+        for f in changes.files]
     _keep_row_ids(spark, write, index.snapshot_id, KeptRows.of_pairs(resolved.kept), data_files)
     laps.lap("lineage")
-    request = {
+    request: CommitRequest = {
         "base_snapshot_id": index.snapshot_id,
         "expect_snapshot_id": index.snapshot_id,
         "data_files": data_files,

@@ -59,6 +59,24 @@ class TableIndex(Protocol):
         """Load the index from a scan of the table at ``snapshot_id`` (deletes applied)."""
 
 
+class KeyedIndex(TableIndex, Protocol):
+    """A keyed index (``keyed``): the packed location of each key's live row (`DiskKeyIndex`, `KeyIndex`)."""
+
+    journal_parent: int | None  # the snapshot its journal of changes starts from (see `Journal`)
+
+    def lookup(self, probe: np.ndarray) -> np.ndarray:
+        """Packed locations of ``probe`` keys (MISSING where absent or deleted)."""
+
+    def update(self, probe: np.ndarray, locations: np.ndarray) -> None:
+        """Set the location of each (distinct) key; MISSING marks a deleted key."""
+
+    def forget_files(self, file_ids: list[int]) -> int:
+        """Drop every entry whose row is in one of ``file_ids``; returns how many."""
+
+    def journal_entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """The changes since the index was last made durable, the last of each key, sorted by key."""
+
+
 class IndexIdentity:
     """``identity``/``matches``: an index saved for one table, key and key encoding is loaded only for them."""
 

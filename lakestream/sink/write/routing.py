@@ -11,7 +11,7 @@ from typing import Any
 
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.errors import InvalidIdentifierError, UnroutableRecord
-from lakestream.identifiers import TableName, table_from_template, topic_parts  # noqa: F401 — re-exported
+from lakestream.identifiers import TableName, table_from_template
 
 
 class Router:
