@@ -62,7 +62,8 @@ class AddColumnWithDefault:
     default_json: str
 
     def __str__(self) -> str:
-        return f"ALTER TABLE {self.table_ident} ADD COLUMN {quote_column(self.column)} {self.ddl} (initial default {self.default_json})"
+        return (f"ALTER TABLE {self.table_ident} ADD COLUMN {quote_column(self.column)} {self.ddl} "
+                f"(initial default {self.default_json})")
 
 
 @dataclass
@@ -143,7 +144,8 @@ def _reconcile_field(path: list[str], existing: DataType, incoming: DataType, ou
         for f in incoming.fields:
             current = have.get(f.name.lower())
             if current is None:
-                out.append(f"ALTER TABLE {table} ADD COLUMN {column}.{quote_column(f.name)} {f.dataType.simpleString()}")
+                out.append(f"ALTER TABLE {table} ADD COLUMN {column}.{quote_column(f.name)} "
+                           f"{f.dataType.simpleString()}")
             else:
                 reason = _reconcile_field(path + [current.name], current.dataType, f.dataType, out, table)
                 if reason:
@@ -228,7 +230,8 @@ def unusable_shape(columns: list[tuple[str, str]]) -> str | None:
         except InvalidIdentifierError as exc:
             return str(exc)
         if name.lower() in seen:
-            return f"columns {seen[name.lower()]!r} and {name!r} differ only by case (Spark's names are case-insensitive)"
+            return (f"columns {seen[name.lower()]!r} and {name!r} differ only by case (Spark's names are "
+                    "case-insensitive)")
         seen[name.lower()] = name
         try:
             parse_type(ddl)
@@ -279,7 +282,8 @@ class TableManager:
 
     def ensure_namespace(self, namespace: str) -> None:
         if namespace not in self._namespaces:
-            self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.catalog, 'catalog')}.{quote(namespace, 'namespace')}")
+            name = f"{quote(self.catalog, 'catalog')}.{quote(namespace, 'namespace')}"
+            self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {name}")
             self._namespaces.add(namespace)
 
     def apply(self, namespace: str, table: str, statements: list[str | AddColumnWithDefault]) -> None:

@@ -171,7 +171,7 @@ class RowIds:
         missing = [p for p in paths if p not in out]
         if missing:
             with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
-                for path, ids in zip(missing, pool.map(_read_row_ids, missing)):
+                for path, ids in zip(missing, pool.map(_read_row_ids, missing), strict=True):
                     self.remember(path, ids)
                     out[path] = ids
         return out
@@ -185,7 +185,7 @@ class RowIds:
             return None
         out = []
         held_by = self.explicit(paths)
-        for path, pos in zip(paths, positions):
+        for path, pos in zip(paths, positions, strict=True):
             # A file not live at the snapshot (never expected: the index is at it) gives its rows new ids.
             first = firsts[path]
             pos = np.asarray(pos, np.int64)

@@ -54,7 +54,7 @@ def carried_deletes(group: RewriteGroup, now: dict[str, np.ndarray]) -> np.ndarr
     positions deleted at the current snapshot); None when an input's deletes are not a superset of S0's."""
     out = []
     offset = 0
-    for path, records, d0 in zip(group.inputs, group.records, group.deleted):
+    for path, records, d0 in zip(group.inputs, group.records, group.deleted, strict=True):
         current = now[path]
         new = np.setdiff1d(current, d0, assume_unique=True)
         if len(np.setdiff1d(d0, current, assume_unique=True)):
@@ -67,7 +67,7 @@ def carried_deletes(group: RewriteGroup, now: dict[str, np.ndarray]) -> np.ndarr
 def _old_locations(group: RewriteGroup, file_ids: list[int]) -> np.ndarray:
     """The packed location each output row had before the rewrite (input file id, position)."""
     parts = []
-    for fid, records, d0 in zip(file_ids, group.records, group.deleted):
+    for fid, records, d0 in zip(file_ids, group.records, group.deleted, strict=True):
         keep = np.ones(records, bool)
         keep[d0] = False
         positions = np.flatnonzero(keep).astype(np.int64)
@@ -114,7 +114,8 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         return RewriteCommit(None, 0, 0, 0, 0, dropped, timings)
     request = {
         "expect_snapshot_id": index.snapshot_id,
-        "groups": [{"inputs": g.inputs, "output": g.output, "deletes": d} for g, d in zip(groups, carried)],
+        "groups": [{"inputs": g.inputs, "output": g.output, "deletes": d}
+                   for g, d in zip(groups, carried, strict=True)],
         "properties": {COMPACTION_PROPERTY: "true"},
     }
     pause_point("maintenance.commit.before")
@@ -138,7 +139,7 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         index.valid = False
         return committed(0)
     moves, samples, expected = [], [], []
-    for g, deletes in zip(groups, carried):
+    for g, deletes in zip(groups, carried, strict=True):
         live = np.ones(g.output["record_count"], bool)
         live[deletes] = False
         keys = g.keys[live]

@@ -104,7 +104,7 @@ class Deletes:
         order = np.lexsort((positions, file_ids))
         fids, pos = np.asarray(file_ids)[order], np.asarray(positions, np.int64)[order]
         starts = np.flatnonzero(np.r_[True, fids[1:] != fids[:-1]])
-        for fid, part in zip(fids[starts].tolist(), np.split(pos, starts[1:])):
+        for fid, part in zip(fids[starts].tolist(), np.split(pos, starts[1:]), strict=True):
             self._parts[names[fid]].append(part)
 
     def by_file(self) -> dict[str, np.ndarray]:
@@ -245,7 +245,7 @@ def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
     location_file = np.full(len(distinct), -1, np.int64)
     location_pos = np.zeros(len(distinct), np.int64)
     unchanged = np.zeros(len(distinct), bool)
-    for g, (s_, e_) in enumerate(zip(starts, ends)):
+    for g, (s_, e_) in enumerate(zip(starts, ends, strict=True)):
         keep = None if old[g] != MISSING else s_
         for i in range(s_, e_):
             if files[i] >= 0 and i != keep:
@@ -351,7 +351,7 @@ def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | Non
             raise StaleIndex(f"{write.ident}: {exc}") from exc
         if found is not None:  # else the table does not track lineage (format < 3)
             old_ids = np.empty(len(kept.new_file), np.int64)
-            for g, ids in zip(groups, found):
+            for g, ids in zip(groups, found, strict=True):
                 old_ids[g] = ids
             by_path = {f["path"]: f for f in data_files}
             rewrites = []
@@ -363,7 +363,7 @@ def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | Non
                 rewrites.append((path, ids))
             with ThreadPoolExecutor(max_workers=min(4, len(rewrites))) as pool:
                 sizes = list(pool.map(lambda item: write_lineage(*item), rewrites))
-            for (path, ids), size in zip(rewrites, sizes):
+            for (path, ids), size in zip(rewrites, sizes, strict=True):
                 by_path[path]["file_size"] = size
                 ROW_IDS.remember(path, ids)
                 rewritten.add(path)

@@ -90,7 +90,7 @@ def _columns(rows: list[dict[str, Any]], names: list[str]) -> dict[str, list[Any
             append(get(r))
         except KeyError:
             append(tuple(map(r.get, names)))
-    return dict(zip(names, map(list, zip(*tuples))))
+    return dict(zip(names, map(list, zip(*tuples, strict=True)), strict=False))  # no rows: no columns
 
 
 def convert_rows(rows: list[dict[str, Any]], schema: pa.Schema) -> tuple[pa.Table, dict[int, str]]:
