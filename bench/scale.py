@@ -34,16 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    DebeziumEvents,
-    FastProducer,
-    OrderRow,
-    fill_through_write_path,
-    machine_load,
-    pipeline_data,
-    private_stack,
-    quiet_logs,
-    say,
-    to_config,
+    DebeziumEvents, FastProducer, OrderRow, fill_through_write_path, machine_load, pipeline_data, private_stack,
+    quiet_logs, say, to_config,
 )
 
 import lakestream.sink.catalog.sink as sink_files  # noqa: E402

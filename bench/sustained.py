@@ -68,18 +68,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    DebeziumEvents,
-    FastProducer,
-    OrderRow,
-    fill_through_sql,
-    fill_through_write_path,
-    machine_load,
-    pipeline_data,
-    private_stack,
-    quiet_logs,
-    say,
-    to_config,
-    write_pipeline_yaml,
+    DebeziumEvents, FastProducer, OrderRow, fill_through_sql, fill_through_write_path, machine_load, pipeline_data,
+    private_stack, quiet_logs, say, to_config, write_pipeline_yaml,
 )
 
 from lakestream.config import CompactionPolicy  # noqa: E402

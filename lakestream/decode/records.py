@@ -11,13 +11,7 @@ from typing import Any
 from lakestream.config import StreamSettings
 from lakestream.decode.avro import schema_id_of, schemas_for
 from lakestream.decode.envelope import (
-    MESSAGE,
-    TRUNCATE,
-    Columns,
-    SchemaCache,
-    decode_debezium,
-    decode_json_event,
-    source_position,
+    MESSAGE, TRUNCATE, Columns, SchemaCache, decode_debezium, decode_json_event, source_position,
 )
 from lakestream.errors import DecodeError, MissingKey, UnroutableRecord
 from lakestream.sink.write.routing import Router

@@ -25,15 +25,7 @@ import pyarrow.json as pj
 
 from lakestream.decode.envelope import split_envelope
 from lakestream.decode.types import (
-    MAX_DAYS,
-    MAX_MICROS,
-    MIN_DAYS,
-    MIN_MICROS,
-    UNAVAILABLE_VALUE,
-    FieldType,
-    event_time,
-    field_type,
-    identity,
+    MAX_DAYS, MAX_MICROS, MIN_DAYS, MIN_MICROS, UNAVAILABLE_VALUE, FieldType, identity, event_time, field_type,
 )
 from lakestream.errors import BadValue
 

@@ -21,13 +21,7 @@ from lakestream.identifiers import TableName, topic_parts, validate_identifier
 from lakestream.process.reference import ReferenceCache, ReferenceData
 from lakestream.process.transform import Derived, empty_input, output_columns, reference_views, run_transform
 from lakestream.sink.catalog.schema import (
-    DEFAULT_TABLE_PROPERTIES,
-    Shape,
-    TableManager,
-    dropped_column_statements,
-    merged_columns,
-    reconcile,
-    unusable_shape,
+    DEFAULT_TABLE_PROPERTIES, Shape, TableManager, dropped_column_statements, merged_columns, reconcile, unusable_shape,
     widen_to_string_statements,
 )
 from lakestream.sink.commit.offsets import TableOffsets

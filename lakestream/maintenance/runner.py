@@ -25,9 +25,9 @@ from lakestream.maintenance.actions import (
     compact_cold_partitions,
     expire_snapshots,
     remove_orphan_files,
+    trim_metadata_log,
     rewrite_manifests,
     rewrite_position_deletes,
-    trim_metadata_log,
 )
 from lakestream.maintenance.history import read_maintenance_log, record_maintenance
 from lakestream.maintenance.policy import MaintenancePlan, plan_maintenance

@@ -35,24 +35,12 @@ from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError
 from lakestream.identifiers import SourceTableName
 from lakestream.snapshot.chunks import (  # noqa: F401 — KILL_AFTER_CHUNKS_ENV, source_dsn: this module's API too
-    KILL_AFTER_CHUNKS_ENV,
-    STATE_PROPERTY,
-    SnapshotError,
-    SnapshotTable,
-    load_chunks,
-    plan_under,
-    source_dsn,
+    KILL_AFTER_CHUNKS_ENV, STATE_PROPERTY, SnapshotError, SnapshotTable, load_chunks, plan_under, source_dsn,
 )
 from lakestream.snapshot.progress import SnapshotReport, TableProgress
 from lakestream.snapshot.reader import ChunkTarget
 from lakestream.snapshot.slot import (
-    ExportedSlot,
-    ExportedSnapshot,
-    ensure_publication,
-    handover_path,
-    int_to_lsn,
-    lsn_to_int,
-    read_handover,
+    ExportedSlot, ExportedSnapshot, ensure_publication, handover_path, int_to_lsn, lsn_to_int, read_handover,
     slot_state,
     write_handover,
 )

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lakestream.errors import first_line
+from lakestream.sink.catalog.sink import snapshot_changes
 from lakestream.sink.index import diff
 from lakestream.sink.index.disk import DiskKeyIndex
 from lakestream.sink.index.keyless import KeylessIndex
@@ -62,8 +63,8 @@ def refresh_keyed(spark: SparkSession, catalog: str, namespace: str, table: str,
         start = None  # nothing to follow from (no snapshot), or to (the table rolled back to empty)
     if start is not None and start.snapshot_id is not None and start.snapshot_id != current:
         try:
-            changes = diff.snapshot_changes(spark, catalog, namespace, table, start.snapshot_id,
-                                            max_positions=diff.DIFF_MAX)
+            changes = snapshot_changes(spark, catalog, namespace, table, start.snapshot_id,
+                                       max_positions=diff.DIFF_MAX)
             listed_s = time.monotonic() - started
             moved = diff.rows_to_follow(changes)
             if not changes["ancestor"] or changes.get("unsupported"):

@@ -29,12 +29,7 @@ from lakestream.decode.vectorized import DecodedRun, RunDecoder, decode_events
 from lakestream.errors import BadValue, DecodeError
 from lakestream.process.reference import ReferenceData
 from lakestream.process.transform import (
-    Derived,
-    apply_isolating,
-    fit_output,
-    reference_views,
-    run_transform,
-    with_meta,
+    Derived, apply_isolating, fit_output, reference_views, run_transform, with_meta,
 )
 from lakestream.sink import report as rp
 from lakestream.sink.index.keys import index_keys, is_integer_key, keys_to_arrow
