@@ -257,7 +257,8 @@ def _ipc(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 Fact = (RangeEnd | DataFileWritten | RowLocations | TableStats | NewShape | DeadLetter | Truncate | Skipped

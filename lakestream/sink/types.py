@@ -53,7 +53,7 @@ DEFAULT_TYPE_KEY = b"lakestream.iceberg-type"
 
 
 def _arrow_field(f: dict[str, Any]) -> pa.Field:
-    metadata = {_FIELD_ID: str(f["id"])}
+    metadata: dict[bytes, bytes | str] = {_FIELD_ID: str(f["id"])}
     if f.get("write-default") is not None and isinstance(f["type"], str):
         metadata[DEFAULT_KEY] = orjson.dumps(f["write-default"])
         metadata[DEFAULT_TYPE_KEY] = f["type"]

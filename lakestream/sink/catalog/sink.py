@@ -66,8 +66,9 @@ class CommitResult(TypedDict, total=False):
     first_row_ids: dict[str, int]  # data file added → the `_row_id` of its first row (format v3)
 
 
-def _sink(spark: SparkSession):
-    return spark.sparkContext._jvm.lakestream.LakestreamSink
+def _sink(spark: SparkSession) -> Any:
+    jvm: Any = spark.sparkContext._jvm
+    return jvm.lakestream.LakestreamSink
 
 
 def table_info(spark: SparkSession, catalog: str, namespace: str, table: str) -> TableInfo:

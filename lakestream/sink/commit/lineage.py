@@ -102,7 +102,8 @@ def write_lineage(path: str, row_ids: np.ndarray) -> int:
     table = lineage_columns(table, row_ids, None)
     pq.write_table(table, local, filesystem=fs, compression="zstd", row_group_size=max(row_group_rows, 1),
                    write_statistics=True, store_schema=False)
-    return fs.get_file_info(local).size
+    size: int = fs.get_file_info(local).size
+    return size
 
 
 class StaleLineage(Exception):
@@ -207,7 +208,8 @@ def _read_row_ids(path: str) -> np.ndarray | None:
         if i is None:
             return None
         column = parquet.read(columns=[parquet.schema_arrow.names[i]]).column(0)
-        return column.fill_null(UNKNOWN).to_numpy().astype(np.int64)
+        ids: np.ndarray = column.fill_null(UNKNOWN).to_numpy().astype(np.int64)
+        return ids
     finally:
         parquet.close()
 

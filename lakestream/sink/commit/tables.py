@@ -274,7 +274,7 @@ def _read_rows(locations: list[tuple[str, int]]) -> dict[tuple[str, int], dict[s
     return out
 
 
-def _apply_patches(write: TableWrite, changes: TableReport, resolved: Resolution, data_files: list[dict[str, Any]]
+def _apply_patches(write: TableWrite, changes: TableReport, resolved: Resolution, data_files: list[DataFileEntry]
                    ) -> None:
     """Rows whose TOAST columns Debezium withheld get the stored values: the row is copied into a
     new file with the value from its previous version, and the copy replaces it (same snapshot)."""
@@ -328,7 +328,7 @@ class KeptRows:
 
 
 def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | None, kept: KeptRows,
-                  data_files: list[dict[str, Any]]) -> None:
+                  data_files: list[DataFileEntry]) -> None:
     """Each new row that replaces a committed row keeps that row's `_row_id` (`lakestream.sink.commit.lineage`): the
     batch's files holding such rows are rewritten in place with the lineage columns before the commit."""
     from concurrent.futures import ThreadPoolExecutor

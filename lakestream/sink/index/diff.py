@@ -97,7 +97,7 @@ def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, i
         # entries are overwritten there, and the inputs need not be read (nor the index passed over).
         removed = [] if snap.get("compaction") else [p for p in snap["removed"] if index.known_file_id(p) is not None]
         for path, keys in _read_ahead(removed, removed_keys):
-            fid = index.known_file_id(path)
+            fid = index.file_id(path)  # known: `removed` holds only files the index has
             if keys is None:
                 unreadable.append(fid)
                 continue
@@ -134,7 +134,7 @@ def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, i
                   and len(deleted[p])]
         for path, (keys, positions) in _read_ahead(others, deleted_keys):
             stats["files_read"] += 1
-            stats["entries_dropped"] += _drop_rows_at(index, index.known_file_id(path), keys, positions)
+            stats["entries_dropped"] += _drop_rows_at(index, index.file_id(path), keys, positions)
         index.snapshot_id = snap["snapshot_id"]
         stats["snapshots"] += 1
         stats["compactions"] += bool(snap.get("compaction"))

@@ -54,7 +54,8 @@ def _canonical_text(column: pa.ChunkedArray | pa.Array) -> pa.Array:
 def index_keys(table: pa.Table, key_columns: list[str]) -> np.ndarray:
     """The index keys of ``table``'s rows: int64 for one integer key column, else 16-byte hashes."""
     if is_integer_key(table.schema, key_columns):
-        return table.column(key_columns[0]).cast(pa.int64()).to_numpy()
+        integers: np.ndarray = table.column(key_columns[0]).cast(pa.int64()).to_numpy()
+        return integers
     texts = [_canonical_text(table.column(k)) for k in key_columns]
     joined = texts[0] if len(texts) == 1 else _unambiguous_join(texts)
     return _hash_texts(np.asarray(joined.to_numpy(zero_copy_only=False), dtype=object))
@@ -134,6 +135,7 @@ def keys_from_arrow(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     if pa.types.is_integer(column.type):
-        return column.to_numpy(zero_copy_only=False).astype(np.int64)
+        integers: np.ndarray = column.to_numpy(zero_copy_only=False).astype(np.int64)
+        return integers
     buf = column.buffers()[1]
     return np.frombuffer(buf, dtype="S16", count=len(column) + column.offset)[column.offset:].copy()

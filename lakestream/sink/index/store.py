@@ -100,7 +100,8 @@ class IndexStore:
 
     def _read_bytes(self, path: str) -> bytes:
         with self.fs.open_input_stream(path) as fh:
-            return fh.read()
+            data: bytes = fh.read()
+        return data
 
     def _read_delta(self, path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         with np.load(io.BytesIO(self._read_bytes(path))) as saved:
@@ -276,7 +277,8 @@ class IndexStore:
         if not merge.done.is_set():
             return
         self.merge = None
-        if merge.error is not None or merge.index is not index or merge.frozen["resets"] != index.resets:
+        if (merge.error is not None or merge.meta is None or merge.local_dir is None or merge.index is not index
+                or merge.frozen["resets"] != index.resets):
             if merge.error is not None:
                 log.warning("key index merge of %s failed (%s); the deltas stay its durable record", self.location,
                             merge.error)

@@ -57,9 +57,9 @@ def read_data_files(paths: list[str]) -> pa.Table:
 def write_driver_files(table: pa.Table, spec: Any, file_name_prefix: str) -> list[DataFileEntry]:
     """Rows the driver produced (dead letters, alerts), written as one data file per partition of ``spec``
     (a `TableSpec`); the `commit_files` entries for them."""
-    groups = partition_values(spec.partition_spec, spec.schema, table) if spec.partition_spec.get("fields") \
-        else [([], list(range(table.num_rows)))]
-    files = []
+    groups: list[tuple[list[Any], Any]] = partition_values(spec.partition_spec, spec.schema, table) \
+        if spec.partition_spec.get("fields") else [([], list(range(table.num_rows)))]
+    files: list[DataFileEntry] = []
     for values, rows in groups:
         part = table if len(rows) == table.num_rows else table.take(pa.array(rows, pa.int64()))
         written = write_data_file(part, spec.data_location, spec.arrow_schema(), file_name_prefix)

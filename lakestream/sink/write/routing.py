@@ -17,6 +17,8 @@ from lakestream.identifiers import TableName, table_from_template
 class Router:
     """Resolves (topic, record) → (stream settings, table name). Picklable, used on executors."""
 
+    _index_cache: dict[str, int | None]  # topic → its stream (set on first use: a Router travels pickled)
+
     def __init__(self, streams: list[StreamSettings]):
         self.streams = streams
         self._topic_cache: dict[str, tuple[int, TableName | None]] = {}

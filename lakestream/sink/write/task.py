@@ -29,7 +29,12 @@ from lakestream.decode.vectorized import DecodedRun, RunDecoder, decode_events
 from lakestream.errors import BadValue, DecodeError
 from lakestream.process.reference import ReferenceData
 from lakestream.process.transform import (
-    Derived, apply_isolating, fit_output, reference_views, run_transform, with_meta,
+    Derived,
+    apply_isolating,
+    fit_output,
+    reference_views,
+    run_transform,
+    with_meta,
 )
 from lakestream.sink import report as rp
 from lakestream.sink.index.keys import index_keys, is_integer_key, keys_to_arrow
@@ -196,8 +201,9 @@ class TableWriter:
             keys_np = index_keys(typed, spec.key_columns)
             # Kafka order within a partition; partitions of one key do not interleave in Debezium.
             order_np = rp.kafka_order(rows.topics, rows.partitions, rows.offsets)
+            fills: dict[int, dict[str, int]] = {}
             if spec.kind == "mirror" and not any(withheld):
-                final, fills = last_per_key(keys_np, order_np), {}
+                final = last_per_key(keys_np, order_np)
             elif spec.kind == "mirror":
                 keys, order = keys_np.tolist(), order_np.tolist()
                 final, fills = latest_per_key(keys, ops, withheld, order)
