@@ -4,7 +4,7 @@ lineage. The JVM reads each file's footer for column metrics and writes the dele
 from __future__ import annotations
 
 import base64
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import numpy as np
 import orjson
@@ -74,7 +74,7 @@ def _sink(spark: SparkSession) -> Any:
 def table_info(spark: SparkSession, catalog: str, namespace: str, table: str) -> TableInfo:
     """``{"exists": false}`` or ``{"exists": true, location, data_location, format_version,
     snapshot_id, schema, spec, identifier_fields, properties}`` (always the latest metadata)."""
-    info = orjson.loads(_sink(spark).tableInfo(spark._jsparkSession, catalog, namespace, table))
+    info: TableInfo = orjson.loads(_sink(spark).tableInfo(spark._jsparkSession, catalog, namespace, table))
     vended = info.pop("io", None)  # storage credentials a REST catalog vended: for the writers, never shown
     if vended:
         remember_vended(info["location"], vended)
@@ -86,16 +86,17 @@ def create_table(spark: SparkSession, catalog: str, namespace: str, table: str, 
     """Create a table (and its namespace) in one catalog commit, no-op if it exists; returns its
     `table_info`. ``request``: ``{columns: [{name, type (Spark DDL), required?, comment?}],
     identifier_fields?, partition_by?, sort_by?, properties?}``."""
-    return orjson.loads(_sink(spark).createTable(spark._jsparkSession, catalog, namespace, table,
-                                                 orjson.dumps(request).decode()))
+    answer = _sink(spark).createTable(spark._jsparkSession, catalog, namespace, table, orjson.dumps(request).decode())
+    return cast("TableInfo", orjson.loads(answer))
 
 
 def add_column_with_default(spark: SparkSession, catalog: str, namespace: str, table: str, column: str, ddl: str,
                             default_json: str) -> TableInfo:
     """Add ``column`` (Spark DDL type) whose existing rows read ``default_json`` (Iceberg v3
     initial-default and write-default, single-value JSON); returns `table_info`."""
-    return orjson.loads(_sink(spark).addColumnWithDefault(spark._jsparkSession, catalog, namespace, table, column,
-                                                          ddl, default_json))
+    answer = _sink(spark).addColumnWithDefault(spark._jsparkSession, catalog, namespace, table, column, ddl,
+                                               default_json)
+    return cast("TableInfo", orjson.loads(answer))
 
 
 def commit_files(spark: SparkSession, catalog: str, namespace: str, table: str, request: CommitRequest
@@ -106,8 +107,9 @@ def commit_files(spark: SparkSession, catalog: str, namespace: str, table: str, 
     partition: [...]}], deletes: [{data_file, positions}], properties: {k: v}}``; returns
     ``{snapshot_id, parent_snapshot_id, sequence_number, data_files, delete_files,
     removed_delete_files}``. Iceberg's exceptions surface as py4j errors carrying the Java class."""
-    return orjson.loads(_sink(spark).commitFiles(spark._jsparkSession, catalog, namespace, table,
-                                                 orjson.dumps(request, option=orjson.OPT_SERIALIZE_NUMPY).decode()))
+    answer = _sink(spark).commitFiles(spark._jsparkSession, catalog, namespace, table,
+                                      orjson.dumps(request, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+    return cast("CommitResult", orjson.loads(answer))
 
 
 def deleted_positions(spark: SparkSession, catalog: str, namespace: str, table: str, paths: list[str],
@@ -115,8 +117,9 @@ def deleted_positions(spark: SparkSession, catalog: str, namespace: str, table: 
     """The positions deleted in each of the data files ``paths`` at the table's current snapshot:
     ``{snapshot_id, files: {path: {records, positions}}, missing: [paths not live]}``. With ``nice`` the deletion
     vectors are read on a JVM thread at that nice value (work beside the batches)."""
-    return orjson.loads(_sink(spark).deletedPositions(spark._jsparkSession, catalog, namespace, table,
-                                                      orjson.dumps(paths).decode(), nice))
+    answer = _sink(spark).deletedPositions(spark._jsparkSession, catalog, namespace, table,
+                                           orjson.dumps(paths).decode(), nice)
+    return cast("dict[str, Any]", orjson.loads(answer))
 
 
 def commit_rewrite_groups(spark: SparkSession, catalog: str, namespace: str, table: str, request: dict[str, Any]
@@ -124,8 +127,9 @@ def commit_rewrite_groups(spark: SparkSession, catalog: str, namespace: str, tab
     """Replace data files by files holding their live rows, in one ``replace`` snapshot
     (`LakestreamSink.commitRewrite`): ``{expect_snapshot_id, groups: [{inputs, output: {path, file_size,
     record_count}, deletes}], properties}``; ``{stale: true}`` when the table moved on."""
-    return orjson.loads(_sink(spark).commitRewrite(spark._jsparkSession, catalog, namespace, table,
-                                                   orjson.dumps(request, option=orjson.OPT_SERIALIZE_NUMPY).decode()))
+    answer = _sink(spark).commitRewrite(spark._jsparkSession, catalog, namespace, table,
+                                        orjson.dumps(request, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+    return cast("dict[str, Any]", orjson.loads(answer))
 
 
 def snapshot_changes(spark: SparkSession, catalog: str, namespace: str, table: str, from_snapshot: int,
@@ -137,7 +141,7 @@ def snapshot_changes(spark: SparkSession, catalog: str, namespace: str, table: s
     from lakestream.sink.index import diff
 
     limit = diff.DIFF_MAX if max_positions is None else max_positions
-    changes = orjson.loads(spark.sparkContext._jvm.lakestream.LakestreamSink.snapshotChanges(
+    changes: dict[str, Any] = orjson.loads(_sink(spark).snapshotChanges(
         spark._jsparkSession, catalog, namespace, table, int(from_snapshot), int(limit)))
     for snap in changes.get("snapshots", []):
         for d in snap["deleted"]:

@@ -50,9 +50,9 @@ def resolve_keyless(index: KeylessIndex, changes: TableReport) -> KeylessResolut
     by_task: dict[str, dict[int, str]] = defaultdict(dict)
     for f in changes.files:
         by_task[f.task_id][f.task_file] = f.path
-    for task_id, files in by_task.items():
+    for task_id, numbered in by_task.items():
         base[task_id] = len(paths)
-        paths.extend(files.get(i, "") for i in range(max(files) + 1))
+        paths.extend(numbered.get(i, "") for i in range(max(numbered) + 1))
     parts = [loc.locations for loc in changes.locations if is_keyless_report(loc.locations)]
     task_files = []
     for loc in changes.locations:

@@ -168,9 +168,9 @@ def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
     by_task: dict[str, dict[int, str]] = defaultdict(dict)
     for f in changes.files:
         by_task[f.task_id][f.task_file] = f.path
-    for task_id, files in by_task.items():
+    for task_id, numbered in by_task.items():
         base[task_id] = len(paths)
-        paths.extend(files.get(i, "") for i in range(max(files) + 1))
+        paths.extend(numbered.get(i, "") for i in range(max(numbered) + 1))
     parts, task_file_global = [], []
     for loc in changes.locations:
         t = loc.locations

@@ -25,6 +25,7 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -93,14 +94,14 @@ def merge_sorted(keys: np.ndarray, locs: np.ndarray, ov_keys: np.ndarray, ov_loc
     return (keys, locs) if live.all() else (keys[live], locs[live])
 
 
-def merge_generation(fs: Any, gen_dir: str, runs: dict[int, _Run | tuple[str, str]], old_bits: int,
+def merge_generation(fs: Any, gen_dir: str, frozen_runs: Mapping[int, _Run | tuple[str, str]], old_bits: int,
                      ov_keys: np.ndarray, ov_locs: np.ndarray, duty: float = 1.0) -> dict[str, Any]:
     """Merge base buckets ``runs`` (mapped, or their keys and locations files) and an overlay into a new
     generation in ``gen_dir``, one bucket in memory at a time; returns ``{bits, rows, buckets}``. With
     ``duty`` < 1 it works that share of the time (a pause after each bucket), so that a merge beside the
     batches leaves them the machine's disk and cores most of the time."""
-    runs = {b: r if isinstance(r, _Run) else _Run(*r) for b, r in runs.items()}
-    base_rows = sum(len(r.keys) for r in runs.values())
+    runs = {b: r if isinstance(r, _Run) else _Run(*r) for b, r in frozen_runs.items()}
+    base_rows = sum(int(len(r.keys)) for r in runs.values())
     bits = max(old_bits, bucket_bits(base_rows + len(ov_keys)))
     ensure_dir(fs, gen_dir)
     ov_buckets = bucket_of(ov_keys, bits)
@@ -420,7 +421,7 @@ def build_on_executors(spark: SparkSession, ident: str, key_columns: list[str], 
     log.info("building the key index of %s on the executors: %d rows in %d data files, %d bucket(s)", ident, rows,
              len(paths), 1 << bits)
 
-    def entries(batches):
+    def entries(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for rb in batches:
             t = pa.Table.from_batches([rb])
             keys = index_keys(t.select(list(range(len(key_columns)))).rename_columns(key_columns), key_columns)
@@ -438,7 +439,7 @@ def build_on_executors(spark: SparkSession, ident: str, key_columns: list[str], 
 
     storage = active_options()
 
-    def write(batches):
+    def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         use_options(storage)  # a fresh Python worker knows no object store but the default AWS one
         by_bucket: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         for rb in batches:
