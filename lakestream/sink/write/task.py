@@ -257,17 +257,18 @@ class TableWriter:
             data = typed.take(pa.array(data_rows, pa.int64())) if len(data_rows) != typed.num_rows else typed
             self._write_files(data, data_rows, file_of, pos_of, facts)
         schema = self.spec.arrow_schema()
-        updates = [i for i, o in enumerate(ops) if o == "u" and rows.old_rows[i] is not None]
+        old_rows = rows.old_rows or [None] * len(ops)  # set, with positions, for every keyless change
+        updates = [i for i, o in enumerate(ops) if o == "u" and old_rows[i] is not None]
         old: dict[int, pa.Table | None] = {}
         if updates:
-            converted, bad = convert_rows([rows.old_rows[i] for i in updates], schema)
+            converted, bad = convert_rows([row for i in updates if (row := old_rows[i]) is not None], schema)
             good = [j for j in range(len(updates)) if j not in bad]
             for i in updates:
                 old[i] = None
             for k, j in enumerate(good):
                 old[updates[j]] = converted.slice(k, 1)
         blob = write_keyless_changes(typed, ops, old, schema, file_of, pos_of, rows.topics, rows.partitions,
-                                     rows.offsets, [p or (0, 0) for p in rows.positions])
+                                     rows.offsets, [p or (0, 0) for p in rows.positions or []])
         facts.append(rp.RowLocations(self.spec.name, self.task_id, blob))
 
     def _typed_rows(self, pending: _Pending, facts: list[rp.Fact]) -> _Rows | None:
@@ -597,14 +598,14 @@ class WriteTask:
             # shape does; anything else is decoded record by record to report it.
             shape = self.deferred[table].get(first.columns.schema_id)
             schema = _shape_schema(shape) if shape is not None else None
-            if schema is None or self._decode_run(rest, schema, first.key_columns, changes.values[0]) is None:
+            if schema is None or self._decode_run(rest, schema, first.key_columns, changes.values[0] or b"") is None:
                 self._one_by_one(rest)
             return
         if spec is None or table not in self.pending or spec.kind == "multiset":
             # (a table without a primary key needs each event's source position: record by record)
             self._one_by_one(rest)
             return
-        decoded = self._decode_run(rest, spec.arrow_schema(), spec.key_columns, changes.values[0])
+        decoded = self._decode_run(rest, spec.arrow_schema(), spec.key_columns, changes.values[0] or b"")
         if decoded is None:
             self._one_by_one(rest)
         else:
