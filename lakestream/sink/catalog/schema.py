@@ -170,7 +170,7 @@ def reconcile(table_ident: str, schema: StructType, shapes: list[Shape]) -> Reco
     have = {f.name.lower(): f for f in schema.fields}
     added: dict[str, str] = {}
     for shape in shapes:
-        statements: list[str] = []
+        statements: list[str | AddColumnWithDefault] = []
         local_added: dict[str, str] = {}
         reason = None
         for name, ddl in shape.columns:

@@ -151,7 +151,8 @@ class RowIds:
         missing = [p for p in paths if p not in out]
         if not missing:
             return out
-        answer = orjson.loads(spark.sparkContext._jvm.lakestream.LakestreamSink.rowLineage(
+        jvm: Any = spark.sparkContext._jvm
+        answer = orjson.loads(jvm.lakestream.LakestreamSink.rowLineage(
             spark._jsparkSession, catalog, namespace, table, snapshot_id, orjson.dumps(missing).decode()))
         if answer.get("stale"):
             raise StaleLineage(f"{namespace}.{table} is at snapshot {answer.get('snapshot_id')}, not {snapshot_id}")

@@ -83,7 +83,7 @@ def _columns(rows: list[dict[str, Any]], names: list[str]) -> dict[str, list[Any
     if len(names) == 1:
         return {names[0]: [r.get(names[0]) for r in rows]}
     get = itemgetter(*names)
-    tuples = []
+    tuples: list[tuple[Any, ...]] = []
     append = tuples.append
     for r in rows:
         try:

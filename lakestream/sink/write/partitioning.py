@@ -33,17 +33,20 @@ def _as_int64(values: pa.ChunkedArray) -> np.ndarray:
         values = values.cast(pa.timestamp("us", tz=values.type.tz)).cast(pa.int64())
     elif pa.types.is_time(values.type):
         values = values.cast(pa.time64("us")).cast(pa.int64())
-    return values.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    out: np.ndarray = values.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    return out
 
 
 def _days(values: pa.ChunkedArray) -> np.ndarray:
     if pa.types.is_date(values.type):
         return _as_int64(values)
-    return np.floor_divide(_as_int64(values), _MICROS_PER_DAY)
+    days: np.ndarray = np.floor_divide(_as_int64(values), _MICROS_PER_DAY)
+    return days
 
 
 def _months(values: pa.ChunkedArray) -> np.ndarray:
-    return _days(values).astype("datetime64[D]").astype("datetime64[M]").astype(np.int64)
+    months: np.ndarray = _days(values).astype("datetime64[D]").astype("datetime64[M]").astype(np.int64)
+    return months
 
 
 def _fmix_mul(h: np.ndarray, k: np.ndarray) -> np.ndarray:
@@ -179,7 +182,7 @@ def _json_value(value: Any, source_type: Any, transform: str) -> Any:
 
 def _find_column(table: pa.Table, schema: dict[str, Any], source_id: int) -> tuple[pa.ChunkedArray, Any]:
     """The column (top-level or nested in structs) with Iceberg field id ``source_id``, and its type."""
-    def walk(fields: list[dict[str, Any]], path: list[str]):
+    def walk(fields: list[dict[str, Any]], path: list[str]) -> tuple[list[str], Any] | None:
         for f in fields:
             if f["id"] == source_id:
                 return path + [f["name"]], f["type"]
