@@ -34,7 +34,6 @@ from lakestream.stack import Stack, StackSettings  # noqa: E402
 from lakestream.stack.models import StackInfo  # noqa: E402
 from lakestream.stack.process import free_ports, stop_pid  # noqa: E402
 
-
 # -- machine --------------------------------------------------------------------------------------
 
 def machine_load() -> dict[str, Any]:
@@ -426,7 +425,8 @@ def _fill_files(spec_json: str, first: int, last: int, rows_per_file: int, like_
         import numpy as np
         import pyarrow as pa
 
-        from lakestream.sink.files import arrow_schema, write_data_file
+        from lakestream.sink.types import arrow_schema
+        from lakestream.sink.write.files import write_data_file
 
         spec = json.loads(spec_json)
         schema = arrow_schema(spec["schema"])
@@ -473,8 +473,7 @@ def fill_through_sql(spark, name: str, first: int, last: int, rows_per_insert: i
     ``rows_per_insert`` rows, each written by ``files_per_insert`` tasks (a file each): the table grown by another
     writer, as a backfill or a migration grows it. The columns hold what `_fill_files` (``like_events``) writes, so
     the rows are the ones a schemas-off orders table gets from the events. Returns the number of statements."""
-    from lakestream.identifiers import quote_column, quote_table
-    from lakestream.sink.router import TableName
+    from lakestream.identifiers import TableName, quote_column, quote_table
 
     table = TableName.parse(name)
     qualified = quote_table("lake", table.namespace, table.table)
@@ -501,8 +500,8 @@ def fill_through_write_path(spark, config, name: str, first: int, last: int, row
                             like_events: bool = False) -> int:
     """Rows ``first`` ≤ id < ``last`` as data files of ``rows_per_file`` rows, committed in chunks by the sink's
     commit; returns the number of files. ``like_events``: rows as the events would carry them (`_fill_files`)."""
-    from lakestream.sink.files import commit_files, table_info
-    from lakestream.sink.router import TableName
+    from lakestream.identifiers import TableName
+    from lakestream.sink.catalog.sink import commit_files, table_info
 
     table = TableName.parse(name)
     info = table_info(spark, config.catalog.name, table.namespace, table.table)

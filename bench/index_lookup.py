@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lakestream.sink.disk_index import DiskKeyIndex, bucket_bits, bucket_of, write_npy
-from lakestream.sink.index import pack
-from lakestream.sink.index_store import IndexStore
+from lakestream.sink.index.disk import DiskKeyIndex, bucket_bits, bucket_of, write_npy
+from lakestream.sink.index.keys import pack
+from lakestream.sink.index.store import IndexStore
 
 
 def main() -> int:

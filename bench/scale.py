@@ -5,7 +5,7 @@
 
 For each size N: the pipeline creates an upsert table from real Debezium events (schemas off); the table is then
 filled to N rows through the pipeline's own write path — data files written by the sink's writer
-(`sink.files.write_data_file`, in Spark tasks, ``--rows-per-file`` rows each: thousands of files, as a streaming
+(`sink.write.files.write_data_file`, in Spark tasks, ``--rows-per-file`` rows each: thousands of files, as a streaming
 table holds before compaction) and committed by the sink's commit (`LakestreamSink.commitFiles`) — not timed.
 The first batch after it brings the key index up to date (timed apart: a diff up to 2M added rows, else a build on
 the executors); then ``--batches``
@@ -38,7 +38,7 @@ from _common import (  # noqa: E402
     quiet_logs, say, to_config,
 )
 
-import lakestream.sink.files as sink_files  # noqa: E402
+import lakestream.sink.catalog.sink as sink_files  # noqa: E402
 from lakestream.engine.loop import run_pipeline  # noqa: E402
 from lakestream.engine.pipeline import Pipeline  # noqa: E402
 from lakestream.spark import session_for  # noqa: E402
@@ -159,14 +159,14 @@ def one_size(info, state_dir: Path, spark, size: int, rows_per_file: int, args) 
         index_disk = store.footprint()
         heap = index.nbytes
         # A full build as after a lost state or on a first start: on the executors, into the table's store.
-        from lakestream.sink.disk_index import DiskKeyIndex
+        from lakestream.sink.index.disk import DiskKeyIndex
 
         full_build_s = None
         if args.full_build:
             fresh = DiskKeyIndex(index.hashed, index.key_columns, index.table_uuid)
             fresh.build_root = store.location
             started = time.perf_counter()
-            fresh.rebuild(spark, f"`lake`.`bench`.`orders_{tag}`", list(index.key_columns), index.snapshot_id)
+            fresh.rebuild(spark, f"`lake`.`bench`.`orders_{tag}`", index.snapshot_id)
             full_build_s = time.perf_counter() - started
             assert len(fresh) == len(index), (len(fresh), len(index))
             say(f"{size:,} rows: full build on the executors {full_build_s:.1f}s ({len(fresh):,} keys, "

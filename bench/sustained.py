@@ -79,7 +79,7 @@ from lakestream.engine.loop import metrics_path, run_pipeline  # noqa: E402
 from lakestream.faults import ENV_VAR as PAUSE_ENV  # noqa: E402
 from lakestream.faults import PAUSE_MARKER  # noqa: E402
 from lakestream.maintenance.history import maintenance_log_path  # noqa: E402
-from lakestream.sink.offsets import OFFSETS_PROPERTY, decode_offsets  # noqa: E402
+from lakestream.sink.commit.offsets import OFFSETS_PROPERTY, decode_offsets  # noqa: E402
 from lakestream.spark import session_for  # noqa: E402
 
 NAMESPACE, TABLE = "bench", "orders"

@@ -211,11 +211,13 @@ def is_service_outage(exc: BaseException) -> bool:
     return classify_failure(exc).kind == "outage"
 
 
-def first_line(exc: BaseException) -> str:
-    """The informative line of an error (a Spark task failure's Python exception, else the first line)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+def first_line(exc: BaseException, limit: int = 500) -> str:
+    """The one way an error is shortened to one line (at most ``limit`` characters): the informative line (a Spark
+    task failure's Python exception, a Py4J error's Java exception), else the first line, else the type's name."""
+    # Py4J puts the Java exception on a line of its own after ": ".
+    lines = [line.strip().removeprefix(": ") for line in str(exc).splitlines() if line.strip()]
     for line in reversed(lines):
         if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", line) and "Traceback" not in line:
-            return line[:500]
+            return line[:limit]
     lines = [line for line in lines if not line.startswith(("File ", "at ", "Traceback"))] or lines
-    return (lines[0] if lines else type(exc).__name__)[:500]
+    return (lines[0] if lines else type(exc).__name__)[:limit]

@@ -1,6 +1,6 @@
 """Fresh reads: a table's committed snapshot plus the uncommitted tail of its Kafka partitions.
 
-The snapshot stores the Kafka offsets its data came from (`lakestream.sink.offsets`). Everything in
+The snapshot stores the Kafka offsets its data came from (`lakestream.sink.commit.offsets`). Everything in
 those partitions at or beyond them is the tail: read straight from Kafka, decoded by the pipeline's
 own decoder (`RecordDecoder`, routing included, so a record routed elsewhere is left out) and
 converted strictly into the table's Arrow schema (`convert_rows`; a record that would be a dead
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.errors import DecodeError, QueryError
-from lakestream.sink.latest import STORED, latest_per_key
-from lakestream.sink.offsets import OFFSETS_PROPERTY, ancestry, decode_offsets
+from lakestream.sink.commit.offsets import OFFSETS_PROPERTY, ancestry, decode_offsets
+from lakestream.sink.write.latest import STORED, latest_per_key
 from lakestream.source.kafka import TP
 
 if TYPE_CHECKING:
@@ -67,8 +67,8 @@ def read_tail(config: PipelineConfig, table_name: str, offsets: dict[TP, int], s
     Partitions of the same topics that the snapshot has no offset for (added since) are read from
     their start."""
     from lakestream.decode.records import RecordDecoder
-    from lakestream.sink.convert import convert_rows
-    from lakestream.sink.router import Router
+    from lakestream.sink.write.convert import convert_rows
+    from lakestream.sink.write.routing import Router
     from lakestream.source.kafka import KafkaCluster
     from lakestream.source.planner import OffsetRange
     from lakestream.source.reader import read_runs

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 from lakestream.beside import BACKGROUND_NICE
 from lakestream.identifiers import quote_table, sql_string
-from lakestream.sink.offsets import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, ancestry, decode_offsets
+from lakestream.sink.commit.offsets import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, ancestry, decode_offsets
 from lakestream.source.kafka import TP, kafka_lag
 
 # Table properties that bound the metadata log: Iceberg keeps at most previous-versions-max earlier

@@ -153,7 +153,7 @@ def _read_fresh(config: PipelineConfig, ref: TableName, engine: Engine = "pyiceb
 
     from lakestream.fresh import apply_tail, read_tail, stored_offsets
     from lakestream.identifiers import quote_ansi_column
-    from lakestream.sink.files import arrow_schema
+    from lakestream.sink.types import arrow_schema
 
     started = time.monotonic()
     iceberg_table = load_iceberg_table(config.catalog, ref)
@@ -287,7 +287,8 @@ def _rest_catalog_with_ca(bundle: str) -> type:
 def configure_duckdb(con: duckdb.DuckDBPyConnection, catalog: CatalogSettings, table: IcebergTable) -> None:
     """Let DuckDB read ``table``'s files: the object storage secret (the REST catalog's vended credentials
     for the table, if it sent any, else the ``storage`` settings). Nothing for a local file system."""
-    from lakestream.storage import configure_duckdb as configure, is_object_store
+    from lakestream.storage import configure_duckdb as configure
+    from lakestream.storage import is_object_store
 
     if is_object_store(table.metadata_location):
         configure(con, catalog, dict(table.io.properties), scope=table.location())

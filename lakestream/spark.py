@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from lakestream import jars as jar_groups
 from lakestream import storage
 from lakestream.config import CatalogSettings, PipelineConfig, SparkSettings
-from lakestream.jvm_helper import aws_sdk_jars, helper_jar, iceberg_runtime_jar, postgres_jdbc_jar
+from lakestream.jvm_jars import aws_sdk_jars, helper_jar, iceberg_runtime_jar, postgres_jdbc_jar
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -345,3 +345,15 @@ def check_storage(catalog: CatalogSettings) -> None:
     if bucket_missing:
         raise ConfigError(f"catalog.warehouse: bucket {bucket!r} does not exist at {storage.endpoint or 'Amazon S3'} "
                           "— fix: create it, or point the warehouse at an existing bucket")
+
+
+def canonical_location(location: str) -> str:
+    """A location in the form Iceberg's HadoopFileIO (Hadoop ``Path.toString()``) gives the files it
+    writes, which is how Spark-written files appear in ``<table>.files``: ``file:///x`` and
+    ``file:/x`` become ``file:/x``, repeated slashes collapse; other URIs and plain paths are kept."""
+    if location.startswith("file:"):
+        rest = location[len("file:"):]
+        if rest.startswith("//") and not rest.startswith("///"):
+            raise ValueError(f"file URI with a host is not supported: {location}")
+        return "file:/" + "/".join(part for part in rest.split("/") if part)
+    return location

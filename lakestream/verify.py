@@ -20,7 +20,7 @@ from psycopg2 import sql as pgsql
 from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError
 from lakestream.identifiers import SourceTableName, TableName, quote_table
-from lakestream.sink.router import Router
+from lakestream.sink.write.routing import Router
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -111,8 +111,7 @@ class VerifyReport:
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         numeric = set(range(2, 8))
         lines = [
-            "  ".join(cell.rjust(w) if i in numeric else cell.ljust(w)
-                      for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+            "  ".join(cell.rjust(w) if i in numeric else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
             for row in rows
         ]
         for t in self.tables:
@@ -134,8 +133,9 @@ def verify_tables(
     config: PipelineConfig, spark: SparkSession, tables: list[str] | None = None, samples: int = 5
 ) -> VerifyReport:
     """Compare every captured table (or only ``tables``, "schema.table") with its Iceberg mirror."""
-    capture = config.require_capture("verify")
-    selected = list(capture.tables)
+    if config.capture is None:
+        raise ConfigError("verify needs a `capture:` section naming the source database and tables — fix: add capture.tables")
+    selected = list(config.capture.tables)
     if tables:
         tables = [str(SourceTableName.parse(t)) for t in tables]
         unknown = sorted(set(tables) - set(selected))
@@ -143,7 +143,7 @@ def verify_tables(
             raise ConfigError(f"{unknown} are not captured tables; choose among {selected}")
         selected = [t for t in selected if t in tables]
     router = Router.from_config(config)
-    access = _SOURCE_ACCESS[capture.database.kind]()
+    access = _SOURCE_ACCESS[config.capture.database.kind]()
     conn = access.connect(config)
     try:
         return VerifyReport([_verify_one(config, spark, conn, router, name, samples, access) for name in selected])
@@ -181,7 +181,7 @@ _SOURCE_ACCESS: dict[str, Callable[[], _SourceAccess]] = {"postgresql": _postgre
 
 
 def _pg_connect(config: PipelineConfig) -> Any:
-    db = config.require_capture("verify").database
+    db = config.capture.database
     conn = psycopg2.connect(
         host=db.host, port=db.port, dbname=db.dbname, user=db.user,
         password=db.password.get_secret_value() if db.password else None,
@@ -194,7 +194,7 @@ def _verify_one(config: PipelineConfig, spark: SparkSession, conn, router: Route
                 access: _SourceAccess) -> TableVerification:
     parsed = SourceTableName.parse(name)
     schema, table = parsed.schema, parsed.table
-    topic = config.require_capture("verify").topic(parsed)
+    topic = config.capture.topic(parsed)
     _, lake_name = router.route(topic)
     result = TableVerification(source_table=name, lake_table=str(lake_name))
     columns = access.columns(conn, schema, table)
@@ -285,7 +285,6 @@ def _primary_key(conn, schema: str, table: str) -> list[str]:
 
 def _source_expression(column: _SourceColumn) -> pgsql.Composable:
     ident = pgsql.Identifier(column.name)
-    out: pgsql.Composable
     kind = column.data_type
     if kind in _INT_TYPES:
         out = pgsql.SQL("{}::int8").format(ident)
@@ -356,7 +355,7 @@ def _canonical(column: _SourceColumn, value: Column, lake_type: Any, side: str) 
 
 def _read_source(config: PipelineConfig, spark: SparkSession, conn, schema: str, table: str,
                  columns: list[_SourceColumn]) -> DataFrame:
-    db = config.require_capture("verify").database
+    db = config.capture.database
     query = pgsql.SQL("SELECT {} FROM {}").format(
         pgsql.SQL(", ").join(_source_expression(c) for c in columns), pgsql.Identifier(schema, table)
     ).as_string(conn)
@@ -401,7 +400,7 @@ def _compare(result: TableVerification, columns: list[Any], keys: list[str], has
             if side == "lake" and matched is None:
                 values.append(F.lit(None).cast("string"))
                 continue
-            position = i if side == "source" or matched is None else matched[0]
+            position = i if side == "source" else matched[0]
             values.append(canonical(c, F.col(f"{side[0]}{position}"), lake_field.dataType if lake_field else None,
                                     side))
         names = [c.name for c in columns]
@@ -452,7 +451,7 @@ def _key_display(keys: list[str], key_cols: list[str]) -> Column:
     from pyspark.sql import functions as F
 
     parts = []
-    for i, (name, col) in enumerate(zip(keys, key_cols, strict=True)):
+    for i, (name, col) in enumerate(zip(keys, key_cols)):
         prefix = ("," if i else "") + name + "="
         parts.append(F.concat(F.lit(prefix), F.coalesce(F.col(col), F.lit("NULL"))))
     return F.concat(*parts)

@@ -14,7 +14,7 @@ import pyarrow.parquet  # noqa: F401
 from confluent_kafka import Consumer  # noqa: F401
 from pyspark.daemon import manager
 
-import lakestream.sink.task  # noqa: F401
+import lakestream.sink.write.task  # noqa: F401
 
 if __name__ == "__main__":
     manager()

@@ -21,7 +21,7 @@ from lakestream.capture.handover import handover_properties, seed_offsets
 from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
 from lakestream.kafka_access import check_access, refusals_raised
 from lakestream.config import PipelineConfig
-from lakestream.jvm_helper import capture_jar, confluent_avro_jars, debezium_jars
+from lakestream.jvm_jars import capture_jar, confluent_avro_jars, debezium_jars
 from lakestream.errors import CaptureError, ConfigError
 from lakestream.signals import install_stop_signals
 

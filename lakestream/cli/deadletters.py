@@ -1,5 +1,5 @@
 """`lakestream dead-letters list|summary|replay PIPELINE_YAML`: work the dead-letter table (a thin
-shell over `lakestream.sink.replay`)."""
+shell over `lakestream.sink.deadletters.replay`)."""
 from __future__ import annotations
 
 import argparse
@@ -57,8 +57,11 @@ def _coordinates(values: list[str]) -> list[tuple[str, int, int]]:
 
 def _dead_letters(args: argparse.Namespace) -> int:
     from lakestream.cli.sql import plain_value, print_table
-    from lakestream.sink.replay import (
-        DeadLetterFilter, list_dead_letters, replay_dead_letters, summarize_dead_letters,
+    from lakestream.sink.deadletters.replay import (
+        DeadLetterFilter,
+        list_dead_letters,
+        replay_dead_letters,
+        summarize_dead_letters,
     )
     from lakestream.spark import session_for
 

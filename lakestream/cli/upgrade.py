@@ -17,7 +17,7 @@ def register(subparsers) -> None:
 
 def func(args: argparse.Namespace) -> int:
     from lakestream.identifiers import quote, validate_identifier
-    from lakestream.sink.upgrade import upgrade_table
+    from lakestream.sink.catalog.upgrade import upgrade_table
     from lakestream.spark import session_for
 
     config = load_config(args.pipeline)

@@ -18,6 +18,7 @@ import orjson
 
 from lakestream.config import PipelineConfig
 from lakestream.dashboard.state import DEFAULT_HISTORY_S, BatchLog, collect_dashboard
+from lakestream.errors import first_line
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -82,7 +83,7 @@ class DashboardServer:
             try:
                 self.refresh()
             except Exception as exc:  # noqa: BLE001 — keep serving the last good round; try again
-                log.error("dashboard round failed: %s", str(exc).splitlines()[0][:300])
+                log.error("dashboard round failed: %s", first_line(exc, 300))
             self._stop.wait(max(0.5, self.interval_s - (time.monotonic() - started)))
 
     def start(self) -> DashboardServer:

@@ -18,6 +18,7 @@ import orjson
 from lakestream.config import HealthThresholds, PipelineConfig
 from lakestream.dashboard.charts import freshness_figure, lag_figure, partition_files_figure, throughput_figure
 from lakestream.engine.freshness import freshness_of_batches
+from lakestream.errors import first_line
 from lakestream.health.model import HealthReport
 from lakestream.inspection import TableMetrics
 
@@ -198,7 +199,7 @@ def collect_dashboard(
     try:
         dead_letters = count_dead_letters(spark, config)
     except Exception as exc:  # noqa: BLE001 — the rest of the page is still worth showing
-        log.error("dead letters could not be counted: %s", str(exc).splitlines()[0][:300])
+        log.error("dead letters could not be counted: %s", first_line(exc, 300))
         dead_letters = {}
     batches = (batch_log or BatchLog(metrics_path(config))).read()
     since_ms = report.collected_ms - int(history_s * 1000)

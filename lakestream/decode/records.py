@@ -14,7 +14,7 @@ from lakestream.decode.envelope import (
     MESSAGE, TRUNCATE, Columns, SchemaCache, decode_debezium, decode_json_event, source_position,
 )
 from lakestream.errors import DecodeError, MissingKey, UnroutableRecord
-from lakestream.sink.router import Router
+from lakestream.sink.write.routing import Router
 
 
 @dataclass(slots=True)
@@ -79,7 +79,7 @@ class RecordDecoder:
         row = change.row
         if stream.mode == "upsert" and not stream.key_columns and change.key is None \
                 and stream.record_format == "debezium":
-            # A table without a primary key: its mirror is a multiset of rows (`sink.multiset`).
+            # A table without a primary key: its mirror is a multiset of rows (`lakestream.sink.index.keyless`).
             if change.op == "u" and change.old_row is None:
                 raise MissingKey("an update of a table without a primary key carries no old row, so the mirror "
                                  "cannot tell which row changed — fix: ALTER TABLE ... REPLICA IDENTITY FULL")
@@ -100,7 +100,7 @@ class RecordDecoder:
             if row.get(stream.dedupe_field) is None:
                 raise MissingKey(f"de-duplication field {stream.dedupe_field!r} is missing or null")
             key_cols = [stream.dedupe_field]
-        # The position too: a table that was keyless when its mirror was made stays a multiset (`sink.multiset`).
+        # The position too: a table that was keyless when its mirror was made stays a multiset (`lakestream.sink.index.keyless`).
         position = source_position(change.payload) if stream.mode == "upsert" else None
         return DecodedRecord(str(table), stream, change.op, key_cols, row, change.unavailable, change.source_ts_ms,
                              change.columns, change.old_row, position)

@@ -262,8 +262,8 @@ def decode_events(records: RecordRun, table_schema: pa.Schema, key_columns: list
                       np.array(records.timestamps, np.int64))
 
 
-_EXACT_FLOAT_INT = 2.0**53  # as lakestream.sink.convert's integer check
-_DEFAULT_KEY = b"lakestream.write-default"  # lakestream.sink.files.DEFAULT_KEY (no import of the sink here)
+_EXACT_FLOAT_INT = 2.0**53  # as lakestream.sink.write.convert's integer check
+_DEFAULT_KEY = b"lakestream.write-default"  # lakestream.sink.types.DEFAULT_KEY (no import of the sink here)
 _MICROS = {"io.debezium.time.MicroTimestamp": 1, "io.debezium.time.Timestamp": 1000,
            "org.apache.kafka.connect.data.Timestamp": 1000}
 _DATES = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
@@ -297,7 +297,7 @@ def _convert(value: pa.Array, field: _WireField, target: pa.DataType) -> pa.Arra
         fast = decimals_from_base64(value, target)
         if fast is not None:
             return fast
-    from lakestream.sink.convert import build_column
+    from lakestream.sink.write.convert import build_column
 
     convert = field.ftype.convert
     return build_column([None if v is None else convert(v) for v in value.to_pylist()], target)

@@ -22,11 +22,11 @@ import yaml
 from lakestream.capture.process import CaptureProcess
 from lakestream.config import PipelineConfig, parse_config
 from lakestream.demo.fraud import drop_namespace_tables, reset_database
-from lakestream.demo.runner import PipelineProcess, Step, wait_for_first_commit, example_stack, write_private_yaml
-from lakestream.demo.subscriptions import SubscriptionsWorkload, SubscriptionStats
+from lakestream.demo.runner import PipelineProcess, Step, example_stack, wait_for_first_commit, write_private_yaml
+from lakestream.demo.subscriptions import SubscriptionStats, SubscriptionsWorkload
 from lakestream.errors import LakestreamError
 from lakestream.identifiers import quote_table
-from lakestream.sink.offsets import TableOffsets
+from lakestream.sink.commit.offsets import TableOffsets
 from lakestream.source.kafka import TP, KafkaCluster
 from lakestream.stack import StackInfo, StackSettings
 

@@ -30,7 +30,7 @@ from lakestream.engine.loop import metrics_path
 from lakestream.errors import LakestreamError
 from lakestream.identifiers import quote, quote_table
 from lakestream.inspection import count_table_files
-from lakestream.sink.router import Router
+from lakestream.sink.write.routing import Router
 from lakestream.stack import Stack, StackInfo, StackSettings
 from lakestream.stack.models import CatalogKind, SourceKind, StorageKind
 

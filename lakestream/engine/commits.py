@@ -1,5 +1,5 @@
 """The commits of a micro-batch: each table's data files and deletion vectors with the offsets it consumed,
-in one snapshot per table (`lakestream.sink.committer.write_table`), retried on commit conflicts, in the
+in one snapshot per table (`lakestream.sink.commit.tables.write_table`), retried on commit conflicts, in the
 order the stages declare, with the tables that commit at their own cadence held until due.
 """
 from __future__ import annotations
@@ -8,22 +8,22 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, TypeVar
 
 from lakestream.config import PipelineConfig
 from lakestream.engine.isolation import Isolator, without
 from lakestream.engine.registry import TableRegistry
 from lakestream.errors import classify_failure, conflict_cause, first_line, is_infrastructure_failure
 from lakestream.faults import pause_point
+from lakestream.identifiers import TableName
 from lakestream.laps import Laps
 from lakestream.process.stage import commit_phases
-from lakestream.sink.committer import StaleIndex, TableCommit, TableWrite, write_table
-from lakestream.sink.files import delete_quietly
-from lakestream.sink.offsets import TableOffsets, commit_properties
+from lakestream.sink.commit.offsets import TableOffsets, commit_properties
+from lakestream.sink.commit.rewrites import commit_rewrite
+from lakestream.sink.commit.tables import StaleIndex, TableCommit, TableWrite, write_table
 from lakestream.sink.report import BatchReport, TableReport
-from lakestream.sink.rewrite import commit_rewrite
-from lakestream.sink.router import TableName
+from lakestream.sink.write.files import delete_quietly
 from lakestream.source.kafka import TP
 from lakestream.source.planner import OffsetRange
 
@@ -32,6 +32,15 @@ if TYPE_CHECKING:
     from lakestream.maintenance.compaction import PreparedRewrite
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Attempts of one table commit or one compaction commit. A retry follows a commit of another writer (a
+# compaction, maintenance, a second pipeline) or a key index behind its table: the index is refreshed by diff and
+# the deletes planned again, which is cheap, so a few quick retries (0.2 s, 0.4 s, ... apart) outlast a burst of
+# concurrent commits. Past five the contention is no burst: the batch fails and the loop retries it (a compaction
+# is reported as not committed), rather than spin.
+COMMIT_ATTEMPTS = 5
 
 
 class Committer:
@@ -53,6 +62,47 @@ class Committer:
         self.conflicts: list[tuple[str, str]] = []
         self.retries: list[str] = []
 
+    def retrying(self, name: str, commit: Callable[[TableWrite], T],
+                 settle: Callable[[TableWrite, str], T | None] | None = None, record: bool = True) -> T:
+        """``commit`` of table ``name`` on a fresh view of it (its index refreshed), up to `COMMIT_ATTEMPTS` times:
+        a `StaleIndex` (another writer committed since the index's snapshot) or a commit conflict is retried,
+        anything else raised. ``settle`` may end a conflict with a result (the commit had landed after all).
+        ``record``: the conflicts and repeated attempts count in the batch's result."""
+        spec = self.registry.specs[name]
+        table = TableName.parse(name)
+        ident = self.registry.catalog.ident(table.namespace, table.table)
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            write = TableWrite(ident, self.config.catalog.name, table, spec, self.registry.fresh_index(name, ident))
+            try:
+                return commit(write)
+            except StaleIndex as exc:
+                failure: Exception = exc
+                cause, text = "stale_index", str(exc)
+            except Exception as exc:  # noqa: BLE001 — classified by Java class below
+                found = conflict_cause(exc)
+                if found is None:
+                    raise
+                failure, cause, text = exc, found, first_line(exc)
+            if record:
+                self.conflicts.append((name, cause))
+            if attempt == COMMIT_ATTEMPTS:
+                raise failure
+            if cause == "stale_index":
+                log.info("table %s: %s; refreshing the key index", name, text)
+            else:
+                settled = settle(write, text) if settle is not None else None
+                if settled is not None:
+                    return settled
+                log.warning("table %s: commit conflict (attempt %d/%d), re-planning deletes: %s", name, attempt,
+                            COMMIT_ATTEMPTS, text[:200])
+                if write.index is not None:
+                    write.index.valid = False
+            if record:
+                self.retries.append(name)
+            if cause != "stale_index":
+                time.sleep(0.2 * attempt)
+        raise AssertionError("unreachable")
+
     def start_batch(self) -> None:
         self.conflicts, self.retries = [], []
 
@@ -65,42 +115,22 @@ class Committer:
         props = commit_properties(merged, self.config.name, self.batch_id(), changes.max_source_ts)
         if not changes.files and not changes.locations and not changes.truncates:
             return None  # nothing left to write (all dead letters): the offsets advance with the next commit
-        attempts = 5
         laps = Laps()
-        for attempt in range(1, attempts + 1):
-            write = TableWrite(ident, self.config.catalog.name, table, spec, self.registry.fresh_index(name, ident))
+
+        def commit(write: TableWrite) -> TableCommit:
             laps.lap("fresh_index")
-            try:
-                pause_point("commit.table.before")
-                done = write_table(self.spark, write, changes, props)
-                break
-            except StaleIndex as exc:
-                self.conflicts.append((name, "stale_index"))
-                if attempt == attempts:
-                    raise
-                log.info("table %s: %s; refreshing the key index", name, exc)
-                self.retries.append(name)
-                continue
-            except Exception as exc:  # noqa: BLE001 — classified by Java class below
-                cause = conflict_cause(exc)
-                if cause is None:
-                    raise
-                text = first_line(exc)
-                self.conflicts.append((name, cause))
-                if attempt == attempts:
-                    raise
-                if self.offsets.load(ident, refresh=True) == merged:
-                    log.info("table %s: commit had landed despite %s", name, text[:120])
-                    if write.index is not None:
-                        write.index.valid = False
-                    done = TableCommit("upsert" if spec.mode == "upsert" else "append", changes.count)
-                    break
-                log.warning("table %s: commit conflict (attempt %d/%d), re-planning deletes: %s", name, attempt,
-                            attempts, text[:200])
-                if write.index is not None:
-                    write.index.valid = False
-                self.retries.append(name)
-                time.sleep(0.2 * attempt)
+            pause_point("commit.table.before")
+            return write_table(self.spark, write, changes, props)
+
+        def landed(write: TableWrite, text: str) -> TableCommit | None:
+            if self.offsets.load(ident, refresh=True) != merged:
+                return None
+            log.info("table %s: commit had landed despite %s", name, text[:120])
+            if write.index is not None:
+                write.index.valid = False
+            return TableCommit("upsert" if spec.mode == "upsert" else "append", changes.count)
+
+        done = self.retrying(name, commit, settle=landed)
         laps.lap("write")
         pause_point("commit.table.landed")
         self.registry.persist_index(name)  # durable with the commit (a death before this: refreshed by diff)
@@ -193,36 +223,21 @@ class Committer:
             log.info("committed held file(s) of %s", ", ".join(f"{n} ({c.changes:,} rows)" for n, c in done.items()))
         return done
 
-    def commit_rewrite(self, prepared: PreparedRewrite) -> MaintenanceResult:
+    def commit_compaction(self, prepared: PreparedRewrite) -> MaintenanceResult:
         """Commit a compaction written beside ingestion (`lakestream.maintenance.compaction`), between two
         batches: the deletes since its start carried onto the new files, the key index moved with the rows
         and made durable. A failure is reported, never raised, unless the process cannot go on."""
         name = prepared.table
         result = prepared.result
         started = time.monotonic()
-        table = TableName.parse(name)
-        ident = self.registry.catalog.ident(table.namespace, table.table)
-        attempts = 3
         try:
-            for attempt in range(1, attempts + 1):
-                index = self.registry.fresh_index(name, ident)
-                write = TableWrite(ident, self.config.catalog.name, table, self.registry.specs[name], index)
-                try:
-                    done = commit_rewrite(self.spark, write, prepared)
-                    break
-                except StaleIndex:
-                    if attempt == attempts:
-                        raise
-                except Exception as exc:  # noqa: BLE001 — a conflict is retried on a fresh view, the rest below
-                    if conflict_cause(exc) is None or attempt == attempts:
-                        raise
-                    index.valid = False
+            done = self.retrying(name, lambda write: commit_rewrite(self.spark, write, prepared), record=False)
         except Exception as exc:  # noqa: BLE001 — maintenance never stops ingestion, unless nothing can go on
             if classify_failure(exc).kind in ("fatal", "config"):
                 raise
             # The new files stay until orphan removal: whether a failed commit landed is not always known.
             result.status = "conflict" if isinstance(exc, StaleIndex) or conflict_cause(exc) else "failed"
-            result.error = first_line(exc)[:300]
+            result.error = first_line(exc, 300)
             result.seconds = time.monotonic() - started
             log.warning("compaction of %s not committed: %s", name, result.error)
             return result

@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 from lakestream.engine.writejob import WriteJob
 from lakestream.errors import LakestreamError, first_line, is_infrastructure_failure
-from lakestream.sink.committer import TableCommit
+from lakestream.sink.commit.tables import TableCommit
 from lakestream.sink.report import BatchReport, DeadLetter, RangeEnd, TableReport
-from lakestream.sink.task import topic_table
+from lakestream.sink.write.task import topic_table
 from lakestream.source.kafka import TP
 from lakestream.source.planner import OffsetRange
 

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -18,10 +18,13 @@ from lakestream.engine.pipeline import Pipeline
 from lakestream.engine.result import BatchResult, describe_batch
 from lakestream.errors import ConfigError, Failure, FatalError, StoppedAfterFailures, classify_failure, first_line
 from lakestream.spark import jvm_alive
-from lakestream.storage import activate as activate_storage, storage_unreachable
+from lakestream.storage import activate as activate_storage
+from lakestream.storage import storage_unreachable
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from lakestream.maintenance.runner import InlineMaintenance
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +55,11 @@ def run_pipeline(
 
         engine_metrics = EngineMetrics(config.name)
         engine_metrics.serve(config.engine.metrics_port, config.engine.metrics_host)
-    maintain: Callable[..., Any] | None = None
+    maintenance: InlineMaintenance | None = None
     if config.maintenance.mode == "inline":
-        try:
-            from lakestream.maintenance.runner import maybe_maintain as maintain
-        except ImportError:
-            log.warning("inline maintenance requested but lakestream.maintenance is unavailable")
+        from lakestream.maintenance.runner import InlineMaintenance
+
+        maintenance = InlineMaintenance(pipeline.spark, config, metrics)
     failures = 0  # batches failed in a row
     others = 0  # of those, the ones not due to an outage
     outage_since: float | None = None  # when the current outage (a run of failures) began
@@ -99,7 +101,7 @@ def run_pipeline(
                 pipeline = Pipeline(config, pipeline.spark, last_batch_id=pipeline.batch_id)
                 continue
             idle = result is None or (result.advanced == 0 and not result.tables)
-            if result is None or idle:
+            if idle:
                 # Nothing new (a partition re-checked for records beyond a lagging watermark).
                 if stop_when_idle:
                     break
@@ -119,25 +121,23 @@ def run_pipeline(
                 remaining = config.fastest_commit_interval - (time.monotonic() - started)
                 if remaining > 0:
                     stop.wait(remaining)
-            if maintain is not None and not stop.is_set():
+            if maintenance is not None and not stop.is_set():
                 try:
                     # Beside ingestion, on the tables this pipeline writes (and those a policy names).
-                    for action in maintain(pipeline.spark, config, time.time(), own=set(pipeline.specs),
-                                           background=True, rewrite_specs=pipeline.compacted_here(),
-                                           pace=(metrics, None if result is None or idle else result.seconds)) or []:
+                    for action in maintenance.round(time.time(), own=set(pipeline.specs), background=True,
+                                                    rewrite_specs=pipeline.compacted_here(),
+                                                    batch_s=None if idle else result.seconds):
                         log.info("maintenance: %s", action)
                 except Exception as exc:  # noqa: BLE001 — maintenance must never stop ingestion
-                    log.error("maintenance round failed (next round as scheduled): %s", first_line(exc)[:300])
+                    log.error("maintenance round failed (next round as scheduled): %s", first_line(exc, 300))
                 if idle or batches_since_compaction >= COMPACTION_COMMIT_SPACING:
-                    if _commit_compactions(pipeline, config):
+                    if _commit_compactions(pipeline, maintenance):
                         batches_since_compaction = 0
     finally:
-        if maintain is not None:
-            from lakestream.maintenance.runner import finish_maintenance
-
-            finish_maintenance(config)
+        if maintenance is not None:
+            maintenance.finish()
             if jvm_alive(pipeline.spark):
-                _commit_compactions(pipeline, config, everything=True)
+                _commit_compactions(pipeline, maintenance, everything=True)
         _close(pipeline)
         if engine_metrics is not None:
             engine_metrics.close()
@@ -155,24 +155,22 @@ COMPACTION_ROWS_PER_COMMIT = 250_000
 COMPACTION_COMMIT_SPACING = 2
 
 
-def _commit_compactions(pipeline: Pipeline, config: PipelineConfig, everything: bool = False) -> bool:
+def _commit_compactions(pipeline: Pipeline, maintenance: InlineMaintenance, everything: bool = False) -> bool:
     """Commit (a share of, unless ``everything``) the compactions inline maintenance wrote beside the batches,
     between two batches: their commits never race; whether a pause was taken. Only a failure no retry can cure
     (a dead JVM) ends the process."""
-    from lakestream.maintenance.runner import record_commits, take_prepared
-
-    prepared = take_prepared(config, None if everything else COMPACTION_ROWS_PER_COMMIT)
+    prepared = maintenance.take_prepared(None if everything else COMPACTION_ROWS_PER_COMMIT)
     if not prepared:
         return False
     try:
-        results = pipeline.commit_rewrites(prepared)
+        results = pipeline.commit_compactions(prepared)
     except Exception as exc:  # noqa: BLE001 — classified just below
         if classify_failure(exc).kind in ("fatal", "config") or not jvm_alive(pipeline.spark):
             raise FatalError(f"committing a compaction failed and cannot be retried in this process "
                              f"({_failure_summary(exc)})") from exc
-        log.error("compaction commit failed (retried by a later round): %s", first_line(exc)[:300])
+        log.error("compaction commit failed (retried by a later round): %s", first_line(exc, 300))
         return True
-    record_commits(config, results)
+    maintenance.record_commits(results)
     return True
 
 
@@ -210,4 +208,4 @@ def _failure_summary(exc: BaseException) -> str:
             return text.splitlines()[0][:500]
         except Exception:  # noqa: BLE001 — the JVM itself may be what failed
             pass
-    return first_line(exc)[:300]
+    return first_line(exc, 300)

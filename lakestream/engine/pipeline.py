@@ -5,12 +5,12 @@ One `Pipeline.run_batch()` call is one micro-batch; `lakestream.engine.loop` rep
 the wiring; each job has its own home:
 
 - `positions`: where each partition is read from, and the plan of a batch;
-- `writejob`: the Spark job whose tasks read, decode, convert and write (`lakestream.sink.task`);
+- `writejob`: the Spark job whose tasks read, decode, convert and write (`lakestream.sink.write.task`);
 - `isolation`: bisecting around a record that makes a write or a commit fail;
 - `registry`: the tables' specs, key indexes, transforms, and their creation and evolution;
 - `commits`: each table's commit with its offsets, retries, commit order and held tables;
 - `prefetch`: the next batch's job, started while this one commits;
-- `lakestream.sink.deadletter`: the dead-letter table; `lakestream.process.stage`: the stages' contract;
+- `lakestream.sink.deadletters.table`: the dead-letter table; `lakestream.process.stage`: the stages' contract;
 - `result`: what a batch did (`BatchResult`).
 """
 from __future__ import annotations
@@ -34,12 +34,12 @@ from lakestream.process.alerts import AlertStage
 from lakestream.process.materialize import MaterializeStage
 from lakestream.process.stage import Stage, StageContext
 from lakestream.process.windows import WindowStage
-from lakestream.sink.deadletter import DeadLetterWriter
-from lakestream.sink.files import delete_quietly
-from lakestream.sink.offsets import BATCH_PROPERTY, PIPELINE_PROPERTY, TableOffsets
+from lakestream.sink.catalog.schema import TableManager
+from lakestream.sink.commit.offsets import BATCH_PROPERTY, PIPELINE_PROPERTY, TableOffsets
+from lakestream.sink.deadletters.table import DeadLetterWriter
 from lakestream.sink.report import BatchReport, TableReport
-from lakestream.sink.router import Router
-from lakestream.sink.schema import TableManager
+from lakestream.sink.write.files import delete_quietly
+from lakestream.sink.write.routing import Router
 from lakestream.source.kafka import KafkaCluster
 from lakestream.source.planner import OffsetRange
 
@@ -129,16 +129,15 @@ class Pipeline:
         self.registry.refresh_references()
 
     def compacted_here(self) -> dict[str, Any]:
-        """The tables whose compaction this pipeline commits itself (`commit_rewrites`): its upsert mirrors
+        """The tables whose compaction this pipeline commits itself (`commit_compactions`): its upsert mirrors
         with a key index; their specs."""
-        from lakestream.sink.disk_index import DiskKeyIndex
-
+        indexes = self.registry.indexes
         return {name: spec for name, spec in self.registry.specs.items()
-                if spec.mode == "upsert" and spec.keyed and isinstance(self.registry.indexes.get(name), DiskKeyIndex)}
+                if spec.kind == "mirror" and name in indexes and indexes[name].keyed}
 
-    def commit_rewrites(self, prepared: list[Any]) -> list[Any]:
+    def commit_compactions(self, prepared: list[Any]) -> list[Any]:
         """Commit compactions written beside the batches (`lakestream.maintenance.compaction`), one by one."""
-        return [self.committer.commit_rewrite(p) for p in prepared if p.table in self.registry.specs]
+        return [self.committer.commit_compaction(p) for p in prepared if p.table in self.registry.specs]
 
     def reads(self) -> dict[str, set[str]]:
         """Each table computed from others in this pipeline → those tables (it commits before them)."""

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from lakestream.config import PipelineConfig
 from lakestream.engine.registry import TableRegistry
 from lakestream.errors import DecodeError
-from lakestream.sink.offsets import TableOffsets
+from lakestream.sink.commit.offsets import TableOffsets
 from lakestream.sink.report import BatchReport
-from lakestream.sink.router import Router
-from lakestream.sink.task import replay_from
+from lakestream.sink.write.routing import Router
+from lakestream.sink.write.task import reread_from
 from lakestream.source.kafka import TP, KafkaCluster, consumer_lag
 from lakestream.source.planner import OffsetRange, plan_offset_ranges
 
@@ -116,8 +116,8 @@ class Positions:
         start = self.offsets.load(self.registry.catalog.ident(name.namespace, name.table)).get(tp, log_start)
         # A held output may have committed less of this partition than its input: read from there, and the
         # input skips what it holds already.
-        return replay_from(self.registry.derived.get(str(name), ()), self.registry.specs, self.registry.cadence.intervals, tp,
-                           start, log_start)
+        return reread_from(self.registry.derived.get(str(name), ()), self.registry.specs,
+                           self.registry.cadence.intervals, tp, start, log_start)
 
     def advance(self, report: BatchReport) -> int:
         """Move past what the batch read; how many offsets that advanced (tombstones and skipped records too)."""

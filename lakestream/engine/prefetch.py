@@ -15,8 +15,8 @@ from lakestream.engine.positions import Positions
 from lakestream.engine.registry import TableRegistry
 from lakestream.engine.writejob import WriteJob
 from lakestream.errors import first_line, is_infrastructure_failure
-from lakestream.sink.files import delete_quietly
 from lakestream.sink.report import BatchReport
+from lakestream.sink.write.files import delete_quietly
 from lakestream.source.kafka import TP
 from lakestream.source.planner import OffsetRange
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,32 +16,27 @@ from typing import TYPE_CHECKING
 
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.engine.cadence import Cadence
-from lakestream.errors import ConfigError, LakestreamError, first_line
-from lakestream.identifiers import validate_identifier
+from lakestream.errors import ConfigError, LakestreamError
+from lakestream.identifiers import TableName, topic_parts, validate_identifier
 from lakestream.process.reference import ReferenceCache, ReferenceData
 from lakestream.process.transform import Derived, empty_input, output_columns, reference_views, run_transform
-from lakestream.sink.disk_index import DiskKeyIndex
-from lakestream.sink.index import is_integer_key
-from lakestream.sink.index_store import IndexStore, refresh_by_diff, rows_to_follow, snapshot_changes, store_location
-from lakestream.sink.multiset import KeylessIndex
-from lakestream.sink.offsets import TableOffsets
-from lakestream.sink.report import NewShape
-from lakestream.sink.router import TableName, topic_parts
-from lakestream.sink.schema import (
+from lakestream.sink.catalog.schema import (
     DEFAULT_TABLE_PROPERTIES, Shape, TableManager, dropped_column_statements, merged_columns, reconcile, unusable_shape,
     widen_to_string_statements,
 )
-from lakestream.sink.task import TableSpec
+from lakestream.sink.commit.offsets import TableOffsets
+from lakestream.sink.index.disk import DiskKeyIndex
+from lakestream.sink.index.keyless import KeylessIndex
+from lakestream.sink.index.keys import is_integer_key
+from lakestream.sink.index.refresh import refresh_keyed, refresh_keyless
+from lakestream.sink.index.store import IndexStore, store_location
+from lakestream.sink.report import NewShape
+from lakestream.sink.spec import TableSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
-
-# Above this many rows added since the key index's snapshot (and above its own size), the index is built again
-# on the executors instead of following the diff on the driver.
-DIFF_ROWS_MAX = 2_000_000
-
 
 class TableRegistry:
     """Specs, key indexes and transforms of every table this pipeline writes, and their preparation."""
@@ -97,7 +91,7 @@ class TableRegistry:
                       topic: str | None = None) -> None:
         """Create or evolve ``name`` so every compatible shape can be written; reject the others.
         Then the same for the tables of its stream's transforms."""
-        from lakestream.sink.files import create_table, table_info
+        from lakestream.sink.catalog.sink import create_table, table_info
 
         table_name = TableName.parse(name)
         ns, tbl = table_name.namespace, table_name.table
@@ -254,11 +248,9 @@ class TableRegistry:
                 list(pool.map(lambda item: self.prepare_table(*item), todo))
 
     def fresh_index(self, name: str, ident: str) -> DiskKeyIndex | KeylessIndex | None:
-        """The table's key index: as it is while valid (the commit checks it still describes the table's
-        current snapshot); else brought to the current snapshot from where it is exact (in memory, or as
-        durable beside the table: `lakestream.sink.index_store`) by the diff of the snapshots since, or
-        rebuilt from a scan when no such starting point exists."""
-        from lakestream.sink.files import table_info
+        """The table's index: as it is while valid (the commit checks it still describes the table's current
+        snapshot); else brought to the current snapshot by the one refresh policy (`lakestream.sink.index.refresh`)."""
+        from lakestream.sink.catalog.sink import table_info
 
         index = self.indexes.get(name)
         if index is None or index.valid:
@@ -269,66 +261,18 @@ class TableRegistry:
         if info.get("uuid") != index.table_uuid:  # dropped and created again since the table was prepared
             index.table_uuid = info.get("uuid")
             index.snapshot_id = None
+        fresh: DiskKeyIndex | KeylessIndex
         if isinstance(index, KeylessIndex):
-            saved = KeylessIndex.load(self.index_path(name), True, current, (), index.table_uuid)
-            if saved is not None:
-                log.info("table %s: keyless index loaded as saved at snapshot %s (%d rows)", name, current, len(saved))
-                saved.schema = index.schema
-                self.indexes[name] = saved
-                return saved
-            index.rebuild(self.spark, ident, self.specs[name].key_columns, current)
-            return index
-        started = time.monotonic()
-        store = self.index_stores.get(name)
-        if store is None or store.location != store_location(info["location"]):
-            store = self.index_stores[name] = IndexStore(store_location(info["location"]))
-        key_columns = tuple(self.specs[name].key_columns)
-        start: DiskKeyIndex | None = None
-        if index.snapshot_id is not None and index.key_columns == key_columns:
-            start, origin = index, "memory"  # exact at its snapshot (a commit of another writer came between)
+            fresh = refresh_keyless(self.spark, ident, index, current, self.index_path(name))
         else:
-            index.key_columns = key_columns
-            try:
-                start, origin = store.load(index), "durable state"
-            except (OSError, ValueError) as exc:
-                log.warning("table %s: durable key index unreadable (%s); rebuilding", name, exc)
-        if start is not None and start.snapshot_id != current and current is not None:
-            try:
-                changes = snapshot_changes(self.spark, self.config.catalog.name, table.namespace, table.table,
-                                           start.snapshot_id)
-                listed_s = time.monotonic() - started
-                moved = rows_to_follow(changes)
-                if not changes["ancestor"] or changes.get("unsupported"):
-                    log.info("table %s: the key index's snapshot %s is %s; rebuilding", name, start.snapshot_id,
-                             "not an ancestor of the current one" if not changes["ancestor"]
-                             else "followed by deletes it cannot follow (equality deletes)")
-                    start = None
-                elif moved > max(DIFF_ROWS_MAX, start.base_rows):
-                    # A backfill (or a rewrite) bigger than the index itself: read on the driver it would all sit
-                    # in the overlay; a build on the executors keeps the driver's memory bounded.
-                    log.info("table %s: %d rows added or removed since the key index's snapshot; building it "
-                             "again on the executors", name, moved)
-                    start = None
-                else:
-                    stats = refresh_by_diff(start, changes)
-                    log.info("table %s: key index refreshed by diff from %s: %d snapshot(s) (%d compaction(s)), %d "
-                             "file(s) read, %d row(s) added, %d entr(ies) dropped, %d deleted position(s) listed, "
-                             "%.2fs (loading and listing %.2fs)", name, origin, stats["snapshots"],
-                             stats["compactions"], stats["files_read"], stats["rows_added"], stats["entries_dropped"],
-                             changes.get("positions_listed", 0), time.monotonic() - started, listed_s)
-            except (OSError, ValueError, KeyError) as exc:
-                log.warning("table %s: key index refresh by diff failed (%s); rebuilding", name, first_line(exc))
-                start = None
-        elif start is not None and current is None:
-            start = None  # the table has no snapshot (rolled back to empty): nothing to follow
-        if start is None:
-            index.build_root = store.location
-            index.rebuild(self.spark, ident, list(key_columns), current)
-            start = index
-        start.valid, start.snapshot_id = True, current
-        self.indexes[name] = start
+            store = self.index_stores.get(name)
+            if store is None or store.location != store_location(info["location"]):
+                store = self.index_stores[name] = IndexStore(store_location(info["location"]))
+            fresh = refresh_keyed(self.spark, self.config.catalog.name, table.namespace, table.table, ident, index,
+                                  store, tuple(self.specs[name].key_columns), current)
+        self.indexes[name] = fresh
         self.persist_index(name)
-        return start
+        return fresh
 
     def persist_index(self, name: str) -> None:
         """Make the table's key index durable as it is now (after each commit): a delta, or a new base. A

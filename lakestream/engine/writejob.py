@@ -1,5 +1,5 @@
 """The write job of a micro-batch: one Spark job whose tasks read their offset ranges, decode, convert
-and write data files (`lakestream.sink.task`), returning small typed facts (`lakestream.sink.report`).
+and write data files (`lakestream.sink.write.task`), returning small typed facts (`lakestream.sink.report`).
 
 Also the driver-side runs of the same task: small parts of a batch being bisected, and the probe that
 creates a batch's new tables from their first records before the job runs.
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from lakestream.engine.registry import TableRegistry
 from lakestream.errors import first_line, is_infrastructure_failure
 from lakestream.sink.report import BatchReport
-from lakestream.sink.router import Router
-from lakestream.sink.task import WriteContext, run_write_task, topic_table
+from lakestream.sink.write.routing import Router
+from lakestream.sink.write.task import WriteContext, run_write_task, topic_table
 from lakestream.source.planner import OffsetRange, pack_ranges
 
 if TYPE_CHECKING:

@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from lakestream.config import PipelineConfig
+from lakestream.errors import first_line
 from lakestream.health.checks import Alert, compaction_lag_s, evaluate
 from lakestream.health.history import record_health
 from lakestream.health.model import HealthReport
@@ -39,8 +40,8 @@ def collect_health(
                 spark, config.catalog.name, name, policy, kafka=config.kafka if measure_lag else None, now_ms=now_ms
             )
         except Exception as exc:  # a table dropped mid-round or unreadable metadata: report it, go on
-            log.error("health of %s could not be collected: %s", name, str(exc).splitlines()[0][:300])
-            metrics = TableMetrics(table=name, collected_ms=now_ms, error=str(exc).splitlines()[0][:300])
+            log.error("health of %s could not be collected: %s", name, first_line(exc, 300))
+            metrics = TableMetrics(table=name, collected_ms=now_ms, error=first_line(exc, 300))
         report.tables.append(metrics)
         report.compaction_lag_s[name] = compaction_lag_s(metrics, policy.compaction)
         report.alerts.extend(evaluate(metrics, config.health.thresholds, policy.compaction))

@@ -17,7 +17,8 @@ from urllib.parse import urlparse
 
 from lakestream.beside import BACKGROUND_NICE
 from lakestream.config import MaintenancePolicy
-from lakestream.errors import conflict_cause
+from lakestream.errors import conflict_cause, first_line
+from lakestream.identifiers import quote, quote_column, quote_table, sql_string
 from lakestream.inspection import (
     METADATA_DELETE_AFTER_COMMIT,
     METADATA_PREVIOUS_VERSIONS_MAX,
@@ -27,8 +28,7 @@ from lakestream.inspection import (
     format_bytes,
     split_table_name,
 )
-from lakestream.identifiers import quote, quote_column, quote_table, sql_string
-from lakestream.sink.index_store import own_location
+from lakestream.sink.index.store import own_location
 from lakestream.storage import lists_through_file_io
 
 if TYPE_CHECKING:
@@ -99,15 +99,6 @@ def is_commit_conflict(exc: BaseException) -> bool:
     return conflict_cause(exc) is not None
 
 
-def _short_error(exc: BaseException) -> str:
-    text = str(exc).strip()
-    for line in text.splitlines():
-        if "Exception" in line or "Error" in line:
-            # py4j prefixes the JVM message with ": " on its own line.
-            return line.strip().removeprefix(": ")[:400]
-    return text[:400]
-
-
 def _procedure(catalog: str, name: str) -> str:
     return f"{quote(catalog, 'catalog')}.system.{name}"
 
@@ -132,7 +123,7 @@ def _run(result: MaintenanceResult, started: float, call, log_result: bool = Tru
     try:
         call()
     except Exception as exc:  # py4j wraps every JVM failure; classify rather than crash the round
-        result.error = _short_error(exc)
+        result.error = first_line(exc, 400)
         if is_commit_conflict(exc):
             result.status = "conflict"
             log.warning("%s %s lost a commit race; retrying next round: %s", result.action, result.table, result.error)

@@ -8,7 +8,7 @@ group of files, the batches keep adding deletion vectors to those files, and its
    read, at the table's current snapshot S0, the positions already deleted in each.
 2. `run_rewrite` (executors, beside the batches): one task per group reads its files in order, leaves out
    the rows deleted at S0 and writes their live rows as one data file, with the rows' index keys.
-3. The pipeline, between two batches (`lakestream.sink.rewrite`), reads the positions deleted in the
+3. The pipeline, between two batches (`lakestream.sink.commit.rewrites`), reads the positions deleted in the
    inputs now, carries those deleted since S0 onto the new file (row ``p`` of input ``i`` is row
    ``offset(i) + p - |deleted at S0 before p|`` of the output), commits one ``replace`` snapshot, and
    moves the key index with the rows. Nothing races: the batches commit from the same thread.
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.config import CompactionPolicy
-    from lakestream.sink.task import TableSpec
+    from lakestream.sink.spec import TableSpec
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +177,8 @@ def prepare_rewrite(spark: SparkSession, catalog: str, name: str, partitions: li
                     policy: CompactionPolicy, jtable: Any = None) -> PreparedRewrite | None:
     """The groups to rewrite in ``partitions`` (`plan_groups`) and the rows deleted in their files at the current
     snapshot; None when there is nothing worth rewriting. ``jtable``: the table as the caller just loaded it."""
-    from lakestream.sink.files import deleted_positions
-    from lakestream.sink.lineage import file_lineage
+    from lakestream.sink.catalog.sink import deleted_positions
+    from lakestream.sink.commit.lineage import file_lineage
 
     table = TableName.parse(name)
     started = time.monotonic()
@@ -250,9 +250,9 @@ def _write_group(group: RewriteGroup, data_location: str, schema: pa.Schema, key
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lakestream.sink.files import write_data_file
-    from lakestream.sink.index import index_keys
-    from lakestream.sink.lineage import lineage_columns, lineage_fields
+    from lakestream.sink.commit.lineage import lineage_columns, lineage_fields
+    from lakestream.sink.index.keys import index_keys
+    from lakestream.sink.write.files import write_data_file
     from lakestream.storage import filesystem_path, use_options
 
     use_options(storage)
@@ -295,7 +295,7 @@ def file_row_lineage(rows: pa.Table, first_row_id: int | None, sequence: int | N
     """Each row's ``_row_id`` and ``_last_updated_sequence_number`` in a data file (``rows``, all of it):
     the file's explicit value, else ``first_row_id`` + position and the file's data sequence number (-1 where
     neither is known)."""
-    from lakestream.sink.lineage import UNKNOWN, read_lineage
+    from lakestream.sink.commit.lineage import UNKNOWN, read_lineage
 
     n = rows.num_rows
     ids = np.full(n, UNKNOWN, np.int64) if first_row_id is None else first_row_id + np.arange(n, dtype=np.int64)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from lakestream.beside import BACKGROUND_NICE, lower_jit_compilers, release_slot, take_slot
 from lakestream.config import PipelineConfig
+from lakestream.errors import first_line
 from lakestream.faults import pause_point
 from lakestream.inspection import collect_table_metrics, format_bytes, list_tables, load_java_table
 from lakestream.maintenance.actions import (
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.maintenance.compaction import PreparedRewrite
-    from lakestream.sink.task import TableSpec
+    from lakestream.sink.spec import TableSpec
 
 log = logging.getLogger(__name__)
 
@@ -270,8 +271,8 @@ class MaintenanceScheduler:
                 if orphans:
                     self.last_orphan_scan_s[name] = now_s
             except Exception as exc:  # one broken table (dropped mid-round, corrupt metadata) must not stop the rest
-                log.error("maintenance of %s failed: %s", name, str(exc).splitlines()[0][:300])
-                results.append(MaintenanceResult(table=name, action="round", status="failed", error=str(exc).splitlines()[0][:300]))
+                log.error("maintenance of %s failed: %s", name, first_line(exc, 300))
+                results.append(MaintenanceResult(table=name, action="round", status="failed", error=first_line(exc, 300)))
         # Measured from the round's end: a round longer than interval_s must not run back to back inline.
         self.last_round_s = now_s + (time.monotonic() - wall_started)
         if not dry_run:
@@ -307,7 +308,7 @@ def watch(
             results = scheduler.run_round(spark, tables, dry_run=dry_run, now_s=started)
         except Exception as exc:  # noqa: BLE001 — e.g. the catalog restarting: the next round tries again
             log.error("maintenance round failed (next round in %.0fs): %s", config.maintenance.interval_s,
-                      str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+                      first_line(exc, 300))
             results = []
         rounds += 1
         log.info("maintenance round %d: %d action(s) in %.1fs", rounds, len(results), time.time() - started)
@@ -316,116 +317,105 @@ def watch(
         stop.wait(max(0.0, config.maintenance.interval_s - (time.time() - started)))
 
 
-_inline_schedulers: dict[int, MaintenanceScheduler] = {}
+class InlineMaintenance:
+    """Inline maintenance (``maintenance.mode: inline``) of one pipeline, owned by its loop: a round between batches
+    when ``interval_s`` has passed, or beside them on a thread (`round`); the compactions those rounds wrote for the
+    pipeline to commit (`take_prepared`, `record_commits`); the wait for a round in progress at close (`finish`).
 
+    ``metrics``: the pipeline's metrics log; given, the first round of the process waits for its batches to settle
+    (`Settling`). Beside ingestion the round's Spark jobs run in the ``maintenance`` scheduler pool (FAIR: a
+    batch's tasks take the next free slot instead of queueing behind the round's)."""
 
-class _Background:
-    """The inline round running beside ingestion, and the results of the last one finished."""
-
-    def __init__(self) -> None:
-        self.thread: threading.Thread | None = None
-        self.finished: list[MaintenanceResult] | None = None
+    def __init__(self, spark: SparkSession, config: PipelineConfig, metrics: Path | None = None):
+        self.spark = spark
+        self.config = config
+        self.scheduler = MaintenanceScheduler(config, resume=True)
+        if metrics is not None:
+            self.scheduler.wait_for_settled_batches(metrics)
+        self.paced = metrics is not None
+        self.thread: threading.Thread | None = None  # the round running beside ingestion
+        self.finished: list[MaintenanceResult] | None = None  # the results of the last round finished there
         self.lock = threading.Lock()
         self.jit_lowered = False  # the driver JVM's JIT compilers lowered at the first round (`lower_jit_compilers`)
 
+    def round(self, now: float | None = None, own: set[str] | None = None, background: bool = False,
+              rewrite_specs: dict[str, TableSpec] | None = None, batch_s: float | None = None
+              ) -> list[MaintenanceResult]:
+        """A round if ``interval_s`` has passed; its results, which never raise: conflicts with the engine's own
+        commits are reported and retried on a later round.
 
-_background: dict[int, _Background] = {}
-
-
-def maybe_maintain(spark: SparkSession, config: PipelineConfig, now: float | None = None, own: set[str] | None = None,
-                   background: bool = False, rewrite_specs: dict[str, TableSpec] | None = None,
-                   pace: tuple[Path, float | None] | None = None) -> list[MaintenanceResult]:
-    """The engine's between-batches hook: a round when ``maintenance.mode`` is inline and interval_s has passed.
-
-    ``now`` is epoch seconds (default: the clock). ``own``: the tables the pipeline writes — the round then
-    keeps to them and to tables a policy names explicitly (`select_tables`). With ``background`` the round
-    runs on a thread beside ingestion (its commits meet the pipeline's only through the normal commit-conflict
-    handling: a stale key index is refreshed by diff, a conflicting compaction is retried next round); the
-    call returns at once with the results of the round that finished since the last call ([] if none).
-    Without it the round runs here and its results are returned. Results never raise: conflicts with the
-    engine's own commits are reported and retried on a later round. ``rewrite_specs``: the pipeline's upsert
-    mirrors, whose compaction is written by the round and committed by the pipeline (`take_prepared`).
-    ``pace``: the pipeline's metrics log and the time of the batch just run (None after a poll that found
-    nothing): the first round of the process waits for its batches to settle (`Settling`).
-    Beside ingestion the round's Spark jobs run in the ``maintenance`` scheduler pool (FAIR: a batch's
-    tasks take the next free slot instead of queueing behind the round's).
-    """
-    if config.maintenance.mode != "inline":
-        return []
-    now = now if now is not None else time.time()
-    scheduler = _inline_schedulers.get(id(config))
-    if scheduler is None or scheduler.config is not config:
-        scheduler = _inline_schedulers[id(config)] = MaintenanceScheduler(config, resume=True)
-        if pace is not None:
-            scheduler.wait_for_settled_batches(pace[0])
-    if pace is not None:
-        scheduler.observe_batch(pace[1])
-    if not background:
-        if not scheduler.due(now):
+        ``now`` is epoch seconds (default: the clock). ``own``: the tables the pipeline writes — the round then
+        keeps to them and to tables a policy names explicitly (`select_tables`). With ``background`` the round
+        runs on a thread beside ingestion (its commits meet the pipeline's only through the normal commit-conflict
+        handling: a stale key index is refreshed by diff, a conflicting compaction is retried next round); the
+        call returns at once with the results of the round that finished since the last call ([] if none).
+        ``rewrite_specs``: the pipeline's upsert mirrors, whose compaction is written by the round and committed by
+        the pipeline (`take_prepared`). ``batch_s``: the time of the batch just run (None after a poll that found
+        nothing), for the settling of a paced first round.
+        """
+        if self.config.maintenance.mode != "inline":
             return []
-        return scheduler.run_round(spark, now_s=now, own=own, rewrite_specs=rewrite_specs)
-    state = _background.setdefault(id(config), _Background())
-    with state.lock:
-        done, state.finished = state.finished or [], None
-        if state.thread is not None and state.thread.is_alive():
-            return done
-        if not scheduler.due(now):
-            return done
-        if not state.jit_lowered:
-            state.jit_lowered = True
-            lowered = lower_jit_compilers(jvm_pid(spark))
-            log.info("the driver JVM's %d JIT compiler thread(s) at nice %d from this first round on", lowered,
-                     BACKGROUND_NICE)
-        if not take_slot():  # a key index merge runs beside the batches: the round waits for a later pause
-            return done
-
-        specs = dict(rewrite_specs or {})
-
-        def run() -> None:
-            spark.sparkContext.setLocalProperty("spark.scheduler.pool", MAINTENANCE_POOL)
+        now = now if now is not None else time.time()
+        scheduler = self.scheduler
+        if self.paced:
+            scheduler.observe_batch(batch_s)
+        if not background:
+            if not scheduler.due(now):
+                return []
+            return scheduler.run_round(self.spark, now_s=now, own=own, rewrite_specs=rewrite_specs)
+        with self.lock:
+            done, self.finished = self.finished or [], None
+            if self.thread is not None and self.thread.is_alive():
+                return done
+            if not scheduler.due(now):
+                return done
+            if not self.jit_lowered:
+                self.jit_lowered = True
+                lowered = lower_jit_compilers(jvm_pid(self.spark))
+                log.info("the driver JVM's %d JIT compiler thread(s) at nice %d from this first round on", lowered,
+                         BACKGROUND_NICE)
+            if not take_slot():  # a key index merge runs beside the batches: the round waits for a later pause
+                return done
+            self.thread = threading.Thread(target=self._run_beside, name="lakestream-maintenance", daemon=True,
+                                           args=(now, set(own) if own is not None else None, dict(rewrite_specs or {})))
             try:
-                results = scheduler.run_round(spark, now_s=now, own=set(own) if own is not None else None,
-                                              rewrite_specs=specs)
-            except Exception as exc:  # noqa: BLE001 — e.g. the catalog restarting: the next round tries again
-                log.error("maintenance round failed (next round as scheduled): %s",
-                          str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
-                scheduler.last_round_s = time.time()
-                results = []
-            finally:
+                self.thread.start()
+            except BaseException:
                 release_slot()
-            with state.lock:
-                state.finished = (state.finished or []) + results
+                raise
+        return done
 
-        state.thread = threading.Thread(target=run, name="lakestream-maintenance", daemon=True)
+    def _run_beside(self, now: float, own: set[str] | None, specs: dict[str, TableSpec]) -> None:
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", MAINTENANCE_POOL)
         try:
-            state.thread.start()
-        except BaseException:
+            results = self.scheduler.run_round(self.spark, now_s=now, own=own, rewrite_specs=specs)
+        except Exception as exc:  # noqa: BLE001 — e.g. the catalog restarting: the next round tries again
+            log.error("maintenance round failed (next round as scheduled): %s", first_line(exc, 300))
+            self.scheduler.last_round_s = time.time()
+            results = []
+        finally:
             release_slot()
-            raise
-    return done
+        with self.lock:
+            self.finished = (self.finished or []) + results
 
+    def take_prepared(self, max_rows: int | None = None) -> list[PreparedRewrite]:
+        """The compactions the rounds wrote and the pipeline has not committed yet (with ``max_rows``: a share of
+        them, `MaintenanceScheduler.take_prepared`)."""
+        return self.scheduler.take_prepared(max_rows)
 
-def take_prepared(config: PipelineConfig, max_rows: int | None = None) -> list[PreparedRewrite]:
-    """The compactions the inline rounds of ``config`` wrote and the pipeline has not committed yet (with
-    ``max_rows``: a share of them, `MaintenanceScheduler.take_prepared`)."""
-    scheduler = _inline_schedulers.get(id(config))
-    return scheduler.take_prepared(max_rows) if scheduler is not None and scheduler.config is config else []
+    def record_commits(self, results: list[MaintenanceResult]) -> None:
+        """Log the pipeline's compaction commits in the maintenance log, like a round's actions."""
+        try:
+            finished_ms = int(time.time() * 1000)
+            record_maintenance(self.config, results, finished_ms,
+                               finished_ms - int(1000 * sum(r.seconds or 0 for r in results)))
+        except OSError as exc:
+            log.warning("maintenance log not written: %s", exc)
 
-
-def record_commits(config: PipelineConfig, results: list[MaintenanceResult]) -> None:
-    """Log the pipeline's compaction commits in the maintenance log, like a round's actions."""
-    try:
-        finished_ms = int(time.time() * 1000)
-        record_maintenance(config, results, finished_ms, finished_ms - int(1000 * sum(r.seconds or 0 for r in results)))
-    except OSError as exc:
-        log.warning("maintenance log not written: %s", exc)
-
-
-def finish_maintenance(config: PipelineConfig, timeout_s: float = 60.0) -> None:
-    """Wait (up to ``timeout_s``) for the inline round running beside ingestion, at a pipeline's close. A round
-    cut short by the process's end is harmless: each action commits atomically or not at all."""
-    state = _background.get(id(config))
-    thread = state.thread if state is not None else None
-    if thread is not None and thread.is_alive():
-        log.info("waiting up to %.0fs for the maintenance round in progress", timeout_s)
-        thread.join(timeout_s)
+    def finish(self, timeout_s: float = 60.0) -> None:
+        """Wait (up to ``timeout_s``) for the round running beside ingestion, at the pipeline's close. A round cut
+        short by the process's end is harmless: each action commits atomically or not at all."""
+        thread = self.thread
+        if thread is not None and thread.is_alive():
+            log.info("waiting up to %.0fs for the maintenance round in progress", timeout_s)
+            thread.join(timeout_s)

@@ -22,8 +22,8 @@ from lakestream.config import StreamSettings
 from lakestream.errors import KafkaAccessError, LakestreamError
 from lakestream.kafka_access import check_access, denied_on_topic, refusals_raised
 from lakestream.process.rules import ALERT_COLUMNS, RuleEvaluator, alert_id
-from lakestream.sink.files import read_data_files, write_driver_files
 from lakestream.sink.report import BatchReport, DataFileWritten, NewShape
+from lakestream.sink.write.files import read_data_files, write_driver_files
 from lakestream.source.kafka import TP
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class AlertStage:
         return raised
 
     def _stage(self, rules: Any, new: pa.Table, found: pa.Table, report: BatchReport) -> int:
-        from lakestream.sink.task import change_stats
+        from lakestream.sink.write.task import change_stats
 
         ctx = self.ctx
         name = rules.alerts_table

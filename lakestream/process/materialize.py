@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from lakestream.config import DerivedInputSettings, DerivedTableSettings
-from lakestream.errors import ConfigError
+from lakestream.errors import ConfigError, first_line
 from lakestream.identifiers import quote_column, quote_table
+from lakestream.sink.catalog.schema import DEFAULT_TABLE_PROPERTIES
 from lakestream.sink.report import BatchReport
-from lakestream.sink.schema import DEFAULT_TABLE_PROPERTIES
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -166,7 +166,7 @@ class DerivedTable:
     def start(self, force: bool = False) -> None:
         """Create the table if needed, learn the inputs' keys, and recompute the whole table when it is
         new or behind an input (or ``force``)."""
-        from lakestream.sink.files import table_info
+        from lakestream.sink.catalog.sink import table_info
 
         ctx = self.ctx
         catalog = ctx.config.catalog.name
@@ -260,7 +260,7 @@ class DerivedTable:
     def upsert(self, keys: set[tuple] | None) -> None:
         """Recompute the rows of ``keys`` (every key when None) and MERGE them into the table, with
         the inputs' offsets in the snapshot."""
-        from lakestream.sink.files import commit_files, table_info
+        from lakestream.sink.catalog.sink import commit_files, table_info
         from lakestream.spark import jvm_helper
 
         started = time.monotonic()
@@ -349,7 +349,7 @@ class MaterializeStage:
                     table.pending = set()
                 except Exception as exc:  # noqa: BLE001 — the next start finds the table behind and recomputes it
                     log.warning("derived table %s: could not upsert its waiting keys on stop: %s",
-                                table.settings.table, str(exc).splitlines()[0][:300])
+                                table.settings.table, first_line(exc, 300))
 
     def run(self, report: BatchReport, isolated: bool) -> None:
         """After the batch's commits: bring every derived table up to date (or wait for its interval)."""

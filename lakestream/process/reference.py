@@ -102,7 +102,7 @@ class ReferenceCache:
             return self._get(ref, where)
 
     def _get(self, ref: ReferenceSettings, where: str) -> ReferenceData:
-        from lakestream.sink.files import table_info
+        from lakestream.sink.catalog.sink import table_info
 
         key = self.key(ref)
         catalog, ns, tbl = resolve_table(ref.table, self.default_catalog)

@@ -14,16 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from lakestream.sink.offsets import commit_properties
+from lakestream.sink.commit.offsets import commit_properties
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.config import PipelineConfig
     from lakestream.engine.registry import TableRegistry
-    from lakestream.sink.offsets import TableOffsets
+    from lakestream.sink.catalog.schema import TableManager
+    from lakestream.sink.commit.offsets import TableOffsets
     from lakestream.sink.report import BatchReport
-    from lakestream.sink.schema import TableManager
     from lakestream.source.kafka import TP
 
 
@@ -40,7 +40,7 @@ class StageContext:
 
     def commit_properties(self, offsets: dict[TP, int], source_ts_ms: int | None = None, **extra: str
                           ) -> dict[str, str]:
-        """The snapshot properties of a commit by this pipeline in this batch (`sink.offsets.commit_properties`)."""
+        """The snapshot properties of a commit by this pipeline in this batch (`sink.commit.offsets.commit_properties`)."""
         return commit_properties(offsets, self.config.name, self.batch_id, source_ts_ms, **extra)
 
 

@@ -21,9 +21,9 @@ from lakestream.config import WindowSettings
 from lakestream.errors import ConfigError
 from lakestream.identifiers import quote_ansi_column, quote_column, quote_table
 from lakestream.process.transform import duckdb_connection
-from lakestream.sink.files import read_data_files
+from lakestream.sink.catalog.schema import DEFAULT_TABLE_PROPERTIES
 from lakestream.sink.report import BatchReport, DeadLetter
-from lakestream.sink.schema import DEFAULT_TABLE_PROPERTIES
+from lakestream.sink.write.files import read_data_files
 from lakestream.source.kafka import TP
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ class WindowStage:
         return quote_table(self.ctx.config.catalog.name, ns, tbl)
 
     def _ensure_table(self, w: WindowSettings) -> None:
-        from lakestream.sink.files import create_table
+        from lakestream.sink.catalog.sink import create_table
 
         ns, tbl = w.table.split(".")
         ctx = self.ctx

@@ -1,6 +1,6 @@
 """The batch format: what a write task reports to the driver, one typed record kind per fact.
 
-A write task (see `lakestream.sink.task`) reads Kafka ranges, decodes, converts and writes data
+A write task (see `lakestream.sink.write.task`) reads Kafka ranges, decodes, converts and writes data
 files itself. It sends the driver only small facts, never the rows:
 
 - `RangeEnd`: where reading one partition's range really stopped;
@@ -23,10 +23,12 @@ uses the columns its dataclass names.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 
@@ -67,18 +69,29 @@ REPORT_SCHEMA = pa.schema([
 REPORT_DDL = ", ".join(f"`{f.name}` {_ddl}" for f, _ddl in zip(REPORT_SCHEMA, [
     "string", "string", "string", "int", "bigint", "boolean", "string", "bigint", "bigint", "string", "int",
     "string", "binary", "bigint", "bigint", "bigint", "bigint", "array<double>", "string", "string", "string",
-    "bigint", "binary", "binary", "string"]))
+    "bigint", "binary", "binary", "string"], strict=True))
 
-OP_UPSERT, OP_DELETE = 0, 1
-# An upsert of a key the task also deleted before it: the row is created again, with a new `_row_id`.
-OP_RECREATE = 2
+class KeyedOp(IntEnum):
+    """The ``op`` of a change in a keyed table's `RowLocations` blob (`location_schema`)."""
+
+    UPSERT = 0
+    DELETE = 1
+    RECREATE = 2  # an upsert of a key the task also deleted before it: the row is created again, new `_row_id`
+
+
+class KeylessOp(IntEnum):
+    """The ``op`` of a change in a keyless table's `RowLocations` blob (`keyless_change_schema`)."""
+
+    INSERT = 0  # Debezium c and r
+    UPDATE = 1
+    DELETE = 2
 
 
 def location_schema(hashed_key: bool) -> pa.Schema:
     """The rows of a `RowLocations` blob: one per change that survived the task's own de-duplication."""
     return pa.schema([
         ("key", pa.binary(16) if hashed_key else pa.int64()),
-        ("op", pa.int8()),                # OP_UPSERT | OP_DELETE | OP_RECREATE
+        ("op", pa.int8()),                # KeyedOp
         ("task_file", pa.int32()),        # -1 for deletes (no row written)
         ("pos", pa.int64()),              # the row's position in that file
         ("topic", pa.string()),
@@ -87,6 +100,34 @@ def location_schema(hashed_key: bool) -> pa.Schema:
         ("withheld", pa.list_(pa.string())),  # TOAST columns Debezium withheld and the task could not fill
     ])
 
+
+
+def keyless_change_schema() -> pa.Schema:
+    """The rows of a keyless table's `RowLocations` blob: every change of the task, in Kafka order."""
+    return pa.schema([
+        ("op", pa.int8()),                 # KeylessOp
+        ("new_row", pa.binary(16)),        # content hash of the row it adds (insert, update)
+        ("old_row", pa.binary(16)),        # content hash of the row it removes (update, delete)
+        ("task_file", pa.int32()),         # where the added row landed (-1: none)
+        ("pos", pa.int64()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("commit_lsn", pa.int64()),        # the source position (`envelope.source_position`)
+        ("lsn", pa.int64()),
+    ])
+
+
+def is_keyless_report(table: pa.Table) -> bool:
+    """Whether a `RowLocations` blob is of a keyless table (`keyless_change_schema`), not `location_schema`."""
+    return "new_row" in table.column_names
+
+
+def kafka_order(topics: Sequence[str], partitions: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Row numbers in Kafka order: by topic, partition, then offset. The one order changes are applied in, by the
+    write tasks (the latest change per key) and by the driver (across tasks)."""
+    codes = np.unique(np.asarray(topics, dtype=object), return_inverse=True)[1]
+    return np.lexsort((np.asarray(offsets), np.asarray(partitions), codes))
 
 @dataclass(frozen=True)
 class RangeEnd:
@@ -216,7 +257,8 @@ def _ipc(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 Fact = (RangeEnd | DataFileWritten | RowLocations | TableStats | NewShape | DeadLetter | Truncate | Skipped

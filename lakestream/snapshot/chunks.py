@@ -189,7 +189,7 @@ def load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot_
 def commit_chunks(spark: SparkSession, config: PipelineConfig, w: SnapshotTable, results: list[ChunkResult],
                    handover_lsn: int | dict[str, Any]) -> None:
     """One append of the chunks' files, its summary recording every chunk of the table done so far."""
-    from lakestream.sink.files import commit_files
+    from lakestream.sink.catalog.sink import commit_files
 
     done = w.done | {r.chunk_id for r in results}
     state = {"slot": config.capture.slot_name, "lsn": handover_lsn, "chunks": w.plan.to_json(),

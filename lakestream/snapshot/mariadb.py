@@ -376,9 +376,9 @@ def run_mariadb_snapshot(config: PipelineConfig, names: list[str], spark: SparkS
                          on_progress: Any = None) -> SnapshotReport:
     """`lakestream.snapshot.run_snapshot` for a MariaDB source (module doc)."""
     from lakestream.engine.registry import TableRegistry
-    from lakestream.sink.files import table_info
+    from lakestream.sink.catalog.sink import table_info
     from lakestream.sink.report import NewShape
-    from lakestream.sink.router import Router
+    from lakestream.sink.write.routing import Router
     from lakestream.snapshot.runner import read_snapshot_state
     from lakestream.spark import session_for
 

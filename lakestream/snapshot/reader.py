@@ -4,7 +4,7 @@ partition layout.
 
 PostgreSQL renders the chunk as CSV (``COPY ... TO STDOUT``) and pyarrow's CSV reader parses it
 straight into typed columns: no Python object per value, which is what makes a task fast. Values
-are then cast strictly into the table's schema (`lakestream.sink.files`), split by partition and
+are then cast strictly into the table's schema (`lakestream.sink.write.files`), split by partition and
 written like the streaming write tasks write theirs.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ class ChunkResult:
     rows: int
     files: list[dict[str, Any]]
     seconds: float
-    keys: list[np.ndarray] | None = None  # per file, `lakestream.sink.index.index_keys` of its rows
+    keys: list[np.ndarray] | None = None  # per file, `lakestream.sink.index.keys.index_keys` of its rows
 
 
 _HEX_VALUES = np.full(256, 0, np.uint8)
@@ -121,8 +121,10 @@ def write_chunk(data: bytes, parse: Callable[[bytes, SourceTable, pa.Schema], pa
                 chunk: Chunk, target: ChunkTarget, started: float) -> ChunkResult:
     """Parse a chunk's rows (``data``, as the source rendered them) with ``parse`` into the table's schema and
     write them as the table's data files."""
-    from lakestream.sink.files import arrow_schema, partition_values, write_data_file
-    from lakestream.sink.index import index_keys, row_keys
+    from lakestream.sink.index.keys import index_keys, row_keys
+    from lakestream.sink.types import arrow_schema
+    from lakestream.sink.write.files import write_data_file
+    from lakestream.sink.write.partitioning import partition_values
 
     use_options(target.storage)
     schema = arrow_schema(target.schema)

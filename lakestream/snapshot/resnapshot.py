@@ -126,7 +126,7 @@ class TopicWindow:
         import pyarrow as pa
 
         from lakestream.decode.envelope import TRUNCATE
-        from lakestream.sink.index import index_keys
+        from lakestream.sink.index.keys import index_keys
         from lakestream.source.reader import RawRecord
 
         if self.content_schema is not None:
@@ -155,8 +155,8 @@ class TopicWindow:
         """A table without a key: an insert touches its new row's content, a delete its old row's, an update
         both. None counts as a delete: the contents' copies the stream left are kept as they are."""
         from lakestream.decode.envelope import TRUNCATE
-        from lakestream.sink.convert import convert_rows
-        from lakestream.sink.index import row_keys
+        from lakestream.sink.index.keys import row_keys
+        from lakestream.sink.write.convert import convert_rows
         from lakestream.source.reader import RawRecord
 
         offsets, rows = [], []
@@ -222,7 +222,7 @@ class TopicWindow:
 
 
 def _committed_offsets(spark: SparkSession, ident: str, topic: str) -> dict[int, int]:
-    from lakestream.sink.offsets import OFFSETS_PROPERTY, decode_offsets
+    from lakestream.sink.commit.offsets import OFFSETS_PROPERTY, decode_offsets
     from lakestream.spark import jvm_helper
 
     raw = jvm_helper(spark).latestSummaryValue(spark._jsparkSession, ident, OFFSETS_PROPERTY)
@@ -240,7 +240,7 @@ def _hold_commits(spark: SparkSession, ident: str, owner: str, ttl_s: float) -> 
 
 def _release_commits(spark: SparkSession, ident: str, owner: str) -> None:
     from lakestream.identifiers import sql_string
-    from lakestream.sink.files import table_info
+    from lakestream.sink.catalog.sink import table_info
 
     ns, tbl = ident.split(".")[-2:]
     catalog = ident.split(".")[0]
@@ -495,9 +495,10 @@ def _read_table(spark: SparkSession, config: PipelineConfig, registry: TableRegi
     """Steps 1-2: the low mark, the snapshot, the chunks read and written (not committed), the high mark."""
     from lakestream.capture.connector import HEARTBEAT_MESSAGE_PREFIX
     from lakestream.decode.records import RecordDecoder
-    from lakestream.sink.files import arrow_schema, table_info
+    from lakestream.sink.catalog.sink import table_info
     from lakestream.sink.report import NewShape
-    from lakestream.sink.router import Router
+    from lakestream.sink.types import arrow_schema
+    from lakestream.sink.write.routing import Router
     from lakestream.snapshot.chunks import SnapshotError, SnapshotTable, load_chunks, plan_under
     from lakestream.snapshot.source import describe_table
 
@@ -579,9 +580,10 @@ def _read_table(spark: SparkSession, config: PipelineConfig, registry: TableRegi
 def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, planned: _Planned,
             wait_timeout_s: float) -> None:
     """Steps 3-4: wait for the pipeline to pass the high mark, then replace the mirror in one commit."""
-    from lakestream.sink.files import arrow_schema, table_info
-    from lakestream.sink.index import KeyIndex
-    from lakestream.sink.multiset import KeylessIndex
+    from lakestream.sink.catalog.sink import table_info
+    from lakestream.sink.index.keyless import KeylessIndex
+    from lakestream.sink.index.memory import KeyIndex
+    from lakestream.sink.types import arrow_schema
     from lakestream.snapshot.chunks import SnapshotError
 
     capture = config.capture
@@ -613,8 +615,8 @@ def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, 
         time.sleep(0.5)
     # A table without a key: its rows by content, as the pipeline's multiset index holds them.
     mirror = (KeylessIndex(arrow_schema(table_info(spark, config.catalog.name, ns, tbl)["schema"]))
-              if not planned.key_columns else KeyIndex(not planned.integer_key))
-    mirror.rebuild(spark, planned.ident, planned.key_columns, table_info(spark, config.catalog.name, ns, tbl).get(
+              if not planned.key_columns else KeyIndex(not planned.integer_key, planned.key_columns))
+    mirror.rebuild(spark, planned.ident, table_info(spark, config.catalog.name, ns, tbl).get(
         "snapshot_id"))
     attempts = 0
     run_id = uuid.uuid4().hex
@@ -631,7 +633,7 @@ def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, 
                                     "— fix: run the re-snapshot again")
             changed = planned.window.changed_keys(committed)
             if mirror.snapshot_id != base:
-                mirror.rebuild(spark, planned.ident, planned.key_columns, base)
+                mirror.rebuild(spark, planned.ident, base)
             result = _commit_once(spark, config, planned, mirror, changed, base, committed, high, new_files,
                                   new_keys, chunk_keys, run_id)
             attempts += 1
@@ -650,7 +652,7 @@ def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, 
 def _keep_newest_only(spark: SparkSession, ident: str, mirror: Any, keep: np.ndarray) -> None:
     """Among kept rows, a key with several rows (a duplicate made by hand) keeps only the row written
     last — the one the stream's latest change wrote: the highest data sequence number, then position."""
-    from lakestream.sink.index import unpack
+    from lakestream.sink.index.keys import unpack
 
     kept = np.flatnonzero(keep)
     if len(kept) < 2:
@@ -670,10 +672,10 @@ def _keep_newest_only(spark: SparkSession, ident: str, mirror: Any, keep: np.nda
 
 
 def _copies_of(mirror: Any, contents: np.ndarray) -> np.ndarray:
-    """Which rows of a keyless mirror (`multiset.KeylessIndex`, rows in its copy-key order) hold one of
+    """Which rows of a keyless mirror (`KeylessIndex`, rows in its copy-key order) hold one of
     ``contents``: all copies of each."""
-    from lakestream.sink.index import MISSING
-    from lakestream.sink.multiset import copy_keys
+    from lakestream.sink.index.keyless import copy_keys
+    from lakestream.sink.index.keys import MISSING
 
     keep = np.zeros(len(mirror.rows.keys), bool)
     if not len(contents) or not len(keep):
@@ -695,8 +697,8 @@ def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned,
                  run_id: str) -> dict[str, Any] | None:
     """One commit attempt on top of ``base``: the new snapshot's id and state, or None if another
     commit got there first."""
-    from lakestream.sink.files import commit_files, table_info
-    from lakestream.sink.index import unpack
+    from lakestream.sink.catalog.sink import commit_files, table_info
+    from lakestream.sink.index.keys import unpack
 
     ns, tbl = planned.lake.split(".", 1)
     deletes: dict[str, list[np.ndarray]] = {}

@@ -88,9 +88,9 @@ def run_snapshot(
     Tables named after the handover (or with ``again``) are re-snapshotted while streaming continues
     (`lakestream.snapshot.resnapshot`)."""
     from lakestream.engine.registry import TableRegistry
-    from lakestream.sink.files import table_info
-    from lakestream.sink.router import Router
+    from lakestream.sink.catalog.sink import table_info
     from lakestream.sink.report import NewShape
+    from lakestream.sink.write.routing import Router
     from lakestream.spark import session_for
 
     capture = config.capture

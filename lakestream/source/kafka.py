@@ -1,7 +1,7 @@
 """Driver-side Kafka access: topic discovery, watermarks, and the consumer group's offsets.
 
 The consumer group's committed offsets are only a lower bound for where to start reading: the
-truth is in the tables' snapshot summaries (see `lakestream.sink.offsets`). They are committed after
+truth is in the tables' snapshot summaries (see `lakestream.sink.commit.offsets`). They are committed after
 every table of a batch has committed, so restarting from them never skips a change.
 """
 from __future__ import annotations

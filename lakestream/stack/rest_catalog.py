@@ -172,7 +172,7 @@ class RestCatalogServer(_RestCatalogService):
         return path
 
     def argv(self, properties: Path) -> list[str]:
-        from lakestream.jvm_helper import (
+        from lakestream.jvm_jars import (
             spark_jars_dir,
             aws_sdk_jars,
             iceberg_runtime_jar,

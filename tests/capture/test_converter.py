@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lakestream.jvm_helper import capture_jar, debezium_jars
+from lakestream.jvm_jars import capture_jar, debezium_jars
 
 
 def test_schema_caching_converter_writes_json_converters_bytes(tmp_path):

@@ -13,13 +13,13 @@ import fastavro
 import orjson
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from schema_registry import SchemaRegistryServer, compatibility_problems
 
 from lakestream.config import ConfigError, SchemaRegistrySettings
 from lakestream.decode.avro import AvroSchemas, connect_schema, decode_avro, schema_id_of
 from lakestream.decode.envelope import SchemaCache, decode_debezium
 from lakestream.decode.types import field_type
 from lakestream.errors import DecodeError, SchemaRegistryUnavailable
-from schema_registry import SchemaRegistryServer, compatibility_problems
 
 # The row struct as Confluent's AvroConverter writes it for a Debezium PostgreSQL table: Connect
 # types and semantic names kept as connect.type / connect.name / connect.parameters.
@@ -267,7 +267,7 @@ def test_record_decoder_reads_avro_on_debezium_streams_only(registered):
 
     from lakestream.config import StreamSettings
     from lakestream.decode.records import RecordDecoder
-    from lakestream.sink.router import Router
+    from lakestream.sink.write.routing import Router
 
     server, value_id, key_id = registered
     router = Router([StreamSettings(topics=["shop.public.items"], namespace="shop", table="{table}"),

@@ -6,8 +6,8 @@ import decimal
 import json
 
 import pytest
-
 from conftest import load_debezium_fixture
+
 from lakestream.decode.envelope import SchemaCache, decode_debezium, decode_json_event, decode_key
 from lakestream.decode.types import UNAVAILABLE_VALUE
 from lakestream.errors import DecodeError
@@ -284,7 +284,7 @@ def test_column_defaults_are_read_from_the_connect_schema_in_wire_form():
     ("decimal(10,2)", "decimal(10, 2)", decimal.Decimal("-12.50"), "-12.50"),
 ])
 def test_defaults_round_trip_through_icebergs_single_value_json(ddl, iceberg_type, wire, json_value):
-    from lakestream.sink.defaults import iceberg_json, wire_value
+    from lakestream.sink.write.defaults import iceberg_json, wire_value
 
     assert iceberg_json(ddl, wire) == json_value
     assert wire_value(iceberg_type, json_value) == wire

@@ -10,7 +10,7 @@ import pytest
 from lakestream.decode.envelope import SchemaCache, decode_debezium, decode_key
 from lakestream.decode.vectorized import RunDecoder
 from lakestream.errors import DecodeError
-from lakestream.sink.convert import convert_rows
+from lakestream.sink.write.convert import convert_rows
 from lakestream.source.reader import RecordRun
 
 ROW = {"type": "struct", "optional": True, "fields": [

@@ -6,10 +6,10 @@ import decimal
 import uuid
 
 import pytest
-
 from conftest import load_debezium_fixture, produce_records
+
 from lakestream.engine.loop import run_pipeline
-from lakestream.sink.offsets import OFFSETS_PROPERTY, decode_offsets
+from lakestream.sink.commit.offsets import OFFSETS_PROPERTY, decode_offsets
 from lakestream.source.kafka import TP
 
 

@@ -12,7 +12,7 @@ from conftest import load_debezium_fixture, produce_records, run_lakestream, wri
 from lakestream import jars
 from lakestream.config import SparkSettings
 from lakestream.errors import LakestreamError
-from lakestream.jvm_helper import iceberg_runtime_jar
+from lakestream.jvm_jars import iceberg_runtime_jar
 from lakestream.spark import session_jars, session_packages
 
 

@@ -8,16 +8,16 @@ import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+from conftest import produce_records, write_pipeline_yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import produce_records, write_pipeline_yaml
 from lakestream.cli import main
 from lakestream.config import KafkaSettings
 from lakestream.health.exporter import MetricsExporter
 from lakestream.health.monitor import collect_health
 from lakestream.health.report import render_table
 from lakestream.health.webhook import AlertNotifier
-from lakestream.sink.offsets import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY
+from lakestream.sink.commit.offsets import OFFSETS_PROPERTY, SOURCE_TS_PROPERTY
 from lakestream.source.kafka import TP, kafka_lag
 
 NS = "health"

@@ -15,9 +15,10 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from conftest import load_debezium_fixture, produce_records
+
 from lakestream.engine.loop import run_pipeline
 from lakestream.maintenance import maintain_tables
-from lakestream.sink.offsets import OFFSETS_PROPERTY, decode_offsets
+from lakestream.sink.commit.offsets import OFFSETS_PROPERTY, decode_offsets
 from lakestream.source.kafka import TP
 
 KEYS = 400

@@ -9,10 +9,10 @@ import time
 import uuid
 
 import pytest
-
 from conftest import produce_records
+
 from lakestream.engine.loop import run_pipeline
-from lakestream.maintenance import maybe_maintain
+from lakestream.maintenance import InlineMaintenance
 from lakestream.maintenance.history import read_maintenance_log
 
 NS = "mown"
@@ -34,14 +34,14 @@ def test_inline_rounds_keep_to_the_pipelines_tables_unless_a_policy_names_others
     policy = {"compaction": {"max_files_per_partition": 2, "quiet_time_s": 0}}
     config = pipeline_config_factory([{"topics": ["unused"]}], name=f"own{suffix}", maintenance={
         "mode": "inline", "interval_s": 3600, "start_delay_s": 0, "policies": [{"tables": ".*", **policy}]})
-    results = maybe_maintain(spark, config, time.time(), own={mine})
+    results = InlineMaintenance(spark, config).round(time.time(), own={mine})
     assert results and {r.table for r in results} == {mine}, [r.describe() for r in results]
     assert spark.sql(f"SELECT count(*) FROM lake.{other}.data_files").collect()[0][0] == 4  # untouched
 
     named = pipeline_config_factory([{"topics": ["unused"]}], name=f"own{suffix}b", maintenance={
         "mode": "inline", "interval_s": 3600, "start_delay_s": 0,
         "policies": [{"tables": f"{NS}\\.other_{suffix}", **policy}, {"tables": ".*", **policy}]})
-    results = maybe_maintain(spark, named, time.time(), own={mine})
+    results = InlineMaintenance(spark, named).round(time.time(), own={mine})
     assert {r.table for r in results} == {mine, other}
     assert spark.sql(f"SELECT count(*) FROM lake.{other}.data_files").collect()[0][0] == 1
 
@@ -63,7 +63,6 @@ def _jit_nice(spark) -> dict[int, int]:
 
 def test_a_round_waits_while_a_key_index_merge_runs_beside_the_batches(spark, pipeline_config_factory):
     from lakestream import beside
-    from lakestream.maintenance import runner
 
     suffix = uuid.uuid4().hex[:6]
     mine = _small_files_table(spark, f"slot_{suffix}")
@@ -80,14 +79,15 @@ def test_a_round_waits_while_a_key_index_merge_runs_beside_the_batches(spark, pi
     try:
         assert beside.take_slot()  # a key index merge runs
         try:
-            assert maybe_maintain(spark, config, time.time(), own={mine}, background=True) == []
-            state = runner._background[id(config)]
+            maintenance = InlineMaintenance(spark, config)
+            assert maintenance.round(time.time(), own={mine}, background=True) == []
+            state = maintenance
             assert state.thread is None  # no round started
         finally:
             beside.release_slot()
         # From the first round due on, the JVM's JIT compilers work on what the batches leave.
         assert min(_jit_nice(spark).values()) >= beside.BACKGROUND_NICE
-        maybe_maintain(spark, config, time.time(), own={mine}, background=True)
+        maintenance.round(time.time(), own={mine}, background=True)
         assert state.thread is not None and beside.slot_taken()  # the round holds the slot while it runs
         state.thread.join(120)
     finally:
@@ -97,7 +97,7 @@ def test_a_round_waits_while_a_key_index_merge_runs_beside_the_batches(spark, pi
             except OSError:
                 pass
     assert not beside.slot_taken()
-    results = maybe_maintain(spark, config, time.time(), own={mine}, background=True)  # the finished round's
+    results = maintenance.round(time.time(), own={mine}, background=True)  # the finished round's
     assert any(r.table == mine and r.action == "compact" for r in results), [r.describe() for r in results]
     # The log gives the round's whole window: from before its tables' metrics were read to its end.
     logged = read_maintenance_log(config)
@@ -110,7 +110,7 @@ def test_a_round_waits_while_a_key_index_merge_runs_beside_the_batches(spark, pi
 def test_maintenance_runs_beside_ingestion_and_moves_the_index_by_diff(stack, spark, pipeline_config_factory,
                                                                        monkeypatch):
     from lakestream.maintenance import runner
-    from lakestream.sink.disk_index import DiskKeyIndex
+    from lakestream.sink.index.disk import DiskKeyIndex
 
     suffix = uuid.uuid4().hex[:6]
     topic, table = f"mb{suffix}.public.items", f"lake.{NS}.items_{suffix}"

@@ -9,8 +9,8 @@ from urllib.parse import urlparse
 
 import pytest
 
-from lakestream.sink.offsets import OFFSETS_PROPERTY
-from lakestream.maintenance import maintain_table, maybe_maintain
+from lakestream.maintenance import InlineMaintenance, maintain_table
+from lakestream.sink.commit.offsets import OFFSETS_PROPERTY
 
 NS = "maint"
 
@@ -75,9 +75,10 @@ def test_inline_hook_runs_at_most_every_interval(spark, pipeline_config_factory)
     config = config_with(pipeline_config_factory, tables=f"{NS}\\.inline_hook", compaction={"quiet_time_s": 0})
     config.maintenance.policies.append(config.maintenance.policies[0].model_copy(update={"tables": ".*", "enabled": False}))
     now = time.time()
-    first = maybe_maintain(spark, config, now)
+    maintenance = InlineMaintenance(spark, config)
+    first = maintenance.round(now)
     assert {r.action for r in first} >= {"compact"} and all(r.table == table for r in first)
-    assert maybe_maintain(spark, config, now + 10) == []  # interval_s=3600 has not passed
+    assert maintenance.round(now + 10) == []  # interval_s=3600 has not passed
     assert spark.sql(f"SELECT count(*) FROM lake.{table}.data_files").collect()[0][0] == 1
 
 

@@ -21,7 +21,7 @@ from lakestream.inspection import (
 )
 from lakestream.maintenance.policy import plan_maintenance
 from lakestream.maintenance.runner import maintain_table, plan_table
-from lakestream.sink.schema import DEFAULT_TABLE_PROPERTIES
+from lakestream.sink.catalog.schema import DEFAULT_TABLE_PROPERTIES
 
 NS, TABLE = "metadata_bound", "events"
 COMMITS = 25
@@ -115,7 +115,7 @@ def test_a_plans_metrics_count_deletion_vectors_and_manifests_as_the_metadata_ta
     # lower priority, no Spark job, the same as Spark's data_files table and as the batches' own reading.
     from lakestream.identifiers import TableName
     from lakestream.maintenance.compaction import live_data_files
-    from lakestream.sink.files import deleted_positions
+    from lakestream.sink.catalog.sink import deleted_positions
 
     jobs_before = len(spark.sparkContext.statusTracker().getJobIdsForGroup())
     listed = live_data_files(spark, "lake", TableName.parse(name))

@@ -7,12 +7,12 @@ import json
 import uuid
 
 import pytest
-
 from conftest import produce_records
+
 from lakestream.engine.pipeline import Pipeline
 from lakestream.maintenance.compaction import RewriteGroup, plan_groups
 from lakestream.maintenance.runner import write_compaction
-from lakestream.sink.rewrite import carried_deletes
+from lakestream.sink.commit.rewrites import carried_deletes
 
 NS = "pcomp"
 
@@ -118,7 +118,7 @@ def _rows(spark, name):
 
 
 def test_compaction_written_beside_batches_is_committed_with_their_deletes(spark, mirror, monkeypatch):
-    from lakestream.sink import index_store
+    from lakestream.sink.index import diff
 
     config, name, send, model = mirror
     pipeline = Pipeline(config, spark)
@@ -145,8 +145,8 @@ def test_compaction_written_beside_batches_is_committed_with_their_deletes(spark
     send([(k, 10) for k in range(0, 200, 3)] + [(k, None) for k in (5, 50, 150)])
     pipeline.run_batch()
     diffs: list[object] = []
-    monkeypatch.setattr(index_store, "refresh_by_diff", lambda *a: diffs.append(a) or {})
-    [result] = pipeline.commit_rewrites([prepared])
+    monkeypatch.setattr(diff, "refresh_by_diff", lambda *a: diffs.append(a) or {})
+    [result] = pipeline.commit_compactions([prepared])
     assert result.status == "ok", result.describe()
     # Every copied row updated or deleted since the rewrite read it is deleted in the new file; the rest move.
     assert result.detail["deletes_carried"] == len(copied & changed)
@@ -205,7 +205,7 @@ def test_a_group_whose_input_was_removed_is_dropped_and_its_file_deleted(spark, 
         assert os.path.exists(output)
         # Another writer rewrites the table's files first (Iceberg's own procedure, no stream running).
         spark.sql(f"CALL lake.system.rewrite_data_files(table => '{name}', options => map('min-input-files', '2'))")
-        [result] = pipeline.commit_rewrites([prepared])
+        [result] = pipeline.commit_compactions([prepared])
         assert result.status == "conflict" and result.detail["groups_dropped"] == 1, result.describe()
         assert not os.path.exists(output)
         send([(k, 9) for k in range(0, 30, 2)])
@@ -240,8 +240,8 @@ def test_a_large_compaction_is_committed_over_several_pauses():
 def test_a_started_pipeline_catches_up_before_its_first_round(pipeline_config_factory):
     import time
 
-    from lakestream.maintenance.history import record_maintenance
     from lakestream.maintenance.actions import MaintenanceResult
+    from lakestream.maintenance.history import record_maintenance
     from lakestream.maintenance.runner import MaintenanceScheduler
 
     config = pipeline_config_factory([{"topics": ["r.public.t"], "namespace": NS, "table": "t"}], name="rdelay",

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from lakestream.sink.convert import convert_rows
-from lakestream.sink.files import arrow_schema
+from lakestream.sink.types import arrow_schema
+from lakestream.sink.write.convert import convert_rows
 
 
 def test_rows_lacking_a_defaulted_column_get_the_default():

@@ -14,8 +14,10 @@ import yaml
 from conftest import catalog_settings, produce_records
 from lakestream.config import load_config
 from lakestream.engine.loop import run_pipeline
-from lakestream.sink import replay as replay_module
-from lakestream.sink.replay import DeadLetterFilter, list_dead_letters, replay_dead_letters, summarize_dead_letters
+from lakestream.sink.deadletters import replay as replay_module
+from lakestream.sink.deadletters.replay import (
+    DeadLetterFilter, list_dead_letters, replay_dead_letters, summarize_dead_letters,
+)
 
 FIELDS = [{"type": "int64", "optional": False, "field": "id"}, {"type": "int32", "optional": True, "field": "small"}]
 

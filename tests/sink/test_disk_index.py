@@ -7,10 +7,10 @@ import random
 
 import numpy as np
 
-from lakestream.sink import disk_index
-from lakestream.sink.disk_index import DiskKeyIndex
-from lakestream.sink.index import MISSING, pack, unpack
-from lakestream.sink.index_store import IndexStore
+from lakestream.sink.index import disk as disk_index
+from lakestream.sink.index.disk import DiskKeyIndex
+from lakestream.sink.index.keys import MISSING, pack, unpack
+from lakestream.sink.index.store import IndexStore
 
 
 def _check(index: DiskKeyIndex, model: dict[int, tuple[str, int]], universe: int) -> None:
@@ -74,7 +74,7 @@ def test_a_merge_beside_the_batches_never_holds_a_commit_and_loses_nothing(tmp_p
     with only the keys updated since in its overlay."""
     import threading
 
-    from lakestream.sink import index_store
+    from lakestream.sink.index import store as index_store
 
     release = threading.Event()
     real_merge = disk_index.merge_generation
@@ -137,7 +137,7 @@ def test_adopting_a_merge_leaves_deleting_the_old_generation_to_a_thread(tmp_pat
     import os
     import threading
 
-    from lakestream.sink import index_store
+    from lakestream.sink.index import store as index_store
 
     monkeypatch.setattr(index_store, "MAX_DELTAS", 2)
     index = DiskKeyIndex(False, ["id"], "u")
@@ -179,8 +179,9 @@ def test_adopting_a_merge_leaves_deleting_the_old_generation_to_a_thread(tmp_pat
 
 
 def test_hashed_keys_bucket_the_same_everywhere(tmp_path):
-    from lakestream.sink.index import index_keys
     import pyarrow as pa
+
+    from lakestream.sink.index.keys import index_keys
 
     keys = index_keys(pa.table({"a": [f"k{i}" for i in range(1000)], "b": ["x"] * 1000}), ["a", "b"])
     buckets = disk_index.bucket_of(keys, 4)
@@ -216,7 +217,7 @@ def test_a_merge_waits_while_a_maintenance_round_runs_beside_the_batches(tmp_pat
     due is left for a later commit, unless the overlay is past twice its threshold; the merge then holds
     the slot until it ends."""
     from lakestream import beside
-    from lakestream.sink import index_store
+    from lakestream.sink.index import store as index_store
 
     monkeypatch.setattr(disk_index, "MIN_MERGE", 20)
     monkeypatch.setattr(index_store, "MAX_DELTAS", 1000)

@@ -1,5 +1,5 @@
 """The fast sink path end to end on the real JDBC catalog: tables created through LakestreamSink,
-Parquet data files written with pyarrow (lakestream.sink.files), committed with deletion vectors
+Parquet data files written with pyarrow (lakestream.sink.write.files), committed with deletion vectors
 and snapshot properties in one snapshot; Spark, pyiceberg and DuckDB read the same rows."""
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ import pyarrow as pa
 import pytest
 from py4j.protocol import Py4JJavaError
 
-from lakestream.sink.files import (
-    arrow_schema, canonical_location, commit_files, create_table, partition_values, spark_ddl, table_info, write_data_file,
-)
+from lakestream.sink.catalog.sink import commit_files, create_table, table_info
+from lakestream.sink.types import arrow_schema, spark_ddl
+from lakestream.sink.write.files import write_data_file
+from lakestream.sink.write.partitioning import partition_values
+from lakestream.storage import canonical_location
 
 CATALOG = "lake"
 

@@ -8,8 +8,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import produce_records
+
 from lakestream.engine.pipeline import Pipeline
 
 
@@ -107,14 +107,14 @@ def test_index_survives_compaction_and_another_writer(stack, spark, mirror, monk
 
 def _count_rebuilds(monkeypatch) -> list[int | None]:
     """The snapshots at which a key index is rebuilt from a full scan, from now on."""
-    from lakestream.sink.disk_index import DiskKeyIndex
+    from lakestream.sink.index.disk import DiskKeyIndex
 
     rebuilds: list[int | None] = []
     real_rebuild = DiskKeyIndex.rebuild
 
-    def counting_rebuild(self, spark_, ident, key_columns, snapshot_id):
+    def counting_rebuild(self, spark_, ident, snapshot_id):
         rebuilds.append(snapshot_id)
-        return real_rebuild(self, spark_, ident, key_columns, snapshot_id)
+        return real_rebuild(self, spark_, ident, snapshot_id)
 
     monkeypatch.setattr(DiskKeyIndex, "rebuild", counting_rebuild)
     return rebuilds
@@ -194,8 +194,8 @@ def test_a_diff_lists_only_the_rows_each_snapshot_deleted(stack, spark, mirror, 
     at 100M rows a batch's vectors hold tens of millions of earlier positions, which once filled a 2g driver's
     heap as JSON. Past the limit of listed positions the index is built again instead."""
     from lakestream.engine.registry import TableRegistry
-    from lakestream.sink import index_store
-    from lakestream.sink.index_store import snapshot_changes
+    from lakestream.sink.catalog.sink import snapshot_changes
+    from lakestream.sink.index import diff
 
     topic, table, pipeline = mirror
     expected: dict[int, tuple] = {}
@@ -226,7 +226,7 @@ def test_a_diff_lists_only_the_rows_each_snapshot_deleted(stack, spark, mirror, 
     send([(i, 3) for i in range(1, 120, 3)])
     _drain(pipeline)
     monkeypatch.undo()
-    monkeypatch.setattr(index_store, "DIFF_POSITIONS_MAX", 5)
+    monkeypatch.setattr(diff, "DIFF_MAX", 5)
     rebuilds = _count_rebuilds(monkeypatch)
     again = Pipeline(pipeline.config, spark)
     send([(7, 4), (8, 0, "d")])

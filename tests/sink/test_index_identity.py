@@ -13,10 +13,11 @@ import uuid
 
 import numpy as np
 import pyarrow as pa
-
 from conftest import produce_records
+
 from lakestream.engine.pipeline import Pipeline
-from lakestream.sink.index import KeyIndex, index_keys, pack, row_keys
+from lakestream.sink.index.keys import index_keys, pack, row_keys
+from lakestream.sink.index.memory import KeyIndex
 
 
 def test_composite_keys_with_the_separator_inside_are_distinct():
@@ -36,8 +37,8 @@ def test_composite_keys_with_the_separator_inside_are_distinct():
 
 
 def _saved(tmp_path, key_columns, table_uuid):
-    from lakestream.sink.disk_index import DiskKeyIndex
-    from lakestream.sink.index_store import IndexStore
+    from lakestream.sink.index.disk import DiskKeyIndex
+    from lakestream.sink.index.store import IndexStore
 
     index = DiskKeyIndex(False, key_columns, table_uuid)
     index.update(np.array([1, 2, 3], np.int64), pack(np.array([index.file_id("f1")] * 3), np.array([0, 1, 2])))
@@ -47,8 +48,8 @@ def _saved(tmp_path, key_columns, table_uuid):
 
 
 def test_a_saved_index_is_loaded_only_for_its_table_and_key_columns(tmp_path):
-    from lakestream.sink.disk_index import DiskKeyIndex
-    from lakestream.sink.index_store import IndexStore
+    from lakestream.sink.index.disk import DiskKeyIndex
+    from lakestream.sink.index.store import IndexStore
 
     location = _saved(tmp_path, ["id"], "uuid-1")
 

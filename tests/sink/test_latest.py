@@ -4,7 +4,7 @@ import pyarrow as pa
 
 from lakestream.config import StreamSettings
 from lakestream.fresh import Tail, apply_tail
-from lakestream.sink.latest import STORED, first_per_key, last_per_key, latest_per_key
+from lakestream.sink.write.latest import STORED, first_per_key, last_per_key, latest_per_key
 
 
 def test_the_last_change_of_each_key_wins_in_the_given_order():

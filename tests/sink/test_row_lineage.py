@@ -15,8 +15,8 @@ import uuid
 from typing import Any
 
 import pytest
-
 from conftest import produce_records, simulate_death
+
 from lakestream.engine.pipeline import Pipeline
 
 NS = "lineage"
@@ -130,7 +130,7 @@ def keyed(stack, spark, pipeline_config_factory):
 def test_updates_keep_row_ids_as_spark_merge_does(spark, keyed, monkeypatch):
     from lakestream.engine import commits as commits_module
     from lakestream.maintenance.runner import plan_table, write_compaction
-    from lakestream.sink import files as files_module
+    from lakestream.sink.catalog import sink as files_module
 
     config, mirror, send, twin = keyed
     history: list[tuple[str, dict, dict]] = []
@@ -187,7 +187,7 @@ def test_updates_keep_row_ids_as_spark_merge_does(spark, keyed, monkeypatch):
     prepared = write_compaction(spark, config.catalog.name, name, plan.hot_skipped + plan.compact,
                                 config.maintenance.policy_for(name), pipeline.compacted_here()[name])
     assert prepared is not None
-    [result] = pipeline.commit_rewrites([prepared])
+    [result] = pipeline.commit_compactions([prepared])
     assert result.status == "ok", result.describe()
     spark.sql(f"CALL lake.system.rewrite_data_files(table => '{twin.name.removeprefix('lake.')}', "
               "options => map('rewrite-all', 'true'))")
@@ -275,8 +275,9 @@ def test_a_file_rewritten_with_lineage_keeps_its_columns_exactly(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lakestream.sink.files import arrow_schema, write_data_file
-    from lakestream.sink.lineage import LAST_UPDATED, ROW_ID, read_lineage, write_lineage
+    from lakestream.sink.commit.lineage import LAST_UPDATED, ROW_ID, read_lineage, write_lineage
+    from lakestream.sink.types import arrow_schema
+    from lakestream.sink.write.files import write_data_file
 
     schema = arrow_schema({"fields": [
         {"id": 1, "name": "id", "type": "long", "required": True},
@@ -315,7 +316,7 @@ def test_a_file_rewritten_with_lineage_keeps_its_columns_exactly(tmp_path):
 def test_the_explicit_id_cache_is_bounded_and_reads_a_file_once(tmp_path, monkeypatch):
     import numpy as np
 
-    from lakestream.sink import lineage
+    from lakestream.sink.commit import lineage
 
     reads: list[str] = []
     monkeypatch.setattr(lineage, "_read_row_ids", lambda p: reads.append(p) or np.arange(3, dtype=np.int64))

@@ -7,7 +7,6 @@ The steps share one captured database and run in file order; each checks its own
 from __future__ import annotations
 
 import pytest
-
 from capture_harness import dead_letters, start_captured_source, stop_captured_source, verify_ok
 
 SETUP = [
@@ -113,7 +112,7 @@ def test_parse_type_fast_path_equals_sparks_parser(spark):
     """Primitive DDL types are parsed without the JVM; each equals what Spark's own parser returns."""
     from pyspark.sql.types import _parse_datatype_string
 
-    from lakestream.sink.schema import parse_type
+    from lakestream.sink.catalog.schema import parse_type
 
     for ddl in ["int", "INTEGER", "bigint", "long", "smallint", "short", "tinyint", "byte", "string", "boolean",
                 "double", "float", "real", "date", "timestamp", "timestamp_ntz", "binary", "decimal(10,2)",

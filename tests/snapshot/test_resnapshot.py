@@ -9,19 +9,19 @@ import time
 import orjson
 import pytest
 import yaml
-
 from conftest import run_lakestream
+from test_parallel_snapshot import KINDS, TABLES, KindsWriter, Source, Writer, kinds_source, load_kinds
+
 from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import ConfigError
+from lakestream.sink.catalog.sink import table_info
 from lakestream.snapshot import RESNAPSHOT_PROPERTY, SnapshotError, run_snapshot
-from lakestream.sink.files import table_info
 from lakestream.snapshot.resnapshot import _committed_offsets
 from lakestream.snapshot.slot import write_handover
 from lakestream.source.kafka import KafkaCluster
 from lakestream.spark import jvm_helper
 from lakestream.verify import verify_tables
-from test_parallel_snapshot import KINDS, TABLES, KindsWriter, Source, Writer, kinds_source, load_kinds
 
 
 class PipelineThread:

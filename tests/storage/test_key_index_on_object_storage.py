@@ -8,9 +8,9 @@ import uuid
 
 import numpy as np
 
-from lakestream.sink.disk_index import DiskKeyIndex
-from lakestream.sink.index import MISSING, pack
-from lakestream.sink.index_store import IndexStore, store_location
+from lakestream.sink.index.disk import DiskKeyIndex
+from lakestream.sink.index.keys import MISSING, pack
+from lakestream.sink.index.store import IndexStore, store_location
 from lakestream.storage import S3Options, StorageContext, active_options, use_options
 
 

@@ -14,7 +14,8 @@ Iceberg's ``SnapshotUtil.currentAncestors``) without copying the table's snapsho
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import orjson
 

@@ -1,12 +1,12 @@
 """The key index made durable with every commit, beside the table's data, and refreshed by diff.
 
 Where: ``<table location>/_lakestream/index/``, written through pyarrow's filesystem of the table's
-location (`lakestream.sink.storage.filesystem_path`), so it lives wherever the table lives (a local
+location (`lakestream.storage.filesystem_path`), so it lives wherever the table lives (a local
 warehouse, an object store) and survives the loss of the driver's disk. Iceberg's orphan-file removal
 skips paths whose name starts with ``_`` (its hidden-path filter), so it never deletes these files.
 
 What: a **base** (``base-<seq>.json``: the generation of sorted bucket files it names — ``gen-<seq>/`` or
-``build-…/``, see `lakestream.sink.disk_index` —, the data file paths, the snapshot it describes, the table
+``build-…/``, see `lakestream.sink.index.disk` —, the data file paths, the snapshot it describes, the table
 UUID, key columns and key encoding it was built for) and after it one small **delta** per commit
 (``delta-<seq>.npz``: the keys the commit moved or deleted, the paths it added, the snapshot it leads to and its
 parent). A delta costs what the commit's changes cost. When the index's overlay is due for a merge (or after
@@ -15,22 +15,18 @@ parent). A delta costs what the commit's changes cost. When the index's overlay 
 Loading: the newest base that matches the table and key, then its deltas in order while each one's
 parent is the snapshot reached so far. Whatever the table committed after that point (a commit whose
 delta was never written — the process died between the commit and the delta —, a compaction, a
-manual DELETE, a backfill) is applied by `refresh_by_diff`: per snapshot, the entries of the data
-files it removed are dropped, the rows of the files it added are read (the key columns only, from
-those files alone), and rows it deleted by position are looked up and dropped. A schema change adds no
+manual DELETE, a backfill) is applied by `lakestream.sink.index.diff.refresh_by_diff`. A schema change adds no
 snapshot and keeps the index. Only when the chain is broken (the index's snapshot is no ancestor of the
 current one: a rollback, expired history) or a snapshot holds equality deletes is the index rebuilt.
 """
 from __future__ import annotations
 
-import base64
-import functools
 import io
 import logging
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any
 
 import numpy as np
 import orjson
@@ -38,12 +34,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from lakestream.beside import lower_this_thread, release_slot, take_slot
-from lakestream.sink.disk_index import DiskKeyIndex, local_generation
-from lakestream.sink.index import MISSING, index_keys, pack
-from lakestream.sink.storage import ensure_dir, filesystem_path
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+from lakestream.sink.index import disk
+from lakestream.sink.index.disk import DiskKeyIndex, local_generation
+from lakestream.storage import ensure_dir, filesystem_path
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +100,8 @@ class IndexStore:
 
     def _read_bytes(self, path: str) -> bytes:
         with self.fs.open_input_stream(path) as fh:
-            return fh.read()
+            data: bytes = fh.read()
+        return data
 
     def _read_delta(self, path: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         with np.load(io.BytesIO(self._read_bytes(path))) as saved:
@@ -253,13 +247,11 @@ class IndexStore:
         self.merge = merge
 
         def work() -> None:
-            from lakestream.sink import disk_index
-
             started = time.monotonic()
             try:
                 frozen = merge.frozen
                 gen_dir = f"{self.root}/{merge.generation}"
-                meta = disk_index.merge_generation(self.fs, gen_dir, frozen["runs"], frozen["bits"],
+                meta = disk.merge_generation(self.fs, gen_dir, frozen["runs"], frozen["bits"],
                                                    frozen["ov_keys"], frozen["ov_locs"], duty=MERGE_DUTY)
                 merge.local_dir = local_generation(self.fs, gen_dir, merge.generation, meta["buckets"])
                 merge.meta = {**meta, **frozen["identity"], "snapshot_id": frozen["snapshot_id"],
@@ -285,7 +277,8 @@ class IndexStore:
         if not merge.done.is_set():
             return
         self.merge = None
-        if merge.error is not None or merge.index is not index or merge.frozen["resets"] != index.resets:
+        if (merge.error is not None or merge.meta is None or merge.local_dir is None or merge.index is not index
+                or merge.frozen["resets"] != index.resets):
             if merge.error is not None:
                 log.warning("key index merge of %s failed (%s); the deltas stay its durable record", self.location,
                             merge.error)
@@ -344,149 +337,3 @@ class IndexStore:
         except OSError:
             return 0
         return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
-
-
-# -- refresh by diff ---------------------------------------------------------------------------------
-
-# Deleted positions a diff lists at most (JVM side: 8 bytes each, then base64): past that the index is built
-# again on the executors. A foreign DELETE of millions of rows costs a build, never the driver's heap.
-DIFF_POSITIONS_MAX = 4_000_000
-# Data files whose key columns a diff reads at once (pyarrow reads release the GIL; each holds one file's keys).
-DIFF_READERS = 4
-
-
-def snapshot_changes(spark: SparkSession, catalog: str, namespace: str, table: str, from_snapshot: int,
-                     max_positions: int | None = None) -> dict[str, Any]:
-    """`LakestreamSink.snapshotChanges`: the snapshots after ``from_snapshot`` with their added and removed
-    data files and the positions each newly deleted (``positions``, int64 arrays); ``positions_over`` when more
-    than ``max_positions`` (default `DIFF_POSITIONS_MAX`) were deleted (then the listing is incomplete)."""
-    limit = DIFF_POSITIONS_MAX if max_positions is None else max_positions
-    changes = orjson.loads(spark.sparkContext._jvm.lakestream.LakestreamSink.snapshotChanges(
-        spark._jsparkSession, catalog, namespace, table, int(from_snapshot), int(limit)))
-    for snap in changes.get("snapshots", []):
-        for d in snap["deleted"]:
-            d["positions"] = np.frombuffer(base64.b64decode(d.pop("positions_le64")), "<i8").astype(np.int64)
-    return changes
-
-
-def _file_keys(path: str, key_columns: tuple[str, ...]) -> np.ndarray:
-    """The index keys of every row of data file ``path``, by position (only the key columns are read)."""
-    import pyarrow.parquet as pq
-
-    fs, local = filesystem_path(path)
-    pf = pq.ParquetFile(local, filesystem=fs)
-    names = {n.lower(): n for n in pf.schema_arrow.names}
-    columns = [names.get(k.lower(), k) for k in key_columns]
-    table = pf.read(columns=columns)
-    table = table.rename_columns(list(key_columns))
-    return index_keys(table, list(key_columns))
-
-
-def _drop_rows_at(index: DiskKeyIndex, fid: int, keys: np.ndarray, positions: np.ndarray) -> int:
-    """Drop the entries of ``keys`` that still point at their row (``fid``, ``positions``)."""
-    if len(keys) == 0:
-        return 0
-    mine = index.lookup(keys) == pack(np.full(len(keys), fid), positions)
-    if not mine.any():
-        return 0
-    k = np.unique(keys[mine])
-    index.update(k, np.full(len(k), MISSING, np.int64))
-    return len(k)
-
-
-def _read_ahead(paths: list[str], read: Any) -> Iterator[tuple[str, Any]]:
-    """``(path, read(path))`` in order, `DIFF_READERS` reads at a time, at most twice that many read ahead of the
-    consumer."""
-    from collections import deque
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=DIFF_READERS, thread_name_prefix="index-diff") as pool:
-        window: deque = deque()
-        for path in paths:
-            window.append((path, pool.submit(read, path)))
-            if len(window) > 2 * DIFF_READERS:
-                done, future = window.popleft()
-                yield done, future.result()
-        while window:
-            done, future = window.popleft()
-            yield done, future.result()
-
-
-def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, int]:
-    """Move ``index`` over the snapshots in ``changes`` (`snapshot_changes`), reading only the files they
-    added and the rows they deleted (several files at once). Returns counts of what it did."""
-    if changes.get("positions_over"):
-        raise DiffTooBig("more rows deleted by position since the index's snapshot than a diff lists "
-                         "(DIFF_POSITIONS_MAX)")
-    keys_of = functools.partial(_file_keys, key_columns=index.key_columns)
-    stats = {"snapshots": 0, "files_read": 0, "rows_added": 0, "entries_dropped": 0, "compactions": 0}
-
-    def removed_keys(path: str) -> np.ndarray | None:
-        try:
-            return keys_of(path)
-        except (OSError, ValueError, KeyError, pa.ArrowException):
-            return None  # already deleted from storage (expired history)
-
-    for snap in changes["snapshots"]:
-        deleted = {d["data_file"]: np.asarray(d["positions"], np.int64) for d in snap["deleted"]}
-        unreadable = []
-        # The rows of a removed file are found through its own keys (O(its rows)); a file already
-        # deleted from storage costs one pass over the index's locations instead. Lakestream's own compaction
-        # moved every live row of its inputs into the files it added, where they are read below: those rows'
-        # entries are overwritten there, and the inputs need not be read (nor the index passed over).
-        removed = [] if snap.get("compaction") else [p for p in snap["removed"] if index.known_file_id(p) is not None]
-        for path, keys in _read_ahead(removed, removed_keys):
-            fid = index.known_file_id(path)
-            if keys is None:
-                unreadable.append(fid)
-                continue
-            stats["files_read"] += 1
-            stats["entries_dropped"] += _drop_rows_at(index, fid, keys, np.arange(len(keys), dtype=np.int64))
-        stats["entries_dropped"] += index.forget_files(unreadable)
-        added_paths = {f["path"] for f in snap["added"]}
-        for path, keys in _read_ahead([f["path"] for f in snap["added"]], keys_of):
-            stats["files_read"] += 1
-            live = np.ones(len(keys), bool)
-            gone = deleted.get(path)
-            if gone is not None and len(gone):
-                live[gone[gone < len(keys)]] = False
-            positions = np.flatnonzero(live)
-            keys = keys[live]
-            if len(keys) == 0:
-                continue
-            # Within one snapshot a key written twice keeps its last row (file order, then position).
-            order = np.argsort(keys, kind="stable")
-            k = keys[order]
-            last = np.r_[k[1:] != k[:-1], True]
-            fid = index.file_id(path)
-            index.update(k[last], pack(np.full(int(last.sum()), fid), positions[order][last]))
-            stats["rows_added"] += int(last.sum())
-
-        def deleted_keys(path: str) -> tuple[np.ndarray, np.ndarray]:
-            """The keys at the file's newly deleted positions (only those are kept in memory)."""
-            keys = keys_of(path)
-            positions = deleted[path]
-            positions = positions[positions < len(keys)]
-            return keys[positions], positions
-
-        others = [p for p in deleted if p not in added_paths and index.known_file_id(p) is not None
-                  and len(deleted[p])]
-        for path, (keys, positions) in _read_ahead(others, deleted_keys):
-            stats["files_read"] += 1
-            stats["entries_dropped"] += _drop_rows_at(index, index.known_file_id(path), keys, positions)
-        index.snapshot_id = snap["snapshot_id"]
-        stats["snapshots"] += 1
-        stats["compactions"] += bool(snap.get("compaction"))
-    return stats
-
-
-def rows_to_follow(changes: dict[str, Any]) -> int:
-    """Rows a diff over ``changes`` reads into the index: the rows of the files each snapshot added and removed,
-    but for Lakestream's own compactions only those of the files they added (their inputs are not read)."""
-    return sum(int(f["records"]) for snap in changes.get("snapshots", []) for f in snap["added"]) + sum(
-        int(snap.get("removed_records", 0)) for snap in changes.get("snapshots", []) if not snap.get("compaction"))
-
-
-class DiffTooBig(ValueError):
-    """The snapshots since the index's own delete more rows by position than a diff lists (a foreign DELETE of
-    millions of rows): build it again, on the executors."""

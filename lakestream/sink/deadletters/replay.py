@@ -84,7 +84,7 @@ def replays_table(config: PipelineConfig) -> str:
 
 
 def _idents(spark: SparkSession, config: PipelineConfig) -> tuple[str, str]:
-    from lakestream.sink.deadletter import ensure_dead_letter_table
+    from lakestream.sink.deadletters.table import ensure_dead_letter_table
 
     catalog = config.catalog.name
     dead = ensure_dead_letter_table(spark, catalog, config.engine.dead_letter_table)
@@ -166,7 +166,10 @@ def _header(coordinate: tuple[str, int, int]) -> bytes:
     return f"{coordinate[0]}/{coordinate[1]}/{coordinate[2]}".encode()
 
 
-def _already_sent(config: PipelineConfig, letters: dict[tuple[str, int, int], Any]) -> dict[tuple[str, int, int], tuple[int, int]]:
+Coordinate = tuple[str, int, int]  # (topic, partition, offset) of a dead letter
+
+
+def _already_sent(config: PipelineConfig, letters: dict[Coordinate, Any]) -> dict[Coordinate, tuple[int, int]]:
     """Selected dead letters an earlier replay produced but did not record: {coordinate: (partition, offset)}."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -208,8 +211,8 @@ def _already_sent(config: PipelineConfig, letters: dict[tuple[str, int, int], An
     return found
 
 
-def _produce(config: PipelineConfig, todo: list[tuple[str, int, int]],
-             letters: dict[tuple[str, int, int], tuple[bytes | None, bytes | None]]) -> dict[tuple[str, int, int], tuple[int, int]]:
+def _produce(config: PipelineConfig, todo: list[Coordinate],
+             letters: dict[Coordinate, tuple[bytes | None, bytes | None]]) -> dict[Coordinate, tuple[int, int]]:
     from confluent_kafka import Producer
 
     from lakestream.capture.publisher import producer_config
@@ -251,7 +254,7 @@ def record_replays(spark: SparkSession, config: PipelineConfig,
     if not sent:
         return
     _, replays = _idents(spark, config)
-    now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     rows = [(t, p, o, rp, ro, now, config.name) for (t, p, o), (rp, ro) in sorted(sent.items())]
     df = spark.createDataFrame(rows, "topic string, partition int, offset bigint, replay_partition int, "
                                      "replay_offset bigint, replayed_at timestamp, pipeline string")

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from lakestream.faults import pause_point
-from lakestream.sink.committer import StaleIndex
-from lakestream.sink.index import pack
+from lakestream.sink.commit.tables import StaleIndex
+from lakestream.sink.index.keys import pack
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.maintenance.compaction import PreparedRewrite, RewriteGroup
-    from lakestream.sink.committer import TableWrite
+    from lakestream.sink.commit.tables import TableWrite
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def carried_deletes(group: RewriteGroup, now: dict[str, np.ndarray]) -> np.ndarr
     positions deleted at the current snapshot); None when an input's deletes are not a superset of S0's."""
     out = []
     offset = 0
-    for path, records, d0 in zip(group.inputs, group.records, group.deleted):
+    for path, records, d0 in zip(group.inputs, group.records, group.deleted, strict=True):
         current = now[path]
         new = np.setdiff1d(current, d0, assume_unique=True)
         if len(np.setdiff1d(d0, current, assume_unique=True)):
@@ -67,7 +67,7 @@ def carried_deletes(group: RewriteGroup, now: dict[str, np.ndarray]) -> np.ndarr
 def _old_locations(group: RewriteGroup, file_ids: list[int]) -> np.ndarray:
     """The packed location each output row had before the rewrite (input file id, position)."""
     parts = []
-    for fid, records, d0 in zip(file_ids, group.records, group.deleted):
+    for fid, records, d0 in zip(file_ids, group.records, group.deleted, strict=True):
         keep = np.ones(records, bool)
         keep[d0] = False
         positions = np.flatnonzero(keep).astype(np.int64)
@@ -78,10 +78,12 @@ def _old_locations(group: RewriteGroup, file_ids: list[int]) -> np.ndarray:
 def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRewrite) -> RewriteCommit:
     """Commit ``prepared`` on the table of ``write`` (its index valid at the table's current snapshot);
     raises `StaleIndex` when the table moved past the index (refresh, then call again)."""
-    from lakestream.sink.files import commit_rewrite as commit_files_rewrite
-    from lakestream.sink.files import delete_quietly, deleted_positions
+    from lakestream.sink.catalog.sink import commit_rewrite_groups, deleted_positions
+    from lakestream.sink.write.files import delete_quietly
 
-    index = write.index
+    index = write.keyed_index
+    if index is None:
+        raise TypeError(f"{write.ident}: the pipeline commits compactions of tables kept by key only")
     timings: dict[str, float] = {}
     clock = [time.perf_counter()]
 
@@ -112,11 +114,12 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         return RewriteCommit(None, 0, 0, 0, 0, dropped, timings)
     request = {
         "expect_snapshot_id": index.snapshot_id,
-        "groups": [{"inputs": g.inputs, "output": g.output, "deletes": d} for g, d in zip(groups, carried)],
+        "groups": [{"inputs": g.inputs, "output": g.output, "deletes": d}
+                   for g, d in zip(groups, carried, strict=True)],
         "properties": {COMPACTION_PROPERTY: "true"},
     }
     pause_point("maintenance.commit.before")
-    result = commit_files_rewrite(spark, write.catalog, write.name.namespace, write.name.table, request)
+    result = commit_rewrite_groups(spark, write.catalog, write.name.namespace, write.name.table, request)
     lap("commit")
     for step, ms in (result.get("timings_ms") or {}).items():
         timings[f"commit.{step}"] = round(ms / 1000, 3)
@@ -136,7 +139,7 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         index.valid = False
         return committed(0)
     moves, samples, expected = [], [], []
-    for g, deletes in zip(groups, carried):
+    for g, deletes in zip(groups, carried, strict=True):
         live = np.ones(g.output["record_count"], bool)
         live[deletes] = False
         keys = g.keys[live]

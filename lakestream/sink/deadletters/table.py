@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from lakestream.identifiers import quote_table
-from lakestream.sink.convert import convert_rows
-from lakestream.sink.offsets import TableOffsets
+from lakestream.sink.commit.offsets import TableOffsets
 from lakestream.sink.report import BatchReport, DeadLetter
+from lakestream.sink.write.convert import convert_rows
 from lakestream.source.kafka import TP
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from lakestream.sink.task import TableSpec
+    from lakestream.sink.spec import TableSpec
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ DEAD_LETTER_COLUMNS = (
 
 def ensure_dead_letter_table(spark: SparkSession, catalog: str, dotted: str) -> str:
     """Create the dead-letter table (and its namespace) if missing; its quoted name."""
-    from lakestream.sink.files import create_table
+    from lakestream.sink.catalog.sink import create_table
 
     namespace, table = dotted.split(".", 1)
     create_table(spark, catalog, namespace, table, {
@@ -74,8 +74,8 @@ class DeadLetterWriter:
     def prepare(self) -> TableSpec:
         """Create the dead-letter table if missing (at the pipeline's first batch, so that a monitoring query on
         it works before the first dead letter) and learn its layout; once per pipeline."""
-        from lakestream.sink.files import table_info
-        from lakestream.sink.task import TableSpec
+        from lakestream.sink.catalog.sink import table_info
+        from lakestream.sink.spec import TableSpec
 
         if self._spec is None:
             ns, tbl = self.dotted.split(".", 1)
@@ -88,7 +88,8 @@ class DeadLetterWriter:
         """Commit the batch's dead letters from the ``first``-th on; their count per kind. The batch's first write
         (``first`` 0) leaves out those the dead-letter table holds already (its offsets are past them: a batch
         read again after a crash); later ones came up in this batch's commits and are all new."""
-        from lakestream.sink.files import commit_files, write_driver_files
+        from lakestream.sink.catalog.sink import commit_files
+        from lakestream.sink.write.files import write_driver_files
 
         if len(report.dead_letters) <= first:
             return {}

@@ -28,7 +28,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lakestream.sink.storage import filesystem_path
+from lakestream.storage import filesystem_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -102,7 +102,8 @@ def write_lineage(path: str, row_ids: np.ndarray) -> int:
     table = lineage_columns(table, row_ids, None)
     pq.write_table(table, local, filesystem=fs, compression="zstd", row_group_size=max(row_group_rows, 1),
                    write_statistics=True, store_schema=False)
-    return fs.get_file_info(local).size
+    size: int = fs.get_file_info(local).size
+    return size
 
 
 class StaleLineage(Exception):
@@ -150,7 +151,8 @@ class RowIds:
         missing = [p for p in paths if p not in out]
         if not missing:
             return out
-        answer = orjson.loads(spark.sparkContext._jvm.lakestream.LakestreamSink.rowLineage(
+        jvm: Any = spark.sparkContext._jvm
+        answer = orjson.loads(jvm.lakestream.LakestreamSink.rowLineage(
             spark._jsparkSession, catalog, namespace, table, snapshot_id, orjson.dumps(missing).decode()))
         if answer.get("stale"):
             raise StaleLineage(f"{namespace}.{table} is at snapshot {answer.get('snapshot_id')}, not {snapshot_id}")
@@ -171,7 +173,7 @@ class RowIds:
         missing = [p for p in paths if p not in out]
         if missing:
             with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
-                for path, ids in zip(missing, pool.map(_read_row_ids, missing)):
+                for path, ids in zip(missing, pool.map(_read_row_ids, missing), strict=True):
                     self.remember(path, ids)
                     out[path] = ids
         return out
@@ -185,7 +187,7 @@ class RowIds:
             return None
         out = []
         held_by = self.explicit(paths)
-        for path, pos in zip(paths, positions):
+        for path, pos in zip(paths, positions, strict=True):
             # A file not live at the snapshot (never expected: the index is at it) gives its rows new ids.
             first = firsts[path]
             pos = np.asarray(pos, np.int64)
@@ -207,7 +209,8 @@ def _read_row_ids(path: str) -> np.ndarray | None:
         if i is None:
             return None
         column = parquet.read(columns=[parquet.schema_arrow.names[i]]).column(0)
-        return column.fill_null(UNKNOWN).to_numpy().astype(np.int64)
+        ids: np.ndarray = column.fill_null(UNKNOWN).to_numpy().astype(np.int64)
+        return ids
     finally:
         parquet.close()
 

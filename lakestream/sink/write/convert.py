@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from lakestream.sink.files import DEFAULT_KEY, write_default
+from lakestream.errors import first_line
+from lakestream.sink.types import DEFAULT_KEY, write_default
 
 
 def _text(value: Any) -> Any:
@@ -72,7 +73,7 @@ def _value_error(value: Any, arrow_type: pa.DataType) -> str | None:
         build_column([value], arrow_type)
         return None
     except (ValueError, TypeError, OverflowError, pa.ArrowException) as exc:
-        return str(exc).splitlines()[0][:200]
+        return first_line(exc, 200)
 
 
 def _columns(rows: list[dict[str, Any]], names: list[str]) -> dict[str, list[Any]]:
@@ -82,14 +83,14 @@ def _columns(rows: list[dict[str, Any]], names: list[str]) -> dict[str, list[Any
     if len(names) == 1:
         return {names[0]: [r.get(names[0]) for r in rows]}
     get = itemgetter(*names)
-    tuples = []
+    tuples: list[tuple[Any, ...]] = []
     append = tuples.append
     for r in rows:
         try:
             append(get(r))
         except KeyError:
             append(tuple(map(r.get, names)))
-    return dict(zip(names, map(list, zip(*tuples))))
+    return dict(zip(names, map(list, zip(*tuples, strict=True)), strict=False))  # no rows: no columns
 
 
 def convert_rows(rows: list[dict[str, Any]], schema: pa.Schema) -> tuple[pa.Table, dict[int, str]]:

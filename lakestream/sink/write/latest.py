@@ -1,6 +1,6 @@
 """The latest change per key, and where the TOAST values Debezium withheld come from.
 
-One rule for the write tasks (``sink/task.py``) and for fresh reads (``fresh.py``): within a run of changes in
+One rule for the write tasks (``sink/write/task.py``) and for fresh reads (``fresh.py``): within a run of changes in
 Kafka order, the last change of each key wins; a change that withholds a column (Debezium's placeholder for an
 unchanged TOASTed value) takes it from the key's previous change in the run, following a chain of such
 changes back to one that carried it, or, when the run holds no earlier change of the key, from the key's
@@ -9,7 +9,8 @@ column.
 """
 from __future__ import annotations
 
-from typing import Any, Hashable, Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -44,7 +44,7 @@ def wire_value(iceberg_type: Any, value: Any) -> Any:
     if iceberg_type in ("timestamp", "timestamptz"):
         parsed = dt.datetime.fromisoformat(value)
         if parsed.tzinfo is not None:
-            parsed = parsed.astimezone(dt.timezone.utc).replace(tzinfo=None)
+            parsed = parsed.astimezone(dt.UTC).replace(tzinfo=None)
         delta = parsed - _EPOCH
         return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
     if iceberg_type.startswith("decimal("):

@@ -9,13 +9,14 @@ dead-letter table; the table is left as it is.
 from __future__ import annotations
 
 import functools
-import re
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from lakestream.errors import first_line
 from lakestream.identifiers import quote, quote_column, quote_table
 
 if TYPE_CHECKING:
@@ -61,7 +62,8 @@ class AddColumnWithDefault:
     default_json: str
 
     def __str__(self) -> str:
-        return f"ALTER TABLE {self.table_ident} ADD COLUMN {quote_column(self.column)} {self.ddl} (initial default {self.default_json})"
+        return (f"ALTER TABLE {self.table_ident} ADD COLUMN {quote_column(self.column)} {self.ddl} "
+                f"(initial default {self.default_json})")
 
 
 @dataclass
@@ -142,7 +144,8 @@ def _reconcile_field(path: list[str], existing: DataType, incoming: DataType, ou
         for f in incoming.fields:
             current = have.get(f.name.lower())
             if current is None:
-                out.append(f"ALTER TABLE {table} ADD COLUMN {column}.{quote_column(f.name)} {f.dataType.simpleString()}")
+                out.append(f"ALTER TABLE {table} ADD COLUMN {column}.{quote_column(f.name)} "
+                           f"{f.dataType.simpleString()}")
             else:
                 reason = _reconcile_field(path + [current.name], current.dataType, f.dataType, out, table)
                 if reason:
@@ -167,7 +170,7 @@ def reconcile(table_ident: str, schema: StructType, shapes: list[Shape]) -> Reco
     have = {f.name.lower(): f for f in schema.fields}
     added: dict[str, str] = {}
     for shape in shapes:
-        statements: list[str] = []
+        statements: list[str | AddColumnWithDefault] = []
         local_added: dict[str, str] = {}
         reason = None
         for name, ddl in shape.columns:
@@ -227,12 +230,13 @@ def unusable_shape(columns: list[tuple[str, str]]) -> str | None:
         except InvalidIdentifierError as exc:
             return str(exc)
         if name.lower() in seen:
-            return f"columns {seen[name.lower()]!r} and {name!r} differ only by case (Spark's names are case-insensitive)"
+            return (f"columns {seen[name.lower()]!r} and {name!r} differ only by case (Spark's names are "
+                    "case-insensitive)")
         seen[name.lower()] = name
         try:
             parse_type(ddl)
         except Exception as exc:  # noqa: BLE001 — Spark's parser raises its own exception types
-            return f"column {name!r}: type {ddl[:200]!r} cannot be used: {str(exc).splitlines()[0][:200]}"
+            return f"column {name!r}: type {ddl[:200]!r} cannot be used: {first_line(exc, 200)}"
     return None
 
 
@@ -278,11 +282,12 @@ class TableManager:
 
     def ensure_namespace(self, namespace: str) -> None:
         if namespace not in self._namespaces:
-            self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(self.catalog, 'catalog')}.{quote(namespace, 'namespace')}")
+            name = f"{quote(self.catalog, 'catalog')}.{quote(namespace, 'namespace')}"
+            self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {name}")
             self._namespaces.add(namespace)
 
     def apply(self, namespace: str, table: str, statements: list[str | AddColumnWithDefault]) -> None:
-        from lakestream.sink.files import add_column_with_default
+        from lakestream.sink.catalog.sink import add_column_with_default
 
         for stmt in statements:
             log.info("schema change: %s", stmt)

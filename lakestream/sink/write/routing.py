@@ -11,11 +11,13 @@ from typing import Any
 
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.errors import InvalidIdentifierError, UnroutableRecord
-from lakestream.identifiers import TableName, table_from_template, topic_parts  # noqa: F401 — re-exported
+from lakestream.identifiers import TableName, table_from_template
 
 
 class Router:
     """Resolves (topic, record) → (stream settings, table name). Picklable, used on executors."""
+
+    _index_cache: dict[str, int | None]  # topic → its stream (set on first use: a Router travels pickled)
 
     def __init__(self, streams: list[StreamSettings]):
         self.streams = streams

@@ -11,11 +11,11 @@ small in-memory overlay of the changes since they were written.
   (24-32 bytes per change since the last merge) and the list of data file paths.
 - **Updates** (a commit's moved and deleted keys) go to the overlay, deletes as tombstones. When the overlay
   outgrows an eighth of the base (at least `MIN_MERGE`, at most `MAX_OVERLAY` entries) it is merged into a new
-  generation on a thread beside the batches (`lakestream.sink.index_store`), one bucket at a time (memory: one
+  generation on a thread beside the batches (`lakestream.sink.index.store`), one bucket at a time (memory: one
   bucket; `merge_sorted`: linear inserts, no sort), paced to half the time. That merge still rewrites the whole
   base (O(table) I/O: 1.5 GB at 100M keys, once per ``MAX_OVERLAY`` changes at most).
 
-`lakestream.sink.index_store` keeps the generations and the per-commit deltas beside the table.
+`lakestream.sink.index.store` keeps the generations and the per-commit deltas beside the table.
 """
 from __future__ import annotations
 
@@ -25,13 +25,16 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from lakestream.sink.index import KEY_ENCODING, MISSING, find_sorted, index_keys, keys_from_arrow, keys_to_arrow, pack
-from lakestream.sink.storage import ensure_dir
+from lakestream.sink.index.contract import FileIds, IndexIdentity, Journal
+from lakestream.sink.index.keys import MISSING, find_sorted, index_keys, keys_from_arrow, keys_to_arrow, pack
+from lakestream.sink.index.scan import FILE_COLUMN, POS_COLUMN, scan_sql
+from lakestream.storage import ensure_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -91,14 +94,14 @@ def merge_sorted(keys: np.ndarray, locs: np.ndarray, ov_keys: np.ndarray, ov_loc
     return (keys, locs) if live.all() else (keys[live], locs[live])
 
 
-def merge_generation(fs: Any, gen_dir: str, runs: dict[int, _Run | tuple[str, str]], old_bits: int,
+def merge_generation(fs: Any, gen_dir: str, frozen_runs: Mapping[int, _Run | tuple[str, str]], old_bits: int,
                      ov_keys: np.ndarray, ov_locs: np.ndarray, duty: float = 1.0) -> dict[str, Any]:
     """Merge base buckets ``runs`` (mapped, or their keys and locations files) and an overlay into a new
     generation in ``gen_dir``, one bucket in memory at a time; returns ``{bits, rows, buckets}``. With
     ``duty`` < 1 it works that share of the time (a pause after each bucket), so that a merge beside the
     batches leaves them the machine's disk and cores most of the time."""
-    runs = {b: r if isinstance(r, _Run) else _Run(*r) for b, r in runs.items()}
-    base_rows = sum(len(r.keys) for r in runs.values())
+    runs = {b: r if isinstance(r, _Run) else _Run(*r) for b, r in frozen_runs.items()}
+    base_rows = sum(int(len(r.keys)) for r in runs.values())
     bits = max(old_bits, bucket_bits(base_rows + len(ov_keys)))
     ensure_dir(fs, gen_dir)
     ov_buckets = bucket_of(ov_keys, bits)
@@ -186,8 +189,8 @@ class _Run:
                 pass
 
 
-class DiskKeyIndex:
-    """Key → packed location of the live row, valid for ``snapshot_id`` (the contract of `KeyIndex`)."""
+class DiskKeyIndex(IndexIdentity, FileIds, Journal):
+    """Key → packed location of the live row, valid for ``snapshot_id`` (`TableIndex`, keyed)."""
 
     def __init__(self, hashed: bool, key_columns: list[str] | tuple[str, ...] = (), table_uuid: str | None = None):
         self.hashed = hashed
@@ -212,26 +215,6 @@ class DiskKeyIndex:
         self.generation: str | None = None  # the name of the mapped generation under the store
         self.resets = 0  # how many times it was emptied (a TRUNCATE, a rebuild)
         self.touched: list[np.ndarray] | None = None  # keys updated since a merge beside the batches began
-
-    # -- identity (as `KeyIndex`) ------------------------------------------------------------------
-    def identity(self) -> dict[str, Any]:
-        return {"table_uuid": self.table_uuid, "key_columns": list(self.key_columns), "key_encoding": KEY_ENCODING,
-                "hashed": self.hashed}
-
-    def matches(self, meta: dict[str, Any]) -> bool:
-        return (meta.get("hashed") == self.hashed and meta.get("key_encoding") == KEY_ENCODING
-                and meta.get("table_uuid") == self.table_uuid
-                and [k.lower() for k in meta.get("key_columns") or []] == [k.lower() for k in self.key_columns])
-
-    def file_id(self, path: str) -> int:
-        fid = self._path_ids.get(path)
-        if fid is None:
-            fid = self._path_ids[path] = len(self.paths)
-            self.paths.append(path)
-        return fid
-
-    def known_file_id(self, path: str) -> int | None:
-        return self._path_ids.get(path)
 
     # -- size ----------------------------------------------------------------------------------------
     @property
@@ -321,16 +304,6 @@ class DiskKeyIndex:
         self.resets += 1
         self.touched = None
 
-    def journal_entries(self) -> tuple[np.ndarray, np.ndarray]:
-        if not self.journal:
-            return np.empty(0, self.dtype), np.empty(0, np.int64)
-        keys = np.concatenate([k for k, _ in self.journal])
-        locs = np.concatenate([v for _, v in self.journal])
-        order = np.argsort(keys, kind="stable")
-        k = keys[order]
-        last = np.r_[k[1:] != k[:-1], True]
-        return k[last], locs[order][last]
-
     def wants_merge(self) -> bool:
         return len(self.ov_keys) > max(MIN_MERGE, min(self.base_rows // 8, MAX_OVERLAY))
 
@@ -391,17 +364,16 @@ class DiskKeyIndex:
         self.ov_keys, self.ov_locs = np.empty(0, self.dtype), np.empty(0, np.int64)
 
     # -- a full build on the executors ------------------------------------------------------------------
-    def rebuild(self, spark: SparkSession, ident: str, key_columns: list[str], snapshot_id: int | None) -> None:
+    def rebuild(self, spark: SparkSession, ident: str, snapshot_id: int | None) -> None:
         """Build the index from a scan of the table at ``snapshot_id`` (deletes applied), on the executors:
         each task writes its buckets' sorted files under `build_root`; the driver gets file counts only."""
         started = time.monotonic()
         self.reset()
-        self.key_columns = tuple(key_columns)
         if snapshot_id is not None:
             if self.build_root is None:
                 raise RuntimeError(f"{ident}: no location to build the key index in")
             self.build_seq += 1
-            meta = build_on_executors(spark, ident, list(key_columns), int(snapshot_id), self.hashed,
+            meta = build_on_executors(spark, ident, list(self.key_columns), int(snapshot_id), self.hashed,
                                       self.build_root, f"build-{os.getpid()}-{int(time.time() * 1000)}")
             meta.update(self.identity())
             self.open_base(meta["local_dir"], meta)
@@ -428,8 +400,7 @@ def build_on_executors(spark: SparkSession, ident: str, key_columns: list[str], 
     index keys and locations, shuffle them by bucket and write each bucket's sorted files under
     ``root/name``. Returns the generation's meta (bits, rows, buckets, paths, local_dir)."""
     from lakestream.identifiers import quote_column
-    from lakestream.sink.storage import filesystem_path
-    from lakestream.storage import active_options, use_options
+    from lakestream.storage import active_options, filesystem_path, use_options
 
     files = spark.sql(f"SELECT file_path, xxhash64(file_path) AS h, record_count FROM {ident}.data_files "
                       f"VERSION AS OF {snapshot_id}").collect()
@@ -450,16 +421,16 @@ def build_on_executors(spark: SparkSession, ident: str, key_columns: list[str], 
     log.info("building the key index of %s on the executors: %d rows in %d data files, %d bucket(s)", ident, rows,
              len(paths), 1 << bits)
 
-    def entries(batches):
+    def entries(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for rb in batches:
             t = pa.Table.from_batches([rb])
             keys = index_keys(t.select(list(range(len(key_columns)))).rename_columns(key_columns), key_columns)
-            h = t.column("__file").to_numpy()
+            h = t.column(FILE_COLUMN).to_numpy()
             slot = np.searchsorted(hashes, h)
             slot_c = np.minimum(slot, len(hashes) - 1)
             if len(hashes) == 0 or not np.array_equal(hashes[slot_c], h):
                 raise RuntimeError(f"{ident}: rows of a data file missing from its files table")
-            locs = pack(fids[slot_c], t.column("_pos").to_numpy())
+            locs = pack(fids[slot_c], t.column(POS_COLUMN).to_numpy())
             arrow_keys = keys_to_arrow(keys)
             if hashed:
                 arrow_keys = arrow_keys.cast(pa.binary())
@@ -468,7 +439,7 @@ def build_on_executors(spark: SparkSession, ident: str, key_columns: list[str], 
 
     storage = active_options()
 
-    def write(batches):
+    def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         use_options(storage)  # a fresh Python worker knows no object store but the default AWS one
         by_bucket: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         for rb in batches:
@@ -496,7 +467,7 @@ def build_on_executors(spark: SparkSession, ident: str, key_columns: list[str], 
                                daemon=True)
     watcher.start()
     try:
-        df = spark.sql(f"SELECT {keys_sql}, xxhash64(_file) AS __file, _pos FROM {ident} VERSION AS OF {snapshot_id}")
+        df = spark.sql(scan_sql(ident, keys_sql, snapshot_id))
         written = (df.mapInArrow(entries, f"bucket int, key {key_type}, loc bigint")
                    .repartition(max(1, min(1 << bits, 4096)), "bucket")
                    .mapInArrow(write, "bucket int, rows bigint")).collect()
@@ -526,7 +497,8 @@ def local_generation(fs: Any, path: str, name: str, buckets: list[int]) -> str:
         for part in ("keys", "locs"):
             target = os.path.join(local, f"bucket-{b:05d}.{part}.npy")
             if not os.path.exists(target):
-                with fs.open_input_stream(f"{path}/bucket-{b:05d}.{part}.npy") as src, open(target + ".tmp", "wb") as dst:
+                source = f"{path}/bucket-{b:05d}.{part}.npy"
+                with fs.open_input_stream(source) as src, open(target + ".tmp", "wb") as dst:
                     while chunk := src.read(1 << 22):
                         dst.write(chunk)
                 os.replace(target + ".tmp", target)

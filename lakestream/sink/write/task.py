@@ -17,7 +17,7 @@ import os
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -29,82 +29,23 @@ from lakestream.decode.vectorized import DecodedRun, RunDecoder, decode_events
 from lakestream.errors import BadValue, DecodeError
 from lakestream.process.reference import ReferenceData
 from lakestream.process.transform import (
-    Derived, apply_isolating, fit_output, reference_views, run_transform, with_meta,
+    Derived,
+    apply_isolating,
+    fit_output,
+    reference_views,
+    run_transform,
+    with_meta,
 )
 from lakestream.sink import report as rp
-from lakestream.sink.convert import convert_rows
-from lakestream.sink.index import index_keys, is_integer_key, keys_to_arrow
-from lakestream.sink.latest import STORED, first_per_key, last_per_key, latest_per_key
-from lakestream.sink.router import Router
+from lakestream.sink.index.keys import index_keys, is_integer_key, keys_to_arrow
+from lakestream.sink.spec import TableSpec
+from lakestream.sink.write.convert import convert_rows
+from lakestream.sink.write.latest import STORED, first_per_key, last_per_key, latest_per_key
+from lakestream.sink.write.routing import Router
 from lakestream.source.kafka import TP
 from lakestream.source.planner import OffsetRange
 from lakestream.source.reader import RecordRun, read_runs
 from lakestream.storage import StorageContext, active_options, use_options
-
-
-@dataclass
-class TableSpec:
-    """What a task needs to write one table (built by the driver, shipped to the tasks)."""
-
-    name: str  # namespace.table
-    mode: str  # upsert | append
-    key_columns: list[str]  # upsert key, or [dedupe_field] for de-duplicated appends
-    schema: dict[str, Any]  # Iceberg schema JSON
-    partition_spec: dict[str, Any]  # Iceberg partition spec JSON
-    data_location: str
-    accepted_shapes: frozenset[str] = frozenset()
-    rejected_shapes: dict[str, str] = field(default_factory=dict)  # schema id → reason
-    committed: dict[TP, int] = field(default_factory=dict)  # the table's stored next offsets
-    drop_missing: bool = False  # on_dropped_column=drop: a full row shape lacking a column goes to the driver
-    _arrow: pa.Schema | None = None
-    _ddl: dict[str, str] | None = None
-
-    @property
-    def keyed(self) -> bool:
-        return bool(self.key_columns)
-
-    def fits(self, names: list[str], ddls: list[str], complete: bool = False) -> bool:
-        """Whether rows of this shape can be written to the table as it is (no evolution needed):
-        every column exists with the same type or one it widens to. Decided in the task, without
-        the driver; anything else goes to the driver (`NewShape`). A ``complete`` shape (the source's
-        full row schema) lacking a table column also goes there when dropped columns are dropped."""
-        if self._ddl is None:
-            from lakestream.sink.files import spark_ddl
-
-            try:
-                self._ddl = {f["name"]: spark_ddl(f["type"]) for f in self.schema["fields"]}
-            except ValueError:
-                self._ddl = {}
-        if complete and self.drop_missing and len(self._ddl) > len(set(names) & set(self._ddl)):
-            return False
-        for name, ddl in zip(names, ddls):
-            have = self._ddl.get(name)
-            if have is None or not _ddl_fits(have, ddl):
-                return False
-        return True
-
-    def arrow_schema(self) -> pa.Schema:
-        if self._arrow is None:
-            from lakestream.sink.files import arrow_schema
-
-            self._arrow = arrow_schema(self.schema)
-        return self._arrow
-
-
-def _ddl_fits(table: str, incoming: str) -> bool:
-    """Values of Spark type ``incoming`` can be written to a column of type ``table`` without loss
-    (the rules of `lakestream.sink.schema._fits`, on DDL strings)."""
-    if table == incoming or table == "string":
-        return True
-    if table == "bigint" and incoming in ("int", "smallint", "tinyint"):
-        return True
-    if table == "double" and incoming in ("float", "int", "bigint"):
-        return True
-    if table.startswith("decimal(") and incoming.startswith("decimal("):
-        tp, ts = table[8:-1].split(",")
-        ip, is_ = incoming[8:-1].split(",")
-        return ts.strip() == is_.strip() and int(ip) <= int(tp)
-    return False
 
 
 @dataclass
@@ -126,11 +67,11 @@ class WriteContext:
     # input, so the input's records they lack are read again to feed them, and not written again.
     held_outputs: frozenset[str] = frozenset()
 
-    def replay_from(self, table: str, tp: TP, committed: int) -> int:
+    def reread_from(self, table: str, tp: TP, committed: int) -> int:
         """The first offset of ``tp`` to read for ``table``: its own stored offset (``committed``), or a
         lagging held output's, lower."""
         outputs = [d for d in self.derived.get(table, ()) if self.writes(d.table)]
-        return replay_from(outputs, self.tables, self.held_outputs, tp, committed)
+        return reread_from(outputs, self.tables, self.held_outputs, tp, committed)
 
     def wanted(self, table: str) -> bool:
         """Whether this job reads ``table``'s changes: to write it, or to feed one of its transforms."""
@@ -204,7 +145,7 @@ def change_stats(name: str, topics: list[str], partitions: np.ndarray, offsets: 
            ) -> list[rp.TableStats]:
     """Per partition: records consumed (kept or not: a dead letter is consumed too) and source times."""
     out = []
-    distinct = set(zip(topics, partitions.tolist()))
+    distinct = set(zip(topics, partitions.tolist(), strict=True))
     for topic, partition in distinct:
         if len(distinct) == 1:
             sel = slice(None)
@@ -216,12 +157,6 @@ def change_stats(name: str, topics: list[str], partitions: np.ndarray, offsets: 
         out.append(rp.TableStats(name, TP(topic, partition), len(offs), int(offs.min()), int(offs.max()),
                                  int(ts.min()) if len(ts) else None, int(ts.max()) if len(ts) else None, q))
     return out
-
-
-def _kafka_order(rows: _Rows) -> np.ndarray:
-    """Row numbers sorted by (topic, partition, offset)."""
-    topics = np.unique(np.asarray(rows.topics, dtype=object), return_inverse=True)[1]
-    return np.lexsort((rows.offsets, rows.partitions, topics))
 
 
 def _apply_fills(table: pa.Table, fills: dict[int, dict[str, int]]) -> pa.Table:
@@ -258,17 +193,18 @@ class TableWriter:
 
     def _write_changes(self, rows: _Rows, facts: list[rp.Fact]) -> None:
         spec = self.spec
-        if spec.mode == "upsert" and not spec.keyed and rows.positions is not None:
+        if spec.kind == "multiset" and rows.positions is not None:
             self._write_keyless(rows, facts)
             return
         typed, ops, withheld = rows.table, rows.ops, rows.withheld
         if spec.keyed:
             keys_np = index_keys(typed, spec.key_columns)
             # Kafka order within a partition; partitions of one key do not interleave in Debezium.
-            order_np = _kafka_order(rows)
-            if spec.mode == "upsert" and not any(withheld):
-                final, fills = last_per_key(keys_np, order_np), {}
-            elif spec.mode == "upsert":
+            order_np = rp.kafka_order(rows.topics, rows.partitions, rows.offsets)
+            fills: dict[int, dict[str, int]] = {}
+            if spec.kind == "mirror" and not any(withheld):
+                final = last_per_key(keys_np, order_np)
+            elif spec.kind == "mirror":
                 keys, order = keys_np.tolist(), order_np.tolist()
                 final, fills = latest_per_key(keys, ops, withheld, order)
                 # a value from the stored row stays withheld here: the committer fills it from the table
@@ -282,7 +218,7 @@ class TableWriter:
         else:
             final = list(range(typed.num_rows))
         is_delete = np.array([ops[j] == "d" for j in final], dtype=bool)
-        data_rows = [j for j, d in zip(final, is_delete) if not d]
+        data_rows = [j for j, d in zip(final, is_delete, strict=True) if not d]
         data = typed.take(pa.array(data_rows, pa.int64())) if len(data_rows) != typed.num_rows else typed
         file_of = np.full(len(final), -1, np.int32)
         pos_of = np.zeros(len(final), np.int64)
@@ -290,10 +226,10 @@ class TableWriter:
             self._write_files(data, np.flatnonzero(~is_delete), file_of, pos_of, facts)
         if spec.keyed:
             sel = np.array(final, dtype=np.int64)
-            op = np.where(is_delete, rp.OP_DELETE, rp.OP_UPSERT).astype(np.int8)
-            if spec.mode == "upsert" and "d" in ops:
+            op = np.where(is_delete, rp.KeyedOp.DELETE, rp.KeyedOp.UPSERT).astype(np.int8)
+            if spec.kind == "mirror" and "d" in ops:
                 deleted = keys_np[np.array([o == "d" for o in ops], dtype=bool)]
-                op[np.isin(keys_np[sel], deleted) & ~is_delete] = rp.OP_RECREATE
+                op[np.isin(keys_np[sel], deleted) & ~is_delete] = rp.KeyedOp.RECREATE
             locations = pa.table({
                 "key": keys_to_arrow(keys_np[sel]),
                 "op": pa.array(op),
@@ -307,9 +243,10 @@ class TableWriter:
             facts.append(rp.RowLocations(spec.name, self.task_id, locations))
 
     def _write_keyless(self, rows: _Rows, facts: list[rp.Fact]) -> None:
-        """A table without a primary key (`sink.multiset`): every insert and update writes its new row; the
+        """A table without a primary key (`lakestream.sink.index.keyless`): every insert and update writes its new
+        row; the
         driver resolves which existing row each update or delete removes, and which events are re-sends."""
-        from lakestream.sink.multiset import write_keyless_changes
+        from lakestream.sink.write.keyless import write_keyless_changes
 
         typed, ops = rows.table, rows.ops
         is_delete = np.array([o == "d" for o in ops], dtype=bool)
@@ -320,17 +257,18 @@ class TableWriter:
             data = typed.take(pa.array(data_rows, pa.int64())) if len(data_rows) != typed.num_rows else typed
             self._write_files(data, data_rows, file_of, pos_of, facts)
         schema = self.spec.arrow_schema()
-        updates = [i for i, o in enumerate(ops) if o == "u" and rows.old_rows[i] is not None]
+        old_rows = rows.old_rows or [None] * len(ops)  # set, with positions, for every keyless change
+        updates = [i for i, o in enumerate(ops) if o == "u" and old_rows[i] is not None]
         old: dict[int, pa.Table | None] = {}
         if updates:
-            converted, bad = convert_rows([rows.old_rows[i] for i in updates], schema)
+            converted, bad = convert_rows([row for i in updates if (row := old_rows[i]) is not None], schema)
             good = [j for j in range(len(updates)) if j not in bad]
-            for j, i in enumerate(updates):
+            for i in updates:
                 old[i] = None
             for k, j in enumerate(good):
                 old[updates[j]] = converted.slice(k, 1)
         blob = write_keyless_changes(typed, ops, old, schema, file_of, pos_of, rows.topics, rows.partitions,
-                                     rows.offsets, [p or (0, 0) for p in rows.positions])
+                                     rows.offsets, [p or (0, 0) for p in rows.positions or []])
         facts.append(rp.RowLocations(self.spec.name, self.task_id, blob))
 
     def _typed_rows(self, pending: _Pending, facts: list[rp.Fact]) -> _Rows | None:
@@ -342,14 +280,15 @@ class TableWriter:
         all_topics = pending.topics + run_topics
         all_partitions = np.concatenate([np.asarray(pending.partitions, np.int64)]
                                         + [np.full(run.table.num_rows, p, np.int64) for _, p, run in pending.runs])
-        all_offsets = np.concatenate([np.asarray(pending.offsets, np.int64)] + [run.offsets for _, _, run in pending.runs])
+        all_offsets = np.concatenate([np.asarray(pending.offsets, np.int64)]
+                                     + [run.offsets for _, _, run in pending.runs])
         source_ts = np.concatenate([np.array([np.nan if t is None else t for t in pending.source_ts], np.float64)]
                                    + [run.source_ts for _, _, run in pending.runs])
         kafka_ts = np.concatenate([np.asarray(pending.kafka_ts, np.int64)]
                                   + [np.asarray(run.kafka_ts, np.int64) for _, _, run in pending.runs])
         if pending.truncates:
             # A truncate is consumed by the table like any change: its offset commits with the table.
-            t_topics, t_parts, t_offs, t_ts = zip(*pending.truncates)
+            t_topics, t_parts, t_offs, t_ts = zip(*pending.truncates, strict=True)
             facts.extend(change_stats(spec.name, all_topics + list(t_topics),
                                 np.concatenate([all_partitions, np.asarray(t_parts, np.int64)]),
                                 np.concatenate([all_offsets, np.asarray(t_offs, np.int64)]),
@@ -363,9 +302,9 @@ class TableWriter:
             facts.extend(change_stats(spec.name, all_topics, all_partitions, all_offsets, source_ts))
         typed, bad = convert_rows(pending.rows, schema)
         for i, reason in sorted(bad.items()):
-            facts.append(rp.DeadLetter(TP(pending.topics[i], pending.partitions[i]), pending.offsets[i],
-                                       pending.kafka_ts[i], reason, pending.raw_keys[i], pending.raw_values[i],
-                                       spec.name, BadValue.kind))
+            facts.append(dead_letter(TP(pending.topics[i], pending.partitions[i]), pending.offsets[i],
+                                     pending.kafka_ts[i], reason, pending.raw_keys[i], pending.raw_values[i],
+                                     spec.name, BadValue.kind))
         good = [i for i in range(len(pending.rows)) if i not in bad]
         if bad:
             keep = np.array(good + list(range(len(pending.rows), len(all_topics))), dtype=np.int64)
@@ -379,7 +318,7 @@ class TableWriter:
         ops = [pending.ops[i] for i in good] + [op for _, _, run in pending.runs for op in run.ops]
         withheld = [pending.withheld[i] for i in good] + [[] for _ in run_topics]
         old_rows = positions = None
-        if spec.mode == "upsert" and not spec.keyed and not pending.runs:
+        if spec.kind == "multiset" and not pending.runs:
             old_rows = [pending.old_rows[i] for i in good]
             positions = [pending.positions[i] for i in good]
         return _Rows(table, all_topics, all_partitions, all_offsets, ops, withheld, source_ts, kafka_ts,
@@ -388,7 +327,8 @@ class TableWriter:
     def _write_files(self, data: pa.Table, final_slots: np.ndarray, file_of: np.ndarray, pos_of: np.ndarray,
                      facts: list[rp.Fact]) -> None:
         """Write ``data`` (one partition per file); record where each row of ``final_slots`` landed."""
-        from lakestream.sink.files import partition_values, write_data_file
+        from lakestream.sink.write.files import write_data_file
+        from lakestream.sink.write.partitioning import partition_values
 
         spec = self.spec
         if spec.partition_spec.get("fields"):
@@ -397,7 +337,8 @@ class TableWriter:
             groups = [([], np.arange(data.num_rows))]
         for values, rows in groups:
             rows = np.asarray(rows, dtype=np.int64)
-            part = data if len(rows) == data.num_rows and not spec.partition_spec.get("fields") else data.take(pa.array(rows))
+            whole = len(rows) == data.num_rows and not spec.partition_spec.get("fields")
+            part = data if whole else data.take(pa.array(rows))
             task_file = sum(1 for f in facts if isinstance(f, rp.DataFileWritten))
             written = write_data_file(part, spec.data_location, spec.arrow_schema(), f"{self.task_id}-{task_file:05d}")
             facts.append(rp.DataFileWritten(spec.name, written["path"], written["file_size"], written["record_count"],
@@ -429,15 +370,15 @@ def _defaults_json(columns: Any) -> dict[str, Any]:
     """The shape's column defaults in Iceberg's single-value JSON form (those a column can take)."""
     if not columns.defaults:
         return {}
-    from lakestream.sink.defaults import iceberg_json
+    from lakestream.sink.write.defaults import iceberg_json
 
-    ddl = dict(zip(columns.names, (t.ddl for t in columns.types)))
+    ddl = dict(zip(columns.names, (t.ddl for t in columns.types), strict=True))
     return {name: v for name, wire in columns.defaults.items() if (v := iceberg_json(ddl[name], wire)) is not None}
 
 
 def _shape_schema(shape: rp.NewShape) -> pa.Schema | None:
     """The Arrow schema a new table of ``shape`` would get (flat columns only; None otherwise)."""
-    from lakestream.sink.files import ddl_arrow_type
+    from lakestream.sink.types import ddl_arrow_type
 
     fields = []
     for name, ddl in shape.columns:
@@ -465,201 +406,267 @@ def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.
     yield from _write_task(ranges, ctx)
 
 
-def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.RecordBatch]:
-    task_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    use_options(ctx.storage)
-    decoder = RecordDecoder(ctx.router, ctx.schema_registry)
-    runs = RunDecoder()
-    facts: list[rp.Fact] = []
-    pending: dict[str, _Pending] = {}
-    replay: dict[str, _Pending] = {}  # changes a table holds already, read again for its lagging outputs
-    deferred: dict[str, dict[str, rp.NewShape]] = {}
-    topic_tables: dict[str, str | None] = {}
-    event_time_fields: dict[str, str | None] = {}  # topics of plain JSON event streams → their event time field
-    skipped: dict[str, int] = {}
+MAX_REASON = 2000  # characters of a dead letter's reason
 
-    def one_by_one(rec: Any) -> DecodedRecord | None:
+
+def dead_letter(tp: TP, offset: int, kafka_ts: int | None, reason: str, key: bytes | None, value: bytes | None,
+                table: str | None, kind: str) -> rp.DeadLetter:
+    """The one way a task reports a record it cannot write: its Kafka coordinates, raw bytes and a bounded
+    reason (``kind``: one of `lakestream.errors.DEAD_LETTER_KINDS`)."""
+    return rp.DeadLetter(tp, offset, kafka_ts, reason[:MAX_REASON], key, value, table, kind)
+
+
+def _write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.RecordBatch]:
+    yield WriteTask(ctx).run(ranges)
+
+
+class WriteTask:
+    """One write task: reads its ranges (`run`), places every record (`place_record`, or a whole run at once:
+    `place_run`), leaves the tables the driver must prepare first to a second job (`defer_unprepared`), writes
+    the others and their transforms' outputs (`write_tables`), and returns its facts."""
+
+    def __init__(self, ctx: WriteContext):
+        self.ctx = ctx
+        self.task_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        use_options(ctx.storage)
+        self.decoder = RecordDecoder(ctx.router, ctx.schema_registry)
+        self.runs = RunDecoder()
+        self.facts: list[rp.Fact] = []
+        self.pending: dict[str, _Pending] = {}
+        self.reread: dict[str, _Pending] = {}  # changes a table holds already, read again for its lagging outputs
+        self.deferred: dict[str, dict[str, rp.NewShape]] = {}
+        self.topic_tables: dict[str, str | None] = {}
+        self.event_time_fields: dict[str, str | None] = {}  # topics of plain JSON event streams → event time field
+        self.skipped: dict[str, int] = {}
+        self.raw_runs: list[RecordRun] = []  # kept for the dead letters of transforms
+
+    # -- the steps ---------------------------------------------------------------------------------
+    def run(self, ranges: list[OffsetRange]) -> pa.RecordBatch:
+        """Read, place, defer, write: the task's report."""
+        ctx = self.ctx
+        for item in read_runs(ctx.consumer_conf, list(ranges)):
+            if isinstance(item, tuple):
+                rng, end = item
+                self.facts.append(rp.RangeEnd(rng.tp, end.next_offset, end.at_end))
+                continue
+            if ctx.derived:
+                self.raw_runs.append(item)
+            if ctx.record_hook is not None:
+                for i in range(len(item)):
+                    ctx.record_hook(item.record(i))
+            self.place_run(item)
+        self.defer_unprepared()
+        self.write_tables()
+        self.facts.extend(rp.Skipped(reason, count) for reason, count in self.skipped.items())
+        return rp.to_batch(self.facts)
+
+    def dead_letter(self, rec: Any, reason: str, table: str | None, kind: str) -> None:
+        """Report record ``rec`` as a dead letter."""
+        self.facts.append(dead_letter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms, reason, rec.key,
+                                      rec.value, table, kind))
+
+    def skip(self, reason: str) -> None:
+        """Count a record that carries no row change on purpose (reported once, by the first job)."""
+        if self.ctx.only_tables is None:
+            self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def place_record(self, rec: Any) -> DecodedRecord | None:
         """Decode, route and place one record; its change when the record was kept or deferred."""
-        try:
-            change = decoder.decode(rec)
-        except (DecodeError, RecursionError, ValueError, TypeError, KeyError, AttributeError,
-                UnicodeDecodeError, OverflowError) as exc:
-            # Anything a record's content can make the decoder raise is that record's fault.
-            if ctx.only_tables is None:
-                reason = str(exc) if isinstance(exc, DecodeError) else f"cannot decode: {type(exc).__name__}: {exc}"
-                kind = exc.kind if isinstance(exc, DecodeError) else DecodeError.kind
-                facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                           reason[:2000], rec.key, rec.value, topic_table(ctx.router, rec.topic),
-                                           kind))
-            return None
+        change = self.decode(rec)
         if change is None:
             return None
         if change.op == MESSAGE:
-            if ctx.only_tables is None:
-                skipped["logical_decoding_message"] = skipped.get("logical_decoding_message", 0) + 1
+            self.skip("logical_decoding_message")
             return None
         table = change.table
-        if not ctx.wanted(table):
+        if not self.ctx.wanted(table):
             return None
-        spec = ctx.tables.get(table)
+        spec = self.ctx.tables.get(table)
         if change.op == TRUNCATE:
-            if change.stream.mode != "upsert":
-                if ctx.only_tables is None:
-                    skipped["truncate_in_append_stream"] = skipped.get("truncate_in_append_stream", 0) + 1
-                return None
-            if spec is None or rec.offset < spec.committed.get(TP(rec.topic, rec.partition), -1):
-                return None  # no table yet (nothing to empty), or the table already applied it
-            buf = pending.get(table)
-            if buf is None:
-                buf = pending[table] = _Pending(spec)
-            buf.truncates.append((rec.topic, rec.partition, rec.offset, change.source_ts_ms))
+            self.truncate(rec, change, spec)
             return None
-        shape_id = change.columns.schema_id
+        placed = self.place_shape(rec, change, spec)
+        if placed != "accepted" or spec is None:
+            return change if placed == "deferred" else None
+        if not self.fits_kind(rec, change, spec):
+            return None
+        tp = TP(rec.topic, rec.partition)
+        committed = spec.committed.get(tp, -1)
+        if rec.offset < committed:
+            if self.ctx.held_outputs and rec.offset >= self.ctx.reread_from(table, tp, committed):
+                self._buffer(self.reread, spec).add(rec, change)
+                return change
+            return None  # the table already holds it (a re-read after a restart)
+        self._buffer(self.pending, spec).add(rec, change)
+        return change
+
+    def decode(self, rec: Any) -> DecodedRecord | None:
+        """The record's change (None: no change, or a dead letter for what its content made the decoder raise)."""
+        try:
+            return self.decoder.decode(rec)
+        except (DecodeError, RecursionError, ValueError, TypeError, KeyError, AttributeError,
+                UnicodeDecodeError, OverflowError) as exc:
+            # Anything a record's content can make the decoder raise is that record's fault.
+            if self.ctx.only_tables is None:
+                reason = str(exc) if isinstance(exc, DecodeError) else f"cannot decode: {type(exc).__name__}: {exc}"
+                kind = exc.kind if isinstance(exc, DecodeError) else DecodeError.kind
+                self.dead_letter(rec, reason, topic_table(self.ctx.router, rec.topic), kind)
+            return None
+
+    def truncate(self, rec: Any, change: DecodedRecord, spec: TableSpec | None) -> None:
+        """A TRUNCATE of a mirrored table: its rows as of this offset go (see `TableWriter.finish`)."""
+        if change.stream.mode != "upsert":
+            self.skip("truncate_in_append_stream")
+            return
+        if spec is None or rec.offset < spec.committed.get(TP(rec.topic, rec.partition), -1):
+            return  # no table yet (nothing to empty), or the table already applied it
+        self._buffer(self.pending, spec).truncates.append((rec.topic, rec.partition, rec.offset, change.source_ts_ms))
+
+    def place_shape(self, rec: Any, change: DecodedRecord, spec: TableSpec | None
+                    ) -> Literal["accepted", "rejected", "deferred"]:
+        """Whether the table takes the change's row shape as it is; a rejected shape is a dead letter, a new one is
+        reported for the driver to prepare (the table is deferred to a second job)."""
+        table, shape_id = change.table, change.columns.schema_id
         if spec is not None and shape_id in spec.rejected_shapes:
             reason = spec.rejected_shapes[shape_id]
             if (schema_id := schema_id_of(rec.value)) is not None:
                 reason = f"{reason} (Avro writer schema id {schema_id})"
-            facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                       reason, rec.key, rec.value, table, "incompatible_schema"))
-            return None
-        if (spec is not None and shape_id not in spec.accepted_shapes and table not in deferred
+            self.dead_letter(rec, reason, table, "incompatible_schema")
+            return "rejected"
+        if (spec is not None and shape_id not in spec.accepted_shapes and table not in self.deferred
                 and (change.op == "d" and _keys_in_table(spec, change)
                      or spec.fits(change.columns.names, [t.ddl for t in change.columns.types],
                                   complete=not change.columns.inferred))):
             # The table can take it as it is (a delete writes only its key).
             spec.accepted_shapes = spec.accepted_shapes | {shape_id}
-        if spec is None or shape_id not in spec.accepted_shapes or table in deferred:
-            shapes = deferred.setdefault(table, {})
+        if spec is None or shape_id not in spec.accepted_shapes or table in self.deferred:
+            shapes = self.deferred.setdefault(table, {})
             if shape_id not in shapes:
                 cols = change.columns
                 shapes[shape_id] = rp.NewShape(table, rec.topic, shape_id,
-                                               [(n, t.ddl) for n, t in zip(cols.names, cols.types)],
+                                               [(n, t.ddl) for n, t in zip(cols.names, cols.types, strict=True)],
                                                change.key_columns, cols.inferred, _defaults_json(cols))
-            return change
-        if spec.mode == "upsert" and spec.keyed and not change.key_columns:
+            return "deferred"
+        return "accepted"
+
+    def fits_kind(self, rec: Any, change: DecodedRecord, spec: TableSpec) -> bool:
+        """Whether the change fits the table's kind: a keyed mirror needs a key; a multiset cannot take an update
+        or delete that names its row by a key it does not have. Else a dead letter."""
+        if spec.kind == "mirror" and not change.key_columns:
             # A keyless event (no message key) for a table mirrored by key.
-            facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                       f"missing key: the message has no key and the stream sets no key_columns "
-                                       f"(table {table} is mirrored by key {spec.key_columns})", rec.key, rec.value,
-                                       table, "missing_key"))
-            return None
-        if spec.mode == "upsert" and not spec.keyed and change.key_columns and change.op in ("u", "d"):
-            facts.append(rp.DeadLetter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms,
-                                       f"the source table gained a primary key {change.key_columns}, but its mirror "
-                                       f"{table} holds rows without one (a multiset), and this {change.op!r} event no "
-                                       "longer names the old row — fix: drop the mirror and capture the table again, "
-                                       "so it is recreated keyed", rec.key, rec.value, table, "missing_key"))
-            return None
-        tp = TP(rec.topic, rec.partition)
-        committed = spec.committed.get(tp, -1)
-        if rec.offset < committed:
-            if ctx.held_outputs and rec.offset >= ctx.replay_from(table, tp, committed):
-                buf = replay.get(table)
-                if buf is None:
-                    buf = replay[table] = _Pending(spec)
-                buf.add(rec, change)
-                return change
-            return None  # the table already holds it (a replay after a restart)
-        buf = pending.get(table)
+            self.dead_letter(rec, f"missing key: the message has no key and the stream sets no key_columns "
+                                  f"(table {spec.name} is mirrored by key {spec.key_columns})", spec.name,
+                             "missing_key")
+            return False
+        if spec.kind == "multiset" and change.key_columns and change.op in ("u", "d"):
+            self.dead_letter(rec, f"the source table gained a primary key {change.key_columns}, but its mirror "
+                                  f"{spec.name} holds rows without one (a multiset), and this {change.op!r} event no "
+                                  "longer names the old row — fix: drop the mirror and capture the table again, "
+                                  "so it is recreated keyed", spec.name, "missing_key")
+            return False
+        return True
+
+    @staticmethod
+    def _buffer(buffers: dict[str, _Pending], spec: TableSpec) -> _Pending:
+        buf = buffers.get(spec.name)
         if buf is None:
-            buf = pending[table] = _Pending(spec)
-        buf.add(rec, change)
-        return change
+            buf = buffers[spec.name] = _Pending(spec)
+        return buf
 
-    def decode_run(records: RecordRun, schema: pa.Schema, key_columns: list[str], like: bytes) -> DecodedRun | None:
-        """``records`` decoded as one typed run, or None (decode them one by one); ``like``: a
-        message of theirs whose shape the table accepts (its first)."""
-        if records.topic in event_time_fields:
-            return decode_events(records, schema, key_columns, event_time_fields[records.topic])
-        return runs.decode(records, schema, key_columns, expected_like=like)
-
-    def vectorized(run: RecordRun) -> None:
+    def place_run(self, run: RecordRun) -> None:
         """A partition's run of a fetch: decoded as one when it can be, else record by record."""
+        ctx = self.ctx
         topic, partition = run.topic, run.partition
-        if topic not in topic_tables:
-            stream = ctx.router.streams[i] if (i := ctx.router.stream_index(topic)) is not None else None
-            eligible = stream is not None and (stream.record_format == "debezium" and stream.mode == "upsert"
-                                               or stream.record_format == "json" and stream.mode == "append")
-            topic_tables[topic] = topic_table(ctx.router, topic) if eligible else None
-            if eligible and stream.record_format == "json":
-                event_time_fields[topic] = stream.event_time_field
-        table = topic_tables[topic]
+        table = self._run_table(topic)
         changes = run if None not in run.values else run.select(
             [i for i, v in enumerate(run.values) if v is not None])  # tombstones carry no change
         if table is None or len(changes) < 16 or not ctx.wanted(table):
-            for i in range(len(run)):
-                one_by_one(run.record(i))
+            self._one_by_one(run)
             return
         # The first record goes the careful way: it proves the run's shape is one the table accepts.
-        first = one_by_one(changes.record(0))
+        first = self.place_record(changes.record(0))
         spec = ctx.tables.get(table)
         committed = spec.committed.get(TP(topic, partition), -1) if spec is not None else -1
-        start = ctx.replay_from(table, TP(topic, partition), committed) if ctx.held_outputs else committed
+        start = ctx.reread_from(table, TP(topic, partition), committed) if ctx.held_outputs else committed
         rest = changes.tail(max(1, bisect.bisect_left(changes.offsets, start)))
-        if first is None or not len(rest) or rest.offsets[0] < committed:  # replayed records go one by one
-            for i in range(len(rest)):
-                one_by_one(rest.record(i))
+        if first is None or not len(rest) or rest.offsets[0] < committed:  # re-read records go one by one
+            self._one_by_one(rest)
             return
-        if table in deferred:
+        if table in self.deferred:
             # Not written by this job (the driver creates or evolves the table first): the run only
             # has to prove it brings no other shape, which a vectorized parse in the first record's
             # shape does; anything else is decoded record by record to report it.
-            shape = deferred[table].get(first.columns.schema_id)
+            shape = self.deferred[table].get(first.columns.schema_id)
             schema = _shape_schema(shape) if shape is not None else None
-            if schema is None or decode_run(rest, schema, first.key_columns, changes.values[0]) is None:
-                for i in range(len(rest)):
-                    one_by_one(rest.record(i))
+            if schema is None or self._decode_run(rest, schema, first.key_columns, changes.values[0] or b"") is None:
+                self._one_by_one(rest)
             return
-        if spec is None or table not in pending or (spec.mode == "upsert" and not spec.keyed):
+        if spec is None or table not in self.pending or spec.kind == "multiset":
             # (a table without a primary key needs each event's source position: record by record)
-            for i in range(len(rest)):
-                one_by_one(rest.record(i))
+            self._one_by_one(rest)
             return
-        decoded = decode_run(rest, spec.arrow_schema(), spec.key_columns, changes.values[0])
+        decoded = self._decode_run(rest, spec.arrow_schema(), spec.key_columns, changes.values[0] or b"")
         if decoded is None:
-            for i in range(len(rest)):
-                one_by_one(rest.record(i))
+            self._one_by_one(rest)
         else:
-            pending[table].runs.append((topic, partition, decoded))
+            self.pending[table].runs.append((topic, partition, decoded))
 
-    raw_runs: list[RecordRun] = []  # kept for the dead letters of transforms
-    for item in read_runs(ctx.consumer_conf, list(ranges)):
-        if isinstance(item, tuple):
-            rng, end = item
-            facts.append(rp.RangeEnd(rng.tp, end.next_offset, end.at_end))
-            continue
-        if ctx.derived:
-            raw_runs.append(item)
-        if ctx.record_hook is not None:
-            for i in range(len(item)):
-                ctx.record_hook(item.record(i))
-        vectorized(item)
-    if deferred:
-        # A deferred table is written by a second job once the driver has prepared it, and that job reports
-        # its records of rejected shapes again: reported here too, they would be dead letters twice.
-        facts[:] = [f for f in facts if not (isinstance(f, rp.DeadLetter) and f.table in deferred
-                                             and f.reason_kind == "incompatible_schema")]
-    for table, shapes in deferred.items():
-        pending.pop(table, None)
-        replay.pop(table, None)
-        facts.extend(shapes.values())
+    def _one_by_one(self, run: RecordRun) -> None:
+        for i in range(len(run)):
+            self.place_record(run.record(i))
 
-    def feed_transforms(table: str, rows: _Rows | None, only: Collection[str] | None = None) -> None:
+    def _run_table(self, topic: str) -> str | None:
+        """The table a topic's runs may be decoded for as one (None: its records go one by one)."""
+        if topic not in self.topic_tables:
+            router = self.ctx.router
+            stream = router.streams[i] if (i := router.stream_index(topic)) is not None else None
+            eligible = stream is not None and (stream.record_format == "debezium" and stream.mode == "upsert"
+                                               or stream.record_format == "json" and stream.mode == "append")
+            self.topic_tables[topic] = topic_table(router, topic) if eligible else None
+            if stream is not None and eligible and stream.record_format == "json":
+                self.event_time_fields[topic] = stream.event_time_field
+        return self.topic_tables[topic]
+
+    def _decode_run(self, records: RecordRun, schema: pa.Schema, key_columns: list[str], like: bytes
+                    ) -> DecodedRun | None:
+        """``records`` decoded as one typed run, or None (decode them one by one); ``like``: a
+        message of theirs whose shape the table accepts (its first)."""
+        if records.topic in self.event_time_fields:
+            return decode_events(records, schema, key_columns, self.event_time_fields[records.topic])
+        return self.runs.decode(records, schema, key_columns, expected_like=like)
+
+    def defer_unprepared(self) -> None:
+        """A deferred table is written by a second job once the driver has prepared it: its new shapes are
+        reported instead, and its changes dropped here. That job reports its records of rejected shapes again:
+        reported here too, they would be dead letters twice."""
+        if self.deferred:
+            self.facts[:] = [f for f in self.facts if not (isinstance(f, rp.DeadLetter) and f.table in self.deferred
+                                                           and f.reason_kind == "incompatible_schema")]
+        for table, shapes in self.deferred.items():
+            self.pending.pop(table, None)
+            self.reread.pop(table, None)
+            self.facts.extend(shapes.values())
+
+    def write_tables(self) -> None:
+        """Write each table's changes (and feed its transforms); re-read changes feed only the held outputs."""
+        ctx = self.ctx
+        for table, buf in self.reread.items():  # for the held outputs only: the input holds these already
+            rows = TableWriter(buf.spec, self.task_id).finish(buf, self.facts, write=False)
+            self.feed_transforms(table, rows, ctx.held_outputs)
+        for table, buf in self.pending.items():
+            rows = TableWriter(buf.spec, self.task_id).finish(buf, self.facts, write=ctx.writes(table))
+            if rows is not None and ctx.writes(table) and table in ctx.changed_keys:
+                self.facts.append(rp.ChangedKeys(table, self.task_id, _changed_keys(rows, ctx.changed_keys[table])))
+            self.feed_transforms(table, rows)
+
+    def feed_transforms(self, table: str, rows: _Rows | None, only: Collection[str] | None = None) -> None:
+        """Run the transforms of input ``table`` over its typed changes (those of ``only`` outputs)."""
+        ctx = self.ctx
         for derived in ctx.derived.get(table, ()):
             if rows is not None and ctx.writes(derived.table) and derived.table in ctx.tables \
                     and (only is None or derived.table in only):
-                _run_derived(derived, ctx.tables[derived.table], rows, raw_runs, task_id, facts,
+                _run_derived(derived, ctx.tables[derived.table], rows, self.raw_runs, self.task_id, self.facts,
                              reference_views(derived, ctx.references))
-
-    for table, buf in replay.items():  # for the held outputs only: the input holds these already
-        feed_transforms(table, TableWriter(buf.spec, task_id).finish(buf, facts, write=False), ctx.held_outputs)
-    for table, buf in pending.items():
-        rows = TableWriter(buf.spec, task_id).finish(buf, facts, write=ctx.writes(table))
-        if rows is not None and ctx.writes(table) and table in ctx.changed_keys:
-            facts.append(rp.ChangedKeys(table, task_id, _changed_keys(rows, ctx.changed_keys[table])))
-        feed_transforms(table, rows)
-    facts.extend(rp.Skipped(reason, count) for reason, count in skipped.items())
-    yield rp.to_batch(facts)
 
 
 def _changed_keys(rows: _Rows, columns: list[str]) -> pa.Table:
@@ -677,7 +684,7 @@ def _changed_keys(rows: _Rows, columns: list[str]) -> pa.Table:
     return pa.table(out)
 
 
-def replay_from(derived: Iterable[Derived], specs: dict[str, TableSpec], held: Collection[str], tp: TP,
+def reread_from(derived: Iterable[Derived], specs: dict[str, TableSpec], held: Collection[str], tp: TP,
                 committed: int, default: int = -1) -> int:
     """``committed`` (an input table's stored offset of ``tp``), lowered to the stored offset of any of its
     transform outputs that holds its commits (``held``) and has committed less (``default`` if none yet)."""
@@ -693,10 +700,10 @@ def _run_derived(derived: Derived, spec: TableSpec, rows: _Rows, raw_runs: list[
     """Run one transform over an input table's typed changes and append its output to ``spec``'s
     table; rows it fails on become dead letters. Changes the output table already holds are skipped."""
     fresh = np.array([o >= spec.committed.get(TP(t, int(p)), -1)
-                      for t, p, o in zip(rows.topics, rows.partitions, rows.offsets)], dtype=bool)
+                      for t, p, o in zip(rows.topics, rows.partitions, rows.offsets, strict=True)], dtype=bool)
     if not fresh.any():
         return
-    order = _kafka_order(rows)
+    order = rp.kafka_order(rows.topics, rows.partitions, rows.offsets)
     order = order[fresh[order]]
     take = pa.array(order, pa.int64())
     topics = [rows.topics[i] for i in order]
@@ -715,8 +722,8 @@ def _run_derived(derived: Derived, spec: TableSpec, rows: _Rows, raw_runs: list[
         for row, error in sorted(failed.items()):
             tp, offset = TP(topics[row], int(partitions[row])), int(offsets[row])
             key, value, ts = raws.get((tp.topic, tp.partition, offset), (None, None, None))
-            facts.append(rp.DeadLetter(tp, offset, ts, f"transform {derived.name} ({derived.where}) failed: "
-                                       f"{error}"[:2000], key, value, spec.name, "transform_failed"))
+            facts.append(dead_letter(tp, offset, ts, f"transform {derived.name} ({derived.where}) failed: {error}", key,
+                                     value, spec.name, "transform_failed"))
     data = pa.concat_tables(outputs) if outputs else None
     if data is not None and data.num_rows:
         n = data.num_rows

@@ -16,26 +16,30 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import orjson
 import pyarrow as pa
 
 from lakestream.laps import Laps
-from lakestream.sink.index import MISSING, keys_from_arrow, unpack
-from lakestream.sink.report import OP_DELETE, OP_RECREATE, TableReport
+from lakestream.sink.index.contract import KeyedIndex
+from lakestream.sink.index.keyless import KeylessIndex
+from lakestream.sink.index.keys import MISSING, keys_from_arrow, unpack
+from lakestream.sink.report import KeyedOp, TableReport, kafka_order
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from lakestream.sink.disk_index import DiskKeyIndex
-    from lakestream.sink.multiset import KeylessIndex
-
-    from lakestream.sink.router import TableName
-    from lakestream.sink.task import TableSpec
+    from lakestream.identifiers import TableName
+    from lakestream.sink.catalog.sink import CommitRequest, CommitResult, DataFileEntry
+    from lakestream.sink.spec import TableSpec
 
 log = logging.getLogger(__name__)
+
+
+# What a table commit did: resolved changes by key (a mirror or a multiset), de-duplicated appends, appends.
+CommitKind = Literal["upsert", "dedupe-append", "append"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ class TableCommit:
     """What one table's commit did: the kind of write and the row changes it applied (keys upserted
     or deleted after the latest change per key won; rows appended)."""
 
-    kind: str  # append | upsert | dedupe-append
+    kind: CommitKind
     changes: int
     source_ts_ms: int | None = None  # the newest source change it carries (set by Pipeline.commit_table)
     # Where the commit's time went, in ms, in order: the key index lookup ("resolve"), the JVM's own steps
@@ -63,14 +67,27 @@ class TableWrite:
     catalog: str
     name: TableName
     spec: TableSpec
-    index: DiskKeyIndex | KeylessIndex | None  # upsert and de-duplicated tables
+    index: KeyedIndex | KeylessIndex | None  # upsert and de-duplicated tables
 
     @property
     def mode(self) -> str:
         return self.spec.mode
 
+    @property
+    def keyed_index(self) -> KeyedIndex | None:
+        """The index of a table kept by key (a mirror, a de-duplicated append); None for the others."""
+        index = self.index
+        return None if index is None or isinstance(index, KeylessIndex) else index
 
-class _Deletes:
+    @property
+    def keyless_index(self) -> KeylessIndex:
+        """The index of a table without a primary key (a multiset)."""
+        if not isinstance(self.index, KeylessIndex):
+            raise TypeError(f"{self.ident} has no keyless index")
+        return self.index
+
+
+class Deletes:
     """Positions to delete, per data file path, gathered as arrays."""
 
     def __init__(self) -> None:
@@ -87,7 +104,7 @@ class _Deletes:
         order = np.lexsort((positions, file_ids))
         fids, pos = np.asarray(file_ids)[order], np.asarray(positions, np.int64)[order]
         starts = np.flatnonzero(np.r_[True, fids[1:] != fids[:-1]])
-        for fid, part in zip(fids[starts].tolist(), np.split(pos, starts[1:])):
+        for fid, part in zip(fids[starts].tolist(), np.split(pos, starts[1:]), strict=True):
             self._parts[names[fid]].append(part)
 
     def by_file(self) -> dict[str, np.ndarray]:
@@ -96,7 +113,7 @@ class _Deletes:
                 for path, parts in self._parts.items()}
 
 
-class _Locations:
+class Locations:
     """Where each touched key's row is after the commit: ``paths[file[g]]`` at ``pos[g]``
     (``file[g] < 0``: deleted, or unchanged for de-duplicated appends)."""
 
@@ -115,7 +132,7 @@ class _Locations:
         self.paths.append(path)
         self.file[g], self.pos[g] = len(self.paths) - 1, pos
 
-    def packed(self, index: DiskKeyIndex) -> np.ndarray:
+    def packed(self, index: KeyedIndex) -> np.ndarray:
         """The index's packed locations (file id << 32 | pos; MISSING where there is no row)."""
         used = np.unique(self.file[self.file >= 0])
         ids = np.zeros(max(len(self.paths), 1), np.int64)  # a batch of deletes only writes no file
@@ -125,32 +142,35 @@ class _Locations:
 
 
 @dataclass
-class _Resolved:
-    deletes: _Deletes
+class Resolution:
+    """What a batch does to a keyed table (`resolve_changes`)."""
+
+    deletes: Deletes
     keys: np.ndarray  # distinct keys touched
-    locations: _Locations  # their new rows
+    locations: Locations  # their new rows
     unchanged: np.ndarray  # bool: keep the index entry as is (de-duplicated appends)
     patches: list[tuple[int, tuple[str, int], tuple[str, int] | None, list[str]]]
-    # Keys whose new row replaces a committed row and keeps its `_row_id` (`sink.lineage`), and that row.
+    # Keys whose new row replaces a committed row and keeps its `_row_id` (`sink.commit.lineage`), and that row.
     kept: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     kept_from: tuple[np.ndarray, np.ndarray] = field(
         default_factory=lambda: (np.empty(0, np.int64), np.empty(0, np.int64)))  # (index file id, position)
 
 
-def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
+def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
     """Deletes and new index locations for one table's batch (see module doc)."""
-    deletes = _Deletes()
+    deletes = Deletes()
+    index = write.keyed_index
     if not changes.locations:
-        return _Resolved(deletes, np.empty(0), _Locations([], np.empty(0), np.empty(0)), np.empty(0, bool), [])
+        return Resolution(deletes, np.empty(0), Locations([], np.empty(0), np.empty(0)), np.empty(0, bool), [])
     # Files numbered across tasks: a task's files are base[task] + its own file number.
     paths: list[str] = []
     base: dict[str, int] = {}
     by_task: dict[str, dict[int, str]] = defaultdict(dict)
     for f in changes.files:
         by_task[f.task_id][f.task_file] = f.path
-    for task_id, files in by_task.items():
+    for task_id, numbered in by_task.items():
         base[task_id] = len(paths)
-        paths.extend(files.get(i, "") for i in range(max(files) + 1))
+        paths.extend(numbered.get(i, "") for i in range(max(numbered) + 1))
     parts, task_file_global = [], []
     for loc in changes.locations:
         t = loc.locations
@@ -160,10 +180,9 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
     rows = pa.concat_tables(parts)
     keys = keys_from_arrow(rows.column("key"))
     topics = rows.column("topic").to_pylist()
-    topic_codes = np.unique(np.array(topics, dtype=object), return_inverse=True)[1]
-    kafka_order = np.lexsort((rows.column("offset").to_numpy(), rows.column("partition").to_numpy(), topic_codes))
+    in_kafka_order = kafka_order(topics, rows.column("partition").to_numpy(), rows.column("offset").to_numpy())
     # Group by key, Kafka order inside each group (a stable sort of rows already in Kafka order).
-    order = kafka_order[np.argsort(keys[kafka_order], kind="stable")]
+    order = in_kafka_order[np.argsort(keys[in_kafka_order], kind="stable")]
     k = keys[order]
     starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
     ends = np.r_[starts[1:], len(k)]
@@ -173,8 +192,8 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
     positions = rows.column("pos").to_numpy()[order]
     distinct = k[starts]
     truncated = bool(changes.truncates)
-    if write.index is not None and not truncated:
-        old = write.index.lookup(distinct)
+    if index is not None and not truncated:
+        old = index.lookup(distinct)
     else:  # after a TRUNCATE no earlier row survives: the commit removes every existing data file
         old = np.full(len(distinct), MISSING)
 
@@ -182,7 +201,7 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
         # The key's previous row, wherever it is, and every row of this batch but the last one.
         has_old = old != MISSING
         old_fid, old_pos = unpack(old)
-        deletes.add_grouped(old_fid[has_old], old_pos[has_old], write.index.paths if write.index is not None else [])
+        deletes.add_grouped(old_fid[has_old], old_pos[has_old], index.paths if index is not None else [])
         superseded = np.ones(len(k), bool)
         superseded[last] = False
         superseded &= files >= 0
@@ -198,8 +217,8 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
             gone = (rows.column("offset").to_numpy()[order] < cut)[last]
             written = gone & (files[last] >= 0)
             deletes.add_grouped(files[last][written], positions[last][written], paths)
-        final_file = np.where((ops[last] == OP_DELETE) | gone, -1, files[last])
-        locations = _Locations(paths, final_file, positions[last])
+        final_file = np.where((ops[last] == KeyedOp.DELETE) | gone, -1, files[last])
+        locations = Locations(paths, final_file, positions[last])
         patches = []
         withheld = rows.column("withheld")
         if withheld.null_count < len(withheld):
@@ -209,23 +228,24 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
                 if not columns:
                     continue
                 s_, e_ = starts[g], ends[g]
-                source = (write.index.paths[old_fid[g]], int(old_pos[g])) if has_old[g] else None
+                source = (index.paths[old_fid[g]], int(old_pos[g])) if has_old[g] and index is not None else None
                 if e_ - 1 > s_:  # an earlier change of the key in this batch
                     prev = e_ - 2
-                    source = None if ops[prev] == OP_DELETE or files[prev] < 0 else (paths[files[prev]],
-                                                                                     int(positions[prev]))
+                    earlier_row = ops[prev] != KeyedOp.DELETE and files[prev] >= 0
+                    source = (paths[files[prev]], int(positions[prev])) if earlier_row else None
                 patches.append((int(g), locations[g], source, columns))
         # A key deleted in this batch and written again is a new row (a new `_row_id`), as a primary-key change is.
-        deleted_here = np.maximum.reduceat(((ops == OP_DELETE) | (ops == OP_RECREATE)).astype(np.int8), starts) > 0
+        removed = (ops == KeyedOp.DELETE) | (ops == KeyedOp.RECREATE)
+        deleted_here = np.maximum.reduceat(removed.astype(np.int8), starts) > 0
         kept = np.flatnonzero(has_old & ~deleted_here & (final_file >= 0))
-        return _Resolved(deletes, distinct, locations, np.zeros(len(distinct), bool), patches, kept,
+        return Resolution(deletes, distinct, locations, np.zeros(len(distinct), bool), patches, kept,
                          (old_fid[kept], old_pos[kept]))
 
     # De-duplicated append: the first row of an id wins, in the table or in this batch.
     location_file = np.full(len(distinct), -1, np.int64)
     location_pos = np.zeros(len(distinct), np.int64)
     unchanged = np.zeros(len(distinct), bool)
-    for g, (s_, e_) in enumerate(zip(starts, ends)):
+    for g, (s_, e_) in enumerate(zip(starts, ends, strict=True)):
         keep = None if old[g] != MISSING else s_
         for i in range(s_, e_):
             if files[i] >= 0 and i != keep:
@@ -234,13 +254,13 @@ def _resolve(write: TableWrite, changes: TableReport) -> _Resolved:
             unchanged[g] = keep is None
         else:
             location_file[g], location_pos[g] = files[keep], positions[keep]
-    return _Resolved(deletes, distinct, _Locations(paths, location_file, location_pos), unchanged, [])
+    return Resolution(deletes, distinct, Locations(paths, location_file, location_pos), unchanged, [])
 
 
 def _read_rows(locations: list[tuple[str, int]]) -> dict[tuple[str, int], dict[str, Any]]:
     import pyarrow.parquet as pq
 
-    from lakestream.sink.storage import filesystem_path
+    from lakestream.storage import filesystem_path
 
     out: dict[tuple[str, int], dict[str, Any]] = {}
     by_file: dict[str, list[int]] = defaultdict(list)
@@ -254,12 +274,12 @@ def _read_rows(locations: list[tuple[str, int]]) -> dict[tuple[str, int], dict[s
     return out
 
 
-def _apply_patches(write: TableWrite, changes: TableReport, resolved: _Resolved, data_files: list[dict[str, Any]]
+def _apply_patches(write: TableWrite, changes: TableReport, resolved: Resolution, data_files: list[DataFileEntry]
                    ) -> None:
     """Rows whose TOAST columns Debezium withheld get the stored values: the row is copied into a
     new file with the value from its previous version, and the copy replaces it (same snapshot)."""
-    from lakestream.sink.convert import convert_rows
-    from lakestream.sink.files import write_data_file
+    from lakestream.sink.write.convert import convert_rows
+    from lakestream.sink.write.files import write_data_file
 
     wanted = [p[1] for p in resolved.patches] + [p[2] for p in resolved.patches if p[2] is not None]
     rows = _read_rows(wanted)
@@ -308,12 +328,12 @@ class KeptRows:
 
 
 def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | None, kept: KeptRows,
-                  data_files: list[dict[str, Any]]) -> None:
-    """Each new row that replaces a committed row keeps that row's `_row_id` (`lakestream.sink.lineage`): the
+                  data_files: list[DataFileEntry]) -> None:
+    """Each new row that replaces a committed row keeps that row's `_row_id` (`lakestream.sink.commit.lineage`): the
     batch's files holding such rows are rewritten in place with the lineage columns before the commit."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from lakestream.sink.lineage import ROW_IDS, UNKNOWN, StaleLineage, write_lineage
+    from lakestream.sink.commit.lineage import ROW_IDS, UNKNOWN, StaleLineage, write_lineage
 
     rewritten: set[str] = set()
     if len(kept.new_file) and snapshot_id is not None:
@@ -326,11 +346,12 @@ def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | Non
             found = ROW_IDS.lookup(spark, write.catalog, write.name.namespace, write.name.table, snapshot_id,
                                    old_paths, [kept.old_pos[g] for g in groups])
         except StaleLineage as exc:
-            write.index.valid = False
+            if write.index is not None:
+                write.index.valid = False
             raise StaleIndex(f"{write.ident}: {exc}") from exc
         if found is not None:  # else the table does not track lineage (format < 3)
             old_ids = np.empty(len(kept.new_file), np.int64)
-            for g, ids in zip(groups, found):
+            for g, ids in zip(groups, found, strict=True):
                 old_ids[g] = ids
             by_path = {f["path"]: f for f in data_files}
             rewrites = []
@@ -342,7 +363,7 @@ def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | Non
                 rewrites.append((path, ids))
             with ThreadPoolExecutor(max_workers=min(4, len(rewrites))) as pool:
                 sizes = list(pool.map(lambda item: write_lineage(*item), rewrites))
-            for (path, ids), size in zip(rewrites, sizes):
+            for (path, ids), size in zip(rewrites, sizes, strict=True):
                 by_path[path]["file_size"] = size
                 ROW_IDS.remember(path, ids)
                 rewritten.add(path)
@@ -351,19 +372,19 @@ def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | Non
             ROW_IDS.remember(f["path"], None)
 
 
-def _remember_first_row_ids(result: dict[str, Any]) -> None:
+def _remember_first_row_ids(result: CommitResult) -> None:
     """Keep the first_row_id of the files a commit added: the next batch's updates of their rows need it."""
     if result.get("first_row_ids"):
-        from lakestream.sink.lineage import ROW_IDS
+        from lakestream.sink.commit.lineage import ROW_IDS
 
         ROW_IDS.committed(result["first_row_ids"])
 
 
-def _kept_rows(write: TableWrite, resolved: _Resolved) -> KeptRows:
+def _kept_rows(index: KeyedIndex, resolved: Resolution) -> KeptRows:
     """The keys whose new row keeps the `_row_id` of the key's committed row."""
     old_fid, old_pos = resolved.kept_from
     return KeptRows(resolved.locations.paths, resolved.locations.file[resolved.kept],
-                    resolved.locations.pos[resolved.kept], write.index.paths, old_fid, old_pos)
+                    resolved.locations.pos[resolved.kept], index.paths, old_fid, old_pos)
 
 
 def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, properties: dict[str, str]
@@ -373,23 +394,23 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     Returns the kind of write and the changes applied. The index (if any) must describe
     the table's current snapshot; it is moved to the new snapshot.
     """
-    from lakestream.sink.files import commit_files
-    from lakestream.sink.multiset import KeylessIndex
+    from lakestream.sink.catalog.sink import commit_files
 
     if isinstance(write.index, KeylessIndex):
         return _write_keyless(spark, write, changes, properties)
-    data_files = [{"path": f.path, "file_size": f.file_size, "record_count": f.record_count,
-                   "partition": f.partition_values} for f in changes.files]
-    index = write.index
+    data_files: list[DataFileEntry] = [
+        {"path": f.path, "file_size": f.file_size, "record_count": f.record_count, "partition": f.partition_values}
+        for f in changes.files]
+    index = write.keyed_index
     laps = Laps()
-    resolved = _resolve(write, changes) if index is not None else None
+    resolved = resolve_changes(write, changes) if index is not None else None
     if resolved is not None and resolved.patches:
         _apply_patches(write, changes, resolved, data_files)
     laps.lap("resolve")
-    if resolved is not None and write.mode == "upsert":
-        _keep_row_ids(spark, write, index.snapshot_id, _kept_rows(write, resolved), data_files)
+    if index is not None and resolved is not None and write.mode == "upsert":
+        _keep_row_ids(spark, write, index.snapshot_id, _kept_rows(index, resolved), data_files)
         laps.lap("lineage")
-    request = {
+    request: CommitRequest = {
         "base_snapshot_id": index.snapshot_id if index is not None else None,
         **({"expect_snapshot_id": index.snapshot_id} if index is not None else {}),
         "data_files": data_files,
@@ -405,7 +426,7 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     if log.isEnabledFor(logging.DEBUG):
         log.debug("%s: commit of %d data file(s), deletes in %d, steps (ms) %s", write.ident, len(data_files),
                   len(request["deletes"]), result.get("timings_ms"))
-    if result.get("stale"):
+    if result.get("stale") and index is not None:
         index.valid = False
         raise StaleIndex(f"{write.ident} is at snapshot {result.get('snapshot_id')}, its key index at "
                          f"{index.snapshot_id}: another writer committed in between")
@@ -435,20 +456,21 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
 
 def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport, properties: dict[str, str]
                    ) -> TableCommit:
-    """A table without a primary key (`lakestream.sink.multiset`): appended rows, one equal row removed per
+    """A table without a primary key (`lakestream.sink.index.keyless`): appended rows, one equal row removed per
     update or delete, re-sent events left out; the source positions commit with the offsets."""
-    from lakestream.sink.files import commit_files
-    from lakestream.sink.multiset import apply_resolution, positions_property, resolve_keyless
+    from lakestream.sink.catalog.sink import commit_files
+    from lakestream.sink.commit.keyless import apply_resolution, positions_property, resolve_keyless
 
-    index = write.index
+    index = write.keyless_index
     laps = Laps()
     resolved = resolve_keyless(index, changes)
     laps.lap("resolve")
-    data_files = [{"path": f.path, "file_size": f.file_size, "record_count": f.record_count,
-                   "partition": f.partition_values} for f in changes.files]
+    data_files: list[DataFileEntry] = [
+        {"path": f.path, "file_size": f.file_size, "record_count": f.record_count, "partition": f.partition_values}
+        for f in changes.files]
     _keep_row_ids(spark, write, index.snapshot_id, KeptRows.of_pairs(resolved.kept), data_files)
     laps.lap("lineage")
-    request = {
+    request: CommitRequest = {
         "base_snapshot_id": index.snapshot_id,
         "expect_snapshot_id": index.snapshot_id,
         "data_files": data_files,
