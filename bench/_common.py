@@ -4,6 +4,7 @@ base tables filled through the sink's write path, process memory, machine load a
 Benchmarks start their own PostgreSQL + broker on free ports under a fresh state directory, so they
 never collide with tests or a developer's `.lakestream/`, and remove it all at the end.
 """
+
 from __future__ import annotations
 
 import base64
@@ -36,11 +37,16 @@ from lakestream.stack.process import free_ports, stop_pid  # noqa: E402
 
 # -- machine --------------------------------------------------------------------------------------
 
+
 def machine_load() -> dict[str, Any]:
     """The load average (1, 5, 15 min) and core count, so readers can judge the figures."""
     one, five, fifteen = os.getloadavg()
-    return {"loadavg_1m": round(one, 2), "loadavg_5m": round(five, 2), "loadavg_15m": round(fifteen, 2),
-            "cpus": os.cpu_count()}
+    return {
+        "loadavg_1m": round(one, 2),
+        "loadavg_5m": round(five, 2),
+        "loadavg_15m": round(fifteen, 2),
+        "cpus": os.cpu_count(),
+    }
 
 
 def rss_bytes(pid: int | str = "self") -> int | None:
@@ -60,8 +66,13 @@ def driver_memory(spark) -> dict[str, Any]:
     jvm = spark.sparkContext._jvm
     jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
     heap = jvm.java.lang.management.ManagementFactory.getMemoryMXBean().getHeapMemoryUsage()
-    return {"jvm_pid": jvm_pid, "jvm_rss_mb": _mb(rss_bytes(jvm_pid)), "jvm_heap_used_mb": _mb(heap.getUsed()),
-            "jvm_heap_committed_mb": _mb(heap.getCommitted()), "python_rss_mb": _mb(rss_bytes())}
+    return {
+        "jvm_pid": jvm_pid,
+        "jvm_rss_mb": _mb(rss_bytes(jvm_pid)),
+        "jvm_heap_used_mb": _mb(heap.getUsed()),
+        "jvm_heap_committed_mb": _mb(heap.getCommitted()),
+        "python_rss_mb": _mb(rss_bytes()),
+    }
 
 
 def _mb(value: int | None) -> float | None:
@@ -70,10 +81,17 @@ def _mb(value: int | None) -> float | None:
 
 # -- the private stack ----------------------------------------------------------------------------
 
+
 @contextlib.contextmanager
-def private_stack(prefix: str, keep: bool = False, storage: str = "local", catalog: str = "jdbc",
-                  state_dir: Path | None = None, discard_topics: bool = False,
-                  source: str = "postgresql") -> Iterator[tuple[StackInfo, Path]]:
+def private_stack(
+    prefix: str,
+    keep: bool = False,
+    storage: str = "local",
+    catalog: str = "jdbc",
+    state_dir: Path | None = None,
+    discard_topics: bool = False,
+    source: str = "postgresql",
+) -> Iterator[tuple[StackInfo, Path]]:
     """A PostgreSQL + Apache Kafka stack on free ports in a fresh state dir (with ``storage="s3"`` a local
     S3-compatible store holds the warehouse, with ``catalog="rest"`` a local REST catalog serves it);
     stopped (and removed) on exit.
@@ -89,9 +107,19 @@ def private_stack(prefix: str, keep: bool = False, storage: str = "local", catal
         state_dir.mkdir(parents=True, exist_ok=True)
     state_dir.chmod(0o711)  # PostgreSQL runs as another user and must reach its data dir
     pg_port, kafka_port, s3_port, rest_port, mariadb_port = free_ports(5)
-    stack = Stack(StackSettings(state_dir=state_dir, pg_port=pg_port, kafka_port=kafka_port,
-                                storage=storage, s3_port=s3_port, catalog=catalog, rest_port=rest_port,
-                                source=source, mariadb_port=mariadb_port))
+    stack = Stack(
+        StackSettings(
+            state_dir=state_dir,
+            pg_port=pg_port,
+            kafka_port=kafka_port,
+            storage=storage,
+            s3_port=s3_port,
+            catalog=catalog,
+            rest_port=rest_port,
+            source=source,
+            mariadb_port=mariadb_port,
+        )
+    )
     try:
         info = stack.up()
         os.environ.update(info.storage_env())  # the config names these variables
@@ -107,9 +135,15 @@ def private_stack(prefix: str, keep: bool = False, storage: str = "local", catal
             shutil.rmtree(state_dir, ignore_errors=True)
 
 
-def pipeline_data(info: StackInfo, state_dir: Path, name: str, streams: list[dict[str, Any]],
-                  engine: dict[str, Any] | None = None, capture: dict[str, Any] | None = None,
-                  driver_memory: str = "2g") -> dict[str, Any]:
+def pipeline_data(
+    info: StackInfo,
+    state_dir: Path,
+    name: str,
+    streams: list[dict[str, Any]],
+    engine: dict[str, Any] | None = None,
+    capture: dict[str, Any] | None = None,
+    driver_memory: str = "2g",
+) -> dict[str, Any]:
     """A pipeline config mapping for the private stack (real passwords: write it 0600)."""
     data: dict[str, Any] = {
         "name": name,
@@ -161,15 +195,27 @@ _VALUE_FIELDS = [
     {"type": "int32", "optional": False, "field": "id"},
     {"type": "int64", "optional": False, "field": "customer_id"},
     {"type": "string", "optional": True, "field": "status"},
-    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
-     "parameters": {"scale": "2", "connect.decimal.precision": "12"}, "field": "amount"},
+    {
+        "type": "bytes",
+        "optional": True,
+        "name": "org.apache.kafka.connect.data.Decimal",
+        "version": 1,
+        "parameters": {"scale": "2", "connect.decimal.precision": "12"},
+        "field": "amount",
+    },
     {"type": "int32", "optional": True, "field": "qty"},
     {"type": "double", "optional": True, "field": "price"},  # JsonConverter names FLOAT64 "double"
     {"type": "boolean", "optional": True, "field": "express"},
     {"type": "int32", "optional": False, "field": "version"},
     {"type": "int32", "optional": True, "name": "io.debezium.time.Date", "version": 1, "field": "created_day"},
     {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp", "version": 1, "field": "created_at"},
-    {"type": "string", "optional": True, "name": "io.debezium.time.ZonedTimestamp", "version": 1, "field": "updated_at"},
+    {
+        "type": "string",
+        "optional": True,
+        "name": "io.debezium.time.ZonedTimestamp",
+        "version": 1,
+        "field": "updated_at",
+    },
     {"type": "string", "optional": True, "field": "note"},
 ]
 _SOURCE_FIELDS = [
@@ -177,9 +223,15 @@ _SOURCE_FIELDS = [
     {"type": "string", "optional": False, "field": "connector"},
     {"type": "string", "optional": False, "field": "name"},
     {"type": "int64", "optional": False, "field": "ts_ms"},
-    {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
-     "parameters": {"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},
-     "default": "false", "field": "snapshot"},
+    {
+        "type": "string",
+        "optional": True,
+        "name": "io.debezium.data.Enum",
+        "version": 1,
+        "parameters": {"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"},
+        "default": "false",
+        "field": "snapshot",
+    },
     {"type": "string", "optional": False, "field": "db"},
     {"type": "string", "optional": True, "field": "sequence"},
     {"type": "int64", "optional": True, "field": "ts_us"},
@@ -220,23 +272,45 @@ class DebeziumEvents:
         self.prefix, self.table = prefix, table
         row_struct = {"type": "struct", "fields": _VALUE_FIELDS, "optional": True, "name": f"{self.topic}.Value"}
         envelope = {
-            "type": "struct", "optional": False, "name": f"{self.topic}.Envelope", "version": 2,
+            "type": "struct",
+            "optional": False,
+            "name": f"{self.topic}.Envelope",
+            "version": 2,
             "fields": [
-                {**row_struct, "field": "before"}, {**row_struct, "field": "after"},
-                {"type": "struct", "fields": _SOURCE_FIELDS, "optional": False,
-                 "name": "io.debezium.connector.postgresql.Source", "version": 1, "field": "source"},
-                {"type": "struct", "optional": True, "name": "event.block", "version": 1, "field": "transaction",
-                 "fields": [{"type": "string", "optional": False, "field": "id"},
-                            {"type": "int64", "optional": False, "field": "total_order"},
-                            {"type": "int64", "optional": False, "field": "data_collection_order"}]},
+                {**row_struct, "field": "before"},
+                {**row_struct, "field": "after"},
+                {
+                    "type": "struct",
+                    "fields": _SOURCE_FIELDS,
+                    "optional": False,
+                    "name": "io.debezium.connector.postgresql.Source",
+                    "version": 1,
+                    "field": "source",
+                },
+                {
+                    "type": "struct",
+                    "optional": True,
+                    "name": "event.block",
+                    "version": 1,
+                    "field": "transaction",
+                    "fields": [
+                        {"type": "string", "optional": False, "field": "id"},
+                        {"type": "int64", "optional": False, "field": "total_order"},
+                        {"type": "int64", "optional": False, "field": "data_collection_order"},
+                    ],
+                },
                 {"type": "string", "optional": False, "field": "op"},
                 {"type": "int64", "optional": True, "field": "ts_ms"},
                 {"type": "int64", "optional": True, "field": "ts_us"},
                 {"type": "int64", "optional": True, "field": "ts_ns"},
             ],
         }
-        key_schema = {"type": "struct", "optional": False, "name": f"{self.topic}.Key",
-                      "fields": [{"type": "int32", "optional": False, "field": "id"}]}
+        key_schema = {
+            "type": "struct",
+            "optional": False,
+            "name": f"{self.topic}.Key",
+            "fields": [{"type": "int32", "optional": False, "field": "id"}],
+        }
         # The schema part never changes: serialize it once and splice payloads in.
         self._value_head = b'{"schema":' + orjson.dumps(envelope) + b',"payload":' if schemas else b""
         self._key_head = b'{"schema":' + orjson.dumps(key_schema) + b',"payload":' if schemas else b""
@@ -250,9 +324,15 @@ class DebeziumEvents:
     @staticmethod
     def row(r: OrderRow, ts_ms: int) -> dict[str, Any]:
         return {
-            "id": r.id, "customer_id": r.customer_id, "status": STATUSES[r.version % len(STATUSES)],
-            "amount": _decimal_bytes(r.qty * 1999 + r.version), "qty": r.qty, "price": r.qty * 19.99,
-            "express": r.id % 3 == 0, "version": r.version, "created_day": 19_800 + r.id % 365,
+            "id": r.id,
+            "customer_id": r.customer_id,
+            "status": STATUSES[r.version % len(STATUSES)],
+            "amount": _decimal_bytes(r.qty * 1999 + r.version),
+            "qty": r.qty,
+            "price": r.qty * 19.99,
+            "express": r.id % 3 == 0,
+            "version": r.version,
+            "created_day": 19_800 + r.id % 365,
             "created_at": (ts_ms - r.id % 86_400_000) * 1000,
             "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts_ms / 1000)) + f".{ts_ms % 1000:03d}000Z",
             "note": f"order {r.id} v{r.version} " + "x" * (r.id % 40),
@@ -262,12 +342,30 @@ class DebeziumEvents:
         self._lsn += 232
         self._tx += 1
         payload = {
-            "before": before, "after": after,
-            "source": {"version": "3.6.3.Final", "connector": "postgresql", "name": self.prefix, "ts_ms": ts_ms,
-                       "snapshot": "false", "db": "shop", "sequence": f'["{self._lsn - 40}","{self._lsn}"]',
-                       "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000, "schema": "public", "table": self.table,
-                       "txId": self._tx, "lsn": self._lsn, "xmin": None, "origin": None, "origin_lsn": None},
-            "transaction": None, "op": op, "ts_ms": ts_ms + 40, "ts_us": (ts_ms + 40) * 1000,
+            "before": before,
+            "after": after,
+            "source": {
+                "version": "3.6.3.Final",
+                "connector": "postgresql",
+                "name": self.prefix,
+                "ts_ms": ts_ms,
+                "snapshot": "false",
+                "db": "shop",
+                "sequence": f'["{self._lsn - 40}","{self._lsn}"]',
+                "ts_us": ts_ms * 1000,
+                "ts_ns": ts_ms * 1_000_000,
+                "schema": "public",
+                "table": self.table,
+                "txId": self._tx,
+                "lsn": self._lsn,
+                "xmin": None,
+                "origin": None,
+                "origin_lsn": None,
+            },
+            "transaction": None,
+            "op": op,
+            "ts_ms": ts_ms + 40,
+            "ts_us": (ts_ms + 40) * 1000,
             "ts_ns": (ts_ms + 40) * 1_000_000,
         }
         return self._value_head + orjson.dumps(payload) + self._tail
@@ -293,10 +391,17 @@ class FastProducer:
     def __init__(self, bootstrap: str, on_delivered: Callable[[Any], None] | None = None):
         from confluent_kafka import Producer
 
-        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000,
-                                   "queue.buffering.max.messages": 200_000, "queue.buffering.max.kbytes": 512_000,
-                                   "enable.idempotence": True,
-                                   "compression.type": "lz4"})  # as capture produces
+        self._producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": 20,
+                "batch.size": 1_000_000,
+                "queue.buffering.max.messages": 200_000,
+                "queue.buffering.max.kbytes": 512_000,
+                "enable.idempotence": True,
+                "compression.type": "lz4",
+            }
+        )  # as capture produces
         self.failures: list[str] = []
         self.sent = 0
         self._on_delivered = on_delivered
@@ -332,17 +437,25 @@ class FastProducer:
 
 # -- results --------------------------------------------------------------------------------------
 
+
 def freshness(results: list[Any], since_ms: int = 0) -> dict[str, Any]:
     """Source commit → visible in Iceberg over the benchmark's batches (see lakestream.engine.freshness)."""
     from lakestream.engine.freshness import freshness_of_batches
 
     found = freshness_of_batches(
-        ({"source_ts_quantiles": r.source_ts_quantiles, "commit_ts_ms": r.commit_ts_ms, "records": r.records}
-         for r in results), since_ms)
+        (
+            {"source_ts_quantiles": r.source_ts_quantiles, "commit_ts_ms": r.commit_ts_ms, "records": r.records}
+            for r in results
+        ),
+        since_ms,
+    )
     if found is None:
         return {"freshness_p50_s": None, "freshness_p99_s": None, "freshness_batches": 0}
-    return {"freshness_p50_s": round(found.p50_s, 2), "freshness_p99_s": round(found.p99_s, 2),
-            "freshness_batches": found.batches}
+    return {
+        "freshness_p50_s": round(found.p50_s, 2),
+        "freshness_p99_s": round(found.p99_s, 2),
+        "freshness_batches": found.batches,
+    }
 
 
 def quiet_logs() -> None:
@@ -355,8 +468,9 @@ def quiet_logs() -> None:
 
     signal.signal(signal.SIGTERM, on_sigterm)
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     logging.getLogger("py4j").setLevel(logging.ERROR)
 
 
@@ -391,6 +505,7 @@ def bulk_fill(spark, table: str, first: int, last: int) -> None:
 
 
 # -- base tables filled through the sink's write path ---------------------------------------------
+
 
 def _fill_files(spec_json: str, first: int, last: int, rows_per_file: int, like_events: bool = False):
     """A Spark task: rows ``first`` ≤ id < ``last`` as data files written by the sink's writer. With ``like_events``
@@ -463,8 +578,15 @@ def _fill_files(spec_json: str, first: int, last: int, rows_per_file: int, like_
                     v = pa.array(ids % 1000).cast(t)
                 columns[n] = v
             written = write_data_file(pa.table(columns, schema=schema), spec["data_location"], schema, "bulk")
-            yield json.dumps({"path": written["path"], "file_size": written["file_size"],
-                              "record_count": written["record_count"], "partition": []})
+            yield json.dumps(
+                {
+                    "path": written["path"],
+                    "file_size": written["file_size"],
+                    "record_count": written["record_count"],
+                    "partition": [],
+                }
+            )
+
     return run
 
 
@@ -479,15 +601,22 @@ def fill_through_sql(spark, name: str, first: int, last: int, rows_per_insert: i
     qualified = quote_table("lake", table.namespace, table.table)
     amounts = ", ".join(f"'{_decimal_bytes((qty + 1) * 1999 + 1)}'" for qty in range(19))
     by_name = {
-        "id": "id", "customer_id": "id % 50000", "qty": "id % 19 + 1", "version": "1",
-        "status": f"'{STATUSES[1]}'", "amount": f"element_at(array({amounts}), CAST(id % 19 + 1 AS INT))",
-        "price": "(id % 19 + 1) * 19.99", "created_day": "19800 + id % 365",
-        "created_at": "(1795000000000 - id % 86400000) * 1000", "updated_at": "'2026-11-20T08:00:00.000000Z'",
+        "id": "id",
+        "customer_id": "id % 50000",
+        "qty": "id % 19 + 1",
+        "version": "1",
+        "status": f"'{STATUSES[1]}'",
+        "amount": f"element_at(array({amounts}), CAST(id % 19 + 1 AS INT))",
+        "price": "(id % 19 + 1) * 19.99",
+        "created_day": "19800 + id % 365",
+        "created_at": "(1795000000000 - id % 86400000) * 1000",
+        "updated_at": "'2026-11-20T08:00:00.000000Z'",
         "note": "concat('order ', id, ' v1 ', repeat('x', CAST(id % 40 AS INT)))",
     }
     fields = spark.table(qualified).schema.fields
-    select = ", ".join(f"CAST({by_name.get(f.name, 'NULL')} AS {f.dataType.simpleString()}) AS {quote_column(f.name)}"
-                       for f in fields)
+    select = ", ".join(
+        f"CAST({by_name.get(f.name, 'NULL')} AS {f.dataType.simpleString()}) AS {quote_column(f.name)}" for f in fields
+    )
     statements = 0
     for lo in range(first, last, rows_per_insert):
         hi = min(last, lo + rows_per_insert)
@@ -496,8 +625,9 @@ def fill_through_sql(spark, name: str, first: int, last: int, rows_per_insert: i
     return statements
 
 
-def fill_through_write_path(spark, config, name: str, first: int, last: int, rows_per_file: int,
-                            like_events: bool = False) -> int:
+def fill_through_write_path(
+    spark, config, name: str, first: int, last: int, rows_per_file: int, like_events: bool = False
+) -> int:
     """Rows ``first`` ≤ id < ``last`` as data files of ``rows_per_file`` rows, committed in chunks by the sink's
     commit; returns the number of files. ``like_events``: rows as the events would carry them (`_fill_files`)."""
     from lakestream.identifiers import TableName
@@ -507,9 +637,18 @@ def fill_through_write_path(spark, config, name: str, first: int, last: int, row
     info = table_info(spark, config.catalog.name, table.namespace, table.table)
     spec_json = json.dumps({"schema": info["schema"], "data_location": info["data_location"]})
     files = (last - first + rows_per_file - 1) // rows_per_file
-    written = [json.loads(x) for x in spark.sparkContext.parallelize(range(files), max(2, files // 250))
-               .mapPartitions(_fill_files(spec_json, first, last, rows_per_file, like_events)).collect()]
+    written = [
+        json.loads(x)
+        for x in spark.sparkContext.parallelize(range(files), max(2, files // 250))
+        .mapPartitions(_fill_files(spec_json, first, last, rows_per_file, like_events))
+        .collect()
+    ]
     for i in range(0, len(written), 500):
-        commit_files(spark, config.catalog.name, table.namespace, table.table,
-                     {"data_files": written[i:i + 500], "deletes": [], "properties": {}})
+        commit_files(
+            spark,
+            config.catalog.name,
+            table.namespace,
+            table.table,
+            {"data_files": written[i : i + 500], "deletes": [], "properties": {}},
+        )
     return len(written)

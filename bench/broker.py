@@ -6,6 +6,7 @@ recover from a SIGKILL, and produce/consume rates with confluent-kafka as captur
 The broker runs in a fresh state directory on free ports and is removed afterwards. Human-readable figures
 first; the LAST line is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,17 @@ def timed(action) -> float:
 
 def produce(bootstrap: str, topic: str, records: int, value_bytes: int) -> float:
     """Records/s acknowledged by an idempotent, lz4-compressing producer (capture's settings)."""
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 20, "batch.size": 1_000_000, "compression.type": "lz4",
-                         "queue.buffering.max.messages": 500_000})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 20,
+            "batch.size": 1_000_000,
+            "compression.type": "lz4",
+            "queue.buffering.max.messages": 500_000,
+        }
+    )
     value = b'{"op":"u","after":{"id":%d,"pad":"' + b"x" * value_bytes + b'"}}'
     started = time.monotonic()
     for i in range(records):
@@ -54,9 +63,16 @@ def produce(bootstrap: str, topic: str, records: int, value_bytes: int) -> float
 
 def consume(bootstrap: str, topic: str, records: int) -> float:
     """Records/s read from offset 0 to the end by one consumer with the readers' fetch sizes."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.partition.eof": True,
-                         "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20,
-                         "queued.max.messages.kbytes": 256 << 10})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench",
+            "enable.partition.eof": True,
+            "fetch.max.bytes": 64 << 20,
+            "max.partition.fetch.bytes": 16 << 20,
+            "queued.max.messages.kbytes": 256 << 10,
+        }
+    )
     consumer.assign([TopicPartition(topic, 0, 0)])
     seen, started = 0, time.monotonic()
     while True:

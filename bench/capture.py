@@ -17,6 +17,7 @@ rows/s over the whole `run_snapshot`), and capture then streams from its handove
 Both phases report the capture process's CPU seconds per 1,000 events as well (user + system, from
 /proc), which the machine's other load disturbs far less than wall time. The LAST line is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,9 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-def wait_for_events(bootstrap: str, topic: str, target: int, timeout: float, proc: CaptureProcess,
-                    marks: dict[int, float] | None = None) -> tuple[float, float]:
+def wait_for_events(
+    bootstrap: str, topic: str, target: int, timeout: float, proc: CaptureProcess, marks: dict[int, float] | None = None
+) -> tuple[float, float]:
     """Poll the topic's end until it holds ``target`` events: (time of the first event, time of the last).
     ``marks``: counts → filled with the time the topic first held at least that many."""
     first = None
@@ -78,8 +80,10 @@ def write_changes(dsn: str, table: str, first_id: int, changes: int, txn_rows: i
     with conn, conn.cursor() as cur:
         for lo in range(first_id, first_id + inserts, txn_rows):
             hi = min(first_id + inserts - 1, lo + txn_rows - 1)
-            cur.execute(f"INSERT INTO {table} (id, status, qty, note) SELECT g, 'new', 1, md5(g::text) "
-                        f"FROM generate_series({lo}, {hi}) g")
+            cur.execute(
+                f"INSERT INTO {table} (id, status, qty, note) SELECT g, 'new', 1, md5(g::text) "
+                f"FROM generate_series({lo}, {hi}) g"
+            )
             conn.commit()
         updates = changes - inserts
         for lo in range(1, updates + 1, txn_rows):
@@ -102,8 +106,14 @@ MARIADB_FILL = """INSERT INTO {t} SELECT seq, seq % 50000, ELT(seq % 3 + 1, 'new
 def mariadb_connect(info, database: str | None = None):
     import pymysql
 
-    return pymysql.connect(host=info.pg_host, port=info.mariadb_port, user=info.pg_user, password=info.pg_password,
-                           database=database, autocommit=True)
+    return pymysql.connect(
+        host=info.pg_host,
+        port=info.mariadb_port,
+        user=info.pg_user,
+        password=info.pg_password,
+        database=database,
+        autocommit=True,
+    )
 
 
 def make_mariadb_source(info, name: str, table: str, rows: int) -> None:
@@ -125,7 +135,9 @@ def write_mariadb_changes(info, name: str, table: str, first_id: int, changes: i
     with conn.cursor() as cur:
         for lo in range(first_id, first_id + inserts, txn_rows):
             hi = min(first_id + inserts - 1, lo + txn_rows - 1)
-            cur.execute(f"INSERT INTO {table} (id, status, qty, note) SELECT seq, 'new', 1, MD5(seq) FROM seq_{lo}_to_{hi}")
+            cur.execute(
+                f"INSERT INTO {table} (id, status, qty, note) SELECT seq, 'new', 1, MD5(seq) FROM seq_{lo}_to_{hi}"
+            )
         updates = changes - inserts
         for lo in range(1, updates + 1, txn_rows):
             hi = min(updates, lo + txn_rows - 1)
@@ -147,10 +159,15 @@ def parallel_snapshot(yaml_path: Path, rows: int) -> dict:
         report = run_snapshot(config, spark=spark)
     finally:
         spark.stop()
-    say(f"parallel snapshot: {report.rows:,} rows in {report.seconds:.2f}s = {report.rows_per_s:,.0f}/s "
-        f"(handover {report.lsn})")
-    return {"snapshot_s": round(report.seconds, 2), "snapshot_rows_per_s": round(report.rows_per_s),
-            "snapshot_chunks": sum(t.chunks_total for t in report.tables)}
+    say(
+        f"parallel snapshot: {report.rows:,} rows in {report.seconds:.2f}s = {report.rows_per_s:,.0f}/s "
+        f"(handover {report.lsn})"
+    )
+    return {
+        "snapshot_s": round(report.seconds, 2),
+        "snapshot_rows_per_s": round(report.rows_per_s),
+        "snapshot_chunks": sum(t.chunks_total for t in report.tables),
+    }
 
 
 def main() -> int:
@@ -158,19 +175,37 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=300_000, help="rows in the table before capture starts")
     parser.add_argument("--changes", type=int, default=300_000, help="changes written while capture streams")
     parser.add_argument("--schemas", choices=["on", "off"], default="on", help="JSON with or without schemas")
-    parser.add_argument("--format", choices=["json", "avro"], default="json",
-                        help="json (--schemas), or avro through a Schema Registry (the tests' registry server)")
-    parser.add_argument("--source", choices=["postgresql", "mariadb"], default="postgresql",
-                        help="the source database (default: %(default)s)")
-    parser.add_argument("--snapshot", choices=["debezium", "parallel"], default="debezium",
-                        help="the initial load: Debezium's snapshot into Kafka, or `lakestream snapshot` into Iceberg")
+    parser.add_argument(
+        "--format",
+        choices=["json", "avro"],
+        default="json",
+        help="json (--schemas), or avro through a Schema Registry (the tests' registry server)",
+    )
+    parser.add_argument(
+        "--source",
+        choices=["postgresql", "mariadb"],
+        default="postgresql",
+        help="the source database (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--snapshot",
+        choices=["debezium", "parallel"],
+        default="debezium",
+        help="the initial load: Debezium's snapshot into Kafka, or `lakestream snapshot` into Iceberg",
+    )
     parser.add_argument("--chunk-rows", type=int, default=50_000, help="--snapshot parallel: rows per chunk")
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args()
     quiet_logs()
     load_before = machine_load()
-    out: dict = {"source": args.source, "rows": args.rows, "changes": args.changes, "schemas": args.schemas,
-                 "format": args.format, "snapshot": args.snapshot}
+    out: dict = {
+        "source": args.source,
+        "rows": args.rows,
+        "changes": args.changes,
+        "schemas": args.schemas,
+        "format": args.format,
+        "snapshot": args.snapshot,
+    }
     registry = None
     if args.format == "avro":
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -183,23 +218,39 @@ def main() -> int:
         if args.source == "mariadb":
             make_mariadb_source(info, name, table, args.rows)
             topic = f"{name}.{name}.{table}"
-            capture = {"database": info.source_database(name), "tables": [f"{name}.{table}"], "topic_prefix": name,
-                       "schemas_enabled": args.schemas == "on"}
+            capture = {
+                "database": info.source_database(name),
+                "tables": [f"{name}.{table}"],
+                "topic_prefix": name,
+                "schemas_enabled": args.schemas == "on",
+            }
 
             def write(first_id: int, changes: int) -> float:
                 return write_mariadb_changes(info, name, table, first_id, changes)
         else:
             dsn = make_source(info, name, [(table, args.rows)])
             topic = f"{name}.public.{table}"
-            capture = {"database": {"host": info.pg_host, "port": info.pg_port, "dbname": name, "user": info.pg_user,
-                                    "password": info.pg_password},
-                       "tables": [f"public.{table}"], "topic_prefix": name, "slot_name": f"slot_{name}",
-                       "publication_name": f"pub_{name}", "schemas_enabled": args.schemas == "on"}
+            capture = {
+                "database": {
+                    "host": info.pg_host,
+                    "port": info.pg_port,
+                    "dbname": name,
+                    "user": info.pg_user,
+                    "password": info.pg_password,
+                },
+                "tables": [f"public.{table}"],
+                "topic_prefix": name,
+                "slot_name": f"slot_{name}",
+                "publication_name": f"pub_{name}",
+                "schemas_enabled": args.schemas == "on",
+            }
 
             def write(first_id: int, changes: int) -> float:
                 return write_changes(dsn, table, first_id, changes)
-        data = pipeline_data(info, state_dir / name, name, [{"topics": [topic], "namespace": name, "table": table}],
-                             capture=capture)
+
+        data = pipeline_data(
+            info, state_dir / name, name, [{"topics": [topic], "namespace": name, "table": table}], capture=capture
+        )
         data["state_dir"] = str(state_dir / name / "state")
         if registry is not None:
             data["capture"]["format"] = "avro"
@@ -224,16 +275,17 @@ def main() -> int:
                 out["snapshot_s"] = round(last - first, 2)
                 out["snapshot_events_per_s"] = round(args.rows / max(last - first, 1e-3))
                 out["snapshot_cpu_ms_per_1k"] = round(1000 * cpu_after_snapshot / args.rows * 1000, 1)
-                say(f"snapshot: {args.rows:,} events in {last - first:.2f}s = {out['snapshot_events_per_s']:,}/s "
-                    f"(JVM start to first event {first - started:.1f}s)")
+                say(
+                    f"snapshot: {args.rows:,} events in {last - first:.2f}s = {out['snapshot_events_per_s']:,}/s "
+                    f"(JVM start to first event {first - started:.1f}s)"
+                )
 
             say(f"streaming: {args.changes:,} changes")
             before = topic_ends(info.bootstrap_servers, [topic])
             written: dict = {}
             cpu_before = cpu_seconds(proc.pid)
             write_started = time.monotonic()
-            writer = threading.Thread(target=lambda: written.update(s=write(args.rows + 1, args.changes)),
-                                      daemon=True)
+            writer = threading.Thread(target=lambda: written.update(s=write(args.rows + 1, args.changes)), daemon=True)
             writer.start()
             # The second half apart: the capture JVM is young, and its JIT compiler takes a third of a core
             # in the first seconds; a capture that runs for days does not pay that.
@@ -249,10 +301,12 @@ def main() -> int:
             out["streaming_s"] = round(elapsed, 2)
             out["streaming_events_per_s"] = round(args.changes / elapsed)
             out["streaming_cpu_ms_per_1k"] = round(1000 * cpu_streaming / args.changes * 1000, 1)
-            say(f"streaming: {args.changes:,} events in {elapsed:.2f}s = {out['streaming_events_per_s']:,}/s "
+            say(
+                f"streaming: {args.changes:,} events in {elapsed:.2f}s = {out['streaming_events_per_s']:,}/s "
                 f"(the source took the writes in {written['s']:.2f}s); capture CPU "
                 f"{out['streaming_cpu_ms_per_1k']} ms per 1,000 events; second half "
-                f"{out['streaming_second_half_events_per_s'] or 0:,}/s")
+                f"{out['streaming_second_half_events_per_s'] or 0:,}/s"
+            )
         finally:
             proc.stop()
     if registry is not None:

@@ -8,6 +8,7 @@ The point it shows: a batch touching 3 of 200 tables costs about what it costs w
 A private PostgreSQL (JDBC catalog) + Apache Kafka stack is started on free ports and removed afterwards;
 each T runs in its own Python process (its own Spark driver JVM), so memory figures do not mix.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    DebeziumEvents, FastProducer, OrderRow, driver_memory, machine_load, pipeline_data, private_stack, quiet_logs,
-    say, to_config,
+    DebeziumEvents,
+    FastProducer,
+    OrderRow,
+    driver_memory,
+    machine_load,
+    pipeline_data,
+    private_stack,
+    quiet_logs,
+    say,
+    to_config,
 )
 
 ACTIVE = 3  # topics with new data per batch after the first
@@ -39,9 +48,14 @@ def worker(args) -> dict[str, Any]:
     base = json.loads(Path(args.base_config).read_text())
     prefix = f"fan{count}"
     events = [DebeziumEvents(prefix, f"t{i:03d}") for i in range(count)]
-    data = {**base, "name": f"fanout_{count}", "kafka": {**base["kafka"], "group_id": f"bench-fanout-{count}"},
-            "streams": [{"topic_pattern": rf"{prefix}\.public\..*", "mode": "upsert", "namespace": prefix,
-                         "table": "{table}"}]}
+    data = {
+        **base,
+        "name": f"fanout_{count}",
+        "kafka": {**base["kafka"], "group_id": f"bench-fanout-{count}"},
+        "streams": [
+            {"topic_pattern": rf"{prefix}\.public\..*", "mode": "upsert", "namespace": prefix, "table": "{table}"}
+        ],
+    }
     config = to_config(data)
 
     producer = FastProducer(config.kafka.bootstrap_servers)
@@ -63,11 +77,15 @@ def worker(args) -> dict[str, Any]:
     try:
         first = pipeline.run_batch()
         if first is None or len(first.tables) != count or first.changes != count * args.rows_per_table:
-            raise RuntimeError(f"first batch wrote {0 if first is None else len(first.tables)} tables "
-                               f"({0 if first is None else first.changes} changes), expected {count}")
+            raise RuntimeError(
+                f"first batch wrote {0 if first is None else len(first.tables)} tables "
+                f"({0 if first is None else first.changes} changes), expected {count}"
+            )
         memory_first = driver_memory(spark)
-        say(f"  T={count} first batch: {first.records} records → {len(first.tables)} new tables, {first.seconds:.2f}s "
-            f"(read {first.read_seconds:.2f}s)")
+        say(
+            f"  T={count} first batch: {first.records} records → {len(first.tables)} new tables, {first.seconds:.2f}s "
+            f"(read {first.read_seconds:.2f}s)"
+        )
 
         batches = []
         for rnd in range(args.rounds):
@@ -89,16 +107,26 @@ def worker(args) -> dict[str, Any]:
             want = {f"{prefix}.t{i:03d}" for i in active}
             if result is None or set(result.tables) != want or result.changes != len(active) * args.changes:
                 raise RuntimeError(f"round {rnd}: wrote {None if result is None else result.tables}, expected {want}")
-            batches.append({"tables": sorted(want), "seconds": round(result.seconds, 3),
-                            "read_seconds": round(result.read_seconds, 3), "kinds": sorted(set(result.tables.values()))})
-            say(f"  T={count} round {rnd}: {len(active)} tables, {result.records} records, {result.seconds:.2f}s "
-                f"(read {result.read_seconds:.2f}s)")
+            batches.append(
+                {
+                    "tables": sorted(want),
+                    "seconds": round(result.seconds, 3),
+                    "read_seconds": round(result.read_seconds, 3),
+                    "kinds": sorted(set(result.tables.values())),
+                }
+            )
+            say(
+                f"  T={count} round {rnd}: {len(active)} tables, {result.records} records, {result.seconds:.2f}s "
+                f"(read {result.read_seconds:.2f}s)"
+            )
             for i in active:  # the lake must hold exactly the rows produced
                 got = spark.sql(f"SELECT count(*) AS n, sum(version) AS v FROM lake.{prefix}.t{i:03d}").collect()[0]
                 want_v = sum(r.version for r in rows[i].values())
                 if (got["n"], got["v"]) != (len(rows[i]), want_v):
-                    raise RuntimeError(f"{prefix}.t{i:03d}: lake has {got['n']} rows / version sum {got['v']}, "
-                                       f"expected {len(rows[i])} / {want_v}")
+                    raise RuntimeError(
+                        f"{prefix}.t{i:03d}: lake has {got['n']} rows / version sum {got['v']}, "
+                        f"expected {len(rows[i])} / {want_v}"
+                    )
         memory_after = driver_memory(spark)
         spark.sparkContext._jvm.java.lang.System.gc()
         memory_gc = driver_memory(spark)
@@ -107,17 +135,23 @@ def worker(args) -> dict[str, Any]:
         spark.stop()
     seconds = [b["seconds"] for b in batches]
     return {
-        "tables": count, "spark_start_s": round(spark_s, 1),
-        "first_batch_s": round(first.seconds, 2), "first_batch_records": first.records,
+        "tables": count,
+        "spark_start_s": round(spark_s, 1),
+        "first_batch_s": round(first.seconds, 2),
+        "first_batch_records": first.records,
         "first_batch_s_per_table": round(first.seconds / count, 3),
         "batch_s_median": round(statistics.median(seconds), 3) if seconds else None,
         "batch_s_median_after_first": round(statistics.median(seconds[1:]), 3) if len(seconds) > 1 else None,
-        "batch_s_min": min(seconds, default=None), "batch_s_max": max(seconds, default=None),
+        "batch_s_min": min(seconds, default=None),
+        "batch_s_max": max(seconds, default=None),
         "read_s_median": round(statistics.median(b["read_seconds"] for b in batches), 3) if batches else None,
         "batches": batches,
-        "jvm_rss_mb_idle": memory_idle["jvm_rss_mb"], "jvm_rss_mb_after_first": memory_first["jvm_rss_mb"],
-        "jvm_rss_mb": memory_after["jvm_rss_mb"], "jvm_heap_used_mb": memory_after["jvm_heap_used_mb"],
-        "jvm_heap_after_gc_mb": memory_gc["jvm_heap_used_mb"], "python_rss_mb": memory_after["python_rss_mb"],
+        "jvm_rss_mb_idle": memory_idle["jvm_rss_mb"],
+        "jvm_rss_mb_after_first": memory_first["jvm_rss_mb"],
+        "jvm_rss_mb": memory_after["jvm_rss_mb"],
+        "jvm_heap_used_mb": memory_after["jvm_heap_used_mb"],
+        "jvm_heap_after_gc_mb": memory_gc["jvm_heap_used_mb"],
+        "python_rss_mb": memory_after["python_rss_mb"],
         "load": machine_load(),
     }
 
@@ -137,9 +171,17 @@ def main() -> int:
         return 0
 
     counts = [int(x) for x in args.tables.split(",") if x.strip()]
-    summary: dict[str, Any] = {"bench": "fanout", "load_start": machine_load(),
-                               "params": {"tables": counts, "rounds": args.rounds, "changes": args.changes,
-                                          "rows_per_table": args.rows_per_table, "active_tables": ACTIVE}}
+    summary: dict[str, Any] = {
+        "bench": "fanout",
+        "load_start": machine_load(),
+        "params": {
+            "tables": counts,
+            "rounds": args.rounds,
+            "changes": args.changes,
+            "rows_per_table": args.rows_per_table,
+            "active_tables": ACTIVE,
+        },
+    }
     say(f"machine: {summary['load_start']}")
     runs: list[dict[str, Any]] = []
     status = 0
@@ -150,12 +192,28 @@ def main() -> int:
         with os.fdopen(fd, "w") as fh:
             json.dump(base, fh)
         for count in counts:
-            say(f"\n== T={count}: {count} topics × {args.rows_per_table} rows, then {args.rounds} batches "
-                f"touching {min(ACTIVE, count)} topics")
-            proc = subprocess.Popen([sys.executable, __file__, "--worker", str(count), "--base-config", str(base_path),
-                                     "--rounds", str(args.rounds), "--changes", str(args.changes),
-                                     "--rows-per-table", str(args.rows_per_table)],
-                                    stdout=subprocess.PIPE, text=True)
+            say(
+                f"\n== T={count}: {count} topics × {args.rows_per_table} rows, then {args.rounds} batches "
+                f"touching {min(ACTIVE, count)} topics"
+            )
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    str(count),
+                    "--base-config",
+                    str(base_path),
+                    "--rounds",
+                    str(args.rounds),
+                    "--changes",
+                    str(args.changes),
+                    "--rows-per-table",
+                    str(args.rows_per_table),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             lines = []
             for line in proc.stdout:  # progress as it happens; the worker's last line is its JSON
                 if line.strip():
@@ -170,12 +228,16 @@ def main() -> int:
                 continue
             runs.append(json.loads(lines[-1]))
 
-    say("\n  T  first batch (creates T tables)  batch touching 3 (median)  read part  driver JVM RSS  heap after GC"
-        "  python RSS")
+    say(
+        "\n  T  first batch (creates T tables)  batch touching 3 (median)  read part  driver JVM RSS  heap after GC"
+        "  python RSS"
+    )
     for r in runs:
-        say(f"{r['tables']:>4}  {r['first_batch_s']:>8.2f}s ({r['first_batch_s_per_table']:.3f}s/table)"
+        say(
+            f"{r['tables']:>4}  {r['first_batch_s']:>8.2f}s ({r['first_batch_s_per_table']:.3f}s/table)"
             f"  {r['batch_s_median']:>18.2f}s  {r['read_s_median']:>16.2f}s  {r['jvm_rss_mb']:>10.0f} MB"
-            f"  {r['jvm_heap_after_gc_mb']:>10.0f} MB  {r['python_rss_mb']:>7.0f} MB")
+            f"  {r['jvm_heap_after_gc_mb']:>10.0f} MB  {r['python_rss_mb']:>7.0f} MB"
+        )
     if len(runs) >= 2:
         lo, hi = runs[0], runs[-1]
         ratio = hi["batch_s_median"] / lo["batch_s_median"] if lo["batch_s_median"] else None

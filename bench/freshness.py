@@ -7,6 +7,7 @@ until its table's snapshot is committed.
 Upserts on random keys of each table (10% deletes) after a short insert phase. The lake is verified
 against the produced state at the end. The LAST line is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    DebeziumEvents, FastProducer, OrderRow, freshness, machine_load, pipeline_data, private_stack, quiet_logs, say,
+    DebeziumEvents,
+    FastProducer,
+    OrderRow,
+    freshness,
+    machine_load,
+    pipeline_data,
+    private_stack,
+    quiet_logs,
+    say,
     to_config,
 )
 
@@ -28,8 +37,15 @@ from lakestream.engine.loop import run_pipeline  # noqa: E402
 from lakestream.spark import session_for  # noqa: E402
 
 
-def produce(info, events: list[DebeziumEvents], rate: float, duration: float, stop: threading.Event,
-            live: list[dict[int, OrderRow]], counts: dict[str, int]) -> None:
+def produce(
+    info,
+    events: list[DebeziumEvents],
+    rate: float,
+    duration: float,
+    stop: threading.Event,
+    live: list[dict[int, OrderRow]],
+    counts: dict[str, int],
+) -> None:
     producer = FastProducer(info.bootstrap_servers)
     rng = random.Random(3)
     started = time.monotonic()
@@ -78,18 +94,30 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--schemas", choices=["on", "off"], default="on")
     parser.add_argument("--commit-interval", type=float, default=0.0)
-    parser.add_argument("--no-overlap", action="store_true",
-                        help="engine.overlap_commits: false (each batch's job waits for the previous commit)")
+    parser.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="engine.overlap_commits: false (each batch's job waits for the previous commit)",
+    )
     args = parser.parse_args()
     quiet_logs()
     summary = {"bench": "freshness", "load_start": machine_load(), "params": vars(args)}
     say(f"machine: {summary['load_start']}")
     with private_stack("bench-fresh") as (info, state_dir):
         events = [DebeziumEvents("lsfresh", f"t{i:02d}", schemas=args.schemas == "on") for i in range(args.tables)]
-        config = to_config(pipeline_data(info, state_dir, "fresh", [
-            {"topic_pattern": r"lsfresh\.public\..*", "mode": "upsert", "namespace": "fresh", "table": "{table}"}],
-            engine={"commit_interval_s": args.commit_interval, "topic_refresh_s": 5,
-                    "overlap_commits": not args.no_overlap}))
+        config = to_config(
+            pipeline_data(
+                info,
+                state_dir,
+                "fresh",
+                [{"topic_pattern": r"lsfresh\.public\..*", "mode": "upsert", "namespace": "fresh", "table": "{table}"}],
+                engine={
+                    "commit_interval_s": args.commit_interval,
+                    "topic_refresh_s": 5,
+                    "overlap_commits": not args.no_overlap,
+                },
+            )
+        )
         spark = session_for(config)
         spark.sql("SELECT 1").collect()
         # Tables exist before the clock starts (creating 10 tables is the fan-out benchmark's job).
@@ -104,15 +132,18 @@ def main() -> int:
         counts = {"c": 0, "u": 0, "d": 0}
         stop = threading.Event()
         results = []
-        pipeline_thread = threading.Thread(target=lambda: results.extend(run_pipeline(config, stop=stop, spark=spark)),
-                                           daemon=True)
+        pipeline_thread = threading.Thread(
+            target=lambda: results.extend(run_pipeline(config, stop=stop, spark=spark)), daemon=True
+        )
         started_ms = int(time.time() * 1000)
         pipeline_thread.start()
         produce(info, events, args.rate, args.duration, threading.Event(), live, counts)
         # Let the pipeline drain, then stop it.
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            got = sum(spark.sql(f"SELECT count(*) FROM lake.fresh.t{i:02d}").collect()[0][0] for i in range(args.tables))
+            got = sum(
+                spark.sql(f"SELECT count(*) FROM lake.fresh.t{i:02d}").collect()[0][0] for i in range(args.tables)
+            )
             if got == sum(len(rows) for rows in live):
                 break
             time.sleep(1)
@@ -127,14 +158,23 @@ def main() -> int:
         changes = counts["c"] + counts["u"] + counts["d"]
         batch_s = sorted(r.seconds for r in results)
         job_s = sorted(r.read_seconds for r in results)  # plan + write job (+ alerts, windows): before the commits
-        summary.update({"changes": changes, "offered_changes_per_s": round(changes / counts["seconds"]),
-                        "batches": len(results), "batch_median_s": round(batch_s[len(batch_s) // 2], 2) if batch_s else None,
-                        "job_median_s": round(job_s[len(job_s) // 2], 2) if job_s else None,
-                        "overlapped": sum(r.overlapped for r in results),
-                        **fresh, "load_end": machine_load()})
-        say(f"{changes:,} changes over {args.tables} tables at {summary['offered_changes_per_s']:,}/s for "
+        summary.update(
+            {
+                "changes": changes,
+                "offered_changes_per_s": round(changes / counts["seconds"]),
+                "batches": len(results),
+                "batch_median_s": round(batch_s[len(batch_s) // 2], 2) if batch_s else None,
+                "job_median_s": round(job_s[len(job_s) // 2], 2) if job_s else None,
+                "overlapped": sum(r.overlapped for r in results),
+                **fresh,
+                "load_end": machine_load(),
+            }
+        )
+        say(
+            f"{changes:,} changes over {args.tables} tables at {summary['offered_changes_per_s']:,}/s for "
             f"{counts['seconds']:.0f}s: {len(results)} batches (median {summary['batch_median_s']}s), "
-            f"freshness p50 {fresh['freshness_p50_s']}s, p99 {fresh['freshness_p99_s']}s; lake verified")
+            f"freshness p50 {fresh['freshness_p50_s']}s, p99 {fresh['freshness_p99_s']}s; lake verified"
+        )
         spark.stop()
     print(json.dumps(summary), flush=True)
     return 0

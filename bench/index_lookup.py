@@ -5,6 +5,7 @@ written to a temporary store, then batches of 5,000 random keys looked up, moved
 
 Prints the median lookup, update and delta-write times and the process's peak RSS; the LAST line is JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,15 +50,16 @@ def main() -> int:
     bounds = np.searchsorted(sorted_buckets, np.arange((1 << bits) + 1))
     del sorted_buckets
     for b in range(1 << bits):
-        k = order[bounds[b]:bounds[b + 1]].astype(np.int64)
+        k = order[bounds[b] : bounds[b + 1]].astype(np.int64)
         k.sort()
         write_npy(fs, f"{gen}/bucket-{b:05d}.keys.npy", k)
         write_npy(fs, f"{gen}/bucket-{b:05d}.locs.npy", pack(k // 10_000, k % 10_000))
     del order
     for f in range(args.keys // 10_000 + 1):
         index.file_id(f"file-{f}")
-    index.open_base(str(gen), {"bits": bits, "rows": args.keys, "buckets": list(range(1 << bits)),
-                               "paths": list(index.paths)})
+    index.open_base(
+        str(gen), {"bits": bits, "rows": args.keys, "buckets": list(range(1 << bits)), "paths": list(index.paths)}
+    )
     index.generation, index.snapshot_id, index.valid = "build-bench", 1, True
     store.write_base(index)
     build_s = time.perf_counter() - started
@@ -82,13 +84,22 @@ def main() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             peak = int(line.split()[1]) // 1024
-    out = {"bench": "index_lookup", "keys": args.keys, "buckets": 1 << bits, "setup_s": round(build_s, 1),
-           "lookup_ms_median": round(statistics.median(lookups) * 1000, 2),
-           "update_ms_median": round(statistics.median(updates) * 1000, 2),
-           "delta_write_ms_median": round(statistics.median(deltas) * 1000, 2),
-           "peak_rss_mb_including_setup": peak, "index_bytes_on_disk": store.footprint(), "load": os.getloadavg()}
-    print(f"{args.keys:,} keys in {1 << bits} buckets: lookup {out['lookup_ms_median']} ms, update "
-          f"{out['update_ms_median']} ms, delta {out['delta_write_ms_median']} ms per batch of {args.changes:,}")
+    out = {
+        "bench": "index_lookup",
+        "keys": args.keys,
+        "buckets": 1 << bits,
+        "setup_s": round(build_s, 1),
+        "lookup_ms_median": round(statistics.median(lookups) * 1000, 2),
+        "update_ms_median": round(statistics.median(updates) * 1000, 2),
+        "delta_write_ms_median": round(statistics.median(deltas) * 1000, 2),
+        "peak_rss_mb_including_setup": peak,
+        "index_bytes_on_disk": store.footprint(),
+        "load": os.getloadavg(),
+    }
+    print(
+        f"{args.keys:,} keys in {1 << bits} buckets: lookup {out['lookup_ms_median']} ms, update "
+        f"{out['update_ms_median']} ms, delta {out['delta_write_ms_median']} ms per batch of {args.changes:,}"
+    )
     print(json.dumps(out), flush=True)
     import shutil
 

@@ -20,6 +20,7 @@ value per size (``--sizes 1000000,1000000 --rows-per-file 10000,100``: the 1M-ro
 run, compared by the last line's ratio). The table is verified (count, distinct keys, sum of versions) after the
 last batch. Default driver memory (2g). The LAST line is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    DebeziumEvents, FastProducer, OrderRow, fill_through_write_path, machine_load, pipeline_data, private_stack,
-    quiet_logs, say, to_config,
+    DebeziumEvents,
+    FastProducer,
+    OrderRow,
+    fill_through_write_path,
+    machine_load,
+    pipeline_data,
+    private_stack,
+    quiet_logs,
+    say,
+    to_config,
 )
 
 import lakestream.sink.catalog.sink as sink_files  # noqa: E402
@@ -73,9 +82,11 @@ class CommitCalls:
         def recorded(spark, catalog, namespace, table, request):
             started = time.perf_counter()
             result = self._real(spark, catalog, namespace, table, request)
-            self.calls.append({"seconds": time.perf_counter() - started, "files_touched": len(request["deletes"]),
-                               "result": result})
+            self.calls.append(
+                {"seconds": time.perf_counter() - started, "files_touched": len(request["deletes"]), "result": result}
+            )
             return result
+
         sink_files.commit_files = recorded
         return self
 
@@ -88,8 +99,14 @@ def one_size(info, state_dir: Path, spark, size: int, rows_per_file: int, args) 
     events = DebeziumEvents(f"lsscale{tag}", f"orders_{tag}", schemas=False)
     name = f"bench.orders_{tag}"
     table = f"lake.{name}"
-    config = to_config(pipeline_data(info, state_dir, f"scale{tag}", [
-        {"topics": [events.topic], "mode": "upsert", "namespace": "bench", "table": "{table}"}]))
+    config = to_config(
+        pipeline_data(
+            info,
+            state_dir,
+            f"scale{tag}",
+            [{"topics": [events.topic], "mode": "upsert", "namespace": "bench", "table": "{table}"}],
+        )
+    )
     producer = FastProducer(info.bootstrap_servers)
     now = int(time.time() * 1000)
     for row_id in range(1, 101):
@@ -98,8 +115,10 @@ def one_size(info, state_dir: Path, spark, size: int, rows_per_file: int, args) 
     run_pipeline(config, spark=spark, stop_when_idle=True)
     started = time.perf_counter()
     files = fill_through_write_path(spark, config, name, 101, size + 1, rows_per_file)
-    say(f"{size:,} rows: filled through the write path in {time.perf_counter() - started:.1f}s, {files:,} files "
-        f"(not timed)")
+    say(
+        f"{size:,} rows: filled through the write path in {time.perf_counter() - started:.1f}s, {files:,} files "
+        f"(not timed)"
+    )
     jvm = _jvm_pid(spark)
     _reset_peak("self")
     _reset_peak(jvm)
@@ -116,11 +135,23 @@ def one_size(info, state_dir: Path, spark, size: int, rows_per_file: int, args) 
         build_s = time.perf_counter() - started
         index = pipeline.indexes[name]
         store = pipeline.registry.index_stores[name]
-        say(f"{size:,} rows: first batch after the fill {build_s:.1f}s ({len(index):,} keys, {len(index.runs)} buckets)")
+        say(
+            f"{size:,} rows: first batch after the fill {build_s:.1f}s ({len(index):,} keys, {len(index.runs)} buckets)"
+        )
         seconds, commit_s, java_s, touched, steps = [], [], [], [], []
         if args.jfr:  # a JFR recording of the driver JVM over the timed batches (jfr print / jfr summary)
-            subprocess.run(["jcmd", str(jvm), "JFR.start", "name=scale", "settings=profile",
-                            f"filename={Path(args.jfr).resolve()}"], check=True, capture_output=True)
+            subprocess.run(
+                [
+                    "jcmd",
+                    str(jvm),
+                    "JFR.start",
+                    "name=scale",
+                    "settings=profile",
+                    f"filename={Path(args.jfr).resolve()}",
+                ],
+                check=True,
+                capture_output=True,
+            )
         for b in range(args.batches):
             for _ in range(args.changes):
                 row_id = rng.randrange(1, size + 1)
@@ -147,13 +178,16 @@ def one_size(info, state_dir: Path, spark, size: int, rows_per_file: int, args) 
                 for step, ms in c["result"].get("timings_ms", {}).items():
                     timings[step] = timings.get(step, 0.0) + ms
             steps.append(timings)
-            summary = spark.sql(f"SELECT summary FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1"
-                                ).collect()[0][0]
+            summary = spark.sql(f"SELECT summary FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1").collect()[
+                0
+            ][0]
             dvs.append(int(summary.get("added-dvs", summary.get("added-delete-files", 0))))
-            say(f"  batch {b + 1}: {result.changes:,} changes in {result.seconds:.2f}s "
+            say(
+                f"  batch {b + 1}: {result.changes:,} changes in {result.seconds:.2f}s "
                 f"(tasks {result.read_seconds:.2f}s, commit {commit_s[-1]:.2f}s of which commitFiles "
                 f"{java_s[-1]:.2f}s), {touched[-1]} files touched, {dvs[-1]} deletion vectors; commitFiles steps ms "
-                + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
+                + ", ".join(f"{k} {v:.0f}" for k, v in timings.items())
+            )
         if args.jfr:
             subprocess.run(["jcmd", str(jvm), "JFR.stop", "name=scale"], check=True, capture_output=True)
         index_disk = store.footprint()
@@ -169,8 +203,10 @@ def one_size(info, state_dir: Path, spark, size: int, rows_per_file: int, args) 
             fresh.rebuild(spark, f"`lake`.`bench`.`orders_{tag}`", index.snapshot_id)
             full_build_s = time.perf_counter() - started
             assert len(fresh) == len(index), (len(fresh), len(index))
-            say(f"{size:,} rows: full build on the executors {full_build_s:.1f}s ({len(fresh):,} keys, "
-                f"{len(fresh.runs)} buckets)")
+            say(
+                f"{size:,} rows: full build on the executors {full_build_s:.1f}s ({len(fresh):,} keys, "
+                f"{len(fresh.runs)} buckets)"
+            )
     finally:
         pipeline.close()
     py_peak_mb = _status_kb("self", "VmHWM") / 1024
@@ -180,27 +216,40 @@ def one_size(info, state_dir: Path, spark, size: int, rows_per_file: int, args) 
     want_version = (size - len(versions)) + sum(v for v in versions.values() if v is not None)
     row = spark.sql(f"SELECT count(*) AS n, count(DISTINCT id) AS k, sum(version) AS v FROM {table}").collect()[0]
     if (row["n"], row["k"], row["v"]) != (want_rows, want_rows, want_version):
-        raise SystemExit(f"{size:,}: lake has {row['n']} rows / {row['k']} keys / {row['v']} version sum, "
-                         f"expected {want_rows} / {want_rows} / {want_version}")
+        raise SystemExit(
+            f"{size:,}: lake has {row['n']} rows / {row['k']} keys / {row['v']} version sum, "
+            f"expected {want_rows} / {want_rows} / {want_version}"
+        )
     median = statistics.median(seconds)
     step_names = list(dict.fromkeys(k for t in steps for k in t))
-    say(f"{size:,} rows: median batch {median:.2f}s over {len(seconds)} batches (commit part "
+    say(
+        f"{size:,} rows: median batch {median:.2f}s over {len(seconds)} batches (commit part "
         f"{statistics.median(commit_s):.2f}s, commitFiles {statistics.median(java_s):.2f}s); "
         f"verified {want_rows:,} rows; "
         f"driver peak RSS Python {py_peak_mb:.0f} MB, JVM {jvm_peak_mb:.0f} MB; index {index_disk / 1e6:.0f} MB on "
-        f"disk, {heap / 1e6:.1f} MB in the heap")
-    return {"size": size, "rows_per_file": rows_per_file, "data_files": files + 1, "median_batch_s": round(median, 3),
-            "batches_s": [round(s, 3) for s in seconds], "first_batch_after_fill_s": round(build_s, 2),
-            "median_commit_part_s": round(statistics.median(commit_s), 3),
-            "median_commit_files_s": round(statistics.median(java_s), 3),
-            "commit_files_steps_ms_median": {k: round(statistics.median(t.get(k, 0.0) for t in steps), 1)
-                                             for k in step_names},
-            "full_build_s": None if full_build_s is None else round(full_build_s, 2),
-            "files_touched_per_batch": statistics.median(touched) if touched else 0,
-            "dvs_written_per_batch": statistics.median(dvs) if dvs else 0,
-            "driver_peak_rss_python_mb": round(py_peak_mb), "driver_peak_rss_jvm_mb": round(jvm_peak_mb),
-            "index_bytes_on_disk": index_disk, "index_overlay_bytes_in_heap": heap,
-            "index_buckets": len(index.runs)}
+        f"disk, {heap / 1e6:.1f} MB in the heap"
+    )
+    return {
+        "size": size,
+        "rows_per_file": rows_per_file,
+        "data_files": files + 1,
+        "median_batch_s": round(median, 3),
+        "batches_s": [round(s, 3) for s in seconds],
+        "first_batch_after_fill_s": round(build_s, 2),
+        "median_commit_part_s": round(statistics.median(commit_s), 3),
+        "median_commit_files_s": round(statistics.median(java_s), 3),
+        "commit_files_steps_ms_median": {
+            k: round(statistics.median(t.get(k, 0.0) for t in steps), 1) for k in step_names
+        },
+        "full_build_s": None if full_build_s is None else round(full_build_s, 2),
+        "files_touched_per_batch": statistics.median(touched) if touched else 0,
+        "dvs_written_per_batch": statistics.median(dvs) if dvs else 0,
+        "driver_peak_rss_python_mb": round(py_peak_mb),
+        "driver_peak_rss_jvm_mb": round(jvm_peak_mb),
+        "index_bytes_on_disk": index_disk,
+        "index_overlay_bytes_in_heap": heap,
+        "index_buckets": len(index.runs),
+    }
 
 
 def main() -> int:
@@ -210,8 +259,12 @@ def main() -> int:
     parser.add_argument("--changes", type=int, default=5000)
     parser.add_argument("--rows-per-file", default="10000", help="one value, or one per size")
     parser.add_argument("--driver-memory", default="2g")
-    parser.add_argument("--no-full-build", dest="full_build", action="store_false",
-                        help="skip the timed full build of the index after the batches")
+    parser.add_argument(
+        "--no-full-build",
+        dest="full_build",
+        action="store_false",
+        help="skip the timed full build of the index after the batches",
+    )
     parser.add_argument("--jfr", help="record the driver JVM over the timed batches into this .jfr file (one size)")
     args = parser.parse_args()
     quiet_logs()
@@ -222,8 +275,9 @@ def main() -> int:
     cases = list(zip(sizes, per_file * len(sizes) if len(per_file) == 1 else per_file, strict=True))
     summary = {"bench": "scale", "load_start": machine_load(), "params": vars(args), "sizes": []}
     with private_stack("bench-scale") as (info, state_dir):
-        config = to_config(pipeline_data(info, state_dir, "scale", [{"topics": ["x"]}],
-                                         driver_memory=args.driver_memory))
+        config = to_config(
+            pipeline_data(info, state_dir, "scale", [{"topics": ["x"]}], driver_memory=args.driver_memory)
+        )
         spark = session_for(config)
         try:
             for size, rows_per_file in cases:
@@ -237,14 +291,18 @@ def main() -> int:
     say("\n  rows         files   median batch   commit   full build   DVs/batch   py RSS   JVM RSS   index on disk")
     for s in summary["sizes"]:
         build = "-" if s["full_build_s"] is None else f"{s['full_build_s']:.1f} s"
-        say(f"  {s['size']:>11,}  {s['data_files']:>6,}   {s['median_batch_s']:>9.2f} s"
+        say(
+            f"  {s['size']:>11,}  {s['data_files']:>6,}   {s['median_batch_s']:>9.2f} s"
             f"   {s['median_commit_part_s']:>5.2f} s"
             f"   {build:>10}"
             f"   {s['dvs_written_per_batch']:>9}"
             f"   {s['driver_peak_rss_python_mb']:>5} MB  {s['driver_peak_rss_jvm_mb']:>5} MB"
-            f"   {s['index_bytes_on_disk'] / 1e6:>8.0f} MB")
-    say(f"  median at {last['size']:,} rows in {last['data_files']:,} files / median at {first['size']:,} rows in "
-        f"{first['data_files']:,} files = {summary['ratio_largest_to_smallest']}")
+            f"   {s['index_bytes_on_disk'] / 1e6:>8.0f} MB"
+        )
+    say(
+        f"  median at {last['size']:,} rows in {last['data_files']:,} files / median at {first['size']:,} rows in "
+        f"{first['data_files']:,} files = {summary['ratio_largest_to_smallest']}"
+    )
     print(json.dumps(summary), flush=True)
     return 0
 

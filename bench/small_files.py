@@ -8,6 +8,7 @@ Prints files per partition and query seconds before/after; the LAST line is one 
 Without --pipeline a private PostgreSQL (JDBC catalog) + broker stack is started on free ports and
 removed afterwards.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,7 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -44,7 +45,9 @@ GROUP BY region, date(ts) ORDER BY region, day
 
 
 def bench_config(pipeline: str | None, stack_dir: Path | None) -> tuple[PipelineConfig, object | None]:
-    maintenance = {"policies": [{"compaction": {"quiet_time_s": QUIET_S}, "snapshot_retention_s": 0, "retain_last_snapshots": 10}]}
+    maintenance = {
+        "policies": [{"compaction": {"quiet_time_s": QUIET_S}, "snapshot_retention_s": 0, "retain_last_snapshots": 10}]
+    }
     if pipeline:
         config = load_config(pipeline)
         config.maintenance = MaintenanceSettings.model_validate(maintenance)
@@ -55,14 +58,22 @@ def bench_config(pipeline: str | None, stack_dir: Path | None) -> tuple[Pipeline
     pg_port, kafka_port = free_ports(2)
     stack = Stack(StackSettings(state_dir=stack_dir, pg_port=pg_port, kafka_port=kafka_port))
     info = stack.up()
-    config = parse_config({
-        "kafka": {"bootstrap_servers": info.bootstrap_servers},
-        "catalog": {"name": "lake", "uri": info.catalog_jdbc_uri(), "user": info.pg_user, "password": info.pg_password,
-                    "warehouse": info.warehouse},
-        "streams": [{"topics": ["unused"]}],
-        "spark": {"master": "local[2]", "driver_memory": "1500m"},
-        "maintenance": maintenance,
-    }, "<bench>")
+    config = parse_config(
+        {
+            "kafka": {"bootstrap_servers": info.bootstrap_servers},
+            "catalog": {
+                "name": "lake",
+                "uri": info.catalog_jdbc_uri(),
+                "user": info.pg_user,
+                "password": info.pg_password,
+                "warehouse": info.warehouse,
+            },
+            "streams": [{"topics": ["unused"]}],
+            "spark": {"master": "local[2]", "driver_memory": "1500m"},
+            "maintenance": maintenance,
+        },
+        "<bench>",
+    )
     return config, stack
 
 
@@ -76,8 +87,10 @@ def time_query(spark, runs: int = 3) -> float:
 
 
 def files_per_partition(spark) -> dict[str, int]:
-    rows = spark.sql(f"SELECT partition.ts_day AS day, partition.region AS region, file_count "
-                     f"FROM lake.{NAMESPACE}.{TABLE}.partitions ORDER BY day, region").collect()
+    rows = spark.sql(
+        f"SELECT partition.ts_day AS day, partition.region AS region, file_count "
+        f"FROM lake.{NAMESPACE}.{TABLE}.partitions ORDER BY day, region"
+    ).collect()
     return {f"{r.day}/{r.region}": int(r.file_count) for r in rows}
 
 
@@ -86,7 +99,9 @@ def main() -> int:
     parser.add_argument("--commits", type=int, default=500)
     parser.add_argument("--pipeline", help="use this pipeline's catalog instead of a private stack")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
     stack_dir = None if args.pipeline else Path(tempfile.mkdtemp(prefix="lakestream-bench-"))
@@ -97,12 +112,14 @@ def main() -> int:
         spark = session_for(config)
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.{NAMESPACE}")
         spark.sql(f"DROP TABLE IF EXISTS lake.{NAMESPACE}.{TABLE} PURGE")
-        spark.sql(f"CREATE TABLE lake.{NAMESPACE}.{TABLE} "
-                  "(id BIGINT, ts TIMESTAMP, region STRING, customer INT, amount DOUBLE) "
-                  f"USING iceberg PARTITIONED BY (days(ts), region) TBLPROPERTIES ('format-version'='2')")
+        spark.sql(
+            f"CREATE TABLE lake.{NAMESPACE}.{TABLE} "
+            "(id BIGINT, ts TIMESTAMP, region STRING, customer INT, amount DOUBLE) "
+            f"USING iceberg PARTITIONED BY (days(ts), region) TBLPROPERTIES ('format-version'='2')"
+        )
 
         rng = random.Random(7)
-        start_day = datetime(2024, 1, 1, tzinfo=timezone.utc)
+        start_day = datetime(2024, 1, 1, tzinfo=UTC)
         started = time.perf_counter()
         next_id = 0
         for commit in range(args.commits):
@@ -112,8 +129,10 @@ def main() -> int:
             for region in REGIONS:
                 for _ in range(ROWS_PER_REGION):
                     ts = day + timedelta(seconds=rng.randrange(86400))
-                    values.append(f"({next_id}, TIMESTAMP '{ts:%Y-%m-%d %H:%M:%S}', '{region}', "
-                                  f"{rng.randrange(1000)}, {rng.uniform(0, 100):.2f})")
+                    values.append(
+                        f"({next_id}, TIMESTAMP '{ts:%Y-%m-%d %H:%M:%S}', '{region}', "
+                        f"{rng.randrange(1000)}, {rng.uniform(0, 100):.2f})"
+                    )
                     next_id += 1
             spark.sql(f"INSERT INTO lake.{NAMESPACE}.{TABLE} VALUES {', '.join(values)}")
             if (commit + 1) % 100 == 0:

@@ -10,15 +10,16 @@ pipeline has written the snapshot events (capture first, then the pipeline over 
 parallel path, the whole `run_snapshot` (tables created, chunks read, written and committed).
 The LAST line is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import random
 import sys
-import uuid
 import threading
 import time
+import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -65,8 +66,9 @@ class Writer(threading.Thread):
                     cur.execute(f"INSERT INTO {table} (id, status, qty) VALUES (%s, 'new', 1)", (self.next_id[table],))
                     self.next_id[table] += 1
                 elif r < 0.9:
-                    cur.execute(f"UPDATE {table} SET qty = qty + 1, status = 'paid' WHERE id = %s",
-                                (self.rng.randint(1, rows),))
+                    cur.execute(
+                        f"UPDATE {table} SET qty = qty + 1, status = 'paid' WHERE id = %s", (self.rng.randint(1, rows),)
+                    )
                 else:
                     cur.execute(f"DELETE FROM {table} WHERE id = %s", (self.rng.randint(1, rows),))
                 self.changes += 1
@@ -104,8 +106,12 @@ def topic_ends(bootstrap: str, topics: list[str]) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex}"})
     try:
         metadata = consumer.list_topics(timeout=10).topics
-        return sum(consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
-                   for t in topics if t in metadata for p in metadata[t].partitions)
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
+            for t in topics
+            if t in metadata
+            for p in metadata[t].partitions
+        )
     finally:
         consumer.close()
 
@@ -119,8 +125,11 @@ def caught_up(dsn: str, slot: str, timeout: float = 600) -> None:
             target = cur.fetchone()[0]
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
-                cur.execute("SELECT coalesce(confirmed_flush_lsn >= %s::pg_lsn, false) FROM pg_replication_slots "
-                            "WHERE slot_name = %s", (target, slot))
+                cur.execute(
+                    "SELECT coalesce(confirmed_flush_lsn >= %s::pg_lsn, false) FROM pg_replication_slots "
+                    "WHERE slot_name = %s",
+                    (target, slot),
+                )
                 row = cur.fetchone()
                 if row and row[0]:
                     return
@@ -130,17 +139,41 @@ def caught_up(dsn: str, slot: str, timeout: float = 600) -> None:
     raise RuntimeError(f"slot {slot} did not catch up in {timeout}s")
 
 
-def run_path(info, state_dir: Path, spark, label: str, path: str, tables: list[tuple[str, int]], write_rate: float,
-             chunk_rows: int) -> dict:
+def run_path(
+    info,
+    state_dir: Path,
+    spark,
+    label: str,
+    path: str,
+    tables: list[tuple[str, int]],
+    write_rate: float,
+    chunk_rows: int,
+) -> dict:
     name = f"{label}_{path}"
     dsn = make_source(info, name, tables)
-    capture = {"database": {"host": info.pg_host, "port": info.pg_port, "dbname": name, "user": info.pg_user,
-                            "password": info.pg_password},
-               "tables": [f"public.{t}" for t, _ in tables], "topic_prefix": name, "slot_name": f"slot_{name}",
-               "publication_name": f"pub_{name}", "snapshot": "parallel" if path == "parallel" else "debezium",
-               "snapshot_chunk_rows": chunk_rows, "connector": {"heartbeat.interval.ms": "1000"}}
-    data = pipeline_data(info, state_dir / name, name, [{"topic_pattern": rf"{name}\.public\..*", "namespace": name,
-                                                         "table": "{table}"}], capture=capture)
+    capture = {
+        "database": {
+            "host": info.pg_host,
+            "port": info.pg_port,
+            "dbname": name,
+            "user": info.pg_user,
+            "password": info.pg_password,
+        },
+        "tables": [f"public.{t}" for t, _ in tables],
+        "topic_prefix": name,
+        "slot_name": f"slot_{name}",
+        "publication_name": f"pub_{name}",
+        "snapshot": "parallel" if path == "parallel" else "debezium",
+        "snapshot_chunk_rows": chunk_rows,
+        "connector": {"heartbeat.interval.ms": "1000"},
+    }
+    data = pipeline_data(
+        info,
+        state_dir / name,
+        name,
+        [{"topic_pattern": rf"{name}\.public\..*", "namespace": name, "table": "{table}"}],
+        capture=capture,
+    )
     data["state_dir"] = str(state_dir / name / "state")
     config = to_config(data)
     yaml_path = write_pipeline_yaml(state_dir / f"{name}.yaml", data)
@@ -189,8 +222,10 @@ def run_path(info, state_dir: Path, spark, label: str, path: str, tables: list[t
         if writer.is_alive():
             writer.stop()
         proc.stop()
-    say(f"{label} / {path}: {rows:,} rows in {out['load_s']}s = {out['rows_per_s']:,} rows/s, "
-        f"verify {'OK' if out['verify_ok'] else 'FAILED'}")
+    say(
+        f"{label} / {path}: {rows:,} rows in {out['load_s']}s = {out['rows_per_s']:,} rows/s, "
+        f"verify {'OK' if out['verify_ok'] else 'FAILED'}"
+    )
     return out
 
 
@@ -204,8 +239,10 @@ def main() -> int:
     parser.add_argument("--only", choices=["single", "mix"], default=None)
     args = parser.parse_args()
     quiet_logs()
-    scenarios = {"single": [("orders", args.rows)],
-                 "mix": [(f"t{i:02d}", args.rows // args.mix_tables) for i in range(args.mix_tables)]}
+    scenarios = {
+        "single": [("orders", args.rows)],
+        "mix": [(f"t{i:02d}", args.rows // args.mix_tables) for i in range(args.mix_tables)],
+    }
     if args.only:
         scenarios = {args.only: scenarios[args.only]}
     load_before = machine_load()
@@ -214,9 +251,10 @@ def main() -> int:
         data = pipeline_data(info, state_dir, "bench", [{"topics": ["unused"]}])
         spark = session_for(to_config(data))
         for label, tables in scenarios.items():
-            for path in (["parallel"] if args.skip_debezium else ["debezium", "parallel"]):
-                results[f"{label}_{path}"] = run_path(info, state_dir, spark, label, path, tables, args.write_rate,
-                                                      args.chunk_rows)
+            for path in ["parallel"] if args.skip_debezium else ["debezium", "parallel"]:
+                results[f"{label}_{path}"] = run_path(
+                    info, state_dir, spark, label, path, tables, args.write_rate, args.chunk_rows
+                )
         spark.stop()
     say("")
     say(f"{'scenario':<10} {'debezium rows/s':>16} {'parallel rows/s':>16}")

@@ -45,6 +45,7 @@ Targets (issue 21): freshness p99 ≤ 5 s outside the restart; a round adds ≤ 
 first commit ≤ 30 s; the mirror exact. A progress line goes to stderr every 10 s; the LAST line of stdout is one
 JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,18 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    DebeziumEvents, FastProducer, OrderRow, fill_through_sql, fill_through_write_path, machine_load, pipeline_data,
-    private_stack, quiet_logs, say, to_config, write_pipeline_yaml,
+    DebeziumEvents,
+    FastProducer,
+    OrderRow,
+    fill_through_sql,
+    fill_through_write_path,
+    machine_load,
+    pipeline_data,
+    private_stack,
+    quiet_logs,
+    say,
+    to_config,
+    write_pipeline_yaml,
 )
 
 from lakestream.config import CompactionPolicy  # noqa: E402
@@ -91,6 +102,7 @@ SQL_ROWS_PER_INSERT = 2_000_000  # --grow sql
 
 
 # -- the expected content of the mirror ---------------------------------------------------------------
+
 
 class MirrorModel:
     """What the mirror must hold: ids 1..``base_rows`` as the fill wrote them (version 1, qty ``id % 19 + 1``),
@@ -131,20 +143,28 @@ class MirrorModel:
     def save(self, path: Path) -> None:
         ids = np.fromiter(self.overlay.keys(), np.int64, len(self.overlay))
         values = list(self.overlay.values())
-        np.savez(path, base_rows=self.base_rows, next_id=self.next_id, ids=ids,
-                 alive=np.fromiter((v is not None for v in values), bool, len(values)),
-                 version=np.fromiter((v[0] if v else 0 for v in values), np.int64, len(values)),
-                 qty=np.fromiter((v[1] if v else 0 for v in values), np.int64, len(values)))
+        np.savez(
+            path,
+            base_rows=self.base_rows,
+            next_id=self.next_id,
+            ids=ids,
+            alive=np.fromiter((v is not None for v in values), bool, len(values)),
+            version=np.fromiter((v[0] if v else 0 for v in values), np.int64, len(values)),
+            qty=np.fromiter((v[1] if v else 0 for v in values), np.int64, len(values)),
+        )
 
     @classmethod
     def load(cls, path: Path) -> MirrorModel:
         with np.load(path) as data:
-            overlay = {int(i): ((int(v), int(q)) if a else None)
-                       for i, a, v, q in zip(data["ids"], data["alive"], data["version"], data["qty"], strict=True)}
+            overlay = {
+                int(i): ((int(v), int(q)) if a else None)
+                for i, a, v, q in zip(data["ids"], data["alive"], data["version"], data["qty"], strict=True)
+            }
             return cls(int(data["base_rows"]), int(data["next_id"]), overlay)
 
 
 # -- the base table -------------------------------------------------------------------------------------
+
 
 @dataclass
 class Base:
@@ -176,26 +196,48 @@ def build_base(info, state_dir: Path, spark, args) -> tuple[Base, MirrorModel]:
     """Create the mirror from 100 events, fill it to ``args.rows`` through the sink's write path, and run the
     one batch (one update) that brings its key index up to date, durable beside the table."""
     events = DebeziumEvents("lssust0", TABLE, schemas=False)
-    config = to_config(pipeline_data(info, state_dir, PIPELINE, [
-        {"topics": [events.topic], "mode": "upsert", "namespace": NAMESPACE, "table": TABLE}],
-        driver_memory=args.driver_memory))
+    config = to_config(
+        pipeline_data(
+            info,
+            state_dir,
+            PIPELINE,
+            [{"topics": [events.topic], "mode": "upsert", "namespace": NAMESPACE, "table": TABLE}],
+            driver_memory=args.driver_memory,
+        )
+    )
     producer = FastProducer(info.bootstrap_servers)
     now = int(time.time() * 1000)
     first = min(100, args.rows)
     for row_id in range(1, first + 1):
-        producer.send(events.topic, *events.upsert(OrderRow(row_id, row_id % 50000, MirrorModel.base_qty(row_id), 1),
-                                                   "c", now))
+        producer.send(
+            events.topic, *events.upsert(OrderRow(row_id, row_id % 50000, MirrorModel.base_qty(row_id), 1), "c", now)
+        )
     producer.flush()
     run_pipeline(config, spark=spark, stop_when_idle=True)
     started = time.perf_counter()
     if args.grow == "sql":
-        inserts = fill_through_sql(spark, f"{NAMESPACE}.{TABLE}", first + 1, args.rows + 1, SQL_ROWS_PER_INSERT,
-                                   max(1, SQL_ROWS_PER_INSERT // args.rows_per_file)) if args.rows > first else 0
+        inserts = (
+            fill_through_sql(
+                spark,
+                f"{NAMESPACE}.{TABLE}",
+                first + 1,
+                args.rows + 1,
+                SQL_ROWS_PER_INSERT,
+                max(1, SQL_ROWS_PER_INSERT // args.rows_per_file),
+            )
+            if args.rows > first
+            else 0
+        )
         fill_s = time.perf_counter() - started
         say(f"base: {args.rows:,} rows added by {inserts} Spark SQL INSERT(s) in {fill_s:.0f}s")
     else:
-        files = fill_through_write_path(spark, config, f"{NAMESPACE}.{TABLE}", first + 1, args.rows + 1,
-                                        args.rows_per_file, like_events=True) if args.rows > first else 0
+        files = (
+            fill_through_write_path(
+                spark, config, f"{NAMESPACE}.{TABLE}", first + 1, args.rows + 1, args.rows_per_file, like_events=True
+            )
+            if args.rows > first
+            else 0
+        )
         fill_s = time.perf_counter() - started
         say(f"base: {args.rows:,} rows filled through the write path in {fill_s:.0f}s ({files:,} files)")
     model = MirrorModel(args.rows, args.rows + 1)
@@ -205,13 +247,23 @@ def build_base(info, state_dir: Path, spark, args) -> tuple[Base, MirrorModel]:
     started = time.perf_counter()
     run_pipeline(config, spark=spark, stop_when_idle=True)  # closes the pipeline: the index is durable
     index_s = time.perf_counter() - started
-    row = spark.sql(f"SELECT count(*) AS n, percentile_approx(file_size_in_bytes, 0.5) AS median "
-                    f"FROM lake.{NAMESPACE}.{TABLE}.data_files").collect()[0]
-    base = Base(rows=args.rows, rows_per_file=args.rows_per_file, data_files=int(row["n"]),
-                median_file_bytes=int(row["median"]), fill_s=round(fill_s, 1), index_build_s=round(index_s, 1),
-                grown_by=args.grow)
-    say(f"base: key index brought up to date in {index_s:.0f}s (a build on the executors above 2M rows); "
-        f"{base.data_files:,} data files, median {base.median_file_bytes / 1e6:.2f} MB")
+    row = spark.sql(
+        f"SELECT count(*) AS n, percentile_approx(file_size_in_bytes, 0.5) AS median "
+        f"FROM lake.{NAMESPACE}.{TABLE}.data_files"
+    ).collect()[0]
+    base = Base(
+        rows=args.rows,
+        rows_per_file=args.rows_per_file,
+        data_files=int(row["n"]),
+        median_file_bytes=int(row["median"]),
+        fill_s=round(fill_s, 1),
+        index_build_s=round(index_s, 1),
+        grown_by=args.grow,
+    )
+    say(
+        f"base: key index brought up to date in {index_s:.0f}s (a build on the executors above 2M rows); "
+        f"{base.data_files:,} data files, median {base.median_file_bytes / 1e6:.2f} MB"
+    )
     return base, model
 
 
@@ -224,8 +276,10 @@ def base_for_run(info, state_dir: Path, spark, args) -> tuple[Base, MirrorModel]
         if base.rows != args.rows:
             raise SystemExit(f"--reuse: the base in {state_dir} has {base.rows:,} rows, not --rows {args.rows:,}")
         if not base.clean:
-            raise SystemExit(f"--reuse: the last run on the base in {state_dir} did not end with an exact mirror "
-                             "(or was interrupted): its content is unknown — build a new base")
+            raise SystemExit(
+                f"--reuse: the last run on the base in {state_dir} did not end with an exact mirror "
+                "(or was interrupted): its content is unknown — build a new base"
+            )
         say(f"base: reusing {base.rows:,} rows, {base.data_files:,} files, changed by {base.runs} earlier run(s)")
         return base, MirrorModel.load(state_dir / MODEL_FILE)
     if (state_dir / BASE_FILE).exists():
@@ -234,6 +288,7 @@ def base_for_run(info, state_dir: Path, spark, args) -> tuple[Base, MirrorModel]
 
 
 # -- the load ---------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Deliveries:
@@ -265,8 +320,9 @@ class ChangeLoad(threading.Thread):
     """Debezium change events at a steady rate, in 10 ms slices: updates of random existing keys, deletes
     (and their tombstones) and inserts of new keys, applied to the model as they are sent."""
 
-    def __init__(self, bootstrap: str, events: DebeziumEvents, model: MirrorModel, rate: float, duration: float,
-                 seed: int):
+    def __init__(
+        self, bootstrap: str, events: DebeziumEvents, model: MirrorModel, rate: float, duration: float, seed: int
+    ):
         super().__init__(name="sustained-load", daemon=True)
         self.events, self.model, self.rate, self.duration = events, model, rate, duration
         self.rng = random.Random(seed)
@@ -306,8 +362,9 @@ class ChangeLoad(threading.Thread):
             self.counts["d"] += 1
         else:
             version, qty = current[0] + 1, rng.randrange(1, 20)
-            self.producer.send(events.topic, *events.upsert(OrderRow(row_id, row_id % 50000, qty, version), "u", now),
-                               now)
+            self.producer.send(
+                events.topic, *events.upsert(OrderRow(row_id, row_id % 50000, qty, version), "u", now), now
+            )
             model.overlay[row_id] = (version, qty)
             self.counts["u"] += 1
 
@@ -332,14 +389,19 @@ class ChangeLoad(threading.Thread):
             self.error = exc
 
 
-KILL_POINTS = {"anywhere": None, "landed": "commit.table.landed",
-               # Inside the pipeline's own compaction (the first one after --kill-at): its files written, its commit
-               # about to be made, its snapshot landed without the key index's delta.
-               "compaction-written": "maintenance.rewrite.written", "compaction-before": "maintenance.commit.before",
-               "compaction-landed": "maintenance.commit.landed"}
+KILL_POINTS = {
+    "anywhere": None,
+    "landed": "commit.table.landed",
+    # Inside the pipeline's own compaction (the first one after --kill-at): its files written, its commit
+    # about to be made, its snapshot landed without the key index's delta.
+    "compaction-written": "maintenance.rewrite.written",
+    "compaction-before": "maintenance.commit.before",
+    "compaction-landed": "maintenance.commit.landed",
+}
 
 
 # -- the pipeline process ------------------------------------------------------------------------------
+
 
 class PipelineProcess:
     """`lakestream run` in its own process group (driver + Spark JVM + Python workers), output in a log file."""
@@ -356,10 +418,15 @@ class PipelineProcess:
             out.write(f"\n===== {time.strftime('%H:%M:%S')} {note} =====\n".encode())
             out.flush()
             self.spawn_offset = out.tell()
-            self.proc = subprocess.Popen([sys.executable, "-m", "lakestream", "run", str(self.config_path)],
-                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, cwd=self.config_path.parent,
-                                         env={**os.environ, **(env or {})})
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "lakestream", "run", str(self.config_path)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.config_path.parent,
+                env={**os.environ, **(env or {})},
+            )
         return time.time() * 1000
 
     def logged_since_spawn(self, text: str) -> bool:
@@ -442,8 +509,11 @@ class CpuMeter:
 
     def cores(self, since: dict[str, float], seconds: float) -> dict[str, float]:
         """Average cores each group used over the ``seconds`` since ``totals()`` gave ``since``."""
-        return {group: round((total - since.get(group, 0.0)) / seconds, 2)
-                for group, total in self.totals().items()} if seconds > 0 else {}
+        return (
+            {group: round((total - since.get(group, 0.0)) / seconds, 2) for group, total in self.totals().items()}
+            if seconds > 0
+            else {}
+        )
 
 
 def tree_pids(root: int) -> list[int]:
@@ -525,6 +595,7 @@ class Retention:
 
 # -- the table's snapshots -------------------------------------------------------------------------------
 
+
 @dataclass
 class Snap:
     snapshot_id: int
@@ -539,9 +610,20 @@ class SnapshotWatch:
     """Every snapshot of the mirror, polled through pyiceberg while the run goes on, so that none is lost to
     snapshot expiry before the end."""
 
-    KEPT = ("added-data-files", "deleted-data-files", "added-records", "deleted-records", "added-files-size",
-            "added-delete-files", "removed-delete-files", "added-dvs", "removed-dvs", "total-data-files",
-            "total-delete-files", "lakestream.batch-id")
+    KEPT = (
+        "added-data-files",
+        "deleted-data-files",
+        "added-records",
+        "deleted-records",
+        "added-files-size",
+        "added-delete-files",
+        "removed-delete-files",
+        "added-dvs",
+        "removed-dvs",
+        "total-data-files",
+        "total-delete-files",
+        "lakestream.batch-id",
+    )
 
     def __init__(self, config, topic: str):
         from lakestream.query import pyiceberg_catalog
@@ -561,9 +643,13 @@ class SnapshotWatch:
             if raw:
                 offsets = {tp.partition: off for tp, off in decode_offsets(raw).items() if tp.topic == self.topic}
             self.snaps[s.snapshot_id] = Snap(
-                s.snapshot_id, int(s.sequence_number or 0), int(s.timestamp_ms),
-                summary.operation.value if summary else "?", offsets or None,
-                {k: summary.get(k) for k in self.KEPT if summary and summary.get(k) is not None})
+                s.snapshot_id,
+                int(s.sequence_number or 0),
+                int(s.timestamp_ms),
+                summary.operation.value if summary else "?",
+                offsets or None,
+                {k: summary.get(k) for k in self.KEPT if summary and summary.get(k) is not None},
+            )
 
     def ordered(self) -> list[Snap]:
         return sorted(self.snaps.values(), key=lambda s: (s.sequence, s.committed_ms))
@@ -579,6 +665,7 @@ class SnapshotWatch:
 
 
 # -- the figures ------------------------------------------------------------------------------------------
+
 
 def visibility(deliveries: Deliveries, commits: list[Snap]) -> tuple[np.ndarray, np.ndarray]:
     """(produce ms, visible ms) of every change record; visible is the commit time of the first commit whose
@@ -630,22 +717,49 @@ def round_windows(log_lines: list[dict[str, Any]]) -> list[tuple[int, int, list[
     by_end: dict[int, list[dict[str, Any]]] = {}
     for line in log_lines:
         by_end.setdefault(int(line["finished_ms"]), []).append(line)
-    return [(min((int(a["round_started_ms"]) for a in actions if a.get("round_started_ms") is not None),
-                 default=end - int(1000 * sum(float(a.get("seconds") or 0) for a in actions))), end, actions)
-            for end, actions in sorted(by_end.items())]
+    return [
+        (
+            min(
+                (int(a["round_started_ms"]) for a in actions if a.get("round_started_ms") is not None),
+                default=end - int(1000 * sum(float(a.get("seconds") or 0) for a in actions)),
+            ),
+            end,
+            actions,
+        )
+        for end, actions in sorted(by_end.items())
+    ]
 
 
-def describe_round(started: int, finished: int, actions: list[dict[str, Any]], own: list[Snap],
-                   affected: list[dict[str, Any]], next_batch: dict[str, Any] | None,
-                   quiet_median_s: float | None) -> dict[str, Any]:
+def describe_round(
+    started: int,
+    finished: int,
+    actions: list[dict[str, Any]],
+    own: list[Snap],
+    affected: list[dict[str, Any]],
+    next_batch: dict[str, Any] | None,
+    quiet_median_s: float | None,
+) -> dict[str, Any]:
     worst = max(affected, key=lambda b: b["seconds"]) if affected else None
     return {
-        "started_ms": started, "finished_ms": finished, "seconds": round((finished - started) / 1000, 1),
-        "actions": [{"action": a["action"], "status": a["status"], "seconds": round(float(a.get("seconds") or 0), 1),
-                     "files_before": a.get("files_before"), "files_after": a.get("files_after"),
-                     **({"error": a["error"][:200]} if a.get("error") else {}),
-                     **{k: v for k, v in (a.get("detail") or {}).items()
-                        if k in ("rewritten_data_files", "added_data_files")}} for a in actions],
+        "started_ms": started,
+        "finished_ms": finished,
+        "seconds": round((finished - started) / 1000, 1),
+        "actions": [
+            {
+                "action": a["action"],
+                "status": a["status"],
+                "seconds": round(float(a.get("seconds") or 0), 1),
+                "files_before": a.get("files_before"),
+                "files_after": a.get("files_after"),
+                **({"error": a["error"][:200]} if a.get("error") else {}),
+                **{
+                    k: v
+                    for k, v in (a.get("detail") or {}).items()
+                    if k in ("rewritten_data_files", "added_data_files")
+                },
+            }
+            for a in actions
+        ],
         "snapshots": [{"operation": s.operation, "committed_ms": s.committed_ms, **s.summary} for s in own],
         "batches_affected": len(affected),
         "next_batch_s": next_batch["seconds"] if next_batch else None,
@@ -654,8 +768,12 @@ def describe_round(started: int, finished: int, actions: list[dict[str, Any]], o
     }
 
 
-def maintenance_figures(log_lines: list[dict[str, Any]], maint_snaps: list[Snap], batches: list[dict[str, Any]],
-                        restart: tuple[float, float]) -> dict[str, Any]:
+def maintenance_figures(
+    log_lines: list[dict[str, Any]],
+    maint_snaps: list[Snap],
+    batches: list[dict[str, Any]],
+    restart: tuple[float, float],
+) -> dict[str, Any]:
     """Each round with the worst batch from its start to the first batch after it (and after each snapshot it
     committed: a compaction makes the next batch read the index's diff), against the median of the batches no
     round and no restart touched."""
@@ -683,26 +801,39 @@ def maintenance_figures(log_lines: list[dict[str, Any]], maint_snaps: list[Snap]
         per_round.append((started, finished, actions, own, hit - cut, nxt))
     unlogged = [s for s in maint_snaps if not any(w[0] - 1000 <= s.committed_ms <= w[1] + 1000 for w in windows)]
     slowed |= {i for i in (first_after(s.committed_ms) for s in unlogged) if i is not None}
-    quiet = [b["seconds"] for i, b in enumerate(batches)
-             if i not in slowed and not restart[0] <= times[i] <= restart[1]]
+    quiet = [
+        b["seconds"] for i, b in enumerate(batches) if i not in slowed and not restart[0] <= times[i] <= restart[1]
+    ]
     median = round(statistics.median(quiet), 2) if quiet else None
-    rounds = [describe_round(started, finished, actions, own, [batches[i] for i in sorted(hit)],
-                             batches[nxt] if nxt is not None else None, median)
-              for started, finished, actions, own, hit, nxt in per_round]
+    rounds = [
+        describe_round(
+            started,
+            finished,
+            actions,
+            own,
+            [batches[i] for i in sorted(hit)],
+            batches[nxt] if nxt is not None else None,
+            median,
+        )
+        for started, finished, actions, own, hit, nxt in per_round
+    ]
     adds = [r["adds_s"] for r in rounds if r["adds_s"] is not None]
     compact_actions = [a for r in rounds for a in r["actions"] if a["action"] == "compact"]
     return {
         "batch_median_quiet_s": median,
         "maintenance_rounds": rounds,
         "maintenance_snapshots": len(maint_snaps),
-        "maintenance_snapshots_unlogged": [{"operation": s.operation, "committed_ms": s.committed_ms, **s.summary}
-                                           for s in unlogged],
-        "compactions_committed": len([s for s in maint_snaps if s.operation == "replace"
-                                      and int(s.summary.get("deleted-data-files", 0))]),
+        "maintenance_snapshots_unlogged": [
+            {"operation": s.operation, "committed_ms": s.committed_ms, **s.summary} for s in unlogged
+        ],
+        "compactions_committed": len(
+            [s for s in maint_snaps if s.operation == "replace" and int(s.summary.get("deleted-data-files", 0))]
+        ),
         "compactions_attempted": len(compact_actions),
         "compaction_statuses": sorted({a["status"] for a in compact_actions}),
-        "worst_batch_after_round_s": max((r["worst_batch_s"] for r in rounds if r["worst_batch_s"] is not None),
-                                         default=None),
+        "worst_batch_after_round_s": max(
+            (r["worst_batch_s"] for r in rounds if r["worst_batch_s"] is not None), default=None
+        ),
         "round_adds_s": max(adds) if adds else None,
     }
 
@@ -713,16 +844,23 @@ def verify_mirror(spark, model: MirrorModel) -> dict[str, Any]:
     spark.sql(f"REFRESH TABLE {table}")
     started = time.perf_counter()
     row = spark.sql(f"SELECT count(*) AS n, sum(version) AS v, sum(qty) AS q FROM {table}").collect()[0]
-    duplicates = spark.sql(f"SELECT count(*) FROM (SELECT id FROM {table} GROUP BY id HAVING count(*) > 1)"
-                           ).collect()[0][0]
+    duplicates = spark.sql(f"SELECT count(*) FROM (SELECT id FROM {table} GROUP BY id HAVING count(*) > 1)").collect()[
+        0
+    ][0]
     want = model.totals()
     got = {"count": int(row["n"]), "sum_version": int(row["v"] or 0), "sum_qty": int(row["q"] or 0)}
-    return {"exact": got == want and duplicates == 0, "got": got, "want": want, "duplicate_keys": int(duplicates),
-            "seconds": round(time.perf_counter() - started, 1)}
+    return {
+        "exact": got == want and duplicates == 0,
+        "got": got,
+        "want": want,
+        "duplicate_keys": int(duplicates),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
-def analyse(load: ChangeLoad, watch: SnapshotWatch, kill_ms: float, restart_spawn_ms: float, first_spawn_ms: float,
-            config) -> dict[str, Any]:
+def analyse(
+    load: ChangeLoad, watch: SnapshotWatch, kill_ms: float, restart_spawn_ms: float, first_spawn_ms: float, config
+) -> dict[str, Any]:
     """Freshness, restart and maintenance figures from the deliveries, the snapshots and the pipeline's logs."""
     commits = watch.commits()
     produced, visible = visibility(load.deliveries, commits)
@@ -746,33 +884,46 @@ def analyse(load: ChangeLoad, watch: SnapshotWatch, kill_ms: float, restart_spaw
                 recovered_ms = c.committed_ms
                 break
     first_commit = [c for c in commits if c.committed_ms >= first_spawn_ms]
-    batches = [b for b in read_jsonl(metrics_path(config))
-               if b.get("commit_ts_ms") and b["commit_ts_ms"] >= load.started_ms and b.get("records")]
+    batches = [
+        b
+        for b in read_jsonl(metrics_path(config))
+        if b.get("commit_ts_ms") and b["commit_ts_ms"] >= load.started_ms and b.get("records")
+    ]
     log_lines = [a for a in read_jsonl(maintenance_log_path(config)) if a.get("finished_ms", 0) >= first_spawn_ms]
     maint_snaps = [s for s in watch.ordered() if not s.offsets and s.committed_ms >= first_spawn_ms]
-    maintenance = maintenance_figures(log_lines, maint_snaps, batches,
-                                      (kill_ms, recovered_ms or restart_commit_ms or kill_ms))
-    stream_files = [int(c.summary.get("added-files-size", 0)) // max(1, int(c.summary.get("added-data-files", 1)))
-                    for c in commits if int(c.summary.get("added-data-files", 0))]
+    maintenance = maintenance_figures(
+        log_lines, maint_snaps, batches, (kill_ms, recovered_ms or restart_commit_ms or kill_ms)
+    )
+    stream_files = [
+        int(c.summary.get("added-files-size", 0)) // max(1, int(c.summary.get("added-data-files", 1)))
+        for c in commits
+        if int(c.summary.get("added-data-files", 0))
+    ]
     dvs = [int(c.summary.get("added-dvs", 0)) for c in commits if c.committed_ms >= load.started_ms]
     pipeline_fresh = freshness_from_metrics(metrics_path(config), load.started_ms)
-    rounds = sorted(start for start, _, actions in round_windows(log_lines)
-                    if any((a.get("detail") or {}).get("committed_by") != "pipeline" or a.get("status") != "ok"
-                           for a in actions))  # a round, not one of the pipeline's compaction commits
+    rounds = sorted(
+        start
+        for start, _, actions in round_windows(log_lines)
+        if any((a.get("detail") or {}).get("committed_by") != "pipeline" or a.get("status") != "ok" for a in actions)
+    )  # a round, not one of the pipeline's compaction commits
     return {
-        "changes_visible": int((~np.isnan(visible)).sum()), "changes_never_visible": int(np.isnan(visible).sum()),
+        "changes_visible": int((~np.isnan(visible)).sum()),
+        "changes_never_visible": int(np.isnan(visible).sum()),
         "freshness_s": quantiles(fresh),
         "freshness_outside_restart_s": quantiles(fresh[~window]),
         "freshness_before_kill_s": quantiles(fresh[before_kill]),
         "freshness_after_restart_s": quantiles(fresh[(produced >= (restart_commit_ms or np.inf))]),
         "changes_in_restart_window": int(window.sum()),
-        "pipeline_reported_freshness_s": None if pipeline_fresh is None else
-        {"p50": round(pipeline_fresh.p50_s, 2), "p99": round(pipeline_fresh.p99_s, 2)},
+        "pipeline_reported_freshness_s": None
+        if pipeline_fresh is None
+        else {"p50": round(pipeline_fresh.p50_s, 2), "p99": round(pipeline_fresh.p99_s, 2)},
         "first_start_to_first_commit_s": round((first_commit[0].committed_ms - first_spawn_ms) / 1000, 1)
-        if first_commit else None,
+        if first_commit
+        else None,
         "restart_to_first_commit_s": round((restart_commit_ms - kill_ms) / 1000, 1) if restart_commit_ms else None,
         "spawn_to_first_commit_s": round((restart_commit_ms - restart_spawn_ms) / 1000, 1)
-        if restart_commit_ms else None,
+        if restart_commit_ms
+        else None,
         "restart_to_recovered_s": round((recovered_ms - kill_ms) / 1000, 1) if recovered_ms else None,
         "commits": len([c for c in commits if c.committed_ms >= load.started_ms]),
         "batches": len(batches),
@@ -787,6 +938,7 @@ def analyse(load: ChangeLoad, watch: SnapshotWatch, kill_ms: float, restart_spaw
 
 # -- the run ---------------------------------------------------------------------------------------------
 
+
 def maintenance_settings(args, base: Base) -> dict[str, Any]:
     """Inline maintenance; a base grown by SQL keeps the policy's default target (a user's standing configuration),
     one filled through the write path the base's median file (see the module doc)."""
@@ -796,16 +948,20 @@ def maintenance_settings(args, base: Base) -> dict[str, Any]:
     if args.compact_target_mb or base.grown_by != "sql":
         target = int(args.compact_target_mb * 2**20) if args.compact_target_mb else base.median_file_bytes
         compaction["target_file_size_bytes"] = max(1, target)
-    return {"mode": "inline", "interval_s": args.maintenance_interval or max(10.0, args.duration / 4),
-            "policies": [{"tables": ".*", "compaction": compaction}]}
+    return {
+        "mode": "inline",
+        "interval_s": args.maintenance_interval or max(10.0, args.duration / 4),
+        "policies": [{"tables": ".*", "compaction": compaction}],
+    }
 
 
 def wait_for(predicate, what: str, timeout: float, pipeline: PipelineProcess, watch: SnapshotWatch) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if not pipeline.alive:
-            raise SystemExit(f"the pipeline exited (code {pipeline.proc.returncode}) waiting for {what}:\n"
-                             f"{pipeline.tail()}")
+            raise SystemExit(
+                f"the pipeline exited (code {pipeline.proc.returncode}) waiting for {what}:\n{pipeline.tail()}"
+            )
         if time.monotonic() > deadline:
             raise SystemExit(f"no {what} within {timeout:.0f}s:\n{pipeline.tail()}")
         time.sleep(1.0)
@@ -818,9 +974,14 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
     summary["base"] = {k: v for k, v in base.__dict__.items() if k != "clean"}
     run_no = base.runs + 1
     events = DebeziumEvents(f"lssust{run_no}", TABLE, schemas=False)
-    data = pipeline_data(info, state_dir, PIPELINE, [
-        {"topics": [events.topic], "mode": "upsert", "namespace": NAMESPACE, "table": TABLE}],
-        engine={"commit_interval_s": args.commit_interval, "idle_poll_s": 0.2}, driver_memory=args.driver_memory)
+    data = pipeline_data(
+        info,
+        state_dir,
+        PIPELINE,
+        [{"topics": [events.topic], "mode": "upsert", "namespace": NAMESPACE, "table": TABLE}],
+        engine={"commit_interval_s": args.commit_interval, "idle_poll_s": 0.2},
+        driver_memory=args.driver_memory,
+    )
     data["maintenance"] = maintenance_settings(args, base)
     summary["maintenance_config"] = data["maintenance"]
     config_path = write_pipeline_yaml(state_dir / "sustained.yaml", data)
@@ -845,13 +1006,14 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
     # diff, the restart's worst case.
     armed = state_dir / "kill-point-armed"
     armed.unlink(missing_ok=True)
-    pause_env = ({PAUSE_ENV: f"{KILL_POINTS[args.kill_point]}:900@{armed}"} if KILL_POINTS.get(args.kill_point)
-                 else None)
+    pause_env = {PAUSE_ENV: f"{KILL_POINTS[args.kill_point]}:900@{armed}"} if KILL_POINTS.get(args.kill_point) else None
     try:
         first_spawn_ms = pipeline.start("start", pause_env)
         wait_for(lambda: bool(watch.commits()), "first commit", 900, pipeline, watch)
-        say(f"pipeline up: first commit {(watch.commits()[0].committed_ms - first_spawn_ms) / 1000:.1f}s after "
-            f"its start; load starts ({args.rate:,.0f} changes/s for {args.duration:.0f}s)")
+        say(
+            f"pipeline up: first commit {(watch.commits()[0].committed_ms - first_spawn_ms) / 1000:.1f}s after "
+            f"its start; load starts ({args.rate:,.0f} changes/s for {args.duration:.0f}s)"
+        )
         summary["load_at_start"] = machine_load()
         cpu, retention = CpuMeter(), Retention(info.bootstrap_servers, events.topic)
 
@@ -875,8 +1037,13 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
             now = time.monotonic()
             if kill_ms is None and now - started >= kill_at and pause_env and not armed.exists():
                 armed.touch()  # the pause point holds the next table commit that lands
-            if kill_ms is None and now - started >= kill_at and (
-                    not pause_env or pipeline.logged_since_spawn(f"{PAUSE_MARKER} {pause_env[PAUSE_ENV].split(':')[0]}")):
+            if (
+                kill_ms is None
+                and now - started >= kill_at
+                and (
+                    not pause_env or pipeline.logged_since_spawn(f"{PAUSE_MARKER} {pause_env[PAUSE_ENV].split(':')[0]}")
+                )
+            ):
                 summary["load_at_kill"] = machine_load()
                 kill_ms = pipeline.kill()
                 armed.unlink(missing_ok=True)
@@ -897,11 +1064,15 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
                 ends, covered = load.deliveries.ends(), watch.covered()
                 behind = sum(max(0, end - covered.get(p, 0)) for p, end in ends.items())
                 rounds = len({line.get("finished_ms") for line in read_jsonl(maintenance_log_path(config))})
-                print(f"[{now - started:4.0f}s] {load.changes:,} changes sent "
-                      f"({load.changes / max(1e-9, now - started):,.0f}/s)"
-                      f" · {len(watch.commits()):,} commits, {behind:,} records behind"
-                      f" · {rounds} maintenance round(s) · pipeline {'restarted' if kill_ms else 'up'}"
-                      f" · load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+                print(
+                    f"[{now - started:4.0f}s] {load.changes:,} changes sent "
+                    f"({load.changes / max(1e-9, now - started):,.0f}/s)"
+                    f" · {len(watch.commits()):,} commits, {behind:,} records behind"
+                    f" · {rounds} maintenance round(s) · pipeline {'restarted' if kill_ms else 'up'}"
+                    f" · load {os.getloadavg()[0]:.1f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if load.error is not None:
             raise SystemExit(f"the load failed: {load.error!r}")
         summary["load_at_end_of_load"] = machine_load()
@@ -911,8 +1082,13 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
         summary["broker_trim_failures"] = retention.failures
         ends = load.deliveries.ends()
         say(f"load done: {load.changes:,} changes in {load.seconds:.0f}s; waiting for the pipeline to commit them")
-        wait_for(lambda: all(watch.covered().get(p, 0) >= end for p, end in ends.items()), "drain",
-                 max(300.0, args.duration), pipeline, watch)
+        wait_for(
+            lambda: all(watch.covered().get(p, 0) >= end for p, end in ends.items()),
+            "drain",
+            max(300.0, args.duration),
+            pipeline,
+            watch,
+        )
         clean_stop = pipeline.stop(300)
     finally:
         if pipeline.alive:
@@ -926,15 +1102,22 @@ def run(info, state_dir: Path, spark, args, summary: dict[str, Any]) -> None:
         base.clean, base.runs = True, run_no
         model.save(state_dir / MODEL_FILE)
         base.save(state_dir)
-    summary.update({
-        "changes": load.changes, "changes_by_op": dict(load.counts),
-        "offered_changes_per_s": round(load.changes / load.seconds) if load.seconds else None,
-        "kill_at_s": round(kill_at, 1), "kill_point": args.kill_point, "clean_stop": clean_stop,
-        **figures, "compaction_log": compaction_log(pipeline.log_path, pipeline.log_start),
-        "write_amplification": write_amplification(watch.ordered(), first_spawn_ms),
-        "restart_key_index": restart_key_index(pipeline.log_path, restart_offset),
-        "verify": verify, "pipeline_peak_rss_mb": round(pipeline.peak_rss / 2**20),
-    })
+    summary.update(
+        {
+            "changes": load.changes,
+            "changes_by_op": dict(load.counts),
+            "offered_changes_per_s": round(load.changes / load.seconds) if load.seconds else None,
+            "kill_at_s": round(kill_at, 1),
+            "kill_point": args.kill_point,
+            "clean_stop": clean_stop,
+            **figures,
+            "compaction_log": compaction_log(pipeline.log_path, pipeline.log_start),
+            "write_amplification": write_amplification(watch.ordered(), first_spawn_ms),
+            "restart_key_index": restart_key_index(pipeline.log_path, restart_offset),
+            "verify": verify,
+            "pipeline_peak_rss_mb": round(pipeline.peak_rss / 2**20),
+        }
+    )
 
 
 def restart_key_index(log_path: Path, offset: int | None) -> dict[str, Any]:
@@ -953,13 +1136,19 @@ def write_amplification(snaps: list[Snap], since_ms: float) -> dict[str, Any]:
     """Bytes compactions wrote (replace snapshots that removed data files) against bytes the pipeline's commits added
     (data files and deletion vectors: their summaries' added-files-size), over the run's snapshots, and per hour."""
     run = [s for s in snaps if s.committed_ms >= since_ms]
-    rewritten = sum(int(s.summary.get("added-files-size", 0)) for s in run
-                    if s.operation == "replace" and int(s.summary.get("deleted-data-files", 0)) > 0)
+    rewritten = sum(
+        int(s.summary.get("added-files-size", 0))
+        for s in run
+        if s.operation == "replace" and int(s.summary.get("deleted-data-files", 0)) > 0
+    )
     ingested = sum(int(s.summary.get("added-files-size", 0)) for s in run if s.operation != "replace")
     hours = (max(s.committed_ms for s in run) - since_ms) / 3.6e6 if run else 0.0
-    return {"rewritten_mb": round(rewritten / 1e6, 1), "ingested_mb": round(ingested / 1e6, 1),
-            "rewritten_mb_per_h": round(rewritten / 1e6 / hours, 1) if hours else None,
-            "ratio": round(rewritten / ingested, 2) if ingested else None}
+    return {
+        "rewritten_mb": round(rewritten / 1e6, 1),
+        "ingested_mb": round(ingested / 1e6, 1),
+        "rewritten_mb_per_h": round(rewritten / 1e6 / hours, 1) if hours else None,
+        "ratio": round(rewritten / ingested, 2) if ingested else None,
+    }
 
 
 def compaction_log(log_path: Path, start: int = 0) -> dict[str, Any]:
@@ -985,67 +1174,99 @@ def compaction_log(log_path: Path, start: int = 0) -> dict[str, Any]:
         elif "Cannot commit groups" in line:
             failed += 1
             if first is None:
-                first = next((x.strip()[:300] for x in lines[i + 1:i + 40] if "Exception" in x), None)
-    return {"planned": planned, "commits_failed": failed, "written_beside_batches": written,
-            "committed_by_pipeline": by_pipeline, "first_cause": first}
+                first = next((x.strip()[:300] for x in lines[i + 1 : i + 40] if "Exception" in x), None)
+    return {
+        "planned": planned,
+        "commits_failed": failed,
+        "written_beside_batches": written,
+        "committed_by_pipeline": by_pipeline,
+        "first_cause": first,
+    }
 
 
 def targets(s: dict[str, Any]) -> dict[str, bool | None]:
     def le(value, limit):
         return None if value is None else value <= limit
-    return {"freshness_p99_outside_restart_le_5s": le(s.get("freshness_outside_restart_s", {}).get("p99"), 5.0),
-            "round_adds_le_1s": le(s.get("round_adds_s"), 1.0),
-            "restart_to_first_commit_le_30s": le(s.get("restart_to_first_commit_s"), 30.0),
-            "write_amplification_le_3": le(s.get("write_amplification", {}).get("ratio"), 3.0),
-            "mirror_exact": s.get("verify", {}).get("exact")}
+
+    return {
+        "freshness_p99_outside_restart_le_5s": le(s.get("freshness_outside_restart_s", {}).get("p99"), 5.0),
+        "round_adds_le_1s": le(s.get("round_adds_s"), 1.0),
+        "restart_to_first_commit_le_30s": le(s.get("restart_to_first_commit_s"), 30.0),
+        "write_amplification_le_3": le(s.get("write_amplification", {}).get("ratio"), 3.0),
+        "mirror_exact": s.get("verify", {}).get("exact"),
+    }
 
 
 def print_table(s: dict[str, Any]) -> None:
     def verdict(ok):
         return "" if ok is None else ("  ok" if ok else "  MISSED")
+
     t, f, fo = s["targets"], s["freshness_s"], s["freshness_outside_restart_s"]
     base = s["base"]
-    say(f"\n  sustained: {base['rows']:,} rows ({base['data_files']:,} files), "
+    say(
+        f"\n  sustained: {base['rows']:,} rows ({base['data_files']:,} files), "
         f"{s['offered_changes_per_s']:,} changes/s "
         f"for {s['params']['duration']:.0f}s, SIGKILL at {s['kill_at_s']:.0f}s; {s['commits']} commits, "
-        f"batch median {s['batch_median_s']} s")
+        f"batch median {s['batch_median_s']} s"
+    )
     say(f"  freshness p50 / p99 over the run        {f['p50']} s / {f['p99']} s (max {f['max']} s)")
-    say(f"  freshness p50 / p99 outside the restart {fo['p50']} s / {fo['p99']} s   target p99 ≤ 5 s"
-        f"{verdict(t['freshness_p99_outside_restart_le_5s'])}")
-    say(f"  restart → first commit                  {s['restart_to_first_commit_s']} s   target ≤ 30 s"
+    say(
+        f"  freshness p50 / p99 outside the restart {fo['p50']} s / {fo['p99']} s   target p99 ≤ 5 s"
+        f"{verdict(t['freshness_p99_outside_restart_le_5s'])}"
+    )
+    say(
+        f"  restart → first commit                  {s['restart_to_first_commit_s']} s   target ≤ 30 s"
         f"{verdict(t['restart_to_first_commit_le_30s'])} (back to the pre-kill p99 "
-        + (f"after {s['restart_to_recovered_s']} s)" if s['restart_to_recovered_s'] is not None else "never)"))
-    say(f"  worst batch after a maintenance round   {s['worst_batch_after_round_s']} s vs median "
-        f"{s['batch_median_quiet_s']} s: +{s['round_adds_s']} s   target ≤ +1 s{verdict(t['round_adds_le_1s'])}")
+        + (f"after {s['restart_to_recovered_s']} s)" if s["restart_to_recovered_s"] is not None else "never)")
+    )
+    say(
+        f"  worst batch after a maintenance round   {s['worst_batch_after_round_s']} s vs median "
+        f"{s['batch_median_quiet_s']} s: +{s['round_adds_s']} s   target ≤ +1 s{verdict(t['round_adds_le_1s'])}"
+    )
     ri = s.get("restart_key_index") or {}
-    say(f"  restart's key index                     {'FULL BUILD' if ri.get('full_build') else 'followed by diff'}: "
-        f"{(ri.get('diff') or '-')[:150]}")
+    say(
+        f"  restart's key index                     {'FULL BUILD' if ri.get('full_build') else 'followed by diff'}: "
+        f"{(ri.get('diff') or '-')[:150]}"
+    )
     wa = s["write_amplification"]
-    say(f"  write amplification                     {wa['rewritten_mb']} MB rewritten / {wa['ingested_mb']} MB ingested"
-        f" = {wa['ratio']}× ({wa['rewritten_mb_per_h']} MB/h)   target ≤ 3×{verdict(t['write_amplification_le_3'])}")
+    say(
+        f"  write amplification                     {wa['rewritten_mb']} MB rewritten / {wa['ingested_mb']} MB ingested"
+        f" = {wa['ratio']}× ({wa['rewritten_mb_per_h']} MB/h)   target ≤ 3×{verdict(t['write_amplification_le_3'])}"
+    )
     v = s["verify"]
-    say(f"  mirror at the end                       {'exact' if v['exact'] else 'NOT EXACT'}: {v['got']['count']:,} "
-        f"rows (want {v['want']['count']:,}), {v['duplicate_keys']} duplicate keys{verdict(t['mirror_exact'])}")
+    say(
+        f"  mirror at the end                       {'exact' if v['exact'] else 'NOT EXACT'}: {v['got']['count']:,} "
+        f"rows (want {v['want']['count']:,}), {v['duplicate_keys']} duplicate keys{verdict(t['mirror_exact'])}"
+    )
     cores = s.get("cpu_cores_during_load") or {}
-    say(f"  CPU during the load (cores of {os.cpu_count()})       "
-        + ", ".join(f"{group} {cores[group]}" for group in ("pipeline", "broker", "bench") if group in cores))
+    say(
+        f"  CPU during the load (cores of {os.cpu_count()})       "
+        + ", ".join(f"{group} {cores[group]}" for group in ("pipeline", "broker", "bench") if group in cores)
+    )
     planned = s["compaction_log"]
-    say(f"  pipeline peak RSS (process group)       {s['pipeline_peak_rss_mb']:,} MB; {s['compactions_committed']} "
+    say(
+        f"  pipeline peak RSS (process group)       {s['pipeline_peak_rss_mb']:,} MB; {s['compactions_committed']} "
         f"compaction snapshot(s) from {planned['planned'] + planned['written_beside_batches']} compaction(s) planned "
-        f"({planned['committed_by_pipeline']} commit(s) by the pipeline: a written compaction is committed in shares)")
+        f"({planned['committed_by_pipeline']} commit(s) by the pipeline: a written compaction is committed in shares)"
+    )
     if not s["compactions_committed"]:
         failed = s["compaction_log"]
         target = s["maintenance_config"]["policies"][0]["compaction"].get(
-            "target_file_size_bytes", CompactionPolicy().target_file_size_bytes)
-        say(f"  no compaction committed: {failed['commits_failed']} rewrite commit(s) failed"
+            "target_file_size_bytes", CompactionPolicy().target_file_size_bytes
+        )
+        say(
+            f"  no compaction committed: {failed['commits_failed']} rewrite commit(s) failed"
             + (f" ({failed['first_cause']})" if failed["first_cause"] else "")
             + f"; the stream's files (median {(s['stream_file_median_bytes'] or 0) / 1e3:.0f} KB) are candidates "
-            f"only below 0.75 × the target ({target / 1e3:.0f} KB)")
+            f"only below 0.75 × the target ({target / 1e3:.0f} KB)"
+        )
     say("\n  round  length  worst / next batch  actions")
     for i, r in enumerate(s["maintenance_rounds"], 1):
-        actions = ", ".join(f"{a['action']} {a['status']} {a['seconds']}s"
-                            + (f" ({a['rewritten_data_files']} files → {a['added_data_files']})"
-                               if "rewritten_data_files" in a else "") for a in r["actions"])
+        actions = ", ".join(
+            f"{a['action']} {a['status']} {a['seconds']}s"
+            + (f" ({a['rewritten_data_files']} files → {a['added_data_files']})" if "rewritten_data_files" in a else "")
+            for a in r["actions"]
+        )
         say(f"  {i:>5}  {r['seconds']:>5.1f}s  {r['worst_batch_s']} s / {r['next_batch_s']} s  {actions}")
 
 
@@ -1055,27 +1276,59 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=5000.0, help="changes/s")
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of load")
     parser.add_argument("--kill-at", type=float, default=0.5, help="SIGKILL at this fraction of the duration")
-    parser.add_argument("--rows-per-file", type=int, default=200_000,
-                        help="rows per data file of the base (500 files at 100M rows; see the module doc)")
-    parser.add_argument("--maintenance-interval", type=float, default=None,
-                        help="maintenance.interval_s (default: a quarter of the duration, at least 10)")
-    parser.add_argument("--compact-target-mb", type=float, default=None,
-                        help="compaction target file size (default: the base's median data file)")
-    parser.add_argument("--compact-max-files", type=int, default=100,
-                        help="compaction starts above this many data files (the policy's max_files_per_partition)")
-    parser.add_argument("--compact-max-rows-per-file", type=int, default=None,
-                        help="the policy's compaction.max_rows_per_file (default: the policy's)")
-    parser.add_argument("--kill-point", choices=sorted(KILL_POINTS), default="anywhere",
-                        help="where the SIGKILL lands: anywhere (at --kill-at); landed (the first table commit after "
-                             "--kill-at, before its key index delta is written); compaction-written, -before, -landed "
-                             "(inside the first compaction of the pipeline's own after --kill-at)")
-    parser.add_argument("--grow", choices=("write-path", "sql"), default="write-path",
-                        help="how the base is grown: through the sink's write path, or by Spark SQL INSERTs (another "
-                             f"writer: {SQL_ROWS_PER_INSERT:,} rows a statement, --rows-per-file rows a task's file)")
+    parser.add_argument(
+        "--rows-per-file",
+        type=int,
+        default=200_000,
+        help="rows per data file of the base (500 files at 100M rows; see the module doc)",
+    )
+    parser.add_argument(
+        "--maintenance-interval",
+        type=float,
+        default=None,
+        help="maintenance.interval_s (default: a quarter of the duration, at least 10)",
+    )
+    parser.add_argument(
+        "--compact-target-mb",
+        type=float,
+        default=None,
+        help="compaction target file size (default: the base's median data file)",
+    )
+    parser.add_argument(
+        "--compact-max-files",
+        type=int,
+        default=100,
+        help="compaction starts above this many data files (the policy's max_files_per_partition)",
+    )
+    parser.add_argument(
+        "--compact-max-rows-per-file",
+        type=int,
+        default=None,
+        help="the policy's compaction.max_rows_per_file (default: the policy's)",
+    )
+    parser.add_argument(
+        "--kill-point",
+        choices=sorted(KILL_POINTS),
+        default="anywhere",
+        help="where the SIGKILL lands: anywhere (at --kill-at); landed (the first table commit after "
+        "--kill-at, before its key index delta is written); compaction-written, -before, -landed "
+        "(inside the first compaction of the pipeline's own after --kill-at)",
+    )
+    parser.add_argument(
+        "--grow",
+        choices=("write-path", "sql"),
+        default="write-path",
+        help="how the base is grown: through the sink's write path, or by Spark SQL INSERTs (another "
+        f"writer: {SQL_ROWS_PER_INSERT:,} rows a statement, --rows-per-file rows a task's file)",
+    )
     parser.add_argument("--commit-interval", type=float, default=0.0, help="engine.commit_interval_s")
     parser.add_argument("--driver-memory", default="2g")
-    parser.add_argument("--state-dir", type=Path, default=None,
-                        help="run the stack and keep the base here (never removed; default: a fresh temp dir)")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="run the stack and keep the base here (never removed; default: a fresh temp dir)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the fresh temp state dir (its path is printed)")
     parser.add_argument("--reuse", action="store_true", help="start from the base kept in --state-dir")
     args = parser.parse_args()
@@ -1084,16 +1337,21 @@ def main() -> int:
     if not 0 < args.kill_at < 1:
         parser.error("--kill-at is a fraction of the duration, between 0 and 1")
     quiet_logs()
-    summary: dict[str, Any] = {"bench": "sustained", "params": {k: str(v) if isinstance(v, Path) else v
-                                                                for k, v in vars(args).items()},
-                               "load_start": machine_load()}
+    summary: dict[str, Any] = {
+        "bench": "sustained",
+        "params": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "load_start": machine_load(),
+    }
     say(f"machine: {summary['load_start']}")
-    with private_stack("bench-sust", keep=args.keep, state_dir=args.state_dir, discard_topics=True
-                       ) as (info, state_dir):
+    with private_stack("bench-sust", keep=args.keep, state_dir=args.state_dir, discard_topics=True) as (
+        info,
+        state_dir,
+    ):
         if args.keep or args.state_dir:
             say(f"state dir: {state_dir}")
-        config = to_config(pipeline_data(info, state_dir, "sustained-bench", [{"topics": ["x"]}],
-                                         driver_memory=args.driver_memory))
+        config = to_config(
+            pipeline_data(info, state_dir, "sustained-bench", [{"topics": ["x"]}], driver_memory=args.driver_memory)
+        )
         spark = session_for(config)
         try:
             run(info, state_dir, spark, args, summary)

@@ -9,6 +9,7 @@ a new table does (the shape pass), and again with the table known (decode, lates
 Parquet). Both wall and CPU seconds are reported: CPU seconds are what the task costs whatever
 the machine's load; the broker runs on the same cores. The LAST line is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,9 +31,18 @@ from lakestream.sink.write.routing import Router  # noqa: E402
 from lakestream.sink.write.task import WriteContext, run_write_task  # noqa: E402
 from lakestream.source.planner import OffsetRange  # noqa: E402
 
-_ICEBERG = {"int": "int", "bigint": "long", "string": "string", "double": "double", "float": "float",
-            "boolean": "boolean", "date": "date", "timestamp_ntz": "timestamp", "timestamp": "timestamptz",
-            "binary": "binary"}
+_ICEBERG = {
+    "int": "int",
+    "bigint": "long",
+    "string": "string",
+    "double": "double",
+    "float": "float",
+    "boolean": "boolean",
+    "date": "date",
+    "timestamp_ntz": "timestamp",
+    "timestamp": "timestamptz",
+    "binary": "binary",
+}
 
 
 def iceberg_schema(shape: rp.NewShape) -> dict:
@@ -53,13 +63,17 @@ def fill(bootstrap: str, events: DebeziumEvents, records: int, rng: random.Rando
             for key, value in events.delete(row_id, now):
                 producer.send(events.topic, key, value)
         else:
-            producer.send(events.topic, *events.upsert(OrderRow(row_id, row_id % 5000, rng.randrange(1, 20), 2), "u", now))
+            producer.send(
+                events.topic, *events.upsert(OrderRow(row_id, row_id % 5000, rng.randrange(1, 20), 2), "u", now)
+            )
         sent += 1
     producer.flush()
     return producer.sent
 
 
-def timed(label: str, ranges: list[OffsetRange], ctx: WriteContext, profile: bool) -> tuple[float, float, rp.BatchReport]:
+def timed(
+    label: str, ranges: list[OffsetRange], ctx: WriteContext, profile: bool
+) -> tuple[float, float, rp.BatchReport]:
     profiler = cProfile.Profile() if profile else None
     wall, cpu = time.perf_counter(), time.process_time()
     if profiler:
@@ -89,26 +103,45 @@ def main() -> int:
             label = "schemas_on" if schemas else "schemas_off"
             events = DebeziumEvents(f"lstask{label[8:]}", f"orders_{label}", schemas=schemas)
             messages = fill(info.bootstrap_servers, events, args.records, random.Random(3))
-            config = to_config(pipeline_data(info, state_dir, f"task_{label}", [
-                {"topics": [events.topic], "mode": "upsert", "namespace": "bench", "table": "{table}"}]))
+            config = to_config(
+                pipeline_data(
+                    info,
+                    state_dir,
+                    f"task_{label}",
+                    [{"topics": [events.topic], "mode": "upsert", "namespace": "bench", "table": "{table}"}],
+                )
+            )
             router = Router.from_config(config)
             consumer = config.kafka.consumer_config()
             ranges = [OffsetRange(events.topic, 0, 0, messages, messages, messages)]
             wall, cpu, report = timed(f"{label} shape pass", ranges, WriteContext(consumer, router, {}), args.profile)
-            (name, table), = report.tables.items()
+            ((name, table),) = report.tables.items()
             shape = next(iter(table.shapes.values()))
-            say(f"{label}: {messages:,} messages ({args.records:,} changes); new table, shape pass: "
-                f"{wall:.2f}s wall, {cpu:.2f}s cpu = {args.records / cpu:,.0f} changes per cpu-second")
+            say(
+                f"{label}: {messages:,} messages ({args.records:,} changes); new table, shape pass: "
+                f"{wall:.2f}s wall, {cpu:.2f}s cpu = {args.records / cpu:,.0f} changes per cpu-second"
+            )
             result[f"{label}_shape_pass_changes_per_cpu_s"] = round(args.records / cpu)
-            spec = TableSpec(name, "upsert", ["id"], iceberg_schema(shape), {"spec-id": 0, "fields": []},
-                             str(state_dir / "data" / label), accepted_shapes=frozenset(table.shapes))
-            wall, cpu, report = timed(f"{label} write", ranges, WriteContext(consumer, router, {name: spec}), args.profile)
+            spec = TableSpec(
+                name,
+                "upsert",
+                ["id"],
+                iceberg_schema(shape),
+                {"spec-id": 0, "fields": []},
+                str(state_dir / "data" / label),
+                accepted_shapes=frozenset(table.shapes),
+            )
+            wall, cpu, report = timed(
+                f"{label} write", ranges, WriteContext(consumer, router, {name: spec}), args.profile
+            )
             files = report.tables[name].files
             if not files or report.dead_letters:
                 raise SystemExit(f"{label}: the task wrote {len(files)} files, {len(report.dead_letters)} dead letters")
-            say(f"{label}: write task: {wall:.2f}s wall, {cpu:.2f}s cpu = {args.records / cpu:,.0f} changes per "
+            say(
+                f"{label}: write task: {wall:.2f}s wall, {cpu:.2f}s cpu = {args.records / cpu:,.0f} changes per "
                 f"cpu-second, {args.records / wall:,.0f} per wall-second; {sum(f.record_count for f in files):,} rows "
-                f"in {len(files)} file(s)")
+                f"in {len(files)} file(s)"
+            )
             result[f"{label}_changes_per_cpu_s"] = round(args.records / cpu)
             result[f"{label}_changes_per_wall_s"] = round(args.records / wall)
     result["load_end"] = machine_load()

@@ -9,6 +9,7 @@ hard cap), a round for a later pause between batches.
 The slot is a plain lock, taken by the thread that starts a job and released by the job's own thread. Background
 work's own threads also run at a lower priority (`BACKGROUND_NICE`, `at_low_priority`; the JVM's: `ThreadPriority`).
 """
+
 from __future__ import annotations
 
 import os

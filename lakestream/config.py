@@ -3,6 +3,7 @@
 Every error names the offending field (``streams[0].mode``) and says how to fix it, so a bad
 YAML file never reaches Spark or Kafka.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,7 +27,9 @@ from lakestream.errors import ConfigError
 from lakestream.identifiers import SourceTableName, validate_identifier
 
 # Fields whose values must never be printed; used by `redact` and by the pydantic SecretStr types.
-_SECRET_KEY_PATTERN = re.compile(r"(password|secret|sasl\.jaas|token|credential|api[._-]?key|access[._-]?key|user\.info)", re.I)
+_SECRET_KEY_PATTERN = re.compile(
+    r"(password|secret|sasl\.jaas|token|credential|api[._-]?key|access[._-]?key|user\.info)", re.I
+)
 
 
 class _Model(BaseModel):
@@ -75,8 +78,10 @@ class SchemaRegistrySettings(_Model):
     @classmethod
     def _env_name(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
-            raise ValueError(f"{value!r} is not an environment variable name — fix: give the variable's name, "
-                             "not its value, e.g. SCHEMA_REGISTRY_USER_INFO")
+            raise ValueError(
+                f"{value!r} is not an environment variable name — fix: give the variable's name, "
+                "not its value, e.g. SCHEMA_REGISTRY_USER_INFO"
+            )
         return value
 
     @model_validator(mode="after")
@@ -91,13 +96,17 @@ class SchemaRegistrySettings(_Model):
         user_info = _env_secret(self.basic_auth_user_info_env, f"{field}.basic_auth_user_info_env")
         if user_info is not None:
             if ":" not in user_info:
-                raise ConfigError(f"{field}.basic_auth_user_info_env: {self.basic_auth_user_info_env} must hold "
-                                  "user:password — fix: export it in that form")
+                raise ConfigError(
+                    f"{field}.basic_auth_user_info_env: {self.basic_auth_user_info_env} must hold "
+                    "user:password — fix: export it in that form"
+                )
             conf["basic.auth.user.info"] = user_info
-        for key, value in (("ssl.ca.location", self.ssl_ca_location),
-                           ("ssl.certificate.location", self.ssl_certificate_location),
-                           ("ssl.key.location", self.ssl_key_location),
-                           ("ssl.key.password", _env_secret(self.ssl_key_password_env, f"{field}.ssl_key_password_env"))):
+        for key, value in (
+            ("ssl.ca.location", self.ssl_ca_location),
+            ("ssl.certificate.location", self.ssl_certificate_location),
+            ("ssl.key.location", self.ssl_key_location),
+            ("ssl.key.password", _env_secret(self.ssl_key_password_env, f"{field}.ssl_key_password_env")),
+        ):
             if value is not None:
                 conf[key] = value
         return conf
@@ -136,8 +145,10 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def _check_env_name(value: str | None, example: str) -> str | None:
     if value is not None and not _ENV_NAME.fullmatch(value):
-        raise ValueError(f"{value!r} is not an environment variable name — fix: give the variable's name, "
-                         f"not its value, e.g. {example}")
+        raise ValueError(
+            f"{value!r} is not an environment variable name — fix: give the variable's name, "
+            f"not its value, e.g. {example}"
+        )
     return value
 
 
@@ -173,8 +184,10 @@ class StorageSettings(_Model):
     @classmethod
     def _http_endpoint(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(r"https?://[^/\s]+/?", value):
-            raise ValueError(f"{value!r} is not an http(s)://host[:port] URL — fix: e.g. http://127.0.0.1:9000, "
-                             "or leave it out for Amazon S3")
+            raise ValueError(
+                f"{value!r} is not an http(s)://host[:port] URL — fix: e.g. http://127.0.0.1:9000, "
+                "or leave it out for Amazon S3"
+            )
         return value.rstrip("/") if value else value
 
     @field_validator("access_key_id_env", "secret_access_key_env", "session_token_env")
@@ -185,8 +198,10 @@ class StorageSettings(_Model):
     @model_validator(mode="after")
     def _paired_credentials(self) -> StorageSettings:
         if bool(self.access_key_id_env) != bool(self.secret_access_key_env):
-            raise ValueError("access_key_id_env and secret_access_key_env go together — fix: name both variables, "
-                             "or neither to use the default AWS credential chain")
+            raise ValueError(
+                "access_key_id_env and secret_access_key_env go together — fix: name both variables, "
+                "or neither to use the default AWS credential chain"
+            )
         if self.session_token_env and not self.access_key_id_env:
             raise ValueError("session_token_env needs access_key_id_env and secret_access_key_env too")
         return self
@@ -202,7 +217,8 @@ class StorageSettings(_Model):
         return S3Credentials(
             access_key_id=_env_secret(self.access_key_id_env, "storage.access_key_id_env"),
             secret_access_key=SecretStr(_env_secret(self.secret_access_key_env, "storage.secret_access_key_env")),
-            session_token=None if token is None else SecretStr(token))
+            session_token=None if token is None else SecretStr(token),
+        )
 
     @property
     def scheme(self) -> str:
@@ -260,26 +276,39 @@ class CatalogSettings(_Model):
     @model_validator(mode="after")
     def _jdbc_needs_uri(self) -> CatalogSettings:
         if self.type in ("jdbc", "rest", "hive") and not self.uri:
-            example = "https://catalog.example.com/api/catalog" if self.type == "rest" else "jdbc:postgresql://host:5432/db"
+            example = (
+                "https://catalog.example.com/api/catalog" if self.type == "rest" else "jdbc:postgresql://host:5432/db"
+            )
             raise ValueError(f"catalog.uri is required for a {self.type} catalog (e.g. {example})")
         if self.type == "rest" and not re.match(r"https?://[^/\s]+", self.uri or ""):
-            raise ValueError(f"catalog.uri: {self.uri!r} is not an http(s) URL — fix: the REST catalog's base URL, "
-                             "e.g. http://127.0.0.1:8181")
-        rest_only = [f for f in ("credential_env", "token_env", "oauth2_server_uri", "scope", "ssl_ca_bundle")
-                     if getattr(self, f) is not None] + (["vended_credentials"] if self.vended_credentials else [])
+            raise ValueError(
+                f"catalog.uri: {self.uri!r} is not an http(s) URL — fix: the REST catalog's base URL, "
+                "e.g. http://127.0.0.1:8181"
+            )
+        rest_only = [
+            f
+            for f in ("credential_env", "token_env", "oauth2_server_uri", "scope", "ssl_ca_bundle")
+            if getattr(self, f) is not None
+        ] + (["vended_credentials"] if self.vended_credentials else [])
         if rest_only and self.type != "rest":
-            raise ValueError(f"catalog.{rest_only[0]} applies to a REST catalog only — fix: remove it, or set "
-                             "catalog.type: rest")
+            raise ValueError(
+                f"catalog.{rest_only[0]} applies to a REST catalog only — fix: remove it, or set catalog.type: rest"
+            )
         if self.ssl_ca_bundle is not None:
             if not Path(self.ssl_ca_bundle).is_file():
-                raise ValueError(f"catalog.ssl_ca_bundle: {self.ssl_ca_bundle!r} is not a readable file — fix: the "
-                                 "path of a PEM file holding the certificate of the CA that signed the catalog's")
+                raise ValueError(
+                    f"catalog.ssl_ca_bundle: {self.ssl_ca_bundle!r} is not a readable file — fix: the "
+                    "path of a PEM file holding the certificate of the CA that signed the catalog's"
+                )
             if not (self.uri or "").startswith("https://"):
-                raise ValueError("catalog.ssl_ca_bundle is set but catalog.uri is not https — fix: use the catalog's "
-                                 "https:// URL, or remove ssl_ca_bundle")
+                raise ValueError(
+                    "catalog.ssl_ca_bundle is set but catalog.uri is not https — fix: use the catalog's "
+                    "https:// URL, or remove ssl_ca_bundle"
+                )
         if self.credential_env and self.token_env:
-            raise ValueError("catalog.credential_env and catalog.token_env: give one (OAuth2 client credentials, "
-                             "or a bearer token)")
+            raise ValueError(
+                "catalog.credential_env and catalog.token_env: give one (OAuth2 client credentials, or a bearer token)"
+            )
         return self
 
     @property
@@ -323,8 +352,10 @@ class CatalogSettings(_Model):
         if self.credential_env:
             value = _env_secret(self.credential_env, "catalog.credential_env")
             if ":" not in value:
-                raise ConfigError(f"catalog.credential_env: {self.credential_env} must hold client_id:client_secret "
-                                  "— fix: export it in that form")
+                raise ConfigError(
+                    f"catalog.credential_env: {self.credential_env} must hold client_id:client_secret "
+                    "— fix: export it in that form"
+                )
             return "credential", value
         if self.token_env:
             return "token", _env_secret(self.token_env, "catalog.token_env")
@@ -436,8 +467,9 @@ class TransformSettings(_Model):
         try:
             value.format(prefix="p", schema="s", table="t", topic="x", field="f")
         except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(f"unknown placeholder {exc} in table template; use {{prefix}}, {{schema}}, "
-                             f"{{table}} or {{topic}}") from exc
+            raise ValueError(
+                f"unknown placeholder {exc} in table template; use {{prefix}}, {{schema}}, {{table}} or {{topic}}"
+            ) from exc
         return value
 
     @model_validator(mode="after")
@@ -517,8 +549,10 @@ class StreamSettings(_Model):
         if self.mode == "upsert" and (self.event_time_field or self.dedupe_field):
             raise ValueError("event_time_field and dedupe_field apply to mode: append only")
         if self.transforms and (self.route_field or self.route_header):
-            raise ValueError("transforms need one table per topic: remove route_field/route_header, or move the "
-                             "transforms to a stream without them")
+            raise ValueError(
+                "transforms need one table per topic: remove route_field/route_header, or move the "
+                "transforms to a stream without them"
+            )
         names = [t.name for t in self.transforms]
         if len(set(names)) != len(names):
             raise ValueError(f"transform names must be unique within a stream: {names}")
@@ -566,8 +600,12 @@ class RuleCheck(_Model):
 
     @model_validator(mode="after")
     def _complete(self) -> RuleCheck:
-        need = {"count": ("window_s", "above"), "sum": ("window_s", "above", "field"), "change": ("field",),
-                "predicate": ("sql",)}[self.kind]
+        need = {
+            "count": ("window_s", "above"),
+            "sum": ("window_s", "above", "field"),
+            "change": ("field",),
+            "predicate": ("sql",),
+        }[self.kind]
         missing = [n for n in need if getattr(self, n) is None]
         if missing:
             raise ValueError(f"a {self.kind} check needs {', '.join(missing)}")
@@ -718,8 +756,10 @@ class DerivedTableSettings(_KeyedTable):
             raise ValueError(f"input names must be unique: {names}")
         for i, source in enumerate(self.inputs):
             if len(source.key) != len(self.key):
-                raise ValueError(f"inputs[{i}].key has {len(source.key)} column(s) for the {len(self.key)} of key "
-                                 f"{self.key} — fix: name the input's column(s) holding the derived key, in order")
+                raise ValueError(
+                    f"inputs[{i}].key has {len(source.key)} column(s) for the {len(self.key)} of key "
+                    f"{self.key} — fix: name the input's column(s) holding the derived key, in order"
+                )
             if source.table == self.table:
                 raise ValueError(f"inputs[{i}].table must differ from table")
         return self
@@ -902,11 +942,13 @@ class SourceDatabase(_Model):
         if self.port is None:
             self.port = SOURCE_KINDS[self.kind]
         if self.server_id is not None and self.kind != "mariadb":
-            raise ValueError("server_id is the replica id of a MariaDB binlog client — fix: remove it, or set "
-                             "kind: mariadb")
+            raise ValueError(
+                "server_id is the replica id of a MariaDB binlog client — fix: remove it, or set kind: mariadb"
+            )
         if self.zero_dates != "debezium" and self.kind != "mariadb":
-            raise ValueError("zero_dates is for MariaDB's zero dates (PostgreSQL has none) — fix: remove it, or set "
-                             "kind: mariadb")
+            raise ValueError(
+                "zero_dates is for MariaDB's zero dates (PostgreSQL has none) — fix: remove it, or set kind: mariadb"
+            )
         return self
 
 
@@ -947,8 +989,10 @@ class CaptureSettings(_Model):
     def _operations(cls, value: str) -> str:
         value = value.replace(" ", "")
         if value != "none" and not set(value.split(",")) <= {"c", "u", "d", "t"}:
-            raise ValueError(f"{value!r}: write 'none' or a comma-separated list of c, u, d, t "
-                             "(Debezium's skipped.operations), e.g. 't' to ignore TRUNCATE")
+            raise ValueError(
+                f"{value!r}: write 'none' or a comma-separated list of c, u, d, t "
+                "(Debezium's skipped.operations), e.g. 't' to ignore TRUNCATE"
+            )
         return value
 
     @field_validator("tables")
@@ -976,9 +1020,11 @@ class CaptureSettings(_Model):
     @model_validator(mode="after")
     def _parallel_needs_schemas(self) -> CaptureSettings:
         if self.snapshot == "parallel" and not self.schemas_enabled:
-            raise ValueError("snapshot: parallel creates the tables with the column types of Debezium's schemas, "
-                             "which schemas_enabled: false leaves out — fix: set schemas_enabled: true, or "
-                             "snapshot: debezium")
+            raise ValueError(
+                "snapshot: parallel creates the tables with the column types of Debezium's schemas, "
+                "which schemas_enabled: false leaves out — fix: set schemas_enabled: true, or "
+                "snapshot: debezium"
+            )
         return self
 
     @field_validator("topic_prefix", "slot_name", "publication_name")
@@ -1011,13 +1057,17 @@ class PipelineConfig(_Model):
     def _object_store_needs_storage(self) -> PipelineConfig:
         warehouse = self.catalog.warehouse
         if warehouse.startswith(OBJECT_STORE_SCHEMES) and self.storage is None:
-            raise ValueError(f"catalog.warehouse is on object storage ({warehouse.split('://')[0]}://) but there is no "
-                             "storage section — fix: add storage: {region: <the bucket's region>} (plus endpoint: "
-                             "http(s)://host:port and path_style: true for an S3-compatible store, and "
-                             "access_key_id_env/secret_access_key_env unless the default AWS chain has credentials)")
+            raise ValueError(
+                f"catalog.warehouse is on object storage ({warehouse.split('://')[0]}://) but there is no "
+                "storage section — fix: add storage: {region: <the bucket's region>} (plus endpoint: "
+                "http(s)://host:port and path_style: true for an S3-compatible store, and "
+                "access_key_id_env/secret_access_key_env unless the default AWS chain has credentials)"
+            )
         if re.match(r"(gs|abfss?|wasbs?|oss|hdfs)://", warehouse):
-            raise ValueError(f"catalog.warehouse: {warehouse.split('://')[0]}:// is not supported yet — fix: an s3:// "
-                             "warehouse (Amazon S3 or an S3-compatible store) or a file:// one")
+            raise ValueError(
+                f"catalog.warehouse: {warehouse.split('://')[0]}:// is not supported yet — fix: an s3:// "
+                "warehouse (Amazon S3 or an S3-compatible store) or a file:// one"
+            )
         self.catalog.with_storage(self.storage)
         return self
 
@@ -1030,7 +1080,8 @@ class PipelineConfig(_Model):
                     raise ValueError(
                         f"streams[{i}].transforms[{j}].commit_interval_s ({t.commit_interval_s:g}) is shorter than "
                         f"the stream's commit interval ({reads:g} s), and the stream's topics are read only that "
-                        f"often — fix: raise it to at least {reads:g}, or lower streams[{i}].commit_interval_s")
+                        f"often — fix: raise it to at least {reads:g}, or lower streams[{i}].commit_interval_s"
+                    )
         return self
 
     @model_validator(mode="after")
@@ -1038,8 +1089,10 @@ class PipelineConfig(_Model):
         capture = self.capture
         if capture is not None and capture.format == "avro" and capture.schema_registry is None:
             if self.kafka.schema_registry is None:
-                raise ValueError("capture.format avro needs a Schema Registry — fix: set kafka.schema_registry.url "
-                                 "(or capture.schema_registry.url)")
+                raise ValueError(
+                    "capture.format avro needs a Schema Registry — fix: set kafka.schema_registry.url "
+                    "(or capture.schema_registry.url)"
+                )
             capture.schema_registry = self.kafka.schema_registry
         return self
 
@@ -1057,9 +1110,11 @@ class PipelineConfig(_Model):
         for name in self.capture.source_tables:
             topic = self.capture.topic(name)
             if topic in topics:
-                raise ValueError(f"capture.tables: {topics[topic]} and {name} both publish to topic {topic!r} "
-                                 "(characters other than letters, digits, _ and - become _) — fix: capture only "
-                                 "one of them, or rename one at the source")
+                raise ValueError(
+                    f"capture.tables: {topics[topic]} and {name} both publish to topic {topic!r} "
+                    "(characters other than letters, digits, _ and - become _) — fix: capture only "
+                    "one of them, or rename one at the source"
+                )
             topics[topic] = str(name)
             stream = next((s for s in self.streams if s.matches(topic)), None)
             if stream is None or stream.route_field or stream.route_header:
@@ -1067,13 +1122,17 @@ class PipelineConfig(_Model):
             try:
                 mirror = str(table_from_template(stream.namespace, stream.table, topic))
             except InvalidIdentifierError as exc:
-                raise ValueError(f"capture.tables: {name} (topic {topic!r}) cannot be mirrored: {exc} — fix: "
-                                 "change the matching stream's table template") from None
+                raise ValueError(
+                    f"capture.tables: {name} (topic {topic!r}) cannot be mirrored: {exc} — fix: "
+                    "change the matching stream's table template"
+                ) from None
             if mirror in mirrors:
-                raise ValueError(f"capture.tables: {mirrors[mirror]} and {name} would both be mirrored to "
-                                 f"{mirror} (table names are lower-cased; characters other than letters, digits "
-                                 "and _ become _) — fix: route one of them elsewhere with its own stream "
-                                 "(topics: [..], table: ...), or capture only one")
+                raise ValueError(
+                    f"capture.tables: {mirrors[mirror]} and {name} would both be mirrored to "
+                    f"{mirror} (table names are lower-cased; characters other than letters, digits "
+                    "and _ become _) — fix: route one of them elsewhere with its own stream "
+                    "(topics: [..], table: ...), or capture only one"
+                )
             mirrors[mirror] = str(name)
         return self
 
@@ -1092,8 +1151,10 @@ class PipelineConfig(_Model):
     def require_capture(self, what: str) -> CaptureSettings:
         """The ``capture:`` section, which ``what`` (a command) needs; a ConfigError naming the fix without one."""
         if self.capture is None:
-            raise ConfigError(f"{what} needs a `capture:` section naming the source database and tables — fix: add "
-                              "capture.database and capture.tables")
+            raise ConfigError(
+                f"{what} needs a `capture:` section naming the source database and tables — fix: add "
+                "capture.database and capture.tables"
+            )
         return self.capture
 
     def stream_index(self, topic: str) -> int | None:
@@ -1132,11 +1193,15 @@ def _format_errors(exc: ValidationError, source: str) -> str:
 def _expand_env(value: Any) -> Any:
     """Expand ``${VAR}`` in strings so credentials can stay out of the file."""
     if isinstance(value, str):
+
         def repl(match: re.Match[str]) -> str:
             name = match.group(1)
             if name not in os.environ:
-                raise ConfigError(f"environment variable {name} is referenced in the config but not set — fix: export it")
+                raise ConfigError(
+                    f"environment variable {name} is referenced in the config but not set — fix: export it"
+                )
             return os.environ[name]
+
         return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", repl, value)
     if isinstance(value, dict):
         return {k: _expand_env(v) for k, v in value.items()}

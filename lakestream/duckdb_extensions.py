@@ -1,4 +1,5 @@
 """DuckDB with its extensions (iceberg, avro, httpfs) loaded from their PyPI wheels, never downloaded."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,8 +16,13 @@ def duckdb_connection() -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with the iceberg and avro extensions loaded from their PyPI wheels (no download)."""
     import duckdb
 
-    con = duckdb.connect(config={"allow_unsigned_extensions": "true", "autoinstall_known_extensions": "false",
-                                 "autoload_known_extensions": "false"})
+    con = duckdb.connect(
+        config={
+            "allow_unsigned_extensions": "true",
+            "autoinstall_known_extensions": "false",
+            "autoload_known_extensions": "false",
+        }
+    )
     for name in ("avro", "iceberg"):
         con.execute(f"LOAD {ansi_string(str(extension_path(name)))}")
     return con

@@ -1,4 +1,5 @@
 """Precise exception types; every user-facing failure is one of these."""
+
 import re
 from dataclasses import dataclass
 
@@ -65,8 +66,16 @@ class BadValue(DecodeError):
 
 
 # Every reason a record becomes a dead letter, as a bounded set of labels (metrics group by these).
-DEAD_LETTER_KINDS = ("malformed", "unroutable", "missing_key", "bad_value", "incompatible_schema", "write_failed",
-                     "transform_failed", "late")
+DEAD_LETTER_KINDS = (
+    "malformed",
+    "unroutable",
+    "missing_key",
+    "bad_value",
+    "incompatible_schema",
+    "write_failed",
+    "transform_failed",
+    "late",
+)
 
 
 class SchemaRegistryUnavailable(LakestreamError):
@@ -95,34 +104,75 @@ class ReadStalled(OffsetError):
 
 # The table moved under a commit (maintenance, another writer): the write is re-planned against its new
 # state. Class → the conflict's cause as a bounded metrics label.
-CONFLICT_TYPES = {"CommitFailedException": "commit_failed", "ValidationException": "validation",
-                  "CommitStateUnknownException": "state_unknown", "NotFoundException": "not_found",
-                  "FileNotFoundException": "not_found"}
+CONFLICT_TYPES = {
+    "CommitFailedException": "commit_failed",
+    "ValidationException": "validation",
+    "CommitStateUnknownException": "state_unknown",
+    "NotFoundException": "not_found",
+    "FileNotFoundException": "not_found",
+}
 # Kafka refused a client (credentials, TLS trust, ACL): a retry cannot fix it, stop. A Spark task's failure
 # names the type only in its text.
 CONFIG_TYPES = frozenset({"KafkaAccessError"})  # the name must end in Error: see _NAMED_CLASS
 # A service the batch needs (broker, catalog, storage) is unreachable: waited out, it passes by itself.
-OUTAGE_TYPES = frozenset({
-    "KafkaException", "KafkaError", "BrokerNotAvailableError", "SQLException", "PSQLException",
-    "SQLTransientConnectionException", "IOException", "ConnectException", "SocketException", "SocketTimeoutException",
-    "UnknownHostException", "NoRouteToHostException", "CommitStateUnknownException", "ReadStalled",
-    "ConnectionError", "ConnectionRefusedError", "ConnectionResetError", "OperationalError",
-    "ServiceUnavailableException",  # the REST catalog answered 503
-})
+OUTAGE_TYPES = frozenset(
+    {
+        "KafkaException",
+        "KafkaError",
+        "BrokerNotAvailableError",
+        "SQLException",
+        "PSQLException",
+        "SQLTransientConnectionException",
+        "IOException",
+        "ConnectException",
+        "SocketException",
+        "SocketTimeoutException",
+        "UnknownHostException",
+        "NoRouteToHostException",
+        "CommitStateUnknownException",
+        "ReadStalled",
+        "ConnectionError",
+        "ConnectionRefusedError",
+        "ConnectionResetError",
+        "OperationalError",
+        "ServiceUnavailableException",  # the REST catalog answered 503
+    }
+)
 # Infrastructure that does not pass by itself (the JVM out of memory, Spark gone), or another failure of
 # a service the batch depends on: never blamed on a record, never waited out as an outage.
 FATAL_TYPES = frozenset({"OutOfMemoryError", "MemoryError", "Py4JNetworkError", "StackOverflowError"})
-INFRASTRUCTURE_TYPES = frozenset({
-    "OffsetError", "SchemaRegistryUnavailable", "FileNotFoundException", "NoSuchFileException",
-    "AccessDeniedException", "NoSuchTableException", "CommitFailedException", "ValidationException", "NotFoundException",
-    # Object storage (the AWS SDK behind S3FileIO) and the REST catalog (unreachable, or a 5xx it reports).
-    "S3Exception", "SdkClientException", "AwsServiceException", "RESTException", "ServiceFailureException",
-})
+INFRASTRUCTURE_TYPES = frozenset(
+    {
+        "OffsetError",
+        "SchemaRegistryUnavailable",
+        "FileNotFoundException",
+        "NoSuchFileException",
+        "AccessDeniedException",
+        "NoSuchTableException",
+        "CommitFailedException",
+        "ValidationException",
+        "NotFoundException",
+        # Object storage (the AWS SDK behind S3FileIO) and the REST catalog (unreachable, or a 5xx it reports).
+        "S3Exception",
+        "SdkClientException",
+        "AwsServiceException",
+        "RESTException",
+        "ServiceFailureException",
+    }
+)
 # The AWS SDKs report what went wrong as a code inside one exception type (Java: SdkClientException or
 # S3Exception; pyarrow's C++ SDK: an OSError "... AWS Error <CODE> ..."): read the code there only.
 _STORAGE_TYPES = frozenset({"S3Exception", "SdkClientException", "AwsServiceException", "OSError"})
-_STORAGE_OUTAGE_CODES = ("Unable to execute HTTP request", "NETWORK_CONNECTION", "Couldn't connect to server",
-                         "SlowDown", "Service Unavailable", "ServiceUnavailable", "curlCode: 7,", "curlCode: 28,")
+_STORAGE_OUTAGE_CODES = (
+    "Unable to execute HTTP request",
+    "NETWORK_CONNECTION",
+    "Couldn't connect to server",
+    "SlowDown",
+    "Service Unavailable",
+    "ServiceUnavailable",
+    "curlCode: 7,",
+    "curlCode: 28,",
+)
 _STORAGE_ERROR_CODES = ("AWS Error", "InvalidAccessKeyId", "SignatureDoesNotMatch")
 # Spark states that no exception type names: the driver's context stopped, an executor died.
 _SPARK_GONE = ("SparkContext was shut down", "ExecutorLostFailure", "SparkContext has been shutdown")

@@ -5,6 +5,7 @@ comma-separated (default 60 s). The first time a named point is reached (once ``
 named: a long run arms the point when it wants the kill) the process logs ``PAUSE_MARKER <name>`` and
 sleeps; the test SIGKILLs it meanwhile. Later passes do not pause.
 """
+
 from __future__ import annotations
 
 import logging

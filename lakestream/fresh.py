@@ -11,6 +11,7 @@ the latest change of each key wins and a delete removes the row; an append table
 The answer is as fresh as Kafka, whatever the commit interval, and exact once the pipeline commits
 the same records (both paths decode and resolve them the same way).
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,8 +60,9 @@ def stored_offsets(table: IcebergTable, snapshot_id: int) -> dict[TP, int]:
     return {}
 
 
-def read_tail(config: PipelineConfig, table_name: str, offsets: dict[TP, int], schema: pa.Schema,
-              key_columns: list[str]) -> Tail:
+def read_tail(
+    config: PipelineConfig, table_name: str, offsets: dict[TP, int], schema: pa.Schema, key_columns: list[str]
+) -> Tail:
     """The records of ``table_name`` in Kafka beyond ``offsets``, decoded and converted into ``schema``;
     each change keyed by ``key_columns`` (the table's key, or its de-duplication field).
 
@@ -85,8 +87,10 @@ def read_tail(config: PipelineConfig, table_name: str, offsets: dict[TP, int], s
         low, high = marks.get(tp, (0, 0))
         start = offsets.get(tp, low)
         if start < low:
-            raise QueryError(f"{table_name}: Kafka no longer holds offsets {start}..{low - 1} of {tp} (retention): "
-                             "the tail cannot be read; read without --fresh")
+            raise QueryError(
+                f"{table_name}: Kafka no longer holds offsets {start}..{low - 1} of {tp} (retention): "
+                "the tail cannot be read; read without --fresh"
+            )
         # Open-ended: some brokers under-report the high watermark; read to end-of-partition.
         ranges.append(OffsetRange(tp.topic, tp.partition, start, None, MAX_TAIL_RECORDS, high))
     registry = config.kafka.schema_registry
@@ -104,15 +108,28 @@ def read_tail(config: PipelineConfig, table_name: str, offsets: dict[TP, int], s
             rng, end = item
             spans[rng.tp] = (rng.start, end.next_offset)
             if not end.at_end and end.next_offset - rng.start >= MAX_TAIL_RECORDS:
-                log.warning("%s: the tail of %s is longer than %d records; read up to offset %d", table_name,
-                            rng.tp, MAX_TAIL_RECORDS, end.next_offset)
+                log.warning(
+                    "%s: the tail of %s is longer than %d records; read up to offset %d",
+                    table_name,
+                    rng.tp,
+                    MAX_TAIL_RECORDS,
+                    end.next_offset,
+                )
             continue
         for rec in item.records():
             read += 1
             try:
                 change = decoder.decode(rec)
-            except (DecodeError, RecursionError, ValueError, TypeError, KeyError, AttributeError,
-                    UnicodeDecodeError, OverflowError):
+            except (
+                DecodeError,
+                RecursionError,
+                ValueError,
+                TypeError,
+                KeyError,
+                AttributeError,
+                UnicodeDecodeError,
+                OverflowError,
+            ):
                 continue  # the pipeline makes it a dead letter: never a row of the table
             if change is None or change.table != table_name or change.op == "m":
                 continue
@@ -126,12 +143,18 @@ def read_tail(config: PipelineConfig, table_name: str, offsets: dict[TP, int], s
             withheld.append(list(change.unavailable))
     typed, bad = convert_rows(rows, schema)
     good = [i for i in range(len(rows)) if i not in bad]
-    return Tail(typed, [ops[i] for i in good], [keys[i] for i in good], [withheld[i] for i in good], read, spans,
-                truncated)
+    return Tail(
+        typed, [ops[i] for i in good], [keys[i] for i in good], [withheld[i] for i in good], read, spans, truncated
+    )
 
 
-def apply_tail(snapshot_rows: pa.Table, tail: Tail, stream: StreamSettings, key_columns: list[str],
-               existing_ids: pa.Table | None = None) -> pa.Table:
+def apply_tail(
+    snapshot_rows: pa.Table,
+    tail: Tail,
+    stream: StreamSettings,
+    key_columns: list[str],
+    existing_ids: pa.Table | None = None,
+) -> pa.Table:
     """``snapshot_rows`` with ``tail`` applied (see the module doc); ``tail.table`` must have the same
     schema. ``existing_ids``: the de-duplication ids already in the table (append with dedupe_field)."""
     import numpy as np
@@ -162,7 +185,8 @@ def apply_tail(snapshot_rows: pa.Table, tail: Tail, stream: StreamSettings, key_
     if snapshot_rows.num_rows:
         # Joined on the key columns and a row number only: Arrow's hash join takes no nested payload.
         numbered = snapshot_rows.select(key_columns).append_column(
-            "__lakestream_row", pa.array(np.arange(snapshot_rows.num_rows, dtype=np.int64)))
+            "__lakestream_row", pa.array(np.arange(snapshot_rows.num_rows, dtype=np.int64))
+        )
         remaining = numbered.join(touched, keys=key_columns, join_type="left anti").column("__lakestream_row")
         kept = snapshot_rows.take(pa.array(np.sort(remaining.to_numpy())))
     live = [i for i in order if tail.ops[i] != "d"]
@@ -172,8 +196,14 @@ def apply_tail(snapshot_rows: pa.Table, tail: Tail, stream: StreamSettings, key_
     return pa.concat_tables([kept, new_rows]) if new_rows.num_rows else kept
 
 
-def _fill_withheld(new_rows: pa.Table, live: list[int], fills: dict[int, dict[str, int]],
-                   tail_rows: pa.Table, snapshot_rows: pa.Table, key_columns: list[str]) -> pa.Table:
+def _fill_withheld(
+    new_rows: pa.Table,
+    live: list[int],
+    fills: dict[int, dict[str, int]],
+    tail_rows: pa.Table,
+    snapshot_rows: pa.Table,
+    key_columns: list[str],
+) -> pa.Table:
     import pyarrow as pa
 
     rows = new_rows.to_pylist()

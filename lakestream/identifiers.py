@@ -3,6 +3,7 @@
 All SQL built from such names goes through `quote` / `quote_table` (Spark SQL, back-quotes) or
 `quote_ansi` (DuckDB, double quotes): names are checked against a conservative pattern first.
 """
+
 from __future__ import annotations
 
 import re
@@ -40,7 +41,9 @@ def quote(name: str, what: str = "identifier") -> str:
 def quote_column(name: str) -> str:
     """Back-quote a column name. Columns come from source schemas, so any character but a back-quote is allowed."""
     if not isinstance(name, str) or not name or "`" in name or len(name) > 255 or any(ord(c) < 32 for c in name):
-        raise InvalidIdentifierError(f"column name {name!r} cannot be used: empty, too long, or contains ` or control characters")
+        raise InvalidIdentifierError(
+            f"column name {name!r} cannot be used: empty, too long, or contains ` or control characters"
+        )
     return f"`{name}`"
 
 
@@ -103,7 +106,7 @@ def _split_qualified(text: str) -> list[str]:
             j = n if j < 0 else j
             part = text[i:j]
             if '"' in part:
-                raise ValueError(f"{text!r}: a part with a double quote must be quoted as a whole, e.g. \"a\"\"b\"")
+                raise ValueError(f'{text!r}: a part with a double quote must be quoted as a whole, e.g. "a""b"')
             parts.append(part)
             i = j
         if i == n:
@@ -137,8 +140,10 @@ class SourceTableName:
         else:
             parts = _split_qualified(text)
         if len(parts) != 2:
-            raise ValueError(f"{text!r}: write tables as <schema>.<table>, e.g. public.orders "
-                             "(double-quote a part holding a dot: public.\"a.b\")")
+            raise ValueError(
+                f"{text!r}: write tables as <schema>.<table>, e.g. public.orders "
+                '(double-quote a part holding a dot: public."a.b")'
+            )
         return cls(parts[0], parts[1])
 
     @staticmethod
@@ -184,8 +189,13 @@ class SourceTableName:
     def topic(self, prefix: str) -> str:
         """The Kafka topic lakestream publishes this table's changes to: ``<prefix>.<schema>.<table>``, each
         character other than a letter, digit, ``_`` or ``-`` (a dot inside a name too) replaced by ``_``."""
-        return ".".join([prefix, _TOPIC_CHAR.sub("_", self.schema).replace(".", "_"),
-                         _TOPIC_CHAR.sub("_", self.table).replace(".", "_")])
+        return ".".join(
+            [
+                prefix,
+                _TOPIC_CHAR.sub("_", self.schema).replace(".", "_"),
+                _TOPIC_CHAR.sub("_", self.table).replace(".", "_"),
+            ]
+        )
 
     def debezium_topic(self, prefix: str) -> str:
         """The topic Debezium's default naming gives this table (it keeps dots inside a name)."""
@@ -193,6 +203,7 @@ class SourceTableName:
 
 
 # -- lake table names ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class TableName:

@@ -6,6 +6,7 @@ call answers everything both need about a table, from a handful of small metadat
 (`partitions`, `data_files`, `snapshots` + `history`, `all_manifests`, `metadata_log_entries`)
 plus the sizes of metadata files.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlparse
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Row, SparkSession
 
     from lakestream.config import KafkaSettings, MaintenancePolicy
+
 
 def partition_key(spec_id: int, partition: dict[str, Any]) -> tuple:
     """A hashable identity of one partition of one spec (values compared as text)."""
@@ -139,8 +141,12 @@ class TableMetrics:
         rewritten = sum(s.added_bytes for s in recent if s.rewrote_data)
         ingested = sum(s.added_bytes for s in recent if s.operation != "replace")
         span = (self.collected_ms - min(s.committed_ms for s in recent)) / 1000 if recent else 0.0
-        return {"rewritten_bytes": rewritten, "ingested_bytes": ingested, "window_s": round(span, 1),
-                "ratio": round(rewritten / ingested, 2) if ingested else None}
+        return {
+            "rewritten_bytes": rewritten,
+            "ingested_bytes": ingested,
+            "window_s": round(span, 1),
+            "ratio": round(rewritten / ingested, 2) if ingested else None,
+        }
 
     @property
     def seconds_since_compaction(self) -> float | None:
@@ -178,8 +184,13 @@ class TableMetrics:
     def to_json(self) -> dict[str, Any]:
         out = self.summary()
         out["partition_detail"] = [
-            {"partition": p.label(), "data_files": p.data_files, "data_bytes": p.data_bytes,
-             "delete_files": p.delete_files, "last_updated_ms": p.last_updated_ms}
+            {
+                "partition": p.label(),
+                "data_files": p.data_files,
+                "data_bytes": p.data_bytes,
+                "delete_files": p.delete_files,
+                "last_updated_ms": p.last_updated_ms,
+            }
             for p in self.partitions
         ]
         return out
@@ -210,7 +221,7 @@ def _to_ms(value: Any) -> int | None:
     if isinstance(value, datetime):
         # Spark returns naive datetimes in the session time zone, which lakestream pins to UTC.
         if value.tzinfo is None:
-            value = value.replace(tzinfo=timezone.utc)
+            value = value.replace(tzinfo=UTC)
         return int(value.timestamp() * 1000)
     return int(value)
 
@@ -259,6 +270,7 @@ _PLAN_SUMMARY_KEYS = (OFFSETS_PROPERTY, SOURCE_TS_PROPERTY, "deleted-data-files"
 
 class _SnapshotRow(NamedTuple):
     """A row of the snapshots metadata table, as `collect_table_metrics` reads it."""
+
     snapshot_id: int
     parent_id: int | None
     committed_at: Any  # epoch ms, or Spark's datetime
@@ -301,21 +313,38 @@ def collect_table_metrics(
     if for_plan:  # beside the batches: read in the JVM at a lower priority, no Spark job
         from lakestream.spark import driver_jvm
 
-        current_files = json.loads(driver_jvm(spark).lakestream.TableStats.currentFiles(
-            jtable, BACKGROUND_NICE, ",".join(_PLAN_SUMMARY_KEYS)))
+        current_files = json.loads(
+            driver_jvm(spark).lakestream.TableStats.currentFiles(jtable, BACKGROUND_NICE, ",".join(_PLAN_SUMMARY_KEYS))
+        )
     if current_files is not None and "partition" in current_files:  # a table never partitioned
         one = current_files["partition"]
-        metrics.partitions = [] if one is None else [PartitionMetrics(
-            partition={}, spec_id=int(one["spec_id"]), data_files=int(one["data_files"]),
-            data_bytes=int(one["data_bytes"]), delete_files=int(one["delete_files"]),
-            last_updated_ms=one["last_updated_ms"], records=int(one.get("records", 0)),
-            deleted_records=int(one.get("deleted_records", 0)))]
+        metrics.partitions = (
+            []
+            if one is None
+            else [
+                PartitionMetrics(
+                    partition={},
+                    spec_id=int(one["spec_id"]),
+                    data_files=int(one["data_files"]),
+                    data_bytes=int(one["data_bytes"]),
+                    delete_files=int(one["delete_files"]),
+                    last_updated_ms=one["last_updated_ms"],
+                    records=int(one.get("records", 0)),
+                    deleted_records=int(one.get("deleted_records", 0)),
+                )
+            ]
+        )
     else:
         metrics.partitions = collect_partitions(spark, qualified)
     metrics.delete_files = sum(p.delete_files for p in metrics.partitions)
     if metrics.delete_files > policy.max_delete_files:  # only asked when the rewrite would be planned
-        metrics.deletion_vectors = int(current_files["deletion_vectors"]) if current_files else int(spark.sql(
-            f"SELECT count_if(file_format = 'PUFFIN') FROM {qualified}.delete_files").collect()[0][0])
+        metrics.deletion_vectors = (
+            int(current_files["deletion_vectors"])
+            if current_files
+            else int(
+                spark.sql(f"SELECT count_if(file_format = 'PUFFIN') FROM {qualified}.delete_files").collect()[0][0]
+            )
+        )
 
     compaction = policy.compaction
     small = int(compaction.target_file_size_bytes * compaction.min_avg_file_size_ratio)
@@ -329,9 +358,17 @@ def collect_table_metrics(
 
     snapshot_rows: list[_SnapshotRow] | list[Row]
     if current_files is not None:  # the JVM's loaded metadata, as the snapshots table would give it
-        snapshot_rows = [_SnapshotRow(s["snapshot_id"], s["parent_id"], s["committed_ms"], s["operation"], None,
-                                      *(s["summary"].get(k) for k in _PLAN_SUMMARY_KEYS))
-                         for s in current_files["snapshots"]]
+        snapshot_rows = [
+            _SnapshotRow(
+                s["snapshot_id"],
+                s["parent_id"],
+                s["committed_ms"],
+                s["operation"],
+                None,
+                *(s["summary"].get(k) for k in _PLAN_SUMMARY_KEYS),
+            )
+            for s in current_files["snapshots"]
+        ]
     else:
         snapshot_rows = spark.sql(
             f"SELECT s.snapshot_id, s.parent_id, s.committed_at, s.operation, s.manifest_list, "
@@ -343,8 +380,10 @@ def collect_table_metrics(
     metrics.snapshots = len(snapshot_rows)
     by_id = {int(r.snapshot_id): r for r in snapshot_rows}
     current = jtable.currentSnapshot()
-    chain = ancestry(int(current.snapshotId()) if current is not None else None,
-                     {sid: (int(r.parent_id) if r.parent_id is not None else None) for sid, r in by_id.items()})
+    chain = ancestry(
+        int(current.snapshotId()) if current is not None else None,
+        {sid: (int(r.parent_id) if r.parent_id is not None else None) for sid, r in by_id.items()},
+    )
     metrics.ancestry = [
         SnapshotInfo(
             snapshot_id=int(r.snapshot_id),
@@ -365,13 +404,17 @@ def collect_table_metrics(
     if source_ts:
         metrics.freshness_s = max(0.0, (now_ms - max(source_ts)) / 1000)
 
-    metrics.manifests = int(current_files["manifests"]) if current_files else int(
-        spark.sql(f"SELECT count(*) FROM {qualified}.manifests").collect()[0][0])
+    metrics.manifests = (
+        int(current_files["manifests"])
+        if current_files
+        else int(spark.sql(f"SELECT count(*) FROM {qualified}.manifests").collect()[0][0])
+    )
     if current_files is not None:  # for_plan
         metrics.metadata_files = len(set(current_files["metadata_files"]))
     else:
         metrics.metadata_bytes, metrics.metadata_files = _metadata_size(
-            spark, qualified, jtable, [r.manifest_list for r in snapshot_rows])
+            spark, qualified, jtable, [r.manifest_list for r in snapshot_rows]
+        )
     metrics.metadata_delete_after_commit = str(jtable.properties().get(METADATA_DELETE_AFTER_COMMIT)).lower() == "true"
 
     if kafka is not None:
@@ -416,8 +459,9 @@ def collect_partitions(spark: SparkSession, qualified: str) -> list[PartitionMet
                 delete_files=deletes,
                 last_updated_ms=_to_ms(row["last_updated_at"]),
                 records=int(row["record_count"] or 0),
-                deleted_records=int(row["position_delete_record_count"] or 0) if "position_delete_record_count"
-                in columns else 0,
+                deleted_records=int(row["position_delete_record_count"] or 0)
+                if "position_delete_record_count" in columns
+                else 0,
             )
         )
     return result
@@ -433,7 +477,11 @@ def _metadata_files(spark: SparkSession, qualified: str, jtable) -> set[str]:
 def _metadata_size(spark: SparkSession, qualified: str, jtable, manifest_lists: list[str | None]) -> tuple[int, int]:
     """(bytes, metadata JSON files) of table metadata: metadata JSON files (current + logged), all
     manifests, all manifest lists."""
-    total = int(spark.sql(f"SELECT coalesce(sum(length), 0) FROM (SELECT DISTINCT path, length FROM {qualified}.all_manifests)").collect()[0][0])
+    total = int(
+        spark.sql(
+            f"SELECT coalesce(sum(length), 0) FROM (SELECT DISTINCT path, length FROM {qualified}.all_manifests)"
+        ).collect()[0][0]
+    )
     metadata_files = _metadata_files(spark, qualified, jtable)
     io = jtable.io()
     for path in metadata_files | {p for p in manifest_lists if p}:

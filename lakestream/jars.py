@@ -16,6 +16,7 @@ A distribution (``[distributions.<name>]``: an archive such as Trino's server ta
 way, checksums checked, and the entries it lists under ``include`` are unpacked into
 ``<cache>/dist/<name>-<digest>/``; it is resolved only when asked for (``--distribution NAME``, or its first use).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,10 @@ class Coordinate:
     def parse(cls, text: str) -> Coordinate:
         parts = text.split(":")
         if not all(parts) or len(parts) not in (3, 4, 5):
-            raise LakestreamError(f"{MANIFEST}: {text!r} is not group:artifact:version (or group:artifact:type:version, "
-                                  "group:artifact:type:classifier:version)")
+            raise LakestreamError(
+                f"{MANIFEST}: {text!r} is not group:artifact:version (or group:artifact:type:version, "
+                "group:artifact:type:classifier:version)"
+            )
         if len(parts) == 5:
             return cls(parts[0], parts[1], parts[4], parts[2], parts[3])
         if len(parts) == 4:
@@ -100,7 +103,8 @@ class JarGroup:
         patterns = self.exclude if self.transitive else ("*:*",)
         exclusions = "".join(
             f"<exclusion><groupId>{escape(g)}</groupId><artifactId>{escape(a)}</artifactId></exclusion>"
-            for g, a in (p.split(":", 1) for p in patterns))
+            for g, a in (p.split(":", 1) for p in patterns)
+        )
         exclusions = f"<exclusions>{exclusions}</exclusions>" if exclusions else ""
         deps = "\n".join(
             f"    <dependency><groupId>{escape(c.group)}</groupId><artifactId>{escape(c.artifact)}</artifactId>"
@@ -108,11 +112,13 @@ class JarGroup:
             f"{f'<classifier>{escape(c.classifier)}</classifier>' if c.classifier else ''}{exclusions}</dependency>"
             for c in self.artifacts
         )
-        return ('<project xmlns="http://maven.apache.org/POM/4.0.0">\n'
-                "  <modelVersion>4.0.0</modelVersion>\n"
-                f"  <groupId>lakestream.jars</groupId><artifactId>{escape(self.name)}</artifactId>"
-                "<version>1</version><packaging>pom</packaging>\n"
-                f"  <dependencies>\n{deps}\n  </dependencies>\n</project>\n")
+        return (
+            '<project xmlns="http://maven.apache.org/POM/4.0.0">\n'
+            "  <modelVersion>4.0.0</modelVersion>\n"
+            f"  <groupId>lakestream.jars</groupId><artifactId>{escape(self.name)}</artifactId>"
+            "<version>1</version><packaging>pom</packaging>\n"
+            f"  <dependencies>\n{deps}\n  </dependencies>\n</project>\n"
+        )
 
 
 @dataclass(frozen=True)
@@ -147,10 +153,16 @@ def groups() -> dict[str, JarGroup]:
         exclude = tuple(spec.get("exclude", ()))
         for pattern in exclude:
             if pattern.count(":") != 1 or not all(pattern.split(":")):
-                raise LakestreamError(f"{MANIFEST}: groups.{name}.exclude: {pattern!r} is not group:artifact "
-                                      "(use * for any)")
-        out[name] = JarGroup(name, tuple(Coordinate.parse(a) for a in spec["artifacts"]),
-                             bool(spec.get("transitive")), exclude, spec.get("pyspark"))
+                raise LakestreamError(
+                    f"{MANIFEST}: groups.{name}.exclude: {pattern!r} is not group:artifact (use * for any)"
+                )
+        out[name] = JarGroup(
+            name,
+            tuple(Coordinate.parse(a) for a in spec["artifacts"]),
+            bool(spec.get("transitive")),
+            exclude,
+            spec.get("pyspark"),
+        )
     return out
 
 
@@ -166,8 +178,10 @@ def spark_group(pyspark_version: str | None = None) -> str:
         if g.pyspark == line:
             return g.name
     served = ", ".join(g.pyspark for g in groups().values() if g.pyspark)
-    raise LakestreamError(f"pyspark {pyspark_version} is not supported: {MANIFEST} has Iceberg runtimes for Spark "
-                          f"{served} only — fix: install a pyspark of one of those lines")
+    raise LakestreamError(
+        f"pyspark {pyspark_version} is not supported: {MANIFEST} has Iceberg runtimes for Spark "
+        f"{served} only — fix: install a pyspark of one of those lines"
+    )
 
 
 def default_groups() -> list[str]:
@@ -191,8 +205,9 @@ def distribution(name: str) -> Path:
     try:
         d = distributions()[name]
     except KeyError:
-        raise LakestreamError(f"no distribution {name!r} in {MANIFEST}; distributions: "
-                              f"{', '.join(distributions())}") from None
+        raise LakestreamError(
+            f"no distribution {name!r} in {MANIFEST}; distributions: {', '.join(distributions())}"
+        ) from None
     target = cache_root().parent / "dist" / f"{d.name}-{d.digest}"
     if not (target / ".complete").exists():
         archive = next((p for p in jars(d.group) if p.name == d.artifact.file_name), None)
@@ -280,13 +295,26 @@ def _resolve(g: JarGroup, target: Path) -> None:
             (Path(tmp) / "pom.xml").write_text(g.pom())
             out = Path(tmp) / "jars"
             result = subprocess.run(
-                [mvn, "-B", "-q", "-C", "-f", str(Path(tmp) / "pom.xml"), "dependency:copy-dependencies",
-                 f"-DoutputDirectory={out}", "-DincludeScope=runtime"],
-                capture_output=True, text=True, check=False,
+                [
+                    mvn,
+                    "-B",
+                    "-q",
+                    "-C",
+                    "-f",
+                    str(Path(tmp) / "pom.xml"),
+                    "dependency:copy-dependencies",
+                    f"-DoutputDirectory={out}",
+                    "-DincludeScope=runtime",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if result.returncode != 0:
-                raise LakestreamError(f"resolving jar group {g.name!r} ({MANIFEST}) with Maven failed "
-                                      f"(exit {result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}")
+                raise LakestreamError(
+                    f"resolving jar group {g.name!r} ({MANIFEST}) with Maven failed "
+                    f"(exit {result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}"
+                )
             (out / ".complete").write_text("\n".join(map(str, g.artifacts)) + "\n")
             shutil.rmtree(target, ignore_errors=True)
             out.rename(target)
@@ -294,12 +322,18 @@ def _resolve(g: JarGroup, target: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lakestream.jars", description=__doc__.split("\n")[0])
-    parser.add_argument("groups", nargs="*",
-                        help="groups to resolve or print (default: the installed pyspark's and those for no Spark)")
+    parser.add_argument(
+        "groups", nargs="*", help="groups to resolve or print (default: the installed pyspark's and those for no Spark)"
+    )
     parser.add_argument("--packages", action="store_true", help="print the groups as spark.jars.packages")
     parser.add_argument("--classpath", action="store_true", help="print the resolved jars, one per line")
-    parser.add_argument("--distribution", action="append", default=[], metavar="NAME",
-                        help="resolve and unpack a distribution (e.g. trino) and print its directory")
+    parser.add_argument(
+        "--distribution",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="resolve and unpack a distribution (e.g. trino) and print its directory",
+    )
     args = parser.parse_args(argv)
     if args.distribution:
         for name in args.distribution:

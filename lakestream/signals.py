@@ -1,4 +1,5 @@
 """Stopping long-running commands cleanly: SIGTERM and SIGINT ask them to stop after the current step."""
+
 from __future__ import annotations
 
 import logging

@@ -1,4 +1,5 @@
 """Builds the SparkSession: Iceberg runtime, JDBC driver and AWS bundle by Maven coordinates, the configured catalog."""
+
 from __future__ import annotations
 
 import contextlib
@@ -204,18 +205,25 @@ def check_catalog_tls(catalog: CatalogSettings, timeout_s: float = 5.0) -> None:
     if catalog.type != "rest" or not uri.startswith("https://"):
         return
     url = urlsplit(uri)
-    context = ssl.create_default_context(cafile=catalog.ssl_ca_bundle) if catalog.ssl_ca_bundle \
+    context = (
+        ssl.create_default_context(cafile=catalog.ssl_ca_bundle)
+        if catalog.ssl_ca_bundle
         else ssl.create_default_context()
+    )
     try:
         with socket.create_connection((url.hostname, url.port or 443), timeout=timeout_s) as sock:
             with context.wrap_socket(sock, server_hostname=url.hostname):
                 return
     except ssl.SSLCertVerificationError as exc:
-        fix = ("the bundle does not hold the CA that signed it — fix: catalog.ssl_ca_bundle must hold that CA's "
-               "certificate" if catalog.ssl_ca_bundle else
-               "fix: set catalog.ssl_ca_bundle to a PEM file holding the certificate of the CA that signed it")
-        raise ConfigError(f"catalog.uri {catalog.uri}: its TLS certificate is not trusted "
-                          f"({exc.verify_message or exc.reason}); {fix}") from None
+        fix = (
+            "the bundle does not hold the CA that signed it — fix: catalog.ssl_ca_bundle must hold that CA's "
+            "certificate"
+            if catalog.ssl_ca_bundle
+            else "fix: set catalog.ssl_ca_bundle to a PEM file holding the certificate of the CA that signed it"
+        )
+        raise ConfigError(
+            f"catalog.uri {catalog.uri}: its TLS certificate is not trusted ({exc.verify_message or exc.reason}); {fix}"
+        ) from None
     except OSError:
         return  # unreachable or not TLS: left to the clients (an outage is waited out)
 

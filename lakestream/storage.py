@@ -12,6 +12,7 @@ One `StorageSettings` (config ``storage:``) becomes, for each client of the file
 Credentials come from the environment variables the settings name (read once, at load) or from the
 default AWS chain; they are never logged: `S3Options` and `S3Credentials` print as ``***``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,20 +60,28 @@ class S3Options:
     @classmethod
     def from_settings(cls, storage: StorageSettings) -> S3Options:
         creds = storage.credentials
-        return cls(region=storage.region, endpoint=storage.endpoint, path_style=storage.path_style,
-                   access_key=creds.access_key_id if creds else None,
-                   secret_key=creds.secret_access_key.get_secret_value() if creds else None,
-                   session_token=creds.session_token.get_secret_value() if creds and creds.session_token else None)
+        return cls(
+            region=storage.region,
+            endpoint=storage.endpoint,
+            path_style=storage.path_style,
+            access_key=creds.access_key_id if creds else None,
+            secret_key=creds.secret_access_key.get_secret_value() if creds else None,
+            session_token=creds.session_token.get_secret_value() if creds and creds.session_token else None,
+        )
 
     def with_vended(self, properties: dict[str, str]) -> S3Options:
         """These options with the credentials a REST catalog vended for one table (its FileIO properties)."""
         key, secret = properties.get("s3.access-key-id"), properties.get("s3.secret-access-key")
         if not key or not secret:
             return self
-        return S3Options(region=properties.get("client.region", self.region),
-                         endpoint=properties.get("s3.endpoint", self.endpoint),
-                         path_style=properties.get("s3.path-style-access", str(self.path_style)).lower() == "true",
-                         access_key=key, secret_key=secret, session_token=properties.get("s3.session-token"))
+        return S3Options(
+            region=properties.get("client.region", self.region),
+            endpoint=properties.get("s3.endpoint", self.endpoint),
+            path_style=properties.get("s3.path-style-access", str(self.path_style)).lower() == "true",
+            access_key=key,
+            secret_key=secret,
+            session_token=properties.get("s3.session-token"),
+        )
 
 
 @dataclass(frozen=True)
@@ -99,7 +108,10 @@ _filesystems: dict[S3Options | None, pafs.S3FileSystem] = {}
 # checksum by default, as pyarrow's does (`new_s3_filesystem`); S3-compatible stores that do not decode that
 # framing fail some of them ("missing CRLF terminator on aws-chunked frame", nanio 0.1.7). With an endpoint
 # the JVMs compute checksums only where S3 requires them, as every SDK did before 2025.
-JVM_CHECKSUM_OPTIONS = ("-Daws.requestChecksumCalculation=WHEN_REQUIRED", "-Daws.responseChecksumValidation=WHEN_REQUIRED")
+JVM_CHECKSUM_OPTIONS = (
+    "-Daws.requestChecksumCalculation=WHEN_REQUIRED",
+    "-Daws.responseChecksumValidation=WHEN_REQUIRED",
+)
 
 
 def jvm_options(storage: StorageSettings | None) -> list[str]:
@@ -161,13 +173,19 @@ def new_s3_filesystem(options: S3Options | None, attempts: int = 5) -> pafs.S3Fi
     scheme = "http" if options.endpoint and options.endpoint.startswith("http://") else "https"
     host = options.endpoint.split("://", 1)[1] if options.endpoint else None
     return pafs.S3FileSystem(
-        access_key=options.access_key, secret_key=options.secret_key, session_token=options.session_token,
-        region=options.region, endpoint_override=host, scheme=scheme,
+        access_key=options.access_key,
+        secret_key=options.secret_key,
+        session_token=options.session_token,
+        region=options.region,
+        endpoint_override=host,
+        scheme=scheme,
         # pyarrow puts the bucket in the path whenever an endpoint is given; for Amazon S3 itself (no
         # endpoint) virtual hosts are the norm, and path style is not offered.
         force_virtual_addressing=bool(host) and not options.path_style,
-        connect_timeout=5, request_timeout=60,
-        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=attempts))
+        connect_timeout=5,
+        request_timeout=60,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=attempts),
+    )
 
 
 def ensure_dir(fs: Any, path: str) -> None:
@@ -186,7 +204,7 @@ def filesystem_path(uri: str, options: S3Options | None = None) -> tuple[pafs.Fi
     import pyarrow.fs as pafs
 
     if uri.startswith("file:"):
-        rest = uri[len("file:"):]
+        rest = uri[len("file:") :]
         if rest.startswith("//") and not rest.startswith("///"):
             raise ValueError(f"file URI with a host is not supported: {uri}")
         return pafs.LocalFileSystem(), "/" + rest.lstrip("/")
@@ -206,8 +224,11 @@ def iceberg_io_properties(catalog: CatalogSettings) -> dict[str, str]:
     storage = catalog.storage
     if storage is None:
         return {}
-    props = {"io-impl": "org.apache.iceberg.aws.s3.S3FileIO", "client.region": storage.region,
-             "s3.path-style-access": str(storage.path_style).lower()}
+    props = {
+        "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+        "client.region": storage.region,
+        "s3.path-style-access": str(storage.path_style).lower(),
+    }
     if storage.endpoint:
         props["s3.endpoint"] = storage.endpoint
     return props | _static_keys(catalog)
@@ -236,8 +257,12 @@ def pyiceberg_io_properties(catalog: CatalogSettings) -> dict[str, str]:
     return props | _static_keys(catalog)
 
 
-def configure_duckdb(con: duckdb.DuckDBPyConnection, catalog: CatalogSettings,
-                     vended: dict[str, str] | None = None, scope: str | None = None) -> None:
+def configure_duckdb(
+    con: duckdb.DuckDBPyConnection,
+    catalog: CatalogSettings,
+    vended: dict[str, str] | None = None,
+    scope: str | None = None,
+) -> None:
     """Load DuckDB's ``httpfs`` (from its PyPI wheel) and create the S3 secret for the catalog's object
     storage. ``vended``: a table's FileIO properties from a REST catalog, whose credentials win, for the
     files under ``scope`` (the table's location) only."""
@@ -248,7 +273,11 @@ def configure_duckdb(con: duckdb.DuckDBPyConnection, catalog: CatalogSettings,
     from lakestream.duckdb_extensions import load_duckdb_extension
 
     load_duckdb_extension(con, "httpfs")
-    base = S3Options.from_settings(storage) if storage is not None else S3Options(region=vended.get("client.region", "us-east-1"))
+    base = (
+        S3Options.from_settings(storage)
+        if storage is not None
+        else S3Options(region=vended.get("client.region", "us-east-1"))
+    )
     options = base.with_vended(vended)
     name = "lakestream_storage"
     params: dict[str, str] = {"TYPE": "s3", "REGION": options.region}
@@ -266,8 +295,10 @@ def configure_duckdb(con: duckdb.DuckDBPyConnection, catalog: CatalogSettings,
     if options is not base and scope:
         params["SCOPE"] = scope
         name = f"lakestream_table_{abs(hash(scope)):x}"
-    body = ", ".join(f"{k} {v}" if k in ("TYPE", "PROVIDER") or v in ("true", "false") else f"{k} {_sql_literal(v)}"
-                     for k, v in params.items())
+    body = ", ".join(
+        f"{k} {v}" if k in ("TYPE", "PROVIDER") or v in ("true", "false") else f"{k} {_sql_literal(v)}"
+        for k, v in params.items()
+    )
     con.execute(f"CREATE OR REPLACE SECRET {name} ({body})")
 
 
@@ -279,8 +310,14 @@ def _sql_literal(value: str) -> str:
 
 
 # What pyarrow's S3 client says when the endpoint does not answer (refused, timed out, no such host).
-_UNREACHABLE = ("NETWORK_CONNECTION", "Couldn't connect", "curlCode: 7,", "curlCode: 28,", "Timeout was reached",
-                "curlCode: 6,")
+_UNREACHABLE = (
+    "NETWORK_CONNECTION",
+    "Couldn't connect",
+    "curlCode: 7,",
+    "curlCode: 28,",
+    "Timeout was reached",
+    "curlCode: 6,",
+)
 
 
 def _unreachable(message: str) -> bool:
@@ -298,8 +335,9 @@ def storage_unreachable(catalog: CatalogSettings) -> bool:
 
     fs = new_s3_filesystem(S3Options.from_settings(storage), attempts=1)
     try:
-        fs.get_file_info(pafs.FileSelector(catalog.warehouse.split("://", 1)[1].rstrip("/"), allow_not_found=True,
-                                           recursive=False))
+        fs.get_file_info(
+            pafs.FileSelector(catalog.warehouse.split("://", 1)[1].rstrip("/"), allow_not_found=True, recursive=False)
+        )
     except OSError as exc:
         return _unreachable(str(exc))
     return False
@@ -325,26 +363,51 @@ def check_storage(catalog: CatalogSettings) -> None:
     except OSError as exc:
         message = str(exc)
         if _unreachable(message):
-            log.warning("object store %s (storage.endpoint) not reachable yet (%s); the engine waits it out for up "
-                        "to engine.max_outage_s", storage.endpoint or "Amazon S3", message.splitlines()[0][:200])
+            log.warning(
+                "object store %s (storage.endpoint) not reachable yet (%s); the engine waits it out for up "
+                "to engine.max_outage_s",
+                storage.endpoint or "Amazon S3",
+                message.splitlines()[0][:200],
+            )
             return
-        where = (f"the credentials in {storage.access_key_id_env}/{storage.secret_access_key_env} "
-                 "(storage.access_key_id_env, storage.secret_access_key_env)" if storage.credentials else
-                 "the default AWS credential chain (no storage.access_key_id_env set)")
-        if any(m in message for m in ("ACCESS_DENIED", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403",
-                                      "AccessDenied", "INVALID_ACCESS_KEY", "SIGNATURE")):
-            raise ConfigError(f"storage: the object store at {storage.endpoint or 'Amazon S3'} refused {where} for "
-                              f"bucket {bucket!r} — fix: export the right key and secret, or grant them "
-                              "s3:ListBucket/GetObject/PutObject/DeleteObject on it") from None
+        where = (
+            f"the credentials in {storage.access_key_id_env}/{storage.secret_access_key_env} "
+            "(storage.access_key_id_env, storage.secret_access_key_env)"
+            if storage.credentials
+            else "the default AWS credential chain (no storage.access_key_id_env set)"
+        )
+        if any(
+            m in message
+            for m in (
+                "ACCESS_DENIED",
+                "InvalidAccessKeyId",
+                "SignatureDoesNotMatch",
+                "403",
+                "AccessDenied",
+                "INVALID_ACCESS_KEY",
+                "SIGNATURE",
+            )
+        ):
+            raise ConfigError(
+                f"storage: the object store at {storage.endpoint or 'Amazon S3'} refused {where} for "
+                f"bucket {bucket!r} — fix: export the right key and secret, or grant them "
+                "s3:ListBucket/GetObject/PutObject/DeleteObject on it"
+            ) from None
         if any(m in message for m in ("NoSuchBucket", "NO_SUCH_BUCKET", "404")):
-            raise ConfigError(f"catalog.warehouse: bucket {bucket!r} does not exist at "
-                              f"{storage.endpoint or 'Amazon S3'} — fix: create it, or point the warehouse at an "
-                              "existing bucket") from None
-        raise ConfigError(f"storage: reading {catalog.warehouse} failed ({message.splitlines()[0][:300]}) — fix: "
-                          "check storage.endpoint, storage.region and storage.path_style") from None
+            raise ConfigError(
+                f"catalog.warehouse: bucket {bucket!r} does not exist at "
+                f"{storage.endpoint or 'Amazon S3'} — fix: create it, or point the warehouse at an "
+                "existing bucket"
+            ) from None
+        raise ConfigError(
+            f"storage: reading {catalog.warehouse} failed ({message.splitlines()[0][:300]}) — fix: "
+            "check storage.endpoint, storage.region and storage.path_style"
+        ) from None
     if bucket_missing:
-        raise ConfigError(f"catalog.warehouse: bucket {bucket!r} does not exist at {storage.endpoint or 'Amazon S3'} "
-                          "— fix: create it, or point the warehouse at an existing bucket")
+        raise ConfigError(
+            f"catalog.warehouse: bucket {bucket!r} does not exist at {storage.endpoint or 'Amazon S3'} "
+            "— fix: create it, or point the warehouse at an existing bucket"
+        )
 
 
 def canonical_location(location: str) -> str:
@@ -352,7 +415,7 @@ def canonical_location(location: str) -> str:
     writes, which is how Spark-written files appear in ``<table>.files``: ``file:///x`` and
     ``file:/x`` become ``file:/x``, repeated slashes collapse; other URIs and plain paths are kept."""
     if location.startswith("file:"):
-        rest = location[len("file:"):]
+        rest = location[len("file:") :]
         if rest.startswith("//") and not rest.startswith("///"):
             raise ValueError(f"file URI with a host is not supported: {location}")
         return "file:/" + "/".join(part for part in rest.split("/") if part)

@@ -7,6 +7,7 @@ and joined on the primary key inside Spark. One Spark action per table yields th
 missing / extra / differing / duplicated keys and a few sample keys of each. A MariaDB table is read and
 rendered as `lakestream.verify_mariadb` describes, then compared the same way.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,7 +72,9 @@ class TableVerification:
         for label in ("missing", "extra", "differing", "duplicate_keys"):
             keys = self.samples.get(label) or []
             if getattr(self, label):
-                parts.append(f"{label.replace('_', ' ')}: {', '.join(keys)}" + (" …" if getattr(self, label) > len(keys) else ""))
+                parts.append(
+                    f"{label.replace('_', ' ')}: {', '.join(keys)}" + (" …" if getattr(self, label) > len(keys) else "")
+                )
         return "; ".join(parts)
 
 
@@ -104,14 +107,25 @@ class VerifyReport:
         header = ("SOURCE", "LAKE", "SOURCE ROWS", "LAKE ROWS", "MISSING", "EXTRA", "DIFFERING", "DUP KEYS", "STATUS")
         rows = [header]
         for t in self.tables:
-            rows.append((
-                t.source_table, t.lake_table, f"{t.source_rows:,}", f"{t.lake_rows:,}", f"{t.missing:,}",
-                f"{t.extra:,}", f"{t.differing:,}", f"{t.duplicate_keys:,}", "ok" if t.ok else "MISMATCH",
-            ))
+            rows.append(
+                (
+                    t.source_table,
+                    t.lake_table,
+                    f"{t.source_rows:,}",
+                    f"{t.lake_rows:,}",
+                    f"{t.missing:,}",
+                    f"{t.extra:,}",
+                    f"{t.differing:,}",
+                    f"{t.duplicate_keys:,}",
+                    "ok" if t.ok else "MISMATCH",
+                )
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         numeric = set(range(2, 8))
         lines = [
-            "  ".join(cell.rjust(w) if i in numeric else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+            "  ".join(
+                cell.rjust(w) if i in numeric else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))
+            ).rstrip()
             for row in rows
         ]
         for t in self.tables:
@@ -134,7 +148,9 @@ def verify_tables(
 ) -> VerifyReport:
     """Compare every captured table (or only ``tables``, "schema.table") with its Iceberg mirror."""
     if config.capture is None:
-        raise ConfigError("verify needs a `capture:` section naming the source database and tables — fix: add capture.tables")
+        raise ConfigError(
+            "verify needs a `capture:` section naming the source database and tables — fix: add capture.tables"
+        )
     selected = list(config.capture.tables)
     if tables:
         tables = [str(SourceTableName.parse(t)) for t in tables]
@@ -170,28 +186,34 @@ def _postgresql_access() -> _SourceAccess:
 def _mariadb_access() -> _SourceAccess:
     from lakestream import verify_mariadb as m
 
-    return _SourceAccess(m.connect, m.source_columns, m.primary_key,
-                         lambda config, spark, conn, schema, table, columns: m.read_source(spark, conn, schema, table,
-                                                                                           columns),
-                         m.canonical)
+    return _SourceAccess(
+        m.connect,
+        m.source_columns,
+        m.primary_key,
+        lambda config, spark, conn, schema, table, columns: m.read_source(spark, conn, schema, table, columns),
+        m.canonical,
+    )
 
 
-_SOURCE_ACCESS: dict[str, Callable[[], _SourceAccess]] = {"postgresql": _postgresql_access,
-                                                          "mariadb": _mariadb_access}
+_SOURCE_ACCESS: dict[str, Callable[[], _SourceAccess]] = {"postgresql": _postgresql_access, "mariadb": _mariadb_access}
 
 
 def _pg_connect(config: PipelineConfig) -> Any:
     db = config.capture.database
     conn = psycopg2.connect(
-        host=db.host, port=db.port, dbname=db.dbname, user=db.user,
+        host=db.host,
+        port=db.port,
+        dbname=db.dbname,
+        user=db.user,
         password=db.password.get_secret_value() if db.password else None,
     )
     conn.autocommit = True
     return conn
 
 
-def _verify_one(config: PipelineConfig, spark: SparkSession, conn, router: Router, name: str, samples: int,
-                access: _SourceAccess) -> TableVerification:
+def _verify_one(
+    config: PipelineConfig, spark: SparkSession, conn, router: Router, name: str, samples: int, access: _SourceAccess
+) -> TableVerification:
     parsed = SourceTableName.parse(name)
     schema, table = parsed.schema, parsed.table
     topic = config.capture.topic(parsed)
@@ -203,9 +225,11 @@ def _verify_one(config: PipelineConfig, spark: SparkSession, conn, router: Route
         return result
     clash = _case_clash(columns)
     if clash is not None:
-        result.error = (f"source columns {clash[0]!r} and {clash[1]!r} differ only by case: no mirror can hold both "
-                        "(Spark's column names are case-insensitive), so this table's changes are dead letters — fix: "
-                        "rename one of them at the source")
+        result.error = (
+            f"source columns {clash[0]!r} and {clash[1]!r} differ only by case: no mirror can hold both "
+            "(Spark's column names are case-insensitive), so this table's changes are dead letters — fix: "
+            "rename one of them at the source"
+        )
         return result
     primary_key = access.primary_key(conn, schema, table)
     # Without a primary key, whole rows are the keys: the comparison becomes one of row multisets.
@@ -353,12 +377,15 @@ def _canonical(column: _SourceColumn, value: Column, lake_type: Any, side: str) 
     return value.cast("string")
 
 
-def _read_source(config: PipelineConfig, spark: SparkSession, conn, schema: str, table: str,
-                 columns: list[_SourceColumn]) -> DataFrame:
+def _read_source(
+    config: PipelineConfig, spark: SparkSession, conn, schema: str, table: str, columns: list[_SourceColumn]
+) -> DataFrame:
     db = config.capture.database
-    query = pgsql.SQL("SELECT {} FROM {}").format(
-        pgsql.SQL(", ").join(_source_expression(c) for c in columns), pgsql.Identifier(schema, table)
-    ).as_string(conn)
+    query = (
+        pgsql.SQL("SELECT {} FROM {}")
+        .format(pgsql.SQL(", ").join(_source_expression(c) for c in columns), pgsql.Identifier(schema, table))
+        .as_string(conn)
+    )
     reader = (
         spark.read.format("jdbc")
         .option("url", f"jdbc:postgresql://{db.host}:{db.port}/{db.dbname}")
@@ -383,9 +410,17 @@ def _read_lake(config: PipelineConfig, spark: SparkSession, name: TableName) -> 
         raise
 
 
-def _compare(result: TableVerification, columns: list[Any], keys: list[str], has_primary_key: bool,
-             source: DataFrame, lake: DataFrame, lake_fields: dict[str, Any], samples: int,
-             canonical: Callable[[Any, Column, Any, str], Column] | None = None) -> None:
+def _compare(
+    result: TableVerification,
+    columns: list[Any],
+    keys: list[str],
+    has_primary_key: bool,
+    source: DataFrame,
+    lake: DataFrame,
+    lake_fields: dict[str, Any],
+    samples: int,
+    canonical: Callable[[Any, Column, Any, str], Column] | None = None,
+) -> None:
     canonical = canonical or _canonical
     from pyspark.sql import functions as F
 
@@ -401,8 +436,9 @@ def _compare(result: TableVerification, columns: list[Any], keys: list[str], has
                 values.append(F.lit(None).cast("string"))
                 continue
             position = i if side == "source" else matched[0]
-            values.append(canonical(c, F.col(f"{side[0]}{position}"), lake_field.dataType if lake_field else None,
-                                    side))
+            values.append(
+                canonical(c, F.col(f"{side[0]}{position}"), lake_field.dataType if lake_field else None, side)
+            )
         names = [c.name for c in columns]
         key_values = [values[names.index(k)] for k in keys]
         return df.select(
@@ -417,8 +453,10 @@ def _compare(result: TableVerification, columns: list[Any], keys: list[str], has
         src = src.select(*key_cols, F.lit(1).alias("src_n"), F.col("h").alias("src_h"))
     else:
         src = src.groupBy(*key_cols).agg(F.count(F.lit(1)).alias("src_n"), F.min("h").alias("src_h"))
-    lk = side_frame(lake, "lake").groupBy(*key_cols).agg(
-        F.count(F.lit(1)).alias("lake_n"), F.min("h").alias("lake_h_min"), F.max("h").alias("lake_h_max")
+    lk = (
+        side_frame(lake, "lake")
+        .groupBy(*key_cols)
+        .agg(F.count(F.lit(1)).alias("lake_n"), F.min("h").alias("lake_h_min"), F.max("h").alias("lake_h_max"))
     )
     condition = [src[k].eqNullSafe(lk[k]) for k in key_cols]
     joined = src.join(lk, condition, "full_outer").select(
@@ -431,7 +469,8 @@ def _compare(result: TableVerification, columns: list[Any], keys: list[str], has
         "missing": (src_n > 0) & (lake_n == 0),
         "extra": (src_n == 0) & (lake_n > 0),
         "duplicate_keys": lake_n > F.greatest(src_n, F.lit(1)),
-        "differing": (src_n > 0) & (lake_n > 0)
+        "differing": (src_n > 0)
+        & (lake_n > 0)
         & ((F.col("src_h") != F.col("lake_h_min")) | (F.col("lake_h_min") != F.col("lake_h_max"))),
     }
     aggregates = [F.sum(src_n).alias("source_rows"), F.sum(lake_n).alias("lake_rows")]

@@ -22,6 +22,7 @@ for PostgreSQL. The normalisations, per MariaDB type:
 Reading through the driver keeps the source side free of a JDBC driver on Spark's class path; it suits tables that
 fit a driver's memory comfortably (the rows are hashed in Spark, not collected there twice).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,8 +36,16 @@ if TYPE_CHECKING:
 _INTEGERS = {"tinyint", "smallint", "mediumint", "int", "bigint", "year"}
 _FLOATS = {"float", "double"}
 _BINARY = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"}
-_SPATIAL = {"geometry", "point", "linestring", "polygon", "multipoint", "multilinestring", "multipolygon",
-            "geometrycollection"}
+_SPATIAL = {
+    "geometry",
+    "point",
+    "linestring",
+    "polygon",
+    "multipoint",
+    "multilinestring",
+    "multipolygon",
+    "geometrycollection",
+}
 _TS_FORMAT_SPARK = "yyyy-MM-dd HH:mm:ss.SSSSSS"
 
 
@@ -61,25 +70,40 @@ def connect(config: PipelineConfig) -> Any:
     import pymysql
 
     db = config.capture.database
-    return pymysql.connect(host=db.host, port=db.port, user=db.user,
-                           password=db.password.get_secret_value() if db.password else "", database=db.dbname,
-                           autocommit=True, charset="utf8mb4", connect_timeout=10)
+    return pymysql.connect(
+        host=db.host,
+        port=db.port,
+        user=db.user,
+        password=db.password.get_secret_value() if db.password else "",
+        database=db.dbname,
+        autocommit=True,
+        charset="utf8mb4",
+        connect_timeout=10,
+    )
 
 
 def source_columns(conn: Any, schema: str, table: str) -> list[MariaDBColumn]:
     with conn.cursor() as cur:
-        cur.execute("""SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE
+        cur.execute(
+            """SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE
                        FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s
-                       ORDER BY ORDINAL_POSITION""", (schema, table))
-        return [MariaDBColumn(name, str(kind).lower(), str(ctype).lower(), precision, scale)
-                for name, kind, ctype, precision, scale in cur.fetchall()]
+                       ORDER BY ORDINAL_POSITION""",
+            (schema, table),
+        )
+        return [
+            MariaDBColumn(name, str(kind).lower(), str(ctype).lower(), precision, scale)
+            for name, kind, ctype, precision, scale in cur.fetchall()
+        ]
 
 
 def primary_key(conn: Any, schema: str, table: str) -> list[str]:
     with conn.cursor() as cur:
-        cur.execute("""SELECT COLUMN_NAME FROM information_schema.STATISTICS
+        cur.execute(
+            """SELECT COLUMN_NAME FROM information_schema.STATISTICS
                        WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY'
-                       ORDER BY SEQ_IN_INDEX""", (schema, table))
+                       ORDER BY SEQ_IN_INDEX""",
+            (schema, table),
+        )
         return [row[0] for row in cur.fetchall()]
 
 
@@ -123,11 +147,14 @@ def read_source(spark: SparkSession, conn: Any, schema: str, table: str, columns
         cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT")
         try:
             cur.execute(query)
-            rows = [tuple(v.decode() if isinstance(v, (bytes, bytearray)) else v for v in row) for row in cur.fetchall()]
+            rows = [
+                tuple(v.decode() if isinstance(v, (bytes, bytearray)) else v for v in row) for row in cur.fetchall()
+            ]
         finally:
             cur.execute("COMMIT")
-    fields = [StructField(f"s{i}", DoubleType() if c.data_type in _FLOATS else StringType())
-              for i, c in enumerate(columns)]
+    fields = [
+        StructField(f"s{i}", DoubleType() if c.data_type in _FLOATS else StringType()) for i, c in enumerate(columns)
+    ]
     return spark.createDataFrame(rows, StructType(fields))
 
 

@@ -5,6 +5,7 @@ worker from it for each concurrent task. PySpark's own daemon imports only pyspa
 worker pays for importing pyarrow, numpy, confluent-kafka and the sink (about a second on this
 machine) before its first task reads a record; forked from here, a worker starts with them loaded.
 """
+
 from __future__ import annotations
 
 import numpy  # noqa: F401

@@ -4,6 +4,7 @@ capture subprocess, and waits that follow Kafka watermarks instead of sleeping.
 Module-scoped (one Debezium JVM per test module): the fixtures here cannot use the
 function-scoped ``pipeline_config_factory``, so they build the same config by hand.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -17,8 +18,8 @@ from pathlib import Path
 import psycopg2
 import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
-
 from conftest import catalog_settings
+
 from lakestream.capture import CaptureProcess
 from lakestream.config import PipelineConfig, parse_config
 from lakestream.engine.loop import run_pipeline
@@ -73,8 +74,10 @@ class CapturedSource:
             if all(have[t] >= n for t, n in expected.items()):
                 return
             if time.monotonic() > deadline:
-                raise AssertionError(f"Debezium did not publish in {timeout:.0f}s: have {have}, want {expected}\n"
-                                     f"{self.capture.log_text()[-3000:]}")
+                raise AssertionError(
+                    f"Debezium did not publish in {timeout:.0f}s: have {have}, want {expected}\n"
+                    f"{self.capture.log_text()[-3000:]}"
+                )
             if not self.capture.running:
                 raise AssertionError(f"capture exited:\n{self.capture.log_text()[-3000:]}")
             time.sleep(0.5)
@@ -84,8 +87,13 @@ class CapturedSource:
         import json
 
         end = self.end_offset(table)
-        consumer = Consumer({"bootstrap.servers": self.stack.bootstrap_servers, "group.id": f"rd-{uuid.uuid4().hex}",
-                             "enable.auto.commit": False})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.stack.bootstrap_servers,
+                "group.id": f"rd-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+            }
+        )
         consumer.assign([TopicPartition(self.topic(table), 0, OFFSET_BEGINNING)])
         out: list[dict] = []
         deadline = time.monotonic() + 60
@@ -116,8 +124,9 @@ class CapturedSource:
         return self.run()
 
 
-def prepare_captured_source(stack, setup_sql: list[str], tables: list[str], label: str,
-                            extra: dict | None = None) -> tuple[str, psycopg2.extensions.connection, str, str, dict, Path]:
+def prepare_captured_source(
+    stack, setup_sql: list[str], tables: list[str], label: str, extra: dict | None = None
+) -> tuple[str, psycopg2.extensions.connection, str, str, dict, Path]:
     """Create a database, run ``setup_sql`` and write the pipeline config capturing ``public.<tables>`` (plus
     any table created later whose name starts with ``<label>_``): (dbname, connection, topic prefix, namespace,
     the config as a dict, the work directory holding ``pipeline.yaml``).
@@ -139,16 +148,24 @@ def prepare_captured_source(stack, setup_sql: list[str], tables: list[str], labe
     catalog = catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password}
     data = {
         "name": f"{label}{uid}",
-        "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-{label}{uid}",
-                  "client": {"session.timeout.ms": 6000}},
+        "kafka": {
+            "bootstrap_servers": stack.bootstrap_servers,
+            "group_id": f"lakestream-{label}{uid}",
+            "client": {"session.timeout.ms": 6000},
+        },
         "catalog": catalog,
         "streams": [{"topic_pattern": rf"{prefix}\.public\..*", "namespace": namespace, "table": "{table}"}],
         "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
         "spark": {"master": "local[2]", "driver_memory": "1500m"},
         "state_dir": str(workdir / "state"),
         "capture": {
-            "database": {"host": stack.pg_host, "port": stack.pg_port, "dbname": dbname,
-                         "user": stack.pg_user, "password": stack.pg_password},
+            "database": {
+                "host": stack.pg_host,
+                "port": stack.pg_port,
+                "dbname": dbname,
+                "user": stack.pg_user,
+                "password": stack.pg_password,
+            },
             "tables": [f"public.{t}" for t in tables],
             "topic_prefix": prefix,
             "slot_name": f"slot_{prefix}",
@@ -171,8 +188,9 @@ def prepare_captured_source(stack, setup_sql: list[str], tables: list[str], labe
     return dbname, conn, prefix, namespace, data, workdir
 
 
-def start_captured_source(stack, setup_sql: list[str], tables: list[str], label: str,
-                          extra: dict | None = None) -> CapturedSource:
+def start_captured_source(
+    stack, setup_sql: list[str], tables: list[str], label: str, extra: dict | None = None
+) -> CapturedSource:
     """`prepare_captured_source`, then start ``lakestream capture`` (the embedded Debezium engine) on it and
     wait until it streams."""
     dbname, conn, prefix, namespace, data, workdir = prepare_captured_source(stack, setup_sql, tables, label, extra)
@@ -218,8 +236,10 @@ class ConnectCapture:
         deadline = time.monotonic() + timeout
         while not self.running:
             if time.monotonic() > deadline:
-                raise AssertionError(f"connector {self.name} not running after {timeout:.0f}s: {self.state()} "
-                                     f"{self.worker.connector_status(self.name)}\n{self.log_text()[-3000:]}")
+                raise AssertionError(
+                    f"connector {self.name} not running after {timeout:.0f}s: {self.state()} "
+                    f"{self.worker.connector_status(self.name)}\n{self.log_text()[-3000:]}"
+                )
             time.sleep(0.5)
 
     def log_text(self) -> str:
@@ -259,8 +279,11 @@ def stop_captured_source(source: CapturedSource) -> None:
     admin.autocommit = True
     try:
         with admin.cursor() as cur:
-            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                        "WHERE database = %s AND NOT active", (source.dbname,))
+            cur.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                "WHERE database = %s AND NOT active",
+                (source.dbname,),
+            )
             cur.execute(f"DROP DATABASE IF EXISTS {source.dbname} WITH (FORCE)")
     finally:
         admin.close()
@@ -270,8 +293,9 @@ def stop_captured_source(source: CapturedSource) -> None:
 def dead_letters(spark, topic: str) -> list:
     if not spark.catalog.tableExists(DEAD_LETTER):
         return []
-    return spark.sql(f"SELECT `offset`, error, target_table, value FROM {DEAD_LETTER} WHERE topic = '{topic}' "
-                     "ORDER BY `offset`").collect()
+    return spark.sql(
+        f"SELECT `offset`, error, target_table, value FROM {DEAD_LETTER} WHERE topic = '{topic}' ORDER BY `offset`"
+    ).collect()
 
 
 def verify_ok(source: CapturedSource, spark, tables: list[str]) -> None:

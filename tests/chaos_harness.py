@@ -8,6 +8,7 @@ After each fault the load stops, a marker row is written to every table, the pip
 with the topics by itself, and `lakestream verify` must pass (no missing, extra, differing or
 duplicated key).
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,8 @@ from pathlib import Path
 import psycopg2
 import yaml
 from confluent_kafka import Consumer, TopicPartition
-
 from conftest import catalog_settings, run_lakestream
+
 from lakestream.capture import CaptureProcess
 from lakestream.faults import ENV_VAR as PAUSE_ENV_VAR
 from lakestream.stack import Stack
@@ -117,8 +118,10 @@ class WriteLoad(threading.Thread):
         self.changes += 1
         if r < 0.35 and self.accounts:
             key = rng.choice(self.accounts)
-            cur.execute("UPDATE accounts SET balance = balance + %s, version = version + 1, note = %s WHERE id = %s",
-                        (rng.randint(-500, 500), f"u{rng.randint(0, 10**6)}", key))
+            cur.execute(
+                "UPDATE accounts SET balance = balance + %s, version = version + 1, note = %s WHERE id = %s",
+                (rng.randint(-500, 500), f"u{rng.randint(0, 10**6)}", key),
+            )
         elif r < 0.50:
             key, self.next_account = self.next_account, self.next_account + 1
             cur.execute("INSERT INTO accounts VALUES (%s, %s, %s, 0)", (key, rng.randint(0, 10**6), f"new {key}"))
@@ -135,8 +138,10 @@ class WriteLoad(threading.Thread):
         elif r < 0.92:
             key, self.next_transfer = self.next_transfer, self.next_transfer + 1
             memo = None if rng.random() < 0.2 else f"t{key}-{rng.randint(0, 999)}"
-            cur.execute("INSERT INTO transfers VALUES (%s, %s, %s, %s)",
-                        (key, rng.choice(self.accounts) if self.accounts else 0, rng.randint(1, 10**5), memo))
+            cur.execute(
+                "INSERT INTO transfers VALUES (%s, %s, %s, %s)",
+                (key, rng.choice(self.accounts) if self.accounts else 0, rng.randint(1, 10**5), memo),
+            )
             self.transfers.append(key)
         elif self.transfers:
             key = self.transfers.pop(rng.randrange(len(self.transfers)))
@@ -153,8 +158,9 @@ class EventLoad(threading.Thread):
         from confluent_kafka import Producer
 
         self.topic, self.rate, self.next_id, self.sent = topic, rate, first, 0
-        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-                                  "message.timeout.ms": 600000})
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20, "message.timeout.ms": 600000}
+        )
         self.stop_event = threading.Event()
         self.acked = 0
         self.failed: list[str] = []
@@ -186,8 +192,14 @@ class EventLoad(threading.Thread):
 
 def count_values(bootstrap: str, topic: str) -> int:
     """Records of ``topic`` (partition 0) that carry a value (tombstones excluded)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"count-{uuid.uuid4().hex[:8]}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"count-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
     try:
         end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1]
         consumer.assign([TopicPartition(topic, 0, 0)])
@@ -229,10 +241,15 @@ class PipelineProcess:
         with open(self.log_path, "ab") as out:
             out.write(f"\n===== start {time.strftime('%H:%M:%S')} pause_at={pause_at} =====\n".encode())
             out.flush()
-            self.proc = subprocess.Popen([sys.executable, "-m", "lakestream", self.command[0], str(self.config_path),
-                                          *self.command[1:]],
-                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                         start_new_session=True, cwd=self.config_path.parent)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "lakestream", self.command[0], str(self.config_path), *self.command[1:]],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                cwd=self.config_path.parent,
+            )
         self.started_at = time.monotonic()
 
     def log_text(self) -> str:
@@ -332,30 +349,62 @@ class ChaosEnv:
         self.config = {
             "name": "chaos",
             "state_dir": str(workdir / "state"),
-            "kafka": {"bootstrap_servers": self.info.bootstrap_servers, "group_id": "lakestream-chaos",
-                      "client": {"session.timeout.ms": 6000}},
+            "kafka": {
+                "bootstrap_servers": self.info.bootstrap_servers,
+                "group_id": "lakestream-chaos",
+                "client": {"session.timeout.ms": 6000},
+            },
             "catalog": catalog_settings(self.info).model_dump(mode="json") | {"password": self.info.pg_password},
-            "streams": [{"topics": self.topics, "namespace": self.namespace, "table": "{table}",
-                         "layout": {"partition_by": ["bucket(4, id)"]},
-                         # Every change as a row: a double apply shows in its count (a mirror hides it).
-                         "transforms": [{"name": "changes", "table": "changes_{table}",
-                                         "sql": "SELECT id, _op, _kafka_offset FROM batch"}]},
-                        {"topics": [self.events_topic], "mode": "append", "namespace": self.namespace,
-                         "table": "events"}],
+            "streams": [
+                {
+                    "topics": self.topics,
+                    "namespace": self.namespace,
+                    "table": "{table}",
+                    "layout": {"partition_by": ["bucket(4, id)"]},
+                    # Every change as a row: a double apply shows in its count (a mirror hides it).
+                    "transforms": [
+                        {
+                            "name": "changes",
+                            "table": "changes_{table}",
+                            "sql": "SELECT id, _op, _kafka_offset FROM batch",
+                        }
+                    ],
+                },
+                {"topics": [self.events_topic], "mode": "append", "namespace": self.namespace, "table": "events"},
+            ],
             "engine": {"commit_interval_s": 0.5, "max_records_per_batch": 20000, "idle_poll_s": 0.2},
             "spark": {"master": "local[2]", "driver_memory": "1g", "conf": {"spark.ui.enabled": "false"}},
             # Maintenance in its own process beside the pipeline (`lakestream maintain --watch`),
             # aggressive enough to compact, rewrite and expire under every fault: its commits race the
             # pipeline's.
-            "maintenance": {"mode": "separate", "interval_s": 10, "policies": [{
-                "tables": ".*", "compaction": {"max_files_per_partition": 4, "quiet_time_s": 0},
-                "max_delete_files": 2, "snapshot_retention_s": 0, "retain_last_snapshots": 3, "max_manifests": 4,
-                "orphan_min_age_s": 86400 * 3, "orphan_dry_run": True}]},
+            "maintenance": {
+                "mode": "separate",
+                "interval_s": 10,
+                "policies": [
+                    {
+                        "tables": ".*",
+                        "compaction": {"max_files_per_partition": 4, "quiet_time_s": 0},
+                        "max_delete_files": 2,
+                        "snapshot_retention_s": 0,
+                        "retain_last_snapshots": 3,
+                        "max_manifests": 4,
+                        "orphan_min_age_s": 86400 * 3,
+                        "orphan_dry_run": True,
+                    }
+                ],
+            },
             "capture": {
-                "database": {"host": self.info.pg_host, "port": self.info.pg_port, "dbname": self.dbname,
-                             "user": self.info.pg_user, "password": self.info.pg_password},
+                "database": {
+                    "host": self.info.pg_host,
+                    "port": self.info.pg_port,
+                    "dbname": self.dbname,
+                    "user": self.info.pg_user,
+                    "password": self.info.pg_password,
+                },
                 "tables": [f"public.{t}" for t in TABLES],
-                "topic_prefix": self.prefix, "slot_name": "slot_chaos", "publication_name": "pub_chaos",
+                "topic_prefix": self.prefix,
+                "slot_name": "slot_chaos",
+                "publication_name": "pub_chaos",
             },
         }
         self.config_path = workdir / "pipeline.yaml"
@@ -396,8 +445,9 @@ class ChaosEnv:
 
     def load(self) -> WriteLoad:
         load = WriteLoad(self.dsn, self.rate, self.rng.randint(0, 2**31))
-        load.events = EventLoad(self.info.bootstrap_servers, self.events_topic, max(1, self.rate // 3),
-                                self.figures.events_sent)
+        load.events = EventLoad(
+            self.info.bootstrap_servers, self.events_topic, max(1, self.rate // 3), self.figures.events_sent
+        )
         load.start()
         load.events.start()
         return load
@@ -417,8 +467,13 @@ class ChaosEnv:
         """Failures to reach the broker the running pipeline met so far: failed batches, and librdkafka's
         own connection failures (a client waits out a short outage inside its timeouts without failing)."""
         text = self.pipeline.log_text()
-        return text.count("batch failed (") + len(re.findall(r"FAIL\|rdkafka#[^|]+\|.*(?:Connection refused|"
-                                                            r"timed out|Disconnected)", text))
+        return text.count("batch failed (") + len(
+            re.findall(
+                r"FAIL\|rdkafka#[^|]+\|.*(?:Connection refused|"
+                r"timed out|Disconnected)",
+                text,
+            )
+        )
 
     def _execute(self, *statements: str) -> None:
         conn = psycopg2.connect(self.dsn)
@@ -435,24 +490,37 @@ class ChaosEnv:
         wait until the running pipeline has consumed every topic to its end; then `lakestream verify`."""
         self.marker += 1
         mark = -self.marker
-        self._execute(f"INSERT INTO accounts VALUES ({mark}, 0, 'marker', 0)",
-                      f"INSERT INTO transfers VALUES ({mark}, 0, 0, 'marker')")
+        self._execute(
+            f"INSERT INTO accounts VALUES ({mark}, 0, 'marker', 0)",
+            f"INSERT INTO transfers VALUES ({mark}, 0, 0, 'marker')",
+        )
         deadline = time.monotonic() + timeout
-        consumer = Consumer({"bootstrap.servers": self.info.bootstrap_servers, "group.id": "lakestream-chaos",
-                             "enable.auto.commit": False})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.info.bootstrap_servers,
+                "group.id": "lakestream-chaos",
+                "enable.auto.commit": False,
+            }
+        )
         try:
             ends: dict[str, int] = {}
             while True:
-                assert self.pipeline.alive, f"pipeline exited (code {self.pipeline.proc.returncode}):\n{self.pipeline.tail()}"
-                assert time.monotonic() < deadline, (f"pipeline did not catch up ({ends}):\n{self.pipeline.tail()}\n"
-                                                     f"--- its threads ---\n{self.pipeline.stacks()}")
+                assert self.pipeline.alive, (
+                    f"pipeline exited (code {self.pipeline.proc.returncode}):\n{self.pipeline.tail()}"
+                )
+                assert time.monotonic() < deadline, (
+                    f"pipeline did not catch up ({ends}):\n{self.pipeline.tail()}\n"
+                    f"--- its threads ---\n{self.pipeline.stacks()}"
+                )
                 every = [*self.topics, self.events_topic]
                 parts = [TopicPartition(t, 0) for t in every]
-                ends = {t: consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=10, cached=False)[1]
-                        for t in every}
+                ends = {
+                    t: consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=10, cached=False)[1] for t in every
+                }
                 committed = {p.topic: p.offset for p in consumer.committed(parts, timeout=10)}
-                if all(_holds_marker(self.info.bootstrap_servers, t, ends[t], mark) for t in self.topics) \
-                        and all(committed[t] >= ends[t] for t in every):
+                if all(_holds_marker(self.info.bootstrap_servers, t, ends[t], mark) for t in self.topics) and all(
+                    committed[t] >= ends[t] for t in every
+                ):
                     break
                 time.sleep(1.0)
         finally:
@@ -471,9 +539,16 @@ class ChaosEnv:
         return report
 
     def _count(self, table: str, distinct: str) -> tuple[int, int]:
-        result = run_lakestream("sql", str(self.config_path), f"SELECT count(*) AS n, count(DISTINCT {distinct}) AS d "
-                                f"FROM lake.{self.namespace}.{table}", "--engine", "duckdb", "--format", "json",
-                                timeout=300)
+        result = run_lakestream(
+            "sql",
+            str(self.config_path),
+            f"SELECT count(*) AS n, count(DISTINCT {distinct}) AS d FROM lake.{self.namespace}.{table}",
+            "--engine",
+            "duckdb",
+            "--format",
+            "json",
+            timeout=300,
+        )
         assert result.returncode == 0, f"counting {table} failed:\n{result.stdout}\n{result.stderr[-3000:]}"
         rows = json.loads(result.stdout)
         row = rows[0] if isinstance(rows, list) else rows["rows"][0]
@@ -483,8 +558,9 @@ class ChaosEnv:
         """The append table holds each acknowledged event once; each transform output holds one row per
         change record of its topic (tombstones carry no row), each Kafka offset once."""
         n, d = self._count("events", "event_id")
-        assert (n, d) == (self.figures.events_sent, self.figures.events_sent), \
+        assert (n, d) == (self.figures.events_sent, self.figures.events_sent), (
             f"append table: {n} rows / {d} distinct events, {self.figures.events_sent} sent"
+        )
         self.figures.append_rows_checked += n
         for table, topic in zip(TABLES, self.topics, strict=True):
             want = count_values(self.info.bootstrap_servers, topic)
@@ -495,8 +571,9 @@ class ChaosEnv:
 
 def _holds_marker(bootstrap: str, topic: str, end: int, mark: int) -> bool:
     """Whether one of the last records before ``end`` in ``topic`` is the marker row's create event."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}", "enable.auto.commit": False}
+    )
     try:
         consumer.assign([TopicPartition(topic, 0, max(0, end - 50))])
         seen = 0
@@ -517,8 +594,14 @@ def _holds_marker(bootstrap: str, topic: str, end: int, mark: int) -> bool:
 
 def count_resent(bootstrap: str, topics: list[str], starts: dict[str, int]) -> int:
     """Change events from ``starts`` on that repeat an earlier one (same LSN, key and op): Debezium's re-sends."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"probe-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     seen: set[tuple] = set()
     repeats = 0
     try:

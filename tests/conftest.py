@@ -3,6 +3,7 @@
 Every fixture picks free ports at runtime (several test runs may share this machine) and keeps its
 state in a fresh temporary directory that it removes afterwards.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -108,8 +109,11 @@ def source_db(stack) -> Iterator[tuple[str, psycopg2.extensions.connection]]:
     finally:
         conn.close()
         with admin.cursor() as cur:
-            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                        "WHERE database = %s AND NOT active", (name,))
+            cur.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                "WHERE database = %s AND NOT active",
+                (name,),
+            )
             cur.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         admin.close()
 
@@ -128,8 +132,15 @@ def mariadb(stack, service_dir_factory):
 
     kafka_port = int(stack.bootstrap_servers.rsplit(":", 1)[1])
     (port,) = free_ports(1)
-    server = MariaDBServer(StackSettings(state_dir=service_dir_factory("mariadb"), pg_port=stack.pg_port,
-                                         kafka_port=kafka_port, source="mariadb", mariadb_port=port))
+    server = MariaDBServer(
+        StackSettings(
+            state_dir=service_dir_factory("mariadb"),
+            pg_port=stack.pg_port,
+            kafka_port=kafka_port,
+            source="mariadb",
+            mariadb_port=port,
+        )
+    )
     server.start()
     try:
         yield server
@@ -155,8 +166,14 @@ def mariadb_source(mariadb):
 def mariadb_database(server, dbname: str) -> dict:
     """The ``capture.database`` section for database ``dbname`` of a `MariaDBServer` (holds the password)."""
     s = server.settings
-    return {"kind": "mariadb", "host": "127.0.0.1", "port": server.port, "dbname": dbname, "user": s.pg_user,
-            "password": s.pg_password}
+    return {
+        "kind": "mariadb",
+        "host": "127.0.0.1",
+        "port": server.port,
+        "dbname": dbname,
+        "user": s.pg_user,
+        "password": s.pg_password,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,8 +185,9 @@ def catalog_settings(info: StackInfo, name: str = "lake"):
     """The Iceberg catalog of a running stack (JDBC catalog in its PostgreSQL)."""
     from lakestream.config import CatalogSettings
 
-    return CatalogSettings(name=name, uri=info.catalog_jdbc_uri(), user=info.pg_user, password=info.pg_password,
-                           warehouse=info.warehouse)
+    return CatalogSettings(
+        name=name, uri=info.catalog_jdbc_uri(), user=info.pg_user, password=info.pg_password, warehouse=info.warehouse
+    )
 
 
 @pytest.fixture(scope="session")
@@ -189,8 +207,11 @@ def pipeline_config(stack: StackInfo, state_dir: Path, streams: list[dict], name
 
     data = {
         "name": name,
-        "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-{name}",
-                  "client": {"session.timeout.ms": 6000}},
+        "kafka": {
+            "bootstrap_servers": stack.bootstrap_servers,
+            "group_id": f"lakestream-{name}",
+            "client": {"session.timeout.ms": 6000},
+        },
         "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
         "streams": streams,
         "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
@@ -231,8 +252,9 @@ def run_lakestream(*args: str, timeout: float = 300) -> subprocess.CompletedProc
     """Run the real `lakestream` command in a new process; stdout and stderr are kept apart."""
     from lakestream.capture.process import LAKESTREAM_COMMAND
 
-    return subprocess.run([*LAKESTREAM_COMMAND, *args], capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [*LAKESTREAM_COMMAND, *args], capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,8 +262,12 @@ def run_lakestream(*args: str, timeout: float = 300) -> subprocess.CompletedProc
 # ---------------------------------------------------------------------------------------------
 
 
-def produce_records(bootstrap: str, topic: str, records: list[tuple[bytes | str | None, bytes | str | None]],
-                    partition: int | None = None) -> None:
+def produce_records(
+    bootstrap: str,
+    topic: str,
+    records: list[tuple[bytes | str | None, bytes | str | None]],
+    partition: int | None = None,
+) -> None:
     """Produce (key, value) pairs to ``topic`` and wait for every delivery."""
     from confluent_kafka import Producer
 
@@ -288,13 +314,33 @@ def spark_cluster(service_dir_factory) -> Iterator[str]:
     home = Path(pyspark.__file__).parent
     work = service_dir_factory("cluster")
     master_port, web_port, worker_web = free_ports(3)
-    env = {**os.environ, "SPARK_HOME": str(home), "PYSPARK_PYTHON": sys.executable, "SPARK_LOG_DIR": str(work),
-           "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_WORKER_DIR": str(work / "worker")}
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(home),
+        "PYSPARK_PYTHON": sys.executable,
+        "SPARK_LOG_DIR": str(work),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_WORKER_DIR": str(work / "worker"),
+    }
     spark_class = str(home / "bin" / "spark-class")
     url = f"spark://127.0.0.1:{master_port}"
-    procs = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(master_port), "--webui-port", str(web_port)],
-                              env=env, stdout=open(work / "master.log", "wb"), stderr=subprocess.STDOUT)]
+    procs = [
+        subprocess.Popen(
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(master_port),
+                "--webui-port",
+                str(web_port),
+            ],
+            env=env,
+            stdout=open(work / "master.log", "wb"),
+            stderr=subprocess.STDOUT,
+        )
+    ]
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -304,9 +350,26 @@ def spark_cluster(service_dir_factory) -> Iterator[str]:
             if time.monotonic() > deadline or procs[0].poll() is not None:
                 raise RuntimeError(f"Spark master did not start: {(work / 'master.log').read_text()[-2000:]}") from None
             time.sleep(0.5)
-    procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1",
-                                   "--cores", "1", "--memory", "1g", "--webui-port", str(worker_web)],
-                                  env=env, stdout=open(work / "worker.log", "wb"), stderr=subprocess.STDOUT))
+    procs.append(
+        subprocess.Popen(
+            [
+                spark_class,
+                "org.apache.spark.deploy.worker.Worker",
+                url,
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                "1",
+                "--memory",
+                "1g",
+                "--webui-port",
+                str(worker_web),
+            ],
+            env=env,
+            stdout=open(work / "worker.log", "wb"),
+            stderr=subprocess.STDOUT,
+        )
+    )
     deadline = time.monotonic() + 60
     while b"Successfully registered with master" not in (work / "worker.log").read_bytes():
         if time.monotonic() > deadline or procs[1].poll() is not None:
@@ -394,8 +457,9 @@ def object_store(stack, service_dir_factory):
     ``.stop()``/``.start()`` make an outage that loses nothing (on the same port)."""
     from lakestream.stack.objectstore import ObjectStore
 
-    store = ObjectStore(_satellite_settings(stack, service_dir_factory("s3"), storage="s3",
-                                            s3_port=_restartable_port()))
+    store = ObjectStore(
+        _satellite_settings(stack, service_dir_factory("s3"), storage="s3", s3_port=_restartable_port())
+    )
     store.start()
     try:
         yield store
@@ -407,8 +471,13 @@ def storage_section(store) -> dict:
     """The pipeline config's ``storage`` section for ``store``; export `storage_env(store)` for it."""
     from lakestream.stack.objectstore import ACCESS_KEY_ENV, SECRET_KEY_ENV
 
-    return {"endpoint": store.endpoint, "region": store.settings.s3_region, "path_style": True,
-            "access_key_id_env": ACCESS_KEY_ENV, "secret_access_key_env": SECRET_KEY_ENV}
+    return {
+        "endpoint": store.endpoint,
+        "region": store.settings.s3_region,
+        "path_style": True,
+        "access_key_id_env": ACCESS_KEY_ENV,
+        "secret_access_key_env": SECRET_KEY_ENV,
+    }
 
 
 def storage_env(store) -> dict[str, str]:
@@ -429,19 +498,37 @@ def rest_catalog_factory(stack, service_dir_factory):
 
     made: list = []
 
-    def make(warehouse: str, store=None, credential: str | None = None, vend: bool = False,
-             backend: str = "rest_backend", tls: bool = False):
+    def make(
+        warehouse: str,
+        store=None,
+        credential: str | None = None,
+        vend: bool = False,
+        backend: str = "rest_backend",
+        tls: bool = False,
+    ):
         io: dict[str, str] = {}
         if store is not None:
             s = store.settings
-            io = {"io-impl": "org.apache.iceberg.aws.s3.S3FileIO", "s3.endpoint": store.endpoint,
-                  "s3.path-style-access": "true", "client.region": s.s3_region,
-                  "s3.access-key-id": s.s3_access_key, "s3.secret-access-key": s.s3_secret_key}
+            io = {
+                "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+                "s3.endpoint": store.endpoint,
+                "s3.path-style-access": "true",
+                "client.region": s.s3_region,
+                "s3.access-key-id": s.s3_access_key,
+                "s3.secret-access-key": s.s3_secret_key,
+            }
         settings = _satellite_settings(stack, service_dir_factory("rest"), catalog="rest")
         if tls:
             vended = {k: v for k, v in io.items() if k != "io-impl"} if vend else {}
-            server = RestCatalogServer(settings, warehouse=warehouse, io_properties=io, credential=credential,
-                                       vend=vended, backend=backend, tls=True)
+            server = RestCatalogServer(
+                settings,
+                warehouse=warehouse,
+                io_properties=io,
+                credential=credential,
+                vend=vended,
+                backend=backend,
+                tls=True,
+            )
         else:
             server = IcebergRestServer(settings, warehouse=warehouse, io_properties=io, vend=vend, backend=backend)
         made.append(server)
@@ -467,9 +554,13 @@ def connect_worker(stack, service_dir_factory):
 
     from lakestream.stack.connect import ConnectWorker
 
-    settings = _satellite_settings(stack, service_dir_factory("connect"), connect=True,
-                                   connect_port=_restartable_port(),
-                                   connect_group_id=f"lakestream-connect-{uuid.uuid4().hex[:8]}")
+    settings = _satellite_settings(
+        stack,
+        service_dir_factory("connect"),
+        connect=True,
+        connect_port=_restartable_port(),
+        connect_group_id=f"lakestream-connect-{uuid.uuid4().hex[:8]}",
+    )
     worker = ConnectWorker(settings, stack.bootstrap_servers)
     worker.start()
     try:

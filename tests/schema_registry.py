@@ -17,6 +17,7 @@ float → double, string ↔ bytes), enums, arrays, maps, fixed. Levels NONE, BA
 their _TRANSITIVE forms. Not implemented: aliases, schema references, Protobuf and JSON Schema,
 modes (READONLY/IMPORT), deletes, contexts. Optional HTTP basic auth (``user_info``).
 """
+
 from __future__ import annotations
 
 import base64
@@ -29,8 +30,16 @@ import orjson
 
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 LEVELS = ("NONE", "BACKWARD", "FORWARD", "FULL", "BACKWARD_TRANSITIVE", "FORWARD_TRANSITIVE", "FULL_TRANSITIVE")
-_PROMOTIONS = {("int", "long"), ("int", "float"), ("int", "double"), ("long", "float"), ("long", "double"),
-               ("float", "double"), ("string", "bytes"), ("bytes", "string")}
+_PROMOTIONS = {
+    ("int", "long"),
+    ("int", "float"),
+    ("int", "double"),
+    ("long", "float"),
+    ("long", "double"),
+    ("float", "double"),
+    ("string", "bytes"),
+    ("bytes", "string"),
+}
 _PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
 
 
@@ -83,8 +92,9 @@ def _kind(schema: Any) -> str:
     return schema["type"]
 
 
-def read_problem(reader: Any, writer: Any, rnames: _Names, wnames: _Names, path: str = "",
-                 seen: set | None = None) -> str | None:
+def read_problem(
+    reader: Any, writer: Any, rnames: _Names, wnames: _Names, path: str = "", seen: set | None = None
+) -> str | None:
     """Why data written with ``writer`` cannot be read with ``reader`` (Avro resolution), or None."""
     seen = set() if seen is None else seen
     reader, writer = rnames.resolve(reader), wnames.resolve(writer)
@@ -114,8 +124,9 @@ def read_problem(reader: Any, writer: Any, rnames: _Names, wnames: _Names, path:
         written = {f["name"]: f for f in writer.get("fields", [])}
         for field in reader.get("fields", []):
             if field["name"] in written:
-                problem = read_problem(field["type"], written[field["name"]]["type"], rnames, wnames,
-                                       f"{path}/{field['name']}", seen)
+                problem = read_problem(
+                    field["type"], written[field["name"]]["type"], rnames, wnames, f"{path}/{field['name']}", seen
+                )
                 if problem:
                     return problem
             elif "default" not in field:
@@ -285,8 +296,12 @@ class _Handler(BaseHTTPRequestHandler):
                 if problems:
                     if not ids:
                         del state.subjects[subject]
-                    raise _Error(409, 409, f"Schema being registered is incompatible with an earlier schema for "
-                                           f"subject \"{subject}\", details: {problems}")
+                    raise _Error(
+                        409,
+                        409,
+                        f"Schema being registered is incompatible with an earlier schema for "
+                        f'subject "{subject}", details: {problems}',
+                    )
                 schema_id = state.ids.get(key)
                 if schema_id is None:
                     schema_id = state.ids[key] = len(state.schemas) + 1
@@ -301,8 +316,12 @@ class _Handler(BaseHTTPRequestHandler):
                 schema_id = state.ids.get(_canonical(text))
                 if schema_id not in ids:
                     raise _Error(404, 40403, "Schema not found")
-                return 200, {"subject": subject, "version": ids.index(schema_id) + 1, "id": schema_id,
-                             "schema": state.schemas[schema_id]}
+                return 200, {
+                    "subject": subject,
+                    "version": ids.index(schema_id) + 1,
+                    "id": schema_id,
+                    "schema": state.schemas[schema_id],
+                }
             if method == "GET" and n == 3 and p[2] == "versions":
                 ids = state.subjects.get(subject)
                 if not ids:
@@ -310,7 +329,12 @@ class _Handler(BaseHTTPRequestHandler):
                 return 200, list(range(1, len(ids) + 1))
             if method == "GET" and n == 4 and p[2] == "versions":
                 version, schema_id = self._version(state, subject, p[3])
-                return 200, {"subject": subject, "version": version, "id": schema_id, "schema": state.schemas[schema_id]}
+                return 200, {
+                    "subject": subject,
+                    "version": version,
+                    "id": schema_id,
+                    "schema": state.schemas[schema_id],
+                }
         if p and p[0] == "config" and n <= 2:
             if method == "GET":
                 if n == 1:

@@ -1,12 +1,17 @@
 """`lakestream.jars`: groups of Maven coordinates turned into poms (no Maven run here)."""
+
 from __future__ import annotations
 
 from lakestream.jars import Coordinate, JarGroup, groups
 
 
 def test_a_transitive_group_leaves_out_what_it_excludes():
-    plugin = JarGroup("p", (Coordinate.parse("io.debezium:debezium-connector-postgres:3.6.3.Final"),), True,
-                      ("org.apache.kafka:*", "org.slf4j:*"))
+    plugin = JarGroup(
+        "p",
+        (Coordinate.parse("io.debezium:debezium-connector-postgres:3.6.3.Final"),),
+        True,
+        ("org.apache.kafka:*", "org.slf4j:*"),
+    )
     pom = plugin.pom()
     assert "<exclusion><groupId>org.apache.kafka</groupId><artifactId>*</artifactId></exclusion>" in pom
     assert "<exclusion><groupId>org.slf4j</groupId><artifactId>*</artifactId></exclusion>" in pom
@@ -34,5 +39,8 @@ def test_a_classified_artifact_names_its_classifier_in_the_pom_and_the_file():
     assert "<classifier>test-fixtures</classifier>" in JarGroup("r", (fixtures,), True).pom()
     assert "<classifier>" not in JarGroup("r", (Coordinate.parse("org.postgresql:postgresql:42.7.14"),), True).pom()
     server = groups()["iceberg-rest-server"]
-    assert {c.classifier for c in server.artifacts if c.artifact in ("iceberg-open-api", "iceberg-core")} == \
-        {"test-fixtures", "tests", ""}
+    assert {c.classifier for c in server.artifacts if c.artifact in ("iceberg-open-api", "iceberg-core")} == {
+        "test-fixtures",
+        "tests",
+        "",
+    }

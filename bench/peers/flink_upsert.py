@@ -17,6 +17,7 @@ Runs under PyFlink (the `apache-flink` wheel, Flink's own distribution jars) in 
 The catalog password comes from CATALOG_PASSWORD. The columns are fixed in the DDL below, as a Flink SQL job has
 them: a column added at the source later is not carried (the JSON format ignores unknown fields).
 """
+
 from __future__ import annotations
 
 import argparse

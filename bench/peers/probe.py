@@ -6,6 +6,7 @@ row in the data files it added. A change is visible from the commit of the first
 Deletes add no row, so they are not in the freshness figures (the updates and inserts around them are). Snapshots
 that only rewrite files (``replace``: compaction) are skipped: their rows were visible before.
 """
+
 from __future__ import annotations
 
 import threading
@@ -88,8 +89,12 @@ class SnapshotProbe(threading.Thread):
         values = np.concatenate(parts) / 1000 if parts else np.empty(0)
         if not values.size:
             return {"p50": None, "p99": None, "max": None, "rows": 0}
-        return {"p50": round(float(np.percentile(values, 50)), 2), "p99": round(float(np.percentile(values, 99)), 2),
-                "max": round(float(values.max()), 2), "rows": int(values.size)}
+        return {
+            "p50": round(float(np.percentile(values, 50)), 2),
+            "p99": round(float(np.percentile(values, 99)), 2),
+            "max": round(float(values.max()), 2),
+            "rows": int(values.size),
+        }
 
     def visible(self, produce_ms: int) -> bool:
         return self.newest_produce_ms >= produce_ms

@@ -23,6 +23,7 @@ CPU is every process of the writer's group (/proc), both lives; the broker's and
 are reported apart. ``--quick``: 1M rows, 60 s steps, a 120 s steady phase, 60 s kill phase. The table, one JSON line
 per system, and the LAST line of stdout is one JSON object; ``--chart PATH`` writes an SVG of the main figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,12 +39,18 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from _common import (  # noqa: E402
-    machine_load, pipeline_data, private_stack, quiet_logs, say, to_config, write_pipeline_yaml,
+    machine_load,
+    pipeline_data,
+    private_stack,
+    quiet_logs,
+    say,
+    to_config,
+    write_pipeline_yaml,
 )
 from probe import SnapshotProbe  # noqa: E402
 from sustained import CpuMeter, MirrorModel, broker_pids, tree_pids  # noqa: E402
 from workload import ADDED_COLUMN, ChangeLoad, OrderEvents, create_topic, produce_base  # noqa: E402
-from writers import NAMESPACE, SYSTEMS, Writer, writer_for  # noqa: E402
+from writers import SYSTEMS, Writer, writer_for  # noqa: E402
 
 SEED = 36
 
@@ -54,10 +61,13 @@ def versions() -> dict[str, str]:
 
     from lakestream import jars
 
-    out = {"pyspark": pyspark.__version__, "duckdb": duckdb.__version__,
-           "iceberg_spark": next(c.version for c in jars.group(jars.spark_group()).artifacts),
-           "kafka": next(c.version for c in jars.group("kafka").artifacts),
-           "spark_sql_kafka": jars.group("bench-spark-kafka").artifacts[0].version}
+    out = {
+        "pyspark": pyspark.__version__,
+        "duckdb": duckdb.__version__,
+        "iceberg_spark": next(c.version for c in jars.group(jars.spark_group()).artifacts),
+        "kafka": next(c.version for c in jars.group("kafka").artifacts),
+        "spark_sql_kafka": jars.group("bench-spark-kafka").artifacts[0].version,
+    }
     for c in jars.group("bench-flink").artifacts:
         if c.artifact.startswith("iceberg-flink-runtime"):
             out["iceberg_flink"] = f"{c.artifact} {c.version}"
@@ -80,6 +90,7 @@ class Run:
         self.rng = random.Random(SEED)
         self.cpu = CpuMeter()
         from lakestream.query import pyiceberg_catalog
+
         self.probe = SnapshotProbe(pyiceberg_catalog(config.catalog), self.writer.qualified)
         self.work = work
         self.reader_config = work / "reader.yaml"  # the bench's catalog, for the DuckDB reads' own process
@@ -110,21 +121,35 @@ class Run:
                 self.writer.start("restart after SIGKILL")
                 say(f"  {self.system}: SIGKILL of the writer's process group at {now - started:.0f}s; started again")
             if not self.writer.alive:
-                raise RuntimeError(f"{self.system}: the writer exited ({self.writer.proc.returncode}):\n"
-                                   f"{self.writer.tail()}")
+                raise RuntimeError(
+                    f"{self.system}: the writer exited ({self.writer.proc.returncode}):\n{self.writer.tail()}"
+                )
             self.sample()
             if now - last >= 10:
                 last = now
-                print(f"  [{self.system} {label} {now - started:4.0f}s] lag {self.probe.lag_s():.1f}s · "
-                      f"{len(self.probe.commits)} commits · load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+                print(
+                    f"  [{self.system} {label} {now - started:4.0f}s] lag {self.probe.lag_s():.1f}s · "
+                    f"{len(self.probe.commits)} commits · load {os.getloadavg()[0]:.1f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             time.sleep(1.0)
         return time.monotonic() - started
 
-    def load(self, rate: float, seconds: float, label: str, add_column_at: float | None = None,
-             kill_at: float | None = None) -> tuple[ChangeLoad, float, float]:
+    def load(
+        self, rate: float, seconds: float, label: str, add_column_at: float | None = None, kill_at: float | None = None
+    ) -> tuple[ChangeLoad, float, float]:
         """Changes at ``rate`` for ``seconds``, then one update as the marker; returns (load, start ms, marker ms)."""
-        load = ChangeLoad(self.info.bootstrap_servers, self.events, self.model, self.rng, rate, seconds,
-                          self.added_column, add_column_at)
+        load = ChangeLoad(
+            self.info.bootstrap_servers,
+            self.events,
+            self.model,
+            self.rng,
+            rate,
+            seconds,
+            self.added_column,
+            add_column_at,
+        )
         start_ms = time.time() * 1000
         load.start()
         self.watch(lambda: not load.is_alive(), seconds + 120, label, kill_at)
@@ -154,8 +179,12 @@ class Run:
         self.writer.start()
         seconds = self.caught_up(marker_ms, self.args.base_timeout, "base")
         cpu = self.cpu.totals().get("writer", 0.0) - before
-        self.out["base"] = {"rows": self.args.rows, "seconds": round(seconds, 1), "writer_cpu_s": round(cpu, 1),
-                            "rows_per_cpu_s": round(self.args.rows / cpu) if cpu else None}
+        self.out["base"] = {
+            "rows": self.args.rows,
+            "seconds": round(seconds, 1),
+            "writer_cpu_s": round(cpu, 1),
+            "rows_per_cpu_s": round(self.args.rows / cpu) if cpu else None,
+        }
         say(f"  {self.system}: base visible after {seconds:.0f}s ({cpu:.0f} CPU-s)")
 
     def ramp(self) -> None:
@@ -171,34 +200,53 @@ class Run:
             fresh = self.probe.freshness(half, marker_ms)
             kept = catch_up <= self.args.lag_bound_s
             cpu = self.cpu.totals().get("writer", 0.0) - cpu0.get("writer", 0.0)
-            steps.append({"rate": rate, "offered": round(load.changes / load.seconds) if load.seconds else None,
-                          "lag_at_end_s": round(lag, 1), "catch_up_s": round(catch_up, 1),
-                          "freshness_second_half_s": fresh, "kept_up": kept,
-                          "writer_cores": round(cpu / (self.args.step_s + catch_up), 2)})
-            say(f"  {self.system}: {rate:g} changes/s (offered {steps[-1]['offered']}) → visible {catch_up:.1f}s after "
-                f"the load ({'kept up' if kept else 'MISSED'}); lag at its end {lag:.1f}s")
+            steps.append(
+                {
+                    "rate": rate,
+                    "offered": round(load.changes / load.seconds) if load.seconds else None,
+                    "lag_at_end_s": round(lag, 1),
+                    "catch_up_s": round(catch_up, 1),
+                    "freshness_second_half_s": fresh,
+                    "kept_up": kept,
+                    "writer_cores": round(cpu / (self.args.step_s + catch_up), 2),
+                }
+            )
+            say(
+                f"  {self.system}: {rate:g} changes/s (offered {steps[-1]['offered']}) → visible {catch_up:.1f}s after "
+                f"the load ({'kept up' if kept else 'MISSED'}); lag at its end {lag:.1f}s"
+            )
             if not kept:
                 break
         kept = [s for s in steps if s["kept_up"]]
         # The rate the load really offered (the generator is one Python thread); capped: the writer kept up with
         # every step, so its limit is above the ramp's top.
-        self.out["ramp"] = {"steps": steps, "max_sustained_rate": kept[-1]["offered"] if kept else None,
-                            "capped_by_ramp": len(kept) == len(steps),
-                            "step_s": self.args.step_s, "lag_bound_s": self.args.lag_bound_s}
+        self.out["ramp"] = {
+            "steps": steps,
+            "max_sustained_rate": kept[-1]["offered"] if kept else None,
+            "capped_by_ramp": len(kept) == len(steps),
+            "step_s": self.args.step_s,
+            "lag_bound_s": self.args.lag_bound_s,
+        }
 
     def steady(self) -> None:
         cpu0 = self.cpu.totals()
-        load, start_ms, marker_ms = self.load(self.args.rate, self.args.duration, "steady",
-                                              add_column_at=self.args.duration / 2)
+        load, start_ms, marker_ms = self.load(
+            self.args.rate, self.args.duration, "steady", add_column_at=self.args.duration / 2
+        )
         drain_s = self.caught_up(marker_ms, self.args.base_timeout, "steady drain")
         cpu = {g: round(t - cpu0.get(g, 0.0), 1) for g, t in self.cpu.totals().items()}
         changes = load.changes + 1
         self.out["steady"] = {
-            "rate": self.args.rate, "seconds": round(load.seconds, 1), "changes": changes,
-            "changes_by_op": dict(load.counts), "drain_after_load_s": round(drain_s, 1),
-            "freshness_s": self.probe.freshness(start_ms, marker_ms + 1), "cpu_s": cpu,
+            "rate": self.args.rate,
+            "seconds": round(load.seconds, 1),
+            "changes": changes,
+            "changes_by_op": dict(load.counts),
+            "drain_after_load_s": round(drain_s, 1),
+            "freshness_s": self.probe.freshness(start_ms, marker_ms + 1),
+            "cpu_s": cpu,
             "writer_cpu_s_per_million_changes": round(cpu.get("writer", 0.0) / changes * 1e6, 1),
-            "load_at_end": machine_load()}
+            "load_at_end": machine_load(),
+        }
         self.out["add_column"] = self.add_column_outcome()
         self.out["table"] = self.table_stats()
         self.out["reads"] = self.reads()
@@ -208,9 +256,14 @@ class Run:
         seconds = self.args.kill_duration
         load, start_ms, marker_ms = self.load(self.args.rate, seconds, "kill", kill_at=seconds / 2)
         recovered = self.caught_up(marker_ms, self.args.base_timeout, "after restart")
-        self.out.setdefault("kill", {}).update({"changes": load.changes + 1, "caught_up_after_load_s": round(recovered, 1),
-                                                "freshness_s": self.probe.freshness(start_ms, marker_ms + 1),
-                                                "exact": self.exactness()})
+        self.out.setdefault("kill", {}).update(
+            {
+                "changes": load.changes + 1,
+                "caught_up_after_load_s": round(recovered, 1),
+                "freshness_s": self.probe.freshness(start_ms, marker_ms + 1),
+                "exact": self.exactness(),
+            }
+        )
 
     # -- what is measured on the table --
 
@@ -220,31 +273,47 @@ class Run:
         out = {"writer_up": self.writer.alive, "restarts": 0, "column_in_table": ADDED_COLUMN in columns}
         if out["column_in_table"]:
             out["rows_with_value"] = self.spark.sql(f"SELECT count({ADDED_COLUMN}) AS n FROM {t}").collect()[0]["n"]
-        out["outcome"] = ("ran on; column added" if out["column_in_table"] and out.get("rows_with_value")
-                          else "ran on; column dropped" if self.writer.alive else "failed")
+        out["outcome"] = (
+            "ran on; column added"
+            if out["column_in_table"] and out.get("rows_with_value")
+            else "ran on; column dropped"
+            if self.writer.alive
+            else "failed"
+        )
         return out
 
     def table_stats(self) -> dict[str, Any]:
         # A Puffin file holds many deletion vectors, each listed with the whole file's size: files and bytes are
         # counted once per file; ``entries`` is the number of data files' DVs (or delete files) in the table.
-        rows = self.spark.sql(f"SELECT content, file_format, count(DISTINCT file_path) AS files, count(*) AS entries, "
-                              f"sum(record_count) AS records "
-                              f"FROM lake.{self.writer.qualified}.files GROUP BY content, file_format").collect()
-        sizes = {(r["content"], r["file_format"]): r["bytes"] for r in self.spark.sql(
-            f"SELECT content, file_format, sum(file_size_in_bytes) AS bytes FROM (SELECT DISTINCT content, "
-            f"file_format, file_path, file_size_in_bytes FROM lake.{self.writer.qualified}.files) "
-            f"GROUP BY content, file_format").collect()}
+        rows = self.spark.sql(
+            f"SELECT content, file_format, count(DISTINCT file_path) AS files, count(*) AS entries, "
+            f"sum(record_count) AS records "
+            f"FROM lake.{self.writer.qualified}.files GROUP BY content, file_format"
+        ).collect()
+        sizes = {
+            (r["content"], r["file_format"]): r["bytes"]
+            for r in self.spark.sql(
+                f"SELECT content, file_format, sum(file_size_in_bytes) AS bytes FROM (SELECT DISTINCT content, "
+                f"file_format, file_path, file_size_in_bytes FROM lake.{self.writer.qualified}.files) "
+                f"GROUP BY content, file_format"
+            ).collect()
+        }
         rows = [{**r.asDict(), "bytes": sizes[(r["content"], r["file_format"])]} for r in rows]
         kinds = {0: "data", 1: "position_deletes", 2: "equality_deletes"}
         out: dict[str, Any] = {"data_files": 0, "delete_files": 0, "bytes": 0, "by_kind": {}}
         for r in rows:
             kind = kinds[r["content"]] + ("_dv" if r["file_format"] == "PUFFIN" else "")
-            out["by_kind"][kind] = {"files": r["files"], "entries": r["entries"], "bytes": r["bytes"],
-                                    "records": r["records"]}
+            out["by_kind"][kind] = {
+                "files": r["files"],
+                "entries": r["entries"],
+                "bytes": r["bytes"],
+                "records": r["records"],
+            }
             out["data_files" if r["content"] == 0 else "delete_files"] += r["files"]
             out["bytes"] += r["bytes"]
-        out["snapshots"] = self.spark.sql(f"SELECT count(*) AS n FROM lake.{self.writer.qualified}.snapshots"
-                                          ).collect()[0]["n"]
+        out["snapshots"] = self.spark.sql(
+            f"SELECT count(*) AS n FROM lake.{self.writer.qualified}.snapshots"
+        ).collect()[0]["n"]
         return out
 
     def reads(self) -> dict[str, Any]:
@@ -253,9 +322,10 @@ class Run:
         ``"> N s"`` for a read cut off (its repeats are then skipped)."""
         t = f"lake.{self.writer.qualified}"
         key = next(i for i in range(self.model.next_id - 1, 0, -1) if self.model.current(i) is not None)
-        queries = {"point_lookup": f"SELECT id, version, qty FROM {t} WHERE id = {key}",
-                   "full_aggregate": f"SELECT count(*) AS n, sum(qty) AS q, sum(amount) AS a, max(updated_at) AS u "
-                                     f"FROM {t}"}
+        queries = {
+            "point_lookup": f"SELECT id, version, qty FROM {t} WHERE id = {key}",
+            "full_aggregate": f"SELECT count(*) AS n, sum(qty) AS q, sum(amount) AS a, max(updated_at) AS u FROM {t}",
+        }
         out: dict[str, Any] = {}
         for engine in ("spark", "duckdb"):
             for name, sql in queries.items():
@@ -266,8 +336,9 @@ class Run:
                         times = [f"> {self.args.read_timeout:.0f} s"]
                         break
                     times.append(seconds)
-                out[f"{engine}_{name}_s"] = (times[0] if isinstance(times[0], str)
-                                             else round(sorted(times)[len(times) // 2], 3))
+                out[f"{engine}_{name}_s"] = (
+                    times[0] if isinstance(times[0], str) else round(sorted(times)[len(times) // 2], 3)
+                )
                 say(f"  {self.system}: {engine} {name} {out[f'{engine}_{name}_s']}")
         return out
 
@@ -294,13 +365,20 @@ class Run:
     def duckdb_read(self, sql: str) -> float | None:
         import subprocess
 
-        code = ("import sys, time, yaml; from lakestream.config import parse_config; "
-                "from lakestream.query import run_sql; config = parse_config(yaml.safe_load(open(sys.argv[1])), "
-                "sys.argv[1]); started = time.perf_counter(); run_sql(config, sys.argv[2], engine='duckdb'); "
-                "print(time.perf_counter() - started)")
+        code = (
+            "import sys, time, yaml; from lakestream.config import parse_config; "
+            "from lakestream.query import run_sql; config = parse_config(yaml.safe_load(open(sys.argv[1])), "
+            "sys.argv[1]); started = time.perf_counter(); run_sql(config, sys.argv[2], engine='duckdb'); "
+            "print(time.perf_counter() - started)"
+        )
         try:
-            done = subprocess.run([sys.executable, "-c", code, str(self.reader_config), sql], capture_output=True,
-                                  text=True, timeout=self.args.read_timeout, check=True)
+            done = subprocess.run(
+                [sys.executable, "-c", code, str(self.reader_config), sql],
+                capture_output=True,
+                text=True,
+                timeout=self.args.read_timeout,
+                check=True,
+            )
         except (subprocess.TimeoutExpired, subprocess.CalledProcessError):
             return None
         return float(done.stdout.strip().splitlines()[-1])
@@ -308,16 +386,29 @@ class Run:
     def exactness(self) -> dict[str, Any]:
         """The table against the model, by Spark; ``exact`` None when the reads ran past ``--exact-timeout``."""
         t = f"lake.{self.writer.qualified}"
-        got = self.collect(f"SELECT count(*) AS count, coalesce(sum(version), 0) AS sum_version, "
-                           f"coalesce(sum(qty), 0) AS sum_qty FROM {t}", self.args.exact_timeout)
-        dups = self.collect(f"SELECT count(*) AS n FROM (SELECT id FROM {t} GROUP BY id HAVING count(*) > 1)",
-                            self.args.exact_timeout) if got is not None else None
+        got = self.collect(
+            f"SELECT count(*) AS count, coalesce(sum(version), 0) AS sum_version, "
+            f"coalesce(sum(qty), 0) AS sum_qty FROM {t}",
+            self.args.exact_timeout,
+        )
+        dups = (
+            self.collect(
+                f"SELECT count(*) AS n FROM (SELECT id FROM {t} GROUP BY id HAVING count(*) > 1)",
+                self.args.exact_timeout,
+            )
+            if got is not None
+            else None
+        )
         want = self.model.totals()
         if got is None or dups is None:
             return {"exact": None, "want": want, "note": f"the check ran past {self.args.exact_timeout:.0f} s"}
         got_row, dup_count = got[0].asDict(), int(dups[0]["n"])
-        return {"exact": dup_count == 0 and all(int(got_row[k]) == want[k] for k in want),
-                "got": {k: int(v) for k, v in got_row.items()}, "want": want, "duplicate_keys": dup_count}
+        return {
+            "exact": dup_count == 0 and all(int(got_row[k]) == want[k] for k in want),
+            "got": {k: int(v) for k, v in got_row.items()},
+            "want": want,
+            "duplicate_keys": dup_count,
+        }
 
     def run(self) -> dict[str, Any]:
         try:
@@ -347,26 +438,31 @@ def print_table(results: list[dict[str, Any]]) -> None:
             r = r.get(p) if isinstance(r, dict) else None
         return "-" if r is None else r
 
-    rows = [("max sustained changes/s", ("ramp", "max_sustained_rate")),
-            ("base: s / rows per CPU-s", None),
-            ("CPU-s per 1M changes", ("steady", "writer_cpu_s_per_million_changes")),
-            ("freshness p50 s", ("steady", "freshness_s", "p50")),
-            ("freshness p99 s", ("steady", "freshness_s", "p99")),
-            ("data files", ("table", "data_files")), ("delete files", ("table", "delete_files")),
-            ("MB", None),
-            ("Spark point lookup s", ("reads", "spark_point_lookup_s")),
-            ("Spark full aggregate s", ("reads", "spark_full_aggregate_s")),
-            ("DuckDB point lookup s", ("reads", "duckdb_point_lookup_s")),
-            ("DuckDB full aggregate s", ("reads", "duckdb_full_aggregate_s")),
-            ("exact after steady", ("exact_after_steady", "exact")),
-            ("ADD COLUMN", ("add_column", "outcome")),
-            ("exact after SIGKILL", ("kill", "exact", "exact"))]
+    rows = [
+        ("max sustained changes/s", ("ramp", "max_sustained_rate")),
+        ("base: s / rows per CPU-s", None),
+        ("CPU-s per 1M changes", ("steady", "writer_cpu_s_per_million_changes")),
+        ("freshness p50 s", ("steady", "freshness_s", "p50")),
+        ("freshness p99 s", ("steady", "freshness_s", "p99")),
+        ("data files", ("table", "data_files")),
+        ("delete files", ("table", "delete_files")),
+        ("MB", None),
+        ("Spark point lookup s", ("reads", "spark_point_lookup_s")),
+        ("Spark full aggregate s", ("reads", "spark_full_aggregate_s")),
+        ("DuckDB point lookup s", ("reads", "duckdb_point_lookup_s")),
+        ("DuckDB full aggregate s", ("reads", "duckdb_full_aggregate_s")),
+        ("exact after steady", ("exact_after_steady", "exact")),
+        ("ADD COLUMN", ("add_column", "outcome")),
+        ("exact after SIGKILL", ("kill", "exact", "exact")),
+    ]
     width = 26
     say("\n  " + "".ljust(width) + "".join(r["system"].rjust(24) for r in results))
     for label, path in rows:
         if label == "MB":
-            cells = [f"{get(r, 'table', 'bytes') / 1e6:.1f}" if isinstance(get(r, 'table', 'bytes'), int) else "-"
-                     for r in results]
+            cells = [
+                f"{get(r, 'table', 'bytes') / 1e6:.1f}" if isinstance(get(r, "table", "bytes"), int) else "-"
+                for r in results
+            ]
         elif path is None:
             cells = [f"{get(r, 'base', 'seconds')} / {get(r, 'base', 'rows_per_cpu_s')}" for r in results]
         else:
@@ -376,14 +472,18 @@ def print_table(results: list[dict[str, Any]]) -> None:
 
 def chart(results: list[dict[str, Any]], path: Path) -> None:
     """Bars per figure (each scaled to its largest value), one colour per system, as SVG."""
-    figures = [("max changes/s", ("ramp", "max_sustained_rate")),
-               ("CPU-s / 1M changes", ("steady", "writer_cpu_s_per_million_changes")),
-               ("freshness p99 s", ("steady", "freshness_s", "p99")),
-               ("Spark full agg s", ("reads", "spark_full_aggregate_s")),
-               ("DuckDB full agg s", ("reads", "duckdb_full_aggregate_s"))]
+    figures = [
+        ("max changes/s", ("ramp", "max_sustained_rate")),
+        ("CPU-s / 1M changes", ("steady", "writer_cpu_s_per_million_changes")),
+        ("freshness p99 s", ("steady", "freshness_s", "p99")),
+        ("Spark full agg s", ("reads", "spark_full_aggregate_s")),
+        ("DuckDB full agg s", ("reads", "duckdb_full_aggregate_s")),
+    ]
     colours = {"lakestream": "#1f77b4", "flink": "#d62728", "spark": "#2ca02c"}
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="760" height="{40 + 70 * len(figures)}" '
-             'font-family="sans-serif" font-size="12">']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="760" height="{40 + 70 * len(figures)}" '
+        'font-family="sans-serif" font-size="12">'
+    ]
     for i, (label, keys) in enumerate(figures):
         values = []
         for r in results:
@@ -396,9 +496,13 @@ def chart(results: list[dict[str, Any]], path: Path) -> None:
         parts.append(f'<text x="10" y="{y + 12}">{label}</text>')
         for j, (r, v) in enumerate(zip(results, values, strict=True)):
             w = 0 if v is None else 480 * v / top
-            parts.append(f'<rect x="160" y="{y + j * 18}" width="{w:.0f}" height="14" '
-                         f'fill="{colours.get(r["system"], "#888")}"/>')
-            parts.append(f'<text x="{165 + w:.0f}" y="{y + j * 18 + 11}">{r["system"]} {"-" if v is None else v}</text>')
+            parts.append(
+                f'<rect x="160" y="{y + j * 18}" width="{w:.0f}" height="14" '
+                f'fill="{colours.get(r["system"], "#888")}"/>'
+            )
+            parts.append(
+                f'<text x="{165 + w:.0f}" y="{y + j * 18 + 11}">{r["system"]} {"-" if v is None else v}</text>'
+            )
     parts.append("</svg>")
     path.write_text("\n".join(parts))
 
@@ -417,8 +521,12 @@ def main() -> int:
     parser.add_argument("--base-timeout", type=float, default=3600.0)
     parser.add_argument("--read-repeats", type=int, default=3)
     parser.add_argument("--read-timeout", type=float, default=900.0, help="a read is cut off after this many s")
-    parser.add_argument("--exact-timeout", type=float, default=1800.0,
-                        help="each query of the exactness check is cut off after this many s")
+    parser.add_argument(
+        "--exact-timeout",
+        type=float,
+        default=1800.0,
+        help="each query of the exactness check is cut off after this many s",
+    )
     parser.add_argument("--chart", type=Path, default=None, help="write an SVG chart here")
     parser.add_argument("--keep", action="store_true", help="keep the state dir (its path is printed)")
     args = parser.parse_args()
@@ -428,10 +536,13 @@ def main() -> int:
     args.ramp = [float(r) for r in args.ramp.split(",") if r.strip()]
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     quiet_logs()
-    summary: dict[str, Any] = {"bench": "peers", "params": {k: (str(v) if isinstance(v, Path) else v)
-                                                            for k, v in vars(args).items()},
-                               "versions": versions(), "load_start": machine_load(),
-                               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    summary: dict[str, Any] = {
+        "bench": "peers",
+        "params": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "versions": versions(),
+        "load_start": machine_load(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     say(f"machine: {summary['load_start']}; versions: {summary['versions']}")
     results = []
     with private_stack("bench-peers", keep=args.keep, discard_topics=True) as (info, state_dir):

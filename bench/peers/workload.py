@@ -11,6 +11,7 @@ records go to all three writers.
   (5%), from a seeded RNG and applied to the model as they are sent; `ChangeLoad.add_column` switches the events to
   the schema with one more column (``channel``), as an ``ALTER TABLE orders ADD COLUMN channel text`` at the source.
 """
+
 from __future__ import annotations
 
 import random
@@ -19,7 +20,6 @@ import time
 from typing import Any
 
 import orjson
-
 from _common import _VALUE_FIELDS, STATUSES, FastProducer, OrderRow  # noqa: F401 — OrderRow is the caller's too
 from sustained import DELETE_SHARE, INSERT_SHARE, MirrorModel
 
@@ -28,12 +28,25 @@ ADDED_COLUMN = "channel"
 CHANNELS = ("web", "app", "store")
 
 # bench/_common.py's order row, with the amount as a double (decimal.handling.mode=double: every peer reads it).
-_FIELDS = [{"type": "double", "optional": True, "field": "amount"} if f["field"] == "amount" else f
-           for f in _VALUE_FIELDS]
-_SOURCE = [{"type": t, "optional": o, "field": f} for t, o, f in (
-    ("string", False, "version"), ("string", False, "connector"), ("string", False, "name"), ("int64", False, "ts_ms"),
-    ("string", True, "snapshot"), ("string", False, "db"), ("string", True, "sequence"), ("string", False, "schema"),
-    ("string", False, "table"), ("int64", True, "txId"), ("int64", True, "lsn"))]
+_FIELDS = [
+    {"type": "double", "optional": True, "field": "amount"} if f["field"] == "amount" else f for f in _VALUE_FIELDS
+]
+_SOURCE = [
+    {"type": t, "optional": o, "field": f}
+    for t, o, f in (
+        ("string", False, "version"),
+        ("string", False, "connector"),
+        ("string", False, "name"),
+        ("int64", False, "ts_ms"),
+        ("string", True, "snapshot"),
+        ("string", False, "db"),
+        ("string", True, "sequence"),
+        ("string", False, "schema"),
+        ("string", False, "table"),
+        ("int64", True, "txId"),
+        ("int64", True, "lsn"),
+    )
+]
 
 
 class OrderEvents:
@@ -43,20 +56,37 @@ class OrderEvents:
         self.prefix = prefix
         self.topic = f"{prefix}.public.orders"
         self.heads = {added: self._value_head(added) for added in (False, True)}
-        key_schema = {"type": "struct", "optional": False, "name": f"{self.topic}.Key",
-                      "fields": [{"type": "int32", "optional": False, "field": "id"}]}
+        key_schema = {
+            "type": "struct",
+            "optional": False,
+            "name": f"{self.topic}.Key",
+            "fields": [{"type": "int32", "optional": False, "field": "id"}],
+        }
         self._key_head = b'{"schema":' + orjson.dumps(key_schema) + b',"payload":'
         self._lsn = 30_000_000
 
     def _value_head(self, added: bool) -> bytes:
         fields = _FIELDS + ([{"type": "string", "optional": True, "field": ADDED_COLUMN}] if added else [])
         row = {"type": "struct", "fields": fields, "optional": True, "name": f"{self.topic}.Value"}
-        envelope = {"type": "struct", "optional": False, "name": f"{self.topic}.Envelope", "version": 2, "fields": [
-            {**row, "field": "before"}, {**row, "field": "after"},
-            {"type": "struct", "fields": _SOURCE, "optional": False,
-             "name": "io.debezium.connector.postgresql.Source", "field": "source"},
-            {"type": "string", "optional": False, "field": "op"},
-            {"type": "int64", "optional": True, "field": "ts_ms"}]}
+        envelope = {
+            "type": "struct",
+            "optional": False,
+            "name": f"{self.topic}.Envelope",
+            "version": 2,
+            "fields": [
+                {**row, "field": "before"},
+                {**row, "field": "after"},
+                {
+                    "type": "struct",
+                    "fields": _SOURCE,
+                    "optional": False,
+                    "name": "io.debezium.connector.postgresql.Source",
+                    "field": "source",
+                },
+                {"type": "string", "optional": False, "field": "op"},
+                {"type": "int64", "optional": True, "field": "ts_ms"},
+            ],
+        }
         return b'{"schema":' + orjson.dumps(envelope) + b',"payload":'
 
     def key(self, row_id: int) -> bytes:
@@ -64,24 +94,46 @@ class OrderEvents:
 
     @staticmethod
     def row(r: OrderRow, ts_ms: int, added: bool) -> dict[str, Any]:
-        row = {"id": r.id, "customer_id": r.customer_id, "status": STATUSES[r.version % len(STATUSES)],
-               "amount": round(r.qty * 19.99 + r.version / 100, 2), "qty": r.qty, "price": r.qty * 19.99,
-               "express": r.id % 3 == 0, "version": r.version, "created_day": 19_800 + r.id % 365,
-               "created_at": (1_795_000_000_000 - r.id % 86_400_000) * 1000,
-               # The produce time: the freshness probe reads it back from the files each snapshot adds.
-               "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts_ms / 1000)) + f".{ts_ms % 1000:03d}000Z",
-               "note": f"order {r.id} v{r.version} " + "x" * (r.id % 40)}
+        row = {
+            "id": r.id,
+            "customer_id": r.customer_id,
+            "status": STATUSES[r.version % len(STATUSES)],
+            "amount": round(r.qty * 19.99 + r.version / 100, 2),
+            "qty": r.qty,
+            "price": r.qty * 19.99,
+            "express": r.id % 3 == 0,
+            "version": r.version,
+            "created_day": 19_800 + r.id % 365,
+            "created_at": (1_795_000_000_000 - r.id % 86_400_000) * 1000,
+            # The produce time: the freshness probe reads it back from the files each snapshot adds.
+            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts_ms / 1000)) + f".{ts_ms % 1000:03d}000Z",
+            "note": f"order {r.id} v{r.version} " + "x" * (r.id % 40),
+        }
         if added:
             row[ADDED_COLUMN] = CHANNELS[(r.id + r.version) % len(CHANNELS)]
         return row
 
     def value(self, op: str, before: dict | None, after: dict | None, ts_ms: int, added: bool) -> bytes:
         self._lsn += 232
-        payload = {"before": before, "after": after, "op": op, "ts_ms": ts_ms + 40,
-                   "source": {"version": "3.6.3.Final", "connector": "postgresql", "name": self.prefix,
-                              "ts_ms": ts_ms, "snapshot": "true" if op == "r" else "false", "db": "shop",
-                              "sequence": f'["{self._lsn - 40}","{self._lsn}"]', "schema": "public",
-                              "table": "orders", "txId": self._lsn // 232, "lsn": self._lsn}}
+        payload = {
+            "before": before,
+            "after": after,
+            "op": op,
+            "ts_ms": ts_ms + 40,
+            "source": {
+                "version": "3.6.3.Final",
+                "connector": "postgresql",
+                "name": self.prefix,
+                "ts_ms": ts_ms,
+                "snapshot": "true" if op == "r" else "false",
+                "db": "shop",
+                "sequence": f'["{self._lsn - 40}","{self._lsn}"]',
+                "schema": "public",
+                "table": "orders",
+                "txId": self._lsn // 232,
+                "lsn": self._lsn,
+            },
+        }
         return self.heads[added] + orjson.dumps(payload) + b"}"
 
 
@@ -112,8 +164,17 @@ class ChangeLoad(threading.Thread):
     system's whole sequence is one seeded stream), applied to ``model`` as they are sent; the ADD COLUMN after
     ``add_column_at`` s worth of them."""
 
-    def __init__(self, bootstrap: str, events: OrderEvents, model: MirrorModel, rng: random.Random, rate: float,
-                 duration: float, added_column: bool = False, add_column_at: float | None = None):
+    def __init__(
+        self,
+        bootstrap: str,
+        events: OrderEvents,
+        model: MirrorModel,
+        rng: random.Random,
+        rate: float,
+        duration: float,
+        added_column: bool = False,
+        add_column_at: float | None = None,
+    ):
         super().__init__(name="peers-load", daemon=True)
         self.events, self.model, self.rng, self.rate, self.duration = events, model, rng, rate, duration
         self.added_column, self.add_column_at = added_column, add_column_at

@@ -5,6 +5,7 @@ CPU is counted from /proc over all its processes, and a SIGKILL takes all of it 
 - ``flink``: bench/peers/flink_upsert.py under PyFlink in ``.venv-peers`` (`make bench-peers` creates it);
 - ``spark``: bench/peers/spark_merge.py under this venv's pyspark, with Spark's Kafka source by coordinates.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,15 @@ class Writer:
         with open(self.log_path, "ab") as out:
             out.write(f"\n===== {time.strftime('%H:%M:%S')} {note} =====\n".encode())
             out.flush()
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, cwd=self.cwd, env={**os.environ, **self.env})
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.cwd,
+                env={**os.environ, **self.env},
+            )
 
     @property
     def alive(self) -> bool:
@@ -84,12 +92,24 @@ class Writer:
 
 
 def lakestream_writer(info, work: Path, topic: str, table: str, driver_memory: str = "2g") -> Writer:
-    data = pipeline_data(info, work, f"peers-{table}", [
-        {"topics": [topic], "mode": "upsert", "namespace": NAMESPACE, "table": table}], driver_memory=driver_memory)
+    data = pipeline_data(
+        info,
+        work,
+        f"peers-{table}",
+        [{"topics": [topic], "mode": "upsert", "namespace": NAMESPACE, "table": table}],
+        driver_memory=driver_memory,
+    )
     data["engine"] = {}  # the defaults, as a user runs it (pipeline_data's bench settings commit continuously)
     config = write_pipeline_yaml(work / "pipeline.yaml", data)
-    return Writer("lakestream", topic, table, [sys.executable, "-m", "lakestream", "run", str(config)], {}, work,
-                  work / "writer.log")
+    return Writer(
+        "lakestream",
+        topic,
+        table,
+        [sys.executable, "-m", "lakestream", "run", str(config)],
+        {},
+        work,
+        work / "writer.log",
+    )
 
 
 def flink_writer(info, work: Path, topic: str, table: str) -> Writer:
@@ -97,13 +117,34 @@ def flink_writer(info, work: Path, topic: str, table: str) -> Writer:
     if not python.exists():
         raise SystemExit(f"{python} is missing: `make bench-peers` creates it (scripts/peers_venv.sh)")
     flink_jars = jars.jars("bench-flink")
-    argv = [str(python), str(HERE / "flink_upsert.py"), "--bootstrap", info.bootstrap_servers, "--topic", topic,
-            "--group-id", f"peer-flink-{table}", "--table", f"{NAMESPACE}.{table}",
-            "--catalog-uri", info.catalog_jdbc_uri(), "--catalog-user", info.pg_user, "--warehouse", info.warehouse,
-            "--checkpoints", str(work / "checkpoints"),
-            "--jars", ",".join(str(j) for j in flink_jars if j.name.startswith(("iceberg-", "flink-"))),
-            "--classpath", ",".join(str(j) for j in flink_jars if not j.name.startswith(("iceberg-", "flink-"))),
-            "--interval-s", str(COMMIT_INTERVAL_S), "--parallelism", "2"]
+    argv = [
+        str(python),
+        str(HERE / "flink_upsert.py"),
+        "--bootstrap",
+        info.bootstrap_servers,
+        "--topic",
+        topic,
+        "--group-id",
+        f"peer-flink-{table}",
+        "--table",
+        f"{NAMESPACE}.{table}",
+        "--catalog-uri",
+        info.catalog_jdbc_uri(),
+        "--catalog-user",
+        info.pg_user,
+        "--warehouse",
+        info.warehouse,
+        "--checkpoints",
+        str(work / "checkpoints"),
+        "--jars",
+        ",".join(str(j) for j in flink_jars if j.name.startswith(("iceberg-", "flink-"))),
+        "--classpath",
+        ",".join(str(j) for j in flink_jars if not j.name.startswith(("iceberg-", "flink-"))),
+        "--interval-s",
+        str(COMMIT_INTERVAL_S),
+        "--parallelism",
+        "2",
+    ]
     # PyFlink's own Python is not this checkout's: it must not import the main venv's packages.
     env = {"CATALOG_PASSWORD": info.pg_password, "PYTHONPATH": "", "JVM_ARGS": "-Xmx2g"}
     return Writer("flink", topic, table, argv, env, work, work / "writer.log")
@@ -111,11 +152,30 @@ def flink_writer(info, work: Path, topic: str, table: str) -> Writer:
 
 def spark_writer(info, work: Path, topic: str, table: str, driver_memory: str = "2g") -> Writer:
     spark_jars = [*jars.jars(jars.spark_group()), *jars.jars("bench-spark-kafka")]
-    argv = [sys.executable, str(HERE / "spark_merge.py"), "--bootstrap", info.bootstrap_servers, "--topic", topic,
-            "--table", f"{NAMESPACE}.{table}", "--catalog-uri", info.catalog_jdbc_uri(),
-            "--catalog-user", info.pg_user, "--warehouse", info.warehouse, "--checkpoint", str(work / "checkpoint"),
-            "--trigger-s", str(COMMIT_INTERVAL_S), "--jars", ",".join(map(str, spark_jars)),
-            "--driver-memory", driver_memory]
+    argv = [
+        sys.executable,
+        str(HERE / "spark_merge.py"),
+        "--bootstrap",
+        info.bootstrap_servers,
+        "--topic",
+        topic,
+        "--table",
+        f"{NAMESPACE}.{table}",
+        "--catalog-uri",
+        info.catalog_jdbc_uri(),
+        "--catalog-user",
+        info.pg_user,
+        "--warehouse",
+        info.warehouse,
+        "--checkpoint",
+        str(work / "checkpoint"),
+        "--trigger-s",
+        str(COMMIT_INTERVAL_S),
+        "--jars",
+        ",".join(map(str, spark_jars)),
+        "--driver-memory",
+        driver_memory,
+    ]
     return Writer("spark", topic, table, argv, {"CATALOG_PASSWORD": info.pg_password}, work, work / "writer.log")
 
 

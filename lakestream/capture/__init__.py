@@ -1,4 +1,5 @@
 """Capture: Debezium reads PostgreSQL's replication slot or MariaDB's binlog and publishes change events to Kafka."""
+
 from lakestream.capture.connector import connect_json, connector_properties, prepared_connect_json
 from lakestream.capture.process import CaptureProcess
 from lakestream.capture.publisher import KafkaPublishingHandler, producer_config

@@ -5,6 +5,7 @@ same connector as Kafka Connect REST JSON for users who run their own Connect cl
 same start check (`prepared_connect_json`). What differs between PostgreSQL and MariaDB lives in
 `lakestream.capture.databases`; converters, offsets and topic renames are shared here.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -40,10 +41,12 @@ def secret_placeholder(secrets_file: str, key: str) -> str:
 
 
 def password_note(secrets_file: str) -> str:
-    return (f"database.password is a placeholder: on every Connect worker, set config.providers=file and "
-            f"config.providers.file.class=org.apache.kafka.common.config.provider.FileConfigProvider, and put "
-            f"database.password=<the password> in {secrets_file} (readable by the worker only); or replace the "
-            f"value before posting.")
+    return (
+        f"database.password is a placeholder: on every Connect worker, set config.providers=file and "
+        f"config.providers.file.class=org.apache.kafka.common.config.provider.FileConfigProvider, and put "
+        f"database.password=<the password> in {secrets_file} (readable by the worker only); or replace the "
+        f"value before posting."
+    )
 
 
 def offsets_file(state_dir: Path, capture: CaptureSettings) -> Path:
@@ -61,27 +64,35 @@ def _debezium_settings(capture: CaptureSettings) -> dict[str, str]:
     return {**capture_database(capture).debezium_settings(capture), **_PERFORMANCE_DEFAULTS}
 
 
-def _converter_settings(capture: CaptureSettings, secrets: bool,
-                        secrets_file: str = DEFAULT_SECRETS_FILE) -> dict[str, str]:
+def _converter_settings(
+    capture: CaptureSettings, secrets: bool, secrets_file: str = DEFAULT_SECRETS_FILE
+) -> dict[str, str]:
     """key/value converter settings: JsonConverter, or Confluent's AvroConverter and its registry.
 
     Without ``secrets`` the registry's basic-auth user info is a config-provider placeholder into
     ``secrets_file``."""
     if capture.format == "json":
         schemas = "true" if capture.schemas_enabled else "false"
-        return {"key.converter": JSON_CONVERTER, "value.converter": JSON_CONVERTER,
-                "key.converter.schemas.enable": schemas, "value.converter.schemas.enable": schemas,
-                # JsonConverter writes a column's default in place of an explicit NULL unless told not
-                # to (KAFKA-8713): a row inserted with NULL would reach the mirror holding the default.
-                "key.converter.replace.null.with.default": "false",
-                "value.converter.replace.null.with.default": "false"}
+        return {
+            "key.converter": JSON_CONVERTER,
+            "value.converter": JSON_CONVERTER,
+            "key.converter.schemas.enable": schemas,
+            "value.converter.schemas.enable": schemas,
+            # JsonConverter writes a column's default in place of an explicit NULL unless told not
+            # to (KAFKA-8713): a row inserted with NULL would reach the mirror holding the default.
+            "key.converter.replace.null.with.default": "false",
+            "value.converter.replace.null.with.default": "false",
+        }
     registry = capture.schema_registry
     assert registry is not None  # the config model fills it in for format avro
     settings = {"schema.registry.url": registry.url}
     if registry.basic_auth_user_info_env:
         settings["basic.auth.credentials.source"] = "USER_INFO"
-        settings["basic.auth.user.info"] = (registry.client_config("capture.schema_registry")["basic.auth.user.info"]
-                                            if secrets else secret_placeholder(secrets_file, "schema.registry.user.info"))
+        settings["basic.auth.user.info"] = (
+            registry.client_config("capture.schema_registry")["basic.auth.user.info"]
+            if secrets
+            else secret_placeholder(secrets_file, "schema.registry.user.info")
+        )
     if registry.ssl_ca_location:
         # The Java client reads a PEM trust store directly (not exercised by the tests here).
         settings["schema.registry.ssl.truststore.location"] = registry.ssl_ca_location
@@ -101,11 +112,17 @@ def connector_properties(capture: CaptureSettings, state_dir: Path) -> dict[str,
         "name": _connector_name(capture),
         **_debezium_settings(capture),
         # The engine's output format already implies JsonConverter; only Avro names its converter.
-        **{k: v for k, v in _converter_settings(capture, secrets=True).items()
-           if capture.format == "avro" or not k.endswith(".converter")},
+        **{
+            k: v
+            for k, v in _converter_settings(capture, secrets=True).items()
+            if capture.format == "avro" or not k.endswith(".converter")
+        },
         # With schemas: the same bytes, each table's schema rendered once (CaptureBatchConsumer's jar).
-        **({f"{side}.converter.class": SCHEMA_CACHING_JSON_CONVERTER for side in ("key", "value")}
-           if capture.format == "json" and capture.schemas_enabled else {}),
+        **(
+            {f"{side}.converter.class": SCHEMA_CACHING_JSON_CONVERTER for side in ("key", "value")}
+            if capture.format == "json" and capture.schemas_enabled
+            else {}
+        ),
         # What only the embedded engine adds (PostgreSQL: the publication lakestream checked; MariaDB: the schema
         # history file).
         **capture_database(capture).embedded_settings(capture, state_dir),
@@ -134,14 +151,23 @@ def _topic_renames(capture: CaptureSettings, user_transforms: str | None) -> dic
         names.append(name)
         # Topics hold only letters, digits, '.', '_' and '-': nothing to escape inside \Q...\E or in the
         # replacement.
-        out.update({f"transforms.{name}.type": "org.apache.kafka.connect.transforms.RegexRouter",
-                    f"transforms.{name}.regex": f"\\Q{debezium_topic}\\E", f"transforms.{name}.replacement": topic})
+        out.update(
+            {
+                f"transforms.{name}.type": "org.apache.kafka.connect.transforms.RegexRouter",
+                f"transforms.{name}.regex": f"\\Q{debezium_topic}\\E",
+                f"transforms.{name}.replacement": topic,
+            }
+        )
     out["transforms"] = ",".join(names + ([user_transforms] if user_transforms else []))
     return out
 
 
-def connect_json(capture: CaptureSettings, publication_checked: bool = False,
-                 secrets_file: str = DEFAULT_SECRETS_FILE, kafka: KafkaSettings | None = None) -> dict[str, Any]:
+def connect_json(
+    capture: CaptureSettings,
+    publication_checked: bool = False,
+    secrets_file: str = DEFAULT_SECRETS_FILE,
+    kafka: KafkaSettings | None = None,
+) -> dict[str, Any]:
     """The same connector as Kafka Connect REST JSON (``POST /connectors``), password not included.
 
     The password is a ``${file:<secrets_file>:database.password}`` config-provider placeholder: put the real
@@ -169,8 +195,9 @@ def connect_json(capture: CaptureSettings, publication_checked: bool = False,
     return {"name": _connector_name(capture), "config": config}
 
 
-def prepared_connect_json(capture: CaptureSettings, secrets_file: str = DEFAULT_SECRETS_FILE,
-                          kafka: KafkaSettings | None = None) -> dict[str, Any]:
+def prepared_connect_json(
+    capture: CaptureSettings, secrets_file: str = DEFAULT_SECRETS_FILE, kafka: KafkaSettings | None = None
+) -> dict[str, Any]:
     """`connect_json` after what `lakestream capture` does before Debezium starts: its kind's start check
     (`CaptureDatabase.prepare`; for PostgreSQL the publication made to cover every table when lakestream manages
     it, and the check that every table will publish its changes, `lakestream.capture.publication`); CaptureError
@@ -185,9 +212,11 @@ def prepared_connect_json(capture: CaptureSettings, secrets_file: str = DEFAULT_
     try:
         capture_database(capture).prepare(capture)
     except psycopg2.OperationalError as exc:
-        raise CaptureError(f"cannot reach the source database to check the publication: {str(exc).strip()[:300]} — "
-                           "fix: make capture.database reachable from here, or pass --skip-publication-check (then "
-                           "check the publication yourself; see docs/design/capture.md)") from None
+        raise CaptureError(
+            f"cannot reach the source database to check the publication: {str(exc).strip()[:300]} — "
+            "fix: make capture.database reachable from here, or pass --skip-publication-check (then "
+            "check the publication yourself; see docs/design/capture.md)"
+        ) from None
     return connect_json(capture, publication_checked=True, secrets_file=secrets_file, kafka=kafka)
 
 

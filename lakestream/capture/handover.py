@@ -7,6 +7,7 @@ first start, the embedded engine's offset store is seeded with the handover LSN 
 position, the form Debezium itself stores once its own snapshot is done, and the connector runs
 with ``snapshot.mode=no_data``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -71,16 +72,21 @@ def handover_properties(config: PipelineConfig, properties: dict[str, str]) -> t
 
     capture = config.capture
     if capture is None:
-        raise CaptureError("the pipeline config has no `capture:` section — fix: add capture.database and "
-                           "capture.tables")
+        raise CaptureError(
+            "the pipeline config has no `capture:` section — fix: add capture.database and capture.tables"
+        )
     handover = read_handover(config.state_dir, capture)
     if handover is None:
-        raise CaptureError(f"capture.snapshot is parallel but no snapshot finished for slot {capture.slot_name} — fix: "
-                           "run `lakestream snapshot <pipeline.yaml>` first")
+        raise CaptureError(
+            f"capture.snapshot is parallel but no snapshot finished for slot {capture.slot_name} — fix: "
+            "run `lakestream snapshot <pipeline.yaml>` first"
+        )
     missing = sorted(set(capture.tables) - set(handover["tables"]))
     if missing:
-        raise CaptureError(f"the parallel snapshot did not load {missing} — fix: run `lakestream snapshot "
-                           f"<pipeline.yaml> {' '.join(missing)}` before capturing them")
+        raise CaptureError(
+            f"the parallel snapshot did not load {missing} — fix: run `lakestream snapshot "
+            f"<pipeline.yaml> {' '.join(missing)}` before capturing them"
+        )
     props = dict(properties)
     props["snapshot.mode"] = "no_data"
     store = offsets_file(Path(config.state_dir), capture)
@@ -93,8 +99,9 @@ def handover_properties(config: PipelineConfig, properties: dict[str, str]) -> t
                 # the first start stopped before Debezium recorded the schemas: record them now
                 props["snapshot.mode"] = "recovery"
         return props, None
-    log.info("capture: streaming from the snapshot's handover point %s (slot %s)", handover["lsn_text"],
-             capture.slot_name)
+    log.info(
+        "capture: streaming from the snapshot's handover point %s (slot %s)", handover["lsn_text"], capture.slot_name
+    )
     if capture.database.kind == "mariadb":
         from lakestream.snapshot.mariadb import check_unchanged_since_handover
 

@@ -1,4 +1,5 @@
 """Starts and stops ``lakestream capture`` as a child process (one JVM per process; see runner)."""
+
 from __future__ import annotations
 
 import os

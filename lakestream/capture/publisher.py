@@ -3,6 +3,7 @@
 The embedded engine marks a batch's offsets processed only after ``publish`` returns, and this handler
 returns only after Kafka acknowledged every event in it — so capture is at-least-once.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,13 +22,33 @@ log = logging.getLogger(__name__)
 
 # librdkafka settings that only consumers understand; passing them to a producer only earns warnings.
 _CONSUMER_ONLY_KEYS = {
-    "group.id", "group.instance.id", "group.protocol", "group.remote.assignor", "session.timeout.ms",
-    "heartbeat.interval.ms", "max.poll.interval.ms", "auto.offset.reset", "enable.auto.commit",
-    "auto.commit.interval.ms", "enable.auto.offset.store", "enable.partition.eof", "isolation.level",
-    "partition.assignment.strategy", "fetch.min.bytes", "fetch.max.bytes", "fetch.wait.max.ms",
-    "fetch.error.backoff.ms", "fetch.message.max.bytes", "max.partition.fetch.bytes", "check.crcs",
-    "queued.min.messages", "queued.max.messages.kbytes", "coordinator.query.interval.ms",
-    "consume.callback.max.messages", "allow.auto.create.topics", "client.rack",
+    "group.id",
+    "group.instance.id",
+    "group.protocol",
+    "group.remote.assignor",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "max.poll.interval.ms",
+    "auto.offset.reset",
+    "enable.auto.commit",
+    "auto.commit.interval.ms",
+    "enable.auto.offset.store",
+    "enable.partition.eof",
+    "isolation.level",
+    "partition.assignment.strategy",
+    "fetch.min.bytes",
+    "fetch.max.bytes",
+    "fetch.wait.max.ms",
+    "fetch.error.backoff.ms",
+    "fetch.message.max.bytes",
+    "max.partition.fetch.bytes",
+    "check.crcs",
+    "queued.min.messages",
+    "queued.max.messages.kbytes",
+    "coordinator.query.interval.ms",
+    "consume.callback.max.messages",
+    "allow.auto.create.topics",
+    "client.rack",
 }
 
 # Settings tuned for capture (STACK.md): small linger batches events without adding visible latency.
@@ -61,7 +82,7 @@ def unpack_batch(packed: bytes | memoryview) -> list[tuple[str, bytes | None, by
     pos, topics = 4, []
     for _ in range(n_topics):
         (length,) = unpack_int(view, pos)
-        topics.append(bytes(view[pos + 4:pos + 4 + length]).decode())
+        topics.append(bytes(view[pos + 4 : pos + 4 + length]).decode())
         pos += 4 + length
     records: list[tuple[str, bytes | None, bytes | None]] = []
     end = len(view)
@@ -70,13 +91,13 @@ def unpack_batch(packed: bytes | memoryview) -> list[tuple[str, bytes | None, by
         pos += 8
         key = None
         if key_length >= 0:
-            key = bytes(view[pos:pos + key_length])
+            key = bytes(view[pos : pos + key_length])
             pos += key_length
         (value_length,) = unpack_int(view, pos)
         pos += 4
         value = None
         if value_length >= 0:
-            value = bytes(view[pos:pos + value_length])
+            value = bytes(view[pos : pos + value_length])
             pos += value_length
         records.append((topics[topic_index], key, value))
     if pos != end:
@@ -94,8 +115,9 @@ class KafkaPublishingHandler:
     an event Kafka did not take.
     """
 
-    def __init__(self, producer: Producer, flush_timeout_s: float = FLUSH_TIMEOUT_S,
-                 topic_renames: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, producer: Producer, flush_timeout_s: float = FLUSH_TIMEOUT_S, topic_renames: dict[str, str] | None = None
+    ) -> None:
         self._producer = producer
         # Debezium's topic → lakestream's, for tables whose names hold a dot (`SourceTableName.topic`).
         self._renames = dict(topic_renames or {})

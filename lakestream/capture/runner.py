@@ -3,6 +3,7 @@
 JPype can start one JVM per process and never restart it, so ``run_capture`` is meant to own its
 process: the CLI (``lakestream capture``) runs it, and ``CaptureProcess`` starts that CLI.
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,10 +20,10 @@ from lakestream.capture.connector import connector_properties
 from lakestream.capture.databases import capture_database
 from lakestream.capture.handover import handover_properties, seed_offsets
 from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
-from lakestream.kafka_access import check_access, refusals_raised
 from lakestream.config import PipelineConfig
-from lakestream.jvm_jars import capture_jar, confluent_avro_jars, debezium_jars
 from lakestream.errors import CaptureError, ConfigError
+from lakestream.jvm_jars import capture_jar, confluent_avro_jars, debezium_jars
+from lakestream.kafka_access import check_access, refusals_raised
 from lakestream.signals import install_stop_signals
 
 log = logging.getLogger(__name__)
@@ -102,9 +103,14 @@ def _start_jvm(capture_dir: Path, avro: bool = False, jar_group: str = "debezium
     classpath = [str(j) for j in debezium_jars(jar_group)] + [str(capture_jar(jar_group))]
     if avro:
         classpath += [str(j) for j in confluent_avro_jars()]
-    opts = ["-Xms256m", "-Xmx2g", "-XX:+UseG1GC", *JVM_OPTS_BASE,
-            f"-Dlog4j2.configurationFile={_write_log_config(capture_dir).resolve()}",
-            *os.environ.get("LAKESTREAM_CAPTURE_JVM_OPTS", "").split()]
+    opts = [
+        "-Xms256m",
+        "-Xmx2g",
+        "-XX:+UseG1GC",
+        *JVM_OPTS_BASE,
+        f"-Dlog4j2.configurationFile={_write_log_config(capture_dir).resolve()}",
+        *os.environ.get("LAKESTREAM_CAPTURE_JVM_OPTS", "").split(),
+    ]
     jpype.startJVM(jpype.getDefaultJVMPath(), *opts, classpath=classpath)
 
 
@@ -122,14 +128,16 @@ class EmbeddedEngine:
         self._properties = properties
         # JsonByteArray: the converter's UTF-8 bytes as they are (Json would make a String of them, which
         # CaptureBatchConsumer.pack then encodes back: two copies of every event, and garbage to collect).
-        self._format = jpype.JClass("io.debezium.engine.format.Avro" if avro
-                                    else "io.debezium.engine.format.JsonByteArray")
+        self._format = jpype.JClass(
+            "io.debezium.engine.format.Avro" if avro else "io.debezium.engine.format.JsonByteArray"
+        )
         self._engine = None
         # Why the engine stopped, as Debezium reports it to its completion callback (the Java Throwable).
         self.failure: Any = None
         self.failure_message: str | None = None
-        self._completion = jpype.JProxy("io.debezium.engine.DebeziumEngine$CompletionCallback",
-                                        dict={"handle": self._completed})
+        self._completion = jpype.JProxy(
+            "io.debezium.engine.DebeziumEngine$CompletionCallback", dict={"handle": self._completed}
+        )
 
     def _completed(self, success: bool, message: str, error: Any) -> None:
         if not success:
@@ -142,8 +150,14 @@ class EmbeddedEngine:
         java_properties = jpype.JClass("java.util.Properties")()
         for key, value in self._properties.items():
             java_properties.setProperty(str(key), str(value))
-        self._engine = (jpype.JClass("io.debezium.engine.DebeziumEngine").create(self._format)
-                        .using(java_properties).using(self._completion).notifying(self._consumer).build())
+        self._engine = (
+            jpype.JClass("io.debezium.engine.DebeziumEngine")
+            .create(self._format)
+            .using(java_properties)
+            .using(self._completion)
+            .notifying(self._consumer)
+            .build()
+        )
         self._engine.run()
 
     def close(self) -> None:
@@ -188,11 +202,13 @@ def describe_engine_stop(engine: EmbeddedEngine, capture, thread_error: BaseExce
             # the first URL, without any user info a URL could carry
             parts = urlsplit(capture.schema_registry.url.split(",")[0].strip())
             url = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
-        return (f"the Schema Registry ({url}) refused a table's new schema: {refusal}. Debezium stopped before "
-                "publishing any change of that shape (nothing was lost: the slot keeps it) — fix: change the table "
-                "the way the subject's compatibility level allows (for example add a nullable column instead of "
-                "changing a column's type), or, if every consumer can read the new shape, lower that subject's "
-                f"level (PUT {url}/config/<subject>), then start capture again")
+        return (
+            f"the Schema Registry ({url}) refused a table's new schema: {refusal}. Debezium stopped before "
+            "publishing any change of that shape (nothing was lost: the slot keeps it) — fix: change the table "
+            "the way the subject's compatibility level allows (for example add a nullable column instead of "
+            "changing a column's type), or, if every consumer can read the new shape, lower that subject's "
+            f"level (PUT {url}/config/<subject>), then start capture again"
+        )
     if engine.failure is not None:
         return f"Debezium stopped on its own: {engine.failure_message or ''} {engine.failure}".strip()
     return f"Debezium stopped on its own: {thread_error or 'see its log above'}"
@@ -212,7 +228,9 @@ def run_capture(
     from confluent_kafka import Producer
 
     if config.capture is None:
-        raise ConfigError("the pipeline config has no `capture:` section — fix: add capture.database and capture.tables")
+        raise ConfigError(
+            "the pipeline config has no `capture:` section — fix: add capture.database and capture.tables"
+        )
     capture = config.capture
     capture_dir = Path(config.state_dir) / "capture"
     capture_dir.mkdir(parents=True, exist_ok=True)
@@ -223,8 +241,10 @@ def run_capture(
     resuming = Path(properties["offset.storage.file.filename"]).exists()
     keyless = database.prepare(capture, resuming)  # the start check: stops capture before Debezium starts
     if keyless:
-        log.info("capture: %s have no primary key: their events have no key, their mirrors are row multisets",
-                 ", ".join(keyless))
+        log.info(
+            "capture: %s have no primary key: their events have no key, their mirrors are row multisets",
+            ", ".join(keyless),
+        )
     seed_offset = None
     if capture.snapshot == "parallel":
         properties, seed_offset = handover_properties(config, properties)
@@ -249,8 +269,12 @@ def run_capture(
     restore = install_stop_signals(stop_event, "capture")
     log.info(
         "capture: %s tables %s → topics %s.<schema>.<table> on %s (%s, snapshot.mode %s)",
-        database.kind, ",".join(capture.tables), capture.topic_prefix, config.kafka.bootstrap_servers,
-        database.stream_name(capture), capture.snapshot_mode,
+        database.kind,
+        ",".join(capture.tables),
+        capture.topic_prefix,
+        config.kafka.bootstrap_servers,
+        database.stream_name(capture),
+        capture.snapshot_mode,
     )
     thread = threading.Thread(target=run_engine, name="debezium-engine", daemon=True)
     started = last_time = time.monotonic()
@@ -269,12 +293,18 @@ def run_capture(
             if not streaming and _streaming_connected(capture.topic_prefix, database.metrics_domain):
                 streaming = True
                 total, _ = handler.snapshot_counts()
-                log.info("%s snapshot done (%d events so far), reading %s", STREAMING_MARKER, total,
-                         database.stream_name(capture))
+                log.info(
+                    "%s snapshot done (%d events so far), reading %s",
+                    STREAMING_MARKER,
+                    total,
+                    database.stream_name(capture),
+                )
             now = time.monotonic()
             if now - last_time >= progress_interval_s:
                 total, counts = handler.snapshot_counts()
-                progress = CaptureProgress(total, (total - last_total) / (now - last_time), counts, streaming, now - started)
+                progress = CaptureProgress(
+                    total, (total - last_total) / (now - last_time), counts, streaming, now - started
+                )
                 log.info(_format_progress(progress))
                 if on_progress is not None:
                     on_progress(progress)

@@ -3,6 +3,7 @@
 Each sub-command lives in its own module here exposing ``register(subparsers)``; the module
 adds its parser and sets ``func`` to a callable taking the parsed args and returning an exit code.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,21 @@ import sys
 from lakestream.errors import LakestreamError
 
 # Modules are imported lazily so that a missing optional piece never breaks the other commands.
-_COMMAND_MODULES = ["stack", "capture", "snapshot", "run", "sql", "query", "verify", "maintain", "health", "demo",
-                    "upgrade", "deadletters", "dashboard"]
+_COMMAND_MODULES = [
+    "stack",
+    "capture",
+    "snapshot",
+    "run",
+    "sql",
+    "query",
+    "verify",
+    "maintain",
+    "health",
+    "demo",
+    "upgrade",
+    "deadletters",
+    "dashboard",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,5 @@
 """`python -m lakestream` = the `lakestream` command."""
+
 import sys
 
 from lakestream.cli import main

@@ -1,5 +1,6 @@
 """`lakestream dead-letters list|summary|replay PIPELINE_YAML`: work the dead-letter table (a thin
 shell over `lakestream.sink.deadletters.replay`)."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,15 +26,24 @@ its key: replay before newer changes of the same key, or select with care.
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("dead-letters", help="list, summarise and replay dead letters",
-                                   epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "dead-letters",
+        help="list, summarise and replay dead letters",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("action", choices=["list", "summary", "replay"])
     parser.add_argument("config", help="pipeline YAML file")
     parser.add_argument("--table", help="only dead letters meant for this table (namespace.table)")
     parser.add_argument("--reason", help="only dead letters whose reason contains this text (case-insensitive)")
     parser.add_argument("--topic", help="only dead letters read from this topic")
-    parser.add_argument("--offset", action="append", default=[], metavar="TOPIC:PARTITION:OFFSET",
-                        help="only this dead letter (repeatable)")
+    parser.add_argument(
+        "--offset",
+        action="append",
+        default=[],
+        metavar="TOPIC:PARTITION:OFFSET",
+        help="only this dead letter (repeatable)",
+    )
     parser.add_argument("--include-replayed", action="store_true", help="list/summary: also those already replayed")
     parser.add_argument("--limit", type=int, default=100, help="list: at most N rows, 0 for all (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="print JSON on stdout (logs stay on stderr)")
@@ -49,7 +59,9 @@ def _coordinates(values: list[str]) -> list[tuple[str, int, int]]:
         try:
             out.append((topic, int(partition), int(rest)))
         except ValueError:
-            raise ConfigError(f"--offset {value!r}: write it as TOPIC:PARTITION:OFFSET, e.g. shop.public.orders:0:42") from None
+            raise ConfigError(
+                f"--offset {value!r}: write it as TOPIC:PARTITION:OFFSET, e.g. shop.public.orders:0:42"
+            ) from None
         if not topic:
             raise ConfigError(f"--offset {value!r}: write it as TOPIC:PARTITION:OFFSET, e.g. shop.public.orders:0:42")
     return out
@@ -76,8 +88,13 @@ def _dead_letters(args: argparse.Namespace) -> int:
             rows = summarize_dead_letters(spark, config, flt)
         else:
             result = replay_dead_letters(spark, config, flt, dry_run=args.dry_run)
-            rows = {"selected": result.selected, "produced": result.produced, "already_sent": result.already_sent,
-                    "skipped": result.skipped, "dry_run": args.dry_run}
+            rows = {
+                "selected": result.selected,
+                "produced": result.produced,
+                "already_sent": result.already_sent,
+                "skipped": result.skipped,
+                "dry_run": args.dry_run,
+            }
     finally:
         spark.stop()
     if args.json:
@@ -89,16 +106,19 @@ def _dead_letters(args: argparse.Namespace) -> int:
         if args.dry_run:
             print(f"{rows['selected']} dead letter(s) selected; would re-send {rows['selected'] - rows['skipped']}")
         else:
-            print(f"{rows['selected']} dead letter(s) selected; re-sent {rows['produced']}, "
-                  f"{rows['already_sent']} found already sent by an earlier replay, {rows['skipped']} without a value")
+            print(
+                f"{rows['selected']} dead letter(s) selected; re-sent {rows['produced']}, "
+                f"{rows['already_sent']} found already sent by an earlier replay, {rows['skipped']} without a value"
+            )
     elif not rows:
         print("no dead letters match")
     else:
         columns = list(rows[0])
         if args.action == "summary":
             columns = ["table", "reason", "count", "replayed", "first_failed", "last_failed"]
-        print_table(columns, [tuple(r[c] for c in columns) for r in rows],
-                    title=f"dead letters of pipeline {config.name}")
+        print_table(
+            columns, [tuple(r[c] for c in columns) for r in rows], title=f"dead letters of pipeline {config.name}"
+        )
     out.flush()
     return 0
 

@@ -1,5 +1,6 @@
 """`lakestream health PIPELINE_YAML [--json] [--check] [--serve-metrics PORT]`: a thin shell over
 `lakestream.health`."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,14 +12,27 @@ from lakestream.errors import ConfigError
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("health", help="table health: files, snapshots, metadata size, freshness, Kafka lag, alerts")
+    parser = subparsers.add_parser(
+        "health", help="table health: files, snapshots, metadata size, freshness, Kafka lag, alerts"
+    )
     parser.add_argument("pipeline", help="pipeline YAML file")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--check", action="store_true", help="exit 1 when any threshold is crossed")
     parser.add_argument("--table", action="append", metavar="NS.T", help="only this table (repeatable)")
-    parser.add_argument("--serve-metrics", type=int, nargs="?", const=-1, metavar="PORT",
-                        help="serve Prometheus /metrics on PORT (default: health.metrics_port) and re-measure every --interval seconds")
-    parser.add_argument("--interval", type=float, default=60.0, help="seconds between rounds with --serve-metrics (default: %(default)s)")
+    parser.add_argument(
+        "--serve-metrics",
+        type=int,
+        nargs="?",
+        const=-1,
+        metavar="PORT",
+        help="serve Prometheus /metrics on PORT (default: health.metrics_port) and re-measure every --interval seconds",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=60.0,
+        help="seconds between rounds with --serve-metrics (default: %(default)s)",
+    )
     parser.add_argument("--no-lag", action="store_true", help="do not ask the Kafka broker for watermarks")
     parser.set_defaults(func=func)
 

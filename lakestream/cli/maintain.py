@@ -1,5 +1,6 @@
 """`lakestream maintain PIPELINE_YAML [--watch] [--dry-run] [--table NS.T]`: a thin shell over
 `lakestream.maintenance`."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,11 +10,19 @@ from lakestream.config import load_config
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("maintain", help="compact cold partitions, rewrite deletes/manifests, expire snapshots, remove orphans")
+    parser = subparsers.add_parser(
+        "maintain", help="compact cold partitions, rewrite deletes/manifests, expire snapshots, remove orphans"
+    )
     parser.add_argument("pipeline", help="pipeline YAML file")
-    parser.add_argument("--watch", action="store_true", help="run a round every maintenance.interval_s until interrupted")
-    parser.add_argument("--dry-run", action="store_true", help="plan only: change nothing (orphan candidates are still listed)")
-    parser.add_argument("--table", action="append", metavar="NS.T", help="only this table (repeatable); default: every table")
+    parser.add_argument(
+        "--watch", action="store_true", help="run a round every maintenance.interval_s until interrupted"
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="plan only: change nothing (orphan candidates are still listed)"
+    )
+    parser.add_argument(
+        "--table", action="append", metavar="NS.T", help="only this table (repeatable); default: every table"
+    )
     parser.add_argument("--json", action="store_true", help="print results as JSON lines")
     parser.set_defaults(func=func)
 

@@ -1,5 +1,6 @@
 """`lakestream query PIPELINE_YAML NS.TABLE [--engine spark|duckdb|pyiceberg]`: read one table, a thin shell over
 `lakestream.query`."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,19 +18,30 @@ EPILOG = """examples:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "query", help="read one lake table with Spark, DuckDB or pyiceberg (the last two start no JVM)",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "query",
+        help="read one lake table with Spark, DuckDB or pyiceberg (the last two start no JVM)",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("config", help="pipeline YAML file")
     parser.add_argument("table", help="namespace.table (or catalog.namespace.table)")
-    parser.add_argument("--engine", choices=["spark", "duckdb", "pyiceberg"], default="pyiceberg",
-                        help="who reads the table (default: %(default)s)")
+    parser.add_argument(
+        "--engine",
+        choices=["spark", "duckdb", "pyiceberg"],
+        default="pyiceberg",
+        help="who reads the table (default: %(default)s)",
+    )
     parser.add_argument("--columns", help="comma-separated columns (default: all)")
-    parser.add_argument("--where", help="row filter in the engine's expression syntax, e.g. \"id > 3 AND region = 'eu'\"")
+    parser.add_argument(
+        "--where", help="row filter in the engine's expression syntax, e.g. \"id > 3 AND region = 'eu'\""
+    )
     parser.add_argument("--snapshot", type=int, metavar="ID", help="read this snapshot (time travel)")
-    parser.add_argument("--fresh", action="store_true",
-                        help="add the changes in Kafka not yet committed to the table (applied by key as the "
-                             "pipeline will apply them); --where is then DuckDB SQL over the merged rows")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="add the changes in Kafka not yet committed to the table (applied by key as the "
+        "pipeline will apply them); --where is then DuckDB SQL over the merged rows",
+    )
     add_output_arguments(parser)
     parser.set_defaults(func=_query)
 
@@ -40,7 +52,15 @@ def _query(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     columns = [c.strip() for c in args.columns.split(",")] if args.columns else None
     limit = args.limit + 1 if args.limit > 0 else None  # one more row tells the printer the output was cut
-    table = read_table(config, args.table, args.engine, columns=columns, where=args.where,
-                       snapshot_id=args.snapshot, limit=limit, fresh=args.fresh)
+    table = read_table(
+        config,
+        args.table,
+        args.engine,
+        columns=columns,
+        where=args.where,
+        snapshot_id=args.snapshot,
+        limit=limit,
+        fresh=args.fresh,
+    )
     print_arrow(table, args.format, args.limit)
     return 0

@@ -1,4 +1,5 @@
 """`lakestream run PIPELINE_YAML`: the streaming job."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,8 +17,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("config", help="pipeline YAML file")
     parser.add_argument("--max-batches", type=int, default=None, help="stop after N non-empty batches")
     parser.add_argument("--until-idle", action="store_true", help="stop when a batch finds nothing new")
-    parser.add_argument("--metrics-port", type=_port, metavar="PORT",
-                        help="serve the engine's Prometheus /metrics on PORT (default: engine.metrics_port; off)")
+    parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="serve the engine's Prometheus /metrics on PORT (default: engine.metrics_port; off)",
+    )
     parser.set_defaults(func=_run)
 
 

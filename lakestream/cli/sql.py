@@ -1,4 +1,5 @@
 """`lakestream sql PIPELINE_YAML "<query>" [--engine spark|duckdb]`: SQL against the pipeline's Iceberg catalog."""
+
 from __future__ import annotations
 
 import argparse
@@ -32,17 +33,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("config", help="pipeline YAML file (its catalog is registered under catalog.name, e.g. `lake`)")
     parser.add_argument("query", help="the SQL statement, or - to read it from stdin")
-    parser.add_argument("--engine", choices=["spark", "duckdb"], default="spark",
-                        help="spark (Spark SQL) or duckdb (DuckDB SQL over iceberg_scan of each lake.ns.table named; no JVM) "
-                             "(default: %(default)s)")
+    parser.add_argument(
+        "--engine",
+        choices=["spark", "duckdb"],
+        default="spark",
+        help="spark (Spark SQL) or duckdb (DuckDB SQL over iceberg_scan of each lake.ns.table named; no JVM) "
+        "(default: %(default)s)",
+    )
     add_output_arguments(parser)
     parser.set_defaults(func=_sql)
 
 
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     """--format and --limit, shared by `sql` and `query`."""
-    parser.add_argument("--format", choices=["table", "json", "csv"], default="table", help="output format (default: %(default)s)")
-    parser.add_argument("--limit", type=int, default=1000, help="print at most N rows, 0 for all (default: %(default)s)")
+    parser.add_argument(
+        "--format", choices=["table", "json", "csv"], default="table", help="output format (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--limit", type=int, default=1000, help="print at most N rows, 0 for all (default: %(default)s)"
+    )
 
 
 def _sql(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
 """`lakestream stack up|down|status`: the local PostgreSQL + Apache Kafka (and MariaDB with ``--source mariadb``), as
 a thin shell over `lakestream.stack`."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,39 +13,102 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("stack", help="start, stop or inspect the local PostgreSQL + Apache Kafka")
     parser.add_argument("action", choices=["up", "down", "status"])
     defaults = StackSettings.__dataclass_fields__
-    parser.add_argument("--state-dir", type=Path, default=defaults["state_dir"].default, help="where data, logs and pid files live (default: .lakestream)")
-    parser.add_argument("--pg-port", type=int, default=defaults["pg_port"].default, help="PostgreSQL port on 127.0.0.1 (default: %(default)s)")
-    parser.add_argument("--kafka-port", type=int, default=defaults["kafka_port"].default, help="broker port on 127.0.0.1 (default: %(default)s)")
-    parser.add_argument("--storage", choices=["local", "s3"], default=defaults["storage"].default,
-                        help="the warehouse: a directory under the state dir, or a bucket of a local S3-compatible "
-                             "store (nanio, objects on disk) (default: %(default)s)")
-    parser.add_argument("--s3-port", type=int, default=defaults["s3_port"].default, help="object store port on 127.0.0.1 (default: %(default)s)")
-    parser.add_argument("--catalog", choices=["jdbc", "rest"], default=defaults["catalog"].default,
-                        help="the Iceberg catalog: JDBC in PostgreSQL, or a local REST catalog server over it (default: %(default)s)")
-    parser.add_argument("--rest-port", type=int, default=defaults["rest_port"].default, help="REST catalog port on 127.0.0.1 (default: %(default)s)")
-    parser.add_argument("--rest-server", choices=["iceberg", "lakestream"], default=defaults["rest_server"].default,
-                        help="with --catalog rest: Apache Iceberg's own REST catalog server (RESTCatalogServer: http, "
-                             "OAuth2 secrets not checked) or the one written here (https, a checked OAuth2 secret, "
-                             "loopback only) (default: %(default)s)")
-    parser.add_argument("--connect", action="store_true",
-                        help="also run a Kafka Connect worker (distributed mode, Debezium's PostgreSQL connector "
-                             "installed) on the broker, for `lakestream capture --print-connector-config`")
-    parser.add_argument("--source", choices=["postgresql", "mariadb"], default=defaults["source"].default,
-                        help="the source database: the stack's PostgreSQL, or a private MariaDB server beside it "
-                             "(binlog on: ROW, FULL row images, GTIDs) (default: %(default)s)")
-    parser.add_argument("--mariadb-port", type=int, default=defaults["mariadb_port"].default,
-                        help="MariaDB port on 127.0.0.1, with --source mariadb (default: %(default)s)")
-    parser.add_argument("--connect-port", type=int, default=defaults["connect_port"].default,
-                        help="Kafka Connect REST API port on 127.0.0.1 (default: %(default)s)")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=defaults["state_dir"].default,
+        help="where data, logs and pid files live (default: .lakestream)",
+    )
+    parser.add_argument(
+        "--pg-port",
+        type=int,
+        default=defaults["pg_port"].default,
+        help="PostgreSQL port on 127.0.0.1 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--kafka-port",
+        type=int,
+        default=defaults["kafka_port"].default,
+        help="broker port on 127.0.0.1 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--storage",
+        choices=["local", "s3"],
+        default=defaults["storage"].default,
+        help="the warehouse: a directory under the state dir, or a bucket of a local S3-compatible "
+        "store (nanio, objects on disk) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--s3-port",
+        type=int,
+        default=defaults["s3_port"].default,
+        help="object store port on 127.0.0.1 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--catalog",
+        choices=["jdbc", "rest"],
+        default=defaults["catalog"].default,
+        help="the Iceberg catalog: JDBC in PostgreSQL, or a local REST catalog server over it (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rest-port",
+        type=int,
+        default=defaults["rest_port"].default,
+        help="REST catalog port on 127.0.0.1 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rest-server",
+        choices=["iceberg", "lakestream"],
+        default=defaults["rest_server"].default,
+        help="with --catalog rest: Apache Iceberg's own REST catalog server (RESTCatalogServer: http, "
+        "OAuth2 secrets not checked) or the one written here (https, a checked OAuth2 secret, "
+        "loopback only) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--connect",
+        action="store_true",
+        help="also run a Kafka Connect worker (distributed mode, Debezium's PostgreSQL connector "
+        "installed) on the broker, for `lakestream capture --print-connector-config`",
+    )
+    parser.add_argument(
+        "--source",
+        choices=["postgresql", "mariadb"],
+        default=defaults["source"].default,
+        help="the source database: the stack's PostgreSQL, or a private MariaDB server beside it "
+        "(binlog on: ROW, FULL row images, GTIDs) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--mariadb-port",
+        type=int,
+        default=defaults["mariadb_port"].default,
+        help="MariaDB port on 127.0.0.1, with --source mariadb (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--connect-port",
+        type=int,
+        default=defaults["connect_port"].default,
+        help="Kafka Connect REST API port on 127.0.0.1 (default: %(default)s)",
+    )
     parser.set_defaults(func=func)
 
 
 def func(args: argparse.Namespace) -> int:
-    stack = Stack(StackSettings(state_dir=args.state_dir, pg_port=args.pg_port, kafka_port=args.kafka_port,
-                                storage=args.storage, s3_port=args.s3_port, catalog=args.catalog, rest_port=args.rest_port,
-                                rest_server=args.rest_server,
-                                connect=args.connect, connect_port=args.connect_port, source=args.source,
-                                mariadb_port=args.mariadb_port))
+    stack = Stack(
+        StackSettings(
+            state_dir=args.state_dir,
+            pg_port=args.pg_port,
+            kafka_port=args.kafka_port,
+            storage=args.storage,
+            s3_port=args.s3_port,
+            catalog=args.catalog,
+            rest_port=args.rest_port,
+            rest_server=args.rest_server,
+            connect=args.connect,
+            connect_port=args.connect_port,
+            source=args.source,
+            mariadb_port=args.mariadb_port,
+        )
+    )
     if args.action == "up":
         info = stack.up()
         dsn_without_password = f"host={info.pg_host} port={info.pg_port} dbname={info.source_db} user={info.pg_user}"
@@ -61,7 +125,9 @@ def func(args: argparse.Namespace) -> int:
             # key and secret are StackSettings.s3_access_key / s3_secret_key (README, "Deploying").
             print(f"  credentials from {' and '.join(info.storage_env())}")
         if info.connect_url:
-            print(f"kafka connect      {info.connect_url} (plugin: Debezium PostgreSQL; secrets via ${{file:PATH:KEY}})")
+            print(
+                f"kafka connect      {info.connect_url} (plugin: Debezium PostgreSQL; secrets via ${{file:PATH:KEY}})"
+            )
         print(f"state dir          {stack.settings.state_dir}")
     elif args.action == "down":
         stack.down()
@@ -75,14 +141,16 @@ def print_status_table(stack: Stack) -> None:
     header = ("SERVICE", "STATE", "PID", "PORT", "HEALTHY", "STORAGE")
     rows = [header]
     for status in stack.status().values():
-        rows.append((
-            status.name,
-            status.state,
-            str(status.pid or "-"),
-            str(status.port),
-            "yes" if status.healthy else "no",
-            status.detail,
-        ))
+        rows.append(
+            (
+                status.name,
+                status.state,
+                str(status.pid or "-"),
+                str(status.port),
+                "yes" if status.healthy else "no",
+                status.detail,
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     for row in rows:
         # widths covers every column but the last (not padded): zip stops before it.

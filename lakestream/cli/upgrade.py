@@ -1,4 +1,5 @@
 """`lakestream upgrade-tables PIPELINE_YAML [--table NS.T]`: move v2 tables to format v3 (deletion vectors)."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,10 +9,16 @@ from lakestream.config import load_config
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "upgrade-tables", help="upgrade Iceberg format-v2 tables to v3 so upserts can write deletion vectors")
+        "upgrade-tables", help="upgrade Iceberg format-v2 tables to v3 so upserts can write deletion vectors"
+    )
     parser.add_argument("pipeline", help="pipeline YAML file")
-    parser.add_argument("--table", action="append", metavar="NS.T", required=False,
-                        help="only this table (repeatable); default: every table in the streams' namespaces")
+    parser.add_argument(
+        "--table",
+        action="append",
+        metavar="NS.T",
+        required=False,
+        help="only this table (repeatable); default: every table in the streams' namespaces",
+    )
     parser.set_defaults(func=func)
 
 

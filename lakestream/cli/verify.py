@@ -1,4 +1,5 @@
 """`lakestream verify PIPELINE_YAML`: compare each captured PostgreSQL table with its Iceberg mirror."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,9 +14,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Exit status: 0 when every table matches, 1 on any difference, 2 on a configuration error.",
     )
     parser.add_argument("config", help="pipeline YAML file with a `capture:` section")
-    parser.add_argument("--table", action="append", metavar="SCHEMA.TABLE", help="only this captured table (repeatable)")
+    parser.add_argument(
+        "--table", action="append", metavar="SCHEMA.TABLE", help="only this captured table (repeatable)"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--samples", type=int, default=5, help="sample keys shown per kind of difference (default: %(default)s)")
+    parser.add_argument(
+        "--samples", type=int, default=5, help="sample keys shown per kind of difference (default: %(default)s)"
+    )
     parser.set_defaults(func=_verify)
 
 

@@ -1,6 +1,7 @@
 """The dashboard's charts as Plotly figures (plain dicts in Plotly's JSON schema, drawn in the page by
 plotly.js): freshness p50/p99, throughput and lag per batch from the batch log, files per partition per
 health round. Times are epoch milliseconds on date axes (Plotly reads numbers there as ms, in UTC)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -37,8 +38,12 @@ def freshness_figure(batches: list[dict[str, Any]]) -> dict[str, Any]:
             p50.append(round((commit - q[1]) / 1000, 3))
             p99.append(round((commit - q[0]) / 1000, 3))
     # Log scale: a backfill of old changes (hours or days) and steady seconds share one chart.
-    return _figure("Freshness: source commit → visible (per batch)", "seconds",
-                   [_line("p50", x, p50), _line("p99", x, p99)], log_y=True)
+    return _figure(
+        "Freshness: source commit → visible (per batch)",
+        "seconds",
+        [_line("p50", x, p50), _line("p99", x, p99)],
+        log_y=True,
+    )
 
 
 def throughput_figure(batches: list[dict[str, Any]]) -> dict[str, Any]:
@@ -57,8 +62,9 @@ def throughput_figure(batches: list[dict[str, Any]]) -> dict[str, Any]:
             x, y = series.setdefault(table, ([], []))
             x.append(commit)
             y.append(round(records / seconds, 3) if seconds > 0 else None)
-    return _figure("Throughput (records/s)", "records/s",
-                   [_line(table, x, y) for table, (x, y) in sorted(series.items())])
+    return _figure(
+        "Throughput (records/s)", "records/s", [_line(table, x, y) for table, (x, y) in sorted(series.items())]
+    )
 
 
 def lag_figure(batches: list[dict[str, Any]]) -> dict[str, Any]:

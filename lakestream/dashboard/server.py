@@ -4,6 +4,7 @@ and ``/api/state``, the latest `collect_dashboard` round as JSON, which the page
 Rounds run on one background thread every ``interval_s``; requests only read the latest result, so a
 slow round never blocks the page and several browsers cost no extra Spark work.
 """
+
 from __future__ import annotations
 
 import importlib.resources
@@ -32,15 +33,24 @@ def _plotly_js() -> bytes:
     except (ModuleNotFoundError, FileNotFoundError) as exc:
         from lakestream.errors import ConfigError
 
-        raise ConfigError("the dashboard needs the `plotly` wheel (it ships plotly.min.js): "
-                          "pip install -r requirements.lock") from exc
+        raise ConfigError(
+            "the dashboard needs the `plotly` wheel (it ships plotly.min.js): pip install -r requirements.lock"
+        ) from exc
 
 
 class DashboardServer:
     """Serves the dashboard of ``config`` on ``http://host:port/`` (port 0: any free port)."""
 
-    def __init__(self, spark: SparkSession, config: PipelineConfig, host: str = "127.0.0.1", port: int = 8765,
-                 interval_s: float = 10.0, history_s: float = DEFAULT_HISTORY_S, tables: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        config: PipelineConfig,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        interval_s: float = 10.0,
+        history_s: float = DEFAULT_HISTORY_S,
+        tables: list[str] | None = None,
+    ) -> None:
         from lakestream.engine.loop import metrics_path
 
         self.spark, self.config = spark, config
@@ -56,8 +66,10 @@ class DashboardServer:
         except OSError as exc:
             from lakestream.errors import ConfigError
 
-            raise ConfigError(f"the dashboard cannot listen on {host}:{port}: {exc.strerror} — "
-                              "choose another --port (0 = any free port)") from exc
+            raise ConfigError(
+                f"the dashboard cannot listen on {host}:{port}: {exc.strerror} — "
+                "choose another --port (0 = any free port)"
+            ) from exc
         self._httpd.daemon_threads = True
         self._threads: list[threading.Thread] = []
 

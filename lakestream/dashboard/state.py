@@ -4,6 +4,7 @@ and the state of every threshold), charts over time as Plotly figures, and the m
 `collect_dashboard(spark, config)` measures (one health round) and reads the logs; `build_dashboard`
 assembles the dict from those inputs and touches nothing else, so a notebook can call either.
 """
+
 from __future__ import annotations
 
 import logging
@@ -74,8 +75,9 @@ class BatchLog:
         return list(self._batches)
 
 
-def threshold_states(metrics: TableMetrics, compaction_lag: float, thresholds: HealthThresholds,
-                     alerted: set[str]) -> list[dict[str, Any]]:
+def threshold_states(
+    metrics: TableMetrics, compaction_lag: float, thresholds: HealthThresholds, alerted: set[str]
+) -> list[dict[str, Any]]:
     """Every threshold of one table: ``alert`` (crossed), ``ok``, ``off`` (not configured) or
     ``unknown`` (the value could not be measured, e.g. lag with the broker away)."""
     states = []
@@ -94,8 +96,9 @@ def threshold_states(metrics: TableMetrics, compaction_lag: float, thresholds: H
     return states
 
 
-def table_row(metrics: TableMetrics, report: HealthReport, thresholds: HealthThresholds,
-              dead_letters: dict[str, int]) -> dict[str, Any]:
+def table_row(
+    metrics: TableMetrics, report: HealthReport, thresholds: HealthThresholds, dead_letters: dict[str, int]
+) -> dict[str, Any]:
     """One table's row: the health summary, its dead letters and its thresholds."""
     lag = report.compaction_lag_s.get(metrics.table, 0.0)
     alerted = {a.metric for a in report.alerts if a.table == metrics.table}
@@ -148,7 +151,8 @@ def build_dashboard(
             "throughput": throughput_figure(recent),
             "lag": lag_figure(recent),
             "files_per_partition": partition_files_figure(
-                [s for s in health_history if s.get("collected_ms", 0) >= since_ms]),
+                [s for s in health_history if s.get("collected_ms", 0) >= since_ms]
+            ),
         },
         "maintenance": [m for m in maintenance if (m.get("finished_ms") or 0) >= since_ms][::-1],
     }
@@ -164,8 +168,10 @@ def count_dead_letters(spark: SparkSession, config: PipelineConfig) -> dict[str,
     namespace, table = config.engine.dead_letter_table.split(".", 1)
     ident = quote_table(config.catalog.name, namespace, table)
     try:
-        rows = spark.sql(f"SELECT coalesce(target_table, '-') AS t, count(*) AS n FROM {ident} "
-                         f"WHERE pipeline = {sql_string(config.name)} GROUP BY 1").collect()
+        rows = spark.sql(
+            f"SELECT coalesce(target_table, '-') AS t, count(*) AS n FROM {ident} "
+            f"WHERE pipeline = {sql_string(config.name)} GROUP BY 1"
+        ).collect()
     except AnalysisException as exc:
         if exc.getErrorClass() == "TABLE_OR_VIEW_NOT_FOUND":
             return {}
@@ -203,7 +209,14 @@ def collect_dashboard(
         dead_letters = {}
     batches = (batch_log or BatchLog(metrics_path(config))).read()
     since_ms = report.collected_ms - int(history_s * 1000)
-    state = build_dashboard(config, report, batches, read_health_history(config, since_ms),
-                            read_maintenance_log(config), dead_letters, history_s)
+    state = build_dashboard(
+        config,
+        report,
+        batches,
+        read_health_history(config, since_ms),
+        read_maintenance_log(config),
+        dead_letters,
+        history_s,
+    )
     state["collect_seconds"] = round(time.monotonic() - started, 2)
     return state

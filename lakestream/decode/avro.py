@@ -8,6 +8,7 @@ same typed path as JSON ones (`lakestream.decode.types`). Bodies are read with f
 types left undone: values stay in the wire form those conversions expect (a decimal's unscaled
 bytes, a date's days, a timestamp's epoch count).
 """
+
 from __future__ import annotations
 
 import base64
@@ -24,8 +25,15 @@ from lakestream.errors import DecodeError, SchemaRegistryUnavailable
 MAGIC_BYTE = 0
 HEADER_SIZE = 5
 
-_PRIMITIVES = {"int": "int32", "long": "int64", "float": "float32", "double": "float64", "boolean": "boolean",
-               "string": "string", "bytes": "bytes"}
+_PRIMITIVES = {
+    "int": "int32",
+    "long": "int64",
+    "float": "float32",
+    "double": "float64",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "bytes",
+}
 
 # Avro logical types (when a schema carries no Connect name) → the Connect/Debezium semantic name
 # whose conversion `lakestream.decode.types` applies to the raw value.
@@ -77,8 +85,10 @@ class _Converter:
         if isinstance(avro, list):
             branches = [b for b in avro if b != "null"]
             if len(branches) != 1:
-                raise DecodeError(f"unsupported Avro union {orjson.dumps(avro)[:120].decode()}: "
-                                  "only [\"null\", T] (an optional field) maps to a column")
+                raise DecodeError(
+                    f"unsupported Avro union {orjson.dumps(avro)[:120].decode()}: "
+                    'only ["null", T] (an optional field) maps to a column'
+                )
             branch = self.field_schema(branches[0], namespace)
             return {**branch, "optional": True}
         if isinstance(avro, str):
@@ -123,8 +133,12 @@ class _Converter:
         if kind == "array":
             return {"type": "array", "optional": False, "items": self.field_schema(avro["items"], namespace)}
         if kind == "map":
-            return {"type": "map", "optional": False, "keys": {"type": "string"},
-                    "values": self.field_schema(avro["values"], namespace)}
+            return {
+                "type": "map",
+                "optional": False,
+                "keys": {"type": "string"},
+                "values": self.field_schema(avro["values"], namespace),
+            }
         if kind not in _PRIMITIVES:
             raise DecodeError(f"unsupported Avro type {kind!r}")
         ctype = avro.get("connect.type") or _PRIMITIVES[kind]
@@ -199,13 +213,17 @@ class AvroSchemas:
             registered = self._registry().get_schema(schema_id)
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
-                raise DecodeError(f"Avro schema id {schema_id} is not in the schema registry "
-                                  f"({exc.error_message})") from None
-            raise SchemaRegistryUnavailable(f"schema registry: fetching schema id {schema_id} failed with HTTP "
-                                            f"{exc.http_status_code}: {exc.error_message}") from None
+                raise DecodeError(
+                    f"Avro schema id {schema_id} is not in the schema registry ({exc.error_message})"
+                ) from None
+            raise SchemaRegistryUnavailable(
+                f"schema registry: fetching schema id {schema_id} failed with HTTP "
+                f"{exc.http_status_code}: {exc.error_message}"
+            ) from None
         except Exception as exc:  # noqa: BLE001 — transport errors (httpx): the registry, not the record
-            raise SchemaRegistryUnavailable(f"schema registry unreachable while fetching schema id {schema_id}: "
-                                            f"{type(exc).__name__}: {exc}") from None
+            raise SchemaRegistryUnavailable(
+                f"schema registry unreachable while fetching schema id {schema_id}: {type(exc).__name__}: {exc}"
+            ) from None
         self.fetches += 1
         kind = registered.schema_type or "AVRO"
         if kind != "AVRO":

@@ -4,6 +4,7 @@ and plain JSON events.
 The result is a `Change`: the operation, the key, the row in wire form (see `types`), the columns
 whose values Debezium withheld (unchanged TOAST), and the row's column types.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +15,7 @@ from typing import Any
 import orjson
 
 from lakestream.decode.avro import AvroSchemas, decode_avro, schema_id_of
-from lakestream.decode.types import UNAVAILABLE_VALUE, FieldType, identity, event_time, field_type, infer_type
+from lakestream.decode.types import UNAVAILABLE_VALUE, FieldType, event_time, field_type, identity, infer_type
 from lakestream.errors import BadValue, DecodeError
 
 OPS = {"c", "u", "d", "r"}
@@ -139,8 +140,9 @@ class SchemaCache:
         return columns
 
     def _infer(self, row: dict[str, Any], time_field: str | None) -> Columns:
-        signature = tuple((k, "timestamp" if k == time_field else t) for k, v in row.items()
-                          if (t := infer_type(v)) is not None)
+        signature = tuple(
+            (k, "timestamp" if k == time_field else t) for k, v in row.items() if (t := infer_type(v)) is not None
+        )
         columns = self._inferred.get(signature)
         if columns is None:
             names = [k for k, _ in signature]
@@ -160,8 +162,10 @@ def _loads(data: bytes) -> Any:
         if data[:1] == b"\x00" and len(data) >= 5:
             # Confluent's wire format: magic byte 0, a 4-byte schema id, then Avro/Protobuf/JSON-Schema bytes.
             schema_id = int.from_bytes(data[1:5], "big")
-            raise DecodeError(f"Confluent Schema Registry framed record (magic byte 0, schema id {schema_id}): "
-                              f"lakestream reads JSON only and no schema registry is configured") from None
+            raise DecodeError(
+                f"Confluent Schema Registry framed record (magic byte 0, schema id {schema_id}): "
+                f"lakestream reads JSON only and no schema registry is configured"
+            ) from None
 
         try:  # Debezium may write NaN/Infinity for float columns, which orjson rejects.
             return json.loads(data)
@@ -221,11 +225,11 @@ def split_envelope(value: bytes) -> tuple[bytes, bytes] | None:
         return None
     cut = value.find(b',"payload":')  # Debezium's compact form; a plain find is much faster than a regex
     if cut > 0:
-        return value[:cut], end[cut + 11: -1]
+        return value[:cut], end[cut + 11 : -1]
     match = _PAYLOAD_MARKER.search(value)
     if match is None:
         return None
-    return value[: match.start()], end[match.end(): -1]
+    return value[: match.start()], end[match.end() : -1]
 
 
 def decode_avro_key(key: bytes, avro: AvroSchemas) -> dict[str, Any]:
@@ -239,8 +243,9 @@ def decode_avro_key(key: bytes, avro: AvroSchemas) -> dict[str, Any]:
     return obj
 
 
-def decode_debezium(key: bytes | None, value: bytes, cache: SchemaCache,
-                    avro: AvroSchemas | None = None) -> Change | None:
+def decode_debezium(
+    key: bytes | None, value: bytes, cache: SchemaCache, avro: AvroSchemas | None = None
+) -> Change | None:
     """Decode a Debezium change event; None for events that carry no row change (heartbeats, tombstones).
 
     With ``avro`` (a registry is configured), Confluent-framed Avro events are read too."""

@@ -3,6 +3,7 @@
 Used inside the write tasks: the stream's format (Debezium envelope or plain JSON event), the
 target table, the key, and the row with typed values (see `lakestream.decode.types`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,7 +12,13 @@ from typing import Any
 from lakestream.config import StreamSettings
 from lakestream.decode.avro import schema_id_of, schemas_for
 from lakestream.decode.envelope import (
-    MESSAGE, TRUNCATE, Columns, SchemaCache, decode_debezium, decode_json_event, source_position,
+    MESSAGE,
+    TRUNCATE,
+    Columns,
+    SchemaCache,
+    decode_debezium,
+    decode_json_event,
+    source_position,
 )
 from lakestream.errors import DecodeError, MissingKey, UnroutableRecord
 from lakestream.sink.write.routing import Router
@@ -61,8 +68,10 @@ class RecordDecoder:
         if rec.value is None:
             return None  # tombstone: the delete event before it already removed the row
         if stream.record_format != "debezium" and self.avro is not None and schema_id_of(rec.value) is not None:
-            raise DecodeError(f"Avro record (schema id {schema_id_of(rec.value)}) on a plain-JSON stream: "
-                              "lakestream reads Avro for Debezium change events (format: debezium) only")
+            raise DecodeError(
+                f"Avro record (schema id {schema_id_of(rec.value)}) on a plain-JSON stream: "
+                "lakestream reads Avro for Debezium change events (format: debezium) only"
+            )
         if stream.record_format == "debezium":
             change = decode_debezium(rec.key, rec.value, self.cache, self.avro)
         else:
@@ -77,14 +86,30 @@ class RecordDecoder:
             return DecodedRecord(str(table), stream, TRUNCATE, [], {}, [], change.source_ts_ms, change.columns)
         key_cols: list[str] = []
         row = change.row
-        if stream.mode == "upsert" and not stream.key_columns and change.key is None \
-                and stream.record_format == "debezium":
+        if (
+            stream.mode == "upsert"
+            and not stream.key_columns
+            and change.key is None
+            and stream.record_format == "debezium"
+        ):
             # A table without a primary key: its mirror is a multiset of rows (`lakestream.sink.index.keyless`).
             if change.op == "u" and change.old_row is None:
-                raise MissingKey("an update of a table without a primary key carries no old row, so the mirror "
-                                 "cannot tell which row changed — fix: ALTER TABLE ... REPLICA IDENTITY FULL")
-            return DecodedRecord(str(table), stream, change.op, [], row, change.unavailable, change.source_ts_ms,
-                                 change.columns, change.old_row, source_position(change.payload))
+                raise MissingKey(
+                    "an update of a table without a primary key carries no old row, so the mirror "
+                    "cannot tell which row changed — fix: ALTER TABLE ... REPLICA IDENTITY FULL"
+                )
+            return DecodedRecord(
+                str(table),
+                stream,
+                change.op,
+                [],
+                row,
+                change.unavailable,
+                change.source_ts_ms,
+                change.columns,
+                change.old_row,
+                source_position(change.payload),
+            )
         if stream.mode == "upsert":
             key_cols = self._key_columns(stream, change.key)
             if not key_cols:
@@ -102,5 +127,15 @@ class RecordDecoder:
             key_cols = [stream.dedupe_field]
         # The position too: a table that was keyless when its mirror was made stays a multiset (`lakestream.sink.index.keyless`).
         position = source_position(change.payload) if stream.mode == "upsert" else None
-        return DecodedRecord(str(table), stream, change.op, key_cols, row, change.unavailable, change.source_ts_ms,
-                             change.columns, change.old_row, position)
+        return DecodedRecord(
+            str(table),
+            stream,
+            change.op,
+            key_cols,
+            row,
+            change.unavailable,
+            change.source_ts_ms,
+            change.columns,
+            change.old_row,
+            position,
+        )

@@ -6,6 +6,7 @@ Python form pyarrow builds that column type from without a second parse: dates a
 epoch, timestamps as microseconds since the epoch (UTC), decimals as ``decimal.Decimal``, bytes as
 ``bytes``. Anything that cannot be converted raises `DecodeError` (the record becomes a dead letter).
 """
+
 from __future__ import annotations
 
 import base64
@@ -20,7 +21,7 @@ from lakestream.errors import BadValue, DecodeError
 # The value Debezium sends for an unchanged TOASTed column (REPLICA IDENTITY DEFAULT).
 UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 
-_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+_EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _MAX_DECIMAL_PRECISION = 38
 
 Converter = Callable[[Any], Any]
@@ -72,7 +73,7 @@ def _micros_from_nanos(value: Any) -> int:
 
 def _micros_from_datetime(parsed: dt.datetime) -> int:
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.timezone.utc)
+        parsed = parsed.replace(tzinfo=dt.UTC)
     delta = parsed - _EPOCH_UTC
     return _micros_in_range((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds)
 
@@ -198,10 +199,18 @@ class FieldType:
 
 
 _PRIMITIVES = {
-    "int8": "int", "int16": "int", "int32": "int", "int64": "bigint",
+    "int8": "int",
+    "int16": "int",
+    "int32": "int",
+    "int64": "bigint",
     # Kafka Connect's JsonConverter writes FLOAT32/FLOAT64 as "float"/"double" in schemas.
-    "float32": "float", "float64": "double", "float": "float", "double": "double", "boolean": "boolean",
-    "string": "string", "bytes": "binary",
+    "float32": "float",
+    "float64": "double",
+    "float": "float",
+    "double": "double",
+    "boolean": "boolean",
+    "string": "string",
+    "bytes": "binary",
 }
 
 _SEMANTIC: dict[str, Callable[[dict[str, Any]], FieldType]] = {
@@ -213,7 +222,9 @@ _SEMANTIC: dict[str, Callable[[dict[str, Any]], FieldType]] = {
     "io.debezium.time.NanoTimestamp": lambda s: FieldType("timestamp_ntz", _micros_from_nanos),
     "io.debezium.time.ZonedTimestamp": lambda s: FieldType("timestamp", _zoned_timestamp),
     "io.debezium.time.Time": lambda s: FieldType("string", lambda v: _time_from_micros(_integer(v) * 1000)),
-    "org.apache.kafka.connect.data.Time": lambda s: FieldType("string", lambda v: _time_from_micros(_integer(v) * 1000)),
+    "org.apache.kafka.connect.data.Time": lambda s: FieldType(
+        "string", lambda v: _time_from_micros(_integer(v) * 1000)
+    ),
     "io.debezium.time.MicroTime": lambda s: FieldType("string", _time_from_micros),
     "io.debezium.time.NanoTime": lambda s: FieldType("string", lambda v: _time_from_micros(_integer(v) // 1000)),
     "io.debezium.time.ZonedTime": lambda s: FieldType("string"),
@@ -251,8 +262,10 @@ _ZERO_DATES = {-(2**31), -(2**63), "0000-00-00T00:00:00Z"}
 def _refusing_zero_dates(convert: Converter) -> Converter:
     def refuse(value: Any) -> Any:
         if not isinstance(value, bool) and value in _ZERO_DATES:
-            raise BadValue("a zero date (0000-00-00) in a NOT NULL column — fix: correct the row at the source, or "
-                           "set capture.database.zero_dates: null to mirror zero dates as NULL")
+            raise BadValue(
+                "a zero date (0000-00-00) in a NOT NULL column — fix: correct the row at the source, or "
+                "set capture.database.zero_dates: null to mirror zero dates as NULL"
+            )
         return convert(value)
 
     return refuse
@@ -288,7 +301,9 @@ def field_type(schema: dict[str, Any]) -> FieldType:
     if kind == "map":
         value = field_type(schema.get("values") or {"type": "string"})
         convert = value.convert
-        return FieldType(f"map<string,{value.ddl}>", lambda v: {str(k): None if x is None else convert(x) for k, x in v.items()})
+        return FieldType(
+            f"map<string,{value.ddl}>", lambda v: {str(k): None if x is None else convert(x) for k, x in v.items()}
+        )
     if kind == "struct":
         fields = [(f["field"], field_type(f)) for f in schema.get("fields", [])]
         ddl = "struct<" + ",".join(f"`{n}`:{t.ddl}" for n, t in fields) + ">"
@@ -324,8 +339,12 @@ def infer_type(value: Any) -> str | None:
     return "string"
 
 
-_WIDENING = {("int", "bigint"): "bigint", ("float", "double"): "double", ("bigint", "double"): "double",
-             ("int", "double"): "double"}
+_WIDENING = {
+    ("int", "bigint"): "bigint",
+    ("float", "double"): "double",
+    ("bigint", "double"): "double",
+    ("int", "double"): "double",
+}
 
 
 def merge_types(a: str | None, b: str | None) -> str | None:

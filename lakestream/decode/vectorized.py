@@ -11,6 +11,7 @@ a value of another type, an unknown field (a new column), an unknown op, a withh
 null key, a schema that differs between messages — makes it return None, and the caller decodes
 that run record by record, which produces the precise dead letters and shape changes.
 """
+
 from __future__ import annotations
 
 import io
@@ -25,7 +26,15 @@ import pyarrow.json as pj
 
 from lakestream.decode.envelope import split_envelope
 from lakestream.decode.types import (
-    MAX_DAYS, MAX_MICROS, MIN_DAYS, MIN_MICROS, UNAVAILABLE_VALUE, FieldType, identity, event_time, field_type,
+    MAX_DAYS,
+    MAX_MICROS,
+    MIN_DAYS,
+    MIN_MICROS,
+    UNAVAILABLE_VALUE,
+    FieldType,
+    event_time,
+    field_type,
+    identity,
 )
 from lakestream.errors import BadValue
 
@@ -35,9 +44,19 @@ if TYPE_CHECKING:
 _OPS = pa.array(["c", "u", "r", "d"])
 
 # Connect schema type → the Arrow type its JSON value parses as.
-_WIRE = {"int8": pa.int64(), "int16": pa.int64(), "int32": pa.int64(), "int64": pa.int64(),
-         "float32": pa.float64(), "float64": pa.float64(), "float": pa.float64(), "double": pa.float64(),
-         "boolean": pa.bool_(), "string": pa.string(), "bytes": pa.string()}
+_WIRE = {
+    "int8": pa.int64(),
+    "int16": pa.int64(),
+    "int32": pa.int64(),
+    "int64": pa.int64(),
+    "float32": pa.float64(),
+    "float64": pa.float64(),
+    "float": pa.float64(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "string": pa.string(),
+    "bytes": pa.string(),
+}
 
 
 @dataclass
@@ -61,7 +80,7 @@ class _WireField:
 
 def _schema_fields(schema_part: bytes) -> list[_WireField] | None:
     """Wire fields of the row struct of a schemas-on envelope, or None when a field is not flat."""
-    envelope = orjson.loads(schema_part[len(b'{"schema":'):])
+    envelope = orjson.loads(schema_part[len(b'{"schema":') :])
     row = next((f for f in envelope.get("fields", []) if f.get("field") == "after"), None)
     if row is None or row.get("type") != "struct":
         return None
@@ -80,8 +99,9 @@ class RunDecoder:
     def __init__(self) -> None:
         self._schemas: dict[bytes, list[_WireField] | None] = {}
 
-    def decode(self, records: RecordRun, table_schema: pa.Schema, key_columns: list[str],
-               expected_like: bytes | None = None) -> DecodedRun | None:
+    def decode(
+        self, records: RecordRun, table_schema: pa.Schema, key_columns: list[str], expected_like: bytes | None = None
+    ) -> DecodedRun | None:
         """``records`` (no tombstones) as one typed run, or None (decode them one by one).
 
         With ``expected_like``, a schemas-on run must carry the same Debezium schema as that message
@@ -93,7 +113,8 @@ class RunDecoder:
             expected = split_envelope(expected_like)
             first = split_envelope(values[0])
             if (expected is None) != (first is None) or (
-                    expected is not None and first is not None and expected[0] != first[0]):
+                expected is not None and first is not None and expected[0] != first[0]
+            ):
                 return None
         try:
             return self._decode(records, table_schema, key_columns)
@@ -131,11 +152,20 @@ class RunDecoder:
                 return None
             fields = []
             for f in table_schema:
-                if not (pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
-                        or pa.types.is_string(f.type)):
+                if not (
+                    pa.types.is_integer(f.type)
+                    or pa.types.is_floating(f.type)
+                    or pa.types.is_boolean(f.type)
+                    or pa.types.is_string(f.type)
+                ):
                     return None
-                wire = pa.int64() if pa.types.is_integer(f.type) else pa.float64() if pa.types.is_floating(f.type) \
+                wire = (
+                    pa.int64()
+                    if pa.types.is_integer(f.type)
+                    else pa.float64()
+                    if pa.types.is_floating(f.type)
                     else f.type
+                )
                 fields.append(_WireField(f.name, wire, None))
             payloads = values
             unexpected = "infer"  # a new column is an unexpected field: it must show in the parsed schema
@@ -143,13 +173,20 @@ class RunDecoder:
         if any(name not in by_name for name in key_columns) or any(f.name not in table_schema.names for f in fields):
             return None
         row = pa.struct([(f.name, f.wire) for f in fields])
-        explicit = pa.schema([("before", row), ("after", row), ("op", pa.string()),
-                              ("source", pa.struct([("ts_ms", pa.int64())])), ("ts_ms", pa.int64())])
-        parsed = pj.read_json(io.BytesIO(b"\n".join(payloads)),
-                              read_options=pj.ReadOptions(block_size=max(1 << 20, 2 * sum(map(len, payloads))),
-                                                          use_threads=False),
-                              parse_options=pj.ParseOptions(explicit_schema=explicit,
-                                                            unexpected_field_behavior=unexpected))
+        explicit = pa.schema(
+            [
+                ("before", row),
+                ("after", row),
+                ("op", pa.string()),
+                ("source", pa.struct([("ts_ms", pa.int64())])),
+                ("ts_ms", pa.int64()),
+            ]
+        )
+        parsed = pj.read_json(
+            io.BytesIO(b"\n".join(payloads)),
+            read_options=pj.ReadOptions(block_size=max(1 << 20, 2 * sum(map(len, payloads))), use_threads=False),
+            parse_options=pj.ParseOptions(explicit_schema=explicit, unexpected_field_behavior=unexpected),
+        )
         if parsed.num_rows != len(records):
             return None
         for side in ("before", "after"):
@@ -188,9 +225,13 @@ class RunDecoder:
         table = pa.Table.from_arrays(arrays, schema=table_schema)
         source_ts = parsed.column("source").combine_chunks().field("ts_ms")
         source_ts = pc.coalesce(source_ts, parsed.column("ts_ms").combine_chunks())
-        return DecodedRun(table, np.array(records.offsets, np.int64), ops.to_pylist(),
-                          source_ts.to_numpy(zero_copy_only=False).astype(np.float64),
-                          np.array(records.timestamps, np.int64))
+        return DecodedRun(
+            table,
+            np.array(records.offsets, np.int64),
+            ops.to_pylist(),
+            source_ts.to_numpy(zero_copy_only=False).astype(np.float64),
+            np.array(records.timestamps, np.int64),
+        )
 
 
 def _event_wire(target: pa.DataType) -> pa.DataType | None:
@@ -204,8 +245,9 @@ def _event_wire(target: pa.DataType) -> pa.DataType | None:
     return None
 
 
-def decode_events(records: RecordRun, table_schema: pa.Schema, key_columns: list[str],
-                  time_field: str | None = None) -> DecodedRun | None:
+def decode_events(
+    records: RecordRun, table_schema: pa.Schema, key_columns: list[str], time_field: str | None = None
+) -> DecodedRun | None:
     """A run of plain JSON events (append streams: the whole object is the row) as one typed run, or
     None (decode them one by one). The same contract as `RunDecoder.decode`: anything unusual — a value
     of another type, a field the table lacks, a missing event time or de-duplication key, invalid
@@ -233,10 +275,11 @@ def decode_events(records: RecordRun, table_schema: pa.Schema, key_columns: list
             return None  # nested, decimal, date: the record path
     try:
         data = b"\n".join(values)
-        parsed = pj.read_json(io.BytesIO(data),
-                              read_options=pj.ReadOptions(block_size=max(1 << 20, 2 * len(data)), use_threads=False),
-                              parse_options=pj.ParseOptions(explicit_schema=pa.schema(wires),
-                                                            unexpected_field_behavior="infer"))
+        parsed = pj.read_json(
+            io.BytesIO(data),
+            read_options=pj.ReadOptions(block_size=max(1 << 20, 2 * len(data)), use_threads=False),
+            parse_options=pj.ParseOptions(explicit_schema=pa.schema(wires), unexpected_field_behavior="infer"),
+        )
         if parsed.num_rows != len(records) or parsed.schema.names != [name for name, _ in wires]:
             return None  # not one object per message, or a field the table lacks (a new column)
         parsed.validate(full=True)  # the reader does not check UTF-8
@@ -246,8 +289,11 @@ def decode_events(records: RecordRun, table_schema: pa.Schema, key_columns: list
             value = parsed.column(name).combine_chunks()
             if (name in key_columns or name == time_field or not f.nullable) and value.null_count:
                 return None
-            if pa.types.is_floating(wire) and value.null_count < len(value) \
-                    and pc.max(pc.abs(value)).as_py() >= _EXACT_FLOAT_INT:
+            if (
+                pa.types.is_floating(wire)
+                and value.null_count < len(value)
+                and pc.max(pc.abs(value)).as_py() >= _EXACT_FLOAT_INT
+            ):
                 return None  # may be an integer literal no double holds exactly: the record path decides
             if name == time_field and pa.types.is_timestamp(f.type):
                 micros = [event_time(v) for v in value.to_pylist()]
@@ -258,14 +304,22 @@ def decode_events(records: RecordRun, table_schema: pa.Schema, key_columns: list
         table = pa.Table.from_arrays(arrays, schema=table_schema)
     except (pa.ArrowException, ValueError, TypeError, OverflowError, BadValue):
         return None
-    return DecodedRun(table, np.array(records.offsets, np.int64), ["c"] * len(records), source_ts,
-                      np.array(records.timestamps, np.int64))
+    return DecodedRun(
+        table,
+        np.array(records.offsets, np.int64),
+        ["c"] * len(records),
+        source_ts,
+        np.array(records.timestamps, np.int64),
+    )
 
 
 _EXACT_FLOAT_INT = 2.0**53  # as lakestream.sink.write.convert's integer check
 _DEFAULT_KEY = b"lakestream.write-default"  # lakestream.sink.types.DEFAULT_KEY (no import of the sink here)
-_MICROS = {"io.debezium.time.MicroTimestamp": 1, "io.debezium.time.Timestamp": 1000,
-           "org.apache.kafka.connect.data.Timestamp": 1000}
+_MICROS = {
+    "io.debezium.time.MicroTimestamp": 1,
+    "io.debezium.time.Timestamp": 1000,
+    "org.apache.kafka.connect.data.Timestamp": 1000,
+}
 _DATES = ("io.debezium.time.Date", "org.apache.kafka.connect.data.Date")
 
 
@@ -292,8 +346,12 @@ def _convert(value: pa.Array, field: _WireField, target: pa.DataType) -> pa.Arra
         return pc.cast(value, target)
     if field.ftype.convert is identity and pa.types.is_string(field.wire) and pa.types.is_string(target):
         return value
-    if (name == "org.apache.kafka.connect.data.Decimal" and pa.types.is_string(field.wire)
-            and pa.types.is_decimal(target) and field.ftype.ddl == f"decimal({target.precision},{target.scale})"):
+    if (
+        name == "org.apache.kafka.connect.data.Decimal"
+        and pa.types.is_string(field.wire)
+        and pa.types.is_decimal(target)
+        and field.ftype.ddl == f"decimal({target.precision},{target.scale})"
+    ):
         fast = decimals_from_base64(value, target)
         if fast is not None:
             return fast
@@ -326,7 +384,11 @@ def decimals_from_base64(value: pa.Array, target: pa.Decimal128Type) -> pa.Array
     sextets = _BASE64[data[np.where(inside, offsets[:-1, None] + columns[None, :], 0)]]
     padding = (sextets == 64) & inside
     pads = padding.sum(axis=1)
-    if ((sextets == 255) & inside).any() or pads.max() > 2 or (padding & (columns[None, :] < (lengths - pads)[:, None])).any():
+    if (
+        ((sextets == 255) & inside).any()
+        or pads.max() > 2
+        or (padding & (columns[None, :] < (lengths - pads)[:, None])).any()
+    ):
         return None
     quads = np.where(inside & ~padding, sextets, 0).astype(np.uint32).reshape(n, 3, 4)
     triples = (quads[:, :, 0] << 18) | (quads[:, :, 1] << 12) | (quads[:, :, 2] << 6) | quads[:, :, 3]
@@ -340,7 +402,7 @@ def decimals_from_base64(value: pa.Array, target: pa.Decimal128Type) -> pa.Array
     signed = unscaled.view(np.int64)
     negative = (raw[:, 0] >= 128) & (sizes < 8)
     signed = np.where(negative, signed - (np.int64(1) << (8 * sizes.astype(np.int64))), signed)
-    if target.precision < 19 and (np.abs(signed) >= 10 ** target.precision).any():
+    if target.precision < 19 and (np.abs(signed) >= 10**target.precision).any():
         return None
     words = np.empty((n, 2), np.int64)
     words[:, 0] = signed

@@ -6,6 +6,7 @@ stack's connection settings, runs capture and `lakestream run` as child processe
 subscriptions workload, waits until the mirrors equal the source tables and `customer_360` reflects
 them, and prints the top customers. Progress goes to stderr; the report (a table) to stdout.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -67,8 +68,10 @@ def customer360_config_data(settings: Customer360Settings, info: StackInfo, pref
     try:
         text = settings.example.read_text()
     except OSError as exc:
-        raise LakestreamError(f"cannot read the Customer 360 example config {settings.example}: {exc.strerror} — "
-                              f"fix: run from a checkout of the repository (examples/customer360/pipeline.yaml)") from None
+        raise LakestreamError(
+            f"cannot read the Customer 360 example config {settings.example}: {exc.strerror} — "
+            f"fix: run from a checkout of the repository (examples/customer360/pipeline.yaml)"
+        ) from None
     data = yaml.safe_load(text)
     ns = settings.namespace
 
@@ -87,18 +90,34 @@ def customer360_config_data(settings: Customer360Settings, info: StackInfo, pref
     data["name"] = f"{data.get('name', 'customer360')}_{prefix}"
     data["state_dir"] = str(Path(settings.state_dir).resolve())
     data["kafka"] = {"bootstrap_servers": info.bootstrap_servers, "group_id": f"lakestream-{prefix}"}
-    data["catalog"] = {"name": "lake", "type": "jdbc", "uri": info.catalog_jdbc_uri(), "user": info.pg_user,
-                       "password": info.pg_password, "warehouse": info.warehouse}
+    data["catalog"] = {
+        "name": "lake",
+        "type": "jdbc",
+        "uri": info.catalog_jdbc_uri(),
+        "user": info.pg_user,
+        "password": info.pg_password,
+        "warehouse": info.warehouse,
+    }
     data["capture"] = {
-        "database": {"host": info.pg_host, "port": info.pg_port, "dbname": settings.dbname, "user": info.pg_user,
-                     "password": info.pg_password},
-        "tables": SOURCE_TABLES, "topic_prefix": prefix, "slot_name": f"slot_{prefix}",
-        "publication_name": f"pub_{prefix}", "connector": {"heartbeat.interval.ms": "1000"}}
+        "database": {
+            "host": info.pg_host,
+            "port": info.pg_port,
+            "dbname": settings.dbname,
+            "user": info.pg_user,
+            "password": info.pg_password,
+        },
+        "tables": SOURCE_TABLES,
+        "topic_prefix": prefix,
+        "slot_name": f"slot_{prefix}",
+        "publication_name": f"pub_{prefix}",
+        "connector": {"heartbeat.interval.ms": "1000"},
+    }
     return data
 
 
-def run_customer360_demo(settings: Customer360Settings, info: StackInfo | None = None,
-                         spark: SparkSession | None = None) -> Customer360Result:
+def run_customer360_demo(
+    settings: Customer360Settings, info: StackInfo | None = None, spark: SparkSession | None = None
+) -> Customer360Result:
     """Run the example end to end and print its report; ``info``/``spark`` reuse a running stack/session."""
     with contextlib.redirect_stdout(sys.stderr):  # progress on stderr: stdout is the report
         result = _run(settings, info, spark)
@@ -141,8 +160,12 @@ def _run(settings: Customer360Settings, info: StackInfo | None, spark: SparkSess
             capture.wait_until_streaming(timeout=300)
             ready = wait_for_first_commit(config, pipeline, timeout=300)
             # customer_360's SQL reads the catalog mirror: it must exist before the inputs do.
-            _wait_for(lambda: spark.catalog.tableExists(f"{catalog}.{settings.namespace}.plans"), pipeline,
-                      settings.catchup_timeout_s, f"the catalog mirror {settings.namespace}.plans")
+            _wait_for(
+                lambda: spark.catalog.tableExists(f"{catalog}.{settings.namespace}.plans"),
+                pipeline,
+                settings.catchup_timeout_s,
+                f"the catalog mirror {settings.namespace}.plans",
+            )
             step.info(f"pipeline committed its first batch (the plan catalog) after {ready:.1f}s")
             step(f"running the subscriptions workload for {settings.duration_s:.0f}s (~{settings.per_s:.0f} changes/s)")
 
@@ -151,9 +174,11 @@ def _run(settings: Customer360Settings, info: StackInfo | None, spark: SparkSess
                 step.info(f"{t:4.0f}s  {s.changes} changes, {len(workload.users)} customers")
 
             stats = workload.run(settings.duration_s, settings.per_s, on_progress=progress)
-            step.info(f"{stats.changes} changes: {stats.signups} sign-ups, {stats.users_deleted} customers gone, "
-                      f"{stats.plan_changes} plan changes, {stats.transfers} transfers, {stats.cancellations} "
-                      f"cancellations, {stats.usage_events} usage events")
+            step.info(
+                f"{stats.changes} changes: {stats.signups} sign-ups, {stats.users_deleted} customers gone, "
+                f"{stats.plan_changes} plan changes, {stats.transfers} transfers, {stats.cancellations} "
+                f"cancellations, {stats.usage_events} usage events"
+            )
             step("waiting until the mirrors equal the source tables and customer_360 reflects them")
             waited = _wait_until_current(spark, config, pipeline, settings.catchup_timeout_s)
             step.info(f"caught up {waited:.1f}s after the workload")
@@ -164,8 +189,12 @@ def _run(settings: Customer360Settings, info: StackInfo | None, spark: SparkSess
         conn.close()
         derived = config.derived_tables[0]
         ns, tbl = derived.table.split(".")
-        customers = [r.asDict() for r in spark.sql(
-            f"SELECT * FROM {quote_table(catalog, ns, tbl)} ORDER BY mrr DESC, usage_units DESC, customer_id").collect()]
+        customers = [
+            r.asDict()
+            for r in spark.sql(
+                f"SELECT * FROM {quote_table(catalog, ns, tbl)} ORDER BY mrr DESC, usage_units DESC, customer_id"
+            ).collect()
+        ]
     finally:
         if own_spark:
             spark.stop()
@@ -182,8 +211,9 @@ def _wait_for(condition, pipeline: PipelineProcess, timeout: float, what: str) -
         time.sleep(0.5)
 
 
-def _wait_until_current(spark: SparkSession, config: PipelineConfig, pipeline: PipelineProcess,
-                        timeout: float) -> float:
+def _wait_until_current(
+    spark: SparkSession, config: PipelineConfig, pipeline: PipelineProcess, timeout: float
+) -> float:
     """Seconds until every mirror equals its source table and customer_360's snapshot records offsets at
     or past each input's (it is a function of the inputs' state as of those offsets)."""
     from lakestream.verify import verify_tables
@@ -224,8 +254,9 @@ def _wait_until_current(spark: SparkSession, config: PipelineConfig, pipeline: P
                 return time.monotonic() - started
     finally:
         kafka.close()
-    raise LakestreamError(f"{derived.table} did not catch up with the source tables within {timeout:.0f}s; "
-                          f"see {pipeline.log_path}")
+    raise LakestreamError(
+        f"{derived.table} did not catch up with the source tables within {timeout:.0f}s; see {pipeline.log_path}"
+    )
 
 
 def _print_report(result: Customer360Result, top: int) -> None:
@@ -239,10 +270,14 @@ def _print_report(result: Customer360Result, top: int) -> None:
         by_tier[c["top_tier"]] = by_tier.get(c["top_tier"], 0) + 1
     print("customers by top tier: " + ", ".join(f"{k} {v}" for k, v in sorted(by_tier.items())))
     print(f"\ntop {min(len(customers), top)} customers by MRR:")
-    print(f"{'customer':>8}  {'name':<14}{'country':<8}{'subs':>5}{'MRR':>9}  {'tier':<11}{'events':>7}{'units':>7}"
-          f"  {'last active (UTC)':<20}plans")
+    print(
+        f"{'customer':>8}  {'name':<14}{'country':<8}{'subs':>5}{'MRR':>9}  {'tier':<11}{'events':>7}{'units':>7}"
+        f"  {'last active (UTC)':<20}plans"
+    )
     for c in customers[:top]:
         last = f"{c['last_active_at']:%Y-%m-%d %H:%M:%S}" if c["last_active_at"] else "-"
-        print(f"{c['customer_id']:>8}  {c['name'][:13]:<14}{c['country']:<8}{c['active_subscriptions']:>5}"
-              f"{c['mrr']:>9.2f}  {c['top_tier']:<11}{c['usage_events']:>7}{c['usage_units']:>7}  {last:<20}"
-              f"{c['plans']}")
+        print(
+            f"{c['customer_id']:>8}  {c['name'][:13]:<14}{c['country']:<8}{c['active_subscriptions']:>5}"
+            f"{c['mrr']:>9.2f}  {c['top_tier']:<11}{c['usage_events']:>7}{c['usage_units']:>7}  {last:<20}"
+            f"{c['plans']}"
+        )

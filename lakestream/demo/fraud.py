@@ -5,6 +5,7 @@ stack's connection settings, runs capture and `lakestream run` as child processe
 transactions workload, waits until the history table holds every transaction, and prints the alerts
 with their rule and their latency from the PostgreSQL commit to the alert.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ from psycopg2 import sql as pgsql
 
 from lakestream.capture.process import CaptureProcess
 from lakestream.config import PipelineConfig, parse_config
-from lakestream.demo.runner import PipelineProcess, Step, wait_for_first_commit, example_stack, write_private_yaml
+from lakestream.demo.runner import PipelineProcess, Step, example_stack, wait_for_first_commit, write_private_yaml
 from lakestream.demo.transactions import TransactionStats, TransactionsWorkload
 from lakestream.errors import LakestreamError
 from lakestream.identifiers import quote, quote_table
@@ -62,8 +63,10 @@ def fraud_config_data(settings: FraudSettings, info: StackInfo, prefix: str) -> 
     try:
         data = yaml.safe_load(settings.example.read_text())
     except OSError as exc:
-        raise LakestreamError(f"cannot read the fraud example config {settings.example}: {exc.strerror} — fix: run "
-                              f"from a checkout of the repository (examples/fraud/pipeline.yaml)") from None
+        raise LakestreamError(
+            f"cannot read the fraud example config {settings.example}: {exc.strerror} — fix: run "
+            f"from a checkout of the repository (examples/fraud/pipeline.yaml)"
+        ) from None
     ns = settings.namespace
     for stream in data["streams"]:
         stream["topic_pattern"] = stream["topic_pattern"].replace("{prefix}", prefix)
@@ -75,13 +78,28 @@ def fraud_config_data(settings: FraudSettings, info: StackInfo, prefix: str) -> 
     data["name"] = f"{data.get('name', 'fraud')}_{prefix}"
     data["state_dir"] = str(Path(settings.state_dir).resolve())
     data["kafka"] = {"bootstrap_servers": info.bootstrap_servers, "group_id": f"lakestream-{prefix}"}
-    data["catalog"] = {"name": "lake", "type": "jdbc", "uri": info.catalog_jdbc_uri(), "user": info.pg_user,
-                       "password": info.pg_password, "warehouse": info.warehouse}
+    data["catalog"] = {
+        "name": "lake",
+        "type": "jdbc",
+        "uri": info.catalog_jdbc_uri(),
+        "user": info.pg_user,
+        "password": info.pg_password,
+        "warehouse": info.warehouse,
+    }
     data["capture"] = {
-        "database": {"host": info.pg_host, "port": info.pg_port, "dbname": settings.dbname, "user": info.pg_user,
-                     "password": info.pg_password},
-        "tables": ["public.transactions"], "topic_prefix": prefix, "slot_name": f"slot_{prefix}",
-        "publication_name": f"pub_{prefix}", "connector": {"heartbeat.interval.ms": "1000"}}
+        "database": {
+            "host": info.pg_host,
+            "port": info.pg_port,
+            "dbname": settings.dbname,
+            "user": info.pg_user,
+            "password": info.pg_password,
+        },
+        "tables": ["public.transactions"],
+        "topic_prefix": prefix,
+        "slot_name": f"slot_{prefix}",
+        "publication_name": f"pub_{prefix}",
+        "connector": {"heartbeat.interval.ms": "1000"},
+    }
     return data
 
 
@@ -91,11 +109,15 @@ def reset_database(info: StackInfo, dbname: str) -> None:
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = %s "
-                        "AND active_pid IS NOT NULL", (dbname,))
+            cur.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE database = %s "
+                "AND active_pid IS NOT NULL",
+                (dbname,),
+            )
             time.sleep(0.5)
-            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s",
-                        (dbname,))
+            cur.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s", (dbname,)
+            )
             cur.execute(pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(dbname)))
             cur.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(dbname)))
     finally:
@@ -115,8 +137,9 @@ def _table_count(spark: SparkSession, config: PipelineConfig, table: str) -> int
     return spark.sql(f"SELECT count(*) FROM {quote_table(config.catalog.name, ns, tbl)}").collect()[0][0]
 
 
-def run_fraud_demo(settings: FraudSettings, info: StackInfo | None = None,
-                   spark: SparkSession | None = None) -> FraudResult:
+def run_fraud_demo(
+    settings: FraudSettings, info: StackInfo | None = None, spark: SparkSession | None = None
+) -> FraudResult:
     """Run the example end to end and print its report; ``info``/``spark`` reuse a running stack/session."""
     step = Step(total=7)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -166,8 +189,10 @@ def run_fraud_demo(settings: FraudSettings, info: StackInfo | None = None,
             while (have := _table_count(spark, config, history)) < stats.transactions:
                 pipeline.check()
                 if time.monotonic() > deadline:
-                    raise LakestreamError(f"{history} holds {have} of {stats.transactions} transactions after "
-                                          f"{settings.catchup_timeout_s:.0f}s; see {pipeline.log_path}")
+                    raise LakestreamError(
+                        f"{history} holds {have} of {stats.transactions} transactions after "
+                        f"{settings.catchup_timeout_s:.0f}s; see {pipeline.log_path}"
+                    )
                 time.sleep(1)
         finally:
             step("stopping capture and the pipeline")
@@ -180,8 +205,12 @@ def run_fraud_demo(settings: FraudSettings, info: StackInfo | None = None,
         conn.close()
         alerts_table = next(r.alerts_table for r in config.rules)
         ns, tbl = alerts_table.split(".")
-        alerts = [r.asDict() for r in spark.sql(
-            f"SELECT * FROM {quote_table(config.catalog.name, ns, tbl)} ORDER BY event_time, check_name").collect()]
+        alerts = [
+            r.asDict()
+            for r in spark.sql(
+                f"SELECT * FROM {quote_table(config.catalog.name, ns, tbl)} ORDER BY event_time, check_name"
+            ).collect()
+        ]
     finally:
         if own_spark:
             spark.stop()
@@ -194,17 +223,23 @@ def _print_report(alerts: list[dict[str, Any]], transactions: int) -> dict[str, 
     by_check: dict[str, int] = {}
     for a in alerts:
         by_check[a["check_name"]] = by_check.get(a["check_name"], 0) + 1
-    print(f"\n{len(alerts)} alert(s) over {transactions} transactions: "
-          + ", ".join(f"{k} {v}" for k, v in sorted(by_check.items())))
+    print(
+        f"\n{len(alerts)} alert(s) over {transactions} transactions: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(by_check.items()))
+    )
     print(f"\n{'alert id':<26}{'rule':<16}{'account':>8}  {'tx':>6}  {'latency':>9}  detail")
     for a in alerts[-15:]:
         latency = "-" if a["latency_ms"] is None else f"{a['latency_ms'] / 1000:.2f}s"
-        print(f"{a['alert_id']:<26}{a['rule_set'] + '.' + a['check_name']:<16}{a['key']:>8}  {a['event_id']:>6}  "
-              f"{latency:>9}  {a['detail']}")
+        print(
+            f"{a['alert_id']:<26}{a['rule_set'] + '.' + a['check_name']:<16}{a['key']:>8}  {a['event_id']:>6}  "
+            f"{latency:>9}  {a['detail']}"
+        )
     values = np.array([a["latency_ms"] for a in alerts if a["latency_ms"] is not None], dtype=float)
     if not len(values):
         return {}
     out = {"p50": float(np.quantile(values, 0.5)), "p99": float(np.quantile(values, 0.99)), "max": float(values.max())}
-    print(f"\nevent → alert latency (PostgreSQL commit → alert produced): p50 {out['p50'] / 1000:.2f}s, "
-          f"p99 {out['p99'] / 1000:.2f}s, max {out['max'] / 1000:.2f}s over {len(values)} alerts")
+    print(
+        f"\nevent → alert latency (PostgreSQL commit → alert produced): p50 {out['p50'] / 1000:.2f}s, "
+        f"p99 {out['p99'] / 1000:.2f}s, max {out['max'] / 1000:.2f}s over {len(values)} alerts"
+    )
     return out

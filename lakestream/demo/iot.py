@@ -4,6 +4,7 @@ The processing part of the config is `examples/iot/pipeline.yaml`; this module a
 connection settings, produces two waves of simulated readings (the second with readings ten minutes
 late) and runs the pipeline after each until it is idle, then prints the windows per machine.
 """
+
 from __future__ import annotations
 
 import os
@@ -55,8 +56,10 @@ def iot_config_data(settings: IotSettings, info: StackInfo, topic: str) -> dict[
     try:
         data = yaml.safe_load(settings.example.read_text())
     except OSError as exc:
-        raise LakestreamError(f"cannot read the IoT example config {settings.example}: {exc.strerror} — fix: run "
-                              f"from a checkout of the repository (examples/iot/pipeline.yaml)") from None
+        raise LakestreamError(
+            f"cannot read the IoT example config {settings.example}: {exc.strerror} — fix: run "
+            f"from a checkout of the repository (examples/iot/pipeline.yaml)"
+        ) from None
     ns = settings.namespace
     for stream in data["streams"]:
         stream["topics"] = [t.replace("{topic}", topic) for t in stream["topics"]]
@@ -69,8 +72,14 @@ def iot_config_data(settings: IotSettings, info: StackInfo, topic: str) -> dict[
     data["name"] = f"{data.get('name', 'iot')}_{topic}"
     data["state_dir"] = str(Path(settings.state_dir).resolve())
     data["kafka"] = {"bootstrap_servers": info.bootstrap_servers, "group_id": f"lakestream-{topic}"}
-    data["catalog"] = {"name": "lake", "type": "jdbc", "uri": info.catalog_jdbc_uri(), "user": info.pg_user,
-                       "password": info.pg_password, "warehouse": info.warehouse}
+    data["catalog"] = {
+        "name": "lake",
+        "type": "jdbc",
+        "uri": info.catalog_jdbc_uri(),
+        "user": info.pg_user,
+        "password": info.pg_password,
+        "warehouse": info.warehouse,
+    }
     return data
 
 
@@ -96,8 +105,10 @@ def run_iot_demo(settings: IotSettings, info: StackInfo | None = None, spark: Sp
         sensors = SensorProducer(info.bootstrap_servers, topic, machines=settings.machines, seed=settings.seed)
         sensors.create_topic(partitions=4)
         first = sensors.readings(settings.readings)
-        step(f"sending {len(first)} readings of {settings.machines} machines to {topic} and running the pipeline "
-             f"({work / 'pipeline.yaml'})")
+        step(
+            f"sending {len(first)} readings of {settings.machines} machines to {topic} and running the pipeline "
+            f"({work / 'pipeline.yaml'})"
+        )
         sensors.send(first)
         run_pipeline(config, spark=spark, stop_when_idle=True)
         second = sensors.readings(max(1, settings.readings // 4))
@@ -110,12 +121,17 @@ def run_iot_demo(settings: IotSettings, info: StackInfo | None = None, spark: Sp
         windows = {}
         for w in config.windows:
             ns, tbl = w.table.split(".")
-            windows[w.table] = [r.asDict() for r in spark.sql(
-                f"SELECT * FROM {quote_table(config.catalog.name, ns, tbl)} ORDER BY window_start, "
-                f"{w.key}").collect()]
+            windows[w.table] = [
+                r.asDict()
+                for r in spark.sql(
+                    f"SELECT * FROM {quote_table(config.catalog.name, ns, tbl)} ORDER BY window_start, {w.key}"
+                ).collect()
+            ]
         ns, tbl = config.engine.dead_letter_table.split(".")
-        late = spark.sql(f"SELECT count(*) FROM {quote_table(config.catalog.name, ns, tbl)} WHERE topic = "
-                         f"'{topic}' AND error LIKE 'late:%'").collect()[0][0]
+        late = spark.sql(
+            f"SELECT count(*) FROM {quote_table(config.catalog.name, ns, tbl)} WHERE topic = "
+            f"'{topic}' AND error LIKE 'late:%'"
+        ).collect()[0][0]
     finally:
         if own_spark:
             spark.stop()
@@ -133,8 +149,10 @@ def _print_report(config: PipelineConfig, windows: dict[str, list[dict[str, Any]
         latest[r[minutes.key]] = r
     for key in sorted(latest):
         r = latest[key]
-        print(f"{key:<9}{r['window_start']:%Y-%m-%d %H:%M:%S}   {r['count']:>9}{r['temperature_avg']:>9.1f}"
-              f"{r['temperature_max']:>9.1f}{r['vibration_max']:>9.2f}")
+        print(
+            f"{key:<9}{r['window_start']:%Y-%m-%d %H:%M:%S}   {r['count']:>9}{r['temperature_avg']:>9.1f}"
+            f"{r['temperature_max']:>9.1f}{r['vibration_max']:>9.2f}"
+        )
     for w in config.windows[1:]:
         print(f"{w.table}: {len(windows[w.table])} window rows ({w.size_s}s windows every {w.slide}s)")
     print(f"late readings refused (dead letters with reason 'late'): {late}")

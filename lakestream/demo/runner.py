@@ -4,6 +4,7 @@ Re-runnable: every run first removes what the previous one left (replication slo
 capture offsets, source tables, Iceberg tables, Kafka topics, metrics), so the result always
 describes this run alone.
 """
+
 from __future__ import annotations
 
 import json
@@ -97,15 +98,29 @@ def run_demo(settings: DemoSettings) -> DemoResult:
     # Spark warns on stderr that the hostname resolves to loopback unless told which address to use.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-    extras = "".join([", S3 object store" if settings.storage == "s3" else "",
-                      ", REST catalog" if settings.catalog == "rest" else ""])
+    extras = "".join(
+        [
+            ", S3 object store" if settings.storage == "s3" else "",
+            ", REST catalog" if settings.catalog == "rest" else "",
+        ]
+    )
     if settings.source == "mariadb":
         extras += f", MariaDB :{settings.mariadb_port}"
-    step(f"starting the local stack (PostgreSQL :{settings.pg_port}, Apache Kafka :{settings.kafka_port}"
-         f"{extras}) — reused if running")
-    info = Stack(StackSettings(state_dir=state_dir, pg_port=settings.pg_port, kafka_port=settings.kafka_port,
-                               storage=settings.storage, catalog=settings.catalog, source=settings.source,
-                               mariadb_port=settings.mariadb_port)).up()
+    step(
+        f"starting the local stack (PostgreSQL :{settings.pg_port}, Apache Kafka :{settings.kafka_port}"
+        f"{extras}) — reused if running"
+    )
+    info = Stack(
+        StackSettings(
+            state_dir=state_dir,
+            pg_port=settings.pg_port,
+            kafka_port=settings.kafka_port,
+            storage=settings.storage,
+            catalog=settings.catalog,
+            source=settings.source,
+            mariadb_port=settings.mariadb_port,
+        )
+    ).up()
     sql = shop.DIALECTS[settings.source]
     # The config names the object store's credentials by environment variable; capture, the pipeline
     # and the reads in this process (and its children) find them there.
@@ -123,8 +138,11 @@ def run_demo(settings: DemoSettings) -> DemoResult:
     yaml_path = demo_dir / "pipeline.yaml"
     _write_pipeline_yaml(yaml_path, info, state_dir, prefix, group, sql)
     captured = config.require_capture("the demo")
-    for stale in (offsets_file(state_dir, captured), metrics_path(config),
-                  *capture_database(captured).state_files(captured, state_dir)):
+    for stale in (
+        offsets_file(state_dir, captured),
+        metrics_path(config),
+        *capture_database(captured).state_files(captured, state_dir),
+    ):
         stale.unlink(missing_ok=True)
 
     from lakestream.spark import session_for
@@ -133,8 +151,10 @@ def run_demo(settings: DemoSettings) -> DemoResult:
     try:
         _drop_lake_tables(spark, config)
 
-        step(f"creating the shop database (customers, orders, order_items) with {settings.seed_customers} customers, "
-             f"{settings.seed_orders} orders")
+        step(
+            f"creating the shop database (customers, orders, order_items) with {settings.seed_customers} customers, "
+            f"{settings.seed_orders} orders"
+        )
         conn = _source_connection(info)
         try:
             shop.create_schema(conn, sql)
@@ -156,15 +176,19 @@ def run_demo(settings: DemoSettings) -> DemoResult:
                 ready_s = wait_for_first_commit(config, pipeline, timeout=300)
                 step.info(f"the pipeline committed the initial snapshot {ready_s:.1f}s after capture was streaming")
 
-                step(f"running the workload for {settings.duration_s:.0f}s (~{settings.changes_per_s:.0f} changes/s; "
-                     "inserts, updates, deletes in multi-row transactions)")
+                step(
+                    f"running the workload for {settings.duration_s:.0f}s (~{settings.changes_per_s:.0f} changes/s; "
+                    "inserts, updates, deletes in multi-row transactions)"
+                )
                 workload_started_ms = int(time.time() * 1000)
 
                 def progress(stats: shop.WorkloadStats, elapsed: float) -> None:
                     pipeline.check()
-                    step.info(f"{elapsed:5.0f}s  {stats.changes:,} changes ({stats.changes / elapsed:,.0f}/s): "
-                              f"{stats.inserts:,} inserts, {stats.updates:,} updates, {stats.deletes:,} deletes "
-                              f"in {stats.transactions:,} transactions")
+                    step.info(
+                        f"{elapsed:5.0f}s  {stats.changes:,} changes ({stats.changes / elapsed:,.0f}/s): "
+                        f"{stats.inserts:,} inserts, {stats.updates:,} updates, {stats.deletes:,} deletes "
+                        f"in {stats.transactions:,} transactions"
+                    )
 
                 stats = workload.run(settings.duration_s, settings.changes_per_s, on_progress=progress)
                 step.info(f"workload done: {stats.changes:,} changes in {stats.transactions:,} transactions")
@@ -187,16 +211,21 @@ def run_demo(settings: DemoSettings) -> DemoResult:
     print(f"\ndemo finished in {seconds:.0f}s — {'OK' if report.ok else 'FAILED (verify found differences)'}")
     if info.storage_env():
         print("the warehouse is in the local S3-compatible store; its credentials come from the environment:")
-        print("  " + " ".join(f"export {name}=..." for name in info.storage_env()) + "   (see `lakestream stack up --storage s3`)")
-    print(f"explore: lakestream sql {yaml_path} \"SELECT * FROM {config.catalog.name}.{NAMESPACE}.orders LIMIT 10\"")
+        print(
+            "  "
+            + " ".join(f"export {name}=..." for name in info.storage_env())
+            + "   (see `lakestream stack up --storage s3`)"
+        )
+    print(f'explore: lakestream sql {yaml_path} "SELECT * FROM {config.catalog.name}.{NAMESPACE}.orders LIMIT 10"')
     return DemoResult(ok=report.ok, seconds=seconds, changes=stats.changes, verify=report)
 
 
 # -- configuration ---------------------------------------------------------------------------------
 
 
-def _config_data(info: StackInfo, state_dir: Path, prefix: str, group: str,
-                 sql: shop.ShopSQL = shop.POSTGRESQL) -> dict[str, Any]:
+def _config_data(
+    info: StackInfo, state_dir: Path, prefix: str, group: str, sql: shop.ShopSQL = shop.POSTGRESQL
+) -> dict[str, Any]:
     schema = sql.tables[0].split(".")[0]
     return {
         "name": PIPELINE_NAME,
@@ -211,20 +240,23 @@ def _config_data(info: StackInfo, state_dir: Path, prefix: str, group: str,
             "slot_name": SLOT,
             "publication_name": PUBLICATION,
         },
-        "streams": [{"topic_pattern": rf"{prefix}\.{schema}\..*", "mode": "upsert", "namespace": NAMESPACE,
-                     "table": "{table}"}],
+        "streams": [
+            {"topic_pattern": rf"{prefix}\.{schema}\..*", "mode": "upsert", "namespace": NAMESPACE, "table": "{table}"}
+        ],
         "engine": {"commit_interval_s": 2, "idle_poll_s": 0.3},
         "spark": {"master": "local[2]", "driver_memory": "2g"},
     }
 
 
-def _pipeline_config(info: StackInfo, state_dir: Path, prefix: str, group: str,
-                     sql: shop.ShopSQL = shop.POSTGRESQL) -> PipelineConfig:
+def _pipeline_config(
+    info: StackInfo, state_dir: Path, prefix: str, group: str, sql: shop.ShopSQL = shop.POSTGRESQL
+) -> PipelineConfig:
     return parse_config(_config_data(info, state_dir, prefix, group, sql), "<demo>")
 
 
-def _write_pipeline_yaml(path: Path, info: StackInfo, state_dir: Path, prefix: str, group: str,
-                         sql: shop.ShopSQL = shop.POSTGRESQL) -> None:
+def _write_pipeline_yaml(
+    path: Path, info: StackInfo, state_dir: Path, prefix: str, group: str, sql: shop.ShopSQL = shop.POSTGRESQL
+) -> None:
     # The file holds the local stack's credentials: readable by its owner only.
     path.unlink(missing_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -258,8 +290,14 @@ def _source_connection(info: StackInfo) -> Any:
     if info.mariadb_port is not None:
         import pymysql
 
-        return pymysql.connect(host=info.pg_host, port=info.mariadb_port, user=info.pg_user,
-                               password=info.pg_password, database=info.source_db, charset="utf8mb4")
+        return pymysql.connect(
+            host=info.pg_host,
+            port=info.mariadb_port,
+            user=info.pg_user,
+            password=info.pg_password,
+            database=info.source_db,
+            charset="utf8mb4",
+        )
     return psycopg2.connect(info.pg_dsn())
 
 
@@ -280,14 +318,19 @@ def _reset_source(info: StackInfo, sql: shop.ShopSQL = shop.POSTGRESQL) -> None:
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s "
-                        "AND active_pid IS NOT NULL", (SLOT,))
+            cur.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s "
+                "AND active_pid IS NOT NULL",
+                (SLOT,),
+            )
             for _ in range(50):
                 cur.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s AND active", (SLOT,))
                 if cur.fetchone()[0] == 0:
                     break
                 time.sleep(0.1)
-            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (SLOT,))
+            cur.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)
+            )
             cur.execute(pgsql.SQL("DROP PUBLICATION IF EXISTS {}").format(pgsql.Identifier(PUBLICATION)))
             for table in reversed(shop.TABLES):
                 cur.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(*table.split("."))))
@@ -339,12 +382,19 @@ class PipelineProcess:
 
     def start(self) -> None:
         with open(self.log_path, "wb") as log:  # this run only
-            self.proc = subprocess.Popen([*LAKESTREAM_COMMAND, "run", str(self.yaml_path)], stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [*LAKESTREAM_COMMAND, "run", str(self.yaml_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def check(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
-            raise LakestreamError(f"the pipeline exited with code {self.proc.returncode}; see {self.log_path}:\n{self.tail()}")
+            raise LakestreamError(
+                f"the pipeline exited with code {self.proc.returncode}; see {self.log_path}:\n{self.tail()}"
+            )
 
     def tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -360,8 +410,9 @@ class PipelineProcess:
             self.proc.wait(10)
 
 
-def _wait_until_verified(spark: SparkSession, config: PipelineConfig, pipeline: PipelineProcess,
-                         timeout: float) -> tuple[VerifyReport, float]:
+def _wait_until_verified(
+    spark: SparkSession, config: PipelineConfig, pipeline: PipelineProcess, timeout: float
+) -> tuple[VerifyReport, float]:
     from lakestream.verify import verify_tables
 
     started = time.monotonic()
@@ -428,8 +479,13 @@ def _print_report(spark: SparkSession, config: PipelineConfig, report: VerifyRep
     for name in ("source table", "lake table", "source rows", "lake rows", "match"):
         rows.add_column(name, justify="right" if "rows" in name else "left")
     for t in report.tables:
-        rows.add_row(t.source_table, f"{config.catalog.name}.{t.lake_table}", f"{t.source_rows:,}", f"{t.lake_rows:,}",
-                     "yes" if t.ok else "NO")
+        rows.add_row(
+            t.source_table,
+            f"{config.catalog.name}.{t.lake_table}",
+            f"{t.source_rows:,}",
+            f"{t.lake_rows:,}",
+            "yes" if t.ok else "NO",
+        )
     console.print(rows)
 
     print("\nverify (row count + per-row hash by primary key):")
@@ -438,15 +494,22 @@ def _print_report(spark: SparkSession, config: PipelineConfig, report: VerifyRep
 
     freshness = freshness_from_metrics(metrics_path(config), since_ms=since_ms)
     if freshness:
-        print(f"\nfreshness (source commit → visible in Iceberg) during the workload: p50 {freshness.p50_s:.1f}s, "
-              f"p99 {freshness.p99_s:.1f}s over {freshness.batches} batches / {freshness.records:,} changes")
+        print(
+            f"\nfreshness (source commit → visible in Iceberg) during the workload: p50 {freshness.p50_s:.1f}s, "
+            f"p99 {freshness.p99_s:.1f}s over {freshness.batches} batches / {freshness.records:,} changes"
+        )
     else:
         print("\nfreshness: no batch metrics recorded")
 
     router = Router.from_config(config)
     layout = Table(title="Iceberg tables", header_style="bold")
-    columns: list[tuple[str, JustifyMethod]] = [("table", "left"), ("snapshots", "right"), ("data files", "right"),
-                                                ("delete files", "right"), ("data MB", "right")]
+    columns: list[tuple[str, JustifyMethod]] = [
+        ("table", "left"),
+        ("snapshots", "right"),
+        ("data files", "right"),
+        ("delete files", "right"),
+        ("data MB", "right"),
+    ]
     for name, justify in columns:
         layout.add_column(name, justify=justify)
     names = {}
@@ -460,11 +523,18 @@ def _print_report(spark: SparkSession, config: PipelineConfig, report: VerifyRep
         except Exception as exc:  # noqa: BLE001 - a missing table is already reported by verify
             layout.add_row(str(lake_name), "-", "-", "-", type(exc).__name__)
             continue
-        layout.add_row(stats.table, str(stats.snapshots), str(stats.data_files), str(stats.delete_files),
-                       f"{stats.data_bytes / 1e6:.2f}")
+        layout.add_row(
+            stats.table,
+            str(stats.snapshots),
+            str(stats.data_files),
+            str(stats.delete_files),
+            f"{stats.data_bytes / 1e6:.2f}",
+        )
     console.print(layout)
 
-    query = shop.ANALYTICAL_QUERY.format(**{t: quote_table(config.catalog.name, n.namespace, n.table) for t, n in names.items()})
+    query = shop.ANALYTICAL_QUERY.format(
+        **{t: quote_table(config.catalog.name, n.namespace, n.table) for t, n in names.items()}
+    )
     try:
         df = spark.sql(query)
         result = df.collect()
@@ -476,4 +546,3 @@ def _print_report(spark: SparkSession, config: PipelineConfig, report: VerifyRep
         console.print(segments)
     except Exception as exc:  # noqa: BLE001 - the query is illustration; verify decides the exit code
         print(f"analytical query failed: {exc}")
-

@@ -4,6 +4,7 @@ The workload mixes what a real OLTP database does: new orders with their lines i
 status changes, customer edits, cancellations that delete an order with its lines, and bulk updates
 that touch many rows in one statement.
 """
+
 from __future__ import annotations
 
 import json
@@ -105,12 +106,21 @@ class ShopSQL:
         return next(t for t in self.tables if t.endswith("." + name))
 
 
-POSTGRESQL = ShopSQL(TABLES, SCHEMA_DDL,
-                     # A demo database: commits need not wait for the WAL flush (the slot still sees them in order).
-                     ["SET synchronous_commit TO off"],
-                     "now() AT TIME ZONE 'UTC'", "attributes || jsonb_build_object('last_seen', now()::text)")
-MARIADB = ShopSQL(MARIADB_TABLES, MARIADB_SCHEMA_DDL, [], "UTC_TIMESTAMP(6)",
-                  "JSON_SET(attributes, '$.last_seen', CAST(NOW(6) AS CHAR))")
+POSTGRESQL = ShopSQL(
+    TABLES,
+    SCHEMA_DDL,
+    # A demo database: commits need not wait for the WAL flush (the slot still sees them in order).
+    ["SET synchronous_commit TO off"],
+    "now() AT TIME ZONE 'UTC'",
+    "attributes || jsonb_build_object('last_seen', now()::text)",
+)
+MARIADB = ShopSQL(
+    MARIADB_TABLES,
+    MARIADB_SCHEMA_DDL,
+    [],
+    "UTC_TIMESTAMP(6)",
+    "JSON_SET(attributes, '$.last_seen', CAST(NOW(6) AS CHAR))",
+)
 DIALECTS = {"postgresql": POSTGRESQL, "mariadb": MARIADB}
 
 
@@ -169,8 +179,13 @@ class ShopWorkload:
 
     # -- the workload --------------------------------------------------------------------------
 
-    def run(self, duration_s: float, rate: float, on_progress: Callable[[WorkloadStats, float], None] | None = None,
-            progress_every_s: float = 5.0) -> WorkloadStats:
+    def run(
+        self,
+        duration_s: float,
+        rate: float,
+        on_progress: Callable[[WorkloadStats, float], None] | None = None,
+        progress_every_s: float = 5.0,
+    ) -> WorkloadStats:
         """Run transactions for ``duration_s`` at about ``rate`` row changes per second."""
         start = time.monotonic()
         next_progress = start + progress_every_s
@@ -214,25 +229,44 @@ class ShopWorkload:
         rng = self.rng
         self._email_seq += 1
         first, last = rng.choice(_FIRST), rng.choice(_LAST)
-        attributes = {"newsletter": rng.random() < 0.5, "tags": rng.sample(["vip", "b2b", "eco", "mobile"], k=rng.randint(0, 2))}
+        attributes = {
+            "newsletter": rng.random() < 0.5,
+            "tags": rng.sample(["vip", "b2b", "eco", "mobile"], k=rng.randint(0, 2)),
+        }
         with self.conn.cursor() as cur:
             cur.execute(
                 f"""INSERT INTO {self.customers} (email, name, segment, country, attributes, birthday)
                    VALUES (%s, %s, %s, %s, %s, %s) RETURNING id""",
-                (f"{first}.{last}.{self._email_seq}.{rng.randrange(10**6)}@example.com".lower(), f"{first} {last}",
-                 rng.choice(_SEGMENTS), rng.choice(_COUNTRIES), json.dumps(attributes),
-                 None if rng.random() < 0.3 else f"{rng.randint(1950, 2005)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"),
+                (
+                    f"{first}.{last}.{self._email_seq}.{rng.randrange(10**6)}@example.com".lower(),
+                    f"{first} {last}",
+                    rng.choice(_SEGMENTS),
+                    rng.choice(_COUNTRIES),
+                    json.dumps(attributes),
+                    None
+                    if rng.random() < 0.3
+                    else f"{rng.randint(1950, 2005)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+                ),
             )
             self.customer_ids.append(cur.fetchone()[0])
         self._count("inserts", 1)
 
     def _new_order(self) -> None:
         rng = self.rng
-        lines = [(rng.choice(_SKUS), rng.randint(1, 5), Decimal(rng.randint(199, 24999)) / 100,
-                  None if rng.random() < 0.7 else Decimal(rng.choice([5, 10, 15])) / 100)
-                 for _ in range(rng.randint(1, 4))]
+        lines = [
+            (
+                rng.choice(_SKUS),
+                rng.randint(1, 5),
+                Decimal(rng.randint(199, 24999)) / 100,
+                None if rng.random() < 0.7 else Decimal(rng.choice([5, 10, 15])) / 100,
+            )
+            for _ in range(rng.randint(1, 4))
+        ]
         total = sum((q * p * (1 - (d or 0)) for _, q, p, d in lines), Decimal(0)).quantize(Decimal("0.01"))
-        address = {"city": rng.choice(["Berlin", "Paris", "Amsterdam", "Austin", "Kyoto"]), "zip": f"{rng.randint(10000, 99999)}"}
+        address = {
+            "city": rng.choice(["Berlin", "Paris", "Amsterdam", "Austin", "Kyoto"]),
+            "zip": f"{rng.randint(10000, 99999)}",
+        }
         with self.conn.cursor() as cur:
             cur.execute(
                 f"""INSERT INTO {self.orders} (customer_id, status, shipping_address)
@@ -285,8 +319,10 @@ class ShopWorkload:
         with self.conn.cursor() as cur:
             if self.rng.random() < 0.5:
                 # A cancelled order is kept, flagged; half of them are removed with their lines.
-                cur.execute(f"UPDATE {self.orders} SET status = 'cancelled', updated_at = {self.sql.now_utc} WHERE id = %s",
-                            (order_id,))
+                cur.execute(
+                    f"UPDATE {self.orders} SET status = 'cancelled', updated_at = {self.sql.now_utc} WHERE id = %s",
+                    (order_id,),
+                )
                 self._count("updates", 1)
                 return
             cur.execute(f"DELETE FROM {self.order_items} WHERE order_id = %s", (order_id,))

@@ -6,6 +6,7 @@ Users sign up, change country or e-mail, and leave (their subscriptions and usag
 customer (an account transfer), are cancelled or deleted; usage events are recorded and, rarely,
 deleted (a correction). Each change is its own PostgreSQL transaction.
 """
+
 from __future__ import annotations
 
 import random
@@ -44,8 +45,13 @@ CREATE TABLE IF NOT EXISTS public.usage_events (
 
 # The product catalog: (id, name, tier, monthly price). Static while the workload runs.
 PLANS = [
-    (1, "Free", "free", 0), (2, "Starter", "basic", 9), (3, "Team", "pro", 29), (4, "Business", "pro", 79),
-    (5, "Enterprise", "enterprise", 249), (6, "Extra storage", "addon", 5), (7, "Priority support", "addon", 19),
+    (1, "Free", "free", 0),
+    (2, "Starter", "basic", 9),
+    (3, "Team", "pro", 29),
+    (4, "Business", "pro", 79),
+    (5, "Enterprise", "enterprise", 249),
+    (6, "Extra storage", "addon", 5),
+    (7, "Priority support", "addon", 19),
 ]
 COUNTRIES = ["CH", "DE", "FR", "IT", "AT", "NL", "US", "GB"]
 EVENT_KINDS = ["login", "api_call", "report", "export", "seat_added"]
@@ -91,8 +97,10 @@ class SubscriptionsWorkload:
 
     def signup(self) -> None:
         name = f"{self.rng.choice(FIRST_NAMES)} {len(self.users) + self.stats.users_deleted + 1}"
-        uid = self._execute("INSERT INTO public.users (name, email, country) VALUES (%s, %s, %s) RETURNING id",
-                            (name, f"{name.lower().replace(' ', '.')}@example.com", self.rng.choice(COUNTRIES)))[0][0]
+        uid = self._execute(
+            "INSERT INTO public.users (name, email, country) VALUES (%s, %s, %s) RETURNING id",
+            (name, f"{name.lower().replace(' ', '.')}@example.com", self.rng.choice(COUNTRIES)),
+        )[0][0]
         self.users.append(uid)
         self.stats.signups += 1
         if self.rng.random() < 0.7:
@@ -101,8 +109,9 @@ class SubscriptionsWorkload:
     def subscribe(self, user: int | None = None) -> None:
         user = user if user is not None else self.rng.choice(self.users)
         plan = self.rng.choices([p[0] for p in PLANS], weights=[4, 5, 4, 2, 1, 2, 1])[0]
-        sid = self._execute("INSERT INTO public.subscriptions (user_id, plan_id) VALUES (%s, %s) RETURNING id",
-                            (user, plan))[0][0]
+        sid = self._execute(
+            "INSERT INTO public.subscriptions (user_id, plan_id) VALUES (%s, %s) RETURNING id", (user, plan)
+        )[0][0]
         self.subscriptions[sid] = user
 
     def _step(self) -> None:
@@ -112,8 +121,9 @@ class SubscriptionsWorkload:
         if kind < 0.14 or len(self.users) < 8:
             self.signup()
         elif kind < 0.20:
-            column, value = rng.choice([("country", rng.choice(COUNTRIES)),
-                                        ("email", f"user{rng.randrange(10**6)}@example.org")])
+            column, value = rng.choice(
+                [("country", rng.choice(COUNTRIES)), ("email", f"user{rng.randrange(10**6)}@example.org")]
+            )
             self._execute(f"UPDATE public.users SET {column} = %s WHERE id = %s", (value, rng.choice(self.users)))
         elif kind < 0.23:
             uid = self.users.pop(rng.randrange(len(self.users)))
@@ -124,8 +134,10 @@ class SubscriptionsWorkload:
             self.subscribe()
         elif kind < 0.43:
             sid = rng.choice(sorted(self.subscriptions))
-            self._execute("UPDATE public.subscriptions SET plan_id = %s, status = 'active' WHERE id = %s",
-                          (rng.choice(PLANS)[0], sid))
+            self._execute(
+                "UPDATE public.subscriptions SET plan_id = %s, status = 'active' WHERE id = %s",
+                (rng.choice(PLANS)[0], sid),
+            )
             self.stats.plan_changes += 1
         elif kind < 0.47:
             sid, uid = rng.choice(sorted(self.subscriptions)), rng.choice(self.users)
@@ -141,17 +153,20 @@ class SubscriptionsWorkload:
                 del self.subscriptions[sid]
             self.stats.cancellations += 1
         elif kind < 0.54 and self.events:
-            self._execute("DELETE FROM public.usage_events WHERE id = %s",
-                          (self.events.pop(rng.randrange(len(self.events))),))
+            self._execute(
+                "DELETE FROM public.usage_events WHERE id = %s", (self.events.pop(rng.randrange(len(self.events))),)
+            )
         else:
-            eid = self._execute("INSERT INTO public.usage_events (user_id, kind, units) VALUES (%s, %s, %s) "
-                                "RETURNING id", (rng.choice(self.users), rng.choice(EVENT_KINDS),
-                                                 rng.randint(1, 20)))[0][0]
+            eid = self._execute(
+                "INSERT INTO public.usage_events (user_id, kind, units) VALUES (%s, %s, %s) RETURNING id",
+                (rng.choice(self.users), rng.choice(EVENT_KINDS), rng.randint(1, 20)),
+            )[0][0]
             self.events.append(eid)
             self.stats.usage_events += 1
 
-    def run(self, duration_s: float, per_s: float,
-            on_progress: Callable[[SubscriptionStats, float], None] | None = None) -> SubscriptionStats:
+    def run(
+        self, duration_s: float, per_s: float, on_progress: Callable[[SubscriptionStats, float], None] | None = None
+    ) -> SubscriptionStats:
         """Make ~``per_s`` changes a second for ``duration_s`` seconds."""
         started = time.monotonic()
         next_progress = 5.0

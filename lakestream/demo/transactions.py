@@ -4,6 +4,7 @@ Accounts pay small amounts in their home country; now and then one account burst
 seconds), pays abroad, makes a large payment or goes on a spending spree. Each payment is its own
 PostgreSQL transaction, so its commit time (Debezium's source.ts_ms) is when the event happened.
 """
+
 from __future__ import annotations
 
 import random
@@ -46,8 +47,10 @@ class TransactionsWorkload:
 
     def pay(self, account: int, amount: float, country: str | None = None) -> None:
         with self.conn.cursor() as cur:
-            cur.execute("INSERT INTO public.transactions (account_id, amount, country) VALUES (%s, %s, %s)",
-                        (account, round(amount, 2), country or self.home[account]))
+            cur.execute(
+                "INSERT INTO public.transactions (account_id, amount, country) VALUES (%s, %s, %s)",
+                (account, round(amount, 2), country or self.home[account]),
+            )
         self.conn.commit()
         self.stats.transactions += 1
 
@@ -64,8 +67,13 @@ class TransactionsWorkload:
             return [(account, self.rng.uniform(4000, 9000), None)]
         return [(account, self.rng.uniform(1500, 3000), None) for _ in range(3)]
 
-    def run(self, duration_s: float, per_s: float, pattern_every: int = 12,
-            on_progress: Callable[[TransactionStats, float], None] | None = None) -> TransactionStats:
+    def run(
+        self,
+        duration_s: float,
+        per_s: float,
+        pattern_every: int = 12,
+        on_progress: Callable[[TransactionStats, float], None] | None = None,
+    ) -> TransactionStats:
         """Insert ~``per_s`` payments a second for ``duration_s``; one pattern per ``pattern_every`` payments."""
         started = time.monotonic()
         next_progress = 5.0

@@ -11,6 +11,7 @@ consumer group's offset is held back the same way. Memory holds only the files' 
 Only append tables are held (transform outputs): an upsert's deletes are planned against the table's
 state at the commit, which a file written minutes earlier would not see.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -47,8 +48,7 @@ class Cadence:
     def due(self, table: str, now: float) -> bool:
         return now - self._last_commit.get(table, now) >= self.intervals[table] - 0.05
 
-    def add(self, table: str, report: TableReport, ends: dict[TP, int], ranges: list[OffsetRange],
-            now: float) -> None:
+    def add(self, table: str, report: TableReport, ends: dict[TP, int], ranges: list[OffsetRange], now: float) -> None:
         """Fold one batch's part of ``table`` (its facts, the batch's ends, its closed ranges) into what it holds."""
         self._last_commit.setdefault(table, now)
         held = self.held.get(table)

@@ -2,6 +2,7 @@
 in one snapshot per table (`lakestream.sink.commit.tables.write_table`), retried on commit conflicts, in the
 order the stages declare, with the tables that commit at their own cadence held until due.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,9 +47,16 @@ COMMIT_ATTEMPTS = 5
 class Committer:
     """Commits the tables of each batch; records the conflicts it met and the attempts it repeated."""
 
-    def __init__(self, config: PipelineConfig, registry: TableRegistry, offsets: TableOffsets, isolator: Isolator,
-                 reads: Callable[[], dict[str, set[str]]], batch_id: Callable[[], int],
-                 clock: Callable[[], float]):
+    def __init__(
+        self,
+        config: PipelineConfig,
+        registry: TableRegistry,
+        offsets: TableOffsets,
+        isolator: Isolator,
+        reads: Callable[[], dict[str, set[str]]],
+        batch_id: Callable[[], int],
+        clock: Callable[[], float],
+    ):
         self.config = config
         self.registry = registry
         self.offsets = offsets
@@ -62,8 +70,13 @@ class Committer:
         self.conflicts: list[tuple[str, str]] = []
         self.retries: list[str] = []
 
-    def retrying(self, name: str, commit: Callable[[TableWrite], T],
-                 settle: Callable[[TableWrite, str], T | None] | None = None, record: bool = True) -> T:
+    def retrying(
+        self,
+        name: str,
+        commit: Callable[[TableWrite], T],
+        settle: Callable[[TableWrite, str], T | None] | None = None,
+        record: bool = True,
+    ) -> T:
         """``commit`` of table ``name`` on a fresh view of it (its index refreshed), up to `COMMIT_ATTEMPTS` times:
         a `StaleIndex` (another writer committed since the index's snapshot) or a commit conflict is retried,
         anything else raised. ``settle`` may end a conflict with a result (the commit had landed after all).
@@ -93,8 +106,13 @@ class Committer:
                 settled = settle(write, text) if settle is not None else None
                 if settled is not None:
                     return settled
-                log.warning("table %s: commit conflict (attempt %d/%d), re-planning deletes: %s", name, attempt,
-                            COMMIT_ATTEMPTS, text[:200])
+                log.warning(
+                    "table %s: commit conflict (attempt %d/%d), re-planning deletes: %s",
+                    name,
+                    attempt,
+                    COMMIT_ATTEMPTS,
+                    text[:200],
+                )
                 if write.index is not None:
                     write.index.valid = False
             if record:
@@ -138,8 +156,11 @@ class Committer:
         pause_point("commit.table.after")
         self.offsets.record(ident, merged)
         spec.committed = dict(merged)
-        return dataclasses.replace(done, source_ts_ms=changes.max_source_ts,
-                                   timings_ms={**laps.ms, **{f"write.{k}": v for k, v in done.timings_ms.items()}})
+        return dataclasses.replace(
+            done,
+            source_ts_ms=changes.max_source_ts,
+            timings_ms={**laps.ms, **{f"write.{k}": v for k, v in done.timings_ms.items()}},
+        )
 
     def commit_tables(self, report: BatchReport, ranges: list[OffsetRange] | None = None) -> dict[str, TableCommit]:
         """Commit every table of the batch; tables are independent, so several commit at once. With
@@ -148,9 +169,15 @@ class Committer:
         A table with a cadence of its own (`lakestream.engine.cadence`) adds its part to what it holds,
         and commits all it holds when its interval is due."""
         ends = {tp: end.next_offset for tp, end in report.ends.items()}
-        closed = None if ranges is None else [
-            OffsetRange(r.topic, r.partition, r.start, min(ends[r.tp], r.end or ends[r.tp]), r.limit)
-            for r in ranges if r.tp in ends]
+        closed = (
+            None
+            if ranges is None
+            else [
+                OffsetRange(r.topic, r.partition, r.start, min(ends[r.tp], r.end or ends[r.tp]), r.limit)
+                for r in ranges
+                if r.tp in ends
+            ]
+        )
         now = self.clock()
         todo: list[tuple[str, TableReport, dict[TP, int], list[OffsetRange] | None]] = []
         hold: list[tuple[str, TableReport]] = []
@@ -165,19 +192,26 @@ class Committer:
                 hold.append((name, tr))
         todo += self.due_held(now, force=False)
 
-        def commit(name: str, tr: TableReport, ends: dict[TP, int], closed: list[OffsetRange] | None
-                   ) -> TableCommit | None:
+        def commit(
+            name: str, tr: TableReport, ends: dict[TP, int], closed: list[OffsetRange] | None
+        ) -> TableCommit | None:
             try:
                 return self.commit_table(name, tr, ends)
             except Exception as exc:  # noqa: BLE001 — classified just below
                 if closed is None or is_infrastructure_failure(exc):
                     raise
-                log.warning("table %s: commit failed, isolating the record(s) that make it fail: %s", name,
-                            first_line(exc))
+                log.warning(
+                    "table %s: commit failed, isolating the record(s) that make it fail: %s", name, first_line(exc)
+                )
                 delete_quietly([f.path for f in tr.files])
                 fed = set(tr.tp_offsets())
-                return self.isolator.bisect_commit(name, [r for r in without(closed, self.isolator.culprits) if r.tp in fed],
-                                                   report, exc, self.commit_table)
+                return self.isolator.bisect_commit(
+                    name,
+                    [r for r in without(closed, self.isolator.culprits) if r.tp in fed],
+                    report,
+                    exc,
+                    self.commit_table,
+                )
 
         # Tables commit before the tables they read (alerts before their rule's source, transform outputs before
         # their input): a restart reads from the input's offsets, which are then never past a reader's (each
@@ -201,8 +235,9 @@ class Committer:
             self.registry.cadence.add(name, tr, ends, closed or [], now)
         return done
 
-    def due_held(self, now: float, force: bool
-                  ) -> list[tuple[str, TableReport, dict[TP, int], list[OffsetRange] | None]]:
+    def due_held(
+        self, now: float, force: bool
+    ) -> list[tuple[str, TableReport, dict[TP, int], list[OffsetRange] | None]]:
         """The held tables whose interval is due (all of them with ``force``), taken for their commit."""
         out = []
         for name in sorted(self.registry.cadence.held) if force else self.registry.cadence.due_tables(now):
@@ -250,12 +285,22 @@ class Committer:
             pause_point("maintenance.commit.after")
         result.seconds = time.monotonic() - started  # the commit's own time; the rewrite's is in detail
         result.files_after = done.files_added
-        result.bytes_after = sum(g.output["file_size"] for g in prepared.groups if g.output is not None) \
-            if not done.dropped_groups else None
+        result.bytes_after = (
+            sum(g.output["file_size"] for g in prepared.groups if g.output is not None)
+            if not done.dropped_groups
+            else None
+        )
         result.files_before = done.files_removed
-        result.detail.update({"snapshot_id": done.snapshot_id, "rows_moved": done.rows_moved,
-                              "deletes_carried": done.deletes_carried, "groups_dropped": done.dropped_groups,
-                              "waited_s": round(started - prepared.started, 3), "timings_s": done.timings_s})
+        result.detail.update(
+            {
+                "snapshot_id": done.snapshot_id,
+                "rows_moved": done.rows_moved,
+                "deletes_carried": done.deletes_carried,
+                "groups_dropped": done.dropped_groups,
+                "waited_s": round(started - prepared.started, 3),
+                "timings_s": done.timings_s,
+            }
+        )
         if done.snapshot_id is None:
             result.status = "conflict"
             result.error = "every group's inputs changed under the rewrite"

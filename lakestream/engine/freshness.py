@@ -5,6 +5,7 @@ time its data became visible (commit). Its freshness distribution is therefore c
 times; the figures over many batches are quantiles of the record-weighted mixture of the batches'
 distributions (each taken as piecewise linear through its known points).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -15,8 +16,9 @@ from typing import Any
 import orjson
 
 
-def mixture_quantiles(groups: Sequence[tuple[int, list[float], float, float]],
-                      targets: tuple[float, ...] = (0.01, 0.5, 0.99)) -> list[float] | None:
+def mixture_quantiles(
+    groups: Sequence[tuple[int, list[float], float, float]], targets: tuple[float, ...] = (0.01, 0.5, 0.99)
+) -> list[float] | None:
     """Quantiles of a mixture of groups given as (count, [q01, q50, q99], min, max)."""
     populated = [g for g in groups if g[0] > 0]
     if not populated:

@@ -2,6 +2,7 @@
 until the failing record is alone; it becomes a dead letter (`write_failed`) and everything else is
 written. Infrastructure failures are never bisected: they fail the batch, which the loop retries.
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,12 @@ class Isolator:
         self.isolations = 0  # records isolated since this engine started
         self.culprits: set[tuple[TP, int]] = set()  # isolated in the batch in flight
 
-    def write(self, ranges: list[OffsetRange], watermarks: dict[TP, tuple[int, int]],
-              only_tables: frozenset[str] | None = None) -> BatchReport:
+    def write(
+        self,
+        ranges: list[OffsetRange],
+        watermarks: dict[TP, tuple[int, int]],
+        only_tables: frozenset[str] | None = None,
+    ) -> BatchReport:
         """`write_files`, but a job that fails for a reason other than infrastructure is split (the
         offset ranges bisected) until the record(s) that make it fail are alone; those become dead
         letters and everything else is written."""
@@ -47,8 +52,9 @@ class Isolator:
         self._bisect(closed_at_watermarks(ranges, watermarks), only_tables, report, error)
         return report
 
-    def _bisect(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None, report: BatchReport,
-                error: BaseException) -> None:
+    def _bisect(
+        self, ranges: list[OffsetRange], only_tables: frozenset[str] | None, report: BatchReport, error: BaseException
+    ) -> None:
         ranges = [r for r in ranges if r.size > 0]
         if sum(r.size for r in ranges) == 1:
             try:  # once more alone: a transient failure must not make a good record a dead letter
@@ -72,8 +78,10 @@ class Isolator:
         from lakestream.source.reader import read_offset_range
 
         if len(self.culprits) >= self.config.engine.max_isolations_per_batch:
-            log.error("more than %d records of one batch fail the write alone: giving up on isolation",
-                      self.config.engine.max_isolations_per_batch)
+            log.error(
+                "more than %d records of one batch fail the write alone: giving up on isolation",
+                self.config.engine.max_isolations_per_batch,
+            )
             raise error
         record = None
         for item in read_offset_range(self.config.kafka.consumer_config(), rng):
@@ -89,11 +97,22 @@ class Isolator:
         self.isolations += 1
         reason = f"the write failed with this record alone (isolated): {first_line(error)}"
         log.warning("isolated %s offset %d: %s", tp, offset, reason)
-        report.dead_letters.append(DeadLetter(tp, offset, record.timestamp_ms, reason[:2000], record.key, record.value,
-                                              topic_table(self.job.router, tp.topic), "write_failed"))
+        report.dead_letters.append(
+            DeadLetter(
+                tp,
+                offset,
+                record.timestamp_ms,
+                reason[:2000],
+                record.key,
+                record.value,
+                topic_table(self.job.router, tp.topic),
+                "write_failed",
+            )
+        )
 
-    def bisect_commit(self, name: str, ranges: list[OffsetRange], report: BatchReport, error: BaseException,
-                      commit_table: CommitTable) -> TableCommit | None:
+    def bisect_commit(
+        self, name: str, ranges: list[OffsetRange], report: BatchReport, error: BaseException, commit_table: CommitTable
+    ) -> TableCommit | None:
         """Write and commit table ``name`` over ``ranges`` in halves (each half its own snapshot, in
         Kafka order, so the table's offsets only move forward); a lone failing record is a dead letter."""
         ranges = [r for r in without(ranges, self.culprits) if r.size > 0]

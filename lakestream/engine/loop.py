@@ -2,6 +2,7 @@
 
 SIGTERM and Ctrl-C finish the batch in flight and stop cleanly (a second Ctrl-C aborts).
 """
+
 from __future__ import annotations
 
 import logging
@@ -78,9 +79,11 @@ def run_pipeline(
                     # A Spark task's refusal by Kafka reaches the driver as text: say what it named, not the task.
                     raise ConfigError(f"batch failed: {first_line(exc)}") from exc
                 if failure.kind == "fatal" or not jvm_alive(pipeline.spark):
-                    raise FatalError(f"batch failed and cannot be retried in this process ({_failure_summary(exc)}); "
-                                     "exiting so that its supervisor restarts it — every table resumes from its "
-                                     "committed offsets") from exc
+                    raise FatalError(
+                        f"batch failed and cannot be retried in this process ({_failure_summary(exc)}); "
+                        "exiting so that its supervisor restarts it — every table resumes from its "
+                        "committed offsets"
+                    ) from exc
                 if failure.kind == "infrastructure" and storage_unreachable(config.catalog):
                     failure = Failure("outage")  # e.g. a REST catalog's 500 while the store behind it is away
                 failures += 1
@@ -93,8 +96,13 @@ def run_pipeline(
                 backoff = _retry_backoff(config, outage, failures, others, outage_since)
                 if backoff is None:
                     raise
-                log.error("batch failed (%d in a row%s): %s — restarting from the tables' offsets in %.0fs",
-                          failures, ", an outage" if outage else "", _failure_summary(exc), backoff)
+                log.error(
+                    "batch failed (%d in a row%s): %s — restarting from the tables' offsets in %.0fs",
+                    failures,
+                    ", an outage" if outage else "",
+                    _failure_summary(exc),
+                    backoff,
+                )
                 # Everything needed to resume lives in the tables: a fresh Pipeline is a clean restart.
                 pipeline.close()
                 stop.wait(backoff)
@@ -124,9 +132,13 @@ def run_pipeline(
             if maintenance is not None and not stop.is_set():
                 try:
                     # Beside ingestion, on the tables this pipeline writes (and those a policy names).
-                    for action in maintenance.round(time.time(), own=set(pipeline.specs), background=True,
-                                                    rewrite_specs=pipeline.compacted_here(),
-                                                    batch_s=None if idle else result.seconds):
+                    for action in maintenance.round(
+                        time.time(),
+                        own=set(pipeline.specs),
+                        background=True,
+                        rewrite_specs=pipeline.compacted_here(),
+                        batch_s=None if idle else result.seconds,
+                    ):
                         log.info("maintenance: %s", action)
                 except Exception as exc:  # noqa: BLE001 — maintenance must never stop ingestion
                     log.error("maintenance round failed (next round as scheduled): %s", first_line(exc, 300))
@@ -142,8 +154,10 @@ def run_pipeline(
         if engine_metrics is not None:
             engine_metrics.close()
     if failures:
-        raise StoppedAfterFailures(f"stopped while batches were failing ({failures} in a row; last: see above); "
-                                   "nothing is lost — the next start resumes from the tables' offsets")
+        raise StoppedAfterFailures(
+            f"stopped while batches were failing ({failures} in a row; last: see above); "
+            "nothing is lost — the next start resumes from the tables' offsets"
+        )
     return results
 
 
@@ -166,8 +180,9 @@ def _commit_compactions(pipeline: Pipeline, maintenance: InlineMaintenance, ever
         results = pipeline.commit_compactions(prepared)
     except Exception as exc:  # noqa: BLE001 — classified just below
         if classify_failure(exc).kind in ("fatal", "config") or not jvm_alive(pipeline.spark):
-            raise FatalError(f"committing a compaction failed and cannot be retried in this process "
-                             f"({_failure_summary(exc)})") from exc
+            raise FatalError(
+                f"committing a compaction failed and cannot be retried in this process ({_failure_summary(exc)})"
+            ) from exc
         log.error("compaction commit failed (retried by a later round): %s", first_line(exc, 300))
         return True
     maintenance.record_commits(results)
@@ -182,8 +197,9 @@ def _close(pipeline: Pipeline) -> None:
     pipeline.close()
 
 
-def _retry_backoff(config: PipelineConfig, outage: bool, failures: int, others: int, outage_since: float | None
-                   ) -> float | None:
+def _retry_backoff(
+    config: PipelineConfig, outage: bool, failures: int, others: int, outage_since: float | None
+) -> float | None:
     """Seconds to wait before retrying a failed batch, or None to give up (the process exits non-zero).
 
     An unreachable broker, catalog or storage is waited out for up to ``engine.max_outage_s``; the
@@ -191,8 +207,8 @@ def _retry_backoff(config: PipelineConfig, outage: bool, failures: int, others: 
     ``engine.max_consecutive_failures`` of them came in a row."""
     if outage:
         lasted = time.monotonic() - outage_since if outage_since is not None else 0.0
-        return min(2.0 ** failures, 15.0) if lasted < config.engine.max_outage_s else None
-    return min(2.0 ** failures, 60.0) if others < config.engine.max_consecutive_failures else None
+        return min(2.0**failures, 15.0) if lasted < config.engine.max_outage_s else None
+    return min(2.0**failures, 60.0) if others < config.engine.max_consecutive_failures else None
 
 
 def _failure_summary(exc: BaseException) -> str:

@@ -5,6 +5,7 @@ process-global one, so a notebook or test that runs two pipelines keeps them apa
 is bounded: table names come from the pipeline's routing, dead-letter reasons are one of
 `DEAD_LETTER_KINDS` and conflict causes one of a fixed few, never free text.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,34 +33,71 @@ class EngineMetrics:
     def __init__(self, pipeline: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.batch_seconds = Histogram("lakestream_batch_seconds", "Seconds per micro-batch: plan, read and write, "
-                                       "commit, advance", buckets=BATCH_SECONDS_BUCKETS, registry=r)
-        self.batch_failures = Counter("lakestream_batch_failures", "Micro-batches that failed and were retried from "
-                                      "the tables' offsets", registry=r)
-        self.records = Counter("lakestream_table_records", "Kafka records routed to a table (dead letters included)",
-                               ["table"], registry=r)
-        self.changes = Counter("lakestream_table_changes", "Row changes a table's commits applied: keys upserted "
-                               "or deleted (the latest change per key), rows appended", ["table"], registry=r)
-        self.dead_letters = Counter("lakestream_dead_letters", "Records written to the dead-letter table, by kind "
-                                    "of reason", ["kind"], registry=r)
+        self.batch_seconds = Histogram(
+            "lakestream_batch_seconds",
+            "Seconds per micro-batch: plan, read and write, commit, advance",
+            buckets=BATCH_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self.batch_failures = Counter(
+            "lakestream_batch_failures",
+            "Micro-batches that failed and were retried from the tables' offsets",
+            registry=r,
+        )
+        self.records = Counter(
+            "lakestream_table_records", "Kafka records routed to a table (dead letters included)", ["table"], registry=r
+        )
+        self.changes = Counter(
+            "lakestream_table_changes",
+            "Row changes a table's commits applied: keys upserted "
+            "or deleted (the latest change per key), rows appended",
+            ["table"],
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "lakestream_dead_letters",
+            "Records written to the dead-letter table, by kind of reason",
+            ["kind"],
+            registry=r,
+        )
         for kind in DEAD_LETTER_KINDS:
             self.dead_letters.labels(kind)  # every kind present from the start (0 is a value, absent is not)
-        self.skipped = Counter("lakestream_records_skipped", "Records that carry no row change on purpose and were "
-                               "skipped: logical-decoding messages, truncates in append streams", ["reason"],
-                               registry=r)
-        self.conflicts = Counter("lakestream_commit_conflicts", "Table commits that met another writer's "
-                                 "snapshot (stale key index) or a retryable Iceberg commit failure",
-                                 ["table", "cause"], registry=r)
-        self.retries = Counter("lakestream_commit_retries", "Table commit attempts repeated after a conflict",
-                               ["table"], registry=r)
-        self.lag = Gauge("lakestream_table_kafka_lag", "Kafka records not yet committed to the table (as of the "
-                         "table's last batch)", ["table"], registry=r)
-        self.consumer_lag = Gauge("lakestream_consumer_lag", "Records behind the high watermarks over the "
-                                  "partitions the last batch read", registry=r)
-        self.freshness = Gauge("lakestream_table_freshness_seconds", "Now minus the newest source change "
-                               "committed to the table", ["table"], registry=r)
-        self.last_batch = Gauge("lakestream_last_batch_timestamp_seconds", "When the last non-empty batch "
-                                "committed", registry=r)
+        self.skipped = Counter(
+            "lakestream_records_skipped",
+            "Records that carry no row change on purpose and were "
+            "skipped: logical-decoding messages, truncates in append streams",
+            ["reason"],
+            registry=r,
+        )
+        self.conflicts = Counter(
+            "lakestream_commit_conflicts",
+            "Table commits that met another writer's snapshot (stale key index) or a retryable Iceberg commit failure",
+            ["table", "cause"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "lakestream_commit_retries", "Table commit attempts repeated after a conflict", ["table"], registry=r
+        )
+        self.lag = Gauge(
+            "lakestream_table_kafka_lag",
+            "Kafka records not yet committed to the table (as of the table's last batch)",
+            ["table"],
+            registry=r,
+        )
+        self.consumer_lag = Gauge(
+            "lakestream_consumer_lag",
+            "Records behind the high watermarks over the partitions the last batch read",
+            registry=r,
+        )
+        self.freshness = Gauge(
+            "lakestream_table_freshness_seconds",
+            "Now minus the newest source change committed to the table",
+            ["table"],
+            registry=r,
+        )
+        self.last_batch = Gauge(
+            "lakestream_last_batch_timestamp_seconds", "When the last non-empty batch committed", registry=r
+        )
         self.info = Gauge("lakestream_pipeline_info", "The pipeline this process runs", ["pipeline"], registry=r)
         self.info.labels(pipeline).set(1)
         self._source_ts_ms: dict[str, int] = {}

@@ -13,6 +13,7 @@ the wiring; each job has its own home:
 - `lakestream.sink.deadletters.table`: the dead-letter table; `lakestream.process.stage`: the stages' contract;
 - `result`: what a batch did (`BatchResult`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -77,15 +78,35 @@ class Pipeline:
         self.windows = WindowStage(self.context) if config.windows else None
         self.materialize = MaterializeStage(self.context) if config.derived_tables else None
         self.stages: list[Stage] = [s for s in (self.alerts, self.windows, self.materialize) if s is not None]
-        self.positions = Positions(config, self.kafka, self.router, self.registry, self.offsets,
-                                   self.spark.sparkContext.defaultParallelism, lambda: self.clock())
-        self.job = WriteJob(config, self.spark, self.router, self.registry, self.schema_registry,
-                            lambda: self.materialize.reported_columns() if self.materialize is not None else {})
+        self.positions = Positions(
+            config,
+            self.kafka,
+            self.router,
+            self.registry,
+            self.offsets,
+            self.spark.sparkContext.defaultParallelism,
+            lambda: self.clock(),
+        )
+        self.job = WriteJob(
+            config,
+            self.spark,
+            self.router,
+            self.registry,
+            self.schema_registry,
+            lambda: self.materialize.reported_columns() if self.materialize is not None else {},
+        )
         self.isolator = Isolator(self.job)
-        self.committer = Committer(config, self.registry, self.offsets, self.isolator, self.reads,
-                                   lambda: self.batch_id, lambda: self.clock())
-        self.dead_letters = DeadLetterWriter(self.spark, config.catalog.name, config.engine.dead_letter_table,
-                                             config.name, self.offsets, self.context.commit_properties)
+        self.committer = Committer(
+            config, self.registry, self.offsets, self.isolator, self.reads, lambda: self.batch_id, lambda: self.clock()
+        )
+        self.dead_letters = DeadLetterWriter(
+            self.spark,
+            config.catalog.name,
+            config.engine.dead_letter_table,
+            config.name,
+            self.offsets,
+            self.context.commit_properties,
+        )
         self.prefetch = Prefetch(config, self.positions, self.registry, self.job)
         self._in_batch = False  # a batch started and did not finish (then close() commits nothing held)
 
@@ -132,8 +153,11 @@ class Pipeline:
         """The tables whose compaction this pipeline commits itself (`commit_compactions`): its upsert mirrors
         with a key index; their specs."""
         indexes = self.registry.indexes
-        return {name: spec for name, spec in self.registry.specs.items()
-                if spec.kind == "mirror" and name in indexes and indexes[name].keyed}
+        return {
+            name: spec
+            for name, spec in self.registry.specs.items()
+            if spec.kind == "mirror" and name in indexes and indexes[name].keyed
+        }
 
     def commit_compactions(self, prepared: list[Any]) -> list[Any]:
         """Commit compactions written beside the batches (`lakestream.maintenance.compaction`), one by one."""
@@ -156,8 +180,11 @@ class Pipeline:
             try:
                 self.committer.commit_held(force=True)
             except Exception as exc:  # noqa: BLE001 — nothing is lost: a restart reads them again
-                log.warning("could not commit the held files of %s at close (%s); the next start writes them "
-                            "again", ", ".join(sorted(self.registry.cadence.held)), first_line(exc))
+                log.warning(
+                    "could not commit the held files of %s at close (%s); the next start writes them again",
+                    ", ".join(sorted(self.registry.cadence.held)),
+                    first_line(exc),
+                )
         if self.materialize is not None:
             self.materialize.close()
         self.kafka.close()
@@ -171,8 +198,17 @@ class Pipeline:
 
         helper = jvm_helper(self.spark)
         namespaces = {s.namespace for s in self.config.streams} | {self.config.engine.dead_letter_table.split(".")[0]}
-        found = [helper.maxSummaryLong(self.spark._jsparkSession, self.config.catalog.name, ns, BATCH_PROPERTY,
-                                       PIPELINE_PROPERTY, self.config.name) for ns in sorted(namespaces)]
+        found = [
+            helper.maxSummaryLong(
+                self.spark._jsparkSession,
+                self.config.catalog.name,
+                ns,
+                BATCH_PROPERTY,
+                PIPELINE_PROPERTY,
+                self.config.name,
+            )
+            for ns in sorted(namespaces)
+        ]
         return max([0, *found])
 
     # -- the batch --------------------------------------------------------------------------
@@ -216,8 +252,19 @@ class Pipeline:
         advanced = self._advance(report)
         laps.lap("advance")
         self._in_batch = False
-        return self._result(report, committed, dead, started, read_seconds, commit_ts_ms, advanced, jobs,
-                            isolations_before, overlapped, laps.ms)
+        return self._result(
+            report,
+            committed,
+            dead,
+            started,
+            read_seconds,
+            commit_ts_ms,
+            advanced,
+            jobs,
+            isolations_before,
+            overlapped,
+            laps.ms,
+        )
 
     def _plan(self) -> tuple[list[OffsetRange], BatchReport | None, bool]:
         """This batch's ranges, and its report when its job already ran during the last commit."""
@@ -255,18 +302,28 @@ class Pipeline:
             report.tables.pop(name)
         delete_quietly(discarded)
         # The same task split, every range closed where the first job stopped reading.
-        closed = [OffsetRange(r.topic, r.partition, r.start,
-                              min(r.end, report.ends[r.tp].next_offset) if r.end is not None
-                              else report.ends[r.tp].next_offset, r.limit)
-                  for r in ranges if r.tp in report.ends]
+        closed = [
+            OffsetRange(
+                r.topic,
+                r.partition,
+                r.start,
+                min(r.end, report.ends[r.tp].next_offset) if r.end is not None else report.ends[r.tp].next_offset,
+                r.limit,
+            )
+            for r in ranges
+            if r.tp in report.ends
+        ]
         outputs = {d.table for name in new_shapes for d in self.registry.derived.get(name, ())}
         for name in outputs:
             delete_quietly([f.path for f in report.tables.pop(name, TableReport(name)).files])
-        second = self.isolator.write([r for r in closed if r.end > r.start], self.positions.watermarks,
-                                     frozenset(new_shapes) | outputs)
+        second = self.isolator.write(
+            [r for r in closed if r.end > r.start], self.positions.watermarks, frozenset(new_shapes) | outputs
+        )
         for name, tr in second.tables.items():
             if tr.shapes:
-                raise LakestreamError(f"table {name}: shapes still unprepared after preparing them: {sorted(tr.shapes)}")
+                raise LakestreamError(
+                    f"table {name}: shapes still unprepared after preparing them: {sorted(tr.shapes)}"
+                )
             report.tables[name] = tr
         report.dead_letters.extend(second.dead_letters)
         return 2
@@ -287,25 +344,55 @@ class Pipeline:
         self.kafka.commit({tp: min(positions[tp], floor.get(tp, positions[tp])) for tp in report.ends})
         return advanced
 
-    def _result(self, report: BatchReport, committed: dict[str, Any], dead: dict[str, int], started: float,
-                read_seconds: float, commit_ts_ms: int, advanced: int, jobs: int, isolations_before: int,
-                overlapped: bool, steps_ms: dict[str, float]) -> BatchResult:
+    def _result(
+        self,
+        report: BatchReport,
+        committed: dict[str, Any],
+        dead: dict[str, int],
+        started: float,
+        read_seconds: float,
+        commit_ts_ms: int,
+        advanced: int,
+        jobs: int,
+        isolations_before: int,
+        overlapped: bool,
+        steps_ms: dict[str, float],
+    ) -> BatchResult:
         changes = sum(tr.count for tr in report.tables.values())
-        groups = [(s.count, s.source_ts_q, s.source_ts_min, s.source_ts_max)
-                  for tr in report.tables.values() for s in tr.stats if s.source_ts_q]
+        groups = [
+            (s.count, s.source_ts_q, s.source_ts_min, s.source_ts_max)
+            for tr in report.tables.values()
+            for s in tr.stats
+            if s.source_ts_q
+        ]
         retries: dict[str, int] = {}
         for name in self.committer.retries:
             retries[name] = retries.get(name, 0) + 1
         return BatchResult(
-            self.batch_id, changes + len(report.dead_letters), changes, {n: c.kind for n, c in committed.items()},
-            sum(dead.values()), time.monotonic() - started, read_seconds, self.positions.lag(), commit_ts_ms,
-            combine_quantiles(groups), advanced, jobs,
+            self.batch_id,
+            changes + len(report.dead_letters),
+            changes,
+            {n: c.kind for n, c in committed.items()},
+            sum(dead.values()),
+            time.monotonic() - started,
+            read_seconds,
+            self.positions.lag(),
+            commit_ts_ms,
+            combine_quantiles(groups),
+            advanced,
+            jobs,
             table_records={name: tr.count for name, tr in report.tables.items() if tr.count},
             table_changes={n: c.changes for n, c in committed.items()},
             table_source_ts_ms={n: c.source_ts_ms for n, c in committed.items() if c.source_ts_ms is not None},
-            table_lag=self.positions.table_lag(), dead_letter_kinds=dead,
-            commit_conflicts=list(self.committer.conflicts), commit_retries=retries,
-            isolated=self.isolator.isolations - isolations_before, skipped=dict(report.skipped),
+            table_lag=self.positions.table_lag(),
+            dead_letter_kinds=dead,
+            commit_conflicts=list(self.committer.conflicts),
+            commit_retries=retries,
+            isolated=self.isolator.isolations - isolations_before,
+            skipped=dict(report.skipped),
             truncated=sorted(n for n, tr in report.tables.items() if tr.truncates and n in committed),
-            overlapped=overlapped, held=self.registry.cadence.records(), steps_ms=steps_ms,
-            table_steps_ms={n: c.timings_ms for n, c in committed.items() if c.timings_ms})
+            overlapped=overlapped,
+            held=self.registry.cadence.records(),
+            steps_ms=steps_ms,
+            table_steps_ms={n: c.timings_ms for n, c in committed.items() if c.timings_ms},
+        )

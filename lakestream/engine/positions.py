@@ -2,6 +2,7 @@
 running), the start position of a new partition (its table's stored offsets, else the consumer group's),
 which streams are due, and the offset ranges of the next batch (`lakestream.source.planner`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,8 +25,16 @@ log = logging.getLogger(__name__)
 class Positions:
     """The next offset to read of every partition the pipeline reads, and the batches' plans."""
 
-    def __init__(self, config: PipelineConfig, kafka: KafkaCluster, router: Router, registry: TableRegistry,
-                 offsets: TableOffsets, parallelism: int, clock: Callable[[], float]):
+    def __init__(
+        self,
+        config: PipelineConfig,
+        kafka: KafkaCluster,
+        router: Router,
+        registry: TableRegistry,
+        offsets: TableOffsets,
+        parallelism: int,
+        clock: Callable[[], float],
+    ):
         self.config = config
         self.kafka = kafka
         self.router = router
@@ -60,8 +69,13 @@ class Positions:
                 # and let each table skip what it already holds.
                 start = committed.get(tp, low)
                 if start > high:
-                    log.warning("group offset %d of %s is past the end %d (topic re-created?); reading from "
-                                "%d", start, tp, high, low)
+                    log.warning(
+                        "group offset %d of %s is past the end %d (topic re-created?); reading from %d",
+                        start,
+                        tp,
+                        high,
+                        low,
+                    )
                     start = low
             if start < low:
                 log.warning("%s: offsets %d..%d were deleted by retention before being read", tp, start, low - 1)
@@ -72,27 +86,39 @@ class Positions:
     def due_streams(self, now: float) -> set[int]:
         """Streams whose commit interval has come: only their topics are read in this batch, so
         Kafka (not memory, not small files) buffers the records of slower streams."""
-        return {i for i, stream in enumerate(self.config.streams)
-                if now - self.last_read.get(i, float("-inf")) >= self.config.commit_interval(stream) - 0.05}
+        return {
+            i
+            for i, stream in enumerate(self.config.streams)
+            if now - self.last_read.get(i, float("-inf")) >= self.config.commit_interval(stream) - 0.05
+        }
 
     def plan_batch(self) -> list[OffsetRange]:
         """The ranges of the next batch, from the positions; remembers the watermarks seen."""
         ranges, self.watermarks = self.plan(self.positions, self.maybe_more)
         return ranges
 
-    def plan(self, positions: dict[TP, int], maybe_more: set[TP]
-              ) -> tuple[list[OffsetRange], dict[TP, tuple[int, int]]]:
+    def plan(
+        self, positions: dict[TP, int], maybe_more: set[TP]
+    ) -> tuple[list[OffsetRange], dict[TP, tuple[int, int]]]:
         """The ranges to read from ``positions`` (for the streams that are due) and the watermarks seen."""
         self.discover_partitions()
         now = self.clock()
         due = self.due_streams(now)
-        positions = {tp: positions.get(tp, pos) for tp, pos in self.positions.items()
-                     if self.config.stream_index(tp.topic) in due}
+        positions = {
+            tp: positions.get(tp, pos)
+            for tp, pos in self.positions.items()
+            if self.config.stream_index(tp.topic) in due
+        }
         watermarks = self.kafka.watermarks(list(positions)) if positions else {}
         engine = self.config.engine
-        ranges = plan_offset_ranges(positions, watermarks, maybe_more,
-                                    engine.max_records_per_batch, engine.max_records_per_task,
-                                    parallelism=self.parallelism)
+        ranges = plan_offset_ranges(
+            positions,
+            watermarks,
+            maybe_more,
+            engine.max_records_per_batch,
+            engine.max_records_per_task,
+            parallelism=self.parallelism,
+        )
         for i in {self.config.stream_index(r.topic) for r in ranges}:
             if i is not None:  # always: only the topics of due streams were planned
                 self.last_read[i] = now
@@ -116,8 +142,14 @@ class Positions:
         start = self.offsets.load(self.registry.catalog.ident(name.namespace, name.table)).get(tp, log_start)
         # A held output may have committed less of this partition than its input: read from there, and the
         # input skips what it holds already.
-        return reread_from(self.registry.derived.get(str(name), ()), self.registry.specs,
-                           self.registry.cadence.intervals, tp, start, log_start)
+        return reread_from(
+            self.registry.derived.get(str(name), ()),
+            self.registry.specs,
+            self.registry.cadence.intervals,
+            tp,
+            start,
+            log_start,
+        )
 
     def advance(self, report: BatchReport) -> int:
         """Move past what the batch read; how many offsets that advanced (tombstones and skipped records too)."""

@@ -4,6 +4,7 @@ While a batch commits, the next batch is planned from where this one's job stopp
 starts in the background, if it is due by then. Its files become visible only through its own commit,
 after this batch's: a crash leaves them unreferenced, and the restart reads from the tables' offsets.
 """
+
 from __future__ import annotations
 
 import logging
@@ -69,8 +70,9 @@ class Prefetch:
         except Exception as exc:  # noqa: BLE001 — classified just below
             if is_infrastructure_failure(exc):
                 raise
-            log.info("the write job started during the last commit failed (%s); running it again, isolating",
-                     first_line(exc))
+            log.info(
+                "the write job started during the last commit failed (%s); running it again, isolating", first_line(exc)
+            )
             return ranges, None
 
     def discard(self) -> None:

@@ -4,6 +4,7 @@ reference data, and the one place a table is created or evolved for the shapes i
 The engine, the parallel snapshot and the re-snapshot all prepare tables through a `TableRegistry`; the
 process stages reach it through their `StageContext`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,7 +22,13 @@ from lakestream.identifiers import TableName, topic_parts, validate_identifier
 from lakestream.process.reference import ReferenceCache, ReferenceData
 from lakestream.process.transform import Derived, empty_input, output_columns, reference_views, run_transform
 from lakestream.sink.catalog.schema import (
-    DEFAULT_TABLE_PROPERTIES, Shape, TableManager, dropped_column_statements, merged_columns, reconcile, unusable_shape,
+    DEFAULT_TABLE_PROPERTIES,
+    Shape,
+    TableManager,
+    dropped_column_statements,
+    merged_columns,
+    reconcile,
+    unusable_shape,
     widen_to_string_statements,
 )
 from lakestream.sink.commit.offsets import TableOffsets
@@ -38,11 +45,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
 class TableRegistry:
     """Specs, key indexes and transforms of every table this pipeline writes, and their preparation."""
 
-    def __init__(self, config: PipelineConfig, spark: SparkSession, catalog: TableManager, offsets: TableOffsets,
-                 cadence: Cadence | None = None, batch_id: Callable[[], int] = lambda: 0):
+    def __init__(
+        self,
+        config: PipelineConfig,
+        spark: SparkSession,
+        catalog: TableManager,
+        offsets: TableOffsets,
+        cadence: Cadence | None = None,
+        batch_id: Callable[[], int] = lambda: 0,
+    ):
         self.config = config
         self.spark = spark
         self.catalog = catalog
@@ -87,8 +102,9 @@ class TableRegistry:
         stream = self.config.stream_for(shapes[0].topic) if shapes else None
         return stream or self.config.streams[0]
 
-    def prepare_table(self, name: str, shapes: list[NewShape], stream: StreamSettings | None = None,
-                      topic: str | None = None) -> None:
+    def prepare_table(
+        self, name: str, shapes: list[NewShape], stream: StreamSettings | None = None, topic: str | None = None
+    ) -> None:
         """Create or evolve ``name`` so every compatible shape can be written; reject the others.
         Then the same for the tables of its stream's transforms."""
         from lakestream.sink.catalog.sink import create_table, table_info
@@ -111,8 +127,16 @@ class TableRegistry:
                 log.warning("table %s: rejecting row shape %s: %s", name, sid, reason)
             previous = self.specs.get(name)
             rejected = dict(previous.rejected_shapes if previous else {}) | unusable
-            self.specs[name] = TableSpec(name, stream.mode, [], {"type": "struct", "schema-id": 0, "fields": []},
-                                         {"spec-id": 0, "fields": []}, "", frozenset(), rejected)
+            self.specs[name] = TableSpec(
+                name,
+                stream.mode,
+                [],
+                {"type": "struct", "schema-id": 0, "fields": []},
+                {"spec-id": 0, "fields": []},
+                "",
+                frozenset(),
+                rejected,
+            )
             return
         if not info["exists"]:
             first_key = next((s.key for s in as_shapes if s.key), stream.key_columns)
@@ -121,28 +145,54 @@ class TableRegistry:
             properties = dict(DEFAULT_TABLE_PROPERTIES) | layout.properties  # format v3: deletion vectors
             key_lower = {k.lower() for k in key}
             defaults = {n: v for s in as_shapes for n, v in s.defaults.items()}
-            columns = [{"name": n, "type": t, "required": n.lower() in key_lower,
-                        **({"default": defaults[n]} if n in defaults else {})} for n, t in merged_columns(as_shapes)]
-            info = create_table(self.spark, catalog, ns, tbl, {
-                "columns": columns, "identifier_fields": key, "partition_by": layout.partition_by,
-                "sort_by": layout.sort_by, "properties": properties})
-            log.info("created table %s (%d columns, key %s, format v%s)", name, len(columns), key or "-",
-                     info.get("format_version"))
+            columns = [
+                {
+                    "name": n,
+                    "type": t,
+                    "required": n.lower() in key_lower,
+                    **({"default": defaults[n]} if n in defaults else {}),
+                }
+                for n, t in merged_columns(as_shapes)
+            ]
+            info = create_table(
+                self.spark,
+                catalog,
+                ns,
+                tbl,
+                {
+                    "columns": columns,
+                    "identifier_fields": key,
+                    "partition_by": layout.partition_by,
+                    "sort_by": layout.sort_by,
+                    "properties": properties,
+                },
+            )
+            log.info(
+                "created table %s (%d columns, key %s, format v%s)",
+                name,
+                len(columns),
+                key or "-",
+                info.get("format_version"),
+            )
         schema = self.catalog.schema(ns, tbl, refresh=True)
         result = reconcile(ident, schema, as_shapes)
         if result.rejected and stream.on_incompatible_type == "widen_to_string":
             keys = {k.lower() for s in as_shapes for k in s.key}
             columns_to_widen = sorted({c for c in result.rejected_columns.values() if c.lower() not in keys})
             for column in columns_to_widen:
-                log.warning("table %s: widening column %s to string (on_incompatible_type=widen_to_string)",
-                            name, column)
+                log.warning(
+                    "table %s: widening column %s to string (on_incompatible_type=widen_to_string)", name, column
+                )
                 self.catalog.apply(ns, tbl, widen_to_string_statements(ident, column, f"pre_string_{self.batch_id()}"))
             if columns_to_widen:
                 self.indexes.pop(name, None)
                 result = reconcile(ident, self.catalog.schema(ns, tbl, refresh=True), as_shapes)
         if stream.on_dropped_column == "drop" and stream.mode == "upsert":
-            result.statements.extend(dropped_column_statements(ident, schema, as_shapes, stream.key_columns
-                                                               or info.get("identifier_fields") or []))
+            result.statements.extend(
+                dropped_column_statements(
+                    ident, schema, as_shapes, stream.key_columns or info.get("identifier_fields") or []
+                )
+            )
         self.catalog.apply(ns, tbl, result.statements)
         result.rejected.update(unusable)
         for sid, reason in result.rejected.items():
@@ -150,8 +200,9 @@ class TableRegistry:
         if result.statements or info.get("schema") is None or name not in self.specs:
             info = table_info(self.spark, catalog, ns, tbl)
         previous = self.specs.get(name)
-        accepted = set(previous.accepted_shapes if previous else ()) | {s.schema_id for s in shapes
-                                                                         if s.schema_id not in result.rejected}
+        accepted = set(previous.accepted_shapes if previous else ()) | {
+            s.schema_id for s in shapes if s.schema_id not in result.rejected
+        }
         rejected = dict(previous.rejected_shapes if previous else {}) | result.rejected
         if stream.mode == "upsert":
             key = stream.key_columns or info.get("identifier_fields") or next((s.key for s in as_shapes if s.key), [])
@@ -161,20 +212,37 @@ class TableRegistry:
             raise LakestreamError(
                 f"table {name} is an Iceberg format v{info.get('format_version')} table; upserts and de-duplication "
                 f"write deletion vectors, which need format v3 — fix: run `lakestream upgrade-tables <pipeline.yaml>` "
-                f"once (it compacts away the old delete files and sets format-version=3)")
-        spec = TableSpec(name, stream.mode, list(key), info["schema"], info["spec"], info["data_location"],
-                         frozenset(accepted), rejected, dict(self.offsets.load(ident)),
-                         drop_missing=stream.on_dropped_column == "drop" and stream.mode == "upsert")
+                f"once (it compacts away the old delete files and sets format-version=3)"
+            )
+        spec = TableSpec(
+            name,
+            stream.mode,
+            list(key),
+            info["schema"],
+            info["spec"],
+            info["data_location"],
+            frozenset(accepted),
+            rejected,
+            dict(self.offsets.load(ident)),
+            drop_missing=stream.on_dropped_column == "drop" and stream.mode == "upsert",
+        )
         self.specs[name] = spec
         if key:
             hashed = not is_integer_key(spec.arrow_schema(), key)
             index = self.indexes.get(name)
             # A schema change (ADD COLUMN, a wider type) moves no row: the index is kept.
-            if (not isinstance(index, DiskKeyIndex) or index.hashed != hashed
-                    or index.key_columns != tuple(key) or index.table_uuid != info.get("uuid")):
+            if (
+                not isinstance(index, DiskKeyIndex)
+                or index.hashed != hashed
+                or index.key_columns != tuple(key)
+                or index.table_uuid != info.get("uuid")
+            ):
                 self.indexes[name] = DiskKeyIndex(hashed, key, info.get("uuid"))
-        elif stream.mode == "upsert" and (not isinstance(self.indexes.get(name), KeylessIndex) or result.statements
-                                          or self.indexes[name].table_uuid != info.get("uuid")):
+        elif stream.mode == "upsert" and (
+            not isinstance(self.indexes.get(name), KeylessIndex)
+            or result.statements
+            or self.indexes[name].table_uuid != info.get("uuid")
+        ):
             self.indexes[name] = KeylessIndex(spec.arrow_schema(), info.get("uuid"))  # no primary key: a multiset
         topic = topic or next((s.topic for s in shapes), None)
         if stream.transforms and topic is not None:
@@ -207,14 +275,17 @@ class TableRegistry:
                 columns = output_columns(schema)
             except Exception as exc:  # noqa: BLE001 — any failure over an empty input is the config's
                 body = "sql" if t.sql is not None else "python"
-                raise ConfigError(f"{where}.{body} ({t.name}) fails over table {name}'s columns: "
-                                  f"{type(exc).__name__}: {str(exc)[:500]} — fix: the view is `batch` with the table's "
-                                  f"columns plus _op, _topic, _kafka_partition, _kafka_offset, _source_ts_ms, _kafka_ts_ms")
+                raise ConfigError(
+                    f"{where}.{body} ({t.name}) fails over table {name}'s columns: "
+                    f"{type(exc).__name__}: {str(exc)[:500]} — fix: the view is `batch` with the table's "
+                    f"columns plus _op, _topic, _kafka_partition, _kafka_offset, _source_ts_ms, _kafka_ts_ms"
+                )
             if not columns:
                 raise ConfigError(f"{where}: the transform {t.name} returns no columns — fix: select at least one")
             shape_id = "derived-" + hashlib.sha1(repr(columns).encode()).hexdigest()[:16]
-            out_stream = StreamSettings(topics=[topic], mode="append", namespace=out.namespace, table=out.table,
-                                        layout=t.layout)
+            out_stream = StreamSettings(
+                topics=[topic], mode="append", namespace=out.namespace, table=out.table, layout=t.layout
+            )
             self.catalog.ensure_namespace(out.namespace)
             self.prepare_table(str(out), [NewShape(str(out), topic, shape_id, columns, [], False)], out_stream)
             derived.append(d)
@@ -268,8 +339,17 @@ class TableRegistry:
             store = self.index_stores.get(name)
             if store is None or store.location != store_location(info["location"]):
                 store = self.index_stores[name] = IndexStore(store_location(info["location"]))
-            fresh = refresh_keyed(self.spark, self.config.catalog.name, table.namespace, table.table, ident, index,
-                                  store, tuple(self.specs[name].key_columns), current)
+            fresh = refresh_keyed(
+                self.spark,
+                self.config.catalog.name,
+                table.namespace,
+                table.table,
+                ident,
+                index,
+                store,
+                tuple(self.specs[name].key_columns),
+                current,
+            )
         self.indexes[name] = fresh
         self.persist_index(name)
         return fresh
@@ -285,5 +365,8 @@ class TableRegistry:
             store.persist(index)
         except OSError as exc:
             index.rebased = True  # the chain is broken: the next write is a whole base
-            log.warning("table %s: key index not made durable (%s); a restart refreshes it from the table's "
-                        "snapshots", name, exc)
+            log.warning(
+                "table %s: key index not made durable (%s); a restart refreshes it from the table's snapshots",
+                name,
+                exc,
+            )

@@ -1,4 +1,5 @@
 """What one micro-batch did: `BatchResult`, its progress line and its metrics-log record."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,13 +40,15 @@ class BatchResult:
     def progress_line(self) -> str:
         rate = self.records / self.seconds if self.seconds > 0 else 0.0
         lag = "?" if self.lag is None else f"{self.lag:,}"
-        return (f"batch {self.batch_id}: {self.records:,} records → {len(self.tables)} table(s), "
-                f"{self.dead_letters:,} dead-letter{f' ({self.isolated} isolated)' if self.isolated else ''}, "
-                f"{self.seconds:.2f}s (read+write {self.read_seconds:.2f}s, "
-                f"{self.jobs} job(s){', overlapped' if self.overlapped else ''}), {rate:,.0f} rec/s, lag {lag}"
-                + (f", truncated {', '.join(self.truncated)}" if self.truncated else "")
-                + (f", skipped {sum(self.skipped.values()):,}" if self.skipped else "")
-                + (f", held {sum(self.held.values()):,} for later commits" if self.held else ""))
+        return (
+            f"batch {self.batch_id}: {self.records:,} records → {len(self.tables)} table(s), "
+            f"{self.dead_letters:,} dead-letter{f' ({self.isolated} isolated)' if self.isolated else ''}, "
+            f"{self.seconds:.2f}s (read+write {self.read_seconds:.2f}s, "
+            f"{self.jobs} job(s){', overlapped' if self.overlapped else ''}), {rate:,.0f} rec/s, lag {lag}"
+            + (f", truncated {', '.join(self.truncated)}" if self.truncated else "")
+            + (f", skipped {sum(self.skipped.values()):,}" if self.skipped else "")
+            + (f", held {sum(self.held.values()):,} for later commits" if self.held else "")
+        )
 
 
 def combine_quantiles(groups: list[tuple[int, list[float], int, int]]) -> list[float] | None:
@@ -56,12 +59,29 @@ def combine_quantiles(groups: list[tuple[int, list[float], int, int]]) -> list[f
 
 def describe_batch(result: BatchResult) -> dict[str, Any]:
     """A JSON-able record of one batch (the metrics log line)."""
-    return {"batch": result.batch_id, "records": result.records, "changes": result.changes, "tables": result.tables,
-            "dead_letters": result.dead_letters, "seconds": round(result.seconds, 3),
-            "read_seconds": round(result.read_seconds, 3), "lag": result.lag, "commit_ts_ms": result.commit_ts_ms,
-            "source_ts_quantiles": result.source_ts_quantiles, "jobs": result.jobs, "isolated": result.isolated,
-            "table_records": result.table_records, "table_changes": result.table_changes,
-            "table_lag": result.table_lag, "dead_letter_kinds": result.dead_letter_kinds,
-            "commit_conflicts": [list(c) for c in result.commit_conflicts], "commit_retries": result.commit_retries,
-            "skipped": result.skipped, "truncated": result.truncated, "overlapped": result.overlapped,
-            "held": result.held, "steps_ms": result.steps_ms, "table_steps_ms": result.table_steps_ms}
+    return {
+        "batch": result.batch_id,
+        "records": result.records,
+        "changes": result.changes,
+        "tables": result.tables,
+        "dead_letters": result.dead_letters,
+        "seconds": round(result.seconds, 3),
+        "read_seconds": round(result.read_seconds, 3),
+        "lag": result.lag,
+        "commit_ts_ms": result.commit_ts_ms,
+        "source_ts_quantiles": result.source_ts_quantiles,
+        "jobs": result.jobs,
+        "isolated": result.isolated,
+        "table_records": result.table_records,
+        "table_changes": result.table_changes,
+        "table_lag": result.table_lag,
+        "dead_letter_kinds": result.dead_letter_kinds,
+        "commit_conflicts": [list(c) for c in result.commit_conflicts],
+        "commit_retries": result.commit_retries,
+        "skipped": result.skipped,
+        "truncated": result.truncated,
+        "overlapped": result.overlapped,
+        "held": result.held,
+        "steps_ms": result.steps_ms,
+        "table_steps_ms": result.table_steps_ms,
+    }

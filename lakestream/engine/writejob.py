@@ -4,6 +4,7 @@ and write data files (`lakestream.sink.write.task`), returning small typed facts
 Also the driver-side runs of the same task: small parts of a batch being bisected, and the probe that
 creates a batch's new tables from their first records before the job runs.
 """
+
 from __future__ import annotations
 
 import copy
@@ -35,8 +36,15 @@ PROBE_RECORDS = 16  # first records of a new table's partition that the driver d
 class WriteJob:
     """Runs the write task over offset ranges: as a Spark job, or in the driver for small parts."""
 
-    def __init__(self, config: PipelineConfig, spark: SparkSession, router: Router, registry: TableRegistry,
-                 schema_registry: dict[str, Any] | None, changed_keys: Callable[[], dict[str, list[str]]]):
+    def __init__(
+        self,
+        config: PipelineConfig,
+        spark: SparkSession,
+        router: Router,
+        registry: TableRegistry,
+        schema_registry: dict[str, Any] | None,
+        changed_keys: Callable[[], dict[str, list[str]]],
+    ):
         self.config = config
         self.spark = spark
         self.router = router
@@ -48,14 +56,31 @@ class WriteJob:
     def write_context(self, only_tables: frozenset[str] | None = None, copy_specs: bool = False) -> WriteContext:
         """What the write tasks get: specs (copies, for a job that runs while the originals change),
         transforms, reference data and the key columns derived tables need reported."""
-        specs = {name: copy.copy(spec) for name, spec in self.registry.specs.items()} if copy_specs else dict(self.registry.specs)
-        return WriteContext(self.config.kafka.consumer_config(), self.router, specs, only_tables, self.record_hook,
-                            derived=dict(self.registry.derived), schema_registry=self.schema_registry,
-                            references=dict(self.registry.reference_data), changed_keys=self.changed_keys(),
-                            held_outputs=frozenset(self.registry.cadence.intervals))
+        specs = (
+            {name: copy.copy(spec) for name, spec in self.registry.specs.items()}
+            if copy_specs
+            else dict(self.registry.specs)
+        )
+        return WriteContext(
+            self.config.kafka.consumer_config(),
+            self.router,
+            specs,
+            only_tables,
+            self.record_hook,
+            derived=dict(self.registry.derived),
+            schema_registry=self.schema_registry,
+            references=dict(self.registry.reference_data),
+            changed_keys=self.changed_keys(),
+            held_outputs=frozenset(self.registry.cadence.intervals),
+        )
 
-    def run(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None = None,
-                    into: BatchReport | None = None, ctx: WriteContext | None = None) -> BatchReport:
+    def run(
+        self,
+        ranges: list[OffsetRange],
+        only_tables: frozenset[str] | None = None,
+        into: BatchReport | None = None,
+        ctx: WriteContext | None = None,
+    ) -> BatchReport:
         """Run the write job over ``ranges``: tasks read, decode, convert and write data files.
 
         A plain RDD job: each partition is one task's group of ranges, and it returns its report as Arrow
@@ -90,8 +115,7 @@ class WriteJob:
             report.add(pa.Table.from_batches(batches))
         return report
 
-    def run_part(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None,
-                    into: BatchReport) -> BatchReport:
+    def run_part(self, ranges: list[OffsetRange], only_tables: frozenset[str] | None, into: BatchReport) -> BatchReport:
         """A part of a batch being bisected: small parts run the write task right here in the driver
         (a Spark job per probe costs seconds), large ones as a Spark job."""
         import pyarrow as pa
@@ -131,13 +155,18 @@ class WriteJob:
             table = topic_table(self.router, r.topic)
             if table is not None and table not in self.registry.specs:
                 probes.setdefault(table, []).append(
-                    OffsetRange(r.topic, r.partition, r.start, r.end, min(r.limit, PROBE_RECORDS), r.known_end))
+                    OffsetRange(r.topic, r.partition, r.start, r.end, min(r.limit, PROBE_RECORDS), r.known_end)
+                )
         if not probes:
             return
         ctx = self.write_context(frozenset(probes), copy_specs=True)
         # A probe reads a few records: small fetches, not the job's 64 MB ones.
-        ctx.consumer_conf = ctx.consumer_conf | {"fetch.max.bytes": 1 << 20, "max.partition.fetch.bytes": 1 << 18,
-                                               "queued.min.messages": PROBE_RECORDS, "queued.max.messages.kbytes": 1024}
+        ctx.consumer_conf = ctx.consumer_conf | {
+            "fetch.max.bytes": 1 << 20,
+            "max.partition.fetch.bytes": 1 << 18,
+            "queued.min.messages": PROBE_RECORDS,
+            "queued.max.messages.kbytes": 1024,
+        }
         started = time.monotonic()
         try:
             report = BatchReport()
@@ -152,5 +181,6 @@ class WriteJob:
         shapes = {name: list(tr.shapes.values()) for name, tr in report.tables.items() if tr.shapes}
         if shapes:
             self.registry.prepare_tables(shapes)
-            log.info("prepared %d new table(s) from their first records in %.2fs", len(shapes),
-                     time.monotonic() - started)
+            log.info(
+                "prepared %d new table(s) from their first records in %.2fs", len(shapes), time.monotonic() - started
+            )

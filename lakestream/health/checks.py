@@ -1,4 +1,5 @@
 """Turns table metrics into alerts, by the configured thresholds."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -47,7 +48,9 @@ def compaction_lag_s(metrics: TableMetrics, compaction: CompactionPolicy) -> flo
     return max(0.0, (metrics.collected_ms - since) / 1000)
 
 
-def evaluate(metrics: TableMetrics, thresholds: HealthThresholds, compaction: CompactionPolicy | None = None) -> list[Alert]:
+def evaluate(
+    metrics: TableMetrics, thresholds: HealthThresholds, compaction: CompactionPolicy | None = None
+) -> list[Alert]:
     """Alerts for every threshold ``metrics`` crosses (strictly above the threshold)."""
     compaction = compaction or CompactionPolicy()
     table = metrics.table
@@ -59,31 +62,88 @@ def evaluate(metrics: TableMetrics, thresholds: HealthThresholds, compaction: Co
     if metrics.partitions:
         worst = max(metrics.partitions, key=lambda p: p.data_files)
         if worst.data_files > thresholds.max_files_per_partition:
-            alerts.append(Alert(table, "files_per_partition", worst.data_files, thresholds.max_files_per_partition,
-                                f"{worst.data_files} data files in partition {worst.label()} "
-                                f"> {thresholds.max_files_per_partition}",
-                                partition=worst.label()))
+            alerts.append(
+                Alert(
+                    table,
+                    "files_per_partition",
+                    worst.data_files,
+                    thresholds.max_files_per_partition,
+                    f"{worst.data_files} data files in partition {worst.label()} "
+                    f"> {thresholds.max_files_per_partition}",
+                    partition=worst.label(),
+                )
+            )
     if metrics.snapshots > thresholds.max_snapshots:
-        alerts.append(Alert(table, "snapshots", metrics.snapshots, thresholds.max_snapshots,
-                            f"{metrics.snapshots} snapshots > {thresholds.max_snapshots}: expire snapshots"))
+        alerts.append(
+            Alert(
+                table,
+                "snapshots",
+                metrics.snapshots,
+                thresholds.max_snapshots,
+                f"{metrics.snapshots} snapshots > {thresholds.max_snapshots}: expire snapshots",
+            )
+        )
     if metrics.metadata_bytes > thresholds.max_metadata_bytes:
-        alerts.append(Alert(table, "metadata_bytes", metrics.metadata_bytes, thresholds.max_metadata_bytes,
-                            f"metadata is {metrics.metadata_bytes} bytes > {thresholds.max_metadata_bytes}"))
+        alerts.append(
+            Alert(
+                table,
+                "metadata_bytes",
+                metrics.metadata_bytes,
+                thresholds.max_metadata_bytes,
+                f"metadata is {metrics.metadata_bytes} bytes > {thresholds.max_metadata_bytes}",
+            )
+        )
     lag = compaction_lag_s(metrics, compaction)
     if lag > thresholds.max_compaction_lag_s:
-        alerts.append(Alert(table, "compaction_lag_s", round(lag, 1), thresholds.max_compaction_lag_s,
-                            f"compaction due for {lag:.0f}s > {thresholds.max_compaction_lag_s:g}s"))
-    if thresholds.max_freshness_s is not None and metrics.freshness_s is not None and metrics.freshness_s > thresholds.max_freshness_s:
-        alerts.append(Alert(table, "freshness_s", round(metrics.freshness_s, 1), thresholds.max_freshness_s,
-                            f"newest source change is {metrics.freshness_s:.0f}s old > {thresholds.max_freshness_s:g}s"))
-    if thresholds.max_consumer_lag is not None and metrics.kafka_lag is not None and metrics.kafka_lag > thresholds.max_consumer_lag:
-        alerts.append(Alert(table, "kafka_lag", metrics.kafka_lag, thresholds.max_consumer_lag,
-                            f"{metrics.kafka_lag} Kafka records not yet committed > {thresholds.max_consumer_lag}"))
+        alerts.append(
+            Alert(
+                table,
+                "compaction_lag_s",
+                round(lag, 1),
+                thresholds.max_compaction_lag_s,
+                f"compaction due for {lag:.0f}s > {thresholds.max_compaction_lag_s:g}s",
+            )
+        )
+    if (
+        thresholds.max_freshness_s is not None
+        and metrics.freshness_s is not None
+        and metrics.freshness_s > thresholds.max_freshness_s
+    ):
+        alerts.append(
+            Alert(
+                table,
+                "freshness_s",
+                round(metrics.freshness_s, 1),
+                thresholds.max_freshness_s,
+                f"newest source change is {metrics.freshness_s:.0f}s old > {thresholds.max_freshness_s:g}s",
+            )
+        )
+    if (
+        thresholds.max_consumer_lag is not None
+        and metrics.kafka_lag is not None
+        and metrics.kafka_lag > thresholds.max_consumer_lag
+    ):
+        alerts.append(
+            Alert(
+                table,
+                "kafka_lag",
+                metrics.kafka_lag,
+                thresholds.max_consumer_lag,
+                f"{metrics.kafka_lag} Kafka records not yet committed > {thresholds.max_consumer_lag}",
+            )
+        )
     if (
         thresholds.max_small_file_share is not None
         and metrics.data_files
         and metrics.small_file_share > thresholds.max_small_file_share
     ):
-        alerts.append(Alert(table, "small_file_share", round(metrics.small_file_share, 4), thresholds.max_small_file_share,
-                            f"{metrics.small_file_share:.0%} of data files are small > {thresholds.max_small_file_share:.0%}"))
+        alerts.append(
+            Alert(
+                table,
+                "small_file_share",
+                round(metrics.small_file_share, 4),
+                thresholds.max_small_file_share,
+                f"{metrics.small_file_share:.0%} of data files are small > {thresholds.max_small_file_share:.0%}",
+            )
+        )
     return alerts

@@ -1,4 +1,5 @@
 """`HealthReport`: the metrics and alerts of every table at one moment, as every health surface reads them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ class HealthReport:
         return {
             "collected_ms": self.collected_ms,
             "healthy": self.healthy,
-            "tables": [m.to_json() | {"compaction_lag_s": round(self.compaction_lag_s.get(m.table, 0.0), 1)} for m in self.tables],
+            "tables": [
+                m.to_json() | {"compaction_lag_s": round(self.compaction_lag_s.get(m.table, 0.0), 1)}
+                for m in self.tables
+            ],
             "alerts": [a.to_json() for a in self.alerts],
         }

@@ -1,4 +1,5 @@
 """One health round over the catalog: metrics per table, alerts, and the surfaces fed from them."""
+
 from __future__ import annotations
 
 import logging
@@ -8,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from lakestream.config import PipelineConfig
 from lakestream.errors import first_line
-from lakestream.health.checks import Alert, compaction_lag_s, evaluate
+from lakestream.health.checks import compaction_lag_s, evaluate
 from lakestream.health.history import record_health
 from lakestream.health.model import HealthReport
 from lakestream.inspection import TableMetrics, collect_table_metrics, list_tables

@@ -1,4 +1,5 @@
 """Renders a health report: a coloured terminal table for people, JSON for machines."""
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,22 @@ def render_table(report: HealthReport, out: IO[str] | None = None) -> None:
         return f"[bold red]{text}[/]" if (table, metric) in alerted else f"[green]{text}[/]"
 
     grid = Table(title="Lakestream table health", header_style="bold")
-    for column in ("table", "rows", "files", "files/part max", "p95", "avg file", "small %", "deletes",
-                   "snapshots", "metadata", "since compaction", "rewritten/ingested 1h", "freshness", "kafka lag"):
+    for column in (
+        "table",
+        "rows",
+        "files",
+        "files/part max",
+        "p95",
+        "avg file",
+        "small %",
+        "deletes",
+        "snapshots",
+        "metadata",
+        "since compaction",
+        "rewritten/ingested 1h",
+        "freshness",
+        "kafka lag",
+    ):
         grid.add_column(column, justify="left" if column == "table" else "right")
     for m in report.tables:
         t = m.table

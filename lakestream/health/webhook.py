@@ -3,6 +3,7 @@
 The set of active alerts is remembered between rounds (in memory, and in a small JSON file when a
 ``state_path`` is given, so that cron-style `lakestream health` runs also report transitions only once).
 """
+
 from __future__ import annotations
 
 import json
@@ -47,7 +48,9 @@ class AlertNotifier:
         current = {a.key: a.to_json() for a in alerts}
         now = time.time()
         events = [{"event": "raised", "at": now, **current[k]} for k in sorted(current.keys() - self.active.keys())]
-        events += [{"event": "cleared", "at": now, **self.active[k]} for k in sorted(self.active.keys() - current.keys())]
+        events += [
+            {"event": "cleared", "at": now, **self.active[k]} for k in sorted(self.active.keys() - current.keys())
+        ]
         for event in events:
             self._post(event)
         self.active = current

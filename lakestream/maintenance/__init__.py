@@ -1,4 +1,5 @@
 """Table maintenance: policy-driven compaction, delete rewrites, snapshot expiry, orphan and manifest cleanup."""
+
 from lakestream.maintenance.actions import MaintenanceResult
 from lakestream.maintenance.runner import InlineMaintenance, maintain_table, maintain_tables, plan_table, watch
 

@@ -4,13 +4,14 @@ Every action returns a `MaintenanceResult` (files before → after, bytes, secon
 commit that loses a race with ingestion is not an error: it is logged as a conflict and the work is
 simply tried again on the next round.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -51,8 +52,11 @@ def _line_history(spark: SparkSession, method: str, catalog: str, name: str, req
     from lakestream.spark import driver_jvm
 
     namespace, table = split_table_name(name)
-    answer = json.loads(getattr(driver_jvm(spark).lakestream.LineHistory, method)(
-        spark._jsparkSession, catalog, namespace, table, json.dumps({**request, **BESIDE_THE_BATCHES})))
+    answer = json.loads(
+        getattr(driver_jvm(spark).lakestream.LineHistory, method)(
+            spark._jsparkSession, catalog, namespace, table, json.dumps({**request, **BESIDE_THE_BATCHES})
+        )
+    )
     if "fallback" in answer:
         log.info("%s: %s with Iceberg's procedure: %s", name, method, answer["fallback"])
         return None
@@ -110,7 +114,7 @@ def _table_arg(name: str) -> str:
 
 
 def _timestamp(ms: int) -> str:
-    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
     return "TIMESTAMP " + sql_string(moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d}")
 
 
@@ -202,10 +206,10 @@ def partition_predicate(catalog: str, jtable, partition: PartitionMetrics) -> st
                 return None
             clauses.append(f"{_procedure(catalog, _TIME_FUNCTIONS[transform])}({column}) = {literal}")
         elif transform.startswith("bucket["):
-            width = int(transform[len("bucket["):-1])
+            width = int(transform[len("bucket[") : -1])
             clauses.append(f"{_procedure(catalog, 'bucket')}({width}, {column}) = {int(value)}")
         elif transform.startswith("truncate["):
-            width = int(transform[len("truncate["):-1])
+            width = int(transform[len("truncate[") : -1])
             if isinstance(value, str):
                 # A value shorter than the width is a whole string; one of full width is a prefix.
                 if len(value) < width:
@@ -277,7 +281,7 @@ def compact_cold_partitions(
 
     def call() -> None:
         for start in range(0, len(predicates), PARTITIONS_PER_CALL):
-            where = " OR ".join(f"({p})" for p in predicates[start:start + PARTITIONS_PER_CALL])
+            where = " OR ".join(f"({p})" for p in predicates[start : start + PARTITIONS_PER_CALL])
             row = spark.sql(
                 f"CALL {_procedure(catalog, 'rewrite_data_files')}(table => {_table_arg(name)}, "
                 f"strategy => {sql_string('sort' if sort else 'binpack')}, where => {sql_string(where)}, "
@@ -293,9 +297,7 @@ def compact_cold_partitions(
     _run(result, started, call, log_result=False)
     result.detail.update(counts)
     try:
-        result.files_after, result.bytes_after = _partition_totals(
-            spark, catalog, name, {p.key for p in partitions}
-        )
+        result.files_after, result.bytes_after = _partition_totals(spark, catalog, name, {p.key for p in partitions})
     except Exception as exc:  # measuring after is best effort; the rewrite itself is done
         log.debug("could not measure %s after compaction: %s", name, exc)
     result.seconds = time.monotonic() - started
@@ -306,10 +308,14 @@ def compact_cold_partitions(
 # --- deletes, manifests ---------------------------------------------------------------------------
 
 
-def rewrite_position_deletes(spark: SparkSession, catalog: str, name: str, delete_files: int, dry_run: bool = False) -> MaintenanceResult:
+def rewrite_position_deletes(
+    spark: SparkSession, catalog: str, name: str, delete_files: int, dry_run: bool = False
+) -> MaintenanceResult:
     """rewrite_position_delete_files: merges small position-delete files and drops dangling ones."""
     started = time.monotonic()
-    result = MaintenanceResult(table=name, action="rewrite_deletes", status="planned" if dry_run else "ok", files_before=delete_files)
+    result = MaintenanceResult(
+        table=name, action="rewrite_deletes", status="planned" if dry_run else "ok", files_before=delete_files
+    )
     if dry_run:
         return result
 
@@ -318,17 +324,23 @@ def rewrite_position_deletes(spark: SparkSession, catalog: str, name: str, delet
             f"CALL {_procedure(catalog, 'rewrite_position_delete_files')}(table => {_table_arg(name)}, "
             f"options => {_options({'min-input-files': '2', 'partial-progress.enabled': 'true'})})"
         ).collect()[0]
-        result.files_after = delete_files - int(row["rewritten_delete_files_count"]) + int(row["added_delete_files_count"])
+        result.files_after = (
+            delete_files - int(row["rewritten_delete_files_count"]) + int(row["added_delete_files_count"])
+        )
         result.bytes_before = int(row["rewritten_bytes_count"])
         result.bytes_after = int(row["added_bytes_count"])
 
     return _run(result, started, call)
 
 
-def rewrite_manifests(spark: SparkSession, catalog: str, name: str, manifests: int, dry_run: bool = False) -> MaintenanceResult:
+def rewrite_manifests(
+    spark: SparkSession, catalog: str, name: str, manifests: int, dry_run: bool = False
+) -> MaintenanceResult:
     """rewrite_manifests: regroups many small manifests so planning reads fewer files."""
     started = time.monotonic()
-    result = MaintenanceResult(table=name, action="rewrite_manifests", status="planned" if dry_run else "ok", files_before=manifests)
+    result = MaintenanceResult(
+        table=name, action="rewrite_manifests", status="planned" if dry_run else "ok", files_before=manifests
+    )
     if dry_run:
         return result
 
@@ -365,7 +377,11 @@ def expire_snapshots(
         action="expire_snapshots",
         status="planned" if dry_run else "ok",
         files_before=snapshots,
-        detail={"older_than_ms": older_than_ms, "retain_last": retain_last, "protected_snapshot_id": protected_snapshot_id},
+        detail={
+            "older_than_ms": older_than_ms,
+            "retain_last": retain_last,
+            "protected_snapshot_id": protected_snapshot_id,
+        },
     )
     if dry_run:
         return result
@@ -373,9 +389,17 @@ def expire_snapshots(
     qualified = quote_table(catalog, namespace, table)
 
     def in_the_jvm() -> bool:
-        answer = _line_history(spark, "expire", catalog, name, {
-            "older_than_ms": int(older_than_ms), "retain_last": int(retain_last),
-            "protected_snapshot_id": protected_snapshot_id})
+        answer = _line_history(
+            spark,
+            "expire",
+            catalog,
+            name,
+            {
+                "older_than_ms": int(older_than_ms),
+                "retain_last": int(retain_last),
+                "protected_snapshot_id": protected_snapshot_id,
+            },
+        )
         if answer is None:
             return False
         if "error" in answer:
@@ -395,7 +419,9 @@ def expire_snapshots(
         result.detail["method"] = "procedure"
         result.files_after = int(spark.sql(f"SELECT count(*) FROM {qualified}.snapshots").collect()[0][0])
         if protected_snapshot_id is not None:
-            kept = spark.sql(f"SELECT count(*) FROM {qualified}.snapshots WHERE snapshot_id = {int(protected_snapshot_id)}").collect()[0][0]
+            kept = spark.sql(
+                f"SELECT count(*) FROM {qualified}.snapshots WHERE snapshot_id = {int(protected_snapshot_id)}"
+            ).collect()[0][0]
             if not kept:
                 # Should be impossible given older_than; shout, the engine would lose its resume point.
                 result.status = "failed"
@@ -409,7 +435,9 @@ def expire_snapshots(
     return _run(result, started, call)
 
 
-def trim_metadata_log(spark: SparkSession, catalog: str, name: str, jtable, keep: int, dry_run: bool = False) -> MaintenanceResult:
+def trim_metadata_log(
+    spark: SparkSession, catalog: str, name: str, jtable, keep: int, dry_run: bool = False
+) -> MaintenanceResult:
     """Delete the earlier metadata JSON files a round has made obsolete, and bound the log from then on.
 
     Iceberg deletes an earlier metadata file only at a commit that pushes it off the metadata log, and
@@ -432,7 +460,9 @@ def trim_metadata_log(spark: SparkSession, catalog: str, name: str, jtable, keep
             return
         own = jtable.properties().get(METADATA_PREVIOUS_VERSIONS_MAX)
         bound = str(own) if own is not None and str(own).isdigit() and int(str(own)) > 1 else str(int(keep))
-        jtable.updateProperties().set(METADATA_DELETE_AFTER_COMMIT, "true").set(METADATA_PREVIOUS_VERSIONS_MAX, "1").commit()
+        jtable.updateProperties().set(METADATA_DELETE_AFTER_COMMIT, "true").set(
+            METADATA_PREVIOUS_VERSIONS_MAX, "1"
+        ).commit()
         jtable.refresh()
         jtable.updateProperties().set(METADATA_PREVIOUS_VERSIONS_MAX, bound).commit()
         result.detail["previous_versions_max"] = int(bound)
@@ -453,18 +483,30 @@ def remove_orphan_files(
     """
     started = time.monotonic()
     result = MaintenanceResult(
-        table=name, action="remove_orphans", status="dry-run" if dry_run else "ok", detail={"older_than_ms": older_than_ms}
+        table=name,
+        action="remove_orphans",
+        status="dry-run" if dry_run else "ok",
+        detail={"older_than_ms": older_than_ms},
     )
     own = own_location(jtable.location())
 
     def in_the_jvm() -> list[str] | None:
-        answer = _line_history(spark, "removeOrphans", catalog, name, {
-            "older_than_ms": int(older_than_ms), "dry_run": bool(dry_run), "keep_under": own})
+        answer = _line_history(
+            spark,
+            "removeOrphans",
+            catalog,
+            name,
+            {"older_than_ms": int(older_than_ms), "dry_run": bool(dry_run), "keep_under": own},
+        )
         if answer is None:
             return None
-        result.detail.update(method="line", listed=answer["listed"], referenced=answer["referenced"],
-                             timings_s=answer["timings_s"],
-                             **({"delete_nice": answer["delete_nice"]} if "delete_nice" in answer else {}))
+        result.detail.update(
+            method="line",
+            listed=answer["listed"],
+            referenced=answer["referenced"],
+            timings_s=answer["timings_s"],
+            **({"delete_nice": answer["delete_nice"]} if "delete_nice" in answer else {}),
+        )
         result.files_before = int(answer["orphan_count"])
         return list(answer["orphans"])
 

@@ -17,6 +17,7 @@ Used only for the tables a pipeline writes as upsert mirrors with a key index (i
 other tables, and ``lakestream maintain``, keep Iceberg's procedure. Hot partitions are compacted too:
 the commit cannot conflict with the batches, which is what ``quiet_time_s`` protects the procedure from.
 """
+
 from __future__ import annotations
 
 import json
@@ -117,8 +118,9 @@ def plan_groups(files: list[dict[str, Any]], policy: CompactionPolicy) -> list[l
         # Beside a file rewritten for its deletes, the small files no larger than it ride along (it is rewritten
         # anyway), whatever their class's count.
         ride = max((f["size"] for f in heavy), default=-1)
-        chosen = list(heavy) + [f for c in classes.values() for f in c
-                                if len(c) >= policy.min_input_files or f["size"] <= ride]
+        chosen = list(heavy) + [
+            f for c in classes.values() for f in c if len(c) >= policy.min_input_files or f["size"] <= ride
+        ]
         chosen.sort(key=lambda f: (f["size"], f["path"]))
         group: list[dict[str, Any]] = []
         size = rows = 0
@@ -145,8 +147,9 @@ def plan_groups(files: list[dict[str, Any]], policy: CompactionPolicy) -> list[l
     return taken
 
 
-def live_data_files(spark: SparkSession, catalog: str, table: TableName, jtable: Any = None
-                    ) -> list[tuple[str, int, int, int, dict[str, Any], int]]:
+def live_data_files(
+    spark: SparkSession, catalog: str, table: TableName, jtable: Any = None
+) -> list[tuple[str, int, int, int, dict[str, Any], int]]:
     """(path, bytes, records, spec id, partition, rows deleted) of each live data file. A table never partitioned is
     listed from its manifests in the JVM at a lower priority (`TableStats.liveDataFiles`): no Spark job beside the
     batches; a partitioned one by Spark's ``data_files`` and ``delete_files`` tables, whose partition values are
@@ -158,23 +161,44 @@ def live_data_files(spark: SparkSession, catalog: str, table: TableName, jtable:
         jtable = load_java_table(spark, catalog, f"{table.namespace}.{table.table}")
     answer = json.loads(driver_jvm(spark).lakestream.TableStats.liveDataFiles(jtable, BACKGROUND_NICE))
     if answer["unpartitioned"]:
-        return [(f["path"], int(f["size"]), int(f["records"]), int(f["spec_id"]), {}, int(f.get("deleted", 0)))
-                for f in answer["files"]]
+        return [
+            (f["path"], int(f["size"]), int(f["records"]), int(f["spec_id"]), {}, int(f.get("deleted", 0)))
+            for f in answer["files"]
+        ]
     qualified = quote_table(catalog, table.namespace, table.table)
     listing = spark.table(f"{qualified}.data_files")
     partitioned = "partition" in listing.columns  # a table whose specs are all unpartitioned has no such column
-    rows = listing.select("file_path", "file_size_in_bytes", "record_count", "spec_id",
-                          *(["partition"] if partitioned else [])).collect()
-    deleted = {r[0]: int(r[1]) for r in spark.sql(
-        f"SELECT referenced_data_file, SUM(record_count) FROM {qualified}.delete_files "
-        "WHERE content = 1 AND referenced_data_file IS NOT NULL GROUP BY referenced_data_file").collect()}
-    return [(r["file_path"], int(r["file_size_in_bytes"]), int(r["record_count"]), int(r["spec_id"]),
-             r["partition"].asDict() if partitioned and r["partition"] is not None else {},
-             deleted.get(r["file_path"], 0)) for r in rows]
+    rows = listing.select(
+        "file_path", "file_size_in_bytes", "record_count", "spec_id", *(["partition"] if partitioned else [])
+    ).collect()
+    deleted = {
+        r[0]: int(r[1])
+        for r in spark.sql(
+            f"SELECT referenced_data_file, SUM(record_count) FROM {qualified}.delete_files "
+            "WHERE content = 1 AND referenced_data_file IS NOT NULL GROUP BY referenced_data_file"
+        ).collect()
+    }
+    return [
+        (
+            r["file_path"],
+            int(r["file_size_in_bytes"]),
+            int(r["record_count"]),
+            int(r["spec_id"]),
+            r["partition"].asDict() if partitioned and r["partition"] is not None else {},
+            deleted.get(r["file_path"], 0),
+        )
+        for r in rows
+    ]
 
 
-def prepare_rewrite(spark: SparkSession, catalog: str, name: str, partitions: list[PartitionMetrics],
-                    policy: CompactionPolicy, jtable: Any = None) -> PreparedRewrite | None:
+def prepare_rewrite(
+    spark: SparkSession,
+    catalog: str,
+    name: str,
+    partitions: list[PartitionMetrics],
+    policy: CompactionPolicy,
+    jtable: Any = None,
+) -> PreparedRewrite | None:
     """The groups to rewrite in ``partitions`` (`plan_groups`) and the rows deleted in their files at the current
     snapshot; None when there is nothing worth rewriting. ``jtable``: the table as the caller just loaded it."""
     from lakestream.sink.catalog.sink import deleted_positions
@@ -189,30 +213,39 @@ def prepare_rewrite(spark: SparkSession, catalog: str, name: str, partitions: li
         if key in wanted:
             files.append({"path": path, "size": size, "records": records, "deleted": deleted, "key": key})
     groups = plan_groups(files, policy)
-    result = MaintenanceResult(table=name, action="compact", status="ok",
-                               detail={"partitions": [p.label() for p in partitions], "strategy": "size classes",
-                                       "committed_by": "pipeline"})
+    result = MaintenanceResult(
+        table=name,
+        action="compact",
+        status="ok",
+        detail={"partitions": [p.label() for p in partitions], "strategy": "size classes", "committed_by": "pipeline"},
+    )
     if not groups:
         return None
-    now = deleted_positions(spark, catalog, table.namespace, table.table, [f["path"] for g in groups for f in g],
-                            nice=BACKGROUND_NICE)
+    now = deleted_positions(
+        spark, catalog, table.namespace, table.table, [f["path"] for g in groups for f in g], nice=BACKGROUND_NICE
+    )
     missing = set(now["missing"])
     prepared = []
     for g in groups:
         live = [f for f in g if f["path"] not in missing]  # listed, then removed by another writer
         if len(live) < 2:
             continue
-        prepared.append(RewriteGroup(
-            inputs=[f["path"] for f in live], records=[f["records"] for f in live],
-            deleted=[np.asarray(now["files"][f["path"]]["positions"], np.int64) for f in live],
-            bytes=sum(f["size"] for f in live),
-            lineage=[file_lineage(now, f["path"]) for f in live]))
+        prepared.append(
+            RewriteGroup(
+                inputs=[f["path"] for f in live],
+                records=[f["records"] for f in live],
+                deleted=[np.asarray(now["files"][f["path"]]["positions"], np.int64) for f in live],
+                bytes=sum(f["size"] for f in live),
+                lineage=[file_lineage(now, f["path"]) for f in live],
+            )
+        )
     if not prepared or now["snapshot_id"] is None:
         return None
     result.files_before = sum(len(g.inputs) for g in prepared)
     result.bytes_before = sum(g.bytes for g in prepared)
-    return PreparedRewrite(table=name, snapshot_id=int(now["snapshot_id"]), groups=prepared, result=result,
-                           started=started)
+    return PreparedRewrite(
+        table=name, snapshot_id=int(now["snapshot_id"]), groups=prepared, result=result, started=started
+    )
 
 
 class NotRewritable(Exception):
@@ -239,14 +272,16 @@ def project_by_field_id(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _rewrite_group(group: RewriteGroup, data_location: str, schema: pa.Schema, key_columns: list[str],
-                   storage: Any) -> tuple[dict[str, Any] | None, np.ndarray | None, str | None]:
+def _rewrite_group(
+    group: RewriteGroup, data_location: str, schema: pa.Schema, key_columns: list[str], storage: Any
+) -> tuple[dict[str, Any] | None, np.ndarray | None, str | None]:
     """One task: the group's live rows as one data file, and their index keys by position."""
     return at_low_priority(lambda: _write_group(group, data_location, schema, key_columns, storage))
 
 
-def _write_group(group: RewriteGroup, data_location: str, schema: pa.Schema, key_columns: list[str],
-                 storage: Any) -> tuple[dict[str, Any] | None, np.ndarray | None, str | None]:
+def _write_group(
+    group: RewriteGroup, data_location: str, schema: pa.Schema, key_columns: list[str], storage: Any
+) -> tuple[dict[str, Any] | None, np.ndarray | None, str | None]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -260,8 +295,9 @@ def _write_group(group: RewriteGroup, data_location: str, schema: pa.Schema, key
     lineage = group.lineage or [(None, None)] * len(group.inputs)
     row_ids, sequence_numbers = [], []
     try:
-        for path, records, deleted, (first_row_id, sequence) in zip(group.inputs, group.records, group.deleted,
-                                                                     lineage, strict=True):
+        for path, records, deleted, (first_row_id, sequence) in zip(
+            group.inputs, group.records, group.deleted, lineage, strict=True
+        ):
             fs, local = filesystem_path(path)
             rows = pq.read_table(local, filesystem=fs, use_threads=False)  # Arrow's pool runs at nice 0
             if rows.num_rows != records:
@@ -283,15 +319,15 @@ def _write_group(group: RewriteGroup, data_location: str, schema: pa.Schema, key
     out = pa.concat_tables(parts)
     ids, seqs = np.concatenate(row_ids), np.concatenate(sequence_numbers)
     if (ids >= 0).any() or (seqs >= 0).any():
-        written = write_data_file(lineage_columns(out, ids, seqs), data_location,
-                                  pa.schema(list(schema) + lineage_fields()), "compact")
+        written = write_data_file(
+            lineage_columns(out, ids, seqs), data_location, pa.schema(list(schema) + lineage_fields()), "compact"
+        )
     else:  # a table without row lineage (format < 3)
         written = write_data_file(out, data_location, schema, "compact")
     return written, index_keys(out, key_columns), None
 
 
-def file_row_lineage(rows: pa.Table, first_row_id: int | None, sequence: int | None
-                     ) -> tuple[np.ndarray, np.ndarray]:
+def file_row_lineage(rows: pa.Table, first_row_id: int | None, sequence: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Each row's ``_row_id`` and ``_last_updated_sequence_number`` in a data file (``rows``, all of it):
     the file's explicit value, else ``first_row_id`` + position and the file's data sequence number (-1 where
     neither is known)."""
@@ -315,17 +351,25 @@ def run_rewrite(spark: SparkSession, prepared: PreparedRewrite, spec: TableSpec)
 
     sc = spark.sparkContext
     at_once = max(1, sc.defaultParallelism // 2)
-    data_location, schema, key_columns, storage = spec.data_location, spec.arrow_schema(), list(spec.key_columns), \
-        active_options()
+    data_location, schema, key_columns, storage = (
+        spec.data_location,
+        spec.arrow_schema(),
+        list(spec.key_columns),
+        active_options(),
+    )
     done: list[RewriteGroup] = []
     for start in range(0, len(prepared.groups), at_once):
-        chunk = prepared.groups[start:start + at_once]
-        outcomes = sc.parallelize(chunk, len(chunk)).map(
-            lambda g: _rewrite_group(g, data_location, schema, key_columns, storage)).collect()
+        chunk = prepared.groups[start : start + at_once]
+        outcomes = (
+            sc.parallelize(chunk, len(chunk))
+            .map(lambda g: _rewrite_group(g, data_location, schema, key_columns, storage))
+            .collect()
+        )
         for group, (written, keys, problem) in zip(chunk, outcomes, strict=True):
             if problem is not None:
-                log.warning("%s: a compaction group of %d file(s) left as it is: %s", prepared.table,
-                            len(group.inputs), problem)
+                log.warning(
+                    "%s: a compaction group of %d file(s) left as it is: %s", prepared.table, len(group.inputs), problem
+                )
                 continue
             group.output, group.keys = written, keys
             done.append(group)

@@ -1,6 +1,7 @@
 """The maintenance log: every action a (non dry-run) maintenance round carried out, one JSON line each,
 in ``<state_dir>/maintenance/<pipeline>.jsonl``. Expiry, orphan removal and metadata trims leave no
 snapshot behind, so this log is the only record of them; the dashboard shows it."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -18,8 +19,9 @@ def maintenance_log_path(config: PipelineConfig) -> Path:
     return Path(config.state_dir) / "maintenance" / f"{config.name}.jsonl"
 
 
-def record_maintenance(config: PipelineConfig, results: Iterable[MaintenanceResult], finished_ms: int,
-                       started_ms: int | None = None) -> None:
+def record_maintenance(
+    config: PipelineConfig, results: Iterable[MaintenanceResult], finished_ms: int, started_ms: int | None = None
+) -> None:
     """Append ``results`` (one round, from ``started_ms`` — its tables' metrics read included — to
     ``finished_ms``) to the pipeline's maintenance log."""
     window = {"finished_ms": finished_ms} | ({"round_started_ms": started_ms} if started_ms is not None else {})

@@ -4,6 +4,7 @@ The decisions that keep streaming safe live here: only *cold* partitions (not wr
 time) are compacted, and snapshot expiry never reaches the newest snapshot carrying the engine's
 Kafka offsets.
 """
+
 from __future__ import annotations
 
 import logging
@@ -70,7 +71,9 @@ def plan_maintenance(metrics: TableMetrics, policy: MaintenancePolicy, now_ms: i
     if plan.compact:
         plan.reasons.append(f"compact {len(plan.compact)} cold partition(s) with too many or too small files")
     if plan.hot_skipped:
-        plan.reasons.append(f"{len(plan.hot_skipped)} hot partition(s) left alone until quiet for {policy.compaction.quiet_time_s:g}s")
+        plan.reasons.append(
+            f"{len(plan.hot_skipped)} hot partition(s) left alone until quiet for {policy.compaction.quiet_time_s:g}s"
+        )
 
     # Deletion vectors are left alone: rewrite_position_delete_files has nothing to merge in them (beside
     # a stream it spent 1-3 s of Spark jobs per round on a 100M-row mirror and changed no file).
@@ -109,7 +112,8 @@ def plan_maintenance(metrics: TableMetrics, policy: MaintenancePolicy, now_ms: i
             plan.reasons.append(f"{len(metrics.ancestry)} snapshots > max_snapshots {policy.max_snapshots}")
         else:
             plan.reasons.append(
-                f"snapshots older than {policy.snapshot_retention_s:g}s (keeping the last {plan.retain_last})")
+                f"snapshots older than {policy.snapshot_retention_s:g}s (keeping the last {plan.retain_last})"
+            )
 
     # Each metadata file written before expiry lists every snapshot expiry then removes: together the
     # bulk of a streaming table's metadata, and Iceberg only deletes them as later commits push them off.
@@ -118,7 +122,9 @@ def plan_maintenance(metrics: TableMetrics, policy: MaintenancePolicy, now_ms: i
         plan.reasons.append("delete the metadata files written before snapshot expiry")
     elif not metrics.metadata_delete_after_commit or metrics.metadata_files > policy.metadata_previous_versions + 1:
         plan.trim_metadata = True
-        plan.reasons.append(f"{metrics.metadata_files} metadata files: bound them to {policy.metadata_previous_versions} earlier ones")
+        plan.reasons.append(
+            f"{metrics.metadata_files} metadata files: bound them to {policy.metadata_previous_versions} earlier ones"
+        )
 
     orphan_age_s = policy.orphan_min_age_s
     if orphan_age_s < MIN_ORPHAN_AGE_S:

@@ -4,6 +4,7 @@ Order within a table: compact cold partitions → rewrite position deletes → r
 snapshots → trim the metadata log → remove orphans, so that expiry sees the snapshots compaction just
 replaced and the trim deletes the metadata files written before expiry.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,9 +26,9 @@ from lakestream.maintenance.actions import (
     compact_cold_partitions,
     expire_snapshots,
     remove_orphan_files,
-    trim_metadata_log,
     rewrite_manifests,
     rewrite_position_deletes,
+    trim_metadata_log,
 )
 from lakestream.maintenance.history import read_maintenance_log, record_maintenance
 from lakestream.maintenance.policy import MaintenancePlan, plan_maintenance
@@ -50,8 +51,9 @@ MAINTENANCE_POOL = "maintenance"
 _MATCH_ALL = {".*", ".+", "(.*)", "^.*$"}
 
 
-def select_tables(spark: SparkSession, config: PipelineConfig, tables: list[str] | None = None,
-                  own: set[str] | None = None) -> list[str]:
+def select_tables(
+    spark: SparkSession, config: PipelineConfig, tables: list[str] | None = None, own: set[str] | None = None
+) -> list[str]:
     """``tables`` if given; else with ``own`` (the tables a pipeline writes, for its inline maintenance)
     those, plus the catalog tables an enabled policy names explicitly (a ``tables`` pattern other than
     match-all); else every catalog table whose policy is enabled."""
@@ -61,8 +63,11 @@ def select_tables(spark: SparkSession, config: PipelineConfig, tables: list[str]
         names = sorted(own)
         explicit = [p for p in config.maintenance.policies if p.enabled and p.tables.strip() not in _MATCH_ALL]
         if explicit:
-            names += [n for n in list_tables(spark, config.catalog.name)
-                      if n not in own and any(re.fullmatch(p.tables, n) for p in explicit)]
+            names += [
+                n
+                for n in list_tables(spark, config.catalog.name)
+                if n not in own and any(re.fullmatch(p.tables, n) for p in explicit)
+            ]
     else:
         names = list_tables(spark, config.catalog.name)
     return [n for n in names if config.maintenance.policy_for(n).enabled]
@@ -100,23 +105,32 @@ def maintain_table(
         log.info("%s: %s", name, reason)
     amplification = metrics.write_amplification()
     if amplification["rewritten_bytes"]:
-        log.info("%s: compactions wrote %s against %s added by its writers over the last %.0fs (write amplification "
-                 "%s)", name, format_bytes(amplification["rewritten_bytes"]),
-                 format_bytes(amplification["ingested_bytes"]), amplification["window_s"],
-                 "-" if amplification["ratio"] is None else f"{amplification['ratio']:g}×")
+        log.info(
+            "%s: compactions wrote %s against %s added by its writers over the last %.0fs (write amplification %s)",
+            name,
+            format_bytes(amplification["rewritten_bytes"]),
+            format_bytes(amplification["ingested_bytes"]),
+            amplification["window_s"],
+            "-" if amplification["ratio"] is None else f"{amplification['ratio']:g}×",
+        )
     jtable = load_java_table(spark, catalog, name)
     results: list[MaintenanceResult] = []
     if rewrite_spec is not None and hand_over is not None and not dry_run:
         if plan.compact or plan.hot_skipped:
-            written = write_compaction(spark, catalog, name, plan.compact + plan.hot_skipped, policy, rewrite_spec,
-                                       jtable)
+            written = write_compaction(
+                spark, catalog, name, plan.compact + plan.hot_skipped, policy, rewrite_spec, jtable
+            )
             if written is not None:
                 written.result.detail["write_amplification_1h"] = amplification
                 hand_over(written)  # committed by the pipeline while the round goes on
-                results.append(dataclasses.replace(written.result, status="written", detail=dict(written.result.detail)))
+                results.append(
+                    dataclasses.replace(written.result, status="written", detail=dict(written.result.detail))
+                )
     elif plan.compact:
         results.append(
-            compact_cold_partitions(spark, catalog, name, jtable, plan.compact, policy, sort=metrics.has_sort_order, dry_run=dry_run)
+            compact_cold_partitions(
+                spark, catalog, name, jtable, plan.compact, policy, sort=metrics.has_sort_order, dry_run=dry_run
+            )
         )
     if plan.rewrite_deletes:
         results.append(rewrite_position_deletes(spark, catalog, name, metrics.delete_files, dry_run=dry_run))
@@ -125,22 +139,33 @@ def maintain_table(
     if plan.expire:
         results.append(
             expire_snapshots(
-                spark, catalog, name, plan.expire_older_than_ms, plan.retain_last, metrics.snapshots,
-                protected_snapshot_id=plan.protected_snapshot_id, dry_run=dry_run,
+                spark,
+                catalog,
+                name,
+                plan.expire_older_than_ms,
+                plan.retain_last,
+                metrics.snapshots,
+                protected_snapshot_id=plan.protected_snapshot_id,
+                dry_run=dry_run,
             )
         )
     if plan.trim_metadata:
-        results.append(trim_metadata_log(spark, catalog, name, jtable, policy.metadata_previous_versions, dry_run=dry_run))
+        results.append(
+            trim_metadata_log(spark, catalog, name, jtable, policy.metadata_previous_versions, dry_run=dry_run)
+        )
     if remove_orphans:
         # A dry run still lists orphan candidates: listing changes nothing.
         results.append(
-            remove_orphan_files(spark, catalog, name, jtable, plan.orphan_older_than_ms, dry_run=dry_run or plan.orphan_dry_run)
+            remove_orphan_files(
+                spark, catalog, name, jtable, plan.orphan_older_than_ms, dry_run=dry_run or plan.orphan_dry_run
+            )
         )
     return results
 
 
-def write_compaction(spark: SparkSession, catalog: str, name: str, partitions: list, policy, spec: TableSpec,
-                     jtable=None) -> PreparedRewrite | None:
+def write_compaction(
+    spark: SparkSession, catalog: str, name: str, partitions: list, policy, spec: TableSpec, jtable=None
+) -> PreparedRewrite | None:
     """Compaction of a pipeline's upsert mirror, written on the executors and left for its commit (``jtable``: the
     table as the round just loaded it)."""
     from lakestream.maintenance.compaction import prepare_rewrite, run_rewrite
@@ -154,10 +179,20 @@ def write_compaction(spark: SparkSession, catalog: str, name: str, partitions: l
     if not prepared.groups:
         return None
     pause_point("maintenance.rewrite.written")
-    prepared.result.detail.update({"groups": len(prepared.groups), "start_snapshot_id": prepared.snapshot_id,
-                                   "rewrite_s": round(time.monotonic() - started, 3)})
-    log.info("%s: compaction of %d file(s) in %d group(s) written in %.1fs; the pipeline commits it", name,
-             sum(len(g.inputs) for g in prepared.groups), len(prepared.groups), time.monotonic() - started)
+    prepared.result.detail.update(
+        {
+            "groups": len(prepared.groups),
+            "start_snapshot_id": prepared.snapshot_id,
+            "rewrite_s": round(time.monotonic() - started, 3),
+        }
+    )
+    log.info(
+        "%s: compaction of %d file(s) in %d group(s) written in %.1fs; the pipeline commits it",
+        name,
+        sum(len(g.inputs) for g in prepared.groups),
+        len(prepared.groups),
+        time.monotonic() - started,
+    )
     return prepared
 
 
@@ -205,11 +240,15 @@ class MaintenanceScheduler:
         if ends:
             self.last_round_s = max(ends) / 1000
         for line in lines:
-            if line.get("action") == "remove_orphans" and line.get("status") in ("ok", "dry-run") \
-                    and isinstance(line.get("finished_ms"), int):
+            if (
+                line.get("action") == "remove_orphans"
+                and line.get("status") in ("ok", "dry-run")
+                and isinstance(line.get("finished_ms"), int)
+            ):
                 table = str(line.get("table"))
-                self.last_orphan_scan_s[table] = max(self.last_orphan_scan_s.get(table, 0.0),
-                                                     line["finished_ms"] / 1000)
+                self.last_orphan_scan_s[table] = max(
+                    self.last_orphan_scan_s.get(table, 0.0), line["finished_ms"] / 1000
+                )
 
     def hand_over(self, prepared: PreparedRewrite) -> None:
         """A compaction written, for the pipeline to commit (`take_prepared`)."""
@@ -232,9 +271,12 @@ class MaintenanceScheduler:
                     groups.append(head.groups.pop(0))
                     rows += groups[-1].live_rows
                 if groups:
-                    result = dataclasses.replace(head.result, detail=dict(head.result.detail),
-                                                 files_before=sum(len(g.inputs) for g in groups),
-                                                 bytes_before=sum(g.bytes for g in groups))
+                    result = dataclasses.replace(
+                        head.result,
+                        detail=dict(head.result.detail),
+                        files_before=sum(len(g.inputs) for g in groups),
+                        bytes_before=sum(g.bytes for g in groups),
+                    )
                     taken.append(dataclasses.replace(head, groups=groups, result=result))
                 if head.groups:
                     break
@@ -247,14 +289,22 @@ class MaintenanceScheduler:
         if self.settling is not None:
             if not self.settling.settled(now_s):
                 return False
-            log.info("first maintenance round %.0fs after the start (%s)",
-                     now_s - self.hold_until_s + self.config.maintenance.start_delay_s, self.settling.describe())
+            log.info(
+                "first maintenance round %.0fs after the start (%s)",
+                now_s - self.hold_until_s + self.config.maintenance.start_delay_s,
+                self.settling.describe(),
+            )
             self.settling = None
         return self.last_round_s is None or now_s - self.last_round_s >= self.config.maintenance.interval_s
 
     def run_round(
-        self, spark: SparkSession, tables: list[str] | None = None, dry_run: bool = False, now_s: float | None = None,
-        own: set[str] | None = None, rewrite_specs: dict[str, TableSpec] | None = None,
+        self,
+        spark: SparkSession,
+        tables: list[str] | None = None,
+        dry_run: bool = False,
+        now_s: float | None = None,
+        own: set[str] | None = None,
+        rewrite_specs: dict[str, TableSpec] | None = None,
     ) -> list[MaintenanceResult]:
         """One round over the selected tables; a failing table is logged and does not stop the others.
         ``rewrite_specs``: the tables whose compaction the pipeline commits (`take_prepared`)."""
@@ -266,13 +316,25 @@ class MaintenanceScheduler:
             orphans = last_scan is None or now_s - last_scan >= self.config.maintenance.orphan_interval_s
             try:
                 spec = (rewrite_specs or {}).get(name)
-                results.extend(maintain_table(spark, self.config, name, dry_run=dry_run, remove_orphans=orphans,
-                                              now_ms=int(now_s * 1000), rewrite_spec=spec, hand_over=self.hand_over))
+                results.extend(
+                    maintain_table(
+                        spark,
+                        self.config,
+                        name,
+                        dry_run=dry_run,
+                        remove_orphans=orphans,
+                        now_ms=int(now_s * 1000),
+                        rewrite_spec=spec,
+                        hand_over=self.hand_over,
+                    )
+                )
                 if orphans:
                     self.last_orphan_scan_s[name] = now_s
             except Exception as exc:  # one broken table (dropped mid-round, corrupt metadata) must not stop the rest
                 log.error("maintenance of %s failed: %s", name, first_line(exc, 300))
-                results.append(MaintenanceResult(table=name, action="round", status="failed", error=first_line(exc, 300)))
+                results.append(
+                    MaintenanceResult(table=name, action="round", status="failed", error=first_line(exc, 300))
+                )
         # Measured from the round's end: a round longer than interval_s must not run back to back inline.
         self.last_round_s = now_s + (time.monotonic() - wall_started)
         if not dry_run:
@@ -307,8 +369,11 @@ def watch(
         try:
             results = scheduler.run_round(spark, tables, dry_run=dry_run, now_s=started)
         except Exception as exc:  # noqa: BLE001 — e.g. the catalog restarting: the next round tries again
-            log.error("maintenance round failed (next round in %.0fs): %s", config.maintenance.interval_s,
-                      first_line(exc, 300))
+            log.error(
+                "maintenance round failed (next round in %.0fs): %s",
+                config.maintenance.interval_s,
+                first_line(exc, 300),
+            )
             results = []
         rounds += 1
         log.info("maintenance round %d: %d action(s) in %.1fs", rounds, len(results), time.time() - started)
@@ -338,9 +403,14 @@ class InlineMaintenance:
         self.lock = threading.Lock()
         self.jit_lowered = False  # the driver JVM's JIT compilers lowered at the first round (`lower_jit_compilers`)
 
-    def round(self, now: float | None = None, own: set[str] | None = None, background: bool = False,
-              rewrite_specs: dict[str, TableSpec] | None = None, batch_s: float | None = None
-              ) -> list[MaintenanceResult]:
+    def round(
+        self,
+        now: float | None = None,
+        own: set[str] | None = None,
+        background: bool = False,
+        rewrite_specs: dict[str, TableSpec] | None = None,
+        batch_s: float | None = None,
+    ) -> list[MaintenanceResult]:
         """A round if ``interval_s`` has passed; its results, which never raise: conflicts with the engine's own
         commits are reported and retried on a later round.
 
@@ -372,12 +442,19 @@ class InlineMaintenance:
             if not self.jit_lowered:
                 self.jit_lowered = True
                 lowered = lower_jit_compilers(jvm_pid(self.spark))
-                log.info("the driver JVM's %d JIT compiler thread(s) at nice %d from this first round on", lowered,
-                         BACKGROUND_NICE)
+                log.info(
+                    "the driver JVM's %d JIT compiler thread(s) at nice %d from this first round on",
+                    lowered,
+                    BACKGROUND_NICE,
+                )
             if not take_slot():  # a key index merge runs beside the batches: the round waits for a later pause
                 return done
-            self.thread = threading.Thread(target=self._run_beside, name="lakestream-maintenance", daemon=True,
-                                           args=(now, set(own) if own is not None else None, dict(rewrite_specs or {})))
+            self.thread = threading.Thread(
+                target=self._run_beside,
+                name="lakestream-maintenance",
+                daemon=True,
+                args=(now, set(own) if own is not None else None, dict(rewrite_specs or {})),
+            )
             try:
                 self.thread.start()
             except BaseException:
@@ -407,8 +484,9 @@ class InlineMaintenance:
         """Log the pipeline's compaction commits in the maintenance log, like a round's actions."""
         try:
             finished_ms = int(time.time() * 1000)
-            record_maintenance(self.config, results, finished_ms,
-                               finished_ms - int(1000 * sum(r.seconds or 0 for r in results)))
+            record_maintenance(
+                self.config, results, finished_ms, finished_ms - int(1000 * sum(r.seconds or 0 for r in results))
+            )
         except OSError as exc:
             log.warning("maintenance log not written: %s", exc)
 

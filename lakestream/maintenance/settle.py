@@ -10,6 +10,7 @@ until the batches stop getting faster — or until polls in a row find nothing, 
 ``maintenance.settle_max_s`` after the start. A fixed longer delay (180 s for every start) makes the rounds fewer
 and heavier, so it is not used.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -33,7 +34,7 @@ def steady_batch_s(metrics_log: Path) -> float | None:
         with metrics_log.open("rb") as fh:
             size = fh.seek(0, 2)
             fh.seek(max(0, size - TAIL_BYTES))
-            lines = fh.read().splitlines()[1 if size > TAIL_BYTES else 0:]  # the first may be cut
+            lines = fh.read().splitlines()[1 if size > TAIL_BYTES else 0 :]  # the first may be cut
     except OSError:
         return None
     seconds = []

@@ -8,6 +8,7 @@ those records yet, so they are written and evaluated again, and the alerts table
 of records it already holds. Kafka gets alerts at least once (produced before the commit) with the
 same ids, so consumers de-duplicate by key.
 """
+
 from __future__ import annotations
 
 import logging
@@ -60,10 +61,12 @@ class AlertStage:
             from confluent_kafka import Producer
 
             kafka = self.ctx.config.kafka
-            conf = {str(k): v for k, v in kafka.client.items() if not str(k).startswith(("session.", "group.",
-                                                                                            "auto.offset"))}
-            conf.update({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True,
-                         "linger.ms": 5})
+            conf = {
+                str(k): v
+                for k, v in kafka.client.items()
+                if not str(k).startswith(("session.", "group.", "auto.offset"))
+            }
+            conf.update({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True, "linger.ms": 5})
             self._producer_conf = conf
             self._producer = Producer(refusals_raised(conf))
             check_access(self._producer)
@@ -96,22 +99,28 @@ class AlertStage:
         if name not in ctx.registry.specs:
             ctx.tables.ensure_namespace(ns)
             shape = NewShape(name, rules.source, "alerts-v1", list(ALERT_COLUMNS), [], False)
-            ctx.registry.prepare_table(name, [shape], StreamSettings(topics=[rules.source], mode="append",
-                                                                 namespace=ns, table=tbl))
+            ctx.registry.prepare_table(
+                name, [shape], StreamSettings(topics=[rules.source], mode="append", namespace=ns, table=tbl)
+            )
         spec = ctx.registry.specs[name]
         topics = new.column("_topic").to_pylist()
         partitions = np.asarray(new.column("_kafka_partition").to_numpy(zero_copy_only=False), np.int64)
         offsets = np.asarray(new.column("_kafka_offset").to_numpy(zero_copy_only=False), np.int64)
         source_ts = np.asarray(new.column("_source_ts_ms").to_numpy(zero_copy_only=False), np.float64)
-        fresh = np.array([o >= spec.committed.get(TP(t, int(p)), -1)
-                          for t, p, o in zip(topics, partitions, offsets, strict=True)], dtype=bool)
+        fresh = np.array(
+            [o >= spec.committed.get(TP(t, int(p)), -1) for t, p, o in zip(topics, partitions, offsets, strict=True)],
+            dtype=bool,
+        )
         if not fresh.any():
             return 0
         keep = np.flatnonzero(fresh)
-        report.table(name).stats.extend(change_stats(name, [topics[i] for i in keep], partitions[keep], offsets[keep],
-                                               source_ts[keep]))
-        source_ts_of = {(t, int(p), int(o)): (None if np.isnan(s) else int(s))
-                        for t, p, o, s in zip(topics, partitions, offsets, source_ts, strict=True)}
+        report.table(name).stats.extend(
+            change_stats(name, [topics[i] for i in keep], partitions[keep], offsets[keep], source_ts[keep])
+        )
+        source_ts_of = {
+            (t, int(p), int(o)): (None if np.isnan(s) else int(s))
+            for t, p, o, s in zip(topics, partitions, offsets, source_ts, strict=True)
+        }
         rows = []
         for a in found.to_pylist():
             if a["_kafka_offset"] < spec.committed.get(TP(a["_topic"], a["_kafka_partition"]), -1):
@@ -123,19 +132,40 @@ class AlertStage:
         out = []
         for a in rows:
             src = source_ts_of.get((a["_topic"], a["_kafka_partition"], a["_kafka_offset"]))
-            out.append({"alert_id": alert_id(rules.name, a["check_name"], a["event_id"]), "rule_set": rules.name,
-                        "check_name": a["check_name"], "key": a["key"], "event_id": a["event_id"],
-                        "event_time": a["_ts"] * 1000, "value": a["value"], "detail": a["detail"],
-                        "source_ts_ms": src, "alerted_at": now_ms * 1000,
-                        "latency_ms": None if src is None else now_ms - src, "source_topic": a["_topic"],
-                        "source_partition": a["_kafka_partition"], "source_offset": a["_kafka_offset"]})
+            out.append(
+                {
+                    "alert_id": alert_id(rules.name, a["check_name"], a["event_id"]),
+                    "rule_set": rules.name,
+                    "check_name": a["check_name"],
+                    "key": a["key"],
+                    "event_id": a["event_id"],
+                    "event_time": a["_ts"] * 1000,
+                    "value": a["value"],
+                    "detail": a["detail"],
+                    "source_ts_ms": src,
+                    "alerted_at": now_ms * 1000,
+                    "latency_ms": None if src is None else now_ms - src,
+                    "source_topic": a["_topic"],
+                    "source_partition": a["_kafka_partition"],
+                    "source_offset": a["_kafka_offset"],
+                }
+            )
         schema = spec.arrow_schema()
         table = pa.Table.from_pylist(out, schema=schema)
         if rules.alerts_topic:
             self._produce(rules.alerts_topic, out)
         for i, written in enumerate(write_driver_files(table, spec, f"alerts-{ctx.batch_id}-{now_ms}")):
-            report.table(name).files.append(DataFileWritten(name, written["path"], written["file_size"],
-                                                            written["record_count"], written["partition"], "driver", i))
+            report.table(name).files.append(
+                DataFileWritten(
+                    name,
+                    written["path"],
+                    written["file_size"],
+                    written["record_count"],
+                    written["partition"],
+                    "driver",
+                    i,
+                )
+            )
         log.info("rule set %s: %d alert(s)", rules.name, len(out))
         return len(out)
 
@@ -164,4 +194,3 @@ class AlertStage:
     def close(self) -> None:
         if self._producer is not None:
             self._producer.flush(10)
-

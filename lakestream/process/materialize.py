@@ -15,6 +15,7 @@ after them and records in its snapshot the inputs' offsets it reflects. A start 
 an input (a crash between the commits, keys still waiting for the table's commit interval) recomputes
 it whole, as on its first start; so does a batch that isolated a failing record or met a TRUNCATE.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,8 +64,11 @@ def touched_keys(source: _Input, changes: pa.Table) -> set[tuple]:
     change; ``source.owners`` is brought up to date."""
     changes = changes.sort_by([("_topic", "ascending"), ("_partition", "ascending"), ("_offset", "ascending")])
     # A primary key's values per change (a tuple each), or None for each change of a table without one.
-    pk_values: list[Any] = list(zip(*[changes.column(c).to_pylist() for c in source.primary_key], strict=True)) \
-        if source.primary_key else [None] * changes.num_rows
+    pk_values: list[Any] = (
+        list(zip(*[changes.column(c).to_pylist() for c in source.primary_key], strict=True))
+        if source.primary_key
+        else [None] * changes.num_rows
+    )
     new_values = list(zip(*[changes.column(c).to_pylist() for c in source.settings.key], strict=True))
     ops = changes.column("_op").to_pylist()
     withheld = changes.column("_withheld").to_pylist()
@@ -101,16 +105,20 @@ def merge_sql(target: str, keys_view: str, rows_view: str, key_cols: list[str], 
     are updated or inserted, keys without one deleted."""
     q = quote_column
     join = " AND ".join(f"k.{q(k)} <=> r.{q(k)}" for k in key_cols)
-    source = (f"SELECT {', '.join(f'k.{q(k)}' for k in key_cols)}{''.join(f', r.{q(c)}' for c in values)}, "
-              f"r.{_PRESENT} FROM {keys_view} k "
-              f"LEFT JOIN (SELECT *, true AS {_PRESENT} FROM {rows_view}) r ON {join}")
+    source = (
+        f"SELECT {', '.join(f'k.{q(k)}' for k in key_cols)}{''.join(f', r.{q(c)}' for c in values)}, "
+        f"r.{_PRESENT} FROM {keys_view} k "
+        f"LEFT JOIN (SELECT *, true AS {_PRESENT} FROM {rows_view}) r ON {join}"
+    )
     on = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key_cols)
     columns = [*key_cols, *values]
     update = f"WHEN MATCHED THEN UPDATE SET {', '.join(f't.{q(c)} = s.{q(c)}' for c in values)} " if values else ""
-    return (f"MERGE INTO {target} t USING ({source}) s ON {on} "
-            f"WHEN MATCHED AND s.{_PRESENT} IS NULL THEN DELETE {update}"
-            f"WHEN NOT MATCHED AND s.{_PRESENT} IS NOT NULL THEN INSERT ({', '.join(q(c) for c in columns)}) "
-            f"VALUES ({', '.join(f's.{q(c)}' for c in columns)})")
+    return (
+        f"MERGE INTO {target} t USING ({source}) s ON {on} "
+        f"WHEN MATCHED AND s.{_PRESENT} IS NULL THEN DELETE {update}"
+        f"WHEN NOT MATCHED AND s.{_PRESENT} IS NOT NULL THEN INSERT ({', '.join(q(c) for c in columns)}) "
+        f"VALUES ({', '.join(f's.{q(c)}' for c in columns)})"
+    )
 
 
 class DerivedTable:
@@ -185,8 +193,11 @@ class DerivedTable:
         created = self._ensure_table()
         behind = self._behind()
         if force or created or behind:
-            log.info("derived table %s: recomputing it whole (%s)", self.settings.table,
-                     "forced" if force else "new" if created else f"behind its inputs on {behind}")
+            log.info(
+                "derived table %s: recomputing it whole (%s)",
+                self.settings.table,
+                "forced" if force else "new" if created else f"behind its inputs on {behind}",
+            )
             self.upsert(None)
         self.pending = set()
         self.ready = True
@@ -229,8 +240,9 @@ class DerivedTable:
         result = spark.sql(self.settings.sql)
         missing = [k for k in self.settings.key if k not in result.columns]
         if missing:
-            raise ConfigError(f"{self.where}.sql returns no column(s) {missing} of key {self.settings.key} — fix: "
-                             f"select them")
+            raise ConfigError(
+                f"{self.where}.sql returns no column(s) {missing} of key {self.settings.key} — fix: select them"
+            )
         return result.where(" AND ".join(f"{quote_column(k)} IS NOT NULL" for k in self.settings.key))
 
     def _ensure_table(self) -> bool:
@@ -275,8 +287,12 @@ class DerivedTable:
             # Types inferred from the values (an input's key column may be an int where the derived key is
             # a string or a wider number), then cast to the table's key types.
             inferred = spark.createDataFrame(list(keys))
-            keys_df = inferred.select(*[F.col(c).cast(target_schema[k].dataType).alias(k)
-                                        for c, k in zip(inferred.columns, key_cols, strict=True)])
+            keys_df = inferred.select(
+                *[
+                    F.col(c).cast(target_schema[k].dataType).alias(k)
+                    for c, k in zip(inferred.columns, key_cols, strict=True)
+                ]
+            )
         result = self._result(keys_df)
         self._evolve(result)
         prefix = f"lakestream_derived_{self.settings.name}"
@@ -297,17 +313,26 @@ class DerivedTable:
         if table_info(spark, catalog, self.namespace, self.name).get("snapshot_id") == before:
             # The MERGE changed nothing and made no snapshot: record the offsets in an empty one, or a
             # restart would find the table behind and recompute it whole.
-            commit_files(spark, catalog, self.namespace, self.name,
-                         {"base_snapshot_id": None, "data_files": [], "deletes": [], "properties": props})
+            commit_files(
+                spark,
+                catalog,
+                self.namespace,
+                self.name,
+                {"base_snapshot_id": None, "data_files": [], "deletes": [], "properties": props},
+            )
         ctx.offsets.record(self.ident, merged)
         self.last_upsert = time.monotonic()
         kind = "full" if keys is None else "keys"
         if keys is not None:
             self.last_touched = len(keys)
         self.upserts[kind] += 1
-        log.info("derived table %s: %s upserted in %.1fs (batch %d)", self.settings.table,
-                 "every key" if keys is None else f"{len(keys)} touched key(s)", time.monotonic() - started,
-                 ctx.batch_id)
+        log.info(
+            "derived table %s: %s upserted in %.1fs (batch %d)",
+            self.settings.table,
+            "every key" if keys is None else f"{len(keys)} touched key(s)",
+            time.monotonic() - started,
+            ctx.batch_id,
+        )
 
 
 class MaterializeStage:
@@ -317,8 +342,7 @@ class MaterializeStage:
 
     def __init__(self, ctx: StageContext):
         self.ctx = ctx
-        self.tables = [DerivedTable(s, ctx, f"derived_tables[{i}]")
-                       for i, s in enumerate(ctx.config.derived_tables)]
+        self.tables = [DerivedTable(s, ctx, f"derived_tables[{i}]") for i, s in enumerate(ctx.config.derived_tables)]
 
     def reads(self) -> dict[str, set[str]]:
         return {t.settings.table: {i.table for i in t.settings.inputs} for t in self.tables}
@@ -348,8 +372,11 @@ class MaterializeStage:
                     table.upsert(table.pending)
                     table.pending = set()
                 except Exception as exc:  # noqa: BLE001 — the next start finds the table behind and recomputes it
-                    log.warning("derived table %s: could not upsert its waiting keys on stop: %s",
-                                table.settings.table, first_line(exc, 300))
+                    log.warning(
+                        "derived table %s: could not upsert its waiting keys on stop: %s",
+                        table.settings.table,
+                        first_line(exc, 300),
+                    )
 
     def run(self, report: BatchReport, isolated: bool) -> None:
         """After the batch's commits: bring every derived table up to date (or wait for its interval)."""

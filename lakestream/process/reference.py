@@ -6,6 +6,7 @@ task the table is registered in DuckDB as a view named as declared, next to ``ba
 workers keep the decoded table of the latest snapshot, so a batch whose references did not change
 costs one catalog look-up per reference on the driver and nothing in the tasks.
 """
+
 from __future__ import annotations
 
 import logging
@@ -108,8 +109,10 @@ class ReferenceCache:
         catalog, ns, tbl = resolve_table(ref.table, self.default_catalog)
         info = table_info(self.spark, catalog, ns, tbl)
         if not info.get("exists"):
-            raise ConfigError(f"{where}.table: reference table {ref.table} does not exist — fix: create it, or "
-                              f"name an existing Iceberg table as [catalog.]namespace.table")
+            raise ConfigError(
+                f"{where}.table: reference table {ref.table} does not exist — fix: create it, or "
+                f"name an existing Iceberg table as [catalog.]namespace.table"
+            )
         snapshot = info.get("snapshot_id")
         entry = self.entries.get(key)
         if entry is not None and entry.snapshot_id == snapshot:
@@ -121,8 +124,9 @@ class ReferenceCache:
         self.entries[key] = entry
         return entry
 
-    def _read(self, ref: ReferenceSettings, key: str, name: tuple[str, str, str], snapshot: int | None,
-              where: str) -> ReferenceData:
+    def _read(
+        self, ref: ReferenceSettings, key: str, name: tuple[str, str, str], snapshot: int | None, where: str
+    ) -> ReferenceData:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         from lakestream.spark import jvm_helper
@@ -132,20 +136,27 @@ class ReferenceCache:
             summary = dict(jvm_helper(self.spark).currentSummary(self.spark._jsparkSession, ident))
             total = int(summary.get("total-records") or 0)
             if total > ref.max_rows:
-                raise ConfigError(f"{where}: reference table {ref.table} has {total:,} rows, more than max_rows="
-                                  f"{ref.max_rows:,} — fix: raise {where}.max_rows if the tasks' memory allows it "
-                                  f"(every Python worker holds a copy), or join a smaller table")
-        df = self.spark.sql(f"SELECT * FROM {ident} VERSION AS OF {int(snapshot)}") if snapshot is not None \
+                raise ConfigError(
+                    f"{where}: reference table {ref.table} has {total:,} rows, more than max_rows="
+                    f"{ref.max_rows:,} — fix: raise {where}.max_rows if the tasks' memory allows it "
+                    f"(every Python worker holds a copy), or join a smaller table"
+                )
+        df = (
+            self.spark.sql(f"SELECT * FROM {ident} VERSION AS OF {int(snapshot)}")
+            if snapshot is not None
             else self.spark.table(ident)
+        )
         if ref.columns:
             df = df.select(*[quote_column(c) for c in ref.columns])
         schema = to_arrow_schema(df.schema)
         batches = df._collect_as_arrow()
         table = pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
         if table.num_rows > ref.max_rows or table.nbytes > ref.max_bytes:
-            raise ConfigError(f"{where}: reference table {ref.table} is {table.num_rows:,} rows, {table.nbytes:,} "
-                              f"bytes in memory, over max_rows={ref.max_rows:,} / max_bytes={ref.max_bytes:,} — fix: "
-                              f"list only the needed `columns`, or raise the limits if the tasks' memory allows")
+            raise ConfigError(
+                f"{where}: reference table {ref.table} is {table.num_rows:,} rows, {table.nbytes:,} "
+                f"bytes in memory, over max_rows={ref.max_rows:,} / max_bytes={ref.max_bytes:,} — fix: "
+                f"list only the needed `columns`, or raise the limits if the tasks' memory allows"
+            )
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(table)
@@ -158,6 +169,12 @@ class ReferenceCache:
         if before is not None and not before.equals(table.schema):
             self.changed.add(key)  # the transforms' output tables may need new columns
         self.schemas[key] = table.schema
-        log.info("reference %s (%s): read snapshot %s, %d rows, %d bytes", ref.name, ref.table, snapshot,
-                 table.num_rows, len(payload))
+        log.info(
+            "reference %s (%s): read snapshot %s, %d rows, %d bytes",
+            ref.name,
+            ref.table,
+            snapshot,
+            table.num_rows,
+            len(payload),
+        )
         return ReferenceData(key, ".".join(name), snapshot, rows, table.num_rows, len(payload))

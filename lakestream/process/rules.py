@@ -7,6 +7,7 @@ the key's history (kept in memory, rebuilt from the table itself after a restart
 state), and returns the alerts. Alert ids are deterministic (rule set, check, event id), so a
 re-evaluation after a crash produces the same alerts.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,10 +27,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ALERT_COLUMNS = [
-    ("alert_id", "string"), ("rule_set", "string"), ("check_name", "string"), ("key", "string"),
-    ("event_id", "string"), ("event_time", "timestamp"), ("value", "double"), ("detail", "string"),
-    ("source_ts_ms", "bigint"), ("alerted_at", "timestamp"), ("latency_ms", "bigint"),
-    ("source_topic", "string"), ("source_partition", "int"), ("source_offset", "bigint"),
+    ("alert_id", "string"),
+    ("rule_set", "string"),
+    ("check_name", "string"),
+    ("key", "string"),
+    ("event_id", "string"),
+    ("event_time", "timestamp"),
+    ("value", "double"),
+    ("detail", "string"),
+    ("source_ts_ms", "bigint"),
+    ("alerted_at", "timestamp"),
+    ("latency_ms", "bigint"),
+    ("source_topic", "string"),
+    ("source_partition", "int"),
+    ("source_offset", "bigint"),
 ]
 _POSITION = ["_topic", "_kafka_partition", "_kafka_offset"]
 
@@ -53,8 +64,10 @@ def _ts_expr(rules: RuleSet, arrow_type: pa.DataType) -> str:
         return f"epoch_ms(CAST({col} AS TIMESTAMP))"
     if pa.types.is_integer(arrow_type):
         return f"CAST({col} AS BIGINT)"  # epoch milliseconds
-    raise ConfigError(f"rule set {rules.name}: event_time column {rules.event_time!r} is {arrow_type}; it must be a "
-                     f"timestamp or epoch milliseconds")
+    raise ConfigError(
+        f"rule set {rules.name}: event_time column {rules.event_time!r} is {arrow_type}; it must be a "
+        f"timestamp or epoch milliseconds"
+    )
 
 
 def _field(check: RuleCheck) -> str:
@@ -69,8 +82,10 @@ def _above(check: RuleCheck) -> float:
 
 def _check_expr(check: RuleCheck, key: str) -> str:
     """A DuckDB expression, over the events ordered per key, that is the check's value (NULL: no alert)."""
-    window = f"PARTITION BY {key} ORDER BY _ts RANGE BETWEEN {int(check.window_s * 1000) if check.window_s else 0} " \
-             f"PRECEDING AND CURRENT ROW"
+    window = (
+        f"PARTITION BY {key} ORDER BY _ts RANGE BETWEEN {int(check.window_s * 1000) if check.window_s else 0} "
+        f"PRECEDING AND CURRENT ROW"
+    )
     if check.kind == "count":
         return f"CASE WHEN count(*) OVER ({window}) > {float(_above(check))} THEN count(*) OVER ({window}) END"
     if check.kind == "sum":
@@ -116,24 +131,35 @@ class RuleEvaluator:
         ts, key = quote_column(self.rules.event_time), quote_column(self.rules.key)
         window = int(self.rules.history_s) + 1
         integral = spark.table(f"{catalog}.{ns}.{tbl}").schema[self.rules.event_time].dataType.typeName() in (
-            "long", "integer", "short", "byte")
+            "long",
+            "integer",
+            "short",
+            "byte",
+        )
         back = f"{window * 1000}" if integral else f"make_dt_interval(0, 0, 0, {window})"
-        sql = (f"SELECT {cols} FROM {ident} WHERE {ts} >= (SELECT max({ts}) FROM {ident}) - {back} "
-               f"UNION SELECT {cols} FROM (SELECT {cols}, row_number() OVER "
-               f"(PARTITION BY {key} ORDER BY {ts} DESC, `_kafka_offset` DESC) AS `_rn` FROM {ident}) WHERE `_rn` = 1")
+        sql = (
+            f"SELECT {cols} FROM {ident} WHERE {ts} >= (SELECT max({ts}) FROM {ident}) - {back} "
+            f"UNION SELECT {cols} FROM (SELECT {cols}, row_number() OVER "
+            f"(PARTITION BY {key} ORDER BY {ts} DESC, `_kafka_offset` DESC) AS `_rn` FROM {ident}) WHERE `_rn` = 1"
+        )
         batches = spark.sql(sql)._collect_as_arrow()
         table = pa.Table.from_batches(batches) if batches else None
         self.history = self._with_ts(table) if table is not None and table.num_rows else None
-        log.info("rule set %s: %d history row(s) loaded from %s", self.rules.name,
-                 0 if self.history is None else self.history.num_rows, self.rules.source)
+        log.info(
+            "rule set %s: %d history row(s) loaded from %s",
+            self.rules.name,
+            0 if self.history is None else self.history.num_rows,
+            self.rules.source,
+        )
 
     def _with_ts(self, table: pa.Table) -> pa.Table:
         con = duckdb_connection()
         con.register("t", table)
         try:
             cols = ", ".join(quote_ansi_column(c) for c in _fields(self.rules) + _POSITION)
-            out = con.execute(f"SELECT {cols}, {_ts_expr(self.rules, table.schema.field(self.rules.event_time).type)}"
-                              f" AS _ts FROM t").to_arrow_table()
+            out = con.execute(
+                f"SELECT {cols}, {_ts_expr(self.rules, table.schema.field(self.rules.event_time).type)} AS _ts FROM t"
+            ).to_arrow_table()
         finally:
             con.unregister("t")
         return out
@@ -143,8 +169,10 @@ class RuleEvaluator:
         rules = self.rules
         missing = [c for c in _fields(rules) + _POSITION if c not in new.column_names]
         if missing:
-            raise ConfigError(f"rule set {rules.name}: source {rules.source} has no column(s) {missing} — fix: "
-                             f"select them in the transform that writes it")
+            raise ConfigError(
+                f"rule set {rules.name}: source {rules.source} has no column(s) {missing} — fix: "
+                f"select them in the transform that writes it"
+            )
         events = self._with_ts(new)
         con = duckdb_connection()
         con.register("new_events", events)
@@ -156,16 +184,21 @@ class RuleEvaluator:
             if history is not None:
                 union += " UNION ALL BY NAME SELECT *, false AS _new FROM old_events"
             key = quote_ansi_column(rules.key)
-            checks = ", ".join(f"{_check_expr(c, key)} AS {quote_ansi_column('v_' + c.name)}, "
-                               f"{_detail_expr(c, key)} AS {quote_ansi_column('d_' + c.name)}" for c in rules.checks)
+            checks = ", ".join(
+                f"{_check_expr(c, key)} AS {quote_ansi_column('v_' + c.name)}, "
+                f"{_detail_expr(c, key)} AS {quote_ansi_column('d_' + c.name)}"
+                for c in rules.checks
+            )
             scored = con.execute(f"SELECT * FROM (SELECT *, {checks} FROM ({union})) WHERE _new").to_arrow_table()
             parts = []
             for c in rules.checks:
                 v, d = quote_ansi_column("v_" + c.name), quote_ansi_column("d_" + c.name)
-                parts.append(f"SELECT {ansi_string(c.name)} AS check_name, CAST({key} AS VARCHAR) AS key, "
-                             f"CAST({quote_ansi_column(rules.event_id)} AS VARCHAR) AS event_id, _ts, "
-                             f"CAST({v} AS DOUBLE) AS value, {d} AS detail, _topic, _kafka_partition, _kafka_offset "
-                             f"FROM scored WHERE {v} IS NOT NULL")
+                parts.append(
+                    f"SELECT {ansi_string(c.name)} AS check_name, CAST({key} AS VARCHAR) AS key, "
+                    f"CAST({quote_ansi_column(rules.event_id)} AS VARCHAR) AS event_id, _ts, "
+                    f"CAST({v} AS DOUBLE) AS value, {d} AS detail, _topic, _kafka_partition, _kafka_offset "
+                    f"FROM scored WHERE {v} IS NOT NULL"
+                )
             con.register("scored", scored)
             order = " ORDER BY _ts, _topic, _kafka_partition, _kafka_offset, check_name"
             alerts = con.execute(" UNION ALL ".join(parts) + order).to_arrow_table()

@@ -9,6 +9,7 @@ order from these declarations and the transforms' (`commit_phases`): a table com
 table it is computed from, so a restart, which reads from the inputs' offsets, never finds an input
 past a table computed from it (each skips what it holds already).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,8 +39,9 @@ class StageContext:
     offsets: TableOffsets
     batch_id: int = 0  # the batch in flight
 
-    def commit_properties(self, offsets: dict[TP, int], source_ts_ms: int | None = None, **extra: str
-                          ) -> dict[str, str]:
+    def commit_properties(
+        self, offsets: dict[TP, int], source_ts_ms: int | None = None, **extra: str
+    ) -> dict[str, str]:
         """The snapshot properties of a commit by this pipeline in this batch (`sink.commit.offsets.commit_properties`)."""
         return commit_properties(offsets, self.config.name, self.batch_id, source_ts_ms, **extra)
 

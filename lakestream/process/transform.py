@@ -7,6 +7,7 @@ table in the same micro-batch; that table's commit carries the offsets of the in
 A transform that fails is re-run on halves of its input until the failing rows are alone: those
 records become dead letters, the rest are written.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -21,12 +22,12 @@ from lakestream.process.reference import ReferenceData, reference_rows
 
 # Added to the input view; a table column of the same name wins.
 META_COLUMNS = {
-    "_op": pa.string(),            # c | u | d | r (a plain event: c)
+    "_op": pa.string(),  # c | u | d | r (a plain event: c)
     "_topic": pa.string(),
     "_kafka_partition": pa.int32(),
     "_kafka_offset": pa.int64(),
-    "_source_ts_ms": pa.int64(),   # the source's commit time (Debezium source.ts_ms), null if unknown
-    "_kafka_ts_ms": pa.int64(),    # the Kafka record's timestamp
+    "_source_ts_ms": pa.int64(),  # the source's commit time (Debezium source.ts_ms), null if unknown
+    "_kafka_ts_ms": pa.int64(),  # the Kafka record's timestamp
 }
 
 
@@ -68,8 +69,9 @@ def duckdb_connection() -> Any:
     if con is None:
         import duckdb
 
-        con = duckdb.connect(config={"threads": "1", "autoinstall_known_extensions": "false",
-                                     "autoload_known_extensions": "false"})
+        con = duckdb.connect(
+            config={"threads": "1", "autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
+        )
         _local.con = con
     return con
 
@@ -139,8 +141,7 @@ def fit_output(out: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def apply_isolating(fn: Callable[[pa.Table], pa.Table], batch: pa.Table
-                    ) -> tuple[list[pa.Table], dict[int, str]]:
+def apply_isolating(fn: Callable[[pa.Table], pa.Table], batch: pa.Table) -> tuple[list[pa.Table], dict[int, str]]:
     """``fn`` over ``batch``; on an error, over halves until the failing rows are alone.
     Returns the outputs of the parts that worked and {row of ``batch``: error} for the others."""
     outputs: list[pa.Table] = []
@@ -178,8 +179,13 @@ def arrow_ddl(t: pa.DataType) -> str:
     """The Spark DDL type of a flat Arrow type."""
     if pa.types.is_boolean(t):
         return "boolean"
-    if pa.types.is_int8(t) or pa.types.is_int16(t) or pa.types.is_int32(t) or pa.types.is_uint8(t) \
-            or pa.types.is_uint16(t):
+    if (
+        pa.types.is_int8(t)
+        or pa.types.is_int16(t)
+        or pa.types.is_int32(t)
+        or pa.types.is_uint8(t)
+        or pa.types.is_uint16(t)
+    ):
         return "int"
     if pa.types.is_integer(t):
         return "bigint"

@@ -9,6 +9,7 @@ ended more than the allowed lateness before the watermark is a dead letter with 
 Exactly once: the MERGE's snapshot carries the offsets of the records it consumed and the
 watermark, and commits before the source table; a replay skips records the windows table holds.
 """
+
 from __future__ import annotations
 
 import logging
@@ -59,18 +60,23 @@ def partial_windows(rows: pa.Table, w: WindowSettings, watermark_ms: int | None)
         f", min(CAST({quote_ansi_column(f)} AS DOUBLE)) AS {quote_ansi_column(f + '_min')}"
         f", max(CAST({quote_ansi_column(f)} AS DOUBLE)) AS {quote_ansi_column(f + '_max')}"
         f", sum(CAST({quote_ansi_column(f)} AS DOUBLE)) / nullif(count({quote_ansi_column(f)}), 0) "
-        f"AS {quote_ansi_column(f + '_avg')}" for f in w.fields)
+        f"AS {quote_ansi_column(f + '_avg')}"
+        for f in w.fields
+    )
     con = duckdb_connection()
     con.register("window_rows", rows)
     try:
-        flagged = (f"SELECT *, ({late}) AS _late FROM (SELECT *, {ts} AS _ts, row_number() OVER () - 1 AS _row "
-                   f"FROM window_rows)")
+        flagged = (
+            f"SELECT *, ({late}) AS _late FROM (SELECT *, {ts} AS _ts, row_number() OVER () - 1 AS _row "
+            f"FROM window_rows)"
+        )
         late_rows = [r[0] for r in con.execute(f"SELECT _row FROM ({flagged}) WHERE _late ORDER BY _row").fetchall()]
         partials = con.execute(
             f"SELECT CAST({key} AS VARCHAR) AS {key}, to_timestamp(_ws / 1000) AS window_start, "
             f"to_timestamp((_ws + {size}) / 1000) AS window_end, count(*) AS count{fields} "
             f"FROM (SELECT *, unnest(range({last_start} - {size - slide}, {last_start} + {slide}, {slide})) AS _ws "
-            f"FROM ({flagged}) WHERE NOT _late) GROUP BY ALL ORDER BY 1, 2").to_arrow_table()
+            f"FROM ({flagged}) WHERE NOT _late) GROUP BY ALL ORDER BY 1, 2"
+        ).to_arrow_table()
     finally:
         con.unregister("window_rows")
     return partials, late_rows
@@ -82,10 +88,17 @@ def _merge_sql(w: WindowSettings, target: str, view: str) -> str:
     for f in w.fields:
         c, s_, mn, mx, avg = (quote_column(f"{f}_{a}") for a in _AGGREGATES)
         total = f"coalesce(t.{s_} + s.{s_}, t.{s_}, s.{s_})"
-        sets += [f"t.{c} = t.{c} + s.{c}", f"t.{s_} = {total}", f"t.{mn} = least(t.{mn}, s.{mn})",
-                 f"t.{mx} = greatest(t.{mx}, s.{mx})", f"t.{avg} = {total} / nullif(t.{c} + s.{c}, 0)"]
-    return (f"MERGE INTO {target} t USING {view} s ON t.{k} = s.{k} AND t.window_start = s.window_start "
-            f"WHEN MATCHED THEN UPDATE SET {', '.join(sets)} WHEN NOT MATCHED THEN INSERT *")
+        sets += [
+            f"t.{c} = t.{c} + s.{c}",
+            f"t.{s_} = {total}",
+            f"t.{mn} = least(t.{mn}, s.{mn})",
+            f"t.{mx} = greatest(t.{mx}, s.{mx})",
+            f"t.{avg} = {total} / nullif(t.{c} + s.{c}, 0)",
+        ]
+    return (
+        f"MERGE INTO {target} t USING {view} s ON t.{k} = s.{k} AND t.window_start = s.window_start "
+        f"WHEN MATCHED THEN UPDATE SET {', '.join(sets)} WHEN NOT MATCHED THEN INSERT *"
+    )
 
 
 class WindowStage:
@@ -119,9 +132,17 @@ class WindowStage:
         if ctx.tables.exists(ns, tbl):
             return
         part = f"bucket({w.key_buckets}, {quote_column(w.key)})" if w.key_buckets else quote_column(w.key)
-        create_table(ctx.spark, ctx.config.catalog.name, ns, tbl, {
-            "columns": [{"name": n, "type": t} for n, t in window_columns(w)],
-            "partition_by": ["days(window_start)", part], "properties": dict(DEFAULT_TABLE_PROPERTIES)})
+        create_table(
+            ctx.spark,
+            ctx.config.catalog.name,
+            ns,
+            tbl,
+            {
+                "columns": [{"name": n, "type": t} for n, t in window_columns(w)],
+                "partition_by": ["days(window_start)", part],
+                "properties": dict(DEFAULT_TABLE_PROPERTIES),
+            },
+        )
         ctx.tables.schema(ns, tbl, refresh=True)
         log.info("created windows table %s", w.table)
 
@@ -141,13 +162,24 @@ class WindowStage:
                 self.watermarks[w.name] = int(raw) if raw else None
             committed = ctx.offsets.load(ident)
             rows = read_data_files([f.path for f in source.files])
-            missing = [c for c in (w.key, w.event_time, *w.fields, "_topic", "_kafka_partition", "_kafka_offset")
-                       if c not in rows.column_names]
+            missing = [
+                c
+                for c in (w.key, w.event_time, *w.fields, "_topic", "_kafka_partition", "_kafka_offset")
+                if c not in rows.column_names
+            ]
             if missing:
-                raise ConfigError(f"window {w.name}: source {w.source} has no column(s) {missing} — fix: select them "
-                                 f"in the transform that writes it")
-            positions = list(zip(rows.column("_topic").to_pylist(), rows.column("_kafka_partition").to_pylist(),
-                                 rows.column("_kafka_offset").to_pylist(), strict=True))
+                raise ConfigError(
+                    f"window {w.name}: source {w.source} has no column(s) {missing} — fix: select them "
+                    f"in the transform that writes it"
+                )
+            positions = list(
+                zip(
+                    rows.column("_topic").to_pylist(),
+                    rows.column("_kafka_partition").to_pylist(),
+                    rows.column("_kafka_offset").to_pylist(),
+                    strict=True,
+                )
+            )
             fresh = [i for i, (t, p, o) in enumerate(positions) if o >= committed.get(TP(t, p), -1)]
             if not fresh:
                 continue
@@ -158,11 +190,20 @@ class WindowStage:
             for i in late:
                 t, p, o = positions[i]
                 row = {k: v for k, v in rows.slice(i, 1).to_pylist()[0].items() if not k.startswith("_")}
-                report.dead_letters.append(DeadLetter(
-                    TP(t, p), o, None, f"late: window {w.name}: event time {row.get(w.event_time)} is more than "
-                    f"allowed_lateness_s={w.allowed_lateness_s:g} behind the watermark "
-                    f"{watermark} ms (its last window had ended)", None, orjson.dumps(row, default=str),
-                    w.table, "late"))
+                report.dead_letters.append(
+                    DeadLetter(
+                        TP(t, p),
+                        o,
+                        None,
+                        f"late: window {w.name}: event time {row.get(w.event_time)} is more than "
+                        f"allowed_lateness_s={w.allowed_lateness_s:g} behind the watermark "
+                        f"{watermark} ms (its last window had ended)",
+                        None,
+                        orjson.dumps(row, default=str),
+                        w.table,
+                        "late",
+                    )
+                )
             newest = _max_event_ms(rows, w)
             if newest is not None:
                 candidate = newest - int(w.watermark_delay_s * 1000)
@@ -175,8 +216,13 @@ class WindowStage:
                 ctx.spark.createDataFrame(partials.to_pandas()).createOrReplaceTempView(view)
                 helper.sqlWithCommitProperties(ctx.spark._jsparkSession, _merge_sql(w, ident, view), props)
                 ctx.offsets.record(ident, merged)
-            log.info("window %s: %d window row(s) upserted, %d late event(s), watermark %s", w.name,
-                     partials.num_rows, len(late), self.watermarks[w.name])
+            log.info(
+                "window %s: %d window row(s) upserted, %d late event(s), watermark %s",
+                w.name,
+                partials.num_rows,
+                len(late),
+                self.watermarks[w.name],
+            )
 
 
 def _max_event_ms(rows: pa.Table, w: WindowSettings) -> int | None:

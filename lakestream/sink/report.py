@@ -21,6 +21,7 @@ files itself. It sends the driver only small facts, never the rows:
 All kinds travel in one Arrow schema (`REPORT_SCHEMA`); each column has one meaning, and each kind
 uses the columns its dataclass names.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -35,41 +36,82 @@ import pyarrow as pa
 from lakestream.source.kafka import TP
 
 RANGE_END, DATA_FILE, ROW_LOCATIONS, TABLE_STATS, NEW_SHAPE, DEAD_LETTER, TRUNCATE, SKIPPED, CHANGED_KEYS = (
-    "range_end", "data_file", "row_locations", "table_stats", "new_shape", "dead_letter", "truncate", "skipped",
-    "changed_keys")
+    "range_end",
+    "data_file",
+    "row_locations",
+    "table_stats",
+    "new_shape",
+    "dead_letter",
+    "truncate",
+    "skipped",
+    "changed_keys",
+)
 
-REPORT_SCHEMA = pa.schema([
-    ("kind", pa.string()),
-    ("table", pa.string()),           # namespace.table
-    ("topic", pa.string()),
-    ("partition", pa.int32()),
-    ("offset", pa.int64()),           # range_end: next offset; dead_letter, truncate: the record's offset
-    ("at_end", pa.bool_()),           # range_end: the broker said end-of-partition
-    ("path", pa.string()),            # data_file
-    ("file_size", pa.int64()),        # data_file
-    ("record_count", pa.int64()),     # data_file, table_stats, skipped
-    ("partition_values", pa.string()),  # data_file: JSON list, Iceberg internal form
-    ("task_file", pa.int32()),        # data_file: its number within the task (row_locations refer to it)
-    ("task_id", pa.string()),         # data_file, row_locations: which task attempt wrote it
-    ("locations", pa.binary()),       # row_locations, changed_keys: Arrow IPC stream
-    ("min_offset", pa.int64()),       # table_stats
-    ("max_offset", pa.int64()),       # table_stats
-    ("source_ts_max", pa.int64()),    # table_stats
-    ("source_ts_min", pa.int64()),    # table_stats
-    ("source_ts_q", pa.list_(pa.float64())),  # table_stats: [q01, q50, q99]
-    ("schema_id", pa.string()),       # new_shape
-    ("shape", pa.string()),           # new_shape: JSON {columns, key, inferred}
-    ("error", pa.string()),           # dead_letter; skipped: the reason
-    ("kafka_ts", pa.int64()),         # dead_letter
-    ("raw_key", pa.binary()),         # dead_letter
-    ("raw_value", pa.binary()),       # dead_letter
-    ("reason_kind", pa.string()),     # dead_letter: one of lakestream.errors.DEAD_LETTER_KINDS
-])
+REPORT_SCHEMA = pa.schema(
+    [
+        ("kind", pa.string()),
+        ("table", pa.string()),  # namespace.table
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),  # range_end: next offset; dead_letter, truncate: the record's offset
+        ("at_end", pa.bool_()),  # range_end: the broker said end-of-partition
+        ("path", pa.string()),  # data_file
+        ("file_size", pa.int64()),  # data_file
+        ("record_count", pa.int64()),  # data_file, table_stats, skipped
+        ("partition_values", pa.string()),  # data_file: JSON list, Iceberg internal form
+        ("task_file", pa.int32()),  # data_file: its number within the task (row_locations refer to it)
+        ("task_id", pa.string()),  # data_file, row_locations: which task attempt wrote it
+        ("locations", pa.binary()),  # row_locations, changed_keys: Arrow IPC stream
+        ("min_offset", pa.int64()),  # table_stats
+        ("max_offset", pa.int64()),  # table_stats
+        ("source_ts_max", pa.int64()),  # table_stats
+        ("source_ts_min", pa.int64()),  # table_stats
+        ("source_ts_q", pa.list_(pa.float64())),  # table_stats: [q01, q50, q99]
+        ("schema_id", pa.string()),  # new_shape
+        ("shape", pa.string()),  # new_shape: JSON {columns, key, inferred}
+        ("error", pa.string()),  # dead_letter; skipped: the reason
+        ("kafka_ts", pa.int64()),  # dead_letter
+        ("raw_key", pa.binary()),  # dead_letter
+        ("raw_value", pa.binary()),  # dead_letter
+        ("reason_kind", pa.string()),  # dead_letter: one of lakestream.errors.DEAD_LETTER_KINDS
+    ]
+)
 
-REPORT_DDL = ", ".join(f"`{f.name}` {_ddl}" for f, _ddl in zip(REPORT_SCHEMA, [
-    "string", "string", "string", "int", "bigint", "boolean", "string", "bigint", "bigint", "string", "int",
-    "string", "binary", "bigint", "bigint", "bigint", "bigint", "array<double>", "string", "string", "string",
-    "bigint", "binary", "binary", "string"], strict=True))
+REPORT_DDL = ", ".join(
+    f"`{f.name}` {_ddl}"
+    for f, _ddl in zip(
+        REPORT_SCHEMA,
+        [
+            "string",
+            "string",
+            "string",
+            "int",
+            "bigint",
+            "boolean",
+            "string",
+            "bigint",
+            "bigint",
+            "string",
+            "int",
+            "string",
+            "binary",
+            "bigint",
+            "bigint",
+            "bigint",
+            "bigint",
+            "array<double>",
+            "string",
+            "string",
+            "string",
+            "bigint",
+            "binary",
+            "binary",
+            "string",
+        ],
+        strict=True,
+    )
+)
+
 
 class KeyedOp(IntEnum):
     """The ``op`` of a change in a keyed table's `RowLocations` blob (`location_schema`)."""
@@ -89,33 +131,36 @@ class KeylessOp(IntEnum):
 
 def location_schema(hashed_key: bool) -> pa.Schema:
     """The rows of a `RowLocations` blob: one per change that survived the task's own de-duplication."""
-    return pa.schema([
-        ("key", pa.binary(16) if hashed_key else pa.int64()),
-        ("op", pa.int8()),                # KeyedOp
-        ("task_file", pa.int32()),        # -1 for deletes (no row written)
-        ("pos", pa.int64()),              # the row's position in that file
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("withheld", pa.list_(pa.string())),  # TOAST columns Debezium withheld and the task could not fill
-    ])
-
+    return pa.schema(
+        [
+            ("key", pa.binary(16) if hashed_key else pa.int64()),
+            ("op", pa.int8()),  # KeyedOp
+            ("task_file", pa.int32()),  # -1 for deletes (no row written)
+            ("pos", pa.int64()),  # the row's position in that file
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("withheld", pa.list_(pa.string())),  # TOAST columns Debezium withheld and the task could not fill
+        ]
+    )
 
 
 def keyless_change_schema() -> pa.Schema:
     """The rows of a keyless table's `RowLocations` blob: every change of the task, in Kafka order."""
-    return pa.schema([
-        ("op", pa.int8()),                 # KeylessOp
-        ("new_row", pa.binary(16)),        # content hash of the row it adds (insert, update)
-        ("old_row", pa.binary(16)),        # content hash of the row it removes (update, delete)
-        ("task_file", pa.int32()),         # where the added row landed (-1: none)
-        ("pos", pa.int64()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("commit_lsn", pa.int64()),        # the source position (`envelope.source_position`)
-        ("lsn", pa.int64()),
-    ])
+    return pa.schema(
+        [
+            ("op", pa.int8()),  # KeylessOp
+            ("new_row", pa.binary(16)),  # content hash of the row it adds (insert, update)
+            ("old_row", pa.binary(16)),  # content hash of the row it removes (update, delete)
+            ("task_file", pa.int32()),  # where the added row landed (-1: none)
+            ("pos", pa.int64()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("commit_lsn", pa.int64()),  # the source position (`envelope.source_position`)
+            ("lsn", pa.int64()),
+        ]
+    )
 
 
 def is_keyless_report(table: pa.Table) -> bool:
@@ -129,6 +174,7 @@ def kafka_order(topics: Sequence[str], partitions: np.ndarray, offsets: np.ndarr
     codes = np.unique(np.asarray(topics, dtype=object), return_inverse=True)[1]
     return np.lexsort((np.asarray(offsets), np.asarray(partitions), codes))
 
+
 @dataclass(frozen=True)
 class RangeEnd:
     tp: TP
@@ -136,8 +182,13 @@ class RangeEnd:
     at_end: bool
 
     def to_row(self) -> dict[str, Any]:
-        return {"kind": RANGE_END, "topic": self.tp.topic, "partition": self.tp.partition,
-                "offset": self.next_offset, "at_end": self.at_end}
+        return {
+            "kind": RANGE_END,
+            "topic": self.tp.topic,
+            "partition": self.tp.partition,
+            "offset": self.next_offset,
+            "at_end": self.at_end,
+        }
 
 
 @dataclass(frozen=True)
@@ -151,9 +202,16 @@ class DataFileWritten:
     task_file: int
 
     def to_row(self) -> dict[str, Any]:
-        return {"kind": DATA_FILE, "table": self.table, "path": self.path, "file_size": self.file_size,
-                "record_count": self.record_count, "partition_values": orjson.dumps(self.partition_values).decode(),
-                "task_id": self.task_id, "task_file": self.task_file}
+        return {
+            "kind": DATA_FILE,
+            "table": self.table,
+            "path": self.path,
+            "file_size": self.file_size,
+            "record_count": self.record_count,
+            "partition_values": orjson.dumps(self.partition_values).decode(),
+            "task_id": self.task_id,
+            "task_file": self.task_file,
+        }
 
 
 @dataclass(frozen=True)
@@ -166,8 +224,12 @@ class RowLocations:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, self.locations.schema) as writer:
             writer.write_table(self.locations)
-        return {"kind": ROW_LOCATIONS, "table": self.table, "task_id": self.task_id,
-                "locations": sink.getvalue().to_pybytes()}
+        return {
+            "kind": ROW_LOCATIONS,
+            "table": self.table,
+            "task_id": self.task_id,
+            "locations": sink.getvalue().to_pybytes(),
+        }
 
 
 @dataclass(frozen=True)
@@ -182,10 +244,18 @@ class TableStats:
     source_ts_q: list[float] | None
 
     def to_row(self) -> dict[str, Any]:
-        return {"kind": TABLE_STATS, "table": self.table, "topic": self.tp.topic, "partition": self.tp.partition,
-                "record_count": self.count, "min_offset": self.min_offset, "max_offset": self.max_offset,
-                "source_ts_min": self.source_ts_min, "source_ts_max": self.source_ts_max,
-                "source_ts_q": self.source_ts_q}
+        return {
+            "kind": TABLE_STATS,
+            "table": self.table,
+            "topic": self.tp.topic,
+            "partition": self.tp.partition,
+            "record_count": self.count,
+            "min_offset": self.min_offset,
+            "max_offset": self.max_offset,
+            "source_ts_min": self.source_ts_min,
+            "source_ts_max": self.source_ts_max,
+            "source_ts_q": self.source_ts_q,
+        }
 
 
 @dataclass(frozen=True)
@@ -199,10 +269,19 @@ class NewShape:
     defaults: dict[str, Any] = field(default_factory=dict)  # column → source default (Iceberg single-value JSON)
 
     def to_row(self) -> dict[str, Any]:
-        shape = {"columns": [list(c) for c in self.columns], "key": self.key, "inferred": self.inferred,
-                 "defaults": self.defaults}
-        return {"kind": NEW_SHAPE, "table": self.table, "topic": self.topic, "schema_id": self.schema_id,
-                "shape": orjson.dumps(shape).decode()}
+        shape = {
+            "columns": [list(c) for c in self.columns],
+            "key": self.key,
+            "inferred": self.inferred,
+            "defaults": self.defaults,
+        }
+        return {
+            "kind": NEW_SHAPE,
+            "table": self.table,
+            "topic": self.topic,
+            "schema_id": self.schema_id,
+            "shape": orjson.dumps(shape).decode(),
+        }
 
 
 @dataclass(frozen=True)
@@ -217,9 +296,18 @@ class DeadLetter:
     reason_kind: str = "malformed"  # a bounded label (lakestream.errors.DEAD_LETTER_KINDS), for metrics
 
     def to_row(self) -> dict[str, Any]:
-        return {"kind": DEAD_LETTER, "topic": self.tp.topic, "partition": self.tp.partition, "offset": self.offset,
-                "kafka_ts": self.kafka_ts, "error": self.error, "raw_key": self.raw_key,
-                "raw_value": self.raw_value, "table": self.table, "reason_kind": self.reason_kind}
+        return {
+            "kind": DEAD_LETTER,
+            "topic": self.tp.topic,
+            "partition": self.tp.partition,
+            "offset": self.offset,
+            "kafka_ts": self.kafka_ts,
+            "error": self.error,
+            "raw_key": self.raw_key,
+            "raw_value": self.raw_value,
+            "table": self.table,
+            "reason_kind": self.reason_kind,
+        }
 
 
 @dataclass(frozen=True)
@@ -229,8 +317,13 @@ class Truncate:
     offset: int  # the last TRUNCATE of the table in this partition, in this task
 
     def to_row(self) -> dict[str, Any]:
-        return {"kind": TRUNCATE, "table": self.table, "topic": self.tp.topic, "partition": self.tp.partition,
-                "offset": self.offset}
+        return {
+            "kind": TRUNCATE,
+            "table": self.table,
+            "topic": self.tp.topic,
+            "partition": self.tp.partition,
+            "offset": self.offset,
+        }
 
 
 @dataclass(frozen=True)
@@ -249,8 +342,7 @@ class ChangedKeys:
     changes: pa.Table  # the reported columns plus _op, _topic, _partition, _offset, _withheld
 
     def to_row(self) -> dict[str, Any]:
-        return {"kind": CHANGED_KEYS, "table": self.table, "task_id": self.task_id,
-                "locations": _ipc(self.changes)}
+        return {"kind": CHANGED_KEYS, "table": self.table, "task_id": self.task_id, "locations": _ipc(self.changes)}
 
 
 def _ipc(table: pa.Table) -> bytes:
@@ -261,8 +353,7 @@ def _ipc(table: pa.Table) -> bytes:
     return data
 
 
-Fact = (RangeEnd | DataFileWritten | RowLocations | TableStats | NewShape | DeadLetter | Truncate | Skipped
-        | ChangedKeys)
+Fact = RangeEnd | DataFileWritten | RowLocations | TableStats | NewShape | DeadLetter | Truncate | Skipped | ChangedKeys
 
 
 def to_batch(facts: Iterable[Fact]) -> pa.RecordBatch:
@@ -326,26 +417,61 @@ class BatchReport:
                 if prev is None or r["offset"] > prev.next_offset:
                     self.ends[tp] = RangeEnd(tp, r["offset"], bool(r["at_end"]))
             elif kind == DATA_FILE:
-                self.table(r["table"]).files.append(DataFileWritten(
-                    r["table"], r["path"], r["file_size"], r["record_count"], orjson.loads(r["partition_values"]),
-                    r["task_id"], r["task_file"]))
+                self.table(r["table"]).files.append(
+                    DataFileWritten(
+                        r["table"],
+                        r["path"],
+                        r["file_size"],
+                        r["record_count"],
+                        orjson.loads(r["partition_values"]),
+                        r["task_id"],
+                        r["task_file"],
+                    )
+                )
             elif kind == ROW_LOCATIONS:
                 with pa.ipc.open_stream(r["locations"]) as reader:
                     locations = reader.read_all()
                 self.table(r["table"]).locations.append(RowLocations(r["table"], r["task_id"], locations))
             elif kind == TABLE_STATS:
-                self.table(r["table"]).stats.append(TableStats(
-                    r["table"], TP(r["topic"], r["partition"]), r["record_count"], r["min_offset"], r["max_offset"],
-                    r["source_ts_min"], r["source_ts_max"], r["source_ts_q"]))
+                self.table(r["table"]).stats.append(
+                    TableStats(
+                        r["table"],
+                        TP(r["topic"], r["partition"]),
+                        r["record_count"],
+                        r["min_offset"],
+                        r["max_offset"],
+                        r["source_ts_min"],
+                        r["source_ts_max"],
+                        r["source_ts_q"],
+                    )
+                )
             elif kind == NEW_SHAPE:
                 shape = orjson.loads(r["shape"])
-                self.table(r["table"]).shapes.setdefault(r["schema_id"], NewShape(
-                    r["table"], r["topic"], r["schema_id"], [tuple(c) for c in shape["columns"]], shape["key"],
-                    shape["inferred"], shape.get("defaults") or {}))
+                self.table(r["table"]).shapes.setdefault(
+                    r["schema_id"],
+                    NewShape(
+                        r["table"],
+                        r["topic"],
+                        r["schema_id"],
+                        [tuple(c) for c in shape["columns"]],
+                        shape["key"],
+                        shape["inferred"],
+                        shape.get("defaults") or {},
+                    ),
+                )
             elif kind == DEAD_LETTER:
-                self.dead_letters.append(DeadLetter(TP(r["topic"], r["partition"]), r["offset"], r["kafka_ts"],
-                                                    r["error"], r["raw_key"], r["raw_value"], r["table"],
-                                                    r["reason_kind"] or "malformed"))
+                self.dead_letters.append(
+                    DeadLetter(
+                        TP(r["topic"], r["partition"]),
+                        r["offset"],
+                        r["kafka_ts"],
+                        r["error"],
+                        r["raw_key"],
+                        r["raw_value"],
+                        r["table"],
+                        r["reason_kind"] or "malformed",
+                    )
+                )
             elif kind == TRUNCATE:
                 truncates = self.table(r["table"]).truncates
                 tp = TP(r["topic"], r["partition"])

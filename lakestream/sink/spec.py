@@ -9,6 +9,7 @@ A table is of one kind:
 - ``dedupe``: an append table de-duplicated on one field (``dedupe_field``, kept as its key column);
 - ``append``: every record is a new row.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -24,7 +25,6 @@ TableKind = Literal["mirror", "multiset", "dedupe", "append"]
 @dataclass
 class TableSpec:
     """What a task needs to write one table (built by the driver, shipped to the tasks)."""
-
 
     name: str  # namespace.table
     mode: str  # upsert | append

@@ -1,6 +1,7 @@
 """Iceberg types (the JSON form `LakestreamSink.tableInfo` answers) as Arrow types and Spark DDL, shared by the
 driver and the write tasks: every Arrow field carries its Iceberg field id (``PARQUET:field_id``), which is how
 Iceberg readers match Parquet columns."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,14 +14,23 @@ _FIELD_ID = b"PARQUET:field_id"
 # -- Iceberg schema JSON -> Arrow / Spark DDL --------------------------------------------------------
 
 _SIMPLE_ARROW = {
-    "boolean": pa.bool_(), "int": pa.int32(), "long": pa.int64(), "float": pa.float32(), "double": pa.float64(),
-    "date": pa.date32(), "time": pa.time64("us"), "timestamp": pa.timestamp("us"),
-    "timestamptz": pa.timestamp("us", tz="UTC"), "string": pa.string(), "uuid": pa.binary(16), "binary": pa.binary(),
+    "boolean": pa.bool_(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "date": pa.date32(),
+    "time": pa.time64("us"),
+    "timestamp": pa.timestamp("us"),
+    "timestamptz": pa.timestamp("us", tz="UTC"),
+    "string": pa.string(),
+    "uuid": pa.binary(16),
+    "binary": pa.binary(),
 }
 
 
 def decimal_ps(t: str) -> tuple[int, int]:
-    p, s = t[t.index("(") + 1:-1].split(",")
+    p, s = t[t.index("(") + 1 : -1].split(",")
     return int(p), int(s)
 
 
@@ -30,13 +40,21 @@ def _arrow_type(t: Any) -> pa.DataType:
         if kind == "struct":
             return pa.struct([_arrow_field(f) for f in t["fields"]])
         if kind == "list":
-            element = pa.field("element", _arrow_type(t["element"]), nullable=not t.get("element-required", False),
-                               metadata={_FIELD_ID: str(t["element-id"])})
+            element = pa.field(
+                "element",
+                _arrow_type(t["element"]),
+                nullable=not t.get("element-required", False),
+                metadata={_FIELD_ID: str(t["element-id"])},
+            )
             return pa.list_(element)
         if kind == "map":
             key = pa.field("key", _arrow_type(t["key"]), nullable=False, metadata={_FIELD_ID: str(t["key-id"])})
-            value = pa.field("value", _arrow_type(t["value"]), nullable=not t.get("value-required", False),
-                             metadata={_FIELD_ID: str(t["value-id"])})
+            value = pa.field(
+                "value",
+                _arrow_type(t["value"]),
+                nullable=not t.get("value-required", False),
+                metadata={_FIELD_ID: str(t["value-id"])},
+            )
             return pa.map_(key, value)
         raise ValueError(f"unsupported Iceberg type {t}")
     if t in _SIMPLE_ARROW:
@@ -76,8 +94,16 @@ def arrow_schema(iceberg_schema: dict[str, Any]) -> pa.Schema:
 
 
 _SIMPLE_DDL = {
-    "boolean": "boolean", "int": "int", "long": "bigint", "float": "float", "double": "double", "date": "date",
-    "timestamp": "timestamp_ntz", "timestamptz": "timestamp", "string": "string", "uuid": "string",
+    "boolean": "boolean",
+    "int": "int",
+    "long": "bigint",
+    "float": "float",
+    "double": "double",
+    "date": "date",
+    "timestamp": "timestamp_ntz",
+    "timestamptz": "timestamp",
+    "string": "string",
+    "uuid": "string",
     "binary": "binary",
 }
 

@@ -1,5 +1,6 @@
 """Reading a source table's chunks under an exported snapshot, in parallel Spark tasks, and committing
 them: what the initial load (`runner`) and the re-snapshot (`resnapshot`) share."""
+
 from __future__ import annotations
 
 import logging
@@ -54,8 +55,13 @@ class SnapshotTable:
 
 def source_dsn(config: PipelineConfig) -> str:
     db = config.capture.database
-    return psycopg2.extensions.make_dsn(host=db.host, port=db.port, dbname=db.dbname, user=db.user,
-                                        password=db.password.get_secret_value() if db.password else None)
+    return psycopg2.extensions.make_dsn(
+        host=db.host,
+        port=db.port,
+        dbname=db.dbname,
+        user=db.user,
+        password=db.password.get_secret_value() if db.password else None,
+    )
 
 
 def plan_under(dsn: str, snapshot_name: str, source: SourceTable, chunk_rows: int) -> ChunkPlan:
@@ -86,11 +92,19 @@ def chunk_runs(ids: set[int]) -> list[list[int]]:
 ChunkTask = tuple[Callable[..., ChunkResult], tuple[Any, ...]]
 
 
-def load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot_name: str, work: dict[str, SnapshotTable],
-                 handover_lsn: int | dict[str, Any], parallelism: int | None, progress_interval_s: float,
-                 on_progress: Callable[[list[TableProgress]], Any] | None,
-                 commit: Callable[[SnapshotTable, list[ChunkResult]], None] | None = None,
-                 task: Callable[[SnapshotTable, Chunk], ChunkTask] | None = None) -> None:
+def load_chunks(
+    spark: SparkSession,
+    config: PipelineConfig,
+    dsn: str,
+    snapshot_name: str,
+    work: dict[str, SnapshotTable],
+    handover_lsn: int | dict[str, Any],
+    parallelism: int | None,
+    progress_interval_s: float,
+    on_progress: Callable[[list[TableProgress]], Any] | None,
+    commit: Callable[[SnapshotTable, list[ChunkResult]], None] | None = None,
+    task: Callable[[SnapshotTable, Chunk], ChunkTask] | None = None,
+) -> None:
     """Read every chunk not yet committed in parallel Spark jobs; hand each table's finished chunks to
     ``commit`` (default: commit them as an append carrying the snapshot's state).
 
@@ -98,8 +112,10 @@ def load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot_
     PostgreSQL under ``snapshot_name`` itself, `read_chunk`; MariaDB's snapshot reads it on the driver and the
     task converts and writes it, `lakestream.snapshot.mariadb`)."""
     if task is None:
+
         def task(w: SnapshotTable, chunk: Chunk) -> ChunkTask:
             return read_chunk, (dsn, snapshot_name, w.source, chunk, w.target)
+
     if commit is None:
         held: dict[str, list[ChunkResult]] = defaultdict(list)
 
@@ -145,6 +161,7 @@ def load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot_
         queue = list(todo)
         finished: dict[str, list[ChunkResult]] = defaultdict(list)
         try:
+
             def top_up() -> None:
                 while queue and len(pending) < workers:
                     w, chunk = queue.pop(0)
@@ -169,8 +186,9 @@ def load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot_
                         committed += len(results)
                         finished[table] = []
                         if kill_after and committed >= kill_after:
-                            log.warning("snapshot: %s=%d reached, killing this process", KILL_AFTER_CHUNKS_ENV,
-                                        kill_after)
+                            log.warning(
+                                "snapshot: %s=%d reached, killing this process", KILL_AFTER_CHUNKS_ENV, kill_after
+                            )
                             sys.stderr.flush()
                             os.kill(os.getpid(), signal.SIGKILL)
                 now = time.monotonic()
@@ -186,27 +204,47 @@ def load_chunks(spark: SparkSession, config: PipelineConfig, dsn: str, snapshot_
             raise
 
 
-def commit_chunks(spark: SparkSession, config: PipelineConfig, w: SnapshotTable, results: list[ChunkResult],
-                   handover_lsn: int | dict[str, Any]) -> None:
+def commit_chunks(
+    spark: SparkSession,
+    config: PipelineConfig,
+    w: SnapshotTable,
+    results: list[ChunkResult],
+    handover_lsn: int | dict[str, Any],
+) -> None:
     """One append of the chunks' files, its summary recording every chunk of the table done so far."""
     from lakestream.sink.catalog.sink import commit_files
 
     done = w.done | {r.chunk_id for r in results}
-    state = {"slot": config.capture.slot_name, "lsn": handover_lsn, "chunks": w.plan.to_json(),
-             "done": chunk_runs(done), "complete": len(done) == len(w.plan.chunks)}
+    state = {
+        "slot": config.capture.slot_name,
+        "lsn": handover_lsn,
+        "chunks": w.plan.to_json(),
+        "done": chunk_runs(done),
+        "complete": len(done) == len(w.plan.chunks),
+    }
     ns, tbl = w.lake.split(".", 1)
     request = {
         "base_snapshot_id": w.snapshot_id,
         "expect_snapshot_id": w.snapshot_id,
-        "data_files": [{"path": f["path"], "file_size": f["file_size"], "record_count": f["record_count"],
-                        "partition": f["partition"]} for r in results for f in r.files],
+        "data_files": [
+            {
+                "path": f["path"],
+                "file_size": f["file_size"],
+                "record_count": f["record_count"],
+                "partition": f["partition"],
+            }
+            for r in results
+            for f in r.files
+        ],
         "deletes": [],
         "properties": {STATE_PROPERTY: orjson.dumps(state, default=str).decode()},
     }
     result = commit_files(spark, config.catalog.name, ns, tbl, request)
     if result.get("stale"):
-        raise SnapshotError(f"{w.lake} changed while the snapshot loaded it (another writer committed snapshot "
-                            f"{result.get('snapshot_id')}) — fix: stop other writers of the table and run the snapshot again")
+        raise SnapshotError(
+            f"{w.lake} changed while the snapshot loaded it (another writer committed snapshot "
+            f"{result.get('snapshot_id')}) — fix: stop other writers of the table and run the snapshot again"
+        )
     w.snapshot_id = result["snapshot_id"]
     w.done = done
     w.progress.chunks_done = len(done)

@@ -24,6 +24,7 @@ the rest are read under a new snapshot, later, and the stream still starts at th
 binlog row event holds the whole row and the mirror keeps the latest change per key, so the mirror converges. A
 table without a primary key is one chunk, committed at once, so it is never resumed half-way.
 """
+
 from __future__ import annotations
 
 import io
@@ -61,8 +62,9 @@ _INTEGER_KEYS = _INT | {"bigint"}
 
 def _capture(config: PipelineConfig) -> CaptureSettings:
     if config.capture is None:
-        raise ConfigError("the pipeline config has no `capture:` section — fix: add capture.database and "
-                         "capture.tables")
+        raise ConfigError(
+            "the pipeline config has no `capture:` section — fix: add capture.database and capture.tables"
+        )
     return config.capture
 
 
@@ -87,8 +89,9 @@ def _column(name: str, data_type: str, column_type: str, precision: int | None, 
         return SourceColumn(name, data_type, "bigint", "{c}", pa.int64())
     if data_type == "decimal":
         p, s = int(precision or 10), int(scale or 0)
-        return SourceColumn(name, data_type, f"decimal({p},{s})" if p <= 38 else "string", "CAST({c} AS CHAR)",
-                            pa.string())
+        return SourceColumn(
+            name, data_type, f"decimal({p},{s})" if p <= 38 else "string", "CAST({c} AS CHAR)", pa.string()
+        )
     if data_type in ("float", "double"):
         return SourceColumn(name, data_type, data_type, "{c}", pa.float64())
     if data_type == "date":
@@ -108,23 +111,33 @@ def _column(name: str, data_type: str, column_type: str, precision: int | None, 
         return SourceColumn(name, data_type, "binary", "HEX({c})", pa.string(), hex_bytes=True)
     raise UnsupportedColumn(
         f"column {name!r} has type {column_type}, which the parallel snapshot of MariaDB does not read yet — fix: "
-        "snapshot this table with Debezium (capture.snapshot: debezium)")
+        "snapshot this table with Debezium (capture.snapshot: debezium)"
+    )
 
 
 def describe_table(cur: Any, database: str, table: str) -> SourceTable:
     """The columns and primary key of ``database.table`` (a table without one: a row multiset)."""
-    cur.execute("SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE "
-                "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
-                (database, table))
+    cur.execute(
+        "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE "
+        "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+        (database, table),
+    )
     rows = cur.fetchall()
     if not rows:
-        raise SnapshotError(f"source table {database}.{table} does not exist (or the user cannot see it) — fix: "
-                            "create it, GRANT SELECT on it, or remove it from capture.tables")
-    cur.execute("SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
-                "AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX", (database, table))
+        raise SnapshotError(
+            f"source table {database}.{table} does not exist (or the user cannot see it) — fix: "
+            "create it, GRANT SELECT on it, or remove it from capture.tables"
+        )
+    cur.execute(
+        "SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
+        "AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX",
+        (database, table),
+    )
     key = [r[0] for r in cur.fetchall()]
-    cur.execute("SELECT COALESCE(TABLE_ROWS, 0) FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
-                "AND TABLE_NAME = %s", (database, table))
+    cur.execute(
+        "SELECT COALESCE(TABLE_ROWS, 0) FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+        (database, table),
+    )
     estimated = int(cur.fetchone()[0])
     columns = [_column(*r) for r in rows]
     types = {r[0]: str(r[1]).lower() for r in rows}
@@ -135,15 +148,20 @@ def describe_table(cur: Any, database: str, table: str) -> SourceTable:
 def table_signature(cur: Any, database: str, table: str) -> list[list[str]]:
     """The table's columns as [name, full type] in order: what capture compares before Debezium records the
     schemas (a change since the handover would misread the binlog written before it)."""
-    cur.execute("SELECT COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
-                "TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (database, table))
+    cur.execute(
+        "SELECT COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
+        "TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+        (database, table),
+    )
     return [[str(n), str(t)] for n, t in cur.fetchall()]
 
 
 def chunk_query(source: SourceTable, chunk: Chunk) -> str:
     """``SELECT JSON_OBJECT(<rendered columns>) FROM t WHERE lower <= key < upper``: one JSON line per row."""
-    pairs = ", ".join(f"'{col.name.replace(chr(39), chr(39) * 2)}', "
-                      + col.expression.replace("{c}", quote(col.name)) for col in source.columns)
+    pairs = ", ".join(
+        f"'{col.name.replace(chr(39), chr(39) * 2)}', " + col.expression.replace("{c}", quote(col.name))
+        for col in source.columns
+    )
     where = []
     if source.key and chunk.lower is not None:
         where.append(f"{quote(source.key[0])} >= {int(chunk.lower[0])}")
@@ -158,10 +176,13 @@ def parse_json_chunk(data: bytes, source: SourceTable, arrow_schema: pa.Schema) 
     if not data:
         return arrow_schema.empty_table()
     read_schema = pa.schema([(c.name, c.read_type) for c in source.columns])
-    parsed = pjson.read_json(io.BytesIO(data), read_options=pjson.ReadOptions(block_size=16 << 20),
-                             parse_options=pjson.ParseOptions(explicit_schema=read_schema,
-                                                              unexpected_field_behavior="ignore",
-                                                              newlines_in_values=False))
+    parsed = pjson.read_json(
+        io.BytesIO(data),
+        read_options=pjson.ReadOptions(block_size=16 << 20),
+        parse_options=pjson.ParseOptions(
+            explicit_schema=read_schema, unexpected_field_behavior="ignore", newlines_in_values=False
+        ),
+    )
     hex_columns = {c.name for c in source.columns if c.hex_bytes}
     columns = []
     for f in arrow_schema:
@@ -178,8 +199,9 @@ def parse_json_chunk(data: bytes, source: SourceTable, arrow_schema: pa.Schema) 
     return pa.Table.from_arrays(columns, schema=arrow_schema)
 
 
-def write_json_chunk(data: bytes, source: SourceTable, chunk: Chunk, target: ChunkTarget,
-                     read_seconds: float) -> ChunkResult:
+def write_json_chunk(
+    data: bytes, source: SourceTable, chunk: Chunk, target: ChunkTarget, read_seconds: float
+) -> ChunkResult:
     """The Spark task: parse the rows the driver read and write them as the table's data files."""
     return write_chunk(data, parse_json_chunk, source, chunk, target, time.monotonic() - read_seconds)
 
@@ -212,7 +234,7 @@ class ConsistentSnapshot:
                     cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             for attempt in range(self.START_ATTEMPTS):
                 positions = [_begin_snapshot(conn) for conn in conns]
-                (best, count), = Counter(positions).most_common(1)
+                ((best, count),) = Counter(positions).most_common(1)
                 if count == len(conns) or attempt == self.START_ATTEMPTS - 1:
                     break
                 for conn in conns:
@@ -243,8 +265,14 @@ class ConsistentSnapshot:
                 conn.close()
             raise
         self._conns = kept
-        log.info("snapshot: %d of %d sessions share the consistent snapshot at binlog %s:%d (GTID %s)",
-                 len(kept), len(conns), self.file, self.pos, self.gtids)
+        log.info(
+            "snapshot: %d of %d sessions share the consistent snapshot at binlog %s:%d (GTID %s)",
+            len(kept),
+            len(conns),
+            self.file,
+            self.pos,
+            self.gtids,
+        )
 
     @property
     def position(self) -> dict[str, Any]:
@@ -271,8 +299,9 @@ class ConsistentSnapshot:
         if source.integer_key:
             key = quote(source.key[0])
             with self._session() as cur:
-                cur.execute(f"SELECT MIN({key}), MAX({key}), COUNT(*) FROM {quote(source.schema)}."
-                            f"{quote(source.table)}")
+                cur.execute(
+                    f"SELECT MIN({key}), MAX({key}), COUNT(*) FROM {quote(source.schema)}.{quote(source.table)}"
+                )
                 low, high, count = cur.fetchone()
             if count:
                 pieces = max(1, round(int(count) / chunk_rows))
@@ -293,10 +322,12 @@ class ConsistentSnapshot:
             cur.execute("SHOW WARNINGS LIMIT 3")
             warnings = [str(w[2]) for w in cur.fetchall()]
         if warnings or any(row[0] is None for row in rows):
-            raise SnapshotError(f"{w.source.name} {chunk.describe(w.source)}: MariaDB could not render every value "
-                                f"({'; '.join(warnings) or 'a row is NULL'}) — fix: SET GLOBAL max_allowed_packet = "
-                                "1073741824 (the largest) if a value is too long, or snapshot this table with "
-                                "Debezium (capture.snapshot: debezium)")
+            raise SnapshotError(
+                f"{w.source.name} {chunk.describe(w.source)}: MariaDB could not render every value "
+                f"({'; '.join(warnings) or 'a row is NULL'}) — fix: SET GLOBAL max_allowed_packet = "
+                "1073741824 (the largest) if a value is too long, or snapshot this table with "
+                "Debezium (capture.snapshot: debezium)"
+            )
         data = b"\n".join(row[0].encode() for row in rows)
         return write_json_chunk, (data, w.source, chunk, w.target, time.monotonic() - started)
 
@@ -322,8 +353,10 @@ def _begin_snapshot(conn: Any) -> tuple[str, int]:
         status = {str(k).lower(): str(v) for k, v in cur.fetchall()}
     file, pos = status.get("binlog_snapshot_file", ""), int(status.get("binlog_snapshot_position", "0") or 0)
     if not file:
-        raise SnapshotError("MariaDB reports no binlog position for the snapshot (the binary log is off) — fix: start "
-                            "MariaDB with log-bin, binlog_format=ROW and binlog_row_image=FULL")
+        raise SnapshotError(
+            "MariaDB reports no binlog position for the snapshot (the binary log is off) — fix: start "
+            "MariaDB with log-bin, binlog_format=ROW and binlog_row_image=FULL"
+        )
     return file, pos
 
 
@@ -341,7 +374,7 @@ def _binlog_lag(config: PipelineConfig, position: dict[str, Any]) -> int:
     names = [n for n, _ in logs]
     if position["file"] not in names:
         return 0
-    after = logs[names.index(position["file"]):]
+    after = logs[names.index(position["file"]) :]
     return max(0, sum(size for _, size in after) - int(position["pos"]))
 
 
@@ -357,23 +390,41 @@ def binlog_files(config: PipelineConfig) -> list[str]:
         conn.close()
 
 
-def write_binlog_handover(config: PipelineConfig, position: dict[str, Any], tables: list[str],
-                          signatures: dict[str, list[list[str]]]) -> None:
+def write_binlog_handover(
+    config: PipelineConfig, position: dict[str, Any], tables: list[str], signatures: dict[str, list[list[str]]]
+) -> None:
     """Leave the handover point for ``lakestream capture``: the binlog position and the tables' columns then."""
     import os
 
     path = handover_path(config.state_dir, _capture(config))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(orjson.dumps({"slot": _capture(config).slot_name, "kind": "mariadb", "binlog": position,
-                                  "lsn_text": f"{position['file']}:{position['pos']}", "tables": sorted(tables),
-                                  "columns": signatures, "finished_at": time.time()}))
+    tmp.write_bytes(
+        orjson.dumps(
+            {
+                "slot": _capture(config).slot_name,
+                "kind": "mariadb",
+                "binlog": position,
+                "lsn_text": f"{position['file']}:{position['pos']}",
+                "tables": sorted(tables),
+                "columns": signatures,
+                "finished_at": time.time(),
+            }
+        )
+    )
     os.replace(tmp, path)
 
 
-def run_mariadb_snapshot(config: PipelineConfig, names: list[str], spark: SparkSession | None, *, chunk_rows: int,
-                         parallelism: int | None, progress_interval_s: float,
-                         on_progress: Any = None) -> SnapshotReport:
+def run_mariadb_snapshot(
+    config: PipelineConfig,
+    names: list[str],
+    spark: SparkSession | None,
+    *,
+    chunk_rows: int,
+    parallelism: int | None,
+    progress_interval_s: float,
+    on_progress: Any = None,
+) -> SnapshotReport:
     """`lakestream.snapshot.run_snapshot` for a MariaDB source (module doc)."""
     from lakestream.engine.registry import TableRegistry
     from lakestream.sink.catalog.sink import table_info
@@ -389,10 +440,12 @@ def run_mariadb_snapshot(config: PipelineConfig, names: list[str], spark: SparkS
         log.info("snapshot: already complete (handover at %s); nothing to do", handover["lsn_text"])
         return SnapshotReport(capture.slot_name, handover["lsn_text"], already_complete=True)
     if handover is not None:
-        raise SnapshotError(f"the snapshot finished without {sorted(set(names) - set(handover['tables']))}; a table "
-                            "added after the handover cannot be loaded by it — fix: capture it with Debezium's "
-                            "snapshot under another capture.slot_name and topic_prefix, or start over (drop the lake "
-                            f"tables, delete {handover_path(config.state_dir, capture)} and the capture offsets)")
+        raise SnapshotError(
+            f"the snapshot finished without {sorted(set(names) - set(handover['tables']))}; a table "
+            "added after the handover cannot be loaded by it — fix: capture it with Debezium's "
+            "snapshot under another capture.slot_name and topic_prefix, or start over (drop the lake "
+            f"tables, delete {handover_path(config.state_dir, capture)} and the capture offsets)"
+        )
     spark = spark or session_for(config)
     registry = TableRegistry.for_config(config, spark)
     router = Router.from_config(config)
@@ -402,17 +455,21 @@ def run_mariadb_snapshot(config: PipelineConfig, names: list[str], spark: SparkS
         topic = capture.topic(name)
         stream, target = router.route(topic)
         if stream.mode != "upsert":
-            raise ConfigError(f"topic {topic} is routed to an append stream; the snapshot fills upsert mirrors — fix: "
-                              "route Debezium topics to a stream with mode: upsert")
+            raise ConfigError(
+                f"topic {topic} is routed to an append stream; the snapshot fills upsert mirrors — fix: "
+                "route Debezium topics to a stream with mode: upsert"
+            )
         ident = registry.catalog.ident(target.namespace, target.table)
         routed[name] = (topic, stream, str(target), ident)
         info = table_info(spark, config.catalog.name, target.namespace, target.table)
         has_data = info["exists"] and info.get("snapshot_id") is not None
         state = read_snapshot_state(spark, ident) if has_data else None
         if has_data and state is None:
-            raise SnapshotError(f"the lake table {target} already has data that no snapshot of {capture.slot_name} "
-                                "wrote — fix: drop it (lakestream sql ... DROP TABLE) to load it again, or use "
-                                "snapshot: debezium")
+            raise SnapshotError(
+                f"the lake table {target} already has data that no snapshot of {capture.slot_name} "
+                "wrote — fix: drop it (lakestream sql ... DROP TABLE) to load it again, or use "
+                "snapshot: debezium"
+            )
         if state is not None:
             states[name] = state
     resumed = bool(states)
@@ -420,13 +477,17 @@ def run_mariadb_snapshot(config: PipelineConfig, names: list[str], spark: SparkS
     if resumed:
         positions = {orjson.dumps(s["lsn"]) for s in states.values()}
         if len(positions) != 1 or not isinstance(next(iter(states.values()))["lsn"], dict):
-            raise SnapshotError("the lake tables were loaded by different snapshot runs; cannot resume — fix: drop "
-                                "the lake tables and snapshot again")
+            raise SnapshotError(
+                "the lake tables were loaded by different snapshot runs; cannot resume — fix: drop "
+                "the lake tables and snapshot again"
+            )
         position = next(iter(states.values()))["lsn"]
         if position["file"] not in binlog_files(config):
-            raise SnapshotError(f"the interrupted snapshot's binlog position {position['file']}:{position['pos']} "
-                                "was purged, and with it the changes since — fix: drop the lake tables and snapshot "
-                                "again (and keep binlogs longer: binlog_expire_logs_seconds)")
+            raise SnapshotError(
+                f"the interrupted snapshot's binlog position {position['file']}:{position['pos']} "
+                "was purged, and with it the changes since — fix: drop the lake tables and snapshot "
+                "again (and keep binlogs longer: binlog_expire_logs_seconds)"
+            )
     sources = [SourceTableName.parse(n) for n in names]
     sessions = parallelism or capture.snapshot_parallelism or spark.sparkContext.defaultParallelism
     with ConsistentSnapshot(config, sources, sessions) as snapshot:
@@ -440,13 +501,16 @@ def run_mariadb_snapshot(config: PipelineConfig, names: list[str], spark: SparkS
             source, signatures[name] = snapshot.describe(parsed)
             state = states.get(name)
             if resumed and source.keyless and not (state or {}).get("complete"):
-                raise SnapshotError(f"the interrupted snapshot had not finished {name}, without a primary key: read "
-                                    "later than the handover point, the changes made in between would be applied to "
-                                    "it twice, and nothing tells a row from its equal copy — fix: drop the lake "
-                                    "tables and snapshot again, or snapshot such tables with Debezium "
-                                    "(capture.snapshot: debezium)")
-            shape = NewShape(lake, topic, f"snapshot:{name}", [(c.name, c.ddl) for c in source.columns],
-                             list(source.key), False)
+                raise SnapshotError(
+                    f"the interrupted snapshot had not finished {name}, without a primary key: read "
+                    "later than the handover point, the changes made in between would be applied to "
+                    "it twice, and nothing tells a row from its equal copy — fix: drop the lake "
+                    "tables and snapshot again, or snapshot such tables with Debezium "
+                    "(capture.snapshot: debezium)"
+                )
+            shape = NewShape(
+                lake, topic, f"snapshot:{name}", [(c.name, c.ddl) for c in source.columns], list(source.key), False
+            )
             registry.prepare_table(lake, [shape], stream)
             spec = registry.specs[lake]
             if state is not None:
@@ -458,14 +522,39 @@ def run_mariadb_snapshot(config: PipelineConfig, names: list[str], spark: SparkS
             ns, tbl = lake.split(".", 1)
             current = table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")
             progress = TableProgress(name, lake, len(plan.chunks), len(done), resumed_chunks=len(done))
-            work[name] = SnapshotTable(source, lake, ident, ChunkTarget(lake, spec.schema, spec.partition_spec,
-                                                                     spec.data_location), plan, done, current, progress)
-        load_chunks(spark, config, "", "", work, position, parallelism or capture.snapshot_parallelism,
-                    progress_interval_s, on_progress, task=snapshot.task)
+            work[name] = SnapshotTable(
+                source,
+                lake,
+                ident,
+                ChunkTarget(lake, spec.schema, spec.partition_spec, spec.data_location),
+                plan,
+                done,
+                current,
+                progress,
+            )
+        load_chunks(
+            spark,
+            config,
+            "",
+            "",
+            work,
+            position,
+            parallelism or capture.snapshot_parallelism,
+            progress_interval_s,
+            on_progress,
+            task=snapshot.task,
+        )
     write_binlog_handover(config, position, names, signatures)
-    return SnapshotReport(capture.slot_name, f"{position['file']}:{position['pos']}",
-                          [w.progress for w in work.values()], time.monotonic() - started, resumed, False,
-                          _binlog_lag(config, position), time.time() - handover_started)
+    return SnapshotReport(
+        capture.slot_name,
+        f"{position['file']}:{position['pos']}",
+        [w.progress for w in work.values()],
+        time.monotonic() - started,
+        resumed,
+        False,
+        _binlog_lag(config, position),
+        time.time() - handover_started,
+    )
 
 
 def check_unchanged_since_handover(config: PipelineConfig, handover: dict[str, Any]) -> None:
@@ -485,8 +574,10 @@ def check_unchanged_since_handover(config: PipelineConfig, handover: dict[str, A
     finally:
         conn.close()
     if changed:
-        raise CaptureError(f"{', '.join(changed)} changed (DDL) since the parallel snapshot's handover point, before "
-                           "capture first started: Debezium would read the binlog written before the change with "
-                           "the new columns — fix: start over (drop the lake tables, delete "
-                           f"{handover_path(config.state_dir, _capture(config))}, run `lakestream snapshot` again), or "
-                           "load with capture.snapshot: debezium")
+        raise CaptureError(
+            f"{', '.join(changed)} changed (DDL) since the parallel snapshot's handover point, before "
+            "capture first started: Debezium would read the binlog written before the change with "
+            "the new columns — fix: start over (drop the lake tables, delete "
+            f"{handover_path(config.state_dir, _capture(config))}, run `lakestream snapshot` again), or "
+            "load with capture.snapshot: debezium"
+        )

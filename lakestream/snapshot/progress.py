@@ -1,5 +1,6 @@
 """Progress of a parallel snapshot: per-table rows, rate, chunks and ETA while it runs; the summary
 (rows per table, seconds, the stream's lag at handover) when it ends."""
+
 from __future__ import annotations
 
 import time
@@ -42,8 +43,10 @@ class TableProgress:
         bar_width = 20
         filled = bar_width * self.chunks_done // max(self.chunks_total, 1)
         bar = "#" * filled + "." * (bar_width - filled)
-        return (f"snapshot {self.source} [{bar}] {self.chunks_done}/{self.chunks_total} chunks, {self.rows:,} rows, "
-                f"{self.rows_per_s:,.0f} rows/s, ETA {eta}")
+        return (
+            f"snapshot {self.source} [{bar}] {self.chunks_done}/{self.chunks_total} chunks, {self.rows:,} rows, "
+            f"{self.rows_per_s:,.0f} rows/s, ETA {eta}"
+        )
 
 
 @dataclass
@@ -70,9 +73,18 @@ class SnapshotReport:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["tables"] = [{"source": t.source, "lake": t.lake, "rows": t.rows, "seconds": round(t.seconds, 3),
-                          "rows_per_s": round(t.rows_per_s), "chunks": t.chunks_total,
-                          "resumed_chunks": t.resumed_chunks} for t in self.tables]
+        out["tables"] = [
+            {
+                "source": t.source,
+                "lake": t.lake,
+                "rows": t.rows,
+                "seconds": round(t.seconds, 3),
+                "rows_per_s": round(t.rows_per_s),
+                "chunks": t.chunks_total,
+                "resumed_chunks": t.resumed_chunks,
+            }
+            for t in self.tables
+        ]
         out["rows"], out["rows_per_s"] = self.rows, round(self.rows_per_s)
         return out
 
@@ -81,13 +93,19 @@ class SnapshotReport:
         lines = [f"{'table':<{width}}  {'rows':>12}  {'seconds':>8}  {'rows/s':>10}  chunks"]
         for t in self.tables:
             resumed = f" ({t.resumed_chunks} from an earlier run)" if t.resumed_chunks else ""
-            lines.append(f"{t.source:<{width}}  {t.rows:>12,}  {t.seconds:>8.1f}  {t.rows_per_s:>10,.0f}  "
-                         f"{t.chunks_total}{resumed}")
+            lines.append(
+                f"{t.source:<{width}}  {t.rows:>12,}  {t.seconds:>8.1f}  {t.rows_per_s:>10,.0f}  "
+                f"{t.chunks_total}{resumed}"
+            )
         lines.append(f"{'total':<{width}}  {self.rows:>12,}  {self.seconds:>8.1f}  {self.rows_per_s:>10,.0f}")
         if self.resnapshot:
-            lines.append(f"re-snapshot committed while slot {self.slot} streamed (WAL at {self.lsn}); rows are those "
-                         "the snapshot wrote, keys the stream changed meanwhile kept the stream's rows")
+            lines.append(
+                f"re-snapshot committed while slot {self.slot} streamed (WAL at {self.lsn}); rows are those "
+                "the snapshot wrote, keys the stream changed meanwhile kept the stream's rows"
+            )
         else:
-            lines.append(f"handover at {self.lsn} (slot {self.slot}); streaming starts {self.handover_lag_bytes:,} WAL "
-                         f"bytes, {self.handover_lag_s:.1f}s behind the source")
+            lines.append(
+                f"handover at {self.lsn} (slot {self.slot}); streaming starts {self.handover_lag_bytes:,} WAL "
+                f"bytes, {self.handover_lag_s:.1f}s behind the source"
+            )
         return "\n".join(lines)

@@ -7,6 +7,7 @@ straight into typed columns: no Python object per value, which is what makes a t
 are then cast strictly into the table's schema (`lakestream.sink.write.files`), split by partition and
 written like the streaming write tasks write theirs.
 """
+
 from __future__ import annotations
 
 import io
@@ -68,8 +69,12 @@ def hex_to_binary(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     chars = np.frombuffer(data_buf, np.uint8, int(offsets[-1])) if offsets[-1] else np.empty(0, np.uint8)
     nibbles = _HEX_VALUES[chars]
     data = (nibbles[0::2] << 4) | nibbles[1::2]
-    return pa.Array.from_buffers(pa.binary(), len(text), [validity, pa.py_buffer((offsets // 2).astype(np.int32)),
-                                                           pa.py_buffer(data.tobytes())], null_count=text.null_count)
+    return pa.Array.from_buffers(
+        pa.binary(),
+        len(text),
+        [validity, pa.py_buffer((offsets // 2).astype(np.int32)), pa.py_buffer(data.tobytes())],
+        null_count=text.null_count,
+    )
 
 
 def parse_chunk(data: bytes, source: SourceTable, arrow_schema: pa.Schema) -> pa.Table:
@@ -82,8 +87,13 @@ def parse_chunk(data: bytes, source: SourceTable, arrow_schema: pa.Schema) -> pa
         read_options=pcsv.ReadOptions(column_names=read_schema.names, block_size=16 << 20),
         parse_options=pcsv.ParseOptions(newlines_in_values=True),
         # COPY's CSV writes NULL unquoted and empty, and an empty string as "": keep them apart.
-        convert_options=pcsv.ConvertOptions(column_types=read_schema, true_values=["t"], false_values=["f"],
-                                            strings_can_be_null=True, quoted_strings_can_be_null=False),
+        convert_options=pcsv.ConvertOptions(
+            column_types=read_schema,
+            true_values=["t"],
+            false_values=["f"],
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+        ),
     )
     columns = []
     hex_columns = {c.name for c in source.columns if c.hex_bytes}
@@ -109,7 +119,9 @@ def read_chunk(dsn: str, snapshot_name: str, source: SourceTable, chunk: Chunk, 
         with conn.cursor() as cur:
             cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot_name,))
-            cur.execute("SET LOCAL TimeZone = 'UTC'; SET LOCAL DateStyle = 'ISO, YMD'; SET LOCAL extra_float_digits = 3")
+            cur.execute(
+                "SET LOCAL TimeZone = 'UTC'; SET LOCAL DateStyle = 'ISO, YMD'; SET LOCAL extra_float_digits = 3"
+            )
             cur.copy_expert(chunk_query(source, chunk).as_string(conn), buffer)
         conn.rollback()
     finally:
@@ -117,8 +129,14 @@ def read_chunk(dsn: str, snapshot_name: str, source: SourceTable, chunk: Chunk, 
     return write_chunk(buffer.getvalue(), parse_chunk, source, chunk, target, started)
 
 
-def write_chunk(data: bytes, parse: Callable[[bytes, SourceTable, pa.Schema], pa.Table], source: SourceTable,
-                chunk: Chunk, target: ChunkTarget, started: float) -> ChunkResult:
+def write_chunk(
+    data: bytes,
+    parse: Callable[[bytes, SourceTable, pa.Schema], pa.Table],
+    source: SourceTable,
+    chunk: Chunk,
+    target: ChunkTarget,
+    started: float,
+) -> ChunkResult:
     """Parse a chunk's rows (``data``, as the source rendered them) with ``parse`` into the table's schema and
     write them as the table's data files."""
     from lakestream.sink.index.keys import index_keys, row_keys
@@ -135,7 +153,8 @@ def write_chunk(data: bytes, parse: Callable[[bytes, SourceTable, pa.Schema], pa
         raise LakestreamError(
             f"{source.name} {chunk.describe(source)} do not fit the lake table {target.table}: "
             f"{str(exc).splitlines()[0][:300]} — fix: correct those source values (or the lake column type), then run "
-            f"`lakestream snapshot` again to resume") from None
+            f"`lakestream snapshot` again to resume"
+        ) from None
     files = []
     keys = [] if target.report_keys else None
     for values, rows in partition_values(target.partition_spec, target.schema, table):

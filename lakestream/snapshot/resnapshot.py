@@ -27,6 +27,7 @@ A MariaDB table (`_read_mariadb_table`): no wait in step 1 (the binlog holds com
 later consistent snapshot holds every one before its binlog position); in step 2 the snapshot's binlog position is
 the high mark H; in step 3 the wait is for capture's stored binlog offset to pass H (`_wait_binlog_published`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -88,16 +89,25 @@ class TopicWindow:
 
         for p in partitions:
             self.next.setdefault(p, self.start.get(p, 0))
-        consumer = Consumer({**self.kafka_conf, "enable.partition.eof": True, "auto.offset.reset": "earliest",
-                             "allow.auto.create.topics": False})
+        consumer = Consumer(
+            {
+                **self.kafka_conf,
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+                "allow.auto.create.topics": False,
+            }
+        )
         try:
             # A partition (or the whole topic) that does not exist yet holds no event: nothing to read.
             meta = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
             existing = set(meta.partitions) if meta is not None and meta.error is None else set()
             # The ends as of now: under a live producer a consumer may never see end-of-partition (each fetch
             # finds a few new records), so the read stops at these offsets, or at end-of-partition.
-            ends = {p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1]
-                    for p in partitions if p in existing}
+            ends = {
+                p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)[1]
+                for p in partitions
+                if p in existing
+            }
             open_parts = {p for p, end in ends.items() if self.next[p] < end}
             consumer.assign([TopicPartition(self.topic, p, self.next[p]) for p in sorted(open_parts)])
             deadline = time.monotonic() + 60
@@ -161,15 +171,15 @@ class TopicWindow:
 
         offsets, rows = [], []
         for m in messages:
-            decoded = self.decoder.decode(RawRecord(m.topic(), partition, m.offset(), 0, m.key(), m.value(),
-                                                    m.headers()))
+            decoded = self.decoder.decode(
+                RawRecord(m.topic(), partition, m.offset(), 0, m.key(), m.value(), m.headers())
+            )
             if decoded is None or decoded.op == "m":
                 continue
             if decoded.op == TRUNCATE:
                 self.truncates.setdefault(partition, []).append(m.offset())
                 continue
-            touched = [decoded.row] if decoded.op != "u" or decoded.old_row is None else [decoded.old_row,
-                                                                                          decoded.row]
+            touched = [decoded.row] if decoded.op != "u" or decoded.old_row is None else [decoded.old_row, decoded.row]
             offsets.extend([m.offset()] * len(touched))
             rows.extend(touched)
         if offsets:
@@ -280,9 +290,11 @@ def _wait_for_running_transactions(conn: Any, timeout_s: float) -> None:
             if time.monotonic() > deadline:
                 from lakestream.snapshot.chunks import SnapshotError
 
-                raise SnapshotError(f"transactions older than the re-snapshot's start are still running after "
-                                    f"{timeout_s:.0f}s (see pg_stat_activity WHERE backend_xid IS NOT NULL) — fix: "
-                                    "end them, or run the re-snapshot again later")
+                raise SnapshotError(
+                    f"transactions older than the re-snapshot's start are still running after "
+                    f"{timeout_s:.0f}s (see pg_stat_activity WHERE backend_xid IS NOT NULL) — fix: "
+                    "end them, or run the re-snapshot again later"
+                )
             time.sleep(0.05)
 
 
@@ -294,15 +306,19 @@ def _wait_confirmed(conn: Any, slot: str, lsn: int, timeout_s: float) -> None:
     while True:
         state = slot_state(conn, slot)
         if not state.exists:
-            raise SnapshotError(f"replication slot {slot} is gone — fix: start `lakestream capture` (it streams the "
-                                "table while it is re-snapshotted)")
+            raise SnapshotError(
+                f"replication slot {slot} is gone — fix: start `lakestream capture` (it streams the "
+                "table while it is re-snapshotted)"
+            )
         if state.confirmed_flush_lsn is not None and state.confirmed_flush_lsn >= lsn:
             return
         if time.monotonic() > deadline:
             confirmed = "nothing" if state.confirmed_flush_lsn is None else int_to_lsn(state.confirmed_flush_lsn)
-            raise SnapshotError(f"the capture did not stream slot {slot} past the re-snapshot's high mark "
-                                f"{int_to_lsn(lsn)} within {timeout_s:.0f}s (confirmed: {confirmed}) — fix: keep "
-                                "`lakestream capture` running during a re-snapshot")
+            raise SnapshotError(
+                f"the capture did not stream slot {slot} past the re-snapshot's high mark "
+                f"{int_to_lsn(lsn)} within {timeout_s:.0f}s (confirmed: {confirmed}) — fix: keep "
+                "`lakestream capture` running during a re-snapshot"
+            )
         time.sleep(0.2)
 
 
@@ -352,17 +368,30 @@ def _wait_binlog_published(config: PipelineConfig, mark: dict[str, Any], timeout
             return
         if time.monotonic() > deadline:
             seen = "nothing" if offset is None else f"{offset['file']}:{offset['pos']}"
-            raise SnapshotError(f"the capture did not publish the binlog past the re-snapshot's position "
-                                f"{_mark_text(mark)} within {timeout_s:.0f}s (stored: {seen}) — fix: keep `lakestream "
-                                "capture` running during a re-snapshot (its heartbeats move the stored position on "
-                                "while the tables are idle)")
+            raise SnapshotError(
+                f"the capture did not publish the binlog past the re-snapshot's position "
+                f"{_mark_text(mark)} within {timeout_s:.0f}s (stored: {seen}) — fix: keep `lakestream "
+                "capture` running during a re-snapshot (its heartbeats move the stored position on "
+                "while the tables are idle)"
+            )
         time.sleep(0.2)
 
 
-def _read_mariadb_table(spark: SparkSession, config: PipelineConfig, name: str, source: Any, lake: str, ident: str,
-                        topic: str, spec: Any, window: TopicWindow, chunk_rows: int | None, parallelism: int | None,
-                        progress_interval_s: float,
-                        on_progress: Callable[[list[TableProgress]], Any] | None) -> _Planned:
+def _read_mariadb_table(
+    spark: SparkSession,
+    config: PipelineConfig,
+    name: str,
+    source: Any,
+    lake: str,
+    ident: str,
+    topic: str,
+    spec: Any,
+    window: TopicWindow,
+    chunk_rows: int | None,
+    parallelism: int | None,
+    progress_interval_s: float,
+    on_progress: Callable[[list[TableProgress]], Any] | None,
+) -> _Planned:
     """Step 2 for MariaDB: consistent-snapshot sessions at one binlog position read the chunks; that position is
     the high mark (every transaction before it is in the snapshot, every one after it in the stream)."""
     from lakestream.snapshot.chunks import SnapshotTable, load_chunks
@@ -388,8 +417,19 @@ def _read_mariadb_table(spark: SparkSession, config: PipelineConfig, name: str, 
             if len(w.done) == len(w.plan.chunks):
                 w.progress.finished = time.monotonic()
 
-        load_chunks(spark, config, "", "", work, snapshot.position, sessions, progress_interval_s, on_progress,
-                    commit=collect, task=snapshot.task)
+        load_chunks(
+            spark,
+            config,
+            "",
+            "",
+            work,
+            snapshot.position,
+            sessions,
+            progress_interval_s,
+            on_progress,
+            commit=collect,
+            task=snapshot.task,
+        )
         mark = snapshot.position
     return _Planned(name, lake, ident, topic, list(source.key), source.integer_key, results, mark, window, progress)
 
@@ -434,7 +474,9 @@ def resnapshot_tables(
 
     capture = config.capture
     if capture is None:
-        raise ConfigError("the pipeline config has no `capture:` section — fix: add capture.database and capture.tables")
+        raise ConfigError(
+            "the pipeline config has no `capture:` section — fix: add capture.database and capture.tables"
+        )
     if not capture.schemas_enabled:
         raise ConfigError("capture.schemas_enabled: the re-snapshot needs Debezium's schemas — fix: set it to true")
     if not tables:
@@ -442,8 +484,10 @@ def resnapshot_tables(
     tables = [str(SourceTableName.parse(t)) for t in tables]
     unknown = [t for t in tables if t not in capture.tables]
     if unknown:
-        raise ConfigError(f"{unknown} not in capture.tables {capture.tables} — fix: name a captured table (a table "
-                          "must be captured, and its mirror exist, before it can be re-snapshotted)")
+        raise ConfigError(
+            f"{unknown} not in capture.tables {capture.tables} — fix: name a captured table (a table "
+            "must be captured, and its mirror exist, before it can be re-snapshotted)"
+        )
     started = time.monotonic()
     mariadb = capture.database.kind == "mariadb"
     dsn = "" if mariadb else source_dsn(config)
@@ -455,23 +499,39 @@ def resnapshot_tables(
 
             stored = offsets_file(Path(config.state_dir), capture)
             if not stored.exists():
-                raise SnapshotError(f"capture has no stored binlog position ({stored}): nothing streams the tables — "
-                                    "fix: run `lakestream capture` first (a re-snapshot repairs a mirror that "
-                                    "streams)")
+                raise SnapshotError(
+                    f"capture has no stored binlog position ({stored}): nothing streams the tables — "
+                    "fix: run `lakestream capture` first (a re-snapshot repairs a mirror that "
+                    "streams)"
+                )
         else:
             conn.autocommit = True
             if not slot_state(conn, capture.slot_name).exists:
-                raise SnapshotError(f"replication slot {capture.slot_name} does not exist: nothing streams the tables "
-                                    "— fix: run `lakestream capture` first (a re-snapshot repairs a mirror that "
-                                    "streams)")
+                raise SnapshotError(
+                    f"replication slot {capture.slot_name} does not exist: nothing streams the tables "
+                    "— fix: run `lakestream capture` first (a re-snapshot repairs a mirror that "
+                    "streams)"
+                )
         spark = spark or session_for(config)
         registry = TableRegistry.for_config(config, spark)
         kafka = KafkaCluster(config.kafka)
         progresses = []
         progress_marks: list[int | dict[str, Any]] = []
         for name in tables:
-            planned = _read_table(spark, config, registry, kafka, conn, dsn, name, chunk_rows, parallelism,
-                                  progress_interval_s, on_progress, wait_timeout_s)
+            planned = _read_table(
+                spark,
+                config,
+                registry,
+                kafka,
+                conn,
+                dsn,
+                name,
+                chunk_rows,
+                parallelism,
+                progress_interval_s,
+                on_progress,
+                wait_timeout_s,
+            )
             _commit(spark, config, conn, kafka, planned, wait_timeout_s)
             progresses.append(planned.progress)
             progress_marks.append(planned.high_lsn)
@@ -489,9 +549,20 @@ def resnapshot_tables(
             conn.close()
 
 
-def _read_table(spark: SparkSession, config: PipelineConfig, registry: TableRegistry, kafka: Any, conn: Any, dsn: str,
-                name: str, chunk_rows: int | None, parallelism: int | None, progress_interval_s: float,
-                on_progress: Callable[[list[TableProgress]], Any] | None, wait_timeout_s: float) -> _Planned:
+def _read_table(
+    spark: SparkSession,
+    config: PipelineConfig,
+    registry: TableRegistry,
+    kafka: Any,
+    conn: Any,
+    dsn: str,
+    name: str,
+    chunk_rows: int | None,
+    parallelism: int | None,
+    progress_interval_s: float,
+    on_progress: Callable[[list[TableProgress]], Any] | None,
+    wait_timeout_s: float,
+) -> _Planned:
     """Steps 1-2: the low mark, the snapshot, the chunks read and written (not committed), the high mark."""
     from lakestream.capture.connector import HEARTBEAT_MESSAGE_PREFIX
     from lakestream.decode.records import RecordDecoder
@@ -521,22 +592,29 @@ def _read_table(spark: SparkSession, config: PipelineConfig, registry: TableRegi
     router = Router.from_config(config)
     stream, lake_name = router.route(topic)
     if stream.mode != "upsert":
-        raise ConfigError(f"topic {topic} is routed to an append stream; a re-snapshot replaces upsert mirrors — fix: "
-                          "route Debezium topics to a stream with mode: upsert")
+        raise ConfigError(
+            f"topic {topic} is routed to an append stream; a re-snapshot replaces upsert mirrors — fix: "
+            "route Debezium topics to a stream with mode: upsert"
+        )
     lake = str(lake_name)
     ident = registry.catalog.ident(lake_name.namespace, lake_name.table)
     info = table_info(spark, config.catalog.name, lake_name.namespace, lake_name.table)
     if not info["exists"] or info.get("snapshot_id") is None:
-        raise SnapshotError(f"{name} has no mirror yet ({lake} is missing or empty) — fix: load it first: "
-                            "`lakestream snapshot` before `lakestream capture` (capture.snapshot: parallel), or let "
-                            "`lakestream run` apply Debezium's snapshot")
-    shape = NewShape(lake, topic, f"snapshot:{name}", [(c.name, c.ddl) for c in source.columns], list(source.key),
-                     False)
+        raise SnapshotError(
+            f"{name} has no mirror yet ({lake} is missing or empty) — fix: load it first: "
+            "`lakestream snapshot` before `lakestream capture` (capture.snapshot: parallel), or let "
+            "`lakestream run` apply Debezium's snapshot"
+        )
+    shape = NewShape(
+        lake, topic, f"snapshot:{name}", [(c.name, c.ddl) for c in source.columns], list(source.key), False
+    )
     registry.prepare_table(lake, [shape], stream)
     spec = registry.specs[lake]
     if list(spec.key_columns) != list(source.key):
-        raise SnapshotError(f"{lake} is keyed by {spec.key_columns}, the source {name} by {source.key} — fix: "
-                            "re-create the mirror with the source's primary key")
+        raise SnapshotError(
+            f"{lake} is keyed by {spec.key_columns}, the source {name} by {source.key} — fix: "
+            "re-create the mirror with the source's primary key"
+        )
     schema = arrow_schema(spec.schema)
     partitions = [tp.partition for tp in kafka.partitions_of(lambda t: t == topic)] or [0]
     # Step 1: the low mark, then every transaction running at that instant must end.
@@ -545,17 +623,38 @@ def _read_table(spark: SparkSession, config: PipelineConfig, registry: TableRegi
         # (MariaDB: an event in Kafka was in the binlog, and a consistent snapshot started later holds every
         # transaction before its binlog position.)
         _wait_for_running_transactions(conn, wait_timeout_s)
-    window = TopicWindow(config.kafka.consumer_config(), topic, {p: low.get(p, 0) for p in partitions},
-                         list(source.key), {k: schema.field(k).type for k in source.key},
-                         RecordDecoder(router, registry_client(config)), schema if source.keyless else None)
+    window = TopicWindow(
+        config.kafka.consumer_config(),
+        topic,
+        {p: low.get(p, 0) for p in partitions},
+        list(source.key),
+        {k: schema.field(k).type for k in source.key},
+        RecordDecoder(router, registry_client(config)),
+        schema if source.keyless else None,
+    )
     if mariadb:
-        return _read_mariadb_table(spark, config, name, source, lake, ident, topic, spec, window, chunk_rows,
-                                   parallelism, progress_interval_s, on_progress)
+        return _read_mariadb_table(
+            spark,
+            config,
+            name,
+            source,
+            lake,
+            ident,
+            topic,
+            spec,
+            window,
+            chunk_rows,
+            parallelism,
+            progress_interval_s,
+            on_progress,
+        )
     # Step 2: the snapshot S, and the high mark right after it.
     with ExportedSnapshot(dsn) as snapshot:
         with conn.cursor() as cur:
-            cur.execute("SELECT pg_logical_emit_message(false, %s, %s)::text",
-                        (HEARTBEAT_MESSAGE_PREFIX, f"lakestream re-snapshot of {name}"))
+            cur.execute(
+                "SELECT pg_logical_emit_message(false, %s, %s)::text",
+                (HEARTBEAT_MESSAGE_PREFIX, f"lakestream re-snapshot of {name}"),
+            )
             high_lsn = lsn_to_int(cur.fetchone()[0])
         plan = plan_under(dsn, snapshot.snapshot_name, source, chunk_rows or capture.snapshot_chunk_rows)
         progress = TableProgress(name, lake, len(plan.chunks))
@@ -571,14 +670,24 @@ def _read_table(spark: SparkSession, config: PipelineConfig, registry: TableRegi
             if len(w.done) == len(w.plan.chunks):
                 w.progress.finished = time.monotonic()
 
-        load_chunks(spark, config, dsn, snapshot.snapshot_name, work, 0, parallelism or capture.snapshot_parallelism,
-                     progress_interval_s, on_progress, commit=collect)
-    return _Planned(name, lake, ident, topic, list(source.key), source.integer_key, results, high_lsn, window,
-                    progress)
+        load_chunks(
+            spark,
+            config,
+            dsn,
+            snapshot.snapshot_name,
+            work,
+            0,
+            parallelism or capture.snapshot_parallelism,
+            progress_interval_s,
+            on_progress,
+            commit=collect,
+        )
+    return _Planned(name, lake, ident, topic, list(source.key), source.integer_key, results, high_lsn, window, progress)
 
 
-def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, planned: _Planned,
-            wait_timeout_s: float) -> None:
+def _commit(
+    spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, planned: _Planned, wait_timeout_s: float
+) -> None:
     """Steps 3-4: wait for the pipeline to pass the high mark, then replace the mirror in one commit."""
     from lakestream.sink.catalog.sink import table_info
     from lakestream.sink.index.keyless import KeylessIndex
@@ -595,8 +704,13 @@ def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, 
     partitions = [tp.partition for tp in kafka.partitions_of(lambda t: t == planned.topic)] or [0]
     # Every event the snapshot shows is now in Kafka, below these ends.
     high = planned.window.read_to_end(partitions)
-    log.info("re-snapshot of %s: high mark %s in Kafka at %s after %.1fs", planned.name, _mark_text(planned.high_lsn),
-             high, time.monotonic() - waited)
+    log.info(
+        "re-snapshot of %s: high mark %s in Kafka at %s after %.1fs",
+        planned.name,
+        _mark_text(planned.high_lsn),
+        high,
+        time.monotonic() - waited,
+    )
     ns, tbl = planned.lake.split(".", 1)
     new_files = [f for r in planned.results for f in r.files]
     new_keys = [k for r in planned.results for k in (r.keys or [])]
@@ -609,15 +723,19 @@ def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, 
         if not planned.window.rows_pending(committed, high):
             break
         if time.monotonic() > deadline:
-            raise SnapshotError(f"the pipeline did not apply {planned.topic} up to the re-snapshot's high mark "
-                                f"{high} within {wait_timeout_s:.0f}s (committed: {committed}) — fix: keep "
-                                "`lakestream run` running during a re-snapshot, then run it again")
+            raise SnapshotError(
+                f"the pipeline did not apply {planned.topic} up to the re-snapshot's high mark "
+                f"{high} within {wait_timeout_s:.0f}s (committed: {committed}) — fix: keep "
+                "`lakestream run` running during a re-snapshot, then run it again"
+            )
         time.sleep(0.5)
     # A table without a key: its rows by content, as the pipeline's multiset index holds them.
-    mirror = (KeylessIndex(arrow_schema(table_info(spark, config.catalog.name, ns, tbl)["schema"]))
-              if not planned.key_columns else KeyIndex(not planned.integer_key, planned.key_columns))
-    mirror.rebuild(spark, planned.ident, table_info(spark, config.catalog.name, ns, tbl).get(
-        "snapshot_id"))
+    mirror = (
+        KeylessIndex(arrow_schema(table_info(spark, config.catalog.name, ns, tbl)["schema"]))
+        if not planned.key_columns
+        else KeyIndex(not planned.integer_key, planned.key_columns)
+    )
+    mirror.rebuild(spark, planned.ident, table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id"))
     attempts = 0
     run_id = uuid.uuid4().hex
     try:
@@ -629,22 +747,32 @@ def _commit(spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, 
             committed = _committed_offsets(spark, planned.ident, planned.topic)  # read after `base`: at or past it
             planned.window.read_to_end(sorted(set(partitions) | set(committed)))
             if planned.window.truncated_before(committed):
-                raise SnapshotError(f"{planned.name} was truncated while it was re-snapshotted; nothing was committed "
-                                    "— fix: run the re-snapshot again")
+                raise SnapshotError(
+                    f"{planned.name} was truncated while it was re-snapshotted; nothing was committed "
+                    "— fix: run the re-snapshot again"
+                )
             changed = planned.window.changed_keys(committed)
             if mirror.snapshot_id != base:
                 mirror.rebuild(spark, planned.ident, base)
-            result = _commit_once(spark, config, planned, mirror, changed, base, committed, high, new_files,
-                                  new_keys, chunk_keys, run_id)
+            result = _commit_once(
+                spark, config, planned, mirror, changed, base, committed, high, new_files, new_keys, chunk_keys, run_id
+            )
             attempts += 1
             if result is not None:
-                log.info("re-snapshot of %s committed as snapshot %s after %d attempt(s): %s", planned.name,
-                         result["snapshot_id"], attempts, result["state"])
+                log.info(
+                    "re-snapshot of %s committed as snapshot %s after %d attempt(s): %s",
+                    planned.name,
+                    result["snapshot_id"],
+                    attempts,
+                    result["state"],
+                )
                 planned.progress.rows = result["state"]["rows"]
                 return
             if time.monotonic() > deadline:
-                raise SnapshotError(f"{planned.lake} kept moving under the re-snapshot's commit ({attempts} attempts "
-                                    f"in {wait_timeout_s:.0f}s) — fix: run it again")
+                raise SnapshotError(
+                    f"{planned.lake} kept moving under the re-snapshot's commit ({attempts} attempts "
+                    f"in {wait_timeout_s:.0f}s) — fix: run it again"
+                )
     finally:
         _release_commits(spark, planned.ident, run_id)
 
@@ -661,8 +789,12 @@ def _keep_newest_only(spark: SparkSession, ident: str, mirror: Any, keep: np.nda
     if not np.any(keys[1:] == keys[:-1]):
         return
     # The table is at the commit's base snapshot (the commit fails otherwise).
-    sequences = {r[0]: int(r[1]) for r in spark.sql(
-        f"SELECT data_file.file_path, sequence_number FROM {ident}.entries WHERE status < 2").collect()}
+    sequences = {
+        r[0]: int(r[1])
+        for r in spark.sql(
+            f"SELECT data_file.file_path, sequence_number FROM {ident}.entries WHERE status < 2"
+        ).collect()
+    }
     file_ids, positions = unpack(mirror.locs[kept])
     rank = np.array([sequences.get(mirror.paths[int(f)], 0) for f in file_ids], np.int64)
     _, group = np.unique(keys, return_inverse=True)
@@ -691,10 +823,20 @@ def _copies_of(mirror: Any, contents: np.ndarray) -> np.ndarray:
     return keep
 
 
-def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned, mirror: Any,
-                 changed: tuple[np.ndarray, np.ndarray] | None, base: int | None, committed: dict[int, int],
-                 high: dict[int, int], new_files: list[dict[str, Any]], new_keys: list[np.ndarray], chunk_keys: np.ndarray,
-                 run_id: str) -> dict[str, Any] | None:
+def _commit_once(
+    spark: SparkSession,
+    config: PipelineConfig,
+    planned: _Planned,
+    mirror: Any,
+    changed: tuple[np.ndarray, np.ndarray] | None,
+    base: int | None,
+    committed: dict[int, int],
+    high: dict[int, int],
+    new_files: list[dict[str, Any]],
+    new_keys: list[np.ndarray],
+    chunk_keys: np.ndarray,
+    run_id: str,
+) -> dict[str, Any] | None:
     """One commit attempt on top of ``base``: the new snapshot's id and state, or None if another
     commit got there first."""
     from lakestream.sink.catalog.sink import commit_files, table_info
@@ -731,19 +873,35 @@ def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned,
             if len(drop):
                 deletes.setdefault(f["path"], []).append(drop)
                 skipped += len(drop)
-    state = {"run": run_id, "table": planned.name, "rows": int(len(chunk_keys) - skipped), "stream_kept": skipped,
-             "stream_deleted": len(w_deleted) if changed is not None else 0, "duplicates_dropped": duplicates,
-             "replaced": int((~keep_old).sum()), "chunks": planned.progress.chunks_total,
-             "low": {str(p): o for p, o in planned.window.start.items()},
-             "committed": {str(p): o for p, o in committed.items()}, "high": {str(p): o for p, o in high.items()},
-             "high_lsn": _mark_text(planned.high_lsn)}
+    state = {
+        "run": run_id,
+        "table": planned.name,
+        "rows": int(len(chunk_keys) - skipped),
+        "stream_kept": skipped,
+        "stream_deleted": len(w_deleted) if changed is not None else 0,
+        "duplicates_dropped": duplicates,
+        "replaced": int((~keep_old).sum()),
+        "chunks": planned.progress.chunks_total,
+        "low": {str(p): o for p, o in planned.window.start.items()},
+        "committed": {str(p): o for p, o in committed.items()},
+        "high": {str(p): o for p, o in high.items()},
+        "high_lsn": _mark_text(planned.high_lsn),
+    }
     request = {
         "base_snapshot_id": base,
         "expect_snapshot_id": base,
-        "data_files": [{"path": f["path"], "file_size": f["file_size"], "record_count": f["record_count"],
-                        "partition": f["partition"]} for f in new_files],
-        "deletes": [{"data_file": path, "positions": np.unique(np.concatenate(parts))}
-                    for path, parts in deletes.items()],
+        "data_files": [
+            {
+                "path": f["path"],
+                "file_size": f["file_size"],
+                "record_count": f["record_count"],
+                "partition": f["partition"],
+            }
+            for f in new_files
+        ],
+        "deletes": [
+            {"data_file": path, "positions": np.unique(np.concatenate(parts))} for path, parts in deletes.items()
+        ],
         "properties": {RESNAPSHOT_PROPERTY: orjson.dumps(state).decode()},
         "hold_owner": run_id,
     }
@@ -759,7 +917,10 @@ def _commit_once(spark: SparkSession, config: PipelineConfig, planned: _Planned,
         log.info("re-snapshot of %s: the commit landed despite %s", planned.name, cause)
         result = {"snapshot_id": table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")}
     if result.get("stale"):
-        log.info("re-snapshot of %s: the table moved on (snapshot %s); planning the commit again", planned.name,
-                 result.get("snapshot_id"))
+        log.info(
+            "re-snapshot of %s: the table moved on (snapshot %s); planning the commit again",
+            planned.name,
+            result.get("snapshot_id"),
+        )
         return None
     return {"snapshot_id": result["snapshot_id"], "state": state}

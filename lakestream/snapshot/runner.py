@@ -21,6 +21,7 @@ that may already contain them. Every change event carries the whole row and the 
 the latest change per key, so once the stream has passed the resumed snapshot's point each row
 equals its source row: nothing is lost, and nothing stays applied twice.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,12 +36,24 @@ from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError
 from lakestream.identifiers import SourceTableName
 from lakestream.snapshot.chunks import (  # noqa: F401 — KILL_AFTER_CHUNKS_ENV, source_dsn: this module's API too
-    KILL_AFTER_CHUNKS_ENV, STATE_PROPERTY, SnapshotError, SnapshotTable, load_chunks, plan_under, source_dsn,
+    KILL_AFTER_CHUNKS_ENV,
+    STATE_PROPERTY,
+    SnapshotError,
+    SnapshotTable,
+    load_chunks,
+    plan_under,
+    source_dsn,
 )
 from lakestream.snapshot.progress import SnapshotReport, TableProgress
 from lakestream.snapshot.reader import ChunkTarget
 from lakestream.snapshot.slot import (
-    ExportedSlot, ExportedSnapshot, ensure_publication, handover_path, int_to_lsn, lsn_to_int, read_handover,
+    ExportedSlot,
+    ExportedSnapshot,
+    ensure_publication,
+    handover_path,
+    int_to_lsn,
+    lsn_to_int,
+    read_handover,
     slot_state,
     write_handover,
 )
@@ -50,7 +63,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
-
 
 
 def read_snapshot_state(spark: SparkSession, ident: str) -> dict[str, Any] | None:
@@ -95,14 +107,19 @@ def run_snapshot(
 
     capture = config.capture
     if capture is None:
-        raise ConfigError("the pipeline config has no `capture:` section — fix: add capture.database and capture.tables")
+        raise ConfigError(
+            "the pipeline config has no `capture:` section — fix: add capture.database and capture.tables"
+        )
     if not capture.schemas_enabled:
-        raise ConfigError("capture.schemas_enabled: the parallel snapshot needs Debezium's schemas — fix: set it to true")
+        raise ConfigError(
+            "capture.schemas_enabled: the parallel snapshot needs Debezium's schemas — fix: set it to true"
+        )
     names = [str(SourceTableName.parse(t)) for t in (tables or capture.tables)]
     unknown = [t for t in names if t not in capture.tables]
     if unknown:
-        raise ConfigError(f"{unknown} not in capture.tables {capture.tables} — fix: capture them first, or name a "
-                          "captured table")
+        raise ConfigError(
+            f"{unknown} not in capture.tables {capture.tables} — fix: capture them first, or name a captured table"
+        )
     chunk_rows = chunk_rows or capture.snapshot_chunk_rows
     started = time.monotonic()
     handover = read_handover(config.state_dir, capture)
@@ -110,28 +127,46 @@ def run_snapshot(
     if capture.database.kind == "mariadb" and not resnapshot:
         from lakestream.snapshot.mariadb import run_mariadb_snapshot
 
-        return run_mariadb_snapshot(config, names, spark, chunk_rows=chunk_rows, parallelism=parallelism,
-                                    progress_interval_s=progress_interval_s, on_progress=on_progress)
+        return run_mariadb_snapshot(
+            config,
+            names,
+            spark,
+            chunk_rows=chunk_rows,
+            parallelism=parallelism,
+            progress_interval_s=progress_interval_s,
+            on_progress=on_progress,
+        )
     if resnapshot:
         from lakestream.snapshot.resnapshot import resnapshot_tables
 
-        return resnapshot_tables(config, names, spark, chunk_rows=chunk_rows, parallelism=parallelism,
-                                 progress_interval_s=progress_interval_s, on_progress=on_progress,
-                                 wait_timeout_s=wait_timeout_s)
+        return resnapshot_tables(
+            config,
+            names,
+            spark,
+            chunk_rows=chunk_rows,
+            parallelism=parallelism,
+            progress_interval_s=progress_interval_s,
+            on_progress=on_progress,
+            wait_timeout_s=wait_timeout_s,
+        )
     dsn = source_dsn(config)
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     try:
         if handover is not None and not slot_state(conn, capture.slot_name).exists:
-            raise SnapshotError(f"a snapshot finished for slot {capture.slot_name}, but the slot is gone — fix: to load "
-                                f"again, drop the lake tables and delete {handover_path(config.state_dir, capture)}")
+            raise SnapshotError(
+                f"a snapshot finished for slot {capture.slot_name}, but the slot is gone — fix: to load "
+                f"again, drop the lake tables and delete {handover_path(config.state_dir, capture)}"
+            )
         if handover is not None and set(names) <= set(handover["tables"]):
             log.info("snapshot: already complete (handover at %s); nothing to do", handover["lsn_text"])
             return SnapshotReport(capture.slot_name, handover["lsn_text"], already_complete=True)
         if handover is not None:
-            raise SnapshotError(f"the snapshot of slot {capture.slot_name} finished without {sorted(set(names) - set(handover['tables']))}; "
-                                "a table added after the handover has no mirror to re-snapshot yet — fix: capture it "
-                                "with Debezium's incremental snapshot, or start over with a new capture.slot_name")
+            raise SnapshotError(
+                f"the snapshot of slot {capture.slot_name} finished without {sorted(set(names) - set(handover['tables']))}; "
+                "a table added after the handover has no mirror to re-snapshot yet — fix: capture it "
+                "with Debezium's incremental snapshot, or start over with a new capture.slot_name"
+            )
         spark = spark or session_for(config)
         registry = TableRegistry.for_config(config, spark)
         router = Router.from_config(config)
@@ -141,18 +176,24 @@ def run_snapshot(
             topic = capture.topic(name)
             stream, lake = router.route(topic)
             if stream.mode != "upsert":
-                raise ConfigError(f"topic {topic} is routed to an append stream; the snapshot fills upsert mirrors — fix: "
-                                  "route Debezium topics to a stream with mode: upsert")
+                raise ConfigError(
+                    f"topic {topic} is routed to an append stream; the snapshot fills upsert mirrors — fix: "
+                    "route Debezium topics to a stream with mode: upsert"
+                )
             routed[name] = (topic, stream, str(lake), registry.catalog.ident(lake.namespace, lake.table))
         states = {}
         for name, (_topic, _stream, lake, ident) in routed.items():
             ns, tbl = lake.split(".", 1)
             info = table_info(spark, config.catalog.name, ns, tbl)
-            state = read_snapshot_state(spark, ident) if info["exists"] and info.get("snapshot_id") is not None else None
+            state = (
+                read_snapshot_state(spark, ident) if info["exists"] and info.get("snapshot_id") is not None else None
+            )
             if state is None and info["exists"] and info.get("snapshot_id") is not None:
-                raise SnapshotError(f"the lake table {lake} already has data that no snapshot of slot {capture.slot_name} "
-                                    "wrote — fix: drop it (lakestream sql ... DROP TABLE) to load it again, or use "
-                                    "snapshot: debezium")
+                raise SnapshotError(
+                    f"the lake table {lake} already has data that no snapshot of slot {capture.slot_name} "
+                    "wrote — fix: drop it (lakestream sql ... DROP TABLE) to load it again, or use "
+                    "snapshot: debezium"
+                )
             if state is not None:
                 states[name] = state
         slot = slot_state(conn, capture.slot_name)
@@ -160,15 +201,21 @@ def run_snapshot(
         if resumed:
             lsns = {(s["slot"], s["lsn"]) for s in states.values()}
             if len(lsns) != 1 or next(iter(lsns))[0] != capture.slot_name:
-                raise SnapshotError(f"the tables were snapshotted by different runs {sorted(lsns)}; cannot resume — fix: "
-                                    "drop the lake tables and the slot, then snapshot again")
+                raise SnapshotError(
+                    f"the tables were snapshotted by different runs {sorted(lsns)}; cannot resume — fix: "
+                    "drop the lake tables and the slot, then snapshot again"
+                )
             handover_lsn = next(iter(lsns))[1]
             if not slot.exists:
-                raise SnapshotError(f"slot {capture.slot_name} of the interrupted snapshot is gone, and with it the "
-                                    "changes since its start — fix: drop the lake tables and snapshot again")
+                raise SnapshotError(
+                    f"slot {capture.slot_name} of the interrupted snapshot is gone, and with it the "
+                    "changes since its start — fix: drop the lake tables and snapshot again"
+                )
             if slot.confirmed_flush_lsn is not None and slot.confirmed_flush_lsn > handover_lsn:
-                raise SnapshotError(f"slot {capture.slot_name} was streamed past the snapshot's handover point before "
-                                    "the snapshot finished — fix: drop the lake tables and the slot, snapshot again")
+                raise SnapshotError(
+                    f"slot {capture.slot_name} was streamed past the snapshot's handover point before "
+                    "the snapshot finished — fix: drop the lake tables and the slot, snapshot again"
+                )
             unfinished = [n for n in names if sources[n].keyless and not (states.get(n) or {}).get("complete")]
             if unfinished:
                 raise SnapshotError(
@@ -176,15 +223,19 @@ def run_snapshot(
                     "only be read at the handover point (read later, the changes made in between would be applied "
                     "to it twice, and nothing tells a row from its equal copy) — fix: drop the lake tables and "
                     f"the slot (SELECT pg_drop_replication_slot('{capture.slot_name}')), then snapshot again; or "
-                    "snapshot these tables with Debezium (capture.snapshot: debezium)")
+                    "snapshot these tables with Debezium (capture.snapshot: debezium)"
+                )
         elif slot.exists:
-            raise SnapshotError(f"replication slot {capture.slot_name} exists already (Debezium or an earlier run made "
-                                f"it); the snapshot must create its own — fix: SELECT pg_drop_replication_slot("
-                                f"'{capture.slot_name}') if nothing uses it, or set capture.slot_name")
+            raise SnapshotError(
+                f"replication slot {capture.slot_name} exists already (Debezium or an earlier run made "
+                f"it); the snapshot must create its own — fix: SELECT pg_drop_replication_slot("
+                f"'{capture.slot_name}') if nothing uses it, or set capture.slot_name"
+            )
         else:
             ensure_publication(conn, capture, names)
-        exported: ExportedSlot | ExportedSnapshot = (ExportedSnapshot(dsn) if resumed
-                                                     else ExportedSlot(dsn, capture.slot_name))
+        exported: ExportedSlot | ExportedSnapshot = (
+            ExportedSnapshot(dsn) if resumed else ExportedSlot(dsn, capture.slot_name)
+        )
         with exported:
             if not resumed:
                 handover_lsn = exported.lsn
@@ -193,8 +244,9 @@ def run_snapshot(
             for name in names:
                 topic, stream, lake, ident = routed[name]
                 source = sources[name]
-                shape = NewShape(lake, topic, f"snapshot:{name}", [(c.name, c.ddl) for c in source.columns],
-                                 list(source.key), False)
+                shape = NewShape(
+                    lake, topic, f"snapshot:{name}", [(c.name, c.ddl) for c in source.columns], list(source.key), False
+                )
                 registry.prepare_table(lake, [shape], stream)
                 spec = registry.specs[lake]
                 state = states.get(name)
@@ -207,16 +259,41 @@ def run_snapshot(
                 ns, tbl = lake.split(".", 1)
                 current = table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")
                 progress = TableProgress(name, lake, len(plan.chunks), len(done), resumed_chunks=len(done))
-                work[name] = SnapshotTable(source, lake, ident, ChunkTarget(lake, spec.schema, spec.partition_spec,
-                                                                     spec.data_location), plan, done, current, progress)
-            load_chunks(spark, config, dsn, exported.snapshot_name, work, handover_lsn,
-                         parallelism or capture.snapshot_parallelism, progress_interval_s, on_progress)
+                work[name] = SnapshotTable(
+                    source,
+                    lake,
+                    ident,
+                    ChunkTarget(lake, spec.schema, spec.partition_spec, spec.data_location),
+                    plan,
+                    done,
+                    current,
+                    progress,
+                )
+            load_chunks(
+                spark,
+                config,
+                dsn,
+                exported.snapshot_name,
+                work,
+                handover_lsn,
+                parallelism or capture.snapshot_parallelism,
+                progress_interval_s,
+                on_progress,
+            )
         write_handover(config.state_dir, capture, handover_lsn, names)
         with conn.cursor() as cur:
             cur.execute("SELECT pg_current_wal_lsn()::text")
             lag_bytes = max(0, lsn_to_int(cur.fetchone()[0]) - handover_lsn)
-        report = SnapshotReport(capture.slot_name, int_to_lsn(handover_lsn), [w.progress for w in work.values()],
-                                time.monotonic() - started, resumed, False, lag_bytes, time.time() - handover_started)
+        report = SnapshotReport(
+            capture.slot_name,
+            int_to_lsn(handover_lsn),
+            [w.progress for w in work.values()],
+            time.monotonic() - started,
+            resumed,
+            False,
+            lag_bytes,
+            time.time() - handover_started,
+        )
         return report
     finally:
         conn.close()

@@ -8,6 +8,7 @@ transaction committed before it, the slot streams every transaction committed af
 chunks are read under that snapshot while the connection stays open; Debezium later streams the
 slot from the consistent point (`lakestream.capture.handover`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -54,8 +55,9 @@ class SlotState:
 
 def slot_state(conn: Any, slot_name: str) -> SlotState:
     with conn.cursor() as cur:
-        cur.execute("SELECT confirmed_flush_lsn::text, active FROM pg_replication_slots WHERE slot_name = %s",
-                    (slot_name,))
+        cur.execute(
+            "SELECT confirmed_flush_lsn::text, active FROM pg_replication_slots WHERE slot_name = %s", (slot_name,)
+        )
         row = cur.fetchone()
     if row is None:
         return SlotState(False)
@@ -69,8 +71,10 @@ class ExportedSlot:
     def __init__(self, dsn: str, slot_name: str):
         self._conn = psycopg2.connect(dsn, connection_factory=psycopg2.extras.LogicalReplicationConnection)
         cur = self._conn.cursor()
-        cur.execute(f"CREATE_REPLICATION_SLOT {pgsql.Identifier(slot_name).as_string(self._conn)} "
-                    "LOGICAL pgoutput EXPORT_SNAPSHOT")
+        cur.execute(
+            f"CREATE_REPLICATION_SLOT {pgsql.Identifier(slot_name).as_string(self._conn)} "
+            "LOGICAL pgoutput EXPORT_SNAPSHOT"
+        )
         name, consistent_point, snapshot_name, _plugin = cur.fetchone()
         self.slot_name = name
         self.lsn = lsn_to_int(consistent_point)
@@ -118,8 +122,17 @@ def write_handover(state_dir: str | Path, capture: CaptureSettings, lsn: int, ta
     path = handover_path(state_dir, capture)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(orjson.dumps({"slot": capture.slot_name, "lsn": lsn, "lsn_text": int_to_lsn(lsn),
-                                  "tables": sorted(tables), "finished_at": time.time()}))
+    tmp.write_bytes(
+        orjson.dumps(
+            {
+                "slot": capture.slot_name,
+                "lsn": lsn,
+                "lsn_text": int_to_lsn(lsn),
+                "tables": sorted(tables),
+                "finished_at": time.time(),
+            }
+        )
+    )
     os.replace(tmp, path)
     return path
 

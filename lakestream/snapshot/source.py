@@ -10,6 +10,7 @@ The types must match what `lakestream.decode.types` makes of Debezium's schemas 
 default ``time.precision.mode``, ``decimal.handling.mode=precise``, ``interval.handling.mode=numeric``):
 the table the snapshot creates is the table the streamed changes then land in.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -62,8 +63,20 @@ class SourceTable:
 
 
 _INTS = {"smallint": ("int", pa.int32()), "integer": ("int", pa.int32()), "bigint": ("bigint", pa.int64())}
-_TEXT = {"text", "character varying", "character", "json", "jsonb", "uuid", "xml", "inet", "cidr", "macaddr",
-         "citext", "ltree"}
+_TEXT = {
+    "text",
+    "character varying",
+    "character",
+    "json",
+    "jsonb",
+    "uuid",
+    "xml",
+    "inet",
+    "cidr",
+    "macaddr",
+    "citext",
+    "ltree",
+}
 
 
 def _column(name: str, data_type: str, udt_type: str, precision: int | None, scale: int | None) -> SourceColumn:
@@ -91,8 +104,9 @@ def _column(name: str, data_type: str, udt_type: str, precision: int | None, sca
         return SourceColumn(name, data_type, "timestamp", c, pa.timestamp("us", tz="UTC"))
     if data_type == "time without time zone":
         # MicroTime → "HH:MM:SS.ffffff", as lakestream.decode.types renders it.
-        return SourceColumn(name, data_type, "string", f"to_char('2000-01-01'::date + {c}, 'HH24:MI:SS.US')",
-                            pa.string())
+        return SourceColumn(
+            name, data_type, "string", f"to_char('2000-01-01'::date + {c}, 'HH24:MI:SS.US')", pa.string()
+        )
     if data_type == "interval":
         # MicroDuration counts a month as 30.4375 days, as extract(epoch) does.
         return SourceColumn(name, data_type, "bigint", f"(extract(epoch from {c}) * 1000000)::int8", pa.int64())
@@ -102,7 +116,8 @@ def _column(name: str, data_type: str, udt_type: str, precision: int | None, sca
         return SourceColumn(name, data_type, "string", f"{c}::text", pa.string())
     raise UnsupportedColumn(
         f"column {name!r} has type {data_type} ({udt_type}), which the parallel snapshot does not read yet — fix: "
-        f"snapshot this table with Debezium (capture.snapshot: debezium), or leave it out of `lakestream snapshot`")
+        f"snapshot this table with Debezium (capture.snapshot: debezium), or leave it out of `lakestream snapshot`"
+    )
 
 
 def describe_table(conn: Any, schema: str, table: str) -> SourceTable:
@@ -117,7 +132,8 @@ def describe_table(conn: Any, schema: str, table: str) -> SourceTable:
                JOIN pg_type t ON t.typname = c.udt_name
                JOIN pg_namespace tn ON tn.oid = t.typnamespace AND tn.nspname = c.udt_schema
                WHERE c.table_schema = %s AND c.table_name = %s ORDER BY c.ordinal_position""",
-            (schema, table))
+            (schema, table),
+        )
         rows = cur.fetchall()
         if not rows:
             raise LakestreamError(f"source table {schema}.{table} does not exist (or has no columns)")
@@ -129,11 +145,15 @@ def describe_table(conn: Any, schema: str, table: str) -> SourceTable:
                  AND i.indexrelid = coalesce(
                      (SELECT p.indexrelid FROM pg_index p WHERE p.indrelid = c.oid AND p.indisprimary),
                      (SELECT r.indexrelid FROM pg_index r WHERE r.indrelid = c.oid AND r.indisreplident))
-               ORDER BY array_position(i.indkey::int2[], a.attnum)""", (schema, table))
+               ORDER BY array_position(i.indkey::int2[], a.attnum)""",
+            (schema, table),
+        )
         key = [r[0] for r in cur.fetchall()]
-        cur.execute("SELECT greatest(reltuples, 0)::int8, relkind = 'p' FROM pg_class c "
-                    "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
-                    (schema, table))
+        cur.execute(
+            "SELECT greatest(reltuples, 0)::int8, relkind = 'p' FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+            (schema, table),
+        )
         estimated, partitioned = cur.fetchone()
     columns = [_column(*r) for r in rows]
     by_name = {col.name: col for col in columns}
@@ -176,8 +196,13 @@ class ChunkPlan:
 
     @classmethod
     def from_json(cls, table: str, items: list[dict[str, Any]]) -> ChunkPlan:
-        return cls(table, [Chunk(table, int(i["id"]), i["lower"], i["upper"],
-                                 tuple(i["relation"]) if i.get("relation") else None) for i in items])
+        return cls(
+            table,
+            [
+                Chunk(table, int(i["id"]), i["lower"], i["upper"], tuple(i["relation"]) if i.get("relation") else None)
+                for i in items
+            ],
+        )
 
 
 @dataclass(frozen=True)
@@ -212,10 +237,14 @@ def _relations(conn: Any, source: SourceTable) -> list[_Relation]:
                       CASE WHEN c.relpages > 0 AND c.reltuples > 0 THEN c.reltuples / c.relpages ELSE 0 END,
                       c.relkind = 'r'
                FROM leaves JOIN pg_class c ON c.oid = leaves.relid JOIN pg_namespace n ON n.oid = c.relnamespace
-               ORDER BY n.nspname, c.relname""", (source.schema, source.table))
+               ORDER BY n.nspname, c.relname""",
+            (source.schema, source.table),
+        )
         rows = cur.fetchall()
-    return [_Relation(schema, table, int(est), int(blocks), float(rpb), source.partitioned, bool(heap))
-            for schema, table, est, blocks, rpb, heap in rows]
+    return [
+        _Relation(schema, table, int(est), int(blocks), float(rpb), source.partitioned, bool(heap))
+        for schema, table, est, blocks, rpb, heap in rows
+    ]
 
 
 def plan_chunks(conn: Any, source: SourceTable, chunk_rows: int) -> ChunkPlan:
@@ -252,8 +281,11 @@ def _plan_relation(conn: Any, source: SourceTable, rel: _Relation, chunk_rows: i
     keys = pgsql.SQL(", ").join(pgsql.Identifier(k) for k in source.key)
     with conn.cursor() as cur:
         if source.integer_key:
-            cur.execute(pgsql.SQL("SELECT min({k}), max({k}), count(*) FROM {t}").format(
-                k=pgsql.Identifier(source.key[0]), t=rel.ident()))
+            cur.execute(
+                pgsql.SQL("SELECT min({k}), max({k}), count(*) FROM {t}").format(
+                    k=pgsql.Identifier(source.key[0]), t=rel.ident()
+                )
+            )
             low, high, count = cur.fetchone()
             if not count:
                 return []
@@ -267,8 +299,10 @@ def _plan_relation(conn: Any, source: SourceTable, rel: _Relation, chunk_rows: i
         if pieces == 1:
             return []
         percent = min(100.0, max(0.01, 100.0 * pieces * 50 / estimated))
-        cur.execute(pgsql.SQL("SELECT {k} FROM {t} TABLESAMPLE BERNOULLI (%s) ORDER BY {k}").format(
-            k=keys, t=rel.ident()), (percent,))
+        cur.execute(
+            pgsql.SQL("SELECT {k} FROM {t} TABLESAMPLE BERNOULLI (%s) ORDER BY {k}").format(k=keys, t=rel.ident()),
+            (percent,),
+        )
         sample = cur.fetchall()
     values = [list(sample[len(sample) * i // pieces]) for i in range(1, pieces)] if sample else []
     return [v for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
@@ -278,7 +312,8 @@ def chunk_query(source: SourceTable, chunk: Chunk) -> pgsql.Composable:
     """``COPY (SELECT <rendered columns> FROM t WHERE lower <= key < upper) TO STDOUT (FORMAT csv)``; for a
     table without a key the range is one of blocks (``ctid``); ``t`` is the chunk's leaf partition if it has one."""
     select = pgsql.SQL(", ").join(
-        pgsql.SQL(col.expression.replace("{c}", "{}")).format(pgsql.Identifier(col.name)) for col in source.columns)
+        pgsql.SQL(col.expression.replace("{c}", "{}")).format(pgsql.Identifier(col.name)) for col in source.columns
+    )
     if source.keyless:
         keys: pgsql.Composable = pgsql.SQL("ctid")
 
@@ -289,6 +324,7 @@ def chunk_query(source: SourceTable, chunk: Chunk) -> pgsql.Composable:
 
         def bound(values: list[Any]) -> pgsql.Composable:
             return pgsql.SQL(", ").join(map(pgsql.Literal, values))
+
     conditions = []
     if chunk.lower is not None:
         conditions.append(pgsql.SQL("({}) >= ({})").format(keys, bound(chunk.lower)))

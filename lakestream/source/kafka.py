@@ -4,6 +4,7 @@ The consumer group's committed offsets are only a lower bound for where to start
 truth is in the tables' snapshot summaries (see `lakestream.sink.commit.offsets`). They are committed after
 every table of a batch has committed, so restarting from them never skips a change.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,8 +44,9 @@ class KafkaCluster:
         self.timeout_s = timeout_s
         # Group commits are asynchronous (see commit): their outcomes arrive in _on_commit, served by poll().
         self._unacknowledged = 0
-        self._consumer = Consumer(refusals_raised(settings.consumer_config(**{"auto.offset.reset": "earliest"},
-                                                                           on_commit=self._on_commit)))
+        self._consumer = Consumer(
+            refusals_raised(settings.consumer_config(**{"auto.offset.reset": "earliest"}, on_commit=self._on_commit))
+        )
         self._admin: AdminClient | None = None
         self._batched_offsets_ok = True
         try:
@@ -88,7 +90,8 @@ class KafkaCluster:
         for tp in tps:
             try:
                 result[tp] = self._consumer.get_watermark_offsets(
-                    TopicPartition(tp.topic, tp.partition), timeout=self.timeout_s, cached=False)
+                    TopicPartition(tp.topic, tp.partition), timeout=self.timeout_s, cached=False
+                )
             except KafkaException as exc:
                 raise OffsetError(f"cannot read watermarks of {tp}: {exc}") from None
         return result
@@ -100,8 +103,11 @@ class KafkaCluster:
         if self._admin is None:
             from confluent_kafka.admin import AdminClient
 
-            conf = {k: v for k, v in self.settings.consumer_config().items()
-                    if k not in ("group.id", "enable.auto.commit", "auto.offset.reset", "session.timeout.ms")}
+            conf = {
+                k: v
+                for k, v in self.settings.consumer_config().items()
+                if k not in ("group.id", "enable.auto.commit", "auto.offset.reset", "session.timeout.ms")
+            }
             self._admin = AdminClient(refusals_raised(conf))
         parts = [TopicPartition(tp.topic, tp.partition) for tp in tps]
         ends = {}
@@ -116,7 +122,9 @@ class KafkaCluster:
             return {}
         self._settle()  # this client's own commits first
         try:
-            parts = self._consumer.committed([TopicPartition(t.topic, t.partition) for t in tps], timeout=self.timeout_s)
+            parts = self._consumer.committed(
+                [TopicPartition(t.topic, t.partition) for t in tps], timeout=self.timeout_s
+            )
         except KafkaException as exc:
             log.warning("cannot read committed offsets of group %s: %s", self.settings.group_id, exc)
             return {}
@@ -148,8 +156,12 @@ class KafkaCluster:
         while self._unacknowledged > 0 and time.monotonic() < deadline:
             self._consumer.poll(0.01)
         if self._unacknowledged > 0:
-            log.warning("%d group offset commit(s) not acknowledged within %.0fs (broker away?); the next commit "
-                        "carries their offsets", self._unacknowledged, self.timeout_s)
+            log.warning(
+                "%d group offset commit(s) not acknowledged within %.0fs (broker away?); the next commit "
+                "carries their offsets",
+                self._unacknowledged,
+                self.timeout_s,
+            )
             self._unacknowledged = 0
 
     def _on_commit(self, err: KafkaError | None, _partitions: list[TopicPartition]) -> None:
@@ -173,8 +185,12 @@ def consumer_lag(high_watermarks: dict[TP, int], positions: dict[TP, int]) -> in
 
 def kafka_lag(kafka: KafkaSettings, positions: dict[TP, int], timeout_s: float = 2.0) -> int | None:
     """`consumer_lag` of ``positions`` against the broker's watermarks now; None if the broker does not answer."""
-    cluster = KafkaCluster(kafka.model_copy(update={"client": {**kafka.client, "socket.timeout.ms": int(timeout_s * 1000),
-                                                                "log_level": 3}}), timeout_s=timeout_s)
+    cluster = KafkaCluster(
+        kafka.model_copy(
+            update={"client": {**kafka.client, "socket.timeout.ms": int(timeout_s * 1000), "log_level": 3}}
+        ),
+        timeout_s=timeout_s,
+    )
     try:
         watermarks = cluster.watermarks(sorted(positions))
     except OffsetError as exc:

@@ -6,6 +6,7 @@ Kafka lists a read_committed client the last stable offset as the end, so the en
 open last range also takes what arrived since planning (for at most ``OPEN_RANGE_MAX_S`` past the planned
 end, ``reader.py``), and a range never waits for records that are not readable yet.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """Executor-side reading of one planned offset range with confluent-kafka."""
+
 from __future__ import annotations
 
 import bisect
@@ -50,32 +51,58 @@ class RecordRun:
         return len(self.offsets)
 
     def record(self, i: int) -> RawRecord:
-        return RawRecord(self.topic, self.partition, self.offsets[i], self.timestamps[i], self.keys[i],
-                         self.values[i], self.headers[i] if self.headers is not None else None)
+        return RawRecord(
+            self.topic,
+            self.partition,
+            self.offsets[i],
+            self.timestamps[i],
+            self.keys[i],
+            self.values[i],
+            self.headers[i] if self.headers is not None else None,
+        )
 
     def records(self) -> list[RawRecord]:
         return [self.record(i) for i in range(len(self.offsets))]
 
     def tail(self, start: int) -> RecordRun:
         """The run from row ``start`` on."""
-        return RecordRun(self.topic, self.partition, self.offsets[start:], self.timestamps[start:], self.keys[start:],
-                         self.values[start:], None if self.headers is None else self.headers[start:])
+        return RecordRun(
+            self.topic,
+            self.partition,
+            self.offsets[start:],
+            self.timestamps[start:],
+            self.keys[start:],
+            self.values[start:],
+            None if self.headers is None else self.headers[start:],
+        )
 
     def select(self, rows: list[int]) -> RecordRun:
         """The run of these rows only (in the given order)."""
         headers = self.headers
-        return RecordRun(self.topic, self.partition, [self.offsets[i] for i in rows],
-                         [self.timestamps[i] for i in rows], [self.keys[i] for i in rows],
-                         [self.values[i] for i in rows], None if headers is None else [headers[i] for i in rows])
+        return RecordRun(
+            self.topic,
+            self.partition,
+            [self.offsets[i] for i in rows],
+            [self.timestamps[i] for i in rows],
+            [self.keys[i] for i in rows],
+            [self.values[i] for i in rows],
+            None if headers is None else [headers[i] for i in rows],
+        )
 
     @classmethod
     def of(cls, records: list[RawRecord]) -> RecordRun:
         """The run of ``records`` (one partition)."""
         first = records[0]
         headers = [r.headers for r in records]
-        return cls(first.topic, first.partition, [r.offset for r in records], [r.timestamp_ms for r in records],
-                   [r.key for r in records], [r.value for r in records],
-                   headers if any(h is not None for h in headers) else None)
+        return cls(
+            first.topic,
+            first.partition,
+            [r.offset for r in records],
+            [r.timestamp_ms for r in records],
+            [r.key for r in records],
+            [r.value for r in records],
+            headers if any(h is not None for h in headers) else None,
+        )
 
 
 def read_offset_range(
@@ -128,15 +155,21 @@ def read_runs(
     # end-of-partition (where an open range stops) is known only then: at librdkafka's 500 ms default that
     # was most of a small batch's read (bench/scale.py: tasks 0.69 s against 0.25 s). A range reader does
     # not idle, so it asks for an answer within 20 ms.
-    for key, value in (("fetch.max.bytes", 64 * 1024 * 1024), ("max.partition.fetch.bytes", 16 * 1024 * 1024),
-                       ("queued.max.messages.kbytes", 256 * 1024), ("fetch.wait.max.ms", 20)):
+    for key, value in (
+        ("fetch.max.bytes", 64 * 1024 * 1024),
+        ("max.partition.fetch.bytes", 16 * 1024 * 1024),
+        ("queued.max.messages.kbytes", 256 * 1024),
+        ("fetch.wait.max.ms", 20),
+    ):
         conf.setdefault(key, value)
-    conf.update({
-        "enable.partition.eof": True,
-        "enable.auto.commit": False,
-        "auto.offset.reset": "error",  # a start below the log start is a loss we must not hide
-        "enable.auto.offset.store": False,
-    })
+    conf.update(
+        {
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "error",  # a start below the log start is a loss we must not hide
+            "enable.auto.offset.store": False,
+        }
+    )
     pending = [st for st in states.values() if not st.done]
     if pending:
         consumer = Consumer(refusals_raised(conf))
@@ -150,8 +183,11 @@ def read_runs(
                 messages = consumer.consume(num_messages=chunk, timeout=0.05)
                 if not messages:
                     if time.monotonic() - last_progress > stall_timeout_s:
-                        stuck = ", ".join(f"{st.rng.topic}[{st.rng.partition}]@{st.next_offset}"
-                                          for st in states.values() if not st.done)
+                        stuck = ", ".join(
+                            f"{st.rng.topic}[{st.rng.partition}]@{st.next_offset}"
+                            for st in states.values()
+                            if not st.done
+                        )
                         raise ReadStalled(f"no progress reading {stuck} for {stall_timeout_s:.0f}s")
                     continue
                 last_progress = time.monotonic()
@@ -163,8 +199,12 @@ def read_runs(
                         open_count -= 1
                         finished.append(TopicPartition(st.rng.topic, st.rng.partition))
                 for st in states.values():
-                    if (not st.done and st.rng.end is None and st.past_known_at is not None
-                            and last_progress - st.past_known_at > OPEN_RANGE_MAX_S):
+                    if (
+                        not st.done
+                        and st.rng.end is None
+                        and st.past_known_at is not None
+                        and last_progress - st.past_known_at > OPEN_RANGE_MAX_S
+                    ):
                         st.done = st.paused = True
                         open_count -= 1
                         finished.append(TopicPartition(st.rng.topic, st.rng.partition))
@@ -176,8 +216,9 @@ def read_runs(
         yield st.rng, RangeEnd(st.next_offset, st.at_end)
 
 
-def _take(messages: list[Message], states: dict[tuple[str, int], _RangeState], now: float,
-          conf: dict[str, Any]) -> list[RecordRun]:
+def _take(
+    messages: list[Message], states: dict[tuple[str, int], _RangeState], now: float, conf: dict[str, Any]
+) -> list[RecordRun]:
     """The records of a fetched chunk that belong to their ranges, as one run per partition.
 
     Columns are pulled from the messages with C-level ``map`` calls; only errors (end-of-partition
@@ -246,9 +287,15 @@ def _take(messages: list[Message], states: dict[tuple[str, int], _RangeState], n
             offs = offs[:take]
             # A consumer's headers are a list of (name, bytes) pairs, never the dict a producer may take.
             headers = cast("list[list[tuple[str, bytes]] | None]", list(map(Message.headers, picked)))
-            run = RecordRun(tp[0], tp[1], offs, [ts for _, ts in map(Message.timestamp, picked)],
-                            list(map(Message.key, picked)), list(map(Message.value, picked)),
-                            headers if headers.count(None) != take else None)
+            run = RecordRun(
+                tp[0],
+                tp[1],
+                offs,
+                [ts for _, ts in map(Message.timestamp, picked)],
+                list(map(Message.key, picked)),
+                list(map(Message.value, picked)),
+                headers if headers.count(None) != take else None,
+            )
             runs.append(run)
             # The next offset to read is one past the last record consumed.
             st.next_offset = offs[-1] + 1

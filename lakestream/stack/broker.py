@@ -12,6 +12,7 @@ StandardAuthorizer) for the principals of that listener. The PLAINTEXT and contr
 user (``kafka_sasl_user``) may do anything on every topic, group and transactional id; its password is
 generated once and kept in ``<state_dir>/kafka/sasl/<user>.password`` (mode 0600), never logged.
 """
+
 from __future__ import annotations
 
 import base64
@@ -81,19 +82,27 @@ def upsert_scram_user(bootstrap_servers: str, user: str, password: str, timeout:
     """Create SCRAM-SHA-512 credentials for ``user`` (or replace its password), through a super user's
     listener (the stack's PLAINTEXT one)."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    upsertion = UserScramCredentialUpsertion(user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
-                                             password.encode())
+    upsertion = UserScramCredentialUpsertion(
+        user, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192), password.encode()
+    )
     for future in admin.alter_user_scram_credentials([upsertion], request_timeout=timeout).values():
         future.result(timeout=timeout)
 
 
-def allow(bootstrap_servers: str, user: str, resources: list[tuple[ResourceType, str]],
-          operation: AclOperation = AclOperation.ALL, timeout: float = 30.0) -> None:
+def allow(
+    bootstrap_servers: str,
+    user: str,
+    resources: list[tuple[ResourceType, str]],
+    operation: AclOperation = AclOperation.ALL,
+    timeout: float = 30.0,
+) -> None:
     """Grant ``User:<user>`` ``operation`` on each (resource type, literal name; ``"*"`` is every one),
     through a super user's listener. Granting what is granted already changes nothing."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    bindings = [AclBinding(kind, name, ResourcePatternType.LITERAL, f"User:{user}", "*", operation,
-                           AclPermissionType.ALLOW) for kind, name in resources]
+    bindings = [
+        AclBinding(kind, name, ResourcePatternType.LITERAL, f"User:{user}", "*", operation, AclPermissionType.ALLOW)
+        for kind, name in resources
+    ]
     for future in admin.create_acls(bindings, request_timeout=timeout).values():
         future.result(timeout=timeout)
 
@@ -205,7 +214,7 @@ class KafkaBroker(process.PidService):
         cert = tls.ServerCertificate(keystore=self.tls_dir / "server.p12", ca_pem=self.ca_location)
         return {
             "listeners": f"PLAINTEXT://{loopback}:{self.port},CONTROLLER://{loopback}:{self.controller_port},"
-                         f"SASL_SSL://{loopback}:{self.sasl_port}",
+            f"SASL_SSL://{loopback}:{self.sasl_port}",
             "advertised.listeners": f"PLAINTEXT://{loopback}:{self.port},SASL_SSL://{loopback}:{self.sasl_port}",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL",
             "sasl.enabled.mechanisms": "SCRAM-SHA-512",
@@ -241,13 +250,24 @@ class KafkaBroker(process.PidService):
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         result = process.run_logged(
-            [java_binary(), "-Xmx256m", "-cp", self._classpath(), "kafka.tools.StorageTool", "format",
-             f"--cluster-id={cluster_id}", "--config", str(config)],  # an id may start with "-"
+            [
+                java_binary(),
+                "-Xmx256m",
+                "-cp",
+                self._classpath(),
+                "kafka.tools.StorageTool",
+                "format",
+                f"--cluster-id={cluster_id}",
+                "--config",
+                str(config),
+            ],  # an id may start with "-"
             self.log_path,
         )
         if result != 0:
-            raise StackError(f"formatting Kafka's storage in {self.data_dir} failed (exit {result})\n"
-                             f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
+            raise StackError(
+                f"formatting Kafka's storage in {self.data_dir} failed (exit {result})\n"
+                f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
+            )
 
     def _classpath(self) -> str:
         return os.pathsep.join(str(j) for j in jars.jars("kafka"))
@@ -257,10 +277,18 @@ class KafkaBroker(process.PidService):
         self._format_storage(config)
         heap = os.environ.get("LAKESTREAM_KAFKA_HEAP", "512m")
         return [
-            java_binary(), f"-Xmx{heap}", f"-Xms{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
-            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={(self.dir / 'log4j2.properties').as_uri()}",
+            java_binary(),
+            f"-Xmx{heap}",
+            f"-Xms{heap}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={(self.dir / 'log4j2.properties').as_uri()}",
             f"-Dkafka.logs.dir={self.dir / 'logs'}",
-            "-cp", self._classpath(), "kafka.Kafka", str(config),
+            "-cp",
+            self._classpath(),
+            "kafka.Kafka",
+            str(config),
         ]
 
     def start(self) -> None:
@@ -271,8 +299,9 @@ class KafkaBroker(process.PidService):
             log.info("starting Apache Kafka on %s", self.bootstrap_servers)
             pid = process.spawn_detached(argv, self.log_path, cwd=self.dir)
             self.pid_file.write(pid)
-            process.wait_until(lambda: not process.pid_alive(pid) or process.port_accepts(self.port),
-                               self.start_timeout)
+            process.wait_until(
+                lambda: not process.pid_alive(pid) or process.port_accepts(self.port), self.start_timeout
+            )
             if not process.pid_alive(pid) or not process.port_accepts(self.port):
                 alive = process.pid_alive(pid)
                 why = f"did not listen within {self.start_timeout:.0f}s" if alive else "exited during startup"
@@ -310,12 +339,20 @@ class KafkaBroker(process.PidService):
         user = self.settings.kafka_sasl_user
         try:
             upsert_scram_user(self.bootstrap_servers, user, self.sasl_password())
-            allow(self.bootstrap_servers, user, [(ResourceType.TOPIC, "*"), (ResourceType.GROUP, "*"),
-                                                 (ResourceType.TRANSACTIONAL_ID, "*"),
-                                                 (ResourceType.BROKER, "kafka-cluster")])
+            allow(
+                self.bootstrap_servers,
+                user,
+                [
+                    (ResourceType.TOPIC, "*"),
+                    (ResourceType.GROUP, "*"),
+                    (ResourceType.TRANSACTIONAL_ID, "*"),
+                    (ResourceType.BROKER, "kafka-cluster"),
+                ],
+            )
         except KafkaException as exc:
-            raise StackError(f"creating the SCRAM user {user!r} or its ACLs on {self.bootstrap_servers} failed: "
-                             f"{exc}") from None
+            raise StackError(
+                f"creating the SCRAM user {user!r} or its ACLs on {self.bootstrap_servers} failed: {exc}"
+            ) from None
         # The credential reaches the SASL_SSL listener once the broker applied the metadata record.
         if not process.wait_until(self.sasl_healthy, 30.0, 0.2):
             raise StackError(
@@ -325,10 +362,17 @@ class KafkaBroker(process.PidService):
 
     def sasl_healthy(self) -> bool:
         """True if the stack's SCRAM user gets metadata over SASL_SSL."""
-        admin = AdminClient({"bootstrap.servers": self.sasl_bootstrap_servers, "log_level": 0,
-                             "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-                             "sasl.username": self.settings.kafka_sasl_user, "sasl.password": self.sasl_password(),
-                             "ssl.ca.location": str(self.ca_location)})
+        admin = AdminClient(
+            {
+                "bootstrap.servers": self.sasl_bootstrap_servers,
+                "log_level": 0,
+                "security.protocol": "SASL_SSL",
+                "sasl.mechanism": "SCRAM-SHA-512",
+                "sasl.username": self.settings.kafka_sasl_user,
+                "sasl.password": self.sasl_password(),
+                "ssl.ca.location": str(self.ca_location),
+            }
+        )
         try:
             admin.list_topics(timeout=3.0)
             return True
@@ -338,8 +382,7 @@ class KafkaBroker(process.PidService):
     def check_port_free(self) -> None:
         """Raise StackError naming the port and the setting if another process holds a port of the broker."""
         process.require_free_port(self.port, "Kafka", "--kafka-port / StackSettings.kafka_port")
-        process.require_free_port(self.controller_port, "Kafka's controller",
-                                  "StackSettings.kafka_controller_port")
+        process.require_free_port(self.controller_port, "Kafka's controller", "StackSettings.kafka_controller_port")
         if self.sasl_port:
             process.require_free_port(self.sasl_port, "Kafka's SASL_SSL listener", "StackSettings.kafka_sasl_port")
 
@@ -352,8 +395,9 @@ class KafkaBroker(process.PidService):
         is up only when a pipeline's first offset lookup would succeed, as on a running cluster."""
         from confluent_kafka import Consumer, TopicPartition
 
-        consumer = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": "lakestream-stack-probe",
-                             "log_level": 0})
+        consumer = Consumer(
+            {"bootstrap.servers": self.bootstrap_servers, "group.id": "lakestream-stack-probe", "log_level": 0}
+        )
         try:
             consumer.committed([TopicPartition("lakestream-stack-probe", 0)], timeout=2)
             return True
@@ -365,7 +409,6 @@ class KafkaBroker(process.PidService):
     @property
     def detail(self) -> str:
         return f"Apache Kafka (KRaft), data in {self.data_dir}"
-
 
 
 def make_broker(settings: StackSettings) -> KafkaBroker:

@@ -12,6 +12,7 @@ after them. The worker's jars come from ``org.apache.kafka:connect-runtime`` (gr
 Secrets stay out of connector configurations: the worker has Kafka's ``FileConfigProvider`` as ``file``, so a
 configuration says ``${file:<path>:database.password}`` and the worker reads the value from that file.
 """
+
 from __future__ import annotations
 
 import json
@@ -155,9 +156,15 @@ class ConnectWorker(process.PidService):
         heap = os.environ.get("LAKESTREAM_CONNECT_HEAP", "512m")
         classpath = os.pathsep.join(str(j) for j in jars.jars("connect"))
         return [
-            java_binary(), f"-Xmx{heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            java_binary(),
+            f"-Xmx{heap}",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={(self.dir / 'log4j2.properties').as_uri()}",
-            "-cp", classpath, "org.apache.kafka.connect.cli.ConnectDistributed", str(config),
+            "-cp",
+            classpath,
+            "org.apache.kafka.connect.cli.ConnectDistributed",
+            str(config),
         ]
 
     def check_port_free(self) -> None:
@@ -181,8 +188,9 @@ class ConnectWorker(process.PidService):
             if alive:
                 process.stop_pid(pid, timeout=5)
             self.pid_file.remove()
-            raise StackError(f"Kafka Connect on {self.url} {why}\n"
-                             f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
+            raise StackError(
+                f"Kafka Connect on {self.url} {why}\n--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
+            )
 
     def healthy(self) -> bool:
         """True once ``GET /health`` answers 200: the worker joined its group and can take requests."""
@@ -202,8 +210,12 @@ class ConnectWorker(process.PidService):
         """One REST call; its JSON answer (None when empty). ConnectError with the worker's message when it
         refuses."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+        req = urllib.request.Request(
+            f"{self.url}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as response:
                 text = response.read().decode()

@@ -5,6 +5,7 @@ Debezium's MariaDB connector: the binary log on, ``binlog_format=ROW``, ``binlog
 ``server_id``, GTIDs in strict mode, utf8mb4 and the server's time zone UTC; it listens on 127.0.0.1 only.
 The Iceberg catalog stays in the stack's PostgreSQL.
 """
+
 from __future__ import annotations
 
 import logging
@@ -84,17 +85,21 @@ class MariaDBServer(process.PidService):
     def start(self, timeout: float = 60.0) -> None:
         """Initialise the data directory if needed, start the server, create the user and database."""
         if not _mariadb_available():
-            raise StackError(f"MariaDB is not installed ({MARIADB_SBIN / 'mariadbd'} missing) — fix: run "
-                             "./scripts/bootstrap.sh (it installs Debian's mariadb-server) or apt-get install "
-                             "mariadb-server")
+            raise StackError(
+                f"MariaDB is not installed ({MARIADB_SBIN / 'mariadbd'} missing) — fix: run "
+                "./scripts/bootstrap.sh (it installs Debian's mariadb-server) or apt-get install "
+                "mariadb-server"
+            )
         if self.pid() is None:
             self.check_port_free()
             self._init_data_dir()
             self._spawn(timeout)
         self._ensure_user_and_database()
         if not self.healthy():
-            raise StackError(f"MariaDB runs but `SELECT 1` as {self.settings.pg_user!r} over 127.0.0.1:{self.port} "
-                             f"fails\n--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
+            raise StackError(
+                f"MariaDB runs but `SELECT 1` as {self.settings.pg_user!r} over 127.0.0.1:{self.port} "
+                f"fails\n--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
+            )
 
     def stop(self, timeout: float | None = None) -> None:
         """A clean shutdown (SIGTERM: InnoDB flushes, the binlog is closed); SIGKILL after ``timeout``."""
@@ -107,9 +112,16 @@ class MariaDBServer(process.PidService):
         """An autocommit PyMySQL connection over TCP as the stack's user (default: the source database)."""
         import pymysql
 
-        return pymysql.connect(host=process.LOOPBACK, port=self.port, user=self.settings.pg_user,
-                               password=self.settings.pg_password, database=database or self.settings.source_db,
-                               connect_timeout=5, autocommit=True, charset="utf8mb4")
+        return pymysql.connect(
+            host=process.LOOPBACK,
+            port=self.port,
+            user=self.settings.pg_user,
+            password=self.settings.pg_password,
+            database=database or self.settings.source_db,
+            connect_timeout=5,
+            autocommit=True,
+            charset="utf8mb4",
+        )
 
     def healthy(self) -> bool:
         """`SELECT 1` over TCP with the stack's user and password."""
@@ -130,8 +142,15 @@ class MariaDBServer(process.PidService):
 
     def status(self) -> ServiceStatus:
         pid = self.pid()
-        return ServiceStatus(name=self.name, running=pid is not None, pid=pid, port=self.port,
-                             healthy=pid is not None and self.healthy(), persistent=True, detail=self.detail)
+        return ServiceStatus(
+            name=self.name,
+            running=pid is not None,
+            pid=pid,
+            port=self.port,
+            healthy=pid is not None and self.healthy(),
+            persistent=True,
+            detail=self.detail,
+        )
 
     # -- internals -------------------------------------------------------------------------
 
@@ -143,13 +162,16 @@ class MariaDBServer(process.PidService):
 
     def _init_data_dir(self) -> None:
         if len(str(self.socket_path)) > _MAX_SOCKET_PATH:
-            raise StackError(f"state_dir {self.settings.state_dir} is too long for a Unix socket path; use a "
-                             "shorter --state-dir")
+            raise StackError(
+                f"state_dir {self.settings.state_dir} is too long for a Unix socket path; use a shorter --state-dir"
+            )
         if self.os_user is not None:
             blocked = process.unreachable_for_user(self.settings.state_dir, self.os_user)
             if blocked is not None:
-                raise StackError(f"OS user {self.os_user!r} (MariaDB does not run as root) cannot enter {blocked}; "
-                                 f"`chmod o+x {blocked}` or choose a --state-dir it can reach")
+                raise StackError(
+                    f"OS user {self.os_user!r} (MariaDB does not run as root) cannot enter {blocked}; "
+                    f"`chmod o+x {blocked}` or choose a --state-dir it can reach"
+                )
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         self._own(self.root, 0o755)
         self._own(self.run_dir, 0o755)
@@ -157,18 +179,31 @@ class MariaDBServer(process.PidService):
             return
         self._own(self.data_dir)
         log.info("mariadb-install-db %s", self.data_dir)
-        argv = [str(MARIADB_BIN / "mariadb-install-db"), "--no-defaults", f"--datadir={self.data_dir}",
-                "--auth-root-authentication-method=socket", "--skip-test-db"]
+        argv = [
+            str(MARIADB_BIN / "mariadb-install-db"),
+            "--no-defaults",
+            f"--datadir={self.data_dir}",
+            "--auth-root-authentication-method=socket",
+            "--skip-test-db",
+        ]
         if self.os_user is not None:
             argv.append(f"--user={self.os_user}")
         result = subprocess.run(argv, cwd=self.root, capture_output=True, text=True, check=False)
         if result.returncode != 0:
-            raise StackError(f"mariadb-install-db failed for {self.data_dir}:\n{(result.stdout + result.stderr)[-3000:]}")
+            raise StackError(
+                f"mariadb-install-db failed for {self.data_dir}:\n{(result.stdout + result.stderr)[-3000:]}"
+            )
 
     def _spawn(self, timeout: float) -> None:
-        argv = [str(MARIADB_SBIN / "mariadbd"), "--no-defaults", f"--datadir={self.data_dir}",
-                f"--port={self.port}", f"--socket={self.socket_path}", f"--pid-file={self.run_dir / 'mariadbd.pid'}",
-                f"--server-id={self.settings.mariadb_server_id}"]
+        argv = [
+            str(MARIADB_SBIN / "mariadbd"),
+            "--no-defaults",
+            f"--datadir={self.data_dir}",
+            f"--port={self.port}",
+            f"--socket={self.socket_path}",
+            f"--pid-file={self.run_dir / 'mariadbd.pid'}",
+            f"--server-id={self.settings.mariadb_server_id}",
+        ]
         argv += [f"--{key}={value}" for key, value in SERVER_SETTINGS.items()]
         if self.os_user is not None:
             argv.append(f"--user={self.os_user}")
@@ -177,16 +212,35 @@ class MariaDBServer(process.PidService):
         self.pid_file.write(pid)
         process.wait_until(lambda: not process.pid_alive(pid) or self._socket_ready(), timeout, 0.2)
         if not self._socket_ready():
-            why = "exited during startup" if not process.pid_alive(pid) else f"did not accept connections within {timeout:.0f}s"
+            why = (
+                "exited during startup"
+                if not process.pid_alive(pid)
+                else f"did not accept connections within {timeout:.0f}s"
+            )
             self.stop(timeout=5)
-            raise StackError(f"MariaDB on 127.0.0.1:{self.port} {why}\n--- {self.log_path} ---\n"
-                             f"{process.log_tail(self.log_path)}")
+            raise StackError(
+                f"MariaDB on 127.0.0.1:{self.port} {why}\n--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
+            )
 
     def run_as_root(self, statements: str) -> str:
         """Run SQL as MariaDB's root over the Unix socket (socket authentication: only this OS user gets in)."""
-        result = subprocess.run([str(MARIADB_BIN / "mariadb"), "--no-defaults", f"--socket={self.socket_path}",
-                                 "-u", "root", "--batch", "--skip-column-names", "-e", statements],
-                                capture_output=True, text=True, check=False, timeout=30)
+        result = subprocess.run(
+            [
+                str(MARIADB_BIN / "mariadb"),
+                "--no-defaults",
+                f"--socket={self.socket_path}",
+                "-u",
+                "root",
+                "--batch",
+                "--skip-column-names",
+                "-e",
+                statements,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
         if result.returncode != 0:
             raise StackError(f"MariaDB refused a statement as root: {result.stderr.strip()[-1000:]}")
         return result.stdout
@@ -207,4 +261,5 @@ class MariaDBServer(process.PidService):
             f"CREATE USER IF NOT EXISTS '{s.pg_user}'@'%' IDENTIFIED BY '{password}';"
             f"ALTER USER '{s.pg_user}'@'%' IDENTIFIED BY '{password}';"
             f"GRANT ALL PRIVILEGES ON *.* TO '{s.pg_user}'@'%' WITH GRANT OPTION;"
-            f"CREATE DATABASE IF NOT EXISTS `{s.source_db}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci;")
+            f"CREATE DATABASE IF NOT EXISTS `{s.source_db}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci;"
+        )

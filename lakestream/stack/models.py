@@ -1,4 +1,5 @@
 """The typed facts of the local stack: what to start (settings), how to connect (info), what runs (status)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -68,11 +69,14 @@ class StackSettings:
             if not isinstance(port, int) or not 1 <= port <= 65535:
                 raise ConfigError(f"{name}={port!r} is not a TCP port (1-65535)")
         if not isinstance(self.kafka_controller_port, int) or not 0 <= self.kafka_controller_port <= 65535:
-            raise ConfigError(f"kafka_controller_port={self.kafka_controller_port!r} is not a TCP port "
-                              "(1-65535, or 0 to choose a free one)")
+            raise ConfigError(
+                f"kafka_controller_port={self.kafka_controller_port!r} is not a TCP port "
+                "(1-65535, or 0 to choose a free one)"
+            )
         if not isinstance(self.kafka_sasl_port, int) or not 0 <= self.kafka_sasl_port <= 65535:
-            raise ConfigError(f"kafka_sasl_port={self.kafka_sasl_port!r} is not a TCP port "
-                              "(1-65535, or 0 for no SASL_SSL listener)")
+            raise ConfigError(
+                f"kafka_sasl_port={self.kafka_sasl_port!r} is not a TCP port (1-65535, or 0 for no SASL_SSL listener)"
+            )
         if self.pg_port == self.kafka_port:
             raise ConfigError(f"pg_port and kafka_port are both {self.pg_port}; give them different ports")
         used = {"pg_port": self.pg_port, "kafka_port": self.kafka_port}
@@ -95,8 +99,10 @@ class StackSettings:
         if self.catalog not in ("jdbc", "rest"):
             raise ConfigError(f"catalog={self.catalog!r} is unknown; use 'jdbc' or 'rest'")
         if self.rest_server not in ("iceberg", "lakestream"):
-            raise ConfigError(f"rest_server={self.rest_server!r} is unknown; use 'iceberg' (Apache Iceberg's "
-                              "RESTCatalogServer) or 'lakestream' (the server written here)")
+            raise ConfigError(
+                f"rest_server={self.rest_server!r} is unknown; use 'iceberg' (Apache Iceberg's "
+                "RESTCatalogServer) or 'lakestream' (the server written here)"
+            )
         if self.source not in ("postgresql", "mariadb"):
             raise ConfigError(f"source={self.source!r} is unknown; use 'postgresql' or 'mariadb'")
         if not isinstance(self.mariadb_server_id, int) or not 1 <= self.mariadb_server_id <= 2**32 - 1:
@@ -148,9 +154,13 @@ class StackInfo:
         ``"${KAFKA_PASSWORD}"`` (expanded when the config loads) so that it is never written in a file."""
         if self.kafka_sasl_bootstrap_servers is None:
             raise ConfigError("this stack has no SASL_SSL listener — fix: start it with StackSettings.kafka_sasl_port")
-        return {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-                "sasl.username": self.kafka_sasl_user or "", "sasl.password": password,
-                "ssl.ca.location": self.kafka_ca_location or ""}
+        return {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": self.kafka_sasl_user or "",
+            "sasl.password": password,
+            "ssl.ca.location": self.kafka_ca_location or "",
+        }
 
     def kafka_sasl_password(self) -> str:
         """The SCRAM user's password, read from `kafka_sasl_password_file`."""
@@ -162,16 +172,27 @@ class StackInfo:
         """The ``catalog`` section of a pipeline config for this stack (holds the PostgreSQL password)."""
         if self.catalog_type == "rest":
             return {"name": name, "type": "rest", "uri": self.rest_uri, "warehouse": self.warehouse}
-        return {"name": name, "type": "jdbc", "uri": self.catalog_jdbc_uri(), "user": self.pg_user,
-                "password": self.pg_password, "warehouse": self.warehouse}
+        return {
+            "name": name,
+            "type": "jdbc",
+            "uri": self.catalog_jdbc_uri(),
+            "user": self.pg_user,
+            "password": self.pg_password,
+            "warehouse": self.warehouse,
+        }
 
     def storage_config(self) -> dict | None:
         """The ``storage`` section for this stack's object store (credentials named by environment
         variable: export `storage_env()`), or None for a local warehouse."""
         if self.s3_endpoint is None:
             return None
-        return {"endpoint": self.s3_endpoint, "region": self.s3_region, "path_style": True,
-                "access_key_id_env": ACCESS_KEY_ENV, "secret_access_key_env": SECRET_KEY_ENV}
+        return {
+            "endpoint": self.s3_endpoint,
+            "region": self.s3_region,
+            "path_style": True,
+            "access_key_id_env": ACCESS_KEY_ENV,
+            "secret_access_key_env": SECRET_KEY_ENV,
+        }
 
     def storage_env(self) -> dict[str, str]:
         """The environment variables `storage_config()` names, with the object store's credentials."""
@@ -194,10 +215,21 @@ class StackInfo:
         """The ``capture.database`` section for this stack's source database (holds the password): MariaDB's
         when the stack runs one, else PostgreSQL's."""
         if self.mariadb_port is not None:
-            return {"kind": "mariadb", "host": self.pg_host, "port": self.mariadb_port,
-                    "dbname": dbname or self.source_db, "user": self.pg_user, "password": self.pg_password}
-        return {"host": self.pg_host, "port": self.pg_port, "dbname": dbname or self.source_db,
-                "user": self.pg_user, "password": self.pg_password}
+            return {
+                "kind": "mariadb",
+                "host": self.pg_host,
+                "port": self.mariadb_port,
+                "dbname": dbname or self.source_db,
+                "user": self.pg_user,
+                "password": self.pg_password,
+            }
+        return {
+            "host": self.pg_host,
+            "port": self.pg_port,
+            "dbname": dbname or self.source_db,
+            "user": self.pg_user,
+            "password": self.pg_password,
+        }
 
     def catalog_jdbc_uri(self) -> str:
         """The JDBC URI of the Iceberg catalog database."""

@@ -5,6 +5,7 @@ engine waits out loses nothing), and it checks SigV4 signatures, so wrong creden
 would on S3. It is a development stand-in: the clients (Iceberg's S3FileIO, pyarrow, DuckDB's httpfs,
 pyiceberg) are the real ones and talk to it as to any S3 endpoint.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,8 +34,7 @@ class ObjectStore(process.PidService):
         self.settings = settings
         self.data_dir = settings.state_dir / "objectstore"
         self.log_path = settings.state_dir / "logs" / f"{self.name}.log"
-        self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid",
-                                        Path(sys.executable).name)
+        self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid", Path(sys.executable).name)
 
     @property
     def port(self) -> int:
@@ -57,24 +57,46 @@ class ObjectStore(process.PidService):
             self.check_port_free()
             self.data_dir.mkdir(parents=True, exist_ok=True)
             # Credentials through the environment, not argv: /proc/<pid>/cmdline is world-readable.
-            env = {**os.environ, "NANIO_ACCESS_KEY": self.settings.s3_access_key,
-                   "NANIO_SECRET_KEY": self.settings.s3_secret_key}
-            argv = [sys.executable, "-m", "nanio", "serve", "--data-dir", str(self.data_dir), "--host",
-                    process.LOOPBACK, "--port", str(self.port), "--region", self.settings.s3_region,
-                    "--no-access-log", "--log-level", "warning"]
+            env = {
+                **os.environ,
+                "NANIO_ACCESS_KEY": self.settings.s3_access_key,
+                "NANIO_SECRET_KEY": self.settings.s3_secret_key,
+            }
+            argv = [
+                sys.executable,
+                "-m",
+                "nanio",
+                "serve",
+                "--data-dir",
+                str(self.data_dir),
+                "--host",
+                process.LOOPBACK,
+                "--port",
+                str(self.port),
+                "--region",
+                self.settings.s3_region,
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            ]
             log.info("starting %s on %s", self.name, self.endpoint)
             pid = process.spawn_detached(argv, self.log_path, cwd=self.settings.state_dir, env=env)
             self.pid_file.write(pid)
-            process.wait_until(lambda: not process.pid_alive(pid) or process.port_accepts(self.port), self.start_timeout)
+            process.wait_until(
+                lambda: not process.pid_alive(pid) or process.port_accepts(self.port), self.start_timeout
+            )
             if not process.pid_alive(pid) or not process.port_accepts(self.port):
                 self.stop(timeout=5)
-                raise StackError(f"{self.name} (nanio) on {self.endpoint} did not start\n"
-                                 f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
+                raise StackError(
+                    f"{self.name} (nanio) on {self.endpoint} did not start\n"
+                    f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
+                )
         if not process.wait_until(self.healthy, 15.0, 0.2):
             tail = process.log_tail(self.log_path)
             self.stop(timeout=5)  # not left running behind a start that failed
-            raise StackError(f"{self.name} on {self.endpoint} does not answer S3 requests\n"
-                             f"--- {self.log_path} ---\n{tail}")
+            raise StackError(
+                f"{self.name} on {self.endpoint} does not answer S3 requests\n--- {self.log_path} ---\n{tail}"
+            )
         self.create_bucket()
 
     def client(self):
@@ -82,11 +104,16 @@ class ObjectStore(process.PidService):
         import boto3
         from botocore.config import Config
 
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name=self.settings.s3_region,
-                            aws_access_key_id=self.settings.s3_access_key,
-                            aws_secret_access_key=self.settings.s3_secret_key,
-                            config=Config(connect_timeout=2, read_timeout=10, retries={"max_attempts": 1},
-                                          s3={"addressing_style": "path"}))
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=self.settings.s3_region,
+            aws_access_key_id=self.settings.s3_access_key,
+            aws_secret_access_key=self.settings.s3_secret_key,
+            config=Config(
+                connect_timeout=2, read_timeout=10, retries={"max_attempts": 1}, s3={"addressing_style": "path"}
+            ),
+        )
 
     def create_bucket(self) -> None:
         client = self.client()

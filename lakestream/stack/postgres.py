@@ -3,6 +3,7 @@
 The cluster lives under ``<state_dir>/pg`` and keeps its data across stop/start. It is configured
 for Debezium (``wal_level=logical``) and listens on 127.0.0.1 only.
 """
+
 from __future__ import annotations
 
 import logging
@@ -175,8 +176,10 @@ class PostgresCluster:
         result = subprocess.run(
             [
                 str(PG_BIN / "initdb"),
-                "-D", str(self.data_dir),
-                "-U", _BOOTSTRAP_USER,
+                "-D",
+                str(self.data_dir),
+                "-U",
+                _BOOTSTRAP_USER,
                 "--encoding=UTF8",
                 "--locale=C.UTF-8",
                 "--auth-local=trust",
@@ -199,11 +202,14 @@ class PostgresCluster:
         self.pid_file.write(pid)
         process.wait_until(lambda: not process.pid_alive(pid) or self._socket_ready(), timeout, 0.1)
         if not self._socket_ready():
-            why = "exited during startup" if not process.pid_alive(pid) else f"did not accept connections within {timeout:.0f}s"
+            why = (
+                "exited during startup"
+                if not process.pid_alive(pid)
+                else f"did not accept connections within {timeout:.0f}s"
+            )
             self.stop(timeout=5)
             raise StackError(
-                f"PostgreSQL on 127.0.0.1:{self.port} {why}\n"
-                f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
+                f"PostgreSQL on 127.0.0.1:{self.port} {why}\n--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
             )
 
     def _bootstrap_connect(self, dbname: str = "postgres"):
@@ -239,4 +245,3 @@ class PostgresCluster:
                         cur.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(db), role))
         finally:
             conn.close()
-

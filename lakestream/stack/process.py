@@ -3,6 +3,7 @@
 Linux-only helpers (they read ``/proc``); the local stack is a development convenience and this
 machine kind is Debian.
 """
+
 from __future__ import annotations
 
 import errno
@@ -164,8 +165,15 @@ def run_logged(argv: Sequence[str], log_path: Path, *, cwd: Path | None = None, 
     """Run ``argv`` to completion, stdout+stderr appended to ``log_path``; its exit code."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        return subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                              cwd=cwd, timeout=timeout, check=False).returncode
+        return subprocess.run(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            timeout=timeout,
+            check=False,
+        ).returncode
 
 
 def stop_pid(pid: int, *, sig: int = signal.SIGTERM, timeout: float = 15.0) -> bool:
@@ -218,8 +226,9 @@ def require_free_port(port: int, service: str, option: str) -> None:
     from lakestream.errors import StackError
 
     if not port_is_free(port):
-        raise StackError(f"{service} port {port} on 127.0.0.1 is already in use by another process; "
-                         f"choose another with {option}")
+        raise StackError(
+            f"{service} port {port} on 127.0.0.1 is already in use by another process; choose another with {option}"
+        )
 
 
 class PidService:
@@ -263,6 +272,12 @@ class PidService:
 
     def status(self) -> ServiceStatus:
         pid = self.pid()
-        return ServiceStatus(name=self.name, running=pid is not None, pid=pid, port=self.port,
-                             healthy=pid is not None and self.healthy(), persistent=self.persistent,
-                             detail=self.detail)
+        return ServiceStatus(
+            name=self.name,
+            running=pid is not None,
+            pid=pid,
+            port=self.port,
+            healthy=pid is not None and self.healthy(),
+            persistent=self.persistent,
+            detail=self.detail,
+        )

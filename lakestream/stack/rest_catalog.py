@@ -15,6 +15,7 @@ other created. Every client stays real (Spark's and the committer's RESTCatalog,
 Their settings (the JDBC password, the storage keys) never reach a log: the home-made server reads them from
 ``<state_dir>/rest-catalog/server.properties`` (its owner's only), Iceberg's from its environment.
 """
+
 from __future__ import annotations
 
 import logging
@@ -78,8 +79,9 @@ class _RestCatalogService(process.PidService):
         process.wait_until(lambda: not process.pid_alive(pid) or self.healthy(), self.start_timeout, 0.2)
         if not process.pid_alive(pid) or not self.healthy():
             self.stop(timeout=5)
-            raise StackError(f"{self.name} on {self.uri} did not start\n"
-                             f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}")
+            raise StackError(
+                f"{self.name} on {self.uri} did not start\n--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
+            )
 
     def healthy(self) -> bool:
         """Whether the server answers HTTP (401 without a token counts: it is up)."""
@@ -101,9 +103,18 @@ class _RestCatalogService(process.PidService):
 class RestCatalogServer(_RestCatalogService):
     """The REST catalog written here on 127.0.0.1:<rest_port>, tracked by a pid file."""
 
-    def __init__(self, settings: StackSettings, *, warehouse: str, io_properties: dict[str, str] | None = None,
-                 credential: str | None = None, token: str | None = None, vend: dict[str, str] | None = None,
-                 backend: str = BACKEND_CATALOG, tls: bool = False):
+    def __init__(
+        self,
+        settings: StackSettings,
+        *,
+        warehouse: str,
+        io_properties: dict[str, str] | None = None,
+        credential: str | None = None,
+        token: str | None = None,
+        vend: dict[str, str] | None = None,
+        backend: str = BACKEND_CATALOG,
+        tls: bool = False,
+    ):
         super().__init__(settings, warehouse, io_properties, backend)
         self.credential = credential
         self.token = token
@@ -124,13 +135,35 @@ class RestCatalogServer(_RestCatalogService):
         tls_dir = self._keystore.parent
         tls_dir.mkdir(parents=True, exist_ok=True)
         self._keystore.unlink(missing_ok=True)
-        common = ["-alias", "rest", "-keystore", str(self._keystore), "-storetype", "PKCS12",
-                  "-storepass", self._keystore_password()]
-        _run([keytool, "-genkeypair", *common, "-keyalg", "RSA", "-keysize", "2048",
-                             "-validity", "3650", "-dname", "CN=lakestream local REST catalog",
-                             "-ext", f"san=ip:{process.LOOPBACK},dns:localhost"], "keytool -genkeypair")
-        _run([keytool, "-exportcert", *common, "-rfc", "-file", str(self.ca_bundle)],
-                            "keytool -exportcert")
+        common = [
+            "-alias",
+            "rest",
+            "-keystore",
+            str(self._keystore),
+            "-storetype",
+            "PKCS12",
+            "-storepass",
+            self._keystore_password(),
+        ]
+        _run(
+            [
+                keytool,
+                "-genkeypair",
+                *common,
+                "-keyalg",
+                "RSA",
+                "-keysize",
+                "2048",
+                "-validity",
+                "3650",
+                "-dname",
+                "CN=lakestream local REST catalog",
+                "-ext",
+                f"san=ip:{process.LOOPBACK},dns:localhost",
+            ],
+            "keytool -genkeypair",
+        )
+        _run([keytool, "-exportcert", *common, "-rfc", "-file", str(self.ca_bundle)], "keytool -exportcert")
 
     def _keystore_password(self) -> str:
         # Protects nothing beyond the file's own mode (the key never leaves this directory): a fixed value.
@@ -173,11 +206,11 @@ class RestCatalogServer(_RestCatalogService):
 
     def argv(self, properties: Path) -> list[str]:
         from lakestream.jvm_jars import (
-            spark_jars_dir,
             aws_sdk_jars,
             iceberg_runtime_jar,
             postgres_jdbc_jar,
             rest_catalog_jar,
+            spark_jars_dir,
         )
         from lakestream.spark import LOG4J2_CONFIG
         from lakestream.storage import JVM_CHECKSUM_OPTIONS
@@ -185,12 +218,25 @@ class RestCatalogServer(_RestCatalogService):
         java = shutil.which("java")
         if java is None:
             raise StackError("java not found: install a JDK 11+ (apt-get install openjdk-17-jdk-headless)")
-        classpath = [str(rest_catalog_jar()), str(iceberg_runtime_jar()), str(postgres_jdbc_jar()),
-                     *map(str, aws_sdk_jars()), str(spark_jars_dir() / "*")]
+        classpath = [
+            str(rest_catalog_jar()),
+            str(iceberg_runtime_jar()),
+            str(postgres_jdbc_jar()),
+            *map(str, aws_sdk_jars()),
+            str(spark_jars_dir() / "*"),
+        ]
         # Its S3FileIO writes metadata files to an S3-compatible store: no aws-chunked uploads (storage.py).
         sdk = list(JVM_CHECKSUM_OPTIONS) if "s3.endpoint" in self.io_properties else []
-        return [java, "-Xmx384m", *sdk, f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}", "-cp",
-                os.pathsep.join(classpath), "lakestream.rest.RestCatalogServer", str(properties)]
+        return [
+            java,
+            "-Xmx384m",
+            *sdk,
+            f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}",
+            "-cp",
+            os.pathsep.join(classpath),
+            "lakestream.rest.RestCatalogServer",
+            str(properties),
+        ]
 
     def start(self) -> None:
         """Start the server unless it runs; wait until ``/v1/config`` answers."""
@@ -202,7 +248,7 @@ class RestCatalogServer(_RestCatalogService):
 
     @property
     def detail(self) -> str:
-        return f"Iceberg CatalogHandlers over the JDBC catalog {self.backend!r} " f"in {self.settings.catalog_db}"
+        return f"Iceberg CatalogHandlers over the JDBC catalog {self.backend!r} in {self.settings.catalog_db}"
 
 
 class IcebergRestServer(_RestCatalogService):
@@ -210,8 +256,15 @@ class IcebergRestServer(_RestCatalogService):
 
     start_timeout = 90.0
 
-    def __init__(self, settings: StackSettings, *, warehouse: str, io_properties: dict[str, str] | None = None,
-                 vend: bool = False, backend: str = BACKEND_CATALOG):
+    def __init__(
+        self,
+        settings: StackSettings,
+        *,
+        warehouse: str,
+        io_properties: dict[str, str] | None = None,
+        vend: bool = False,
+        backend: str = BACKEND_CATALOG,
+    ):
         super().__init__(settings, warehouse, io_properties, backend)
         self.vend = vend  # hand the catalog's S3 keys to clients that load a table (include-credentials)
 
@@ -239,8 +292,10 @@ class IcebergRestServer(_RestCatalogService):
         env = {}
         for key, value in self.properties().items():
             if "_" in key:
-                raise StackError(f"{key!r}: Iceberg's REST server reads its properties from environment variables, "
-                                 "which cannot spell an underscore in a property name")
+                raise StackError(
+                    f"{key!r}: Iceberg's REST server reads its properties from environment variables, "
+                    "which cannot spell an underscore in a property name"
+                )
             env["CATALOG_" + key.replace("-", "__").replace(".", "_").upper()] = value
         return env
 
@@ -254,8 +309,15 @@ class IcebergRestServer(_RestCatalogService):
         # Its S3FileIO writes metadata files to an S3-compatible store: no aws-chunked uploads (storage.py).
         sdk = list(JVM_CHECKSUM_OPTIONS) if "s3.endpoint" in self.io_properties else []
         # WARN and above only: at INFO the server logs its catalog properties, the JDBC password among them.
-        return [java_binary(), "-Xmx384m", *sdk, f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}", "-cp",
-                classpath, "org.apache.iceberg.rest.RESTCatalogServer"]
+        return [
+            java_binary(),
+            "-Xmx384m",
+            *sdk,
+            f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()}",
+            "-cp",
+            classpath,
+            "org.apache.iceberg.rest.RESTCatalogServer",
+        ]
 
     def start(self) -> None:
         """Start the server unless it runs; wait until ``/v1/config`` answers."""
@@ -267,7 +329,9 @@ class IcebergRestServer(_RestCatalogService):
 
     @property
     def detail(self) -> str:
-        return f"Apache Iceberg's RESTCatalogServer over the JDBC catalog {self.backend!r} in {self.settings.catalog_db}"
+        return (
+            f"Apache Iceberg's RESTCatalogServer over the JDBC catalog {self.backend!r} in {self.settings.catalog_db}"
+        )
 
 
 def _run(argv: list[str], what: str) -> None:

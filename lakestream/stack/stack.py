@@ -3,9 +3,11 @@ a private MariaDB server as the source database beside them; with
 ``storage="s3"`` a local S3-compatible store holds the warehouse, with ``catalog="rest"`` a local Iceberg
 REST catalog serves it (Apache Iceberg's own server by default), with ``connect=True`` a Kafka Connect worker runs
 Debezium beside the broker."""
+
 from __future__ import annotations
 
 import logging
+
 from lakestream.stack import process
 from lakestream.stack.broker import KafkaBroker, make_broker
 from lakestream.stack.connect import ConnectWorker
@@ -29,10 +31,12 @@ class Stack:
         self.objectstore = ObjectStore(settings)
         if settings.rest_server == "iceberg":
             self.rest_catalog: IcebergRestServer | RestCatalogServer = IcebergRestServer(
-                settings, warehouse=self.warehouse, io_properties=self._io_properties())
+                settings, warehouse=self.warehouse, io_properties=self._io_properties()
+            )
         else:
-            self.rest_catalog = RestCatalogServer(settings, warehouse=self.warehouse,
-                                                  io_properties=self._io_properties())
+            self.rest_catalog = RestCatalogServer(
+                settings, warehouse=self.warehouse, io_properties=self._io_properties()
+            )
         self.connect = ConnectWorker(settings, self.broker.bootstrap_servers)
 
     @property
@@ -45,9 +49,14 @@ class Stack:
         s = self.settings
         if s.storage != "s3":
             return {}
-        return {"io-impl": "org.apache.iceberg.aws.s3.S3FileIO", "s3.endpoint": self.objectstore.endpoint,
-                "s3.path-style-access": "true", "client.region": s.s3_region,
-                "s3.access-key-id": s.s3_access_key, "s3.secret-access-key": s.s3_secret_key}
+        return {
+            "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+            "s3.endpoint": self.objectstore.endpoint,
+            "s3.path-style-access": "true",
+            "client.region": s.s3_region,
+            "s3.access-key-id": s.s3_access_key,
+            "s3.secret-access-key": s.s3_secret_key,
+        }
 
     def _services(self) -> list:
         services = [self.postgres, self.broker]
@@ -86,8 +95,11 @@ class Stack:
         """Each service by name: running, pid, port, healthy, persistence (the object store and the REST
         catalog also when they run without being asked for: an `up --storage s3` seen by a plain `status`)."""
         services = self._services()
-        services += [s for s in (self.mariadb, self.objectstore, self.rest_catalog, self.connect)
-                     if s not in services and s.pid() is not None]
+        services += [
+            s
+            for s in (self.mariadb, self.objectstore, self.rest_catalog, self.connect)
+            if s not in services and s.pid() is not None
+        ]
         return {service.name: service.status() for service in services}
 
     def info(self) -> StackInfo:

@@ -4,6 +4,7 @@ A certificate authority of the stack's own signs a server certificate for 127.0.
 server keeps its key and chain in a PKCS12 key store, clients trust the CA's PEM file (librdkafka's
 ``ssl.ca.location``). Made once per directory and kept: a restart serves the same certificate.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -36,8 +37,20 @@ def make_ca(tls_dir: Path, name: str) -> Path:
     tls_dir.mkdir(parents=True, exist_ok=True)
     ca_store.unlink(missing_ok=True)
     store = _store_args("ca", ca_store)
-    _keytool("-genkeypair", *store, "-keyalg", "RSA", "-keysize", "2048", "-validity", "3650",
-             "-dname", f"CN={name} CA", "-ext", "bc:c")
+    _keytool(
+        "-genkeypair",
+        *store,
+        "-keyalg",
+        "RSA",
+        "-keysize",
+        "2048",
+        "-validity",
+        "3650",
+        "-dname",
+        f"CN={name} CA",
+        "-ext",
+        "bc:c",
+    )
     _keytool("-exportcert", *store, "-rfc", "-file", str(ca_pem))
     return ca_pem
 
@@ -51,13 +64,39 @@ def make_server_certificate(tls_dir: Path, name: str) -> ServerCertificate:
     cert.keystore.unlink(missing_ok=True)
     server = _store_args("server", cert.keystore)
     request, signed = tls_dir / "server.csr", tls_dir / "server.pem"
-    _keytool("-genkeypair", *server, "-keyalg", "RSA", "-keysize", "2048", "-validity", "3650",
-             "-dname", f"CN={name}", "-ext", _SAN)
+    _keytool(
+        "-genkeypair",
+        *server,
+        "-keyalg",
+        "RSA",
+        "-keysize",
+        "2048",
+        "-validity",
+        "3650",
+        "-dname",
+        f"CN={name}",
+        "-ext",
+        _SAN,
+    )
     _keytool("-certreq", *server, "-file", str(request))
     # The SAN must be repeated here: gencert does not copy the request's extensions.
-    _keytool("-gencert", *_store_args("ca", tls_dir / "ca.p12"), "-infile", str(request), "-outfile", str(signed),
-             "-rfc", "-validity", "3650", "-ext", _SAN, "-ext", "ku:c=digitalSignature,keyEncipherment",
-             "-ext", "eku=serverAuth")
+    _keytool(
+        "-gencert",
+        *_store_args("ca", tls_dir / "ca.p12"),
+        "-infile",
+        str(request),
+        "-outfile",
+        str(signed),
+        "-rfc",
+        "-validity",
+        "3650",
+        "-ext",
+        _SAN,
+        "-ext",
+        "ku:c=digitalSignature,keyEncipherment",
+        "-ext",
+        "eku=serverAuth",
+    )
     # The chain is only accepted on top of a trusted CA: import the CA first, then the signed reply.
     _keytool("-importcert", *_store_args("ca", cert.keystore), "-file", str(cert.ca_pem), "-noprompt")
     _keytool("-importcert", *server, "-file", str(signed), "-noprompt")
@@ -75,5 +114,6 @@ def _keytool(*args: str) -> None:
         raise StackError("keytool not found: it comes with the JDK (apt-get install openjdk-17-jdk-headless)")
     done = subprocess.run([keytool, *args], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
-        raise StackError(f"keytool {args[0]} failed (exit {done.returncode}): "
-                         f"{(done.stderr or done.stdout).strip()[-500:]}")
+        raise StackError(
+            f"keytool {args[0]} failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-500:]}"
+        )

@@ -11,6 +11,7 @@ JDK of these machines, or ``LAKESTREAM_TRINO_JAVA_HOME``). Configuration under `
 (catalog files owner-only: they hold the catalog's secrets), its pid, its log; stopped by pid. The engine tests
 (`make test-engines`) read the pipeline's tables with it.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,11 @@ def iceberg_catalog_properties(catalog: CatalogSettings) -> dict[str, str]:
         if catalog.password is not None:
             props["iceberg.jdbc-catalog.connection-password"] = catalog.password.get_secret_value()
     elif catalog.type == "rest":
-        props |= {"iceberg.catalog.type": "rest", "iceberg.rest-catalog.uri": catalog.uri,
-                  "iceberg.rest-catalog.warehouse": catalog.warehouse}
+        props |= {
+            "iceberg.catalog.type": "rest",
+            "iceberg.rest-catalog.uri": catalog.uri,
+            "iceberg.rest-catalog.warehouse": catalog.warehouse,
+        }
         secret = catalog.rest_secret()
         if secret is not None:
             props["iceberg.rest-catalog.security"] = "OAUTH2"
@@ -73,8 +77,11 @@ def iceberg_catalog_properties(catalog: CatalogSettings) -> dict[str, str]:
         # Table locations are file:/ URIs: Trino's native local file system only knows local:// ones.
         props["fs.hadoop.enabled"] = "true"
     else:
-        props |= {"fs.native-s3.enabled": "true", "s3.region": storage.region,
-                  "s3.path-style-access": str(storage.path_style).lower()}
+        props |= {
+            "fs.native-s3.enabled": "true",
+            "s3.region": storage.region,
+            "s3.path-style-access": str(storage.path_style).lower(),
+        }
         if storage.endpoint:
             props["s3.endpoint"] = storage.endpoint
         creds = storage.credentials
@@ -91,8 +98,10 @@ def java_home() -> Path:
         java = home / "bin" / "java"
         if java.exists() and _java_major(java) >= MIN_JAVA:
             return home
-    raise StackError(f"no Java {MIN_JAVA}+ runtime for Trino in {', '.join(candidates)} — fix: install a JDK 24 or "
-                     f"newer and set {JAVA_HOME_ENV} to its home")
+    raise StackError(
+        f"no Java {MIN_JAVA}+ runtime for Trino in {', '.join(candidates)} — fix: install a JDK 24 or "
+        f"newer and set {JAVA_HOME_ENV} to its home"
+    )
 
 
 def _java_major(java: Path) -> int:
@@ -155,13 +164,23 @@ class TrinoServer(process.PidService):
         data.mkdir(parents=True, exist_ok=True)
         java = java_home() / "bin" / "java"
         return [
-            str(java), f"-Xmx{self.heap}", "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError",
-            "-XX:ReservedCodeCacheSize=256M", "-Djdk.attach.allowAttachSelf=true", "-XX:+EnableDynamicAgentLoading",
+            str(java),
+            f"-Xmx{self.heap}",
+            "-XX:+UseG1GC",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-XX:ReservedCodeCacheSize=256M",
+            "-Djdk.attach.allowAttachSelf=true",
+            "-XX:+EnableDynamicAgentLoading",
             # node.properties, as Trino's launcher passes them: system properties.
-            "-Dnode.environment=lakestream", f"-Dnode.id={uuid.uuid5(uuid.NAMESPACE_URL, str(self.dir))}",
-            f"-Dnode.data-dir={data}", f"-Dnode.internal-address={process.LOOPBACK}",
-            f"-Dconfig={etc / 'config.properties'}", f"-Dlog.levels-file={etc / 'log.properties'}",
-            "-cp", str(install / "lib" / "*"), "io.trino.server.TrinoServer",
+            "-Dnode.environment=lakestream",
+            f"-Dnode.id={uuid.uuid5(uuid.NAMESPACE_URL, str(self.dir))}",
+            f"-Dnode.data-dir={data}",
+            f"-Dnode.internal-address={process.LOOPBACK}",
+            f"-Dconfig={etc / 'config.properties'}",
+            f"-Dlog.levels-file={etc / 'log.properties'}",
+            "-cp",
+            str(install / "lib" / "*"),
+            "io.trino.server.TrinoServer",
         ]
 
     def start(self) -> None:
@@ -175,8 +194,9 @@ class TrinoServer(process.PidService):
             process.wait_until(lambda: not process.pid_alive(pid) or self.healthy(), self.start_timeout, 0.5)
             if not process.pid_alive(pid) or not self.healthy():
                 self.stop(timeout=5)
-                raise StackError(f"Trino on {self.uri} did not start\n"
-                                 f"--- {self.log_path} ---\n{process.log_tail(self.log_path, 40)}")
+                raise StackError(
+                    f"Trino on {self.uri} did not start\n--- {self.log_path} ---\n{process.log_tail(self.log_path, 40)}"
+                )
 
     def healthy(self) -> bool:
         """Whether the node answers and has finished starting (its plugins and catalogs loaded)."""

@@ -2,6 +2,7 @@
 Spark Structured Streaming + MERGE job, each on a few Debezium events of the bench's own input, the table checked
 against them. Both writers run at once (each starts a JVM: ~30 s either way). The bench itself is hours long; this
 keeps its writers' configs from rotting between its runs."""
+
 from __future__ import annotations
 
 import random
@@ -14,13 +15,13 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path[:0] = [str(BENCH / "peers"), str(BENCH)]
 
+from conftest import catalog_settings  # noqa: E402
 from probe import SnapshotProbe  # noqa: E402
 from sustained import MirrorModel  # noqa: E402
 from workload import ChangeLoad, OrderEvents, create_topic, produce_base  # noqa: E402
 from writers import writer_for  # noqa: E402
 
 from lakestream.query import pyiceberg_catalog  # noqa: E402
-from conftest import catalog_settings  # noqa: E402
 
 ROWS = 3
 
@@ -49,11 +50,18 @@ def test_peer_writers_start_and_write(stack, spark, tmp_path, systems):
             for writer, _, _, _ in runs:
                 assert writer.alive, f"{writer.system} exited ({writer.proc.returncode}):\n{writer.tail()}"
             assert time.monotonic() < deadline, "not written in 150 s: " + "; ".join(
-                f"{w.system}: {len(p.commits)} commits\n{w.tail(15)}" for w, p, _, _ in runs)
+                f"{w.system}: {len(p.commits)} commits\n{w.tail(15)}" for w, p, _, _ in runs
+            )
             time.sleep(0.5)
         for writer, _, model, _ in runs:
-            got = spark.sql(f"SELECT count(*) AS count, sum(version) AS sum_version, sum(qty) AS sum_qty "
-                            f"FROM lake.{writer.qualified}").collect()[0].asDict()
+            got = (
+                spark.sql(
+                    f"SELECT count(*) AS count, sum(version) AS sum_version, sum(qty) AS sum_qty "
+                    f"FROM lake.{writer.qualified}"
+                )
+                .collect()[0]
+                .asDict()
+            )
             assert {k: int(v) for k, v in got.items()} == model.totals(), writer.system
     finally:
         for writer, probe, _, _ in runs:

@@ -2,6 +2,7 @@
 registers schemas in a Confluent-compatible registry and writes Confluent-framed records; the pipeline
 reads them with confluent-kafka's registry client and fastavro into Iceberg. Real PostgreSQL, Debezium,
 broker, Spark and Iceberg; the registry is the test server of tests/schema_registry.py."""
+
 from __future__ import annotations
 
 import decimal
@@ -10,9 +11,8 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
 from capture_harness import dead_letters, start_captured_source, stop_captured_source, verify_ok
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from conftest import run_lakestream
 
 SETUP = [
@@ -36,8 +36,10 @@ def src(stack, spark, secured_schema_registry):
     """Capture with format avro against a registry that demands basic auth (credentials from the environment)."""
     registry = secured_schema_registry
     os.environ[AUTH_ENV] = registry.user_info  # inherited by the capture and `lakestream run` processes
-    extra = {"kafka": {"schema_registry": {"url": registry.url, "basic_auth_user_info_env": AUTH_ENV}},
-             "capture": {"format": "avro"}}
+    extra = {
+        "kafka": {"schema_registry": {"url": registry.url, "basic_auth_user_info_env": AUTH_ENV}},
+        "capture": {"format": "avro"},
+    }
     source = start_captured_source(stack, SETUP, ["avro_items", "avro_other"], "avro", extra)
     source.registry = registry
     try:
@@ -50,8 +52,13 @@ def src(stack, spark, secured_schema_registry):
 
 def _raw_values(src, table: str) -> list[bytes | None]:
     end = src.end_offset(table)
-    consumer = Consumer({"bootstrap.servers": src.stack.bootstrap_servers, "group.id": f"raw-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": src.stack.bootstrap_servers,
+            "group.id": f"raw-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.assign([TopicPartition(src.topic(table), 0, OFFSET_BEGINNING)])
     out: list[bytes | None] = []
     try:
@@ -74,9 +81,11 @@ def test_avro_capture_mirror_is_exact(src, spark):
     values = _raw_values(src, "avro_items")
     assert values and all(v[:1] == b"\x00" for v in values if v is not None), "not Confluent-framed Avro"
     assert _subject_versions(src, "avro_items") == 1 and f"{src.topic('avro_items')}-key" in src.registry.state.subjects
-    src.sql("INSERT INTO public.avro_items (id, amount, note, tstz) VALUES (3, 99999999.99, 'third', now())",
-            "UPDATE public.avro_items SET note = 'changed', amount = 0.5 WHERE id = 1",
-            "DELETE FROM public.avro_items WHERE id = 2")
+    src.sql(
+        "INSERT INTO public.avro_items (id, amount, note, tstz) VALUES (3, 99999999.99, 'third', now())",
+        "UPDATE public.avro_items SET note = 'changed', amount = 0.5 WHERE id = 1",
+        "DELETE FROM public.avro_items WHERE id = 2",
+    )
     src.sync({"avro_items": 6})  # + insert, update, delete, tombstone
     rows = {r["id"]: r.asDict() for r in spark.table(src.table("avro_items")).collect()}
     assert sorted(rows) == [1, 3]
@@ -94,9 +103,11 @@ def test_avro_capture_mirror_is_exact(src, spark):
 
 def test_add_column_while_running(src, spark):
     start = src.end_offset("avro_items")
-    src.sql("ALTER TABLE public.avro_items ADD COLUMN loyalty integer",
-            "INSERT INTO public.avro_items (id, note, loyalty) VALUES (10, 'new shape', 7)",
-            "UPDATE public.avro_items SET loyalty = 1 WHERE id = 1")
+    src.sql(
+        "ALTER TABLE public.avro_items ADD COLUMN loyalty integer",
+        "INSERT INTO public.avro_items (id, note, loyalty) VALUES (10, 'new shape', 7)",
+        "UPDATE public.avro_items SET loyalty = 1 WHERE id = 1",
+    )
     src.sync({"avro_items": start + 2})
     assert _subject_versions(src, "avro_items") == 2  # Debezium registered the new version
     rows = {r["id"]: r.asDict() for r in spark.table(src.table("avro_items")).collect()}
@@ -112,9 +123,14 @@ def _set_level(src, subject: str, level: str) -> None:
     import urllib.request
 
     request = urllib.request.Request(
-        f"{src.registry.url}/config/{subject}", method="PUT", data=json.dumps({"compatibility": level}).encode(),
-        headers={"Content-Type": "application/vnd.schemaregistry.v1+json",
-                 "Authorization": "Basic " + base64.b64encode(src.registry.user_info.encode()).decode()})
+        f"{src.registry.url}/config/{subject}",
+        method="PUT",
+        data=json.dumps({"compatibility": level}).encode(),
+        headers={
+            "Content-Type": "application/vnd.schemaregistry.v1+json",
+            "Authorization": "Basic " + base64.b64encode(src.registry.user_info.encode()).decode(),
+        },
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert json.loads(response.read())["compatibility"] == level
 
@@ -135,10 +151,14 @@ def test_full_transitive_refuses_a_widened_column_then_backward_takes_it(src, sp
     subject = f"{src.topic('avro_items')}-value"
     start = src.end_offset("avro_items")
     _set_level(src, subject, "FULL_TRANSITIVE")
-    src.sql("ALTER TABLE public.avro_items ALTER COLUMN small TYPE bigint",
-            "INSERT INTO public.avro_items (id, small, note) VALUES (25, 3000000000, 'wide')")
+    src.sql(
+        "ALTER TABLE public.avro_items ALTER COLUMN small TYPE bigint",
+        "INSERT INTO public.avro_items (id, small, note) VALUES (25, 3000000000, 'wide')",
+    )
     log = _wait_for_capture_to_stop(src)
-    assert f"lakestream: error: the Schema Registry ({src.registry.url}) refused a table's new schema" in log, log[-3000:]
+    assert f"lakestream: error: the Schema Registry ({src.registry.url}) refused a table's new schema" in log, log[
+        -3000:
+    ]
     assert "FORWARD" in log and subject in log, log[-3000:]
     assert "lower that subject's level" in log
     assert src.end_offset("avro_items") == start  # nothing of the refused shape was published
@@ -148,7 +168,8 @@ def test_full_transitive_refuses_a_widened_column_then_backward_takes_it(src, sp
     src.sync({"avro_items": start + 1})
     assert dict(spark.table(src.table("avro_items")).dtypes)["small"] == "bigint"
     assert {r["id"]: r["small"] for r in spark.table(src.table("avro_items")).where("id = 25").collect()} == {
-        25: 3000000000}
+        25: 3000000000
+    }
     verify_ok(src, spark, ["avro_items"])
 
 
@@ -157,9 +178,11 @@ def test_incompatible_change_is_dead_lettered_while_other_tables_update(src, spa
     narrows the column's scale: the table refuses the new shape and its records become dead letters."""
     start = src.end_offset("avro_items")
     versions = _subject_versions(src, "avro_items")
-    src.sql("ALTER TABLE public.avro_items ALTER COLUMN amount TYPE numeric(10,0)",
-            "INSERT INTO public.avro_items (id, amount, note) VALUES (20, 42, 'narrowed')",
-            "INSERT INTO public.avro_other VALUES (2, 'two')")
+    src.sql(
+        "ALTER TABLE public.avro_items ALTER COLUMN amount TYPE numeric(10,0)",
+        "INSERT INTO public.avro_items (id, amount, note) VALUES (20, 42, 'narrowed')",
+        "INSERT INTO public.avro_other VALUES (2, 'two')",
+    )
     src.sync({"avro_items": start + 1, "avro_other": 2})
     assert _subject_versions(src, "avro_items") == versions + 1
     letters = dead_letters(spark, src.topic("avro_items"))
@@ -177,7 +200,10 @@ def test_incompatible_change_is_dead_lettered_while_other_tables_update(src, spa
 def test_cold_restart_reads_schema_ids_from_the_registry_again(src, spark):
     """A new engine process starts with an empty schema cache: it asks the registry by id again."""
     start = src.end_offset("avro_other")
-    src.sql("INSERT INTO public.avro_other VALUES (3, 'after restart')", "UPDATE public.avro_other SET v = 'uno' WHERE id = 1")
+    src.sql(
+        "INSERT INTO public.avro_other VALUES (3, 'after restart')",
+        "UPDATE public.avro_other SET v = 'uno' WHERE id = 1",
+    )
     src.wait_for_events({"avro_other": start + 2})
     fetches = src.registry.requests("GET", "/schemas/ids/")
     done = run_lakestream("run", str(src.workdir / "pipeline.yaml"), "--until-idle", timeout=400)
@@ -194,10 +220,14 @@ def test_a_change_the_registry_forbids_stops_capture_before_any_record(src):
     AvroConverter cannot serialize, and capture stops instead of publishing, saying why. Runs last: it ends
     capture."""
     start = src.end_offset("avro_items")
-    src.sql("ALTER TABLE public.avro_items ALTER COLUMN note TYPE integer USING length(note)",
-            "INSERT INTO public.avro_items (id, note) VALUES (30, 5)")
+    src.sql(
+        "ALTER TABLE public.avro_items ALTER COLUMN note TYPE integer USING length(note)",
+        "INSERT INTO public.avro_items (id, note) VALUES (30, 5)",
+    )
     log = _wait_for_capture_to_stop(src)
     assert "incompatible with an earlier schema" in log, log[-3000:]
-    assert f"lakestream: error: the Schema Registry ({src.registry.url}) refused a table's new schema" in log, log[-3000:]
+    assert f"lakestream: error: the Schema Registry ({src.registry.url}) refused a table's new schema" in log, log[
+        -3000:
+    ]
     assert src.registry.user_info.split(":", 1)[1] not in log
     assert src.end_offset("avro_items") == start

@@ -2,23 +2,22 @@
 
 Uses the shared `stack` fixture (tests/conftest.py); each test makes its own source database.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
-import psycopg2
 import pytest
 import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from lakestream.capture.process import LAKESTREAM_COMMAND
 from lakestream.capture import CaptureProcess, connect_json, connector_properties, producer_config
+from lakestream.capture.process import LAKESTREAM_COMMAND
 from lakestream.config import parse_config
 from lakestream.errors import ConfigError
 
@@ -54,8 +53,13 @@ def _pipeline(stack, tmp_path: Path, dbname: str, prefix: str, schemas: bool, **
         "catalog": {"type": "hadoop", "warehouse": f"file://{tmp_path}/warehouse"},
         "streams": [{"topic_pattern": rf"{prefix}\..*"}],
         "capture": {
-            "database": {"host": stack.pg_host, "port": stack.pg_port, "dbname": dbname,
-                         "user": stack.pg_user, "password": stack.pg_password},
+            "database": {
+                "host": stack.pg_host,
+                "port": stack.pg_port,
+                "dbname": dbname,
+                "user": stack.pg_user,
+                "password": stack.pg_password,
+            },
             "tables": ["public.all_types"],
             "topic_prefix": prefix,
             "slot_name": f"slot_{prefix}",
@@ -77,23 +81,35 @@ class TopicReader:
     def __init__(self, bootstrap: str, topic: str) -> None:
         self.topic = topic
         self.messages: list[dict] = []
-        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
-                                   "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"t-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
         self._consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
 
     def read_until(self, predicate, timeout: float = 60.0) -> list[dict]:
         deadline = time.monotonic() + timeout
         while not predicate(self.messages):
             if time.monotonic() > deadline:
-                raise AssertionError(f"timed out on {self.topic}; got {len(self.messages)} messages: {self.messages[-5:]}")
+                raise AssertionError(
+                    f"timed out on {self.topic}; got {len(self.messages)} messages: {self.messages[-5:]}"
+                )
             msg = self._consumer.poll(0.5)
             if msg is None or msg.error():
                 continue
-            self.messages.append({
-                "topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset(),
-                "key": None if msg.key() is None else msg.key().decode(),
-                "value": None if msg.value() is None else msg.value().decode(),
-            })
+            self.messages.append(
+                {
+                    "topic": msg.topic(),
+                    "partition": msg.partition(),
+                    "offset": msg.offset(),
+                    "key": None if msg.key() is None else msg.key().decode(),
+                    "value": None if msg.value() is None else msg.value().decode(),
+                }
+            )
         return self.messages
 
     def close(self) -> None:
@@ -124,8 +140,10 @@ def test_snapshot_then_streaming_changes(stack, source_db, tmp_path, schemas):
         cur.execute(ALL_TYPES_DDL)
         for i in (1, 2, 3):
             cur.execute(INSERT, (i, f"row {i}", uids[i - 1]))
-    yaml_path = _write_yaml(tmp_path / "pipeline.yaml", _pipeline(
-        stack, tmp_path, dbname, prefix, schemas, connector={"heartbeat.interval.ms": "1000"}))
+    yaml_path = _write_yaml(
+        tmp_path / "pipeline.yaml",
+        _pipeline(stack, tmp_path, dbname, prefix, schemas, connector={"heartbeat.interval.ms": "1000"}),
+    )
     reader = TopicReader(stack.bootstrap_servers, topic)
     capture = CaptureProcess(yaml_path, log_path=tmp_path / "capture.log")
     try:
@@ -149,7 +167,11 @@ def test_snapshot_then_streaming_changes(stack, source_db, tmp_path, schemas):
         messages = reader.read_until(lambda m: len(m) >= 7)
         changes = _events(messages[3:7], schemas)
         assert [(k, v and v["op"]) for k, v in changes] == [
-            ({"id": 4}, "c"), ({"id": 1}, "u"), ({"id": 2}, "d"), ({"id": 2}, None)]
+            ({"id": 4}, "c"),
+            ({"id": 1}, "u"),
+            ({"id": 2}, "d"),
+            ({"id": 2}, None),
+        ]
         assert changes[1][1]["after"]["note"] == "changed"
         assert changes[2][1]["before"]["id"] == 2 and changes[2][1]["after"] is None
         assert messages[6]["value"] is None  # the tombstone after the delete
@@ -198,13 +220,18 @@ def _pipeline_dict(**extra) -> dict:
         "kafka": {"bootstrap_servers": "127.0.0.1:9092", "client": {"session.timeout.ms": 6000, "linger.ms": 5}},
         "catalog": {"type": "hadoop", "warehouse": "file:///tmp/w"},
         "streams": [{"topic_pattern": r"lakestream\..*"}],
-        "capture": {"database": {"dbname": "shop", "user": "cdc", "password": PASSWORD},
-                    "tables": ["public.orders", "sales.items"], **extra},
+        "capture": {
+            "database": {"dbname": "shop", "user": "cdc", "password": PASSWORD},
+            "tables": ["public.orders", "sales.items"],
+            **extra,
+        },
     }
 
 
 def test_connector_properties_use_debezium_names(tmp_path):
-    props = connector_properties(_capture_settings(connector={"max.batch.size": "100", "snapshot.fetch.size": "5000"}), tmp_path)
+    props = connector_properties(
+        _capture_settings(connector={"max.batch.size": "100", "snapshot.fetch.size": "5000"}), tmp_path
+    )
     assert props["connector.class"] == "io.debezium.connector.postgresql.PostgresConnector"
     assert props["plugin.name"] == "pgoutput"
     assert props["table.include.list"] == r"(?-i:public\.orders),(?-i:sales\.items)"
@@ -234,9 +261,12 @@ def test_producer_config_drops_consumer_keys():
 
 def test_cli_prints_connector_config(tmp_path):
     path = _write_yaml(tmp_path / "p.yaml", _pipeline_dict())
-    out = subprocess.run([*LAKESTREAM_COMMAND, "capture", str(path), "--print-connector-config",
-                          "--skip-publication-check"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [*LAKESTREAM_COMMAND, "capture", str(path), "--print-connector-config", "--skip-publication-check"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     doc = json.loads(out.stdout)
     assert doc["config"]["database.dbname"] == "shop"
     assert PASSWORD not in out.stdout + out.stderr
@@ -246,7 +276,10 @@ def test_cli_prints_connector_config(tmp_path):
 def test_avro_format_sets_the_avro_converter_and_registry(tmp_path, monkeypatch):
     monkeypatch.setenv("LAKESTREAM_TEST_SR_USER_INFO", "cdc:sr-secret-pw")
     data = _pipeline_dict(format="avro")
-    data["kafka"]["schema_registry"] = {"url": "http://registry:8081", "basic_auth_user_info_env": "LAKESTREAM_TEST_SR_USER_INFO"}
+    data["kafka"]["schema_registry"] = {
+        "url": "http://registry:8081",
+        "basic_auth_user_info_env": "LAKESTREAM_TEST_SR_USER_INFO",
+    }
     props = connector_properties(parse_config(data).capture, tmp_path)
     for side in ("key", "value"):
         assert props[f"{side}.converter"] == "io.confluent.connect.avro.AvroConverter"
@@ -254,9 +287,13 @@ def test_avro_format_sets_the_avro_converter_and_registry(tmp_path, monkeypatch)
         assert props[f"{side}.converter.basic.auth.credentials.source"] == "USER_INFO"
         assert props[f"{side}.converter.basic.auth.user.info"] == "cdc:sr-secret-pw"  # the embedded engine needs it
     path = _write_yaml(tmp_path / "p.yaml", data)
-    out = subprocess.run([*LAKESTREAM_COMMAND, "capture", str(path), "--print-connector-config",
-                          "--skip-publication-check"],
-                         capture_output=True, text=True, check=True, env={**os.environ})
+    out = subprocess.run(
+        [*LAKESTREAM_COMMAND, "capture", str(path), "--print-connector-config", "--skip-publication-check"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ},
+    )
     config = json.loads(out.stdout)["config"]
     assert config["value.converter"] == config["key.converter"] == "io.confluent.connect.avro.AvroConverter"
     assert config["value.converter.schema.registry.url"] == "http://registry:8081"

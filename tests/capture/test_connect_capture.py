@@ -6,6 +6,7 @@ write load (Debezium re-sends what came after its last offset flush). JSON with 
 
 Real PostgreSQL, Kafka, Connect, Debezium, Spark and Iceberg. One worker for the module (`connect_worker`).
 """
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,6 @@ import time
 
 import psycopg2
 import pytest
-
 from capture_harness import (
     DEAD_LETTER,
     CapturedSource,
@@ -25,6 +25,7 @@ from capture_harness import (
     verify_ok,
 )
 from conftest import run_lakestream
+
 from lakestream.config import parse_config
 from lakestream.verify import verify_tables
 
@@ -47,20 +48,28 @@ TOPICS = {"orders": 300, "a_b": 2, "Order_Items": 20}
 def src(stack, spark, connect_worker):
     """The pipeline's capture section, printed by the CLI as a Connect configuration, posted to the worker."""
     dbname, conn, prefix, namespace, data, workdir = prepare_captured_source(
-        stack, SETUP, TABLES, "cx", extra={"capture": {"connector": {"heartbeat.interval.ms": "1000"}}})
+        stack, SETUP, TABLES, "cx", extra={"capture": {"connector": {"heartbeat.interval.ms": "1000"}}}
+    )
     secrets = workdir / "connect-secrets.properties"
     fd = os.open(secrets, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(f"database.password={stack.pg_password}\n")
-    printed = run_lakestream("capture", str(workdir / "pipeline.yaml"), "--print-connector-config",
-                             "--connect-secrets-file", str(secrets), timeout=120)
+    printed = run_lakestream(
+        "capture",
+        str(workdir / "pipeline.yaml"),
+        "--print-connector-config",
+        "--connect-secrets-file",
+        str(secrets),
+        timeout=120,
+    )
     assert printed.returncode == 0, printed.stderr[-3000:]
     doc = json.loads(printed.stdout)
     assert doc["config"]["database.password"] == f"${{file:{secrets}:database.password}}"
     connect_worker.create_connector(doc)
     capture = ConnectCapture(connect_worker, doc["name"], stack.pg_dsn(dbname), data["capture"]["slot_name"])
-    source = CapturedSource(stack, dbname, conn, prefix, namespace, parse_config(data, "<connect test>"), capture,
-                            workdir)
+    source = CapturedSource(
+        stack, dbname, conn, prefix, namespace, parse_config(data, "<connect test>"), capture, workdir
+    )
     source.connector = doc
     try:
         capture.wait_until_running()
@@ -72,8 +81,7 @@ def src(stack, spark, connect_worker):
 
 def _no_dead_letters(spark, source) -> None:
     if spark.catalog.tableExists(DEAD_LETTER):
-        rows = spark.sql(f"SELECT topic, error FROM {DEAD_LETTER} "
-                         f"WHERE topic LIKE '{source.prefix}.%'").collect()
+        rows = spark.sql(f"SELECT topic, error FROM {DEAD_LETTER} WHERE topic LIKE '{source.prefix}.%'").collect()
         assert not rows, rows[:5]
 
 
@@ -93,14 +101,17 @@ def test_the_printed_configuration_runs_and_the_snapshot_is_mirrored_exactly(src
 
 def test_streaming_inserts_updates_and_deletes(src, spark):
     ends = {t: src.end_offset(t) for t in TOPICS}
-    src.sql("INSERT INTO public.orders VALUES (1001, 10.01, 'new', now()), (1002, NULL, NULL, NULL)",
-            "UPDATE public.orders SET note = 'changed', amount = amount + 1 WHERE id <= 10",
-            "DELETE FROM public.orders WHERE id BETWEEN 100 AND 104",
-            """UPDATE public."a.b" SET v = 'still a dot' WHERE id = 1""",
-            """DELETE FROM public."a.b" WHERE id = 2""",
-            """UPDATE public."Order Items" SET "Qty" = -1 WHERE "Id" <= 3""")
-    src.sync({"orders": ends["orders"] + 2 + 10 + 5 * 2, "a_b": ends["a_b"] + 1 + 2,
-              "Order_Items": ends["Order_Items"] + 3})
+    src.sql(
+        "INSERT INTO public.orders VALUES (1001, 10.01, 'new', now()), (1002, NULL, NULL, NULL)",
+        "UPDATE public.orders SET note = 'changed', amount = amount + 1 WHERE id <= 10",
+        "DELETE FROM public.orders WHERE id BETWEEN 100 AND 104",
+        """UPDATE public."a.b" SET v = 'still a dot' WHERE id = 1""",
+        """DELETE FROM public."a.b" WHERE id = 2""",
+        """UPDATE public."Order Items" SET "Qty" = -1 WHERE "Id" <= 3""",
+    )
+    src.sync(
+        {"orders": ends["orders"] + 2 + 10 + 5 * 2, "a_b": ends["a_b"] + 1 + 2, "Order_Items": ends["Order_Items"] + 3}
+    )
     notes = {r["id"]: r["note"] for r in spark.table(src.table("orders")).where("id <= 10 OR id > 1000").collect()}
     assert notes == {**{i: "changed" for i in range(1, 11)}, 1001: "new", 1002: None}
     verify_ok(src, spark, TABLES)
@@ -109,9 +120,11 @@ def test_streaming_inserts_updates_and_deletes(src, spark):
 
 def test_add_column_reaches_the_mirror(src, spark):
     start = src.end_offset("orders")
-    src.sql("ALTER TABLE public.orders ADD COLUMN loyalty integer",
-            "INSERT INTO public.orders (id, note, loyalty) VALUES (2001, 'new shape', 7)",
-            "UPDATE public.orders SET loyalty = 1 WHERE id = 1")
+    src.sql(
+        "ALTER TABLE public.orders ADD COLUMN loyalty integer",
+        "INSERT INTO public.orders (id, note, loyalty) VALUES (2001, 'new shape', 7)",
+        "UPDATE public.orders SET loyalty = 1 WHERE id = 1",
+    )
     src.sync({"orders": start + 2})
     rows = {r["id"]: r["loyalty"] for r in spark.table(src.table("orders")).where("id IN (1, 2, 2001)").collect()}
     assert rows == {1: 1, 2: None, 2001: 7}
@@ -180,8 +193,13 @@ def test_a_worker_refuses_a_connector_it_cannot_run_with_the_reason(connect_work
     `capture.format: avro` configuration on a worker without it): the worker's own refusal, naming the class."""
     from lakestream.stack.connect import ConnectError
 
-    doc = {"name": "cx-refused", "config": {"connector.class": "io.debezium.connector.postgresql.PostgresConnector",
-                                             "value.converter": "io.confluent.connect.avro.AvroConverter"}}
+    doc = {
+        "name": "cx-refused",
+        "config": {
+            "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+            "value.converter": "io.confluent.connect.avro.AvroConverter",
+        },
+    }
     with pytest.raises(ConnectError) as refused:
         connect_worker.create_connector(doc)
     assert refused.value.status == 400 and "io.confluent.connect.avro.AvroConverter" in str(refused.value)

@@ -1,5 +1,6 @@
 """Starting Debezium at the parallel snapshot's handover point: the offsets seeded for the embedded
 engine and the Kafka Connect form (pure units; the real handover is tests/snapshot)."""
+
 from __future__ import annotations
 
 import orjson
@@ -13,11 +14,20 @@ from lakestream.snapshot.slot import write_handover
 
 
 def _config(tmp_path, snapshot="parallel"):
-    return parse_config({
-        "kafka": {"bootstrap_servers": "x:1"}, "catalog": {"warehouse": "file:///tmp/w", "type": "hadoop"},
-        "streams": [{"topics": ["a"]}], "state_dir": str(tmp_path),
-        "capture": {"database": {"dbname": "d", "user": "u"}, "tables": ["public.t", "public.u"],
-                    "topic_prefix": "shop", "snapshot": snapshot}})
+    return parse_config(
+        {
+            "kafka": {"bootstrap_servers": "x:1"},
+            "catalog": {"warehouse": "file:///tmp/w", "type": "hadoop"},
+            "streams": [{"topics": ["a"]}],
+            "state_dir": str(tmp_path),
+            "capture": {
+                "database": {"dbname": "d", "user": "u"},
+                "tables": ["public.t", "public.u"],
+                "topic_prefix": "shop",
+                "snapshot": snapshot,
+            },
+        }
+    )
 
 
 def test_seeded_offset_is_debeziums_key_and_a_streaming_position(tmp_path):
@@ -49,5 +59,6 @@ def test_connect_json_for_a_parallel_snapshot_starts_stopped(tmp_path):
     doc = connect_json(_config(tmp_path).capture)
     assert doc["initial_state"] == "STOPPED" and doc["config"]["snapshot.mode"] == "no_data"
     assert connect_offsets_json(_config(tmp_path).capture, 7) == {
-        "offsets": [{"partition": {"server": "shop"}, "offset": {"lsn": 7}}]}
+        "offsets": [{"partition": {"server": "shop"}, "offset": {"lsn": 7}}]
+    }
     assert "initial_state" not in connect_json(_config(tmp_path, "debezium").capture)

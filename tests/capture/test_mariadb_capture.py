@@ -7,6 +7,7 @@ keyless one, then streamed inserts, updates and deletes, ADD COLUMN while stream
 binlog re-read from the stored position through the schema history; the mirrors converge, the keyless one without
 doubled rows).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -20,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-
 from conftest import catalog_settings, mariadb_database
+
 from lakestream.capture import CaptureProcess
 from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
@@ -39,8 +40,10 @@ TYPES_DDL = """CREATE TABLE types (
  en ENUM('a','b','c'), st SET('x','y','z'), js JSON, g GEOMETRY, pt POINT,
  gen BIGINT AS (i * 2) VIRTUAL, gens VARCHAR(60) AS (CONCAT(vc, '!')) STORED
 )"""
-TYPES_COLUMNS = ("id,b1,bo,ti,tiu,si,siu,mi,miu,i,iu,bi,biu,de,de65,f,d,dt,dtm0,dtm3,dtm6,ts,ts6,tm,tm6,y,c,vc,tx,bn,vb,"
-                 "bl,bit1,bit5,bit16,bit64,en,st,js,g,pt")
+TYPES_COLUMNS = (
+    "id,b1,bo,ti,tiu,si,siu,mi,miu,i,iu,bi,biu,de,de65,f,d,dt,dtm0,dtm3,dtm6,ts,ts6,tm,tm6,y,c,vc,tx,bn,vb,"
+    "bl,bit1,bit5,bit16,bit64,en,st,js,g,pt"
+)
 TYPES_VALUES = """(%s, 1, 0, -128, 255, -32768, 65535, -8388608, 16777215, -2147483648, 4294967295,
  -9223372036854775808, 18446744073709551615, 123456789.123,
  12345678901234567890123456789012345678901234567890.0123456789, 1.5, 2.25,
@@ -53,33 +56,100 @@ TYPES_VALUES = """(%s, 1, 0, -128, 255, -32768, 65535, -8388608, 16777215, -2147
 
 # What the mirror holds for TYPES_VALUES (Spark's Python values; the session time zone is UTC).
 EXPECTED_TYPES_ROW = {
-    "b1": True, "bo": False, "ti": -128, "tiu": 255, "si": -32768, "siu": 65535, "mi": -8388608, "miu": 16777215,
-    "i": -2147483648, "iu": 4294967295, "bi": -9223372036854775808,
-    "biu": decimal.Decimal("18446744073709551615"), "de": decimal.Decimal("123456789.123"),
-    "de65": "12345678901234567890123456789012345678901234567890.0123456789", "f": 1.5, "d": 2.25,
-    "dt": dt.date(2024, 2, 29), "dtm0": dt.datetime(2024, 2, 29, 13, 14, 15),
-    "dtm3": dt.datetime(2024, 2, 29, 13, 14, 15, 123000), "dtm6": dt.datetime(2024, 2, 29, 13, 14, 15, 123456),
-    "ts": dt.datetime(2024, 2, 29, 13, 14, 15), "ts6": dt.datetime(2024, 2, 29, 13, 14, 15, 654321),
-    "tm": "-838:59:59.000000", "tm6": "12:34:56.789012", "y": 2024,
-    "c": "ab", "vc": "héllo 🚀", "tx": "long text ✓", "bn": b"\x00\x01\x02\x03", "vb": b"\xff\x00",
-    "bl": b"\xde\xad\xbe\xef", "bit1": True, "bit5": b"\x15", "bit64": b"\xff" * 8,
-    "en": "b", "st": "x,z", "js": '{"a": [1, 2, {"b": null}]}', "gen": -4294967296, "gens": "héllo 🚀!",
+    "b1": True,
+    "bo": False,
+    "ti": -128,
+    "tiu": 255,
+    "si": -32768,
+    "siu": 65535,
+    "mi": -8388608,
+    "miu": 16777215,
+    "i": -2147483648,
+    "iu": 4294967295,
+    "bi": -9223372036854775808,
+    "biu": decimal.Decimal("18446744073709551615"),
+    "de": decimal.Decimal("123456789.123"),
+    "de65": "12345678901234567890123456789012345678901234567890.0123456789",
+    "f": 1.5,
+    "d": 2.25,
+    "dt": dt.date(2024, 2, 29),
+    "dtm0": dt.datetime(2024, 2, 29, 13, 14, 15),
+    "dtm3": dt.datetime(2024, 2, 29, 13, 14, 15, 123000),
+    "dtm6": dt.datetime(2024, 2, 29, 13, 14, 15, 123456),
+    "ts": dt.datetime(2024, 2, 29, 13, 14, 15),
+    "ts6": dt.datetime(2024, 2, 29, 13, 14, 15, 654321),
+    "tm": "-838:59:59.000000",
+    "tm6": "12:34:56.789012",
+    "y": 2024,
+    "c": "ab",
+    "vc": "héllo 🚀",
+    "tx": "long text ✓",
+    "bn": b"\x00\x01\x02\x03",
+    "vb": b"\xff\x00",
+    "bl": b"\xde\xad\xbe\xef",
+    "bit1": True,
+    "bit5": b"\x15",
+    "bit64": b"\xff" * 8,
+    "en": "b",
+    "st": "x,z",
+    "js": '{"a": [1, 2, {"b": null}]}',
+    "gen": -4294967296,
+    "gens": "héllo 🚀!",
 }
 EXPECTED_TYPES = {
-    "id": "int", "b1": "boolean", "bo": "boolean", "ti": "int", "tiu": "int", "si": "int", "siu": "int",
-    "mi": "int", "miu": "int", "i": "int", "iu": "bigint", "bi": "bigint", "biu": "decimal(20,0)",
-    "de": "decimal(12,3)", "de65": "string", "f": "float", "d": "double", "dt": "date", "dtm0": "timestamp_ntz",
-    "dtm3": "timestamp_ntz", "dtm6": "timestamp_ntz", "ts": "timestamp", "ts6": "timestamp", "tm": "string",
-    "tm6": "string", "y": "int", "c": "string", "vc": "string", "tx": "string", "bn": "binary", "vb": "binary",
-    "bl": "binary", "bit1": "boolean", "bit5": "binary", "bit16": "binary", "bit64": "binary", "en": "string",
-    "st": "string", "js": "string", "g": "string", "pt": "string", "gen": "bigint", "gens": "string",
+    "id": "int",
+    "b1": "boolean",
+    "bo": "boolean",
+    "ti": "int",
+    "tiu": "int",
+    "si": "int",
+    "siu": "int",
+    "mi": "int",
+    "miu": "int",
+    "i": "int",
+    "iu": "bigint",
+    "bi": "bigint",
+    "biu": "decimal(20,0)",
+    "de": "decimal(12,3)",
+    "de65": "string",
+    "f": "float",
+    "d": "double",
+    "dt": "date",
+    "dtm0": "timestamp_ntz",
+    "dtm3": "timestamp_ntz",
+    "dtm6": "timestamp_ntz",
+    "ts": "timestamp",
+    "ts6": "timestamp",
+    "tm": "string",
+    "tm6": "string",
+    "y": "int",
+    "c": "string",
+    "vc": "string",
+    "tx": "string",
+    "bn": "binary",
+    "vb": "binary",
+    "bl": "binary",
+    "bit1": "boolean",
+    "bit5": "binary",
+    "bit16": "binary",
+    "bit64": "binary",
+    "en": "string",
+    "st": "string",
+    "js": "string",
+    "g": "string",
+    "pt": "string",
+    "gen": "bigint",
+    "gens": "string",
 }
 
-ORDERS_DDL = ("CREATE TABLE orders (id INT PRIMARY KEY, customer VARCHAR(40) NOT NULL, amount DECIMAL(10,2), "
-              "updated DATETIME(6))")
+ORDERS_DDL = (
+    "CREATE TABLE orders (id INT PRIMARY KEY, customer VARCHAR(40) NOT NULL, amount DECIMAL(10,2), updated DATETIME(6))"
+)
 NOKEY_DDL = "CREATE TABLE nokey (a INT, b VARCHAR(10))"
-ZERO_DDL = ("CREATE TABLE zd (id INT PRIMARY KEY, d DATE NOT NULL, dt DATETIME(3) NOT NULL, ts TIMESTAMP NOT NULL "
-            "DEFAULT CURRENT_TIMESTAMP, dn DATE NULL)")
+ZERO_DDL = (
+    "CREATE TABLE zd (id INT PRIMARY KEY, d DATE NOT NULL, dt DATETIME(3) NOT NULL, ts TIMESTAMP NOT NULL "
+    "DEFAULT CURRENT_TIMESTAMP, dn DATE NULL)"
+)
 # zero dates need a permissive sql_mode (the stack's server refuses them)
 ZERO_ROW = "INSERT INTO zd VALUES (%s, '0000-00-00', '0000-00-00 00:00:00', '0000-00-00 00:00:00', '0000-00-00')"
 REAL_ROW = "INSERT INTO zd VALUES (%s, '1970-01-01', '1970-01-01 00:00:00.5', '2024-02-29 13:14:15', '1970-01-01')"
@@ -142,8 +212,9 @@ class MariaDBCapture:
                 if not self.capture.running:
                     raise AssertionError(f"capture exited:\n{self.capture.log_text()[-3000:]}")
                 if time.monotonic() > deadline:
-                    raise AssertionError(f"the marker did not reach Kafka in {timeout:.0f}s:\n"
-                                         f"{self.capture.log_text()[-3000:]}")
+                    raise AssertionError(
+                        f"the marker did not reach Kafka in {timeout:.0f}s:\n{self.capture.log_text()[-3000:]}"
+                    )
                 time.sleep(0.2)
         finally:
             consumer.close()
@@ -167,9 +238,10 @@ def captured(stack, mariadb, service_dir_factory):
             cur.execute(ddl)
         cur.execute(f"INSERT INTO types ({TYPES_COLUMNS}) VALUES {TYPES_VALUES}", (1,))
         cur.execute("INSERT INTO types (id) VALUES (2)")
-        cur.executemany("INSERT INTO orders VALUES (%s, %s, %s, %s)",
-                        [(i, f"customer {i}", decimal.Decimal(i) / 4, dt.datetime(2024, 1, 1, 0, 0, i, i))
-                         for i in range(1, 41)])
+        cur.executemany(
+            "INSERT INTO orders VALUES (%s, %s, %s, %s)",
+            [(i, f"customer {i}", decimal.Decimal(i) / 4, dt.datetime(2024, 1, 1, 0, 0, i, i)) for i in range(1, 41)],
+        )
         cur.execute("INSERT INTO nokey VALUES (1, 'x'), (1, 'x'), (2, 'y')")
         cur.execute(ZERO_DDL)
         cur.execute("SET SESSION sql_mode = ''")
@@ -181,18 +253,29 @@ def captured(stack, mariadb, service_dir_factory):
     workdir = service_dir_factory("mdbcap")
     data = {
         "name": f"mdb{uid}",
-        "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-mdb{uid}",
-                  "client": {"session.timeout.ms": 6000}},
+        "kafka": {
+            "bootstrap_servers": stack.bootstrap_servers,
+            "group_id": f"lakestream-mdb{uid}",
+            "client": {"session.timeout.ms": 6000},
+        },
         "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
         "streams": [{"topic_pattern": rf"{prefix}\..*", "namespace": namespace, "table": "{table}"}],
         "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
         "spark": {"master": "local[2]", "driver_memory": "1500m"},
         "state_dir": str(workdir / "state"),
-        "capture": {"database": {**mariadb_database(mariadb, dbname), "zero_dates": "dead_letter"},
-                    "topic_prefix": prefix,
-                    "tables": [f"{dbname}.types", f"{dbname}.orders", f"{dbname}.nokey", f"{dbname}.zd",
-                               f"{dbname}.marker", *(f"{dbname}.{t}" for t in DDL_TABLES)],
-                    "connector": {"heartbeat.interval.ms": "1000"}},
+        "capture": {
+            "database": {**mariadb_database(mariadb, dbname), "zero_dates": "dead_letter"},
+            "topic_prefix": prefix,
+            "tables": [
+                f"{dbname}.types",
+                f"{dbname}.orders",
+                f"{dbname}.nokey",
+                f"{dbname}.zd",
+                f"{dbname}.marker",
+                *(f"{dbname}.{t}" for t in DDL_TABLES),
+            ],
+            "connector": {"heartbeat.interval.ms": "1000"},
+        },
     }
     (workdir / "pipeline.yaml").write_text(yaml.safe_dump(data))
     capture = CaptureProcess(workdir / "pipeline.yaml", log_path=workdir / "capture.log")
@@ -219,12 +302,18 @@ def test_snapshot_and_streaming_exact(captured, spark):
     # streamed: every type again (a full row and an all-NULL row), inserts, updates, deletes
     source.sql(f"INSERT INTO types ({TYPES_COLUMNS}) VALUES {TYPES_VALUES}", args=(3,))
     source.sql("INSERT INTO types (id) VALUES (4)")
-    source.sql("SET SESSION sql_mode = ''", ZERO_ROW.replace("%s", "3"), REAL_ROW.replace("%s", "4"),
-               "SET SESSION sql_mode = DEFAULT")
-    source.sql("INSERT INTO orders VALUES (41, 'late', 10.50, '2024-05-01 10:00:00.000001')",
-               "UPDATE orders SET amount = amount + 1, customer = CONCAT(customer, ' ✓') WHERE id % 3 = 0",
-               "DELETE FROM orders WHERE id % 7 = 0",
-               "UPDATE orders SET updated = NULL WHERE id = 2")
+    source.sql(
+        "SET SESSION sql_mode = ''",
+        ZERO_ROW.replace("%s", "3"),
+        REAL_ROW.replace("%s", "4"),
+        "SET SESSION sql_mode = DEFAULT",
+    )
+    source.sql(
+        "INSERT INTO orders VALUES (41, 'late', 10.50, '2024-05-01 10:00:00.000001')",
+        "UPDATE orders SET amount = amount + 1, customer = CONCAT(customer, ' ✓') WHERE id % 3 = 0",
+        "DELETE FROM orders WHERE id % 7 = 0",
+        "UPDATE orders SET updated = NULL WHERE id = 2",
+    )
     source.sync(spark)
 
     schema = {f.name: f.dataType.simpleString() for f in spark.table(f"lake.{source.namespace}.types").schema}
@@ -235,7 +324,9 @@ def test_snapshot_and_streaming_exact(captured, spark):
         row = rows[row_id]
         assert {k: row[k] for k in EXPECTED_TYPES_ROW} == EXPECTED_TYPES_ROW, row_id
         # BIT(n): Debezium's bytes, least significant byte first (MariaDB's HEX() shows the most significant first)
-        assert row["bit16"] == bytes.fromhex(source.rows("SELECT HEX(bit16) FROM types WHERE id = 1")[0][0].zfill(4))[::-1]
+        assert (
+            row["bit16"] == bytes.fromhex(source.rows("SELECT HEX(bit16) FROM types WHERE id = 1")[0][0].zfill(4))[::-1]
+        )
         assert json.loads(row["pt"])["x"] == 1.0 and json.loads(row["pt"])["y"] == 2.0
         assert json.loads(row["g"])["wkb"]
     for row_id in (2, 4):
@@ -243,15 +334,20 @@ def test_snapshot_and_streaming_exact(captured, spark):
 
     assert _mirror_orders(source, spark) == _orders(source)
     assert Counter(tuple(r.values()) for r in source.mirror(spark, "nokey")) == Counter(
-        source.rows("SELECT a, b FROM nokey"))
+        source.rows("SELECT a, b FROM nokey")
+    )
     # zero dates in NOT NULL columns (zero_dates: dead_letter): the change is a dead letter with the reason, never
     # 1970-01-01; a real 1970-01-01 and a zero date in a nullable column (NULL) are mirrored
     zd = {r["id"]: r for r in source.mirror(spark, "zd")}
     assert sorted(zd) == [2, 4]
-    assert (zd[2]["d"], zd[2]["dt"], zd[2]["dn"]) == (dt.date(1970, 1, 1), dt.datetime(1970, 1, 1, 0, 0, 0, 500000),
-                                                      dt.date(1970, 1, 1))
-    letters = spark.sql(f"SELECT offset, error FROM lake.lakestream.dead_letter WHERE topic = "
-                        f"'{source.prefix}.{source.dbname}.zd'").collect()
+    assert (zd[2]["d"], zd[2]["dt"], zd[2]["dn"]) == (
+        dt.date(1970, 1, 1),
+        dt.datetime(1970, 1, 1, 0, 0, 0, 500000),
+        dt.date(1970, 1, 1),
+    )
+    letters = spark.sql(
+        f"SELECT offset, error FROM lake.lakestream.dead_letter WHERE topic = '{source.prefix}.{source.dbname}.zd'"
+    ).collect()
     assert sorted(r["offset"] for r in letters) == [0, 2]
     assert all("zero date (0000-00-00) in a NOT NULL column" in r["error"] for r in letters)
     report = source.verify(spark)
@@ -261,17 +357,20 @@ def test_snapshot_and_streaming_exact(captured, spark):
 
 def test_add_column_and_keyless_changes_while_streaming(captured, spark):
     source = captured
-    source.sql("ALTER TABLE orders ADD COLUMN note VARCHAR(20) DEFAULT 'n/a'",
-               "INSERT INTO orders (id, customer, amount, note) VALUES (100, 'with note', 1.00, 'hello')",
-               "UPDATE orders SET note = 'changed' WHERE id = 1",
-               "INSERT INTO nokey VALUES (3, 'z'), (3, 'z')",
-               "UPDATE nokey SET b = 'w' WHERE a = 1 LIMIT 1",
-               "DELETE FROM nokey WHERE a = 2")
+    source.sql(
+        "ALTER TABLE orders ADD COLUMN note VARCHAR(20) DEFAULT 'n/a'",
+        "INSERT INTO orders (id, customer, amount, note) VALUES (100, 'with note', 1.00, 'hello')",
+        "UPDATE orders SET note = 'changed' WHERE id = 1",
+        "INSERT INTO nokey VALUES (3, 'z'), (3, 'z')",
+        "UPDATE nokey SET b = 'w' WHERE a = 1 LIMIT 1",
+        "DELETE FROM nokey WHERE a = 2",
+    )
     source.sync(spark)
     want = {tuple(r) for r in source.rows("SELECT id, customer, amount, updated, note FROM orders")}
     assert _mirror_orders(source, spark, ("id", "customer", "amount", "updated", "note")) == want
     assert Counter(tuple(r.values()) for r in source.mirror(spark, "nokey")) == Counter(
-        source.rows("SELECT a, b FROM nokey"))
+        source.rows("SELECT a, b FROM nokey")
+    )
 
 
 def test_ddl_while_streaming(captured, spark):
@@ -279,22 +378,30 @@ def test_ddl_while_streaming(captured, spark):
     renamed away, and an online schema change's table swap (gh-ost, pt-online-schema-change), in one batch of
     changes: each as the README's "Source DDL" table says."""
     source = captured
-    source.sql("INSERT INTO ddl_trunc VALUES (4, 'd')", "TRUNCATE TABLE ddl_trunc",
-               "INSERT INTO ddl_trunc VALUES (10, 'after')",
-               "ALTER TABLE ddl_cols DROP COLUMN b", "ALTER TABLE ddl_cols RENAME COLUMN c TO c2",
-               "INSERT INTO ddl_cols VALUES (3, 'a3', 'c3')", "UPDATE ddl_cols SET a = 'A1' WHERE id = 1",
-               "ALTER TABLE ddl_retype MODIFY qty BIGINT, MODIFY name VARCHAR(100), MODIFY price DOUBLE, "
-               "MODIFY amount DECIMAL(12,2)",
-               "INSERT INTO ddl_retype VALUES (3, 1099511627776, 'a name longer than ten', 0.1, 1234567890.12)",
-               "UPDATE ddl_retype SET qty = qty + 1 WHERE id = 1",
-               "ALTER TABLE ddl_bad MODIFY code VARCHAR(20)", "INSERT INTO ddl_bad VALUES (2, 'X-2')",
-               "DROP TABLE ddl_gone",
-               "RENAME TABLE ddl_moved TO ddl_moved_away", "INSERT INTO ddl_moved_away VALUES (2, 'elsewhere')",
-               # the swap: a shadow table with the new shape, filled, then renamed into place in one statement
-               "CREATE TABLE ddl_swap_new (id INT PRIMARY KEY, v VARCHAR(10), note VARCHAR(10) DEFAULT 'new')",
-               "INSERT INTO ddl_swap_new (id, v) SELECT id, v FROM ddl_swap",
-               "RENAME TABLE ddl_swap TO ddl_swap_old, ddl_swap_new TO ddl_swap",
-               "INSERT INTO ddl_swap VALUES (3, 'three', 'n3')", "UPDATE ddl_swap SET v = 'TWO' WHERE id = 2")
+    source.sql(
+        "INSERT INTO ddl_trunc VALUES (4, 'd')",
+        "TRUNCATE TABLE ddl_trunc",
+        "INSERT INTO ddl_trunc VALUES (10, 'after')",
+        "ALTER TABLE ddl_cols DROP COLUMN b",
+        "ALTER TABLE ddl_cols RENAME COLUMN c TO c2",
+        "INSERT INTO ddl_cols VALUES (3, 'a3', 'c3')",
+        "UPDATE ddl_cols SET a = 'A1' WHERE id = 1",
+        "ALTER TABLE ddl_retype MODIFY qty BIGINT, MODIFY name VARCHAR(100), MODIFY price DOUBLE, "
+        "MODIFY amount DECIMAL(12,2)",
+        "INSERT INTO ddl_retype VALUES (3, 1099511627776, 'a name longer than ten', 0.1, 1234567890.12)",
+        "UPDATE ddl_retype SET qty = qty + 1 WHERE id = 1",
+        "ALTER TABLE ddl_bad MODIFY code VARCHAR(20)",
+        "INSERT INTO ddl_bad VALUES (2, 'X-2')",
+        "DROP TABLE ddl_gone",
+        "RENAME TABLE ddl_moved TO ddl_moved_away",
+        "INSERT INTO ddl_moved_away VALUES (2, 'elsewhere')",
+        # the swap: a shadow table with the new shape, filled, then renamed into place in one statement
+        "CREATE TABLE ddl_swap_new (id INT PRIMARY KEY, v VARCHAR(10), note VARCHAR(10) DEFAULT 'new')",
+        "INSERT INTO ddl_swap_new (id, v) SELECT id, v FROM ddl_swap",
+        "RENAME TABLE ddl_swap TO ddl_swap_old, ddl_swap_new TO ddl_swap",
+        "INSERT INTO ddl_swap VALUES (3, 'three', 'n3')",
+        "UPDATE ddl_swap SET v = 'TWO' WHERE id = 2",
+    )
     source.sync(spark)
 
     rows = {t: {r["id"]: r for r in source.mirror(spark, t)} for t in DDL_TABLES}
@@ -303,25 +410,34 @@ def test_ddl_while_streaming(captured, spark):
     # DROP COLUMN b: kept in the mirror (on_dropped_column: keep), NULL in rows written since; RENAME COLUMN c TO
     # c2: c2 added, c kept with its old values where rows did not change
     assert {i: (r["a"], r["b"], r["c"], r["c2"]) for i, r in rows["ddl_cols"].items()} == {
-        1: ("A1", None, None, "c1"), 2: ("a2", "b2", "c2", None), 3: ("a3", None, None, "c3")}
+        1: ("A1", None, None, "c1"),
+        2: ("a2", "b2", "c2", None),
+        3: ("a3", None, None, "c3"),
+    }
     # widening in place: INT→BIGINT, FLOAT→DOUBLE, DECIMAL(8,2)→DECIMAL(12,2); VARCHAR(10)→VARCHAR(100) is a string
     schema = {f.name: f.dataType.simpleString() for f in spark.table(f"lake.{source.namespace}.ddl_retype").schema}
     assert schema == {"id": "int", "qty": "bigint", "name": "string", "price": "double", "amount": "decimal(12,2)"}
     assert {i: (r["qty"], r["name"], r["amount"]) for i, r in rows["ddl_retype"].items()} == {
-        1: (6, "short", decimal.Decimal("10.25")), 2: (6, "other", decimal.Decimal("20.50")),
-        3: (1099511627776, "a name longer than ten", decimal.Decimal("1234567890.12"))}
+        1: (6, "short", decimal.Decimal("10.25")),
+        2: (6, "other", decimal.Decimal("20.50")),
+        3: (1099511627776, "a name longer than ten", decimal.Decimal("1234567890.12")),
+    }
     assert rows["ddl_retype"][3]["price"] == 0.1
     # INT→VARCHAR: the change of the new shape is a dead letter naming the column; the table keeps its rows
     assert {i: r["code"] for i, r in rows["ddl_bad"].items()} == {1: 100}
-    letters = spark.sql(f"SELECT error FROM lake.lakestream.dead_letter WHERE topic = "
-                        f"'{source.prefix}.{source.dbname}.ddl_bad'").collect()
+    letters = spark.sql(
+        f"SELECT error FROM lake.lakestream.dead_letter WHERE topic = '{source.prefix}.{source.dbname}.ddl_bad'"
+    ).collect()
     assert len(letters) == 1 and "code" in letters[0]["error"], letters
     # a table dropped or renamed away: its mirror stays as it was, nothing is published for the new name
     assert {i: r["v"] for i, r in rows["ddl_gone"].items()} == {1: "kept"}
     assert {i: r["v"] for i, r in rows["ddl_moved"].items()} == {1: "kept"}
     # the swapped-in table continues the mirror, its added column with the DEFAULT for rows that did not change
     assert {i: (r["v"], r["note"]) for i, r in rows["ddl_swap"].items()} == {
-        1: ("one", "new"), 2: ("TWO", "new"), 3: ("three", "n3")}
+        1: ("one", "new"),
+        2: ("TWO", "new"),
+        3: ("three", "n3"),
+    }
     report = source.verify(spark, ("ddl_trunc", "ddl_retype", "ddl_swap"))
     assert report.ok, report.to_text()
     # the renamed column's values are not moved for rows that did not change: verify names that row
@@ -331,23 +447,25 @@ def test_ddl_while_streaming(captured, spark):
 
 def test_sigkill_rereads_the_binlog_from_the_stored_position(captured, spark):
     source = captured
-    source.sql("UPDATE orders SET amount = amount * 2 WHERE id <= 20",
-               "INSERT INTO nokey VALUES (5, 'k'), (5, 'k')")
+    source.sql("UPDATE orders SET amount = amount * 2 WHERE id <= 20", "INSERT INTO nokey VALUES (5, 'k'), (5, 'k')")
     time.sleep(1.5)  # some of it published, perhaps not all of it flushed into the offsets
     source.capture.kill()
-    source.sql("DELETE FROM orders WHERE id BETWEEN 21 AND 25",
-               "INSERT INTO orders (id, customer, amount) VALUES (200, 'while down', 7.25)",
-               "UPDATE nokey SET b = 'kk' WHERE a = 5 LIMIT 1",
-               # rows of retyped and swapped tables: the restarted connector reads them through its schema history
-               "INSERT INTO ddl_retype VALUES (4, 2199023255552, 'after the restart', 0.25, 99999999.99)",
-               "INSERT INTO ddl_swap VALUES (4, 'four', 'n4')")
+    source.sql(
+        "DELETE FROM orders WHERE id BETWEEN 21 AND 25",
+        "INSERT INTO orders (id, customer, amount) VALUES (200, 'while down', 7.25)",
+        "UPDATE nokey SET b = 'kk' WHERE a = 5 LIMIT 1",
+        # rows of retyped and swapped tables: the restarted connector reads them through its schema history
+        "INSERT INTO ddl_retype VALUES (4, 2199023255552, 'after the restart', 0.25, 99999999.99)",
+        "INSERT INTO ddl_swap VALUES (4, 'four', 'n4')",
+    )
     source.capture.start()
     source.capture.wait_until_streaming(timeout=180)
     source.sync(spark)
     want = {tuple(r) for r in source.rows("SELECT id, customer, amount, updated, note FROM orders")}
     assert _mirror_orders(source, spark, ("id", "customer", "amount", "updated", "note")) == want
     assert Counter(tuple(r.values()) for r in source.mirror(spark, "nokey")) == Counter(
-        source.rows("SELECT a, b FROM nokey"))
+        source.rows("SELECT a, b FROM nokey")
+    )
     report = source.verify(spark, ("types", "orders", "nokey", "ddl_retype", "ddl_swap"))
     assert report.ok, report.to_text()
     assert {r["id"]: r["qty"] for r in source.mirror(spark, "ddl_retype")}[4] == 2199023255552

@@ -3,6 +3,7 @@ MariaDB, Spark, Iceberg and Debezium's MariaDB connector: tables loaded in chunk
 writes go on, Debezium streaming from that snapshot's binlog position, then `verify` exact (marker ``mariadb_slow``,
 `make test-mariadb`); and, in `make test`, the sessions lined up at one binlog position and a value the server
 cannot render."""
+
 from __future__ import annotations
 
 import os
@@ -44,8 +45,10 @@ SNAP_TYPES_DDL = """CREATE TABLE types (
  en ENUM('a','b','c'), st SET('x','y','z'), js JSON,
  gen BIGINT AS (i * 2) VIRTUAL, gens VARCHAR(60) AS (CONCAT(vc, '!')) STORED
 )"""
-SNAP_COLUMNS = ("id,b1,bo,ti,tiu,si,siu,mi,miu,i,iu,bi,biu,de,de65,f,d,dt,dtm0,dtm3,dtm6,ts,ts6,tm,tm6,y,c,vc,tx,bn,"
-                "vb,bl,bit1,en,st,js")
+SNAP_COLUMNS = (
+    "id,b1,bo,ti,tiu,si,siu,mi,miu,i,iu,bi,biu,de,de65,f,d,dt,dtm0,dtm3,dtm6,ts,ts6,tm,tm6,y,c,vc,tx,bn,"
+    "vb,bl,bit1,en,st,js"
+)
 SNAP_VALUES = """(%s, 1, 0, -128, 255, -32768, 65535, -8388608, 16777215, -2147483648, 4294967295,
  -9223372036854775808, 18446744073709551615, 123456789.123,
  12345678901234567890123456789012345678901234567890.0123456789, 1.5, 2.25,
@@ -81,8 +84,10 @@ class Writes(threading.Thread):
                         cur.execute("INSERT INTO orders VALUES (%s, %s, %s)", (next_id, f"c{next_id}", next_id % 97))
                         next_id += 1
                     elif roll < 0.75:
-                        cur.execute("UPDATE orders SET amount = amount + 1, customer = CONCAT(customer, '+') "
-                                    "WHERE id = %s", (self._some_id(rng, next_id),))
+                        cur.execute(
+                            "UPDATE orders SET amount = amount + 1, customer = CONCAT(customer, '+') WHERE id = %s",
+                            (self._some_id(rng, next_id),),
+                        )
                     elif roll < 0.9:
                         cur.execute("DELETE FROM orders WHERE id = %s", (self._some_id(rng, next_id),))
                     else:
@@ -116,16 +121,24 @@ def _pipeline(stack, mariadb, service_dir_factory, label: str, tables: list[str]
     workdir = service_dir_factory(label)
     data = {
         "name": prefix,
-        "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-{prefix}",
-                  "client": {"session.timeout.ms": 6000}},
+        "kafka": {
+            "bootstrap_servers": stack.bootstrap_servers,
+            "group_id": f"lakestream-{prefix}",
+            "client": {"session.timeout.ms": 6000},
+        },
         "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
         "streams": [{"topic_pattern": rf"{prefix}\..*", "namespace": dbname, "table": "{table}"}],
         "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
         "spark": {"master": "local[2]", "driver_memory": "1500m"},
         "state_dir": str(workdir / "state"),
-        "capture": {"database": mariadb_database(mariadb, dbname), "topic_prefix": prefix, "snapshot": "parallel",
-                    "snapshot_chunk_rows": 1000, "tables": [f"{dbname}.{t}" for t in tables],
-                    "connector": {"heartbeat.interval.ms": "1000"}},
+        "capture": {
+            "database": mariadb_database(mariadb, dbname),
+            "topic_prefix": prefix,
+            "snapshot": "parallel",
+            "snapshot_chunk_rows": 1000,
+            "tables": [f"{dbname}.{t}" for t in tables],
+            "connector": {"heartbeat.interval.ms": "1000"},
+        },
     }
     (workdir / "pipeline.yaml").write_text(yaml.safe_dump(data))
     return dbname, prefix, workdir, data
@@ -133,8 +146,9 @@ def _pipeline(stack, mariadb, service_dir_factory, label: str, tables: list[str]
 
 @pytest.mark.mariadb_slow  # ~50 s beyond the shared fixtures: `make test-mariadb`
 def test_parallel_snapshot_under_writes_hands_over_exactly(stack, mariadb, service_dir_factory, spark):
-    dbname, prefix, workdir, data = _pipeline(stack, mariadb, service_dir_factory, "mps",
-                                              ["types", "orders", "nokey", "marker"])
+    dbname, prefix, workdir, data = _pipeline(
+        stack, mariadb, service_dir_factory, "mps", ["types", "orders", "nokey", "marker"]
+    )
     conn = mariadb.connect(dbname)
     config = parse_config(data, "<test>")
     writes = Writes(mariadb, dbname)
@@ -158,7 +172,8 @@ def test_parallel_snapshot_under_writes_hands_over_exactly(stack, mariadb, servi
         assert schema == SNAP_EXPECTED
         row = {r["id"]: r for r in (x.asDict() for x in spark.table(f"lake.{dbname}.types").collect())}
         assert {k: row[1][k] for k in EXPECTED_TYPES_ROW if k in SNAP_EXPECTED} == {
-            k: v for k, v in EXPECTED_TYPES_ROW.items() if k in SNAP_EXPECTED}
+            k: v for k, v in EXPECTED_TYPES_ROW.items() if k in SNAP_EXPECTED
+        }
         assert all(v is None for k, v in row[2].items() if k != "id"), row[2]
 
         capture.start()
@@ -173,8 +188,11 @@ def test_parallel_snapshot_under_writes_hands_over_exactly(stack, mariadb, servi
         source.sync(spark)
         schema = {f.name: f.dataType.simpleString() for f in spark.table(f"lake.{dbname}.types").schema}
         assert schema == SNAP_EXPECTED
-        assert not spark.catalog.tableExists("lake.lakestream.dead_letter") or spark.sql(
-            f"SELECT count(*) FROM lake.lakestream.dead_letter WHERE topic LIKE '{prefix}.%'").first()[0] == 0
+        assert (
+            not spark.catalog.tableExists("lake.lakestream.dead_letter")
+            or spark.sql(f"SELECT count(*) FROM lake.lakestream.dead_letter WHERE topic LIKE '{prefix}.%'").first()[0]
+            == 0
+        )
         result = source.verify(spark, ("types", "orders", "nokey"))
         assert result.ok, result.to_text()
         assert [t.source_rows for t in result.tables][0] == 3
@@ -205,12 +223,20 @@ def test_sessions_share_one_snapshot_at_its_binlog_position(mariadb, mariadb_sou
         cur.execute("INSERT INTO t VALUES (1, 'a'), (2, 'b')")
         cur.execute("SHOW MASTER STATUS")
         file, pos = cur.fetchone()[:2]
-    config = parse_config({
-        "kafka": {"bootstrap_servers": "127.0.0.1:9"},
-        "catalog": {"type": "hadoop", "warehouse": f"file://{tmp_path}/warehouse"},
-        "streams": [{"topic_pattern": r"mdb\..*"}], "state_dir": str(tmp_path / "state"),
-        "capture": {"database": mariadb_database(mariadb, dbname), "tables": [f"{dbname}.t"], "topic_prefix": "mdb"},
-    }, "<test>")
+    config = parse_config(
+        {
+            "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+            "catalog": {"type": "hadoop", "warehouse": f"file://{tmp_path}/warehouse"},
+            "streams": [{"topic_pattern": r"mdb\..*"}],
+            "state_dir": str(tmp_path / "state"),
+            "capture": {
+                "database": mariadb_database(mariadb, dbname),
+                "tables": [f"{dbname}.t"],
+                "topic_prefix": "mdb",
+            },
+        },
+        "<test>",
+    )
     with ConsistentSnapshot(config, [SourceTableName.parse(f"{dbname}.t")], sessions=3) as snapshot:
         assert (snapshot.sessions, snapshot.file, snapshot.pos) == (3, file, int(pos))
         with conn.cursor() as cur:
@@ -234,12 +260,20 @@ def test_a_value_the_server_cannot_render_fails_the_chunk(mariadb, mariadb_sourc
     with conn.cursor() as cur:
         cur.execute("CREATE TABLE b (id INT PRIMARY KEY, bl LONGBLOB)")
         cur.execute("INSERT INTO b VALUES (1, REPEAT('x', 9000000))")  # HEX(): 18 MB, over the default 16 MB
-    config = parse_config({
-        "kafka": {"bootstrap_servers": "127.0.0.1:9"},
-        "catalog": {"type": "hadoop", "warehouse": f"file://{tmp_path}/warehouse"},
-        "streams": [{"topic_pattern": r"mdb\..*"}], "state_dir": str(tmp_path / "state"),
-        "capture": {"database": mariadb_database(mariadb, dbname), "tables": [f"{dbname}.b"], "topic_prefix": "mdb"},
-    }, "<test>")
+    config = parse_config(
+        {
+            "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+            "catalog": {"type": "hadoop", "warehouse": f"file://{tmp_path}/warehouse"},
+            "streams": [{"topic_pattern": r"mdb\..*"}],
+            "state_dir": str(tmp_path / "state"),
+            "capture": {
+                "database": mariadb_database(mariadb, dbname),
+                "tables": [f"{dbname}.b"],
+                "topic_prefix": "mdb",
+            },
+        },
+        "<test>",
+    )
     name = SourceTableName.parse(f"{dbname}.b")
     with ConsistentSnapshot(config, [name]) as snapshot:
         source, _ = snapshot.describe(name)
@@ -262,8 +296,14 @@ def test_snapshot_killed_midway_resumes_and_resnapshot_repairs_drift(stack, mari
     try:
         writes.start()
         env = {**os.environ, KILL_AFTER_CHUNKS_ENV: "2"}
-        killed = subprocess.run([*LAKESTREAM_COMMAND, "snapshot", str(workdir / "pipeline.yaml")], capture_output=True,
-                                text=True, timeout=600, env=env, stdin=subprocess.DEVNULL)
+        killed = subprocess.run(
+            [*LAKESTREAM_COMMAND, "snapshot", str(workdir / "pipeline.yaml")],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
         assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
         state = read_snapshot_state(spark, f"lake.{dbname}.orders")
         done = sum(b - a + 1 for a, b in state["done"])
@@ -272,8 +312,10 @@ def test_snapshot_killed_midway_resumes_and_resnapshot_repairs_drift(stack, mari
             handover_properties(config, {})
 
         # a keyless table the first run did not finish: refused on resume
-        with_nokey = parse_config({**data, "capture": {**data["capture"], "tables": [
-            *data["capture"]["tables"], f"{dbname}.nokey"]}}, "<test>")
+        with_nokey = parse_config(
+            {**data, "capture": {**data["capture"], "tables": [*data["capture"]["tables"], f"{dbname}.nokey"]}},
+            "<test>",
+        )
         with pytest.raises(SnapshotError, match=rf"had not finished {dbname}.nokey, without a primary key"):
             run_snapshot(with_nokey, spark=spark)
 

@@ -1,5 +1,6 @@
 """A MariaDB source's start check on a real server (binlog settings, grants, tables), its connector settings,
 `--print-connector-config`, and the config's validation of `kind: mariadb`."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import mariadb_database, run_lakestream
+
 from lakestream.capture.connector import connect_json, connector_properties
 from lakestream.capture.databases import capture_database
 from lakestream.config import parse_config
@@ -17,13 +18,16 @@ from lakestream.errors import CaptureError, ConfigError
 
 
 def _config(database: dict, tables: list[str], tmp_path: Path, **capture):
-    return parse_config({
-        "kafka": {"bootstrap_servers": "127.0.0.1:9"},
-        "catalog": {"type": "hadoop", "warehouse": f"file://{tmp_path}/warehouse"},
-        "streams": [{"topic_pattern": r"mdb\..*"}],
-        "state_dir": str(tmp_path / "state"),
-        "capture": {"database": database, "tables": tables, "topic_prefix": "mdb", **capture},
-    }, "<test>")
+    return parse_config(
+        {
+            "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+            "catalog": {"type": "hadoop", "warehouse": f"file://{tmp_path}/warehouse"},
+            "streams": [{"topic_pattern": r"mdb\..*"}],
+            "state_dir": str(tmp_path / "state"),
+            "capture": {"database": database, "tables": tables, "topic_prefix": "mdb", **capture},
+        },
+        "<test>",
+    )
 
 
 @pytest.fixture
@@ -81,8 +85,9 @@ def test_binlog_settings_missing_tables_and_views_stop_capture(mariadb, mariadb_
     with conn.cursor() as cur:
         cur.execute("CREATE TABLE t (id INT PRIMARY KEY)")
         cur.execute("CREATE VIEW v AS SELECT id FROM t")
-    capture = _config(mariadb_database(mariadb, dbname), [f"{dbname}.t", f"{dbname}.v", f"{dbname}.gone"],
-                      tmp_path).capture
+    capture = _config(
+        mariadb_database(mariadb, dbname), [f"{dbname}.t", f"{dbname}.v", f"{dbname}.gone"], tmp_path
+    ).capture
     mariadb.run_as_root("SET GLOBAL binlog_format = 'MIXED'; SET GLOBAL binlog_row_image = 'MINIMAL'")
     try:
         with pytest.raises(CaptureError) as err:
@@ -146,11 +151,17 @@ def test_config_validation_names_the_field_and_the_fix(tmp_path):
     parallel = _config(database, ["shop.t"], tmp_path, snapshot="parallel")
     with pytest.raises(CaptureError, match=r"snapshot: parallel .* Kafka Connect .* fix: run `lakestream capture`"):
         connect_json(parallel.capture, kafka=parallel.kafka)
-    with pytest.raises(ConfigError, match=r"capture.database: server_id is the replica id .* fix: remove it, or set "
-                                          r"kind: mariadb"):
+    with pytest.raises(
+        ConfigError,
+        match=r"capture.database: server_id is the replica id .* fix: remove it, or set "
+        r"kind: mariadb",
+    ):
         _config({"dbname": "shop", "user": "u", "server_id": 5}, ["public.t"], tmp_path)
-    with pytest.raises(ConfigError, match=r"capture.database: zero_dates is for MariaDB's zero dates .* fix: remove "
-                                          r"it, or set kind: mariadb"):
+    with pytest.raises(
+        ConfigError,
+        match=r"capture.database: zero_dates is for MariaDB's zero dates .* fix: remove "
+        r"it, or set kind: mariadb",
+    ):
         _config({"dbname": "shop", "user": "u", "zero_dates": "null"}, ["public.t"], tmp_path)
     zero = _config({**database, "zero_dates": "null"}, ["shop.t"], tmp_path)
     props = connector_properties(zero.capture, Path(zero.state_dir))
@@ -166,8 +177,10 @@ def test_zero_dates_in_not_null_columns_are_warned_about(mariadb, mariadb_source
 
     dbname, conn = mariadb_source
     with conn.cursor() as cur:
-        cur.execute("CREATE TABLE z (id INT PRIMARY KEY, d DATE NOT NULL, dn DATE NULL, ts TIMESTAMP NOT NULL "
-                    "DEFAULT CURRENT_TIMESTAMP)")
+        cur.execute(
+            "CREATE TABLE z (id INT PRIMARY KEY, d DATE NOT NULL, dn DATE NULL, ts TIMESTAMP NOT NULL "
+            "DEFAULT CURRENT_TIMESTAMP)"
+        )
         capture = _config(mariadb_database(mariadb, dbname), [f"{dbname}.z"], tmp_path).capture
         cur.execute("SELECT @@GLOBAL.sql_mode")
         (before,) = cur.fetchone()

@@ -3,6 +3,7 @@ check that every requested table will publish its changes (`lakestream.capture.p
 
 Only PostgreSQL runs here (the shared stack's); Debezium is exercised in test_source_tables.py.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -20,14 +21,26 @@ def db(source_db):
 
 
 def _capture(stack, dbname: str, tables: list[str], **extra):
-    return parse_config({
-        "kafka": {"bootstrap_servers": "127.0.0.1:9"},
-        "catalog": {"type": "hadoop", "warehouse": "file:///tmp/w"},
-        "streams": [{"topic_pattern": r"p\..*"}],
-        "capture": {"database": {"host": stack.pg_host, "port": stack.pg_port, "dbname": dbname,
-                                 "user": stack.pg_user, "password": stack.pg_password},
-                    "tables": tables, "topic_prefix": "p", "publication_name": "lspub", **extra},
-    }).capture
+    return parse_config(
+        {
+            "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+            "catalog": {"type": "hadoop", "warehouse": "file:///tmp/w"},
+            "streams": [{"topic_pattern": r"p\..*"}],
+            "capture": {
+                "database": {
+                    "host": stack.pg_host,
+                    "port": stack.pg_port,
+                    "dbname": dbname,
+                    "user": stack.pg_user,
+                    "password": stack.pg_password,
+                },
+                "tables": tables,
+                "topic_prefix": "p",
+                "publication_name": "lspub",
+                **extra,
+            },
+        }
+    ).capture
 
 
 def _quoted(name: str) -> str:
@@ -118,8 +131,9 @@ def test_tables_that_cannot_publish_are_refused_with_the_reason(stack, db):
         cur.execute("CREATE TABLE parted_1 PARTITION OF parted FOR VALUES FROM (0) TO (100)")
         cur.execute("CREATE VIEW v AS SELECT 1 AS x")
     with pytest.raises(CaptureError) as err:
-        prepare_publication(conn, _capture(stack, dbname, ["public.parted", "public.parted_1", "public.v",
-                                                           "public.Missing"]))
+        prepare_publication(
+            conn, _capture(stack, dbname, ["public.parted", "public.parted_1", "public.v", "public.Missing"])
+        )
     text = str(err.value)
     assert "public.parted_1 is a partition of public.parted, and both are in capture.tables" in text
     assert "public.v is a view" in text
@@ -166,17 +180,38 @@ def test_kafka_connect_config_runs_the_same_start_checks(stack, db, tmp_path):
     # The command line runs the check too, and refuses with the reason.
     with conn.cursor() as cur:
         cur.execute("ALTER PUBLICATION lspub SET (publish = 'insert')")
-    data = {"kafka": {"bootstrap_servers": "127.0.0.1:9"}, "catalog": {"type": "hadoop", "warehouse": "file:///tmp/w"},
-            "streams": [{"topic_pattern": r"p\..*"}],
-            "capture": {"database": {"host": stack.pg_host, "port": stack.pg_port, "dbname": dbname,
-                                     "user": stack.pg_user, "password": stack.pg_password},
-                        "tables": tables, "topic_prefix": "p", "publication_name": "lspub",
-                        "manage_publication": False}}
+    data = {
+        "kafka": {"bootstrap_servers": "127.0.0.1:9"},
+        "catalog": {"type": "hadoop", "warehouse": "file:///tmp/w"},
+        "streams": [{"topic_pattern": r"p\..*"}],
+        "capture": {
+            "database": {
+                "host": stack.pg_host,
+                "port": stack.pg_port,
+                "dbname": dbname,
+                "user": stack.pg_user,
+                "password": stack.pg_password,
+            },
+            "tables": tables,
+            "topic_prefix": "p",
+            "publication_name": "lspub",
+            "manage_publication": False,
+        },
+    }
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(data))
-    out = subprocess.run([*LAKESTREAM_COMMAND, "capture", str(path), "--print-connector-config"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [*LAKESTREAM_COMMAND, "capture", str(path), "--print-connector-config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0 and "does not publish update or delete changes" in out.stderr, out.stderr[-2000:]
-    out = subprocess.run([*LAKESTREAM_COMMAND, "capture", str(path), "--print-connector-config",
-                          "--skip-publication-check"], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [*LAKESTREAM_COMMAND, "capture", str(path), "--print-connector-config", "--skip-publication-check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert json.loads(out.stdout)["config"]["publication.autocreate.mode"] == "filtered"

@@ -1,4 +1,5 @@
 """The packed batch layout shared by CaptureBatchConsumer.java and publisher.unpack_batch."""
+
 from __future__ import annotations
 
 import struct
@@ -19,12 +20,15 @@ def _pack(topics: list[str], records: list[tuple[int, bytes | None, bytes | None
 
 def test_unpack_keeps_nulls_empty_values_topics_and_utf8():
     value = '{"name":"Zoë ☃"}'.encode()
-    packed = _pack(["p.public.a", "p.public.b"], [
-        (0, b'{"id":1}', value),
-        (1, b'{"id":2}', None),  # a tombstone
-        (0, None, b""),  # keyless, empty value
-        (1, b"\x00\x00\x00\x00\x07\x02", b"\x00\x00\x00\x00\x08\x04\x06"),  # Avro bytes stay bytes
-    ])
+    packed = _pack(
+        ["p.public.a", "p.public.b"],
+        [
+            (0, b'{"id":1}', value),
+            (1, b'{"id":2}', None),  # a tombstone
+            (0, None, b""),  # keyless, empty value
+            (1, b"\x00\x00\x00\x00\x07\x02", b"\x00\x00\x00\x00\x08\x04\x06"),  # Avro bytes stay bytes
+        ],
+    )
     assert unpack_batch(packed) == [
         ("p.public.a", b'{"id":1}', value),
         ("p.public.b", b'{"id":2}', None),

@@ -3,6 +3,7 @@ quoted names, a partitioned table (partitions attached later, a row moving betwe
 without a primary key (insert-only, and REPLICA IDENTITY FULL with duplicate rows), re-sent events, and
 a pgbench TPC-B-like load with capture SIGKILLed in the middle. Each scenario ends with `verify`.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,9 +12,8 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
-
 from capture_harness import DEAD_LETTER, start_captured_source, stop_captured_source, verify_ok
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 ODD = ['"Order Items"', '"select"', '"a.b"']
 SETUP = [
@@ -44,15 +44,25 @@ SETUP = [
 ]
 PGBENCH = ["pgbench_history", "pgbench_tellers", "pgbench_accounts", "pgbench_branches"]
 TABLES = [*ODD, "events", "log_plain", "log_full", *PGBENCH]
-TOPICS = {"Order_Items": 20, "select": 2, "a_b": 1, "events": 200, "log_plain": 12, "log_full": 6,
-          "pgbench_tellers": 20, "pgbench_accounts": 5000, "pgbench_branches": 2}
+TOPICS = {
+    "Order_Items": 20,
+    "select": 2,
+    "a_b": 1,
+    "events": 200,
+    "log_plain": 12,
+    "log_full": 6,
+    "pgbench_tellers": 20,
+    "pgbench_accounts": 5000,
+    "pgbench_branches": 2,
+}
 PGBENCH_BIN = "/usr/lib/postgresql/15/bin/pgbench"  # from postgresql-15, which bootstrap.sh installs
 
 
 @pytest.fixture(scope="module")
 def src(stack, spark):
-    source = start_captured_source(stack, SETUP, TABLES, "tbl",
-                                   extra={"capture": {"connector": {"heartbeat.interval.ms": "1000"}}})
+    source = start_captured_source(
+        stack, SETUP, TABLES, "tbl", extra={"capture": {"connector": {"heartbeat.interval.ms": "1000"}}}
+    )
     try:
         source.sync(TOPICS)
         yield source
@@ -103,9 +113,16 @@ def test_streaming_changes_of_every_kind_of_table(src, spark):
         "UPDATE public.log_full SET msg = 'B' WHERE msg = 'b'",
     )
     expected = dict(ends)
-    expected.update({"Order_Items": ends["Order_Items"] + 5 + 2, "select": ends["select"] + 1,
-                     "a_b": ends["a_b"] + 1, "log_plain": ends["log_plain"] + 3, "log_full": ends["log_full"] + 3,
-                     "events": ends["events"] + 2 + 3 + 5 * 2 + 1 + 3})
+    expected.update(
+        {
+            "Order_Items": ends["Order_Items"] + 5 + 2,
+            "select": ends["select"] + 1,
+            "a_b": ends["a_b"] + 1,
+            "log_plain": ends["log_plain"] + 3,
+            "log_full": ends["log_full"] + 3,
+            "events": ends["events"] + 2 + 3 + 5 * 2 + 1 + 3,
+        }
+    )
     src.sync(expected)
     rows = {tuple(r) for r in spark.sql(f"SELECT msg, n FROM {src.table('log_full')}").collect()}
     assert rows == {("a", 1), ("a", 10), ("B", 2), ("c", 3)}
@@ -119,16 +136,23 @@ def test_streaming_changes_of_every_kind_of_table(src, spark):
 def test_resent_events_of_a_keyless_table_are_left_out(src, spark):
     """Debezium re-sends the events since its last offset flush after a crash: the same bytes again, at new
     Kafka offsets. Here the test re-sends the keyless tables' latest events itself, as Debezium would."""
-    src.sql("INSERT INTO public.log_plain VALUES ('dup?', 7, NULL), ('dup?', 7, NULL)",
-            "UPDATE public.log_full SET n = 11 WHERE msg = 'B'")
+    src.sql(
+        "INSERT INTO public.log_plain VALUES ('dup?', 7, NULL), ('dup?', 7, NULL)",
+        "UPDATE public.log_full SET n = 11 WHERE msg = 'B'",
+    )
     for table in ("log_plain", "log_full"):
         src.wait_for_events({table: src.end_offset(table)})
     time.sleep(2)
     for table, last in (("log_plain", 4), ("log_full", 2)):
         topic = src.topic(table)
         end = src.end_offset(table)
-        consumer = Consumer({"bootstrap.servers": src.stack.bootstrap_servers, "group.id": f"re-{uuid.uuid4().hex}",
-                             "enable.auto.commit": False})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": src.stack.bootstrap_servers,
+                "group.id": f"re-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+            }
+        )
         consumer.assign([TopicPartition(topic, 0, max(0, end - last))])
         records = []
         while len(records) < last:
@@ -158,12 +182,35 @@ def test_pgbench_load_with_a_capture_kill_in_the_middle(src, spark):
     assert os.path.exists(PGBENCH_BIN), "pgbench is part of postgresql-15 (scripts/bootstrap.sh installs it)"
     stack = src.stack
     env = {**os.environ, "PGPASSWORD": stack.pg_password}
-    load = subprocess.Popen([PGBENCH_BIN, "-n", "-c", "4", "-j", "2", "-T", "24", "-R", "250", "-h", stack.pg_host,
-                             "-p", str(stack.pg_port), "-U", stack.pg_user, src.dbname],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    load = subprocess.Popen(
+        [
+            PGBENCH_BIN,
+            "-n",
+            "-c",
+            "4",
+            "-j",
+            "2",
+            "-T",
+            "24",
+            "-R",
+            "250",
+            "-h",
+            stack.pg_host,
+            "-p",
+            str(stack.pg_port),
+            "-U",
+            stack.pg_user,
+            src.dbname,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     stop = threading.Event()
-    runner = threading.Thread(target=run_pipeline, kwargs={"config": src.config, "stop": stop, "spark": spark},
-                              daemon=True)
+    runner = threading.Thread(
+        target=run_pipeline, kwargs={"config": src.config, "stop": stop, "spark": spark}, daemon=True
+    )
     runner.start()
     try:
         time.sleep(9)
@@ -190,7 +237,9 @@ def test_pgbench_load_with_a_capture_kill_in_the_middle(src, spark):
             load.kill()
     src.run()
     published = src.end_offset("pgbench_history")
-    print(f"pgbench: {transactions} transactions, {published} history events published "
-          f"({published - transactions} re-sent after the kill)")
+    print(
+        f"pgbench: {transactions} transactions, {published} history events published "
+        f"({published - transactions} re-sent after the kill)"
+    )
     verify_ok(src, spark, TABLES)
     _no_dead_letters(spark, src)

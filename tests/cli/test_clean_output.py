@@ -1,4 +1,5 @@
 """Machine-readable output of the real `lakestream` command parses: the JVM's log never reaches stdout."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,9 @@ def test_sql_json_and_health_json_are_clean_on_stdout(spark, stack, pipeline_con
 
     # Two processes at once: each spends most of its time starting a JVM.
     with ThreadPoolExecutor(2) as pool:
-        sql_run = pool.submit(run_lakestream, "sql", pipeline, f"SELECT id, region FROM lake.{NS}.orders ORDER BY id",
-                              "--format", "json")
+        sql_run = pool.submit(
+            run_lakestream, "sql", pipeline, f"SELECT id, region FROM lake.{NS}.orders ORDER BY id", "--format", "json"
+        )
         health_run = pool.submit(run_lakestream, "health", pipeline, "--json", "--no-lag", "--table", f"{NS}.orders")
         sql, health = sql_run.result(), health_run.result()
 

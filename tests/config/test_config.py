@@ -1,4 +1,5 @@
 """The typed pipeline config: errors name the field and the fix; secrets stay out of logs."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,16 +34,19 @@ def test_minimal_config_gets_defaults():
     assert config.stream_for("other") is None
 
 
-@pytest.mark.parametrize("path,value,expected", [
-    ("streams.0.mode", "upsrt", "streams[0].mode"),
-    ("streams.0.topic_pattern", "(", "streams[0].topic_pattern"),
-    ("streams.0.table", "{tabel}", "unknown placeholder"),
-    ("streams.0.namespace", "bad-ns", "streams[0].namespace"),
-    ("engine.max_records_per_batch", 0, "engine.max_records_per_batch"),
-    ("engine.dead_letter_table", "nodot", "<namespace>.<table>"),
-    ("kafka.client", {"group.id": "x"}, "kafka.group_id"),
-    ("kafka.bootstrap_srvers", "x", "remove it or check its spelling"),
-])
+@pytest.mark.parametrize(
+    "path,value,expected",
+    [
+        ("streams.0.mode", "upsrt", "streams[0].mode"),
+        ("streams.0.topic_pattern", "(", "streams[0].topic_pattern"),
+        ("streams.0.table", "{tabel}", "unknown placeholder"),
+        ("streams.0.namespace", "bad-ns", "streams[0].namespace"),
+        ("engine.max_records_per_batch", 0, "engine.max_records_per_batch"),
+        ("engine.dead_letter_table", "nodot", "<namespace>.<table>"),
+        ("kafka.client", {"group.id": "x"}, "kafka.group_id"),
+        ("kafka.bootstrap_srvers", "x", "remove it or check its spelling"),
+    ],
+)
 def test_errors_name_the_field_and_fix(path, value, expected):
     with pytest.raises(ConfigError) as info:
         parse_config(with_(path, value))
@@ -67,7 +71,8 @@ def test_env_expansion_and_missing_variable(monkeypatch, tmp_path):
     path.write_text(
         "kafka: {bootstrap_servers: 'k:9092'}\n"
         "catalog: {uri: 'jdbc:postgresql://h/d', password: '${LS_TEST_PW}', warehouse: 'file:///w'}\n"
-        "streams: [{topics: [a]}]\n")
+        "streams: [{topics: [a]}]\n"
+    )
     config = load_config(path)
     assert config.catalog.password.get_secret_value() == "from-env"
     assert "from-env" not in repr(config) and "from-env" not in str(config.model_dump())

@@ -1,5 +1,6 @@
 """The `storage` section and REST catalog settings: errors name the field and the fix; secrets are
 read from the variables named, never from the file, and never shown."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,13 @@ from lakestream.storage import S3Options, iceberg_io_properties, pyiceberg_io_pr
 
 BASE = {"kafka": {"bootstrap_servers": "127.0.0.1:9092"}, "streams": [{"topics": ["t"]}]}
 JDBC_S3 = {"uri": "jdbc:postgresql://db:5432/lake", "warehouse": "s3://bucket/warehouse"}
-STORAGE = {"endpoint": "http://127.0.0.1:9000", "region": "eu-west-1", "path_style": True,
-           "access_key_id_env": "TEST_S3_KEY", "secret_access_key_env": "TEST_S3_SECRET"}
+STORAGE = {
+    "endpoint": "http://127.0.0.1:9000",
+    "region": "eu-west-1",
+    "path_style": True,
+    "access_key_id_env": "TEST_S3_KEY",
+    "secret_access_key_env": "TEST_S3_SECRET",
+}
 
 
 def config(catalog=None, storage=None, **extra):
@@ -27,14 +33,22 @@ def test_s3_warehouse_without_storage_names_the_fix():
         config()
 
 
-@pytest.mark.parametrize("storage, message", [
-    ({"region": "r", "endpoint": "127.0.0.1:9000"}, r"storage\.endpoint: .* is not an http\(s\)://host\[:port\] URL"),
-    ({"endpoint": "http://x:9000"}, r"storage\.region: Field required — fix: add it"),
-    ({"region": "r", "access_key_id_env": "K"}, r"access_key_id_env and secret_access_key_env go together"),
-    ({"region": "r", "access_key_id_env": "AKIAIOSFODNN7EXAMPLE/x", "secret_access_key_env": "S"},
-     r"is not an environment variable name — fix: give the variable's name, not its value"),
-    ({"region": "r", "secret_key": "x"}, r"storage\.secret_key: Extra inputs are not permitted — fix: remove it"),
-])
+@pytest.mark.parametrize(
+    "storage, message",
+    [
+        (
+            {"region": "r", "endpoint": "127.0.0.1:9000"},
+            r"storage\.endpoint: .* is not an http\(s\)://host\[:port\] URL",
+        ),
+        ({"endpoint": "http://x:9000"}, r"storage\.region: Field required — fix: add it"),
+        ({"region": "r", "access_key_id_env": "K"}, r"access_key_id_env and secret_access_key_env go together"),
+        (
+            {"region": "r", "access_key_id_env": "AKIAIOSFODNN7EXAMPLE/x", "secret_access_key_env": "S"},
+            r"is not an environment variable name — fix: give the variable's name, not its value",
+        ),
+        ({"region": "r", "secret_key": "x"}, r"storage\.secret_key: Extra inputs are not permitted — fix: remove it"),
+    ],
+)
 def test_bad_storage_settings_name_the_field(storage, message):
     with pytest.raises(ConfigError, match=message):
         config(storage=storage)
@@ -57,8 +71,12 @@ def test_credentials_come_from_the_named_variables_and_are_never_shown(monkeypat
     assert pyiceberg_io_properties(cfg.catalog)["s3.force-virtual-addressing"] == "false"
     spark = catalog_conf(cfg.catalog)
     assert spark["spark.sql.catalog.lake.io-impl"].endswith("S3FileIO")
-    for shown in (repr(cfg), str(cfg.storage.credentials), repr(S3Options.from_settings(cfg.storage)),
-                  str(redact(spark))):
+    for shown in (
+        repr(cfg),
+        str(cfg.storage.credentials),
+        repr(S3Options.from_settings(cfg.storage)),
+        str(redact(spark)),
+    ):
         assert "wJalrXUtnFEMI-secret" not in shown and "AKIDEXAMPLE" not in shown, shown
 
 
@@ -77,12 +95,21 @@ def test_default_chain_when_no_variables_are_named():
 
 def test_rest_catalog_settings(monkeypatch):
     monkeypatch.setenv("TEST_REST_CREDENTIAL", "client:secret-value")
-    cfg = config(catalog={"type": "rest", "uri": "https://catalog.example.com/api/catalog", "warehouse": "prod",
-                          "credential_env": "TEST_REST_CREDENTIAL", "vended_credentials": True})
+    cfg = config(
+        catalog={
+            "type": "rest",
+            "uri": "https://catalog.example.com/api/catalog",
+            "warehouse": "prod",
+            "credential_env": "TEST_REST_CREDENTIAL",
+            "vended_credentials": True,
+        }
+    )
     spark = catalog_conf(cfg.catalog)
     assert spark["spark.sql.catalog.lake.type"] == "rest"
     assert spark["spark.sql.catalog.lake.credential"] == "client:secret-value"
-    assert spark["spark.sql.catalog.lake.oauth2-server-uri"] == "https://catalog.example.com/api/catalog/v1/oauth/tokens"
+    assert (
+        spark["spark.sql.catalog.lake.oauth2-server-uri"] == "https://catalog.example.com/api/catalog/v1/oauth/tokens"
+    )
     assert spark["spark.sql.catalog.lake.header.X-Iceberg-Access-Delegation"] == "vended-credentials"
     assert "secret-value" not in str(redact(spark))
 
@@ -90,23 +117,33 @@ def test_rest_catalog_settings(monkeypatch):
 def test_a_private_ca_reaches_the_jvm_rest_client(tmp_path):
     bundle = tmp_path / "ca.pem"
     bundle.write_text("-----BEGIN CERTIFICATE-----\n")
-    cfg = config(catalog={"type": "rest", "uri": "https://catalog.internal:8181", "warehouse": "w",
-                          "ssl_ca_bundle": str(bundle)})
+    cfg = config(
+        catalog={"type": "rest", "uri": "https://catalog.internal:8181", "warehouse": "w", "ssl_ca_bundle": str(bundle)}
+    )
     spark = catalog_conf(cfg.catalog)
     assert spark["spark.sql.catalog.lake.rest.client.tls.configurer-impl"] == "lakestream.LakestreamTlsConfigurer"
     assert spark["spark.sql.catalog.lake.lakestream.ssl-ca-bundle"] == str(bundle)
 
 
-@pytest.mark.parametrize("catalog, message", [
-    ({"type": "rest", "uri": "catalog:8181", "warehouse": "w"}, r"is not an http\(s\) URL — fix: the REST catalog"),
-    ({"type": "jdbc", "uri": "jdbc:postgresql://h/d", "warehouse": "file:///w", "token_env": "T"},
-     r"catalog\.token_env applies to a REST catalog only — fix"),
-    ({"type": "rest", "uri": "http://h", "warehouse": "w", "token_env": "T", "credential_env": "C"}, r"give one"),
-    ({"type": "rest", "uri": "https://h", "warehouse": "w", "ssl_ca_bundle": "/nonexistent/ca.pem"},
-     r"catalog\.ssl_ca_bundle: '/nonexistent/ca\.pem' is not a readable file — fix"),
-    ({"type": "rest", "uri": "http://h", "warehouse": "w", "ssl_ca_bundle": "/etc/hostname"},
-     r"catalog\.ssl_ca_bundle is set but catalog\.uri is not https — fix"),
-])
+@pytest.mark.parametrize(
+    "catalog, message",
+    [
+        ({"type": "rest", "uri": "catalog:8181", "warehouse": "w"}, r"is not an http\(s\) URL — fix: the REST catalog"),
+        (
+            {"type": "jdbc", "uri": "jdbc:postgresql://h/d", "warehouse": "file:///w", "token_env": "T"},
+            r"catalog\.token_env applies to a REST catalog only — fix",
+        ),
+        ({"type": "rest", "uri": "http://h", "warehouse": "w", "token_env": "T", "credential_env": "C"}, r"give one"),
+        (
+            {"type": "rest", "uri": "https://h", "warehouse": "w", "ssl_ca_bundle": "/nonexistent/ca.pem"},
+            r"catalog\.ssl_ca_bundle: '/nonexistent/ca\.pem' is not a readable file — fix",
+        ),
+        (
+            {"type": "rest", "uri": "http://h", "warehouse": "w", "ssl_ca_bundle": "/etc/hostname"},
+            r"catalog\.ssl_ca_bundle is set but catalog\.uri is not https — fix",
+        ),
+    ],
+)
 def test_bad_rest_settings_name_the_field(catalog, message):
     with pytest.raises(ConfigError, match=message):
         config(catalog=catalog)
@@ -114,5 +151,6 @@ def test_bad_rest_settings_name_the_field(catalog, message):
 
 def test_spark_jars_are_listed_in_extra_jars():
     with pytest.raises(ConfigError, match=r"spark\.conf: .*spark\.extra_jars"):
-        config(catalog={"uri": "jdbc:postgresql://h/d", "warehouse": "file:///w"},
-               spark={"conf": {"spark.jars": "/x.jar"}})
+        config(
+            catalog={"uri": "jdbc:postgresql://h/d", "warehouse": "file:///w"}, spark={"conf": {"spark.jars": "/x.jar"}}
+        )

@@ -1,5 +1,6 @@
 """The dashboard's data assembly without Spark: threshold states, charts from the batch log and the
 health history, the maintenance log, and the incremental batch-log reader."""
+
 from __future__ import annotations
 
 import orjson
@@ -17,48 +18,84 @@ NOW = 1_800_000_000_000
 
 
 def config(tmp_path):
-    return parse_config({
-        "name": "dash",
-        "kafka": {"bootstrap_servers": "127.0.0.1:1"},
-        "catalog": {"uri": "jdbc:postgresql://127.0.0.1:1/c", "warehouse": f"file://{tmp_path}/wh"},
-        "streams": [{"topics": ["t"], "namespace": "ns", "table": "t"}],
-        "health": {"thresholds": {"max_snapshots": 10, "max_freshness_s": 60}},
-        "state_dir": str(tmp_path / "state"),
-    }, "<test>")
+    return parse_config(
+        {
+            "name": "dash",
+            "kafka": {"bootstrap_servers": "127.0.0.1:1"},
+            "catalog": {"uri": "jdbc:postgresql://127.0.0.1:1/c", "warehouse": f"file://{tmp_path}/wh"},
+            "streams": [{"topics": ["t"], "namespace": "ns", "table": "t"}],
+            "health": {"thresholds": {"max_snapshots": 10, "max_freshness_s": 60}},
+            "state_dir": str(tmp_path / "state"),
+        },
+        "<test>",
+    )
 
 
 def batch(n: int, commit_ms: int, records: int, lag: int) -> dict:
     # Changes committed at the source 1-3 s before the batch commits.
-    return {"batch": n, "records": records, "seconds": 0.5, "commit_ts_ms": commit_ms, "lag": lag,
-            "source_ts_quantiles": [commit_ms - 3000, commit_ms - 2000, commit_ms - 1000, commit_ms - 3000],
-            "table_records": {"ns.t": records}, "table_lag": {"ns.t": lag}}
+    return {
+        "batch": n,
+        "records": records,
+        "seconds": 0.5,
+        "commit_ts_ms": commit_ms,
+        "lag": lag,
+        "source_ts_quantiles": [commit_ms - 3000, commit_ms - 2000, commit_ms - 1000, commit_ms - 3000],
+        "table_records": {"ns.t": records},
+        "table_lag": {"ns.t": lag},
+    }
 
 
 def test_dashboard_state_from_its_inputs(tmp_path):
     cfg = config(tmp_path)
-    crowded = TableMetrics("ns.t", NOW, rows=40, data_files=12, small_files=12, snapshots=25, metadata_bytes=9000,
-                           freshness_s=5.0, kafka_lag=None, last_compaction_ms=NOW - 60_000,
-                           partitions=[PartitionMetrics({}, 0, 12, 12_000, 0, None)])
+    crowded = TableMetrics(
+        "ns.t",
+        NOW,
+        rows=40,
+        data_files=12,
+        small_files=12,
+        snapshots=25,
+        metadata_bytes=9000,
+        freshness_s=5.0,
+        kafka_lag=None,
+        last_compaction_ms=NOW - 60_000,
+        partitions=[PartitionMetrics({}, 0, 12, 12_000, 0, None)],
+    )
     broken = TableMetrics("ns.gone", NOW, error="table not found")
     alerts = evaluate(crowded, cfg.health.thresholds) + evaluate(broken, cfg.health.thresholds)
     report = HealthReport(NOW, [crowded, broken], alerts, {"ns.t": 0.0, "ns.gone": 0.0})
-    batches = [batch(1, NOW - 7_200_000 * 4, 5, 9),  # older than the 6 h window: left out
-               batch(2, NOW - 20_000, 100, 50), batch(3, NOW - 10_000, 300, 0)]
-    record_health(cfg, HealthReport(NOW - 30_000, [TableMetrics("ns.t", NOW - 30_000, data_files=4,
-                  partitions=[PartitionMetrics({}, 0, 4, 4000, 0, None)])]))
+    batches = [
+        batch(1, NOW - 7_200_000 * 4, 5, 9),  # older than the 6 h window: left out
+        batch(2, NOW - 20_000, 100, 50),
+        batch(3, NOW - 10_000, 300, 0),
+    ]
+    record_health(
+        cfg,
+        HealthReport(
+            NOW - 30_000,
+            [TableMetrics("ns.t", NOW - 30_000, data_files=4, partitions=[PartitionMetrics({}, 0, 4, 4000, 0, None)])],
+        ),
+    )
     record_health(cfg, report)
     record_maintenance(cfg, [MaintenanceResult("ns.t", "compact", "ok", 12, 1, seconds=2.0)], NOW - 5_000)
 
-    state = build_dashboard(cfg, report, batches, read_health_history(cfg), read_maintenance_log(cfg),
-                            {"ns.t": 3, "-": 1})
+    state = build_dashboard(
+        cfg, report, batches, read_health_history(cfg), read_maintenance_log(cfg), {"ns.t": 3, "-": 1}
+    )
     state = orjson.loads(orjson.dumps(state))  # what the page receives
     rows = {r["table"]: r for r in state["tables"]}
     t = rows["ns.t"]
     assert (t["rows"], t["data_files"], t["snapshots"], t["dead_letters"]) == (40, 12, 25, 3)
     assert t["last_compaction_ms"] == NOW - 60_000
     states = {s["metric"]: s["state"] for s in t["thresholds"]}
-    assert states == {"files_per_partition": "ok", "small_file_share": "off", "snapshots": "alert",
-                      "metadata_bytes": "ok", "compaction_lag_s": "ok", "freshness_s": "ok", "kafka_lag": "off"}
+    assert states == {
+        "files_per_partition": "ok",
+        "small_file_share": "off",
+        "snapshots": "alert",
+        "metadata_bytes": "ok",
+        "compaction_lag_s": "ok",
+        "freshness_s": "ok",
+        "kafka_lag": "off",
+    }
     assert rows["ns.gone"]["error"] == "table not found"
     assert state["healthy"] is False and state["summary"]["dead_letters"] == 4
     assert state["summary"]["batches"] == 2 and state["summary"]["records"] == 400

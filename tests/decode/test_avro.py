@@ -1,6 +1,7 @@
 """Avro in Confluent's wire format: the framing, the registry lookup by id, and the mapping of Avro and
 Connect logical types onto the same column types the JSON path gives (a real registry protocol, served
 by the test registry, and real confluent-kafka / fastavro clients; no mocks)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -24,59 +25,131 @@ from lakestream.errors import DecodeError, SchemaRegistryUnavailable
 # The row struct as Confluent's AvroConverter writes it for a Debezium PostgreSQL table: Connect
 # types and semantic names kept as connect.type / connect.name / connect.parameters.
 VALUE = {
-    "type": "record", "name": "Value", "namespace": "shop.public.items",
+    "type": "record",
+    "name": "Value",
+    "namespace": "shop.public.items",
     "fields": [
         {"name": "id", "type": "int"},
         {"name": "small", "type": ["null", {"type": "int", "connect.type": "int16"}], "default": None},
-        {"name": "amount", "type": ["null", {"type": "bytes", "scale": 2, "precision": 10, "connect.version": 1,
-                                             "connect.parameters": {"scale": "2", "connect.decimal.precision": "10"},
-                                             "connect.name": "org.apache.kafka.connect.data.Decimal",
-                                             "logicalType": "decimal"}], "default": None},
-        {"name": "day", "type": ["null", {"type": "int", "connect.version": 1, "connect.name": "io.debezium.time.Date"}],
-         "default": None},
-        {"name": "ts", "type": ["null", {"type": "long", "connect.version": 1,
-                                         "connect.name": "io.debezium.time.MicroTimestamp"}], "default": None},
-        {"name": "tstz", "type": ["null", {"type": "string", "connect.version": 1,
-                                           "connect.name": "io.debezium.time.ZonedTimestamp"}], "default": None},
-        {"name": "doc", "type": ["null", {"type": "string", "connect.version": 1, "connect.name": "io.debezium.data.Json"}],
-         "default": None},
-        {"name": "uid", "type": ["null", {"type": "string", "connect.version": 1, "connect.name": "io.debezium.data.Uuid"}],
-         "default": None},
-        {"name": "mood", "type": ["null", {"type": "string", "connect.version": 1,
-                                           "connect.parameters": {"allowed": "sad,ok,happy"},
-                                           "connect.name": "io.debezium.data.Enum"}], "default": None},
+        {
+            "name": "amount",
+            "type": [
+                "null",
+                {
+                    "type": "bytes",
+                    "scale": 2,
+                    "precision": 10,
+                    "connect.version": 1,
+                    "connect.parameters": {"scale": "2", "connect.decimal.precision": "10"},
+                    "connect.name": "org.apache.kafka.connect.data.Decimal",
+                    "logicalType": "decimal",
+                },
+            ],
+            "default": None,
+        },
+        {
+            "name": "day",
+            "type": ["null", {"type": "int", "connect.version": 1, "connect.name": "io.debezium.time.Date"}],
+            "default": None,
+        },
+        {
+            "name": "ts",
+            "type": ["null", {"type": "long", "connect.version": 1, "connect.name": "io.debezium.time.MicroTimestamp"}],
+            "default": None,
+        },
+        {
+            "name": "tstz",
+            "type": [
+                "null",
+                {"type": "string", "connect.version": 1, "connect.name": "io.debezium.time.ZonedTimestamp"},
+            ],
+            "default": None,
+        },
+        {
+            "name": "doc",
+            "type": ["null", {"type": "string", "connect.version": 1, "connect.name": "io.debezium.data.Json"}],
+            "default": None,
+        },
+        {
+            "name": "uid",
+            "type": ["null", {"type": "string", "connect.version": 1, "connect.name": "io.debezium.data.Uuid"}],
+            "default": None,
+        },
+        {
+            "name": "mood",
+            "type": [
+                "null",
+                {
+                    "type": "string",
+                    "connect.version": 1,
+                    "connect.parameters": {"allowed": "sad,ok,happy"},
+                    "connect.name": "io.debezium.data.Enum",
+                },
+            ],
+            "default": None,
+        },
         {"name": "raw", "type": ["null", "bytes"], "default": None},
         {"name": "tags", "type": ["null", {"type": "array", "items": ["null", "int"]}], "default": None},
         # Avro logical types without Connect names (a schema not written by AvroConverter)
         {"name": "paid_ms", "type": ["null", {"type": "long", "logicalType": "timestamp-millis"}], "default": None},
         {"name": "paid_us", "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}], "default": None},
         {"name": "born", "type": ["null", {"type": "int", "logicalType": "date"}], "default": None},
-        {"name": "price", "type": ["null", {"type": "bytes", "logicalType": "decimal", "precision": 6, "scale": 3}],
-         "default": None},
+        {
+            "name": "price",
+            "type": ["null", {"type": "bytes", "logicalType": "decimal", "precision": 6, "scale": 3}],
+            "default": None,
+        },
     ],
     "connect.name": "shop.public.items.Value",
 }
 ENVELOPE = {
-    "type": "record", "name": "Envelope", "namespace": "shop.public.items",
+    "type": "record",
+    "name": "Envelope",
+    "namespace": "shop.public.items",
     "fields": [
         {"name": "before", "type": ["null", VALUE], "default": None},
         {"name": "after", "type": ["null", "Value"], "default": None},
-        {"name": "source", "type": {"type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql",
-                                    "fields": [{"name": "ts_ms", "type": "long"}, {"name": "table", "type": "string"}],
-                                    "connect.name": "io.debezium.connector.postgresql.Source"}},
+        {
+            "name": "source",
+            "type": {
+                "type": "record",
+                "name": "Source",
+                "namespace": "io.debezium.connector.postgresql",
+                "fields": [{"name": "ts_ms", "type": "long"}, {"name": "table", "type": "string"}],
+                "connect.name": "io.debezium.connector.postgresql.Source",
+            },
+        },
         {"name": "op", "type": "string"},
         {"name": "ts_ms", "type": ["null", "long"], "default": None},
     ],
-    "connect.version": 2, "connect.name": "shop.public.items.Envelope",
+    "connect.version": 2,
+    "connect.name": "shop.public.items.Envelope",
 }
-KEY = {"type": "record", "name": "Key", "namespace": "shop.public.items", "fields": [{"name": "id", "type": "int"}],
-       "connect.name": "shop.public.items.Key"}
+KEY = {
+    "type": "record",
+    "name": "Key",
+    "namespace": "shop.public.items",
+    "fields": [{"name": "id", "type": "int"}],
+    "connect.name": "shop.public.items.Key",
+}
 
-ROW = {"id": 7, "small": 3, "amount": (123456).to_bytes(3, "big", signed=True), "day": 19782,
-       "ts": 1_709_210_096_789_000, "tstz": "2024-02-29T10:34:56.789Z", "doc": '{"a": [1, 2]}',
-       "uid": "0e8f4c1e-3b7a-4d7f-9a34-1a2b3c4d5e6f", "mood": "happy", "raw": b"\xde\xad\xbe\xef",
-       "tags": [1, None, 3], "paid_ms": 1_709_210_096_789, "paid_us": 1_709_210_096_789_123, "born": -1,
-       "price": (-1500).to_bytes(2, "big", signed=True)}
+ROW = {
+    "id": 7,
+    "small": 3,
+    "amount": (123456).to_bytes(3, "big", signed=True),
+    "day": 19782,
+    "ts": 1_709_210_096_789_000,
+    "tstz": "2024-02-29T10:34:56.789Z",
+    "doc": '{"a": [1, 2]}',
+    "uid": "0e8f4c1e-3b7a-4d7f-9a34-1a2b3c4d5e6f",
+    "mood": "happy",
+    "raw": b"\xde\xad\xbe\xef",
+    "tags": [1, None, 3],
+    "paid_ms": 1_709_210_096_789,
+    "paid_us": 1_709_210_096_789_123,
+    "born": -1,
+    "price": (-1500).to_bytes(2, "big", signed=True),
+}
 
 
 def frame(schema_id: int, schema: dict, datum: dict) -> bytes:
@@ -114,15 +187,37 @@ def test_wire_format_header():
 def test_avro_change_decodes_to_the_json_paths_types(registered):
     server, value_id, key_id = registered
     schemas = AvroSchemas({"url": server.url})
-    value = frame(value_id, ENVELOPE, {"before": None, "after": ROW, "source": {"ts_ms": 1709210096789, "table": "items"},
-                                       "op": "c", "ts_ms": 1709210097000})
+    value = frame(
+        value_id,
+        ENVELOPE,
+        {
+            "before": None,
+            "after": ROW,
+            "source": {"ts_ms": 1709210096789, "table": "items"},
+            "op": "c",
+            "ts_ms": 1709210097000,
+        },
+    )
     change = decode_debezium(frame(key_id, KEY, {"id": 7}), value, SchemaCache(), schemas)
     assert change.op == "c" and change.key == {"id": 7} and change.source_ts_ms == 1709210096789
     ddl = dict(zip(change.columns.names, [t.ddl for t in change.columns.types], strict=True))
-    assert ddl == {"id": "int", "small": "int", "amount": "decimal(10,2)", "day": "date", "ts": "timestamp_ntz",
-                   "tstz": "timestamp", "doc": "string", "uid": "string", "mood": "string", "raw": "binary",
-                   "tags": "array<int>", "paid_ms": "timestamp_ntz", "paid_us": "timestamp_ntz", "born": "date",
-                   "price": "decimal(6,3)"}
+    assert ddl == {
+        "id": "int",
+        "small": "int",
+        "amount": "decimal(10,2)",
+        "day": "date",
+        "ts": "timestamp_ntz",
+        "tstz": "timestamp",
+        "doc": "string",
+        "uid": "string",
+        "mood": "string",
+        "raw": "binary",
+        "tags": "array<int>",
+        "paid_ms": "timestamp_ntz",
+        "paid_us": "timestamp_ntz",
+        "born": "date",
+        "price": "decimal(6,3)",
+    }
     row = change.row
     assert row["amount"] == decimal.Decimal("1234.56")
     assert row["price"] == decimal.Decimal("-1.500")
@@ -138,8 +233,11 @@ def test_avro_change_decodes_to_the_json_paths_types(registered):
 def test_avro_and_json_schemas_give_the_same_shape(registered):
     """The Connect schema derived from Avro maps through the same `field_type` as JsonConverter's."""
     json_fields = {  # the same columns as JsonConverter would describe them
-        "amount": {"type": "bytes", "name": "org.apache.kafka.connect.data.Decimal",
-                   "parameters": {"scale": "2", "connect.decimal.precision": "10"}},
+        "amount": {
+            "type": "bytes",
+            "name": "org.apache.kafka.connect.data.Decimal",
+            "parameters": {"scale": "2", "connect.decimal.precision": "10"},
+        },
         "day": {"type": "int32", "name": "io.debezium.time.Date"},
         "ts": {"type": "int64", "name": "io.debezium.time.MicroTimestamp"},
         "small": {"type": "int16"},
@@ -153,8 +251,11 @@ def test_avro_and_json_schemas_give_the_same_shape(registered):
 def test_schemas_are_fetched_once_per_id(registered):
     server, value_id, _ = registered
     schemas = AvroSchemas({"url": server.url})
-    value = frame(value_id, ENVELOPE, {"before": None, "after": ROW, "source": {"ts_ms": 1, "table": "items"},
-                                       "op": "u", "ts_ms": None})
+    value = frame(
+        value_id,
+        ENVELOPE,
+        {"before": None, "after": ROW, "source": {"ts_ms": 1, "table": "items"}, "op": "u", "ts_ms": None},
+    )
     before = server.requests("GET", f"/schemas/ids/{value_id}")
     for _ in range(50):
         decode_avro(value, schemas)
@@ -167,8 +268,11 @@ def test_unknown_id_and_corrupt_body_are_record_errors(registered):
     schemas = AvroSchemas({"url": server.url})
     with pytest.raises(DecodeError, match="schema id 999 is not in the schema registry"):
         decode_avro(b"\x00\x00\x00\x03\xe7" + b"\x02", schemas)
-    good = frame(value_id, ENVELOPE, {"before": None, "after": ROW, "source": {"ts_ms": 1, "table": "t"}, "op": "c",
-                                      "ts_ms": None})
+    good = frame(
+        value_id,
+        ENVELOPE,
+        {"before": None, "after": ROW, "source": {"ts_ms": 1, "table": "t"}, "op": "c", "ts_ms": None},
+    )
     with pytest.raises(DecodeError, match=f"does not match schema id {value_id}"):
         decode_avro(good[:20], schemas)
     with pytest.raises(DecodeError, match="bytes after the record"):
@@ -216,10 +320,16 @@ def test_registry_settings_validation():
 def test_registry_fixture_compatibility_rules(schema_registry):
     """The test registry refuses what Avro resolution refuses (so capture tests meet real refusals)."""
     v1 = {"type": "record", "name": "V", "fields": [{"name": "id", "type": "int"}]}
-    added_optional = {"type": "record", "name": "V", "fields": [{"name": "id", "type": "int"},
-                                                                {"name": "n", "type": ["null", "int"], "default": None}]}
-    added_required = {"type": "record", "name": "V", "fields": [{"name": "id", "type": "int"},
-                                                                {"name": "n", "type": "int"}]}
+    added_optional = {
+        "type": "record",
+        "name": "V",
+        "fields": [{"name": "id", "type": "int"}, {"name": "n", "type": ["null", "int"], "default": None}],
+    }
+    added_required = {
+        "type": "record",
+        "name": "V",
+        "fields": [{"name": "id", "type": "int"}, {"name": "n", "type": "int"}],
+    }
     widened = {"type": "record", "name": "V", "fields": [{"name": "id", "type": "long"}]}
     assert compatibility_problems("FULL_TRANSITIVE", added_optional, [v1]) == []
     assert compatibility_problems("BACKWARD", added_required, [v1])  # old data lacks n, no default
@@ -249,8 +359,11 @@ def test_decode_speed(registered):
     schemas = AvroSchemas({"url": server.url})
     cache = SchemaCache()
     key = frame(key_id, KEY, {"id": 7})
-    value = frame(value_id, ENVELOPE, {"before": None, "after": ROW, "source": {"ts_ms": 1, "table": "items"},
-                                       "op": "c", "ts_ms": None})
+    value = frame(
+        value_id,
+        ENVELOPE,
+        {"before": None, "after": ROW, "source": {"ts_ms": 1, "table": "items"}, "op": "c", "ts_ms": None},
+    )
     decode_debezium(key, value, cache, schemas)
     n = 20_000
     start = time.perf_counter()
@@ -270,11 +383,18 @@ def test_record_decoder_reads_avro_on_debezium_streams_only(registered):
     from lakestream.sink.write.routing import Router
 
     server, value_id, key_id = registered
-    router = Router([StreamSettings(topics=["shop.public.items"], namespace="shop", table="{table}"),
-                     StreamSettings(topics=["clicks"], mode="append", namespace="events", table="clicks")])
+    router = Router(
+        [
+            StreamSettings(topics=["shop.public.items"], namespace="shop", table="{table}"),
+            StreamSettings(topics=["clicks"], mode="append", namespace="events", table="clicks"),
+        ]
+    )
     decoder = RecordDecoder(router, {"url": server.url})
-    value = frame(value_id, ENVELOPE, {"before": None, "after": ROW, "source": {"ts_ms": 1, "table": "items"},
-                                       "op": "c", "ts_ms": None})
+    value = frame(
+        value_id,
+        ENVELOPE,
+        {"before": None, "after": ROW, "source": {"ts_ms": 1, "table": "items"}, "op": "c", "ts_ms": None},
+    )
     rec = SimpleNamespace(topic="shop.public.items", key=frame(key_id, KEY, {"id": 7}), value=value, headers=None)
     change = decoder.decode(rec)
     assert (change.table, change.op, change.key_columns, change.row["id"]) == ("shop.items", "c", ["id"], 7)

@@ -1,4 +1,5 @@
 """The task-side decoder: a routed change or a DecodeError per record, deletes reduced to their key."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,15 @@ from lakestream.sink.write.routing import Router
 
 def _rec(offset: int, key, value, topic: str = "p.public.orders"):
     enc = lambda x: None if x is None else (x if isinstance(x, bytes) else json.dumps(x).encode())  # noqa: E731
-    return SimpleNamespace(topic=topic, partition=0, offset=offset, timestamp_ms=1000 + offset, key=enc(key),
-                           value=enc(value), headers=None)
+    return SimpleNamespace(
+        topic=topic,
+        partition=0,
+        offset=offset,
+        timestamp_ms=1000 + offset,
+        key=enc(key),
+        value=enc(value),
+        headers=None,
+    )
 
 
 def _decode(records, **stream):
@@ -26,18 +34,29 @@ def _decode(records, **stream):
             out.append({"kind": "error", "offset": rec.offset, "error": str(exc), "raw_value": rec.value})
             continue
         if change is not None:
-            out.append({"kind": "change", "offset": rec.offset, "table": change.table, "op": change.op,
-                        "row": change.row, "key": [change.row[k] for k in change.key_columns],
-                        "unavailable": change.unavailable, "shape": change.columns.schema_id})
+            out.append(
+                {
+                    "kind": "change",
+                    "offset": rec.offset,
+                    "table": change.table,
+                    "op": change.op,
+                    "row": change.row,
+                    "key": [change.row[k] for k in change.key_columns],
+                    "unavailable": change.unavailable,
+                    "shape": change.columns.schema_id,
+                }
+            )
     return out
 
 
 def test_default_identity_delete_keeps_only_the_key():
-    rows = _decode([
-        _rec(0, {"id": 1}, {"before": None, "after": {"id": 1, "status": "shipped", "qty": 3}, "op": "c"}),
-        _rec(1, {"id": 1}, {"before": {"id": 1, "status": "dflt", "qty": 0}, "after": None, "op": "d"}),
-        _rec(2, {"id": 1}, None),  # tombstone
-    ])
+    rows = _decode(
+        [
+            _rec(0, {"id": 1}, {"before": None, "after": {"id": 1, "status": "shipped", "qty": 3}, "op": "c"}),
+            _rec(1, {"id": 1}, {"before": {"id": 1, "status": "dflt", "qty": 0}, "after": None, "op": "d"}),
+            _rec(2, {"id": 1}, None),  # tombstone
+        ]
+    )
     changes = [r for r in rows if r["kind"] == "change"]
     assert [c["op"] for c in changes] == ["c", "d"]
     assert changes[1]["row"] == {"id": 1}  # the defaults never leave the decoder
@@ -53,14 +72,20 @@ def test_unavailable_columns_are_listed():
 
 
 def test_bad_records_become_error_rows_with_raw_bytes():
-    rows = _decode([
-        # no key, no key_columns: a table without a primary key (a row multiset), unless an update lacks
-        # its old row (REPLICA IDENTITY DEFAULT cannot say which row changed)
-        _rec(0, None, {"after": {"id": 1}, "before": None, "op": "u"}),
-        _rec(1, {"id": 2}, {"after": {"id": None}, "op": "c"}, ),
-        _rec(2, {"id": 3}, b"{broken"),
-        _rec(3, {"id": 4}, {"after": {"id": 4}, "op": "x"}),
-    ])
+    rows = _decode(
+        [
+            # no key, no key_columns: a table without a primary key (a row multiset), unless an update lacks
+            # its old row (REPLICA IDENTITY DEFAULT cannot say which row changed)
+            _rec(0, None, {"after": {"id": 1}, "before": None, "op": "u"}),
+            _rec(
+                1,
+                {"id": 2},
+                {"after": {"id": None}, "op": "c"},
+            ),
+            _rec(2, {"id": 3}, b"{broken"),
+            _rec(3, {"id": 4}, {"after": {"id": 4}, "op": "x"}),
+        ]
+    )
     errors = [r for r in rows if r["kind"] == "error"]
     assert [e["offset"] for e in errors] == [0, 1, 2, 3]
     assert "REPLICA IDENTITY FULL" in errors[0]["error"]
@@ -70,25 +95,44 @@ def test_bad_records_become_error_rows_with_raw_bytes():
 
 
 def test_a_change_without_a_key_is_a_keyless_row_with_its_source_position():
-    rows = _decode([_rec(0, None, {"after": {"id": 1, "v": "b"}, "before": {"id": 1, "v": "a"}, "op": "u",
-                                   "source": {"lsn": 500, "sequence": '["400","500"]'}})])
+    rows = _decode(
+        [
+            _rec(
+                0,
+                None,
+                {
+                    "after": {"id": 1, "v": "b"},
+                    "before": {"id": 1, "v": "a"},
+                    "op": "u",
+                    "source": {"lsn": 500, "sequence": '["400","500"]'},
+                },
+            )
+        ]
+    )
     change = next(r for r in rows if r["kind"] == "change")
     assert change["row"] == {"id": 1, "v": "b"}
 
 
 def test_key_columns_from_config_override_the_message_key():
-    rows = _decode([_rec(0, None, {"after": {"tenant": "a", "id": 1, "v": 2}, "op": "c"})],
-                   key_columns=["tenant", "id"])
+    rows = _decode(
+        [_rec(0, None, {"after": {"tenant": "a", "id": 1, "v": 2}, "op": "c"})], key_columns=["tenant", "id"]
+    )
     change = next(r for r in rows if r["kind"] == "change")
     assert change["key"] == ["a", 1]
 
 
 def test_append_mode_route_field_errors():
-    rows = _decode([
-        _rec(0, None, {"kind": "ok_table", "x": 1}),
-        _rec(1, None, {"kind": "1bad", "x": 1}),
-        _rec(2, None, {"x": 1}),
-    ], mode="append", route_field="kind", table="{field}", namespace="ev")
+    rows = _decode(
+        [
+            _rec(0, None, {"kind": "ok_table", "x": 1}),
+            _rec(1, None, {"kind": "1bad", "x": 1}),
+            _rec(2, None, {"x": 1}),
+        ],
+        mode="append",
+        route_field="kind",
+        table="{field}",
+        namespace="ev",
+    )
     assert [r["table"] for r in rows if r["kind"] == "change"] == ["ev.ok_table"]
     errors = [r["error"] for r in rows if r["kind"] == "error"]
     assert "'1bad' is not a valid table name" in errors[0]

@@ -1,5 +1,6 @@
 """Debezium / Kafka Connect field schemas → column types, and values → the typed Python values pyarrow builds
 the columns from (dates as epoch days, timestamps as epoch microseconds UTC, decimals as Decimal, bytes)."""
+
 from __future__ import annotations
 
 import base64
@@ -10,8 +11,6 @@ import pytest
 
 from lakestream.decode.types import field_type, infer_type, merge_types
 from lakestream.errors import DecodeError
-
-
 
 _EPOCH = dt.datetime(1970, 1, 1)
 
@@ -37,10 +36,19 @@ def _decimal_schema(precision: int | None, scale: int, kind: str = "bytes") -> d
     return {"type": kind, "name": "org.apache.kafka.connect.data.Decimal", "parameters": params}
 
 
-@pytest.mark.parametrize("kind, ddl", [
-    ("int8", "int"), ("int16", "int"), ("int32", "int"), ("int64", "bigint"), ("float32", "float"),
-    ("float64", "double"), ("boolean", "boolean"), ("string", "string"),
-])
+@pytest.mark.parametrize(
+    "kind, ddl",
+    [
+        ("int8", "int"),
+        ("int16", "int"),
+        ("int32", "int"),
+        ("int64", "bigint"),
+        ("float32", "float"),
+        ("float64", "double"),
+        ("boolean", "boolean"),
+        ("string", "string"),
+    ],
+)
 def test_primitive_types(kind, ddl):
     ftype = field_type({"type": kind})
     assert ftype.ddl == ddl
@@ -60,16 +68,19 @@ def test_bytes_are_base64_decoded_strictly():
         ftype.convert(7)
 
 
-@pytest.mark.parametrize("unscaled, scale, text", [
-    (123456, 2, "1234.56"),
-    (-123456, 2, "-1234.56"),
-    (-1, 2, "-0.01"),
-    (150, 2, "1.50"),
-    (0, 3, "0.000"),
-    (-(2**70), 0, str(-(2**70))),
-    (2**70 + 5, 4, f"{2**70 + 5}"[:-4] + "." + f"{2**70 + 5}"[-4:]),
-    (-(10**29 + 7), 3, "-100000000000000000000000000.007"),  # 30 digits: more than Decimal's default 28
-])
+@pytest.mark.parametrize(
+    "unscaled, scale, text",
+    [
+        (123456, 2, "1234.56"),
+        (-123456, 2, "-1234.56"),
+        (-1, 2, "-0.01"),
+        (150, 2, "1.50"),
+        (0, 3, "0.000"),
+        (-(2**70), 0, str(-(2**70))),
+        (2**70 + 5, 4, f"{2**70 + 5}"[:-4] + "." + f"{2**70 + 5}"[-4:]),
+        (-(10**29 + 7), 3, "-100000000000000000000000000.007"),  # 30 digits: more than Decimal's default 28
+    ],
+)
 def test_decimal_bytes_two_complement(unscaled, scale, text):
     ftype = field_type(_decimal_schema(30, scale))
     assert ftype.ddl == f"decimal(30,{scale})"
@@ -123,7 +134,9 @@ def test_variable_scale_decimal():
     assert ftype.ddl == "string"
     assert ftype.convert({"scale": 3, "value": _unscaled_b64(-12345)}) == "-12.345"
     assert ftype.convert({"scale": 0, "value": _unscaled_b64(42)}) == "42"
-    assert ftype.convert({"scale": 30, "value": _unscaled_b64(-(2**100))}) == "-1.267650600228229401496703205376"  # all 31 digits, not rounded to 28
+    assert (
+        ftype.convert({"scale": 30, "value": _unscaled_b64(-(2**100))}) == "-1.267650600228229401496703205376"
+    )  # all 31 digits, not rounded to 28
     assert ftype.convert(None) is None
     with pytest.raises(DecodeError, match="invalid variable-scale decimal"):
         ftype.convert({"scale": 1, "value": "%%%"})
@@ -144,12 +157,15 @@ def test_date(name):
             ftype.convert(bad)
 
 
-@pytest.mark.parametrize("name, value", [
-    ("io.debezium.time.Timestamp", 1709210096789),
-    ("org.apache.kafka.connect.data.Timestamp", 1709210096789),
-    ("io.debezium.time.MicroTimestamp", 1709210096789000),
-    ("io.debezium.time.NanoTimestamp", 1709210096789000123),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("io.debezium.time.Timestamp", 1709210096789),
+        ("org.apache.kafka.connect.data.Timestamp", 1709210096789),
+        ("io.debezium.time.MicroTimestamp", 1709210096789000),
+        ("io.debezium.time.NanoTimestamp", 1709210096789000123),
+    ],
+)
 def test_timestamps_without_zone(name, value):
     ftype = field_type({"type": "int64", "name": name})
     assert ftype.ddl == "timestamp_ntz"
@@ -168,15 +184,18 @@ def test_timestamp_before_epoch():
     assert nanos.convert(-1000) == -1
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("2024-02-29T10:34:56.789000Z", dt.datetime(2024, 2, 29, 10, 34, 56, 789000)),
-    ("2024-02-29T12:34:56.789+02:00", dt.datetime(2024, 2, 29, 10, 34, 56, 789000)),
-    ("2024-02-29T00:30:00-05:30", dt.datetime(2024, 2, 29, 6, 0, 0)),
-    ("2024-03-01T01:00:00+09:00", dt.datetime(2024, 2, 29, 16, 0, 0)),
-    ("1969-12-31T23:59:59.999999Z", dt.datetime(1969, 12, 31, 23, 59, 59, 999999)),
-    ("1900-01-01T01:00:00+01:00", dt.datetime(1900, 1, 1)),
-    ("2024-02-29T10:34:56.789123456Z", dt.datetime(2024, 2, 29, 10, 34, 56, 789123)),  # nanos truncated
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("2024-02-29T10:34:56.789000Z", dt.datetime(2024, 2, 29, 10, 34, 56, 789000)),
+        ("2024-02-29T12:34:56.789+02:00", dt.datetime(2024, 2, 29, 10, 34, 56, 789000)),
+        ("2024-02-29T00:30:00-05:30", dt.datetime(2024, 2, 29, 6, 0, 0)),
+        ("2024-03-01T01:00:00+09:00", dt.datetime(2024, 2, 29, 16, 0, 0)),
+        ("1969-12-31T23:59:59.999999Z", dt.datetime(1969, 12, 31, 23, 59, 59, 999999)),
+        ("1900-01-01T01:00:00+01:00", dt.datetime(1900, 1, 1)),
+        ("2024-02-29T10:34:56.789123456Z", dt.datetime(2024, 2, 29, 10, 34, 56, 789123)),  # nanos truncated
+    ],
+)
 def test_zoned_timestamp_normalised_to_utc(value, expected):
     ftype = field_type({"type": "string", "name": "io.debezium.time.ZonedTimestamp"})
     assert ftype.ddl == "timestamp"
@@ -191,12 +210,15 @@ def test_zoned_timestamp_garbage_is_a_decode_error():
         ftype.convert(5)
 
 
-@pytest.mark.parametrize("name, value", [
-    ("io.debezium.time.Time", 45296789),
-    ("org.apache.kafka.connect.data.Time", 45296789),
-    ("io.debezium.time.MicroTime", 45296789000),
-    ("io.debezium.time.NanoTime", 45296789000000),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("io.debezium.time.Time", 45296789),
+        ("org.apache.kafka.connect.data.Time", 45296789),
+        ("io.debezium.time.MicroTime", 45296789000),
+        ("io.debezium.time.NanoTime", 45296789000000),
+    ],
+)
 def test_time_types(name, value):
     ftype = field_type({"type": "int64", "name": name})
     assert ftype.ddl == "string"
@@ -208,8 +230,14 @@ def test_time_types(name, value):
 
 def test_zoned_time_and_other_string_semantics():
     assert field_type({"type": "string", "name": "io.debezium.time.ZonedTime"}).convert("12:00:00Z") == "12:00:00Z"
-    for name in ("io.debezium.data.Uuid", "io.debezium.data.Enum", "io.debezium.data.Xml",
-                 "io.debezium.data.EnumSet", "io.debezium.time.Interval", "io.debezium.data.Ltree"):
+    for name in (
+        "io.debezium.data.Uuid",
+        "io.debezium.data.Enum",
+        "io.debezium.data.Xml",
+        "io.debezium.data.EnumSet",
+        "io.debezium.time.Interval",
+        "io.debezium.data.Ltree",
+    ):
         assert field_type({"type": "string", "name": name}).ddl == "string"
     assert field_type({"type": "int64", "name": "io.debezium.time.MicroDuration"}).ddl == "bigint"
     bits = field_type({"type": "bytes", "name": "io.debezium.data.Bits"})
@@ -260,30 +288,54 @@ def test_map_type():
     ftype = field_type({"type": "map", "keys": {"type": "string"}, "values": {"type": "int64"}})
     assert ftype.ddl == "map<string,bigint>"
     assert ftype.convert({"a": 1, "b": None}) == {"a": 1, "b": None}
-    dates = field_type({"type": "map", "keys": {"type": "string"}, "values": {"type": "int32", "name": "io.debezium.time.Date"}})
+    dates = field_type(
+        {"type": "map", "keys": {"type": "string"}, "values": {"type": "int32", "name": "io.debezium.time.Date"}}
+    )
     assert dates.ddl == "map<string,date>"
     assert dates.convert({"x": -1, "y": None}) == {"x": -1, "y": None}
 
 
 def test_struct_type_nested_conversion():
-    schema = {"type": "struct", "fields": [
-        {"field": "when", "type": "int32", "name": "io.debezium.time.Date"},
-        {"field": "price", **_decimal_schema(8, 2)},
-        {"field": "inner", "type": "struct", "fields": [{"field": "n", "type": "int64"}]},
-    ]}
+    schema = {
+        "type": "struct",
+        "fields": [
+            {"field": "when", "type": "int32", "name": "io.debezium.time.Date"},
+            {"field": "price", **_decimal_schema(8, 2)},
+            {"field": "inner", "type": "struct", "fields": [{"field": "n", "type": "int64"}]},
+        ],
+    }
     ftype = field_type(schema)
     assert ftype.ddl == "struct<`when`:date,`price`:decimal(8,2),`inner`:struct<`n`:bigint>>"
     assert ftype.convert({"when": 1, "price": _unscaled_b64(-999), "inner": {"n": 3}}) == {
-        "when": 1, "price": Decimal("-9.99"), "inner": {"n": 3}}
+        "when": 1,
+        "price": Decimal("-9.99"),
+        "inner": {"n": 3},
+    }
     assert ftype.convert({"when": None}) == {"when": None, "price": None, "inner": None}
-    typed = field_type({"type": "struct", "fields": [
-        {"field": "at", "type": "int64", "name": "io.debezium.time.MicroTimestamp"},
-        {"field": "list", "type": "array", "items": {"type": "struct", "fields": [
-            {"field": "d", "type": "int32", "name": "io.debezium.time.Date"}, {"field": "b", "type": "bytes"}]}},
-    ]})
+    typed = field_type(
+        {
+            "type": "struct",
+            "fields": [
+                {"field": "at", "type": "int64", "name": "io.debezium.time.MicroTimestamp"},
+                {
+                    "field": "list",
+                    "type": "array",
+                    "items": {
+                        "type": "struct",
+                        "fields": [
+                            {"field": "d", "type": "int32", "name": "io.debezium.time.Date"},
+                            {"field": "b", "type": "bytes"},
+                        ],
+                    },
+                },
+            ],
+        }
+    )
     assert typed.ddl == "struct<`at`:timestamp_ntz,`list`:array<struct<`d`:date,`b`:binary>>>"
     assert typed.convert({"at": -1, "list": [{"d": -1, "b": "AQ=="}, None, {"d": None}]}) == {
-        "at": -1, "list": [{"d": -1, "b": b"\x01"}, None, {"d": None, "b": None}]}
+        "at": -1,
+        "list": [{"d": -1, "b": b"\x01"}, None, {"d": None, "b": None}],
+    }
 
 
 def test_unknown_type_raises():
@@ -291,21 +343,40 @@ def test_unknown_type_raises():
         field_type({"type": "weird"})
 
 
-@pytest.mark.parametrize("value, expected", [
-    (None, None), (True, "boolean"), (3, "bigint"), (2.5, "double"), ("x", "string"),
-    ([1, 2], "array<bigint>"), ([1, 2.5], "array<double>"), ([], "array<string>"), ({}, None),
-    ({"a": 1, "b": {"c": "x"}}, "struct<`a`:bigint,`b`:struct<`c`:string>>"),
-    ({"a": None}, "struct<`a`:string>"),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (None, None),
+        (True, "boolean"),
+        (3, "bigint"),
+        (2.5, "double"),
+        ("x", "string"),
+        ([1, 2], "array<bigint>"),
+        ([1, 2.5], "array<double>"),
+        ([], "array<string>"),
+        ({}, None),
+        ({"a": 1, "b": {"c": "x"}}, "struct<`a`:bigint,`b`:struct<`c`:string>>"),
+        ({"a": None}, "struct<`a`:string>"),
+    ],
+)
 def test_infer_type(value, expected):
     assert infer_type(value) == expected
 
 
-@pytest.mark.parametrize("a, b, expected", [
-    (None, "bigint", "bigint"), ("bigint", None, "bigint"), ("int", "bigint", "bigint"),
-    ("bigint", "double", "double"), ("double", "bigint", "double"), ("float", "double", "double"),
-    ("bigint", "string", "string"), ("boolean", "bigint", "string"), ("string", "string", "string"),
-])
+@pytest.mark.parametrize(
+    "a, b, expected",
+    [
+        (None, "bigint", "bigint"),
+        ("bigint", None, "bigint"),
+        ("int", "bigint", "bigint"),
+        ("bigint", "double", "double"),
+        ("double", "bigint", "double"),
+        ("float", "double", "double"),
+        ("bigint", "string", "string"),
+        ("boolean", "bigint", "string"),
+        ("string", "string", "string"),
+    ],
+)
 def test_merge_types(a, b, expected):
     assert merge_types(a, b) == expected
 
@@ -325,19 +396,22 @@ def test_json_converter_float_type_names():
     assert field_type({"type": "float", "optional": True, "field": "ratio"}).ddl == "float"
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("2024-02-29T10:34:56.789Z", dt.datetime(2024, 2, 29, 10, 34, 56, 789000)),
-    ("2024-02-29T12:34:56.789+02:00", dt.datetime(2024, 2, 29, 10, 34, 56, 789000)),
-    ("2024-02-29T10:34:56", dt.datetime(2024, 2, 29, 10, 34, 56)),  # no offset: UTC
-    ("1969-12-31T23:59:59.5Z", dt.datetime(1969, 12, 31, 23, 59, 59, 500000)),
-    (1709202896, dt.datetime(2024, 2, 29, 10, 34, 56)),  # epoch seconds
-    (1709202896.789, dt.datetime(2024, 2, 29, 10, 34, 56, 789000)),  # float seconds: rounded, not truncated
-    (1095846138.37, dt.datetime(2004, 9, 22, 9, 42, 18, 370000)),
-    (1709202896789, dt.datetime(2024, 2, 29, 10, 34, 56, 789000)),  # epoch milliseconds
-    (1709202896789123, dt.datetime(2024, 2, 29, 10, 34, 56, 789123)),  # epoch microseconds
-    (0, dt.datetime(1970, 1, 1)),
-    (-86400, dt.datetime(1969, 12, 31)),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("2024-02-29T10:34:56.789Z", dt.datetime(2024, 2, 29, 10, 34, 56, 789000)),
+        ("2024-02-29T12:34:56.789+02:00", dt.datetime(2024, 2, 29, 10, 34, 56, 789000)),
+        ("2024-02-29T10:34:56", dt.datetime(2024, 2, 29, 10, 34, 56)),  # no offset: UTC
+        ("1969-12-31T23:59:59.5Z", dt.datetime(1969, 12, 31, 23, 59, 59, 500000)),
+        (1709202896, dt.datetime(2024, 2, 29, 10, 34, 56)),  # epoch seconds
+        (1709202896.789, dt.datetime(2024, 2, 29, 10, 34, 56, 789000)),  # float seconds: rounded, not truncated
+        (1095846138.37, dt.datetime(2004, 9, 22, 9, 42, 18, 370000)),
+        (1709202896789, dt.datetime(2024, 2, 29, 10, 34, 56, 789000)),  # epoch milliseconds
+        (1709202896789123, dt.datetime(2024, 2, 29, 10, 34, 56, 789123)),  # epoch microseconds
+        (0, dt.datetime(1970, 1, 1)),
+        (-86400, dt.datetime(1969, 12, 31)),
+    ],
+)
 def test_event_time_is_utc_micros(value, expected):
     from lakestream.decode.types import event_time
 
@@ -345,13 +419,16 @@ def test_event_time_is_utc_micros(value, expected):
     assert isinstance(result, int) and result == _micros(expected)
 
 
-@pytest.mark.parametrize("value, message", [
-    (True, "event time True is not a timestamp"),
-    (float("nan"), "event time nan is not a timestamp"),
-    (float("inf"), "event time inf is not a timestamp"),
-    ("yesterday", "not an ISO-8601 timestamp: 'yesterday'"),
-    ([1], r"event time '\[1\]' is neither an ISO-8601 string nor an epoch number"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (True, "event time True is not a timestamp"),
+        (float("nan"), "event time nan is not a timestamp"),
+        (float("inf"), "event time inf is not a timestamp"),
+        ("yesterday", "not an ISO-8601 timestamp: 'yesterday'"),
+        ([1], r"event time '\[1\]' is neither an ISO-8601 string nor an epoch number"),
+    ],
+)
 def test_event_time_rejects_non_timestamps(value, message):
     from lakestream.decode.types import event_time
 

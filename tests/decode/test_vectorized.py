@@ -1,4 +1,5 @@
 """The vectorized run decoder gives exactly what the record-by-record path gives, or declines."""
+
 from __future__ import annotations
 
 import json
@@ -26,16 +27,40 @@ FIELD_ID = b"PARQUET:field_id"
 def _schema(schemas: bool) -> pa.Schema:
     def f(i, name, t, nullable=True):
         return pa.field(name, t, nullable=nullable, metadata={FIELD_ID: str(i)})
+
     if schemas:
-        return pa.schema([f(1, "id", pa.int32(), False), f(2, "customer_id", pa.int64()), f(3, "status", pa.string()),
-                          f(4, "amount", pa.decimal128(12, 2)), f(5, "qty", pa.int32()), f(6, "price", pa.float64()),
-                          f(7, "express", pa.bool_()), f(8, "version", pa.int32()), f(9, "created_day", pa.date32()),
-                          f(10, "created_at", pa.timestamp("us")), f(11, "updated_at", pa.timestamp("us", tz="UTC")),
-                          f(12, "note", pa.string())])
-    return pa.schema([f(1, "id", pa.int64(), False), f(2, "customer_id", pa.int64()), f(3, "status", pa.string()),
-                      f(4, "amount", pa.string()), f(5, "qty", pa.int64()), f(6, "price", pa.float64()),
-                      f(7, "express", pa.bool_()), f(8, "version", pa.int64()), f(9, "created_day", pa.int64()),
-                      f(10, "created_at", pa.int64()), f(11, "updated_at", pa.string()), f(12, "note", pa.string())])
+        return pa.schema(
+            [
+                f(1, "id", pa.int32(), False),
+                f(2, "customer_id", pa.int64()),
+                f(3, "status", pa.string()),
+                f(4, "amount", pa.decimal128(12, 2)),
+                f(5, "qty", pa.int32()),
+                f(6, "price", pa.float64()),
+                f(7, "express", pa.bool_()),
+                f(8, "version", pa.int32()),
+                f(9, "created_day", pa.date32()),
+                f(10, "created_at", pa.timestamp("us")),
+                f(11, "updated_at", pa.timestamp("us", tz="UTC")),
+                f(12, "note", pa.string()),
+            ]
+        )
+    return pa.schema(
+        [
+            f(1, "id", pa.int64(), False),
+            f(2, "customer_id", pa.int64()),
+            f(3, "status", pa.string()),
+            f(4, "amount", pa.string()),
+            f(5, "qty", pa.int64()),
+            f(6, "price", pa.float64()),
+            f(7, "express", pa.bool_()),
+            f(8, "version", pa.int64()),
+            f(9, "created_day", pa.int64()),
+            f(10, "created_at", pa.int64()),
+            f(11, "updated_at", pa.string()),
+            f(12, "note", pa.string()),
+        ]
+    )
 
 
 def _records(events: DebeziumEvents, n: int = 200) -> list:
@@ -47,8 +72,17 @@ def _records(events: DebeziumEvents, n: int = 200) -> list:
         else:
             pairs = [events.upsert(OrderRow(i, i * 7, i % 19 + 1, i % 5 + 1), "u" if i % 3 else "c", now)]
         for key, value in pairs:
-            out.append(SimpleNamespace(topic=events.topic, partition=0, offset=len(out), timestamp_ms=now, key=key,
-                                       value=value, headers=None))
+            out.append(
+                SimpleNamespace(
+                    topic=events.topic,
+                    partition=0,
+                    offset=len(out),
+                    timestamp_ms=now,
+                    key=key,
+                    value=value,
+                    headers=None,
+                )
+            )
     return out
 
 
@@ -82,14 +116,17 @@ def _with_value(records, index, value: bytes):
     return changed
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda p: p.replace(b'"op":"u"', b'"op":"t"', 1),                    # unknown op
-    lambda p: p.replace(b'"qty":', b'"qty":1.5,"x":', 1),                # fraction where an integer is
-    lambda p: p.replace(b'"qty":', b'"new_column":1,"qty":', 1),          # a column the table lacks
-    lambda p: p.replace(b'"note":"', b'"note":"__debezium_unavailable_value","n":"', 1),  # withheld TOAST
-    lambda p: p[:-5],                                                      # truncated JSON
-    lambda p: p.replace(b'"id":', b'"id":null,"i":', 1),                 # null key
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda p: p.replace(b'"op":"u"', b'"op":"t"', 1),  # unknown op
+        lambda p: p.replace(b'"qty":', b'"qty":1.5,"x":', 1),  # fraction where an integer is
+        lambda p: p.replace(b'"qty":', b'"new_column":1,"qty":', 1),  # a column the table lacks
+        lambda p: p.replace(b'"note":"', b'"note":"__debezium_unavailable_value","n":"', 1),  # withheld TOAST
+        lambda p: p[:-5],  # truncated JSON
+        lambda p: p.replace(b'"id":', b'"id":null,"i":', 1),  # null key
+    ],
+)
 def test_anything_unusual_declines_the_run(mutate):
     records = _records(DebeziumEvents("p", "orders", schemas=False), 40)
     schema = _schema(False)
@@ -118,8 +155,8 @@ def test_base64_decimals_in_numpy_equal_the_per_value_path():
     from lakestream.decode.vectorized import decimals_from_base64
 
     rng = random.Random(5)
-    unscaled = [0, 1, -1, 127, 128, -128, -129, 255, 256, 2**31 - 1, -2**31, 2**63 - 1, -2**63, 10**17, -10**17]
-    unscaled += [rng.randrange(-2 ** (8 * k - 1), 2 ** (8 * k - 1)) for k in range(1, 9) for _ in range(50)]
+    unscaled = [0, 1, -1, 127, 128, -128, -129, 255, 256, 2**31 - 1, -(2**31), 2**63 - 1, -(2**63), 10**17, -(10**17)]
+    unscaled += [rng.randrange(-(2 ** (8 * k - 1)), 2 ** (8 * k - 1)) for k in range(1, 9) for _ in range(50)]
 
     def b64(v: int) -> str:
         size = max(1, (v + (v < 0)).bit_length() // 8 + 1)
@@ -137,42 +174,68 @@ def test_base64_decimals_in_numpy_equal_the_per_value_path():
     assert decimals_from_base64(pa.array(["AB*="]), target) is None
     assert decimals_from_base64(pa.array([b64(2**70)]), target) is None
     assert decimals_from_base64(pa.array([b64(10**6)]), pa.decimal128(6, 3)) is None
-    assert decimals_from_base64(pa.array([b64(10**6 - 1)]), pa.decimal128(6, 3)).to_pylist() == [convert(b64(10**6 - 1))]
+    assert decimals_from_base64(pa.array([b64(10**6 - 1)]), pa.decimal128(6, 3)).to_pylist() == [
+        convert(b64(10**6 - 1))
+    ]
 
 
 # -- plain JSON events (append streams) ------------------------------------------------------------
 
+
 def _event_schema() -> pa.Schema:
     def f(i, name, t, nullable=True):
         return pa.field(name, t, nullable=nullable, metadata={FIELD_ID: str(i)})
-    return pa.schema([f(1, "event_id", pa.int64()), f(2, "user_id", pa.int32()), f(3, "kind", pa.string()),
-                      f(4, "amount", pa.float64()), f(5, "mobile", pa.bool_()), f(6, "ts", pa.timestamp("us", tz="UTC"))])
+
+    return pa.schema(
+        [
+            f(1, "event_id", pa.int64()),
+            f(2, "user_id", pa.int32()),
+            f(3, "kind", pa.string()),
+            f(4, "amount", pa.float64()),
+            f(5, "mobile", pa.bool_()),
+            f(6, "ts", pa.timestamp("us", tz="UTC")),
+        ]
+    )
 
 
 def _events(n: int = 40, ts=lambda i: 1_732_540_000_000 + i) -> list:
     out = []
     for i in range(n):
-        value = json.dumps({"event_id": i, "user_id": i % 7, "kind": "view" if i % 2 else "click",
-                            "amount": i * 0.25, "mobile": i % 3 == 0, "ts": ts(i)}).encode()
-        out.append(SimpleNamespace(topic="ev", partition=0, offset=i, timestamp_ms=1, key=None, value=value, headers=None))
+        value = json.dumps(
+            {
+                "event_id": i,
+                "user_id": i % 7,
+                "kind": "view" if i % 2 else "click",
+                "amount": i * 0.25,
+                "mobile": i % 3 == 0,
+                "ts": ts(i),
+            }
+        ).encode()
+        out.append(
+            SimpleNamespace(topic="ev", partition=0, offset=i, timestamp_ms=1, key=None, value=value, headers=None)
+        )
     return out
 
 
 def _events_one_by_one(records, schema):
-    decoder = RecordDecoder(Router([StreamSettings(topics=["ev"], mode="append", namespace="n", table="events",
-                                                   event_time_field="ts")]))
+    decoder = RecordDecoder(
+        Router([StreamSettings(topics=["ev"], mode="append", namespace="n", table="events", event_time_field="ts")])
+    )
     changes = [decoder.decode(rec) for rec in records]
     table, bad = convert_rows([c.row for c in changes], schema)
     assert not bad
     return table, [c.source_ts_ms for c in changes]
 
 
-@pytest.mark.parametrize("ts", [
-    lambda i: 1_732_540_000_000 + i,                                   # epoch milliseconds
-    lambda i: 1_732_540_000 + i / 8,                                   # epoch seconds with fractions
-    lambda i: f"2026-11-25T10:{i % 60:02d}:00.{i:03d}+01:00",          # ISO with an offset
-    lambda i: f"2026-11-25 10:00:{i % 60:02d}",                        # ISO without one (UTC)
-])
+@pytest.mark.parametrize(
+    "ts",
+    [
+        lambda i: 1_732_540_000_000 + i,  # epoch milliseconds
+        lambda i: 1_732_540_000 + i / 8,  # epoch seconds with fractions
+        lambda i: f"2026-11-25T10:{i % 60:02d}:00.{i:03d}+01:00",  # ISO with an offset
+        lambda i: f"2026-11-25 10:00:{i % 60:02d}",  # ISO without one (UTC)
+    ],
+)
 def test_event_run_equals_record_by_record(ts):
     records = _events(ts=ts)
     schema = _event_schema()
@@ -183,21 +246,26 @@ def test_event_run_equals_record_by_record(ts):
     assert run.ops == ["c"] * len(records) and run.source_ts.tolist() == source_ts
 
 
-@pytest.mark.parametrize("mutate", [
-    lambda p: p.replace(b'"user_id": ', b'"user_id": "x', 1).replace(b', "kind"', b'", "kind"', 1),  # text in a number
-    lambda p: p.replace(b'"user_id": ', b'"user_id": 1.5, "u": ', 1),               # a fraction in an integer
-    lambda p: p.replace(b'"user_id": ', b'"user_id": 4294967296, "u": ', 1),        # beyond int32
-    lambda p: p.replace(b'"kind": ', b'"new_field": 1, "kind": ', 1),               # a field the table lacks
-    lambda p: p.replace(b'"ts": ', b'"ts": null, "t": ', 1),                        # no event time
-    lambda p: p.replace(b'"kind": "', b'"kind": "\xff', 1),                          # invalid UTF-8
-    lambda p: p + b'{"event_id": 1}',                                               # two objects in one message
-    lambda p: b"[" + p + b"]",                                                      # not an object
-    lambda p: p.replace(b'"kind": ', b'"kind": {"a": 1}, "k": ', 1),                # an object in a flat column
-    lambda p: p.replace(b'"event_id": ', b'"event_id": NaN, "e": ', 1),             # NaN in an integer
-    lambda p: p.replace(b'"event_id": ', b'"event_id": 1, "event_id": ', 1),        # a field given twice
-    lambda p: p[:-3],                                                               # truncated
-    lambda p: p.replace(b'"amount": ', b'"amount": 9007199254740993, "a": ', 1),     # no double holds it exactly
-])
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda p: p.replace(b'"user_id": ', b'"user_id": "x', 1).replace(
+            b', "kind"', b'", "kind"', 1
+        ),  # text in a number
+        lambda p: p.replace(b'"user_id": ', b'"user_id": 1.5, "u": ', 1),  # a fraction in an integer
+        lambda p: p.replace(b'"user_id": ', b'"user_id": 4294967296, "u": ', 1),  # beyond int32
+        lambda p: p.replace(b'"kind": ', b'"new_field": 1, "kind": ', 1),  # a field the table lacks
+        lambda p: p.replace(b'"ts": ', b'"ts": null, "t": ', 1),  # no event time
+        lambda p: p.replace(b'"kind": "', b'"kind": "\xff', 1),  # invalid UTF-8
+        lambda p: p + b'{"event_id": 1}',  # two objects in one message
+        lambda p: b"[" + p + b"]",  # not an object
+        lambda p: p.replace(b'"kind": ', b'"kind": {"a": 1}, "k": ', 1),  # an object in a flat column
+        lambda p: p.replace(b'"event_id": ', b'"event_id": NaN, "e": ', 1),  # NaN in an integer
+        lambda p: p.replace(b'"event_id": ', b'"event_id": 1, "event_id": ', 1),  # a field given twice
+        lambda p: p[:-3],  # truncated
+        lambda p: p.replace(b'"amount": ', b'"amount": 9007199254740993, "a": ', 1),  # no double holds it exactly
+    ],
+)
 def test_anything_unusual_declines_the_event_run(mutate):
     records = _events()
     schema = _event_schema()

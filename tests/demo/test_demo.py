@@ -1,4 +1,5 @@
 """The README's first command, end to end: `lakestream demo` on its own stack, with a short workload."""
+
 from __future__ import annotations
 
 import subprocess
@@ -13,8 +14,22 @@ from lakestream.verify import PASS_MARKER
 def test_demo_runs_end_to_end_and_verifies(stack_factory):
     stack = stack_factory()
     s = stack.settings
-    cmd = [sys.executable, "-m", "lakestream", "demo", "--duration", "15", "--catchup-timeout", "180",
-           "--state-dir", str(s.state_dir), "--pg-port", str(s.pg_port), "--kafka-port", str(s.kafka_port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lakestream",
+        "demo",
+        "--duration",
+        "15",
+        "--catchup-timeout",
+        "180",
+        "--state-dir",
+        str(s.state_dir),
+        "--pg-port",
+        str(s.pg_port),
+        "--kafka-port",
+        str(s.kafka_port),
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     output = run.stdout + run.stderr
     assert run.returncode == 0, output[-6000:]

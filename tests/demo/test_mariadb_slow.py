@@ -1,6 +1,7 @@
 """The long MariaDB scenarios (marker ``mariadb_slow``, `make test-mariadb`): the shop demo from MariaDB, and
 `lakestream run` SIGKILLed twice while a write load streams from MariaDB through capture (the mirrors converge,
 verify exact)."""
+
 from __future__ import annotations
 
 import random
@@ -12,8 +13,8 @@ import uuid
 
 import pytest
 import yaml
-
 from conftest import catalog_settings, mariadb_database
+
 from lakestream.capture import CaptureProcess
 from lakestream.config import parse_config
 from lakestream.demo.runner import PipelineProcess
@@ -26,9 +27,26 @@ pytestmark = pytest.mark.mariadb_slow
 def test_demo_from_mariadb_verifies(stack_factory):
     stack = stack_factory(source="mariadb", mariadb_port=free_port())
     s = stack.settings
-    cmd = [sys.executable, "-m", "lakestream", "demo", "--source", "mariadb", "--duration", "15",
-           "--catchup-timeout", "180", "--state-dir", str(s.state_dir), "--pg-port", str(s.pg_port),
-           "--kafka-port", str(s.kafka_port), "--mariadb-port", str(s.mariadb_port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lakestream",
+        "demo",
+        "--source",
+        "mariadb",
+        "--duration",
+        "15",
+        "--catchup-timeout",
+        "180",
+        "--state-dir",
+        str(s.state_dir),
+        "--pg-port",
+        str(s.pg_port),
+        "--kafka-port",
+        str(s.kafka_port),
+        "--mariadb-port",
+        str(s.mariadb_port),
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, (run.stdout + run.stderr)[-6000:]
     assert PASS_MARKER in run.stdout and "shop.order_items" in run.stdout, run.stdout[-6000:]
@@ -81,8 +99,11 @@ def test_sigkill_of_lakestream_run_under_load_converges(stack, mariadb, spark, s
         "engine": {"commit_interval_s": 1, "idle_poll_s": 0.3},
         "spark": {"master": "local[2]", "driver_memory": "1g"},
         "state_dir": str(workdir / "state"),
-        "capture": {"database": mariadb_database(mariadb, dbname), "topic_prefix": prefix,
-                    "tables": [f"{dbname}.orders"]},
+        "capture": {
+            "database": mariadb_database(mariadb, dbname),
+            "topic_prefix": prefix,
+            "tables": [f"{dbname}.orders"],
+        },
     }
     yaml_path = workdir / "pipeline.yaml"
     yaml_path.write_text(yaml.safe_dump(data))

@@ -1,31 +1,40 @@
 """Batch ids continue across restarts and across the loop's recovery from a failed batch: the
 ``lakestream.batch-id`` snapshot property and the metrics log never repeat a number."""
+
 from __future__ import annotations
 
 import json
 import uuid
 
 import orjson
-
 from conftest import produce_records
+
 from lakestream.engine.loop import metrics_path, run_pipeline
 from lakestream.source.kafka import KafkaCluster
 
 
 def _events(start: int, count: int) -> list[tuple[str, str]]:
-    return [(json.dumps({"id": i}), json.dumps({"op": "c", "after": {"id": i, "n": i}})) for i in range(start, start + count)]
+    return [
+        (json.dumps({"id": i}), json.dumps({"op": "c", "after": {"id": i, "n": i}}))
+        for i in range(start, start + count)
+    ]
 
 
 def _snapshot_batch_ids(spark, table: str) -> list[int]:
-    rows = spark.sql(f"SELECT summary['lakestream.batch-id'] AS b FROM {table}.snapshots ORDER BY committed_at").collect()
+    rows = spark.sql(
+        f"SELECT summary['lakestream.batch-id'] AS b FROM {table}.snapshots ORDER BY committed_at"
+    ).collect()
     return [int(r.b) for r in rows if r.b is not None]
 
 
 def test_batch_ids_continue_after_restart_and_recovery(spark, pipeline_config_factory, monkeypatch):
     suffix = uuid.uuid4().hex[:6]
     topic = f"bid{suffix}.public.items"
-    config = pipeline_config_factory([{"topics": [topic], "namespace": "batchids", "table": "items_" + suffix}],
-                                     name=f"bid{suffix}", engine={"max_records_per_batch": 10})
+    config = pipeline_config_factory(
+        [{"topics": [topic], "namespace": "batchids", "table": "items_" + suffix}],
+        name=f"bid{suffix}",
+        engine={"max_records_per_batch": 10},
+    )
     table = f"lake.batchids.items_{suffix}"
     produce_records(config.kafka.bootstrap_servers, topic, _events(0, 30))
     first = run_pipeline(config, spark=spark, stop_when_idle=True)
@@ -64,10 +73,19 @@ def test_the_metrics_log_says_where_each_batch_and_commit_spent_its_time(spark, 
     suffix = uuid.uuid4().hex[:6]
     upserts, events = f"steps{suffix}.public.items", f"steps{suffix}.public.events"
     config = pipeline_config_factory(
-        [{"topics": [upserts], "mode": "upsert", "namespace": "steps", "table": "items_" + suffix,
-          "key_columns": ["id"]},
-         {"topics": [events], "mode": "append", "namespace": "steps", "table": "events_" + suffix}],
-        name=f"steps{suffix}", engine={"max_records_per_batch": 40})
+        [
+            {
+                "topics": [upserts],
+                "mode": "upsert",
+                "namespace": "steps",
+                "table": "items_" + suffix,
+                "key_columns": ["id"],
+            },
+            {"topics": [events], "mode": "append", "namespace": "steps", "table": "events_" + suffix},
+        ],
+        name=f"steps{suffix}",
+        engine={"max_records_per_batch": 40},
+    )
     produce_records(config.kafka.bootstrap_servers, upserts, _events(0, 20) + _events(10, 20))
     produce_records(config.kafka.bootstrap_servers, events, _events(0, 20))
     results = run_pipeline(config, spark=spark, stop_when_idle=True)

@@ -16,6 +16,7 @@ one (marker `chaos`), sized by LAKESTREAM_CHAOS_KILLS, LAKESTREAM_CHAOS_COMMIT_K
 LAKESTREAM_CHAOS_BROKER_OUTAGE_S, LAKESTREAM_CHAOS_CATALOG_OUTAGE_S, LAKESTREAM_CHAOS_RATE and
 LAKESTREAM_CHAOS_LOAD_S, and writes its figures to LAKESTREAM_CHAOS_REPORT when set.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
-
 from chaos_harness import ChaosEnv, count_resent, end_offsets
+
 from lakestream.faults import PAUSE_MARKER, POINTS
 
 log = logging.getLogger(__name__)
@@ -53,9 +54,14 @@ SHORT = Scale(kills=2, commit_kills=1, broker_outage_s=6, catalog_outage_s=3, ra
 
 def long_scale() -> Scale:
     kills = int(_env("KILLS", 20))
-    return Scale(kills=kills, commit_kills=int(_env("COMMIT_KILLS", kills // 2)),
-                 broker_outage_s=_env("BROKER_OUTAGE_S", 30), catalog_outage_s=_env("CATALOG_OUTAGE_S", 15),
-                 rate=int(_env("RATE", 150)), load_s=_env("LOAD_S", 10))
+    return Scale(
+        kills=kills,
+        commit_kills=int(_env("COMMIT_KILLS", kills // 2)),
+        broker_outage_s=_env("BROKER_OUTAGE_S", 30),
+        catalog_outage_s=_env("CATALOG_OUTAGE_S", 15),
+        rate=int(_env("RATE", 150)),
+        load_s=_env("LOAD_S", 10),
+    )
 
 
 @pytest.fixture(scope="module", params=["short", pytest.param("long", marks=pytest.mark.chaos)])
@@ -69,9 +75,12 @@ def chaos(request, stack_factory, service_dir_factory):
         yield env
     finally:
         env.close()
-        figures = asdict(env.figures) | {"scale": request.param, "parameters": asdict(scale),
-                                         "seconds": round(time.monotonic() - started, 1),
-                                         "load_average": os.getloadavg()}
+        figures = asdict(env.figures) | {
+            "scale": request.param,
+            "parameters": asdict(scale),
+            "seconds": round(time.monotonic() - started, 1),
+            "load_average": os.getloadavg(),
+        }
         log.info("chaos figures: %s", json.dumps(figures))
         if os.environ.get("LAKESTREAM_CHAOS_REPORT"):
             Path(os.environ["LAKESTREAM_CHAOS_REPORT"]).write_text(json.dumps(figures, indent=2) + "\n")
@@ -93,8 +102,9 @@ def test_sigkills_of_the_pipeline(chaos: ChaosEnv):
         for i in range(scale.kills):
             # The first kill takes the running process as it is; then the commit kills are spread over
             # the run (kill i is one when their share so far is behind).
-            in_commit = (i > 0 and commit_kills < scale.commit_kills
-                         and commit_kills * scale.kills <= i * scale.commit_kills)
+            in_commit = (
+                i > 0 and commit_kills < scale.commit_kills and commit_kills * scale.kills <= i * scale.commit_kills
+            )
             if in_commit:
                 point = POINTS[(first_point + commit_kills) % len(POINTS)]
                 pipeline.start(pause_at=f"{point}:300")
@@ -158,13 +168,16 @@ def test_broker_outage(chaos: ChaosEnv):
             assert pipeline.alive, f"the pipeline gave up while the broker was {outage}:\n{pipeline.tail()}"
             assert capture.running, f"capture died while the broker was {outage}:\n{capture.log_text()[-4000:]}"
             back = end_offsets(servers, chaos.topics)
-            assert all(back[t] >= ends[t] for t in chaos.topics), \
+            assert all(back[t] >= ends[t] for t in chaos.topics), (
                 f"topics went back after the broker was {outage}: {ends} → {back}"
+            )
             resumed = time.monotonic()
-            pipeline.wait_for(lambda before=before: len(pipeline.batches()) > before,
-                              f"batch after the broker was {outage}", 300)
-            log.info("broker %s: the pipeline's next batch came %.1fs after it was back", outage,
-                     time.monotonic() - resumed)
+            pipeline.wait_for(
+                lambda before=before: len(pipeline.batches()) > before, f"batch after the broker was {outage}", 300
+            )
+            log.info(
+                "broker %s: the pipeline's next batch came %.1fs after it was back", outage, time.monotonic() - resumed
+            )
             time.sleep(scale.load_s)
     finally:
         chaos.stop_load(load)

@@ -1,5 +1,6 @@
 """The pipeline on a Spark standalone cluster: executors in their own processes write the data files,
 the driver commits them. Nothing may depend on state local to the driver."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,6 @@ import sys
 import uuid
 
 import yaml
-
 from conftest import catalog_settings, produce_records
 
 
@@ -32,19 +32,33 @@ def test_pipeline_on_a_standalone_cluster(stack, spark, spark_cluster, service_d
         "streams": [{"topics": [topic], "namespace": "cluster", "table": f"accounts_{suffix}"}],
         "engine": {"commit_interval_s": 0, "max_records_per_task": 200},
         # The configuration a real cluster takes (README, "Running on a cluster").
-        "spark": {"master": spark_cluster, "driver_memory": "1g",
-                  "conf": {"spark.executor.memory": "768m", "spark.executor.cores": "1",
-                           "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}},
+        "spark": {
+            "master": spark_cluster,
+            "driver_memory": "1g",
+            "conf": {
+                "spark.executor.memory": "768m",
+                "spark.executor.cores": "1",
+                "spark.driver.host": "127.0.0.1",
+                "spark.driver.bindAddress": "127.0.0.1",
+            },
+        },
         "state_dir": str(work / "state"),
     }
     path = work / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    run = subprocess.run([sys.executable, "-m", "lakestream.cli", "run", str(path), "--until-idle"],
-                         capture_output=True, text=True, timeout=600, env=env)
+    run = subprocess.run(
+        [sys.executable, "-m", "lakestream.cli", "run", str(path), "--until-idle"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     want = {i: (-i if i % 3 == 1 else i * 10) for i in range(1, 401) if i % 7 != 2}
-    got = {r["id"]: r["balance"] for r in spark.sql(f"SELECT id, balance FROM lake.cluster.accounts_{suffix}").collect()}
+    got = {
+        r["id"]: r["balance"] for r in spark.sql(f"SELECT id, balance FROM lake.cluster.accounts_{suffix}").collect()
+    }
     assert got == want
     tasks = spark.sql(f"SELECT count(*) FROM lake.cluster.accounts_{suffix}.files").collect()[0][0]
     assert tasks >= 2  # several tasks wrote files (max_records_per_task=200)

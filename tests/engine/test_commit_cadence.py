@@ -1,27 +1,38 @@
 """Each stream is read and committed at its own commit_interval_s; Kafka holds the rest meanwhile."""
+
 from __future__ import annotations
 
 import json
 import uuid
 
 from conftest import produce_records
+
 from lakestream.engine.pipeline import Pipeline
 
 
 def test_slow_stream_is_read_only_when_due(spark, pipeline_config_factory):
     suffix = uuid.uuid4().hex[:6]
     fast, slow = f"fast{suffix}", f"slow{suffix}"
-    config = pipeline_config_factory([
-        {"topics": [fast], "mode": "append", "namespace": "cadence", "table": f"fast_{suffix}"},
-        {"topics": [slow], "mode": "append", "namespace": "cadence", "table": f"slow_{suffix}",
-         "commit_interval_s": 15},
-    ], name=f"cadence{suffix}")
+    config = pipeline_config_factory(
+        [
+            {"topics": [fast], "mode": "append", "namespace": "cadence", "table": f"fast_{suffix}"},
+            {
+                "topics": [slow],
+                "mode": "append",
+                "namespace": "cadence",
+                "table": f"slow_{suffix}",
+                "commit_interval_s": 15,
+            },
+        ],
+        name=f"cadence{suffix}",
+    )
     assert config.commit_interval(config.streams[0]) == 0 and config.commit_interval(config.streams[1]) == 15
 
     def produce(start: int) -> None:
         for topic in (fast, slow):
-            produce_records(config.kafka.bootstrap_servers, topic,
-                            [(None, json.dumps({"n": i})) for i in range(start, start + 10)])
+            produce_records(
+                config.kafka.bootstrap_servers, topic, [(None, json.dumps({"n": i})) for i in range(start, start + 10)]
+            )
 
     def count(table: str) -> int:
         return spark.sql(f"SELECT count(*) FROM lake.cadence.{table}_{suffix}").collect()[0][0]
@@ -51,17 +62,32 @@ def test_output_table_commits_at_its_own_interval(spark, pipeline_config_factory
     loses nothing (the restart reads from its offsets again), and a clean close commits what it holds."""
     suffix = uuid.uuid4().hex[:6]
     topic, ns = f"held{suffix}", f"held_{suffix}"
-    config = pipeline_config_factory([
-        {"topics": [topic], "mode": "append", "namespace": ns, "table": "events",
-         "transforms": [{"name": "copy", "table": "history", "commit_interval_s": 30,
-                         "sql": "SELECT n, _kafka_offset AS src FROM batch"}]},
-    ], name=f"held{suffix}")
+    config = pipeline_config_factory(
+        [
+            {
+                "topics": [topic],
+                "mode": "append",
+                "namespace": ns,
+                "table": "events",
+                "transforms": [
+                    {
+                        "name": "copy",
+                        "table": "history",
+                        "commit_interval_s": 30,
+                        "sql": "SELECT n, _kafka_offset AS src FROM batch",
+                    }
+                ],
+            },
+        ],
+        name=f"held{suffix}",
+    )
     history = f"{ns}.history"
     sent = [0]
 
     def produce(n: int) -> None:
-        produce_records(config.kafka.bootstrap_servers, topic,
-                        [(None, json.dumps({"n": i})) for i in range(sent[0], sent[0] + n)])
+        produce_records(
+            config.kafka.bootstrap_servers, topic, [(None, json.dumps({"n": i})) for i in range(sent[0], sent[0] + n)]
+        )
         sent[0] += n
 
     def rows(table: str) -> list[int]:
@@ -80,6 +106,7 @@ def test_output_table_commits_at_its_own_interval(spark, pipeline_config_factory
     assert rows("events") == list(range(20)) and rows("history") == []
     # The consumer group stays at the held table's first record, not at the input's position.
     from lakestream.source.kafka import TP
+
     assert first.kafka.committed([TP(topic, 0)]).get(TP(topic, 0)) == 0
     first.kafka.close()  # the process dies here: nothing held is committed
 
@@ -107,7 +134,17 @@ def test_output_interval_shorter_than_the_stream_is_a_config_error(pipeline_conf
     from lakestream.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"streams\[0\]\.transforms\[0\]\.commit_interval_s .* fix: raise it"):
-        pipeline_config_factory([
-            {"topics": ["t"], "mode": "append", "namespace": "n", "table": "t", "commit_interval_s": 60,
-             "transforms": [{"name": "copy", "table": "h", "commit_interval_s": 10, "sql": "SELECT * FROM batch"}]},
-        ])
+        pipeline_config_factory(
+            [
+                {
+                    "topics": ["t"],
+                    "mode": "append",
+                    "namespace": "n",
+                    "table": "t",
+                    "commit_interval_s": 60,
+                    "transforms": [
+                        {"name": "copy", "table": "h", "commit_interval_s": 10, "sql": "SELECT * FROM batch"}
+                    ],
+                },
+            ]
+        )

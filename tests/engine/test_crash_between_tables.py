@@ -5,14 +5,15 @@ the second table's write, after the first table's commit landed and before the c
 advanced); a fresh Pipeline, as after a restart, must give each table every event exactly once.
 Append tables make any duplicate visible as an extra row.
 """
+
 from __future__ import annotations
 
 import json
 import uuid
 
 import pytest
-
 from conftest import produce_records, simulate_death
+
 from lakestream.engine import commits as commits_module
 from lakestream.engine.loop import run_pipeline
 from lakestream.engine.pipeline import Pipeline
@@ -31,9 +32,18 @@ def test_crash_between_table_commits(spark, pipeline_config_factory, monkeypatch
     topic = f"crash{uuid.uuid4().hex[:6]}"
     events = [{"kind": "alpha" if i % 3 else "beta", "n": i, "event_id": f"e{i}"} for i in range(300)]
     config = pipeline_config_factory(
-        [{"topics": [topic], "mode": "append", "namespace": "crash", "table": "{field}_" + topic[-6:],
-          "route_field": "kind"}],
-        name=topic, engine={"table_write_parallelism": 1})
+        [
+            {
+                "topics": [topic],
+                "mode": "append",
+                "namespace": "crash",
+                "table": "{field}_" + topic[-6:],
+                "route_field": "kind",
+            }
+        ],
+        name=topic,
+        engine={"table_write_parallelism": 1},
+    )
     produce_records(config.kafka.bootstrap_servers, topic, [(None, json.dumps(e)) for e in events])
 
     real_write = commits_module.write_table
@@ -63,8 +73,10 @@ def test_crash_between_table_commits(spark, pipeline_config_factory, monkeypatch
 
     # "Restart": a new Pipeline with no memory; the group offsets were never advanced.
     run_pipeline(config, spark=spark, stop_when_idle=True)
-    for table, want in ((alpha, [e["n"] for e in events if e["kind"] == "alpha"]),
-                        (beta, [e["n"] for e in events if e["kind"] == "beta"])):
+    for table, want in (
+        (alpha, [e["n"] for e in events if e["kind"] == "alpha"]),
+        (beta, [e["n"] for e in events if e["kind"] == "beta"]),
+    ):
         got = sorted(r.n for r in spark.sql(f"SELECT n FROM {table}").collect())
         assert got == want, f"{table}: {len(got)} rows, want {len(want)}"
 
@@ -74,7 +86,9 @@ def test_loop_recovers_from_a_failed_batch(spark, pipeline_config_factory, monke
     topic = f"recover{uuid.uuid4().hex[:6]}"
     config = pipeline_config_factory(
         [{"topics": [topic], "mode": "append", "namespace": "crash", "table": "r_" + topic[-6:]}],
-        name=topic, engine={"max_records_per_batch": 100})
+        name=topic,
+        engine={"max_records_per_batch": 100},
+    )
     produce_records(config.kafka.bootstrap_servers, topic, [(None, json.dumps({"n": i})) for i in range(250)])
     real_write = commits_module.write_table
     calls: list[int] = []

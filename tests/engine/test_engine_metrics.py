@@ -1,6 +1,7 @@
 """The engine's own Prometheus endpoint (`engine.metrics_port`), scraped over HTTP while the real
 pipeline runs: batch seconds, records and changes per table, dead letters by kind, freshness, lag,
 commit conflicts and retries."""
+
 from __future__ import annotations
 
 import json
@@ -9,9 +10,9 @@ import time
 import urllib.request
 import uuid
 
+from conftest import load_debezium_fixture, produce_records
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import load_debezium_fixture, produce_records
 from lakestream.engine.loop import run_pipeline
 from lakestream.identifiers import quote_column
 from lakestream.stack.process import free_ports
@@ -19,20 +20,28 @@ from lakestream.stack.process import free_ports
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_run_exports_engine_metrics(stack, spark, pipeline_config_factory):
     events = load_debezium_fixture()
     topic = f"m{uuid.uuid4().hex[:6]}.public.all_types"
-    bad = [(events[0]["key"], "not json at all"),  # malformed
-           (None, events[0]["value"])]  # a change without a key: missing_key
+    bad = [
+        (events[0]["key"], "not json at all"),  # malformed
+        (None, events[0]["value"]),
+    ]  # a change without a key: missing_key
     produce_records(stack.bootstrap_servers, topic, [(e["key"], e["value"]) for e in events] + bad, partition=0)
     [port] = free_ports(1)
     ns = f"metrics_{topic[1:7]}"
-    config = pipeline_config_factory([{"topics": [topic], "namespace": ns, "table": "{table}"}],
-                                     name=f"metrics{topic[1:7]}", engine={"metrics_port": port})
+    config = pipeline_config_factory(
+        [{"topics": [topic], "namespace": ns, "table": "{table}"}],
+        name=f"metrics{topic[1:7]}",
+        engine={"metrics_port": port},
+    )
     table = f"{ns}.all_types"
 
     results = []
@@ -71,7 +80,10 @@ def test_run_exports_engine_metrics(stack, spark, pipeline_config_factory):
         assert first[("lakestream_dead_letters_total", (("kind", "bad_value"),))] == 0
         assert first[("lakestream_table_kafka_lag", (("table", table),))] == 0
         newest_source_s = max(json.loads(e["value"])["payload"]["source"]["ts_ms"] for e in events if e["value"]) / 1000
-        assert abs(first[("lakestream_table_freshness_seconds", (("table", table),))] - (time.time() - newest_source_s)) < 5
+        assert (
+            abs(first[("lakestream_table_freshness_seconds", (("table", table),))] - (time.time() - newest_source_s))
+            < 5
+        )
         assert not [k for k in first if k[0] == "lakestream_commit_conflicts_total"]
 
         # Another writer commits between two batches: the next commit finds its key index stale,
@@ -79,7 +91,9 @@ def test_run_exports_engine_metrics(stack, spark, pipeline_config_factory):
         columns = spark.table(f"lake.{table}").columns
         select = ", ".join("100 AS id" if c == "id" else quote_column(c) for c in columns)
         spark.sql(f"INSERT INTO lake.{table} SELECT {select} FROM lake.{table} WHERE id = 3")
-        update = json.loads(next(e["value"] for e in events if e["value"] and '"op":"u"' in e["value"].replace(" ", "")))
+        update = json.loads(
+            next(e["value"] for e in events if e["value"] and '"op":"u"' in e["value"].replace(" ", ""))
+        )
         sent_ms = int(time.time() * 1000)
         update["payload"]["after"]["note"] = "metrics"
         update["payload"]["source"]["ts_ms"] = sent_ms
@@ -118,17 +132,27 @@ def test_cli_run_serves_metrics_on_its_port_and_keeps_stdout_clean(stack, pipeli
     import subprocess
 
     from conftest import write_pipeline_yaml
+
     from lakestream.capture.process import LAKESTREAM_COMMAND
 
     topic = f"cli{uuid.uuid4().hex[:6]}"
-    produce_records(stack.bootstrap_servers, topic, [(str(i), json.dumps({"id": i, "v": "x"})) for i in range(5)]
-                    + [("bad", "{not json")], partition=0)
-    config = pipeline_config_factory([{"topics": [topic], "mode": "append", "namespace": "metrics_cli",
-                                       "table": topic}], name=topic)
+    produce_records(
+        stack.bootstrap_servers,
+        topic,
+        [(str(i), json.dumps({"id": i, "v": "x"})) for i in range(5)] + [("bad", "{not json")],
+        partition=0,
+    )
+    config = pipeline_config_factory(
+        [{"topics": [topic], "mode": "append", "namespace": "metrics_cli", "table": topic}], name=topic
+    )
     pipeline = write_pipeline_yaml(config, stack, tmp_path / "pipeline.yaml")
     [port] = free_ports(1)
-    proc = subprocess.Popen([*LAKESTREAM_COMMAND, "run", str(pipeline), "--metrics-port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*LAKESTREAM_COMMAND, "run", str(pipeline), "--metrics-port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
     table = f"metrics_cli.{topic}"
     samples: dict = {}
     try:

@@ -7,6 +7,7 @@ own process group (Python driver + Spark JVM), SIGKILLed together as a machine c
 the load, the pipeline runs until caught up and the lake must equal the source exactly: no
 missing row, no extra row, no duplicate key, every column equal.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,8 @@ import psycopg2
 import pytest
 import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
 from conftest import catalog_settings
+
 from lakestream.capture import CaptureProcess
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,9 @@ class LoadGenerator(threading.Thread):
             # Pace to the target rate: `rate` for full_rate_s, then TRICKLE_PER_S.
             while not self.stop_event.is_set():
                 elapsed = time.monotonic() - started
-                allowed = self.rate * min(elapsed, self.full_rate_s) + TRICKLE_PER_S * max(elapsed - self.full_rate_s, 0)
+                allowed = self.rate * min(elapsed, self.full_rate_s) + TRICKLE_PER_S * max(
+                    elapsed - self.full_rate_s, 0
+                )
                 if self.stats.changes < allowed:
                     break
                 self.stop_event.wait(0.02)
@@ -121,8 +124,10 @@ class LoadGenerator(threading.Thread):
         if r < 0.35 and self.accounts:
             key = rng.choice(self.accounts)
             for _ in range(rng.choice([1, 1, 2, 4])):
-                cur.execute("UPDATE accounts SET balance = balance + %s, version = version + 1, note = %s WHERE id = %s",
-                            (rng.randint(-500, 500), f"u{rng.randint(0, 10**6)}", key))
+                cur.execute(
+                    "UPDATE accounts SET balance = balance + %s, version = version + 1, note = %s WHERE id = %s",
+                    (rng.randint(-500, 500), f"u{rng.randint(0, 10**6)}", key),
+                )
                 self.stats.count("account_update")
         elif r < 0.50:
             key = self.next_account
@@ -146,8 +151,10 @@ class LoadGenerator(threading.Thread):
             key = self.next_transfer
             self.next_transfer += 1
             memo = None if rng.random() < 0.2 else f"t{key}-{rng.randint(0, 999)}"
-            cur.execute("INSERT INTO transfers VALUES (%s, %s, %s, %s)",
-                        (key, rng.choice(self.accounts) if self.accounts else 0, rng.randint(1, 10**5), memo))
+            cur.execute(
+                "INSERT INTO transfers VALUES (%s, %s, %s, %s)",
+                (key, rng.choice(self.accounts) if self.accounts else 0, rng.randint(1, 10**5), memo),
+            )
             self.transfers.append(key)
             self.stats.count("transfer_insert")
         elif self.transfers:
@@ -176,9 +183,14 @@ class PipelineProcess:
         with open(self.log_path, "ab") as out:
             out.write(f"\n===== start {time.strftime('%H:%M:%S')} {' '.join(extra)} =====\n".encode())
             out.flush()
-            self.proc = subprocess.Popen([sys.executable, "-m", "lakestream", "run", str(self.config_path), *extra],
-                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, cwd=self.config_path.parent)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "lakestream", "run", str(self.config_path), *extra],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.config_path.parent,
+            )
         self.started_at = time.monotonic()
 
     def log_text(self) -> str:
@@ -223,10 +235,15 @@ def run_and_kill(pipeline: PipelineProcess, rng: random.Random, load: LoadGenera
     now = time.localtime()  # the log's timestamps are local wall-clock times of day
     last_line_age = now.tm_hour * 3600 + now.tm_min * 60 + now.tm_sec - _seconds_of_day(stamps[-1][0])
     pipeline.kill_group()
-    return {"startup_s": round(first_commit - pipeline.started_at, 1), "after_first_commit_s": round(delay, 1),
-            "batches": len(stamps), "last_batch_records": int(stamps[-1][2].replace(",", "")),
-            "last_batch_age_s": round(last_line_age % 86400, 1), "load_running": load.is_alive(),
-            "load_changes_so_far": load.stats.changes}
+    return {
+        "startup_s": round(first_commit - pipeline.started_at, 1),
+        "after_first_commit_s": round(delay, 1),
+        "batches": len(stamps),
+        "last_batch_records": int(stamps[-1][2].replace(",", "")),
+        "last_batch_age_s": round(last_line_age % 86400, 1),
+        "load_running": load.is_alive(),
+        "load_changes_so_far": load.stats.changes,
+    }
 
 
 def during_commits(kills: list[dict]) -> list[dict]:
@@ -238,7 +255,6 @@ def during_commits(kills: list[dict]) -> list[dict]:
 def _seconds_of_day(hms: str) -> int:
     h, m, s = (int(x) for x in hms.split(":"))
     return h * 3600 + m * 60 + s
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,8 +271,14 @@ def _key_id(raw: bytes | None) -> int | None:
 
 def wait_for_sentinels(bootstrap: str, topics: list[str], timeout: float) -> None:
     """Block until every topic holds an event for SENTINEL_ID: all earlier changes precede it in the WAL."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"sentinel-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"sentinel-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
     try:
         meta = consumer.list_topics(timeout=10)
         consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in meta.topics[t].partitions])
@@ -287,8 +309,9 @@ def compare_table(spark, dsn: str, pg_table: str, lake_table: str, columns: list
     count, distinct = spark.sql(f"SELECT count(*), count(DISTINCT id) FROM {lake_table}").collect()[0]
     if count != distinct:
         dups = spark.sql(f"SELECT id, count(*) AS n FROM {lake_table} GROUP BY id HAVING n > 1 LIMIT 10").collect()
-        problems.append(f"{lake_table}: {count} rows but {distinct} distinct ids; duplicated: "
-                        f"{[(r['id'], r['n']) for r in dups]}")
+        problems.append(
+            f"{lake_table}: {count} rows but {distinct} distinct ids; duplicated: {[(r['id'], r['n']) for r in dups]}"
+        )
     lake = {r[0]: tuple(r) for r in spark.sql(f"SELECT {', '.join(columns)} FROM {lake_table}").collect()}
     source = source_rows(dsn, pg_table, columns)
     missing = sorted(set(source) - set(lake))
@@ -299,10 +322,19 @@ def compare_table(spark, dsn: str, pg_table: str, lake_table: str, columns: list
     if extra:
         problems.append(f"{lake_table}: {len(extra)} rows not in the source, e.g. {extra[:10]}")
     if differing:
-        problems.append(f"{lake_table}: {len(differing)} rows differ, e.g. "
-                        + "; ".join(f"source {source[k]} lake {lake[k]}" for k in differing[:5]))
-    log.info("%s: %d source rows, %d lake rows, %d missing, %d extra, %d differing", pg_table, len(source),
-             len(lake), len(missing), len(extra), len(differing))
+        problems.append(
+            f"{lake_table}: {len(differing)} rows differ, e.g. "
+            + "; ".join(f"source {source[k]} lake {lake[k]}" for k in differing[:5])
+        )
+    log.info(
+        "%s: %d source rows, %d lake rows, %d missing, %d extra, %d differing",
+        pg_table,
+        len(source),
+        len(lake),
+        len(missing),
+        len(extra),
+        len(differing),
+    )
     return problems
 
 
@@ -321,8 +353,10 @@ def chaos_db(stack):
         cur.execute(f"CREATE DATABASE {name}")
     yield name
     with admin.cursor() as cur:
-        cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                    "WHERE database = %s AND NOT active", (name,))
+        cur.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = %s AND NOT active",
+            (name,),
+        )
     admin.close()
 
 
@@ -344,25 +378,36 @@ def test_sigkill_during_load_loses_and_duplicates_nothing(stack, chaos_db, servi
     with conn.cursor() as cur:
         cur.execute(ACCOUNTS_DDL)
         cur.execute(TRANSFERS_DDL)
-        cur.execute("INSERT INTO accounts SELECT g, g * 10, 'seed ' || g, 0 FROM generate_series(1, %s) g",
-                    (SEED_ACCOUNTS,))
+        cur.execute(
+            "INSERT INTO accounts SELECT g, g * 10, 'seed ' || g, 0 FROM generate_series(1, %s) g", (SEED_ACCOUNTS,)
+        )
     conn.close()
 
     topics = [f"{prefix}.public.accounts", f"{prefix}.public.transfers"]
     config = {
         "name": f"chaos-{run_id}",
         "state_dir": str(work / "state"),
-        "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-chaos-{run_id}",
-                  "client": {"session.timeout.ms": 6000}},
+        "kafka": {
+            "bootstrap_servers": stack.bootstrap_servers,
+            "group_id": f"lakestream-chaos-{run_id}",
+            "client": {"session.timeout.ms": 6000},
+        },
         "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
         "streams": [{"topics": topics, "namespace": namespace, "table": "{table}"}],
         "engine": {"commit_interval_s": 0, "max_records_per_batch": 2000, "idle_poll_s": 0.2},
         "spark": {"master": "local[2]", "driver_memory": "1500m", "conf": {"spark.ui.enabled": "false"}},
         "capture": {
-            "database": {"host": stack.pg_host, "port": stack.pg_port, "dbname": chaos_db,
-                         "user": stack.pg_user, "password": stack.pg_password},
+            "database": {
+                "host": stack.pg_host,
+                "port": stack.pg_port,
+                "dbname": chaos_db,
+                "user": stack.pg_user,
+                "password": stack.pg_password,
+            },
             "tables": ["public.accounts", "public.transfers"],
-            "topic_prefix": prefix, "slot_name": f"slot_{prefix}", "publication_name": f"pub_{prefix}",
+            "topic_prefix": prefix,
+            "slot_name": f"slot_{prefix}",
+            "publication_name": f"pub_{prefix}",
         },
     }
     config_path = work / "pipeline.yaml"
@@ -389,8 +434,13 @@ def test_sigkill_during_load_loses_and_duplicates_nothing(stack, chaos_db, servi
         load.stop_event.set()
         load.join(30)
         assert load.error is None, load.error
-        log.info("load: %d changes in %d transactions over %.0fs: %s", load.stats.changes, load.stats.transactions,
-                 time.monotonic() - load_started, load.stats.ops)
+        log.info(
+            "load: %d changes in %d transactions over %.0fs: %s",
+            load.stats.changes,
+            load.stats.transactions,
+            time.monotonic() - load_started,
+            load.stats.ops,
+        )
 
         # The sentinel is the last change in the WAL: once it is in both topics, so is everything before.
         conn = psycopg2.connect(dsn)

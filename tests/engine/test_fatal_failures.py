@@ -1,6 +1,7 @@
 """A failure no retry can cure ends `lakestream run` at once and non-zero: a dead driver JVM is not an
 outage to wait out. And a pipeline stopped (SIGTERM) while its batches fail does not exit 0 as if it had
 stopped cleanly. Both on the real process, with its real Spark JVM."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,11 @@ def _java_children(pid: int) -> list[int]:
 def _pipeline(stack, pipeline_config_factory, tmp_path: Path, **engine) -> tuple[PipelineProcess, str, object]:
     suffix = uuid.uuid4().hex[:6]
     topic = f"fatal{suffix}"
-    config = pipeline_config_factory([{"topics": [topic], "mode": "append", "namespace": f"fatal_{suffix}",
-                                       "table": "events"}], name=f"fatal{suffix}", **engine)
+    config = pipeline_config_factory(
+        [{"topics": [topic], "mode": "append", "namespace": f"fatal_{suffix}", "table": "events"}],
+        name=f"fatal{suffix}",
+        **engine,
+    )
     produce_records(config.kafka.bootstrap_servers, topic, [(None, json.dumps({"n": i})) for i in range(5)])
     path = write_pipeline_yaml(config, stack, tmp_path / "pipeline.yaml")
     return PipelineProcess(path, tmp_path / "run.log"), topic, config

@@ -6,6 +6,7 @@ Asserts that the process exits 0; the good tables equal a reference model built 
 events alone (not through the decoder); every bad record is in the dead-letter table exactly once,
 with a reason, matched by topic/partition/offset; and no table was created from a hostile name.
 """
+
 from __future__ import annotations
 
 import base64
@@ -25,7 +26,6 @@ from typing import Any
 
 import yaml
 from confluent_kafka import Producer
-
 from conftest import catalog_settings
 
 SEED = 8
@@ -34,13 +34,17 @@ GOOD_EVENTS = 1200
 GOOD_ROUTED = 600
 PER_KIND = 600
 
-INT32 = (-2**31, 2**31 - 1)
-INT64 = (-2**63, 2**63 - 1)
+INT32 = (-(2**31), 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)
 DAYS = (-719162, 2932896)  # 0001-01-01 .. 9999-12-31
 MICROS = (-62135596800000000, 253402300799999999)
 
-DECIMAL_SCHEMA = {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
-                  "parameters": {"scale": "2", "connect.decimal.precision": "12"}}
+DECIMAL_SCHEMA = {
+    "type": "bytes",
+    "optional": True,
+    "name": "org.apache.kafka.connect.data.Decimal",
+    "parameters": {"scale": "2", "connect.decimal.precision": "12"},
+}
 FIELDS = [
     {"type": "int64", "optional": False, "field": "id"},
     {"type": "int32", "optional": True, "field": "small"},
@@ -52,14 +56,43 @@ FIELDS = [
     {"type": "double", "optional": True, "field": "ratio"},
 ]
 _ROW = {"type": "struct", "fields": FIELDS, "optional": True, "name": "fuzz.Value"}
-VALUE_SCHEMA = {"type": "struct", "name": "fuzz.Envelope", "optional": False, "fields": [
-    {**_ROW, "field": "before"}, {**_ROW, "field": "after"},
-    {"type": "string", "optional": False, "field": "op"},
-    {"type": "int64", "optional": True, "field": "ts_ms"}]}
-KEY_SCHEMA = {"type": "struct", "name": "fuzz.Key", "optional": False,
-              "fields": [{"type": "int64", "optional": False, "field": "id"}]}
-HOSTILE_NAMES = ["a'b", "`x`", "a.b", "x" * 300, "", "x; DROP TABLE y", "t\"q", "../etc", "a b", "名前",
-                 "1abc", "robert');--", "x\x00y", 42, {"t": "alpha"}, ["alpha"], True, None]
+VALUE_SCHEMA = {
+    "type": "struct",
+    "name": "fuzz.Envelope",
+    "optional": False,
+    "fields": [
+        {**_ROW, "field": "before"},
+        {**_ROW, "field": "after"},
+        {"type": "string", "optional": False, "field": "op"},
+        {"type": "int64", "optional": True, "field": "ts_ms"},
+    ],
+}
+KEY_SCHEMA = {
+    "type": "struct",
+    "name": "fuzz.Key",
+    "optional": False,
+    "fields": [{"type": "int64", "optional": False, "field": "id"}],
+}
+HOSTILE_NAMES = [
+    "a'b",
+    "`x`",
+    "a.b",
+    "x" * 300,
+    "",
+    "x; DROP TABLE y",
+    't"q',
+    "../etc",
+    "a b",
+    "名前",
+    "1abc",
+    "robert');--",
+    "x\x00y",
+    42,
+    {"t": "alpha"},
+    ["alpha"],
+    True,
+    None,
+]
 
 
 # What the reason of each kind's dead letter must say.
@@ -123,18 +156,34 @@ class Fuzz:
         rng = self.rng
         small = rng.choice([rng.randint(*INT32), INT32[0], INT32[1], 0])
         big = rng.choice([rng.randint(*INT64), INT64[0], INT64[1], -1])
-        price = decimal.Decimal(rng.randint(-10**10 + 1, 10**10 - 1)).scaleb(-2)
+        price = decimal.Decimal(rng.randint(-(10**10) + 1, 10**10 - 1)).scaleb(-2)
         day = rng.choice([rng.randint(*DAYS), DAYS[0], DAYS[1], 0])
         ts = rng.choice([rng.randint(*MICROS), MICROS[0], MICROS[1], 0])
-        name = rng.choice(["plain", "quote ' \" `", "emoji 🦆", "tab\tnew\nline", "", "x" * 500,
-                           "__not_unavailable__", "ünïcödé"]) + str(rng.randint(0, 999))
+        name = rng.choice(
+            ["plain", "quote ' \" `", "emoji 🦆", "tab\tnew\nline", "", "x" * 500, "__not_unavailable__", "ünïcödé"]
+        ) + str(rng.randint(0, 999))
         ratio = rng.choice([rng.uniform(-1e300, 1e300), 0.1, -0.0, 1e-300, rng.random()])
-        wire = {"id": key, "small": small, "big": big, "price": _encode_decimal(price), "day": day, "ts": ts,
-                "name": name, "ratio": ratio}
+        wire = {
+            "id": key,
+            "small": small,
+            "big": big,
+            "price": _encode_decimal(price),
+            "day": day,
+            "ts": ts,
+            "name": name,
+            "ratio": ratio,
+        }
         if rng.random() < 0.1:
             wire["name"] = None
-        model = (small, big, price, dt.date(1970, 1, 1) + dt.timedelta(days=day),
-                 dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=ts), wire["name"], ratio)
+        model = (
+            small,
+            big,
+            price,
+            dt.date(1970, 1, 1) + dt.timedelta(days=day),
+            dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=ts),
+            wire["name"],
+            ratio,
+        )
         return wire, model
 
     def good_upsert(self, topic: str | None = None, partition: int | None = None) -> None:
@@ -163,8 +212,14 @@ class Fuzz:
         for _ in range(300):
             self.good_upsert(self.ledger_topic, 0)
         subtle = [
-            (b"\xff\xfe{}", {}), (None, {}), (b"[1]", {}), (b"{not json}", {}),
-            (None, {"day": 10**9}), (None, {"day": DAYS[1] + 1}), (None, {"ts": 9 * 10**18}), (None, {"ts": MICROS[0] - 1}),
+            (b"\xff\xfe{}", {}),
+            (None, {}),
+            (b"[1]", {}),
+            (b"{not json}", {}),
+            (None, {"day": 10**9}),
+            (None, {"day": DAYS[1] + 1}),
+            (None, {"ts": 9 * 10**18}),
+            (None, {"ts": MICROS[0] - 1}),
         ]
         for i in range(300):
             if i % 30 == 15:
@@ -175,8 +230,9 @@ class Fuzz:
                     self.good.append((self.ledger_topic, 1, None, _envelope("c", None, wire), "missing_key"))
                 else:
                     kind = "impossible_date" if extra else "malformed_key"
-                    self.good.append((self.ledger_topic, 1, raw_key if raw_key else _key(key),
-                                      _envelope("c", None, wire), kind))
+                    self.good.append(
+                        (self.ledger_topic, 1, raw_key if raw_key else _key(key), _envelope("c", None, wire), kind)
+                    )
             self.good_upsert(self.ledger_topic, 1)
         out = list(self.good)
         self.good.clear()
@@ -184,8 +240,12 @@ class Fuzz:
 
     def good_event(self) -> None:
         n = len(self.events)
-        event = {"event_id": n, "user": f"u{self.rng.randint(0, 50)}", "amount": self.rng.randint(0, 10**6) + 0.5,
-                 "n": self.rng.randint(-2**62, 2**62)}
+        event = {
+            "event_id": n,
+            "user": f"u{self.rng.randint(0, 50)}",
+            "amount": self.rng.randint(0, 10**6) + 0.5,
+            "n": self.rng.randint(-(2**62), 2**62),
+        }
         self.events.append((event["event_id"], event["user"], event["amount"], event["n"]))
         self.good.append((self.event_topic, n % 2, None, json.dumps(event).encode(), None))
 
@@ -193,7 +253,9 @@ class Fuzz:
         kind = self.rng.choice(["alpha", "beta"])
         n = sum(map(len, self.routed.values()))
         self.routed[kind].append((n, f"v{n}"))
-        self.good.append((self.routed_topic, 0, None, json.dumps({"kind": kind, "seq": n, "v": f"v{n}"}).encode(), None))
+        self.good.append(
+            (self.routed_topic, 0, None, json.dumps({"kind": kind, "seq": n, "v": f"v{n}"}).encode(), None)
+        )
 
     # -- bad records ---------------------------------------------------------------------------
     def _bad(self, kind: str, value: bytes | None, key: bytes | None = None, topic: str | None = None) -> None:
@@ -210,48 +272,169 @@ class Fuzz:
     def bad_records(self) -> None:
         rng = self.rng
         gen = {
-            "random_bytes": lambda: self._bad("random_bytes", rng.randbytes(rng.randint(8, 400)),
-                                              _key(rng.randint(1, 1500))),
-            "truncated_json": lambda: self._bad("truncated_json", (v := _envelope("c", None, self._valid_wire()))
-                                                [: rng.randint(1, len(v) - 2)], _key(1)),
-            "extreme_nesting": lambda: self._bad("extreme_nesting", rng.choice([
-                b"[" * 20000 + b"]" * 20000,
-                b'{"a":' * 5000 + b"1" + b"}" * 5000,
-                _envelope("c", None, self._valid_wire() | {"name": None})
-                .replace(b'"name":null', b'"name":' + b"[" * 3000 + b"]" * 3000)]), _key(2)),
-            "not_an_envelope": lambda: self._bad("not_an_envelope", rng.choice([
-                b"[1,2,3]", b'"hello"', b"42", b"null", b"true", b'{"foo":"bar"}', b"{}",
-                json.dumps({"schema": VALUE_SCHEMA, "payload": 5}).encode(),
-                json.dumps({"schema": VALUE_SCHEMA, "payload": [1]}).encode()]), _key(3)),
-            "unknown_op": lambda: self._bad("unknown_op", _envelope(rng.choice(["x", "C", "", "delete", "z"]), None,
-                                                                    self._valid_wire()), _key(4)),
-            "create_without_after": lambda: self._bad("create_without_after", rng.choice([
-                _envelope("c", None, None), _envelope("u", self._valid_wire(), None),
-                json.dumps({"schema": VALUE_SCHEMA, "payload": {"op": "c"}}).encode()]), _key(5)),
-            "after_not_object": lambda: self._bad("after_not_object", _envelope(
-                "c", None, rng.choice([[1, 2], "row", 5, True]))[:], _key(6)),
-            "wrong_type_key": lambda: self._bad("wrong_type_key", _envelope(
-                "c", None, self._valid_wire() | {"id": rng.choice(["not-a-number", None, 1.5, [1], {"a": 1}, True])}),
-                _key("x")),
-            "wrong_type_column": lambda: self._bad("wrong_type_column", _envelope("u", None, self._valid_wire() | rng.choice([
-                {"small": "text"}, {"big": True}, {"ratio": "abc"}, {"small": {"a": 1}}, {"big": [1]},
-                {"ratio": False}, {"small": 1.5}, {"day": "2024-01-01"}, {"ts": "noon"}, {"price": 12.345}]))),
-            "integer_overflow": lambda: self._bad("integer_overflow", _envelope("u", None, self._valid_wire() | rng.choice([
-                {"small": 2**31}, {"small": -2**31 - 1}, {"small": 2**40}, {"big": 2**63}, {"big": -2**63 - 1},
-                {"big": 2**70}, {"id": 2**64}]))),
-            "nan_infinity": lambda: self._bad("nan_infinity", _envelope("u", None, self._valid_wire() | rng.choice([
-                {"small": math.nan}, {"big": math.inf}, {"small": -math.inf}, {"price": math.nan},
-                {"price": math.inf}, {"id": math.nan}]))),
-            "invalid_base64_decimal": lambda: self._bad("invalid_base64_decimal", _envelope(
-                "u", None, self._valid_wire() | {"price": rng.choice(["!!!", "abc", "====", "AAAA*", "é",
-                                                                       base64.b64encode(b"\x7f" * 20).decode()])})),
-            "impossible_date": lambda: self._bad("impossible_date", _envelope("u", None, self._valid_wire() | rng.choice([
-                {"day": 10**9}, {"day": -10**9}, {"day": DAYS[1] + 1}, {"day": DAYS[0] - 1}, {"day": 2**40},
-                {"ts": MICROS[1] + 1}, {"ts": 9 * 10**18}, {"ts": -9 * 10**18}, {"ts": 10**20}]))),
-            "confluent_avro": lambda: self._bad("confluent_avro", b"\x00" + struct.pack(">I", rng.randint(1, 1000))
-                                                + rng.randbytes(rng.randint(2, 60)), _key(7)),
-            "non_utf8_key": lambda: self._bad("non_utf8_key", _envelope("c", None, self._good_row(
-                rng.randint(900_000, 999_999))[0]), rng.choice([b"\xff\xfe\xfd", b'{"id":\xff}', b"\x80" * 10])),
+            "random_bytes": lambda: self._bad(
+                "random_bytes", rng.randbytes(rng.randint(8, 400)), _key(rng.randint(1, 1500))
+            ),
+            "truncated_json": lambda: self._bad(
+                "truncated_json", (v := _envelope("c", None, self._valid_wire()))[: rng.randint(1, len(v) - 2)], _key(1)
+            ),
+            "extreme_nesting": lambda: self._bad(
+                "extreme_nesting",
+                rng.choice(
+                    [
+                        b"[" * 20000 + b"]" * 20000,
+                        b'{"a":' * 5000 + b"1" + b"}" * 5000,
+                        _envelope("c", None, self._valid_wire() | {"name": None}).replace(
+                            b'"name":null', b'"name":' + b"[" * 3000 + b"]" * 3000
+                        ),
+                    ]
+                ),
+                _key(2),
+            ),
+            "not_an_envelope": lambda: self._bad(
+                "not_an_envelope",
+                rng.choice(
+                    [
+                        b"[1,2,3]",
+                        b'"hello"',
+                        b"42",
+                        b"null",
+                        b"true",
+                        b'{"foo":"bar"}',
+                        b"{}",
+                        json.dumps({"schema": VALUE_SCHEMA, "payload": 5}).encode(),
+                        json.dumps({"schema": VALUE_SCHEMA, "payload": [1]}).encode(),
+                    ]
+                ),
+                _key(3),
+            ),
+            "unknown_op": lambda: self._bad(
+                "unknown_op", _envelope(rng.choice(["x", "C", "", "delete", "z"]), None, self._valid_wire()), _key(4)
+            ),
+            "create_without_after": lambda: self._bad(
+                "create_without_after",
+                rng.choice(
+                    [
+                        _envelope("c", None, None),
+                        _envelope("u", self._valid_wire(), None),
+                        json.dumps({"schema": VALUE_SCHEMA, "payload": {"op": "c"}}).encode(),
+                    ]
+                ),
+                _key(5),
+            ),
+            "after_not_object": lambda: self._bad(
+                "after_not_object", _envelope("c", None, rng.choice([[1, 2], "row", 5, True]))[:], _key(6)
+            ),
+            "wrong_type_key": lambda: self._bad(
+                "wrong_type_key",
+                _envelope(
+                    "c", None, self._valid_wire() | {"id": rng.choice(["not-a-number", None, 1.5, [1], {"a": 1}, True])}
+                ),
+                _key("x"),
+            ),
+            "wrong_type_column": lambda: self._bad(
+                "wrong_type_column",
+                _envelope(
+                    "u",
+                    None,
+                    self._valid_wire()
+                    | rng.choice(
+                        [
+                            {"small": "text"},
+                            {"big": True},
+                            {"ratio": "abc"},
+                            {"small": {"a": 1}},
+                            {"big": [1]},
+                            {"ratio": False},
+                            {"small": 1.5},
+                            {"day": "2024-01-01"},
+                            {"ts": "noon"},
+                            {"price": 12.345},
+                        ]
+                    ),
+                ),
+            ),
+            "integer_overflow": lambda: self._bad(
+                "integer_overflow",
+                _envelope(
+                    "u",
+                    None,
+                    self._valid_wire()
+                    | rng.choice(
+                        [
+                            {"small": 2**31},
+                            {"small": -(2**31) - 1},
+                            {"small": 2**40},
+                            {"big": 2**63},
+                            {"big": -(2**63) - 1},
+                            {"big": 2**70},
+                            {"id": 2**64},
+                        ]
+                    ),
+                ),
+            ),
+            "nan_infinity": lambda: self._bad(
+                "nan_infinity",
+                _envelope(
+                    "u",
+                    None,
+                    self._valid_wire()
+                    | rng.choice(
+                        [
+                            {"small": math.nan},
+                            {"big": math.inf},
+                            {"small": -math.inf},
+                            {"price": math.nan},
+                            {"price": math.inf},
+                            {"id": math.nan},
+                        ]
+                    ),
+                ),
+            ),
+            "invalid_base64_decimal": lambda: self._bad(
+                "invalid_base64_decimal",
+                _envelope(
+                    "u",
+                    None,
+                    self._valid_wire()
+                    | {
+                        "price": rng.choice(
+                            ["!!!", "abc", "====", "AAAA*", "é", base64.b64encode(b"\x7f" * 20).decode()]
+                        )
+                    },
+                ),
+            ),
+            "impossible_date": lambda: self._bad(
+                "impossible_date",
+                _envelope(
+                    "u",
+                    None,
+                    self._valid_wire()
+                    | rng.choice(
+                        [
+                            {"day": 10**9},
+                            {"day": -(10**9)},
+                            {"day": DAYS[1] + 1},
+                            {"day": DAYS[0] - 1},
+                            {"day": 2**40},
+                            {"ts": MICROS[1] + 1},
+                            {"ts": 9 * 10**18},
+                            {"ts": -9 * 10**18},
+                            {"ts": 10**20},
+                        ]
+                    ),
+                ),
+            ),
+            "confluent_avro": lambda: self._bad(
+                "confluent_avro",
+                b"\x00" + struct.pack(">I", rng.randint(1, 1000)) + rng.randbytes(rng.randint(2, 60)),
+                _key(7),
+            ),
+            "non_utf8_key": lambda: self._bad(
+                "non_utf8_key",
+                _envelope("c", None, self._good_row(rng.randint(900_000, 999_999))[0]),
+                rng.choice([b"\xff\xfe\xfd", b'{"id":\xff}', b"\x80" * 10]),
+            ),
         }
         for make in gen.values():
             for _ in range(PER_KIND):
@@ -268,8 +451,15 @@ class Fuzz:
                 ("not_an_envelope", rng.choice([b"[1]", b"7", b'"s"', b"null"])),
                 ("wrong_type_column", json.dumps({"event_id": 10**7, "user": "u", "amount": 1.5, "n": "abc"}).encode()),
                 ("integer_overflow", json.dumps({"event_id": 10**7, "user": "u", "amount": 1.5, "n": 2**70}).encode()),
-                ("hostile_column", json.dumps({"event_id": 10**7, "user": "u", "amount": 1.5, "n": 1} | rng.choice([
-                    {"we`ird": 1}, {"": 1}, {"x" * 300: 1}, {"ctl\x01": 1}, {"N": 5}, {"nested": {"b`ad": 1}}])).encode()),
+                (
+                    "hostile_column",
+                    json.dumps(
+                        {"event_id": 10**7, "user": "u", "amount": 1.5, "n": 1}
+                        | rng.choice(
+                            [{"we`ird": 1}, {"": 1}, {"x" * 300: 1}, {"ctl\x01": 1}, {"N": 5}, {"nested": {"b`ad": 1}}]
+                        )
+                    ).encode(),
+                ),
             ]:
                 self._bad(kind, value, topic=self.event_topic)
         # The routed topic: hostile table names in the routing field.
@@ -300,8 +490,16 @@ class Fuzz:
 
 def _produce(bootstrap: str, records: list[tuple]) -> list[tuple[str, int, int, str | None]]:
     """Produce in order; (topic, partition, offset, bad kind) of each record."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True,
-                         "message.max.bytes": 8_000_000, "batch.size": 1_000_000, "compression.type": "lz4"})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "enable.idempotence": True,
+            "message.max.bytes": 8_000_000,
+            "batch.size": 1_000_000,
+            "compression.type": "lz4",
+        }
+    )
     placed: list[tuple[str, int, int, str | None]] = []
     failures: list[str] = []
 
@@ -311,6 +509,7 @@ def _produce(bootstrap: str, records: list[tuple]) -> list[tuple[str, int, int, 
                 failures.append(str(err))
             else:
                 placed.append((msg.topic(), msg.partition(), msg.offset(), kind))
+
         return on_delivery
 
     for topic, partition, key, value, kind in records:
@@ -325,7 +524,12 @@ def _produce(bootstrap: str, records: list[tuple]) -> list[tuple[str, int, int, 
 def test_fuzzed_topics_dead_letter_every_bad_record_and_keep_every_good_one(stack, spark, service_dir_factory):
     suffix = uuid.uuid4().hex[:6]
     namespace = f"fuzz{suffix}"
-    topics = (f"fuzz{suffix}.public.items", f"fuzz{suffix}.events", f"fuzz{suffix}.routed", f"fuzz{suffix}.public.ledger")
+    topics = (
+        f"fuzz{suffix}.public.items",
+        f"fuzz{suffix}.events",
+        f"fuzz{suffix}.routed",
+        f"fuzz{suffix}.public.ledger",
+    )
     fuzz = Fuzz(random.Random(SEED), *topics)
     records = fuzz.records()
     kinds = Counter(r[4] for r in records if r[4] is not None)
@@ -334,21 +538,39 @@ def test_fuzzed_topics_dead_letter_every_bad_record_and_keep_every_good_one(stac
 
     admin = AdminClient({"bootstrap.servers": stack.bootstrap_servers})
     # Brokers refuse messages over 1 MB by default; the topic's max.message.bytes admits the 1-5 MB values.
-    for future in admin.create_topics([NewTopic(t, num_partitions=2 if t != topics[2] else 1, replication_factor=1,
-                                                config={"max.message.bytes": "8000000"}) for t in topics]).values():
+    for future in admin.create_topics(
+        [
+            NewTopic(
+                t,
+                num_partitions=2 if t != topics[2] else 1,
+                replication_factor=1,
+                config={"max.message.bytes": "8000000"},
+            )
+            for t in topics
+        ]
+    ).values():
         future.result(timeout=30)
     placed = _produce(stack.bootstrap_servers, records)
 
     work = service_dir_factory("fuzz")
     config = {
         "name": f"fuzz{suffix}",
-        "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"fuzz{suffix}",
-                  "client": {"session.timeout.ms": 6000}},
+        "kafka": {
+            "bootstrap_servers": stack.bootstrap_servers,
+            "group_id": f"fuzz{suffix}",
+            "client": {"session.timeout.ms": 6000},
+        },
         "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
         "streams": [
             {"topics": [topics[0]], "mode": "upsert", "namespace": namespace, "table": "items"},
             {"topics": [topics[1]], "mode": "append", "namespace": namespace, "table": "events"},
-            {"topics": [topics[2]], "mode": "append", "namespace": namespace, "table": "{field}", "route_field": "kind"},
+            {
+                "topics": [topics[2]],
+                "mode": "append",
+                "namespace": namespace,
+                "table": "{field}",
+                "route_field": "kind",
+            },
             {"topics": [topics[3]], "mode": "upsert", "namespace": namespace, "table": "ledger"},
         ],
         "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
@@ -357,8 +579,13 @@ def test_fuzzed_topics_dead_letter_every_bad_record_and_keep_every_good_one(stac
     }
     path = work / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
-    run = subprocess.run([sys.executable, "-m", "lakestream", "run", str(path), "--until-idle"],
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    run = subprocess.run(
+        [sys.executable, "-m", "lakestream", "run", str(path), "--until-idle"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    )
     assert run.returncode == 0, run.stderr[-5000:]
 
     # No table from a hostile name: exactly the three good tables (+ the routed ones) exist.
@@ -366,8 +593,10 @@ def test_fuzzed_topics_dead_letter_every_bad_record_and_keep_every_good_one(stac
     assert tables == {"items", "events", "alpha", "beta", "ledger"}
 
     # Every bad record is a dead letter exactly once, with a reason; no good record is.
-    letters = spark.sql(f"SELECT topic, `partition`, `offset`, error FROM lake.lakestream.dead_letter "
-                        f"WHERE topic IN ({', '.join(repr(t) for t in topics)})").collect()
+    letters = spark.sql(
+        f"SELECT topic, `partition`, `offset`, error FROM lake.lakestream.dead_letter "
+        f"WHERE topic IN ({', '.join(repr(t) for t in topics)})"
+    ).collect()
     got = Counter((r.topic, r.partition, r.offset) for r in letters)
     assert max(got.values()) == 1, [k for k, n in got.items() if n > 1][:5]
     kind_of = {(t, p, o): kind for t, p, o, kind in placed}
@@ -379,10 +608,14 @@ def test_fuzzed_topics_dead_letter_every_bad_record_and_keep_every_good_one(stac
     missing = sorted(want - set(got))
     assert not missing, [(c, kind_of[c]) for c in missing[:10]] + [f"{len(missing)} missing"]
     unexpected = sorted(set(got) - want)
-    assert not unexpected, [(c, next(r.error for r in letters if (r.topic, r.partition, r.offset) == c))
-                            for c in unexpected[:5]]
-    wrong_reason = [(kind_of[(r.topic, r.partition, r.offset)], r.error[:200]) for r in letters
-                    if not re.search(REASONS[kind_of[(r.topic, r.partition, r.offset)]], r.error)]
+    assert not unexpected, [
+        (c, next(r.error for r in letters if (r.topic, r.partition, r.offset) == c)) for c in unexpected[:5]
+    ]
+    wrong_reason = [
+        (kind_of[(r.topic, r.partition, r.offset)], r.error[:200])
+        for r in letters
+        if not re.search(REASONS[kind_of[(r.topic, r.partition, r.offset)]], r.error)
+    ]
     assert not wrong_reason, sorted({(kind, error[:90]) for kind, error in wrong_reason})[:20]
 
     # The good tables equal the reference model.
@@ -393,7 +626,9 @@ def test_fuzzed_topics_dead_letter_every_bad_record_and_keep_every_good_one(stac
         assert got_rows.keys() == model.keys(), table
         diff = [(k, got_rows[k], v) for k, v in model.items() if got_rows[k] != v]
         assert not diff, (table, diff[:3])
-    events = sorted(tuple(r) for r in spark.sql(f"SELECT event_id, user, amount, n FROM lake.{namespace}.events").collect())
+    events = sorted(
+        tuple(r) for r in spark.sql(f"SELECT event_id, user, amount, n FROM lake.{namespace}.events").collect()
+    )
     assert events == sorted(fuzz.events)
     for kind, expected in fuzz.routed.items():
         got_routed = sorted(tuple(r) for r in spark.sql(f"SELECT seq, v FROM lake.{namespace}.{kind}").collect())

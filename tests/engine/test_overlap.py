@@ -5,6 +5,7 @@ batches) goes into an upsert table. Batches must overlap, and the table must equ
 state. Then a process death inside a commit, while the next batch's job is in flight, must leave nothing
 behind that a restart would apply twice or lose.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,8 @@ import random
 import uuid
 
 import pytest
-
 from conftest import produce_records, simulate_death
+
 from lakestream.engine import commits as commits_module
 from lakestream.engine.loop import run_pipeline
 from lakestream.engine.pipeline import Pipeline
@@ -32,14 +33,24 @@ def _changes(n: int, keys: int, seed: int) -> tuple[list[tuple[str, str | None]]
         key = rng.randrange(keys)
         if key in state and rng.random() < 0.2:
             before = {"id": key, "v": state.pop(key)}
-            out.append((json.dumps({"id": key}), json.dumps({"before": before, "after": None, "op": "d",
-                                                             "ts_ms": 1_700_000_000_000 + i})))
+            out.append(
+                (
+                    json.dumps({"id": key}),
+                    json.dumps({"before": before, "after": None, "op": "d", "ts_ms": 1_700_000_000_000 + i}),
+                )
+            )
             out.append((json.dumps({"id": key}), None))  # the tombstone
         else:
             op = "u" if key in state else "c"
             state[key] = i
-            out.append((json.dumps({"id": key}), json.dumps({"before": None, "after": {"id": key, "v": i}, "op": op,
-                                                             "ts_ms": 1_700_000_000_000 + i})))
+            out.append(
+                (
+                    json.dumps({"id": key}),
+                    json.dumps(
+                        {"before": None, "after": {"id": key, "v": i}, "op": op, "ts_ms": 1_700_000_000_000 + i}
+                    ),
+                )
+            )
     return out, state
 
 
@@ -53,7 +64,9 @@ def test_batches_overlap_and_the_mirror_is_exact(spark, pipeline_config_factory)
     topic = f"overlap{uuid.uuid4().hex[:6]}"
     config = pipeline_config_factory(
         [{"topics": [topic], "mode": "upsert", "namespace": "overlap", "table": topic, "key_columns": ["id"]}],
-        name=topic, engine={"max_records_per_batch": 400})
+        name=topic,
+        engine={"max_records_per_batch": 400},
+    )
     records, state = _changes(3000, 500, seed=1)
     produce_records(config.kafka.bootstrap_servers, topic, records)
 
@@ -66,7 +79,9 @@ def test_a_death_inside_a_commit_with_the_next_job_in_flight(spark, pipeline_con
     topic = f"overdie{uuid.uuid4().hex[:6]}"
     config = pipeline_config_factory(
         [{"topics": [topic], "mode": "upsert", "namespace": "overlap", "table": topic, "key_columns": ["id"]}],
-        name=topic, engine={"max_records_per_batch": 300})
+        name=topic,
+        engine={"max_records_per_batch": 300},
+    )
     records, state = _changes(2000, 300, seed=2)
     produce_records(config.kafka.bootstrap_servers, topic, records)
 

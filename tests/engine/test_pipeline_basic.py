@@ -1,4 +1,5 @@
 """The engine on genuine Debezium events: types, upsert/delete/dedup, offsets in the snapshot, replay."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -20,8 +21,11 @@ def test_genuine_debezium_events_land_typed(stack, spark, pipeline_config_factor
     produce_records(stack.bootstrap_servers, topic, [(e["key"], e["value"]) for e in events])
     ns = "basic_" + ("s" if "noschema" not in fixture else "n")
     dead = f"dl_{topic[1:7]}.dead_letter"  # a dead-letter table of its own: no other test writes to it
-    config = pipeline_config_factory([{"topics": [topic], "namespace": ns, "table": "{table}_" + topic[:7]}],
-                                     name=f"basic{topic[:7]}", engine={"dead_letter_table": dead})
+    config = pipeline_config_factory(
+        [{"topics": [topic], "namespace": ns, "table": "{table}_" + topic[:7]}],
+        name=f"basic{topic[:7]}",
+        engine={"dead_letter_table": dead},
+    )
     results = run_pipeline(config, spark=spark, stop_when_idle=True)
     assert sum(r.records for r in results) == 7  # 8 messages, one tombstone
     # No record failed, and yet the dead-letter table exists: a monitoring query on it works from the start.

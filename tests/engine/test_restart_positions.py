@@ -1,4 +1,5 @@
 """Where a restart resumes: from what the tables say, not from a consumer group that may be stale."""
+
 from __future__ import annotations
 
 import json
@@ -6,21 +7,24 @@ import time
 import uuid
 
 from confluent_kafka.admin import AdminClient, NewTopic
-
 from conftest import produce_records
+
 from lakestream.engine.loop import run_pipeline
 
 
 def _events(start: int, count: int, note: str) -> list[tuple[str, str]]:
-    return [(json.dumps({"id": i}), json.dumps({"op": "c", "after": {"id": i, "note": note}, "source": {"ts_ms": 1}}))
-            for i in range(start, start + count)]
+    return [
+        (json.dumps({"id": i}), json.dumps({"op": "c", "after": {"id": i, "note": note}, "source": {"ts_ms": 1}}))
+        for i in range(start, start + count)
+    ]
 
 
 def test_stale_group_offset_after_topic_recreated(spark, pipeline_config_factory):
     topic = f"re{uuid.uuid4().hex[:6]}.public.items"
     name = f"restart{topic[2:8]}"
-    config = pipeline_config_factory([{"topics": [topic], "namespace": "restart", "table": "{table}_" + topic[2:8]}],
-                                     name=name)
+    config = pipeline_config_factory(
+        [{"topics": [topic], "namespace": "restart", "table": "{table}_" + topic[2:8]}], name=name
+    )
     table = f"lake.restart.items_{topic[2:8]}"
     produce_records(config.kafka.bootstrap_servers, topic, _events(0, 50, "old"))
     run_pipeline(config, spark=spark, stop_when_idle=True)

@@ -1,6 +1,7 @@
 """A Spark session started as on a cluster, with the Iceberg runtime and the JDBC driver given by Maven
 coordinates (``spark.jars_from: packages`` → ``spark.jars.packages``, resolved by Spark's Ivy from Maven
 Central), writes and commits a mirror: `lakestream run` in its own process, the rows read back here."""
+
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import uuid
 
 import pytest
 from conftest import load_debezium_fixture, produce_records, run_lakestream, write_pipeline_yaml
+
 from lakestream import jars
 from lakestream.config import SparkSettings
 from lakestream.errors import LakestreamError
@@ -42,16 +44,24 @@ def test_packages_mode_gives_coordinates_not_cached_jars():
     assert session_packages(SparkSettings()) is None
 
 
-def test_a_session_with_jars_by_coordinates_writes_and_commits_a_mirror(stack, spark, pipeline_config_factory,
-                                                                       tmp_path):
+def test_a_session_with_jars_by_coordinates_writes_and_commits_a_mirror(
+    stack, spark, pipeline_config_factory, tmp_path
+):
     events = [e for e in load_debezium_fixture() if e["topic"].endswith(".all_types")]
     topic = f"pkg{uuid.uuid4().hex[:6]}.public.all_types"
     produce_records(stack.bootstrap_servers, topic, [(e["key"], e["value"]) for e in events])
     ivy = jars.cache_root().parent / "ivy"  # Ivy's own cache, kept between runs like Maven's
     config = pipeline_config_factory(
-        [{"topics": [topic], "namespace": "pkg", "table": "{table}_" + topic[:9]}], name=f"pkg{topic[3:9]}",
-        spark={"master": "local[1]", "driver_memory": "1g", "jars_from": "packages", "bundled_aws_sdk": False,
-               "conf": {"spark.jars.ivy": str(ivy)}})
+        [{"topics": [topic], "namespace": "pkg", "table": "{table}_" + topic[:9]}],
+        name=f"pkg{topic[3:9]}",
+        spark={
+            "master": "local[1]",
+            "driver_memory": "1g",
+            "jars_from": "packages",
+            "bundled_aws_sdk": False,
+            "conf": {"spark.jars.ivy": str(ivy)},
+        },
+    )
     path = write_pipeline_yaml(config, stack, tmp_path / "pipeline.yaml")
     os.chmod(path, 0o600)
     done = run_lakestream("run", str(path), "--until-idle", timeout=600)
@@ -63,8 +73,11 @@ def test_a_session_with_jars_by_coordinates_writes_and_commits_a_mirror(stack, s
     expected_keys = set()
     for e in events:
         key = json.loads(e["key"])["payload"]["id"]
-        (expected_keys.discard if json.loads(e["value"] or "null") is None or
-         (json.loads(e["value"])["payload"] or {}).get("op") == "d" else expected_keys.add)(key)
+        (
+            expected_keys.discard
+            if json.loads(e["value"] or "null") is None or (json.loads(e["value"])["payload"] or {}).get("op") == "d"
+            else expected_keys.add
+        )(key)
     assert {r["id"] for r in rows} == expected_keys and rows
     summary = spark.sql(f"SELECT summary FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1").first()[0]
     assert topic in summary.get("lakestream.offsets", ""), summary

@@ -1,4 +1,5 @@
 """The Spark session lakestream builds behaves alike on Spark 3.5 and 4.1 where PySpark 4 changed a default."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Pure units of the engine: routing, identifier quoting, freshness quantiles, offsets encoding."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,20 +14,27 @@ from lakestream.source.kafka import TP
 
 
 def test_topic_parts_of_debezium_names():
-    assert topic_parts("shop.public.order_items") == {"prefix": "shop", "schema": "public", "table": "order_items",
-                                                      "topic": "shop_public_order_items"}
+    assert topic_parts("shop.public.order_items") == {
+        "prefix": "shop",
+        "schema": "public",
+        "table": "order_items",
+        "topic": "shop_public_order_items",
+    }
     assert topic_parts("a.b.c.d")["prefix"] == "a_b"  # a dotted prefix
     assert topic_parts("clicks")["table"] == "clicks"
     assert topic_parts("shop.public.Order-Items")["table"] == "order_items"
 
 
 def test_router_template_field_and_header():
-    router = Router([
-        StreamSettings(topics=["shop.public.orders"], namespace="cdc", table="{schema}_{table}"),
-        StreamSettings(topic_pattern=r"events\..*", mode="append", namespace="ev", table="{field}",
-                       route_field="kind"),
-        StreamSettings(topics=["mixed"], mode="append", namespace="ev", table="m_{field}", route_header="type"),
-    ])
+    router = Router(
+        [
+            StreamSettings(topics=["shop.public.orders"], namespace="cdc", table="{schema}_{table}"),
+            StreamSettings(
+                topic_pattern=r"events\..*", mode="append", namespace="ev", table="{field}", route_field="kind"
+            ),
+            StreamSettings(topics=["mixed"], mode="append", namespace="ev", table="m_{field}", route_header="type"),
+        ]
+    )
     assert router.route("shop.public.orders")[1] == TableName("cdc", "public_orders")
     assert router.route("events.x", {"kind": "click"})[1] == TableName("ev", "click")
     assert router.route("mixed", {}, [("type", b"view")])[1] == TableName("ev", "m_view")
@@ -138,21 +146,37 @@ def test_failures_are_classified_by_type_not_by_text():
     assert classify_failure(ConnectionRefusedError(111, "Connection refused")).kind == "outage"
     assert classify_failure(MemoryError()).kind == "fatal"
     # The Java exception's cause chain: a catalog that refuses connections is an outage.
-    chain = _JavaException("UncheckedSQLException", "Failed to connect",
-                           _JavaException("PSQLException", "Connection to 127.0.0.1:5 refused",
-                                          _JavaException("ConnectException", "Connection refused")))
+    chain = _JavaException(
+        "UncheckedSQLException",
+        "Failed to connect",
+        _JavaException(
+            "PSQLException",
+            "Connection to 127.0.0.1:5 refused",
+            _JavaException("ConnectException", "Connection refused"),
+        ),
+    )
     assert classify_failure(_Py4JJavaError(chain)).kind == "outage"
     conflict = _Py4JJavaError(_JavaException("ValidationException", "Found conflicting files"))
     assert classify_failure(conflict).kind == "conflict" and conflict_cause(conflict) == "validation"
     assert conflict_cause(_Py4JJavaError(_JavaException("ClassNotFoundException", "x"))) is None
     assert classify_failure(_Py4JJavaError(_JavaException("OutOfMemoryError", "Java heap space"))).kind == "fatal"
     # A Spark task's Python failure reaches the driver as text naming its exception class.
-    task = _Py4JJavaError(_JavaException("SparkException", "Job aborted",
-                                         _JavaException("PythonException", "Traceback (most recent call last):\n"
-                                                        "cimpl.KafkaException: KafkaError{code=_TRANSPORT}")))
+    task = _Py4JJavaError(
+        _JavaException(
+            "SparkException",
+            "Job aborted",
+            _JavaException(
+                "PythonException",
+                "Traceback (most recent call last):\ncimpl.KafkaException: KafkaError{code=_TRANSPORT}",
+            ),
+        )
+    )
     assert classify_failure(task).kind == "outage"
-    poison = _Py4JJavaError(_JavaException("SparkException", "Job aborted",
-                                           _JavaException("PythonException", "pyarrow.lib.ArrowInvalid: bad")))
+    poison = _Py4JJavaError(
+        _JavaException(
+            "SparkException", "Job aborted", _JavaException("PythonException", "pyarrow.lib.ArrowInvalid: bad")
+        )
+    )
     assert classify_failure(poison).kind == "data"
 
 

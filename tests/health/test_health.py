@@ -1,4 +1,5 @@
 """Health on real Iceberg tables: thresholds and `lakestream health --check`, freshness, Kafka lag, surfaces."""
+
 from __future__ import annotations
 
 import io
@@ -26,11 +27,15 @@ NS = "health"
 def make_table(spark, name: str) -> str:
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.{NS}")
     spark.sql(f"DROP TABLE IF EXISTS lake.{NS}.{name} PURGE")
-    spark.sql(f"CREATE TABLE lake.{NS}.{name} (id BIGINT, region STRING) USING iceberg TBLPROPERTIES ('format-version'='2')")
+    spark.sql(
+        f"CREATE TABLE lake.{NS}.{name} (id BIGINT, region STRING) USING iceberg TBLPROPERTIES ('format-version'='2')"
+    )
     return f"{NS}.{name}"
 
 
-def test_check_fails_over_threshold_and_passes_after_maintenance(spark, stack, pipeline_config_factory, tmp_path, capsys):
+def test_check_fails_over_threshold_and_passes_after_maintenance(
+    spark, stack, pipeline_config_factory, tmp_path, capsys
+):
     table = make_table(spark, "crowded")
     for i in range(8):
         spark.sql(f"INSERT INTO lake.{table} VALUES ({i}, 'eu')")
@@ -75,10 +80,13 @@ def test_freshness_lag_alerts_webhook_and_prometheus(spark, stack, pipeline_conf
     table = make_table(spark, "fresh")
     topic = f"health-fresh-{int(time.time())}"
     produce_records(stack.bootstrap_servers, topic, [(str(i), "{}") for i in range(10)], partition=0)
-    (spark.createDataFrame([(1, "eu")], "id BIGINT, region STRING").writeTo(f"lake.{table}")
+    (
+        spark.createDataFrame([(1, "eu")], "id BIGINT, region STRING")
+        .writeTo(f"lake.{table}")
         .option(f"snapshot-property.{OFFSETS_PROPERTY}", json.dumps({topic: {"0": 4}}))
         .option(f"snapshot-property.{SOURCE_TS_PROPERTY}", str(int(time.time() * 1000) - 120_000))
-        .append())
+        .append()
+    )
     spark.sql(f"INSERT INTO lake.{table} VALUES (2, 'us')")  # a newer snapshot without offsets
     config = pipeline_config_factory(
         streams=[{"topics": [topic]}],
@@ -103,12 +111,19 @@ def test_freshness_lag_alerts_webhook_and_prometheus(spark, stack, pipeline_conf
         notifier.notify(report.alerts)  # unchanged: nothing new to say
         notifier.notify([])
         assert [(e["event"], e["metric"]) for e in _Collector.events] == [
-            ("raised", "freshness_s"), ("raised", "kafka_lag"), ("cleared", "freshness_s"), ("cleared", "kafka_lag")]
+            ("raised", "freshness_s"),
+            ("raised", "kafka_lag"),
+            ("cleared", "freshness_s"),
+            ("cleared", "kafka_lag"),
+        ]
 
         exporter.update(report)
         text = urllib.request.urlopen(f"http://127.0.0.1:{exporter.port}/metrics", timeout=5).read().decode()
-        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-                   for family in text_string_to_metric_families(text) for s in family.samples}
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
         assert samples[("lakestream_table_kafka_lag", (("table", table),))] == 6
         assert samples[("lakestream_alert", (("metric", "kafka_lag"), ("table", table)))] == 1
         assert samples[("lakestream_table_snapshots", (("table", table),))] == 2

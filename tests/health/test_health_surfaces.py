@@ -1,4 +1,5 @@
 """Checks, Prometheus text and webhook state without Spark: fast, pure."""
+
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -6,9 +7,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from lakestream.config import CompactionPolicy, HealthThresholds
 from lakestream.health.checks import compaction_lag_s, evaluate
 from lakestream.health.exporter import render_prometheus
-from lakestream.inspection import PartitionMetrics, TableMetrics
 from lakestream.health.model import HealthReport
 from lakestream.health.webhook import AlertNotifier
+from lakestream.inspection import PartitionMetrics, TableMetrics
 
 NOW = 1_800_000_000_000
 DAY_MS = 86_400_000
@@ -16,7 +17,11 @@ DAY_MS = 86_400_000
 
 def crowded_table(files: int = 600) -> TableMetrics:
     return TableMetrics(
-        "ns.t", NOW, data_files=files, snapshots=1200, oldest_snapshot_ms=NOW - 3 * DAY_MS,
+        "ns.t",
+        NOW,
+        data_files=files,
+        snapshots=1200,
+        oldest_snapshot_ms=NOW - 3 * DAY_MS,
         partitions=[PartitionMetrics({"region": 'e"u'}, 0, files, files * 1000, 0, NOW - 1000)],
     )
 
@@ -35,8 +40,11 @@ def test_prometheus_text_escapes_labels():
     report = HealthReport(NOW, [metrics], evaluate(metrics, HealthThresholds()), {"ns.t": 5.0})
     text = render_prometheus(report)
     assert 'partition="region=e\\"u"' in text  # the quote in a label value is escaped
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
     assert samples[("lakestream_partition_data_files", (("partition", 'region=e"u'), ("table", "ns.t")))] == 600
     assert not [k for k in samples if k[0] == "lakestream_table_kafka_lag"]  # unknown lag is omitted, not 0
     assert samples[("lakestream_alert", (("metric", "snapshots"), ("table", "ns.t")))] == 1

@@ -3,6 +3,7 @@ conflicts), delete-file rewrites, manifest rewrites and snapshot expiry run in a
 engine MERGEs a stream of Debezium change events into the same table. Afterwards the table must
 equal the expected state exactly, with no duplicate key, and the engine must still find its offsets.
 """
+
 from __future__ import annotations
 
 import copy
@@ -40,14 +41,31 @@ def test_maintenance_concurrent_with_cdc_load(spark, pipeline_config_factory):
     rng = random.Random(7)
     expected: dict[int, str | None] = {}
     config = pipeline_config_factory(
-        [{"topics": [topic], "namespace": "mconc", "table": "items_" + topic[:7],
-          "layout": {"partition_by": ["bucket(4, id)"]}}],
+        [
+            {
+                "topics": [topic],
+                "namespace": "mconc",
+                "table": "items_" + topic[:7],
+                "layout": {"partition_by": ["bucket(4, id)"]},
+            }
+        ],
         name=f"mconc{topic[:7]}",
         engine={"max_records_per_batch": 600, "commit_interval_s": 0, "idle_poll_s": 0.2},
-        maintenance={"mode": "separate", "policies": [{
-            "tables": ".*", "compaction": {"max_files_per_partition": 2, "quiet_time_s": 0},
-            "max_delete_files": 1, "snapshot_retention_s": 0, "retain_last_snapshots": 3,
-            "orphan_min_age_s": 86400 * 3, "orphan_dry_run": True, "max_manifests": 2}]},
+        maintenance={
+            "mode": "separate",
+            "policies": [
+                {
+                    "tables": ".*",
+                    "compaction": {"max_files_per_partition": 2, "quiet_time_s": 0},
+                    "max_delete_files": 1,
+                    "snapshot_retention_s": 0,
+                    "retain_last_snapshots": 3,
+                    "orphan_min_age_s": 86400 * 3,
+                    "orphan_dry_run": True,
+                    "max_manifests": 2,
+                }
+            ],
+        },
     )
     table = f"lake.mconc.items_{topic[:7]}"
 
@@ -102,9 +120,11 @@ def test_maintenance_concurrent_with_cdc_load(spark, pipeline_config_factory):
         # Keep the load going until maintenance has compacted at least once (a round takes longer
         # on a loaded machine), so compaction really runs beside ingestion.
         rounds = 1
-        while rounds < ROUNDS or (rounds < 4 * ROUNDS and not errors
-                                  and not any(a.action == "compact" and a.status in ("ok", "partial")
-                                              for a in list(actions))):
+        while rounds < ROUNDS or (
+            rounds < 4 * ROUNDS
+            and not errors
+            and not any(a.action == "compact" and a.status in ("ok", "partial") for a in list(actions))
+        ):
             time.sleep(1.0)
             produce_round()
             rounds += 1
@@ -113,10 +133,12 @@ def test_maintenance_concurrent_with_cdc_load(spark, pipeline_config_factory):
         deadline = time.time() + 420
         while time.time() < deadline and not errors:
             if batches and batches[-1].lag == 0 and spark.catalog.tableExists(table):
-                offsets = decode_offsets(spark.sql(
-                    f"SELECT summary['{OFFSETS_PROPERTY}'] FROM {table}.snapshots "
-                    f"WHERE summary['{OFFSETS_PROPERTY}'] IS NOT NULL ORDER BY committed_at DESC LIMIT 1"
-                ).collect()[0][0])
+                offsets = decode_offsets(
+                    spark.sql(
+                        f"SELECT summary['{OFFSETS_PROPERTY}'] FROM {table}.snapshots "
+                        f"WHERE summary['{OFFSETS_PROPERTY}'] IS NOT NULL ORDER BY committed_at DESC LIMIT 1"
+                    ).collect()[0][0]
+                )
                 # The last message may be a tombstone; the table's offset passes it once read.
                 if offsets.get(TP(topic, 0), 0) >= total_messages(config, topic) - 1:
                     caught_up = True

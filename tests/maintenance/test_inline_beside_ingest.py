@@ -1,5 +1,6 @@
 """Inline maintenance keeps to the pipeline's own tables (unless a policy names others), runs beside ingestion
 on a thread of its own, and its compaction moves the key index by diff, never by a full scan (issue 21)."""
+
 from __future__ import annotations
 
 import json
@@ -32,15 +33,30 @@ def test_inline_rounds_keep_to_the_pipelines_tables_unless_a_policy_names_others
     mine = _small_files_table(spark, f"mine_{suffix}")
     other = _small_files_table(spark, f"other_{suffix}")
     policy = {"compaction": {"max_files_per_partition": 2, "quiet_time_s": 0}}
-    config = pipeline_config_factory([{"topics": ["unused"]}], name=f"own{suffix}", maintenance={
-        "mode": "inline", "interval_s": 3600, "start_delay_s": 0, "policies": [{"tables": ".*", **policy}]})
+    config = pipeline_config_factory(
+        [{"topics": ["unused"]}],
+        name=f"own{suffix}",
+        maintenance={
+            "mode": "inline",
+            "interval_s": 3600,
+            "start_delay_s": 0,
+            "policies": [{"tables": ".*", **policy}],
+        },
+    )
     results = InlineMaintenance(spark, config).round(time.time(), own={mine})
     assert results and {r.table for r in results} == {mine}, [r.describe() for r in results]
     assert spark.sql(f"SELECT count(*) FROM lake.{other}.data_files").collect()[0][0] == 4  # untouched
 
-    named = pipeline_config_factory([{"topics": ["unused"]}], name=f"own{suffix}b", maintenance={
-        "mode": "inline", "interval_s": 3600, "start_delay_s": 0,
-        "policies": [{"tables": f"{NS}\\.other_{suffix}", **policy}, {"tables": ".*", **policy}]})
+    named = pipeline_config_factory(
+        [{"topics": ["unused"]}],
+        name=f"own{suffix}b",
+        maintenance={
+            "mode": "inline",
+            "interval_s": 3600,
+            "start_delay_s": 0,
+            "policies": [{"tables": f"{NS}\\.other_{suffix}", **policy}, {"tables": ".*", **policy}],
+        },
+    )
     results = InlineMaintenance(spark, named).round(time.time(), own={mine})
     assert {r.table for r in results} == {mine, other}
     assert spark.sql(f"SELECT count(*) FROM lake.{other}.data_files").collect()[0][0] == 1
@@ -66,9 +82,16 @@ def test_a_round_waits_while_a_key_index_merge_runs_beside_the_batches(spark, pi
 
     suffix = uuid.uuid4().hex[:6]
     mine = _small_files_table(spark, f"slot_{suffix}")
-    config = pipeline_config_factory([{"topics": ["unused"]}], name=f"slot{suffix}", maintenance={
-        "mode": "inline", "interval_s": 3600, "start_delay_s": 0,
-        "policies": [{"tables": ".*", "compaction": {"max_files_per_partition": 2, "quiet_time_s": 0}}]})
+    config = pipeline_config_factory(
+        [{"topics": ["unused"]}],
+        name=f"slot{suffix}",
+        maintenance={
+            "mode": "inline",
+            "interval_s": 3600,
+            "start_delay_s": 0,
+            "policies": [{"tables": ".*", "compaction": {"max_files_per_partition": 2, "quiet_time_s": 0}}],
+        },
+    )
     jit_before = _jit_nice(spark)
     assert jit_before
     try:  # an earlier test's round may have lowered them already: back to 0 (root only)
@@ -107,19 +130,34 @@ def test_a_round_waits_while_a_key_index_merge_runs_beside_the_batches(spark, pi
 
 
 @pytest.mark.chaos  # ~80 s of live ingestion: `make chaos`
-def test_maintenance_runs_beside_ingestion_and_moves_the_index_by_diff(stack, spark, pipeline_config_factory,
-                                                                       monkeypatch):
+def test_maintenance_runs_beside_ingestion_and_moves_the_index_by_diff(
+    stack, spark, pipeline_config_factory, monkeypatch
+):
     from lakestream.maintenance import runner
     from lakestream.sink.index.disk import DiskKeyIndex
 
     suffix = uuid.uuid4().hex[:6]
     topic, table = f"mb{suffix}.public.items", f"lake.{NS}.items_{suffix}"
     config = pipeline_config_factory(
-        [{"topics": [topic], "namespace": NS, "table": f"items_{suffix}"}], name=f"mb{suffix}",
+        [{"topics": [topic], "namespace": NS, "table": f"items_{suffix}"}],
+        name=f"mb{suffix}",
         engine={"commit_interval_s": 0, "idle_poll_s": 0.2},
-        maintenance={"mode": "inline", "interval_s": 1, "orphan_interval_s": 3600, "start_delay_s": 0, "policies": [{
-            "tables": ".*", "compaction": {"max_files_per_partition": 3, "quiet_time_s": 0},
-            "max_delete_files": 2, "orphan_min_age_s": 3 * 86400, "orphan_dry_run": True}]})
+        maintenance={
+            "mode": "inline",
+            "interval_s": 1,
+            "orphan_interval_s": 3600,
+            "start_delay_s": 0,
+            "policies": [
+                {
+                    "tables": ".*",
+                    "compaction": {"max_files_per_partition": 3, "quiet_time_s": 0},
+                    "max_delete_files": 2,
+                    "orphan_min_age_s": 3 * 86400,
+                    "orphan_dry_run": True,
+                }
+            ],
+        },
+    )
     rebuilds: list[int | None] = []
     real_rebuild = DiskKeyIndex.rebuild
     monkeypatch.setattr(DiskKeyIndex, "rebuild", lambda self, *a: (rebuilds.append(a[-1]), real_rebuild(self, *a))[1])
@@ -140,8 +178,14 @@ def test_maintenance_runs_beside_ingestion_and_moves_the_index_by_diff(stack, sp
                 records.append((json.dumps({"id": i}), json.dumps({"before": {"id": i}, "after": None, "op": "d"})))
                 expected.pop(i, None)
             else:
-                records.append((json.dumps({"id": i}), json.dumps({"before": None, "after": {"id": i, "v": version},
-                                                                   "op": "u" if i in expected else "c"})))
+                records.append(
+                    (
+                        json.dumps({"id": i}),
+                        json.dumps(
+                            {"before": None, "after": {"id": i, "v": version}, "op": "u" if i in expected else "c"}
+                        ),
+                    )
+                )
                 expected[i] = version
         produce_records(stack.bootstrap_servers, topic, records)
 
@@ -163,8 +207,10 @@ def test_maintenance_runs_beside_ingestion_and_moves_the_index_by_diff(stack, sp
             version += 1
             send(version)
             time.sleep(1.0)
-            compacted = spark.catalog.tableExists(table) and spark.sql(
-                f"SELECT count(*) FROM {table}.snapshots WHERE operation = 'replace'").collect()[0][0]
+            compacted = (
+                spark.catalog.tableExists(table)
+                and spark.sql(f"SELECT count(*) FROM {table}.snapshots WHERE operation = 'replace'").collect()[0][0]
+            )
             if compacted and version >= 6:
                 break
         want = {i: v for i, v in expected.items()}

@@ -2,6 +2,7 @@
 two data files stays while one of them is live and goes with the last; after an expiry to one snapshot, the
 table's directory holds exactly the files that snapshot references (nothing live deleted, nothing left behind);
 an orphan scan removes planted files and never the key index under `_lakestream/`, on the line or not."""
+
 from __future__ import annotations
 
 import json
@@ -12,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from conftest import produce_records
+
 from lakestream.engine.pipeline import Pipeline
 from lakestream.inspection import load_java_table
 from lakestream.maintenance.actions import BESIDE_THE_BATCHES, MaintenanceResult, expire_snapshots, remove_orphan_files
@@ -42,15 +44,23 @@ def _expire_all_but_current(spark, name: str):
 def test_a_shared_puffin_file_outlives_its_first_dv_and_goes_with_its_last(spark, pipeline_config_factory):
     suffix = uuid.uuid4().hex[:6]
     topic, name = f"se{suffix}.public.items", f"{NS}.items_{suffix}"
-    config = pipeline_config_factory([{"topics": [topic], "namespace": NS, "table": f"items_{suffix}"}],
-                                     name=f"se{suffix}")
+    config = pipeline_config_factory(
+        [{"topics": [topic], "namespace": NS, "table": f"items_{suffix}"}], name=f"se{suffix}"
+    )
     model: dict[int, int] = {}
 
     def send(changes: dict[int, int]) -> None:
-        produce_records(config.kafka.bootstrap_servers, topic, [
-            (json.dumps({"id": k}), json.dumps({"before": None, "after": {"id": k, "v": v},
-                                                "op": "u" if k in model else "c"}))
-            for k, v in changes.items()])
+        produce_records(
+            config.kafka.bootstrap_servers,
+            topic,
+            [
+                (
+                    json.dumps({"id": k}),
+                    json.dumps({"before": None, "after": {"id": k, "v": v}, "op": "u" if k in model else "c"}),
+                )
+                for k, v in changes.items()
+            ],
+        )
         model.update(changes)
 
     def rows() -> dict[int, int]:
@@ -92,8 +102,12 @@ def test_a_shared_puffin_file_outlives_its_first_dv_and_goes_with_its_last(spark
         assert rows() == model
 
         location = _path(spark.sql(f"SELECT file_path FROM lake.{name}.files LIMIT 1").collect()[0][0]).parents[1]
-        on_disk = {p for sub in ("data", "metadata") for p in (location / sub).rglob("*")
-                   if p.is_file() and not p.name.endswith((".metadata.json", ".crc"))}
+        on_disk = {
+            p
+            for sub in ("data", "metadata")
+            for p in (location / sub).rglob("*")
+            if p.is_file() and not p.name.endswith((".metadata.json", ".crc"))
+        }
         assert on_disk == _referenced(spark, f"lake.{name}")
     finally:
         pipeline.close()
@@ -102,14 +116,23 @@ def test_a_shared_puffin_file_outlives_its_first_dv_and_goes_with_its_last(spark
 def test_orphans_go_and_the_key_index_and_every_referenced_file_stay(spark, pipeline_config_factory):
     suffix = uuid.uuid4().hex[:6]
     topic, name = f"so{suffix}.public.items", f"{NS}.orph_{suffix}"
-    config = pipeline_config_factory([{"topics": [topic], "namespace": NS, "table": f"orph_{suffix}"}],
-                                     name=f"so{suffix}")
+    config = pipeline_config_factory(
+        [{"topics": [topic], "namespace": NS, "table": f"orph_{suffix}"}], name=f"so{suffix}"
+    )
     pipeline = Pipeline(config, spark)
     try:
         for version in range(3):  # files, DVs, several snapshots
-            produce_records(config.kafka.bootstrap_servers, topic, [
-                (json.dumps({"id": k}), json.dumps({"before": None, "after": {"id": k, "v": version},
-                                                    "op": "u" if version else "c"})) for k in range(50)])
+            produce_records(
+                config.kafka.bootstrap_servers,
+                topic,
+                [
+                    (
+                        json.dumps({"id": k}),
+                        json.dumps({"before": None, "after": {"id": k, "v": version}, "op": "u" if version else "c"}),
+                    )
+                    for k in range(50)
+                ],
+            )
             pipeline.run_batch()
     finally:
         pipeline.close()  # the key index is durable under <location>/_lakestream/
@@ -130,8 +153,9 @@ def test_orphans_go_and_the_key_index_and_every_referenced_file_stay(spark, pipe
                 os.utime(p, (old, old))
 
     def remove() -> MaintenanceResult:
-        result = remove_orphan_files(spark, "lake", name, load_java_table(spark, "lake", name),
-                                     int((time.time() - 3 * 86400) * 1000))
+        result = remove_orphan_files(
+            spark, "lake", name, load_java_table(spark, "lake", name), int((time.time() - 3 * 86400) * 1000)
+        )
         assert result.status == "ok", result.describe()
         return result
 

@@ -1,4 +1,5 @@
 """Maintenance on real Iceberg tables (Spark, JDBC catalog on PostgreSQL): compaction, expiry, orphans."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,12 @@ NS = "maint"
 def config_with(pipeline_config_factory, **policy):
     return pipeline_config_factory(
         streams=[{"topics": ["unused"]}],
-        maintenance={"mode": "inline", "interval_s": 3600, "start_delay_s": 0,
-                     "policies": [{"tables": ".*", **policy}]},
+        maintenance={
+            "mode": "inline",
+            "interval_s": 3600,
+            "start_delay_s": 0,
+            "policies": [{"tables": ".*", **policy}],
+        },
     )
 
 
@@ -27,8 +32,10 @@ def make_table(spark, name: str, partitioned: bool = True) -> str:
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.{NS}")
     spark.sql(f"DROP TABLE IF EXISTS lake.{NS}.{name} PURGE")
     spec = "PARTITIONED BY (days(ts), region)" if partitioned else ""
-    spark.sql(f"CREATE TABLE lake.{NS}.{name} (id BIGINT, ts TIMESTAMP, region STRING) USING iceberg {spec} "
-              "TBLPROPERTIES ('format-version'='2')")
+    spark.sql(
+        f"CREATE TABLE lake.{NS}.{name} (id BIGINT, ts TIMESTAMP, region STRING) USING iceberg {spec} "
+        "TBLPROPERTIES ('format-version'='2')"
+    )
     return f"{NS}.{name}"
 
 
@@ -38,7 +45,9 @@ def insert(spark, table: str, rows: list[tuple[int, str, str]]) -> None:
 
 
 def files_by_partition(spark, table: str) -> dict[tuple[str, str], int]:
-    rows = spark.sql(f"SELECT partition.ts_day AS day, partition.region AS region, file_count FROM lake.{table}.partitions").collect()
+    rows = spark.sql(
+        f"SELECT partition.ts_day AS day, partition.region AS region, file_count FROM lake.{table}.partitions"
+    ).collect()
     return {(str(r.day), r.region): r.file_count for r in rows}
 
 
@@ -73,7 +82,9 @@ def test_inline_hook_runs_at_most_every_interval(spark, pipeline_config_factory)
     for i in range(3):
         insert(spark, table, [(i, "2024-01-01 10:00:00", "eu")])
     config = config_with(pipeline_config_factory, tables=f"{NS}\\.inline_hook", compaction={"quiet_time_s": 0})
-    config.maintenance.policies.append(config.maintenance.policies[0].model_copy(update={"tables": ".*", "enabled": False}))
+    config.maintenance.policies.append(
+        config.maintenance.policies[0].model_copy(update={"tables": ".*", "enabled": False})
+    )
     now = time.time()
     maintenance = InlineMaintenance(spark, config)
     first = maintenance.round(now)
@@ -90,14 +101,20 @@ def test_expiry_keeps_offsets_snapshot_and_time_travel(spark, pipeline_config_fa
     current_files = {r[0] for r in spark.sql(f"SELECT file_path FROM lake.{table}.data_files").collect()}
     replaced = set(first_files) - current_files
     assert replaced
-    (spark.createDataFrame([(20, None, "eu")], f"id BIGINT, ts TIMESTAMP, region STRING")
+    (
+        spark.createDataFrame([(20, None, "eu")], "id BIGINT, ts TIMESTAMP, region STRING")
         .writeTo(f"lake.{table}")
         .option(f"snapshot-property.{OFFSETS_PROPERTY}", json.dumps({"cdc.t": {"0": 42}}))
-        .append())
-    offsets_snapshot = spark.sql(f"SELECT snapshot_id FROM lake.{table}.snapshots ORDER BY committed_at DESC LIMIT 1").collect()[0][0]
+        .append()
+    )
+    offsets_snapshot = spark.sql(
+        f"SELECT snapshot_id FROM lake.{table}.snapshots ORDER BY committed_at DESC LIMIT 1"
+    ).collect()[0][0]
     for i in range(2):  # newer snapshots without offsets, like maintenance commits
         insert(spark, table, [(30 + i, "2024-01-01 10:00:00", "eu")])
-    snapshots = [r[0] for r in spark.sql(f"SELECT snapshot_id FROM lake.{table}.snapshots ORDER BY committed_at").collect()]
+    snapshots = [
+        r[0] for r in spark.sql(f"SELECT snapshot_id FROM lake.{table}.snapshots ORDER BY committed_at").collect()
+    ]
     assert len(snapshots) == 5
 
     config = config_with(pipeline_config_factory, snapshot_retention_s=0, retain_last_snapshots=1)
@@ -114,7 +131,8 @@ def test_expiry_keeps_offsets_snapshot_and_time_travel(spark, pipeline_config_fa
     with pytest.raises(Exception, match="(?i)snapshot"):
         spark.sql(f"SELECT count(*) FROM lake.{table} VERSION AS OF {snapshots[0]}").collect()
     offsets = spark.sparkContext._jvm.lakestream.LakestreamHelper.latestSummaryValue(
-        spark._jsparkSession, f"lake.{table}", OFFSETS_PROPERTY)
+        spark._jsparkSession, f"lake.{table}", OFFSETS_PROPERTY
+    )
     assert json.loads(offsets) == {"cdc.t": {"0": 42}}
 
 

@@ -5,6 +5,7 @@ never build the key index again, and the mirror must be exact at the end.
 
 `make test` kills at the point that cost a full build before (the snapshot landed, its index delta not written);
 `make chaos` rotates through all five, twice."""
+
 from __future__ import annotations
 
 import json
@@ -17,10 +18,10 @@ import uuid
 
 import pytest
 import yaml
-from confluent_kafka import Producer
-
 from chaos_harness import PipelineProcess
+from confluent_kafka import Producer
 from conftest import catalog_settings
+
 from lakestream.faults import MAINTENANCE_POINTS, PAUSE_MARKER
 
 log = logging.getLogger(__name__)
@@ -52,11 +53,18 @@ class UpdateLoad(threading.Thread):
             value = {"before": {"id": key}, "after": None, "op": "d"}
             self.model.pop(key, None)
         else:
-            value = {"before": None, "after": {"id": key, "v": version, "note": f"n{version % 97}"},
-                     "op": "u" if key in self.model else "c"}
+            value = {
+                "before": None,
+                "after": {"id": key, "v": version, "note": f"n{version % 97}"},
+                "op": "u" if key in self.model else "c",
+            }
             self.model[key] = version
-        self.producer.produce(self.topic, key=json.dumps({"id": key}), value=json.dumps(value),
-                              on_delivery=lambda err, _m: err is not None and self.failures.append(str(err)))
+        self.producer.produce(
+            self.topic,
+            key=json.dumps({"id": key}),
+            value=json.dumps(value),
+            on_delivery=lambda err, _m: err is not None and self.failures.append(str(err)),
+        )
 
     def seed_rows(self) -> None:
         for key in range(KEYS):
@@ -89,16 +97,29 @@ def compacting_pipeline(stack, service_dir_factory):
     config = {
         "name": f"mkill-{run}",
         "state_dir": str(work / "state"),
-        "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-mkill-{run}",
-                  "client": {"session.timeout.ms": 6000}},
+        "kafka": {
+            "bootstrap_servers": stack.bootstrap_servers,
+            "group_id": f"lakestream-mkill-{run}",
+            "client": {"session.timeout.ms": 6000},
+        },
         "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
         "streams": [{"topics": [topic], "namespace": namespace, "table": table, "key_columns": ["id"]}],
         "engine": {"commit_interval_s": 0, "max_records_per_batch": 5000, "idle_poll_s": 0.2},
         "spark": {"master": "local[2]", "driver_memory": "1g", "conf": {"spark.ui.enabled": "false"}},
         # A round every few seconds that always finds files to compact: each batch writes one.
-        "maintenance": {"mode": "inline", "interval_s": 4, "start_delay_s": 0, "policies": [{
-            "tables": ".*", "compaction": {"max_files_per_partition": 2, "quiet_time_s": 0, "min_input_files": 2},
-            "orphan_min_age_s": 86400 * 3, "orphan_dry_run": True}]},
+        "maintenance": {
+            "mode": "inline",
+            "interval_s": 4,
+            "start_delay_s": 0,
+            "policies": [
+                {
+                    "tables": ".*",
+                    "compaction": {"max_files_per_partition": 2, "quiet_time_s": 0, "min_input_files": 2},
+                    "orphan_min_age_s": 86400 * 3,
+                    "orphan_dry_run": True,
+                }
+            ],
+        },
     }
     config_path = work / "pipeline.yaml"
     config_path.write_text(yaml.safe_dump(config))
@@ -140,10 +161,14 @@ def _mirror(spark, table: str) -> dict[int, int]:
 
 
 @pytest.mark.timeout(2400)
-@pytest.mark.parametrize("rotation", [
-    ("maintenance.commit.landed",),
-    pytest.param(MAINTENANCE_POINTS * 2, marks=pytest.mark.chaos),
-], ids=["landed", "all-points-twice"])
+@pytest.mark.parametrize(
+    "rotation",
+    [
+        ("maintenance.commit.landed",),
+        pytest.param(MAINTENANCE_POINTS * 2, marks=pytest.mark.chaos),
+    ],
+    ids=["landed", "all-points-twice"],
+)
 def test_a_kill_inside_a_compaction_costs_no_index_build(spark, compacting_pipeline, rotation):
     pipeline, load, table = compacting_pipeline
     load.start()
@@ -155,7 +180,8 @@ def test_a_kill_inside_a_compaction_costs_no_index_build(spark, compacting_pipel
         assert pipeline.alive, pipeline.tail()
         assert time.monotonic() < deadline, (
             f"mirror not exact: {len(set(load.model) - set(lake))} missing, {len(set(lake) - set(load.model))} "
-            f"extra, {sum(lake.get(k) != v for k, v in load.model.items())} differing")
+            f"extra, {sum(lake.get(k) != v for k, v in load.model.items())} differing"
+        )
         time.sleep(2)
     text = pipeline.log_text()
     pipeline.kill_group()

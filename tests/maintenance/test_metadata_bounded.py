@@ -4,6 +4,7 @@ Each earlier metadata JSON file lists every snapshot of its time, so a streaming
 grows with commits × snapshots, and snapshot expiry alone leaves the files written before it on the
 metadata log (after 500 commits they are most of the metadata bytes: see bench/small_files.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -42,21 +43,42 @@ def test_one_round_deletes_old_metadata_and_keeps_the_log_bounded(spark, pipelin
         spark.sql(f"INSERT INTO lake.{name} VALUES ({i}, 'event {i}')")
     config = pipeline_config_factory(
         streams=[{"topics": ["unused"]}],
-        maintenance={"policies": [{"retain_last_snapshots": 3, "max_snapshots": 3, "snapshot_retention_s": 0,
-                                   "compaction": {"quiet_time_s": 0}}]},
+        maintenance={
+            "policies": [
+                {
+                    "retain_last_snapshots": 3,
+                    "max_snapshots": 3,
+                    "snapshot_retention_s": 0,
+                    "compaction": {"quiet_time_s": 0},
+                }
+            ]
+        },
     )
     before = collect_table_metrics(spark, "lake", name)
     assert before.snapshots == COMMITS and before.metadata_files == COMMITS + 1
     # A maintenance plan's reading: all it plans from is the same, without the table-wide totals.
     for_plan = collect_table_metrics(spark, "lake", name, now_ms=before.collected_ms, for_plan=True)
     assert for_plan.metadata_bytes == 0 < before.metadata_bytes and for_plan.data_files == 0 < before.data_files
-    for field in ("partitions", "delete_files", "deletion_vectors", "manifests", "ancestry", "snapshots",
-                  "metadata_files", "oldest_snapshot_ms", "last_compaction_ms", "freshness_s",
-                  "metadata_delete_after_commit", "has_sort_order", "rows"):
+    for field in (
+        "partitions",
+        "delete_files",
+        "deletion_vectors",
+        "manifests",
+        "ancestry",
+        "snapshots",
+        "metadata_files",
+        "oldest_snapshot_ms",
+        "last_compaction_ms",
+        "freshness_s",
+        "metadata_delete_after_commit",
+        "has_sort_order",
+        "rows",
+    ):
         assert getattr(for_plan, field) == getattr(before, field), field
     policy = config.maintenance.policy_for(name)
-    assert plan_maintenance(for_plan, policy, before.collected_ms) == plan_maintenance(before, policy,
-                                                                                        before.collected_ms)
+    assert plan_maintenance(for_plan, policy, before.collected_ms) == plan_maintenance(
+        before, policy, before.collected_ms
+    )
     assert len(_metadata_files_on_disk(spark, name)) == COMMITS + 1
 
     results = {r.action: r for r in maintain_table(spark, config, name, remove_orphans=False)}
@@ -75,7 +97,10 @@ def test_one_round_deletes_old_metadata_and_keeps_the_log_bounded(spark, pipelin
     files = count_table_files(spark, "lake", name)
     assert (files.snapshots, files.data_files, files.delete_files) == (after.snapshots, 1, 0)
     jtable = load_java_table(spark, "lake", name)
-    assert jtable.properties().get(METADATA_PREVIOUS_VERSIONS_MAX) == DEFAULT_TABLE_PROPERTIES[METADATA_PREVIOUS_VERSIONS_MAX]
+    assert (
+        jtable.properties().get(METADATA_PREVIOUS_VERSIONS_MAX)
+        == DEFAULT_TABLE_PROPERTIES[METADATA_PREVIOUS_VERSIONS_MAX]
+    )
 
     # health's threshold sees the difference; the next round has nothing left to trim
     thresholds = HealthThresholds(max_metadata_bytes=(before.metadata_bytes + after.metadata_bytes) // 2)
@@ -104,7 +129,10 @@ def test_a_plans_metrics_count_deletion_vectors_and_manifests_as_the_metadata_ta
     # A table never partitioned: the plan's metrics (snapshots and metadata log included) run no Spark job.
     assert len(spark.sparkContext.statusTracker().getJobIdsForGroup()) == jobs_before
     assert (for_plan.ancestry, for_plan.snapshots, for_plan.metadata_files) == (
-        full.ancestry, full.snapshots, full.metadata_files)
+        full.ancestry,
+        full.snapshots,
+        full.metadata_files,
+    )
     assert full.delete_files == for_plan.delete_files >= 2
     assert full.deletion_vectors == for_plan.deletion_vectors == full.delete_files
     assert full.manifests == for_plan.manifests >= 2
@@ -127,5 +155,7 @@ def test_a_plans_metrics_count_deletion_vectors_and_manifests_as_the_metadata_ta
     beside = deleted_positions(spark, "lake", NS, "dvs", paths, nice=10)
     assert beside == deleted_positions(spark, "lake", NS, "dvs", paths)
     assert sum(len(f["positions"]) for f in beside["files"].values()) == 3 and not beside["missing"]
-    stats = json.loads(spark.sparkContext._jvm.lakestream.TableStats.currentFiles(load_java_table(spark, "lake", name), 0, ""))
+    stats = json.loads(
+        spark.sparkContext._jvm.lakestream.TableStats.currentFiles(load_java_table(spark, "lake", name), 0, "")
+    )
     assert stats["partition"]["data_files"] == full.partitions[0].data_files == full.data_files  # read there

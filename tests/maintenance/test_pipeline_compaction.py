@@ -1,6 +1,7 @@
 """Compaction of an upsert mirror written beside ingestion and committed by the pipeline (issue 21, item 3):
 rows deleted in the inputs after the rewrite read them are carried onto the new file, the key index moves
 with the rows (no diff, no rebuild), and the mirror stays exact through later updates and a restart."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,9 @@ NS = "pcomp"
 def test_carried_deletes_map_input_rows_onto_the_output():
     import numpy as np
 
-    group = RewriteGroup(inputs=["a", "b"], records=[5, 4],
-                         deleted=[np.array([1, 3], np.int64), np.array([0], np.int64)])
+    group = RewriteGroup(
+        inputs=["a", "b"], records=[5, 4], deleted=[np.array([1, 3], np.int64), np.array([0], np.int64)]
+    )
     # Output rows: a0 a2 a4 | b1 b2 b3 → positions 0..5.
     now = {"a": np.array([1, 3, 4], np.int64), "b": np.array([0, 2], np.int64)}
     assert carried_deletes(group, now).tolist() == [2, 4]
@@ -74,14 +76,19 @@ def test_groups_are_bounded_by_rows_and_a_round_by_bytes_smallest_files_first():
     groups = plan_groups(files, _policy(max_rows_per_file=1_000_000))
     assert [len(g) for g in groups] == [3, 3, 2]  # 900k live rows at most a file
     # A file with 3/4 of the row cap is full: never rewritten for its size.
-    assert plan_groups([_file(f"full{i}", 100_000, records=800_000) for i in range(6)],
-                       _policy(max_rows_per_file=1_000_000)) == []
+    assert (
+        plan_groups(
+            [_file(f"full{i}", 100_000, records=800_000) for i in range(6)], _policy(max_rows_per_file=1_000_000)
+        )
+        == []
+    )
     # Smallest files first (a group's files are taken by size), then the groups that still fit the round's bytes.
     tiny = [_file(f"t{i}", 1_000, records=10) for i in range(4)]
     taken = plan_groups(files + tiny, _policy(max_rows_per_file=1_000_000, max_bytes_per_round=500_000))
     assert _paths(taken) == [["f0", "f1", "f2", "t0", "t1", "t2", "t3"]]  # 304 kB; 300 kB more would pass 500 kB
     assert _paths(plan_groups(files, _policy(max_rows_per_file=1_000_000, max_bytes_per_round=1))) == [
-        ["f0", "f1", "f2"]]  # one group at least
+        ["f0", "f1", "f2"]
+    ]  # one group at least
 
 
 @pytest.fixture
@@ -89,22 +96,42 @@ def mirror(stack, spark, pipeline_config_factory):
     suffix = uuid.uuid4().hex[:6]
     topic, name = f"pc{suffix}.public.items", f"{NS}.items_{suffix}"
     config = pipeline_config_factory(
-        [{"topics": [topic], "namespace": NS, "table": f"items_{suffix}"}], name=f"pc{suffix}",
-        maintenance={"mode": "inline", "interval_s": 3600, "start_delay_s": 0, "policies": [{
-            "tables": ".*", "compaction": {"max_files_per_partition": 2, "quiet_time_s": 600, "min_input_files": 3,
-                                           "target_file_size_bytes": 64 * 1024 * 1024}}]})
+        [{"topics": [topic], "namespace": NS, "table": f"items_{suffix}"}],
+        name=f"pc{suffix}",
+        maintenance={
+            "mode": "inline",
+            "interval_s": 3600,
+            "start_delay_s": 0,
+            "policies": [
+                {
+                    "tables": ".*",
+                    "compaction": {
+                        "max_files_per_partition": 2,
+                        "quiet_time_s": 600,
+                        "min_input_files": 3,
+                        "target_file_size_bytes": 64 * 1024 * 1024,
+                    },
+                }
+            ],
+        },
+    )
     model: dict[int, int] = {}
 
     def send(changes: list[tuple[int, int | None]]) -> None:
         records = []
         for key, version in changes:
             if version is None:
-                records.append((json.dumps({"id": key}), json.dumps({"before": {"id": key}, "after": None,
-                                                                     "op": "d"})))
+                records.append((json.dumps({"id": key}), json.dumps({"before": {"id": key}, "after": None, "op": "d"})))
                 model.pop(key, None)
             else:
-                records.append((json.dumps({"id": key}), json.dumps(
-                    {"before": None, "after": {"id": key, "v": version}, "op": "u" if key in model else "c"})))
+                records.append(
+                    (
+                        json.dumps({"id": key}),
+                        json.dumps(
+                            {"before": None, "after": {"id": key, "v": version}, "op": "u" if key in model else "c"}
+                        ),
+                    )
+                )
                 model[key] = version
         produce_records(stack.bootstrap_servers, topic, records)
 
@@ -165,7 +192,9 @@ def test_compaction_written_beside_batches_is_committed_with_their_deletes(spark
     assert figures["ingested_bytes"] == sum(n for op, n in sizes if op != "replace") > 0
     assert figures["ratio"] == round(figures["rewritten_bytes"] / figures["ingested_bytes"], 2)
     planned = collect_table_metrics(spark, config.catalog.name, name, for_plan=True).write_amplification()
-    assert {k: v for k, v in figures.items() if k != "window_s"} == {k: v for k, v in planned.items() if k != "window_s"}
+    assert {k: v for k, v in figures.items() if k != "window_s"} == {
+        k: v for k, v in planned.items() if k != "window_s"
+    }
 
     # The index moved with the rows: later changes of moved keys delete their rows in the new file.
     send([(k, 20) for k in range(1, 200, 5)] + [(k, None) for k in (7, 8)])
@@ -198,8 +227,9 @@ def test_a_group_whose_input_was_removed_is_dropped_and_its_file_deleted(spark, 
         from lakestream.maintenance.runner import plan_table
 
         plan = plan_table(spark, config, name)
-        prepared = write_compaction(spark, config.catalog.name, name, plan.hot_skipped,
-                                    config.maintenance.policy_for(name), spec)
+        prepared = write_compaction(
+            spark, config.catalog.name, name, plan.hot_skipped, config.maintenance.policy_for(name), spec
+        )
         assert prepared is not None
         output = urlparse(prepared.outputs()[0]).path
         assert os.path.exists(output)
@@ -223,12 +253,18 @@ def test_a_large_compaction_is_committed_over_several_pauses():
     from lakestream.maintenance.runner import MaintenanceScheduler
 
     def group(name: str, rows: int) -> RewriteGroup:
-        return RewriteGroup(inputs=[f"{name}-a", f"{name}-b"], records=[rows, 10],
-                            deleted=[np.empty(0, np.int64), np.arange(10, dtype=np.int64)], bytes=rows)
+        return RewriteGroup(
+            inputs=[f"{name}-a", f"{name}-b"],
+            records=[rows, 10],
+            deleted=[np.empty(0, np.int64), np.arange(10, dtype=np.int64)],
+            bytes=rows,
+        )
 
     scheduler = MaintenanceScheduler(config=None)
-    for table, groups in (("ns.one", [group("g1", 100_000), group("g2", 200_000), group("g3", 50_000)]),
-                          ("ns.two", [group("g4", 300_000)])):
+    for table, groups in (
+        ("ns.one", [group("g1", 100_000), group("g2", 200_000), group("g3", 50_000)]),
+        ("ns.two", [group("g4", 300_000)]),
+    ):
         scheduler.hand_over(PreparedRewrite(table, 1, groups, MaintenanceResult(table, "compact", "ok")))
     pauses = []
     while taken := scheduler.take_prepared(max_rows=250_000):
@@ -244,18 +280,23 @@ def test_a_started_pipeline_catches_up_before_its_first_round(pipeline_config_fa
     from lakestream.maintenance.history import record_maintenance
     from lakestream.maintenance.runner import MaintenanceScheduler
 
-    config = pipeline_config_factory([{"topics": ["r.public.t"], "namespace": NS, "table": "t"}], name="rdelay",
-                                     maintenance={"mode": "inline", "interval_s": 10, "start_delay_s": 60})
+    config = pipeline_config_factory(
+        [{"topics": ["r.public.t"], "namespace": NS, "table": "t"}],
+        name="rdelay",
+        maintenance={"mode": "inline", "interval_s": 10, "start_delay_s": 60},
+    )
     first = MaintenanceScheduler(config, resume=True)  # a first life: its first round after the delay too
     assert not first.due(time.time()) and not first.due(time.time() + 59)
     assert first.due(time.time() + 61)
-    record_maintenance(config, [MaintenanceResult(table="ns.t", action="compact", status="ok")],
-                       int((time.time() - 3600) * 1000))
+    record_maintenance(
+        config, [MaintenanceResult(table="ns.t", action="compact", status="ok")], int((time.time() - 3600) * 1000)
+    )
     restarted = MaintenanceScheduler(config, resume=True)  # an earlier life in the log: a restart
     assert not restarted.due(time.time()) and not restarted.due(time.time() + 59)
     assert restarted.due(time.time() + 61)
-    record_maintenance(config, [MaintenanceResult(table="ns.t", action="compact", status="ok")],
-                       int(time.time() * 1000))
+    record_maintenance(
+        config, [MaintenanceResult(table="ns.t", action="compact", status="ok")], int(time.time() * 1000)
+    )
     undelayed = config.model_copy(update={"maintenance": config.maintenance.model_copy(update={"start_delay_s": 0})})
     resumed = MaintenanceScheduler(undelayed, resume=True)  # no delay: the schedule of the earlier life goes on
     assert not resumed.due(time.time() + 5) and resumed.due(time.time() + 11)
@@ -271,12 +312,19 @@ def test_the_first_round_waits_for_the_batches_to_settle(pipeline_config_factory
     # The previous life's metrics log gives the steady batch time: the median of its batches with records.
     log = tmp_path / "metrics.jsonl"
     assert steady_batch_s(log) is None  # no earlier life
-    log.write_text("".join(json.dumps({"batch": i, "records": 10 if i % 4 else 0, "seconds": 0.4 + (i % 3) / 10})
-                           + "\n" for i in range(200)) + "{cut")
+    log.write_text(
+        "".join(
+            json.dumps({"batch": i, "records": 10 if i % 4 else 0, "seconds": 0.4 + (i % 3) / 10}) + "\n"
+            for i in range(200)
+        )
+        + "{cut"
+    )
     assert steady_batch_s(log) == 0.5
-    config = pipeline_config_factory([{"topics": ["s.public.t"], "namespace": NS, "table": "t"}], name="settle",
-                                     maintenance={"mode": "inline", "interval_s": 10, "start_delay_s": 60,
-                                                  "settle_max_s": 180})
+    config = pipeline_config_factory(
+        [{"topics": ["s.public.t"], "namespace": NS, "table": "t"}],
+        name="settle",
+        maintenance={"mode": "inline", "interval_s": 10, "start_delay_s": 60, "settle_max_s": 180},
+    )
     now = time.time()
     scheduler = MaintenanceScheduler(config, resume=True)
     scheduler.wait_for_settled_batches(log)

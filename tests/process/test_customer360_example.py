@@ -1,11 +1,12 @@
 """The Customer 360 example end to end (PostgreSQL workload → Debezium → mirrors → the derived table
 customer_360, upserted by key on its commit interval), its table checked against the same SQL run from
 scratch over the mirrors, and the mirrors against the source tables."""
+
 from __future__ import annotations
 
-import pytest
-
 import uuid
+
+import pytest
 
 from lakestream.demo.customer360 import Customer360Settings, run_customer360_demo
 
@@ -20,8 +21,15 @@ def _by_key(rows: list[dict]) -> dict[int, tuple]:
 @pytest.mark.examples
 def test_customer360_example_matches_its_sql_from_scratch(stack, spark, service_dir_factory, capsys):
     uid = uuid.uuid4().hex[:6]
-    settings = Customer360Settings(state_dir=service_dir_factory("c360"), duration_s=12, per_s=12, seed=11,
-                                   dbname=f"c360_{uid}", namespace=f"c360_{uid}", catchup_timeout_s=120)
+    settings = Customer360Settings(
+        state_dir=service_dir_factory("c360"),
+        duration_s=12,
+        per_s=12,
+        seed=11,
+        dbname=f"c360_{uid}",
+        namespace=f"c360_{uid}",
+        catchup_timeout_s=120,
+    )
     result = run_customer360_demo(settings, info=stack, spark=spark)
     stats = result.stats
     # the load the derived table must follow: moves between plans and customers, deletes cascading
@@ -47,5 +55,7 @@ def test_customer360_example_matches_its_sql_from_scratch(stack, spark, service_
     print(captured.err.strip())
     print(out)
     print("\n".join(line for line in log.splitlines() if "derived table" in line))
-    print(f"customer360 example: {stats.changes} changes, {len(got)} customers, "
-          f"{log.count('touched key(s) upserted')} upserts by key")
+    print(
+        f"customer360 example: {stats.changes} changes, {len(got)} customers, "
+        f"{log.count('touched key(s) upserted')} upserts by key"
+    )

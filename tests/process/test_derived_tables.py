@@ -2,6 +2,7 @@
 scratch through a mixed CDC load (inserts, updates, deletes, subscriptions moving between customers)
 over several batches, recomputing only touched keys; a crash between the mirrors' commits and its own
 is repaired at restart; with a commit interval, touched keys wait (and are upserted when the pipeline stops)."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,8 @@ import random
 import uuid
 
 import pytest
-
 from conftest import produce_records, simulate_death
+
 from lakestream.config import DerivedTableSettings
 from lakestream.engine.pipeline import Pipeline
 from lakestream.process.materialize import DerivedTable
@@ -78,14 +79,19 @@ class Workload:
         if choice < 0.5 or not subs:
             sid = self.next_id["subscriptions"]
             self.next_id["subscriptions"] += 1
-            subs[sid] = row = {"id": sid, "user_id": rng.choice(sorted(users)), "price": rng.randint(5, 50),
-                               "active": True}
+            subs[sid] = row = {
+                "id": sid,
+                "user_id": rng.choice(sorted(users)),
+                "price": rng.randint(5, 50),
+                "active": True,
+            }
             out["subscriptions"].append(self._change("subscriptions", "c", row, sid))
         elif choice < 0.85:
             sid = rng.choice(sorted(subs))
             # moves to another customer, or changes its price / state
-            subs[sid] = row = dict(subs[sid], user_id=rng.choice(sorted(users)), active=rng.random() < 0.8,
-                                   price=rng.randint(5, 50))
+            subs[sid] = row = dict(
+                subs[sid], user_id=rng.choice(sorted(users)), active=rng.random() < 0.8, price=rng.randint(5, 50)
+            )
             out["subscriptions"].append(self._change("subscriptions", "u", row, sid))
         else:
             sid = rng.choice(sorted(subs))
@@ -122,12 +128,22 @@ def _from_scratch(spark, ns: str) -> dict[int, tuple]:
 def test_customer_360_kept_current_by_key(stack, spark, pipeline_config_factory, monkeypatch):
     uid = uuid.uuid4().hex[:6]
     prefix, ns = f"c{uid}", f"c360_{uid}"
-    derived = {"name": "customer_360", "table": f"{ns}.customer_360", "key": "customer_id", "sql": SQL,
-               "inputs": [{"name": "users", "table": f"{ns}.users", "key": "id"},
-                          {"name": "subscriptions", "table": f"{ns}.subscriptions", "key": "user_id"},
-                          {"name": "usage_events", "table": f"{ns}.usage_events", "key": "user_id"}]}
-    config = pipeline_config_factory([{"topic_pattern": f"{prefix}\\.public\\..*", "namespace": ns,
-                                       "table": "{table}"}], name=f"c{uid}", derived_tables=[derived])
+    derived = {
+        "name": "customer_360",
+        "table": f"{ns}.customer_360",
+        "key": "customer_id",
+        "sql": SQL,
+        "inputs": [
+            {"name": "users", "table": f"{ns}.users", "key": "id"},
+            {"name": "subscriptions", "table": f"{ns}.subscriptions", "key": "user_id"},
+            {"name": "usage_events", "table": f"{ns}.usage_events", "key": "user_id"},
+        ],
+    }
+    config = pipeline_config_factory(
+        [{"topic_pattern": f"{prefix}\\.public\\..*", "namespace": ns, "table": "{table}"}],
+        name=f"c{uid}",
+        derived_tables=[derived],
+    )
     workload = Workload(prefix, seed=7)
     target = f"lake.{ns}.customer_360"
 
@@ -185,8 +201,13 @@ def test_customer_360_kept_current_by_key(stack, spark, pipeline_config_factory,
 
 
 def test_derived_table_config_is_checked():
-    base = {"name": "c", "table": "a.c", "key": ["k1", "k2"], "sql": "SELECT 1",
-            "inputs": [{"name": "u", "table": "a.u", "key": ["id"]}]}
+    base = {
+        "name": "c",
+        "table": "a.c",
+        "key": ["k1", "k2"],
+        "sql": "SELECT 1",
+        "inputs": [{"name": "u", "table": "a.u", "key": ["id"]}],
+    }
     with pytest.raises(ValueError, match=r"inputs\[0\]\.key has 1 column"):
         DerivedTableSettings.model_validate(base)
     bad_name = [{"name": "u;", "table": "a.u", "key": "id"}]

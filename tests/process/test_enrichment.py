@@ -1,13 +1,14 @@
 """Enrichment: a SQL transform joins a reference Iceberg table shipped to the write tasks; the table is
 read again only when its snapshot changes, and a new reference column reaches the output table."""
+
 from __future__ import annotations
 
 import json
 import uuid
 
 import pytest
-
 from conftest import produce_records
+
 from lakestream.config import TransformSettings
 from lakestream.engine.pipeline import Pipeline
 from lakestream.errors import ConfigError
@@ -29,12 +30,26 @@ def test_reference_join_cached_by_snapshot(stack, spark, pipeline_config_factory
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.{ref_ns}")
     spark.sql(f"CREATE TABLE {products} (sku string, name string, price decimal(10,2)) USING iceberg")
     spark.sql(f"INSERT INTO {products} VALUES ('s0', 'pen', 1.50), ('s1', 'ink', 4.00), ('s2', 'pad', 2.25)")
-    config = pipeline_config_factory([{
-        "topics": [topic], "mode": "append", "namespace": ns, "table": "orders",
-        "transforms": [{"name": "enriched", "table": "orders_enriched",
+    config = pipeline_config_factory(
+        [
+            {
+                "topics": [topic],
+                "mode": "append",
+                "namespace": ns,
+                "table": "orders",
+                "transforms": [
+                    {
+                        "name": "enriched",
+                        "table": "orders_enriched",
                         "reference": {"name": "products", "table": products},
                         "sql": "SELECT b.id, b.qty * p.price AS total, p.* FROM batch b "
-                               "LEFT JOIN products p ON p.sku = b.sku"}]}], name=f"en{uid}")
+                        "LEFT JOIN products p ON p.sku = b.sku",
+                    }
+                ],
+            }
+        ],
+        name=f"en{uid}",
+    )
     pipeline = Pipeline(config, spark)
     try:
         produce_records(stack.bootstrap_servers, topic, _orders(0, 20))
@@ -65,22 +80,40 @@ def test_reference_join_cached_by_snapshot(stack, spark, pipeline_config_factory
 
 def test_reference_limits_and_names(stack, spark, pipeline_config_factory):
     with pytest.raises(ValueError, match="batch"):
-        TransformSettings.model_validate({"name": "t", "table": "o", "sql": "SELECT 1",
-                                          "references": [{"name": "batch", "table": "a.b"}]})
+        TransformSettings.model_validate(
+            {"name": "t", "table": "o", "sql": "SELECT 1", "references": [{"name": "batch", "table": "a.b"}]}
+        )
     with pytest.raises(ValueError, match="Python transform"):
-        TransformSettings.model_validate({"name": "t", "table": "o", "python": "m:f",
-                                          "reference": {"name": "p", "table": "a.b"}})
+        TransformSettings.model_validate(
+            {"name": "t", "table": "o", "python": "m:f", "reference": {"name": "p", "table": "a.b"}}
+        )
     with pytest.raises(ValueError, match="not a valid identifier"):
-        TransformSettings.model_validate({"name": "t", "table": "o", "sql": "SELECT 1",
-                                          "reference": {"name": "p", "table": "a.b;drop"}})
+        TransformSettings.model_validate(
+            {"name": "t", "table": "o", "sql": "SELECT 1", "reference": {"name": "p", "table": "a.b;drop"}}
+        )
     uid = uuid.uuid4().hex[:6]
     ref = f"lake.ref_{uid}.big"
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lake.ref_{uid}")
     spark.sql(f"CREATE TABLE {ref} USING iceberg AS SELECT id FROM range(5)")
-    config = pipeline_config_factory([{
-        "topics": [f"lim_{uid}"], "mode": "append", "namespace": f"lim_{uid}", "table": "ev",
-        "transforms": [{"name": "t", "table": "out", "sql": "SELECT b.* FROM batch b JOIN big USING (id)",
-                        "reference": {"name": "big", "table": ref, "max_rows": 3}}]}], name=f"l{uid}")
+    config = pipeline_config_factory(
+        [
+            {
+                "topics": [f"lim_{uid}"],
+                "mode": "append",
+                "namespace": f"lim_{uid}",
+                "table": "ev",
+                "transforms": [
+                    {
+                        "name": "t",
+                        "table": "out",
+                        "sql": "SELECT b.* FROM batch b JOIN big USING (id)",
+                        "reference": {"name": "big", "table": ref, "max_rows": 3},
+                    }
+                ],
+            }
+        ],
+        name=f"l{uid}",
+    )
     pipeline = Pipeline(config, spark)
     try:
         with pytest.raises(ConfigError, match=r"streams\[0\]\.transforms\[0\]\.references\[0\].*5 rows.*max_rows=3"):

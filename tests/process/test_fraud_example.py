@@ -1,5 +1,6 @@
 """The fraud example end to end (PostgreSQL workload → Debezium → transforms → rules → alerts), its
 alerts checked against an independent evaluation of the example's rules over the source table."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -10,7 +11,7 @@ import yaml
 
 from lakestream.demo.fraud import EXAMPLE, FraudSettings, run_fraud_demo
 
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def _reference(transactions: list[dict], checks: list[dict]) -> set[tuple[str, str]]:
@@ -40,9 +41,16 @@ def _reference(transactions: list[dict], checks: list[dict]) -> set[tuple[str, s
 
 def test_fraud_example_alerts_match_an_independent_evaluation(stack, spark, service_dir_factory, capsys):
     uid = uuid.uuid4().hex[:6]
-    settings = FraudSettings(state_dir=service_dir_factory("fraud"), duration_s=10, per_s=10, seed=5,
-                             dbname=f"fraud_{uid}", namespace=f"fraud_{uid}", alerts_topic=f"fraud_alerts_{uid}",
-                             catchup_timeout_s=240)
+    settings = FraudSettings(
+        state_dir=service_dir_factory("fraud"),
+        duration_s=10,
+        per_s=10,
+        seed=5,
+        dbname=f"fraud_{uid}",
+        namespace=f"fraud_{uid}",
+        alerts_topic=f"fraud_alerts_{uid}",
+        catchup_timeout_s=240,
+    )
     result = run_fraud_demo(settings, info=stack, spark=spark)
     checks = yaml.safe_load(EXAMPLE.read_text())["rules"][0]["checks"]
     expected = _reference(result.transactions, checks)
@@ -53,5 +61,7 @@ def test_fraud_example_alerts_match_an_independent_evaluation(stack, spark, serv
     assert result.latency_ms["p50"] > 0 and result.latency_ms["p99"] >= result.latency_ms["p50"]
     out = capsys.readouterr().out
     assert "event → alert latency" in out and "fraud.velocity" in out
-    print(f"fraud example: {len(result.transactions)} transactions, {len(got)} alerts, latency p50 "
-          f"{result.latency_ms['p50']:.0f} ms, p99 {result.latency_ms['p99']:.0f} ms")
+    print(
+        f"fraud example: {len(result.transactions)} transactions, {len(got)} alerts, latency p50 "
+        f"{result.latency_ms['p50']:.0f} ms, p99 {result.latency_ms['p99']:.0f} ms"
+    )

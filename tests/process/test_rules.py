@@ -1,6 +1,7 @@
 """Rules → alerts: velocity, spend, field change and predicate checks over each key's history,
 evaluated across batches and a crash, against an independent evaluation of the same rules; alerts
 land in the Iceberg alerts table exactly once and in Kafka keyed by their deterministic id."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,8 @@ import uuid
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
 from conftest import produce_records, simulate_death
+
 from lakestream.engine import commits as commits_module
 from lakestream.engine.loop import run_pipeline
 from lakestream.engine.pipeline import Pipeline
@@ -35,8 +36,15 @@ def _events(n: int, seed: int) -> list[dict]:
     for i in range(n):
         t += rng.randint(0, 15_000)
         account = rng.randint(1, 6)
-        out.append({"id": f"tx{i}", "account": account, "amount": round(rng.uniform(1, 2000), 2),
-                    "country": rng.choice(["CH", "CH", "CH", "DE"]) if account % 2 else "FR", "ts_ms": t})
+        out.append(
+            {
+                "id": f"tx{i}",
+                "account": account,
+                "amount": round(rng.uniform(1, 2000), 2),
+                "country": rng.choice(["CH", "CH", "CH", "DE"]) if account % 2 else "FR",
+                "ts_ms": t,
+            }
+        )
     return out
 
 
@@ -59,8 +67,9 @@ def _reference(events: list[dict]) -> set[tuple[str, str]]:
 
 
 def _kafka_alerts(bootstrap: str, topic: str) -> list[tuple[str, dict]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"rd-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"rd-{uuid.uuid4().hex}", "enable.auto.commit": False}
+    )
     high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
     consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
     out = []
@@ -79,13 +88,37 @@ def test_rules_raise_exact_alerts_across_batches_and_a_crash(stack, spark, pipel
     uid = uuid.uuid4().hex[:6]
     topic, ns, alerts_topic = f"tx_{uid}", f"fraud_{uid}", f"alerts_{uid}"
     config = pipeline_config_factory(
-        [{"topics": [topic], "mode": "append", "namespace": ns, "table": "transactions",
-          "transforms": [{"name": "history", "table": "tx_history",
-                          "sql": "SELECT id, account, amount, country, ts_ms, _topic, _kafka_partition, _kafka_offset, "
-                                 "_kafka_ts_ms AS _source_ts_ms FROM batch"}]}],
-        name=f"rules{uid}", engine={"max_records_per_batch": 60, "table_write_parallelism": 1},
-        rules=[{"name": "fraud", "source": f"{ns}.tx_history", "key": "account", "event_time": "ts_ms",
-                "event_id": "id", "alerts_table": f"{ns}.alerts", "alerts_topic": alerts_topic, "checks": CHECKS}])
+        [
+            {
+                "topics": [topic],
+                "mode": "append",
+                "namespace": ns,
+                "table": "transactions",
+                "transforms": [
+                    {
+                        "name": "history",
+                        "table": "tx_history",
+                        "sql": "SELECT id, account, amount, country, ts_ms, _topic, _kafka_partition, _kafka_offset, "
+                        "_kafka_ts_ms AS _source_ts_ms FROM batch",
+                    }
+                ],
+            }
+        ],
+        name=f"rules{uid}",
+        engine={"max_records_per_batch": 60, "table_write_parallelism": 1},
+        rules=[
+            {
+                "name": "fraud",
+                "source": f"{ns}.tx_history",
+                "key": "account",
+                "event_time": "ts_ms",
+                "event_id": "id",
+                "alerts_table": f"{ns}.alerts",
+                "alerts_topic": alerts_topic,
+                "checks": CHECKS,
+            }
+        ],
+    )
     events = _events(200, seed=7)
     produce_records(stack.bootstrap_servers, topic, [(None, json.dumps(e)) for e in events[:100]])
     run_pipeline(config, spark=spark, stop_when_idle=True)

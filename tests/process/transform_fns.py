@@ -1,4 +1,5 @@
 """Python transforms used by the tests (shipped to the executors with SparkContext.addPyFile)."""
+
 from __future__ import annotations
 
 import pyarrow as pa

@@ -6,6 +6,7 @@ table holds format-v3 deletion vectors over earlier data files. Every engine mus
 Spark's rows, now and at an earlier snapshot; where an engine cannot apply a table's delete files it
 must refuse.
 """
+
 from __future__ import annotations
 
 import base64
@@ -16,11 +17,11 @@ import json
 import uuid
 
 import pytest
-
 from conftest import load_debezium_fixture, pipeline_config, produce_records, run_lakestream, write_pipeline_yaml
+
+from lakestream.config import CatalogSettings
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import LakestreamError
-from lakestream.config import CatalogSettings
 from lakestream.query import ENGINES, read_pandas, read_table, run_sql, sqlalchemy_url
 
 FIRST_IDS = range(1, 401)
@@ -38,10 +39,17 @@ def change(op: str, row_id: int, note: str = "", cents: int = 0) -> list[tuple[s
     """A Debezium change (plus its tombstone for a delete) for row ``row_id`` of the fixture's table."""
     key, value = copy.deepcopy(KEY), copy.deepcopy(VALUE)
     key["payload"]["id"] = row_id
-    row = dict(value["payload"]["after"], id=row_id, note=note, big=row_id * 1_000_003,
-               amount=base64.b64encode(cents.to_bytes(8, "big", signed=True)).decode(),
-               day=19_000 + row_id, ts=1_709_210_096_789_000 + row_id * 1_000_001,
-               uid=str(uuid.UUID(int=row_id)), tags=[row_id, row_id % 7] if row_id % 4 else None)
+    row = dict(
+        value["payload"]["after"],
+        id=row_id,
+        note=note,
+        big=row_id * 1_000_003,
+        amount=base64.b64encode(cents.to_bytes(8, "big", signed=True)).decode(),
+        day=19_000 + row_id,
+        ts=1_709_210_096_789_000 + row_id * 1_000_001,
+        uid=str(uuid.UUID(int=row_id)),
+        tags=[row_id, row_id % 7] if row_id % 4 else None,
+    )
     payload = value["payload"]
     payload["op"] = op
     payload["before"], payload["after"] = (row, None) if op == "d" else (None, row)
@@ -56,8 +64,12 @@ def cdc_table(stack, spark, service_dir_factory):
     """A CDC-loaded table: (config, ``ns.table``, expected {id: (note, amount)}, first snapshot id, its rows)."""
     tag = uuid.uuid4().hex[:6]
     topic, namespace = f"q{tag}.public.orders", f"query_{tag}"
-    config = pipeline_config(stack, service_dir_factory("state"), [{"topics": [topic], "namespace": namespace,
-                                                                     "table": "orders"}], name=f"query{tag}")
+    config = pipeline_config(
+        stack,
+        service_dir_factory("state"),
+        [{"topics": [topic], "namespace": namespace, "table": "orders"}],
+        name=f"query{tag}",
+    )
     expected: dict[int, tuple[str, decimal.Decimal]] = {}
 
     def apply(changes: list[tuple[str, int, str, int]]) -> None:
@@ -73,21 +85,28 @@ def cdc_table(stack, spark, service_dir_factory):
 
     table = f"{namespace}.orders"
     apply([("r", i, f"row {i}", i * 101) for i in FIRST_IDS])
-    first_snapshot = spark.sql(f"SELECT snapshot_id FROM lake.{table}.snapshots ORDER BY committed_at DESC LIMIT 1").collect()[0][0]
+    first_snapshot = spark.sql(
+        f"SELECT snapshot_id FROM lake.{table}.snapshots ORDER BY committed_at DESC LIMIT 1"
+    ).collect()[0][0]
     first_rows = dict(expected)
-    apply([("u", i, f"updated {i}", i * 7) for i in FIRST_IDS if i % 3 == 0]
-          + [("d", i, "", 0) for i in FIRST_IDS if i % 5 == 0]
-          + [("c", i, f"new {i}", i) for i in range(401, 451)])
-    apply([("u", i, f"again {i}", -i) for i in range(7, 451, 7) if i % 5]
-          + [("d", i, "", 0) for i in range(11, 451, 11) if i % 5])
+    apply(
+        [("u", i, f"updated {i}", i * 7) for i in FIRST_IDS if i % 3 == 0]
+        + [("d", i, "", 0) for i in FIRST_IDS if i % 5 == 0]
+        + [("c", i, f"new {i}", i) for i in range(401, 451)]
+    )
+    apply(
+        [("u", i, f"again {i}", -i) for i in range(7, 451, 7) if i % 5]
+        + [("d", i, "", 0) for i in range(11, 451, 11) if i % 5]
+    )
     return config, table, expected, first_snapshot, first_rows
 
 
 def _normalized(table) -> list[dict]:
     """Rows sorted by id with values in one form whatever the engine (UTC datetimes, lists)."""
+
     def plain(value):
         if isinstance(value, dt.datetime) and value.tzinfo is not None:
-            return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+            return value.astimezone(dt.UTC).replace(tzinfo=None)
         return value
 
     rows = [{k: plain(v) for k, v in row.items()} for row in table.to_pylist()]
@@ -122,8 +141,12 @@ def test_pandas_and_duckdb_sql(cdc_table, spark):
     assert dict(zip(frame["id"], frame["note"], strict=True)) == {k: v[0] for k, v in expected.items()}
     query = f"SELECT count(*) AS n, sum(amount) AS total FROM lake.{table} WHERE note LIKE 'again%'"
     duck = run_sql(config, query, engine="duckdb").to_pylist()
-    assert duck == [{"n": sum(1 for v in expected.values() if v[0].startswith("again")),
-                     "total": sum(v[1] for v in expected.values() if v[0].startswith("again"))}]
+    assert duck == [
+        {
+            "n": sum(1 for v in expected.values() if v[0].startswith("again")),
+            "total": sum(v[1] for v in expected.values() if v[0].startswith("again")),
+        }
+    ]
     assert run_sql(config, query, engine="spark", spark=spark).to_pylist() == duck
 
 
@@ -140,11 +163,14 @@ def test_identifiers_are_validated_before_any_sql(cdc_table, spark):
 def test_cli_query_and_duckdb_sql_print_clean_json(cdc_table, stack, tmp_path):
     config, table, expected, _, _ = cdc_table
     pipeline = str(write_pipeline_yaml(config, stack, tmp_path / "p.yaml"))
-    out = run_lakestream("query", pipeline, table, "--engine", "duckdb", "--columns", "id,note", "--format", "json",
-                         "--limit", "0")
+    out = run_lakestream(
+        "query", pipeline, table, "--engine", "duckdb", "--columns", "id,note", "--format", "json", "--limit", "0"
+    )
     assert out.returncode == 0, out.stderr
     assert {r["id"]: r["note"] for r in json.loads(out.stdout)} == {k: v[0] for k, v in expected.items()}
-    out = run_lakestream("sql", pipeline, f"SELECT max(id) AS top FROM lake.{table}", "--engine", "duckdb", "--format", "json")
+    out = run_lakestream(
+        "sql", pipeline, f"SELECT max(id) AS top FROM lake.{table}", "--engine", "duckdb", "--format", "json"
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [{"top": max(expected)}]
 
@@ -158,22 +184,32 @@ def _commit_equality_delete(spark, table: str, ids: list[int]) -> None:
     jtable = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, table)
     field_id = jtable.schema().findField("id").fieldId()
     path = f"{jtable.location()}/data/eq-delete-{uuid.uuid4().hex}.parquet"
-    schema = pa.schema([pa.field("id", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(field_id).encode()})])
+    schema = pa.schema(
+        [pa.field("id", pa.int64(), nullable=False, metadata={b"PARQUET:field_id": str(field_id).encode()})]
+    )
     local = path.removeprefix("file:")
     pq.write_table(pa.table({"id": ids}, schema=schema), local)
     field_ids = spark.sparkContext._gateway.new_array(jvm.int, 1)
     field_ids[0] = field_id
-    delete = (jvm.org.apache.iceberg.FileMetadata.deleteFileBuilder(jtable.spec()).ofEqualityDeletes(field_ids)
-              .withPath(path).withFormat(jvm.org.apache.iceberg.FileFormat.PARQUET)
-              .withFileSizeInBytes(__import__("os").path.getsize(local)).withRecordCount(len(ids)).build())
+    delete = (
+        jvm.org.apache.iceberg.FileMetadata.deleteFileBuilder(jtable.spec())
+        .ofEqualityDeletes(field_ids)
+        .withPath(path)
+        .withFormat(jvm.org.apache.iceberg.FileFormat.PARQUET)
+        .withFileSizeInBytes(__import__("os").path.getsize(local))
+        .withRecordCount(len(ids))
+        .build()
+    )
     jtable.newRowDelta().addDeletes(delete).commit()
 
 
 def test_equality_deletes_are_applied_or_refused(cdc_table, spark):
     config, table, _, _, _ = cdc_table
     name = f"{table.split('.')[0]}.eq_deletes"
-    spark.sql(f"CREATE TABLE lake.{name} (id BIGINT NOT NULL, note STRING) USING iceberg "
-              "TBLPROPERTIES ('format-version'='3', 'write.delete.mode'='merge-on-read')")
+    spark.sql(
+        f"CREATE TABLE lake.{name} (id BIGINT NOT NULL, note STRING) USING iceberg "
+        "TBLPROPERTIES ('format-version'='3', 'write.delete.mode'='merge-on-read')"
+    )
     spark.sql(f"INSERT INTO lake.{name} VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd')")
     _commit_equality_delete(spark, f"lake.{name}", [2, 3])
     # A later row with a deleted key: the older delete must not hide it (sequence numbers).
@@ -188,8 +224,9 @@ def test_equality_deletes_are_applied_or_refused(cdc_table, spark):
 
 
 def test_catalog_url_quotes_credentials_and_errors_never_echo_them():
-    catalog = CatalogSettings(uri="jdbc:postgresql://db:5432/lake?sslmode=require", user="u", password="p@ss/w:rd",
-                              warehouse="file:///w")
+    catalog = CatalogSettings(
+        uri="jdbc:postgresql://db:5432/lake?sslmode=require", user="u", password="p@ss/w:rd", warehouse="file:///w"
+    )
     assert sqlalchemy_url(catalog) == "postgresql+psycopg2://u:p%40ss%2Fw%3Ard@db:5432/lake?sslmode=require"
     with pytest.raises(LakestreamError) as raised:
         sqlalchemy_url(CatalogSettings(uri="jdbc:mysql://db/lake?password=secret", warehouse="file:///w"))

@@ -3,6 +3,7 @@ the Kafka tail beyond its stored offsets, against real Debezium capture of a rea
 
 With the pipeline stopped, a fresh read shows source changes a plain read does not; once the pipeline
 commits them, both agree. The latency source commit → visible through a fresh read is measured."""
+
 from __future__ import annotations
 
 import decimal
@@ -13,9 +14,9 @@ import time
 import uuid
 
 import pytest
-
 from capture_harness import start_captured_source, stop_captured_source
 from conftest import produce_records, run_lakestream, write_pipeline_yaml
+
 from lakestream.decode.types import UNAVAILABLE_VALUE
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import QueryError
@@ -53,10 +54,12 @@ def test_fresh_read_shows_the_uncommitted_tail_until_the_pipeline_commits_it(src
     assert by_id(read_table(src.config, name, "duckdb", fresh=True)) == committed  # no tail yet
 
     # The pipeline is stopped: these changes are in Kafka only.
-    src.sql("UPDATE public.fresh_orders SET status = 'paid' WHERE id = 1",
-            "DELETE FROM public.fresh_orders WHERE id = 2",
-            "INSERT INTO public.fresh_orders VALUES (4, 'new', 4.50, 'd')",
-            "UPDATE public.fresh_orders SET amount = 9.99 WHERE id = 4")
+    src.sql(
+        "UPDATE public.fresh_orders SET status = 'paid' WHERE id = 1",
+        "DELETE FROM public.fresh_orders WHERE id = 2",
+        "INSERT INTO public.fresh_orders VALUES (4, 'new', 4.50, 'd')",
+        "UPDATE public.fresh_orders SET amount = 9.99 WHERE id = 4",
+    )
     src.wait_for_events({"fresh_orders": 3 + 1 + 2 + 1 + 1})  # a delete is followed by a tombstone
     expected = {1: ("paid", D("1.50")), 3: ("new", D("3.50")), 4: ("new", D("9.99"))}
     assert by_id(read_table(src.config, name, "duckdb")) == committed  # a plain read does not see them
@@ -96,17 +99,29 @@ def test_latency_from_source_commit_to_a_fresh_read(src):
                 break
             assert time.monotonic() - started < 30, f"change {i} not visible after 30s: {rows}"
         latencies.append(time.monotonic() - started)
-    print(f"\nfresh read: one read {one_read:.3f}s; source commit → visible "
-          f"median {statistics.median(latencies):.3f}s, max {max(latencies):.3f}s "
-          f"({', '.join(f'{x:.3f}' for x in latencies)})", file=sys.stderr)
+    print(
+        f"\nfresh read: one read {one_read:.3f}s; source commit → visible "
+        f"median {statistics.median(latencies):.3f}s, max {max(latencies):.3f}s "
+        f"({', '.join(f'{x:.3f}' for x in latencies)})",
+        file=sys.stderr,
+    )
     assert statistics.median(latencies) < 10
 
 
 def test_fresh_append_table_adds_rows_and_skips_known_ids(stack, spark, pipeline_config_factory):
     topic = f"fresh-clicks-{uuid.uuid4().hex[:6]}"
-    config = pipeline_config_factory([{"topics": [topic], "mode": "append", "namespace": "fresh_append",
-                                       "table": f"clicks_{topic[-6:]}", "dedupe_field": "event_id"}],
-                                     name=f"freshapp{topic[-6:]}")
+    config = pipeline_config_factory(
+        [
+            {
+                "topics": [topic],
+                "mode": "append",
+                "namespace": "fresh_append",
+                "table": f"clicks_{topic[-6:]}",
+                "dedupe_field": "event_id",
+            }
+        ],
+        name=f"freshapp{topic[-6:]}",
+    )
     name = f"fresh_append.clicks_{topic[-6:]}"
 
     def event(i: int, page: str) -> tuple[str, str]:
@@ -114,9 +129,12 @@ def test_fresh_append_table_adds_rows_and_skips_known_ids(stack, spark, pipeline
 
     produce_records(stack.bootstrap_servers, topic, [event(1, "home"), event(2, "cart")], partition=0)
     run_pipeline(config, spark=spark, stop_when_idle=True)
-    produce_records(stack.bootstrap_servers, topic,
-                    [event(3, "pay"), event(1, "home again"), ("x", "not json"), event(4, "done"), event(3, "dup")],
-                    partition=0)
+    produce_records(
+        stack.bootstrap_servers,
+        topic,
+        [event(3, "pay"), event(1, "home again"), ("x", "not json"), event(4, "done"), event(3, "dup")],
+        partition=0,
+    )
     pages = lambda t: sorted((r["event_id"], r["page"]) for r in t.to_pylist())  # noqa: E731
     assert pages(read_table(config, name)) == [(1, "home"), (2, "cart")]
     expected = [(1, "home"), (2, "cart"), (3, "pay"), (4, "done")]  # the first of an id wins; no dead letter
@@ -132,9 +150,11 @@ def test_fresh_read_fills_withheld_toast_values(src):
     name = f"{src.namespace}.fresh_toast"
     src.sync({"fresh_toast": 1})
     start = src.end_offset("fresh_toast")
-    src.sql("UPDATE public.fresh_toast SET n = 2 WHERE id = 1",
-            f"INSERT INTO public.fresh_toast VALUES (2, {BIG_VALUE_SQL}, 1)",
-            "UPDATE public.fresh_toast SET n = 5 WHERE id = 2")
+    src.sql(
+        "UPDATE public.fresh_toast SET n = 2 WHERE id = 1",
+        f"INSERT INTO public.fresh_toast VALUES (2, {BIG_VALUE_SQL}, 1)",
+        "UPDATE public.fresh_toast SET n = 5 WHERE id = 2",
+    )
     src.wait_for_events({"fresh_toast": start + 3})
     updates = [m["value"] for m in src.published("fresh_toast")[start:] if m["value"]["op"] == "u"]
     assert [u["after"]["body"] for u in updates] == [UNAVAILABLE_VALUE] * 2  # really withheld

@@ -1,6 +1,7 @@
 """The pipeline's Kafka clients through the stack's SASL_SSL listener (SCRAM-SHA-512, ACLs on), the password
 given as ``${VAR}`` in the YAML; a refused client stops the process at once with the setting to fix, and the
 password appears in no output."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 from confluent_kafka.admin import AclOperation, ResourceType
-
 from conftest import catalog_settings, run_lakestream
+
 from lakestream.config import load_config
 from lakestream.query import read_table
 from lakestream.stack import StackInfo
@@ -22,13 +23,17 @@ from lakestream.stack.tls import make_ca
 PASSWORD_ENV = "LAKESTREAM_TEST_KAFKA_PASSWORD"
 
 
-def sasl_pipeline_yaml(stack: StackInfo, path: Path, topic: str, table: str, sections: dict | None = None,
-                       **client) -> Path:
+def sasl_pipeline_yaml(
+    stack: StackInfo, path: Path, topic: str, table: str, sections: dict | None = None, **client
+) -> Path:
     """A pipeline YAML reading ``topic`` through SASL_SSL as the stack's user, its password as ${PASSWORD_ENV}."""
     data = {
         "name": f"sasl{uuid.uuid4().hex[:6]}",
-        "kafka": {"bootstrap_servers": stack.kafka_sasl_bootstrap_servers, "group_id": f"lakestream-{table}",
-                  "client": {**stack.kafka_sasl_client("${" + PASSWORD_ENV + "}"), **client}},
+        "kafka": {
+            "bootstrap_servers": stack.kafka_sasl_bootstrap_servers,
+            "group_id": f"lakestream-{table}",
+            "client": {**stack.kafka_sasl_client("${" + PASSWORD_ENV + "}"), **client},
+        },
         "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
         "streams": [{"topics": [topic], "namespace": "sasl", "table": table}],
         "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
@@ -54,12 +59,21 @@ def produce_sasl(stack: StackInfo, topic: str, ids: range) -> None:
     """Debezium-shaped JSON changes, produced as the stack's SCRAM user over SASL_SSL."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": stack.kafka_sasl_bootstrap_servers,
-                         **stack.kafka_sasl_client(stack.kafka_sasl_password())})
+    producer = Producer(
+        {
+            "bootstrap.servers": stack.kafka_sasl_bootstrap_servers,
+            **stack.kafka_sasl_client(stack.kafka_sasl_password()),
+        }
+    )
     failures = []
     for i in ids:
-        producer.produce(topic, key=json.dumps({"id": i}), value=json.dumps({"op": "c", "after": {"id": i, "n": i}}),
-                         partition=0, on_delivery=lambda err, _msg: err and failures.append(str(err)))
+        producer.produce(
+            topic,
+            key=json.dumps({"id": i}),
+            value=json.dumps({"op": "c", "after": {"id": i, "n": i}}),
+            partition=0,
+            on_delivery=lambda err, _msg: err and failures.append(str(err)),
+        )
     assert producer.flush(30) == 0 and not failures, failures
 
 
@@ -107,16 +121,43 @@ def test_the_alerts_producer_through_sasl_ssl(stack, topic, tmp_path, monkeypatc
     monkeypatch.setenv(PASSWORD_ENV, password)
     uid = topic[4:10]
     alerts_topic = f"sasl_alerts_{uid}"
-    config = sasl_pipeline_yaml(stack, tmp_path / "p.yaml", topic, f"history_{uid}", sections={
-        "streams": [{"topics": [topic], "mode": "append", "namespace": "sasl", "table": f"raw_{uid}",
-                     "transforms": [{"name": "history", "table": f"history_{uid}",
-                                     "sql": "SELECT after.id AS id, after.id AS event_no, _kafka_ts_ms AS ts_ms, "
-                                            "_topic, _kafka_partition, _kafka_offset, _kafka_ts_ms AS _source_ts_ms "
-                                            "FROM batch"}]}],
-        "rules": [{"name": "big", "source": f"sasl.history_{uid}", "key": "id", "event_time": "ts_ms",
-                   "event_id": "event_no",
-                   "alerts_table": f"sasl.alerts_{uid}", "alerts_topic": alerts_topic,
-                   "checks": [{"name": "big", "kind": "predicate", "sql": "id >= 3"}]}]})
+    config = sasl_pipeline_yaml(
+        stack,
+        tmp_path / "p.yaml",
+        topic,
+        f"history_{uid}",
+        sections={
+            "streams": [
+                {
+                    "topics": [topic],
+                    "mode": "append",
+                    "namespace": "sasl",
+                    "table": f"raw_{uid}",
+                    "transforms": [
+                        {
+                            "name": "history",
+                            "table": f"history_{uid}",
+                            "sql": "SELECT after.id AS id, after.id AS event_no, _kafka_ts_ms AS ts_ms, "
+                            "_topic, _kafka_partition, _kafka_offset, _kafka_ts_ms AS _source_ts_ms "
+                            "FROM batch",
+                        }
+                    ],
+                }
+            ],
+            "rules": [
+                {
+                    "name": "big",
+                    "source": f"sasl.history_{uid}",
+                    "key": "id",
+                    "event_time": "ts_ms",
+                    "event_id": "event_no",
+                    "alerts_table": f"sasl.alerts_{uid}",
+                    "alerts_topic": alerts_topic,
+                    "checks": [{"name": "big", "kind": "predicate", "sql": "id >= 3"}],
+                }
+            ],
+        },
+    )
 
     run = run_lakestream("run", str(config), "--until-idle")
     assert run.returncode == 0, run.stderr[-3000:]
@@ -177,8 +218,10 @@ def test_the_stack_exposes_its_sasl_listener_without_the_password(stack):
 def test_a_refusal_named_by_a_spark_task_is_a_config_failure():
     from lakestream.errors import KafkaAccessError, classify_failure
 
-    remote = RuntimeError("Traceback (most recent call last):\n  File \"reader.py\", line 1, in _take\n"
-                          "lakestream.errors.KafkaAccessError: Kafka at h:1 denied User:u READ on topic 't'")
+    remote = RuntimeError(
+        'Traceback (most recent call last):\n  File "reader.py", line 1, in _take\n'
+        "lakestream.errors.KafkaAccessError: Kafka at h:1 denied User:u READ on topic 't'"
+    )
     assert classify_failure(remote).kind == "config" and classify_failure(remote).infrastructure
     assert classify_failure(KafkaAccessError("refused")).kind == "config"
 
@@ -198,14 +241,26 @@ def capture_yaml(stack: StackInfo, path: Path, dbname: str, prefix: str, **clien
     data = {
         "name": f"capture-{prefix}",
         "state_dir": str(path.parent / "state"),
-        "kafka": {"bootstrap_servers": stack.kafka_sasl_bootstrap_servers,
-                  "client": {**stack.kafka_sasl_client("${" + PASSWORD_ENV + "}"), **client}},
+        "kafka": {
+            "bootstrap_servers": stack.kafka_sasl_bootstrap_servers,
+            "client": {**stack.kafka_sasl_client("${" + PASSWORD_ENV + "}"), **client},
+        },
         "catalog": {"type": "hadoop", "warehouse": f"file://{path.parent}/warehouse"},
         "streams": [{"topic_pattern": rf"{prefix}\..*"}],
-        "capture": {"database": {"host": stack.pg_host, "port": stack.pg_port, "dbname": dbname,
-                                 "user": stack.pg_user, "password": stack.pg_password},
-                    "tables": ["public.items"], "topic_prefix": prefix, "slot_name": f"slot_{prefix}",
-                    "publication_name": f"pub_{prefix}", "schemas_enabled": False},
+        "capture": {
+            "database": {
+                "host": stack.pg_host,
+                "port": stack.pg_port,
+                "dbname": dbname,
+                "user": stack.pg_user,
+                "password": stack.pg_password,
+            },
+            "tables": ["public.items"],
+            "topic_prefix": prefix,
+            "slot_name": f"slot_{prefix}",
+            "publication_name": f"pub_{prefix}",
+            "schemas_enabled": False,
+        },
     }
     path.write_text(yaml.safe_dump(data))
     return path
@@ -220,8 +275,9 @@ def test_capture_publishes_through_sasl_ssl(stack, capture_source, tmp_path, mon
     monkeypatch.setenv(PASSWORD_ENV, password)
     prefix = f"sasl{uuid.uuid4().hex[:6]}"
     topic = f"{prefix}.public.items"
-    capture = CaptureProcess(capture_yaml(stack, tmp_path / "pipeline.yaml", dbname, prefix),
-                             log_path=tmp_path / "capture.log")
+    capture = CaptureProcess(
+        capture_yaml(stack, tmp_path / "pipeline.yaml", dbname, prefix), log_path=tmp_path / "capture.log"
+    )
     try:
         capture.start()
         capture.wait_until_streaming(timeout=180)
@@ -243,8 +299,7 @@ def test_capture_with_a_wrong_password_stops_at_once(stack, capture_source, tmp_
     monkeypatch.setenv(PASSWORD_ENV, password)
     prefix = f"sasl{uuid.uuid4().hex[:6]}"
     started = time.monotonic()
-    done = run_lakestream("capture", str(capture_yaml(stack, tmp_path / "pipeline.yaml", dbname, prefix)),
-                          timeout=120)
+    done = run_lakestream("capture", str(capture_yaml(stack, tmp_path / "pipeline.yaml", dbname, prefix)), timeout=120)
     assert done.returncode != 0
     assert time.monotonic() - started < 60
     assert "kafka.client.sasl.password" in done.stderr, done.stderr[-3000:]

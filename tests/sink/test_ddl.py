@@ -2,6 +2,7 @@
 batch and across batches), DROP COLUMN, and logical-decoding messages. Each scenario ends with `lakestream
 verify` (source vs Iceberg) passing.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -9,9 +10,8 @@ import decimal
 import json
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
 from capture_harness import dead_letters, start_captured_source, stop_captured_source, verify_ok
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from conftest import produce_records
 
 SETUP = [
@@ -47,13 +47,15 @@ def _rows(spark, table: str) -> dict:
 
 def test_add_column_with_default_gives_existing_rows_the_default(src, spark):
     start = src.end_offset("ddl_dflt")
-    src.sql("ALTER TABLE public.ddl_dflt ADD COLUMN loyalty integer DEFAULT 7",
-            "ALTER TABLE public.ddl_dflt ADD COLUMN tier text DEFAULT 'gold'",
-            "ALTER TABLE public.ddl_dflt ADD COLUMN since date DEFAULT '2020-02-03'",
-            "ALTER TABLE public.ddl_dflt ADD COLUMN credit numeric(10,2) DEFAULT 12.50",
-            "ALTER TABLE public.ddl_dflt ADD COLUMN plain integer",  # no default: existing rows read NULL
-            "INSERT INTO public.ddl_dflt (id, name, loyalty, tier) VALUES (4, 'four', 9, NULL)",
-            "UPDATE public.ddl_dflt SET name = 'ONE' WHERE id = 1")
+    src.sql(
+        "ALTER TABLE public.ddl_dflt ADD COLUMN loyalty integer DEFAULT 7",
+        "ALTER TABLE public.ddl_dflt ADD COLUMN tier text DEFAULT 'gold'",
+        "ALTER TABLE public.ddl_dflt ADD COLUMN since date DEFAULT '2020-02-03'",
+        "ALTER TABLE public.ddl_dflt ADD COLUMN credit numeric(10,2) DEFAULT 12.50",
+        "ALTER TABLE public.ddl_dflt ADD COLUMN plain integer",  # no default: existing rows read NULL
+        "INSERT INTO public.ddl_dflt (id, name, loyalty, tier) VALUES (4, 'four', 9, NULL)",
+        "UPDATE public.ddl_dflt SET name = 'ONE' WHERE id = 1",
+    )
     src.sync({"ddl_dflt": start + 2})
     rows = _rows(spark, src.table("ddl_dflt"))
     # rows 2 and 3 never changed: no event carried them, and they read the defaults all the same
@@ -68,18 +70,23 @@ def test_add_column_with_default_gives_existing_rows_the_default(src, spark):
 
 def test_truncate_inside_one_batch(src, spark):
     start = src.end_offset("ddl_trunc")
-    src.sql("INSERT INTO public.ddl_trunc VALUES (6, 'v6'), (7, 'v7')",
-            "UPDATE public.ddl_trunc SET v = 'changed' WHERE id = 2",
-            "TRUNCATE public.ddl_trunc",
-            "INSERT INTO public.ddl_trunc VALUES (10, 'ten'), (11, 'eleven'), (2, 'two again')",
-            "UPDATE public.ddl_trunc SET v = 'ten!' WHERE id = 10")
+    src.sql(
+        "INSERT INTO public.ddl_trunc VALUES (6, 'v6'), (7, 'v7')",
+        "UPDATE public.ddl_trunc SET v = 'changed' WHERE id = 2",
+        "TRUNCATE public.ddl_trunc",
+        "INSERT INTO public.ddl_trunc VALUES (10, 'ten'), (11, 'eleven'), (2, 'two again')",
+        "UPDATE public.ddl_trunc SET v = 'ten!' WHERE id = 10",
+    )
     results = src.sync({"ddl_trunc": start + 8})
     ops = [m["value"] and m["value"]["op"] for m in src.published("ddl_trunc")[start:]]
     assert "t" in ops, ops  # Debezium really emitted the truncate (skipped.operations=none)
     assert [r.truncated for r in results if r.truncated] == [[src.table("ddl_trunc").removeprefix("lake.")]]
     assert sum(1 for r in results if r.table_records) == 1, "the whole sequence was meant to land in one batch"
     assert {k: v["v"] for k, v in _rows(spark, src.table("ddl_trunc")).items()} == {
-        10: "ten!", 11: "eleven", 2: "two again"}
+        10: "ten!",
+        11: "eleven",
+        2: "two again",
+    }
     assert dead_letters(spark, src.topic("ddl_trunc")) == []
     verify_ok(src, spark, ["ddl_trunc"])
 
@@ -90,7 +97,9 @@ def test_truncate_across_batches(src, spark):
     src.sync({"ddl_trunc": start + 1})
     assert _rows(spark, src.table("ddl_trunc")) == {}
     verify_ok(src, spark, ["ddl_trunc"])
-    src.sql("INSERT INTO public.ddl_trunc VALUES (10, 'back'), (20, 'new')", "DELETE FROM public.ddl_trunc WHERE id = 20")
+    src.sql(
+        "INSERT INTO public.ddl_trunc VALUES (10, 'back'), (20, 'new')", "DELETE FROM public.ddl_trunc WHERE id = 20"
+    )
     src.sync({"ddl_trunc": start + 5})  # 2 inserts, a delete and its tombstone
     assert {k: v["v"] for k, v in _rows(spark, src.table("ddl_trunc")).items()} == {10: "back"}
     verify_ok(src, spark, ["ddl_trunc"])
@@ -98,9 +107,11 @@ def test_truncate_across_batches(src, spark):
 
 def test_dropped_column_is_kept_and_new_rows_get_null(src, spark):
     start = src.end_offset("ddl_drop")
-    src.sql("ALTER TABLE public.ddl_drop DROP COLUMN b",
-            "INSERT INTO public.ddl_drop VALUES (2, 'a2')",
-            "UPDATE public.ddl_drop SET a = 'a1!' WHERE id = 1")
+    src.sql(
+        "ALTER TABLE public.ddl_drop DROP COLUMN b",
+        "INSERT INTO public.ddl_drop VALUES (2, 'a2')",
+        "UPDATE public.ddl_drop SET a = 'a1!' WHERE id = 1",
+    )
     src.sync({"ddl_drop": start + 2})
     rows = _rows(spark, src.table("ddl_drop"))
     assert rows[2] == {"id": 2, "a": "a2", "b": None}
@@ -125,8 +136,11 @@ def test_dropped_column_is_dropped_with_on_dropped_column_drop(src, spark):
 
 def test_rename_is_a_drop_plus_an_add_and_converges_as_rows_change(src, spark):
     start = src.end_offset("ddl_ren")
-    src.sql("ALTER TABLE public.ddl_ren RENAME COLUMN old_name TO new_name",
-            "INSERT INTO public.ddl_ren VALUES (3, 'x3')", "UPDATE public.ddl_ren SET new_name = new_name")
+    src.sql(
+        "ALTER TABLE public.ddl_ren RENAME COLUMN old_name TO new_name",
+        "INSERT INTO public.ddl_ren VALUES (3, 'x3')",
+        "UPDATE public.ddl_ren SET new_name = new_name",
+    )
     src.sync({"ddl_ren": start + 3})
     rows = _rows(spark, src.table("ddl_ren"))
     # The mirror keeps the old column (NULL in rows written since); the new one is filled as rows change.
@@ -149,8 +163,9 @@ def test_logical_decoding_messages_are_skipped_and_counted(src, spark):
     """A real Debezium message event (pg_logical_emit_message) is skipped and counted, never a dead letter."""
     src.sql("SELECT pg_logical_emit_message(true, 'app-audit', 'hello from the app')")
     message_topic = f"{src.prefix}.message"
-    consumer = Consumer({"bootstrap.servers": src.stack.bootstrap_servers, "group.id": f"msg-{src.prefix}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": src.stack.bootstrap_servers, "group.id": f"msg-{src.prefix}", "enable.auto.commit": False}
+    )
     consumer.assign([TopicPartition(message_topic, 0, OFFSET_BEGINNING)])
     raw = None
     for _ in range(240):

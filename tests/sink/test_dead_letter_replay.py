@@ -1,5 +1,6 @@
 """`lakestream dead-letters`: summarise and list dead letters; replay them after the cause is fixed
 (a widened column), exactly once even when a replay dies between sending and recording."""
+
 from __future__ import annotations
 
 import json
@@ -10,13 +11,16 @@ import uuid
 
 import pytest
 import yaml
-
 from conftest import catalog_settings, produce_records
+
 from lakestream.config import load_config
 from lakestream.engine.loop import run_pipeline
 from lakestream.sink.deadletters import replay as replay_module
 from lakestream.sink.deadletters.replay import (
-    DeadLetterFilter, list_dead_letters, replay_dead_letters, summarize_dead_letters,
+    DeadLetterFilter,
+    list_dead_letters,
+    replay_dead_letters,
+    summarize_dead_letters,
 )
 
 FIELDS = [{"type": "int64", "optional": False, "field": "id"}, {"type": "int32", "optional": True, "field": "small"}]
@@ -24,14 +28,26 @@ FIELDS = [{"type": "int64", "optional": False, "field": "id"}, {"type": "int32",
 
 def _event(after: dict) -> str:
     row = {"type": "struct", "fields": FIELDS, "optional": True, "name": "v"}
-    schema = {"type": "struct", "name": "env", "fields": [{**row, "field": "before"}, {**row, "field": "after"},
-                                                          {"type": "string", "optional": False, "field": "op"}]}
+    schema = {
+        "type": "struct",
+        "name": "env",
+        "fields": [
+            {**row, "field": "before"},
+            {**row, "field": "after"},
+            {"type": "string", "optional": False, "field": "op"},
+        ],
+    }
     return json.dumps({"schema": schema, "payload": {"before": None, "after": after, "op": "c"}})
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lakestream", "dead-letters", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYSPARK_PYTHON": sys.executable})
+    return subprocess.run(
+        [sys.executable, "-m", "lakestream", "dead-letters", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    )
 
 
 def test_summarise_list_and_replay_exactly_once(stack, spark, service_dir_factory, monkeypatch):
@@ -40,15 +56,23 @@ def test_summarise_list_and_replay_exactly_once(stack, spark, service_dir_factor
     table = f"replay.items_{suffix}"
     work = service_dir_factory("replay")
     path = work / "pipeline.yaml"
-    path.write_text(yaml.safe_dump({
-        "name": f"dlr{suffix}",
-        "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"dlr{suffix}",
-                  "client": {"session.timeout.ms": 6000}},
-        "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
-        "streams": [{"topics": [topic], "namespace": "replay", "table": f"items_{suffix}"}],
-        "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
-        "spark": {"master": "local[2]", "driver_memory": "1g", "conf": {"spark.ui.enabled": "false"}},
-        "state_dir": str(work / "state")}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "name": f"dlr{suffix}",
+                "kafka": {
+                    "bootstrap_servers": stack.bootstrap_servers,
+                    "group_id": f"dlr{suffix}",
+                    "client": {"session.timeout.ms": 6000},
+                },
+                "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
+                "streams": [{"topics": [topic], "namespace": "replay", "table": f"items_{suffix}"}],
+                "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
+                "spark": {"master": "local[2]", "driver_memory": "1g", "conf": {"spark.ui.enabled": "false"}},
+                "state_dir": str(work / "state"),
+            }
+        )
+    )
     config = load_config(path)
     records = [(json.dumps({"id": i}), _event({"id": i, "small": i})) for i in range(1, 6)]
     records += [(json.dumps({"id": i}), _event({"id": i, "small": 2**40 + i})) for i in (6, 7, 8)]  # too wide

@@ -1,10 +1,11 @@
 """Debezium edge cases with real capture: unchanged TOAST values, primary-key changes, deletes under
 REPLICA IDENTITY DEFAULT (defaults in `before`), and many changes of one key in one batch."""
+
 from __future__ import annotations
 
 import pytest
-
 from capture_harness import dead_letters, start_captured_source, stop_captured_source, verify_ok
+
 from lakestream.decode.types import UNAVAILABLE_VALUE
 
 # ~20 KB of md5 hex: pglz cannot shrink it below the TOAST threshold, so it is stored out of line
@@ -25,8 +26,7 @@ SETUP = [
 
 @pytest.fixture(scope="module")
 def src(stack, spark):
-    source = start_captured_source(
-        stack, SETUP, ["edge_toast", "edge_pk", "edge_defaults", "edge_hot"], "edge")
+    source = start_captured_source(stack, SETUP, ["edge_toast", "edge_pk", "edge_defaults", "edge_hot"], "edge")
     try:
         source.sync({"edge_toast": 1, "edge_pk": 2, "edge_defaults": 2})
         yield source
@@ -62,15 +62,19 @@ def test_unchanged_toast_value_keeps_the_stored_value(src, spark):
 def test_unchanged_toast_value_of_a_row_inserted_in_the_same_batch(src, spark):
     # insert then update before the engine runs: the insert and the TOAST-less update meet in one batch
     start = src.end_offset("edge_toast")
-    src.sql(f"INSERT INTO public.edge_toast VALUES (2, {BIG_VALUE_SQL}, 1)",
-            "UPDATE public.edge_toast SET n = 5 WHERE id = 2")
+    src.sql(
+        f"INSERT INTO public.edge_toast VALUES (2, {BIG_VALUE_SQL}, 1)",
+        "UPDATE public.edge_toast SET n = 5 WHERE id = 2",
+    )
     big = _source_value(src, "SELECT body FROM public.edge_toast WHERE id = 2")
     src.sync({"edge_toast": start + 2})
     update = [m["value"] for m in src.published("edge_toast")[start:] if m["value"]["op"] == "u"]
     assert update and update[-1]["after"]["body"] == UNAVAILABLE_VALUE
     row = _rows(spark, src.table("edge_toast"))[2]
     assert row["n"] == 5
-    assert row["body"] == big, f"body is {None if row['body'] is None else len(row['body'])} chars, not the inserted value"
+    assert row["body"] == big, (
+        f"body is {None if row['body'] is None else len(row['body'])} chars, not the inserted value"
+    )
 
 
 def test_primary_key_change_leaves_exactly_the_new_row(src, spark):
@@ -93,9 +97,11 @@ def test_primary_key_change_leaves_exactly_the_new_row(src, spark):
 
 def test_default_identity_delete_writes_no_defaults(src, spark):
     start = src.end_offset("edge_defaults")
-    src.sql("DELETE FROM public.edge_defaults WHERE id = 1",
-            "INSERT INTO public.edge_defaults VALUES (3, 'fresh', 5, 'gone soon')",
-            "DELETE FROM public.edge_defaults WHERE id = 3")
+    src.sql(
+        "DELETE FROM public.edge_defaults WHERE id = 1",
+        "INSERT INTO public.edge_defaults VALUES (3, 'fresh', 5, 'gone soon')",
+        "DELETE FROM public.edge_defaults WHERE id = 3",
+    )
     src.sync({"edge_defaults": start + 5})
     deletes = [m["value"] for m in src.published("edge_defaults")[start:] if m["value"] and m["value"]["op"] == "d"]
     assert deletes and deletes[0]["before"]["id"] == 1
@@ -105,8 +111,10 @@ def test_default_identity_delete_writes_no_defaults(src, spark):
     # in no snapshot of the table did a default (or an all-null ghost row) appear
     table = src.table("edge_defaults")
     for (snapshot_id,) in spark.sql(f"SELECT snapshot_id FROM {table}.snapshots").collect():
-        bad = spark.sql(f"SELECT * FROM {table} VERSION AS OF {snapshot_id} "
-                        "WHERE status = 'dflt-status' OR qty = 777 OR note = 'dflt-note' OR status IS NULL").collect()
+        bad = spark.sql(
+            f"SELECT * FROM {table} VERSION AS OF {snapshot_id} "
+            "WHERE status = 'dflt-status' OR qty = 777 OR note = 'dflt-note' OR status IS NULL"
+        ).collect()
         assert not bad, (snapshot_id, bad)
     assert not dead_letters(spark, src.topic("edge_defaults"))
     verify_ok(src, spark, ["edge_defaults"])
@@ -122,9 +130,13 @@ def test_many_changes_of_one_key_in_one_batch_last_wins(src, spark):
     assert rows[1]["n"] == 60 and rows[1]["label"] == "v60"
     assert rows[2]["label"] == "keep"
     # interleaved updates and a delete+reinsert in the next batch: still the last one
-    src.sql("UPDATE public.edge_hot SET n = 61 WHERE id = 1", "DELETE FROM public.edge_hot WHERE id = 1",
-            "INSERT INTO public.edge_hot VALUES (1, 99, 'reborn')", "UPDATE public.edge_hot SET n = 100 WHERE id = 2",
-            "UPDATE public.edge_hot SET n = 101 WHERE id = 2")
+    src.sql(
+        "UPDATE public.edge_hot SET n = 61 WHERE id = 1",
+        "DELETE FROM public.edge_hot WHERE id = 1",
+        "INSERT INTO public.edge_hot VALUES (1, 99, 'reborn')",
+        "UPDATE public.edge_hot SET n = 100 WHERE id = 2",
+        "UPDATE public.edge_hot SET n = 101 WHERE id = 2",
+    )
     src.sync({"edge_hot": 62 + 6})
     rows = _rows(spark, src.table("edge_hot"))
     assert (rows[1]["n"], rows[1]["label"]) == (99, "reborn") and rows[2]["n"] == 101

@@ -1,6 +1,7 @@
 """The bucketed, memory-mapped key index against a dict model: lookups, updates, deletes, files forgotten,
 merges of the overlay into new generations (with bucket splits), the per-commit deltas and a reload from
 the durable files alone (what a restart after SIGKILL sees). No Spark: the index is plain files."""
+
 from __future__ import annotations
 
 import random
@@ -276,4 +277,5 @@ def test_opening_a_generation_asks_the_kernel_to_read_it_ahead(tmp_path, monkeyp
     store.persist(index)  # writes a generation and maps it
     assert done.wait(10), advised
     assert sorted(os.path.basename(p) for p in advised) == sorted(
-        f"bucket-{b:05d}.{part}.npy" for b in index.runs for part in ("keys", "locs"))
+        f"bucket-{b:05d}.{part}.npy" for b in index.runs for part in ("keys", "locs")
+    )

@@ -1,6 +1,7 @@
 """The fast sink path end to end on the real JDBC catalog: tables created through LakestreamSink,
 Parquet data files written with pyarrow (lakestream.sink.write.files), committed with deletion vectors
 and snapshot properties in one snapshot; Spark, pyiceberg and DuckDB read the same rows."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -30,7 +31,7 @@ COLUMNS = [
     {"name": "tags", "type": "array<string>"},
     {"name": "attrs", "type": "struct<`a`:int,`b`:string>"},
 ]
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def _uid() -> str:
@@ -45,11 +46,18 @@ def ns() -> str:
 def _rows(ids, base_ts=dt.datetime(2024, 3, 1, 12, tzinfo=UTC)) -> list[dict]:
     names = ["alpha", "béta", "γάμμα", "d", None, "ze", "日本語", "omega"]
     regions = ["eu", "us", None, "ap"]
-    return [{"id": i, "name": names[i % len(names)],
-             "amount": decimal.Decimal(i * 37 % 10000 - 2500).scaleb(-2),
-             "ts": None if i % 11 == 5 else base_ts + dt.timedelta(hours=i % 1000 * 7 - 500),
-             "region": regions[i % len(regions)], "tags": [f"t{i}"] if i % 2 else None,
-             "attrs": {"a": i % 1000, "b": str(i)}} for i in ids]
+    return [
+        {
+            "id": i,
+            "name": names[i % len(names)],
+            "amount": decimal.Decimal(i * 37 % 10000 - 2500).scaleb(-2),
+            "ts": None if i % 11 == 5 else base_ts + dt.timedelta(hours=i % 1000 * 7 - 500),
+            "region": regions[i % len(regions)],
+            "tags": [f"t{i}"] if i % 2 else None,
+            "attrs": {"a": i % 1000, "b": str(i)},
+        }
+        for i in ids
+    ]
 
 
 def _arrow(info: dict, rows: list[dict]) -> pa.Table:
@@ -61,8 +69,9 @@ def _write(info: dict, rows: list[dict], prefix: str = "t") -> tuple[dict, pa.Ta
     table = _arrow(info, rows)
     files = []
     for values, indices in partition_values(info["spec"], info["schema"], table):
-        written = write_data_file(table.take(pa.array(indices)), info["data_location"],
-                                  arrow_schema(info["schema"]), prefix)
+        written = write_data_file(
+            table.take(pa.array(indices)), info["data_location"], arrow_schema(info["schema"]), prefix
+        )
         files.append({**written, "spec_id": info["spec"]["spec-id"], "partition": values, "rows": indices})
     return files, table
 
@@ -76,8 +85,13 @@ def _ids(spark, table: str) -> list[int]:
 
 
 def _new_table(spark, ns: str, name: str, **request) -> tuple[str, dict]:
-    info = create_table(spark, CATALOG, ns, name, {"columns": COLUMNS, "identifier_fields": ["id"],
-                                                   "properties": {"format-version": "3"}, **request})
+    info = create_table(
+        spark,
+        CATALOG,
+        ns,
+        name,
+        {"columns": COLUMNS, "identifier_fields": ["id"], "properties": {"format-version": "3"}, **request},
+    )
     return f"{CATALOG}.{ns}.{name}", info
 
 
@@ -91,8 +105,13 @@ def _java_class(error: Exception) -> str:
 def test_create_table_is_one_fast_commit_with_exact_metadata(spark, ns):
     assert table_info(spark, CATALOG, ns, "created") == {"exists": False}
     started = time.perf_counter()
-    name, info = _new_table(spark, ns, "created", sort_by=["id DESC", "region"],
-                            properties={"format-version": "3", "write.delete.mode": "merge-on-read"})
+    name, info = _new_table(
+        spark,
+        ns,
+        "created",
+        sort_by=["id DESC", "region"],
+        properties={"format-version": "3", "write.delete.mode": "merge-on-read"},
+    )
     elapsed = time.perf_counter() - started
     print(f"create_table: {elapsed * 1000:.0f} ms")
     assert info["exists"] and info["format_version"] == 3 and info["snapshot_id"] is None
@@ -101,8 +120,15 @@ def test_create_table_is_one_fast_commit_with_exact_metadata(spark, ns):
     assert info["properties"]["write.delete.mode"] == "merge-on-read"
     fields = {f["name"]: f for f in info["schema"]["fields"]}
     assert fields["id"]["required"] and not fields["name"]["required"]
-    assert [spark_ddl(fields[c["name"]]["type"]) for c in COLUMNS] == \
-        ["bigint", "string", "decimal(10,2)", "timestamp", "string", "array<string>", "struct<`a`:int,`b`:string>"]
+    assert [spark_ddl(fields[c["name"]]["type"]) for c in COLUMNS] == [
+        "bigint",
+        "string",
+        "decimal(10,2)",
+        "timestamp",
+        "string",
+        "array<string>",
+        "struct<`a`:int,`b`:string>",
+    ]
     types = {f.name: f.dataType.simpleString() for f in spark.table(name).schema.fields}
     assert types["ts"] == "timestamp" and types["attrs"] == "struct<a:int,b:string>"
     # a second call is a no-op returning the same table
@@ -116,8 +142,9 @@ def test_commit_files_then_deletes_merge_into_one_dv(spark, stack, ns):
     name, info = _new_table(spark, ns, "dv")
     files, _ = _write(info, _rows(range(10)))
     assert len(files) == 1 and files[0]["path"].startswith(canonical_location(info["data_location"]) + "/")
-    first = commit_files(spark, CATALOG, ns, "dv", _request(files, base_snapshot_id=None,
-                                                            properties={"lakestream.offsets": "t:0:10"}))
+    first = commit_files(
+        spark, CATALOG, ns, "dv", _request(files, base_snapshot_id=None, properties={"lakestream.offsets": "t:0:10"})
+    )
     assert first["data_files"] == 1 and first["delete_files"] == 0 and first["parent_snapshot_id"] is None
     assert _ids(spark, name) == list(range(10))
     row = spark.sql(f"SELECT * FROM {name} WHERE id = 7").collect()[0]
@@ -128,22 +155,40 @@ def test_commit_files_then_deletes_merge_into_one_dv(spark, stack, ns):
     stored = spark.sql(f"SELECT file_path FROM {name}.files").collect()
     assert [r.file_path for r in stored] == [path]
 
-    second = commit_files(spark, CATALOG, ns, "dv", {
-        "base_snapshot_id": first["snapshot_id"], "deletes": [{"data_file": path, "positions": [0, 5, 9]}],
-        "properties": {"lakestream.offsets": "t:0:12"}})
+    second = commit_files(
+        spark,
+        CATALOG,
+        ns,
+        "dv",
+        {
+            "base_snapshot_id": first["snapshot_id"],
+            "deletes": [{"data_file": path, "positions": [0, 5, 9]}],
+            "properties": {"lakestream.offsets": "t:0:12"},
+        },
+    )
     assert (second["delete_files"], second["removed_delete_files"]) == (1, 0)
     assert _ids(spark, name) == [1, 2, 3, 4, 6, 7, 8]
 
-    third = commit_files(spark, CATALOG, ns, "dv", {
-        "base_snapshot_id": second["snapshot_id"], "deletes": [{"data_file": path, "positions": [1, 5]}],
-        "properties": {"lakestream.offsets": "t:0:13"}})
+    third = commit_files(
+        spark,
+        CATALOG,
+        ns,
+        "dv",
+        {
+            "base_snapshot_id": second["snapshot_id"],
+            "deletes": [{"data_file": path, "positions": [1, 5]}],
+            "properties": {"lakestream.offsets": "t:0:13"},
+        },
+    )
     assert (third["delete_files"], third["removed_delete_files"]) == (1, 1)
     assert third["parent_snapshot_id"] == second["snapshot_id"]
     assert _ids(spark, name) == [2, 3, 4, 6, 7, 8]
-    live = spark.sql(f"SELECT content, file_format, record_count, referenced_data_file FROM {name}.delete_files"
-                     ).collect()
-    assert [(r.content, r.file_format, r.record_count, r.referenced_data_file) for r in live] == \
-        [(1, "PUFFIN", 4, path)]
+    live = spark.sql(
+        f"SELECT content, file_format, record_count, referenced_data_file FROM {name}.delete_files"
+    ).collect()
+    assert [(r.content, r.file_format, r.record_count, r.referenced_data_file) for r in live] == [
+        (1, "PUFFIN", 4, path)
+    ]
     assert spark.sql(f"SELECT count(*) FROM {name}.all_delete_files").collect()[0][0] == 2
 
     # a commit without base_snapshot_id still merges (validating from the snapshot it merged at)
@@ -151,10 +196,15 @@ def test_commit_files_then_deletes_merge_into_one_dv(spark, stack, ns):
     assert (fourth["delete_files"], fourth["removed_delete_files"]) == (1, 1)
     assert _ids(spark, name) == [3, 4, 6, 7, 8]
 
-    summaries = spark.sql(f"SELECT snapshot_id, operation, summary FROM {name}.snapshots ORDER BY committed_at"
-                          ).collect()
-    assert [r.snapshot_id for r in summaries] == [first["snapshot_id"], second["snapshot_id"],
-                                                   third["snapshot_id"], fourth["snapshot_id"]]
+    summaries = spark.sql(
+        f"SELECT snapshot_id, operation, summary FROM {name}.snapshots ORDER BY committed_at"
+    ).collect()
+    assert [r.snapshot_id for r in summaries] == [
+        first["snapshot_id"],
+        second["snapshot_id"],
+        third["snapshot_id"],
+        fourth["snapshot_id"],
+    ]
     assert [r.summary.get("lakestream.offsets") for r in summaries] == ["t:0:10", "t:0:12", "t:0:13", None]
     assert summaries[1].operation == "delete" and summaries[0].operation == "append"
     assert table_info(spark, CATALOG, ns, "dv")["snapshot_id"] == fourth["snapshot_id"]
@@ -165,8 +215,12 @@ def test_commit_files_then_deletes_merge_into_one_dv(spark, stack, ns):
 def _assert_other_readers(stack, ns: str, table: str, ids: list[int]) -> None:
     from pyiceberg.catalog.sql import SqlCatalog
 
-    catalog = SqlCatalog(CATALOG, uri=f"postgresql+psycopg2://{stack.pg_user}:{stack.pg_password}@{stack.pg_host}:"
-                                      f"{stack.pg_port}/{stack.catalog_db}", warehouse=stack.warehouse)
+    catalog = SqlCatalog(
+        CATALOG,
+        uri=f"postgresql+psycopg2://{stack.pg_user}:{stack.pg_password}@{stack.pg_host}:"
+        f"{stack.pg_port}/{stack.catalog_db}",
+        warehouse=stack.warehouse,
+    )
     tbl = catalog.load_table(f"{ns}.{table}")
     assert sorted(tbl.scan().to_arrow().column("id").to_pylist()) == ids
 
@@ -189,16 +243,29 @@ def test_deletes_on_a_file_added_in_the_same_commit(spark, ns):
     old, _ = _write(info, _rows(range(5)))
     commit_files(spark, CATALOG, ns, "same", _request(old))
     new, _ = _write(info, _rows(range(5, 12)))
-    result = commit_files(spark, CATALOG, ns, "same", _request(
-        new, base_snapshot_id=table_info(spark, CATALOG, ns, "same")["snapshot_id"],
-        deletes=[{"data_file": new[0]["path"], "positions": [0, 6]}, {"data_file": old[0]["path"], "positions": [4]},
-                 {"data_file": new[0]["path"], "positions": [3]}],
-        properties={"k": "v"}))
+    result = commit_files(
+        spark,
+        CATALOG,
+        ns,
+        "same",
+        _request(
+            new,
+            base_snapshot_id=table_info(spark, CATALOG, ns, "same")["snapshot_id"],
+            deletes=[
+                {"data_file": new[0]["path"], "positions": [0, 6]},
+                {"data_file": old[0]["path"], "positions": [4]},
+                {"data_file": new[0]["path"], "positions": [3]},
+            ],
+            properties={"k": "v"},
+        ),
+    )
     assert (result["data_files"], result["delete_files"], result["removed_delete_files"]) == (1, 2, 0)
     assert _ids(spark, name) == [0, 1, 2, 3, 6, 7, 9, 10]
     assert spark.sql(f"SELECT count(*) FROM {name}.snapshots").collect()[0][0] == 2
-    counts = {r.referenced_data_file: r.record_count
-              for r in spark.sql(f"SELECT referenced_data_file, record_count FROM {name}.delete_files").collect()}
+    counts = {
+        r.referenced_data_file: r.record_count
+        for r in spark.sql(f"SELECT referenced_data_file, record_count FROM {name}.delete_files").collect()
+    }
     assert counts == {new[0]["path"]: 3, old[0]["path"]: 1}
 
 
@@ -206,7 +273,7 @@ def test_partition_values_match_spark(spark, ns):
     partition_by = ["days(ts)", "bucket(4, id)", "truncate(2, name)", "region"]
     name, info = _new_table(spark, ns, "parts", partition_by=partition_by)
     assert [f["transform"] for f in info["spec"]["fields"]] == ["day", "bucket[4]", "truncate[2]", "identity"]
-    ids = list(range(-40, 40)) + [2**40, -2**35, 10**15]
+    ids = list(range(-40, 40)) + [2**40, -(2**35), 10**15]
     rows = _rows(ids)
     files, _ = _write(info, rows)
     commit_files(spark, CATALOG, ns, "parts", _request(files))
@@ -214,9 +281,11 @@ def test_partition_values_match_spark(spark, ns):
 
     # the twin: the same rows written by Spark itself
     twin = f"{CATALOG}.{ns}.parts_twin"
-    spark.sql(f"CREATE TABLE {twin} (id bigint NOT NULL, name string, amount decimal(10,2), ts timestamp, "
-              f"region string, tags array<string>, attrs struct<a:int,b:string>) USING iceberg "
-              f"PARTITIONED BY ({', '.join(partition_by)}) TBLPROPERTIES ('format-version'='3')")
+    spark.sql(
+        f"CREATE TABLE {twin} (id bigint NOT NULL, name string, amount decimal(10,2), ts timestamp, "
+        f"region string, tags array<string>, attrs struct<a:int,b:string>) USING iceberg "
+        f"PARTITIONED BY ({', '.join(partition_by)}) TBLPROPERTIES ('format-version'='3')"
+    )
     spark.createDataFrame(rows, schema=spark.table(twin).schema).writeTo(twin).append()
 
     def partitions(table: str) -> dict:
@@ -234,40 +303,77 @@ def test_partition_values_match_spark(spark, ns):
     assert ours == theirs
 
     # and row by row against Spark's own transform functions
-    checked = spark.sql(
-        f"SELECT id, _partition FROM {name}").collect()
+    checked = spark.sql(f"SELECT id, _partition FROM {name}").collect()
     by_id = {r.id: r._partition.asDict() for r in checked}
     expected = spark.sql(
         f"SELECT id, {CATALOG}.system.days(ts) AS d, {CATALOG}.system.bucket(4, id) AS b, "
-        f"{CATALOG}.system.truncate(2, name) AS n, region FROM {twin}").collect()
+        f"{CATALOG}.system.truncate(2, name) AS n, region FROM {twin}"
+    ).collect()
     for r in expected:
         p = by_id[r.id]
         assert (p["ts_day"], p["id_bucket"], p["name_trunc"], p["region"]) == (r.d, r.b, r.n, r.region), r.id
 
 
 def test_partition_values_of_more_transforms_match_spark(spark, ns):
-    cols = [{"name": "id", "type": "bigint", "required": True}, {"name": "i", "type": "int"},
-            {"name": "s", "type": "string"}, {"name": "d", "type": "date"}, {"name": "ts", "type": "timestamp_ntz"},
-            {"name": "tz", "type": "timestamp"}, {"name": "amount", "type": "decimal(9,3)"},
-            {"name": "flag", "type": "boolean"}]
-    partition_by = ["bucket(7, s)", "bucket(5, d)", "bucket(3, amount)", "truncate(10, i)", "truncate(1000, amount)",
-                    "months(d)", "years(ts)", "hours(tz)", "identity(d)", "flag", "bucket(6, tz)", "identity(amount)"]
+    cols = [
+        {"name": "id", "type": "bigint", "required": True},
+        {"name": "i", "type": "int"},
+        {"name": "s", "type": "string"},
+        {"name": "d", "type": "date"},
+        {"name": "ts", "type": "timestamp_ntz"},
+        {"name": "tz", "type": "timestamp"},
+        {"name": "amount", "type": "decimal(9,3)"},
+        {"name": "flag", "type": "boolean"},
+    ]
+    partition_by = [
+        "bucket(7, s)",
+        "bucket(5, d)",
+        "bucket(3, amount)",
+        "truncate(10, i)",
+        "truncate(1000, amount)",
+        "months(d)",
+        "years(ts)",
+        "hours(tz)",
+        "identity(d)",
+        "flag",
+        "bucket(6, tz)",
+        "identity(amount)",
+    ]
     name = "parts2"
-    info = create_table(spark, CATALOG, ns, name, {"columns": cols, "identifier_fields": ["id"],
-                                                   "partition_by": partition_by,
-                                                   "properties": {"format-version": "3"}})
+    info = create_table(
+        spark,
+        CATALOG,
+        ns,
+        name,
+        {
+            "columns": cols,
+            "identifier_fields": ["id"],
+            "partition_by": partition_by,
+            "properties": {"format-version": "3"},
+        },
+    )
     base = dt.datetime(1969, 12, 30, 22, 30)
-    rows = [{"id": k, "i": None if k % 9 == 0 else k * 7 - 60, "s": None if k % 8 == 0 else f"s{k % 5}é",
-             "d": dt.date(1969, 11, 15) + dt.timedelta(days=k * 13), "ts": base + dt.timedelta(hours=k * 5),
-             "tz": (base + dt.timedelta(minutes=k * 47)).replace(tzinfo=UTC),
-             "amount": None if k % 10 == 3 else decimal.Decimal(k * 1234 - 20000).scaleb(-3), "flag": k % 3 == 0}
-            for k in range(40)]
+    rows = [
+        {
+            "id": k,
+            "i": None if k % 9 == 0 else k * 7 - 60,
+            "s": None if k % 8 == 0 else f"s{k % 5}é",
+            "d": dt.date(1969, 11, 15) + dt.timedelta(days=k * 13),
+            "ts": base + dt.timedelta(hours=k * 5),
+            "tz": (base + dt.timedelta(minutes=k * 47)).replace(tzinfo=UTC),
+            "amount": None if k % 10 == 3 else decimal.Decimal(k * 1234 - 20000).scaleb(-3),
+            "flag": k % 3 == 0,
+        }
+        for k in range(40)
+    ]
     files, _ = _write(info, rows)
     commit_files(spark, CATALOG, ns, name, _request(files))
     twin = f"{CATALOG}.{ns}.{name}_twin"
-    spark.sql(f"CREATE TABLE {twin} (id bigint NOT NULL, i int, s string, d date, ts timestamp_ntz, tz timestamp, "
-              f"amount decimal(9,3), flag boolean) USING iceberg PARTITIONED BY ({', '.join(partition_by)}) "
-              f"TBLPROPERTIES ('format-version'='3')")
+    spark.sql(
+        f"CREATE TABLE {twin} (id bigint NOT NULL, i int, s string, d date, ts timestamp_ntz, tz timestamp, "
+        f"amount decimal(9,3), flag boolean) USING iceberg PARTITIONED BY ({', '.join(partition_by)}) "
+        f"TBLPROPERTIES ('format-version'='3')"
+    )
     spark.createDataFrame(rows, schema=spark.table(twin).schema).writeTo(twin).append()
 
     def partitions(table: str) -> dict:
@@ -286,12 +392,18 @@ def test_validation_exception_when_a_referenced_file_was_rewritten(spark, ns):
     second, _ = _write(info, _rows(range(4, 8)))
     committed = commit_files(spark, CATALOG, ns, "rewritten", _request(second))
     base = committed["snapshot_id"]
-    spark.sql(f"CALL {CATALOG}.system.rewrite_data_files(table => '{ns}.rewritten', "
-              f"options => map('rewrite-all', 'true'))").collect()
+    spark.sql(
+        f"CALL {CATALOG}.system.rewrite_data_files(table => '{ns}.rewritten', options => map('rewrite-all', 'true'))"
+    ).collect()
     assert spark.sql(f"SELECT count(*) FROM {name}.files").collect()[0][0] == 1
     with pytest.raises(Py4JJavaError) as raised:
-        commit_files(spark, CATALOG, ns, "rewritten", {
-            "base_snapshot_id": base, "deletes": [{"data_file": first[0]["path"], "positions": [1]}]})
+        commit_files(
+            spark,
+            CATALOG,
+            ns,
+            "rewritten",
+            {"base_snapshot_id": base, "deletes": [{"data_file": first[0]["path"], "positions": [1]}]},
+        )
     assert _java_class(raised.value) == "org.apache.iceberg.exceptions.ValidationException"
     assert _ids(spark, name) == list(range(8))
 
@@ -301,11 +413,17 @@ def test_validation_exception_on_a_concurrent_dv_for_the_same_file(spark, ns):
     files, _ = _write(info, _rows(range(6)))
     base = commit_files(spark, CATALOG, ns, "concurrent", _request(files))["snapshot_id"]
     path = files[0]["path"]
-    commit_files(spark, CATALOG, ns, "concurrent", {"base_snapshot_id": base,
-                                                    "deletes": [{"data_file": path, "positions": [0]}]})
+    commit_files(
+        spark, CATALOG, ns, "concurrent", {"base_snapshot_id": base, "deletes": [{"data_file": path, "positions": [0]}]}
+    )
     with pytest.raises(Py4JJavaError) as raised:  # computed against `base`: the DV added since conflicts
-        commit_files(spark, CATALOG, ns, "concurrent", {"base_snapshot_id": base,
-                                                        "deletes": [{"data_file": path, "positions": [1]}]})
+        commit_files(
+            spark,
+            CATALOG,
+            ns,
+            "concurrent",
+            {"base_snapshot_id": base, "deletes": [{"data_file": path, "positions": [1]}]},
+        )
     assert _java_class(raised.value) == "org.apache.iceberg.exceptions.ValidationException"
     assert _ids(spark, name) == [1, 2, 3, 4, 5]
 
@@ -324,10 +442,13 @@ def test_v2_table_appends_but_rejects_deletes(spark, ns):
 
 def test_upgraded_v2_position_deletes_are_merged_into_the_dv(spark, ns):
     name = f"{CATALOG}.{ns}.upgraded"
-    spark.sql(f"CREATE TABLE {name} (id bigint NOT NULL, v string) USING iceberg TBLPROPERTIES "
-              f"('format-version'='2', 'write.delete.mode'='merge-on-read')")
-    spark.sql(f"INSERT INTO {name} SELECT /*+ COALESCE(1) */ * FROM VALUES "
-              + ", ".join(f"({i}, 'v{i}')" for i in range(6)))
+    spark.sql(
+        f"CREATE TABLE {name} (id bigint NOT NULL, v string) USING iceberg TBLPROPERTIES "
+        f"('format-version'='2', 'write.delete.mode'='merge-on-read')"
+    )
+    spark.sql(
+        f"INSERT INTO {name} SELECT /*+ COALESCE(1) */ * FROM VALUES " + ", ".join(f"({i}, 'v{i}')" for i in range(6))
+    )
     spark.sql(f"DELETE FROM {name} WHERE id = 2")
     spark.sql(f"ALTER TABLE {name} SET TBLPROPERTIES ('format-version'='3')")
     info = table_info(spark, CATALOG, ns, "upgraded")
@@ -335,8 +456,13 @@ def test_upgraded_v2_position_deletes_are_merged_into_the_dv(spark, ns):
     where = {r.id: (r.file, r.pos) for r in spark.sql(f"SELECT id, _file AS file, _pos AS pos FROM {name}").collect()}
     path, pos = where[4]
     assert where[1][0] == path  # the v2 delete (of id 2) and ours target the same data file
-    result = commit_files(spark, CATALOG, ns, "upgraded", {
-        "base_snapshot_id": info["snapshot_id"], "deletes": [{"data_file": path, "positions": [pos]}]})
+    result = commit_files(
+        spark,
+        CATALOG,
+        ns,
+        "upgraded",
+        {"base_snapshot_id": info["snapshot_id"], "deletes": [{"data_file": path, "positions": [pos]}]},
+    )
     assert (result["delete_files"], result["removed_delete_files"]) == (1, 1)  # the v2 file-scoped delete
     assert _ids(spark, name) == [0, 1, 3, 5]
     live = spark.sql(f"SELECT file_format, record_count FROM {name}.delete_files").collect()
@@ -354,25 +480,29 @@ def test_dvs_of_many_files_from_several_commits_merge_into_one_commit(spark, ns)
         files += written
     commit_files(spark, CATALOG, ns, "manydv", _request(files))
     paths = [f["path"] for f in files]
-    first = commit_files(spark, CATALOG, ns, "manydv", {"deletes": [{"data_file": p, "positions": [0]}
-                                                                     for p in paths[:8]]})
-    second = commit_files(spark, CATALOG, ns, "manydv", {"deletes": [{"data_file": p, "positions": [1, 2]}
-                                                                      for p in paths[4:]]})
+    first = commit_files(
+        spark, CATALOG, ns, "manydv", {"deletes": [{"data_file": p, "positions": [0]} for p in paths[:8]]}
+    )
+    second = commit_files(
+        spark, CATALOG, ns, "manydv", {"deletes": [{"data_file": p, "positions": [1, 2]} for p in paths[4:]]}
+    )
     assert (first["previous_deletes_loaded"], second["previous_deletes_loaded"]) == (0, 4)
     # another writer's snapshot: the committer plans the table afresh (delete files as read from manifests)
     spark.sql(f"INSERT INTO {name} SELECT 1000, NULL, NULL, NULL, NULL, NULL, NULL")
-    third = commit_files(spark, CATALOG, ns, "manydv", {"deletes": [{"data_file": p, "positions": [9]}
-                                                                     for p in paths]})
+    third = commit_files(spark, CATALOG, ns, "manydv", {"deletes": [{"data_file": p, "positions": [9]} for p in paths]})
     assert (third["delete_files"], third["removed_delete_files"], third["previous_deletes_loaded"]) == (12, 12, 12)
     assert {"load_previous_deletes", "write_dvs", "iceberg_commit"} <= set(third["timings_ms"])
-    fourth = commit_files(spark, CATALOG, ns, "manydv", {"deletes": [{"data_file": p, "positions": [5]}
-                                                                      for p in paths[::3]]})
+    fourth = commit_files(
+        spark, CATALOG, ns, "manydv", {"deletes": [{"data_file": p, "positions": [5]} for p in paths[::3]]}
+    )
     assert (fourth["delete_files"], fourth["removed_delete_files"]) == (4, 4)
     gone = {k * 10 + pos for k in range(12) for pos in ([0] if k < 4 else [0, 1, 2] if k < 8 else [1, 2]) + [9]}
     gone |= {k * 10 + 5 for k in range(0, 12, 3)}
     assert _ids(spark, name) == sorted(set(range(120)) - gone) + [1000]
-    counts = {r.referenced_data_file: r.record_count
-              for r in spark.sql(f"SELECT referenced_data_file, record_count FROM {name}.delete_files").collect()}
+    counts = {
+        r.referenced_data_file: r.record_count
+        for r in spark.sql(f"SELECT referenced_data_file, record_count FROM {name}.delete_files").collect()
+    }
     assert counts == {p: sum(1 for i in gone if i // 10 == k) for k, p in enumerate(paths)}
 
 
@@ -400,8 +530,10 @@ def test_commit_timings(spark, ns):
     started = time.perf_counter()
     result = commit_files(spark, CATALOG, ns, "timed", {"deletes": deletes})
     merged = time.perf_counter() - started
-    print(f"commit 20 files: {appended * 1000:.0f} ms; DVs for 20 files x 50 positions: {first_dv * 1000:.0f} ms; "
-          f"merged DVs: {merged * 1000:.0f} ms")
+    print(
+        f"commit 20 files: {appended * 1000:.0f} ms; DVs for 20 files x 50 positions: {first_dv * 1000:.0f} ms; "
+        f"merged DVs: {merged * 1000:.0f} ms"
+    )
     assert (result["delete_files"], result["removed_delete_files"]) == (20, 20)
     assert spark.sql(f"SELECT count(*) FROM {name}").collect()[0][0] == 20 * 500 - 20 * 100
 
@@ -415,12 +547,15 @@ def test_committed_file_metrics_are_icebergs_own(spark, ns):
     jvm = spark._jvm
     iceberg_table = jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(spark._jsparkSession, name)
     config = jvm.org.apache.iceberg.MetricsConfig.forTable(iceberg_table)
-    rows = spark.sql(f"SELECT file_path, record_count, value_counts, null_value_counts, lower_bounds, upper_bounds, "
-                     f"column_sizes FROM {name}.data_files").collect()
+    rows = spark.sql(
+        f"SELECT file_path, record_count, value_counts, null_value_counts, lower_bounds, upper_bounds, "
+        f"column_sizes FROM {name}.data_files"
+    ).collect()
     assert len(rows) == len(files) and sum(r.record_count for r in rows) == 199
     for row in rows:
         want = jvm.org.apache.iceberg.parquet.ParquetUtil.fileMetrics(
-            iceberg_table.io().newInputFile(row.file_path), config)
+            iceberg_table.io().newInputFile(row.file_path), config
+        )
 
         def as_dict(java_map, convert=lambda v: v):
             return {int(k): convert(v) for k, v in dict(java_map or {}).items()}

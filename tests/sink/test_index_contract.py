@@ -1,6 +1,7 @@
 """The contract every table index implements (`lakestream.sink.index.contract.TableIndex`), run against each
 implementation: identity, file ids, emptiness and reset, the saved form, and for keyed indexes the key →
 location map against a plain dict. No Spark: seconds."""
+
 from __future__ import annotations
 
 import random
@@ -55,8 +56,21 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 def test_every_implementation_has_the_contract(kind: str) -> None:
     index: TableIndex = IMPLEMENTATIONS[kind]()  # mypy checks the Protocol here
-    for member in ("keyed", "hashed", "key_columns", "table_uuid", "snapshot_id", "valid", "paths", "identity",
-                   "matches", "file_id", "known_file_id", "reset", "rebuild"):
+    for member in (
+        "keyed",
+        "hashed",
+        "key_columns",
+        "table_uuid",
+        "snapshot_id",
+        "valid",
+        "paths",
+        "identity",
+        "matches",
+        "file_id",
+        "known_file_id",
+        "reset",
+        "rebuild",
+    ):
         assert hasattr(index, member), member
     assert index.keyed == (kind in KEYED)
     assert len(index) == 0 and not index.valid and index.snapshot_id is None

@@ -1,6 +1,7 @@
 """The key index stays exact when snapshots the pipeline did not write change the table (compaction
 moves rows, another writer inserts/updates/deletes), and every engine reads exact results at every
 snapshot of a table written with deletion vectors."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,11 @@ def mirror(stack, spark, pipeline_config_factory):
     suffix = uuid.uuid4().hex[:6]
     topic = f"ix{suffix}.public.items"
     table = f"lake.ix.items_{suffix}"
-    config = pipeline_config_factory([{"topics": [topic], "namespace": "ix", "table": f"items_{suffix}"}],
-                                     name=f"ix{suffix}", engine={"max_records_per_task": 150})
+    config = pipeline_config_factory(
+        [{"topics": [topic], "namespace": "ix", "table": f"items_{suffix}"}],
+        name=f"ix{suffix}",
+        engine={"max_records_per_task": 150},
+    )
     pipeline = Pipeline(config, spark)
     yield topic, table, pipeline
     pipeline.close()
@@ -41,6 +45,7 @@ def mirror(stack, spark, pipeline_config_factory):
 
 def _sender(stack, topic: str, expected: dict[int, tuple]):
     """A function producing changes (id, v[, op]) to ``topic`` and applying them to ``expected``."""
+
     def send(changes):
         produce_records(stack.bootstrap_servers, topic, [_change(*c) for c in changes])
         for i, v, *op in changes:
@@ -48,6 +53,7 @@ def _sender(stack, topic: str, expected: dict[int, tuple]):
                 expected.pop(i, None)
             else:
                 expected[i] = (v, f"t{i}-{v}")
+
     return send
 
 
@@ -74,8 +80,10 @@ def test_index_survives_compaction_and_another_writer(stack, spark, mirror, monk
 
     # Compaction (maintenance): every row moves to a new file and position.
     name = table.split(".", 1)[1]
-    spark.sql(f"CALL lake.system.rewrite_data_files(table => '{name}', "
-              f"options => map('rewrite-all', 'true', 'delete-file-threshold', '1'))").collect()
+    spark.sql(
+        f"CALL lake.system.rewrite_data_files(table => '{name}', "
+        f"options => map('rewrite-all', 'true', 'delete-file-threshold', '1'))"
+    ).collect()
     send([(i, 2) for i in range(1, 301, 4)] + [(i, 0, "d") for i in range(2, 301, 9)])
     _drain(pipeline)
     assert _rows(spark, f"SELECT * FROM {table}") == expected
@@ -179,8 +187,9 @@ def test_the_index_is_durable_with_every_commit(stack, spark, mirror, monkeypatc
     old = time.time() - 5 * 86400
     for path in [*files, store, store.parent, orphan]:
         os.utime(path, (old, old))
-    maintenance = pipeline_config_factory([{"topics": [topic]}], maintenance={"policies": [
-        {"tables": ".*", "orphan_min_age_s": 3 * 86400}]})
+    maintenance = pipeline_config_factory(
+        [{"topics": [topic]}], maintenance={"policies": [{"tables": ".*", "orphan_min_age_s": 3 * 86400}]}
+    )
     results = maintain_table(spark, maintenance, table.split(".", 1)[1])
     [orphans] = [r for r in results if r.action == "remove_orphans"]
     assert orphans.status == "ok", orphans
@@ -212,10 +221,15 @@ def test_a_diff_lists_only_the_rows_each_snapshot_deleted(stack, spark, mirror, 
 
     changes = snapshot_changes(spark, "lake", ns, name, before)
     [snap] = changes["snapshots"]
-    rows = {(r["_file"], r["_pos"]): r["id"] for r in spark.sql(
-        f"SELECT id, _file, _pos FROM {table} VERSION AS OF {before}").collect()}
-    listed = [rows.get((d["data_file"], int(p)), f"a row deleted before ({p})")
-              for d in snap["deleted"] for p in d["positions"]]
+    rows = {
+        (r["_file"], r["_pos"]): r["id"]
+        for r in spark.sql(f"SELECT id, _file, _pos FROM {table} VERSION AS OF {before}").collect()
+    }
+    listed = [
+        rows.get((d["data_file"], int(p)), f"a row deleted before ({p})")
+        for d in snap["deleted"]
+        for p in d["positions"]
+    ]
     assert len(listed) == len(changed) and set(listed) == changed  # not the rows the earlier vectors deleted
     assert not changes.get("positions_over")
     assert snapshot_changes(spark, "lake", ns, name, before, max_positions=5)["positions_over"] is True
@@ -268,12 +282,15 @@ def test_every_engine_reads_exact_rows_at_every_snapshot(stack, spark, mirror):
             else:
                 expected[i] = (v, f"t{i}-{v}")
         _drain(pipeline)
-        snapshot = spark.sql(f"SELECT snapshot_id FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1"
-                             ).collect()[0][0]
+        snapshot = spark.sql(f"SELECT snapshot_id FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1").collect()[
+            0
+        ][0]
         states.append((snapshot, dict(expected)))
 
-    uri = f"postgresql+psycopg2://{stack.pg_user}:{stack.pg_password}@127.0.0.1:{stack.pg_port}/" + \
-        stack.catalog_jdbc_uri().rsplit("/", 1)[1]
+    uri = (
+        f"postgresql+psycopg2://{stack.pg_user}:{stack.pg_password}@127.0.0.1:{stack.pg_port}/"
+        + stack.catalog_jdbc_uri().rsplit("/", 1)[1]
+    )
     catalog = SqlCatalog("lake", uri=uri, warehouse=stack.warehouse)
     iceberg_table = catalog.load_table(table.split(".", 1)[1])
     con = _duckdb()
@@ -283,6 +300,5 @@ def test_every_engine_reads_exact_rows_at_every_snapshot(stack, spark, mirror):
         arrow = iceberg_table.scan(snapshot_id=snapshot).to_arrow()
         got = {r["id"]: (r["v"], r["tag"]) for r in arrow.to_pylist()}
         assert len(got) == arrow.num_rows and got == want, "pyiceberg"
-        rows = con.execute(f"SELECT id, v, tag FROM iceberg_scan('{metadata}', snapshot_from_id={snapshot})"
-                           ).fetchall()
+        rows = con.execute(f"SELECT id, v, tag FROM iceberg_scan('{metadata}', snapshot_from_id={snapshot})").fetchall()
         assert len(rows) == len({r[0] for r in rows}) and {r[0]: (r[1], r[2]) for r in rows} == want, "duckdb"

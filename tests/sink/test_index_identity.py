@@ -6,6 +6,7 @@
   all three match: a restart after a change of ``key_columns`` (no snapshot in between) or for another
   table of the same name scans instead of trusting keys of something else.
 """
+
 from __future__ import annotations
 
 import json
@@ -82,8 +83,10 @@ def test_a_restart_with_other_key_columns_does_not_use_the_saved_index(stack, sp
         return json.dumps({"id": i}), json.dumps({"before": None, "after": row, "op": op})
 
     def config(key):
-        return pipeline_config_factory([{"topics": [topic], "namespace": "kc", "table": f"items_{suffix}",
-                                         "key_columns": [key]}], name=f"kc{suffix}")
+        return pipeline_config_factory(
+            [{"topics": [topic], "namespace": "kc", "table": f"items_{suffix}", "key_columns": [key]}],
+            name=f"kc{suffix}",
+        )
 
     first_config = config("id")
     first = Pipeline(first_config, spark)
@@ -105,8 +108,10 @@ def test_a_restart_with_other_key_columns_does_not_use_the_saved_index(stack, sp
 def test_composite_keys_with_the_separator_are_two_rows_in_the_mirror(stack, spark, pipeline_config_factory):
     suffix = uuid.uuid4().hex[:6]
     topic, table = f"ck{suffix}.public.pairs", f"lake.ck.pairs_{suffix}"
-    config = pipeline_config_factory([{"topics": [topic], "namespace": "ck", "table": f"pairs_{suffix}",
-                                       "key_columns": ["a", "b"]}], name=f"ck{suffix}")
+    config = pipeline_config_factory(
+        [{"topics": [topic], "namespace": "ck", "table": f"pairs_{suffix}", "key_columns": ["a", "b"]}],
+        name=f"ck{suffix}",
+    )
 
     def change(a, b, v, op="c"):
         return json.dumps({"a": a, "b": b}), json.dumps({"before": None, "after": {"a": a, "b": b, "v": v}, "op": op})

@@ -1,4 +1,5 @@
 """The latest change per key and its TOAST fills: one rule for the write tasks and fresh reads (pure units)."""
+
 import numpy as np
 import pyarrow as pa
 

@@ -1,6 +1,7 @@
 """The resolution across tasks of a keyed table's batch (`lakestream.sink.commit.tables.resolve_changes`), on the
 facts tasks report and an index in memory: which rows become deletion vectors, where each key's row is after the
 commit, which rows keep their `_row_id`. No Spark: seconds."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -26,8 +27,13 @@ def _write(mode: str = "upsert", index: dict[int, tuple[str, int]] | None = None
     keyed = KeyIndex(False, ["id"], "uuid")
     if index:
         keys = np.array(sorted(index), np.int64)
-        keyed.update(keys, np.array([pack(np.array([keyed.file_id(index[k][0])]), np.array([index[k][1]]))[0]
-                                     for k in keys.tolist()], np.int64))
+        keyed.update(
+            keys,
+            np.array(
+                [pack(np.array([keyed.file_id(index[k][0])]), np.array([index[k][1]]))[0] for k in keys.tolist()],
+                np.int64,
+            ),
+        )
     keyed.snapshot_id, keyed.valid = 1, True
     return TableWrite("`lake`.`n`.`t`", "lake", TableName("n", "t"), spec, keyed)
 
@@ -37,18 +43,32 @@ def _task(report: TableReport, task_id: str, files: list[str], changes: list[tup
     for i, path in enumerate(files):
         report.files.append(DataFileWritten("n.t", path, 100, 1, [], task_id, i))
     columns = list(zip(*changes, strict=True)) if changes else [[]] * 6
-    report.locations.append(RowLocations("n.t", task_id, pa.table({
-        "key": pa.array(columns[0], pa.int64()), "op": pa.array(columns[1], pa.int8()),
-        "task_file": pa.array(columns[2], pa.int32()), "pos": pa.array(columns[3], pa.int64()),
-        "topic": pa.array([TOPIC] * len(changes), pa.string()), "partition": pa.array(columns[4], pa.int32()),
-        "offset": pa.array(columns[5], pa.int64()), "withheld": pa.array([None] * len(changes),
-                                                                         pa.list_(pa.string())),
-    }, schema=location_schema(False))))
+    report.locations.append(
+        RowLocations(
+            "n.t",
+            task_id,
+            pa.table(
+                {
+                    "key": pa.array(columns[0], pa.int64()),
+                    "op": pa.array(columns[1], pa.int8()),
+                    "task_file": pa.array(columns[2], pa.int32()),
+                    "pos": pa.array(columns[3], pa.int64()),
+                    "topic": pa.array([TOPIC] * len(changes), pa.string()),
+                    "partition": pa.array(columns[4], pa.int32()),
+                    "offset": pa.array(columns[5], pa.int64()),
+                    "withheld": pa.array([None] * len(changes), pa.list_(pa.string())),
+                },
+                schema=location_schema(False),
+            ),
+        )
+    )
 
 
 def _where(resolved: Resolution) -> dict[int, tuple[str, int] | None]:
-    return {int(k): (resolved.locations[g] if resolved.locations.file[g] >= 0 else None)
-            for g, k in enumerate(resolved.keys.tolist())}
+    return {
+        int(k): (resolved.locations[g] if resolved.locations.file[g] >= 0 else None)
+        for g, k in enumerate(resolved.keys.tolist())
+    }
 
 
 def _deleted(resolved: Resolution) -> dict[str, list[int]]:
@@ -113,5 +133,7 @@ def test_new_locations_pack_against_the_index_file_ids() -> None:
     resolved = resolve_changes(write, report)
     assert write.index is not None
     packed = resolved.locations.packed(write.index)  # type: ignore[arg-type]
-    assert packed.tolist() == [int(pack(np.array([write.index.file_id("a-0.parquet")]), np.array([4]))[0]),
-                               int(MISSING)]
+    assert packed.tolist() == [
+        int(pack(np.array([write.index.file_id("a-0.parquet")]), np.array([4]))[0]),
+        int(MISSING),
+    ]

@@ -1,4 +1,5 @@
 """Routing by topic pattern: a topic created while the pipeline runs gets its table without a restart."""
+
 from __future__ import annotations
 
 import json
@@ -7,6 +8,7 @@ import time
 import uuid
 
 from conftest import produce_records
+
 from lakestream.engine.loop import run_pipeline
 
 
@@ -23,8 +25,10 @@ def test_topic_pattern_picks_up_a_topic_created_while_running(stack, spark, pipe
     uid = uuid.uuid4().hex[:8]
     ns = f"pat_{uid}"
     first, second = f"pat{uid}.public.first", f"pat{uid}.public.second"
-    config = pipeline_config_factory([{"topic_pattern": rf"pat{uid}\..*", "mode": "append", "namespace": ns,
-                                       "table": "{table}"}], name=f"pattern{uid}")
+    config = pipeline_config_factory(
+        [{"topic_pattern": rf"pat{uid}\..*", "mode": "append", "namespace": ns, "table": "{table}"}],
+        name=f"pattern{uid}",
+    )
     produce_records(stack.bootstrap_servers, first, [(None, json.dumps({"n": 1}))])
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -41,7 +45,9 @@ def test_topic_pattern_picks_up_a_topic_created_while_running(stack, spark, pipe
         _wait_for(lambda: errors or spark.catalog.tableExists(f"lake.{ns}.first"), 300, "the first table")
         assert not errors, errors
         started = time.monotonic()
-        produce_records(stack.bootstrap_servers, second, [(None, json.dumps({"m": "x"})), (None, json.dumps({"m": "y"}))])
+        produce_records(
+            stack.bootstrap_servers, second, [(None, json.dumps({"m": "x"})), (None, json.dumps({"m": "y"}))]
+        )
 
         def second_landed() -> bool:
             if errors or not spark.catalog.tableExists(f"lake.{ns}.second"):

@@ -8,6 +8,7 @@ advances in the mirror exactly when it advances in the twin. Through inserts, up
 later batch and within one batch), a process death before a commit and one after it, a compaction (the
 pipeline's own on the mirror, Iceberg's ``rewrite_data_files`` on the twin), and for a keyless table.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,10 @@ from conftest import produce_records, simulate_death
 from lakestream.engine.pipeline import Pipeline
 
 NS = "lineage"
-TWIN_PROPERTIES = ("'format-version'='3', 'write.delete.mode'='merge-on-read', "
-                   "'write.update.mode'='merge-on-read', 'write.merge.mode'='merge-on-read'")
+TWIN_PROPERTIES = (
+    "'format-version'='3', 'write.delete.mode'='merge-on-read', "
+    "'write.update.mode'='merge-on-read', 'write.merge.mode'='merge-on-read'"
+)
 
 
 # README, "Row lineage": the rows inserted or updated since snapshot S, and what each was at S (NULL: new since).
@@ -65,16 +68,18 @@ def _compare(history: list[tuple[str, dict, dict]]) -> None:
             m, t = mirror[key][0], twin[key][0]
             assert pairs.setdefault(m, t) == t and back.setdefault(t, m) == m, (
                 f"{step}: key {key} has mirror row id {m} and twin row id {t}, but {m} was paired with "
-                f"{pairs.get(m)} and {t} with {back.get(t)} before: the mirror gave it another identity than Spark")
+                f"{pairs.get(m)} and {t} with {back.get(t)} before: the mirror gave it another identity than Spark"
+            )
         if previous is not None:
             for key in mirror.keys() & previous[0].keys():
                 advanced_m = mirror[key][1] != previous[0][key][1]
                 advanced_t = twin[key][1] != previous[1][key][1]
-                assert advanced_m == advanced_t, (f"{step}: key {key}: sequence number advanced in the mirror: "
-                                                  f"{advanced_m}, in the twin: {advanced_t}")
+                assert advanced_m == advanced_t, (
+                    f"{step}: key {key}: sequence number advanced in the mirror: "
+                    f"{advanced_m}, in the twin: {advanced_t}"
+                )
         latest = max(v[1] for v in mirror.values())
-        changed = [k for k in mirror if previous is None or k not in previous[0]
-                   or mirror[k][1] != previous[0][k][1]]
+        changed = [k for k in mirror if previous is None or k not in previous[0] or mirror[k][1] != previous[0][k][1]]
         assert all(mirror[k][1] == latest for k in changed), step  # a change reads as the commit that wrote it
         previous = (mirror, twin)
 
@@ -95,8 +100,10 @@ class Twin:
         images = [(k, v) for k, v in final.items() if v is not None]
         if images:
             values = ", ".join(f"({k}, {v})" for k, v in images)
-            self.spark.sql(f"MERGE INTO {self.name} t USING (SELECT * FROM VALUES {values} AS s(id, v)) s "
-                           "ON t.id = s.id WHEN MATCHED THEN UPDATE SET v = s.v WHEN NOT MATCHED THEN INSERT *")
+            self.spark.sql(
+                f"MERGE INTO {self.name} t USING (SELECT * FROM VALUES {values} AS s(id, v)) s "
+                "ON t.id = s.id WHEN MATCHED THEN UPDATE SET v = s.v WHEN NOT MATCHED THEN INSERT *"
+            )
 
 
 @pytest.fixture
@@ -104,23 +111,40 @@ def keyed(stack, spark, pipeline_config_factory):
     suffix = uuid.uuid4().hex[:6]
     topic = f"ln{suffix}.public.items"
     config = pipeline_config_factory(
-        [{"topics": [topic], "namespace": NS, "table": f"items_{suffix}"}], name=f"ln{suffix}",
+        [{"topics": [topic], "namespace": NS, "table": f"items_{suffix}"}],
+        name=f"ln{suffix}",
         engine={"overlap_commits": False},
-        maintenance={"mode": "inline", "interval_s": 3600, "start_delay_s": 0, "policies": [{
-            "tables": ".*", "compaction": {"max_files_per_partition": 2, "quiet_time_s": 600,
-                                           "target_file_size_bytes": 64 * 1024 * 1024}}]})
+        maintenance={
+            "mode": "inline",
+            "interval_s": 3600,
+            "start_delay_s": 0,
+            "policies": [
+                {
+                    "tables": ".*",
+                    "compaction": {
+                        "max_files_per_partition": 2,
+                        "quiet_time_s": 600,
+                        "target_file_size_bytes": 64 * 1024 * 1024,
+                    },
+                }
+            ],
+        },
+    )
     model: set[int] = set()
 
     def send(batch: list[tuple[int, int | None]]) -> None:
         records = []
         for key, v in batch:
             if v is None:
-                records.append((json.dumps({"id": key}), json.dumps({"before": {"id": key}, "after": None,
-                                                                     "op": "d"})))
+                records.append((json.dumps({"id": key}), json.dumps({"before": {"id": key}, "after": None, "op": "d"})))
                 model.discard(key)
             else:
-                records.append((json.dumps({"id": key}), json.dumps(
-                    {"before": None, "after": {"id": key, "v": v}, "op": "u" if key in model else "c"})))
+                records.append(
+                    (
+                        json.dumps({"id": key}),
+                        json.dumps({"before": None, "after": {"id": key, "v": v}, "op": "u" if key in model else "c"}),
+                    )
+                )
                 model.add(key)
         produce_records(stack.bootstrap_servers, topic, records)
 
@@ -144,15 +168,18 @@ def test_updates_keep_row_ids_as_spark_merge_does(spark, keyed, monkeypatch):
 
     batch("inserts", [(k, 0) for k in range(30)])
     batch("updates, deletes, inserts", [(k, 1) for k in range(10)] + [(10, None), (11, None), (30, 0), (31, 0)])
-    batch("re-insert, update twice, delete and re-insert in one batch",
-          [(10, 2), (30, 2), (1, 2), (12, None), (12, 2), (13, 2), (13, 3), (14, 2)])
+    batch(
+        "re-insert, update twice, delete and re-insert in one batch",
+        [(10, 2), (30, 2), (1, 2), (12, None), (12, 2), (13, 2), (13, 3), (14, 2)],
+    )
     since = spark.sql(f"SELECT snapshot_id FROM {mirror}.snapshots ORDER BY committed_at DESC LIMIT 1").first()[0]
     touched = {1, 2, 15, 30, 3, 17, 4, 18, 40, 5, 20}  # written by the steps below and still live
 
     # A death after the files were written (and rewritten with the kept ids), before the Iceberg commit.
     real_commit = files_module.commit_files
-    monkeypatch.setattr(files_module, "commit_files",
-                        lambda *a, **k: (_ for _ in ()).throw(ProcessDeath("died before the commit")))
+    monkeypatch.setattr(
+        files_module, "commit_files", lambda *a, **k: (_ for _ in ()).throw(ProcessDeath("died before the commit"))
+    )
     send([(k, 4) for k in (1, 2, 15, 30)] + [(16, None)])
     with pytest.raises(ProcessDeath):
         pipeline.run_batch()
@@ -184,13 +211,21 @@ def test_updates_keep_row_ids_as_spark_merge_does(spark, keyed, monkeypatch):
     # Compaction: the pipeline's own on the mirror, Iceberg's rewrite_data_files on the twin; nothing changes.
     name = mirror.removeprefix("lake.")
     plan = plan_table(spark, config, name)
-    prepared = write_compaction(spark, config.catalog.name, name, plan.hot_skipped + plan.compact,
-                                config.maintenance.policy_for(name), pipeline.compacted_here()[name])
+    prepared = write_compaction(
+        spark,
+        config.catalog.name,
+        name,
+        plan.hot_skipped + plan.compact,
+        config.maintenance.policy_for(name),
+        pipeline.compacted_here()[name],
+    )
     assert prepared is not None
     [result] = pipeline.commit_compactions([prepared])
     assert result.status == "ok", result.describe()
-    spark.sql(f"CALL lake.system.rewrite_data_files(table => '{twin.name.removeprefix('lake.')}', "
-              "options => map('rewrite-all', 'true'))")
+    spark.sql(
+        f"CALL lake.system.rewrite_data_files(table => '{twin.name.removeprefix('lake.')}', "
+        "options => map('rewrite-all', 'true'))"
+    )
     history.append(("compacted", _lineage(spark, mirror), _lineage(spark, twin.name)))
     assert history[-1][1] == history[-2][1] and history[-1][2] == history[-2][2]  # both moved rows, kept lineage
     assert spark.sql(f"SELECT count(*) FROM {mirror}.data_files").collect()[0][0] == 1
@@ -217,8 +252,9 @@ def test_updates_keep_row_ids_as_spark_merge_does(spark, keyed, monkeypatch):
 
     metadata = load_iceberg_table(config.catalog, TableName.parse(name, "lake")).metadata_location
     with duckdb_connection() as con:
-        rows = con.execute("SELECT id, _row_id, _last_updated_sequence_number FROM iceberg_scan(?)",
-                           [metadata]).fetchall()
+        rows = con.execute(
+            "SELECT id, _row_id, _last_updated_sequence_number FROM iceberg_scan(?)", [metadata]
+        ).fetchall()
     assert {r[0]: (r[1], r[2]) for r in rows} == {k: v[:2] for k, v in final.items()}
     assert read_table(config, name, "pyiceberg").column_names == ["id", "v"]
 
@@ -229,8 +265,11 @@ def test_keyless_update_keeps_the_id_of_the_row_it_replaces(stack, spark, pipeli
     the comparison is of which ids survive and which advanced)."""
     suffix = uuid.uuid4().hex[:6]
     topic, mirror = f"lk{suffix}.public.log", f"lake.{NS}.log_{suffix}"
-    config = pipeline_config_factory([{"topics": [topic], "namespace": NS, "table": f"log_{suffix}"}],
-                                     name=f"lk{suffix}", engine={"overlap_commits": False})
+    config = pipeline_config_factory(
+        [{"topics": [topic], "namespace": NS, "table": f"log_{suffix}"}],
+        name=f"lk{suffix}",
+        engine={"overlap_commits": False},
+    )
     lsn = iter(range(100, 100_000))
 
     def event(op: str, before: dict | None, after: dict | None) -> tuple[None, str]:
@@ -238,25 +277,34 @@ def test_keyless_update_keeps_the_id_of_the_row_it_replaces(stack, spark, pipeli
 
     pipeline = Pipeline(config, spark)
     try:
-        produce_records(stack.bootstrap_servers, topic, [event("c", None, {"msg": m, "n": 1})
-                                                         for m in ("a", "a", "a", "b")])
+        produce_records(
+            stack.bootstrap_servers, topic, [event("c", None, {"msg": m, "n": 1}) for m in ("a", "a", "a", "b")]
+        )
         pipeline.run_batch()
-        before = {r[0]: (r[1], r[2], r[3]) for r in spark.sql(
-            f"SELECT _row_id, msg, n, _last_updated_sequence_number FROM {mirror}").collect()}
+        before = {
+            r[0]: (r[1], r[2], r[3])
+            for r in spark.sql(f"SELECT _row_id, msg, n, _last_updated_sequence_number FROM {mirror}").collect()
+        }
         produce_records(stack.bootstrap_servers, topic, [event("u", {"msg": "a", "n": 1}, {"msg": "a", "n": 2})])
         pipeline.run_batch()
-        after = {r[0]: (r[1], r[2], r[3]) for r in spark.sql(
-            f"SELECT _row_id, msg, n, _last_updated_sequence_number FROM {mirror}").collect()}
+        after = {
+            r[0]: (r[1], r[2], r[3])
+            for r in spark.sql(f"SELECT _row_id, msg, n, _last_updated_sequence_number FROM {mirror}").collect()
+        }
     finally:
         pipeline.close()
     twin = f"lake.{NS}.log_twin_{suffix}"
     spark.sql(f"CREATE TABLE {twin} (msg string, n bigint) USING iceberg TBLPROPERTIES ({TWIN_PROPERTIES})")
     spark.sql(f"INSERT INTO {twin} VALUES ('a', 1), ('a', 1), ('a', 1), ('b', 1)")
-    twin_before = {r[0]: (r[1], r[2], r[3]) for r in spark.sql(
-        f"SELECT _row_id, msg, n, _last_updated_sequence_number FROM {twin}").collect()}
+    twin_before = {
+        r[0]: (r[1], r[2], r[3])
+        for r in spark.sql(f"SELECT _row_id, msg, n, _last_updated_sequence_number FROM {twin}").collect()
+    }
     spark.sql(f"UPDATE {twin} SET n = 2 WHERE _row_id = (SELECT max(_row_id) FROM {twin} WHERE msg = 'a')")
-    twin_after = {r[0]: (r[1], r[2], r[3]) for r in spark.sql(
-        f"SELECT _row_id, msg, n, _last_updated_sequence_number FROM {twin}").collect()}
+    twin_after = {
+        r[0]: (r[1], r[2], r[3])
+        for r in spark.sql(f"SELECT _row_id, msg, n, _last_updated_sequence_number FROM {twin}").collect()
+    }
     for old, new in ((before, after), (twin_before, twin_after)):
         assert set(new) == set(old)  # every row kept its id, the updated one included
         changed = [i for i in new if new[i] != old[i]]
@@ -279,21 +327,61 @@ def test_a_file_rewritten_with_lineage_keeps_its_columns_exactly(tmp_path):
     from lakestream.sink.types import arrow_schema
     from lakestream.sink.write.files import write_data_file
 
-    schema = arrow_schema({"fields": [
-        {"id": 1, "name": "id", "type": "long", "required": True},
-        {"id": 2, "name": "amount", "type": "decimal(10,2)"}, {"id": 3, "name": "at", "type": "timestamptz"},
-        {"id": 4, "name": "local", "type": "timestamp"}, {"id": 5, "name": "day", "type": "date"},
-        {"id": 6, "name": "u", "type": "uuid"}, {"id": 7, "name": "tags", "type": {
-            "type": "list", "element-id": 8, "element": "string", "element-required": False}},
-        {"id": 9, "name": "attrs", "type": {"type": "map", "key-id": 10, "key": "string", "value-id": 11,
-                                            "value": "int", "value-required": False}},
-        {"id": 12, "name": "s", "type": {"type": "struct", "fields": [{"id": 13, "name": "x", "type": "double"}]}},
-        {"id": 14, "name": "t", "type": "time"}, {"id": 15, "name": "b", "type": "fixed[3]"}]})
-    rows = pa.Table.from_pylist([
-        {"id": i, "amount": decimal.Decimal("1.25") * i, "at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
-         "local": dt.datetime(2026, 1, 2), "day": dt.date(2026, 1, 3), "u": uuid_.UUID(int=i).bytes,
-         "tags": ["a", None], "attrs": [("k", i)], "s": {"x": 0.5}, "t": dt.time(1, 2, 3), "b": b"abc"}
-        for i in range(3)], schema=schema)
+    schema = arrow_schema(
+        {
+            "fields": [
+                {"id": 1, "name": "id", "type": "long", "required": True},
+                {"id": 2, "name": "amount", "type": "decimal(10,2)"},
+                {"id": 3, "name": "at", "type": "timestamptz"},
+                {"id": 4, "name": "local", "type": "timestamp"},
+                {"id": 5, "name": "day", "type": "date"},
+                {"id": 6, "name": "u", "type": "uuid"},
+                {
+                    "id": 7,
+                    "name": "tags",
+                    "type": {"type": "list", "element-id": 8, "element": "string", "element-required": False},
+                },
+                {
+                    "id": 9,
+                    "name": "attrs",
+                    "type": {
+                        "type": "map",
+                        "key-id": 10,
+                        "key": "string",
+                        "value-id": 11,
+                        "value": "int",
+                        "value-required": False,
+                    },
+                },
+                {
+                    "id": 12,
+                    "name": "s",
+                    "type": {"type": "struct", "fields": [{"id": 13, "name": "x", "type": "double"}]},
+                },
+                {"id": 14, "name": "t", "type": "time"},
+                {"id": 15, "name": "b", "type": "fixed[3]"},
+            ]
+        }
+    )
+    rows = pa.Table.from_pylist(
+        [
+            {
+                "id": i,
+                "amount": decimal.Decimal("1.25") * i,
+                "at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+                "local": dt.datetime(2026, 1, 2),
+                "day": dt.date(2026, 1, 3),
+                "u": uuid_.UUID(int=i).bytes,
+                "tags": ["a", None],
+                "attrs": [("k", i)],
+                "s": {"x": 0.5},
+                "t": dt.time(1, 2, 3),
+                "b": b"abc",
+            }
+            for i in range(3)
+        ],
+        schema=schema,
+    )
     written = write_data_file(rows, f"file://{tmp_path}", schema, "t")
     path = written["path"]
     before = pq.ParquetFile(str(tmp_path / path.rsplit("/", 1)[1]))
@@ -301,6 +389,7 @@ def test_a_file_rewritten_with_lineage_keeps_its_columns_exactly(tmp_path):
     after = pq.ParquetFile(str(tmp_path / path.rsplit("/", 1)[1]))
     assert after.schema_arrow.names == before.schema_arrow.names + [ROW_ID, LAST_UPDATED]
     n = len(before.schema_arrow)
+
     # The Parquet schema (types, logical types, field ids, repetition) is the old one with two more columns.
     def described(parquet: pq.ParquetFile) -> str:
         return str(parquet.schema).split("\n", 1)[1]  # (without the object's address)

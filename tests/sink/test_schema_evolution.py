@@ -4,6 +4,7 @@ steps: ADD COLUMN, int→bigint, a new table, and an incompatible change that mu
 The steps share one captured database and run in file order; each checks its own scenario and
 `lakestream verify` (source vs Iceberg) after every compatible one.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -42,9 +43,11 @@ def test_snapshot_lands(src, spark):
 
 
 def test_add_column_while_running(src, spark):
-    src.sql("ALTER TABLE public.evo_orders ADD COLUMN color text",
-            "INSERT INTO public.evo_orders VALUES (4, 40, 'four', 'red')",
-            "UPDATE public.evo_orders SET color = 'blue' WHERE id = 2")
+    src.sql(
+        "ALTER TABLE public.evo_orders ADD COLUMN color text",
+        "INSERT INTO public.evo_orders VALUES (4, 40, 'four', 'red')",
+        "UPDATE public.evo_orders SET color = 'blue' WHERE id = 2",
+    )
     src.sync({"evo_orders": 5})
     assert _types(spark, src.table("evo_orders"))["color"] == "string"
     rows = _rows(spark, src.table("evo_orders"))
@@ -54,9 +57,11 @@ def test_add_column_while_running(src, spark):
 
 
 def test_int_to_bigint_at_the_source(src, spark):
-    src.sql("ALTER TABLE public.evo_orders ALTER COLUMN qty TYPE bigint",
-            "INSERT INTO public.evo_orders VALUES (5, 5000000000, 'five', 'green')",
-            "UPDATE public.evo_orders SET qty = 3000000000 WHERE id = 1")
+    src.sql(
+        "ALTER TABLE public.evo_orders ALTER COLUMN qty TYPE bigint",
+        "INSERT INTO public.evo_orders VALUES (5, 5000000000, 'five', 'green')",
+        "UPDATE public.evo_orders SET qty = 3000000000 WHERE id = 1",
+    )
     src.sync({"evo_orders": 7})
     assert _types(spark, src.table("evo_orders"))["qty"] == "bigint"
     rows = _rows(spark, src.table("evo_orders"))
@@ -67,8 +72,10 @@ def test_int_to_bigint_at_the_source(src, spark):
 
 def test_new_source_table_becomes_a_new_iceberg_table(src, spark):
     assert not spark.catalog.tableExists(src.table("evo_new"))
-    src.sql("CREATE TABLE public.evo_new (id integer PRIMARY KEY, label text, price numeric(8,2))",
-            "INSERT INTO public.evo_new VALUES (1, 'x', 1.25), (2, 'y', -3.50)")
+    src.sql(
+        "CREATE TABLE public.evo_new (id integer PRIMARY KEY, label text, price numeric(8,2))",
+        "INSERT INTO public.evo_new VALUES (1, 'x', 1.25), (2, 'y', -3.50)",
+    )
     src.sync({"evo_new": 2})
     assert spark.catalog.tableExists(src.table("evo_new"))
     assert _types(spark, src.table("evo_new")) == {"id": "int", "label": "string", "price": "decimal(8,2)"}
@@ -79,10 +86,12 @@ def test_new_source_table_becomes_a_new_iceberg_table(src, spark):
 def test_incompatible_change_dead_letters_and_pipeline_keeps_going(src, spark):
     before = src.end_offset("evo_orders")
     other_before = src.end_offset("evo_other")
-    src.sql("ALTER TABLE public.evo_orders ALTER COLUMN qty TYPE text USING qty::text",
-            "INSERT INTO public.evo_orders VALUES (6, 'abc', 'six', 'pink')",
-            "UPDATE public.evo_other SET v = 'changed' WHERE id = 1",
-            "INSERT INTO public.evo_other VALUES (3, 'c')")
+    src.sql(
+        "ALTER TABLE public.evo_orders ALTER COLUMN qty TYPE text USING qty::text",
+        "INSERT INTO public.evo_orders VALUES (6, 'abc', 'six', 'pink')",
+        "UPDATE public.evo_other SET v = 'changed' WHERE id = 1",
+        "INSERT INTO public.evo_other VALUES (3, 'c')",
+    )
     results = src.sync({"evo_orders": before + 1, "evo_other": other_before + 2})
     # the same run wrote the other table and the dead letter: nothing crashed, nothing waited
     assert any(f"{src.namespace}.evo_other" in r.tables for r in results), [r.tables for r in results]
@@ -114,9 +123,31 @@ def test_parse_type_fast_path_equals_sparks_parser(spark):
 
     from lakestream.sink.catalog.schema import parse_type
 
-    for ddl in ["int", "INTEGER", "bigint", "long", "smallint", "short", "tinyint", "byte", "string", "boolean",
-                "double", "float", "real", "date", "timestamp", "timestamp_ntz", "binary", "decimal(10,2)",
-                "DECIMAL(38, 0)", " decimal(5,5) ", "array<int>", "struct<a:int,b:string>", "map<string,bigint>"]:
+    for ddl in [
+        "int",
+        "INTEGER",
+        "bigint",
+        "long",
+        "smallint",
+        "short",
+        "tinyint",
+        "byte",
+        "string",
+        "boolean",
+        "double",
+        "float",
+        "real",
+        "date",
+        "timestamp",
+        "timestamp_ntz",
+        "binary",
+        "decimal(10,2)",
+        "DECIMAL(38, 0)",
+        " decimal(5,5) ",
+        "array<int>",
+        "struct<a:int,b:string>",
+        "map<string,bigint>",
+    ]:
         parse_type.cache_clear()
         assert parse_type(ddl) == _parse_datatype_string(ddl), ddl
     for bad in ["decimal(39,2)", "decimal(5,6)", "nosuchtype"]:

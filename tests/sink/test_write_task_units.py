@@ -1,6 +1,7 @@
 """The write task's placing of records (`lakestream.sink.write.task.WriteTask`) without Kafka or Spark: routing
 to a prepared table, a deferred table or a dead letter (with its Kafka coordinates and raw bytes), and the facts
 written for a table into a local directory. Seconds."""
+
 from __future__ import annotations
 
 import json
@@ -18,15 +19,27 @@ from lakestream.sink.write.task import WriteContext, WriteTask
 from lakestream.source.kafka import TP
 
 TOPIC, TABLE = "p.public.orders", "cdc.public_orders"
-SCHEMA = {"type": "struct", "schema-id": 0, "fields": [
-    {"id": 1, "name": "id", "required": True, "type": "long"},
-    {"id": 2, "name": "status", "required": False, "type": "string"}]}
+SCHEMA = {
+    "type": "struct",
+    "schema-id": 0,
+    "fields": [
+        {"id": 1, "name": "id", "required": True, "type": "long"},
+        {"id": 2, "name": "status", "required": False, "type": "string"},
+    ],
+}
 
 
 def _rec(offset: int, key: Any, value: Any, partition: int = 0) -> SimpleNamespace:
     enc = lambda x: None if x is None else (x if isinstance(x, bytes) else json.dumps(x).encode())  # noqa: E731
-    return SimpleNamespace(topic=TOPIC, partition=partition, offset=offset, timestamp_ms=1000 + offset, key=enc(key),
-                           value=enc(value), headers=None)
+    return SimpleNamespace(
+        topic=TOPIC,
+        partition=partition,
+        offset=offset,
+        timestamp_ms=1000 + offset,
+        key=enc(key),
+        value=enc(value),
+        headers=None,
+    )
 
 
 def _change(key: int, op: str = "c", status: str = "new") -> tuple[Any, Any]:

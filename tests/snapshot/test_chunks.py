@@ -1,4 +1,5 @@
 """Chunk planning and the chunk reader's parsing, against the shared PostgreSQL (no Spark)."""
+
 from __future__ import annotations
 
 import io
@@ -6,7 +7,6 @@ import uuid
 
 import pyarrow as pa
 import pytest
-from psycopg2 import sql as pgsql
 
 from lakestream.config import parse_config
 from lakestream.errors import ConfigError, LakestreamError
@@ -39,8 +39,9 @@ def _rows_per_chunk(conn, source, plan) -> list[int]:
     return [out.count(b"\n") for out in _chunk_outputs(conn, source, plan)]
 
 
-@pytest.mark.parametrize("key_type,key_sql", [("bigint", "g * 3 - 7"), ("text", "'k' || g"),
-                                              ("int, b text", "g % 7, 'x' || g")])
+@pytest.mark.parametrize(
+    "key_type,key_sql", [("bigint", "g * 3 - 7"), ("text", "'k' || g"), ("int, b text", "g % 7, 'x' || g")]
+)
 def test_chunks_cover_every_row_once(pg_conn, schema, key_type, key_sql):
     composite = "," in key_type
     cols = "a int, b text, v text, PRIMARY KEY (a, b)" if composite else f"k {key_type} PRIMARY KEY, v text"
@@ -113,23 +114,37 @@ def test_a_partitioned_parent_is_planned_leaf_by_leaf(pg_conn, schema, keyed):
     key = ", PRIMARY KEY (id, ts)" if keyed else ""
     with pg_conn.cursor() as cur:
         cur.execute(f"CREATE TABLE {schema}.ev (id int, ts date, v text{key}) PARTITION BY RANGE (ts)")
-        cur.execute(f"CREATE TABLE {schema}.ev_a PARTITION OF {schema}.ev FOR VALUES FROM ('2020-01-01') TO ('2021-01-01')")
-        cur.execute(f"CREATE TABLE {schema}.ev_b PARTITION OF {schema}.ev FOR VALUES FROM ('2021-01-01') TO "
-                    "('2022-01-01') PARTITION BY HASH (id)")
+        cur.execute(
+            f"CREATE TABLE {schema}.ev_a PARTITION OF {schema}.ev FOR VALUES FROM ('2020-01-01') TO ('2021-01-01')"
+        )
+        cur.execute(
+            f"CREATE TABLE {schema}.ev_b PARTITION OF {schema}.ev FOR VALUES FROM ('2021-01-01') TO "
+            "('2022-01-01') PARTITION BY HASH (id)"
+        )
         for r in (0, 1):
-            cur.execute(f"CREATE TABLE {schema}.ev_b{r} PARTITION OF {schema}.ev_b FOR VALUES WITH (MODULUS 2, REMAINDER {r})")
+            cur.execute(
+                f"CREATE TABLE {schema}.ev_b{r} PARTITION OF {schema}.ev_b FOR VALUES WITH (MODULUS 2, REMAINDER {r})"
+            )
         cur.execute(f"CREATE TABLE {schema}.ev_other PARTITION OF {schema}.ev DEFAULT")
-        cur.execute(f"CREATE TABLE {schema}.ev_empty PARTITION OF {schema}.ev FOR VALUES FROM ('1990-01-01') TO "
-                    "('1991-01-01')")
-        cur.execute(f"INSERT INTO {schema}.ev SELECT g, date '2020-01-01' + (g % 1100), 'v' || (g % 5) "
-                    "FROM generate_series(1, 6000) g")
+        cur.execute(
+            f"CREATE TABLE {schema}.ev_empty PARTITION OF {schema}.ev FOR VALUES FROM ('1990-01-01') TO ('1991-01-01')"
+        )
+        cur.execute(
+            f"INSERT INTO {schema}.ev SELECT g, date '2020-01-01' + (g % 1100), 'v' || (g % 5) "
+            "FROM generate_series(1, 6000) g"
+        )
         cur.execute(f"ANALYZE {schema}.ev")
     source = describe_table(pg_conn, schema, "ev")
     assert source.partitioned and source.keyless != keyed
     plan = plan_chunks(pg_conn, source, 700)
     leaves = {c.relation for c in plan.chunks}
-    assert leaves == {(schema, "ev_a"), (schema, "ev_b0"), (schema, "ev_b1"), (schema, "ev_other"),
-                      (schema, "ev_empty")}
+    assert leaves == {
+        (schema, "ev_a"),
+        (schema, "ev_b0"),
+        (schema, "ev_b1"),
+        (schema, "ev_other"),
+        (schema, "ev_empty"),
+    }
     assert len(plan.chunks) > len(leaves)
     assert sorted(_rows_read(pg_conn, source, plan)) == sorted(_rows_of(pg_conn, f"SELECT * FROM {schema}.ev"))
     again = ChunkPlan.from_json(source.name, plan.to_json())  # the plan as a resumed run reads it
@@ -139,8 +154,10 @@ def test_a_partitioned_parent_is_planned_leaf_by_leaf(pg_conn, schema, keyed):
 def test_parse_keeps_null_apart_from_empty_and_fails_on_bad_values(pg_conn, schema):
     with pg_conn.cursor() as cur:
         cur.execute(f"CREATE TABLE {schema}.p (id int PRIMARY KEY, s text, b bytea, f boolean)")
-        cur.execute(f"INSERT INTO {schema}.p VALUES (1, '', '\\x00ff'::bytea, true), (2, NULL, NULL, NULL), "
-                    "(3, 'a,\"b\"\nc', ''::bytea, false)")
+        cur.execute(
+            f"INSERT INTO {schema}.p VALUES (1, '', '\\x00ff'::bytea, true), (2, NULL, NULL, NULL), "
+            "(3, 'a,\"b\"\nc', ''::bytea, false)"
+        )
     source = describe_table(pg_conn, schema, "p")
     plan = plan_chunks(pg_conn, source, 100)
     buf = io.BytesIO()
@@ -159,9 +176,16 @@ def test_parse_keeps_null_apart_from_empty_and_fails_on_bad_values(pg_conn, sche
 
 
 def test_parallel_snapshot_needs_schemas():
-    data = {"kafka": {"bootstrap_servers": "x:1"}, "catalog": {"warehouse": "file:///tmp/w", "type": "hadoop"},
-            "streams": [{"topics": ["a"]}],
-            "capture": {"database": {"dbname": "d", "user": "u"}, "tables": ["public.t"], "snapshot": "parallel",
-                        "schemas_enabled": False}}
+    data = {
+        "kafka": {"bootstrap_servers": "x:1"},
+        "catalog": {"warehouse": "file:///tmp/w", "type": "hadoop"},
+        "streams": [{"topics": ["a"]}],
+        "capture": {
+            "database": {"dbname": "d", "user": "u"},
+            "tables": ["public.t"],
+            "snapshot": "parallel",
+            "schemas_enabled": False,
+        },
+    }
     with pytest.raises(ConfigError, match="capture: .*schemas_enabled: true"):
         parse_config(data)

@@ -1,6 +1,7 @@
 """The parallel snapshot (`lakestream snapshot`) against real PostgreSQL, Spark, Iceberg and Debezium:
 tables loaded in chunks while writes go on, handed over to Debezium's stream at the slot's
 consistent point, then `verify` — including a snapshot killed midway and resumed."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,8 @@ from pathlib import Path
 import psycopg2
 import pytest
 import yaml
-
 from conftest import catalog_settings
+
 from lakestream.capture import CaptureProcess
 from lakestream.capture.handover import handover_properties
 from lakestream.capture.process import LAKESTREAM_COMMAND
@@ -64,18 +65,30 @@ class Source:
         self.workdir = Path(tempfile.mkdtemp(prefix=f"lakestream-{label}-"))
         self.data = {
             "name": self.prefix,
-            "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-{self.prefix}",
-                      "client": {"session.timeout.ms": 6000}},
+            "kafka": {
+                "bootstrap_servers": stack.bootstrap_servers,
+                "group_id": f"lakestream-{self.prefix}",
+                "client": {"session.timeout.ms": 6000},
+            },
             "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
             "streams": [{"topic_pattern": rf"{self.prefix}\.public\..*", "namespace": self.prefix, "table": "{table}"}],
             "engine": {"commit_interval_s": 0, "idle_poll_s": 0.2},
             "spark": {"master": "local[2]", "driver_memory": "1500m"},
             "state_dir": str(self.workdir / "state"),
             "capture": {
-                "database": {"host": stack.pg_host, "port": stack.pg_port, "dbname": self.dbname,
-                             "user": stack.pg_user, "password": stack.pg_password},
-                "tables": tables, "topic_prefix": self.prefix, "slot_name": f"slot_{self.prefix}",
-                "publication_name": f"pub_{self.prefix}", "snapshot": "parallel", "snapshot_chunk_rows": 2_000,
+                "database": {
+                    "host": stack.pg_host,
+                    "port": stack.pg_port,
+                    "dbname": self.dbname,
+                    "user": stack.pg_user,
+                    "password": stack.pg_password,
+                },
+                "tables": tables,
+                "topic_prefix": self.prefix,
+                "slot_name": f"slot_{self.prefix}",
+                "publication_name": f"pub_{self.prefix}",
+                "snapshot": "parallel",
+                "snapshot_chunk_rows": 2_000,
                 "connector": {"heartbeat.interval.ms": "1000"},
             },
         }
@@ -91,8 +104,11 @@ class Source:
         admin = psycopg2.connect(self.stack.pg_dsn())
         admin.autocommit = True
         with admin.cursor() as cur:
-            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                        "WHERE database = %s AND NOT active", (self.dbname,))
+            cur.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                "WHERE database = %s AND NOT active",
+                (self.dbname,),
+            )
             cur.execute(f"DROP DATABASE IF EXISTS {self.dbname} WITH (FORCE)")
         admin.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -114,8 +130,10 @@ class Source:
         deadline = time.monotonic() + timeout
         while True:
             with self.conn.cursor() as cur:
-                cur.execute("SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                            (target, self.config.capture.slot_name))
+                cur.execute(
+                    "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                    (target, self.config.capture.slot_name),
+                )
                 row = cur.fetchone()
             if row and row[0]:
                 return
@@ -140,8 +158,10 @@ class Writer(threading.Thread):
         r = self.rng.random()
         key = self.rng.randint(1, ROWS)
         if r < 0.35:
-            cur.execute("INSERT INTO items (id, qty, name, created, payload) VALUES (%s, 1, 'new', now(), '{}')",
-                        (self.next_id,))
+            cur.execute(
+                "INSERT INTO items (id, qty, name, created, payload) VALUES (%s, 1, 'new', now(), '{}')",
+                (self.next_id,),
+            )
             self.next_id += 1
         elif r < 0.75:
             cur.execute("UPDATE items SET qty = qty + 1, name = name || '+', price = price + 1 WHERE id = %s", (key,))
@@ -150,8 +170,10 @@ class Writer(threading.Thread):
         elif r < 0.95:
             cur.execute("UPDATE tags SET label = label || '!' WHERE code = %s", (f"c{key % (ROWS // 4) + 1}",))
         else:
-            cur.execute("INSERT INTO tags VALUES (%s, 'fresh') ON CONFLICT (code) DO UPDATE SET label = 'again'",
-                        (f"n{self.rng.randint(1, 500)}",))
+            cur.execute(
+                "INSERT INTO tags VALUES (%s, 'fresh') ON CONFLICT (code) DO UPDATE SET label = 'again'",
+                (f"n{self.rng.randint(1, 500)}",),
+            )
 
     def run(self) -> None:
         with self.conn.cursor() as cur:
@@ -188,8 +210,12 @@ def test_snapshot_while_writing_hands_over_exactly(stack, spark):
     try:
         writer.start()
         progress_seen: list[int] = []
-        report = run_snapshot(source.config, spark=spark, progress_interval_s=0.5,
-                              on_progress=lambda tables: progress_seen.append(sum(t.chunks_done for t in tables)))
+        report = run_snapshot(
+            source.config,
+            spark=spark,
+            progress_interval_s=0.5,
+            on_progress=lambda tables: progress_seen.append(sum(t.chunks_done for t in tables)),
+        )
         during = writer.changes
         assert during > 0, "no write happened during the snapshot"
         assert report.tables[1].rows >= ROWS // 4  # plus the tags the writer inserted before the slot
@@ -215,8 +241,14 @@ def test_snapshot_killed_midway_resumes(stack, spark):
     writer = Writer(stack, source.dbname)
     try:
         env = {**os.environ, KILL_AFTER_CHUNKS_ENV: "2"}
-        killed = subprocess.run([*LAKESTREAM_COMMAND, "snapshot", str(source.yaml)], capture_output=True, text=True,
-                                timeout=600, env=env, stdin=subprocess.DEVNULL)
+        killed = subprocess.run(
+            [*LAKESTREAM_COMMAND, "snapshot", str(source.yaml)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
         assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
         state = read_snapshot_state(spark, f"lake.{source.prefix}.items")
         done = sum(b - a + 1 for a, b in state["done"])
@@ -241,9 +273,15 @@ def test_snapshot_killed_midway_resumes(stack, spark):
 
 
 def test_a_value_that_does_not_fit_stops_with_the_table_and_key_range(stack, spark):
-    source = Source(stack, "snapbad", ["CREATE TABLE days (id int PRIMARY KEY, d date)",
-                                       "INSERT INTO days VALUES (1, '2024-01-01'), (2, 'infinity'), (3, NULL)"],
-                    ["public.days"])
+    source = Source(
+        stack,
+        "snapbad",
+        [
+            "CREATE TABLE days (id int PRIMARY KEY, d date)",
+            "INSERT INTO days VALUES (1, '2024-01-01'), (2, 'infinity'), (3, NULL)",
+        ],
+        ["public.days"],
+    )
     try:
         with pytest.raises(SnapshotError, match=r"public\.days rows with key in \[None, None\).*fix"):
             run_snapshot(source.config, spark=spark)
@@ -258,8 +296,12 @@ def test_interrupted_snapshot_of_a_keyless_table_is_refused_with_the_fix(stack, 
     resumed run could only read it later, and the stream would then add the rows inserted in between twice."""
     from lakestream.snapshot import chunks
 
-    setup = [*SETUP, "CREATE TABLE log (msg text, n int)",
-             "INSERT INTO log SELECT 'm' || (g % 10), g % 3 FROM generate_series(1, 6000) g", "ANALYZE"]
+    setup = [
+        *SETUP,
+        "CREATE TABLE log (msg text, n int)",
+        "INSERT INTO log SELECT 'm' || (g % 10), g % 3 FROM generate_series(1, 6000) g",
+        "ANALYZE",
+    ]
     source = Source(stack, "snapkl", setup, ["public.items", "public.log"])
     monkeypatch.setattr(chunks, "COMMIT_EVERY_S", 0.0)  # every finished chunk commits at once
 
@@ -311,8 +353,10 @@ class KindsWriter(Writer):
         r = self.rng.random()
         key = self.rng.randint(1, 3000)
         if r < 0.2:
-            cur.execute("INSERT INTO events VALUES (%s, date '2020-01-01' + %s, 'new')",
-                        (self.next_id, self.rng.randint(0, 1200)))
+            cur.execute(
+                "INSERT INTO events VALUES (%s, date '2020-01-01' + %s, 'new')",
+                (self.next_id, self.rng.randint(0, 1200)),
+            )
             self.next_id += 1
         elif r < 0.35:  # the partition key changes: the row moves to another partition
             cur.execute("UPDATE events SET ts = ts + 400, v = v || '>' WHERE id = %s", (key,))
@@ -321,8 +365,10 @@ class KindsWriter(Writer):
         elif r < 0.7:
             cur.execute("INSERT INTO log_plain VALUES ('w', %s)", (self.rng.randint(0, 2),))
         elif r < 0.9:
-            cur.execute("UPDATE log_full SET n = n + 10 WHERE ctid = (SELECT ctid FROM log_full WHERE msg = %s LIMIT 1)",
-                        (f"f{self.rng.randint(1, 5)}",))
+            cur.execute(
+                "UPDATE log_full SET n = n + 10 WHERE ctid = (SELECT ctid FROM log_full WHERE msg = %s LIMIT 1)",
+                (f"f{self.rng.randint(1, 5)}",),
+            )
         else:
             cur.execute("DELETE FROM log_full WHERE ctid = (SELECT ctid FROM log_full WHERE msg = 'f6' LIMIT 1)")
 
@@ -348,8 +394,12 @@ def load_kinds(source: Source, spark) -> int:
         by_name = {t.source: t for t in report.tables}
         state = read_snapshot_state(spark, lake["public.events"])
         leaves = {tuple(c["relation"]) for c in state["chunks"]}
-        assert leaves == {("public", "events_2020"), ("public", "events_2021_h0"), ("public", "events_2021_h1"),
-                          ("public", "events_other")}, state["chunks"]
+        assert leaves == {
+            ("public", "events_2020"),
+            ("public", "events_2021_h0"),
+            ("public", "events_2021_h1"),
+            ("public", "events_other"),
+        }, state["chunks"]
         assert by_name["public.events"].chunks_total > len(leaves)
         for keyless in ("public.log_plain", "public.log_full"):
             assert by_name[keyless].chunks_total >= 3, by_name[keyless]  # block ranges, read in parallel

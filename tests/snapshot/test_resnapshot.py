@@ -1,6 +1,7 @@
 """Re-snapshotting a table while `lakestream capture` and `lakestream run` keep streaming it, against
 real PostgreSQL, Debezium, the broker, Spark and Iceberg: a mirror that drifted (rows deleted, changed,
 duplicated and invented by hand) is repaired while writes go on, and ends equal to the source."""
+
 from __future__ import annotations
 
 import threading
@@ -51,8 +52,10 @@ class PipelineThread:
                 ident = f"lake.{source.prefix}.{table.split('.')[1]}"
                 while True:
                     assert not self.errors, self.errors
-                    ends = {tp.partition: hw[1] for tp, hw in
-                            kafka.watermarks(kafka.partitions_of(lambda t, topic=topic: t == topic)).items()}
+                    ends = {
+                        tp.partition: hw[1]
+                        for tp, hw in kafka.watermarks(kafka.partitions_of(lambda t, topic=topic: t == topic)).items()
+                    }
                     done = _committed_offsets(spark, ident, topic) if spark.catalog.tableExists(ident) else {}
                     # A trailing tombstone is not committed on its own: one short is all applied.
                     if ends and all(done.get(p, 0) >= end - 1 for p, end in ends.items()):
@@ -120,8 +123,9 @@ def test_resnapshot_while_streaming_repairs_drift_exactly(stack, spark):
             raise KeyboardInterrupt("interrupted re-snapshot")
 
         with pytest.raises(KeyboardInterrupt):
-            run_snapshot(source.config, ["public.items"], spark, again=True, progress_interval_s=0.1,
-                         on_progress=interrupt)
+            run_snapshot(
+                source.config, ["public.items"], spark, again=True, progress_interval_s=0.1, on_progress=interrupt
+            )
         assert _count(spark, f"SELECT count(*) FROM {items} WHERE id = 90000000") == 1
         assert not _resnapshot_state(spark, items)
         _mark("interrupted")
@@ -138,8 +142,9 @@ def test_resnapshot_while_streaming_repairs_drift_exactly(stack, spark):
                     cur.execute("DELETE FROM items WHERE id = 5")
             progress_seen.append(tables[0].chunks_done)
 
-        report = run_snapshot(source.config, ["public.items"], spark, again=True, progress_interval_s=0.5,
-                              on_progress=on_progress)
+        report = run_snapshot(
+            source.config, ["public.items"], spark, again=True, progress_interval_s=0.5, on_progress=on_progress
+        )
         _mark("resnapshot")
         assert report.resnapshot and report.tables[0].chunks_total >= 5
         assert progress_seen and progress_seen[-1] == report.tables[0].chunks_total
@@ -168,10 +173,15 @@ def test_resnapshot_while_streaming_repairs_drift_exactly(stack, spark):
 
 
 def test_resnapshot_misuse_is_refused_with_the_fix(stack, spark, tmp_path):
-    config = parse_config({
-        "kafka": {"bootstrap_servers": "127.0.0.1:1"}, "catalog": {"warehouse": "file:///tmp/w", "type": "hadoop"},
-        "streams": [{"topics": ["a"]}], "state_dir": str(tmp_path),
-        "capture": {"database": {"dbname": "d", "user": "u"}, "tables": ["public.t"], "topic_prefix": "shop"}})
+    config = parse_config(
+        {
+            "kafka": {"bootstrap_servers": "127.0.0.1:1"},
+            "catalog": {"warehouse": "file:///tmp/w", "type": "hadoop"},
+            "streams": [{"topics": ["a"]}],
+            "state_dir": str(tmp_path),
+            "capture": {"database": {"dbname": "d", "user": "u"}, "tables": ["public.t"], "topic_prefix": "shop"},
+        }
+    )
     with pytest.raises(ConfigError, match=r"\['public.nope'\] not in capture.tables.*fix"):
         run_snapshot(config, ["public.nope"], again=True)
     out = run_lakestream("snapshot", str(_yaml(tmp_path, config)), "--again")
@@ -196,7 +206,6 @@ def _yaml(tmp_path, config):
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
-
 
 
 @pytest.mark.snapshot_slow

@@ -1,6 +1,7 @@
 """The re-snapshot's window of the table topic (`TopicWindow`): which keys the stream changed between the
 low mark and the pipeline's committed offsets, each key's last operation, and whether row events below
 the high mark are still unapplied. Pure units, plus one read of a topic that does not exist yet."""
+
 from __future__ import annotations
 
 import uuid
@@ -24,8 +25,12 @@ def _window(events: dict[int, list[tuple[int, int, bool]]], truncates: dict[int,
 
 
 def test_changed_keys_are_the_applied_ones_with_their_last_operation():
-    w = _window({0: [(10, 1, False), (11, 2, False), (12, 1, True), (13, 3, True), (15, 3, False), (16, 4, True)],
-                 1: [(5, 7, True), (6, 7, False), (9, 8, False)]})
+    w = _window(
+        {
+            0: [(10, 1, False), (11, 2, False), (12, 1, True), (13, 3, True), (15, 3, False), (16, 4, True)],
+            1: [(5, 7, True), (6, 7, False), (9, 8, False)],
+        }
+    )
     keys, deleted = w.changed_keys({0: 16, 1: 9})  # offset 16 of partition 0 and 9 of partition 1 not applied
     got = dict(zip(keys.tolist(), deleted.tolist()))
     assert got == {1: True, 2: False, 3: False, 7: False}
@@ -42,7 +47,13 @@ def test_rows_pending_below_the_high_mark_only():
 
 
 def test_a_topic_not_created_yet_reads_as_empty(stack):
-    w = TopicWindow({"bootstrap.servers": stack.bootstrap_servers, "group.id": "resnapshot-window-test"},
-                    f"absent.{uuid.uuid4().hex[:8]}", {0: 0}, ["id"], {"id": pa.int64()}, decoder=None)
+    w = TopicWindow(
+        {"bootstrap.servers": stack.bootstrap_servers, "group.id": "resnapshot-window-test"},
+        f"absent.{uuid.uuid4().hex[:8]}",
+        {0: 0},
+        ["id"],
+        {"id": pa.int64()},
+        decoder=None,
+    )
     assert w.read_to_end([0]) == {0: 0}
     assert w.changed_keys({0: 0}) is None

@@ -1,4 +1,5 @@
 """Consumer lag: the one computation the engine's progress line and `health` share."""
+
 from lakestream.source.kafka import TP, consumer_lag
 
 A, B, C = TP("t", 0), TP("t", 1), TP("u", 0)

@@ -1,4 +1,5 @@
 """plan_offset_ranges: pure planning, no broker."""
+
 from __future__ import annotations
 
 from itertools import pairwise
@@ -47,7 +48,9 @@ def test_backlog_is_split_into_closed_chunks_with_the_last_one_open():
 
 
 def test_batch_cap_is_shared_between_active_partitions():
-    ranges = plan_offset_ranges({A: 0, B: 0}, {A: (0, 10_000), B: (0, 10_000)}, set(), max_records=300, max_per_task=100)
+    ranges = plan_offset_ranges(
+        {A: 0, B: 0}, {A: (0, 10_000), B: (0, 10_000)}, set(), max_records=300, max_per_task=100
+    )
     per_tp: dict[TP, int] = {}
     for r in ranges:
         per_tp[r.tp] = per_tp.get(r.tp, 0) + r.limit

@@ -2,6 +2,7 @@
 
 Records are produced in several separately flushed groups so the log holds several batches.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -9,8 +10,8 @@ from itertools import pairwise
 
 import pytest
 from confluent_kafka import Producer
-
 from conftest import produce_records
+
 from lakestream.config import KafkaSettings
 from lakestream.source.kafka import TP, KafkaCluster
 from lakestream.source.planner import OffsetRange
@@ -45,14 +46,19 @@ def filled(broker) -> tuple[str, str, str]:
     name, bootstrap = broker
     topic = f"reader-{name}-{uuid.uuid4().hex[:8]}"
     for g in range(GROUPS):
-        produce_records(bootstrap, topic, [(_key(i), _value(i)) for i in range(g * PER_GROUP, (g + 1) * PER_GROUP)],
-                        partition=PARTITION)
+        produce_records(
+            bootstrap,
+            topic,
+            [(_key(i), _value(i)) for i in range(g * PER_GROUP, (g + 1) * PER_GROUP)],
+            partition=PARTITION,
+        )
     return name, bootstrap, topic
 
 
 def consumer_conf(bootstrap: str) -> dict:
-    return KafkaSettings(bootstrap_servers=bootstrap, group_id=f"reader-{uuid.uuid4().hex[:8]}",
-                         client={"session.timeout.ms": 6000}).consumer_config()
+    return KafkaSettings(
+        bootstrap_servers=bootstrap, group_id=f"reader-{uuid.uuid4().hex[:8]}", client={"session.timeout.ms": 6000}
+    ).consumer_config()
 
 
 def read_all(bootstrap: str, rng: OffsetRange) -> tuple[list[RawRecord], RangeEnd]:
@@ -149,8 +155,9 @@ def test_group_offsets_round_trip(broker):
     name, bootstrap = broker
     topic = f"group-{name}-{uuid.uuid4().hex[:8]}"
     produce_records(bootstrap, topic, [(_key(i), _value(i)) for i in range(10)], partition=PARTITION)
-    settings = KafkaSettings(bootstrap_servers=bootstrap, group_id=f"g-{uuid.uuid4().hex[:8]}",
-                             client={"session.timeout.ms": 6000})
+    settings = KafkaSettings(
+        bootstrap_servers=bootstrap, group_id=f"g-{uuid.uuid4().hex[:8]}", client={"session.timeout.ms": 6000}
+    )
     cluster = KafkaCluster(settings)
     try:
         tp = TP(topic, PARTITION)
@@ -175,8 +182,9 @@ def test_transactional_records_are_read_exactly_once_across_offset_gaps(stack):
     """Transaction markers take offsets, so the log has gaps; aborted records are never read."""
     bootstrap = stack.bootstrap_servers
     topic = f"txn-{uuid.uuid4().hex[:8]}"
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}",
-                         "linger.ms": 5})
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}", "linger.ms": 5}
+    )
     producer.init_transactions(30)
     expected: list[bytes] = []
     aborted: list[bytes] = []
@@ -254,9 +262,16 @@ def test_an_open_range_reads_its_known_backlog_in_full_before_the_time_cap(fille
     _, bootstrap, topic = filled
     monkeypatch.setattr(reader, "OPEN_RANGE_MAX_S", -1.0)  # cut as soon as the cap applies
     conf = consumer_conf(bootstrap)
-    chunks = [c for c in reader.read_offset_range(conf, OffsetRange(topic, PARTITION, 0, None, 10_000, N), chunk=5)
-              if isinstance(c, list)]
+    chunks = [
+        c
+        for c in reader.read_offset_range(conf, OffsetRange(topic, PARTITION, 0, None, 10_000, N), chunk=5)
+        if isinstance(c, list)
+    ]
     assert [r.offset for c in chunks for r in c] == list(range(N))
-    cut = [r.offset for c in reader.read_offset_range(conf, OffsetRange(topic, PARTITION, 0, None, 10_000, 10), chunk=5)
-           if isinstance(c, list) for r in c]
+    cut = [
+        r.offset
+        for c in reader.read_offset_range(conf, OffsetRange(topic, PARTITION, 0, None, 10_000, 10), chunk=5)
+        if isinstance(c, list)
+        for r in c
+    ]
     assert 10 <= len(cut) < N and cut == list(range(len(cut)))

@@ -2,6 +2,7 @@
 killed (SIGKILL: its logs recovered at the next start) under an idempotent produce load, and the same
 producer carries on without an error.
 """
+
 from __future__ import annotations
 
 import threading
@@ -26,8 +27,9 @@ class IdempotentLoad(threading.Thread):
     def __init__(self, bootstrap: str, prefix: str = "") -> None:
         super().__init__(daemon=True, name="idempotent-load")
         self.prefix = prefix
-        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-                                  "linger.ms": 20, "log_level": 0})
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 20, "log_level": 0}
+        )
         self.stop_event = threading.Event()
         self.acked: set[bytes] = set()
         self.errors: list[str] = []
@@ -43,8 +45,9 @@ class IdempotentLoad(threading.Thread):
         try:
             while not self.stop_event.is_set() and not self.errors:
                 for _ in range(20):
-                    self.producer.produce(TOPIC, key=f"{self.prefix}{sent}".encode(), value=b"x" * 200,
-                                          on_delivery=self._delivered)
+                    self.producer.produce(
+                        TOPIC, key=f"{self.prefix}{sent}".encode(), value=b"x" * 200, on_delivery=self._delivered
+                    )
                     sent += 1
                 self.producer.flush(60)
                 time.sleep(0.02)
@@ -59,8 +62,14 @@ class IdempotentLoad(threading.Thread):
 
 def stored_keys(bootstrap: str) -> list[bytes]:
     """The keys of every record in the topic, in offset order."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"t-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
     try:
         consumer.assign([TopicPartition(TOPIC, 0, 0)])
         keys: list[bytes] = []
@@ -77,8 +86,9 @@ def stored_keys(bootstrap: str) -> list[bytes]:
 @pytest.fixture
 def kafka(service_dir_factory) -> Iterator[KafkaBroker]:
     pg_port_unused, kafka_port = free_ports(2)
-    broker = KafkaBroker(StackSettings(state_dir=service_dir_factory("kafka"), pg_port=pg_port_unused,
-                                       kafka_port=kafka_port))
+    broker = KafkaBroker(
+        StackSettings(state_dir=service_dir_factory("kafka"), pg_port=pg_port_unused, kafka_port=kafka_port)
+    )
     broker.start()
     try:
         yield broker

@@ -1,4 +1,5 @@
 """The local stack against real services: lifecycle, persistence, port conflicts, shared fixtures."""
+
 from __future__ import annotations
 
 import os
@@ -23,7 +24,9 @@ def produce_one(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:
 
 
 def read_all(bootstrap: str, topic: str, expected: int, timeout: float = 10.0) -> list[tuple[bytes, bytes]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}", "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex}", "enable.auto.commit": False}
+    )
     try:
         consumer.assign([TopicPartition(topic, 0, 0)])
         records: list[tuple[bytes, bytes]] = []
@@ -123,12 +126,22 @@ def test_stack_up_with_connect_runs_a_worker_with_debeziums_connector(service_di
     import urllib.request
 
     from conftest import run_lakestream
+
     from lakestream.stack.process import free_ports, pid_alive
 
     state = service_dir_factory("stack-connect")
     pg, kafka, connect = free_ports(3)
-    ports = ["--state-dir", str(state), "--pg-port", str(pg), "--kafka-port", str(kafka), "--connect",
-             "--connect-port", str(connect)]
+    ports = [
+        "--state-dir",
+        str(state),
+        "--pg-port",
+        str(pg),
+        "--kafka-port",
+        str(kafka),
+        "--connect",
+        "--connect-port",
+        str(connect),
+    ]
     try:
         up = run_lakestream("stack", "up", *ports, timeout=300)
         assert up.returncode == 0, up.stderr[-3000:]

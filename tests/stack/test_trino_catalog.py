@@ -1,5 +1,6 @@
 """The Trino Iceberg catalog made from a lakestream catalog (no Trino needed: `make test-engines` runs one), and
 the distribution coordinates it comes from."""
+
 from __future__ import annotations
 
 from lakestream.config import CatalogSettings, StorageSettings
@@ -8,8 +9,9 @@ from lakestream.stack.trino import iceberg_catalog_properties
 
 
 def test_a_jdbc_catalog_on_local_files_keeps_spark_s_catalog_name():
-    catalog = CatalogSettings(name="lake", uri="jdbc:postgresql://db:5432/cat", user="u", password="pw",
-                              warehouse="file:///data/wh")
+    catalog = CatalogSettings(
+        name="lake", uri="jdbc:postgresql://db:5432/cat", user="u", password="pw", warehouse="file:///data/wh"
+    )
     props = iceberg_catalog_properties(catalog)
     assert props["iceberg.catalog.type"] == "jdbc"
     assert props["iceberg.jdbc-catalog.catalog-name"] == "lake"  # the JDBC catalog's rows are keyed by it
@@ -21,24 +23,42 @@ def test_a_rest_catalog_on_s3_takes_the_credential_and_the_store(monkeypatch):
     monkeypatch.setenv("CAT_CRED", "id:secret")
     monkeypatch.setenv("KEY_ID", "AK")
     monkeypatch.setenv("KEY_SECRET", "SK")
-    catalog = CatalogSettings(name="lake", type="rest", uri="https://cat.example.com/api/catalog", warehouse="prod",
-                              credential_env="CAT_CRED", scope="PRINCIPAL_ROLE:ALL", vended_credentials=True)
-    catalog.with_storage(StorageSettings(region="eu-west-1", endpoint="http://minio:9000", path_style=True,
-                                         access_key_id_env="KEY_ID", secret_access_key_env="KEY_SECRET"))
+    catalog = CatalogSettings(
+        name="lake",
+        type="rest",
+        uri="https://cat.example.com/api/catalog",
+        warehouse="prod",
+        credential_env="CAT_CRED",
+        scope="PRINCIPAL_ROLE:ALL",
+        vended_credentials=True,
+    )
+    catalog.with_storage(
+        StorageSettings(
+            region="eu-west-1",
+            endpoint="http://minio:9000",
+            path_style=True,
+            access_key_id_env="KEY_ID",
+            secret_access_key_env="KEY_SECRET",
+        )
+    )
     props = iceberg_catalog_properties(catalog)
     assert props["iceberg.rest-catalog.security"] == "OAUTH2"
     assert props["iceberg.rest-catalog.oauth2.credential"] == "id:secret"
     assert props["iceberg.rest-catalog.oauth2.server-uri"] == "https://cat.example.com/api/catalog/v1/oauth/tokens"
     assert props["iceberg.rest-catalog.oauth2.scope"] == "PRINCIPAL_ROLE:ALL"
     assert props["iceberg.rest-catalog.vended-credentials-enabled"] == "true"
-    assert (props["fs.native-s3.enabled"], props["s3.endpoint"], props["s3.path-style-access"]) == \
-        ("true", "http://minio:9000", "true")
+    assert (props["fs.native-s3.enabled"], props["s3.endpoint"], props["s3.path-style-access"]) == (
+        "true",
+        "http://minio:9000",
+        "true",
+    )
     assert (props["s3.aws-access-key"], props["s3.aws-secret-key"]) == ("AK", "SK")
 
 
 def test_trino_comes_by_coordinates_with_a_type():
-    assert Coordinate.parse("io.trino:trino-server:tar.gz:476") == Coordinate("io.trino", "trino-server", "476",
-                                                                              "tar.gz")
+    assert Coordinate.parse("io.trino:trino-server:tar.gz:476") == Coordinate(
+        "io.trino", "trino-server", "476", "tar.gz"
+    )
     trino = distributions()["trino"]
     assert trino.artifact.file_name == f"trino-server-{trino.artifact.version}.tar.gz"
     assert "plugin/iceberg" in trino.include

@@ -2,6 +2,7 @@
 location, and the driver maps a local copy of them; two tables must never share that copy (before 8c03274 the
 copy was keyed by the generation's name alone, so the second table was served the first one's keys: duplicates
 on S3). No Spark: the index's own store, on the suite's S3-compatible store."""
+
 from __future__ import annotations
 
 import uuid
@@ -25,8 +26,17 @@ def _index(table_uuid: str, keys: np.ndarray, data_file: str) -> DiskKeyIndex:
 def test_two_tables_on_object_storage_keep_their_own_key_index(object_store):
     s = object_store.settings
     before = active_options()
-    use_options(StorageContext(S3Options(region=s.s3_region, endpoint=object_store.endpoint, path_style=True,
-                                         access_key=s.s3_access_key, secret_key=s.s3_secret_key)))
+    use_options(
+        StorageContext(
+            S3Options(
+                region=s.s3_region,
+                endpoint=object_store.endpoint,
+                path_style=True,
+                access_key=s.s3_access_key,
+                secret_key=s.s3_secret_key,
+            )
+        )
+    )
     try:
         run = uuid.uuid4().hex[:8]
         tables = {}
@@ -41,7 +51,8 @@ def test_two_tables_on_object_storage_keep_their_own_key_index(object_store):
         for name, (location, keys, written) in tables.items():
             other_keys = tables["b" if name == "a" else "a"][1]
             loaded = IndexStore(store_location(location)).load(
-                DiskKeyIndex(hashed=False, key_columns=["id"], table_uuid=f"uuid-{run}-{name}"))
+                DiskKeyIndex(hashed=False, key_columns=["id"], table_uuid=f"uuid-{run}-{name}")
+            )
             assert loaded is not None and loaded.snapshot_id == 1
             assert loaded.paths == [f"{location}/data/{name}.parquet"]
             for index in (written, loaded):  # the generation each one maps is its own table's

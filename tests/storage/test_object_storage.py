@@ -12,6 +12,7 @@ with `lakestream verify` exact for each of them. The clients
 are the real ones: Spark's and the Java committer's RESTCatalog and S3FileIO, pyarrow's S3FileSystem in
 the write tasks, pyiceberg's RestCatalog, DuckDB's httpfs.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,13 +20,13 @@ import logging
 import os
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import yaml
-
 from capture_harness import start_captured_source, stop_captured_source
 from conftest import storage_env, storage_section
+
 from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import ConfigError
@@ -76,21 +77,29 @@ def lakes(stack, spark, object_store, rest_catalog_factory, service_dir_factory)
     credential = f"lakestream-test:{uuid.uuid4().hex}"
     os.environ.update(storage_env(object_store))
     os.environ[CREDENTIAL_ENV] = credential
-    rest_s3 = rest_catalog_factory(f"{object_store.warehouse}/rest", store=object_store, credential=credential,
-                                   vend=True, backend="obj_rest_s3")
-    rest_fs = rest_catalog_factory(service_dir_factory("restfs").as_uri(), backend="obj_rest_fs", tls=True,
-                                   credential=credential)
+    rest_s3 = rest_catalog_factory(
+        f"{object_store.warehouse}/rest", store=object_store, credential=credential, vend=True, backend="obj_rest_s3"
+    )
+    rest_fs = rest_catalog_factory(
+        service_dir_factory("restfs").as_uri(), backend="obj_rest_fs", tls=True, credential=credential
+    )
     source = start_captured_source(stack, SETUP, TABLES, "obj")
     base = yaml.safe_load((source.workdir / "pipeline.yaml").read_text())
     configs, datas = {}, {}
     for name, (kind, where) in MATRIX.items():
-        data = {**base, "name": f"{base['name']}-{name}", "state_dir": str(source.workdir / f"state-{name}"),
-                "kafka": {**base["kafka"], "group_id": f"{base['kafka']['group_id']}-{name}"}}
+        data = {
+            **base,
+            "name": f"{base['name']}-{name}",
+            "state_dir": str(source.workdir / f"state-{name}"),
+            "kafka": {**base["kafka"], "group_id": f"{base['kafka']['group_id']}-{name}"},
+        }
         if kind == "rest":
             rest = rest_s3 if where == "s3" else rest_fs
             data["catalog"] = {"name": name, "type": "rest", "uri": rest.uri, "warehouse": rest.warehouse}
             data["catalog"]["credential_env"] = CREDENTIAL_ENV
-            if rest is rest_fs:  # served over https with a private CA: Spark, the committer and pyiceberg trust its bundle
+            if (
+                rest is rest_fs
+            ):  # served over https with a private CA: Spark, the committer and pyiceberg trust its bundle
                 data["catalog"]["ssl_ca_bundle"] = str(rest.ca_bundle)
         else:
             data["catalog"] = {**base["catalog"], "name": name, "warehouse": f"{object_store.warehouse}/jdbc"}
@@ -111,25 +120,34 @@ def _rows(lakes: Lakes, catalog: str, name: str) -> list[tuple]:
 
 def test_changes_land_on_object_storage_through_each_catalog(lakes):
     lakes.sync({"obj_orders": 300, "obj_items": 200})  # committed first, so the deletes below need deletion vectors
-    lakes.source.sql("UPDATE public.obj_orders SET qty = qty + 10 WHERE id % 10 = 0",
-                     "DELETE FROM public.obj_orders WHERE id % 25 = 0",
-                     "DELETE FROM public.obj_items WHERE order_id <= 5",
-                     "INSERT INTO public.obj_orders VALUES (1000, 'new', 1, 9.99, now())")
+    lakes.source.sql(
+        "UPDATE public.obj_orders SET qty = qty + 10 WHERE id % 10 = 0",
+        "DELETE FROM public.obj_orders WHERE id % 25 = 0",
+        "DELETE FROM public.obj_items WHERE order_id <= 5",
+        "INSERT INTO public.obj_orders VALUES (1000, 'new', 1, 9.99, now())",
+    )
     lakes.sync({"obj_orders": 300 + 30 + 12 * 2 + 1, "obj_items": 200 + 10 * 2})
     lakes.verify_all()
     for catalog in ("s3lake", "restlake"):
-        paths = [r[0] for r in lakes.spark.sql(f"SELECT file_path FROM {lakes.table(catalog, 'obj_orders')}.all_files")
-                 .collect()]
+        paths = [
+            r[0]
+            for r in lakes.spark.sql(f"SELECT file_path FROM {lakes.table(catalog, 'obj_orders')}.all_files").collect()
+        ]
         assert paths and all(p.startswith(f"s3://{lakes.store.settings.s3_bucket}/") for p in paths), paths
         # The deletes went in as deletion vectors (Puffin), written by the committer through S3FileIO.
-        kinds = {r[0] for r in lakes.spark.sql(f"SELECT content FROM {lakes.table(catalog, 'obj_orders')}.all_files")
-                 .collect()}
+        kinds = {
+            r[0]
+            for r in lakes.spark.sql(f"SELECT content FROM {lakes.table(catalog, 'obj_orders')}.all_files").collect()
+        }
         assert kinds == {0, 1}, kinds
     # The objects are really in the store: listed by a client of its own.
     listed = lakes.store.client().list_objects_v2(Bucket=lakes.store.settings.s3_bucket, Prefix="warehouse/rest/")
     assert any(o["Key"].endswith(".parquet") for o in listed.get("Contents", []))
-    assert _rows(lakes, "restlake", "obj_orders") == _rows(lakes, "s3lake", "obj_orders") == \
-        _rows(lakes, "restfs", "obj_orders")
+    assert (
+        _rows(lakes, "restlake", "obj_orders")
+        == _rows(lakes, "s3lake", "obj_orders")
+        == _rows(lakes, "restfs", "obj_orders")
+    )
 
 
 def test_the_rest_lake_is_served_by_apache_icebergs_server_which_logs_no_secret(lakes):
@@ -164,24 +182,33 @@ def test_spark_duckdb_and_pyiceberg_read_the_same_rows(lakes):
 
 def test_schema_evolution_and_truncate(lakes):
     start = {t: lakes.source.end_offset(t) for t in TABLES}
-    lakes.source.sql("ALTER TABLE public.obj_orders ADD COLUMN note text",
-                     "UPDATE public.obj_orders SET note = 'n' || id WHERE id <= 20",
-                     "INSERT INTO public.obj_orders VALUES (1001, 'later', 2, 1.25, now(), 'fresh')",
-                     "TRUNCATE public.obj_items",
-                     "INSERT INTO public.obj_items VALUES (7, 1, 'after-truncate'), (8, 1, 'x')")
+    lakes.source.sql(
+        "ALTER TABLE public.obj_orders ADD COLUMN note text",
+        "UPDATE public.obj_orders SET note = 'n' || id WHERE id <= 20",
+        "INSERT INTO public.obj_orders VALUES (1001, 'later', 2, 1.25, now(), 'fresh')",
+        "TRUNCATE public.obj_items",
+        "INSERT INTO public.obj_items VALUES (7, 1, 'after-truncate'), (8, 1, 'x')",
+    )
     lakes.sync({"obj_orders": start["obj_orders"] + 20 + 1, "obj_items": start["obj_items"] + 3})
     lakes.verify_all()
     for catalog in MATRIX:
         assert "note" in lakes.spark.table(lakes.table(catalog, "obj_orders")).columns
         assert len(_rows(lakes, catalog, "obj_items")) == 2
-    note = read_table(lakes.configs["restlake"], f"{lakes.source.namespace}.obj_orders", engine="duckdb",
-                      columns=["id", "note"], where="id = 1001")
+    note = read_table(
+        lakes.configs["restlake"],
+        f"{lakes.source.namespace}.obj_orders",
+        engine="duckdb",
+        columns=["id", "note"],
+        where="id = 1001",
+    )
     assert note.to_pylist() == [{"id": 1001, "note": "fresh"}]
 
 
 def test_offsets_commit_in_the_data_snapshot_through_rest(lakes):
     table = lakes.table("restlake", "obj_orders")
-    summary = lakes.spark.sql(f"SELECT summary FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1").collect()[0][0]
+    summary = lakes.spark.sql(f"SELECT summary FROM {table}.snapshots ORDER BY committed_at DESC LIMIT 1").collect()[0][
+        0
+    ]
     topic = lakes.source.topic("obj_orders")
     assert topic in summary["lakestream.offsets"], summary
     snapshots = lakes.spark.sql(f"SELECT count(*) FROM {table}.snapshots").collect()[0][0]
@@ -193,8 +220,14 @@ def test_fresh_read_sees_kafka_beyond_the_snapshot(lakes):
     start = lakes.source.end_offset("obj_orders")
     lakes.source.sql("INSERT INTO public.obj_orders VALUES (2000, 'in-kafka', 3, 3.00, now(), NULL)")
     lakes.source.wait_for_events({"obj_orders": start + 1})
-    fresh = read_table(lakes.configs["restlake"], f"{lakes.source.namespace}.obj_orders", engine="pyiceberg",
-                       fresh=True, columns=["id", "customer"], where="id = 2000")
+    fresh = read_table(
+        lakes.configs["restlake"],
+        f"{lakes.source.namespace}.obj_orders",
+        engine="pyiceberg",
+        fresh=True,
+        columns=["id", "customer"],
+        where="id = 2000",
+    )
     assert fresh.to_pylist() == [{"id": 2000, "customer": "in-kafka"}]
     lakes.sync({"obj_orders": start + 1})
 
@@ -205,8 +238,11 @@ def test_maintenance_removes_orphans_on_object_storage(lakes):
 
     config = lakes.configs["restlake"]
     name = f"{lakes.source.namespace}.obj_orders"
-    location = lakes.spark.sql(f"DESCRIBE TABLE EXTENDED {lakes.table('restlake', 'obj_orders')}") \
-        .where("col_name = 'Location'").collect()[0][1]
+    location = (
+        lakes.spark.sql(f"DESCRIBE TABLE EXTENDED {lakes.table('restlake', 'obj_orders')}")
+        .where("col_name = 'Location'")
+        .collect()[0][1]
+    )
     fs, path = filesystem_path(f"{location}/data/orphan-{uuid.uuid4().hex}.parquet")
     with fs.open_output_stream(path) as out:
         out.write(b"not referenced by any snapshot")
@@ -218,7 +254,7 @@ def test_maintenance_removes_orphans_on_object_storage(lakes):
     bucket, key = path.split("/", 1)
     sidecar = lakes.store.data_dir / bucket / ".nanio-meta" / f"{key}.json"
     meta = json.loads(sidecar.read_text())
-    meta["last_modified"] = datetime.fromtimestamp(time.time() - 4 * 86400, tz=timezone.utc).isoformat()
+    meta["last_modified"] = datetime.fromtimestamp(time.time() - 4 * 86400, tz=UTC).isoformat()
     sidecar.write_text(json.dumps(meta))
     before = _rows(lakes, "restlake", "obj_orders")
     results = maintain_table(lakes.spark, config, name)
@@ -260,11 +296,15 @@ def test_vended_credentials_are_used_when_the_config_has_none(lakes, monkeypatch
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     base = lakes.data["restlake"]
     namespace = f"{lakes.source.namespace}_vended"
-    data = {**base, "name": f"{base['name']}-vended", "state_dir": f"{base['state_dir']}-vended",
-            "kafka": {**base["kafka"], "group_id": f"{base['kafka']['group_id']}-vended"},
-            "streams": [{**base["streams"][0], "namespace": namespace}],
-            "catalog": {**base["catalog"], "name": "vended", "vended_credentials": True},
-            "storage": {k: v for k, v in storage_section(lakes.store).items() if not k.endswith("_env")}}
+    data = {
+        **base,
+        "name": f"{base['name']}-vended",
+        "state_dir": f"{base['state_dir']}-vended",
+        "kafka": {**base["kafka"], "group_id": f"{base['kafka']['group_id']}-vended"},
+        "streams": [{**base["streams"][0], "namespace": namespace}],
+        "catalog": {**base["catalog"], "name": "vended", "vended_credentials": True},
+        "storage": {k: v for k, v in storage_section(lakes.store).items() if not k.endswith("_env")},
+    }
     config = parse_config(data, "<vended>")
     build_session(config.catalog, config.spark)
     run_pipeline(config, spark=lakes.spark, stop_when_idle=True)
@@ -321,8 +361,14 @@ def test_the_https_catalog_refuses_a_wrong_client_secret(lakes):
     client_id, secret = os.environ[CREDENTIAL_ENV].split(":", 1)
 
     def token(client_secret: str) -> int:
-        body = urllib.parse.urlencode({"grant_type": "client_credentials", "client_id": client_id,
-                                       "client_secret": client_secret, "scope": "catalog"}).encode()
+        body = urllib.parse.urlencode(
+            {
+                "grant_type": "client_credentials",
+                "client_id": client_id,
+                "client_secret": client_secret,
+                "scope": "catalog",
+            }
+        ).encode()
         try:
             with urllib.request.urlopen(f"{server.uri}/v1/oauth/tokens", body, timeout=10, context=context) as r:
                 assert json.load(r)["access_token"]

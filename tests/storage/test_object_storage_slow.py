@@ -3,6 +3,7 @@ an S3-compatible store behind a REST catalog, loaded by the parallel snapshot, t
 pipeline process is SIGKILLed under load, then an outage of the store during a batch. `verify` must be
 exact after each: no missing row, no extra row, no duplicate key.
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,8 +20,8 @@ from pathlib import Path
 import psycopg2
 import pytest
 import yaml
-
 from conftest import storage_env, storage_section
+
 from lakestream.capture import CaptureProcess
 from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
@@ -74,8 +75,9 @@ def source(stack, spark, object_store, rest_catalog_factory, tmp_path_factory):
     credential = f"lakestream-test:{uuid.uuid4().hex}"
     os.environ.update(storage_env(object_store))
     os.environ[CREDENTIAL_ENV] = credential
-    rest = rest_catalog_factory(f"{object_store.warehouse}/slow", store=object_store, credential=credential,
-                                backend="obj_slow")
+    rest = rest_catalog_factory(
+        f"{object_store.warehouse}/slow", store=object_store, credential=credential, backend="obj_slow"
+    )
     uid = uuid.uuid4().hex[:6]
     dbname, prefix = f"src_objslow_{uid}", f"objslow{uid}"
     admin = psycopg2.connect(stack.pg_dsn())
@@ -91,20 +93,38 @@ def source(stack, spark, object_store, rest_catalog_factory, tmp_path_factory):
     workdir = Path(tmp_path_factory.mktemp("objslow"))
     data = {
         "name": prefix,
-        "kafka": {"bootstrap_servers": stack.bootstrap_servers, "group_id": f"lakestream-{prefix}",
-                  "client": {"session.timeout.ms": 6000}},
-        "catalog": {"name": "slowlake", "type": "rest", "uri": rest.uri, "warehouse": rest.warehouse,
-                    "credential_env": CREDENTIAL_ENV},
+        "kafka": {
+            "bootstrap_servers": stack.bootstrap_servers,
+            "group_id": f"lakestream-{prefix}",
+            "client": {"session.timeout.ms": 6000},
+        },
+        "catalog": {
+            "name": "slowlake",
+            "type": "rest",
+            "uri": rest.uri,
+            "warehouse": rest.warehouse,
+            "credential_env": CREDENTIAL_ENV,
+        },
         "storage": storage_section(object_store),
         "streams": [{"topic_pattern": rf"{prefix}\.public\..*", "namespace": prefix, "table": "{table}"}],
         "engine": {"commit_interval_s": 1, "idle_poll_s": 0.2, "max_outage_s": 300},
         "spark": {"master": "local[2]", "driver_memory": "1g"},
         "state_dir": str(workdir / "state"),
         "capture": {
-            "database": {"host": stack.pg_host, "port": stack.pg_port, "dbname": dbname, "user": stack.pg_user,
-                         "password": stack.pg_password},
-            "tables": TABLES, "topic_prefix": prefix, "slot_name": f"slot_{prefix}", "publication_name": f"pub_{prefix}",
-            "snapshot": "parallel", "snapshot_chunk_rows": 4_000, "connector": {"heartbeat.interval.ms": "1000"},
+            "database": {
+                "host": stack.pg_host,
+                "port": stack.pg_port,
+                "dbname": dbname,
+                "user": stack.pg_user,
+                "password": stack.pg_password,
+            },
+            "tables": TABLES,
+            "topic_prefix": prefix,
+            "slot_name": f"slot_{prefix}",
+            "publication_name": f"pub_{prefix}",
+            "snapshot": "parallel",
+            "snapshot_chunk_rows": 4_000,
+            "connector": {"heartbeat.interval.ms": "1000"},
         },
     }
     yaml_path = workdir / "pipeline.yaml"
@@ -113,7 +133,14 @@ def source(stack, spark, object_store, rest_catalog_factory, tmp_path_factory):
     build_session(config.catalog, config.spark)
     capture = None
     ns = type("Source", (), {})()
-    ns.config, ns.yaml, ns.workdir, ns.conn, ns.dsn, ns.store = config, yaml_path, workdir, conn, stack.pg_dsn(dbname), object_store
+    ns.config, ns.yaml, ns.workdir, ns.conn, ns.dsn, ns.store = (
+        config,
+        yaml_path,
+        workdir,
+        conn,
+        stack.pg_dsn(dbname),
+        object_store,
+    )
     try:
         yield ns
     finally:
@@ -122,8 +149,11 @@ def source(stack, spark, object_store, rest_catalog_factory, tmp_path_factory):
             capture.stop()
         conn.close()
         with admin.cursor() as cur:
-            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
-                        "WHERE database = %s AND NOT active", (dbname,))
+            cur.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                "WHERE database = %s AND NOT active",
+                (dbname,),
+            )
             cur.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
         admin.close()
 
@@ -136,8 +166,10 @@ def _wait_caught_up(source, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
         with source.conn.cursor() as cur:
-            cur.execute("SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                        (target, source.config.capture.slot_name))
+            cur.execute(
+                "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                (target, source.config.capture.slot_name),
+            )
             row = cur.fetchone()
         if row and row[0]:
             return
@@ -153,9 +185,14 @@ def _verify_exact(source, spark) -> None:
 
 def _start_pipeline(source, log_path: Path) -> subprocess.Popen:
     out = open(log_path, "ab")
-    return subprocess.Popen([sys.executable, "-m", "lakestream", "run", str(source.yaml)], stdout=out,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                            cwd=source.workdir)
+    return subprocess.Popen(
+        [sys.executable, "-m", "lakestream", "run", str(source.yaml)],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=source.workdir,
+    )
 
 
 def _wait_for_batch(log_path: Path, after: int, timeout: float = 300.0) -> None:
@@ -205,7 +242,9 @@ def test_object_store_outage_is_waited_out(source, spark, caplog):
     if getattr(source, "capture", None) is None:  # run alone: load the mirror first
         _snapshot_then_capture(source, spark)
     with source.conn.cursor() as cur:
-        cur.execute(f"INSERT INTO acc SELECT g, 1, 'during outage' FROM generate_series({ROWS * 10}, {ROWS * 10 + 99}) g")
+        cur.execute(
+            f"INSERT INTO acc SELECT g, 1, 'during outage' FROM generate_series({ROWS * 10}, {ROWS * 10 + 99}) g"
+        )
     _wait_caught_up(source)
     source.store.stop()
     results: list = []

@@ -4,6 +4,7 @@ The mirror is written with Spark in the exact shape the engine gives Debezium-mi
 (decimal, timestamp / timestamp_ntz, date, time and json/uuid as strings, binary, arrays), then
 changed, deleted from and duplicated to check that every kind of difference is counted.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import catalog_settings
 from pyspark.sql import functions as F
 
-from conftest import catalog_settings
 from lakestream.verify import PASS_MARKER, verify_tables
 
 ROWS = 300
@@ -88,8 +89,13 @@ def mirrored(stack, pg_conn, spark, pipeline_config_factory):
         name=f"verify-{suffix}",
         streams=[{"topic_pattern": rf"{prefix}\.public\..*", "namespace": namespace, "table": "{table}"}],
         capture={
-            "database": {"host": stack.pg_host, "port": stack.pg_port, "dbname": stack.source_db,
-                         "user": stack.pg_user, "password": stack.pg_password},
+            "database": {
+                "host": stack.pg_host,
+                "port": stack.pg_port,
+                "dbname": stack.source_db,
+                "user": stack.pg_user,
+                "password": stack.pg_password,
+            },
             "tables": [f"public.{table}"],
             "topic_prefix": prefix,
         },
@@ -171,8 +177,10 @@ def test_mixed_case_and_quoted_column_names_match_by_name(stack, pg_conn, spark,
     suffix = uuid.uuid4().hex[:8]
     table, both, namespace, prefix = f"Vq_{suffix}", f"Both_{suffix}", f"verify_{suffix}", f"vq{suffix}"
     with pg_conn.cursor() as cur:
-        cur.execute(f'CREATE TABLE public."{table}" ("Id" int PRIMARY KEY, "Name" text, "Value" int, "select" text, '
-                    '"naïve col" text)')
+        cur.execute(
+            f'CREATE TABLE public."{table}" ("Id" int PRIMARY KEY, "Name" text, "Value" int, "select" text, '
+            '"naïve col" text)'
+        )
         cur.execute(f"""INSERT INTO public."{table}" SELECT g, 'N' || g, g * 10, 's' || g, 'é' || g
                         FROM generate_series(1, 50) g""")
         cur.execute(f'CREATE TABLE public."{both}" (id int PRIMARY KEY, "Name" text, name text)')
@@ -180,15 +188,28 @@ def test_mixed_case_and_quoted_column_names_match_by_name(stack, pg_conn, spark,
     config = pipeline_config_factory(
         name=f"verify-{suffix}",
         streams=[{"topic_pattern": rf"{prefix}\.public\..*", "namespace": namespace, "table": "{table}"}],
-        capture={"database": {"host": stack.pg_host, "port": stack.pg_port, "dbname": stack.source_db,
-                              "user": stack.pg_user, "password": stack.pg_password},
-                 "tables": [f"public.{table}", f"public.{both}"], "topic_prefix": prefix})
+        capture={
+            "database": {
+                "host": stack.pg_host,
+                "port": stack.pg_port,
+                "dbname": stack.source_db,
+                "user": stack.pg_user,
+                "password": stack.pg_password,
+            },
+            "tables": [f"public.{table}", f"public.{both}"],
+            "topic_prefix": prefix,
+        },
+    )
     lake_table = f"lake.{namespace}.vq_{suffix}"
     # The mirror's columns in another order than the source's, and "Value" next to a lower-case value-ish name.
-    spark.sql(f"CREATE TABLE {lake_table} (`select` string, `Name` string, `naïve col` string, `Id` int NOT NULL, "
-              "`Value` int) USING iceberg")
-    spark.sql(f"INSERT INTO {lake_table} SELECT concat('s', g), concat('N', g), concat('é', g), g, g * 10 "
-              "FROM (SELECT explode(sequence(1, 50)) AS g)")
+    spark.sql(
+        f"CREATE TABLE {lake_table} (`select` string, `Name` string, `naïve col` string, `Id` int NOT NULL, "
+        "`Value` int) USING iceberg"
+    )
+    spark.sql(
+        f"INSERT INTO {lake_table} SELECT concat('s', g), concat('N', g), concat('é', g), g, g * 10 "
+        "FROM (SELECT explode(sequence(1, 50)) AS g)"
+    )
     try:
         report = verify_tables(config, spark, tables=[f"public.{table}"])
         assert report.ok, report.to_text()

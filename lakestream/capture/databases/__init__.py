@@ -6,6 +6,7 @@ before Debezium starts when the database would not deliver every change (`Captur
 else in capture (the engine, the publisher, the converters, the topics) is the same for every kind. A new kind is
 a module here with a class that satisfies `CaptureDatabase`, registered in `KINDS`.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

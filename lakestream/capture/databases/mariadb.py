@@ -14,6 +14,7 @@ the binary log on, ``binlog_format=ROW``, ``binlog_row_image=FULL``, the user's 
 (REPLICATION CLIENT), SELECT on every captured table and, when Debezium's snapshot reads rows, RELOAD or LOCK
 TABLES; every table must exist and be a base table.
 """
+
 from __future__ import annotations
 
 import logging
@@ -104,25 +105,35 @@ class MariaDB:
         return props
 
     def embedded_settings(self, capture: CaptureSettings, state_dir: Path) -> dict[str, str]:
-        return {"schema.history.internal": FILE_SCHEMA_HISTORY,
-                "schema.history.internal.file.filename": str(schema_history_file(state_dir, capture).resolve())}
+        return {
+            "schema.history.internal": FILE_SCHEMA_HISTORY,
+            "schema.history.internal.file.filename": str(schema_history_file(state_dir, capture).resolve()),
+        }
 
     def connect_settings(self, capture: CaptureSettings, kafka: KafkaSettings | None) -> dict[str, str]:
         if capture.database.zero_dates != "debezium":
-            raise CaptureError(f"capture.database.zero_dates: {capture.database.zero_dates} runs lakestream's converter "
-                               "class, which a Kafka Connect worker does not have — fix: remove zero_dates for a "
-                               "connector on Connect (Debezium's rule then applies), or run `lakestream capture`")
+            raise CaptureError(
+                f"capture.database.zero_dates: {capture.database.zero_dates} runs lakestream's converter "
+                "class, which a Kafka Connect worker does not have — fix: remove zero_dates for a "
+                "connector on Connect (Debezium's rule then applies), or run `lakestream capture`"
+            )
         if capture.snapshot == "parallel":
-            raise CaptureError("snapshot: parallel hands a MariaDB source over to the binlog through the embedded "
-                               "engine's offsets and a schema recovery at its first start, which a connector on Kafka "
-                               "Connect is not given — fix: run `lakestream capture` (after `lakestream snapshot`), or "
-                               "set snapshot: debezium for a connector on Connect")
+            raise CaptureError(
+                "snapshot: parallel hands a MariaDB source over to the binlog through the embedded "
+                "engine's offsets and a schema recovery at its first start, which a connector on Kafka "
+                "Connect is not given — fix: run `lakestream capture` (after `lakestream snapshot`), or "
+                "set snapshot: debezium for a connector on Connect"
+            )
         if kafka is None:
-            raise CaptureError("a MariaDB connector on Kafka Connect keeps its schema history in a Kafka topic: pass "
-                               "the pipeline's kafka settings (connect_json(capture, kafka=config.kafka))")
-        return {"schema.history.internal": KAFKA_SCHEMA_HISTORY,
-                "schema.history.internal.kafka.bootstrap.servers": kafka.bootstrap_servers,
-                "schema.history.internal.kafka.topic": schema_history_topic(capture)}
+            raise CaptureError(
+                "a MariaDB connector on Kafka Connect keeps its schema history in a Kafka topic: pass "
+                "the pipeline's kafka settings (connect_json(capture, kafka=config.kafka))"
+            )
+        return {
+            "schema.history.internal": KAFKA_SCHEMA_HISTORY,
+            "schema.history.internal.kafka.bootstrap.servers": kafka.bootstrap_servers,
+            "schema.history.internal.kafka.topic": schema_history_topic(capture),
+        }
 
     def state_files(self, capture: CaptureSettings, state_dir: Path) -> list[Path]:
         return [schema_history_file(state_dir, capture)]
@@ -141,13 +152,22 @@ def source_connection(capture: CaptureSettings) -> Any:
 
     db = capture.database
     try:
-        return pymysql.connect(host=db.host, port=db.port, user=db.user,
-                               password=db.password.get_secret_value() if db.password else "",
-                               database=db.dbname, connect_timeout=10, autocommit=True, charset="utf8mb4")
+        return pymysql.connect(
+            host=db.host,
+            port=db.port,
+            user=db.user,
+            password=db.password.get_secret_value() if db.password else "",
+            database=db.dbname,
+            connect_timeout=10,
+            autocommit=True,
+            charset="utf8mb4",
+        )
     except pymysql.Error as exc:
-        raise CaptureError(f"cannot connect to MariaDB at {db.host}:{db.port} as {db.user!r} (database "
-                           f"{db.dbname!r}): {exc.args[-1] if exc.args else exc} — fix: check capture.database "
-                           "(host, port, user, password, dbname) and that the server is running") from None
+        raise CaptureError(
+            f"cannot connect to MariaDB at {db.host}:{db.port} as {db.user!r} (database "
+            f"{db.dbname!r}): {exc.args[-1] if exc.args else exc} — fix: check capture.database "
+            "(host, port, user, password, dbname) and that the server is running"
+        ) from None
 
 
 def check_source(conn: Any, capture: CaptureSettings, resuming: bool = False) -> list[str]:
@@ -162,16 +182,22 @@ def check_source(conn: Any, capture: CaptureSettings, resuming: bool = False) ->
         cur.execute("SELECT @@log_bin, @@binlog_format, @@binlog_row_image")
         log_bin, binlog_format, row_image = cur.fetchone()
         if not int(log_bin):
-            problems.append("the binary log is off (log_bin = OFF) — fix: start MariaDB with log-bin (e.g. "
-                            "log-bin=binlog and server-id=1 in the [mariadb] section of its config) and restart it")
+            problems.append(
+                "the binary log is off (log_bin = OFF) — fix: start MariaDB with log-bin (e.g. "
+                "log-bin=binlog and server-id=1 in the [mariadb] section of its config) and restart it"
+            )
         if str(binlog_format).upper() != "ROW":
-            problems.append(f"binlog_format is {binlog_format}, and Debezium reads row events only — fix: SET GLOBAL "
-                            "binlog_format = 'ROW' (and binlog_format=ROW in the server's config, so a restart keeps "
-                            "it); sessions opened before keep their format until they reconnect")
+            problems.append(
+                f"binlog_format is {binlog_format}, and Debezium reads row events only — fix: SET GLOBAL "
+                "binlog_format = 'ROW' (and binlog_format=ROW in the server's config, so a restart keeps "
+                "it); sessions opened before keep their format until they reconnect"
+            )
         if str(row_image).upper() != "FULL":
-            problems.append(f"binlog_row_image is {row_image}: updates and deletes would carry only some columns, "
-                            "and the mirror would lose the others — fix: SET GLOBAL binlog_row_image = 'FULL' (and "
-                            "binlog_row_image=FULL in the server's config)")
+            problems.append(
+                f"binlog_row_image is {row_image}: updates and deletes would carry only some columns, "
+                "and the mirror would lose the others — fix: SET GLOBAL binlog_row_image = 'FULL' (and "
+                "binlog_row_image=FULL in the server's config)"
+            )
         tables = capture.source_tables
         keyless = _check_tables(cur, tables, problems, resuming)
         _check_grants(cur, capture, tables, problems)
@@ -185,26 +211,38 @@ def check_source(conn: Any, capture: CaptureSettings, resuming: bool = False) ->
 def _check_tables(cur: Any, tables: list[SourceTableName], problems: list[str], resuming: bool) -> list[str]:
     keyless: list[str] = []
     for name in tables:
-        cur.execute("SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
-                    (name.schema, name.table))
+        cur.execute(
+            "SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+            (name.schema, name.table),
+        )
         row = cur.fetchone()
         if row is None and resuming:
-            log.warning("capture: %s no longer exists (dropped or renamed while capture streamed); its mirror stays "
-                        "as it was, and a table created again under this name continues it — fix: remove it from "
-                        "capture.tables if it is gone for good", name)
+            log.warning(
+                "capture: %s no longer exists (dropped or renamed while capture streamed); its mirror stays "
+                "as it was, and a table created again under this name continues it — fix: remove it from "
+                "capture.tables if it is gone for good",
+                name,
+            )
             continue
         if row is None:
-            problems.append(f"{name} does not exist in the source database (or the user cannot see it) — fix: "
-                            "create it before capture starts, GRANT SELECT on it, or remove it from capture.tables "
-                            "(write tables as <database>.<table>, case included)")
+            problems.append(
+                f"{name} does not exist in the source database (or the user cannot see it) — fix: "
+                "create it before capture starts, GRANT SELECT on it, or remove it from capture.tables "
+                "(write tables as <database>.<table>, case included)"
+            )
             continue
         if row[0] != "BASE TABLE":
-            problems.append(f"{name} is a {str(row[0]).lower()}, which writes no row events — fix: capture the "
-                            "tables it reads from instead")
+            problems.append(
+                f"{name} is a {str(row[0]).lower()}, which writes no row events — fix: capture the "
+                "tables it reads from instead"
+            )
             continue
         # STATISTICS, not TABLE_CONSTRAINTS: MariaDB hides constraints from a user who may only SELECT.
-        cur.execute("SELECT 1 FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
-                    "AND INDEX_NAME = 'PRIMARY' LIMIT 1", (name.schema, name.table))
+        cur.execute(
+            "SELECT 1 FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
+            "AND INDEX_NAME = 'PRIMARY' LIMIT 1",
+            (name.schema, name.table),
+        )
         if cur.fetchone() is None:
             keyless.append(str(name))
     return keyless
@@ -225,15 +263,21 @@ def _warn_zero_dates(cur: Any, tables: list[SourceTableName]) -> list[str]:
         return []
     exposed: list[str] = []
     for name in tables:
-        cur.execute("SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
-                    "AND IS_NULLABLE = 'NO' AND DATA_TYPE IN ('date', 'datetime', 'timestamp') "
-                    "ORDER BY ORDINAL_POSITION", (name.schema, name.table))
+        cur.execute(
+            "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s "
+            "AND IS_NULLABLE = 'NO' AND DATA_TYPE IN ('date', 'datetime', 'timestamp') "
+            "ORDER BY ORDINAL_POSITION",
+            (name.schema, name.table),
+        )
         exposed += [f"{name}.{column}" for (column,) in cur.fetchall()]
     if exposed:
-        log.warning("capture: the server's sql_mode admits zero dates, and Debezium turns a zero date in a NOT NULL "
-                    "column into 1970-01-01 (a nullable column gets NULL): %s — fix: SET GLOBAL sql_mode to include "
-                    "NO_ZERO_DATE,NO_ZERO_IN_DATE and STRICT_TRANS_TABLES (so no zero date is written), or set "
-                    "capture.database.zero_dates: null or dead_letter", ", ".join(exposed))
+        log.warning(
+            "capture: the server's sql_mode admits zero dates, and Debezium turns a zero date in a NOT NULL "
+            "column into 1970-01-01 (a nullable column gets NULL): %s — fix: SET GLOBAL sql_mode to include "
+            "NO_ZERO_DATE,NO_ZERO_IN_DATE and STRICT_TRANS_TABLES (so no zero date is written), or set "
+            "capture.database.zero_dates: null or dead_letter",
+            ", ".join(exposed),
+        )
     return exposed
 
 
@@ -265,14 +309,19 @@ def _grants(cur: Any) -> list[tuple[set[str], str | None, str | None]]:
                 current = ""
             else:
                 current += char
-        database, table = [None if p.group(0) == "*" else p.group(1).replace("``", "`")
-                           for p in _PART.finditer(match["scope"])][:2]
+        database, table = [
+            None if p.group(0) == "*" else p.group(1).replace("``", "`") for p in _PART.finditer(match["scope"])
+        ][:2]
         out.append((privileges, database, table))
     return out
 
 
-def _has(grants: list[tuple[set[str], str | None, str | None]], privilege: str, database: str | None = None,
-         table: str | None = None) -> bool:
+def _has(
+    grants: list[tuple[set[str], str | None, str | None]],
+    privilege: str,
+    database: str | None = None,
+    table: str | None = None,
+) -> bool:
     for privileges, db, tb in grants:
         if not (privilege in privileges or "ALL PRIVILEGES" in privileges or "ALL" in privileges):
             continue
@@ -289,17 +338,22 @@ def _check_grants(cur: Any, capture: CaptureSettings, tables: list[SourceTableNa
     if not _has(grants, "REPLICATION SLAVE"):
         problems.append(f"{account} may not read the binary log — fix: GRANT REPLICATION SLAVE ON *.* TO {account}")
     if not _has(grants, "BINLOG MONITOR"):
-        problems.append(f"{account} may not ask for the binlog position (SHOW MASTER STATUS) — fix: GRANT "
-                        f"REPLICATION CLIENT ON *.* TO {account}")
+        problems.append(
+            f"{account} may not ask for the binlog position (SHOW MASTER STATUS) — fix: GRANT "
+            f"REPLICATION CLIENT ON *.* TO {account}"
+        )
     for name in tables:
         if not _has(grants, "SELECT", name.schema, name.table):
-            problems.append(f"{account} may not read {name} — fix: GRANT SELECT ON `{name.schema}`.`{name.table}` "
-                            f"TO {account}")
+            problems.append(
+                f"{account} may not read {name} — fix: GRANT SELECT ON `{name.schema}`.`{name.table}` TO {account}"
+            )
     locking = capture.connector.get("snapshot.locking.mode", "minimal")
     if capture.snapshot_mode in _DATA_SNAPSHOT_MODES and locking != "none" and not _has(grants, "RELOAD"):
         unlocked = [n for n in tables if not _has(grants, "LOCK TABLES", n.schema, n.table)]
         if unlocked:
-            problems.append(f"Debezium's snapshot locks the tables while it reads their schema and binlog position, "
-                            f"and {account} may neither FLUSH TABLES WITH READ LOCK nor LOCK TABLES "
-                            f"{', '.join(map(str, unlocked))} — fix: GRANT RELOAD ON *.* TO {account} (or GRANT LOCK "
-                            "TABLES on their databases)")
+            problems.append(
+                f"Debezium's snapshot locks the tables while it reads their schema and binlog position, "
+                f"and {account} may neither FLUSH TABLES WITH READ LOCK nor LOCK TABLES "
+                f"{', '.join(map(str, unlocked))} — fix: GRANT RELOAD ON *.* TO {account} (or GRANT LOCK "
+                "TABLES on their databases)"
+            )

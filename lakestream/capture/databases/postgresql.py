@@ -1,5 +1,6 @@
 """PostgreSQL through Debezium's PostgreSQL connector: pgoutput over a replication slot and a publication that
 lakestream prepares and checks (`lakestream.capture.publication`)."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -6,6 +6,7 @@ float→double, decimal precision up), new nested fields are added. A shape that
 reconciled (a narrowing, a string where a number was) is reported so its records go to the
 dead-letter table; the table is left as it is.
 """
+
 from __future__ import annotations
 
 import functools
@@ -62,8 +63,10 @@ class AddColumnWithDefault:
     default_json: str
 
     def __str__(self) -> str:
-        return (f"ALTER TABLE {self.table_ident} ADD COLUMN {quote_column(self.column)} {self.ddl} "
-                f"(initial default {self.default_json})")
+        return (
+            f"ALTER TABLE {self.table_ident} ADD COLUMN {quote_column(self.column)} {self.ddl} "
+            f"(initial default {self.default_json})"
+        )
 
 
 @dataclass
@@ -84,11 +87,25 @@ def parse_type(ddl: str) -> DataType:
     parse there is a round trip to the JVM, and the first ones cost about 0.1 s each)."""
     from pyspark.sql import types as T
 
-    simple = {"int": T.IntegerType, "integer": T.IntegerType, "bigint": T.LongType, "long": T.LongType,
-              "smallint": T.ShortType, "short": T.ShortType, "tinyint": T.ByteType, "byte": T.ByteType,
-              "string": T.StringType, "boolean": T.BooleanType, "double": T.DoubleType, "float": T.FloatType,
-              "real": T.FloatType, "date": T.DateType, "timestamp": T.TimestampType,
-              "timestamp_ntz": T.TimestampNTZType, "binary": T.BinaryType}.get(ddl.strip().lower())
+    simple = {
+        "int": T.IntegerType,
+        "integer": T.IntegerType,
+        "bigint": T.LongType,
+        "long": T.LongType,
+        "smallint": T.ShortType,
+        "short": T.ShortType,
+        "tinyint": T.ByteType,
+        "byte": T.ByteType,
+        "string": T.StringType,
+        "boolean": T.BooleanType,
+        "double": T.DoubleType,
+        "float": T.FloatType,
+        "real": T.FloatType,
+        "date": T.DateType,
+        "timestamp": T.TimestampType,
+        "timestamp_ntz": T.TimestampNTZType,
+        "binary": T.BinaryType,
+    }.get(ddl.strip().lower())
     if simple is not None:
         return simple()
     if (m := _DECIMAL_DDL.fullmatch(ddl)) is not None and int(m.group(1)) <= 38 and int(m.group(2)) <= int(m.group(1)):
@@ -144,8 +161,9 @@ def _reconcile_field(path: list[str], existing: DataType, incoming: DataType, ou
         for f in incoming.fields:
             current = have.get(f.name.lower())
             if current is None:
-                out.append(f"ALTER TABLE {table} ADD COLUMN {column}.{quote_column(f.name)} "
-                           f"{f.dataType.simpleString()}")
+                out.append(
+                    f"ALTER TABLE {table} ADD COLUMN {column}.{quote_column(f.name)} {f.dataType.simpleString()}"
+                )
             else:
                 reason = _reconcile_field(path + [current.name], current.dataType, f.dataType, out, table)
                 if reason:
@@ -154,14 +172,18 @@ def _reconcile_field(path: list[str], existing: DataType, incoming: DataType, ou
     if isinstance(existing, ArrayType) and isinstance(incoming, ArrayType):
         if _fits(existing.elementType, incoming.elementType):
             return None
-        return (f"column {'.'.join(path)}: array<{existing.elementType.simpleString()}> cannot hold "
-                f"array<{incoming.elementType.simpleString()}>")
+        return (
+            f"column {'.'.join(path)}: array<{existing.elementType.simpleString()}> cannot hold "
+            f"array<{incoming.elementType.simpleString()}>"
+        )
     promoted = _promotion(existing, incoming)
     if promoted:
         out.append(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE {promoted}")
         return None
-    return (f"column {'.'.join(path)}: incoming type {incoming.simpleString()} is incompatible with the table's "
-            f"{existing.simpleString()} (Iceberg only widens int→bigint, float→double, decimal precision)")
+    return (
+        f"column {'.'.join(path)}: incoming type {incoming.simpleString()} is incompatible with the table's "
+        f"{existing.simpleString()} (Iceberg only widens int→bigint, float→double, decimal precision)"
+    )
 
 
 def reconcile(table_ident: str, schema: StructType, shapes: list[Shape]) -> Reconciliation:
@@ -180,17 +202,23 @@ def reconcile(table_ident: str, schema: StructType, shapes: list[Shape]) -> Reco
                 earlier = added.get(name.lower()) or local_added.get(name.lower())
                 if earlier is not None:
                     if earlier != incoming.simpleString() and not _fits(parse_type(earlier), incoming):
-                        reason = (f"column {name}: {incoming.simpleString()} here but {earlier} in another record "
-                                  f"of this batch")
+                        reason = (
+                            f"column {name}: {incoming.simpleString()} here but {earlier} in another record "
+                            f"of this batch"
+                        )
                         break
                     continue
                 local_added[name.lower()] = incoming.simpleString()
                 if shape.defaults.get(name) is not None:
-                    statements.append(AddColumnWithDefault(table_ident, name, incoming.simpleString(),
-                                                           orjson.dumps(shape.defaults[name]).decode()))
+                    statements.append(
+                        AddColumnWithDefault(
+                            table_ident, name, incoming.simpleString(), orjson.dumps(shape.defaults[name]).decode()
+                        )
+                    )
                 else:
-                    statements.append(f"ALTER TABLE {table_ident} ADD COLUMN {quote_column(name)} "
-                                      f"{incoming.simpleString()}")
+                    statements.append(
+                        f"ALTER TABLE {table_ident} ADD COLUMN {quote_column(name)} {incoming.simpleString()}"
+                    )
                 continue
             reason = _reconcile_field([current.name], current.dataType, incoming, statements, table_ident)
             if reason:
@@ -215,8 +243,11 @@ def dropped_column_statements(table_ident: str, schema: StructType, shapes: list
         return []
     carried = {name.lower() for s in shapes for name, _ in s.columns}
     protected = carried | {k.lower() for k in key}
-    return [f"ALTER TABLE {table_ident} DROP COLUMN {quote_column(f.name)}" for f in schema.fields
-            if f.name.lower() not in protected]
+    return [
+        f"ALTER TABLE {table_ident} DROP COLUMN {quote_column(f.name)}"
+        for f in schema.fields
+        if f.name.lower() not in protected
+    ]
 
 
 def unusable_shape(columns: list[tuple[str, str]]) -> str | None:
@@ -230,8 +261,9 @@ def unusable_shape(columns: list[tuple[str, str]]) -> str | None:
         except InvalidIdentifierError as exc:
             return str(exc)
         if name.lower() in seen:
-            return (f"columns {seen[name.lower()]!r} and {name!r} differ only by case (Spark's names are "
-                    "case-insensitive)")
+            return (
+                f"columns {seen[name.lower()]!r} and {name!r} differ only by case (Spark's names are case-insensitive)"
+            )
         seen[name.lower()] = name
         try:
             parse_type(ddl)
@@ -292,8 +324,9 @@ class TableManager:
         for stmt in statements:
             log.info("schema change: %s", stmt)
             if isinstance(stmt, AddColumnWithDefault):
-                add_column_with_default(self.spark, self.catalog, namespace, table, stmt.column, stmt.ddl,
-                                        stmt.default_json)
+                add_column_with_default(
+                    self.spark, self.catalog, namespace, table, stmt.column, stmt.ddl, stmt.default_json
+                )
                 self.spark.sql(f"REFRESH TABLE {self.ident(namespace, table)}")
             else:
                 self.spark.sql(stmt)

@@ -1,6 +1,7 @@
 """Every call into `LakestreamSink` (Java, driver only) and its typed result: table metadata, table creation,
 commits of data files and deletion vectors, compaction commits, deleted positions, snapshot diffs and row
 lineage. The JVM reads each file's footer for column metrics and writes the deletion vectors."""
+
 from __future__ import annotations
 
 import base64
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 # -- the JVM side (driver only) ----------------------------------------------------------------
+
 
 class TableInfo(TypedDict, total=False):
     """What `LakestreamSink.tableInfo` answers about a table (always its latest metadata)."""
@@ -81,8 +83,7 @@ def table_info(spark: SparkSession, catalog: str, namespace: str, table: str) ->
     return info
 
 
-def create_table(spark: SparkSession, catalog: str, namespace: str, table: str, request: dict[str, Any]
-                 ) -> TableInfo:
+def create_table(spark: SparkSession, catalog: str, namespace: str, table: str, request: dict[str, Any]) -> TableInfo:
     """Create a table (and its namespace) in one catalog commit, no-op if it exists; returns its
     `table_info`. ``request``: ``{columns: [{name, type (Spark DDL), required?, comment?}],
     identifier_fields?, partition_by?, sort_by?, properties?}``."""
@@ -90,50 +91,65 @@ def create_table(spark: SparkSession, catalog: str, namespace: str, table: str, 
     return cast("TableInfo", orjson.loads(answer))
 
 
-def add_column_with_default(spark: SparkSession, catalog: str, namespace: str, table: str, column: str, ddl: str,
-                            default_json: str) -> TableInfo:
+def add_column_with_default(
+    spark: SparkSession, catalog: str, namespace: str, table: str, column: str, ddl: str, default_json: str
+) -> TableInfo:
     """Add ``column`` (Spark DDL type) whose existing rows read ``default_json`` (Iceberg v3
     initial-default and write-default, single-value JSON); returns `table_info`."""
-    answer = _sink(spark).addColumnWithDefault(spark._jsparkSession, catalog, namespace, table, column, ddl,
-                                               default_json)
+    answer = _sink(spark).addColumnWithDefault(
+        spark._jsparkSession, catalog, namespace, table, column, ddl, default_json
+    )
     return cast("TableInfo", orjson.loads(answer))
 
 
-def commit_files(spark: SparkSession, catalog: str, namespace: str, table: str, request: CommitRequest
-                 ) -> CommitResult:
+def commit_files(spark: SparkSession, catalog: str, namespace: str, table: str, request: CommitRequest) -> CommitResult:
     """Commit data files and deletion vectors with snapshot properties in one snapshot.
 
     ``request``: ``{base_snapshot_id, data_files: [{path, file_size, record_count, spec_id?,
     partition: [...]}], deletes: [{data_file, positions}], properties: {k: v}}``; returns
     ``{snapshot_id, parent_snapshot_id, sequence_number, data_files, delete_files,
     removed_delete_files}``. Iceberg's exceptions surface as py4j errors carrying the Java class."""
-    answer = _sink(spark).commitFiles(spark._jsparkSession, catalog, namespace, table,
-                                      orjson.dumps(request, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+    answer = _sink(spark).commitFiles(
+        spark._jsparkSession,
+        catalog,
+        namespace,
+        table,
+        orjson.dumps(request, option=orjson.OPT_SERIALIZE_NUMPY).decode(),
+    )
     return cast("CommitResult", orjson.loads(answer))
 
 
-def deleted_positions(spark: SparkSession, catalog: str, namespace: str, table: str, paths: list[str],
-                      nice: int = 0) -> dict[str, Any]:
+def deleted_positions(
+    spark: SparkSession, catalog: str, namespace: str, table: str, paths: list[str], nice: int = 0
+) -> dict[str, Any]:
     """The positions deleted in each of the data files ``paths`` at the table's current snapshot:
     ``{snapshot_id, files: {path: {records, positions}}, missing: [paths not live]}``. With ``nice`` the deletion
     vectors are read on a JVM thread at that nice value (work beside the batches)."""
-    answer = _sink(spark).deletedPositions(spark._jsparkSession, catalog, namespace, table,
-                                           orjson.dumps(paths).decode(), nice)
+    answer = _sink(spark).deletedPositions(
+        spark._jsparkSession, catalog, namespace, table, orjson.dumps(paths).decode(), nice
+    )
     return cast("dict[str, Any]", orjson.loads(answer))
 
 
-def commit_rewrite_groups(spark: SparkSession, catalog: str, namespace: str, table: str, request: dict[str, Any]
-                   ) -> dict[str, Any]:
+def commit_rewrite_groups(
+    spark: SparkSession, catalog: str, namespace: str, table: str, request: dict[str, Any]
+) -> dict[str, Any]:
     """Replace data files by files holding their live rows, in one ``replace`` snapshot
     (`LakestreamSink.commitRewrite`): ``{expect_snapshot_id, groups: [{inputs, output: {path, file_size,
     record_count}, deletes}], properties}``; ``{stale: true}`` when the table moved on."""
-    answer = _sink(spark).commitRewrite(spark._jsparkSession, catalog, namespace, table,
-                                        orjson.dumps(request, option=orjson.OPT_SERIALIZE_NUMPY).decode())
+    answer = _sink(spark).commitRewrite(
+        spark._jsparkSession,
+        catalog,
+        namespace,
+        table,
+        orjson.dumps(request, option=orjson.OPT_SERIALIZE_NUMPY).decode(),
+    )
     return cast("dict[str, Any]", orjson.loads(answer))
 
 
-def snapshot_changes(spark: SparkSession, catalog: str, namespace: str, table: str, from_snapshot: int,
-                     max_positions: int | None = None) -> dict[str, Any]:
+def snapshot_changes(
+    spark: SparkSession, catalog: str, namespace: str, table: str, from_snapshot: int, max_positions: int | None = None
+) -> dict[str, Any]:
     """`LakestreamSink.snapshotChanges`: the snapshots after ``from_snapshot`` with their added and removed
     data files and the positions each newly deleted (``positions``, int64 arrays); ``positions_over`` when more
     than ``max_positions`` (default `lakestream.sink.index.diff.DIFF_MAX`) were deleted (then the listing is
@@ -141,8 +157,9 @@ def snapshot_changes(spark: SparkSession, catalog: str, namespace: str, table: s
     from lakestream.sink.index import diff
 
     limit = diff.DIFF_MAX if max_positions is None else max_positions
-    changes: dict[str, Any] = orjson.loads(_sink(spark).snapshotChanges(
-        spark._jsparkSession, catalog, namespace, table, int(from_snapshot), int(limit)))
+    changes: dict[str, Any] = orjson.loads(
+        _sink(spark).snapshotChanges(spark._jsparkSession, catalog, namespace, table, int(from_snapshot), int(limit))
+    )
     for snap in changes.get("snapshots", []):
         for d in snap["deleted"]:
             d["positions"] = np.frombuffer(base64.b64decode(d.pop("positions_le64")), "<i8").astype(np.int64)

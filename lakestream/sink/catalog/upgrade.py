@@ -5,6 +5,7 @@ table would have to be merged into each new vector. The upgrade therefore first 
 file that has deletes (applying them), drops the delete files, then sets ``format-version=3``.
 The table keeps its history; snapshots before the upgrade stay readable.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,13 +33,19 @@ def upgrade_table(spark: SparkSession, catalog: str, namespace: str, table: str)
     name = sql_string(f"{namespace}.{table}")
     deletes = spark.sql(f"SELECT count(*) AS n FROM {ident}.delete_files").collect()[0]["n"]
     if deletes:
-        spark.sql(f"CALL {catalog}.system.rewrite_data_files(table => {name}, "
-                  f"options => map('delete-file-threshold', '1', 'rewrite-all', 'false'))").collect()
-        spark.sql(f"CALL {catalog}.system.rewrite_position_delete_files(table => {name}, "
-                  f"options => map('rewrite-all', 'true'))").collect()
+        spark.sql(
+            f"CALL {catalog}.system.rewrite_data_files(table => {name}, "
+            f"options => map('delete-file-threshold', '1', 'rewrite-all', 'false'))"
+        ).collect()
+        spark.sql(
+            f"CALL {catalog}.system.rewrite_position_delete_files(table => {name}, "
+            f"options => map('rewrite-all', 'true'))"
+        ).collect()
         left = spark.sql(f"SELECT count(*) AS n FROM {ident}.delete_files").collect()[0]["n"]
         if left:
-            raise RuntimeError(f"{namespace}.{table}: {left} delete file(s) remain after compaction; run "
-                               f"`lakestream maintain` and try again")
+            raise RuntimeError(
+                f"{namespace}.{table}: {left} delete file(s) remain after compaction; run "
+                f"`lakestream maintain` and try again"
+            )
     spark.sql(f"ALTER TABLE {ident} SET TBLPROPERTIES ('format-version'='3')")
     return f"{namespace}.{table}: v{version} → v3 ({deletes} delete file(s) applied first)"

@@ -2,6 +2,7 @@
 each insert landing at the next copy of its content, each update or delete removing the newest copy of the row it
 carries, re-sent events skipped by their source position (see `lakestream.sink.index.keyless`). Nothing changes
 in the index until `apply_resolution` after the commit."""
+
 from __future__ import annotations
 
 import logging
@@ -61,9 +62,16 @@ def resolve_keyless(index: KeylessIndex, changes: TableReport) -> KeylessResolut
             task_files.append(np.where(tf >= 0, base.get(loc.task_id, 0) + tf, -1))
     deletes: dict[str, list[int]] = defaultdict(list)
     if not parts:
-        return KeylessResolution({}, (np.empty(0, "S16"), np.empty(0, np.int64)),
-                                 (np.empty(0, "S16"), np.empty(0, np.int64)), dict(index.positions),
-                                 dict(index.seen_at), 0, 0, 0)
+        return KeylessResolution(
+            {},
+            (np.empty(0, "S16"), np.empty(0, np.int64)),
+            (np.empty(0, "S16"), np.empty(0, np.int64)),
+            dict(index.positions),
+            dict(index.seen_at),
+            0,
+            0,
+            0,
+        )
     rows = pa.concat_tables(parts)
     files = np.concatenate(task_files)
     topics = rows.column("topic").to_pylist()
@@ -168,8 +176,9 @@ def resolve_keyless(index: KeylessIndex, changes: TableReport) -> KeylessResolut
     counts = np.array([c if c > 0 else MISSING for c in count_of.values()], np.int64)
     live = {v for v in row_at.values() if v is not None}
     kept = [(new, old) for new, old in origin.items() if old is not None and new in live]
-    return KeylessResolution(dict(deletes), (row_keys_, new_locs), (count_keys, counts), positions, seen_at,
-                             applied, resent, unmatched, kept)
+    return KeylessResolution(
+        dict(deletes), (row_keys_, new_locs), (count_keys, counts), positions, seen_at, applied, resent, unmatched, kept
+    )
 
 
 def apply_resolution(index: KeylessIndex, resolved: KeylessResolution, truncated: bool = False) -> None:
@@ -178,8 +187,10 @@ def apply_resolution(index: KeylessIndex, resolved: KeylessResolution, truncated
         index.rows.keys, index.rows.locs = np.empty(0, "S16"), np.empty(0, np.int64)
         index.rows.delta_keys, index.rows.delta_locs = np.empty(0, "S16"), np.empty(0, np.int64)
         index.counts.reset()
-    for keys, values, target in ((resolved.rows[0], resolved.rows[1], index.rows),
-                                 (resolved.counts[0], resolved.counts[1], index.counts)):
+    for keys, values, target in (
+        (resolved.rows[0], resolved.rows[1], index.rows),
+        (resolved.counts[0], resolved.counts[1], index.counts),
+    ):
         if len(keys):
             order = np.argsort(keys, kind="stable")
             target.update(keys[order], values[order])

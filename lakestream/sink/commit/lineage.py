@@ -16,6 +16,7 @@ stays valid; the file is referenced by nothing until the commit).
 
 Rows moved without a change (compaction) carry both values explicitly (`lineage_columns`).
 """
+
 from __future__ import annotations
 
 import threading
@@ -45,8 +46,10 @@ _FIELD_ID = b"PARQUET:field_id"
 
 def lineage_fields() -> list[pa.Field]:
     """The two lineage columns as Arrow fields carrying their Iceberg field ids."""
-    return [pa.field(ROW_ID, pa.int64(), metadata={_FIELD_ID: str(ROW_ID_FIELD).encode()}),
-            pa.field(LAST_UPDATED, pa.int64(), metadata={_FIELD_ID: str(LAST_UPDATED_FIELD).encode()})]
+    return [
+        pa.field(ROW_ID, pa.int64(), metadata={_FIELD_ID: str(ROW_ID_FIELD).encode()}),
+        pa.field(LAST_UPDATED, pa.int64(), metadata={_FIELD_ID: str(LAST_UPDATED_FIELD).encode()}),
+    ]
 
 
 def _field_index(schema: pa.Schema, field_id: int) -> int | None:
@@ -100,8 +103,15 @@ def write_lineage(path: str, row_ids: np.ndarray) -> int:
     table = without_lineage(parquet.read())
     parquet.close()
     table = lineage_columns(table, row_ids, None)
-    pq.write_table(table, local, filesystem=fs, compression="zstd", row_group_size=max(row_group_rows, 1),
-                   write_statistics=True, store_schema=False)
+    pq.write_table(
+        table,
+        local,
+        filesystem=fs,
+        compression="zstd",
+        row_group_size=max(row_group_rows, 1),
+        write_statistics=True,
+        store_schema=False,
+    )
     size: int = fs.get_file_info(local).size
     return size
 
@@ -141,8 +151,9 @@ class RowIds:
             while len(self._first) > self.max_files:
                 self._first.popitem(last=False)
 
-    def _first_row_ids(self, spark: SparkSession, catalog: str, namespace: str, table: str, snapshot_id: int,
-                       paths: list[str]) -> dict[str, int | None] | None:
+    def _first_row_ids(
+        self, spark: SparkSession, catalog: str, namespace: str, table: str, snapshot_id: int, paths: list[str]
+    ) -> dict[str, int | None] | None:
         """Each file's ``first_row_id`` (None: it has none); None when the table does not track lineage. Files
         this driver committed are answered from memory; only the others ask the JVM's file state, which also
         says whether the table is still at ``snapshot_id`` (the commit checks that for the rest)."""
@@ -152,8 +163,11 @@ class RowIds:
         if not missing:
             return out
         jvm: Any = spark.sparkContext._jvm
-        answer = orjson.loads(jvm.lakestream.LakestreamSink.rowLineage(
-            spark._jsparkSession, catalog, namespace, table, snapshot_id, orjson.dumps(missing).decode()))
+        answer = orjson.loads(
+            jvm.lakestream.LakestreamSink.rowLineage(
+                spark._jsparkSession, catalog, namespace, table, snapshot_id, orjson.dumps(missing).decode()
+            )
+        )
         if answer.get("stale"):
             raise StaleLineage(f"{namespace}.{table} is at snapshot {answer.get('snapshot_id')}, not {snapshot_id}")
         if not answer["lineage"]:
@@ -178,8 +192,16 @@ class RowIds:
                     out[path] = ids
         return out
 
-    def lookup(self, spark: SparkSession, catalog: str, namespace: str, table: str, snapshot_id: int,
-               paths: list[str], positions: list[np.ndarray]) -> list[np.ndarray] | None:
+    def lookup(
+        self,
+        spark: SparkSession,
+        catalog: str,
+        namespace: str,
+        table: str,
+        snapshot_id: int,
+        paths: list[str],
+        positions: list[np.ndarray],
+    ) -> list[np.ndarray] | None:
         """The ids of rows ``positions[i]`` of data files ``paths[i]`` at ``snapshot_id`` (`UNKNOWN` where the
         file has none); None when the table does not track lineage (format < 3)."""
         firsts = self._first_row_ids(spark, catalog, namespace, table, snapshot_id, paths)

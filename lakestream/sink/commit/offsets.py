@@ -11,6 +11,7 @@ walk for the readers outside the JVM (fresh reads through pyiceberg, table inspe
 metadata tables); the engine walks the same chain in the JVM (``LakestreamHelper.latestSummaryValue``,
 Iceberg's ``SnapshotUtil.currentAncestors``) without copying the table's snapshot list into Python.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,8 +41,9 @@ def encode_offsets(offsets: dict[TP, int]) -> str:
     return orjson.dumps(nested).decode()
 
 
-def commit_properties(offsets: dict[TP, int], pipeline: str, batch_id: int, source_ts_ms: int | None = None,
-                      **extra: str) -> dict[str, str]:
+def commit_properties(
+    offsets: dict[TP, int], pipeline: str, batch_id: int, source_ts_ms: int | None = None, **extra: str
+) -> dict[str, str]:
     """The snapshot summary of a pipeline commit: the offsets it consumed (merged with the table's), the
     pipeline and batch that made it, the newest source change it holds, and ``extra`` (e.g. a watermark).
     The one place these properties are built, so every table reads back the same shape."""

@@ -8,6 +8,7 @@ where ``offset(i)`` counts the live rows of the inputs before it and ``d`` the p
 file's DV; a delete-file rewrite keeps its positions), so the positions deleted since are their
 difference.
 """
+
 from __future__ import annotations
 
 import logging
@@ -114,8 +115,9 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         return RewriteCommit(None, 0, 0, 0, 0, dropped, timings)
     request = {
         "expect_snapshot_id": index.snapshot_id,
-        "groups": [{"inputs": g.inputs, "output": g.output, "deletes": d}
-                   for g, d in zip(groups, carried, strict=True)],
+        "groups": [
+            {"inputs": g.inputs, "output": g.output, "deletes": d} for g, d in zip(groups, carried, strict=True)
+        ],
         "properties": {COMPACTION_PROPERTY: "true"},
     }
     pause_point("maintenance.commit.before")
@@ -125,13 +127,21 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         timings[f"commit.{step}"] = round(ms / 1000, 3)
     if result.get("stale"):
         index.valid = False
-        raise StaleIndex(f"{write.ident} is at snapshot {result.get('snapshot_id')}, its key index at "
-                         f"{index.snapshot_id}: another writer committed in between")
+        raise StaleIndex(
+            f"{write.ident} is at snapshot {result.get('snapshot_id')}, its key index at "
+            f"{index.snapshot_id}: another writer committed in between"
+        )
 
     def committed(moved: int) -> RewriteCommit:
-        return RewriteCommit(result["snapshot_id"], int(result["removed_data_files"]),
-                             int(result["added_data_files"]), moved, int(sum(len(d) for d in carried)), dropped,
-                             timings)
+        return RewriteCommit(
+            result["snapshot_id"],
+            int(result["removed_data_files"]),
+            int(result["added_data_files"]),
+            moved,
+            int(sum(len(d) for d in carried)),
+            dropped,
+            timings,
+        )
 
     if result.get("parent_snapshot_id") != index.snapshot_id:
         # Another writer committed in between (inside Iceberg's retry): the index is exact at its snapshot
@@ -146,21 +156,26 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         # Each live row's key must still name the row the rewrite copied (a key updated since S0 has its old
         # row deleted, so it is not live here): in a mirror a live row's key points at it, so a sample checks
         # that the rewrite read what the index describes.
-        sample = np.linspace(0, len(keys) - 1, min(len(keys), CHECK_SAMPLE)).astype(np.int64) if len(keys) else \
-            np.empty(0, np.int64)
+        sample = (
+            np.linspace(0, len(keys) - 1, min(len(keys), CHECK_SAMPLE)).astype(np.int64)
+            if len(keys)
+            else np.empty(0, np.int64)
+        )
         samples.append(keys[sample])
         expected.append(_old_locations(g, [index.file_id(p) for p in g.inputs])[live][sample])
         moves.append((keys, g.output["path"], np.flatnonzero(live).astype(np.int64)))
     if samples and not (index.lookup(np.concatenate(samples)) == np.concatenate(expected)).all():
-        log.warning("%s: rows of the compaction were not where the key index said; reading its diff instead",
-                    write.ident)
+        log.warning(
+            "%s: rows of the compaction were not where the key index said; reading its diff instead", write.ident
+        )
         index.valid = False
         return committed(0)
     lap("check_index")
     if moves:
         keys = np.concatenate([m[0] for m in moves])
-        locations = np.concatenate([pack(np.full(len(k), index.file_id(path), np.int64), positions)
-                                    for k, path, positions in moves])
+        locations = np.concatenate(
+            [pack(np.full(len(k), index.file_id(path), np.int64), positions) for k, path, positions in moves]
+        )
         index.update(keys, locations)  # one sorted insert into the overlay
     lap("move_index")
     index.snapshot_id = result["snapshot_id"]

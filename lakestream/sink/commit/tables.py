@@ -11,6 +11,7 @@ A TRUNCATE in the batch removes every data file the table holds (one snapshot, t
 batch's new rows), and the batch's own changes that came before it in their partition are deleted
 too; changes after it apply as usual.
 """
+
 from __future__ import annotations
 
 import logging
@@ -109,8 +110,10 @@ class Deletes:
 
     def by_file(self) -> dict[str, np.ndarray]:
         """Sorted distinct positions of each file."""
-        return {path: parts[0] if len(parts) == 1 and len(parts[0]) == 1 else np.unique(np.concatenate(parts))
-                for path, parts in self._parts.items()}
+        return {
+            path: parts[0] if len(parts) == 1 and len(parts[0]) == 1 else np.unique(np.concatenate(parts))
+            for path, parts in self._parts.items()
+        }
 
 
 class Locations:
@@ -153,7 +156,8 @@ class Resolution:
     # Keys whose new row replaces a committed row and keeps its `_row_id` (`sink.commit.lineage`), and that row.
     kept: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     kept_from: tuple[np.ndarray, np.ndarray] = field(
-        default_factory=lambda: (np.empty(0, np.int64), np.empty(0, np.int64)))  # (index file id, position)
+        default_factory=lambda: (np.empty(0, np.int64), np.empty(0, np.int64))
+    )  # (index file id, position)
 
 
 def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
@@ -238,8 +242,9 @@ def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
         removed = (ops == KeyedOp.DELETE) | (ops == KeyedOp.RECREATE)
         deleted_here = np.maximum.reduceat(removed.astype(np.int8), starts) > 0
         kept = np.flatnonzero(has_old & ~deleted_here & (final_file >= 0))
-        return Resolution(deletes, distinct, locations, np.zeros(len(distinct), bool), patches, kept,
-                         (old_fid[kept], old_pos[kept]))
+        return Resolution(
+            deletes, distinct, locations, np.zeros(len(distinct), bool), patches, kept, (old_fid[kept], old_pos[kept])
+        )
 
     # De-duplicated append: the first row of an id wins, in the table or in this batch.
     location_file = np.full(len(distinct), -1, np.int64)
@@ -274,8 +279,9 @@ def _read_rows(locations: list[tuple[str, int]]) -> dict[tuple[str, int], dict[s
     return out
 
 
-def _apply_patches(write: TableWrite, changes: TableReport, resolved: Resolution, data_files: list[DataFileEntry]
-                   ) -> None:
+def _apply_patches(
+    write: TableWrite, changes: TableReport, resolved: Resolution, data_files: list[DataFileEntry]
+) -> None:
     """Rows whose TOAST columns Debezium withheld get the stored values: the row is copied into a
     new file with the value from its previous version, and the copy replaces it (same snapshot)."""
     from lakestream.sink.write.convert import convert_rows
@@ -298,8 +304,14 @@ def _apply_patches(write: TableWrite, changes: TableReport, resolved: Resolution
         if bad:  # values read back from the table always fit the table
             raise RuntimeError(f"patched rows do not fit {write.ident}: {bad}")
         written = write_data_file(table, write.spec.data_location, schema, "patch")
-        data_files.append({"path": written["path"], "file_size": written["file_size"],
-                           "record_count": written["record_count"], "partition": orjson.loads(part_key)})
+        data_files.append(
+            {
+                "path": written["path"],
+                "file_size": written["file_size"],
+                "record_count": written["record_count"],
+                "partition": orjson.loads(part_key),
+            }
+        )
         for pos, (g, _) in enumerate(items):
             resolved.locations[g] = (written["path"], pos)
 
@@ -322,13 +334,19 @@ class KeptRows:
         new_paths = sorted({new[0] for new, _ in pairs})
         old_paths = sorted({old[0] for _, old in pairs})
         new_ids, old_ids = {p: i for i, p in enumerate(new_paths)}, {p: i for i, p in enumerate(old_paths)}
-        return cls(new_paths, np.array([new_ids[n[0]] for n, _ in pairs], np.int64),
-                   np.array([n[1] for n, _ in pairs], np.int64), old_paths,
-                   np.array([old_ids[o[0]] for _, o in pairs], np.int64), np.array([o[1] for _, o in pairs], np.int64))
+        return cls(
+            new_paths,
+            np.array([new_ids[n[0]] for n, _ in pairs], np.int64),
+            np.array([n[1] for n, _ in pairs], np.int64),
+            old_paths,
+            np.array([old_ids[o[0]] for _, o in pairs], np.int64),
+            np.array([o[1] for _, o in pairs], np.int64),
+        )
 
 
-def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | None, kept: KeptRows,
-                  data_files: list[DataFileEntry]) -> None:
+def _keep_row_ids(
+    spark: SparkSession, write: TableWrite, snapshot_id: int | None, kept: KeptRows, data_files: list[DataFileEntry]
+) -> None:
     """Each new row that replaces a committed row keeps that row's `_row_id` (`lakestream.sink.commit.lineage`): the
     batch's files holding such rows are rewritten in place with the lineage columns before the commit."""
     from concurrent.futures import ThreadPoolExecutor
@@ -343,8 +361,15 @@ def _keep_row_ids(spark: SparkSession, write: TableWrite, snapshot_id: int | Non
         groups = np.split(order, starts[1:])
         old_paths = [kept.old_paths[int(f)] for f in fids[starts]]
         try:
-            found = ROW_IDS.lookup(spark, write.catalog, write.name.namespace, write.name.table, snapshot_id,
-                                   old_paths, [kept.old_pos[g] for g in groups])
+            found = ROW_IDS.lookup(
+                spark,
+                write.catalog,
+                write.name.namespace,
+                write.name.table,
+                snapshot_id,
+                old_paths,
+                [kept.old_pos[g] for g in groups],
+            )
         except StaleLineage as exc:
             if write.index is not None:
                 write.index.valid = False
@@ -383,12 +408,19 @@ def _remember_first_row_ids(result: CommitResult) -> None:
 def _kept_rows(index: KeyedIndex, resolved: Resolution) -> KeptRows:
     """The keys whose new row keeps the `_row_id` of the key's committed row."""
     old_fid, old_pos = resolved.kept_from
-    return KeptRows(resolved.locations.paths, resolved.locations.file[resolved.kept],
-                    resolved.locations.pos[resolved.kept], index.paths, old_fid, old_pos)
+    return KeptRows(
+        resolved.locations.paths,
+        resolved.locations.file[resolved.kept],
+        resolved.locations.pos[resolved.kept],
+        index.paths,
+        old_fid,
+        old_pos,
+    )
 
 
-def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, properties: dict[str, str]
-                ) -> TableCommit:
+def write_table(
+    spark: SparkSession, write: TableWrite, changes: TableReport, properties: dict[str, str]
+) -> TableCommit:
     """Commit one table's files, deletion vectors and ``properties`` in one snapshot.
 
     Returns the kind of write and the changes applied. The index (if any) must describe
@@ -400,7 +432,8 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
         return _write_keyless(spark, write, changes, properties)
     data_files: list[DataFileEntry] = [
         {"path": f.path, "file_size": f.file_size, "record_count": f.record_count, "partition": f.partition_values}
-        for f in changes.files]
+        for f in changes.files
+    ]
     index = write.keyed_index
     laps = Laps()
     resolved = resolve_changes(write, changes) if index is not None else None
@@ -414,8 +447,10 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
         "base_snapshot_id": index.snapshot_id if index is not None else None,
         **({"expect_snapshot_id": index.snapshot_id} if index is not None else {}),
         "data_files": data_files,
-        "deletes": [{"data_file": path, "positions": pos}
-                    for path, pos in (resolved.deletes.by_file().items() if resolved else [])],
+        "deletes": [
+            {"data_file": path, "positions": pos}
+            for path, pos in (resolved.deletes.by_file().items() if resolved else [])
+        ],
         "properties": properties,
         "truncate": bool(changes.truncates),
     }
@@ -424,12 +459,19 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     laps.add_steps("jvm", result.get("timings_ms"))
     _remember_first_row_ids(result)
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("%s: commit of %d data file(s), deletes in %d, steps (ms) %s", write.ident, len(data_files),
-                  len(request["deletes"]), result.get("timings_ms"))
+        log.debug(
+            "%s: commit of %d data file(s), deletes in %d, steps (ms) %s",
+            write.ident,
+            len(data_files),
+            len(request["deletes"]),
+            result.get("timings_ms"),
+        )
     if result.get("stale") and index is not None:
         index.valid = False
-        raise StaleIndex(f"{write.ident} is at snapshot {result.get('snapshot_id')}, its key index at "
-                         f"{index.snapshot_id}: another writer committed in between")
+        raise StaleIndex(
+            f"{write.ident} is at snapshot {result.get('snapshot_id')}, its key index at "
+            f"{index.snapshot_id}: another writer committed in between"
+        )
     if index is not None and resolved is not None:
         parent = result.get("parent_snapshot_id")
         if parent is not None and parent != index.snapshot_id:
@@ -449,13 +491,15 @@ def write_table(spark: SparkSession, write: TableWrite, changes: TableReport, pr
     if write.mode == "upsert":
         return TableCommit("upsert", len(resolved.keys) if resolved is not None else appended, timings_ms=laps.ms)
     if index is not None and resolved is not None:
-        return TableCommit("dedupe-append", int((~resolved.unchanged & (resolved.locations.file >= 0)).sum()),
-                           timings_ms=laps.ms)
+        return TableCommit(
+            "dedupe-append", int((~resolved.unchanged & (resolved.locations.file >= 0)).sum()), timings_ms=laps.ms
+        )
     return TableCommit("append", appended, timings_ms=laps.ms)
 
 
-def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport, properties: dict[str, str]
-                   ) -> TableCommit:
+def _write_keyless(
+    spark: SparkSession, write: TableWrite, changes: TableReport, properties: dict[str, str]
+) -> TableCommit:
     """A table without a primary key (`lakestream.sink.index.keyless`): appended rows, one equal row removed per
     update or delete, re-sent events left out; the source positions commit with the offsets."""
     from lakestream.sink.catalog.sink import commit_files
@@ -467,15 +511,18 @@ def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport,
     laps.lap("resolve")
     data_files: list[DataFileEntry] = [
         {"path": f.path, "file_size": f.file_size, "record_count": f.record_count, "partition": f.partition_values}
-        for f in changes.files]
+        for f in changes.files
+    ]
     _keep_row_ids(spark, write, index.snapshot_id, KeptRows.of_pairs(resolved.kept), data_files)
     laps.lap("lineage")
     request: CommitRequest = {
         "base_snapshot_id": index.snapshot_id,
         "expect_snapshot_id": index.snapshot_id,
         "data_files": data_files,
-        "deletes": [{"data_file": path, "positions": np.unique(np.asarray(pos, np.int64))}
-                    for path, pos in resolved.deletes.items()],
+        "deletes": [
+            {"data_file": path, "positions": np.unique(np.asarray(pos, np.int64))}
+            for path, pos in resolved.deletes.items()
+        ],
         "properties": properties | positions_property(resolved),
         "truncate": bool(changes.truncates),
     }
@@ -485,8 +532,10 @@ def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport,
     _remember_first_row_ids(result)
     if result.get("stale"):
         index.valid = False
-        raise StaleIndex(f"{write.ident} is at snapshot {result.get('snapshot_id')}, its index at "
-                         f"{index.snapshot_id}: another writer committed in between")
+        raise StaleIndex(
+            f"{write.ident} is at snapshot {result.get('snapshot_id')}, its index at "
+            f"{index.snapshot_id}: another writer committed in between"
+        )
     parent = result.get("parent_snapshot_id")
     if parent is not None and parent != index.snapshot_id:
         index.valid = False
@@ -494,7 +543,8 @@ def _write_keyless(spark: SparkSession, write: TableWrite, changes: TableReport,
         apply_resolution(index, resolved, truncated=bool(changes.truncates))
     index.snapshot_id = result["snapshot_id"]
     if resolved.resent:
-        log.info("%s: %d re-sent event(s) recognised by their source position and left out", write.ident,
-                 resolved.resent)
+        log.info(
+            "%s: %d re-sent event(s) recognised by their source position and left out", write.ident, resolved.resent
+        )
     laps.lap("index_update")
     return TableCommit("upsert", resolved.applied, timings_ms=laps.ms)

@@ -12,6 +12,7 @@ oldest selected dead letter to its end and takes any record whose ``lakestream.r
 names a selected dead letter as already sent (replays always append after the original). Run one
 replay of a pipeline at a time.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,8 +34,10 @@ log = logging.getLogger(__name__)
 
 REPLAY_HEADER = "lakestream.replay-of"
 # Nullable columns: Spark refuses to append a DataFrame (always nullable) to required Iceberg columns.
-REPLAY_COLUMNS = ("topic string, `partition` int, `offset` bigint, replay_partition int, replay_offset bigint, "
-                  "replayed_at timestamp, pipeline string")
+REPLAY_COLUMNS = (
+    "topic string, `partition` int, `offset` bigint, replay_partition int, replay_offset bigint, "
+    "replayed_at timestamp, pipeline string"
+)
 
 
 @dataclass
@@ -56,8 +59,14 @@ class DeadLetterFilter:
         if self.topic:
             clauses.append(f"d.topic = {_literal(self.topic)}")
         if self.coordinates:
-            clauses.append("(" + " OR ".join(f"(d.topic = {_literal(t)} AND d.`partition` = {int(p)} AND "
-                                             f"d.`offset` = {int(o)})" for t, p, o in self.coordinates) + ")")
+            clauses.append(
+                "("
+                + " OR ".join(
+                    f"(d.topic = {_literal(t)} AND d.`partition` = {int(p)} AND d.`offset` = {int(o)})"
+                    for t, p, o in self.coordinates
+                )
+                + ")"
+            )
         if not self.include_replayed:
             clauses.append("r.topic IS NULL")
         return " AND ".join(clauses)
@@ -89,24 +98,33 @@ def _idents(spark: SparkSession, config: PipelineConfig) -> tuple[str, str]:
     catalog = config.catalog.name
     dead = ensure_dead_letter_table(spark, catalog, config.engine.dead_letter_table)
     replays = quote_table(catalog, *replays_table(config).split(".", 1))
-    spark.sql(f"CREATE TABLE IF NOT EXISTS {replays} ({REPLAY_COLUMNS}) USING iceberg "
-              "TBLPROPERTIES ('format-version'='2')")
+    spark.sql(
+        f"CREATE TABLE IF NOT EXISTS {replays} ({REPLAY_COLUMNS}) USING iceberg TBLPROPERTIES ('format-version'='2')"
+    )
     return dead, replays
 
 
 def _selection_sql(spark: SparkSession, config: PipelineConfig, flt: DeadLetterFilter, columns: str) -> str:
     dead, replays = _idents(spark, config)
-    return (f"SELECT {columns} FROM {dead} d LEFT JOIN (SELECT DISTINCT topic, `partition`, `offset` FROM {replays}) r "
-            f"ON d.topic = r.topic AND d.`partition` = r.`partition` AND d.`offset` = r.`offset` "
-            f"WHERE {flt.where(config.name)}")
+    return (
+        f"SELECT {columns} FROM {dead} d LEFT JOIN (SELECT DISTINCT topic, `partition`, `offset` FROM {replays}) r "
+        f"ON d.topic = r.topic AND d.`partition` = r.`partition` AND d.`offset` = r.`offset` "
+        f"WHERE {flt.where(config.name)}"
+    )
 
 
-def list_dead_letters(spark: SparkSession, config: PipelineConfig, flt: DeadLetterFilter,
-                      limit: int = 100) -> list[dict[str, Any]]:
+def list_dead_letters(
+    spark: SparkSession, config: PipelineConfig, flt: DeadLetterFilter, limit: int = 100
+) -> list[dict[str, Any]]:
     """Dead letters of the pipeline (newest first), without their raw bytes (sizes instead)."""
-    sql = _selection_sql(spark, config, flt, "d.target_table, d.topic, d.`partition`, d.`offset`, d.failed_at, "
-                                             "d.error, length(d.key) AS key_bytes, length(d.value) AS value_bytes, "
-                                             "r.topic IS NOT NULL AS replayed")
+    sql = _selection_sql(
+        spark,
+        config,
+        flt,
+        "d.target_table, d.topic, d.`partition`, d.`offset`, d.failed_at, "
+        "d.error, length(d.key) AS key_bytes, length(d.value) AS value_bytes, "
+        "r.topic IS NOT NULL AS replayed",
+    )
     sql += " ORDER BY d.failed_at DESC, d.topic, d.`partition`, d.`offset`"
     if limit > 0:
         sql += f" LIMIT {int(limit)}"
@@ -126,14 +144,24 @@ def reason_class(error: str) -> str:
 def summarize_dead_letters(spark: SparkSession, config: PipelineConfig, flt: DeadLetterFilter) -> list[dict[str, Any]]:
     """Counts by target table and reason class, with the first and last failure time and how many
     were replayed."""
-    rows = spark.sql(_selection_sql(spark, config, flt, "d.target_table, d.error, d.failed_at, "
-                                                        "r.topic IS NOT NULL AS replayed")).collect()
+    rows = spark.sql(
+        _selection_sql(spark, config, flt, "d.target_table, d.error, d.failed_at, r.topic IS NOT NULL AS replayed")
+    ).collect()
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
         key = (row.target_table or "-", reason_class(row.error))
-        group = groups.setdefault(key, {"table": key[0], "reason": key[1], "count": 0, "replayed": 0,
-                                        "first_failed": row.failed_at, "last_failed": row.failed_at,
-                                        "example": row.error[:300]})
+        group = groups.setdefault(
+            key,
+            {
+                "table": key[0],
+                "reason": key[1],
+                "count": 0,
+                "replayed": 0,
+                "first_failed": row.failed_at,
+                "last_failed": row.failed_at,
+                "example": row.error[:300],
+            },
+        )
         group["count"] += 1
         group["replayed"] += int(bool(row.replayed))
         group["first_failed"] = min(group["first_failed"], row.failed_at)
@@ -141,12 +169,14 @@ def summarize_dead_letters(spark: SparkSession, config: PipelineConfig, flt: Dea
     return sorted(groups.values(), key=lambda g: (-g["count"], g["table"], g["reason"]))
 
 
-def replay_dead_letters(spark: SparkSession, config: PipelineConfig, flt: DeadLetterFilter,
-                        dry_run: bool = False) -> ReplayResult:
+def replay_dead_letters(
+    spark: SparkSession, config: PipelineConfig, flt: DeadLetterFilter, dry_run: bool = False
+) -> ReplayResult:
     """Re-send the selected, not yet replayed dead letters to their topics, exactly once (see the module)."""
     flt = DeadLetterFilter(flt.table, flt.reason, flt.topic, list(flt.coordinates), include_replayed=False)
-    rows = spark.sql(_selection_sql(spark, config, flt, "DISTINCT d.topic, d.`partition`, d.`offset`, d.key, d.value")
-                     ).collect()
+    rows = spark.sql(
+        _selection_sql(spark, config, flt, "DISTINCT d.topic, d.`partition`, d.`offset`, d.key, d.value")
+    ).collect()
     letters = {(r.topic, r.partition, r.offset): (r.key, r.value) for r in rows}
     sendable = {c: kv for c, kv in letters.items() if kv[1] is not None}
     result = ReplayResult(len(letters), 0, 0, len(letters) - len(sendable))
@@ -179,8 +209,13 @@ def _already_sent(config: PipelineConfig, letters: dict[Coordinate, Any]) -> dic
         tp = TP(topic, partition)
         starts[tp] = min(starts.get(tp, offset), offset)
     found: dict[tuple[str, int, int], tuple[int, int]] = {}
-    consumer = Consumer(refusals_raised(config.kafka.consumer_config(
-        **{"group.id": f"{config.kafka.group_id}-replay-check", "enable.partition.eof": True})))
+    consumer = Consumer(
+        refusals_raised(
+            config.kafka.consumer_config(
+                **{"group.id": f"{config.kafka.group_id}-replay-check", "enable.partition.eof": True}
+            )
+        )
+    )
     try:
         check_access(consumer)
         for tp, start in sorted(starts.items()):
@@ -211,8 +246,9 @@ def _already_sent(config: PipelineConfig, letters: dict[Coordinate, Any]) -> dic
     return found
 
 
-def _produce(config: PipelineConfig, todo: list[Coordinate],
-             letters: dict[Coordinate, tuple[bytes | None, bytes | None]]) -> dict[Coordinate, tuple[int, int]]:
+def _produce(
+    config: PipelineConfig, todo: list[Coordinate], letters: dict[Coordinate, tuple[bytes | None, bytes | None]]
+) -> dict[Coordinate, tuple[int, int]]:
     from confluent_kafka import Producer
 
     from lakestream.capture.publisher import producer_config
@@ -234,8 +270,14 @@ def _produce(config: PipelineConfig, todo: list[Coordinate],
             else:
                 placed[coordinate] = (msg.partition(), msg.offset())
 
-        producer.produce(coordinate[0], key=None if key is None else bytes(key), value=bytes(value),
-                         partition=coordinate[1], headers=[(REPLAY_HEADER, _header(coordinate))], on_delivery=delivered)
+        producer.produce(
+            coordinate[0],
+            key=None if key is None else bytes(key),
+            value=bytes(value),
+            partition=coordinate[1],
+            headers=[(REPLAY_HEADER, _header(coordinate))],
+            on_delivery=delivered,
+        )
         producer.poll(0)
     producer.flush(120)
     if denied:
@@ -246,8 +288,9 @@ def _produce(config: PipelineConfig, todo: list[Coordinate],
     return placed
 
 
-def record_replays(spark: SparkSession, config: PipelineConfig,
-                   sent: dict[tuple[str, int, int], tuple[int, int]]) -> None:
+def record_replays(
+    spark: SparkSession, config: PipelineConfig, sent: dict[tuple[str, int, int], tuple[int, int]]
+) -> None:
     """One commit to the replays table marking ``sent`` dead letters replayed."""
     import datetime as dt
 
@@ -256,6 +299,9 @@ def record_replays(spark: SparkSession, config: PipelineConfig,
     _, replays = _idents(spark, config)
     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
     rows = [(t, p, o, rp, ro, now, config.name) for (t, p, o), (rp, ro) in sorted(sent.items())]
-    df = spark.createDataFrame(rows, "topic string, partition int, offset bigint, replay_partition int, "
-                                     "replay_offset bigint, replayed_at timestamp, pipeline string")
+    df = spark.createDataFrame(
+        rows,
+        "topic string, partition int, offset bigint, replay_partition int, "
+        "replay_offset bigint, replayed_at timestamp, pipeline string",
+    )
     df.writeTo(replays).append()

@@ -1,6 +1,7 @@
 """The dead-letter table: records that could not be decoded, routed or written, with the reason and
 their Kafka coordinates. Written in the same micro-batch, with its own offsets in the snapshot
 summary, so dead letters are exactly-once too."""
+
 from __future__ import annotations
 
 import logging
@@ -26,10 +27,17 @@ log = logging.getLogger(__name__)
 
 # (name, Spark DDL type, required)
 DEAD_LETTER_COLUMNS = (
-    ("topic", "string", True), ("partition", "int", True), ("offset", "bigint", True),
-    ("kafka_timestamp", "timestamp", False), ("key", "binary", False), ("value", "binary", False),
-    ("value_is_raw", "boolean", False), ("error", "string", True), ("target_table", "string", False),
-    ("pipeline", "string", False), ("failed_at", "timestamp", True),
+    ("topic", "string", True),
+    ("partition", "int", True),
+    ("offset", "bigint", True),
+    ("kafka_timestamp", "timestamp", False),
+    ("key", "binary", False),
+    ("value", "binary", False),
+    ("value_is_raw", "boolean", False),
+    ("error", "string", True),
+    ("target_table", "string", False),
+    ("pipeline", "string", False),
+    ("failed_at", "timestamp", True),
 )
 
 
@@ -38,19 +46,39 @@ def ensure_dead_letter_table(spark: SparkSession, catalog: str, dotted: str) -> 
     from lakestream.sink.catalog.sink import create_table
 
     namespace, table = dotted.split(".", 1)
-    create_table(spark, catalog, namespace, table, {
-        "columns": [{"name": n, "type": t, "required": r} for n, t, r in DEAD_LETTER_COLUMNS],
-        "partition_by": ["days(failed_at)"], "properties": {"format-version": "2"}})
+    create_table(
+        spark,
+        catalog,
+        namespace,
+        table,
+        {
+            "columns": [{"name": n, "type": t, "required": r} for n, t, r in DEAD_LETTER_COLUMNS],
+            "partition_by": ["days(failed_at)"],
+            "properties": {"format-version": "2"},
+        },
+    )
     return quote_table(catalog, namespace, table)
 
 
 def dead_letter_table(letters: list[DeadLetter], pipeline: str, schema: pa.Schema) -> pa.Table:
     """Dead letters as rows of the dead-letter table (raw key and value kept as they were read)."""
     now = int(time.time() * 1_000_000)
-    rows = [{"topic": d.tp.topic, "partition": d.tp.partition, "offset": d.offset,
-             "kafka_timestamp": None if d.kafka_ts is None or d.kafka_ts < 0 else d.kafka_ts * 1000,
-             "key": d.raw_key, "value": d.raw_value, "value_is_raw": True, "error": d.error[:10_000],
-             "target_table": d.table, "pipeline": pipeline, "failed_at": now} for d in letters]
+    rows = [
+        {
+            "topic": d.tp.topic,
+            "partition": d.tp.partition,
+            "offset": d.offset,
+            "kafka_timestamp": None if d.kafka_ts is None or d.kafka_ts < 0 else d.kafka_ts * 1000,
+            "key": d.raw_key,
+            "value": d.raw_value,
+            "value_is_raw": True,
+            "error": d.error[:10_000],
+            "target_table": d.table,
+            "pipeline": pipeline,
+            "failed_at": now,
+        }
+        for d in letters
+    ]
     table, bad = convert_rows(rows, schema)
     if bad:
         raise RuntimeError(f"dead letters do not fit the dead-letter table: {bad}")
@@ -61,8 +89,15 @@ class DeadLetterWriter:
     """Commits a batch's dead letters to the dead-letter table, with the offsets the batch consumed in its
     own snapshot (so they are exactly-once too)."""
 
-    def __init__(self, spark: SparkSession, catalog: str, dotted: str, pipeline: str, offsets: TableOffsets,
-                 properties: Callable[[dict[TP, int]], dict[str, str]]):
+    def __init__(
+        self,
+        spark: SparkSession,
+        catalog: str,
+        dotted: str,
+        pipeline: str,
+        offsets: TableOffsets,
+        properties: Callable[[dict[TP, int]], dict[str, str]],
+    ):
         self.spark = spark
         self.catalog = catalog
         self.dotted = dotted  # namespace.table
@@ -103,8 +138,13 @@ class DeadLetterWriter:
         table = dead_letter_table(letters, self.pipeline, spec.arrow_schema())
         data_files = write_driver_files(table, spec, "dead-letters")
         merged = self.offsets.merged_after_commit(ident, {tp: end.next_offset for tp, end in report.ends.items()})
-        commit_files(self.spark, self.catalog, ns, tbl, {"base_snapshot_id": None, "data_files": data_files,
-                                                         "deletes": [], "properties": self.properties(merged)})
+        commit_files(
+            self.spark,
+            self.catalog,
+            ns,
+            tbl,
+            {"base_snapshot_id": None, "data_files": data_files, "deletes": [], "properties": self.properties(merged)},
+        )
         self.offsets.record(ident, merged)
         log.warning("%d record(s) sent to the dead-letter table %s", len(letters), self.dotted)
         return dict(Counter(letter.reason_kind for letter in letters))

@@ -11,6 +11,7 @@ writer moved the table.
   per key; the keyless one (`KeylessIndex`) is driven by the keyless resolution in Kafka order.
 - `IndexIdentity`, `FileIds` and `Journal` are written once here and mixed into the implementations.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -88,8 +89,13 @@ class IndexIdentity:
     def identity(self) -> dict[str, Any]:
         """The table (its UUID), the key columns, the key encoding and whether keys are hashed; a keyless
         index adds ``keyless``."""
-        return {"table_uuid": self.table_uuid, "key_columns": list(self.key_columns), "key_encoding": KEY_ENCODING,
-                "hashed": self.hashed, **({} if self.keyed else {"keyless": True})}
+        return {
+            "table_uuid": self.table_uuid,
+            "key_columns": list(self.key_columns),
+            "key_encoding": KEY_ENCODING,
+            "hashed": self.hashed,
+            **({} if self.keyed else {"keyless": True}),
+        }
 
     def matches(self, meta: dict[str, Any]) -> bool:
         """Whether saved ``meta`` has this identity (key column names compared without case)."""
@@ -148,6 +154,7 @@ if TYPE_CHECKING:  # mypy checks here that every implementation has the contract
     from lakestream.sink.index.keyless import KeylessIndex
     from lakestream.sink.index.memory import KeyIndex
 
-    def _implementations(disk: DiskKeyIndex, memory: KeyIndex, keyless: KeylessIndex
-                         ) -> tuple[KeyedIndex, KeyedIndex, TableIndex]:
+    def _implementations(
+        disk: DiskKeyIndex, memory: KeyIndex, keyless: KeylessIndex
+    ) -> tuple[KeyedIndex, KeyedIndex, TableIndex]:
         return disk, memory, keyless

@@ -8,6 +8,7 @@ then base64) and the rows it moves into the overlay. Past it the index is built 
 more entries in the driver's memory than the overlay holds before a merge, and a foreign DELETE or a backfill of
 millions of rows costs a build, never the driver's heap.
 """
+
 from __future__ import annotations
 
 import functools
@@ -77,8 +78,7 @@ def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, i
     """Move ``index`` over the snapshots in ``changes`` (`snapshot_changes`), reading only the files they
     added and the rows they deleted (several files at once). Returns counts of what it did."""
     if changes.get("positions_over"):
-        raise DiffTooBig("more rows deleted by position since the index's snapshot than a diff lists "
-                         "(DIFF_MAX)")
+        raise DiffTooBig("more rows deleted by position since the index's snapshot than a diff lists (DIFF_MAX)")
     keys_of = functools.partial(_file_keys, key_columns=index.key_columns)
     stats = {"snapshots": 0, "files_read": 0, "rows_added": 0, "entries_dropped": 0, "compactions": 0}
 
@@ -130,8 +130,7 @@ def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, i
             positions = positions[positions < len(keys)]
             return keys[positions], positions
 
-        others = [p for p in deleted if p not in added_paths and index.known_file_id(p) is not None
-                  and len(deleted[p])]
+        others = [p for p in deleted if p not in added_paths and index.known_file_id(p) is not None and len(deleted[p])]
         for path, (keys, positions) in _read_ahead(others, deleted_keys):
             stats["files_read"] += 1
             stats["entries_dropped"] += _drop_rows_at(index, index.file_id(path), keys, positions)
@@ -145,7 +144,8 @@ def rows_to_follow(changes: dict[str, Any]) -> int:
     """Rows a diff over ``changes`` reads into the index: the rows of the files each snapshot added and removed,
     but for Lakestream's own compactions only those of the files they added (their inputs are not read)."""
     return sum(int(f["records"]) for snap in changes.get("snapshots", []) for f in snap["added"]) + sum(
-        int(snap.get("removed_records", 0)) for snap in changes.get("snapshots", []) if not snap.get("compaction"))
+        int(snap.get("removed_records", 0)) for snap in changes.get("snapshots", []) if not snap.get("compaction")
+    )
 
 
 class DiffTooBig(ValueError):

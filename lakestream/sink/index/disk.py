@@ -17,6 +17,7 @@ small in-memory overlay of the changes since they were written.
 
 `lakestream.sink.index.store` keeps the generations and the per-commit deltas beside the table.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -72,8 +73,9 @@ def write_npy(fs: Any, path: str, array: np.ndarray) -> None:
         np.lib.format.write_array(fh, np.ascontiguousarray(array), allow_pickle=False)
 
 
-def merge_sorted(keys: np.ndarray, locs: np.ndarray, ov_keys: np.ndarray, ov_locs: np.ndarray
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def merge_sorted(
+    keys: np.ndarray, locs: np.ndarray, ov_keys: np.ndarray, ov_locs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """A base run (sorted ``keys``, their ``locs``) with the overlay's sorted entries applied: an overlay
     key replaces the base's entry, a new one is inserted in order, a tombstone (MISSING) removes the key.
     Linear in the run: one pass of inserts, no sort (the run is millions of keys, the overlay's share of it
@@ -94,8 +96,15 @@ def merge_sorted(keys: np.ndarray, locs: np.ndarray, ov_keys: np.ndarray, ov_loc
     return (keys, locs) if live.all() else (keys[live], locs[live])
 
 
-def merge_generation(fs: Any, gen_dir: str, frozen_runs: Mapping[int, _Run | tuple[str, str]], old_bits: int,
-                     ov_keys: np.ndarray, ov_locs: np.ndarray, duty: float = 1.0) -> dict[str, Any]:
+def merge_generation(
+    fs: Any,
+    gen_dir: str,
+    frozen_runs: Mapping[int, _Run | tuple[str, str]],
+    old_bits: int,
+    ov_keys: np.ndarray,
+    ov_locs: np.ndarray,
+    duty: float = 1.0,
+) -> dict[str, Any]:
     """Merge base buckets ``runs`` (mapped, or their keys and locations files) and an overlay into a new
     generation in ``gen_dir``, one bucket in memory at a time; returns ``{bits, rows, buckets}``. With
     ``duty`` < 1 it works that share of the time (a pause after each bucket), so that a merge beside the
@@ -112,7 +121,7 @@ def merge_generation(fs: Any, gen_dir: str, frozen_runs: Mapping[int, _Run | tup
     written, total = [], 0
     for b in range(1 << bits):
         started = time.monotonic()
-        mine = by_bucket[bounds[b]:bounds[b + 1]]
+        mine = by_bucket[bounds[b] : bounds[b + 1]]
         old = runs.get(b >> shift)
         keys, locs = np.empty(0, ov_keys.dtype), np.empty(0, np.int64)
         if old is not None:
@@ -169,8 +178,9 @@ class _Run:
     def _map(self, path: str) -> np.ndarray:
         with open(path, "rb") as fh:
             version = np.lib.format.read_magic(fh)
-            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                           else np.lib.format.read_array_header_2_0)
+            read_header = (
+                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            )
             shape, _, dtype = read_header(fh)
             offset = fh.tell()
             count = int(np.prod(shape))
@@ -319,8 +329,9 @@ class DiskKeyIndex(IndexIdentity, FileIds, Journal):
         self.base_rows = int(meta.get("rows", 0))
         self.base_dir = local_dir
         for b in meta.get("buckets", []):
-            self.runs[int(b)] = _Run(f"{local_dir}/bucket-{int(b):05d}.keys.npy",
-                                     f"{local_dir}/bucket-{int(b):05d}.locs.npy")
+            self.runs[int(b)] = _Run(
+                f"{local_dir}/bucket-{int(b):05d}.keys.npy", f"{local_dir}/bucket-{int(b):05d}.locs.npy"
+            )
         if self.runs:
             paths = [p for r in self.runs.values() for p in (r.keys_path, r.locs_path)]
             threading.Thread(target=warm_page_cache, args=(paths,), name="key-index-warm", daemon=True).start()
@@ -338,9 +349,16 @@ class DiskKeyIndex(IndexIdentity, FileIds, Journal):
         """What a merge beside the batches needs, as it is now: the base's bucket files and a copy of the
         overlay; from here on the keys updated are tracked, to stay in the overlay after `swap_base`."""
         self.touched = []
-        return {"runs": {b: (r.keys_path, r.locs_path) for b, r in self.runs.items()}, "bits": self.bits,
-                "ov_keys": self.ov_keys.copy(), "ov_locs": self.ov_locs.copy(), "snapshot_id": self.snapshot_id,
-                "paths": list(self.paths), "resets": self.resets, "identity": self.identity()}
+        return {
+            "runs": {b: (r.keys_path, r.locs_path) for b, r in self.runs.items()},
+            "bits": self.bits,
+            "ov_keys": self.ov_keys.copy(),
+            "ov_locs": self.ov_locs.copy(),
+            "snapshot_id": self.snapshot_id,
+            "paths": list(self.paths),
+            "resets": self.resets,
+            "identity": self.identity(),
+        }
 
     def swap_base(self, local_dir: str, meta: dict[str, Any], generation: str) -> None:
         """Switch to a generation merged beside the batches from `freeze`'s state: the overlay keeps only
@@ -373,16 +391,29 @@ class DiskKeyIndex(IndexIdentity, FileIds, Journal):
             if self.build_root is None:
                 raise RuntimeError(f"{ident}: no location to build the key index in")
             self.build_seq += 1
-            meta = build_on_executors(spark, ident, list(self.key_columns), int(snapshot_id), self.hashed,
-                                      self.build_root, f"build-{os.getpid()}-{int(time.time() * 1000)}")
+            meta = build_on_executors(
+                spark,
+                ident,
+                list(self.key_columns),
+                int(snapshot_id),
+                self.hashed,
+                self.build_root,
+                f"build-{os.getpid()}-{int(time.time() * 1000)}",
+            )
             meta.update(self.identity())
             self.open_base(meta["local_dir"], meta)
             self.generation = meta["name"]
         self.snapshot_id = snapshot_id
         self.valid = True
         self.rebased = True
-        log.info("index of %s built at snapshot %s on the executors: %d keys in %d bucket(s), %.2fs", ident,
-                 snapshot_id, self.base_rows, len(self.runs), time.monotonic() - started)
+        log.info(
+            "index of %s built at snapshot %s on the executors: %d keys in %d bucket(s), %.2fs",
+            ident,
+            snapshot_id,
+            self.base_rows,
+            len(self.runs),
+            time.monotonic() - started,
+        )
 
 
 def _progress(spark: SparkSession, what: str, done: threading.Event, every_s: float = 10.0) -> None:
@@ -394,16 +425,18 @@ def _progress(spark: SparkSession, what: str, done: threading.Event, every_s: fl
         log.info("%s: %.0fs, %s", what, time.monotonic() - started, ", ".join(parts) or "planning")
 
 
-def build_on_executors(spark: SparkSession, ident: str, key_columns: list[str], snapshot_id: int, hashed: bool,
-                       root: str, name: str) -> dict[str, Any]:
+def build_on_executors(
+    spark: SparkSession, ident: str, key_columns: list[str], snapshot_id: int, hashed: bool, root: str, name: str
+) -> dict[str, Any]:
     """Scan the table's key columns with ``_file``/``_pos`` at ``snapshot_id``; the executors compute the
     index keys and locations, shuffle them by bucket and write each bucket's sorted files under
     ``root/name``. Returns the generation's meta (bits, rows, buckets, paths, local_dir)."""
     from lakestream.identifiers import quote_column
     from lakestream.storage import active_options, filesystem_path, use_options
 
-    files = spark.sql(f"SELECT file_path, xxhash64(file_path) AS h, record_count FROM {ident}.data_files "
-                      f"VERSION AS OF {snapshot_id}").collect()
+    files = spark.sql(
+        f"SELECT file_path, xxhash64(file_path) AS h, record_count FROM {ident}.data_files VERSION AS OF {snapshot_id}"
+    ).collect()
     paths = sorted(r["file_path"] for r in files)
     fid_of_hash = {int(r["h"]): paths.index(r["file_path"]) for r in files} if len(files) < 2000 else None
     if fid_of_hash is None:
@@ -418,8 +451,13 @@ def build_on_executors(spark: SparkSession, ident: str, key_columns: list[str], 
     fids = np.array([fid_of_hash[int(h)] for h in hashes], np.int64)
     key_type = "binary" if hashed else "bigint"
     keys_sql = ", ".join(quote_column(k) for k in key_columns)
-    log.info("building the key index of %s on the executors: %d rows in %d data files, %d bucket(s)", ident, rows,
-             len(paths), 1 << bits)
+    log.info(
+        "building the key index of %s on the executors: %d rows in %d data files, %d bucket(s)",
+        ident,
+        rows,
+        len(paths),
+        1 << bits,
+    )
 
     def entries(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for rb in batches:
@@ -434,8 +472,10 @@ def build_on_executors(spark: SparkSession, ident: str, key_columns: list[str], 
             arrow_keys = keys_to_arrow(keys)
             if hashed:
                 arrow_keys = arrow_keys.cast(pa.binary())
-            yield pa.record_batch([pa.array(bucket_of(keys, bits).astype(np.int32)), arrow_keys,
-                                   pa.array(locs, pa.int64())], names=["bucket", "key", "loc"])
+            yield pa.record_batch(
+                [pa.array(bucket_of(keys, bits).astype(np.int32)), arrow_keys, pa.array(locs, pa.int64())],
+                names=["bucket", "key", "loc"],
+            )
 
     storage = active_options()
 
@@ -459,24 +499,33 @@ def build_on_executors(spark: SparkSession, ident: str, key_columns: list[str], 
             write_npy(wfs, f"{wroot}/bucket-{bucket:05d}.keys.npy", k[order])
             write_npy(wfs, f"{wroot}/bucket-{bucket:05d}.locs.npy", loc[order])
             out.append((bucket, len(k)))
-        yield pa.record_batch([pa.array([o[0] for o in out], pa.int32()), pa.array([o[1] for o in out], pa.int64())],
-                              names=["bucket", "rows"])
+        yield pa.record_batch(
+            [pa.array([o[0] for o in out], pa.int32()), pa.array([o[1] for o in out], pa.int64())],
+            names=["bucket", "rows"],
+        )
 
     done = threading.Event()
-    watcher = threading.Thread(target=_progress, args=(spark, f"building the key index of {ident}", done),
-                               daemon=True)
+    watcher = threading.Thread(target=_progress, args=(spark, f"building the key index of {ident}", done), daemon=True)
     watcher.start()
     try:
         df = spark.sql(scan_sql(ident, keys_sql, snapshot_id))
-        written = (df.mapInArrow(entries, f"bucket int, key {key_type}, loc bigint")
-                   .repartition(max(1, min(1 << bits, 4096)), "bucket")
-                   .mapInArrow(write, "bucket int, rows bigint")).collect()
+        written = (
+            df.mapInArrow(entries, f"bucket int, key {key_type}, loc bigint")
+            .repartition(max(1, min(1 << bits, 4096)), "bucket")
+            .mapInArrow(write, "bucket int, rows bigint")
+        ).collect()
     finally:
         done.set()
     buckets = sorted(int(r["bucket"]) for r in written)
     total = sum(int(r["rows"]) for r in written)
-    return {"bits": bits, "rows": total, "buckets": buckets, "paths": paths, "name": name,
-            "local_dir": local_generation(fs, gen_path, name, buckets)}
+    return {
+        "bits": bits,
+        "rows": total,
+        "buckets": buckets,
+        "paths": paths,
+        "name": name,
+        "local_dir": local_generation(fs, gen_path, name, buckets),
+    }
 
 
 def local_generation(fs: Any, path: str, name: str, buckets: list[int]) -> str:

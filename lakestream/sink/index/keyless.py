@@ -21,6 +21,7 @@ IDENTITY FULL`` an update or delete carries the whole old row, and removes exact
   Inserts are still appended; an update or delete that carries a key is a dead letter naming the fix
   (recreate the mirror), because under ``REPLICA IDENTITY DEFAULT`` it no longer carries the old row.
 """
+
 from __future__ import annotations
 
 import logging
@@ -111,14 +112,26 @@ class KeylessIndex(IndexIdentity):
         """Write the index, valid at ``snapshot_id``, to ``path`` (driver-local state, at a clean close)."""
         self.rows._merge()
         self.counts._merge()
-        meta = orjson.dumps({"snapshot_id": self.snapshot_id, "paths": self.rows.paths,
-                             "positions": encode_positions(self.positions), "columns": list(self.columns),
-                             **self.identity()})
+        meta = orjson.dumps(
+            {
+                "snapshot_id": self.snapshot_id,
+                "paths": self.rows.paths,
+                "positions": encode_positions(self.positions),
+                "columns": list(self.columns),
+                **self.identity(),
+            }
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as fh:
-            np.savez(fh, keys=self.rows.keys, locs=self.rows.locs, count_keys=self.counts.keys,
-                     counts=self.counts.locs, meta=np.frombuffer(meta, np.uint8))
+            np.savez(
+                fh,
+                keys=self.rows.keys,
+                locs=self.rows.locs,
+                count_keys=self.counts.keys,
+                counts=self.counts.locs,
+                meta=np.frombuffer(meta, np.uint8),
+            )
         os.replace(tmp, path)
 
     @classmethod
@@ -156,8 +169,7 @@ class KeylessIndex(IndexIdentity):
             scanned = scan_locations(spark, ident, "*", int(snapshot_id), self.rows.file_id)
             if scanned is not None:
                 table, locs = scanned
-                content = self.schema or pa.schema([f for f in table.schema
-                                                    if f.name not in (FILE_COLUMN, POS_COLUMN)])
+                content = self.schema or pa.schema([f for f in table.schema if f.name not in (FILE_COLUMN, POS_COLUMN)])
                 hashes = row_keys(table, content)
                 order = np.argsort(hashes, kind="stable")
                 h = hashes[order]
@@ -168,12 +180,18 @@ class KeylessIndex(IndexIdentity):
                 by_key = np.argsort(keys, kind="stable")
                 self.rows.keys, self.rows.locs = keys[by_key], locs[order][by_key]
                 self.counts.keys, self.counts.locs = h[starts], sizes.astype(np.int64)
-            self.positions = decode_positions(str(jvm_helper(spark).latestSummaryValue(
-                spark._jsparkSession, ident, POSITIONS_PROPERTY) or "") or None)
+            self.positions = decode_positions(
+                str(jvm_helper(spark).latestSummaryValue(spark._jsparkSession, ident, POSITIONS_PROPERTY) or "") or None
+            )
             self.seen_at = {tp: p[2] for tp, p in self.positions.items()}
         if self.schema is not None:
             self.columns = tuple(self.schema.names)
         self.snapshot_id = snapshot_id
         self.valid = True
-        log.info("keyless index of %s rebuilt at snapshot %s: %d rows, %.2fs", ident, snapshot_id, len(self.rows.keys),
-                 time.monotonic() - started)
+        log.info(
+            "keyless index of %s rebuilt at snapshot %s: %d rows, %.2fs",
+            ident,
+            snapshot_id,
+            len(self.rows.keys),
+            time.monotonic() - started,
+        )

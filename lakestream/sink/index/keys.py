@@ -11,6 +11,7 @@ it maps to.
 
 Shared by the executors (the write tasks compute their rows' keys) and the driver.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -107,8 +108,9 @@ def row_keys(table: pa.Table, schema: pa.Schema) -> np.ndarray:
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                     pass
         if pa.types.is_nested(column.type):
-            column = pa.array([None if v is None else orjson.dumps(v, default=str).decode()
-                               for v in column.to_pylist()], pa.string())
+            column = pa.array(
+                [None if v is None else orjson.dumps(v, default=str).decode() for v in column.to_pylist()], pa.string()
+            )
         texts.append(_canonical_text(column))
     joined = _unambiguous_join(texts)
     return _hash_texts(np.asarray(joined.to_numpy(zero_copy_only=False), dtype=object))
@@ -138,4 +140,4 @@ def keys_from_arrow(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
         integers: np.ndarray = column.to_numpy(zero_copy_only=False).astype(np.int64)
         return integers
     buf = column.buffers()[1]
-    return np.frombuffer(buf, dtype="S16", count=len(column) + column.offset)[column.offset:].copy()
+    return np.frombuffer(buf, dtype="S16", count=len(column) + column.offset)[column.offset :].copy()

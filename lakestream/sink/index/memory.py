@@ -9,6 +9,7 @@ It earns its place beside `DiskKeyIndex` (the index of keyed tables, bounded dri
 block of `KeylessIndex` (its row copies and its copy counts are two of these) and as the re-snapshot's mirror of
 a table, rebuilt once from a scan and probed in memory (`lakestream.snapshot.resnapshot`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -132,8 +133,14 @@ class KeyIndex(IndexIdentity, FileIds, Journal):
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: Path, hashed: bool, snapshot_id: int | None, key_columns: list[str] | tuple[str, ...] = (),
-             table_uuid: str | None = None) -> KeyIndex | None:
+    def load(
+        cls,
+        path: Path,
+        hashed: bool,
+        snapshot_id: int | None,
+        key_columns: list[str] | tuple[str, ...] = (),
+        table_uuid: str | None = None,
+    ) -> KeyIndex | None:
         """The index saved at ``path`` if it describes ``snapshot_id`` of the table ``table_uuid`` keyed on
         ``key_columns`` (else None: rebuild)."""
         if snapshot_id is None or not path.exists():
@@ -143,8 +150,11 @@ class KeyIndex(IndexIdentity, FileIds, Journal):
                 meta = orjson.loads(saved["meta"].tobytes())
                 index = cls(hashed, key_columns, table_uuid)
                 if meta.get("snapshot_id") != snapshot_id or not index.matches(meta):
-                    log.info("the saved key index %s is of another snapshot, table or key (%s); not loaded", path,
-                             {k: meta.get(k) for k in ("snapshot_id", "table_uuid", "key_columns", "key_encoding")})
+                    log.info(
+                        "the saved key index %s is of another snapshot, table or key (%s); not loaded",
+                        path,
+                        {k: meta.get(k) for k in ("snapshot_id", "table_uuid", "key_columns", "key_encoding")},
+                    )
                     return None
                 index.keys, index.locs = saved["keys"], saved["locs"]
         except (OSError, ValueError, KeyError, orjson.JSONDecodeError) as exc:
@@ -168,8 +178,9 @@ class KeyIndex(IndexIdentity, FileIds, Journal):
         started = time.monotonic()
         self.reset()
         if snapshot_id is not None:
-            scanned = scan_locations(spark, ident, ", ".join(quote_column(k) for k in self.key_columns),
-                                     int(snapshot_id), self.file_id)
+            scanned = scan_locations(
+                spark, ident, ", ".join(quote_column(k) for k in self.key_columns), int(snapshot_id), self.file_id
+            )
             if scanned is not None:
                 table, locs = scanned
                 keys = index_keys(table, list(self.key_columns))
@@ -177,5 +188,11 @@ class KeyIndex(IndexIdentity, FileIds, Journal):
                 self.keys, self.locs = keys[order], locs[order]
         self.snapshot_id = snapshot_id
         self.valid = True
-        log.info("index of %s rebuilt at snapshot %s: %d keys, %.1f MB, %.2fs", ident, snapshot_id, len(self.keys),
-                 self.nbytes / 1e6, time.monotonic() - started)
+        log.info(
+            "index of %s rebuilt at snapshot %s: %d keys, %.1f MB, %.2fs",
+            ident,
+            snapshot_id,
+            len(self.keys),
+            self.nbytes / 1e6,
+            time.monotonic() - started,
+        )

@@ -11,6 +11,7 @@
   again on the executors. Reading a backfill bigger than the index on the driver would put it all in the
   overlay; a build on the executors keeps the driver's memory bounded.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,8 +32,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def refresh_keyless(spark: SparkSession, ident: str, index: KeylessIndex, current: int | None,
-                    saved: Path) -> KeylessIndex:
+def refresh_keyless(
+    spark: SparkSession, ident: str, index: KeylessIndex, current: int | None, saved: Path
+) -> KeylessIndex:
     """``index`` at snapshot ``current``: as ``saved`` at a clean close if it describes it, else rebuilt."""
     loaded = KeylessIndex.load(saved, current, index.table_uuid)
     if loaded is not None:
@@ -43,8 +45,17 @@ def refresh_keyless(spark: SparkSession, ident: str, index: KeylessIndex, curren
     return index
 
 
-def refresh_keyed(spark: SparkSession, catalog: str, namespace: str, table: str, ident: str, index: DiskKeyIndex,
-                  store: IndexStore, key_columns: tuple[str, ...], current: int | None) -> DiskKeyIndex:
+def refresh_keyed(
+    spark: SparkSession,
+    catalog: str,
+    namespace: str,
+    table: str,
+    ident: str,
+    index: DiskKeyIndex,
+    store: IndexStore,
+    key_columns: tuple[str, ...],
+    current: int | None,
+) -> DiskKeyIndex:
     """``index`` (keyed on ``key_columns``) at snapshot ``current``, valid: followed by diff from where it is
     exact, or built again on the executors (see the module doc)."""
     name = f"{namespace}.{table}"
@@ -63,26 +74,44 @@ def refresh_keyed(spark: SparkSession, catalog: str, namespace: str, table: str,
         start = None  # nothing to follow from (no snapshot), or to (the table rolled back to empty)
     if start is not None and start.snapshot_id is not None and start.snapshot_id != current:
         try:
-            changes = snapshot_changes(spark, catalog, namespace, table, start.snapshot_id,
-                                       max_positions=diff.DIFF_MAX)
+            changes = snapshot_changes(spark, catalog, namespace, table, start.snapshot_id, max_positions=diff.DIFF_MAX)
             listed_s = time.monotonic() - started
             moved = diff.rows_to_follow(changes)
             if not changes["ancestor"] or changes.get("unsupported"):
-                log.info("table %s: the key index's snapshot %s is %s; rebuilding", name, start.snapshot_id,
-                         "not an ancestor of the current one" if not changes["ancestor"]
-                         else "followed by deletes it cannot follow (equality deletes)")
+                log.info(
+                    "table %s: the key index's snapshot %s is %s; rebuilding",
+                    name,
+                    start.snapshot_id,
+                    "not an ancestor of the current one"
+                    if not changes["ancestor"]
+                    else "followed by deletes it cannot follow (equality deletes)",
+                )
                 start = None
             elif moved > max(diff.DIFF_MAX, start.base_rows):
-                log.info("table %s: %d rows added or removed since the key index's snapshot; building it "
-                         "again on the executors", name, moved)
+                log.info(
+                    "table %s: %d rows added or removed since the key index's snapshot; building it "
+                    "again on the executors",
+                    name,
+                    moved,
+                )
                 start = None
             else:
                 stats = diff.refresh_by_diff(start, changes)
-                log.info("table %s: key index refreshed by diff from %s: %d snapshot(s) (%d compaction(s)), %d "
-                         "file(s) read, %d row(s) added, %d entr(ies) dropped, %d deleted position(s) listed, "
-                         "%.2fs (loading and listing %.2fs)", name, origin, stats["snapshots"],
-                         stats["compactions"], stats["files_read"], stats["rows_added"], stats["entries_dropped"],
-                         changes.get("positions_listed", 0), time.monotonic() - started, listed_s)
+                log.info(
+                    "table %s: key index refreshed by diff from %s: %d snapshot(s) (%d compaction(s)), %d "
+                    "file(s) read, %d row(s) added, %d entr(ies) dropped, %d deleted position(s) listed, "
+                    "%.2fs (loading and listing %.2fs)",
+                    name,
+                    origin,
+                    stats["snapshots"],
+                    stats["compactions"],
+                    stats["files_read"],
+                    stats["rows_added"],
+                    stats["entries_dropped"],
+                    changes.get("positions_listed", 0),
+                    time.monotonic() - started,
+                    listed_s,
+                )
         except (OSError, ValueError, KeyError) as exc:
             log.warning("table %s: key index refresh by diff failed (%s); rebuilding", name, first_line(exc))
             start = None

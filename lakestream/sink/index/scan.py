@@ -5,6 +5,7 @@ metadata columns (every delete applied), each row's location packed against the 
 `DiskKeyIndex.rebuild` runs the same query on the executors (`lakestream.sink.index.disk.build_on_executors`)
 and shares `data_files` with it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -25,18 +26,25 @@ POS_COLUMN = "__lakestream_pos"
 def data_files(spark: SparkSession, ident: str, snapshot_id: int) -> dict[int, str]:
     """The table's data files at ``snapshot_id`` by the 64-bit hash of their path (rows ship the hash, not the
     path: 20M rows stay ~24 bytes each)."""
-    return {int(r[1]): r[0] for r in spark.sql(
-        f"SELECT file_path, xxhash64(file_path) FROM {ident}.data_files VERSION AS OF {int(snapshot_id)}").collect()}
+    return {
+        int(r[1]): r[0]
+        for r in spark.sql(
+            f"SELECT file_path, xxhash64(file_path) FROM {ident}.data_files VERSION AS OF {int(snapshot_id)}"
+        ).collect()
+    }
 
 
 def scan_sql(ident: str, columns_sql: str, snapshot_id: int) -> str:
     """``columns_sql`` of every live row at ``snapshot_id`` with its file hash and position."""
-    return (f"SELECT {columns_sql}, xxhash64(_file) AS {FILE_COLUMN}, _pos AS {POS_COLUMN} "
-            f"FROM {ident} VERSION AS OF {int(snapshot_id)}")
+    return (
+        f"SELECT {columns_sql}, xxhash64(_file) AS {FILE_COLUMN}, _pos AS {POS_COLUMN} "
+        f"FROM {ident} VERSION AS OF {int(snapshot_id)}"
+    )
 
 
-def scan_locations(spark: SparkSession, ident: str, columns_sql: str, snapshot_id: int,
-                   file_id: Callable[[str], int]) -> tuple[pa.Table, np.ndarray] | None:
+def scan_locations(
+    spark: SparkSession, ident: str, columns_sql: str, snapshot_id: int, file_id: Callable[[str], int]
+) -> tuple[pa.Table, np.ndarray] | None:
     """The rows (``columns_sql``, then the two metadata columns) at ``snapshot_id`` and their packed locations
     (file ids given by ``file_id``); None when the table has no rows."""
     paths = data_files(spark, ident, snapshot_id)

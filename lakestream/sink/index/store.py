@@ -19,6 +19,7 @@ manual DELETE, a backfill) is applied by `lakestream.sink.index.diff.refresh_by_
 snapshot and keeps the index. Only when the chain is broken (the index's snapshot is no ancestor of the
 current one: a rollback, expired history) or a snapshot holds equality deletes is the index rebuilt.
 """
+
 from __future__ import annotations
 
 import io
@@ -128,8 +129,12 @@ class IndexStore:
             try:
                 meta = orjson.loads(self._read_bytes(path))
                 if not index.matches(meta):
-                    log.info("key index base %s is of another table, key or encoding (%s, not %s): not used", path,
-                             {k: meta.get(k) for k in index.identity()}, index.identity())
+                    log.info(
+                        "key index base %s is of another table, key or encoding (%s, not %s): not used",
+                        path,
+                        {k: meta.get(k) for k in index.identity()},
+                        index.identity(),
+                    )
                     continue
                 loaded = DiskKeyIndex(index.hashed, index.key_columns, index.table_uuid)
                 gen = f"{self.root}/{meta['generation']}"
@@ -147,11 +152,13 @@ class IndexStore:
                 try:
                     dmeta, darrays = self._read_delta(dpath)
                 except (OSError, ValueError, KeyError, orjson.JSONDecodeError) as exc:
-                    log.warning("key index delta %s unreadable (%s): the rest comes from the table's snapshots",
-                                dpath, exc)
+                    log.warning(
+                        "key index delta %s unreadable (%s): the rest comes from the table's snapshots", dpath, exc
+                    )
                     break
                 if dmeta.get("parent_snapshot_id") != loaded.snapshot_id or dmeta.get("paths_start") != len(
-                        loaded.paths):
+                    loaded.paths
+                ):
                     break  # a gap (a delta never written): the table's snapshots fill it
                 for p in dmeta["new_paths"]:
                     loaded.file_id(p)
@@ -176,8 +183,13 @@ class IndexStore:
         if index.snapshot_id is None or not index.valid:
             return
         self.finish_merge(index)
-        if (not index.rebased and not index.journal and index.journal_parent == index.snapshot_id
-                and self.base_seq is not None and self.paths_written == len(index.paths)):
+        if (
+            not index.rebased
+            and not index.journal
+            and index.journal_parent == index.snapshot_id
+            and self.base_seq is not None
+            and self.paths_written == len(index.paths)
+        ):
             return  # already durable as it is
         if index.rebased or self.base_seq is None:
             self.write_base(index)
@@ -199,8 +211,13 @@ class IndexStore:
         """One delta: the keys the commits since the last file moved or deleted, and the paths they added."""
         keys, locs = index.journal_entries()
         seq = (self.seq or 0) + 1
-        meta = {"snapshot_id": index.snapshot_id, "parent_snapshot_id": index.journal_parent,
-                "paths_start": self.paths_written, "new_paths": index.paths[self.paths_written:], **index.identity()}
+        meta = {
+            "snapshot_id": index.snapshot_id,
+            "parent_snapshot_id": index.journal_parent,
+            "paths_start": self.paths_written,
+            "new_paths": index.paths[self.paths_written :],
+            **index.identity(),
+        }
         buf = io.BytesIO()
         np.savez(buf, meta=np.frombuffer(orjson.dumps(meta), np.uint8), keys=keys, locs=locs)
         ensure_dir(self.fs, self.root)
@@ -232,8 +249,14 @@ class IndexStore:
         index.journal, index.rebased = [], False
         index.journal_parent = index.snapshot_id
         self._collect(seq, generation)
-        log.info("key index base %d of %s: %d keys in %d bucket(s), %.2fs", seq, self.location, meta["rows"],
-                 len(meta["buckets"]), time.monotonic() - started)
+        log.info(
+            "key index base %d of %s: %d keys in %d bucket(s), %.2fs",
+            seq,
+            self.location,
+            meta["rows"],
+            len(meta["buckets"]),
+            time.monotonic() - started,
+        )
 
     # -- merging beside the batches ------------------------------------------------------------
     def start_merge(self, index: DiskKeyIndex, holds_slot: bool = False) -> None:
@@ -251,11 +274,23 @@ class IndexStore:
             try:
                 frozen = merge.frozen
                 gen_dir = f"{self.root}/{merge.generation}"
-                meta = disk.merge_generation(self.fs, gen_dir, frozen["runs"], frozen["bits"],
-                                                   frozen["ov_keys"], frozen["ov_locs"], duty=MERGE_DUTY)
+                meta = disk.merge_generation(
+                    self.fs,
+                    gen_dir,
+                    frozen["runs"],
+                    frozen["bits"],
+                    frozen["ov_keys"],
+                    frozen["ov_locs"],
+                    duty=MERGE_DUTY,
+                )
                 merge.local_dir = local_generation(self.fs, gen_dir, merge.generation, meta["buckets"])
-                merge.meta = {**meta, **frozen["identity"], "snapshot_id": frozen["snapshot_id"],
-                              "paths": frozen["paths"], "generation": merge.generation}
+                merge.meta = {
+                    **meta,
+                    **frozen["identity"],
+                    "snapshot_id": frozen["snapshot_id"],
+                    "paths": frozen["paths"],
+                    "generation": merge.generation,
+                }
             except Exception as exc:  # noqa: BLE001 — reported when adopted; the deltas stay the durable record
                 merge.error = exc
             finally:
@@ -277,11 +312,17 @@ class IndexStore:
         if not merge.done.is_set():
             return
         self.merge = None
-        if (merge.error is not None or merge.meta is None or merge.local_dir is None or merge.index is not index
-                or merge.frozen["resets"] != index.resets):
+        if (
+            merge.error is not None
+            or merge.meta is None
+            or merge.local_dir is None
+            or merge.index is not index
+            or merge.frozen["resets"] != index.resets
+        ):
             if merge.error is not None:
-                log.warning("key index merge of %s failed (%s); the deltas stay its durable record", self.location,
-                            merge.error)
+                log.warning(
+                    "key index merge of %s failed (%s); the deltas stay its durable record", self.location, merge.error
+                )
             index.touched = None
             try:
                 self.fs.delete_dir(f"{self.root}/{merge.generation}")
@@ -293,8 +334,14 @@ class IndexStore:
         self.base_seq = merge.seq
         self.deltas -= merge.deltas_before
         self._collect(merge.seq, merge.generation, beside=True)
-        log.info("key index base %d of %s: %d keys in %d bucket(s), merged beside the batches in %.2fs", merge.seq,
-                 self.location, merge.meta["rows"], len(merge.meta["buckets"]), merge.seconds)
+        log.info(
+            "key index base %d of %s: %d keys in %d bucket(s), merged beside the batches in %.2fs",
+            merge.seq,
+            self.location,
+            merge.meta["rows"],
+            len(merge.meta["buckets"]),
+            merge.seconds,
+        )
 
     def _collect(self, seq: int, generation: str, beside: bool = False) -> None:
         """Delete what the base ``seq`` made unnecessary: older bases and deltas, other generations. With
@@ -305,9 +352,12 @@ class IndexStore:
             infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
         except OSError:
             return
-        doomed = [(info.path, info.type == pafs.FileType.Directory) for info in infos
-                  if ((m := _NAME.match(info.base_name)) and int(m.group(2)) < seq)
-                  or (info.type == pafs.FileType.Directory and info.base_name != generation)]
+        doomed = [
+            (info.path, info.type == pafs.FileType.Directory)
+            for info in infos
+            if ((m := _NAME.match(info.base_name)) and int(m.group(2)) < seq)
+            or (info.type == pafs.FileType.Directory and info.base_name != generation)
+        ]
 
         def delete() -> None:
             for path, is_dir in doomed:

@@ -5,6 +5,7 @@ call. A value that does not fit its column (an integer overflow, NaN in an integ
 column, a string in a numeric column, a fraction in an integer column) is never turned into NULL:
 the whole row is reported with a precise reason and left out, and the rest is converted.
 """
+
 from __future__ import annotations
 
 import decimal

@@ -6,6 +6,7 @@ column's wire form like any value (`lakestream.decode.types`). Here it is writte
 single-value JSON form for the table commit, and read back from a table schema into the wire form
 the write tasks fill in for rows whose record predates the column.
 """
+
 from __future__ import annotations
 
 import datetime as dt

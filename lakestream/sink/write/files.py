@@ -1,6 +1,7 @@
 """Iceberg data files written from Python (executor side, and the driver's own small files): Arrow in the
 table's schema (`lakestream.sink.types`), split by partition (`lakestream.sink.write.partitioning`), written as
 zstd Parquet with pyarrow. The driver commits them through `lakestream.sink.catalog.sink.commit_files`."""
+
 from __future__ import annotations
 
 import logging
@@ -22,8 +23,15 @@ if TYPE_CHECKING:
 
 # -- writing data files --------------------------------------------------------------------------
 
-def write_data_file(table: pa.Table, data_location: str, arrow_schema: pa.Schema, file_name_prefix: str,
-                    *, row_group_rows: int = 1_000_000) -> dict[str, Any]:
+
+def write_data_file(
+    table: pa.Table,
+    data_location: str,
+    arrow_schema: pa.Schema,
+    file_name_prefix: str,
+    *,
+    row_group_rows: int = 1_000_000,
+) -> dict[str, Any]:
     """Write ``table`` (cast to ``arrow_schema``) as one zstd Parquet file
     ``<data_location>/<file_name_prefix>-<uuid>.parquet``; returns ``{path, file_size, record_count}``.
 
@@ -35,14 +43,26 @@ def write_data_file(table: pa.Table, data_location: str, arrow_schema: pa.Schema
     if isinstance(fs, pafs.LocalFileSystem):
         fs.create_dir(base.rstrip("/"), recursive=True)
     if not table.schema.equals(arrow_schema, check_metadata=True):
-        columns = [table.column(f.name) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
-                   for f in arrow_schema]
+        columns = [
+            table.column(f.name) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+            for f in arrow_schema
+        ]
         table = pa.Table.from_arrays(columns, names=arrow_schema.names).cast(arrow_schema)
-    pq.write_table(table, target, filesystem=fs, compression="zstd", row_group_size=row_group_rows,
-                   write_statistics=True, store_schema=False)
+    pq.write_table(
+        table,
+        target,
+        filesystem=fs,
+        compression="zstd",
+        row_group_size=row_group_rows,
+        write_statistics=True,
+        store_schema=False,
+    )
     size = fs.get_file_info(target).size
-    return {"path": f"{canonical_location(data_location).rstrip('/')}/{name}", "file_size": size,
-            "record_count": table.num_rows}
+    return {
+        "path": f"{canonical_location(data_location).rstrip('/')}/{name}",
+        "file_size": size,
+        "record_count": table.num_rows,
+    }
 
 
 def read_data_files(paths: list[str]) -> pa.Table:
@@ -57,14 +77,23 @@ def read_data_files(paths: list[str]) -> pa.Table:
 def write_driver_files(table: pa.Table, spec: Any, file_name_prefix: str) -> list[DataFileEntry]:
     """Rows the driver produced (dead letters, alerts), written as one data file per partition of ``spec``
     (a `TableSpec`); the `commit_files` entries for them."""
-    groups: list[tuple[list[Any], Any]] = partition_values(spec.partition_spec, spec.schema, table) \
-        if spec.partition_spec.get("fields") else [([], list(range(table.num_rows)))]
+    groups: list[tuple[list[Any], Any]] = (
+        partition_values(spec.partition_spec, spec.schema, table)
+        if spec.partition_spec.get("fields")
+        else [([], list(range(table.num_rows)))]
+    )
     files: list[DataFileEntry] = []
     for values, rows in groups:
         part = table if len(rows) == table.num_rows else table.take(pa.array(rows, pa.int64()))
         written = write_data_file(part, spec.data_location, spec.arrow_schema(), file_name_prefix)
-        files.append({"path": written["path"], "file_size": written["file_size"],
-                      "record_count": written["record_count"], "partition": list(values)})
+        files.append(
+            {
+                "path": written["path"],
+                "file_size": written["file_size"],
+                "record_count": written["record_count"],
+                "partition": list(values),
+            }
+        )
     return files
 
 

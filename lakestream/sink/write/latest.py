@@ -7,6 +7,7 @@ changes back to one that carried it, or, when the run holds no earlier change of
 stored row (``STORED``). After a delete there is nothing to take from: an insert after a delete carries every
 column.
 """
+
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
@@ -32,8 +33,9 @@ def first_per_key(keys: Sequence[Hashable], order: Sequence[int]) -> list[int]:
     return sorted(first.values())
 
 
-def latest_per_key(keys: Sequence[Hashable], ops: Sequence[str], withheld: Sequence[Sequence[str]],
-                   order: Sequence[int]) -> tuple[list[int], dict[int, dict[str, int]]]:
+def latest_per_key(
+    keys: Sequence[Hashable], ops: Sequence[str], withheld: Sequence[Sequence[str]], order: Sequence[int]
+) -> tuple[list[int], dict[int, dict[str, int]]]:
     """Indices of the last change of each key (in ``order``), and the fills: for each change that withholds
     columns, column → the index of the earlier change that carries its value, or ``STORED``."""
     last: dict[Any, int] = {}

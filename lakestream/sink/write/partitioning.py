@@ -6,6 +6,7 @@ identity/truncate -> the source's internal form (int, long, string, boolean, flo
 time/timestamp/timestamptz -> long micros, decimal -> string with the type's scale such as "12.30",
 uuid -> canonical string, binary/fixed -> base64 string), null allowed.
 """
+
 from __future__ import annotations
 
 import base64
@@ -103,8 +104,9 @@ def _bucket(column: pa.ChunkedArray, source_type: Any, n: int) -> pa.Array:
         hashed = [None if v is None else _bucket_hash_bytes(v.encode("utf-8")) for v in column.to_pylist()]
     elif isinstance(source_type, str) and source_type.startswith("decimal("):
         scale = decimal_ps(source_type)[1]
-        hashed = [None if v is None else _bucket_hash_bytes(_unscaled_bytes(_unscaled(v, scale)))
-                  for v in column.to_pylist()]
+        hashed = [
+            None if v is None else _bucket_hash_bytes(_unscaled_bytes(_unscaled(v, scale))) for v in column.to_pylist()
+        ]
     elif source_type in ("binary", "uuid") or (isinstance(source_type, str) and source_type.startswith("fixed[")):
         hashed = [None if v is None else _bucket_hash_bytes(bytes(v)) for v in column.to_pylist()]
     else:
@@ -182,6 +184,7 @@ def _json_value(value: Any, source_type: Any, transform: str) -> Any:
 
 def _find_column(table: pa.Table, schema: dict[str, Any], source_id: int) -> tuple[pa.ChunkedArray, Any]:
     """The column (top-level or nested in structs) with Iceberg field id ``source_id``, and its type."""
+
     def walk(fields: list[dict[str, Any]], path: list[str]) -> tuple[list[str], Any] | None:
         for f in fields:
             if f["id"] == source_id:
@@ -204,8 +207,9 @@ def _find_column(table: pa.Table, schema: dict[str, Any], source_id: int) -> tup
     return column, source_type
 
 
-def partition_values(spec: dict[str, Any], schema: dict[str, Any], table: pa.Table
-                     ) -> list[tuple[list[Any], np.ndarray]]:
+def partition_values(
+    spec: dict[str, Any], schema: dict[str, Any], table: pa.Table
+) -> list[tuple[list[Any], np.ndarray]]:
     """Rows of ``table`` grouped by partition: ``[(partition values, row indices)]``, groups in order
     of first appearance. Values are one per spec field in the JSON form `commit_files` takes (see the
     module docstring); an unpartitioned spec gives one group ``([], all rows)``."""
@@ -221,13 +225,16 @@ def partition_values(spec: dict[str, Any], schema: dict[str, Any], table: pa.Tab
         if transform == "identity" and source_type in ("date", "time", "timestamp", "timestamptz"):
             # internal form: date -> int days, time/timestamps -> long micros
             internal = _as_int64(values)
-            values = pa.array(internal.astype(np.int32) if source_type == "date" else internal,
-                              mask=~values.is_valid().to_numpy(zero_copy_only=False))
+            values = pa.array(
+                internal.astype(np.int32) if source_type == "date" else internal,
+                mask=~values.is_valid().to_numpy(zero_copy_only=False),
+            )
         keys[f"p{i}"] = values
         meta.append((source_type, transform))
     keys["__row"] = pa.array(np.arange(table.num_rows, dtype=np.int64))
-    grouped = pa.table(keys).group_by([f"p{i}" for i in range(len(fields))], use_threads=False) \
-        .aggregate([("__row", "list")])
+    grouped = (
+        pa.table(keys).group_by([f"p{i}" for i in range(len(fields))], use_threads=False).aggregate([("__row", "list")])
+    )
     rows = grouped.column("__row_list").to_pylist()
     columns = [grouped.column(f"p{i}").to_pylist() for i in range(len(fields))]
     out = []

@@ -4,6 +4,7 @@ A topic maps to a table through its stream's naming template (``{prefix}``, ``{s
 ``{table}`` from the Debezium topic ``<prefix>.<schema>.<table>``, ``{topic}``), or, with
 ``route_field``, through a value inside the record (one topic feeding many tables).
 """
+
 from __future__ import annotations
 
 import re
@@ -44,8 +45,9 @@ class Router:
         except InvalidIdentifierError as exc:
             raise UnroutableRecord(f"cannot route to a table: {exc}") from None
 
-    def route(self, topic: str, payload: dict[str, Any] | None = None,
-              headers: list[tuple[str, bytes]] | None = None) -> tuple[StreamSettings, TableName]:
+    def route(
+        self, topic: str, payload: dict[str, Any] | None = None, headers: list[tuple[str, bytes]] | None = None
+    ) -> tuple[StreamSettings, TableName]:
         """The stream and table for a record; DecodeError when the record cannot be routed."""
         cached = self._topic_cache.get(topic)
         if cached is None:

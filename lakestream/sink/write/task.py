@@ -10,6 +10,7 @@ A table the driver has not prepared for a record's shape (a new table, a new col
 type) is not written by this job: the task reports the shape, the driver creates or evolves the
 table, and a second job writes that table alone.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -81,6 +82,7 @@ class WriteContext:
 
     def writes(self, table: str) -> bool:
         return self.only_tables is None or table in self.only_tables
+
     # `SchemaRegistrySettings.client_config()` (secrets resolved on the driver), to read Avro records.
     schema_registry: dict[str, Any] | None = field(default=None, repr=False)  # holds secrets: never in a repr
     # The driver's object storage (credentials included): the tasks write their files through it.
@@ -90,8 +92,23 @@ class WriteContext:
 class _Pending:
     """One table's changes within a task, in Kafka order."""
 
-    __slots__ = ("spec", "topics", "partitions", "offsets", "ops", "rows", "withheld", "source_ts", "kafka_ts",
-                 "raw_keys", "raw_values", "runs", "truncates", "old_rows", "positions")
+    __slots__ = (
+        "spec",
+        "topics",
+        "partitions",
+        "offsets",
+        "ops",
+        "rows",
+        "withheld",
+        "source_ts",
+        "kafka_ts",
+        "raw_keys",
+        "raw_values",
+        "runs",
+        "truncates",
+        "old_rows",
+        "positions",
+    )
 
     def __init__(self, spec: TableSpec):
         self.spec = spec
@@ -141,8 +158,9 @@ class _Rows:
     positions: list[tuple[int, int] | None] | None = None
 
 
-def change_stats(name: str, topics: list[str], partitions: np.ndarray, offsets: np.ndarray, source_ts: np.ndarray
-           ) -> list[rp.TableStats]:
+def change_stats(
+    name: str, topics: list[str], partitions: np.ndarray, offsets: np.ndarray, source_ts: np.ndarray
+) -> list[rp.TableStats]:
     """Per partition: records consumed (kept or not: a dead letter is consumed too) and source times."""
     out = []
     distinct = set(zip(topics, partitions.tolist(), strict=True))
@@ -154,8 +172,18 @@ def change_stats(name: str, topics: list[str], partitions: np.ndarray, offsets: 
         offs, ts = offsets[sel], source_ts[sel]
         ts = ts[~np.isnan(ts)]
         q = np.quantile(ts, [0.01, 0.5, 0.99]).tolist() if len(ts) else None
-        out.append(rp.TableStats(name, TP(topic, partition), len(offs), int(offs.min()), int(offs.max()),
-                                 int(ts.min()) if len(ts) else None, int(ts.max()) if len(ts) else None, q))
+        out.append(
+            rp.TableStats(
+                name,
+                TP(topic, partition),
+                len(offs),
+                int(offs.min()),
+                int(offs.max()),
+                int(ts.min()) if len(ts) else None,
+                int(ts.max()) if len(ts) else None,
+                q,
+            )
+        )
     return out
 
 
@@ -208,8 +236,11 @@ class TableWriter:
                 keys, order = keys_np.tolist(), order_np.tolist()
                 final, fills = latest_per_key(keys, ops, withheld, order)
                 # a value from the stored row stays withheld here: the committer fills it from the table
-                fills = {row: mine for row, columns in fills.items()
-                         if (mine := {c: src for c, src in columns.items() if src != STORED})}
+                fills = {
+                    row: mine
+                    for row, columns in fills.items()
+                    if (mine := {c: src for c, src in columns.items() if src != STORED})
+                }
                 if fills:
                     typed = _apply_fills(typed, fills)
                     withheld = [[c for c in w if c not in fills.get(j, {})] for j, w in enumerate(withheld)]
@@ -230,16 +261,19 @@ class TableWriter:
             if spec.kind == "mirror" and "d" in ops:
                 deleted = keys_np[np.array([o == "d" for o in ops], dtype=bool)]
                 op[np.isin(keys_np[sel], deleted) & ~is_delete] = rp.KeyedOp.RECREATE
-            locations = pa.table({
-                "key": keys_to_arrow(keys_np[sel]),
-                "op": pa.array(op),
-                "task_file": pa.array(file_of),
-                "pos": pa.array(pos_of),
-                "topic": pa.array([rows.topics[j] for j in final], pa.string()),
-                "partition": pa.array(rows.partitions[sel].astype(np.int32)),
-                "offset": pa.array(rows.offsets[sel]),
-                "withheld": pa.array([withheld[j] or None for j in final], pa.list_(pa.string())),
-            }, schema=rp.location_schema(not is_integer_key(typed.schema, spec.key_columns)))
+            locations = pa.table(
+                {
+                    "key": keys_to_arrow(keys_np[sel]),
+                    "op": pa.array(op),
+                    "task_file": pa.array(file_of),
+                    "pos": pa.array(pos_of),
+                    "topic": pa.array([rows.topics[j] for j in final], pa.string()),
+                    "partition": pa.array(rows.partitions[sel].astype(np.int32)),
+                    "offset": pa.array(rows.offsets[sel]),
+                    "withheld": pa.array([withheld[j] or None for j in final], pa.list_(pa.string())),
+                },
+                schema=rp.location_schema(not is_integer_key(typed.schema, spec.key_columns)),
+            )
             facts.append(rp.RowLocations(spec.name, self.task_id, locations))
 
     def _write_keyless(self, rows: _Rows, facts: list[rp.Fact]) -> None:
@@ -267,8 +301,18 @@ class TableWriter:
                 old[i] = None
             for k, j in enumerate(good):
                 old[updates[j]] = converted.slice(k, 1)
-        blob = write_keyless_changes(typed, ops, old, schema, file_of, pos_of, rows.topics, rows.partitions,
-                                     rows.offsets, [p or (0, 0) for p in rows.positions or []])
+        blob = write_keyless_changes(
+            typed,
+            ops,
+            old,
+            schema,
+            file_of,
+            pos_of,
+            rows.topics,
+            rows.partitions,
+            rows.offsets,
+            [p or (0, 0) for p in rows.positions or []],
+        )
         facts.append(rp.RowLocations(self.spec.name, self.task_id, blob))
 
     def _typed_rows(self, pending: _Pending, facts: list[rp.Fact]) -> _Rows | None:
@@ -278,21 +322,33 @@ class TableWriter:
         schema = spec.arrow_schema()
         run_topics = [t for t, _, run in pending.runs for _ in range(run.table.num_rows)]
         all_topics = pending.topics + run_topics
-        all_partitions = np.concatenate([np.asarray(pending.partitions, np.int64)]
-                                        + [np.full(run.table.num_rows, p, np.int64) for _, p, run in pending.runs])
-        all_offsets = np.concatenate([np.asarray(pending.offsets, np.int64)]
-                                     + [run.offsets for _, _, run in pending.runs])
-        source_ts = np.concatenate([np.array([np.nan if t is None else t for t in pending.source_ts], np.float64)]
-                                   + [run.source_ts for _, _, run in pending.runs])
-        kafka_ts = np.concatenate([np.asarray(pending.kafka_ts, np.int64)]
-                                  + [np.asarray(run.kafka_ts, np.int64) for _, _, run in pending.runs])
+        all_partitions = np.concatenate(
+            [np.asarray(pending.partitions, np.int64)]
+            + [np.full(run.table.num_rows, p, np.int64) for _, p, run in pending.runs]
+        )
+        all_offsets = np.concatenate(
+            [np.asarray(pending.offsets, np.int64)] + [run.offsets for _, _, run in pending.runs]
+        )
+        source_ts = np.concatenate(
+            [np.array([np.nan if t is None else t for t in pending.source_ts], np.float64)]
+            + [run.source_ts for _, _, run in pending.runs]
+        )
+        kafka_ts = np.concatenate(
+            [np.asarray(pending.kafka_ts, np.int64)]
+            + [np.asarray(run.kafka_ts, np.int64) for _, _, run in pending.runs]
+        )
         if pending.truncates:
             # A truncate is consumed by the table like any change: its offset commits with the table.
             t_topics, t_parts, t_offs, t_ts = zip(*pending.truncates, strict=True)
-            facts.extend(change_stats(spec.name, all_topics + list(t_topics),
-                                np.concatenate([all_partitions, np.asarray(t_parts, np.int64)]),
-                                np.concatenate([all_offsets, np.asarray(t_offs, np.int64)]),
-                                np.concatenate([source_ts, np.array([np.nan if t is None else t for t in t_ts])])))
+            facts.extend(
+                change_stats(
+                    spec.name,
+                    all_topics + list(t_topics),
+                    np.concatenate([all_partitions, np.asarray(t_parts, np.int64)]),
+                    np.concatenate([all_offsets, np.asarray(t_offs, np.int64)]),
+                    np.concatenate([source_ts, np.array([np.nan if t is None else t for t in t_ts])]),
+                )
+            )
             last: dict[TP, int] = {}
             for topic, partition, offset, _ in pending.truncates:
                 tp = TP(topic, partition)
@@ -302,9 +358,18 @@ class TableWriter:
             facts.extend(change_stats(spec.name, all_topics, all_partitions, all_offsets, source_ts))
         typed, bad = convert_rows(pending.rows, schema)
         for i, reason in sorted(bad.items()):
-            facts.append(dead_letter(TP(pending.topics[i], pending.partitions[i]), pending.offsets[i],
-                                     pending.kafka_ts[i], reason, pending.raw_keys[i], pending.raw_values[i],
-                                     spec.name, BadValue.kind))
+            facts.append(
+                dead_letter(
+                    TP(pending.topics[i], pending.partitions[i]),
+                    pending.offsets[i],
+                    pending.kafka_ts[i],
+                    reason,
+                    pending.raw_keys[i],
+                    pending.raw_values[i],
+                    spec.name,
+                    BadValue.kind,
+                )
+            )
         good = [i for i in range(len(pending.rows)) if i not in bad]
         if bad:
             keep = np.array(good + list(range(len(pending.rows), len(all_topics))), dtype=np.int64)
@@ -321,11 +386,13 @@ class TableWriter:
         if spec.kind == "multiset" and not pending.runs:
             old_rows = [pending.old_rows[i] for i in good]
             positions = [pending.positions[i] for i in good]
-        return _Rows(table, all_topics, all_partitions, all_offsets, ops, withheld, source_ts, kafka_ts,
-                     old_rows, positions)
+        return _Rows(
+            table, all_topics, all_partitions, all_offsets, ops, withheld, source_ts, kafka_ts, old_rows, positions
+        )
 
-    def _write_files(self, data: pa.Table, final_slots: np.ndarray, file_of: np.ndarray, pos_of: np.ndarray,
-                     facts: list[rp.Fact]) -> None:
+    def _write_files(
+        self, data: pa.Table, final_slots: np.ndarray, file_of: np.ndarray, pos_of: np.ndarray, facts: list[rp.Fact]
+    ) -> None:
         """Write ``data`` (one partition per file); record where each row of ``final_slots`` landed."""
         from lakestream.sink.write.files import write_data_file
         from lakestream.sink.write.partitioning import partition_values
@@ -341,8 +408,17 @@ class TableWriter:
             part = data if whole else data.take(pa.array(rows))
             task_file = sum(1 for f in facts if isinstance(f, rp.DataFileWritten))
             written = write_data_file(part, spec.data_location, spec.arrow_schema(), f"{self.task_id}-{task_file:05d}")
-            facts.append(rp.DataFileWritten(spec.name, written["path"], written["file_size"], written["record_count"],
-                                            list(values), self.task_id, task_file))
+            facts.append(
+                rp.DataFileWritten(
+                    spec.name,
+                    written["path"],
+                    written["file_size"],
+                    written["record_count"],
+                    list(values),
+                    self.task_id,
+                    task_file,
+                )
+            )
             file_of[final_slots[rows]] = task_file
             pos_of[final_slots[rows]] = np.arange(len(rows))
 
@@ -409,8 +485,16 @@ def run_write_task(ranges: list[OffsetRange], ctx: WriteContext) -> Iterator[pa.
 MAX_REASON = 2000  # characters of a dead letter's reason
 
 
-def dead_letter(tp: TP, offset: int, kafka_ts: int | None, reason: str, key: bytes | None, value: bytes | None,
-                table: str | None, kind: str) -> rp.DeadLetter:
+def dead_letter(
+    tp: TP,
+    offset: int,
+    kafka_ts: int | None,
+    reason: str,
+    key: bytes | None,
+    value: bytes | None,
+    table: str | None,
+    kind: str,
+) -> rp.DeadLetter:
     """The one way a task reports a record it cannot write: its Kafka coordinates, raw bytes and a bounded
     reason (``kind``: one of `lakestream.errors.DEAD_LETTER_KINDS`)."""
     return rp.DeadLetter(tp, offset, kafka_ts, reason[:MAX_REASON], key, value, table, kind)
@@ -462,8 +546,11 @@ class WriteTask:
 
     def dead_letter(self, rec: Any, reason: str, table: str | None, kind: str) -> None:
         """Report record ``rec`` as a dead letter."""
-        self.facts.append(dead_letter(TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms, reason, rec.key,
-                                      rec.value, table, kind))
+        self.facts.append(
+            dead_letter(
+                TP(rec.topic, rec.partition), rec.offset, rec.timestamp_ms, reason, rec.key, rec.value, table, kind
+            )
+        )
 
     def skip(self, reason: str) -> None:
         """Count a record that carries no row change on purpose (reported once, by the first job)."""
@@ -504,8 +591,16 @@ class WriteTask:
         """The record's change (None: no change, or a dead letter for what its content made the decoder raise)."""
         try:
             return self.decoder.decode(rec)
-        except (DecodeError, RecursionError, ValueError, TypeError, KeyError, AttributeError,
-                UnicodeDecodeError, OverflowError) as exc:
+        except (
+            DecodeError,
+            RecursionError,
+            ValueError,
+            TypeError,
+            KeyError,
+            AttributeError,
+            UnicodeDecodeError,
+            OverflowError,
+        ) as exc:
             # Anything a record's content can make the decoder raise is that record's fault.
             if self.ctx.only_tables is None:
                 reason = str(exc) if isinstance(exc, DecodeError) else f"cannot decode: {type(exc).__name__}: {exc}"
@@ -522,8 +617,9 @@ class WriteTask:
             return  # no table yet (nothing to empty), or the table already applied it
         self._buffer(self.pending, spec).truncates.append((rec.topic, rec.partition, rec.offset, change.source_ts_ms))
 
-    def place_shape(self, rec: Any, change: DecodedRecord, spec: TableSpec | None
-                    ) -> Literal["accepted", "rejected", "deferred"]:
+    def place_shape(
+        self, rec: Any, change: DecodedRecord, spec: TableSpec | None
+    ) -> Literal["accepted", "rejected", "deferred"]:
         """Whether the table takes the change's row shape as it is; a rejected shape is a dead letter, a new one is
         reported for the driver to prepare (the table is deferred to a second job)."""
         table, shape_id = change.table, change.columns.schema_id
@@ -533,19 +629,33 @@ class WriteTask:
                 reason = f"{reason} (Avro writer schema id {schema_id})"
             self.dead_letter(rec, reason, table, "incompatible_schema")
             return "rejected"
-        if (spec is not None and shape_id not in spec.accepted_shapes and table not in self.deferred
-                and (change.op == "d" and _keys_in_table(spec, change)
-                     or spec.fits(change.columns.names, [t.ddl for t in change.columns.types],
-                                  complete=not change.columns.inferred))):
+        if (
+            spec is not None
+            and shape_id not in spec.accepted_shapes
+            and table not in self.deferred
+            and (
+                change.op == "d"
+                and _keys_in_table(spec, change)
+                or spec.fits(
+                    change.columns.names, [t.ddl for t in change.columns.types], complete=not change.columns.inferred
+                )
+            )
+        ):
             # The table can take it as it is (a delete writes only its key).
             spec.accepted_shapes = spec.accepted_shapes | {shape_id}
         if spec is None or shape_id not in spec.accepted_shapes or table in self.deferred:
             shapes = self.deferred.setdefault(table, {})
             if shape_id not in shapes:
                 cols = change.columns
-                shapes[shape_id] = rp.NewShape(table, rec.topic, shape_id,
-                                               [(n, t.ddl) for n, t in zip(cols.names, cols.types, strict=True)],
-                                               change.key_columns, cols.inferred, _defaults_json(cols))
+                shapes[shape_id] = rp.NewShape(
+                    table,
+                    rec.topic,
+                    shape_id,
+                    [(n, t.ddl) for n, t in zip(cols.names, cols.types, strict=True)],
+                    change.key_columns,
+                    cols.inferred,
+                    _defaults_json(cols),
+                )
             return "deferred"
         return "accepted"
 
@@ -554,15 +664,24 @@ class WriteTask:
         or delete that names its row by a key it does not have. Else a dead letter."""
         if spec.kind == "mirror" and not change.key_columns:
             # A keyless event (no message key) for a table mirrored by key.
-            self.dead_letter(rec, f"missing key: the message has no key and the stream sets no key_columns "
-                                  f"(table {spec.name} is mirrored by key {spec.key_columns})", spec.name,
-                             "missing_key")
+            self.dead_letter(
+                rec,
+                f"missing key: the message has no key and the stream sets no key_columns "
+                f"(table {spec.name} is mirrored by key {spec.key_columns})",
+                spec.name,
+                "missing_key",
+            )
             return False
         if spec.kind == "multiset" and change.key_columns and change.op in ("u", "d"):
-            self.dead_letter(rec, f"the source table gained a primary key {change.key_columns}, but its mirror "
-                                  f"{spec.name} holds rows without one (a multiset), and this {change.op!r} event no "
-                                  "longer names the old row — fix: drop the mirror and capture the table again, "
-                                  "so it is recreated keyed", spec.name, "missing_key")
+            self.dead_letter(
+                rec,
+                f"the source table gained a primary key {change.key_columns}, but its mirror "
+                f"{spec.name} holds rows without one (a multiset), and this {change.op!r} event no "
+                "longer names the old row — fix: drop the mirror and capture the table again, "
+                "so it is recreated keyed",
+                spec.name,
+                "missing_key",
+            )
             return False
         return True
 
@@ -578,8 +697,9 @@ class WriteTask:
         ctx = self.ctx
         topic, partition = run.topic, run.partition
         table = self._run_table(topic)
-        changes = run if None not in run.values else run.select(
-            [i for i, v in enumerate(run.values) if v is not None])  # tombstones carry no change
+        changes = (
+            run if None not in run.values else run.select([i for i, v in enumerate(run.values) if v is not None])
+        )  # tombstones carry no change
         if table is None or len(changes) < 16 or not ctx.wanted(table):
             self._one_by_one(run)
             return
@@ -620,15 +740,20 @@ class WriteTask:
         if topic not in self.topic_tables:
             router = self.ctx.router
             stream = router.streams[i] if (i := router.stream_index(topic)) is not None else None
-            eligible = stream is not None and (stream.record_format == "debezium" and stream.mode == "upsert"
-                                               or stream.record_format == "json" and stream.mode == "append")
+            eligible = stream is not None and (
+                stream.record_format == "debezium"
+                and stream.mode == "upsert"
+                or stream.record_format == "json"
+                and stream.mode == "append"
+            )
             self.topic_tables[topic] = topic_table(router, topic) if eligible else None
             if stream is not None and eligible and stream.record_format == "json":
                 self.event_time_fields[topic] = stream.event_time_field
         return self.topic_tables[topic]
 
-    def _decode_run(self, records: RecordRun, schema: pa.Schema, key_columns: list[str], like: bytes
-                    ) -> DecodedRun | None:
+    def _decode_run(
+        self, records: RecordRun, schema: pa.Schema, key_columns: list[str], like: bytes
+    ) -> DecodedRun | None:
         """``records`` decoded as one typed run, or None (decode them one by one); ``like``: a
         message of theirs whose shape the table accepts (its first)."""
         if records.topic in self.event_time_fields:
@@ -640,8 +765,13 @@ class WriteTask:
         reported instead, and its changes dropped here. That job reports its records of rejected shapes again:
         reported here too, they would be dead letters twice."""
         if self.deferred:
-            self.facts[:] = [f for f in self.facts if not (isinstance(f, rp.DeadLetter) and f.table in self.deferred
-                                                           and f.reason_kind == "incompatible_schema")]
+            self.facts[:] = [
+                f
+                for f in self.facts
+                if not (
+                    isinstance(f, rp.DeadLetter) and f.table in self.deferred and f.reason_kind == "incompatible_schema"
+                )
+            ]
         for table, shapes in self.deferred.items():
             self.pending.pop(table, None)
             self.reread.pop(table, None)
@@ -663,10 +793,21 @@ class WriteTask:
         """Run the transforms of input ``table`` over its typed changes (those of ``only`` outputs)."""
         ctx = self.ctx
         for derived in ctx.derived.get(table, ()):
-            if rows is not None and ctx.writes(derived.table) and derived.table in ctx.tables \
-                    and (only is None or derived.table in only):
-                _run_derived(derived, ctx.tables[derived.table], rows, self.raw_runs, self.task_id, self.facts,
-                             reference_views(derived, ctx.references))
+            if (
+                rows is not None
+                and ctx.writes(derived.table)
+                and derived.table in ctx.tables
+                and (only is None or derived.table in only)
+            ):
+                _run_derived(
+                    derived,
+                    ctx.tables[derived.table],
+                    rows,
+                    self.raw_runs,
+                    self.task_id,
+                    self.facts,
+                    reference_views(derived, ctx.references),
+                )
 
 
 def _changed_keys(rows: _Rows, columns: list[str]) -> pa.Table:
@@ -684,8 +825,14 @@ def _changed_keys(rows: _Rows, columns: list[str]) -> pa.Table:
     return pa.table(out)
 
 
-def reread_from(derived: Iterable[Derived], specs: dict[str, TableSpec], held: Collection[str], tp: TP,
-                committed: int, default: int = -1) -> int:
+def reread_from(
+    derived: Iterable[Derived],
+    specs: dict[str, TableSpec],
+    held: Collection[str],
+    tp: TP,
+    committed: int,
+    default: int = -1,
+) -> int:
     """``committed`` (an input table's stored offset of ``tp``), lowered to the stored offset of any of its
     transform outputs that holds its commits (``held``) and has committed less (``default`` if none yet)."""
     for d in derived:
@@ -695,12 +842,24 @@ def reread_from(derived: Iterable[Derived], specs: dict[str, TableSpec], held: C
     return committed
 
 
-def _run_derived(derived: Derived, spec: TableSpec, rows: _Rows, raw_runs: list[RecordRun], task_id: str,
-                 facts: list[rp.Fact], views: dict[str, pa.Table] | None = None) -> None:
+def _run_derived(
+    derived: Derived,
+    spec: TableSpec,
+    rows: _Rows,
+    raw_runs: list[RecordRun],
+    task_id: str,
+    facts: list[rp.Fact],
+    views: dict[str, pa.Table] | None = None,
+) -> None:
     """Run one transform over an input table's typed changes and append its output to ``spec``'s
     table; rows it fails on become dead letters. Changes the output table already holds are skipped."""
-    fresh = np.array([o >= spec.committed.get(TP(t, int(p)), -1)
-                      for t, p, o in zip(rows.topics, rows.partitions, rows.offsets, strict=True)], dtype=bool)
+    fresh = np.array(
+        [
+            o >= spec.committed.get(TP(t, int(p)), -1)
+            for t, p, o in zip(rows.topics, rows.partitions, rows.offsets, strict=True)
+        ],
+        dtype=bool,
+    )
     if not fresh.any():
         return
     order = rp.kafka_order(rows.topics, rows.partitions, rows.offsets)
@@ -709,23 +868,44 @@ def _run_derived(derived: Derived, spec: TableSpec, rows: _Rows, raw_runs: list[
     topics = [rows.topics[i] for i in order]
     partitions, offsets = rows.partitions[order], rows.offsets[order]
     source_ts = rows.source_ts[order]
-    batch = with_meta(rows.table.take(take), {
-        "_op": [rows.ops[i] for i in order], "_topic": topics, "_kafka_partition": partitions.astype(np.int32),
-        "_kafka_offset": offsets, "_source_ts_ms": [None if np.isnan(v) else int(v) for v in source_ts],
-        "_kafka_ts_ms": rows.kafka_ts[order]})
+    batch = with_meta(
+        rows.table.take(take),
+        {
+            "_op": [rows.ops[i] for i in order],
+            "_topic": topics,
+            "_kafka_partition": partitions.astype(np.int32),
+            "_kafka_offset": offsets,
+            "_source_ts_ms": [None if np.isnan(v) else int(v) for v in source_ts],
+            "_kafka_ts_ms": rows.kafka_ts[order],
+        },
+    )
     schema = spec.arrow_schema()
     outputs, failed = apply_isolating(lambda part: fit_output(run_transform(derived, part, views), schema), batch)
     facts.extend(change_stats(spec.name, topics, partitions, offsets, source_ts))
     if failed:
-        raws = {(run.topic, run.partition, o): (run.keys[i], run.values[i], run.timestamps[i])
-                for run in raw_runs for i, o in enumerate(run.offsets)}
+        raws = {
+            (run.topic, run.partition, o): (run.keys[i], run.values[i], run.timestamps[i])
+            for run in raw_runs
+            for i, o in enumerate(run.offsets)
+        }
         for row, error in sorted(failed.items()):
             tp, offset = TP(topics[row], int(partitions[row])), int(offsets[row])
             key, value, ts = raws.get((tp.topic, tp.partition, offset), (None, None, None))
-            facts.append(dead_letter(tp, offset, ts, f"transform {derived.name} ({derived.where}) failed: {error}", key,
-                                     value, spec.name, "transform_failed"))
+            facts.append(
+                dead_letter(
+                    tp,
+                    offset,
+                    ts,
+                    f"transform {derived.name} ({derived.where}) failed: {error}",
+                    key,
+                    value,
+                    spec.name,
+                    "transform_failed",
+                )
+            )
     data = pa.concat_tables(outputs) if outputs else None
     if data is not None and data.num_rows:
         n = data.num_rows
-        TableWriter(spec, task_id)._write_files(data.combine_chunks(), np.arange(n), np.full(n, -1, np.int32),
-                                                np.zeros(n, np.int64), facts)
+        TableWriter(spec, task_id)._write_files(
+            data.combine_chunks(), np.arange(n), np.full(n, -1, np.int32), np.zeros(n, np.int64), facts
+        )
