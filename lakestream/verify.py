@@ -124,7 +124,8 @@ class VerifyReport:
         numeric = set(range(2, 8))
         lines = [
             "  ".join(
-                cell.rjust(w) if i in numeric else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))
+                cell.rjust(w) if i in numeric else cell.ljust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
             ).rstrip()
             for row in rows
         ]
@@ -490,7 +491,7 @@ def _key_display(keys: list[str], key_cols: list[str]) -> Column:
     from pyspark.sql import functions as F
 
     parts = []
-    for i, (name, col) in enumerate(zip(keys, key_cols)):
+    for i, (name, col) in enumerate(zip(keys, key_cols, strict=True)):
         prefix = ("," if i else "") + name + "="
         parts.append(F.concat(F.lit(prefix), F.coalesce(F.col(col), F.lit("NULL"))))
     return F.concat(*parts)

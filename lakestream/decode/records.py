@@ -125,7 +125,8 @@ class RecordDecoder:
             if row.get(stream.dedupe_field) is None:
                 raise MissingKey(f"de-duplication field {stream.dedupe_field!r} is missing or null")
             key_cols = [stream.dedupe_field]
-        # The position too: a table that was keyless when its mirror was made stays a multiset (`lakestream.sink.index.keyless`).
+        # The position too: a table that was keyless when its mirror was made stays a multiset
+        # (`lakestream.sink.index.keyless`).
         position = source_position(change.payload) if stream.mode == "upsert" else None
         return DecodedRecord(
             str(table),

@@ -228,7 +228,7 @@ class Committer:
             else:
                 with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="table-commit") as pool:
                     kinds = list(pool.map(lambda item: commit(*item), phase))
-            done.update({item[0]: kind for item, kind in zip(phase, kinds) if kind is not None})
+            done.update({item[0]: kind for item, kind in zip(phase, kinds, strict=True) if kind is not None})
         # Held only now that every commit before them succeeded: what a table holds is always safe to
         # commit (for a rule's source: the alerts of its records are committed).
         for name, tr in hold:

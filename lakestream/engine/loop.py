@@ -109,7 +109,7 @@ def run_pipeline(
                 pipeline = Pipeline(config, pipeline.spark, last_batch_id=pipeline.batch_id)
                 continue
             idle = result is None or (result.advanced == 0 and not result.tables)
-            if idle:
+            if result is None or idle:
                 # Nothing new (a partition re-checked for records beyond a lagging watermark).
                 if stop_when_idle:
                     break
@@ -137,7 +137,7 @@ def run_pipeline(
                         own=set(pipeline.specs),
                         background=True,
                         rewrite_specs=pipeline.compacted_here(),
-                        batch_s=None if idle else result.seconds,
+                        batch_s=None if result is None or idle else result.seconds,
                     ):
                         log.info("maintenance: %s", action)
                 except Exception as exc:  # noqa: BLE001 — maintenance must never stop ingestion

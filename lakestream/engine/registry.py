@@ -279,7 +279,7 @@ class TableRegistry:
                     f"{where}.{body} ({t.name}) fails over table {name}'s columns: "
                     f"{type(exc).__name__}: {str(exc)[:500]} — fix: the view is `batch` with the table's "
                     f"columns plus _op, _topic, _kafka_partition, _kafka_offset, _source_ts_ms, _kafka_ts_ms"
-                )
+                ) from exc
             if not columns:
                 raise ConfigError(f"{where}: the transform {t.name} returns no columns — fix: select at least one")
             shape_id = "derived-" + hashlib.sha1(repr(columns).encode()).hexdigest()[:16]

@@ -42,7 +42,8 @@ class StageContext:
     def commit_properties(
         self, offsets: dict[TP, int], source_ts_ms: int | None = None, **extra: str
     ) -> dict[str, str]:
-        """The snapshot properties of a commit by this pipeline in this batch (`sink.commit.offsets.commit_properties`)."""
+        """The snapshot properties of a commit by this pipeline in this batch
+        (`sink.commit.offsets.commit_properties`)."""
         return commit_properties(offsets, self.config.name, self.batch_id, source_ts_ms, **extra)
 
 

@@ -868,7 +868,7 @@ def _commit_once(
     # Snapshot rows: all come in, except those same keys.
     skipped = 0
     if changed is not None:
-        for f, keys in zip(new_files, new_keys):
+        for f, keys in zip(new_files, new_keys, strict=True):
             drop = np.flatnonzero(np.isin(keys, w_keys))
             if len(drop):
                 deletes.setdefault(f["path"], []).append(drop)

@@ -163,7 +163,8 @@ def run_snapshot(
             return SnapshotReport(capture.slot_name, handover["lsn_text"], already_complete=True)
         if handover is not None:
             raise SnapshotError(
-                f"the snapshot of slot {capture.slot_name} finished without {sorted(set(names) - set(handover['tables']))}; "
+                f"the snapshot of slot {capture.slot_name} finished without "
+                f"{sorted(set(names) - set(handover['tables']))}; "
                 "a table added after the handover has no mirror to re-snapshot yet — fix: capture it "
                 "with Debezium's incremental snapshot, or start over with a new capture.slot_name"
             )

@@ -28,7 +28,8 @@ SETUP = [
     "CREATE TABLE public.events_2021 PARTITION OF public.events FOR VALUES FROM ('2021-01-01') TO ('2022-01-01')",
     "INSERT INTO public.events SELECT g, date '2020-06-01' + (g % 400), 'v' || g FROM generate_series(1, 200) g",
     "CREATE TABLE public.log_plain (msg text, n int, at timestamptz)",
-    "INSERT INTO public.log_plain SELECT 'm' || (g % 3), g % 2, timestamptz '2024-01-01 00:00+00' FROM generate_series(1, 12) g",
+    "INSERT INTO public.log_plain SELECT 'm' || (g % 3), g % 2, timestamptz '2024-01-01 00:00+00' "
+    "FROM generate_series(1, 12) g",
     "CREATE TABLE public.log_full (msg text, n int)",
     "ALTER TABLE public.log_full REPLICA IDENTITY FULL",
     "INSERT INTO public.log_full VALUES ('a', 1), ('a', 1), ('b', 2), ('c', 3), ('c', 3), ('c', 3)",

@@ -202,8 +202,8 @@ def test_merge_sorted_applies_replacements_inserts_and_tombstones_like_a_dict():
             ov_locs[rng.random(ov_n) < 0.2] = MISSING  # tombstones, of known and of unknown keys
             if dtype != np.int64:
                 base_keys, ov_keys = np.sort(base_keys.astype(dtype)), np.sort(ov_keys.astype(dtype))
-            want = dict(zip(base_keys.tolist(), base_locs.tolist()))
-            for k, v in zip(ov_keys.tolist(), ov_locs.tolist()):
+            want = dict(zip(base_keys.tolist(), base_locs.tolist(), strict=True))
+            for k, v in zip(ov_keys.tolist(), ov_locs.tolist(), strict=True):
                 if v == MISSING:
                     want.pop(k, None)
                 else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import uuid
 
 import pyarrow as pa
@@ -56,7 +57,7 @@ def test_chunks_cover_every_row_once(pg_conn, schema, key_type, key_sql):
     counts = _rows_per_chunk(pg_conn, source, plan)
     assert sum(counts) == 5000  # bounds are half-open and adjacent: no row twice, none left out
     assert plan.chunks[0].lower is None and plan.chunks[-1].upper is None
-    for a, b in zip(plan.chunks, plan.chunks[1:]):
+    for a, b in itertools.pairwise(plan.chunks):
         assert a.upper == b.lower
 
 

@@ -324,7 +324,8 @@ KINDS_SETUP = [
     # a partitioned parent: a range partition, a sub-partitioned one (by hash) and a DEFAULT partition
     "CREATE TABLE events (id int, ts date, v text, PRIMARY KEY (id, ts)) PARTITION BY RANGE (ts)",
     "CREATE TABLE events_2020 PARTITION OF events FOR VALUES FROM ('2020-01-01') TO ('2021-01-01')",
-    "CREATE TABLE events_2021 PARTITION OF events FOR VALUES FROM ('2021-01-01') TO ('2022-01-01') PARTITION BY HASH (id)",
+    "CREATE TABLE events_2021 PARTITION OF events FOR VALUES FROM ('2021-01-01') TO ('2022-01-01') "
+    "PARTITION BY HASH (id)",
     "CREATE TABLE events_2021_h0 PARTITION OF events_2021 FOR VALUES WITH (MODULUS 2, REMAINDER 0)",
     "CREATE TABLE events_2021_h1 PARTITION OF events_2021 FOR VALUES WITH (MODULUS 2, REMAINDER 1)",
     "CREATE TABLE events_other PARTITION OF events DEFAULT",

@@ -32,7 +32,7 @@ def test_changed_keys_are_the_applied_ones_with_their_last_operation():
         }
     )
     keys, deleted = w.changed_keys({0: 16, 1: 9})  # offset 16 of partition 0 and 9 of partition 1 not applied
-    got = dict(zip(keys.tolist(), deleted.tolist()))
+    got = dict(zip(keys.tolist(), deleted.tolist(), strict=True))
     assert got == {1: True, 2: False, 3: False, 7: False}
     assert w.changed_keys({0: 0, 1: 0}) is None
 

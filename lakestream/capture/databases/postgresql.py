@@ -49,7 +49,9 @@ class PostgreSQL:
             # transactions in pgoutput, so busy uncaptured tables alone never advance the slot: the
             # action query writes a tiny WAL message that does (executable by any role by default).
             "heartbeat.interval.ms": "10000",
-            "heartbeat.action.query": f"SELECT pg_logical_emit_message(false, '{HEARTBEAT_MESSAGE_PREFIX}', now()::varchar)",
+            "heartbeat.action.query": (
+                f"SELECT pg_logical_emit_message(false, '{HEARTBEAT_MESSAGE_PREFIX}', now()::varchar)"
+            ),
             # ...and that message must not become a Kafka event of its own.
             "message.prefix.exclude.list": HEARTBEAT_MESSAGE_PREFIX,
             "decimal.handling.mode": "precise",

@@ -149,7 +149,9 @@ def _promotion(existing: DataType, incoming: DataType) -> str | None:
     return None
 
 
-def _reconcile_field(path: list[str], existing: DataType, incoming: DataType, out: list[str], table: str) -> str | None:
+def _reconcile_field(
+    path: list[str], existing: DataType, incoming: DataType, out: list[str | AddColumnWithDefault], table: str
+) -> str | None:
     """Append DDL making ``incoming`` fit ``existing`` at ``path``; return a reason when impossible."""
     from pyspark.sql.types import ArrayType, StructType
 

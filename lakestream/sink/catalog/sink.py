@@ -76,11 +76,11 @@ def _sink(spark: SparkSession) -> Any:
 def table_info(spark: SparkSession, catalog: str, namespace: str, table: str) -> TableInfo:
     """``{"exists": false}`` or ``{"exists": true, location, data_location, format_version,
     snapshot_id, schema, spec, identifier_fields, properties}`` (always the latest metadata)."""
-    info: TableInfo = orjson.loads(_sink(spark).tableInfo(spark._jsparkSession, catalog, namespace, table))
-    vended = info.pop("io", None)  # storage credentials a REST catalog vended: for the writers, never shown
+    raw: dict[str, Any] = orjson.loads(_sink(spark).tableInfo(spark._jsparkSession, catalog, namespace, table))
+    vended = raw.pop("io", None)  # storage credentials a REST catalog vended: for the writers, never shown
     if vended:
-        remember_vended(info["location"], vended)
-    return info
+        remember_vended(raw["location"], vended)
+    return cast(TableInfo, raw)
 
 
 def create_table(spark: SparkSession, catalog: str, namespace: str, table: str, request: dict[str, Any]) -> TableInfo:
