@@ -217,9 +217,10 @@ class Committer:
         # their input): a restart reads from the input's offsets, which are then never past a reader's (each
         # skips what it already holds), and a rule's source (its state) never holds records whose alerts were
         # not committed. The order is derived from what the stages declare (`lakestream.process.stage`).
-        phases = commit_phases([item[0] for item in todo], self.reads())
         by_name = {item[0]: item for item in todo}
-        phases = [[by_name[name] for name in phase] for phase in phases]
+        phases = [
+            [by_name[name] for name in phase] for phase in commit_phases([item[0] for item in todo], self.reads())
+        ]
         done: dict[str, TableCommit] = {}
         for phase in phases:
             workers = min(self.config.engine.table_write_parallelism, len(phase))
@@ -239,7 +240,7 @@ class Committer:
         self, now: float, force: bool
     ) -> list[tuple[str, TableReport, dict[TP, int], list[OffsetRange] | None]]:
         """The held tables whose interval is due (all of them with ``force``), taken for their commit."""
-        out = []
+        out: list[tuple[str, TableReport, dict[TP, int], list[OffsetRange] | None]] = []
         for name in sorted(self.registry.cadence.held) if force else self.registry.cadence.due_tables(now):
             held = self.registry.cadence.take(name, now)
             if held is not None and held.report.count > 0:

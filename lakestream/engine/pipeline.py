@@ -209,7 +209,7 @@ class Pipeline:
             )
             for ns in sorted(namespaces)
         ]
-        return max([0, *found])
+        return int(max([0, *found]))
 
     # -- the batch --------------------------------------------------------------------------
     def run_batch(self) -> BatchResult | None:
@@ -317,7 +317,9 @@ class Pipeline:
         for name in outputs:
             delete_quietly([f.path for f in report.tables.pop(name, TableReport(name)).files])
         second = self.isolator.write(
-            [r for r in closed if r.end > r.start], self.positions.watermarks, frozenset(new_shapes) | outputs
+            [r for r in closed if r.end is not None and r.end > r.start],
+            self.positions.watermarks,
+            frozenset(new_shapes) | outputs,
         )
         for name, tr in second.tables.items():
             if tr.shapes:
@@ -363,7 +365,7 @@ class Pipeline:
             (s.count, s.source_ts_q, s.source_ts_min, s.source_ts_max)
             for tr in report.tables.values()
             for s in tr.stats
-            if s.source_ts_q
+            if s.source_ts_q and s.source_ts_min is not None and s.source_ts_max is not None
         ]
         retries: dict[str, int] = {}
         for name in self.committer.retries:

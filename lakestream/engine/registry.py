@@ -42,6 +42,7 @@ from lakestream.sink.spec import TableSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,14 @@ class TableRegistry:
     def _stream_for_table(self, shapes: list[NewShape]) -> StreamSettings:
         stream = self.config.stream_for(shapes[0].topic) if shapes else None
         return stream or self.config.streams[0]
+
+    def _schema(self, namespace: str, table: str) -> StructType:
+        """The table's current schema; the table was just created or found, so its absence means another
+        writer dropped it in between."""
+        schema = self.catalog.schema(namespace, table, refresh=True)
+        if schema is None:
+            raise RuntimeError(f"table {namespace}.{table} was dropped while it was being prepared")
+        return schema
 
     def prepare_table(
         self, name: str, shapes: list[NewShape], stream: StreamSettings | None = None, topic: str | None = None
@@ -174,7 +183,7 @@ class TableRegistry:
                 key or "-",
                 info.get("format_version"),
             )
-        schema = self.catalog.schema(ns, tbl, refresh=True)
+        schema = self._schema(ns, tbl)
         result = reconcile(ident, schema, as_shapes)
         if result.rejected and stream.on_incompatible_type == "widen_to_string":
             keys = {k.lower() for s in as_shapes for k in s.key}
@@ -186,7 +195,7 @@ class TableRegistry:
                 self.catalog.apply(ns, tbl, widen_to_string_statements(ident, column, f"pre_string_{self.batch_id()}"))
             if columns_to_widen:
                 self.indexes.pop(name, None)
-                result = reconcile(ident, self.catalog.schema(ns, tbl, refresh=True), as_shapes)
+                result = reconcile(ident, self._schema(ns, tbl), as_shapes)
         if stream.on_dropped_column == "drop" and stream.mode == "upsert":
             result.statements.extend(
                 dropped_column_statements(

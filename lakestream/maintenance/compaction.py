@@ -68,6 +68,12 @@ class RewriteGroup:
     def live_rows(self) -> int:
         return sum(r - len(d) for r, d in zip(self.records, self.deleted, strict=True))
 
+    def written(self) -> tuple[dict[str, Any], np.ndarray]:
+        """The output file and its rows' keys of a group the compaction has written."""
+        if self.output is None or self.keys is None:
+            raise RuntimeError(f"the rewrite of {self.inputs[:3]} has not been written")
+        return self.output, self.keys
+
 
 @dataclass
 class PreparedRewrite:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import orjson
@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 class AlertStage:
     """Every rule set of a pipeline, with its evaluator and its Kafka producer."""
 
-    when = "before_commits"  # stages the alerts' data file; the alerts table commits before its source
+    # stages the alerts' data file; the alerts table commits before its source
+    when: Literal["before_commits", "after_commits"] = "before_commits"
 
     def __init__(self, ctx: StageContext):
         self.ctx = ctx
@@ -72,9 +73,8 @@ class AlertStage:
             check_access(self._producer)
         return self._producer
 
-    def run(self, report: BatchReport, isolated: bool = False) -> int:
-        """Evaluate, produce and stage the alerts of this batch; how many alerts were raised."""
-        raised = 0
+    def run(self, report: BatchReport, isolated: bool = False) -> None:
+        """Evaluate, produce and stage the alerts of this batch."""
         for rules in self.rule_sets:
             source = report.tables.get(rules.source)
             if source is None or not source.files:
@@ -87,8 +87,7 @@ class AlertStage:
             if "_source_ts_ms" not in new.column_names:
                 new = new.append_column("_source_ts_ms", pa.nulls(new.num_rows, pa.int64()))
             found = evaluator.evaluate(new)
-            raised += self._stage(rules, new, found, report)
-        return raised
+            self._stage(rules, new, found, report)
 
     def _stage(self, rules: Any, new: pa.Table, found: pa.Table, report: BatchReport) -> int:
         from lakestream.sink.write.task import change_stats

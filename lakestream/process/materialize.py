@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
@@ -338,7 +338,8 @@ class DerivedTable:
 class MaterializeStage:
     """Every derived table of a pipeline."""
 
-    when = "after_commits"  # reads its inputs as the batch committed them
+    # reads its inputs as the batch committed them
+    when: Literal["before_commits", "after_commits"] = "after_commits"
 
     def __init__(self, ctx: StageContext):
         self.ctx = ctx

@@ -13,7 +13,7 @@ watermark, and commits before the source table; a replay skips records the windo
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 import pyarrow as pa
@@ -104,7 +104,8 @@ def _merge_sql(w: WindowSettings, target: str, view: str) -> str:
 class WindowStage:
     """Every window definition of a pipeline, with its watermark."""
 
-    when = "before_commits"  # MERGEs (commits) the windows tables before their sources commit
+    # MERGEs (commits) the windows tables before their sources commit
+    when: Literal["before_commits", "after_commits"] = "before_commits"
 
     def __init__(self, ctx: StageContext):
         self.ctx = ctx

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -320,7 +321,7 @@ class TableManager:
             self.spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {name}")
             self._namespaces.add(namespace)
 
-    def apply(self, namespace: str, table: str, statements: list[str | AddColumnWithDefault]) -> None:
+    def apply(self, namespace: str, table: str, statements: Sequence[str | AddColumnWithDefault]) -> None:
         from lakestream.sink.catalog.sink import add_column_with_default
 
         for stmt in statements:

@@ -29,6 +29,7 @@ class TableInfo(TypedDict, total=False):
     schema: dict[str, Any]  # Iceberg schema JSON
     spec: dict[str, Any]  # Iceberg partition spec JSON
     identifier_fields: list[str]
+    uuid: str
     properties: dict[str, str]
 
 

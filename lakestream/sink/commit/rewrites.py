@@ -106,7 +106,7 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         deletes = None if missing.intersection(g.inputs) else carried_deletes(g, current)
         if deletes is None:
             dropped += 1
-            delete_quietly([g.output["path"]])  # never part of a commit; orphan removal would take days
+            delete_quietly([g.written()[0]["path"]])  # never part of a commit; orphan removal would take days
             continue
         groups.append(g)
         carried.append(deletes)
@@ -150,9 +150,10 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         return committed(0)
     moves, samples, expected = [], [], []
     for g, deletes in zip(groups, carried, strict=True):
-        live = np.ones(g.output["record_count"], bool)
+        output, all_keys = g.written()
+        live = np.ones(output["record_count"], np.bool_)
         live[deletes] = False
-        keys = g.keys[live]
+        keys = all_keys[live]
         # Each live row's key must still name the row the rewrite copied (a key updated since S0 has its old
         # row deleted, so it is not live here): in a mirror a live row's key points at it, so a sample checks
         # that the rewrite read what the index describes.
@@ -163,7 +164,7 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         )
         samples.append(keys[sample])
         expected.append(_old_locations(g, [index.file_id(p) for p in g.inputs])[live][sample])
-        moves.append((keys, g.output["path"], np.flatnonzero(live).astype(np.int64)))
+        moves.append((keys, output["path"], np.flatnonzero(live).astype(np.int64)))
     if samples and not (index.lookup(np.concatenate(samples)) == np.concatenate(expected)).all():
         log.warning(
             "%s: rows of the compaction were not where the key index said; reading its diff instead", write.ident

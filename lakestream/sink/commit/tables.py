@@ -223,11 +223,11 @@ def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
             deletes.add_grouped(files[last][written], positions[last][written], paths)
         final_file = np.where((ops[last] == KeyedOp.DELETE) | gone, -1, files[last])
         locations = Locations(paths, final_file, positions[last])
-        patches = []
+        patches: list[tuple[int, tuple[str, int], tuple[str, int] | None, list[str]]] = []
         withheld = rows.column("withheld")
         if withheld.null_count < len(withheld):
             withheld_sorted = withheld.take(pa.array(order)).to_pylist()
-            for g in np.flatnonzero(final_file >= 0):
+            for g in np.flatnonzero(final_file >= 0).tolist():
                 columns = withheld_sorted[last[g]]
                 if not columns:
                     continue
@@ -237,7 +237,9 @@ def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
                     prev = e_ - 2
                     earlier_row = ops[prev] != KeyedOp.DELETE and files[prev] >= 0
                     source = (paths[files[prev]], int(positions[prev])) if earlier_row else None
-                patches.append((int(g), locations[g], source, columns))
+                new_path, new_pos = locations[g]
+                if new_path is not None:  # always: the group has its new row (final_file >= 0)
+                    patches.append((g, (new_path, new_pos), source, columns))
         # A key deleted in this batch and written again is a new row (a new `_row_id`), as a primary-key change is.
         removed = (ops == KeyedOp.DELETE) | (ops == KeyedOp.RECREATE)
         deleted_here = np.maximum.reduceat(removed.astype(np.int8), starts) > 0

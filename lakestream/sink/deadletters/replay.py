@@ -227,18 +227,23 @@ def _already_sent(config: PipelineConfig, letters: dict[Coordinate, Any]) -> dic
             deadline = time.monotonic() + 120
             while position < high and time.monotonic() < deadline:
                 for msg in consumer.consume(1000, timeout=1.0):
-                    if msg.error():
-                        if msg.error().code() == KafkaError._PARTITION_EOF:
+                    error = msg.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
                             position = high
                             continue
-                        denied = denied_on_topic(msg.error(), config.kafka.consumer_config(), "READ", tp.topic)
+                        denied = denied_on_topic(error, config.kafka.consumer_config(), "READ", tp.topic)
                         if denied is not None:
                             raise denied
-                        raise RuntimeError(f"reading {tp} to check earlier replays: {msg.error()}")
-                    position = msg.offset() + 1
-                    for name, value in msg.headers() or []:
+                        raise RuntimeError(f"reading {tp} to check earlier replays: {error}")
+                    at, in_partition = msg.offset(), msg.partition()
+                    if at is None or in_partition is None:  # only error events lack them
+                        continue
+                    position = at + 1
+                    headers = msg.headers() or []
+                    for name, value in headers.items() if isinstance(headers, dict) else headers:
                         if name == REPLAY_HEADER and value in wanted:
-                            found[wanted[value]] = (msg.partition(), msg.offset())
+                            found[wanted[value]] = (in_partition, at)
             if position < high:
                 raise RuntimeError(f"could not read {tp} up to {high} to check earlier replays")
     finally:
@@ -273,7 +278,7 @@ def _produce(
         producer.produce(
             coordinate[0],
             key=None if key is None else bytes(key),
-            value=bytes(value),
+            value=None if value is None else bytes(value),
             partition=coordinate[1],
             headers=[(REPLAY_HEADER, _header(coordinate))],
             on_delivery=delivered,

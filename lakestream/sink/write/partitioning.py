@@ -50,8 +50,9 @@ def _months(values: pa.ChunkedArray) -> np.ndarray:
     return months
 
 
-def _fmix_mul(h: np.ndarray, k: np.ndarray) -> np.ndarray:
-    return (h * k).astype(np.uint32)
+def _fmix_mul(h: np.ndarray, k: np.ndarray | np.uint32) -> np.ndarray:
+    product: np.ndarray = (h * k).astype(np.uint32)
+    return product
 
 
 def _rotl(x: np.ndarray, r: int) -> np.ndarray:
