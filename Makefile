@@ -1,4 +1,4 @@
-.PHONY: setup check setup-spark4 setup-peers bench-peers demo demo-s3 test test-spark4 test-examples test-storage test-snapshot test-engines test-mariadb chaos bench bench-scale bench-sustained clean example-fraud example-iot example-customer360
+.PHONY: setup check setup-spark4 setup-peers bench-peers demo demo-s3 test test-spark4 test-random test-examples test-storage test-snapshot test-engines test-mariadb chaos bench bench-scale bench-sustained clean example-fraud example-iot example-customer360
 VENV ?= .venv
 
 setup:
@@ -29,6 +29,13 @@ check: setup
 
 test: check
 	$(VENV)/bin/python -m pytest -x -v --durations=15 tests
+
+# The suite with the tests of each module in random order and the modules shuffled (pytest-random-order): it finds a
+# test that passes only after the tests before it. The seed is printed at the top; `make test-random RANDOM_SEED=<seed>`
+# runs that order again.
+test-random: setup
+	$(VENV)/bin/python -m pytest -x -v --durations=15 --random-order-bucket=module \
+		$(if $(RANDOM_SEED),--random-order-seed=$(RANDOM_SEED)) tests
 
 # Spark 4.1 (Scala 2.13, Java 17): a second venv with pyspark $(SPARK4_PYSPARK) instead of requirements.lock's 3.5.9
 # (everything else as pinned), Iceberg's 4.1 runtime (jars.toml group spark4, picked by the pyspark version), and the
