@@ -35,6 +35,14 @@ KILL_AFTER_CHUNKS_ENV = "LAKESTREAM_SNAPSHOT_KILL_AFTER_CHUNKS"
 COMMIT_EVERY_S = 5.0
 
 
+def read_snapshot_state(spark: SparkSession, ident: str) -> dict[str, Any] | None:
+    """The snapshot state (chunks done, the handover) the table's latest commit carries, if any."""
+    from lakestream.spark import jvm_helper
+
+    raw = jvm_helper(spark).latestSummaryValue(spark._jsparkSession, ident, STATE_PROPERTY)
+    return orjson.loads(raw) if raw else None
+
+
 class SnapshotError(LakestreamError):
     """The parallel snapshot cannot start or go on safely; the message says why and what to do."""
 

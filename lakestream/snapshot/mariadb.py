@@ -430,7 +430,7 @@ def run_mariadb_snapshot(
     from lakestream.sink.catalog.sink import table_info
     from lakestream.sink.report import NewShape
     from lakestream.sink.write.routing import Router
-    from lakestream.snapshot.runner import read_snapshot_state
+    from lakestream.snapshot.chunks import read_snapshot_state
     from lakestream.spark import session_for
 
     capture = _capture(config)

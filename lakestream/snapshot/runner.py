@@ -29,7 +29,6 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import orjson
 import psycopg2
 
 from lakestream.config import PipelineConfig
@@ -42,6 +41,7 @@ from lakestream.snapshot.chunks import (  # noqa: F401 — KILL_AFTER_CHUNKS_ENV
     SnapshotTable,
     load_chunks,
     plan_under,
+    read_snapshot_state,
     source_dsn,
 )
 from lakestream.snapshot.progress import SnapshotReport, TableProgress
@@ -63,13 +63,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
-
-
-def read_snapshot_state(spark: SparkSession, ident: str) -> dict[str, Any] | None:
-    from lakestream.spark import jvm_helper
-
-    raw = jvm_helper(spark).latestSummaryValue(spark._jsparkSession, ident, STATE_PROPERTY)
-    return orjson.loads(raw) if raw else None
 
 
 def _parts(name: str) -> tuple[str, str]:

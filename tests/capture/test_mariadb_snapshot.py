@@ -28,7 +28,7 @@ from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import CaptureError
 from lakestream.snapshot import RESNAPSHOT_PROPERTY, SnapshotError, run_snapshot
-from lakestream.snapshot.runner import KILL_AFTER_CHUNKS_ENV, read_snapshot_state
+from lakestream.snapshot.chunks import KILL_AFTER_CHUNKS_ENV, read_snapshot_state
 from lakestream.snapshot.slot import read_handover
 from lakestream.spark import jvm_helper
 

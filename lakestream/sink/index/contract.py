@@ -147,14 +147,3 @@ class Journal:
         k = keys[order]
         last = np.r_[k[1:] != k[:-1], True] if len(k) else np.empty(0, bool)
         return k[last], locs[order][last]
-
-
-if TYPE_CHECKING:  # mypy checks here that every implementation has the contract
-    from lakestream.sink.index.disk import DiskKeyIndex
-    from lakestream.sink.index.keyless import KeylessIndex
-    from lakestream.sink.index.memory import KeyIndex
-
-    def _implementations(
-        disk: DiskKeyIndex, memory: KeyIndex, keyless: KeylessIndex
-    ) -> tuple[KeyedIndex, KeyedIndex, TableIndex]:
-        return disk, memory, keyless

@@ -552,3 +552,10 @@ def local_generation(fs: Any, path: str, name: str, buckets: list[int]) -> str:
                         dst.write(chunk)
                 os.replace(target + ".tmp", target)
     return local
+
+
+if TYPE_CHECKING:  # mypy checks here that DiskKeyIndex has the contract (`contract.KeyedIndex`)
+    from lakestream.sink.index.contract import KeyedIndex
+
+    def _conforms(index: DiskKeyIndex) -> KeyedIndex:
+        return index

@@ -195,3 +195,10 @@ class KeylessIndex(IndexIdentity):
             len(self.rows.keys),
             time.monotonic() - started,
         )
+
+
+if TYPE_CHECKING:  # mypy checks here that KeylessIndex has the contract (`contract.TableIndex`)
+    from lakestream.sink.index.contract import TableIndex
+
+    def _conforms(index: KeylessIndex) -> TableIndex:
+        return index

@@ -196,3 +196,10 @@ class KeyIndex(IndexIdentity, FileIds, Journal):
             self.nbytes / 1e6,
             time.monotonic() - started,
         )
+
+
+if TYPE_CHECKING:  # mypy checks here that KeyIndex has the contract (`contract.KeyedIndex`)
+    from lakestream.sink.index.contract import KeyedIndex
+
+    def _conforms(index: KeyIndex) -> KeyedIndex:
+        return index
