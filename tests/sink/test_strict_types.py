@@ -91,7 +91,7 @@ def test_values_that_do_not_fit_become_dead_letters(stack, spark, pipeline_confi
         f"WHERE topic = '{topic}' ORDER BY `offset`"
     ).collect()
     assert [r["offset"] for r in letters] == list(range(2, 12))
-    for letter, (_, column) in zip(letters, bad, strict=True):
+    for letter, (_, column) in zip(letters[: len(bad)], bad, strict=True):  # then the two letters of keys
         assert column in letter["error"], letter["error"]
         assert letter["target_table"] == f"strict.items_{topic[6:12]}"
     assert "id" in letters[8]["error"] and "id" in letters[9]["error"]
