@@ -201,6 +201,7 @@ def test_resnapshot_while_streaming_repairs_drift_exactly(stack, spark):
         # snapshot, which loaded this mirror, and '3024.0' from the parallel reader.)
         assert kinds["equal"] > 5_000 and kinds["updated"] > 0 and kinds["new"] > 0, kinds
         assert state["unchanged"] > 3_000 and state["updated"] > 0, state
+        _mark("lineage checked")
         time.sleep(1.0)
         writer.stop()
         source.wait_caught_up()
