@@ -50,6 +50,9 @@ class ChunkResult:
     files: list[dict[str, Any]]
     seconds: float
     keys: list[np.ndarray] | None = None  # per file, `lakestream.sink.index.keys.index_keys` of its rows
+    # per file of a keyed table, `lakestream.sink.index.keys.row_keys` of its rows: their contents' digests, by which
+    # a re-snapshot leaves the mirror's equal rows alone (`lakestream.snapshot.compare`)
+    digests: list[np.ndarray] | None = None
 
 
 _HEX_VALUES = np.full(256, 0, np.uint8)
@@ -156,7 +159,8 @@ def write_chunk(
             f"`lakestream snapshot` again to resume"
         ) from None
     files = []
-    keys = [] if target.report_keys else None
+    keys: list[np.ndarray] | None = [] if target.report_keys else None
+    digests: list[np.ndarray] | None = [] if target.report_keys and not source.keyless else None
     for values, rows in partition_values(target.partition_spec, target.schema, table):
         part = table.take(pa.array(rows)) if len(rows) != table.num_rows else table
         written = write_data_file(part, target.data_location, schema, f"snapshot-{chunk.chunk_id:05d}")
@@ -164,4 +168,6 @@ def write_chunk(
         if keys is not None:
             # A table without a key is a row multiset: a row's identity is its whole content.
             keys.append(row_keys(part, schema) if source.keyless else index_keys(part, source.key))
-    return ChunkResult(source.name, chunk.chunk_id, table.num_rows, files, time.monotonic() - started, keys)
+        if digests is not None:
+            digests.append(row_keys(part, schema))
+    return ChunkResult(source.name, chunk.chunk_id, table.num_rows, files, time.monotonic() - started, keys, digests)

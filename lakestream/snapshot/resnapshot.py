@@ -16,10 +16,13 @@ shows:
 3. **High mark in Kafka.** Once the slot's confirmed flush LSN passes H, Debezium has put every
    event S sees into Kafka; the topic's end offsets then bound them.
 4. **Commit.** When the table's committed offsets have passed every row event below that end, one
-   Iceberg commit based on the snapshot those offsets belong to replaces the mirror: every existing
-   row is deleted and every chunk row added, *except* the keys with an event in the window
-   [low mark, committed offsets) — the pipeline already applied a change of those keys that S may
-   not show; their mirror rows are the stream's and stay. Events after the committed offsets are
+   Iceberg commit based on the snapshot those offsets belong to makes the mirror S, *except* the keys
+   with an event in the window [low mark, committed offsets) — the pipeline already applied a change of
+   those keys that S may not show; their mirror rows are the stream's and stay. Every other key gets S's
+   row: a mirror row equal to it (same content digest) is left as it is, lineage included; one that
+   differs is replaced by S's row keeping its ``_row_id`` (an update); a key only in S is added, one only
+   in the mirror deleted (`lakestream.snapshot.compare`). Leaving an equal row in place writes the same
+   content as replacing it, so the argument is unchanged. Events after the committed offsets are
    applied by the pipeline after this commit, in order. Another commit landing first makes this one
    stale; the window is extended and it is planned again.
 
@@ -394,6 +397,7 @@ def _read_mariadb_table(
 ) -> _Planned:
     """Step 2 for MariaDB: consistent-snapshot sessions at one binlog position read the chunks; that position is
     the high mark (every transaction before it is in the snapshot, every one after it in the stream)."""
+    from lakestream.sink.types import arrow_schema
     from lakestream.snapshot.chunks import SnapshotTable, load_chunks
     from lakestream.snapshot.mariadb import ConsistentSnapshot
 
@@ -431,7 +435,19 @@ def _read_mariadb_table(
             task=snapshot.task,
         )
         mark = snapshot.position
-    return _Planned(name, lake, ident, topic, list(source.key), source.integer_key, results, mark, window, progress)
+    return _Planned(
+        name,
+        lake,
+        ident,
+        topic,
+        list(source.key),
+        source.integer_key,
+        results,
+        mark,
+        window,
+        progress,
+        arrow_schema(spec.schema),
+    )
 
 
 @dataclass
@@ -448,6 +464,8 @@ class _Planned:
     high_lsn: int | dict[str, Any]  # PostgreSQL: the LSN; MariaDB: the snapshot's binlog position {file, pos, gtids}
     window: TopicWindow
     progress: TableProgress
+    schema: Any  # the chunks' Arrow schema: the columns a row's content digest covers
+    rewritten: set[str] = field(default_factory=set)  # new files rewritten with lineage columns (`keep_row_ids`)
 
 
 def resnapshot_tables(
@@ -461,8 +479,9 @@ def resnapshot_tables(
     on_progress: Callable[[list[TableProgress]], Any] | None = None,
     wait_timeout_s: float = 600.0,
 ) -> SnapshotReport:
-    """Read ``tables`` again from the source (PostgreSQL or MariaDB) in parallel and replace their mirrors with
-    the result, while `lakestream capture` and `lakestream run` keep streaming them (see the module doc).
+    """Read ``tables`` again from the source (PostgreSQL or MariaDB) in parallel and make their mirrors equal to
+    the result (rows already equal left alone), while `lakestream capture` and `lakestream run` keep streaming
+    them (see the module doc).
 
     Needs both running: the commit waits until the pipeline has applied every change the snapshot
     shows. Nothing is committed before the end: a run that stops midway leaves the mirror as it was
@@ -682,18 +701,20 @@ def _read_table(
             on_progress,
             commit=collect,
         )
-    return _Planned(name, lake, ident, topic, list(source.key), source.integer_key, results, high_lsn, window, progress)
+    return _Planned(
+        name, lake, ident, topic, list(source.key), source.integer_key, results, high_lsn, window, progress, schema
+    )
 
 
 def _commit(
     spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, planned: _Planned, wait_timeout_s: float
 ) -> None:
-    """Steps 3-4: wait for the pipeline to pass the high mark, then replace the mirror in one commit."""
+    """Steps 3-4: wait for the pipeline to pass the high mark, then repair the mirror in one commit."""
     from lakestream.sink.catalog.sink import table_info
     from lakestream.sink.index.keyless import KeylessIndex
-    from lakestream.sink.index.memory import KeyIndex
     from lakestream.sink.types import arrow_schema
     from lakestream.snapshot.chunks import SnapshotError
+    from lakestream.snapshot.compare import MirrorRows
 
     capture = config.capture
     waited = time.monotonic()
@@ -714,6 +735,7 @@ def _commit(
     ns, tbl = planned.lake.split(".", 1)
     new_files = [f for r in planned.results for f in r.files]
     new_keys = [k for r in planned.results for k in (r.keys or [])]
+    new_digests = [d for r in planned.results for d in (r.digests or [])]
     chunk_keys = np.concatenate(new_keys) if new_keys else np.empty(0, np.int64 if planned.integer_key else "S16")
     deadline = time.monotonic() + wait_timeout_s
     # Without holding anything: wait until the pipeline applied every row event below the high mark.
@@ -729,12 +751,14 @@ def _commit(
                 "`lakestream run` running during a re-snapshot, then run it again"
             )
         time.sleep(0.5)
-    # A table without a key: its rows by content, as the pipeline's multiset index holds them.
+    # A table without a key: its rows by content, as the pipeline's multiset index holds them. A keyed one: its
+    # rows' keys and content digests, to leave the rows equal to the snapshot's alone (`compare`).
     mirror = (
         KeylessIndex(arrow_schema(table_info(spark, config.catalog.name, ns, tbl)["schema"]))
         if not planned.key_columns
-        else KeyIndex(not planned.integer_key, planned.key_columns)
+        else MirrorRows(planned.key_columns, not planned.integer_key, planned.schema)
     )
+    committing = time.monotonic()
     mirror.rebuild(spark, planned.ident, table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id"))
     attempts = 0
     run_id = uuid.uuid4().hex
@@ -755,15 +779,28 @@ def _commit(
             if mirror.snapshot_id != base:
                 mirror.rebuild(spark, planned.ident, base)
             result = _commit_once(
-                spark, config, planned, mirror, changed, base, committed, high, new_files, new_keys, chunk_keys, run_id
+                spark,
+                config,
+                planned,
+                mirror,
+                changed,
+                base,
+                committed,
+                high,
+                new_files,
+                new_keys,
+                new_digests,
+                chunk_keys,
+                run_id,
             )
             attempts += 1
             if result is not None:
                 log.info(
-                    "re-snapshot of %s committed as snapshot %s after %d attempt(s): %s",
+                    "re-snapshot of %s committed as snapshot %s after %d attempt(s), %.2fs from the mirror's scan: %s",
                     planned.name,
                     result["snapshot_id"],
                     attempts,
+                    time.monotonic() - committing,
                     result["state"],
                 )
                 planned.progress.rows = result["state"]["rows"]
@@ -834,25 +871,29 @@ def _commit_once(
     high: dict[int, int],
     new_files: list[dict[str, Any]],
     new_keys: list[np.ndarray],
+    new_digests: list[np.ndarray],
     chunk_keys: np.ndarray,
     run_id: str,
 ) -> dict[str, Any] | None:
     """One commit attempt on top of ``base``: the new snapshot's id and state, or None if another
     commit got there first."""
     from lakestream.sink.catalog.sink import commit_files, table_info
+    from lakestream.sink.commit.lineage import StaleLineage
     from lakestream.sink.index.keys import unpack
+    from lakestream.snapshot.compare import keep_row_ids, match_keyed, match_keyless
 
     ns, tbl = planned.lake.split(".", 1)
     deletes: dict[str, list[np.ndarray]] = {}
-    # Existing rows all go, except those of the keys the stream changed inside the window (W), which
-    # stay as the stream left them: none if its last change deleted the key, else only the newest
-    # row (the stream's) should the key have been duplicated by hand.
+    # The rows of the keys the stream changed inside the window (W) stay as the stream left them: none if its
+    # last change deleted the key, else only the newest row (the stream's) should the key have been duplicated by
+    # hand; the snapshot's rows of those keys do not come in. Outside W the snapshot's row is the key's: a mirror
+    # row equal to it stays (both lineage fields kept) and the snapshot's is not added; any other mirror row goes.
     if not planned.key_columns:
         # A row multiset: a content the stream changed keeps every copy the stream left of it.
         w_keys = changed[0] if changed is not None else np.empty(0, "S16")
         w_deleted = w_keys[:0]
-        keep_old = _copies_of(mirror, w_keys)
         duplicates = 0
+        match = match_keyless(mirror, _copies_of(mirror, w_keys), w_keys, new_keys)
         locs = mirror.rows.locs
     else:
         w_keys = changed[0] if changed is not None else np.empty(0, mirror.keys.dtype)
@@ -861,18 +902,30 @@ def _commit_once(
         duplicates = int(keep_old.sum())
         _keep_newest_only(spark, planned.ident, mirror, keep_old)
         duplicates -= int(keep_old.sum())
+        match = match_keyed(mirror, keep_old, w_keys, new_keys, new_digests)
         locs = mirror.locs
-    file_ids, positions = unpack(locs[~keep_old & (locs >= 0)])
+    file_ids, positions = unpack(locs[~match.keep & (locs >= 0)])
     for fid in np.unique(file_ids).tolist():
         deletes.setdefault(mirror.paths[fid], []).append(positions[file_ids == fid])
-    # Snapshot rows: all come in, except those same keys.
+    # A changed row keeps the id of the mirror row it replaces (an update); the others get new ones.
+    if base is not None and (match.updated or planned.rewritten):
+        try:
+            keep_row_ids(
+                spark, config.catalog.name, ns, tbl, base, mirror.paths, new_files, match.replaces, planned.rewritten
+            )
+        except StaleLineage as exc:
+            log.info("re-snapshot of %s: %s; planning the commit again", planned.name, exc)
+            return None
+    # A new file none of whose rows comes in is left out of the commit; the others lose the rows that do not.
+    added = []
     skipped = 0
-    if changed is not None:
-        for f, keys in zip(new_files, new_keys, strict=True):
-            drop = np.flatnonzero(np.isin(keys, w_keys))
-            if len(drop):
-                deletes.setdefault(f["path"], []).append(drop)
-                skipped += len(drop)
+    for f, drop, keys in zip(new_files, match.drop, new_keys, strict=True):
+        skipped += int(np.isin(keys[drop], w_keys).sum()) if len(drop) else 0
+        if len(drop) == int(f["record_count"]):
+            continue
+        added.append(f)
+        if len(drop):
+            deletes.setdefault(f["path"], []).append(drop)
     state = {
         "run": run_id,
         "table": planned.name,
@@ -880,7 +933,10 @@ def _commit_once(
         "stream_kept": skipped,
         "stream_deleted": len(w_deleted) if changed is not None else 0,
         "duplicates_dropped": duplicates,
-        "replaced": int((~keep_old).sum()),
+        "replaced": int((~match.keep).sum()),
+        "unchanged": match.unchanged,
+        "updated": match.updated,
+        "added": int(len(chunk_keys) - skipped - match.unchanged),
         "chunks": planned.progress.chunks_total,
         "low": {str(p): o for p, o in planned.window.start.items()},
         "committed": {str(p): o for p, o in committed.items()},
@@ -897,7 +953,7 @@ def _commit_once(
                 "record_count": f["record_count"],
                 "partition": f["partition"],
             }
-            for f in new_files
+            for f in added
         ],
         "deletes": [
             {"data_file": path, "positions": np.unique(np.concatenate(parts))} for path, parts in deletes.items()
@@ -923,4 +979,19 @@ def _commit_once(
             result.get("snapshot_id"),
         )
         return None
+    in_commit = {f["path"] for f in added}
+    _remove_unused([f["path"] for f in new_files if f["path"] not in in_commit])
     return {"snapshot_id": result["snapshot_id"], "state": state}
+
+
+def _remove_unused(paths: list[str]) -> None:
+    """Delete the re-snapshot's data files its commit left out (every row equal to the mirror's, or the stream's):
+    nothing references them. One that cannot be deleted is left to `remove_orphan_files`."""
+    from lakestream.storage import filesystem_path
+
+    for path in paths:
+        try:
+            fs, local = filesystem_path(path)
+            fs.delete_file(local)
+        except OSError as exc:
+            log.warning("re-snapshot: could not delete the unused data file %s: %s", path, exc)
