@@ -130,12 +130,15 @@ bench-sustained: setup
 # Lakestream beside Flink SQL's Iceberg upsert sink and a Spark Structured Streaming + MERGE job, on the same topics
 # (bench/peers/run.py; docs/benchmarks.md): a 10M-row mirror, a rate ramp of 5-minute steps, 10 minutes at a common
 # rate with an ADD COLUMN, reads by Spark and DuckDB, a SIGKILL run. Hours long: not part of `make test`.
-# BENCH_PEERS_ARGS="--quick" is the 1M-row check. The Flink peer runs under PyFlink in .venv-peers.
+# BENCH_PEERS_ARGS="--quick" is the 1M-row check. The Flink peer runs under PyFlink in .venv-peers (bench only: not
+# made by `make setup`).
 setup-peers:
 	./scripts/peers_venv.sh
 
+# First, in ~40 s, that each peer still starts and writes (tests/bench/test_peers.py, marker bench).
 bench-peers: setup setup-peers
 	mkdir -p .lakestream
+	$(VENV)/bin/python -m pytest -x -q -m bench tests/bench/test_peers.py
 	$(VENV)/bin/python bench/peers/run.py --chart .lakestream/bench-peers.svg $(BENCH_PEERS_ARGS)
 
 clean:

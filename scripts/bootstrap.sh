@@ -41,7 +41,4 @@ fi
 # catalog server) against them.
 "$VENV/bin/python" -m lakestream.jars
 "$VENV/bin/python" -m lakestream.jvm_jars >/dev/null
-# The bench-only PyFlink venv of the Flink peer (bench/peers/; tests/bench/test_peers.py starts it once). Not for a
-# second Spark line's venv (LAKESTREAM_PYSPARK): the peers run on the main one.
-[ -n "$PYSPARK" ] || ./scripts/peers_venv.sh
 echo "[bootstrap] ready: $VENV"

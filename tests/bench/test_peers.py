@@ -26,6 +26,7 @@ from lakestream.query import pyiceberg_catalog  # noqa: E402
 ROWS = 3
 
 
+@pytest.mark.bench
 @pytest.mark.parametrize("systems", [("flink", "spark")])
 def test_peer_writers_start_and_write(stack, spark, tmp_path, systems):
     runs = []
