@@ -26,6 +26,8 @@ from lakestream.snapshot.source import Chunk, ChunkPlan, SourceTable, plan_chunk
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from lakestream.engine.registry import TableRegistry
+
 log = logging.getLogger(__name__)
 
 STATE_PROPERTY = "lakestream.snapshot"
@@ -59,6 +61,38 @@ class SnapshotTable:
     done: set[int]
     snapshot_id: int | None  # the table's current Iceberg snapshot (commits expect it)
     progress: TableProgress
+
+
+def table_work(
+    spark: SparkSession,
+    config: PipelineConfig,
+    registry: TableRegistry,
+    name: str,
+    routed: tuple[str, Any, str, str],
+    source: SourceTable,
+    state: dict[str, Any] | None,
+    new_plan: Callable[[], ChunkPlan],
+) -> SnapshotTable:
+    """``name``'s mirror prepared for the source's columns and key, and its entry for `load_chunks`: the plan and the
+    chunks done of the interrupted run ``state`` describes, or ``new_plan()``. ``routed``: (topic, stream, lake,
+    ident) as the router places the table."""
+    from lakestream.sink.catalog.sink import table_info
+    from lakestream.sink.report import NewShape
+
+    topic, stream, lake, ident = routed
+    columns = [(c.name, c.ddl) for c in source.columns]
+    registry.prepare_table(lake, [NewShape(lake, topic, f"snapshot:{name}", columns, list(source.key), False)], stream)
+    spec = registry.specs[lake]
+    if state is not None:
+        plan = ChunkPlan.from_json(name, state["chunks"])
+        done = {i for a, b in state["done"] for i in range(a, b + 1)}
+    else:
+        plan, done = new_plan(), set()
+    ns, tbl = lake.split(".", 1)
+    current = table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")
+    progress = TableProgress(name, lake, len(plan.chunks), len(done), resumed_chunks=len(done))
+    target = ChunkTarget(lake, spec.schema, spec.partition_spec, spec.data_location)
+    return SnapshotTable(source, lake, ident, target, plan, done, current, progress)
 
 
 def source_dsn(config: PipelineConfig) -> str:

@@ -34,6 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -43,8 +44,8 @@ import pyarrow.json as pjson
 from lakestream.config import CaptureSettings, PipelineConfig
 from lakestream.errors import ConfigError
 from lakestream.identifiers import SourceTableName
-from lakestream.snapshot.chunks import ChunkTask, SnapshotError, SnapshotTable, load_chunks
-from lakestream.snapshot.progress import SnapshotReport, TableProgress
+from lakestream.snapshot.chunks import ChunkTask, SnapshotError, SnapshotTable, load_chunks, table_work
+from lakestream.snapshot.progress import SnapshotReport
 from lakestream.snapshot.reader import ChunkResult, ChunkTarget, hex_to_binary, write_chunk
 from lakestream.snapshot.slot import handover_path, read_handover
 from lakestream.snapshot.source import Chunk, ChunkPlan, SourceColumn, SourceTable, UnsupportedColumn
@@ -428,7 +429,6 @@ def run_mariadb_snapshot(
     """`lakestream.snapshot.run_snapshot` for a MariaDB source (module doc)."""
     from lakestream.engine.registry import TableRegistry
     from lakestream.sink.catalog.sink import table_info
-    from lakestream.sink.report import NewShape
     from lakestream.sink.write.routing import Router
     from lakestream.snapshot.chunks import read_snapshot_state
     from lakestream.spark import session_for
@@ -508,29 +508,15 @@ def run_mariadb_snapshot(
                     "tables and snapshot again, or snapshot such tables with Debezium "
                     "(capture.snapshot: debezium)"
                 )
-            shape = NewShape(
-                lake, topic, f"snapshot:{name}", [(c.name, c.ddl) for c in source.columns], list(source.key), False
-            )
-            registry.prepare_table(lake, [shape], stream)
-            spec = registry.specs[lake]
-            if state is not None:
-                plan = ChunkPlan.from_json(name, state["chunks"])
-                done = {i for a, b in state["done"] for i in range(a, b + 1)}
-            else:
-                plan = snapshot.plan(source, chunk_rows)
-                done = set()
-            ns, tbl = lake.split(".", 1)
-            current = table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")
-            progress = TableProgress(name, lake, len(plan.chunks), len(done), resumed_chunks=len(done))
-            work[name] = SnapshotTable(
+            work[name] = table_work(
+                spark,
+                config,
+                registry,
+                name,
+                routed[name],
                 source,
-                lake,
-                ident,
-                ChunkTarget(lake, spec.schema, spec.partition_spec, spec.data_location),
-                plan,
-                done,
-                current,
-                progress,
+                state,
+                partial(snapshot.plan, source, chunk_rows),
             )
         load_chunks(
             spark,

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.engine.registry import TableRegistry
+    from lakestream.snapshot.chunks import SnapshotTable
 
 log = logging.getLogger(__name__)
 
@@ -398,7 +399,7 @@ def _read_mariadb_table(
     """Step 2 for MariaDB: consistent-snapshot sessions at one binlog position read the chunks; that position is
     the high mark (every transaction before it is in the snapshot, every one after it in the stream)."""
     from lakestream.sink.types import arrow_schema
-    from lakestream.snapshot.chunks import SnapshotTable, load_chunks
+    from lakestream.snapshot.chunks import load_chunks
     from lakestream.snapshot.mariadb import ConsistentSnapshot
 
     capture = config.capture
@@ -408,19 +409,8 @@ def _read_mariadb_table(
     with ConsistentSnapshot(config, [parsed], sessions) as snapshot:
         source, _ = snapshot.describe(parsed)  # as the snapshot sees it
         plan = snapshot.plan(source, chunk_rows or capture.snapshot_chunk_rows)
-        progress = TableProgress(name, lake, len(plan.chunks))
-        target = ChunkTarget(lake, spec.schema, spec.partition_spec, spec.data_location, report_keys=True)
-        work = {name: SnapshotTable(source, lake, ident, target, plan, set(), None, progress)}
-        results: list[ChunkResult] = []
-
-        def collect(w: SnapshotTable, done: list[ChunkResult]) -> None:
-            results.extend(done)
-            w.done |= {r.chunk_id for r in done}
-            w.progress.chunks_done = len(w.done)
-            w.progress.rows += sum(r.rows for r in done)
-            if len(w.done) == len(w.plan.chunks):
-                w.progress.finished = time.monotonic()
-
+        work, results, collect = _chunk_work(name, lake, ident, source, spec, plan)
+        progress = work[name].progress
         load_chunks(
             spark,
             config,
@@ -589,7 +579,7 @@ def _read_table(
     from lakestream.sink.report import NewShape
     from lakestream.sink.types import arrow_schema
     from lakestream.sink.write.routing import Router
-    from lakestream.snapshot.chunks import SnapshotError, SnapshotTable, load_chunks, plan_under
+    from lakestream.snapshot.chunks import SnapshotError, load_chunks, plan_under
     from lakestream.snapshot.source import describe_table
 
     capture = config.capture
@@ -676,19 +666,8 @@ def _read_table(
             )
             high_lsn = lsn_to_int(cur.fetchone()[0])
         plan = plan_under(dsn, snapshot.snapshot_name, source, chunk_rows or capture.snapshot_chunk_rows)
-        progress = TableProgress(name, lake, len(plan.chunks))
-        target = ChunkTarget(lake, spec.schema, spec.partition_spec, spec.data_location, report_keys=True)
-        work = {name: SnapshotTable(source, lake, ident, target, plan, set(), None, progress)}
-        results: list[ChunkResult] = []
-
-        def collect(w: SnapshotTable, done: list[ChunkResult]) -> None:
-            results.extend(done)
-            w.done |= {r.chunk_id for r in done}
-            w.progress.chunks_done = len(w.done)
-            w.progress.rows += sum(r.rows for r in done)
-            if len(w.done) == len(w.plan.chunks):
-                w.progress.finished = time.monotonic()
-
+        work, results, collect = _chunk_work(name, lake, ident, source, spec, plan)
+        progress = work[name].progress
         load_chunks(
             spark,
             config,
@@ -704,6 +683,30 @@ def _read_table(
     return _Planned(
         name, lake, ident, topic, list(source.key), source.integer_key, results, high_lsn, window, progress, schema
     )
+
+
+def _chunk_work(
+    name: str, lake: str, ident: str, source: Any, spec: Any, plan: Any
+) -> tuple[dict[str, SnapshotTable], list[ChunkResult], Callable[[SnapshotTable, list[ChunkResult]], None]]:
+    """The one table a re-snapshot reads, for `load_chunks`: its work entry (nothing committed, the chunks' keys
+    reported), the list every chunk's result goes into (uncommitted: the repair commits them in one), and the
+    ``commit`` callback that fills it and advances the table's progress."""
+    from lakestream.snapshot.chunks import SnapshotTable
+
+    progress = TableProgress(name, lake, len(plan.chunks))
+    target = ChunkTarget(lake, spec.schema, spec.partition_spec, spec.data_location, report_keys=True)
+    work = {name: SnapshotTable(source, lake, ident, target, plan, set(), None, progress)}
+    results: list[ChunkResult] = []
+
+    def collect(w: SnapshotTable, done: list[ChunkResult]) -> None:
+        results.extend(done)
+        w.done |= {r.chunk_id for r in done}
+        w.progress.chunks_done = len(w.done)
+        w.progress.rows += sum(r.rows for r in done)
+        if len(w.done) == len(w.plan.chunks):
+            w.progress.finished = time.monotonic()
+
+    return work, results, collect
 
 
 def _commit(

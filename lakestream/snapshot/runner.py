@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import psycopg2
@@ -43,9 +44,9 @@ from lakestream.snapshot.chunks import (  # noqa: F401 — KILL_AFTER_CHUNKS_ENV
     plan_under,
     read_snapshot_state,
     source_dsn,
+    table_work,
 )
 from lakestream.snapshot.progress import SnapshotReport, TableProgress
-from lakestream.snapshot.reader import ChunkTarget
 from lakestream.snapshot.slot import (
     ExportedSlot,
     ExportedSnapshot,
@@ -57,7 +58,7 @@ from lakestream.snapshot.slot import (
     slot_state,
     write_handover,
 )
-from lakestream.snapshot.source import ChunkPlan, describe_table
+from lakestream.snapshot.source import describe_table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -69,10 +70,6 @@ def _parts(name: str) -> tuple[str, str]:
     """(schema, table) of a ``capture.tables`` entry, as PostgreSQL has them."""
     parsed = SourceTableName.parse(name)
     return parsed.schema, parsed.table
-
-
-def _unranges(runs: list[list[int]]) -> set[int]:
-    return {i for a, b in runs for i in range(a, b + 1)}
 
 
 def run_snapshot(
@@ -94,7 +91,6 @@ def run_snapshot(
     (`lakestream.snapshot.resnapshot`)."""
     from lakestream.engine.registry import TableRegistry
     from lakestream.sink.catalog.sink import table_info
-    from lakestream.sink.report import NewShape
     from lakestream.sink.write.routing import Router
     from lakestream.spark import session_for
 
@@ -236,32 +232,16 @@ def run_snapshot(
             handover_started = time.time()
             work: dict[str, SnapshotTable] = {}
             for name in names:
-                topic, stream, lake, ident = routed[name]
                 source = sources[name]
-                shape = NewShape(
-                    lake, topic, f"snapshot:{name}", [(c.name, c.ddl) for c in source.columns], list(source.key), False
-                )
-                registry.prepare_table(lake, [shape], stream)
-                spec = registry.specs[lake]
-                state = states.get(name)
-                if state is not None:
-                    plan = ChunkPlan.from_json(name, state["chunks"])
-                    done = _unranges(state["done"])
-                else:
-                    plan = plan_under(dsn, exported.snapshot_name, source, chunk_rows)
-                    done = set()
-                ns, tbl = lake.split(".", 1)
-                current = table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")
-                progress = TableProgress(name, lake, len(plan.chunks), len(done), resumed_chunks=len(done))
-                work[name] = SnapshotTable(
+                work[name] = table_work(
+                    spark,
+                    config,
+                    registry,
+                    name,
+                    routed[name],
                     source,
-                    lake,
-                    ident,
-                    ChunkTarget(lake, spec.schema, spec.partition_spec, spec.data_location),
-                    plan,
-                    done,
-                    current,
-                    progress,
+                    states.get(name),
+                    partial(plan_under, dsn, exported.snapshot_name, source, chunk_rows),
                 )
             load_chunks(
                 spark,
