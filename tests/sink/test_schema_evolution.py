@@ -1,8 +1,8 @@
 """Schema evolution mid-stream with real Debezium on a real PostgreSQL, the engine running between
 steps: ADD COLUMN, int→bigint, a new table, and an incompatible change that must only dead-letter.
 
-The steps share one captured database and run in file order; each checks its own scenario and
-`lakestream verify` (source vs Iceberg) after every compatible one.
+The steps share one captured database, each building on the one before, so they are one test that runs them in
+order; each step checks its own scenario and `lakestream verify` (source vs Iceberg) after every compatible one.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ def _rows(spark, table: str) -> dict:
     return {r["id"]: r.asDict() for r in spark.table(table).collect()}
 
 
-def test_snapshot_lands(src, spark):
+def _snapshot_lands(src, spark) -> None:
     src.sync({"evo_orders": 3, "evo_other": 2})
     assert sorted(_rows(spark, src.table("evo_orders"))) == [1, 2, 3]
     assert _types(spark, src.table("evo_orders"))["qty"] == "int"
     verify_ok(src, spark, ["evo_orders", "evo_other"])
 
 
-def test_add_column_while_running(src, spark):
+def _add_column_while_running(src, spark) -> None:
     src.sql(
         "ALTER TABLE public.evo_orders ADD COLUMN color text",
         "INSERT INTO public.evo_orders VALUES (4, 40, 'four', 'red')",
@@ -56,7 +56,7 @@ def test_add_column_while_running(src, spark):
     verify_ok(src, spark, ["evo_orders"])
 
 
-def test_int_to_bigint_at_the_source(src, spark):
+def _int_to_bigint_at_the_source(src, spark) -> None:
     src.sql(
         "ALTER TABLE public.evo_orders ALTER COLUMN qty TYPE bigint",
         "INSERT INTO public.evo_orders VALUES (5, 5000000000, 'five', 'green')",
@@ -70,7 +70,7 @@ def test_int_to_bigint_at_the_source(src, spark):
     verify_ok(src, spark, ["evo_orders"])
 
 
-def test_new_source_table_becomes_a_new_iceberg_table(src, spark):
+def _new_source_table_becomes_a_new_iceberg_table(src, spark) -> None:
     assert not spark.catalog.tableExists(src.table("evo_new"))
     src.sql(
         "CREATE TABLE public.evo_new (id integer PRIMARY KEY, label text, price numeric(8,2))",
@@ -83,7 +83,7 @@ def test_new_source_table_becomes_a_new_iceberg_table(src, spark):
     verify_ok(src, spark, ["evo_new", "evo_orders", "evo_other"])
 
 
-def test_incompatible_change_dead_letters_and_pipeline_keeps_going(src, spark):
+def _incompatible_change_dead_letters_and_pipeline_keeps_going(src, spark) -> None:
     before = src.end_offset("evo_orders")
     other_before = src.end_offset("evo_other")
     src.sql(
@@ -115,6 +115,15 @@ def test_incompatible_change_dead_letters_and_pipeline_keeps_going(src, spark):
     src.sync({"evo_other": other_before + 3, "evo_new": 3})
     assert _rows(spark, src.table("evo_other"))[4]["v"] == "d"
     verify_ok(src, spark, ["evo_other", "evo_new"])
+
+
+def test_schema_evolution_while_running(src, spark):
+    """The steps in order: the snapshot, ADD COLUMN, int to bigint, a new table, an incompatible change."""
+    _snapshot_lands(src, spark)
+    _add_column_while_running(src, spark)
+    _int_to_bigint_at_the_source(src, spark)
+    _new_source_table_becomes_a_new_iceberg_table(src, spark)
+    _incompatible_change_dead_letters_and_pipeline_keeps_going(src, spark)
 
 
 def test_parse_type_fast_path_equals_sparks_parser(spark):
