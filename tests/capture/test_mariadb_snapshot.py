@@ -61,7 +61,7 @@ ORDERS = 6_000
 
 
 class Writes(threading.Thread):
-    """Inserts, updates and deletes of ``orders`` and ``nokey`` as fast as one session goes, until stopped."""
+    """Inserts, updates and deletes of ``orders`` and ``nokey`` as fast as one connection goes, until stopped."""
 
     def __init__(self, mariadb, dbname: str, first_id: int = ORDERS + 1):
         super().__init__(daemon=True)

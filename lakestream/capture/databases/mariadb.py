@@ -291,7 +291,7 @@ _ALIASES = {"REPLICATION CLIENT": "BINLOG MONITOR", "REPLICATION REPLICA": "REPL
 
 def _grants(cur: Any) -> list[tuple[set[str], str | None, str | None]]:
     """(privileges, database or None for *, table or None for *) of every grant of the current user and its
-    enabled roles (MariaDB's `SHOW GRANTS` lists the grants of the default role a session starts with too)."""
+    enabled roles (MariaDB's `SHOW GRANTS` lists the grants of the default role a connection starts with too)."""
     cur.execute("SHOW GRANTS")
     out = []
     for (line,) in cur.fetchall():
