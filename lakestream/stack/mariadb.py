@@ -17,7 +17,7 @@ from pathlib import Path
 
 from lakestream.errors import StackError
 from lakestream.stack import process
-from lakestream.stack.models import ServiceStatus, StackSettings
+from lakestream.stack.models import StackSettings
 
 log = logging.getLogger(__name__)
 
@@ -139,18 +139,6 @@ class MariaDBServer(process.PidService):
             return False
         finally:
             conn.close()
-
-    def status(self) -> ServiceStatus:
-        pid = self.pid()
-        return ServiceStatus(
-            name=self.name,
-            running=pid is not None,
-            pid=pid,
-            port=self.port,
-            healthy=pid is not None and self.healthy(),
-            persistent=True,
-            detail=self.detail,
-        )
 
     # -- internals -------------------------------------------------------------------------
 
