@@ -136,10 +136,15 @@ setup-peers:
 	./scripts/peers_venv.sh
 
 # First, in ~40 s, that each peer still starts and writes (tests/bench/test_peers.py, marker bench).
+# The systems run one after another, each appending its result to PEERS_RESULTS; the report (the table, the chart and
+# the last line's JSON object) is built from that file. One system at a time: make bench-peers PEERS_SYSTEMS=flink.
+PEERS_SYSTEMS ?= lakestream,flink,spark
+PEERS_RESULTS ?= .lakestream/bench-peers.jsonl
 bench-peers: setup setup-peers
 	mkdir -p .lakestream
 	$(VENV)/bin/python -m pytest -x -q -m bench tests/bench/test_peers.py
-	$(VENV)/bin/python bench/peers/run.py --chart .lakestream/bench-peers.svg $(BENCH_PEERS_ARGS)
+	$(VENV)/bin/python bench/peers/run.py --systems $(PEERS_SYSTEMS) --results $(PEERS_RESULTS) $(BENCH_PEERS_ARGS)
+	$(VENV)/bin/python bench/peers/run.py --report $(PEERS_RESULTS) --chart .lakestream/bench-peers.svg
 
 clean:
 	-$(VENV)/bin/lakestream stack down

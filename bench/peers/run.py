@@ -22,6 +22,12 @@ partitions) and into a table of its own (``peers.orders_<system>``). Per system:
 CPU is every process of the writer's group (/proc), both lives; the broker's and this bench's (load, probe, reads)
 are reported apart. ``--quick``: 1M rows, 60 s steps, a 120 s steady phase, 60 s kill phase. The table, one JSON line
 per system, and the LAST line of stdout is one JSON object; ``--chart PATH`` writes an SVG of the main figures.
+
+The full comparison is hours long, so it runs one system at a time: ``--results FILE`` appends each system's result
+(with the parameters, versions, commit and load it ran under) as one JSON line, and ``--report FILE`` builds the table,
+the chart and the JSON object from the latest line per system, without running anything:
+
+    run.py --systems lakestream --results R; run.py --systems flink --results R; ...; run.py --report R
 """
 
 from __future__ import annotations
@@ -507,6 +513,84 @@ def chart(results: list[dict[str, Any]], path: Path) -> None:
     path.write_text("\n".join(parts))
 
 
+# The parameters that make two systems' results comparable (the ones that shape the records each writer gets).
+COMPARABLE = ("rows", "rate", "duration", "kill_duration", "ramp", "step_s", "lag_bound_s")
+
+
+def git_commit() -> str | None:
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def append_result(path: Path, summary: dict[str, Any], result: dict[str, Any]) -> None:
+    """One system's run as one JSON line: its result beside what it ran under."""
+    line = {k: summary[k] for k in ("params", "versions", "commit", "started")}
+    line.update({"load_start": summary["load_start"], "load_end": machine_load(), "result": result})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fh.write(json.dumps(line) + "\n")
+
+
+def latest_results(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The latest line per system in ``path`` (in the order systems were first run), and every line kept. Raises
+    ValueError when the kept lines were run with different comparable parameters: a table of them would mislead."""
+    if not path.exists():
+        raise ValueError(f"{path}: no results file; run a system with --results {path} first")
+    latest: dict[str, dict[str, Any]] = {}
+    for number, text in enumerate(path.read_text().splitlines(), 1):
+        if not text.strip():
+            continue
+        try:
+            line = json.loads(text)
+            system = line["result"]["system"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}:{number}: not a result line ({exc})") from exc
+        latest[system] = line
+    if not latest:
+        raise ValueError(f"{path}: holds no result")
+    kept = list(latest.values())
+    first = kept[0]["params"]
+    for line in kept[1:]:
+        differ = [k for k in COMPARABLE if line["params"].get(k) != first.get(k)]
+        if differ:
+            raise ValueError(
+                f"{path}: {line['result']['system']} ran with other {', '.join(differ)} than "
+                f"{kept[0]['result']['system']}; rerun one of them with the same parameters"
+            )
+    return [line["result"] for line in kept], kept
+
+
+def report(path: Path, chart_path: Path | None) -> int:
+    try:
+        results, lines = latest_results(path)
+    except ValueError as exc:
+        say(f"error: {exc}")
+        return 2
+    summary: dict[str, Any] = {"bench": "peers", "params": lines[0]["params"], "runs": []}
+    for line in lines:
+        summary["runs"].append({k: line.get(k) for k in ("started", "commit", "versions", "load_start", "load_end")})
+        summary["runs"][-1]["system"] = line["result"]["system"]
+    summary["systems"] = results
+    for line in lines:
+        say(
+            f"{line['result']['system']}: started {line.get('started')} at commit {line.get('commit')}; "
+            f"load {line['load_start']['loadavg_1m']} → {line['load_end']['loadavg_1m']}"
+        )
+    print_table(results)
+    if chart_path:
+        chart(results, chart_path)
+        say(f"chart: {chart_path}")
+    print(json.dumps(summary), flush=True)
+    return 0 if all("error" not in r for r in results) else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
@@ -529,7 +613,13 @@ def main() -> int:
     )
     parser.add_argument("--chart", type=Path, default=None, help="write an SVG chart here")
     parser.add_argument("--keep", action="store_true", help="keep the state dir (its path is printed)")
+    parser.add_argument("--results", type=Path, default=None, help="append each system's result here (JSON lines)")
+    parser.add_argument(
+        "--report", type=Path, default=None, help="run nothing: the table and chart from this results file"
+    )
     args = parser.parse_args()
+    if args.report:
+        return report(args.report, args.chart)
     if args.quick:
         args.rows, args.step_s, args.duration, args.kill_duration = 1_000_000, 60.0, 120.0, 60.0
         args.read_timeout, args.exact_timeout = min(args.read_timeout, 120.0), min(args.exact_timeout, 300.0)
@@ -542,6 +632,7 @@ def main() -> int:
         "versions": versions(),
         "load_start": machine_load(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": git_commit(),
     }
     say(f"machine: {summary['load_start']}; versions: {summary['versions']}")
     results = []
@@ -560,6 +651,8 @@ def main() -> int:
                 result = Run(system, info, state_dir, spark, config, args).run()
                 results.append(result)
                 print(json.dumps(result), flush=True)
+                if args.results:
+                    append_result(args.results, summary, result)
         finally:
             spark.stop()
     summary["systems"] = results
