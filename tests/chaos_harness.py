@@ -605,7 +605,10 @@ def count_resent(bootstrap: str, topics: list[str], starts: dict[str, int]) -> i
     seen: set[tuple] = set()
     repeats = 0
     try:
+        present = consumer.list_topics(timeout=10).topics
         for topic in topics:
+            if topic not in present:
+                continue  # nothing published to it yet: nothing re-sent
             # Up to the end listed now: while capture and the load go on, Kafka may never answer with
             # end-of-partition (each fetch finds a few new records), and a read waiting for it never ends.
             end = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)[1]
@@ -631,8 +634,14 @@ def count_resent(bootstrap: str, topics: list[str], starts: dict[str, int]) -> i
 
 
 def end_offsets(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    """The end offset of each topic; 0 for one capture has not created yet (``transfers`` has no seed rows: its
+    topic appears with the write load's first transfer)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
     try:
-        return {t: consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=10, cached=False)[1] for t in topics}
+        present = consumer.list_topics(timeout=10).topics
+        return {
+            t: consumer.get_watermark_offsets(TopicPartition(t, 0), timeout=10, cached=False)[1] if t in present else 0
+            for t in topics
+        }
     finally:
         consumer.close()
