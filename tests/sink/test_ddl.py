@@ -19,6 +19,9 @@ SETUP = [
     "INSERT INTO public.ddl_dflt VALUES (1, 'one'), (2, 'two'), (3, 'three')",
     "CREATE TABLE public.ddl_trunc (id integer PRIMARY KEY, v text)",
     "INSERT INTO public.ddl_trunc SELECT g, 'v' || g FROM generate_series(1, 5) g",
+    # the truncate across batches and the dropped table's neighbour: ddl_trunc stays as the one-batch test expects it
+    "CREATE TABLE public.ddl_trunc2 (id integer PRIMARY KEY, v text)",
+    "INSERT INTO public.ddl_trunc2 SELECT g, 'v' || g FROM generate_series(1, 5) g",
     "CREATE TABLE public.ddl_drop (id integer PRIMARY KEY, a text, b text)",
     "INSERT INTO public.ddl_drop VALUES (1, 'a1', 'b1')",
     "CREATE TABLE public.ddl_drop2 (id integer PRIMARY KEY, a text, b text)",
@@ -28,14 +31,16 @@ SETUP = [
     "CREATE TABLE public.ddl_gone (id integer PRIMARY KEY, v text)",
     "INSERT INTO public.ddl_gone VALUES (1, 'kept')",
 ]
-TABLES = ["ddl_dflt", "ddl_trunc", "ddl_drop", "ddl_drop2", "ddl_ren", "ddl_gone"]
+TABLES = ["ddl_dflt", "ddl_trunc", "ddl_trunc2", "ddl_drop", "ddl_drop2", "ddl_ren", "ddl_gone"]
 
 
 @pytest.fixture(scope="module")
 def src(stack, spark):
     source = start_captured_source(stack, SETUP, TABLES, "ddl")
     try:
-        source.sync({"ddl_dflt": 3, "ddl_trunc": 5, "ddl_drop": 1, "ddl_drop2": 1, "ddl_ren": 2, "ddl_gone": 1})
+        source.sync(
+            {"ddl_dflt": 3, "ddl_trunc": 5, "ddl_trunc2": 5, "ddl_drop": 1, "ddl_drop2": 1, "ddl_ren": 2, "ddl_gone": 1}
+        )
         yield source
     finally:
         stop_captured_source(source)
@@ -92,17 +97,17 @@ def test_truncate_inside_one_batch(src, spark):
 
 
 def test_truncate_across_batches(src, spark):
-    start = src.end_offset("ddl_trunc")
-    src.sql("TRUNCATE public.ddl_trunc")
-    src.sync({"ddl_trunc": start + 1})
-    assert _rows(spark, src.table("ddl_trunc")) == {}
-    verify_ok(src, spark, ["ddl_trunc"])
+    start = src.end_offset("ddl_trunc2")
+    src.sql("TRUNCATE public.ddl_trunc2")
+    src.sync({"ddl_trunc2": start + 1})
+    assert _rows(spark, src.table("ddl_trunc2")) == {}
+    verify_ok(src, spark, ["ddl_trunc2"])
     src.sql(
-        "INSERT INTO public.ddl_trunc VALUES (10, 'back'), (20, 'new')", "DELETE FROM public.ddl_trunc WHERE id = 20"
+        "INSERT INTO public.ddl_trunc2 VALUES (10, 'back'), (20, 'new')", "DELETE FROM public.ddl_trunc2 WHERE id = 20"
     )
-    src.sync({"ddl_trunc": start + 5})  # 2 inserts, a delete and its tombstone
-    assert {k: v["v"] for k, v in _rows(spark, src.table("ddl_trunc")).items()} == {10: "back"}
-    verify_ok(src, spark, ["ddl_trunc"])
+    src.sync({"ddl_trunc2": start + 5})  # 2 inserts, a delete and its tombstone
+    assert {k: v["v"] for k, v in _rows(spark, src.table("ddl_trunc2")).items()} == {10: "back"}
+    verify_ok(src, spark, ["ddl_trunc2"])
 
 
 def test_dropped_column_is_kept_and_new_rows_get_null(src, spark):
@@ -150,13 +155,13 @@ def test_rename_is_a_drop_plus_an_add_and_converges_as_rows_change(src, spark):
 
 
 def test_a_dropped_source_table_leaves_its_mirror_queryable(src, spark):
-    start = src.end_offset("ddl_trunc")
-    src.sql("DROP TABLE public.ddl_gone", "INSERT INTO public.ddl_trunc VALUES (30, 'after the drop')")
-    src.sync({"ddl_trunc": start + 1})
+    start = src.end_offset("ddl_trunc2")
+    src.sql("DROP TABLE public.ddl_gone", "INSERT INTO public.ddl_trunc2 VALUES (30, 'after the drop')")
+    src.sync({"ddl_trunc2": start + 1})
     assert _rows(spark, src.table("ddl_gone")) == {1: {"id": 1, "v": "kept"}}
-    assert _rows(spark, src.table("ddl_trunc"))[30]["v"] == "after the drop"
+    assert _rows(spark, src.table("ddl_trunc2"))[30]["v"] == "after the drop"
     assert dead_letters(spark, src.topic("ddl_gone")) == []
-    verify_ok(src, spark, ["ddl_trunc"])
+    verify_ok(src, spark, ["ddl_trunc2"])
 
 
 def test_logical_decoding_messages_are_skipped_and_counted(src, spark):
