@@ -253,7 +253,7 @@ def test_fresh_read_sees_kafka_beyond_the_snapshot(lakes):
 
 def test_maintenance_removes_orphans_on_object_storage(lakes):
     from lakestream.maintenance.runner import maintain_table
-    from lakestream.storage import filesystem_path
+    from lakestream.storage import S3Options, filesystem_path
 
     config = lakes.configs["restlake"]
     name = f"{lakes.source.namespace}.obj_orders"
@@ -262,7 +262,9 @@ def test_maintenance_removes_orphans_on_object_storage(lakes):
         .where("col_name = 'Location'")
         .collect()[0][1]
     )
-    fs, path = filesystem_path(f"{location}/data/orphan-{uuid.uuid4().hex}.parquet")
+    # The lake's own storage settings: the process's current ones are those of whichever pipeline ran last.
+    options = S3Options.from_settings(config.catalog.storage)
+    fs, path = filesystem_path(f"{location}/data/orphan-{uuid.uuid4().hex}.parquet", options)
     with fs.open_output_stream(path) as out:
         out.write(b"not referenced by any snapshot")
     young_path = path.replace("orphan-", "young-orphan-")
