@@ -67,14 +67,18 @@ def long_scale() -> Scale:
 @pytest.fixture(scope="module", params=["short", pytest.param("long", marks=pytest.mark.chaos)])
 def chaos(request, stack_factory, service_dir_factory):
     scale = SHORT if request.param == "short" else long_scale()
-    env = ChaosEnv(stack_factory(), service_dir_factory("chaos"), scale.rate, seed=int(time.time()))
+    workdir = service_dir_factory("chaos")
+    env = ChaosEnv(stack_factory(), workdir, scale.rate, seed=int(time.time()))
     env.scale = scale
     started = time.monotonic()
+    failed_before = request.session.testsfailed
     try:
         env.start()
         yield env
     finally:
         env.close()
+        if request.session.testsfailed > failed_before:
+            _keep_logs(workdir, f"chaos-{request.param}-{env.figures.seed}")
         figures = asdict(env.figures) | {
             "scale": request.param,
             "parameters": asdict(scale),
@@ -84,6 +88,18 @@ def chaos(request, stack_factory, service_dir_factory):
         log.info("chaos figures: %s", json.dumps(figures))
         if os.environ.get("LAKESTREAM_CHAOS_REPORT"):
             Path(os.environ["LAKESTREAM_CHAOS_REPORT"]).write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def _keep_logs(workdir: Path, name: str) -> None:
+    """A failed scenario's logs (pipeline, capture, maintenance) outlive the run's state directories, which are
+    removed at its end: ``.lakestream/artifacts/<name>/``."""
+    import shutil
+
+    kept = Path(__file__).resolve().parents[2] / ".lakestream" / "artifacts" / name
+    kept.mkdir(parents=True, exist_ok=True)
+    for path in workdir.glob("*.log"):
+        shutil.copy2(path, kept / path.name)
+    log.warning("chaos: a scenario failed; its logs are kept in %s", kept)
 
 
 def _timed(env: ChaosEnv, name: str, started: float) -> None:
