@@ -124,10 +124,9 @@ class KeyedOp(IntEnum):
 class KeylessOp(IntEnum):
     """The ``op`` of a change in a keyless table's `RowLocations` blob (`keyless_change_schema`)."""
 
-    INSERT = 0  # Debezium c
+    INSERT = 0  # Debezium c and r
     UPDATE = 1
     DELETE = 2
-    READ = 3  # Debezium r: a snapshot row, inserted; the rows of one snapshot share its source position
 
 
 def location_schema(hashed_key: bool) -> pa.Schema:

@@ -67,22 +67,28 @@ def test_a_resend_that_begins_exactly_at_the_last_event_applied_is_left_out() ->
     assert (later.applied, later.resent) == (1, 1)
 
 
-def test_snapshot_rows_sharing_one_position_are_counted_not_taken_for_resends() -> None:
+def test_a_resent_delete_at_the_stored_position_removes_no_second_equal_row() -> None:
     index = KeylessIndex(None, "uuid")
-    snapshot = [(KeylessOp.READ, "x", None, (0, 50)), (KeylessOp.READ, "x", None, (0, 50))]
-    first = _applied(index, _batch(snapshot, 0))
+    _applied(index, _batch([(KeylessOp.INSERT, "a", None, (10, 100)), (KeylessOp.INSERT, "a", None, (10, 101))], 0))
+    delete = (KeylessOp.DELETE, None, "a", (20, 200))
+    assert _applied(index, _batch([delete], 2)).deletes == {"file:/data/f1.parquet": [1]}
+    again = resolve_keyless(index, _batch([delete], 3))
+    assert (again.applied, again.resent, again.deletes) == (0, 1, {})  # the other copy of "a" stays
+
+
+def test_inserts_sharing_one_position_are_counted_not_taken_for_resends() -> None:
+    """The rows of one COPY record (or of a snapshot) share a source position, within a batch and across two."""
+    index = KeylessIndex(None, "uuid")
+    group = [(KeylessOp.INSERT, "x", None, (5, 50)), (KeylessOp.INSERT, "x", None, (5, 50))]
+    first = _applied(index, _batch(group, 0))
     assert (first.applied, first.resent) == (2, 0)
-    assert index.positions[TP(TOPIC, 0)] == (0, 50, 2)
-    # The snapshot goes on in the next batch at the same position: more rows, not re-sends.
-    more = _applied(index, _batch([(KeylessOp.READ, "y", None, (0, 50))], 2))
+    assert index.positions[TP(TOPIC, 0)] == (5, 50, 2)
+    # The group goes on in the next batch: more rows, not re-sends.
+    more = _applied(index, _batch([(KeylessOp.INSERT, "y", None, (5, 50))], 2))
     assert (more.applied, more.resent) == (1, 0)
-    # An event before the stored position starts a re-send pass: the snapshot rows after it, up to the count
-    # applied, are re-sends too.
+    # A re-send from an earlier position: the rows of the group after it, up to the count applied, are re-sends.
     resent = resolve_keyless(
         index,
-        _batch(
-            [(KeylessOp.READ, "x", None, (0, 49)), *snapshot, (KeylessOp.READ, "y", None, (0, 50))],
-            3,
-        ),
+        _batch([(KeylessOp.INSERT, "w", None, (5, 49)), *group, (KeylessOp.INSERT, "y", None, (5, 50))], 3),
     )
     assert (resent.applied, resent.resent) == (0, 4)

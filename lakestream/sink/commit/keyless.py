@@ -122,12 +122,13 @@ def resolve_keyless(index: KeylessIndex, changes: TableReport) -> KeylessResolut
             if here < at:
                 seen_at[tp] = 0  # a re-send pass began before the stored position
                 duplicate = True
-            elif here == at and ops[i] != KeylessOp.READ:
-                # A streamed event's position is its own: the same one again is that event again (a re-send that
-                # begins exactly at the last event applied).
+            elif here == at and ops[i] in (KeylessOp.UPDATE, KeylessOp.DELETE):
+                # An update or delete is a WAL record (a binlog row) of its own: one at the stored position is
+                # that event again, a re-send that begins exactly at the last event applied.
                 duplicate = True
             elif here == at:
-                # Snapshot rows share a position: the first ``count`` of them in a pass are the ones applied.
+                # Inserts share a position within one record (COPY's multi-row inserts) and snapshot rows share
+                # the snapshot's: the first ``count`` of them seen again in a re-send pass are the ones applied.
                 seen = seen_at.get(tp, stored[2])
                 duplicate = seen < stored[2]
                 seen_at[tp] = seen + 1
@@ -164,7 +165,7 @@ def resolve_keyless(index: KeylessIndex, changes: TableReport) -> KeylessResolut
                 deletes[gone[0]].append(gone[1])
                 row_at[copy_keys(np.array([h], "S16"), np.array([c - 1]))[0]] = None
                 count_of[h] = c - 1
-        if ops[i] in (KeylessOp.INSERT, KeylessOp.READ, KeylessOp.UPDATE) and files[i] >= 0:
+        if ops[i] in (KeylessOp.INSERT, KeylessOp.UPDATE) and files[i] >= 0:
             h = new_h[i]
             c = count(h)
             row_at[copy_keys(np.array([h], "S16"), np.array([c]))[0]] = (paths[files[i]], int(pos[i]))

@@ -15,10 +15,12 @@ IDENTITY FULL`` an update or delete carries the whole old row, and removes exact
   (`decode.envelope.source_position`: the commit LSN of the transaction before, the event's LSN), and
   along a topic partition positions never decrease. Each commit stores the newest position applied per
   partition, and how many events it applied at exactly that position, in the snapshot summary
-  (``lakestream.source-positions``); an event below it is a re-send and leaves the table as it is. A streamed
-  event's position is its own, so one *at* it is the last event applied, sent again (a re-send that begins
-  exactly there); only snapshot rows (``op: r``) share a position, and of those the first *count* seen again
-  are the ones applied.
+  (``lakestream.source-positions``); an event below it is a re-send and leaves the table as it is. An update or
+  delete has a position of its own, so one *at* it is the last event applied, sent again (a re-send that
+  begins exactly there). Inserts can share one (the rows of one COPY record, the rows of a snapshot): of
+  those, the first *count* seen again after an earlier position are re-sends, and one that follows the
+  applied ones is the group going on; a re-send that begins exactly at such a group's first row is the
+  ambiguous case, and re-adds its rows.
 - **A key appears later** (the source table gained a primary key): the mirror stays a multiset.
   Inserts are still appended; an update or delete that carries a key is a dead letter naming the fix
   (recreate the mirror), because under ``REPLICA IDENTITY DEFAULT`` it no longer carries the old row.

@@ -27,7 +27,7 @@ def write_keyless_changes(
     each change's row (the new row; a delete's old row), ``old`` an update's typed old row by change."""
     n = typed.num_rows
     hashes = row_keys(typed, schema)
-    op_of = {"d": KeylessOp.DELETE, "u": KeylessOp.UPDATE, "r": KeylessOp.READ}
+    op_of = {"d": KeylessOp.DELETE, "u": KeylessOp.UPDATE}
     op_codes = np.array([op_of.get(o, KeylessOp.INSERT) for o in ops], np.int8)
     old_hashes: list[bytes | None] = [None] * n
     for i in range(n):
