@@ -56,7 +56,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.engine.registry import TableRegistry
+    from lakestream.sink.spec import TableSpec
     from lakestream.snapshot.chunks import SnapshotTable
+    from lakestream.snapshot.source import ChunkPlan, SourceTable
 
 log = logging.getLogger(__name__)
 
@@ -686,7 +688,7 @@ def _read_table(
 
 
 def _chunk_work(
-    name: str, lake: str, ident: str, source: Any, spec: Any, plan: Any
+    name: str, lake: str, ident: str, source: SourceTable, spec: TableSpec, plan: ChunkPlan
 ) -> tuple[dict[str, SnapshotTable], list[ChunkResult], Callable[[SnapshotTable, list[ChunkResult]], None]]:
     """The one table a re-snapshot reads, for `load_chunks`: its work entry (nothing committed, the chunks' keys
     reported), the list every chunk's result goes into (uncommitted: the repair commits them in one), and the
