@@ -538,8 +538,9 @@ def append_result(path: Path, summary: dict[str, Any], result: dict[str, Any]) -
         fh.write(json.dumps(line) + "\n")
 
 
-def latest_results(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The latest line per system in ``path`` (in the order systems were first run), and every line kept. Raises
+def latest_results(path: Path) -> list[dict[str, Any]]:
+    """The latest line per system in ``path``, in the order systems were first run (its ``result`` is the system's
+    result). Raises
     ValueError when the kept lines were run with different comparable parameters: a table of them would mislead."""
     if not path.exists():
         raise ValueError(f"{path}: no results file; run a system with --results {path} first")
@@ -564,12 +565,12 @@ def latest_results(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any
                 f"{path}: {line['result']['system']} ran with other {', '.join(differ)} than "
                 f"{kept[0]['result']['system']}; rerun one of them with the same parameters"
             )
-    return [line["result"] for line in kept], kept
+    return kept
 
 
 def report(path: Path, chart_path: Path | None) -> int:
     try:
-        results, lines = latest_results(path)
+        lines = latest_results(path)
     except ValueError as exc:
         say(f"error: {exc}")
         return 2
@@ -577,6 +578,7 @@ def report(path: Path, chart_path: Path | None) -> int:
     for line in lines:
         summary["runs"].append({k: line.get(k) for k in ("started", "commit", "versions", "load_start", "load_end")})
         summary["runs"][-1]["system"] = line["result"]["system"]
+    results = [line["result"] for line in lines]
     summary["systems"] = results
     for line in lines:
         say(

@@ -27,7 +27,8 @@ def test_the_report_takes_the_latest_line_of_each_system_in_first_run_order(tmp_
     append_result(path, summary(), {"system": "lakestream", "base": {"seconds": 9}})
     append_result(path, summary(), {"system": "flink", "base": {"seconds": 20}})
     append_result(path, summary(), {"system": "lakestream", "base": {"seconds": 8}})
-    results, lines = latest_results(path)
+    lines = latest_results(path)
+    results = [line["result"] for line in lines]
     assert [r["system"] for r in results] == ["lakestream", "flink"]
     assert results[0]["base"]["seconds"] == 8
     assert lines[0]["commit"] == "abc" and "loadavg_1m" in lines[0]["load_end"]
