@@ -438,14 +438,36 @@ class Run:
         return self.out
 
 
+def rate_per_core(result: dict[str, Any]) -> int | None:
+    """Changes per second per writer core at the highest ramp step the writer kept up with: the offered rate over
+    the cores its processes used in that step (the issue's "sustained change rate per core")."""
+    kept = [s for s in (result.get("ramp") or {}).get("steps", []) if s.get("kept_up")]
+    if not kept or not kept[-1].get("offered") or not kept[-1].get("writer_cores"):
+        return None
+    return round(kept[-1]["offered"] / kept[-1]["writer_cores"])
+
+
+PER_CORE = ("per_core",)  # a figure's path that names `rate_per_core`, derived from the ramp's steps
+
+
+def figure(result: dict[str, Any], path: tuple[str, ...]) -> Any:
+    """The value at ``path`` in a system's result (None where absent); `PER_CORE` is derived."""
+    if path == PER_CORE:
+        return rate_per_core(result)
+    value: Any = result
+    for p in path:
+        value = value.get(p) if isinstance(value, dict) else None
+    return value
+
+
 def print_table(results: list[dict[str, Any]]) -> None:
     def get(r, *path):
-        for p in path:
-            r = r.get(p) if isinstance(r, dict) else None
-        return "-" if r is None else r
+        value = figure(r, path)
+        return "-" if value is None else value
 
     rows = [
         ("max sustained changes/s", ("ramp", "max_sustained_rate")),
+        ("  per writer core", PER_CORE),
         ("base: s / rows per CPU-s", None),
         ("CPU-s per 1M changes", ("steady", "writer_cpu_s_per_million_changes")),
         ("freshness p50 s", ("steady", "freshness_s", "p50")),
@@ -480,6 +502,7 @@ def chart(results: list[dict[str, Any]], path: Path) -> None:
     """Bars per figure (each scaled to its largest value), one colour per system, as SVG."""
     figures = [
         ("max changes/s", ("ramp", "max_sustained_rate")),
+        ("changes/s per core", PER_CORE),
         ("CPU-s / 1M changes", ("steady", "writer_cpu_s_per_million_changes")),
         ("freshness p99 s", ("steady", "freshness_s", "p99")),
         ("Spark full agg s", ("reads", "spark_full_aggregate_s")),
@@ -493,9 +516,7 @@ def chart(results: list[dict[str, Any]], path: Path) -> None:
     for i, (label, keys) in enumerate(figures):
         values = []
         for r in results:
-            v = r
-            for p in keys:
-                v = v.get(p) if isinstance(v, dict) else None
+            v = figure(r, keys)
             values.append(v if isinstance(v, (int, float)) else None)
         top = max((v for v in values if v), default=1) or 1
         y = 30 + 70 * i
@@ -580,6 +601,7 @@ def report(path: Path, chart_path: Path | None) -> int:
         summary["runs"][-1]["system"] = line["result"]["system"]
     results = [line["result"] for line in lines]
     summary["systems"] = results
+    summary["rate_per_core"] = {r["system"]: rate_per_core(r) for r in results}
     for line in lines:
         say(
             f"{line['result']['system']}: started {line.get('started')} at commit {line.get('commit')}; "

@@ -51,3 +51,23 @@ def test_a_line_that_is_not_a_result_is_named_by_its_number(tmp_path):
         latest_results(path)
     with pytest.raises(ValueError, match="no results file"):
         latest_results(tmp_path / "missing.jsonl")
+
+
+def test_the_rate_per_core_is_the_highest_kept_step_over_its_writer_cores(tmp_path, capsys):
+    from run import rate_per_core
+
+    steps = [
+        {"rate": 2000.0, "offered": 2000, "kept_up": True, "writer_cores": 0.4},
+        {"rate": 5000.0, "offered": 4990, "kept_up": True, "writer_cores": 0.5},
+        {"rate": 10000.0, "offered": 9000, "kept_up": False, "writer_cores": 1.9},
+    ]
+    assert rate_per_core({"ramp": {"steps": steps}}) == 9980
+    assert rate_per_core({"ramp": {"steps": steps[2:]}}) is None  # kept up with no step
+    assert rate_per_core({"system": "flink"}) is None  # no ramp ran
+    path = tmp_path / "r.jsonl"
+    append_result(path, summary(), {"system": "lakestream", "ramp": {"steps": steps}})
+    from run import report
+
+    assert report(path, tmp_path / "c.svg") == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["rate_per_core"] == {"lakestream": 9980}
+    assert "changes/s per core" in (tmp_path / "c.svg").read_text()
