@@ -38,6 +38,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -447,13 +448,10 @@ def rate_per_core(result: dict[str, Any]) -> int | None:
     return round(kept[-1]["offered"] / kept[-1]["writer_cores"])
 
 
-PER_CORE = ("per_core",)  # a figure's path that names `rate_per_core`, derived from the ramp's steps
-
-
-def figure(result: dict[str, Any], path: tuple[str, ...]) -> Any:
-    """The value at ``path`` in a system's result (None where absent); `PER_CORE` is derived."""
-    if path == PER_CORE:
-        return rate_per_core(result)
+def figure(result: dict[str, Any], path: tuple[str, ...] | Callable[[dict[str, Any]], Any]) -> Any:
+    """A figure of a system's result: the value at ``path`` (None where absent), or what ``path`` derives from it."""
+    if callable(path):
+        return path(result)
     value: Any = result
     for p in path:
         value = value.get(p) if isinstance(value, dict) else None
@@ -461,20 +459,26 @@ def figure(result: dict[str, Any], path: tuple[str, ...]) -> Any:
 
 
 def print_table(results: list[dict[str, Any]]) -> None:
-    def get(r, *path):
-        value = figure(r, path)
-        return "-" if value is None else value
+    def shown(value: Any) -> str:
+        return "-" if value is None else str(value)
+
+    def megabytes(r: dict[str, Any]) -> str | None:
+        size = figure(r, ("table", "bytes"))
+        return f"{size / 1e6:.1f}" if isinstance(size, int) else None
+
+    def base(r: dict[str, Any]) -> str:
+        return f"{shown(figure(r, ('base', 'seconds')))} / {shown(figure(r, ('base', 'rows_per_cpu_s')))}"
 
     rows = [
         ("max sustained changes/s", ("ramp", "max_sustained_rate")),
-        ("  per writer core", PER_CORE),
-        ("base: s / rows per CPU-s", None),
+        ("  per writer core", rate_per_core),
+        ("base: s / rows per CPU-s", base),
         ("CPU-s per 1M changes", ("steady", "writer_cpu_s_per_million_changes")),
         ("freshness p50 s", ("steady", "freshness_s", "p50")),
         ("freshness p99 s", ("steady", "freshness_s", "p99")),
         ("data files", ("table", "data_files")),
         ("delete files", ("table", "delete_files")),
-        ("MB", None),
+        ("MB", megabytes),
         ("Spark point lookup s", ("reads", "spark_point_lookup_s")),
         ("Spark full aggregate s", ("reads", "spark_full_aggregate_s")),
         ("DuckDB point lookup s", ("reads", "duckdb_point_lookup_s")),
@@ -486,15 +490,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
     width = 26
     say("\n  " + "".ljust(width) + "".join(r["system"].rjust(24) for r in results))
     for label, path in rows:
-        if label == "MB":
-            cells = [
-                f"{get(r, 'table', 'bytes') / 1e6:.1f}" if isinstance(get(r, "table", "bytes"), int) else "-"
-                for r in results
-            ]
-        elif path is None:
-            cells = [f"{get(r, 'base', 'seconds')} / {get(r, 'base', 'rows_per_cpu_s')}" for r in results]
-        else:
-            cells = [str(get(r, *path))[:23] for r in results]
+        cells = [shown(figure(r, path))[:23] for r in results]
         say("  " + label.ljust(width) + "".join(c.rjust(24) for c in cells))
 
 
@@ -502,7 +498,7 @@ def chart(results: list[dict[str, Any]], path: Path) -> None:
     """Bars per figure (each scaled to its largest value), one colour per system, as SVG."""
     figures = [
         ("max changes/s", ("ramp", "max_sustained_rate")),
-        ("changes/s per core", PER_CORE),
+        ("changes/s per core", rate_per_core),
         ("CPU-s / 1M changes", ("steady", "writer_cpu_s_per_million_changes")),
         ("freshness p99 s", ("steady", "freshness_s", "p99")),
         ("Spark full agg s", ("reads", "spark_full_aggregate_s")),

@@ -12,7 +12,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path[:0] = [str(BENCH / "peers"), str(BENCH)]
 
-from run import append_result, latest_results  # noqa: E402
+from run import append_result, latest_results, rate_per_core, report  # noqa: E402
 
 PARAMS = {"rows": 1000, "rate": 2000.0, "duration": 600.0, "kill_duration": 120.0, "ramp": [2000.0], "step_s": 300.0}
 
@@ -54,8 +54,6 @@ def test_a_line_that_is_not_a_result_is_named_by_its_number(tmp_path):
 
 
 def test_the_rate_per_core_is_the_highest_kept_step_over_its_writer_cores(tmp_path, capsys):
-    from run import rate_per_core
-
     steps = [
         {"rate": 2000.0, "offered": 2000, "kept_up": True, "writer_cores": 0.4},
         {"rate": 5000.0, "offered": 4990, "kept_up": True, "writer_cores": 0.5},
@@ -66,8 +64,6 @@ def test_the_rate_per_core_is_the_highest_kept_step_over_its_writer_cores(tmp_pa
     assert rate_per_core({"system": "flink"}) is None  # no ramp ran
     path = tmp_path / "r.jsonl"
     append_result(path, summary(), {"system": "lakestream", "ramp": {"steps": steps}})
-    from run import report
-
     assert report(path, tmp_path / "c.svg") == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["rate_per_core"] == {"lakestream": 9980}
     assert "changes/s per core" in (tmp_path / "c.svg").read_text()
