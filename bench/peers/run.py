@@ -200,7 +200,9 @@ class Run:
         say(f"  {self.system}: base visible after {seconds:.0f}s ({cpu:.0f} CPU-s)")
 
     def ramp(self) -> None:
-        steps = []
+        # Recorded as each step ends: a run that fails in a later step keeps the steps before it.
+        steps: list[dict[str, Any]] = []
+        self.out["ramp"] = {"steps": steps, "step_s": self.args.step_s, "lag_bound_s": self.args.lag_bound_s}
         for rate in self.args.ramp:
             cpu0 = self.cpu.totals()
             load, start_ms, marker_ms = self.load(rate, self.args.step_s, f"ramp {rate:g}/s")
@@ -220,26 +222,22 @@ class Run:
                     "catch_up_s": round(catch_up, 1),
                     "freshness_second_half_s": fresh,
                     "kept_up": kept,
-                    "writer_cores": round(cpu / (self.args.step_s + catch_up), 2),
+                    "writer_cores": round(cpu / (load.seconds + catch_up), 2),
                     "generator_nice": load.nice,
                 }
             )
+            kept_steps = [s for s in steps if s["kept_up"]]
+            # The rate the load really offered (the generator is one Python thread); capped: the writer kept up with
+            # every step, so its limit is above the ramp's top.
+            self.out["ramp"]["max_sustained_rate"] = kept_steps[-1]["offered"] if kept_steps else None
+            self.out["ramp"]["capped_by_ramp"] = len(kept_steps) == len(steps)
             say(
                 f"  {self.system}: {rate:g} changes/s (offered {steps[-1]['offered']}) → visible {catch_up:.1f}s after "
-                f"the load ({'kept up' if kept else 'MISSED'}); lag at its end {lag:.1f}s"
+                f"the load ({'kept up' if kept else 'MISSED'}); lag at its end {lag:.1f}s; "
+                f"{steps[-1]['writer_cores']} writer cores"
             )
             if not kept:
                 break
-        kept = [s for s in steps if s["kept_up"]]
-        # The rate the load really offered (the generator is one Python thread); capped: the writer kept up with
-        # every step, so its limit is above the ramp's top.
-        self.out["ramp"] = {
-            "steps": steps,
-            "max_sustained_rate": kept[-1]["offered"] if kept else None,
-            "capped_by_ramp": len(kept) == len(steps),
-            "step_s": self.args.step_s,
-            "lag_bound_s": self.args.lag_bound_s,
-        }
 
     def steady(self) -> None:
         cpu0 = self.cpu.totals()
