@@ -120,11 +120,7 @@ def test_maintenance_concurrent_with_cdc_load(spark, pipeline_config_factory):
         # Keep the load going until maintenance has compacted at least once (a round takes longer
         # on a loaded machine), so compaction really runs beside ingestion.
         rounds = 1
-        while rounds < ROUNDS or (
-            rounds < 4 * ROUNDS
-            and not errors
-            and not any(_rewrote(a) for a in list(actions))
-        ):
+        while rounds < ROUNDS or (rounds < 4 * ROUNDS and not errors and not any(_rewrote(a) for a in list(actions))):
             time.sleep(1.0)
             produce_round()
             rounds += 1
