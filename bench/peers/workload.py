@@ -157,10 +157,8 @@ def prioritize_this_thread() -> int:
     """Set the calling thread's nice value to `GENERATOR_NICE` where permitted; returns the value it runs at. Threads
     it starts from then on inherit it."""
     tid = threading.get_native_id()
-    try:
+    with contextlib.suppress(PermissionError):
         os.setpriority(os.PRIO_PROCESS, tid, GENERATOR_NICE)
-    except PermissionError:
-        pass
     return os.getpriority(os.PRIO_PROCESS, tid)
 
 
