@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import time
 from collections.abc import Callable
@@ -59,8 +58,8 @@ from _common import (  # noqa: E402
     write_pipeline_yaml,
 )
 from probe import SnapshotProbe  # noqa: E402
-from sustained import CpuMeter, MirrorModel, broker_pids, tree_pids  # noqa: E402
-from workload import ADDED_COLUMN, ChangeLoad, OrderEvents, create_topic, produce_base  # noqa: E402
+from sustained import CpuMeter, broker_pids, tree_pids  # noqa: E402
+from workload import ADDED_COLUMN, Generator, LoadResult, OrderEvents, create_topic  # noqa: E402
 from writers import SYSTEMS, Writer, writer_for  # noqa: E402
 
 SEED = 36
@@ -91,21 +90,19 @@ def versions() -> dict[str, str]:
 
 
 class Run:
-    """One system's run: its writer, its probe, its CPU, its model."""
+    """One system's run: its writer, its probe, its CPU, its input (a generator process that models the mirror)."""
 
     def __init__(self, system: str, info, work: Path, spark, config, args):
         self.system, self.info, self.args, self.spark, self.config = system, info, args, spark, config
         self.events = OrderEvents(f"peers_{system}")
         self.writer: Writer = writer_for(system, info, work / system, self.events.topic, f"orders_{system}")
-        self.model = MirrorModel(args.rows, args.rows + 1)
-        self.rng = random.Random(SEED)
+        self.generator = Generator(info.bootstrap_servers, self.events.prefix, args.rows, SEED)
         self.cpu = CpuMeter()
         from lakestream.query import pyiceberg_catalog
 
         self.probe = SnapshotProbe(pyiceberg_catalog(config.catalog), self.writer.qualified)
         self.work = work
         self.reader_config = work / "reader.yaml"  # the bench's catalog, for the DuckDB reads' own process
-        self.added_column = False
         self.out: dict[str, Any] = {"system": system, "table": self.writer.qualified}
 
     # -- the loop that watches while a phase runs --
@@ -115,6 +112,8 @@ class Run:
             self.cpu.sample("writer", tree_pids(self.writer.proc.pid))
         self.cpu.sample("broker", broker_pids(self.work))
         self.cpu.sample("bench", [os.getpid()])
+        if self.generator.pid is not None:
+            self.cpu.sample("generator", [self.generator.pid])
 
     def watch(self, until, timeout: float, label: str, kill_at: float | None = None) -> float:
         """Sample CPU and report until ``until()`` or ``timeout`` s; SIGKILL and restart at ``kill_at`` s.
@@ -149,29 +148,14 @@ class Run:
 
     def load(
         self, rate: float, seconds: float, label: str, add_column_at: float | None = None, kill_at: float | None = None
-    ) -> tuple[ChangeLoad, float, float]:
+    ) -> tuple[LoadResult, float, float]:
         """Changes at ``rate`` for ``seconds``, then one update as the marker; returns (load, start ms, marker ms)."""
-        load = ChangeLoad(
-            self.info.bootstrap_servers,
-            self.events,
-            self.model,
-            self.rng,
-            rate,
-            seconds,
-            self.added_column,
-            add_column_at,
-        )
         start_ms = time.time() * 1000
-        load.start()
+        self.generator.start_load(rate, seconds, add_column_at)
         # The load may run late (its generator short of CPU); the rate it really offered is what the results record.
-        self.watch(lambda: not load.is_alive(), max(2 * seconds, seconds + 120), label, kill_at)
-        if load.error is not None:
-            raise RuntimeError(f"the load failed: {load.error!r}")
-        self.added_column = load.added_column
-        marker_ms = int(time.time() * 1000)
-        load.send_change(marker_ms, force_update=True)
-        load.producer.flush()
-        return load, start_ms, marker_ms
+        self.watch(self.generator.load_done, max(2 * seconds, seconds + 120), label, kill_at)
+        load = self.generator.load_result()
+        return load, start_ms, self.generator.marker()
 
     def caught_up(self, marker_ms: float, timeout: float, label: str) -> float:
         return self.watch(lambda: self.probe.visible(marker_ms), timeout, label)
@@ -180,11 +164,8 @@ class Run:
 
     def base(self) -> None:
         create_topic(self.info.bootstrap_servers, self.events.topic)
-        produced_s = produce_base(self.info.bootstrap_servers, self.events, self.args.rows)
-        load = ChangeLoad(self.info.bootstrap_servers, self.events, self.model, self.rng, 0, 0)
-        marker_ms = int(time.time() * 1000)
-        load.send_change(marker_ms, force_update=True)
-        load.producer.flush()
+        produced_s = self.generator.produce_base()
+        marker_ms = self.generator.marker()
         say(f"  {self.system}: {self.args.rows:,} base events in {produced_s:.0f}s; writer starting")
         before = self.cpu.totals().get("writer", 0.0)
         self.probe.start()
@@ -271,6 +252,7 @@ class Run:
         self.out.setdefault("kill", {}).update(
             {
                 "changes": load.changes + 1,
+                "generator_nice": load.nice,
                 "caught_up_after_load_s": round(recovered, 1),
                 "freshness_s": self.probe.freshness(start_ms, marker_ms + 1),
                 "exact": self.exactness(),
@@ -333,7 +315,7 @@ class Run:
         its own, so that a read past ``--read-timeout`` can be ended): the median of ``--read-repeats``, or
         ``"> N s"`` for a read cut off (its repeats are then skipped)."""
         t = f"lake.{self.writer.qualified}"
-        key = next(i for i in range(self.model.next_id - 1, 0, -1) if self.model.current(i) is not None)
+        key = self.generator.last_live_key()
         queries = {
             "point_lookup": f"SELECT id, version, qty FROM {t} WHERE id = {key}",
             "full_aggregate": f"SELECT count(*) AS n, sum(qty) AS q, sum(amount) AS a, max(updated_at) AS u FROM {t}",
@@ -411,7 +393,7 @@ class Run:
             if got is not None
             else None
         )
-        want = self.model.totals()
+        want = self.generator.totals()
         if got is None or dups is None:
             return {"exact": None, "want": want, "note": f"the check ran past {self.args.exact_timeout:.0f} s"}
         got_row, dup_count = got[0].asDict(), int(dups[0]["n"])
@@ -439,6 +421,7 @@ class Run:
             say(f"  {self.system}: FAILED: {str(exc)[:500]}")
         finally:
             self.probe.halt.set()
+            self.generator.close()
             if self.writer.alive:
                 self.writer.kill()
         self.out["cpu_s_total"] = {g: round(v, 1) for g, v in self.cpu.totals().items()}

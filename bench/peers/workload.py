@@ -8,19 +8,23 @@ records go to all three writers.
 
 - the base: ids 1..rows as snapshot reads (``op: r``), version 1, qty ``id % 19 + 1`` (what `MirrorModel` expects);
 - the changes: updates of random live keys (85%), deletes (10%, each with its tombstone) and inserts of new keys
-  (5%), from a seeded RNG and applied to the model as they are sent; `ChangeLoad.add_column` switches the events to
-  the schema with one more column (``channel``), as an ``ALTER TABLE orders ADD COLUMN channel text`` at the source.
+  (5%), from a seeded RNG and applied to the model as they are sent; a phase's ``add_column_at`` switches the events
+  to the schema with one more column (``channel``), as an ``ALTER TABLE orders ADD COLUMN channel text`` at the source.
+
+`Generator` runs all of it in a process of its own (`ChangeStream` is the part that sends the changes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import multiprocessing
 import os
 import random
 import threading
 import time
-from collections.abc import Iterator
+from multiprocessing.connection import Connection
 from typing import Any
 
 import orjson
@@ -162,18 +166,6 @@ def prioritize_this_thread() -> int:
     return os.getpriority(os.PRIO_PROCESS, tid)
 
 
-@contextlib.contextmanager
-def prioritized() -> Iterator[int]:
-    """`prioritize_this_thread` for the block, then the thread's nice value as it was."""
-    tid = threading.get_native_id()
-    before = os.getpriority(os.PRIO_PROCESS, tid)
-    try:
-        yield prioritize_this_thread()
-    finally:
-        with contextlib.suppress(PermissionError):
-            os.setpriority(os.PRIO_PROCESS, tid, before)
-
-
 def create_topic(bootstrap: str, topic: str) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -196,36 +188,16 @@ def produce_base(bootstrap: str, events: OrderEvents, rows: int) -> float:
     return time.monotonic() - started
 
 
-class ChangeLoad(threading.Thread):
-    """``rate`` × ``duration`` changes at ``rate``/s in 10 ms slices, from ``rng`` (shared across phases so that a
-    system's whole sequence is one seeded stream), applied to ``model`` as they are sent; the ADD COLUMN after
-    ``add_column_at`` s worth of them."""
+class ChangeStream:
+    """Changes of the mirror from ``rng`` (one seeded stream across a system's phases, so that every system gets the
+    same records), applied to ``model`` as they are sent: updates of random live keys, deletes with their tombstones,
+    inserts of new keys; the events switch to the added column's schema once ``added_column`` is set."""
 
-    def __init__(
-        self,
-        bootstrap: str,
-        events: OrderEvents,
-        model: MirrorModel,
-        rng: random.Random,
-        rate: float,
-        duration: float,
-        added_column: bool = False,
-        add_column_at: float | None = None,
-    ):
-        super().__init__(name="peers-load", daemon=True)
-        self.events, self.model, self.rng, self.rate, self.duration = events, model, rng, rate, duration
-        self.added_column, self.add_column_at = added_column, add_column_at
-        with prioritized():  # librdkafka's threads, started here, inherit the generator's priority
-            self.producer = FastProducer(bootstrap)
+    def __init__(self, bootstrap: str, events: OrderEvents, model: MirrorModel, rng: random.Random):
+        self.events, self.model, self.rng = events, model, rng
+        self.producer = FastProducer(bootstrap)
+        self.added_column = False
         self.counts = {"u": 0, "d": 0, "c": 0}
-        self.seconds = 0.0
-        self.nice: int | None = None
-        self.error: BaseException | None = None
-        self.stop = threading.Event()
-
-    @property
-    def changes(self) -> int:
-        return sum(self.counts.values())
 
     def send_change(self, now: int, force_update: bool = False) -> None:
         """One change; ``force_update``: an update (the marker the harness waits to see)."""
@@ -261,24 +233,152 @@ class ChangeLoad(threading.Thread):
             model.overlay[row_id] = (version, qty)
             self.counts["u"] += 1
 
-    def run(self) -> None:
+    def marker(self) -> int:
+        """One update, flushed: the change the harness waits to see; returns its produce time (ms)."""
+        now = int(time.time() * 1000)
+        self.send_change(now, force_update=True)
+        self.producer.flush()
+        return now
+
+    def load(self, rate: float, duration: float, add_column_at: float | None = None) -> dict[str, Any]:
+        """``rate`` × ``duration`` changes at ``rate``/s in 10 ms slices, flushed; the ADD COLUMN after
+        ``add_column_at`` s worth of them. Returns the phase's counts per op and the seconds it took (more than
+        ``duration`` when the generator fell behind: the rate it really offered is changes / seconds)."""
+        before = dict(self.counts)
+        started = time.monotonic()
+        sent, total = 0, round(rate * duration)  # exactly: every system's phase gets the same records
+        while sent < total:
+            elapsed = time.monotonic() - started
+            if add_column_at is not None and not self.added_column and sent >= add_column_at * rate:
+                self.added_column = True
+            due = min(total, int(elapsed * rate))
+            now = int(time.time() * 1000)
+            while sent < due:
+                self.send_change(now)
+                sent += 1
+            self.producer.poll()
+            if int((time.monotonic() - started) * rate) <= sent:
+                time.sleep(0.01)  # on time: the next slice; behind: no sleep until caught up
+        seconds = time.monotonic() - started
+        self.producer.flush()
+        return {
+            "counts": {op: n - before[op] for op, n in self.counts.items()},
+            "seconds": seconds,
+            "added_column": self.added_column,
+        }
+
+
+@dataclasses.dataclass
+class LoadResult:
+    """What one phase's load sent: changes per op, the seconds it took, the nice value it ran at."""
+
+    counts: dict[str, int]
+    seconds: float
+    nice: int
+    added_column: bool
+
+    @property
+    def changes(self) -> int:
+        return sum(self.counts.values())
+
+
+class Generator:
+    """A system's input in a process of its own: the base, then each phase's changes and markers, from one seeded
+    stream and one model of what the mirror must hold (both live in the process; `totals` and `last_live_key` ask it).
+
+    A process, not a thread: the harness's own work (the freshness probe reads every snapshot's rows, the reads and
+    checks drive Spark) would otherwise share one interpreter lock with it, and it is the ceiling of the rates the
+    ramp can offer. It and librdkafka's threads run at `GENERATOR_NICE` where permitted. A phase's load runs in the
+    background (`start_load`, then `load_done` until it is, then `load_result`); the other calls wait for their answer.
+    """
+
+    def __init__(self, bootstrap: str, prefix: str, rows: int, seed: int):
+        context = multiprocessing.get_context("spawn")  # the harness runs a JVM gateway's threads: no fork
+        self._conn, child = context.Pipe()
+        self.process = context.Process(
+            target=_serve, args=(child, bootstrap, prefix, rows, seed), name=f"generator-{prefix}", daemon=True
+        )
+        self.process.start()
+        child.close()
+        self.topic = OrderEvents(prefix).topic
+        self._loading = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    def _answer(self) -> Any:
         try:
-            self.nice = prioritize_this_thread()
-            started = time.monotonic()
-            sent, total = 0, round(self.rate * self.duration)  # exactly: every system's phase gets the same records
-            while not self.stop.is_set() and sent < total:
-                elapsed = time.monotonic() - started
-                if self.add_column_at is not None and not self.added_column and sent >= self.add_column_at * self.rate:
-                    self.added_column = True
-                due = min(total, int(elapsed * self.rate))
-                now = int(time.time() * 1000)
-                while sent < due:
-                    self.send_change(now)
-                    sent += 1
-                self.producer.poll()
-                if int((time.monotonic() - started) * self.rate) <= sent:
-                    time.sleep(0.01)  # on time: the next slice; behind: no sleep until caught up
-            self.seconds = time.monotonic() - started
-            self.producer.flush()
-        except BaseException as exc:  # noqa: BLE001 — surfaced by the harness
-            self.error = exc
+            ok, value = self._conn.recv()
+        except EOFError:
+            self.process.join(5)
+            raise RuntimeError(f"the load generator exited ({self.process.exitcode})") from None
+        if not ok:
+            raise RuntimeError(f"the load generator failed: {value}")
+        return value
+
+    def _call(self, command: str, *args: Any) -> Any:
+        if self._loading:
+            raise RuntimeError(f"the load generator is still loading (asked to {command})")
+        self._conn.send((command, args))
+        return self._answer()
+
+    def produce_base(self) -> float:
+        """Ids 1..rows as snapshot reads; returns the seconds it took."""
+        return self._call("base")
+
+    def marker(self) -> int:
+        """One update, flushed; returns its produce time (ms)."""
+        return self._call("marker")
+
+    def start_load(self, rate: float, duration: float, add_column_at: float | None = None) -> None:
+        self._call("noop")  # fails here, not later, if the process is gone
+        self._conn.send(("load", (rate, duration, add_column_at)))
+        self._loading = True
+
+    def load_done(self) -> bool:
+        return not self._loading or self._conn.poll() or not self.process.is_alive()
+
+    def load_result(self) -> LoadResult:
+        self._loading = False
+        return LoadResult(**self._answer())
+
+    def totals(self) -> dict[str, int]:
+        """count, sum(version), sum(qty) of the rows the mirror must hold."""
+        return self._call("totals")
+
+    def last_live_key(self) -> int:
+        """The highest key the mirror must hold."""
+        return self._call("last_live_key")
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(10)
+        self._conn.close()
+
+
+def _serve(conn: Connection, bootstrap: str, prefix: str, rows: int, seed: int) -> None:
+    """`Generator`'s process: answers each command with (True, value) or (False, the error)."""
+    nice = prioritize_this_thread()  # before the producer: librdkafka's threads inherit it
+    events = OrderEvents(prefix)
+    model = MirrorModel(rows, rows + 1)
+    stream = ChangeStream(bootstrap, events, model, random.Random(seed))
+    commands = {
+        "noop": lambda: None,
+        "base": lambda: produce_base(bootstrap, events, rows),
+        "marker": stream.marker,
+        "load": lambda rate, duration, add_column_at: {**stream.load(rate, duration, add_column_at), "nice": nice},
+        "totals": model.totals,
+        "last_live_key": lambda: next(i for i in range(model.next_id - 1, 0, -1) if model.current(i) is not None),
+    }
+    while True:
+        try:
+            command, args = conn.recv()
+        except EOFError:
+            return
+        try:
+            answer = (True, commands[command](*args))
+        except Exception as exc:  # noqa: BLE001 — the harness raises it
+            answer = (False, f"{type(exc).__name__}: {exc}")
+        conn.send(answer)

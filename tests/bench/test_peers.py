@@ -5,7 +5,6 @@ keeps its writers' configs from rotting between its runs."""
 
 from __future__ import annotations
 
-import random
 import sys
 import time
 from pathlib import Path
@@ -17,8 +16,7 @@ sys.path[:0] = [str(BENCH / "peers"), str(BENCH)]
 
 from conftest import catalog_settings  # noqa: E402
 from probe import SnapshotProbe  # noqa: E402
-from sustained import MirrorModel  # noqa: E402
-from workload import ChangeLoad, OrderEvents, create_topic, produce_base  # noqa: E402
+from workload import Generator, create_topic  # noqa: E402
 from writers import writer_for  # noqa: E402
 
 from lakestream.query import pyiceberg_catalog  # noqa: E402
@@ -31,17 +29,18 @@ ROWS = 3
 def test_peer_writers_start_and_write(stack, spark, tmp_path, systems):
     runs = []
     for system in systems:
-        events = OrderEvents(f"peertest_{system}_{int(time.time())}")
-        create_topic(stack.bootstrap_servers, events.topic)
-        produce_base(stack.bootstrap_servers, events, ROWS)
-        model = MirrorModel(ROWS, ROWS + 1)
-        load = ChangeLoad(stack.bootstrap_servers, events, model, random.Random(1), 0, 0)
-        marker_ms = int(time.time() * 1000)
-        load.send_change(marker_ms, force_update=True)  # one update of a base row: the row the probe waits for
-        load.producer.flush()
-        writer = writer_for(system, stack, tmp_path / system, events.topic, f"peertest_{system}")
+        # The bench's own generator process: the base, then one update of a base row (the row the probe waits for).
+        generator = Generator(stack.bootstrap_servers, f"peertest_{system}_{int(time.time())}", ROWS, seed=1)
+        try:
+            create_topic(stack.bootstrap_servers, generator.topic)
+            generator.produce_base()
+            marker_ms = generator.marker()
+            want = generator.totals()
+        finally:
+            generator.close()
+        writer = writer_for(system, stack, tmp_path / system, generator.topic, f"peertest_{system}")
         probe = SnapshotProbe(pyiceberg_catalog(catalog_settings(stack)), writer.qualified, interval=0.5)
-        runs.append((writer, probe, model, marker_ms))
+        runs.append((writer, probe, want, marker_ms))
     try:
         for writer, probe, _, _ in runs:
             writer.start()
@@ -54,7 +53,7 @@ def test_peer_writers_start_and_write(stack, spark, tmp_path, systems):
                 f"{w.system}: {len(p.commits)} commits\n{w.tail(15)}" for w, p, _, _ in runs
             )
             time.sleep(0.5)
-        for writer, _, model, _ in runs:
+        for writer, _, want, _ in runs:
             got = (
                 spark.sql(
                     f"SELECT count(*) AS count, sum(version) AS sum_version, sum(qty) AS sum_qty "
@@ -63,7 +62,7 @@ def test_peer_writers_start_and_write(stack, spark, tmp_path, systems):
                 .collect()[0]
                 .asDict()
             )
-            assert {k: int(v) for k, v in got.items()} == model.totals(), writer.system
+            assert {k: int(v) for k, v in got.items()} == want, writer.system
     finally:
         for writer, probe, _, _ in runs:
             probe.halt.set()
