@@ -15,12 +15,17 @@ partitions) and into a table of its own (``peers.orders_<system>``). Per system:
    duplicate key); what the ADD COLUMN did (the writer still up, the column in the table, values in it);
 3. **kill**: ``--rate`` for ``--kill-duration`` s with a SIGKILL of the writer's process group half-way and a start
    at once; exact after the restart or not;
-4. **ramp**: changes at each ``--ramp`` rate for ``--step-s`` s; a rate is kept up with when the marker sent after
+4. **backlog** (``--backlog N``, off by default): the writer paused (SIGSTOP of all its processes) while N changes are
+   produced as fast as the generator can, then let go (SIGCONT): the seconds and writer CPU until all of them are
+   visible. The rate a writer drains at when nothing paces it, with the generator off the cores: its changes per
+   CPU-second do not depend on the generator's speed;
+5. **ramp**: changes at each ``--ramp`` rate for ``--step-s`` s; a rate is kept up with when the marker sent after
    the step's records is visible within ``--lag-bound-s``; the ramp stops at the first rate missed. Last, because
    its length depends on the writer: the phases before it get the same records on every system.
 
-The load generator is one Python thread; it and librdkafka's threads run at nice -10 where permitted (root), so that a
-writer that takes every core cannot slow its own input (``generator_nice`` in the results says what it ran at).
+The load generator is one Python process (`Generator`); it and librdkafka's threads run at nice -10 where permitted
+(root), so that a writer that takes every core cannot slow its own input (``generator_nice`` in the results says what it
+ran at).
 ``--duration 0 --kill-duration 0`` runs the base and the ramp only: the quicker way to the rate per core.
 
 CPU is every process of the writer's group (/proc), both lives; the broker's and this bench's (load, probe, reads)
@@ -179,6 +184,36 @@ class Run:
             "rows_per_cpu_s": round(self.args.rows / cpu) if cpu else None,
         }
         say(f"  {self.system}: base visible after {seconds:.0f}s ({cpu:.0f} CPU-s)")
+
+    def backlog(self) -> None:
+        n = self.args.backlog
+        paused_at = time.monotonic()
+        self.writer.pause(True)
+        try:
+            self.generator.start_load(n, 1.0)  # n changes due at once: as fast as the generator goes
+            self.watch(self.generator.load_done, self.args.base_timeout, "backlog produced")
+            load = self.generator.load_result()
+            marker_ms = self.generator.marker()
+        finally:
+            self.writer.pause(False)
+        paused_s = time.monotonic() - paused_at
+        before = self.cpu.totals().get("writer", 0.0)
+        seconds = self.caught_up(marker_ms, self.args.base_timeout, "backlog drain")
+        cpu = self.cpu.totals().get("writer", 0.0) - before
+        changes = load.changes + 1
+        self.out["backlog"] = {
+            "changes": changes,
+            "paused_s": round(paused_s, 1),
+            "drain_s": round(seconds, 1),
+            "writer_cpu_s": round(cpu, 1),
+            "changes_per_s": round(changes / seconds) if seconds else None,
+            "changes_per_cpu_s": round(changes / cpu) if cpu else None,
+            "writer_cores": round(cpu / seconds, 2) if seconds else None,
+        }
+        say(
+            f"  {self.system}: {changes:,} changes produced while paused ({paused_s:.0f}s), drained in {seconds:.1f}s "
+            f"with {cpu:.0f} writer CPU-s"
+        )
 
     def ramp(self) -> None:
         # Recorded as each step ends: a run that fails in a later step keeps the steps before it.
@@ -413,6 +448,8 @@ class Run:
                 self.steady()
             if self.args.kill_duration > 0:
                 self.kill_run()
+            if self.args.backlog:
+                self.backlog()
             if self.args.ramp:
                 self.ramp()
             self.out["clean_stop"] = self.writer.stop()
@@ -463,6 +500,8 @@ def print_table(results: list[dict[str, Any]]) -> None:
         ("  per writer core", rate_per_core),
         ("base: s / rows per CPU-s", base),
         ("CPU-s per 1M changes", ("steady", "writer_cpu_s_per_million_changes")),
+        ("backlog drain changes/s", ("backlog", "changes_per_s")),
+        ("  per writer CPU-s", ("backlog", "changes_per_cpu_s")),
         ("freshness p50 s", ("steady", "freshness_s", "p50")),
         ("freshness p99 s", ("steady", "freshness_s", "p99")),
         ("data files", ("table", "data_files")),
@@ -520,7 +559,7 @@ def chart(results: list[dict[str, Any]], path: Path) -> None:
 
 
 # The parameters that make two systems' results comparable (the ones that shape the records each writer gets).
-COMPARABLE = ("rows", "rate", "duration", "kill_duration", "ramp", "step_s", "lag_bound_s")
+COMPARABLE = ("rows", "rate", "duration", "kill_duration", "backlog", "ramp", "step_s", "lag_bound_s")
 
 
 def git_commit() -> str | None:
@@ -611,6 +650,9 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=2000.0, help="the common rate of the steady and kill phases")
     parser.add_argument("--duration", type=float, default=600.0, help="of the steady phase; 0 skips it")
     parser.add_argument("--kill-duration", type=float, default=120.0, help="0 skips the SIGKILL run")
+    parser.add_argument(
+        "--backlog", type=int, default=None, help="changes produced while the writer is paused, then drained (off)"
+    )
     parser.add_argument("--base-timeout", type=float, default=3600.0)
     parser.add_argument("--read-repeats", type=int, default=3)
     parser.add_argument("--read-timeout", type=float, default=900.0, help="a read is cut off after this many s")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from _common import ROOT, pipeline_data, write_pipeline_yaml
+from sustained import tree_pids
 
 from lakestream import jars
 
@@ -71,6 +72,17 @@ class Writer:
         except ProcessLookupError:
             pass
         self.proc.wait(60)
+
+    def pause(self, paused: bool) -> None:
+        """SIGSTOP (``paused``) or SIGCONT to every process of the writer: its group and every descendant (PySpark's
+        worker daemon makes a group of its own)."""
+        if not self.alive:
+            return
+        for pid in tree_pids(self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGSTOP if paused else signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
     def stop(self, timeout: float = 120) -> bool:
         """SIGTERM to the group (each system's own clean stop), SIGKILL after ``timeout``; True if it exited 0
