@@ -287,8 +287,9 @@ class Generator:
     stream and one model of what the mirror must hold (both live in the process; `totals` and `last_live_key` ask it).
 
     A process, not a thread: the harness's own work (the freshness probe reads every snapshot's rows, the reads and
-    checks drive Spark) would otherwise share one interpreter lock with it, and it is the ceiling of the rates the
-    ramp can offer. It and librdkafka's threads run at `GENERATOR_NICE` where permitted. A phase's load runs in the
+    checks drive Spark) would otherwise share one interpreter lock with it. It is still the ramp's ceiling on 2 cores
+    (about a core at 13,000 changes/s; `run.py --backlog` measures a writer without it). It and librdkafka's threads
+    run at `GENERATOR_NICE` where permitted. A phase's load runs in the
     background (`start_load`, then `load_done` until it is, then `load_result`); the other calls wait for their answer.
     """
 
