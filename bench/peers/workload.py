@@ -264,7 +264,6 @@ class ChangeStream:
         return {
             "counts": {op: n - before[op] for op, n in self.counts.items()},
             "seconds": seconds,
-            "added_column": self.added_column,
         }
 
 
@@ -275,7 +274,6 @@ class LoadResult:
     counts: dict[str, int]
     seconds: float
     nice: int
-    added_column: bool
 
     @property
     def changes(self) -> int:
