@@ -173,9 +173,13 @@ class RunDecoder:
         if any(name not in by_name for name in key_columns) or any(f.name not in table_schema.names for f in fields):
             return None
         row = pa.struct([(f.name, f.wire) for f in fields])
+        # Only a delete reads its before image, and only the key. With schemas on every message carries the first
+        # one's schema, so the parser may skip the rest of each before image (a quarter of the parse when updates
+        # carry full before images); schemas off, an unknown field there must still show as a new column.
+        old_row = pa.struct([(f.name, f.wire) for f in fields if f.name in key_columns]) if split is not None else row
         explicit = pa.schema(
             [
-                ("before", row),
+                ("before", old_row),
                 ("after", row),
                 ("op", pa.string()),
                 ("source", pa.struct([("ts_ms", pa.int64())])),
@@ -189,8 +193,8 @@ class RunDecoder:
         )
         if parsed.num_rows != len(records):
             return None
-        for side in ("before", "after"):
-            if parsed.schema.field(side).type != row:
+        for side, want in (("before", old_row), ("after", row)):
+            if parsed.schema.field(side).type != want:
                 return None  # a field the table does not have yet: a new column
         ops = parsed.column("op").combine_chunks()
         if ops.null_count or not pc.all(pc.is_in(ops, value_set=_OPS)).as_py():
