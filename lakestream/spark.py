@@ -89,6 +89,7 @@ def session_packages(spark: SparkSettings) -> str | None:
 def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) -> SparkSession:
     """A SparkSession with Iceberg's extensions and ``catalog`` registered (a running session gets
     ``catalog`` added). The catalog's object storage becomes this process's (`lakestream.storage`)."""
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     spark = spark or SparkSettings()
@@ -124,10 +125,10 @@ def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) 
     java_options = f"-Dlog4j2.configurationFile={LOG4J2_CONFIG.as_uri()} {sdk_options}".strip()
     executor_options = sdk_options
     driver_classpath = []
-    if spark.master.startswith("local"):
+    if (spark.master == "local" or spark.master.startswith("local[")) and SparkContext._active_spark_context is None:
         # file: without a chmod process per file (java/fs/LocalFileSystemNoFork.java). Only in local mode, where the
-        # executors are the driver's JVM: Spark opens file: before spark.jars load, so the class must be on the
-        # JVM's own class path, which a cluster's executors would not have.
+        # executors are the driver's JVM, and for a JVM started here: Spark opens file: before spark.jars load, so
+        # the class must be on the JVM's own class path, which a cluster's executors (or a running JVM) lack.
         driver_classpath.append(str(local_fs_jar()))
         builder = builder.config("spark.hadoop.fs.file.impl", "lakestream.fs.LocalFileSystemNoFork")
     for key, value in spark.conf.items():
