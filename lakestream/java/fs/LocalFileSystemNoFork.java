@@ -17,8 +17,8 @@ import org.apache.hadoop.io.nativeio.NativeIO;
  * runs {@code chmod} for every file and directory it creates: a fork of the driver's JVM and a thread to read the
  * child's output, about a dozen per Iceberg commit (manifests, the manifest list, the metadata file, deletion
  * vectors, and each one's {@code .crc}). java.nio sets the same bits with one system call. Registered as
- * {@code fs.file.impl} by {@code lakestream.spark}; with the native library loaded, or for a bit java.nio cannot
- * set (sticky), Hadoop's own path runs.
+ * {@code fs.file.impl} by {@code lakestream.spark}; with the native library loaded, for a bit java.nio cannot set
+ * (sticky) or on a file system without POSIX attributes, Hadoop's own path runs.
  */
 public class LocalFileSystemNoFork extends LocalFileSystem {
   public LocalFileSystemNoFork() {
@@ -34,7 +34,11 @@ public class LocalFileSystemNoFork extends LocalFileSystem {
         super.setPermission(p, permission);
         return;
       }
-      Files.setPosixFilePermissions(pathToFile(p).toPath(), posix(mode));
+      try {
+        Files.setPosixFilePermissions(pathToFile(p).toPath(), posix(mode));
+      } catch (UnsupportedOperationException notPosix) {
+        super.setPermission(p, permission); // a mount without POSIX attributes: Hadoop's way
+      }
     }
   }
 
