@@ -39,7 +39,8 @@ def keep_zip_directories() -> None:
     ``zipimporter`` then re-reads its whole archive, in Python: the worker's path holds ``pyspark.zip``, py4j's zip
     and Spark's ``spark-core`` jar (5,000 entries, no Python in it), with one importer per package imported from
     them. That was 185–320 ms of CPU per task here, most of a small batch's write task. The archive's mtime and size
-    stand in for its contents: a changed file is re-read as before. Python 3.13 invalidates lazily: left alone."""
+    stand in for its contents: a changed file is re-read as before. Python 3.13 invalidates lazily (CPython issue
+    103200): left alone there."""
     if sys.version_info >= (3, 13) or getattr(zipimport.zipimporter, "_lakestream_kept", False):
         return
     reread = zipimport.zipimporter.invalidate_caches
