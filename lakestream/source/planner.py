@@ -69,12 +69,18 @@ def plan_offset_ranges(
     ranges: list[OffsetRange] = []
     for tp, start, known in sorted(active):
         budget = share
-        # Known records are split into closed per-task chunks; the last chunk stays open (module doc).
-        while known > per_task and budget > per_task:
-            ranges.append(OffsetRange(tp.topic, tp.partition, start, start + per_task, per_task))
-            start += per_task
-            known -= per_task
-            budget -= per_task
+        # Known records are split into equal closed per-task chunks; the last chunk stays open (module doc).
+        # A partition gets the nearest whole number of `per_task` chunks, not one per `per_task` and a
+        # remainder: two partitions a little over half the batch each are two tasks, not three, since a
+        # third task on two cores runs after another one and doubles the batch's write time.
+        take = min(known, budget)
+        chunks = max(1, (2 * take + per_task) // (2 * per_task), -(-take // max_per_task))
+        size = -(-take // chunks)
+        for _ in range(chunks - 1):
+            ranges.append(OffsetRange(tp.topic, tp.partition, start, start + size, size))
+            start += size
+            known -= size
+            budget -= size
         ranges.append(OffsetRange(tp.topic, tp.partition, start, None, min(budget, max_per_task), start + known))
     return ranges
 

@@ -34,17 +34,33 @@ def test_low_watermark_above_position_starts_at_low():
     assert plan_offset_ranges({A: 5}, {A: (50, 50)}, set(), 1000, 100) == []
 
 
-def test_backlog_is_split_into_closed_chunks_with_the_last_one_open():
+def test_backlog_is_split_into_equal_closed_chunks_with_the_last_one_open():
     ranges = plan_offset_ranges({A: 0}, {A: (0, 350)}, set(), max_records=10_000, max_per_task=100)
     assert ranges == [
-        OffsetRange("t", 0, 0, 100, 100),
-        OffsetRange("t", 0, 100, 200, 100),
-        OffsetRange("t", 0, 200, 300, 100),
-        OffsetRange("t", 0, 300, None, 100, 350),  # an open range knows where the end was
+        OffsetRange("t", 0, 0, 88, 88),
+        OffsetRange("t", 0, 88, 176, 88),
+        OffsetRange("t", 0, 176, 264, 88),
+        OffsetRange("t", 0, 264, None, 100, 350),  # an open range knows where the end was
     ]
     # chunks are contiguous and each closed chunk ends where the next starts
     for a, b in pairwise(ranges):
         assert a.end == b.start
+    # never more than max_per_task in a chunk, however the backlog divides
+    for known in (101, 199, 200, 201, 1234):
+        ranges = plan_offset_ranges({A: 0}, {A: (0, known)}, set(), max_records=10_000, max_per_task=100)
+        assert all(r.limit <= 100 for r in ranges)
+        assert [r.end for r in ranges][:-1] == [r.start for r in ranges][1:]
+        assert ranges[-1].known_end == known
+
+
+def test_a_partition_a_little_over_its_share_is_not_split_into_an_extra_task():
+    # Two partitions, 4,150 records, two cores: a target of 2,075 per task. The partition with 2,150 stays
+    # one range (a 75-record remainder would be a third task, run after one of the other two).
+    ranges = plan_offset_ranges({A: 0, B: 0}, {A: (0, 2150), B: (0, 2000)}, set(), 1_000_000, 100_000, parallelism=2)
+    assert [(r.tp, r.start, r.end) for r in ranges] == [(A, 0, None), (B, 0, None)]
+    # One partition with twice the target is still spread over both cores, in equal halves.
+    ranges = plan_offset_ranges({A: 0}, {A: (0, 4100)}, set(), 1_000_000, 100_000, parallelism=2)
+    assert [(r.start, r.end, r.limit) for r in ranges] == [(0, 2050, 2050), (2050, None, 100_000)]
 
 
 def test_batch_cap_is_shared_between_active_partitions():
