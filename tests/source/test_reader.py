@@ -275,3 +275,64 @@ def test_an_open_range_reads_its_known_backlog_in_full_before_the_time_cap(fille
         for r in c
     ]
     assert 10 <= len(cut) < N and cut == list(range(len(cut)))
+
+
+def test_a_worker_keeps_its_consumer_between_reads_and_each_read_is_exact(filled, monkeypatch):
+    """Inside a Spark task a read's consumer is kept for the next read with the same config: unassigned,
+    its pauses undone. Reads forwards, backwards and to the end (which pauses the partition) stay exact."""
+    from lakestream.source import reader
+
+    _, bootstrap, topic = filled
+    idle = reader._IdleConsumers()
+    monkeypatch.setattr(reader, "_IDLE", idle)
+    monkeypatch.setattr(reader, "_in_spark_task", lambda: True)
+    conf = consumer_conf(bootstrap)
+    kept = []
+    try:
+        for start, end, limit in [(0, 20, 100), (30, None, 100), (5, 17, 100), (N - 4, None, 100), (0, None, 7)]:
+            records: list[RawRecord] = []
+            for item in read_offset_range(conf, OffsetRange(topic, PARTITION, start, end, limit), stall_timeout_s=30):
+                if not isinstance(item, RangeEnd):
+                    records.extend(item)
+            stop = min(end if end is not None else N, start + limit)
+            assert_records(records, topic, list(range(start, stop)))
+            assert len(idle._idle) == 1
+            kept.append(next(iter(idle._idle.values()))[0])
+        assert all(c is kept[0] for c in kept), "one consumer served every read"
+        assert kept[0].assignment() == []
+    finally:
+        for consumer, _ in idle._idle.values():
+            consumer.close()
+
+
+def test_outside_a_spark_task_and_after_a_failed_read_the_consumer_is_closed(filled, monkeypatch):
+    from lakestream.source import reader
+
+    _, bootstrap, topic = filled
+    idle = reader._IdleConsumers()
+    monkeypatch.setattr(reader, "_IDLE", idle)
+    records, _ = read_all(bootstrap, OffsetRange(topic, PARTITION, 0, 5, 100))  # the driver: not in a task
+    assert len(records) == 5 and idle._idle == {}
+    monkeypatch.setattr(reader, "_in_spark_task", lambda: True)
+    reads = read_offset_range(consumer_conf(bootstrap), OffsetRange(topic, PARTITION, 0, N, 100))
+    next(reads)
+    reads.close()  # the caller gave up half-way: the consumer's state is not one to hand on
+    assert idle._idle == {}
+
+
+def test_a_kept_consumer_unused_for_a_while_is_closed(filled, monkeypatch):
+    import time
+
+    from lakestream.source import reader
+
+    _, bootstrap, topic = filled
+    idle = reader._IdleConsumers()
+    monkeypatch.setattr(reader, "_IDLE", idle)
+    monkeypatch.setattr(reader, "_in_spark_task", lambda: True)
+    monkeypatch.setattr(reader, "IDLE_CONSUMER_S", 0.4)
+    list(read_offset_range(consumer_conf(bootstrap), OffsetRange(topic, PARTITION, 0, 3, 100)))
+    assert len(idle._idle) == 1
+    deadline = time.monotonic() + 10
+    while idle._idle and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert idle._idle == {}
