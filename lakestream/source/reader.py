@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -155,9 +154,8 @@ def read_runs(
     # fetch.wait.max.ms: at a partition's end Kafka holds an empty fetch this long before answering, and
     # end-of-partition (where an open range stops) is known only then: at librdkafka's 500 ms default that
     # was most of a small batch's read (bench/scale.py: tasks 0.69 s against 0.25 s). A range reader does
-    # not idle, so it asks for an answer within 5 ms: a fetch already waiting at the broker also holds back
-    # the first fetch of a newly assigned partition (2,000 records read with a kept consumer: 47 ms at 20 ms,
-    # 27 ms at 5 ms; `_IdleConsumers`).
+    # not idle, so it asks for an answer within 5 ms (a 2,000-record read with its consumer's start and close:
+    # 41-47 ms at 20 ms, 36 ms at 5 ms).
     for key, value in (
         ("fetch.max.bytes", 64 * 1024 * 1024),
         ("max.partition.fetch.bytes", 16 * 1024 * 1024),
@@ -175,8 +173,7 @@ def read_runs(
     )
     pending = [st for st in states.values() if not st.done]
     if pending:
-        consumer = _IDLE.take(conf)
-        kept = False
+        consumer = Consumer(refusals_raised(conf))
         try:
             consumer.assign([TopicPartition(st.rng.topic, st.rng.partition, st.rng.start) for st in pending])
             open_count = len(pending)
@@ -214,85 +211,10 @@ def read_runs(
                         finished.append(TopicPartition(st.rng.topic, st.rng.partition))
                 if finished:
                     consumer.pause(finished)
-            paused = [TopicPartition(st.rng.topic, st.rng.partition) for st in states.values() if st.paused]
-            kept = _IDLE.keep(conf, consumer, paused)
         finally:
-            if not kept:
-                consumer.close()
+            consumer.close()
     for st in states.values():
         yield st.rng, RangeEnd(st.next_offset, st.at_end)
-
-
-# How long a Spark worker keeps an idle consumer for the next task's read (`_IdleConsumers`).
-IDLE_CONSUMER_S = 60.0
-
-
-class _IdleConsumers:
-    """A consumer kept between the reads of a Spark worker process, one per consumer config.
-
-    A new consumer costs a connection to the cluster, its metadata and a first fetch session: about half
-    of a 2,000-record task's read (a PySpark worker serves one task after another). Kept only inside
-    Spark tasks (a driver reads rarely), only after a read that ended normally (a failed read's consumer
-    is closed), without an assignment (``unassign`` drops what it fetched: the next ``assign`` starts where
-    that read asks), and closed after ``IDLE_CONSUMER_S`` unused, so a worker does not hold connections to
-    a cluster no task reads any more."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._idle: dict[Any, tuple[Consumer, float]] = {}
-        self._reaper: threading.Thread | None = None
-
-    @staticmethod
-    def _key(conf: dict[str, Any]) -> Any:
-        try:
-            key = tuple(sorted(conf.items()))
-            hash(key)
-        except TypeError:  # a callback or another unhashable setting: not kept
-            return None
-        return key
-
-    def take(self, conf: dict[str, Any]) -> Consumer:
-        key = self._key(conf)
-        with self._lock:
-            idle = self._idle.pop(key, None) if key is not None else None
-        return idle[0] if idle is not None else Consumer(refusals_raised(conf))
-
-    def keep(self, conf: dict[str, Any], consumer: Consumer, paused: list[TopicPartition]) -> bool:
-        """Keep ``consumer`` for the next read with ``conf``; False: the caller closes it. ``paused``: the
-        partitions the read paused (a pause outlives ``unassign``: the next read of one would stall)."""
-        key = self._key(conf)
-        if key is None or not _in_spark_task():
-            return False
-        if paused:
-            consumer.resume(paused)
-        consumer.unassign()
-        with self._lock:
-            if key in self._idle:
-                return False
-            self._idle[key] = (consumer, time.monotonic())
-            if self._reaper is None:
-                self._reaper = threading.Thread(target=self._close_unused, name="idle-consumers", daemon=True)
-                self._reaper.start()
-        return True
-
-    def _close_unused(self) -> None:
-        while True:
-            time.sleep(IDLE_CONSUMER_S / 4)
-            now = time.monotonic()
-            with self._lock:
-                stale = [k for k, (_, since) in self._idle.items() if now - since > IDLE_CONSUMER_S]
-                consumers = [self._idle.pop(k)[0] for k in stale]
-            for consumer in consumers:
-                consumer.close()
-
-
-def _in_spark_task() -> bool:
-    from pyspark import TaskContext
-
-    return TaskContext.get() is not None
-
-
-_IDLE = _IdleConsumers()
 
 
 def _take(
