@@ -68,20 +68,19 @@ def plan_offset_ranges(
         per_task = max(min(max_per_task, -(-total_known // parallelism)), min(min_per_task, max_per_task))
     ranges: list[OffsetRange] = []
     for tp, start, known in sorted(active):
-        budget = share
         # Known records are split into equal closed per-task chunks; the last chunk stays open (module doc).
         # A partition gets the nearest whole number of `per_task` chunks, not one per `per_task` and a
         # remainder: two partitions a little over half the batch each are two tasks, not three, since a
         # third task on two cores runs after another one and doubles the batch's write time.
-        take = min(known, budget)
+        take = min(known, share)
         chunks = max(1, (2 * take + per_task) // (2 * per_task), -(-take // max_per_task))
         size = -(-take // chunks)
-        for _ in range(chunks - 1):
-            ranges.append(OffsetRange(tp.topic, tp.partition, start, start + size, size))
-            start += size
-            known -= size
-            budget -= size
-        ranges.append(OffsetRange(tp.topic, tp.partition, start, None, min(budget, max_per_task), start + known))
+        for i in range(chunks - 1):
+            ranges.append(OffsetRange(tp.topic, tp.partition, start + i * size, start + (i + 1) * size, size))
+        rest = (chunks - 1) * size
+        ranges.append(
+            OffsetRange(tp.topic, tp.partition, start + rest, None, min(share - rest, max_per_task), start + known)
+        )
     return ranges
 
 
