@@ -164,6 +164,39 @@ def test_a_different_schema_in_the_run_declines():
     assert RunDecoder().decode(RecordRun.of(records), _schema(True), ["id"], expected_like=changed[7].value) is None
 
 
+def _with_key(records, index, key: bytes | None):
+    changed = list(records)
+    changed[index] = SimpleNamespace(**{**vars(records[index]), "key": key})
+    return changed
+
+
+def test_schemas_on_keys_are_held_to_the_first_keys_schema_part():
+    """The record path parses a schemas-on key once per key schema and takes later keys by their schema part: a run
+    declines a key it would read differently (another key schema, no envelope, none), and takes one it would read
+    the same way, with the same rows."""
+    records = _records(DebeziumEvents("p", "orders", schemas=True), 40)
+    schema = _schema(True)
+    first = records[0].key
+    head = first[: first.find(b',"payload":') + len(b',"payload":')]
+    for bad in (
+        None,
+        b'{"id":8}',  # schemas off
+        first.replace(b'"optional":false', b'"optional":true', 1),  # another key schema
+        head + b'{"id":8',  # no closing brace: not an envelope
+        b"\xff" + first,
+    ):
+        assert RunDecoder().decode(RecordRun.of(_with_key(records, 7, bad)), schema, ["id"]) is None, bad
+    # the same schema part with any payload: the record path takes the key's names from the first key and the
+    # values from the row, and so does the run
+    taken = _with_key(records, 7, head + b'{"id":"not the row\'s id"}}')
+    run = RunDecoder().decode(RecordRun.of(taken), schema, ["id"])
+    assert run is not None
+    want, ops = _one_by_one(taken, schema)
+    assert run.table.equals(want) and run.ops == ops
+    # a first key the record path cannot read declines the run
+    assert RunDecoder().decode(RecordRun.of(_with_key(records, 0, head + b"[1]}")), schema, ["id"]) is None
+
+
 def test_base64_decimals_in_numpy_equal_the_per_value_path():
     """Kafka Connect Decimal bytes decoded in numpy: equal to the per-value converter for every size
     up to 8 bytes, negatives, boundaries and nulls; anything else is left to the per-value path."""
