@@ -172,8 +172,8 @@ def _with_key(records, index, key: bytes | None):
 
 def test_schemas_on_keys_are_held_to_the_first_keys_schema_part():
     """The record path parses a schemas-on key once per key schema and takes later keys by their schema part: a run
-    declines a key it would read differently (another key schema, no envelope, none), and takes one it would read
-    the same way, with the same rows."""
+    declines every key that path would not take by the first key's schema part (none, schemas off, another key
+    schema, no envelope), and takes one it would, with the same rows."""
     records = _records(DebeziumEvents("p", "orders", schemas=True), 40)
     schema = _schema(True)
     first = records[0].key
