@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from lakestream.decode.envelope import decode_key, split_envelope
+from lakestream.decode.envelope import COMPACT_PAYLOAD_MARKER, decode_key, split_envelope
 from lakestream.decode.types import (
     MAX_DAYS,
     MAX_MICROS,
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from lakestream.source.reader import RecordRun
 
 _OPS = pa.array(["c", "u", "r", "d"])
-_PAYLOAD = b',"payload":'  # the compact marker `split_envelope` finds first
 
 # Connect schema type → the Arrow type its JSON value parses as.
 _WIRE = {
@@ -137,8 +136,8 @@ class RunDecoder:
         except DecodeError:
             return None
         key_split = split_envelope(first_key)
-        if key_split is not None and first_key.find(_PAYLOAD) == len(key_split[0]):
-            key_head = first_key[: len(key_split[0]) + len(_PAYLOAD)]
+        if key_split is not None and first_key.find(COMPACT_PAYLOAD_MARKER) == len(key_split[0]):
+            key_head = first_key[: len(key_split[0]) + len(COMPACT_PAYLOAD_MARKER)]
             if not all(k is not None and k.startswith(key_head) and k.rstrip().endswith(b"}") for k in message_keys):
                 return None
         else:
