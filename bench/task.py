@@ -1,6 +1,6 @@
 """The write task alone, without Spark: how fast one executor core turns Kafka records into Parquet.
 
-    .venv/bin/python bench/task.py [--records 100000] [--profile]
+    .venv/bin/python bench/task.py [--records 100000] [--profile] [--events peers]
 
 A private broker (and PostgreSQL, unused) is started; ``--records`` Debezium changes (updates of
 random keys, 10% deletes with their tombstones) are produced to a one-partition topic, schemas
@@ -8,6 +8,10 @@ off and then schemas on. One in-process `run_write_task` then reads them all, as
 a new table does (the shape pass), and again with the table known (decode, latest per key,
 Parquet). Both wall and CPU seconds are reported: CPU seconds are what the task costs whatever
 the machine's load; the broker runs on the same cores. The LAST line is one JSON object.
+
+``--events peers``: the peers' input instead (`bench/peers/workload.py`: schemas on, full ``before``
+images from REPLICA IDENTITY FULL, doubles for the amount; 85% updates, 10% deletes with their
+tombstones, 5% inserts), the write task `bench/peers/run.py`'s backlog phase runs in Spark.
 """
 
 from __future__ import annotations
@@ -53,6 +57,21 @@ def iceberg_schema(shape: rp.NewShape) -> dict:
     return {"type": "struct", "schema-id": 0, "fields": fields}
 
 
+def fill_peers(bootstrap: str, prefix: str, records: int, rng: random.Random) -> tuple[str, int]:
+    """The peers' changes over a 1M-row table (`ChangeStream`, the generator of bench/peers) on one partition."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+    from sustained import MirrorModel
+    from workload import ChangeStream, OrderEvents
+
+    events = OrderEvents(prefix)
+    stream = ChangeStream(bootstrap, events, MirrorModel(1_000_000, 1_000_001), rng)
+    now = int(time.time() * 1000)
+    for _ in range(records):
+        stream.send_change(now)
+    stream.producer.flush()
+    return events.topic, stream.producer.sent
+
+
 def fill(bootstrap: str, events: DebeziumEvents, records: int, rng: random.Random) -> int:
     producer = FastProducer(bootstrap)
     now = int(time.time() * 1000)
@@ -96,24 +115,33 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--profile", action="store_true", help="print a cProfile summary of each task to stderr")
+    parser.add_argument(
+        "--events",
+        choices=("orders", "peers"),
+        default="orders",
+        help="orders: bench/_common.py's events, schemas off and on; peers: bench/peers' (full before images)",
+    )
     args = parser.parse_args()
-    result: dict = {"bench": "task", "records": args.records, "load_start": machine_load()}
+    result: dict = {"bench": "task", "events": args.events, "records": args.records, "load_start": machine_load()}
     with private_stack("task") as (info, state_dir):
-        for schemas in (False, True):
+        for schemas in (False, True) if args.events == "orders" else (True,):
             label = "schemas_on" if schemas else "schemas_off"
-            events = DebeziumEvents(f"lstask{label[8:]}", f"orders_{label}", schemas=schemas)
-            messages = fill(info.bootstrap_servers, events, args.records, random.Random(3))
+            if args.events == "peers":
+                topic, messages = fill_peers(info.bootstrap_servers, "lstaskpeers", args.records, random.Random(3))
+            else:
+                events = DebeziumEvents(f"lstask{label[8:]}", f"orders_{label}", schemas=schemas)
+                topic, messages = events.topic, fill(info.bootstrap_servers, events, args.records, random.Random(3))
             config = to_config(
                 pipeline_data(
                     info,
                     state_dir,
                     f"task_{label}",
-                    [{"topics": [events.topic], "mode": "upsert", "namespace": "bench", "table": "{table}"}],
+                    [{"topics": [topic], "mode": "upsert", "namespace": "bench", "table": "{table}"}],
                 )
             )
             router = Router.from_config(config)
             consumer = config.kafka.consumer_config()
-            ranges = [OffsetRange(events.topic, 0, 0, messages, messages, messages)]
+            ranges = [OffsetRange(topic, 0, 0, messages, messages, messages)]
             wall, cpu, report = timed(f"{label} shape pass", ranges, WriteContext(consumer, router, {}), args.profile)
             ((name, table),) = report.tables.items()
             shape = next(iter(table.shapes.values()))
