@@ -270,7 +270,9 @@ class TableWriter:
                     "topic": pa.array([rows.topics[j] for j in final], pa.string()),
                     "partition": pa.array(rows.partitions[sel].astype(np.int32)),
                     "offset": pa.array(rows.offsets[sel]),
-                    "withheld": pa.array([withheld[j] or None for j in final], pa.list_(pa.string())),
+                    "withheld": pa.array([withheld[j] or None for j in final], pa.list_(pa.string()))
+                    if any(withheld)
+                    else pa.nulls(len(final), pa.list_(pa.string())),
                 },
                 schema=rp.location_schema(not is_integer_key(typed.schema, spec.key_columns)),
             )
@@ -320,7 +322,9 @@ class TableWriter:
         does not fit makes its record a dead letter), then the runs decoded vectorized."""
         spec = self.spec
         schema = spec.arrow_schema()
-        run_topics = [t for t, _, run in pending.runs for _ in range(run.table.num_rows)]
+        run_topics: list[str] = []
+        for topic, _, run in pending.runs:
+            run_topics += [topic] * run.table.num_rows
         all_topics = pending.topics + run_topics
         all_partitions = np.concatenate(
             [np.asarray(pending.partitions, np.int64)]
@@ -381,7 +385,8 @@ class TableWriter:
         if table.num_rows == 0:
             return None
         ops = [pending.ops[i] for i in good] + [op for _, _, run in pending.runs for op in run.ops]
-        withheld = [pending.withheld[i] for i in good] + [[] for _ in run_topics]
+        # A run's changes withhold nothing: one shared empty list (nothing mutates a change's list in place).
+        withheld = [pending.withheld[i] for i in good] + [[]] * len(run_topics)
         old_rows = positions = None
         if spec.kind == "multiset" and not pending.runs:
             old_rows = [pending.old_rows[i] for i in good]
