@@ -817,6 +817,13 @@ class SparkSettings(_Model):
     # resolved into this machine's cache, given as spark.jars; or "packages", their coordinates
     # (lakestream/jars.toml) given as spark.jars.packages, resolved by Spark's Ivy (a cluster's way).
     jars_from: Literal["cache", "packages"] = "cache"
+    # The JIT of a JVM started here in local mode: "c1" compiles with HotSpot's client compiler only
+    # (-XX:TieredStopAtLevel=1), "tiered" is the JVM's default (C1, then C2 for hot code). "auto": c1 for
+    # the JVM of `lakestream run` when it runs no Spark SQL of its own (no derived_tables or windows,
+    # maintenance not inline): there it schedules tasks and commits while the Python workers do the
+    # data work, and C2 spent most of its CPU compiling (docs/stack.md, "The pipeline's JIT"); tiered for
+    # every other session. spark.driver.extraJavaOptions in conf comes after it and wins.
+    jit: Literal["auto", "c1", "tiered"] = "auto"
 
     @field_validator("conf")
     @classmethod

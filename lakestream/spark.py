@@ -86,7 +86,9 @@ def session_packages(spark: SparkSettings) -> str | None:
     return jar_groups.packages(jar_groups.spark_group(), *(["spark-aws"] if spark.bundled_aws_sdk else []))
 
 
-def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) -> SparkSession:
+def build_session(
+    catalog: CatalogSettings, spark: SparkSettings | None = None, client_compiler: bool = False
+) -> SparkSession:
     """A SparkSession with Iceberg's extensions and ``catalog`` registered (a running session gets
     ``catalog`` added). The catalog's object storage becomes this process's (`lakestream.storage`)."""
     from pyspark import SparkContext
@@ -131,6 +133,8 @@ def build_session(catalog: CatalogSettings, spark: SparkSettings | None = None) 
         # the class must be on the JVM's own class path, which a cluster's executors (or a running JVM) lack.
         driver_classpath.append(str(local_fs_jar()))
         builder = builder.config("spark.hadoop.fs.file.impl", "lakestream.fs.LocalFileSystemNoFork")
+        if client_compiler:
+            java_options = f"{java_options} -XX:TieredStopAtLevel=1"  # SparkSettings.jit
     for key, value in spark.conf.items():
         if key == "spark.driver.extraJavaOptions":
             java_options = f"{java_options} {value}"  # the user's options come last and win
@@ -194,13 +198,23 @@ def _jvm_stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def session_for(config: PipelineConfig) -> SparkSession:
+def session_for(config: PipelineConfig, pipeline: bool = False) -> SparkSession:
     """The SparkSession for a pipeline config, once its object storage answered (`storage.check_storage`:
     credentials the store refuses or a missing bucket stop here, naming the setting) and an https REST
-    catalog's certificate is trusted (`check_catalog_tls`)."""
+    catalog's certificate is trusted (`check_catalog_tls`). ``pipeline``: the session of `lakestream run`
+    (its JIT, `SparkSettings.jit`)."""
     storage.check_storage(config.catalog)
     check_catalog_tls(config.catalog)
-    return build_session(config.catalog, config.spark)
+    return build_session(config.catalog, config.spark, client_compiler=client_compiler(config, pipeline))
+
+
+def client_compiler(config: PipelineConfig, pipeline: bool) -> bool:
+    """Whether a local JVM started for ``config`` compiles with C1 only (`SparkSettings.jit`): asked, or ``auto``
+    for a pipeline whose JVM runs no Spark SQL of its own (its tasks' work is in the Python workers)."""
+    jit = config.spark.jit
+    if jit != "auto":
+        return jit == "c1"
+    return pipeline and not config.derived_tables and not config.windows and config.maintenance.mode != "inline"
 
 
 def check_catalog_tls(catalog: CatalogSettings, timeout_s: float = 5.0) -> None:

@@ -59,7 +59,7 @@ class Pipeline:
         self.config = config
         # Kafka first: a client the broker refuses (credentials, TLS trust) stops the run before Spark starts.
         self.kafka = KafkaCluster(config.kafka)
-        self.spark = spark or session_for(config)
+        self.spark = spark or session_for(config, pipeline=True)
         self.router = Router.from_config(config)
         registry = config.kafka.schema_registry
         # Resolved here (secrets from the environment): a missing variable fails the start, not a task.

@@ -101,3 +101,24 @@ def test_table_layout_rules_match_first():
     config = parse_config(data)
     assert config.layout_for("cdc.orders", config.streams[0]).partition_by == ["bucket(16, id)"]
     assert config.layout_for("cdc.other", config.streams[0]).partition_by == []
+
+
+def test_the_pipelines_jvm_compiles_with_c1_only_when_it_runs_no_spark_sql_of_its_own():
+    """``spark.jit: auto`` (the default): C1 only for `lakestream run`'s JVM, unless it runs Spark SQL itself
+    (derived tables, windows, inline maintenance); every other session keeps the JVM's tiered JIT; c1 and tiered
+    are what they say for every session."""
+    from lakestream.spark import client_compiler
+
+    config = parse_config(BASE)
+    assert config.spark.jit == "auto"
+    assert client_compiler(config, pipeline=True) is True
+    assert client_compiler(config, pipeline=False) is False  # lakestream sql, verify, maintain, ...
+    inline = parse_config(with_("maintenance.mode", "inline"))
+    assert client_compiler(inline, pipeline=True) is False
+    for field in ("derived_tables", "windows"):
+        # (any entry: what it holds does not matter here)
+        assert client_compiler(config.model_copy(update={field: [object()]}), pipeline=True) is False
+    assert client_compiler(parse_config(with_("spark.jit", "c1")), pipeline=False) is True
+    assert client_compiler(parse_config(with_("spark.jit", "tiered")), pipeline=True) is False
+    with pytest.raises(ConfigError, match="spark.jit"):
+        parse_config(with_("spark.jit", "c2"))

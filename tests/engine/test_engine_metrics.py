@@ -168,8 +168,31 @@ def test_cli_run_serves_metrics_on_its_port_and_keeps_stdout_clean(stack, pipeli
         assert samples[("lakestream_table_changes_total", (("table", table),))] == 5
         assert samples[("lakestream_dead_letters_total", (("kind", "malformed"),))] == 1
         assert samples[("lakestream_pipeline_info", (("pipeline", topic),))] == 1
+        # The pipeline's own JVM (local mode, no Spark SQL of its own) compiles with C1 only (`SparkSettings.jit`).
+        [jvm] = [cmd for cmd in _children_cmdlines(proc.pid) if "org.apache.spark.deploy.SparkSubmit" in cmd]
+        assert "-XX:TieredStopAtLevel=1" in jvm, jvm
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()[-3000:]
     assert out == b"", out[:500]  # logs and the JVM's chatter go to stderr
+
+
+def _children_cmdlines(pid: int) -> list[str]:
+    """The command lines of ``pid``'s child processes (from /proc)."""
+    import os
+
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+            if int(stat[stat.rfind(")") + 2 :].split()[1]) != pid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                out.append(fh.read().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue  # ended meanwhile
+    return out
