@@ -8,6 +8,7 @@ every table of a batch has committed, so restarting from them never skips a chan
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,8 +57,19 @@ class KafkaCluster:
             raise
 
     def close(self) -> None:
+        """Close within about 2 × timeout_s. librdkafka's close can wait without end on a group commit to a
+        coordinator that no longer answers (seen after a broker SIGKILL and restart: the request stays queued):
+        past timeout_s the client is left to close in the background, and the commit's offsets are in the tables."""
         self._settle()
-        self._consumer.close()
+        closer = threading.Thread(target=self._consumer.close, name="kafka-cluster-close", daemon=True)
+        closer.start()
+        closer.join(self.timeout_s)
+        if closer.is_alive():
+            log.warning(
+                "the driver's Kafka client did not close within %.0fs (a group commit the coordinator does not "
+                "answer); left to close in the background",
+                self.timeout_s,
+            )
 
     def list_topics(self) -> dict[str, list[int]]:
         """Every topic (internal ones excluded) and its partitions."""

@@ -275,3 +275,32 @@ def test_an_open_range_reads_its_known_backlog_in_full_before_the_time_cap(fille
         for r in c
     ]
     assert 10 <= len(cut) < N and cut == list(range(len(cut)))
+
+
+def test_close_is_bounded_while_the_group_coordinator_does_not_answer(stack_factory):
+    """After a broker restart librdkafka's `close()` can wait without end on a group commit to a coordinator that does
+    not answer (the pipeline's restart after an outage hung there); the driver's client gives it ``timeout_s`` and
+    leaves it to finish in the background. Here the broker is frozen (SIGSTOP) with a commit in flight."""
+    import os
+    import signal
+    import time
+
+    stack = stack_factory()  # a broker of its own: this one is frozen
+    info = stack.up()
+    topic = f"close-{uuid.uuid4().hex[:8]}"
+    produce_records(info.bootstrap_servers, topic, [(_key(0), _value(0))], partition=PARTITION)
+    settings = KafkaSettings(bootstrap_servers=info.bootstrap_servers, group_id=f"g-{uuid.uuid4().hex[:8]}")
+    cluster = KafkaCluster(settings, timeout_s=2.0)
+    tp = TP(topic, PARTITION)
+    assert cluster.committed([tp]) == {}  # the coordinator is known and connected
+    pid = stack.broker.pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        cluster.commit({tp: 1})
+        started = time.monotonic()
+        cluster.close()
+        took = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert took < 3 * cluster.timeout_s, f"close took {took:.1f}s"
