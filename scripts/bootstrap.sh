@@ -41,4 +41,7 @@ fi
 # catalog server) against them.
 "$VENV/bin/python" -m lakestream.jars
 "$VENV/bin/python" -m lakestream.jvm_jars >/dev/null
+# The native parser of Debezium payloads (lakestream/decode/payloads_rs, no dependencies), built with cargo into the same
+# cache under a digest of its sources.
+"$VENV/bin/python" -m lakestream.decode.native >/dev/null
 echo "[bootstrap] ready: $VENV"

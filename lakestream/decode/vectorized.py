@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from lakestream.decode import native
 from lakestream.decode.envelope import COMPACT_PAYLOAD_MARKER, decode_key, split_envelope
 from lakestream.decode.types import (
     MAX_DAYS,
@@ -138,7 +139,12 @@ class RunDecoder:
         key_split = split_envelope(first_key)
         if key_split is not None and first_key.find(COMPACT_PAYLOAD_MARKER) == len(key_split[0]):
             key_head = first_key[: len(key_split[0]) + len(COMPACT_PAYLOAD_MARKER)]
-            if not all(k is not None and k.startswith(key_head) and k.rstrip().endswith(b"}") for k in message_keys):
+            shared = native.keys_share_head(message_keys, key_head)
+            if shared is None:
+                shared = all(
+                    k is not None and k.startswith(key_head) and k.rstrip().endswith(b"}") for k in message_keys
+                )
+            if not shared:
                 return None
         else:
             loads = orjson.loads
@@ -157,15 +163,12 @@ class RunDecoder:
                 return None
             # Every message must carry the first one's schema, byte for byte: then the payloads
             # hold no field the schema lacks and the parser may skip anything unexpected.
-            cut = len(first.rstrip()) - 1 - len(split[1])
-            prefix = first[:cut]  # the schema part and the payload marker, however it is spaced
-            payloads = [v[cut:-1] for v in values if v.startswith(prefix) and v.endswith(b"}")]
-            if len(payloads) != len(records):
-                return None
+            cut = len(first.rstrip()) - 1 - len(split[1])  # the schema part and the payload marker, however spaced
             unexpected = "ignore"
         else:
             if first.startswith(b'{"schema"'):
                 return None
+            cut = 0
             fields = []
             for f in table_schema:
                 if not (
@@ -183,7 +186,6 @@ class RunDecoder:
                     else f.type
                 )
                 fields.append(_WireField(f.name, wire, None))
-            payloads = values
             unexpected = "infer"  # a new column is an unexpected field: it must show in the parsed schema
         by_name = {f.name: f for f in fields}
         if any(name not in by_name for name in key_columns) or any(f.name not in table_schema.names for f in fields):
@@ -202,13 +204,14 @@ class RunDecoder:
                 ("ts_ms", pa.int64()),
             ]
         )
-        parsed = pj.read_json(
-            io.BytesIO(b"\n".join(payloads)),
-            read_options=pj.ReadOptions(block_size=max(1 << 20, 2 * sum(map(len, payloads))), use_threads=False),
-            parse_options=pj.ParseOptions(explicit_schema=explicit, unexpected_field_behavior=unexpected),
-        )
-        if parsed.num_rows != len(records):
-            return None
+        if split is not None and key_columns and native.available():
+            parsed = native.parse_envelopes(values, cut, [(f.name, f.wire) for f in fields], key_columns)
+            if parsed is None:
+                return None
+        else:
+            parsed = _read_payloads(values, cut, explicit, unexpected)
+            if parsed is None:
+                return None
         for side, want in (("before", old_row), ("after", row)):
             if parsed.schema.field(side).type != want:
                 return None  # a field the table does not have yet: a new column
@@ -252,6 +255,24 @@ class RunDecoder:
             source_ts.to_numpy(zero_copy_only=False).astype(np.float64),
             np.array(records.timestamps, np.int64),
         )
+
+
+def _read_payloads(values: list[bytes], cut: int, explicit: pa.Schema, unexpected: str) -> pa.Table | None:
+    """The payloads (each value from ``cut`` on, without its last byte when ``cut`` is past a schema part, which
+    every value must carry as the first one does) parsed by Arrow's JSON reader; None when a value is not one."""
+    if cut:
+        prefix = values[0][:cut]
+        payloads = [v[cut:-1] for v in values if v.startswith(prefix) and v.endswith(b"}")]
+        if len(payloads) != len(values):
+            return None
+    else:
+        payloads = values
+    parsed = pj.read_json(
+        io.BytesIO(b"\n".join(payloads)),
+        read_options=pj.ReadOptions(block_size=max(1 << 20, 2 * sum(map(len, payloads))), use_threads=False),
+        parse_options=pj.ParseOptions(explicit_schema=explicit, unexpected_field_behavior=unexpected),
+    )
+    return parsed if parsed.num_rows == len(values) else None
 
 
 def _event_wire(target: pa.DataType) -> pa.DataType | None:
