@@ -5,11 +5,13 @@ worker from it for each concurrent task. PySpark's own daemon imports only pyspa
 worker pays for importing pyarrow, numpy, confluent-kafka and the sink (about a second on this
 machine) before its first task reads a record; forked from here, a worker starts with them loaded.
 
-It also keeps the worker's zip archives from being re-read at every task (`keep_zip_directories`).
+It also keeps the worker's zip archives from being re-read at every task (`keep_zip_directories`), and moves what it
+imported out of the garbage collector's generations before it forks (`gc.freeze`).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import zipimport
@@ -61,4 +63,7 @@ def keep_zip_directories() -> None:
 
 if __name__ == "__main__":
     keep_zip_directories()
+    # What the daemon imported lives as long as every worker forked from it: out of the collector's sight, its full
+    # collections in a worker scan only what the worker made (and the pages stay shared with the daemon).
+    gc.freeze()
     manager()

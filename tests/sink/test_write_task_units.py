@@ -123,3 +123,36 @@ def test_a_table_s_changes_become_a_data_file_and_row_locations(tmp_path: Path) 
 
     assert pq.read_table(written.path.removeprefix("file:")).to_pydict()["status"] == ["v2"]
     assert pa.types.is_int64(blob.schema.field("key").type)
+
+
+def test_a_task_runs_with_the_collector_paused_and_leaves_it_as_it_was(monkeypatch: Any) -> None:
+    """The cyclic collector is off while a task runs (its full collections rescanned a Message per record) and as it
+    was afterwards: back on when it was on, still off when the worker had it off, and back on after a task fails."""
+    import gc
+
+    from lakestream.sink.write import task as task_module
+
+    seen: list[bool] = []
+
+    def run(self: WriteTask, ranges: list[Any]) -> str:
+        seen.append(gc.isenabled())
+        if ranges == ["fail"]:
+            raise RuntimeError("the task failed")
+        return "report"
+
+    monkeypatch.setattr(WriteTask, "run", run)
+    ctx = WriteContext({}, Router([StreamSettings(topic_pattern=r"p\..*")]), {})
+    assert gc.isenabled()
+    assert list(task_module.run_write_task([], ctx)) == ["report"]
+    assert seen == [False] and gc.isenabled()
+    try:
+        list(task_module.run_write_task(["fail"], ctx))  # type: ignore[list-item]
+    except RuntimeError:
+        pass
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        list(task_module.run_write_task([], ctx))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
