@@ -147,19 +147,25 @@ def read_runs(
     if len(states) != len(ranges):
         raise ValueError("read_runs needs ranges of distinct partitions")
     conf = dict(consumer_conf)
-    # Bigger fetches than librdkafka's defaults (1 MB per partition): a range is read to its end at
-    # once, and schemas-on Debezium messages are ~5 KB each. Settings the user gave win. Kafka keeps a
-    # response within fetch.max.bytes (but for one record batch larger than it, which the broker's
-    # message.max.bytes bounds), so librdkafka's default receive.message.max.bytes (100 MB) holds it.
+    # Fetches of 2 MB per partition (librdkafka: 1 MB), 8 MB a response, 32 MB queued per partition, and a 5-ms
+    # back-off when that queue is full (librdkafka: 1 s): a range is read to its end at once, and the reader drains
+    # the queue as fast as it fills. Larger fetches cost more than they save: their buffers are fresh memory the
+    # kernel zeroes page by page (a third of a page fault per message at 16 MB fetches and a 256 MB queue, the
+    # workers' largest CPU cost in a backlog's drain), and with the 1-s back-off a full queue stalled the read: 330k
+    # of the peers' 3.3-KB messages in 1.1-1.5 s against 2.9-4.0 s, 3.8-4.1 against 3.4-5.5 us of CPU each
+    # (bench/task.py's stack, read_runs alone). Settings the user gave win. Kafka keeps a response within
+    # fetch.max.bytes (but for one record batch larger than it, which the broker's message.max.bytes bounds), so
+    # librdkafka's default receive.message.max.bytes (100 MB) holds it.
     # fetch.wait.max.ms: at a partition's end Kafka holds an empty fetch this long before answering, and
     # end-of-partition (where an open range stops) is known only then: at librdkafka's 500 ms default that
     # was most of a small batch's read (bench/scale.py: tasks 0.69 s against 0.25 s). A range reader does
     # not idle, so it asks for an answer within 5 ms (a 2,000-record read with its consumer's start and close:
     # 41-47 ms at 20 ms, 36 ms at 5 ms).
     for key, value in (
-        ("fetch.max.bytes", 64 * 1024 * 1024),
-        ("max.partition.fetch.bytes", 16 * 1024 * 1024),
-        ("queued.max.messages.kbytes", 256 * 1024),
+        ("fetch.max.bytes", 8 * 1024 * 1024),
+        ("max.partition.fetch.bytes", 2 * 1024 * 1024),
+        ("queued.max.messages.kbytes", 32 * 1024),
+        ("fetch.queue.backoff.ms", 5),
         ("fetch.wait.max.ms", 5),
     ):
         conf.setdefault(key, value)
