@@ -17,6 +17,8 @@ need_apt=()
 [ -x /usr/sbin/mariadbd ] || need_apt+=(mariadb-server)
 command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
+# cargo for the native payload parser (lakestream/decode/payloads_rs): rustup's where it is, else Debian's.
+command -v cargo >/dev/null 2>&1 || [ -x "$HOME/.cargo/bin/cargo" ] || need_apt+=(cargo)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 command -v runuser >/dev/null 2>&1 || need_apt+=(util-linux)
 # Headless Chromium for the dashboard's browser test (driven by the playwright wheel; never `playwright install`).

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -27,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+log = logging.getLogger(__name__)
 _CRATE = Path(__file__).resolve().parent / "payloads_rs"
 _KINDS = {pa.int64(): 0, pa.float64(): 1, pa.bool_(): 2, pa.string(): 3}
 
@@ -92,6 +94,11 @@ def _library() -> ctypes.CDLL | None:
         return None
     path = Path(os.environ["LAKESTREAM_NATIVE_LIB"]) if "LAKESTREAM_NATIVE_LIB" in os.environ else library_path()
     if not path.exists():
+        log.warning(
+            "the native payload parser is not built (%s): Arrow's JSON reader parses the runs, 2-3x slower; "
+            "`python -m lakestream.decode.native` builds it (make setup does)",
+            path,
+        )
         return None
     lib = ctypes.PyDLL(str(path))  # not CDLL: the library reads the Python lists it is given, holding the GIL
     parse = lib.lakestream_parse_envelopes

@@ -687,10 +687,13 @@ unsafe fn byte_strings<'a>(list: *mut PyObject) -> Option<Vec<&'a [u8]>> {
 #[no_mangle]
 pub unsafe extern "C" fn lakestream_keys_share_head(keys: *mut PyObject, head: *const u8, head_len: usize) -> i32 {
     let head = slice::from_raw_parts(head, head_len);
-    let Some(keys) = byte_strings(keys) else { return 0 };
+    let keys = match byte_strings(keys) {
+        Some(keys) => keys,
+        None => return 0,
+    };
     let all = keys.iter().all(|k| {
         let end = k.iter().rposition(|&c| !is_ws(c) && c != 0x0b && c != 0x0c);
-        k.starts_with(head) && end.is_some_and(|e| k[e] == b'}')
+        k.starts_with(head) && end.map_or(false, |e| k[e] == b'}')
     });
     all as i32
 }
@@ -714,7 +717,10 @@ pub unsafe extern "C" fn lakestream_parse_envelopes(
     out: *const Envelope,
     failed_row: *mut i64,
 ) -> i32 {
-    let Some(values) = byte_strings(values) else { return DECLINE_ENVELOPE };
+    let values = match byte_strings(values) {
+        Some(values) => values,
+        None => return DECLINE_ENVELOPE,
+    };
     let result = catch_unwind(AssertUnwindSafe(|| {
         let name_offsets = slice::from_raw_parts(name_offsets, nfields + 1);
         let names = slice::from_raw_parts(names, name_offsets[nfields] as usize);
@@ -732,7 +738,10 @@ pub unsafe extern "C" fn lakestream_parse_envelopes(
             .collect();
         let out = &*out;
         let mut seen = vec![0u32; nfields];
-        let Some(first) = values.first() else { return Err((0, DECLINE_ENVELOPE)) };
+        let first = match values.first() {
+            Some(first) => first,
+            None => return Err((0, DECLINE_ENVELOPE)),
+        };
         if first.len() < prefix_len + 1 {
             return Err((0, DECLINE_ENVELOPE));
         }
