@@ -305,58 +305,59 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// The items of an array or the members of an object, the cursor at its opening bracket: each item handed to
+    /// `item` (which must consume it), separated by commas, up to `close`.
+    fn sequence(&mut self, close: u8, mut item: impl FnMut(&mut Self) -> Parsed<()>) -> Parsed<()> {
+        self.i += 1;
+        self.ws();
+        if self.peek()? == close {
+            self.i += 1;
+            return Ok(());
+        }
+        loop {
+            self.ws();
+            item(self)?;
+            self.ws();
+            match self.peek()? {
+                b',' => self.i += 1,
+                c if c == close => {
+                    self.i += 1;
+                    return Ok(());
+                }
+                _ => return Err(DECLINE_SYNTAX),
+            }
+        }
+    }
+
+    /// An object whose members are each handed to `member` (its name, the cursor at its value, which `member` must
+    /// consume). Names are read as `name` reads them: an escaped one declines.
+    fn members(&mut self, mut member: impl FnMut(&mut Self, &'a [u8]) -> Parsed<()>) -> Parsed<()> {
+        if self.peek()? != b'{' {
+            return Err(DECLINE_SYNTAX);
+        }
+        self.sequence(b'}', |cur| {
+            let name = cur.name()?;
+            cur.ws();
+            cur.expect(b':')?;
+            cur.ws();
+            member(cur, name)
+        })
+    }
+
     /// Any JSON value, checked and dropped.
     fn skip(&mut self, depth: u32) -> Parsed<()> {
         if depth > MAX_DEPTH {
             return Err(DECLINE_DEPTH);
         }
         match self.peek()? {
-            b'{' => {
-                self.i += 1;
-                self.ws();
-                if self.peek()? == b'}' {
-                    self.i += 1;
-                    return Ok(());
-                }
-                loop {
-                    self.ws();
-                    self.string(None, 0)?;
-                    self.ws();
-                    self.expect(b':')?;
-                    self.ws();
-                    self.skip(depth + 1)?;
-                    self.ws();
-                    match self.peek()? {
-                        b',' => self.i += 1,
-                        b'}' => {
-                            self.i += 1;
-                            return Ok(());
-                        }
-                        _ => return Err(DECLINE_SYNTAX),
-                    }
-                }
-            }
-            b'[' => {
-                self.i += 1;
-                self.ws();
-                if self.peek()? == b']' {
-                    self.i += 1;
-                    return Ok(());
-                }
-                loop {
-                    self.ws();
-                    self.skip(depth + 1)?;
-                    self.ws();
-                    match self.peek()? {
-                        b',' => self.i += 1,
-                        b']' => {
-                            self.i += 1;
-                            return Ok(());
-                        }
-                        _ => return Err(DECLINE_SYNTAX),
-                    }
-                }
-            }
+            b'{' => self.sequence(b'}', |cur| {
+                cur.string(None, 0)?; // any name, escapes and all: the value is dropped
+                cur.ws();
+                cur.expect(b':')?;
+                cur.ws();
+                cur.skip(depth + 1)
+            }),
+            b'[' => self.sequence(b']', |cur| cur.skip(depth + 1)),
             b'"' => self.string(None, 0).map(|_| ()),
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),
@@ -469,48 +470,28 @@ fn side(
     stamp: u32,
 ) -> Parsed<()> {
     if !cur.null()? {
-        cur.expect(b'{')?;
         unsafe { *valid.add(row) = 1 };
-        cur.ws();
-        if cur.peek()? == b'}' {
-            cur.i += 1;
-        } else {
-            let mut guess = 0usize; // Debezium writes the fields in the schema's order: try the next one first
-            loop {
-                cur.ws();
-                let name = cur.name()?;
-                cur.ws();
-                cur.expect(b':')?;
-                cur.ws();
-                let found = if guess < fields.len() && fields[guess].name == name {
-                    Some(guess)
-                } else {
-                    fields.iter().position(|f| f.name == name)
-                };
-                match found {
-                    Some(f) => {
-                        if seen[f] == stamp {
-                            return Err(DECLINE_DUPLICATE);
-                        }
-                        seen[f] = stamp;
-                        let field = &mut fields[f];
-                        let col = if after { &mut *field.after } else { &mut *field.before };
-                        value(cur, col, row)?;
-                        guess = f + 1;
+        let mut guess = 0usize; // Debezium writes the fields in the schema's order: try the next one first
+        cur.members(|cur, name| {
+            let found = if guess < fields.len() && fields[guess].name == name {
+                Some(guess)
+            } else {
+                fields.iter().position(|f| f.name == name)
+            };
+            match found {
+                Some(f) => {
+                    if seen[f] == stamp {
+                        return Err(DECLINE_DUPLICATE);
                     }
-                    None => cur.skip(1)?, // a field the run's schema has but the table does not read
+                    seen[f] = stamp;
+                    let field = &mut fields[f];
+                    let col = if after { &mut *field.after } else { &mut *field.before };
+                    guess = f + 1;
+                    value(cur, col, row)
                 }
-                cur.ws();
-                match cur.peek()? {
-                    b',' => cur.i += 1,
-                    b'}' => {
-                        cur.i += 1;
-                        break;
-                    }
-                    _ => return Err(DECLINE_SYNTAX),
-                }
+                None => cur.skip(1), // a field the run's schema has but the table does not read
             }
-        }
+        })?;
     }
     for field in fields.iter_mut() {
         close_string(if after { field.after } else { field.before }, row);
@@ -523,47 +504,24 @@ fn source(cur: &mut Cursor, out: &Envelope, row: usize) -> Parsed<()> {
     if cur.null()? {
         return Ok(());
     }
-    cur.expect(b'{')?;
     unsafe { *out.source_valid.add(row) = 1 };
-    cur.ws();
-    if cur.peek()? == b'}' {
-        cur.i += 1;
-        return Ok(());
-    }
     let mut seen = false;
-    loop {
-        cur.ws();
-        let name = cur.name()?;
-        cur.ws();
-        cur.expect(b':')?;
-        cur.ws();
-        if name == b"ts_ms" {
-            if seen {
-                return Err(DECLINE_DUPLICATE);
-            }
-            seen = true;
-            cur.optional_int(row, out.source_ts, out.source_ts_valid)?;
-        } else {
-            cur.skip(1)?;
+    cur.members(|cur, name| {
+        if name != b"ts_ms" {
+            return cur.skip(1);
         }
-        cur.ws();
-        match cur.peek()? {
-            b',' => cur.i += 1,
-            b'}' => {
-                cur.i += 1;
-                return Ok(());
-            }
-            _ => return Err(DECLINE_SYNTAX),
+        if seen {
+            return Err(DECLINE_DUPLICATE);
         }
-    }
+        seen = true;
+        cur.optional_int(row, out.source_ts, out.source_ts_valid)
+    })
 }
 
 /// One payload object at `row`.
 fn payload(cur: &mut Cursor, fields: &mut [Field], out: &Envelope, row: usize, seen: &mut [u32]) -> Parsed<()> {
     let stamp_after = 2 * row as u32 + 1;
     let stamp_before = 2 * row as u32 + 2;
-    cur.ws();
-    cur.expect(b'{')?;
     let mut known = 0u8; // before, after, op, source, ts_ms: a second one declines
     let mut mark = |bit: u8| -> Parsed<()> {
         if known & bit != 0 {
@@ -573,56 +531,39 @@ fn payload(cur: &mut Cursor, fields: &mut [Field], out: &Envelope, row: usize, s
         Ok(())
     };
     cur.ws();
-    if cur.peek()? == b'}' {
-        cur.i += 1;
-    } else {
-        loop {
-            cur.ws();
-            let name = cur.name()?;
-            cur.ws();
-            cur.expect(b':')?;
-            cur.ws();
-            match name {
-                b"before" => {
-                    mark(1)?;
-                    side(cur, fields, false, row, out.before_valid, seen, stamp_before)?;
-                }
-                b"after" => {
-                    mark(2)?;
-                    side(cur, fields, true, row, out.after_valid, seen, stamp_after)?;
-                }
-                b"op" => {
-                    mark(4)?;
-                    if cur.null()? {
-                        return Err(DECLINE_OP);
-                    }
-                    let op = cur.name()?;
-                    match op {
-                        b"c" | b"u" | b"r" | b"d" => unsafe { *out.op.add(row) = op[0] },
-                        _ => return Err(DECLINE_OP),
-                    }
-                }
-                b"source" => {
-                    mark(8)?;
-                    source(cur, out, row)?;
-                }
-                b"ts_ms" => {
-                    mark(16)?;
-                    cur.optional_int(row, out.ts_ms, out.ts_ms_valid)?;
-                }
-                _ => cur.skip(1)?,
+    cur.members(|cur, name| match name {
+        b"before" => {
+            mark(1)?;
+            side(cur, fields, false, row, out.before_valid, seen, stamp_before)
+        }
+        b"after" => {
+            mark(2)?;
+            side(cur, fields, true, row, out.after_valid, seen, stamp_after)
+        }
+        b"op" => {
+            mark(4)?;
+            if cur.null()? {
+                return Err(DECLINE_OP);
             }
-            cur.ws();
-            match cur.peek()? {
-                b',' => cur.i += 1,
-                b'}' => {
-                    cur.i += 1;
-                    break;
+            let op = cur.name()?;
+            match op {
+                b"c" | b"u" | b"r" | b"d" => {
+                    unsafe { *out.op.add(row) = op[0] };
+                    Ok(())
                 }
-                _ => return Err(DECLINE_SYNTAX),
+                _ => Err(DECLINE_OP),
             }
         }
-    }
+        b"source" => {
+            mark(8)?;
+            source(cur, out, row)
+        }
+        b"ts_ms" => {
+            mark(16)?;
+            cur.optional_int(row, out.ts_ms, out.ts_ms_valid)
+        }
+        _ => cur.skip(1),
+    })?;
     if known & 4 == 0 {
         return Err(DECLINE_OP);
     }
