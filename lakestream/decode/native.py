@@ -100,8 +100,12 @@ def _library() -> ctypes.CDLL | None:
             path,
         )
         return None
-    lib = ctypes.PyDLL(str(path))  # not CDLL: the library reads the Python lists it is given, holding the GIL
-    parse = lib.lakestream_parse_envelopes
+    try:
+        lib = ctypes.PyDLL(str(path))  # not CDLL: the library reads the Python lists it is given, holding the GIL
+        parse, keys = lib.lakestream_parse_envelopes, lib.lakestream_keys_share_head
+    except (OSError, AttributeError) as e:  # not a library of this machine, or not this one
+        log.warning("the native payload parser at %s does not load (%s): Arrow's JSON reader parses the runs", path, e)
+        return None
     parse.restype = ctypes.c_int32
     parse.argtypes = [
         ctypes.py_object,
@@ -114,7 +118,6 @@ def _library() -> ctypes.CDLL | None:
         ctypes.POINTER(_Envelope),
         ctypes.POINTER(ctypes.c_int64),
     ]
-    keys = lib.lakestream_keys_share_head
     keys.restype = ctypes.c_int32
     keys.argtypes = [ctypes.py_object, ctypes.c_char_p, ctypes.c_size_t]
     return lib

@@ -62,6 +62,22 @@ def test_the_library_is_built_here():
     assert native.available(), f"{native.library_path()} is missing: python -m lakestream.decode.native builds it"
 
 
+def test_a_library_that_does_not_load_leaves_the_runs_to_arrows_reader(monkeypatch, tmp_path, caplog):
+    """A cluster's copy built for another machine: a warning, and the run decoder still decodes (with Arrow's)."""
+    bad = tmp_path / "lakestream-payloads.so"
+    bad.write_bytes(b"not a shared library")
+    records = RecordRun.of(_peers_records(20))
+    monkeypatch.setenv("LAKESTREAM_NATIVE_LIB", str(bad))
+    native._library.cache_clear()
+    try:
+        assert not native.available()
+        assert RunDecoder().decode(records, _schema(True), ["id"]) is not None
+    finally:
+        monkeypatch.delenv("LAKESTREAM_NATIVE_LIB")
+        native._library.cache_clear()
+    assert "does not load" in caplog.text
+
+
 PAYLOADS = [
     b'{"before":null,"after":{"id":1,"qty":2,"price":1.5,"express":true,"status":"new","note":null},"op":"c",'
     b'"source":{"version":"3.6","ts_ms":1700000000000,"snapshot":"false","sequence":"[\\"1\\",\\"2\\"]"},"ts_ms":17}',
