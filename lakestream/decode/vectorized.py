@@ -204,14 +204,13 @@ class RunDecoder:
                 ("ts_ms", pa.int64()),
             ]
         )
-        if split is not None and key_columns and native.available():
-            parsed = native.parse_envelopes(values, cut, [(f.name, f.wire) for f in fields], key_columns)
-            if parsed is None:
-                return None
-        else:
-            parsed = _read_payloads(values, cut, explicit, unexpected)
-            if parsed is None:
-                return None
+        parsed = (
+            native.parse_envelopes(values, cut, [(f.name, f.wire) for f in fields], key_columns)
+            if split is not None and key_columns and native.available()
+            else _read_payloads(values, cut, explicit, unexpected)
+        )
+        if parsed is None:
+            return None
         for side, want in (("before", old_row), ("after", row)):
             if parsed.schema.field(side).type != want:
                 return None  # a field the table does not have yet: a new column
