@@ -271,3 +271,8 @@ def first_line(exc: BaseException, limit: int = 500) -> str:
             return line[:limit]
     lines = [line for line in lines if not line.startswith(("File ", "at ", "Traceback"))] or lines
     return (lines[0] if lines else type(exc).__name__)[:limit]
+
+
+class ChangeFeedError(QueryError):
+    """A change feed cannot be read for the range asked (a snapshot expired or not in the table's history, a
+    table without row lineage); the message names the range that can be read."""

@@ -21,6 +21,7 @@ _COMMAND_MODULES = [
     "run",
     "sql",
     "query",
+    "changes",
     "verify",
     "maintain",
     "health",

@@ -1,0 +1,428 @@
+"""What changed in a table between two snapshots: planned from the manifests, read from the touched files alone.
+
+A range (since, until] is planned by `ChangeFeed.plan` (JVM side): the data files the range's snapshots added,
+removed, or whose deletion vector they changed are the only files whose live rows can differ between the two
+ends. Their rows live at ``since`` (the *before* side) and at ``until`` (the *after* side) are read by Spark
+through two staged scan task sets, with v3 row lineage (``_row_id``, ``_last_updated_sequence_number``). A row
+found on both sides with the same id and sequence number did not change (a file it shared with changed rows,
+a compaction that moved it); what is left is joined by key:
+
+- a key only after is an ``insert``, only before a ``delete``, on both sides with different values an
+  ``update`` (a key deleted and inserted again inside the range too: net, one update); a key inserted and
+  deleted inside the range does not appear;
+- a table without a primary key (no identifier fields) is a multiset: rows are matched by ``_row_id`` instead
+  (an update of one of several equal rows keeps the id of the row it replaced, as the sink writes it).
+
+Each change names its commit: for an insert or update the snapshot whose sequence number the row carries, for a
+delete the last snapshot of the range that deleted the row's id (from the positions each deletion vector added and
+the files each non-rewrite snapshot removed). ``all_changes=True`` diffs every commit of the range against its
+parent instead, so a key changed by several commits appears once per commit.
+
+The cost of a range is its manifests plus the touched files, not the table. Rows come in the table's current
+schema (a column added inside the range reads as its default in a before image). Snapshots added by anything but
+row-level position deletes (equality deletes, position delete files that name no data file) make every live file
+a touched file: still exact, no longer cheap.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from functools import reduce
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+
+from lakestream.errors import ChangeFeedError
+from lakestream.identifiers import TableName, quote_table
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+# The columns every change row starts with; the table's columns (the row after) and ``_before`` follow.
+CHANGE_COLUMNS = ("_change_type", "_commit_snapshot_id", "_commit_sequence_number", "_row_id")
+LINEAGE = ("_row_id", "_last_updated_sequence_number")
+# Staged task sets stay in the driver while a DataFrame may still read them; past this many ranges per process
+# the oldest are released (a DataFrame that old can no longer be evaluated: read its changes again).
+STAGED_RANGES = 64
+_staged: OrderedDict[str, tuple[Any, str, str, str]] = OrderedDict()
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One snapshot of a range."""
+
+    snapshot_id: int
+    sequence_number: int
+    operation: str
+    compaction: bool
+
+
+@dataclass(frozen=True)
+class ChangeRange:
+    """A planned range (since, until] of one table: its commits, and the staged reads of its touched files."""
+
+    catalog: str
+    table: TableName
+    since: int
+    until: int
+    since_sequence_number: int
+    commits: tuple[Commit, ...]
+    full: bool
+    before_set: str | None
+    after_set: str | None
+    before_files: int
+    after_files: int
+    before_records: int
+    after_records: int
+    events: tuple[dict[str, Any], ...]
+
+    @property
+    def ident(self) -> str:
+        return quote_table(self.catalog, self.table.namespace, self.table.table)
+
+
+def _feed(spark: SparkSession) -> Any:
+    jvm: Any = spark.sparkContext._jvm
+    return jvm.lakestream.ChangeFeed
+
+
+def plan_range(
+    spark: SparkSession, catalog: str, table: TableName | str, since: int, until: int | None = None
+) -> ChangeRange:
+    """Plan (``since``, ``until``] of ``table`` (``until`` None: the current snapshot) and stage its reads;
+    ChangeFeedError when ``since`` is not in the history of ``until`` (naming the oldest ``since`` possible)."""
+    ref = table if isinstance(table, TableName) else TableName.parse(table, catalog)
+    prefix = f"lakestream-changes-{uuid.uuid4().hex}"
+    raw = orjson.loads(
+        _feed(spark).plan(
+            spark._jsparkSession,
+            catalog,
+            ref.namespace,
+            ref.table,
+            int(since),
+            -1 if until is None else int(until),
+            prefix,
+        )
+    )
+    if raw.get("until_missing"):
+        where = "has no snapshot yet" if until is None else f"has no snapshot {until} (expired, or never its own)"
+        raise ChangeFeedError(f"{ref} {where}: --until must be a snapshot of the table")
+    if not raw["ancestor"]:
+        raise ChangeFeedError(
+            f"snapshot {since} is not in the history of {ref} up to snapshot {raw['until']} (expired, rolled back, "
+            f"or another table's): the oldest --since still possible is {raw['oldest']}"
+        )
+    _remember(spark, catalog, ref, prefix)
+    return ChangeRange(
+        catalog=catalog,
+        table=ref,
+        since=int(raw["since"]),
+        until=int(raw["until"]),
+        since_sequence_number=int(raw["since_sequence_number"]),
+        commits=tuple(
+            Commit(int(c["snapshot_id"]), int(c["sequence_number"]), c["operation"] or "", bool(c["compaction"]))
+            for c in raw["snapshots"]
+        ),
+        full=bool(raw["full"]),
+        before_set=raw["before"]["set"],
+        after_set=raw["after"]["set"],
+        before_files=int(raw["before"]["files"]),
+        after_files=int(raw["after"]["files"]),
+        before_records=int(raw["before"]["records"]),
+        after_records=int(raw["after"]["records"]),
+        events=tuple(raw["events"]),
+    )
+
+
+def _remember(spark: SparkSession, catalog: str, ref: TableName, prefix: str) -> None:
+    _staged[prefix] = (spark, catalog, ref.namespace, ref.table)
+    while len(_staged) > STAGED_RANGES:
+        old, (session, cat, ns, tbl) = _staged.popitem(last=False)
+        try:
+            _feed(session).release(session._jsparkSession, cat, ns, tbl, old)
+        except Exception as exc:  # noqa: BLE001 — a stopped session holds no staged sets any more
+            log.debug("releasing staged change-feed reads %s: %s", old, exc)
+
+
+def read_changes(
+    spark: SparkSession,
+    catalog: str,
+    table: TableName | str,
+    since: int,
+    until: int | None = None,
+    *,
+    all_changes: bool = False,
+    key_columns: list[str] | None = None,
+) -> DataFrame:
+    """The changes of ``table`` in (``since``, ``until``] as a Spark DataFrame: `CHANGE_COLUMNS`, the table's
+    columns (the row after; NULL for a delete) and ``_before`` (a struct of the table's columns as of ``since``, or
+    as of the commit's parent with ``all_changes``; NULL for an insert). ``key_columns`` defaults to the table's
+    identifier fields; none: the table is a multiset matched by ``_row_id``."""
+    ref = table if isinstance(table, TableName) else TableName.parse(table, catalog)
+    keys = _key_columns(spark, catalog, ref) if key_columns is None else list(key_columns)
+    if not all_changes:
+        return _range_changes(spark, plan_range(spark, catalog, ref, since, until), keys, attribute_to=None)
+    whole = plan_range(spark, catalog, ref, since, until)
+    parts: list[DataFrame] = []
+    parent = whole.since
+    for commit in whole.commits:
+        step = plan_range(spark, catalog, ref, parent, commit.snapshot_id)
+        parts.append(_range_changes(spark, step, keys, attribute_to=commit))
+        parent = commit.snapshot_id
+    if not parts:
+        return _range_changes(spark, whole, keys, attribute_to=None)
+    return reduce(lambda a, b: a.unionByName(b), parts)
+
+
+def read_changes_arrow(
+    spark: SparkSession,
+    catalog: str,
+    table: TableName | str,
+    since: int,
+    until: int | None = None,
+    *,
+    all_changes: bool = False,
+    key_columns: list[str] | None = None,
+) -> pa.Table:
+    """`read_changes` collected into a pyarrow Table, in commit order (for results that fit the driver)."""
+    from lakestream.query import _spark_to_arrow
+
+    df = read_changes(spark, catalog, table, since, until, all_changes=all_changes, key_columns=key_columns)
+    return _spark_to_arrow(df.orderBy("_commit_sequence_number", "_row_id"))
+
+
+def _key_columns(spark: SparkSession, catalog: str, ref: TableName) -> list[str]:
+    from lakestream.sink.catalog.sink import table_info
+
+    info = table_info(spark, catalog, ref.namespace, ref.table)
+    if not info.get("exists", True):
+        raise ChangeFeedError(f"table {ref} does not exist in catalog {catalog!r}")
+    if int(info.get("format_version") or 0) < 3:
+        raise ChangeFeedError(
+            f"{ref} is an Iceberg v{info.get('format_version')} table: the change feed needs v3 row lineage "
+            "(mirrors are v3; `lakestream upgrade` upgrades older ones)"
+        )
+    return list(info.get("identifier_fields") or [])
+
+
+def _staged_read(spark: SparkSession, change_range: ChangeRange, set_id: str | None) -> DataFrame:
+    """The rows of one side's staged files (their deletes as of that side's snapshot), with row lineage."""
+    if set_id is None:  # no file on this side
+        return spark.sql(f"SELECT *, {', '.join(LINEAGE)} FROM {change_range.ident}").limit(0)
+    return spark.read.format("iceberg").option("scan-task-set-id", set_id).load(change_range.ident)
+
+
+def _range_changes(
+    spark: SparkSession, change_range: ChangeRange, keys: list[str], attribute_to: Commit | None
+) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    before = _staged_read(spark, change_range, change_range.before_set)
+    after = _staged_read(spark, change_range, change_range.after_set)
+    missing = [c for c in LINEAGE if c not in after.columns]
+    if missing:
+        raise ChangeFeedError(f"{change_range.table}: the scan has no {', '.join(missing)} (row lineage, format v3)")
+    columns = [c for c in after.columns if c not in LINEAGE]
+    unknown = [k for k in keys if k not in columns]
+    if unknown:
+        raise ChangeFeedError(f"{change_range.table}: key columns {unknown} are not columns of the table {columns}")
+    diff = _net_diff(before, after, columns, keys)
+    if attribute_to is not None:
+        commit_id: Column = F.lit(attribute_to.snapshot_id).cast("bigint")
+        commit_seq: Column = F.lit(attribute_to.sequence_number).cast("bigint")
+    else:
+        diff = _attribute(spark, change_range, diff, keys)
+        commit_id, commit_seq = F.col("_commit_snapshot_id"), F.col("_commit_sequence_number")
+    return diff.select(
+        F.col("_change_type"),
+        commit_id.alias("_commit_snapshot_id"),
+        commit_seq.alias("_commit_sequence_number"),
+        F.col("_row_id"),
+        *[F.col("_after")[c].alias(c) for c in columns],
+        F.col("_before"),
+    )
+
+
+def _comparable(df: DataFrame, columns: list[str]) -> Column:
+    """A struct of ``columns`` that Spark can compare (map columns compared as their JSON)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import MapType
+
+    types = {f.name: f.dataType for f in df.schema.fields}
+    return F.struct(*[F.to_json(F.col(c)).alias(c) if isinstance(types[c], MapType) else F.col(c) for c in columns])
+
+
+def _net_diff(before: DataFrame, after: DataFrame, columns: list[str], keys: list[str]) -> DataFrame:
+    """``_change_type``, ``_row_id``, ``_after_seq``, ``_before_row_id``, ``_after`` and ``_before`` (structs) of
+    every key (or, without keys, every row id) whose row differs between the two sides."""
+    from pyspark.sql import functions as F
+
+    lineage = list(LINEAGE)
+    # A row with the same id and sequence number on both sides is the same row: unchanged, or moved by a rewrite.
+    b = before.join(after.select(*lineage), on=lineage, how="left_anti")
+    a = after.join(before.select(*lineage), on=lineage, how="left_anti")
+    match = [f"_k{i}" for i in range(len(keys))] if keys else ["_k0"]
+    b_cols = [F.col(k).alias(m) for k, m in zip(keys, match, strict=True)] if keys else [F.col("_row_id").alias("_k0")]
+    a_cols = [F.col(k).alias(m) for k, m in zip(keys, match, strict=True)] if keys else [F.col("_row_id").alias("_k0")]
+    bs = b.select(
+        *b_cols,
+        F.struct(*[F.col(c) for c in columns]).alias("_before"),
+        _comparable(b, columns).alias("_bcmp"),
+        F.col("_row_id").alias("_before_row_id"),
+    ).alias("b")
+    as_ = a.select(
+        *a_cols,
+        F.struct(*[F.col(c) for c in columns]).alias("_after"),
+        _comparable(a, columns).alias("_acmp"),
+        F.col("_row_id").alias("_after_row_id"),
+        F.col("_last_updated_sequence_number").alias("_after_seq"),
+    ).alias("a")
+    condition = reduce(lambda x, y: x & y, [F.col(f"b.{m}").eqNullSafe(F.col(f"a.{m}")) for m in match])
+    joined = bs.join(as_, condition, "full_outer")
+    change = (
+        F.when(F.col("b._before_row_id").isNull(), F.lit("insert"))
+        .when(F.col("a._after_row_id").isNull(), F.lit("delete"))
+        .otherwise(F.lit("update"))
+    )
+    return joined.where(~F.col("_bcmp").eqNullSafe(F.col("_acmp"))).select(
+        change.alias("_change_type"),
+        F.coalesce(F.col("a._after_row_id"), F.col("b._before_row_id")).alias("_row_id"),
+        F.col("_after_seq"),
+        F.col("b._before_row_id").alias("_before_row_id"),
+        F.col("_after"),
+        F.col("_before"),
+    )
+
+
+def _attribute(spark: SparkSession, change_range: ChangeRange, diff: DataFrame, keys: list[str]) -> DataFrame:
+    """``_commit_snapshot_id`` and ``_commit_sequence_number`` of each change: the sequence number an insert's
+    or update's row carries; for a delete, the last snapshot of the range that deleted a row of its key (of its
+    row id, without keys)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    commits = spark.createDataFrame(
+        [(c.sequence_number, c.snapshot_id) for c in change_range.commits],
+        StructType([StructField("_seq", LongType(), False), StructField("_sid", LongType(), False)]),
+    )
+    attributed = diff.join(F.broadcast(commits), F.col("_after_seq") == F.col("_seq"), "left")
+    before_types = {f.name: f.dataType for f in diff.schema["_before"].dataType.fields}  # type: ignore[attr-defined]
+    match = keys or ["_row_id"]
+    deletions = _deletions(change_range, keys)
+    fields = [StructField(f"_d{i}", before_types[m] if keys else LongType(), True) for i, m in enumerate(match)] + [
+        StructField("_del_sid", LongType(), False),
+        StructField("_del_seq", LongType(), False),
+    ]
+    by_match = spark.createDataFrame(deletions, StructType(fields))
+    mine = [F.col("_before")[m] if keys else F.col("_before_row_id") for m in match]
+    condition = reduce(
+        lambda x, y: x & y,
+        [c.eqNullSafe(F.col(f"_d{i}")) for i, c in enumerate(mine)],
+        F.col("_change_type") == "delete",
+    )
+    attributed = attributed.join(by_match, condition, "left")
+    last = change_range.commits[-1] if change_range.commits else None
+    fallback_id = F.lit(last.snapshot_id if last else change_range.until).cast("bigint")
+    fallback_seq = F.lit(last.sequence_number if last else change_range.since_sequence_number).cast("bigint")
+    is_delete = F.col("_change_type") == "delete"
+    return attributed.select(
+        "*",
+        F.when(is_delete, F.coalesce(F.col("_del_sid"), fallback_id))
+        .otherwise(F.coalesce(F.col("_sid"), fallback_id))
+        .alias("_commit_snapshot_id"),
+        F.when(is_delete, F.coalesce(F.col("_del_seq"), fallback_seq))
+        .otherwise(F.coalesce(F.col("_after_seq"), fallback_seq))
+        .alias("_commit_sequence_number"),
+    )
+
+
+def _deletions(change_range: ChangeRange, keys: list[str]) -> list[tuple[Any, ...]]:
+    """``(*match, snapshot_id, sequence_number)``: the last snapshot of the range that deleted a row of each key
+    (each row id, without keys). An update deletes its key's old row too, so only a key's last deletion can be the
+    one that ended it."""
+    from lakestream.sink.index.diff import _read_ahead
+
+    seq_of = {c.snapshot_id: c.sequence_number for c in change_range.commits}
+    events = [e for e in change_range.events if keys or e.get("first_row_id") is not None]
+    first = {e["data_file"]: e.get("first_row_id") for e in events}
+
+    def read(path: str) -> list[list[Any]] | None:
+        try:
+            return file_match_columns(path, first[path], keys)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("change feed: cannot read %s (%s): its deletes are attributed to the range's end", path, exc)
+            return None
+
+    columns = dict(_read_ahead(list(dict.fromkeys(e["data_file"] for e in events)), read))
+    last: dict[tuple[Any, ...], tuple[int, int]] = {}
+    for e in events:
+        values = columns.get(e["data_file"])
+        if not values:
+            continue
+        rows = len(values[0])
+        if e["kind"] == "deleted":
+            positions = _positions(e.get("positions_le64"))
+        else:
+            live = np.ones(rows, bool)
+            dead = _positions(e.get("dead_le64"))
+            live[dead[dead < rows]] = False
+            positions = np.flatnonzero(live)
+        sid = int(e["snapshot_id"])
+        seq = seq_of.get(sid, 0)
+        for pos in positions[positions < rows].tolist():
+            match = tuple(v[pos] for v in values)
+            if match not in last or last[match][1] <= seq:
+                last[match] = (sid, seq)
+    return [(*match, sid, seq) for match, (sid, seq) in last.items()]
+
+
+def _positions(encoded: str | None) -> np.ndarray:
+    if not encoded:
+        return np.zeros(0, np.int64)
+    return np.frombuffer(base64.b64decode(encoded), "<i8").astype(np.int64)
+
+
+def file_match_columns(path: str, first_row_id: int | None, keys: list[str]) -> list[list[Any]]:
+    """The values that identify each row of data file ``path``, by position: its key columns, or without keys
+    its ``_row_id`` (`file_row_ids`)."""
+    if not keys:
+        if first_row_id is None:
+            raise ValueError("no first_row_id (row lineage)")
+        return [file_row_ids(path, first_row_id).tolist()]
+    import pyarrow.parquet as pq
+
+    from lakestream.storage import filesystem_path
+
+    fs, local = filesystem_path(path)
+    pf = pq.ParquetFile(local, filesystem=fs)
+    names = {n.lower(): n for n in pf.schema_arrow.names}
+    table = pf.read(columns=[names[k.lower()] for k in keys])
+    return [column.to_pylist() for column in table.columns]
+
+
+def file_row_ids(path: str, first_row_id: int) -> np.ndarray:
+    """The ``_row_id`` of every row of data file ``path`` by position: the id the file holds (a row rewritten
+    with its lineage), else ``first_row_id`` + its position (v3 row id inheritance)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from lakestream.storage import filesystem_path
+
+    fs, local = filesystem_path(path)
+    pf = pq.ParquetFile(local, filesystem=fs)
+    n = pf.metadata.num_rows
+    inherited = np.arange(first_row_id, first_row_id + n, dtype=np.int64)
+    if "_row_id" not in pf.schema_arrow.names:
+        return inherited
+    held = pf.read(columns=["_row_id"]).column(0)
+    if held.null_count == 0:
+        return held.to_numpy().astype(np.int64)
+    return np.where(pc.is_null(held).to_numpy(zero_copy_only=False), inherited, pc.fill_null(held, 0).to_numpy())
