@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 SOURCE_PROPERTY = "lakestream.changes.source"
 UNTIL_PROPERTY = "lakestream.changes.until"
+# `_row_id` is reserved for Iceberg's own row lineage column in a v3 table: the target keeps the source's as this.
+SOURCE_ROW_ID = "_source_row_id"
 
 
 def checkpoint(spark: SparkSession, catalog: str, target: TableName, source: TableName) -> int | None:
@@ -57,7 +59,8 @@ def append_changes(
     key_columns: list[str] | None = None,
 ) -> dict[str, Any]:
     """Append the changes of ``table`` into ``target`` (created on first use, format v3) and record ``until``
-    (default: the current snapshot) in that commit. ``since`` None: the checkpoint ``target`` holds for ``table``.
+    (default: the current snapshot) in that commit. The source's ``_row_id`` is stored as ``_source_row_id``
+    (``_row_id`` is the target's own lineage column). ``since`` None: the checkpoint ``target`` holds for ``table``.
     Returns ``{source, target, since, until, rows}``."""
     from lakestream.sink.catalog.sink import table_info
 
@@ -77,7 +80,9 @@ def append_changes(
     elif stored is not None and stored != since:
         log.warning("%s's checkpoint for %s is snapshot %s; reading after %s as asked", tref, ref, stored, since)
     until = _current_snapshot(spark, catalog, ref) if until is None else int(until)
-    changes = read_changes(spark, catalog, ref, since, until, all_changes=all_changes, key_columns=key_columns)
+    changes = read_changes(
+        spark, catalog, ref, since, until, all_changes=all_changes, key_columns=key_columns
+    ).withColumnRenamed("_row_id", SOURCE_ROW_ID)
     ident = quote_table(catalog, tref.namespace, tref.table)
     if not exists:
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {quote(catalog, 'catalog')}.{quote(tref.namespace, 'namespace')}")
