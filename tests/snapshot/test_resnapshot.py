@@ -117,25 +117,36 @@ def _assert_lineage_kept(spark, ident: str) -> dict[str, int]:
     sequence = max(seq for rows in after.values() for _, _, seq in rows)  # R's: the newest
     assert sequence > max(seq for rows in before.values() for _, _, seq in rows)
     old_ids = {row_id for rows in before.values() for _, row_id, _ in rows}
-    kinds = {"equal": 0, "updated": 0, "new": 0, "duplicated": 0}
+    keys: dict[str, set[int]] = {"equal": set(), "updated": set(), "new": set(), "duplicated": set()}
     for key, rows in after.items():
         assert len(rows) == 1, (key, rows)
         content, row_id, seq = rows[0]
         was = before.get(key, [])
         if not was:
             assert row_id not in old_ids, (key, row_id)
-            kinds["new"] += 1
+            keys["new"].add(key)
         elif len(was) > 1:  # duplicated by hand: the row keeps one of the copies' ids
             assert row_id in {w[1] for w in was}, (key, row_id, was)
-            kinds["duplicated"] += 1
+            keys["duplicated"].add(key)
         elif was[0][0] == content:
             assert (row_id, seq) == was[0][1:], f"key {key} left equal, yet its lineage changed: {was[0]} -> {rows[0]}"
-            kinds["equal"] += 1
+            keys["equal"].add(key)
         else:
             assert (row_id, seq) == (was[0][1], sequence), f"key {key} updated: {was[0]} -> {rows[0]}, R {sequence}"
-            kinds["updated"] += 1
+            keys["updated"].add(key)
     assert 90_000_000 in before and 90_000_000 not in after
-    return kinds
+    # The change feed of R alone (README, "Change feed"): the keys R updated, added or removed, none it left equal.
+    from lakestream.changes import read_changes_arrow
+
+    feed: dict[str, set[int]] = {"insert": set(), "update": set(), "delete": set()}
+    for r in read_changes_arrow(spark, "lake", ident.removeprefix("lake."), parent, resnapshot).to_pylist():
+        feed[r["_change_type"]].add(r["_before"]["id"] if r["_change_type"] == "delete" else r["id"])
+    assert feed["update"] - keys["duplicated"] == keys["updated"]
+    assert feed["insert"] == keys["new"]
+    # (A key duplicated by hand whose one copy R kept and the other it removed reads as that copy's delete.)
+    assert feed["delete"] - keys["duplicated"] == {k for k, w in before.items() if k not in after and len(w) == 1}
+    assert not (feed["update"] | feed["insert"] | feed["delete"]) & keys["equal"]
+    return {kind: len(ks) for kind, ks in keys.items()}
 
 
 def test_resnapshot_while_streaming_repairs_drift_exactly(stack, spark):
