@@ -27,7 +27,8 @@ TWIN_PROPERTIES = (
 )
 
 
-# README, "Row lineage": the rows inserted or updated since snapshot S, and what each was at S (NULL: new since).
+# Plain Spark SQL over the lineage columns: the rows inserted or updated since snapshot S, and what each was at S (NULL:
+# new since). (`lakestream changes` gives the same with deletes and commits, reading only the files a range touched.)
 # S's own sequence number is not in Spark's `snapshots` table; the largest one among S's rows stands for it (a row
 # live now that was last changed at or before S is live at S with that number). The coalesce keeps Iceberg's
 # aggregate push-down away: it cannot bind a metadata column (1.12.0: "Cannot find field
@@ -234,7 +235,7 @@ def test_updates_keep_row_ids_as_spark_merge_does(spark, keyed, monkeypatch):
     pipeline.close()
     _compare(history)
 
-    # The documented recipe (README, "Row lineage"): the rows changed since a snapshot, each with its row at it.
+    # The lineage columns in plain Spark SQL: the rows changed since a snapshot, each with its row at it.
     changed = spark.sql(CHANGED_SINCE.format(table=mirror, snapshot=since)).collect()
     assert {r["id"] for r in changed} == touched  # the compaction changed nothing
     final = history[-1][1]
