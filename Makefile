@@ -94,12 +94,12 @@ test-mariadb: setup
 		tests/capture/test_mariadb_snapshot.py tests/capture/test_mariadb_capture.py tests/capture/test_mariadb_start_checks.py tests/stack/test_mariadb_stack.py \
 		tests/decode/test_binlog_events.py
 
-# Other engines reading the tables (tests/query/test_trino.py, marker engines): a Trino node (io.trino:trino-server
-# by coordinates, unpacked in part into ~/.cache/lakestream/dist; it runs on the Temurin 25 JDK, or
-# LAKESTREAM_TRINO_JAVA_HOME) reads the pipeline's tables through the JDBC catalog and Apache Iceberg's REST catalog
-# server, against Spark.
+# Other engines reading the tables (tests/query/test_trino.py, marker engines): a Trino node, assembled from Trino's
+# modules by coordinates (jars.toml's trino-server and trino-plugin-iceberg, ~480 MB resolved on first use; it runs on
+# the Temurin 25 JDK, or LAKESTREAM_TRINO_JAVA_HOME), reads the pipeline's tables through the JDBC catalog and Apache
+# Iceberg's REST catalog server, against Spark; `lakestream sql --engine trino` and `stack up --trino` on it.
 test-engines: setup
-	$(VENV)/bin/python -m lakestream.jars --distribution trino
+	$(VENV)/bin/python -m lakestream.jars trino-server trino-plugin-iceberg
 	$(VENV)/bin/python -m pytest -x -v --durations=15 -m engines tests/query/test_trino.py
 
 # The long chaos scenarios (tests/engine/test_chaos.py); sized by LAKESTREAM_CHAOS_KILLS (20),

@@ -12,9 +12,10 @@ Scala; ``spark_group`` picks the one of the running pyspark. On a Spark cluster 
 ``spark.jars.packages`` (``python -m lakestream.jars --packages spark spark-aws``; ``spark4`` for Spark 4.1), where
 Spark's Ivy resolves them.
 
-A distribution (``[distributions.<name>]``: an archive such as Trino's server tarball) is resolved the same
-way, checksums checked, and the entries it lists under ``include`` are unpacked into
-``<cache>/dist/<name>-<digest>/``; it is resolved only when asked for (``--distribution NAME``, or its first use).
+A group may take its dependencies' versions from a BOM (``bom``: a pom imported into the resolving pom's
+``dependencyManagement``, as the project that publishes the artifacts builds them), and may be resolved only when
+asked for (``on_demand``: ``python -m lakestream.jars NAME``, or its first use) rather than by a plain
+``python -m lakestream.jars`` and ``scripts/bootstrap.sh``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import tomllib
 from dataclasses import dataclass
@@ -89,12 +89,17 @@ class JarGroup:
     # process that loads the group already provides (a Connect plugin leaves out the worker's Kafka jars).
     exclude: tuple[str, ...] = ()
     pyspark: str | None = None  # "major.minor" of the Spark whose session these jars are for; None: any JVM
+    # A pom whose dependencyManagement sets the versions of the artifacts' dependencies (Trino's trino-root).
+    bom: Coordinate | None = None
+    on_demand: bool = False  # resolved when first used or named, not by a plain `python -m lakestream.jars`
 
     @property
     def digest(self) -> str:
         key = f"{self.name}|{self.transitive}|" + "|".join(map(str, self.artifacts))
         if self.exclude:
             key += "|exclude:" + "|".join(self.exclude)
+        if self.bom:
+            key += f"|bom:{self.bom}"
         return hashlib.sha256(key.encode()).hexdigest()[:12]
 
     def pom(self) -> str:
@@ -112,32 +117,22 @@ class JarGroup:
             f"{f'<classifier>{escape(c.classifier)}</classifier>' if c.classifier else ''}{exclusions}</dependency>"
             for c in self.artifacts
         )
+        managed = ""
+        if self.bom:
+            managed = (
+                "  <dependencyManagement><dependencies><dependency>"
+                f"<groupId>{escape(self.bom.group)}</groupId><artifactId>{escape(self.bom.artifact)}</artifactId>"
+                f"<version>{escape(self.bom.version)}</version><type>pom</type><scope>import</scope>"
+                "</dependency></dependencies></dependencyManagement>\n"
+            )
         return (
             '<project xmlns="http://maven.apache.org/POM/4.0.0">\n'
             "  <modelVersion>4.0.0</modelVersion>\n"
             f"  <groupId>lakestream.jars</groupId><artifactId>{escape(self.name)}</artifactId>"
             "<version>1</version><packaging>pom</packaging>\n"
+            f"{managed}"
             f"  <dependencies>\n{deps}\n  </dependencies>\n</project>\n"
         )
-
-
-@dataclass(frozen=True)
-class Distribution:
-    """One distribution of ``jars.toml``: an archive by coordinates, of which the entries under ``include``
-    (paths below the archive's top directory) are unpacked."""
-
-    name: str
-    artifact: Coordinate
-    include: tuple[str, ...]
-
-    @property
-    def group(self) -> JarGroup:
-        """The archive alone, resolved like a group of one artifact."""
-        return JarGroup(f"dist-{self.name}", (self.artifact,), transitive=False)
-
-    @property
-    def digest(self) -> str:
-        return hashlib.sha256(f"{self.artifact}|{'|'.join(self.include)}".encode()).hexdigest()[:12]
 
 
 def _manifest() -> dict:
@@ -162,6 +157,8 @@ def groups() -> dict[str, JarGroup]:
             bool(spec.get("transitive")),
             exclude,
             spec.get("pyspark"),
+            Coordinate.parse(spec["bom"]) if spec.get("bom") else None,
+            bool(spec.get("on_demand")),
         )
     return out
 
@@ -185,61 +182,10 @@ def spark_group(pyspark_version: str | None = None) -> str:
 
 
 def default_groups() -> list[str]:
-    """The groups this installation uses: the running pyspark's Spark group and every group for no Spark."""
+    """The groups this installation uses: the running pyspark's Spark group and every group for no Spark that is
+    not resolved on demand."""
     spark = spark_group()
-    return [n for n, g in groups().items() if g.pyspark is None or n == spark]
-
-
-@cache
-def distributions() -> dict[str, Distribution]:
-    """Every distribution of ``jars.toml`` by name."""
-    return {
-        name: Distribution(name, Coordinate.parse(spec["artifact"]), tuple(spec.get("include", ())))
-        for name, spec in _manifest().get("distributions", {}).items()
-    }
-
-
-def distribution(name: str) -> Path:
-    """The unpacked directory of distribution ``name`` (the archive's top directory), resolved and unpacked on
-    first use."""
-    try:
-        d = distributions()[name]
-    except KeyError:
-        raise LakestreamError(
-            f"no distribution {name!r} in {MANIFEST}; distributions: {', '.join(distributions())}"
-        ) from None
-    target = cache_root().parent / "dist" / f"{d.name}-{d.digest}"
-    if not (target / ".complete").exists():
-        archive = next((p for p in jars(d.group) if p.name == d.artifact.file_name), None)
-        if archive is None:
-            raise LakestreamError(f"{d.artifact.file_name} missing from the resolved distribution {name!r}")
-        _unpack(d, archive, target)
-        # The archive's copy in the jar cache is no longer read (Maven's own repository keeps one).
-        shutil.rmtree(archive.parent, ignore_errors=True)
-    return next(p for p in target.iterdir() if p.is_dir())
-
-
-def _unpack(d: Distribution, archive: Path, target: Path) -> None:
-    """Extract the entries of ``archive`` below its top directory that ``d.include`` lists into ``target``."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / ".complete").exists():
-            return
-        print(f"[jars] unpacking {archive.name}: {', '.join(d.include) or 'everything'}", file=sys.stderr)
-        partial = target.parent / f".{target.name}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-
-        def wanted(member: tarfile.TarInfo) -> bool:
-            inner = member.name.split("/", 1)[1] if "/" in member.name else ""
-            return not d.include or any(inner == i or inner.startswith(i + "/") for i in d.include)
-
-        with tarfile.open(archive) as tar:
-            # The "data" filter refuses absolute paths, links out of the tree and device files.
-            tar.extractall(partial, members=[m for m in tar if wanted(m)], filter="data")
-        (partial / ".complete").write_text(f"{d.artifact}\n")
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)
+    return [n for n, g in groups().items() if (g.pyspark is None and not g.on_demand) or n == spark]
 
 
 def group(name: str) -> JarGroup:
@@ -327,18 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--packages", action="store_true", help="print the groups as spark.jars.packages")
     parser.add_argument("--classpath", action="store_true", help="print the resolved jars, one per line")
-    parser.add_argument(
-        "--distribution",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="resolve and unpack a distribution (e.g. trino) and print its directory",
-    )
     args = parser.parse_args(argv)
-    if args.distribution:
-        for name in args.distribution:
-            print(distribution(name))
-        return 0
     names = args.groups or default_groups()
     if args.packages:
         print(packages(*names))

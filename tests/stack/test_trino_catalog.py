@@ -1,10 +1,10 @@
 """The Trino Iceberg catalog made from a lakestream catalog (no Trino needed: `make test-engines` runs one), and
-the distribution coordinates it comes from."""
+the coordinates Trino's server is assembled from."""
 
 from __future__ import annotations
 
 from lakestream.config import CatalogSettings, StorageSettings
-from lakestream.jars import Coordinate, distributions
+from lakestream.jars import default_groups, group
 from lakestream.stack.trino import iceberg_catalog_properties
 
 
@@ -16,7 +16,9 @@ def test_a_jdbc_catalog_on_local_files_keeps_spark_s_catalog_name():
     assert props["iceberg.catalog.type"] == "jdbc"
     assert props["iceberg.jdbc-catalog.catalog-name"] == "lake"  # the JDBC catalog's rows are keyed by it
     assert props["iceberg.jdbc-catalog.connection-password"] == "pw"
-    assert props["fs.hadoop.enabled"] == "true"  # file:/ locations
+    # file:/ locations through Trino's native local file system, rooted at /
+    assert (props["fs.native-local.enabled"], props["local.location"]) == ("true", "/")
+    assert "fs.hadoop.enabled" not in props
 
 
 def test_a_rest_catalog_on_s3_takes_the_credential_and_the_store(monkeypatch):
@@ -55,10 +57,16 @@ def test_a_rest_catalog_on_s3_takes_the_credential_and_the_store(monkeypatch):
     assert (props["s3.aws-access-key"], props["s3.aws-secret-key"]) == ("AK", "SK")
 
 
-def test_trino_comes_by_coordinates_with_a_type():
-    assert Coordinate.parse("io.trino:trino-server:tar.gz:476") == Coordinate(
-        "io.trino", "trino-server", "476", "tar.gz"
-    )
-    trino = distributions()["trino"]
-    assert trino.artifact.file_name == f"trino-server-{trino.artifact.version}.tar.gz"
-    assert "plugin/iceberg" in trino.include
+def test_trino_is_assembled_from_its_modules_at_one_version():
+    server, plugin = group("trino-server"), group("trino-plugin-iceberg")
+    assert [c.artifact for c in server.artifacts] == ["trino-main"]
+    assert [c.artifact for c in plugin.artifacts] == ["trino-iceberg"]
+    # One release throughout: the modules and the BOM their dependencies' versions come from.
+    versions = {c.version for c in (*server.artifacts, *plugin.artifacts)}
+    assert versions == {server.bom.version} == {plugin.bom.version}, versions
+    assert int(server.bom.version) >= 480  # v3 deletion vectors, initial-default, $row_id
+    # What the server gives every plugin stays out of the plugin's own class path.
+    assert {"io.trino:trino-spi", "io.airlift:slice", "io.opentelemetry:opentelemetry-api"} <= set(plugin.exclude)
+    # ~480 MB: resolved when Trino is first used, not by every setup.
+    assert server.on_demand and plugin.on_demand
+    assert not {"trino-server", "trino-plugin-iceberg"} & set(default_groups())
