@@ -16,6 +16,10 @@ A group may take its dependencies' versions from a BOM (``bom``: a pom imported 
 ``dependencyManagement``, as the project that publishes the artifacts builds them), and may be resolved only when
 asked for (``on_demand``: ``python -m lakestream.jars NAME``, or its first use) rather than by a plain
 ``python -m lakestream.jars`` and ``scripts/bootstrap.sh``.
+
+A distribution (``[distributions.<name>]``: an archive such as a server's tarball) is resolved the same
+way, checksums checked, and the entries it lists under ``include`` are unpacked into
+``<cache>/dist/<name>-<digest>/``; it is resolved only when asked for (``--distribution NAME``, or its first use).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import tomllib
 from dataclasses import dataclass
@@ -135,6 +140,25 @@ class JarGroup:
         )
 
 
+@dataclass(frozen=True)
+class Distribution:
+    """One distribution of ``jars.toml``: an archive by coordinates, of which the entries under ``include``
+    (paths below the archive's top directory) are unpacked."""
+
+    name: str
+    artifact: Coordinate
+    include: tuple[str, ...]
+
+    @property
+    def group(self) -> JarGroup:
+        """The archive alone, resolved like a group of one artifact."""
+        return JarGroup(f"dist-{self.name}", (self.artifact,), transitive=False)
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(f"{self.artifact}|{'|'.join(self.include)}".encode()).hexdigest()[:12]
+
+
 def _manifest() -> dict:
     with MANIFEST.open("rb") as f:
         return tomllib.load(f)
@@ -186,6 +210,58 @@ def default_groups() -> list[str]:
     not resolved on demand."""
     spark = spark_group()
     return [n for n, g in groups().items() if (g.pyspark is None and not g.on_demand) or n == spark]
+
+
+@cache
+def distributions() -> dict[str, Distribution]:
+    """Every distribution of ``jars.toml`` by name."""
+    return {
+        name: Distribution(name, Coordinate.parse(spec["artifact"]), tuple(spec.get("include", ())))
+        for name, spec in _manifest().get("distributions", {}).items()
+    }
+
+
+def distribution(name: str) -> Path:
+    """The unpacked directory of distribution ``name`` (the archive's top directory), resolved and unpacked on
+    first use."""
+    try:
+        d = distributions()[name]
+    except KeyError:
+        raise LakestreamError(
+            f"no distribution {name!r} in {MANIFEST}; distributions: {', '.join(distributions())}"
+        ) from None
+    target = cache_root().parent / "dist" / f"{d.name}-{d.digest}"
+    if not (target / ".complete").exists():
+        archive = next((p for p in jars(d.group) if p.name == d.artifact.file_name), None)
+        if archive is None:
+            raise LakestreamError(f"{d.artifact.file_name} missing from the resolved distribution {name!r}")
+        _unpack(d, archive, target)
+        # The archive's copy in the jar cache is no longer read (Maven's own repository keeps one).
+        shutil.rmtree(archive.parent, ignore_errors=True)
+    return next(p for p in target.iterdir() if p.is_dir())
+
+
+def _unpack(d: Distribution, archive: Path, target: Path) -> None:
+    """Extract the entries of ``archive`` below its top directory that ``d.include`` lists into ``target``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / ".complete").exists():
+            return
+        print(f"[jars] unpacking {archive.name}: {', '.join(d.include) or 'everything'}", file=sys.stderr)
+        partial = target.parent / f".{target.name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+
+        def wanted(member: tarfile.TarInfo) -> bool:
+            inner = member.name.split("/", 1)[1] if "/" in member.name else ""
+            return not d.include or any(inner == i or inner.startswith(i + "/") for i in d.include)
+
+        with tarfile.open(archive) as tar:
+            # The "data" filter refuses absolute paths, links out of the tree and device files.
+            tar.extractall(partial, members=[m for m in tar if wanted(m)], filter="data")
+        (partial / ".complete").write_text(f"{d.artifact}\n")
+        shutil.rmtree(target, ignore_errors=True)
+        partial.rename(target)
 
 
 def group(name: str) -> JarGroup:
@@ -269,11 +345,24 @@ def _resolve(g: JarGroup, target: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lakestream.jars", description=__doc__.split("\n")[0])
     parser.add_argument(
-        "groups", nargs="*", help="groups to resolve or print (default: the installed pyspark's and those for no Spark)"
+        "groups",
+        nargs="*",
+        help="groups to resolve or print (default: the installed pyspark's and those for no Spark, not on demand)",
     )
     parser.add_argument("--packages", action="store_true", help="print the groups as spark.jars.packages")
     parser.add_argument("--classpath", action="store_true", help="print the resolved jars, one per line")
+    parser.add_argument(
+        "--distribution",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="resolve and unpack a distribution and print its directory",
+    )
     args = parser.parse_args(argv)
+    if args.distribution:
+        for name in args.distribution:
+            print(distribution(name))
+        return 0
     names = args.groups or default_groups()
     if args.packages:
         print(packages(*names))

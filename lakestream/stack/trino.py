@@ -75,19 +75,26 @@ def iceberg_catalog_properties(catalog: CatalogSettings) -> dict[str, str]:
     storage = catalog.storage
     if storage is None:
         # Table locations are file:/ URIs, which Trino's native local file system reads under its root.
-        props |= {"fs.native-local.enabled": "true", "local.location": "/"}
-    else:
-        props |= {
-            "fs.native-s3.enabled": "true",
-            "s3.region": storage.region,
-            "s3.path-style-access": str(storage.path_style).lower(),
-        }
-        if storage.endpoint:
-            props["s3.endpoint"] = storage.endpoint
-        creds = storage.credentials
-        if creds is not None:
-            props["s3.aws-access-key"] = creds.access_key_id
-            props["s3.aws-secret-key"] = creds.secret_access_key.get_secret_value()
+        return props | {"fs.native-local.enabled": "true", "local.location": "/"}
+    creds = storage.credentials
+    return props | native_s3_properties(
+        storage.region,
+        storage.endpoint,
+        storage.path_style,
+        (creds.access_key_id, creds.secret_access_key.get_secret_value()) if creds is not None else None,
+    )
+
+
+def native_s3_properties(
+    region: str, endpoint: str | None, path_style: bool, keys: tuple[str, str] | None
+) -> dict[str, str]:
+    """Trino's native S3 file system on ``endpoint`` (None: AWS's), with static ``keys`` (access key, secret) or
+    none (the default credential chain)."""
+    props = {"fs.native-s3.enabled": "true", "s3.region": region, "s3.path-style-access": str(path_style).lower()}
+    if endpoint:
+        props["s3.endpoint"] = endpoint
+    if keys is not None:
+        props["s3.aws-access-key"], props["s3.aws-secret-key"] = keys
     return props
 
 
@@ -195,7 +202,7 @@ class TrinoServer(process.PidService):
     def start(self) -> None:
         """Start the node unless it runs; wait until it has started (``/v1/info``: ``starting`` false)."""
         if self.pid() is None:
-            process.require_free_port(self.port, "Trino", "TrinoServer(port=...)")
+            self.check_port_free()
             argv = self.argv()
             log.info("starting Trino on %s", self.uri)
             pid = process.spawn_detached(argv, self.log_path, cwd=self.dir)
@@ -215,9 +222,12 @@ class TrinoServer(process.PidService):
         except (OSError, ValueError, urllib.error.URLError):
             return False
 
+    def check_port_free(self) -> None:
+        process.require_free_port(self.port, "Trino", "--trino-port / StackSettings.trino_port")
+
     @property
     def detail(self) -> str:
-        return f"Trino, catalogs {', '.join(self.catalogs)}"
+        return f"Trino {trino_install.version()}, catalogs {', '.join(self.catalogs)}"
 
 
 def _write_properties(path: Path, values: dict[str, str]) -> None:
