@@ -3,6 +3,8 @@ the coordinates Trino's server is assembled from."""
 
 from __future__ import annotations
 
+import pytest
+
 from lakestream.config import CatalogSettings, StorageSettings
 from lakestream.jars import default_groups, group
 from lakestream.stack.trino import iceberg_catalog_properties
@@ -70,3 +72,36 @@ def test_trino_is_assembled_from_its_modules_at_one_version():
     # ~480 MB: resolved when Trino is first used, not by every setup.
     assert server.on_demand and plugin.on_demand
     assert not {"trino-server", "trino-plugin-iceberg"} & set(default_groups())
+
+
+def test_a_trino_target_names_the_field_and_the_fix(monkeypatch):
+    from lakestream.errors import QueryError
+    from lakestream.query_trino import STACK_URI, TrinoTarget
+
+    for name in ("LAKESTREAM_TRINO_URI", "LAKESTREAM_TRINO_USER", "LAKESTREAM_TRINO_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    assert TrinoTarget.from_env() == TrinoTarget(STACK_URI, "lakestream", None)
+    monkeypatch.setenv("LAKESTREAM_TRINO_URI", "https://trino.example.com:8443")
+    monkeypatch.setenv("LAKESTREAM_TRINO_PASSWORD", "pw")
+    target = TrinoTarget.from_env(user="ana")
+    assert (target.uri, target.user, target.password) == ("https://trino.example.com:8443", "ana", "pw")
+    assert "pw" not in repr(target)  # never in a log line
+    with pytest.raises(QueryError, match=r"--trino-uri / LAKESTREAM_TRINO_URI.*fix"):
+        TrinoTarget.from_env(uri="trino.example.com:8080")
+    with pytest.raises(QueryError, match=r"LAKESTREAM_TRINO_PASSWORD is set but .* http://.*fix"):
+        TrinoTarget.from_env(uri="http://trino.example.com:8080")
+
+
+def test_a_stack_with_trino_gives_it_the_stack_catalog_and_store(tmp_path):
+    from lakestream.stack import Stack, StackSettings
+
+    stack = Stack(StackSettings(state_dir=tmp_path, storage="s3", trino=True, trino_port=18999))
+    (name, props), *others = stack.trino.catalogs.items()
+    assert name == "lake" and not others
+    assert props["iceberg.jdbc-catalog.catalog-name"] == "lake"
+    assert props["iceberg.jdbc-catalog.default-warehouse-dir"] == stack.warehouse
+    assert (props["s3.endpoint"], props["s3.aws-access-key"]) == (stack.objectstore.endpoint, "lakestream")
+    assert not any(k.startswith("fs.native-local") for k in props)
+    assert stack.info().trino_uri == "http://127.0.0.1:18999"
+    assert stack.trino in stack._services()
+    assert Stack(StackSettings(state_dir=tmp_path)).info().trino_uri is None
