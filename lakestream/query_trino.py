@@ -64,7 +64,7 @@ def run_trino_sql(
     + 1 rows when ``limit`` > 0, so that a caller can tell the result was cut; 0 for all)."""
     try:
         import trino
-        from trino.exceptions import TrinoQueryError
+        from trino.exceptions import HttpError, TrinoAuthError, TrinoConnectionError, TrinoQueryError
     except ImportError:
         raise QueryError("the Trino client is not installed — fix: pip install 'lakestream[trino]'") from None
     parts = urlsplit(target.uri)
@@ -86,7 +86,12 @@ def run_trino_sql(
         return columns, [tuple(r) for r in rows]
     except TrinoQueryError as exc:
         raise QueryError(f"trino: {exc.error_name}: {exc.message}") from None
-    except OSError as exc:  # requests' ConnectionError is an OSError
+    except (TrinoAuthError, HttpError) as exc:
+        raise QueryError(
+            f"Trino at {target.uri} refused the request ({type(exc).__name__}: {exc}) — fix: check the user "
+            f"(--trino-user / {USER_ENV}) and {PASSWORD_ENV}"
+        ) from None
+    except (TrinoConnectionError, OSError) as exc:  # the client gives up after its retries
         raise QueryError(
             f"no Trino answers at {target.uri} ({type(exc).__name__}) — fix: start the stack's "
             f"(lakestream stack up --trino) or name yours with --trino-uri / {URI_ENV}"
