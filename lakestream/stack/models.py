@@ -110,6 +110,12 @@ class StackSettings:
                 f"rest_server={self.rest_server!r} is unknown; use 'iceberg' (Apache Iceberg's "
                 "RESTCatalogServer) or 'lakestream' (the server written here)"
             )
+        if self.trino and self.catalog == "rest" and self.rest_server == "lakestream":
+            # That server serves https with a certificate of the stack's own CA, which Trino's JVM does not trust.
+            raise ConfigError(
+                "trino=True with rest_server='lakestream': Trino does not trust that server's private CA — fix: "
+                "use rest_server='iceberg' (--rest-server iceberg, the default) with --trino"
+            )
         if self.source not in ("postgresql", "mariadb"):
             raise ConfigError(f"source={self.source!r} is unknown; use 'postgresql' or 'mariadb'")
         if not isinstance(self.mariadb_server_id, int) or not 1 <= self.mariadb_server_id <= 2**32 - 1:

@@ -99,8 +99,19 @@ class Stack:
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         (self.settings.state_dir / "warehouse").mkdir(exist_ok=True)
         for service in self._services():  # in order: the REST catalog needs PostgreSQL and the store
+            if service is self.trino and self.settings.catalog == "jdbc":
+                self._create_jdbc_catalog_tables()
             service.start()
         return self.info()
+
+    def _create_jdbc_catalog_tables(self) -> None:
+        """Iceberg's JDBC catalog tables in the catalog database. Trino's JDBC catalog expects them (it creates none,
+        and fails `Cannot check and eventually update SQL schema` on a database without them); every other client
+        here (Spark's catalog, pyiceberg's SqlCatalog) creates them when it first opens the catalog, as done here."""
+        from lakestream.config import CatalogSettings
+        from lakestream.query import pyiceberg_catalog
+
+        pyiceberg_catalog(CatalogSettings(**self.info().catalog_config(self.settings.trino_catalog)))
 
     def down(self) -> None:
         """Stop every service by pid; data directories are kept. Safe when nothing runs."""

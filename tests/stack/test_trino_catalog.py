@@ -105,3 +105,12 @@ def test_a_stack_with_trino_gives_it_the_stack_catalog_and_store(tmp_path):
     assert stack.info().trino_uri == "http://127.0.0.1:18999"
     assert stack.trino in stack._services()
     assert Stack(StackSettings(state_dir=tmp_path)).info().trino_uri is None
+
+
+def test_a_stack_refuses_trino_beside_a_rest_server_it_cannot_trust(tmp_path):
+    from lakestream.errors import ConfigError
+    from lakestream.stack import StackSettings
+
+    with pytest.raises(ConfigError, match=r"rest_server='lakestream'.*fix: use rest_server='iceberg'"):
+        StackSettings(state_dir=tmp_path, catalog="rest", rest_server="lakestream", trino=True)
+    assert StackSettings(state_dir=tmp_path, catalog="rest", trino=True).trino
