@@ -289,6 +289,17 @@ def test_trino_reads_the_row_lineage_columns(mirrored, catalog):
     assert len({now[i][0] for i in now}) == len(now)  # and row ids stay unique
 
 
+def test_trino_logs_no_catalog_secret(mirrored):
+    """The catalog files hold the REST catalog's OAuth2 secret (owner-only); Trino's log, which lists every
+    catalog property at start, shows it redacted."""
+    secret = os.environ[CREDENTIAL_ENV].split(":", 1)[1]
+    catalog_file = mirrored.trino.dir / "etc" / "catalog" / "trrest.properties"
+    assert secret in catalog_file.read_text() and catalog_file.stat().st_mode & 0o077 == 0
+    log = mirrored.trino.log_path.read_text()
+    assert "iceberg.rest-catalog.oauth2.credential" in log and "[REDACTED]" in log
+    assert secret not in log
+
+
 @pytest.mark.parametrize("catalog", CATALOGS)
 def test_trino_reads_by_snapshot_id(mirrored, catalog):
     first = mirrored.first_snapshot[catalog]  # before the updates and deletes: the first load, no DVs yet
