@@ -94,13 +94,14 @@ test-mariadb: setup
 		tests/capture/test_mariadb_snapshot.py tests/capture/test_mariadb_capture.py tests/capture/test_mariadb_start_checks.py tests/stack/test_mariadb_stack.py \
 		tests/decode/test_binlog_events.py
 
-# Other engines reading the tables (tests/query/test_trino.py, marker engines): a Trino node (io.trino:trino-server
-# by coordinates, unpacked in part into ~/.cache/lakestream/dist; it runs on the Temurin 25 JDK, or
-# LAKESTREAM_TRINO_JAVA_HOME) reads the pipeline's tables through the JDBC catalog and Apache Iceberg's REST catalog
-# server, against Spark.
+# Other engines reading the tables (marker engines): a Trino node, assembled from Trino's
+# modules by coordinates (jars.toml's trino-server and trino-plugin-iceberg, ~480 MB resolved on first use; it runs on
+# the Temurin 25 JDK, or LAKESTREAM_TRINO_JAVA_HOME), reads the pipeline's tables through the JDBC catalog and Apache
+# Iceberg's REST catalog server, against Spark (tests/query/test_trino.py); `lakestream stack up --trino` and `sql
+# --engine trino` on a stack of their own (tests/stack/test_trino_stack.py).
 test-engines: setup
-	$(VENV)/bin/python -m lakestream.jars --distribution trino
-	$(VENV)/bin/python -m pytest -x -v --durations=15 -m engines tests/query/test_trino.py
+	$(VENV)/bin/python -m lakestream.jars trino-server trino-plugin-iceberg
+	$(VENV)/bin/python -m pytest -x -v --durations=15 -m engines tests/query/test_trino.py tests/stack/test_trino_stack.py
 
 # The long chaos scenarios (tests/engine/test_chaos.py); sized by LAKESTREAM_CHAOS_KILLS (20),
 # LAKESTREAM_CHAOS_COMMIT_KILLS (half), LAKESTREAM_CHAOS_BROKER_OUTAGE_S (30), LAKESTREAM_CHAOS_CATALOG_OUTAGE_S (15),

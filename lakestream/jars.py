@@ -12,7 +12,12 @@ Scala; ``spark_group`` picks the one of the running pyspark. On a Spark cluster 
 ``spark.jars.packages`` (``python -m lakestream.jars --packages spark spark-aws``; ``spark4`` for Spark 4.1), where
 Spark's Ivy resolves them.
 
-A distribution (``[distributions.<name>]``: an archive such as Trino's server tarball) is resolved the same
+A group may take its dependencies' versions from a BOM (``bom``: a pom imported into the resolving pom's
+``dependencyManagement``, as the project that publishes the artifacts builds them), and may be resolved only when
+asked for (``on_demand``: ``python -m lakestream.jars NAME``, or its first use) rather than by a plain
+``python -m lakestream.jars`` and ``scripts/bootstrap.sh``.
+
+A distribution (``[distributions.<name>]``: an archive such as a server's tarball) is resolved the same
 way, checksums checked, and the entries it lists under ``include`` are unpacked into
 ``<cache>/dist/<name>-<digest>/``; it is resolved only when asked for (``--distribution NAME``, or its first use).
 """
@@ -89,12 +94,17 @@ class JarGroup:
     # process that loads the group already provides (a Connect plugin leaves out the worker's Kafka jars).
     exclude: tuple[str, ...] = ()
     pyspark: str | None = None  # "major.minor" of the Spark whose session these jars are for; None: any JVM
+    # A pom whose dependencyManagement sets the versions of the artifacts' dependencies (Trino's trino-root).
+    bom: Coordinate | None = None
+    on_demand: bool = False  # resolved when first used or named, not by a plain `python -m lakestream.jars`
 
     @property
     def digest(self) -> str:
         key = f"{self.name}|{self.transitive}|" + "|".join(map(str, self.artifacts))
         if self.exclude:
             key += "|exclude:" + "|".join(self.exclude)
+        if self.bom:
+            key += f"|bom:{self.bom}"
         return hashlib.sha256(key.encode()).hexdigest()[:12]
 
     def pom(self) -> str:
@@ -112,11 +122,20 @@ class JarGroup:
             f"{f'<classifier>{escape(c.classifier)}</classifier>' if c.classifier else ''}{exclusions}</dependency>"
             for c in self.artifacts
         )
+        managed = ""
+        if self.bom:
+            managed = (
+                "  <dependencyManagement><dependencies><dependency>"
+                f"<groupId>{escape(self.bom.group)}</groupId><artifactId>{escape(self.bom.artifact)}</artifactId>"
+                f"<version>{escape(self.bom.version)}</version><type>pom</type><scope>import</scope>"
+                "</dependency></dependencies></dependencyManagement>\n"
+            )
         return (
             '<project xmlns="http://maven.apache.org/POM/4.0.0">\n'
             "  <modelVersion>4.0.0</modelVersion>\n"
             f"  <groupId>lakestream.jars</groupId><artifactId>{escape(self.name)}</artifactId>"
             "<version>1</version><packaging>pom</packaging>\n"
+            f"{managed}"
             f"  <dependencies>\n{deps}\n  </dependencies>\n</project>\n"
         )
 
@@ -162,6 +181,8 @@ def groups() -> dict[str, JarGroup]:
             bool(spec.get("transitive")),
             exclude,
             spec.get("pyspark"),
+            Coordinate.parse(spec["bom"]) if spec.get("bom") else None,
+            bool(spec.get("on_demand")),
         )
     return out
 
@@ -185,9 +206,10 @@ def spark_group(pyspark_version: str | None = None) -> str:
 
 
 def default_groups() -> list[str]:
-    """The groups this installation uses: the running pyspark's Spark group and every group for no Spark."""
+    """The groups this installation uses: the running pyspark's Spark group and every group for no Spark that is
+    not resolved on demand."""
     spark = spark_group()
-    return [n for n, g in groups().items() if g.pyspark is None or n == spark]
+    return [n for n, g in groups().items() if (g.pyspark is None and not g.on_demand) or n == spark]
 
 
 @cache
@@ -323,7 +345,9 @@ def _resolve(g: JarGroup, target: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lakestream.jars", description=__doc__.split("\n")[0])
     parser.add_argument(
-        "groups", nargs="*", help="groups to resolve or print (default: the installed pyspark's and those for no Spark)"
+        "groups",
+        nargs="*",
+        help="groups to resolve or print (default: the installed pyspark's and those for no Spark, not on demand)",
     )
     parser.add_argument("--packages", action="store_true", help="print the groups as spark.jars.packages")
     parser.add_argument("--classpath", action="store_true", help="print the resolved jars, one per line")
@@ -332,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="NAME",
-        help="resolve and unpack a distribution (e.g. trino) and print its directory",
+        help="resolve and unpack a distribution and print its directory",
     )
     args = parser.parse_args(argv)
     if args.distribution:

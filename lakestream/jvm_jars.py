@@ -7,7 +7,8 @@ repository, which these machines do not reach, so its jars come from the pydbzen
 (``confluent_avro_jars``). The Java sources in ``lakestream/java/`` (``LakestreamHelper``, ``LakestreamSink``)
 are compiled here with the JDK into one jar, cached under a digest of the sources and the jars they were
 compiled against; so are the capture classes (``lakestream/java/capture/``), the test REST catalog server
-(``lakestream/java/rest/``) and the local file system (``lakestream/java/fs/``).
+(``lakestream/java/rest/``), the local file system (``lakestream/java/fs/``) and Trino's launcher
+(``lakestream/java/trino/``).
 """
 
 from __future__ import annotations
@@ -127,6 +128,12 @@ def rest_catalog_jar() -> Path:
     return _compiled_jar(
         "lakestream-rest", sorted((_JAVA_DIR / "rest").glob("*.java")), classpath, str(iceberg_runtime_jar())
     )
+
+
+def trino_launcher_jar() -> Path:
+    """Path of the jar of ``lakestream/java/trino/``: the main class of a Trino server assembled from Trino's modules
+    (`lakestream.stack.trino_install`). It calls Trino by reflection, so it compiles against nothing."""
+    return _compiled_jar("lakestream-trino-server", sorted((_JAVA_DIR / "trino").glob("*.java")), [], "")
 
 
 def _compiled_jar(name: str, sources: list[Path], classpath: list[str], cache_key: str) -> Path:

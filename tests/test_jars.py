@@ -44,3 +44,14 @@ def test_a_classified_artifact_names_its_classifier_in_the_pom_and_the_file():
         "tests",
         "",
     }
+
+
+def test_a_group_with_a_bom_imports_it_and_resolves_apart():
+    main = Coordinate.parse("io.trino:trino-main:483")
+    with_bom = JarGroup("t", (main,), True, bom=Coordinate.parse("io.trino:trino-root:483"))
+    pom = with_bom.pom()
+    managed = pom[pom.index("<dependencyManagement>") : pom.index("</dependencyManagement>")]
+    assert "<artifactId>trino-root</artifactId><version>483</version><type>pom</type><scope>import</scope>" in managed
+    assert "trino-main" not in managed  # the artifact itself stays a dependency
+    assert "<dependencyManagement>" not in JarGroup("t", (main,), True).pom()
+    assert with_bom.digest != JarGroup("t", (main,), True).digest

@@ -1,4 +1,5 @@
-"""`lakestream sql PIPELINE_YAML "<query>" [--engine spark|duckdb]`: SQL against the pipeline's Iceberg catalog."""
+"""`lakestream sql PIPELINE_YAML "<query>" [--engine spark|duckdb|trino]`: SQL against the pipeline's Iceberg
+catalog."""
 
 from __future__ import annotations
 
@@ -21,13 +22,15 @@ EPILOG = """examples:
   lakestream sql pipeline.yaml "SELECT * FROM lake.shop.orders TIMESTAMP AS OF '2025-01-01 12:00:00'" --format csv
   echo "SELECT 1" | lakestream sql pipeline.yaml -
   lakestream sql pipeline.yaml "SELECT region, count(*) FROM lake.shop.orders GROUP BY 1" --engine duckdb --format json
+  lakestream sql pipeline.yaml 'SELECT id, "$row_id" FROM lake.shop.orders FOR VERSION AS OF 4348315315263456139' \
+      --engine trino --trino-uri http://127.0.0.1:18080
 """
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "sql",
-        help="run SQL against the Iceberg catalog with Spark (time travel included) or DuckDB",
+        help="run SQL against the Iceberg catalog with Spark (time travel included), DuckDB or a Trino server",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -35,10 +38,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("query", help="the SQL statement, or - to read it from stdin")
     parser.add_argument(
         "--engine",
-        choices=["spark", "duckdb"],
+        choices=["spark", "duckdb", "trino"],
         default="spark",
-        help="spark (Spark SQL) or duckdb (DuckDB SQL over iceberg_scan of each lake.ns.table named; no JVM) "
-        "(default: %(default)s)",
+        help="spark (Spark SQL), duckdb (DuckDB SQL over iceberg_scan of each lake.ns.table named; no JVM) or "
+        "trino (Trino SQL on a running Trino whose Iceberg catalog reads the pipeline's catalog: `lakestream "
+        "stack up --trino`, or your own) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--trino-uri",
+        help="with --engine trino: the coordinator's http(s) address (default: $LAKESTREAM_TRINO_URI, else the "
+        "stack's http://127.0.0.1:18080); a password for https comes from $LAKESTREAM_TRINO_PASSWORD only",
+    )
+    parser.add_argument(
+        "--trino-user", help="with --engine trino: the user (default: $LAKESTREAM_TRINO_USER, else lakestream)"
     )
     add_output_arguments(parser)
     parser.set_defaults(func=_sql)
@@ -57,6 +69,13 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
 def _sql(args: argparse.Namespace) -> int:
     query = sys.stdin.read() if args.query == "-" else args.query
     config = load_config(args.config)
+    if args.engine == "trino":
+        from lakestream.query_trino import TrinoTarget, run_trino_sql
+
+        target = TrinoTarget.from_env(args.trino_uri, args.trino_user)
+        columns, rows = run_trino_sql(target, query, catalog=config.catalog.name, limit=args.limit)
+        print_rows(columns, rows, args.format, args.limit)
+        return 0
     if args.engine == "duckdb":
         from lakestream.query import run_sql
 

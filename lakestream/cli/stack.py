@@ -1,5 +1,5 @@
-"""`lakestream stack up|down|status`: the local PostgreSQL + Apache Kafka (and MariaDB with ``--source mariadb``), as
-a thin shell over `lakestream.stack`."""
+"""`lakestream stack up|down|status`: the local PostgreSQL + Apache Kafka (and MariaDB with ``--source mariadb``, Trino
+with ``--trino``), as a thin shell over `lakestream.stack`."""
 
 from __future__ import annotations
 
@@ -89,6 +89,18 @@ def register(subparsers) -> None:
         default=defaults["connect_port"].default,
         help="Kafka Connect REST API port on 127.0.0.1 (default: %(default)s)",
     )
+    parser.add_argument(
+        "--trino",
+        action="store_true",
+        help="also run a Trino node (assembled from Trino's Maven modules, on a Java 25 runtime) whose Iceberg "
+        "catalog `lake` reads the stack's tables, for `lakestream sql --engine trino` and Trino's own clients",
+    )
+    parser.add_argument(
+        "--trino-port",
+        type=int,
+        default=defaults["trino_port"].default,
+        help="Trino's HTTP port on 127.0.0.1 (default: %(default)s)",
+    )
     parser.set_defaults(func=func)
 
 
@@ -107,6 +119,8 @@ def func(args: argparse.Namespace) -> int:
             connect_port=args.connect_port,
             source=args.source,
             mariadb_port=args.mariadb_port,
+            trino=args.trino,
+            trino_port=args.trino_port,
         )
     )
     if args.action == "up":
@@ -128,6 +142,8 @@ def func(args: argparse.Namespace) -> int:
             print(
                 f"kafka connect      {info.connect_url} (plugin: Debezium PostgreSQL; secrets via ${{file:PATH:KEY}})"
             )
+        if info.trino_uri:
+            print(f"trino              {info.trino_uri} (catalog {info.trino_catalog})")
         print(f"state dir          {stack.settings.state_dir}")
     elif args.action == "down":
         stack.down()

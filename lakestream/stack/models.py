@@ -60,11 +60,16 @@ class StackSettings:
     source: SourceKind = "postgresql"
     mariadb_port: int = 13306
     mariadb_server_id: int = 1
+    # A Trino node (coordinator and worker) whose Iceberg catalog `trino_catalog` opens the stack's catalog; its
+    # JDBC catalog rows are keyed by that name, so it is the pipeline configs' `catalog.name`.
+    trino: bool = False
+    trino_port: int = 18080
+    trino_catalog: str = "lake"
 
     def __post_init__(self) -> None:
         # Resolve once: services chdir, and the pid files must not depend on the caller's cwd.
         self.state_dir = Path(self.state_dir).expanduser().resolve()
-        for name in ("pg_port", "kafka_port", "s3_port", "rest_port", "connect_port", "mariadb_port"):
+        for name in ("pg_port", "kafka_port", "s3_port", "rest_port", "connect_port", "mariadb_port", "trino_port"):
             port = getattr(self, name)
             if not isinstance(port, int) or not 1 <= port <= 65535:
                 raise ConfigError(f"{name}={port!r} is not a TCP port (1-65535)")
@@ -92,6 +97,8 @@ class StackSettings:
             used["connect_port"] = self.connect_port
         if self.source == "mariadb":
             used["mariadb_port"] = self.mariadb_port
+        if self.trino:
+            used["trino_port"] = self.trino_port
         if len(set(used.values())) != len(used):
             raise ConfigError(f"two services share a port: {used}; give them different ports")
         if self.storage not in ("local", "s3"):
@@ -103,11 +110,17 @@ class StackSettings:
                 f"rest_server={self.rest_server!r} is unknown; use 'iceberg' (Apache Iceberg's "
                 "RESTCatalogServer) or 'lakestream' (the server written here)"
             )
+        if self.trino and self.catalog == "rest" and self.rest_server == "lakestream":
+            # That server serves https with a certificate of the stack's own CA, which Trino's JVM does not trust.
+            raise ConfigError(
+                "trino=True with rest_server='lakestream': Trino does not trust that server's private CA — fix: "
+                "use rest_server='iceberg' (--rest-server iceberg, the default) with --trino"
+            )
         if self.source not in ("postgresql", "mariadb"):
             raise ConfigError(f"source={self.source!r} is unknown; use 'postgresql' or 'mariadb'")
         if not isinstance(self.mariadb_server_id, int) or not 1 <= self.mariadb_server_id <= 2**32 - 1:
             raise ConfigError(f"mariadb_server_id={self.mariadb_server_id!r} is not a server id (1-4294967295)")
-        for name in ("pg_user", "source_db", "catalog_db", "kafka_sasl_user"):
+        for name in ("pg_user", "source_db", "catalog_db", "kafka_sasl_user", "trino_catalog"):
             value = getattr(self, name)
             if not value or not value.replace("_", "").isalnum() or value[0].isdigit():
                 raise ConfigError(f"{name}={value!r}: use letters, digits and _ (not starting with a digit)")
@@ -148,6 +161,9 @@ class StackInfo:
     connect_url: str | None = None
     # The MariaDB source server's port, with `StackSettings.source` "mariadb" (same user, password, database).
     mariadb_port: int | None = None
+    # The Trino node's HTTP address and its Iceberg catalog's name, with `StackSettings.trino`.
+    trino_uri: str | None = None
+    trino_catalog: str | None = None
 
     def kafka_sasl_client(self, password: str) -> dict[str, str]:
         """The ``kafka.client`` settings for the SASL_SSL listener; give ``password`` as a reference such as

@@ -2,7 +2,7 @@
 a private MariaDB server as the source database beside them; with
 ``storage="s3"`` a local S3-compatible store holds the warehouse, with ``catalog="rest"`` a local Iceberg
 REST catalog serves it (Apache Iceberg's own server by default), with ``connect=True`` a Kafka Connect worker runs
-Debezium beside the broker."""
+Debezium beside the broker, with ``trino=True`` a Trino node reads the catalog's tables."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from lakestream.stack.models import ServiceStatus, StackInfo, StackSettings
 from lakestream.stack.objectstore import ObjectStore
 from lakestream.stack.postgres import PostgresCluster
 from lakestream.stack.rest_catalog import IcebergRestServer, RestCatalogServer
+from lakestream.stack.trino import TrinoServer, iceberg_catalog_properties, native_s3_properties
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ class Stack:
                 settings, warehouse=self.warehouse, io_properties=self._io_properties()
             )
         self.connect = ConnectWorker(settings, self.broker.bootstrap_servers)
+        self.trino = TrinoServer(settings.state_dir, settings.trino_port, {})
+        self.trino.catalogs = self._trino_catalogs()  # from `info()`, which names the node
 
     @property
     def warehouse(self) -> str:
@@ -58,6 +61,21 @@ class Stack:
             "s3.secret-access-key": s.s3_secret_key,
         }
 
+    def _trino_catalogs(self) -> dict[str, dict[str, str]]:
+        """Trino's Iceberg catalog over the stack's catalog and warehouse (the store's keys written in: the
+        catalog file is the node's own, owner-only)."""
+        from lakestream.config import CatalogSettings
+
+        s = self.settings
+        info = self.info()
+        props = iceberg_catalog_properties(CatalogSettings(**info.catalog_config(s.trino_catalog)))
+        if s.storage == "s3":
+            props = {k: v for k, v in props.items() if not k.startswith(("fs.native-local.", "local."))}
+            props |= native_s3_properties(
+                s.s3_region, self.objectstore.endpoint, True, (s.s3_access_key, s.s3_secret_key)
+            )
+        return {s.trino_catalog: props}
+
     def _services(self) -> list:
         services = [self.postgres, self.broker]
         if self.settings.source == "mariadb":
@@ -68,6 +86,8 @@ class Stack:
             services.append(self.rest_catalog)
         if self.settings.connect:
             services.append(self.connect)  # after the broker it stores its state in
+        if self.settings.trino:
+            services.append(self.trino)  # after the catalog and the store it reads
         return services
 
     def up(self) -> StackInfo:
@@ -79,11 +99,23 @@ class Stack:
         self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         (self.settings.state_dir / "warehouse").mkdir(exist_ok=True)
         for service in self._services():  # in order: the REST catalog needs PostgreSQL and the store
+            if service is self.trino and self.settings.catalog == "jdbc":
+                self._create_jdbc_catalog_tables()
             service.start()
         return self.info()
 
+    def _create_jdbc_catalog_tables(self) -> None:
+        """Iceberg's JDBC catalog tables in the catalog database. Trino's JDBC catalog expects them (it creates none,
+        and fails `Cannot check and eventually update SQL schema` on a database without them); every other client
+        here (Spark's catalog, pyiceberg's SqlCatalog) creates them when it first opens the catalog, as done here."""
+        from lakestream.config import CatalogSettings
+        from lakestream.query import pyiceberg_catalog
+
+        pyiceberg_catalog(CatalogSettings(**self.info().catalog_config(self.settings.trino_catalog)))
+
     def down(self) -> None:
         """Stop every service by pid; data directories are kept. Safe when nothing runs."""
+        self.trino.stop()
         self.connect.stop()
         self.rest_catalog.stop()
         self.objectstore.stop()
@@ -97,7 +129,7 @@ class Stack:
         services = self._services()
         services += [
             s
-            for s in (self.mariadb, self.objectstore, self.rest_catalog, self.connect)
+            for s in (self.mariadb, self.objectstore, self.rest_catalog, self.connect, self.trino)
             if s not in services and s.pid() is not None
         ]
         return {service.name: service.status() for service in services}
@@ -126,4 +158,6 @@ class Stack:
             kafka_sasl_password_file=str(self.broker.sasl_password_file) if s.kafka_sasl_port else None,
             connect_url=self.connect.url if s.connect else None,
             mariadb_port=s.mariadb_port if s.source == "mariadb" else None,
+            trino_uri=self.trino.uri if s.trino else None,
+            trino_catalog=s.trino_catalog if s.trino else None,
         )

@@ -5,9 +5,10 @@ Trino Iceberg catalog over the same tables: the same JDBC catalog rows (``iceber
 is the Spark catalog's name, which keys them) or the same REST catalog, and the same files. A deployment
 writes them to ``etc/catalog/<name>.properties`` on every Trino node.
 
-`TrinoServer` runs one Trino node (coordinator and worker) on loopback from the ``io.trino:trino-server``
-distribution by coordinates (``jars.toml``, ``[distributions.trino]``), on a Java 24+ runtime (the Temurin 25
-JDK of these machines, or ``LAKESTREAM_TRINO_JAVA_HOME``). Configuration under ``<state_dir>/trino/etc``
+`TrinoServer` runs one Trino node (coordinator and worker) on loopback from the server assembled from Trino's
+modules by coordinates (`lakestream.stack.trino_install`: ``jars.toml``'s ``trino-server`` and
+``trino-plugin-iceberg``), on a Java 25 runtime (the Temurin 25 JDK of these machines, or
+``LAKESTREAM_TRINO_JAVA_HOME``). Configuration under ``<state_dir>/trino/etc``
 (catalog files owner-only: they hold the catalog's secrets), its pid, its log; stopped by pid. The engine tests
 (`make test-engines`) read the pipeline's tables with it.
 """
@@ -24,17 +25,16 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from lakestream import jars
 from lakestream.config import CatalogSettings
 from lakestream.errors import StackError
-from lakestream.stack import process
+from lakestream.stack import process, trino_install
 
 log = logging.getLogger(__name__)
 
-# Where the machines of this kind keep a JDK Trino runs on (Trino 476 requires Java 24 or newer).
+# Where the machines of this kind keep a JDK Trino runs on (Trino 483 requires Java 25).
 TRINO_JAVA_HOMES = ("/usr/lib/jvm/temurin-25-jdk-amd64",)
 JAVA_HOME_ENV = "LAKESTREAM_TRINO_JAVA_HOME"
-MIN_JAVA = 24
+MIN_JAVA = 25
 
 
 def iceberg_catalog_properties(catalog: CatalogSettings) -> dict[str, str]:
@@ -74,20 +74,27 @@ def iceberg_catalog_properties(catalog: CatalogSettings) -> dict[str, str]:
         raise StackError(f"catalog.type {catalog.type!r}: only jdbc and rest catalogs are mapped to Trino here")
     storage = catalog.storage
     if storage is None:
-        # Table locations are file:/ URIs: Trino's native local file system only knows local:// ones.
-        props["fs.hadoop.enabled"] = "true"
-    else:
-        props |= {
-            "fs.native-s3.enabled": "true",
-            "s3.region": storage.region,
-            "s3.path-style-access": str(storage.path_style).lower(),
-        }
-        if storage.endpoint:
-            props["s3.endpoint"] = storage.endpoint
-        creds = storage.credentials
-        if creds is not None:
-            props["s3.aws-access-key"] = creds.access_key_id
-            props["s3.aws-secret-key"] = creds.secret_access_key.get_secret_value()
+        # Table locations are file:/ URIs, which Trino's native local file system reads under its root.
+        return props | {"fs.native-local.enabled": "true", "local.location": "/"}
+    creds = storage.credentials
+    return props | native_s3_properties(
+        storage.region,
+        storage.endpoint,
+        storage.path_style,
+        (creds.access_key_id, creds.secret_access_key.get_secret_value()) if creds is not None else None,
+    )
+
+
+def native_s3_properties(
+    region: str, endpoint: str | None, path_style: bool, keys: tuple[str, str] | None
+) -> dict[str, str]:
+    """Trino's native S3 file system on ``endpoint`` (None: AWS's), with static ``keys`` (access key, secret) or
+    none (the default credential chain)."""
+    props = {"fs.native-s3.enabled": "true", "s3.region": region, "s3.path-style-access": str(path_style).lower()}
+    if endpoint:
+        props["s3.endpoint"] = endpoint
+    if keys is not None:
+        props["s3.aws-access-key"], props["s3.aws-secret-key"] = keys
     return props
 
 
@@ -99,7 +106,7 @@ def java_home() -> Path:
         if java.exists() and _java_major(java) >= MIN_JAVA:
             return home
     raise StackError(
-        f"no Java {MIN_JAVA}+ runtime for Trino in {', '.join(candidates)} — fix: install a JDK 24 or "
+        f"no Java {MIN_JAVA}+ runtime for Trino in {', '.join(candidates)} — fix: install a JDK {MIN_JAVA} or "
         f"newer and set {JAVA_HOME_ENV} to its home"
     )
 
@@ -158,19 +165,28 @@ class TrinoServer(process.PidService):
         return etc
 
     def argv(self) -> list[str]:
-        install = jars.distribution("trino")
+        install = trino_install.install_dir()
         etc = self._write_config(install)
         data = self.dir / "data"
         data.mkdir(parents=True, exist_ok=True)
         java = java_home() / "bin" / "java"
         return [
             str(java),
+            # jvm.config as Trino's deployment docs give it, with a small heap.
             f"-Xmx{self.heap}",
             "-XX:+UseG1GC",
+            "-XX:+ExplicitGCInvokesConcurrent",
             "-XX:+ExitOnOutOfMemoryError",
+            "-XX:-OmitStackTraceInFastThrow",
             "-XX:ReservedCodeCacheSize=256M",
+            "-XX:PerMethodRecompilationCutoff=10000",
+            "-XX:PerBytecodeRecompilationCutoff=10000",
             "-Djdk.attach.allowAttachSelf=true",
+            "-Djdk.nio.maxCachedBufferSize=2000000",
+            "-Dfile.encoding=UTF-8",
             "-XX:+EnableDynamicAgentLoading",
+            "--add-modules=jdk.incubator.vector",
+            "--enable-native-access=ALL-UNNAMED",
             # node.properties, as Trino's launcher passes them: system properties.
             "-Dnode.environment=lakestream",
             f"-Dnode.id={uuid.uuid5(uuid.NAMESPACE_URL, str(self.dir))}",
@@ -180,13 +196,13 @@ class TrinoServer(process.PidService):
             f"-Dlog.levels-file={etc / 'log.properties'}",
             "-cp",
             str(install / "lib" / "*"),
-            "io.trino.server.TrinoServer",
+            trino_install.MAIN_CLASS,
         ]
 
     def start(self) -> None:
         """Start the node unless it runs; wait until it has started (``/v1/info``: ``starting`` false)."""
         if self.pid() is None:
-            process.require_free_port(self.port, "Trino", "TrinoServer(port=...)")
+            self.check_port_free()
             argv = self.argv()
             log.info("starting Trino on %s", self.uri)
             pid = process.spawn_detached(argv, self.log_path, cwd=self.dir)
@@ -206,9 +222,12 @@ class TrinoServer(process.PidService):
         except (OSError, ValueError, urllib.error.URLError):
             return False
 
+    def check_port_free(self) -> None:
+        process.require_free_port(self.port, "Trino", "--trino-port / StackSettings.trino_port")
+
     @property
     def detail(self) -> str:
-        return f"Trino, catalogs {', '.join(self.catalogs)}"
+        return f"Trino {trino_install.version()}, catalogs {', '.join(self.catalogs)}"
 
 
 def _write_properties(path: Path, values: dict[str, str]) -> None:
