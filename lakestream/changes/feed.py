@@ -1,27 +1,28 @@
 """What changed in a table between two snapshots: planned from the manifests, read from the touched files alone.
 
-A range (since, until] is planned by `ChangeFeed.plan` (JVM side): the data files the range's snapshots added,
-removed, or whose deletion vector they changed are the only files whose live rows can differ between the two
-ends. Their rows live at ``since`` (the *before* side) and at ``until`` (the *after* side) are read by Spark
-through two staged scan task sets, with v3 row lineage (``_row_id``, ``_last_updated_sequence_number``). A row
-found on both sides with the same id and sequence number did not change (a file it shared with changed rows,
-a compaction that moved it); what is left is joined by key:
+A range (since, until] is planned by `ChangeFeed.plan` (JVM side) from its snapshots' changes. Rows the range
+wrote can only be in the data files it added; they are read as of ``until``, and those carrying a sequence number
+above since's are the written rows (the others are rows a rewrite moved with their lineage). Rows the range
+removed are named by its deletes: the positions each snapshot's deletion vectors added and the live rows of the
+files it removed other than by a rewrite (a TRUNCATE), read on the driver from those files' ``_row_id`` column;
+their images as of ``since`` are read from the touched files live at ``since``. Both sides are read by Spark
+through staged scan task sets, with v3 row lineage (``_row_id``, ``_last_updated_sequence_number``). The two sides
+are joined by key:
 
-- a key only after is an ``insert``, only before a ``delete``, on both sides with different values an
+- a key only written is an ``insert``, only removed a ``delete``, on both sides with different values an
   ``update`` (a key deleted and inserted again inside the range too: net, one update); a key inserted and
   deleted inside the range does not appear;
 - a table without a primary key (no identifier fields) is a multiset: rows are matched by ``_row_id`` instead
   (an update of one of several equal rows keeps the id of the row it replaced, as the sink writes it).
 
 Each change names its commit: for an insert or update the snapshot whose sequence number the row carries, for a
-delete the last snapshot of the range that deleted the row's id (from the positions each deletion vector added and
-the files each non-rewrite snapshot removed). ``all_changes=True`` diffs every commit of the range against its
-parent instead, so a key changed by several commits appears once per commit.
+delete the last snapshot of the range that deleted a row of its key. ``all_changes=True`` diffs every commit of
+the range against its parent instead, so a key changed by several commits appears once per commit.
 
-The cost of a range is its manifests plus the touched files, not the table. Rows come in the table's current
-schema (a column added inside the range reads as its default in a before image). Snapshots added by anything but
-row-level position deletes (equality deletes, position delete files that name no data file) make every live file
-a touched file: still exact, no longer cheap.
+The cost of a range is its manifests, the files it added, and the files it deleted rows from (read once, as of
+``since``), not the table. Rows come in the table's current schema (a column added inside the range reads as its
+default in a before image). A range with equality deletes, or position delete files that name no data file,
+reads every live file on both sides: still exact, no longer cheap.
 """
 
 from __future__ import annotations
@@ -234,12 +235,14 @@ def _range_changes(
     unknown = [k for k in keys if k not in columns]
     if unknown:
         raise ChangeFeedError(f"{change_range.table}: key columns {unknown} are not columns of the table {columns}")
+    removed = None if change_range.full else removed_rows(change_range, keys)
+    before, after = _changed_sides(spark, change_range, before, after, removed)
     diff = _net_diff(before, after, columns, keys)
     if attribute_to is not None:
         commit_id: Column = F.lit(attribute_to.snapshot_id).cast("bigint")
         commit_seq: Column = F.lit(attribute_to.sequence_number).cast("bigint")
     else:
-        diff = _attribute(spark, change_range, diff, keys)
+        diff = _attribute(spark, change_range, diff, keys, removed)
         commit_id, commit_seq = F.col("_commit_snapshot_id"), F.col("_commit_sequence_number")
     return diff.select(
         F.col("_change_type"),
@@ -249,6 +252,57 @@ def _range_changes(
         *[F.col("_after")[c].alias(c) for c in columns],
         F.col("_before"),
     )
+
+
+@dataclass(frozen=True)
+class RemovedRows:
+    """What the range's deletes removed: the row ids, and for each key (each row id, without keys) the last
+    snapshot that deleted a row of it."""
+
+    ids: np.ndarray
+    last_deletion: list[tuple[Any, ...]]
+
+
+def _changed_sides(
+    spark: SparkSession, change_range: ChangeRange, before: DataFrame, after: DataFrame, removed: RemovedRows | None
+) -> tuple[DataFrame, DataFrame]:
+    """The rows the range removed (as of since) and the rows it wrote (as of until).
+
+    A row the range wrote carries a sequence number above since's; one at or below it is a row since held, moved
+    by a rewrite with its lineage. The rows the range removed are those whose ids its deletes name (`removed`),
+    less those moved. With ``removed`` None (a range with equality deletes: both sides are every live file) a row
+    on both sides with the same id and sequence number is dropped instead."""
+    from pyspark.sql import functions as F
+
+    if removed is None:
+        lineage = list(LINEAGE)
+        return (
+            before.join(after.select(*lineage), on=lineage, how="left_anti"),
+            after.join(before.select(*lineage), on=lineage, how="left_anti"),
+        )
+    seq = F.col("_last_updated_sequence_number")
+    since_seq = change_range.since_sequence_number
+    moved = after.where(seq <= since_seq).select("_row_id")
+    ids = _long_frame(spark, "_row_id", removed.ids)
+    return (
+        before.join(ids, "_row_id", "left_semi").join(moved, "_row_id", "left_anti"),
+        after.where(seq > since_seq),
+    )
+
+
+def _long_frame(spark: SparkSession, name: str, values: np.ndarray) -> DataFrame:
+    """A one-column DataFrame of int64 ``values`` (through Arrow: millions of ids in seconds)."""
+    import pandas as pd
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    key = "spark.sql.execution.arrow.pyspark.enabled"
+    was = spark.conf.get(key, "false")
+    spark.conf.set(key, "true")
+    try:
+        frame = pd.DataFrame({name: np.asarray(values, np.int64)})
+        return spark.createDataFrame(frame, StructType([StructField(name, LongType(), False)]))
+    finally:
+        spark.conf.set(key, str(was))
 
 
 def _comparable(df: DataFrame, columns: list[str]) -> Column:
@@ -262,13 +316,11 @@ def _comparable(df: DataFrame, columns: list[str]) -> Column:
 
 def _net_diff(before: DataFrame, after: DataFrame, columns: list[str], keys: list[str]) -> DataFrame:
     """``_change_type``, ``_row_id``, ``_after_seq``, ``_before_row_id``, ``_after`` and ``_before`` (structs) of
-    every key (or, without keys, every row id) whose row differs between the two sides."""
+    every key (or, without keys, every row id) whose row differs between the rows the range removed and the rows it
+    wrote (`_changed_sides`)."""
     from pyspark.sql import functions as F
 
-    lineage = list(LINEAGE)
-    # A row with the same id and sequence number on both sides is the same row: unchanged, or moved by a rewrite.
-    b = before.join(after.select(*lineage), on=lineage, how="left_anti")
-    a = after.join(before.select(*lineage), on=lineage, how="left_anti")
+    b, a = before, after
     match = [f"_k{i}" for i in range(len(keys))] if keys else ["_k0"]
     b_cols = [F.col(k).alias(m) for k, m in zip(keys, match, strict=True)] if keys else [F.col("_row_id").alias("_k0")]
     a_cols = [F.col(k).alias(m) for k, m in zip(keys, match, strict=True)] if keys else [F.col("_row_id").alias("_k0")]
@@ -302,7 +354,9 @@ def _net_diff(before: DataFrame, after: DataFrame, columns: list[str], keys: lis
     )
 
 
-def _attribute(spark: SparkSession, change_range: ChangeRange, diff: DataFrame, keys: list[str]) -> DataFrame:
+def _attribute(
+    spark: SparkSession, change_range: ChangeRange, diff: DataFrame, keys: list[str], removed: RemovedRows | None
+) -> DataFrame:
     """``_commit_snapshot_id`` and ``_commit_sequence_number`` of each change: the sequence number an insert's
     or update's row carries; for a delete, the last snapshot of the range that deleted a row of its key (of its
     row id, without keys)."""
@@ -316,7 +370,7 @@ def _attribute(spark: SparkSession, change_range: ChangeRange, diff: DataFrame, 
     attributed = diff.join(F.broadcast(commits), F.col("_after_seq") == F.col("_seq"), "left")
     before_types = {f.name: f.dataType for f in diff.schema["_before"].dataType.fields}  # type: ignore[attr-defined]
     match = keys or ["_row_id"]
-    deletions = _deletions(change_range, keys)
+    deletions = (removed or removed_rows(change_range, keys)).last_deletion
     fields = [StructField(f"_d{i}", before_types[m] if keys else LongType(), True) for i, m in enumerate(match)] + [
         StructField("_del_sid", LongType(), False),
         StructField("_del_seq", LongType(), False),
@@ -344,30 +398,28 @@ def _attribute(spark: SparkSession, change_range: ChangeRange, diff: DataFrame, 
     )
 
 
-def _deletions(change_range: ChangeRange, keys: list[str]) -> list[tuple[Any, ...]]:
-    """``(*match, snapshot_id, sequence_number)``: the last snapshot of the range that deleted a row of each key
-    (each row id, without keys). An update deletes its key's old row too, so only a key's last deletion can be the
-    one that ended it."""
+def removed_rows(change_range: ChangeRange, keys: list[str]) -> RemovedRows:
+    """The row ids the range's deletes removed, and the last deletion of each key (each row id, without keys): from
+    the positions each snapshot's deletion vectors added and the live rows of the files it removed (not by a
+    rewrite), read from those files' ``_row_id`` and key columns on the driver. An update deletes its key's old row
+    too, so only a key's last deletion can be the one that ended it."""
     from lakestream.sink.index.diff import _read_ahead
 
     seq_of = {c.snapshot_id: c.sequence_number for c in change_range.commits}
-    events = [e for e in change_range.events if keys or e.get("first_row_id") is not None]
-    first = {e["data_file"]: e.get("first_row_id") for e in events}
-
-    def read(path: str) -> list[list[Any]] | None:
-        try:
-            return file_match_columns(path, first[path], keys)
-        except (OSError, ValueError, KeyError) as exc:
-            log.warning("change feed: cannot read %s (%s): its deletes are attributed to the range's end", path, exc)
-            return None
-
-    columns = dict(_read_ahead(list(dict.fromkeys(e["data_file"] for e in events)), read))
+    events = change_range.events
+    first: dict[str, int] = {}
+    for e in events:
+        if e.get("first_row_id") is None:
+            raise ChangeFeedError(
+                f"{change_range.table}: data file {e['data_file']} has no first row id (row lineage, format v3)"
+            )
+        first[e["data_file"]] = int(e["first_row_id"])
+    columns = dict(_read_ahead(list(first), lambda path: file_identity_columns(path, first[path], keys)))
+    ids: list[np.ndarray] = []
     last: dict[tuple[Any, ...], tuple[int, int]] = {}
     for e in events:
-        values = columns.get(e["data_file"])
-        if not values:
-            continue
-        rows = len(values[0])
+        row_ids, key_values = columns[e["data_file"]]
+        rows = len(row_ids)
         if e["kind"] == "deleted":
             positions = _positions(e.get("positions_le64"))
         else:
@@ -375,13 +427,16 @@ def _deletions(change_range: ChangeRange, keys: list[str]) -> list[tuple[Any, ..
             dead = _positions(e.get("dead_le64"))
             live[dead[dead < rows]] = False
             positions = np.flatnonzero(live)
+        positions = positions[positions < rows]
+        ids.append(row_ids[positions])
         sid = int(e["snapshot_id"])
         seq = seq_of.get(sid, 0)
-        for pos in positions[positions < rows].tolist():
-            match = tuple(v[pos] for v in values)
+        for pos in positions.tolist():
+            match = tuple(v[pos] for v in key_values) if keys else (int(row_ids[pos]),)
             if match not in last or last[match][1] <= seq:
                 last[match] = (sid, seq)
-    return [(*match, sid, seq) for match, (sid, seq) in last.items()]
+    all_ids = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
+    return RemovedRows(all_ids, [(*match, sid, seq) for match, (sid, seq) in last.items()])
 
 
 def _positions(encoded: str | None) -> np.ndarray:
@@ -390,13 +445,11 @@ def _positions(encoded: str | None) -> np.ndarray:
     return np.frombuffer(base64.b64decode(encoded), "<i8").astype(np.int64)
 
 
-def file_match_columns(path: str, first_row_id: int | None, keys: list[str]) -> list[list[Any]]:
-    """The values that identify each row of data file ``path``, by position: its key columns, or without keys
-    its ``_row_id`` (`file_row_ids`)."""
+def file_identity_columns(path: str, first_row_id: int, keys: list[str]) -> tuple[np.ndarray, list[list[Any]]]:
+    """The ``_row_id`` of every row of data file ``path`` by position (`file_row_ids`), and its key columns (read by
+    name, as the sink writes them)."""
     if not keys:
-        if first_row_id is None:
-            raise ValueError("no first_row_id (row lineage)")
-        return [file_row_ids(path, first_row_id).tolist()]
+        return file_row_ids(path, first_row_id), []
     import pyarrow.parquet as pq
 
     from lakestream.storage import filesystem_path
@@ -405,7 +458,7 @@ def file_match_columns(path: str, first_row_id: int | None, keys: list[str]) -> 
     pf = pq.ParquetFile(local, filesystem=fs)
     names = {n.lower(): n for n in pf.schema_arrow.names}
     table = pf.read(columns=[names[k.lower()] for k in keys])
-    return [column.to_pylist() for column in table.columns]
+    return file_row_ids(path, first_row_id), [column.to_pylist() for column in table.columns]
 
 
 def file_row_ids(path: str, first_row_id: int) -> np.ndarray:

@@ -85,6 +85,7 @@ public final class ChangeFeed {
     ArrayNode snapshots = out.putArray("snapshots");
     ArrayNode events = out.putArray("events");
     Set<String> touched = new HashSet<>();
+    Set<String> added = new HashSet<>(); // data files the range added: the only ones a changed row can be in at until
     boolean full = false;
     BaseDeleteLoader loader = new BaseDeleteLoader(d -> t.io().newInputFile(d.location()));
     Map<String, Long> firstRowIds = new HashMap<>();
@@ -99,6 +100,7 @@ public final class ChangeFeed {
       SnapshotChanges changes = SnapshotChanges.builderFor(t).snapshot(s).build();
       for (DataFile f : changes.addedDataFiles()) {
         touched.add(f.location());
+        added.add(f.location());
         firstRowIds.put(f.location(), f.firstRowId());
       }
       Map<String, List<DeleteFile>> removedDeletes = new HashMap<>();
@@ -125,19 +127,19 @@ public final class ChangeFeed {
           }
         }
       }
-      Map<String, List<DeleteFile>> added = new LinkedHashMap<>();
+      Map<String, List<DeleteFile>> vectors = new LinkedHashMap<>();
       for (DeleteFile d : changes.addedDeleteFiles()) {
         if (d.content() != FileContent.POSITION_DELETES || d.referencedDataFile() == null) {
           full = true;
           continue;
         }
         touched.add(d.referencedDataFile());
-        added.computeIfAbsent(d.referencedDataFile(), k -> new ArrayList<>()).add(d.copy());
+        vectors.computeIfAbsent(d.referencedDataFile(), k -> new ArrayList<>()).add(d.copy());
       }
       if (compaction) {
         continue; // a rewrite's deletion vectors carry deletes already made onto its new files: nothing new
       }
-      for (Map.Entry<String, List<DeleteFile>> e : added.entrySet()) {
+      for (Map.Entry<String, List<DeleteFile>> e : vectors.entrySet()) {
         // v3 keeps one deletion vector per data file, so a commit that deletes one more row of a file replaces its
         // vector: only the positions the replaced vector did not hold were deleted by this snapshot.
         PositionDeleteIndex now = loader.loadPositionDeletes(e.getValue(), e.getKey());
@@ -152,7 +154,9 @@ public final class ChangeFeed {
     }
     out.put("full", full);
     out.set("before", stage(t, since.snapshotId(), full ? null : touched, setPrefix + "-before", firstRowIds));
-    out.set("after", stage(t, until.snapshotId(), full ? null : touched, setPrefix + "-after", firstRowIds));
+    // A file live at both ends only lost rows in between: every row it holds at until it held at since, unchanged.
+    // So the rows after are read from the files the range added (new rows, updated rows, rows a rewrite moved).
+    out.set("after", stage(t, until.snapshotId(), full ? null : added, setPrefix + "-after", firstRowIds));
     for (com.fasterxml.jackson.databind.JsonNode e : events) {
       if (!e.has("first_row_id")) {
         putFirstRowId((ObjectNode) e, firstRowIds.get(e.get("data_file").asText()));
