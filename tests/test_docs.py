@@ -142,7 +142,7 @@ def test_readme_docs_links_resolve() -> None:
 def test_docs_pages_links_resolve() -> None:
     """The README's other links, and the docs/ pages' links to each other and to their own headings."""
     assert broken_links(README) == []
-    broken = [f"{page.name}: {b}" for page in sorted((ROOT / "docs").glob("*.md")) for b in broken_links(page)]
+    broken = [f"{page.name}: {b}" for page in sorted((ROOT / "docs").glob("**/*.md")) for b in broken_links(page)]
     assert broken == []
 
 
