@@ -20,7 +20,7 @@ example-iot: setup
 example-customer360: setup
 	$(VENV)/bin/lakestream demo --pattern customer360
 
-# Lint, format and types, first in `make test` (README, "Development"): ruff's rules and formatting over the whole
+# Lint, format and types, first in `make test` (docs/development.md): ruff's rules and formatting over the whole
 # tree, then mypy (pyproject.toml's [tool.mypy]) held to scripts/mypy_baseline.txt, which may only shrink.
 check: setup
 	$(VENV)/bin/ruff check .

@@ -136,7 +136,7 @@ def func(args: argparse.Namespace) -> int:
         if info.s3_endpoint:
             print(f"object store       {info.s3_endpoint} (region {info.s3_region}, path style)")
             # A pipeline config names these variables, never the values: the local store's development
-            # key and secret are StackSettings.s3_access_key / s3_secret_key (README, "Deploying").
+            # key and secret are StackSettings.s3_access_key / s3_secret_key (docs/deploying.md, object storage).
             print(f"  credentials from {' and '.join(info.storage_env())}")
         if info.connect_url:
             print(

@@ -75,8 +75,8 @@ def quote(name: str) -> str:
 
 
 def _column(name: str, data_type: str, column_type: str, precision: int | None, scale: int | None) -> SourceColumn:
-    """How the snapshot reads one column: the lake type Debezium's MariaDB events give it (README's type table) and
-    the SQL rendering it inside the row's JSON object."""
+    """How the snapshot reads one column: the lake type Debezium's MariaDB events give it (docs/sources.md's type
+    table) and the SQL rendering it inside the row's JSON object."""
     data_type, column_type = data_type.lower(), column_type.lower()
     unsigned = "unsigned" in column_type
     if (data_type == "tinyint" and column_type.startswith("tinyint(1)")) or column_type == "bit(1)":

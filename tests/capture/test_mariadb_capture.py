@@ -384,7 +384,7 @@ def test_add_column_and_keyless_changes_while_streaming(captured, spark):
 def test_ddl_while_streaming(captured, spark):
     """TRUNCATE, DROP and RENAME COLUMN, retyping (widening, and an incompatible change), a table dropped, a table
     renamed away, and an online schema change's table swap (gh-ost, pt-online-schema-change), in one batch of
-    changes: each as the README's "Source DDL" table says."""
+    changes: each as docs/sources.md's "Source DDL" table says."""
     source = captured
     source.sql(
         "INSERT INTO ddl_trunc VALUES (4, 'd')",

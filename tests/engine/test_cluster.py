@@ -31,7 +31,7 @@ def test_pipeline_on_a_standalone_cluster(stack, spark, spark_cluster, service_d
         "catalog": catalog_settings(stack).model_dump(mode="json") | {"password": stack.pg_password},
         "streams": [{"topics": [topic], "namespace": "cluster", "table": f"accounts_{suffix}"}],
         "engine": {"commit_interval_s": 0, "max_records_per_task": 200},
-        # The configuration a real cluster takes (README, "Running on a cluster").
+        # The configuration a real cluster takes (docs/deploying.md, "Running on a cluster").
         "spark": {
             "master": spark_cluster,
             "driver_memory": "1g",

@@ -135,7 +135,8 @@ def _assert_lineage_kept(spark, ident: str) -> dict[str, int]:
             assert (row_id, seq) == (was[0][1], sequence), f"key {key} updated: {was[0]} -> {rows[0]}, R {sequence}"
             keys["updated"].add(key)
     assert 90_000_000 in before and 90_000_000 not in after
-    # The change feed of R alone (README, "Change feed"): the keys R updated, added or removed, none it left equal.
+    # The change feed of R alone (docs/operating.md, "Change feed"): the keys R updated, added or removed, none it left
+    # equal.
     from lakestream.changes import read_changes_arrow
 
     feed: dict[str, set[int]] = {"insert": set(), "update": set(), "delete": set()}
