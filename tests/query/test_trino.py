@@ -22,9 +22,9 @@ import uuid
 
 import pytest
 import yaml
-from capture.test_mariadb_capture import TYPES_COLUMNS, TYPES_DDL, TYPES_VALUES
 from capture_harness import start_captured_source, stop_captured_source
 from conftest import catalog_settings, mariadb_database, produce_records, run_lakestream, storage_env, storage_section
+from mariadb_types import TYPES_COLUMNS, TYPES_DDL, TYPES_VALUES
 
 from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
