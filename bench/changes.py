@@ -1,11 +1,14 @@
 """Does reading a range's changes cost what the range touched, whatever the table size?
 
     .venv/bin/python bench/changes.py [--sizes 1000000,20000000] [--batches 24] [--changes 2000]
-                                      [--rows-per-file 100000] [--minute 12]
+                                      [--rows-per-file 100000] [--minute 12] [--workload recent|uniform]
 
 For each size N: a mirror created by the pipeline from Debezium events (schemas off), filled to N rows through the
 sink's write path (files of ``--rows-per-file`` rows, not timed), then ``--batches`` batches of ``--changes``
-random-key changes (10% deletes) through the pipeline, one commit each. Then the change feed
+random-key changes (10% deletes) through the pipeline, one commit each: ``--workload recent`` (default) draws the
+keys from the newest ``--recent-fraction`` of the table (an orders table: recent rows change, old ones rest),
+``uniform`` from all of it (every data file is touched by a few commits: the feed then reads the whole table once,
+its worst case). Then the change feed
 (`lakestream.changes.read_changes`, collected and counted) of the last commit, of the last ``--minute`` commits
 (a minute of commits at a 5-s commit interval) and of every batch, each timed; and, for the widest range, the
 full-table diff the feed replaces (both snapshots read whole and joined by key), timed too, and compared with
@@ -101,8 +104,9 @@ def one_size(info, state_dir, spark, size: int, args) -> dict:
     pipeline = Pipeline(config, spark)
     try:
         for b in range(args.batches):
+            low = 1 if args.workload == "uniform" else max(1, int(size * (1 - args.recent_fraction)))
             for _ in range(args.changes):
-                row_id = rng.randrange(1, size + 1)
+                row_id = rng.randrange(low, size + 1)
                 if row_id in deleted:
                     continue
                 if rng.random() < 0.1:
@@ -135,6 +139,8 @@ def main() -> int:
     parser.add_argument("--minute", type=int, default=12, help="commits in the 'last minute' range (5-s commits)")
     parser.add_argument("--changes", type=int, default=2000)
     parser.add_argument("--rows-per-file", type=int, default=100_000)
+    parser.add_argument("--workload", choices=["recent", "uniform"], default="recent")
+    parser.add_argument("--recent-fraction", type=float, default=0.01, help="recent: keys from the newest fraction")
     parser.add_argument("--driver-memory", default="2g")
     args = parser.parse_args()
     quiet_logs()
