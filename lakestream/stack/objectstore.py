@@ -1,15 +1,23 @@
-"""A local S3-compatible object store: nanio (PyPI), objects on disk under the state dir.
+"""A local S3-compatible object store: Versity's S3 gateway (versitygw) on its POSIX backend, under the state dir.
 
-nanio keeps every object as a file, so the warehouse survives a restart of the store (an outage the
-engine waits out loses nothing), and it checks SigV4 signatures, so wrong credentials fail as they
-would on S3. It is a development stand-in: the clients (Iceberg's S3FileIO, pyarrow, DuckDB's httpfs,
-pyiceberg) are the real ones and talk to it as to any S3 endpoint.
+versitygw is a production S3 server (Apache-2.0, Go) that maps buckets to directories and objects to files,
+so the warehouse survives a restart of the store (an outage the engine waits out loses nothing). It checks SigV4
+signatures (wrong credentials fail as on S3) and serves what Iceberg's S3FileIO, pyarrow, DuckDB and Trino send:
+path-style requests, multipart uploads, suffix ranges (``Range: bytes=-N``) and conditional writes. Its object
+metadata (ETags, content types) goes to a sidecar directory beside the buckets, so it runs on any file system,
+with or without extended attributes.
+
+The binary is built from Versity's Go module at a pinned version (``go install``, through the Go module proxy) into
+the cache under that version: ``make setup`` builds it (``python -m lakestream.stack.objectstore``); a stack that
+finds it missing builds it on first use.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,9 +30,51 @@ log = logging.getLogger(__name__)
 # The environment variables a local-stack pipeline config names for the store's credentials
 # (`storage.access_key_id_env` / `secret_access_key_env`): the file never holds them.
 
+GATEWAY_MODULE = "github.com/versity/versitygw/cmd/versitygw"
+GATEWAY_VERSION = "v1.8.0"
+GATEWAY_NAME = "versitygw"
+
+
+def gateway_path() -> Path:
+    """Where the gateway binary of ``GATEWAY_VERSION`` is (or would be) built."""
+    root = Path(os.environ.get("LAKESTREAM_CACHE", Path.home() / ".cache" / "lakestream"))
+    return root / "bin" / f"{GATEWAY_NAME}-{GATEWAY_VERSION}" / GATEWAY_NAME
+
+
+def build_gateway() -> Path:
+    """The gateway binary, built with ``go install <module>@<version>`` unless already in the cache."""
+    target = gateway_path()
+    if target.exists():
+        return target
+    go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None)
+    if go is None:
+        raise StackError(
+            f"the object store ({GATEWAY_NAME} {GATEWAY_VERSION}) is not built and no Go toolchain is on PATH "
+            "— fix: install Go 1.25 or later and run `make setup` (it builds the store)"
+        )
+    partial = target.parent.with_name(f".{target.parent.name}.{os.getpid()}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    print(f"[objectstore] building {GATEWAY_MODULE}@{GATEWAY_VERSION}", file=sys.stderr)
+    # GOTOOLCHAIN=auto: an older go fetches the toolchain the module asks for from the module proxy.
+    env = {**os.environ, "GOBIN": str(partial), "GOFLAGS": "-trimpath", "GOTOOLCHAIN": "auto"}
+    result = subprocess.run(
+        [go, "install", f"{GATEWAY_MODULE}@{GATEWAY_VERSION}"], env=env, capture_output=True, text=True
+    )
+    if result.returncode != 0 or not (partial / GATEWAY_NAME).exists():
+        shutil.rmtree(partial, ignore_errors=True)
+        raise StackError(
+            f"building {GATEWAY_MODULE}@{GATEWAY_VERSION} failed (exit {result.returncode}):\n{result.stderr[-3000:]}"
+        )
+    target.parent.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        partial.rename(target.parent)  # atomic: a stack starting meanwhile never runs half a binary
+    except OSError:  # another process built it first
+        shutil.rmtree(partial, ignore_errors=True)
+    return target
+
 
 class ObjectStore(process.PidService):
-    """nanio on 127.0.0.1:<s3_port> with one bucket (``s3_bucket``), tracked by a pid file."""
+    """versitygw on 127.0.0.1:<s3_port> with one bucket (``s3_bucket``), tracked by a pid file."""
 
     name = "objectstore"
     persistent = True
@@ -32,9 +82,11 @@ class ObjectStore(process.PidService):
 
     def __init__(self, settings: StackSettings):
         self.settings = settings
-        self.data_dir = settings.state_dir / "objectstore"
+        root = settings.state_dir / "objectstore"
+        self.data_dir = root / "buckets"  # one directory per bucket, one file per object
+        self.meta_dir = root / "meta"  # the gateway's sidecar metadata, outside the bucket tree
         self.log_path = settings.state_dir / "logs" / f"{self.name}.log"
-        self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid", Path(sys.executable).name)
+        self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid", GATEWAY_NAME)
 
     @property
     def port(self) -> int:
@@ -48,37 +100,33 @@ class ObjectStore(process.PidService):
     def warehouse(self) -> str:
         return f"s3://{self.settings.s3_bucket}/warehouse"
 
+    def object_path(self, bucket: str, key: str) -> Path:
+        """The file that holds object ``key`` of ``bucket`` (the POSIX backend's layout)."""
+        return self.data_dir / bucket / key
+
     def check_port_free(self) -> None:
         process.require_free_port(self.port, "object store", "--s3-port / StackSettings.s3_port")
 
     def start(self) -> None:
-        """Start nanio unless it runs, wait until it answers, and create the bucket (idempotent)."""
+        """Start the gateway unless it runs, wait until it answers, and create the bucket (idempotent)."""
         if self.pid() is None:
             self.check_port_free()
+            binary = build_gateway()
             self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.meta_dir.mkdir(parents=True, exist_ok=True)
             # Credentials through the environment, not argv: /proc/<pid>/cmdline is world-readable.
             env = {
                 **os.environ,
-                "NANIO_ACCESS_KEY": self.settings.s3_access_key,
-                "NANIO_SECRET_KEY": self.settings.s3_secret_key,
+                "ROOT_ACCESS_KEY_ID": self.settings.s3_access_key,
+                "ROOT_SECRET_ACCESS_KEY": self.settings.s3_secret_key,
+                "VGW_REGION": self.settings.s3_region,
+                "VGW_PORT": f"{process.LOOPBACK}:{self.port}",
+                # Keep-alive is off by default in versitygw: every request would open a connection.
+                "VGW_KEEP_ALIVE": "true",
+                "VGW_QUIET": "true",  # no line per request
+                "VGW_META_SIDECAR": str(self.meta_dir),
             }
-            argv = [
-                sys.executable,
-                "-m",
-                "nanio",
-                "serve",
-                "--data-dir",
-                str(self.data_dir),
-                "--host",
-                process.LOOPBACK,
-                "--port",
-                str(self.port),
-                "--region",
-                self.settings.s3_region,
-                "--no-access-log",
-                "--log-level",
-                "warning",
-            ]
+            argv = [str(binary), "posix", str(self.data_dir)]
             log.info("starting %s on %s", self.name, self.endpoint)
             pid = process.spawn_detached(argv, self.log_path, cwd=self.settings.state_dir, env=env)
             self.pid_file.write(pid)
@@ -88,7 +136,7 @@ class ObjectStore(process.PidService):
             if not process.pid_alive(pid) or not process.port_accepts(self.port):
                 self.stop(timeout=5)
                 raise StackError(
-                    f"{self.name} (nanio) on {self.endpoint} did not start\n"
+                    f"{self.name} ({GATEWAY_NAME}) on {self.endpoint} did not start\n"
                     f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
                 )
         if not process.wait_until(self.healthy, 15.0, 0.2):
@@ -130,4 +178,18 @@ class ObjectStore(process.PidService):
 
     @property
     def detail(self) -> str:
-        return f"nanio, objects on disk ({self.data_dir}), bucket {self.settings.s3_bucket}"
+        return f"{GATEWAY_NAME} {GATEWAY_VERSION}, objects on disk ({self.data_dir}), bucket {self.settings.s3_bucket}"
+
+
+def main() -> int:
+    """Build the gateway binary (``make setup``) and print its path."""
+    try:
+        print(build_gateway())
+    except StackError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,7 +2,7 @@
 a private MariaDB server as the source database beside them; with
 ``storage="s3"`` a local S3-compatible store holds the warehouse, with ``catalog="rest"`` a local Iceberg
 REST catalog serves it (Apache Iceberg's own server by default), with ``connect=True`` a Kafka Connect worker runs
-Debezium beside the broker."""
+Debezium beside the broker, with ``registry=True`` a Schema Registry (Apicurio Registry) serves Avro schemas."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from lakestream.stack.mariadb import MariaDBServer
 from lakestream.stack.models import ServiceStatus, StackInfo, StackSettings
 from lakestream.stack.objectstore import ObjectStore
 from lakestream.stack.postgres import PostgresCluster
+from lakestream.stack.registry import SchemaRegistry
 from lakestream.stack.rest_catalog import IcebergRestServer, RestCatalogServer
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class Stack:
                 settings, warehouse=self.warehouse, io_properties=self._io_properties()
             )
         self.connect = ConnectWorker(settings, self.broker.bootstrap_servers)
+        self.registry = SchemaRegistry(settings.state_dir, settings.registry_port)
 
     @property
     def warehouse(self) -> str:
@@ -66,6 +68,8 @@ class Stack:
             services.append(self.objectstore)
         if self.settings.catalog == "rest":
             services.append(self.rest_catalog)
+        if self.settings.registry:
+            services.append(self.registry)
         if self.settings.connect:
             services.append(self.connect)  # after the broker it stores its state in
         return services
@@ -85,6 +89,7 @@ class Stack:
     def down(self) -> None:
         """Stop every service by pid; data directories are kept. Safe when nothing runs."""
         self.connect.stop()
+        self.registry.stop()
         self.rest_catalog.stop()
         self.objectstore.stop()
         self.broker.stop()
@@ -97,7 +102,7 @@ class Stack:
         services = self._services()
         services += [
             s
-            for s in (self.mariadb, self.objectstore, self.rest_catalog, self.connect)
+            for s in (self.mariadb, self.objectstore, self.rest_catalog, self.registry, self.connect)
             if s not in services and s.pid() is not None
         ]
         return {service.name: service.status() for service in services}
@@ -126,4 +131,5 @@ class Stack:
             kafka_sasl_password_file=str(self.broker.sasl_password_file) if s.kafka_sasl_port else None,
             connect_url=self.connect.url if s.connect else None,
             mariadb_port=s.mariadb_port if s.source == "mariadb" else None,
+            schema_registry_url=self.registry.url if s.registry else None,
         )
