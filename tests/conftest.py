@@ -470,7 +470,7 @@ def secured_schema_registry(service_dir_factory):
 
 
 # ---------------------------------------------------------------------------------------------
-# Object storage (nanio, S3-compatible) and Iceberg REST catalogs, beside the shared stack
+# Object storage (versitygw, S3-compatible) and Iceberg REST catalogs, beside the shared stack
 # ---------------------------------------------------------------------------------------------
 
 
@@ -500,7 +500,8 @@ def _restartable_port() -> int:
 
 @pytest.fixture(scope="session")
 def object_store(stack, service_dir_factory):
-    """A running nanio S3-compatible store on a free loopback port (objects on disk), its bucket created.
+    """A running S3-compatible store (Versity's S3 gateway) on a free loopback port (objects on disk), its
+    bucket created.
 
     ``.endpoint``, ``.warehouse`` (``s3://<bucket>/warehouse``), ``.settings`` (key, secret, region);
     ``.stop()``/``.start()`` make an outage that loses nothing (on the same port)."""

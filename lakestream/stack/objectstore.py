@@ -50,7 +50,8 @@ def build_gateway() -> Path:
     if go is None:
         raise StackError(
             f"the object store ({GATEWAY_NAME} {GATEWAY_VERSION}) is not built and no Go toolchain is on PATH "
-            "— fix: install Go 1.25 or later and run `make setup` (it builds the store)"
+            "— fix: install Go 1.21 or later (it fetches the 1.25 toolchain the module asks for; Debian 12's "
+            "golang-go is 1.19, too old) and run `make setup`, which builds the store"
         )
     partial = target.parent.with_name(f".{target.parent.name}.{os.getpid()}.partial")
     shutil.rmtree(partial, ignore_errors=True)
