@@ -7,18 +7,14 @@ path-style requests, multipart uploads, suffix ranges (``Range: bytes=-N``) and 
 metadata (ETags, content types) goes to a sidecar directory beside the buckets, so it runs on any file system,
 with or without extended attributes.
 
-The binary is built from Versity's Go module at a pinned version (``go install``, through the Go module proxy) into
-the cache under that version: ``make setup`` builds it (``python -m lakestream.stack.objectstore``); a stack that
-finds it missing builds it on first use.
+The binary is built from Versity's Go module at a pinned version (`lakestream.stack.gateway`); a stack that finds it
+missing builds it on first use.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from lakestream.errors import StackError
@@ -29,49 +25,6 @@ log = logging.getLogger(__name__)
 
 # The environment variables a local-stack pipeline config names for the store's credentials
 # (`storage.access_key_id_env` / `secret_access_key_env`): the file never holds them.
-
-GATEWAY_MODULE = "github.com/versity/versitygw/cmd/versitygw"
-GATEWAY_VERSION = "v1.8.0"
-GATEWAY_NAME = "versitygw"
-
-
-def gateway_path() -> Path:
-    """Where the gateway binary of ``GATEWAY_VERSION`` is (or would be) built."""
-    root = Path(os.environ.get("LAKESTREAM_CACHE", Path.home() / ".cache" / "lakestream"))
-    return root / "bin" / f"{GATEWAY_NAME}-{GATEWAY_VERSION}" / GATEWAY_NAME
-
-
-def build_gateway() -> Path:
-    """The gateway binary, built with ``go install <module>@<version>`` unless already in the cache."""
-    target = gateway_path()
-    if target.exists():
-        return target
-    go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None)
-    if go is None:
-        raise StackError(
-            f"the object store ({GATEWAY_NAME} {GATEWAY_VERSION}) is not built and no Go toolchain is on PATH "
-            "— fix: install Go 1.21 or later (it fetches the 1.25 toolchain the module asks for; Debian 12's "
-            "golang-go is 1.19, too old) and run `make setup`, which builds the store"
-        )
-    partial = target.parent.with_name(f".{target.parent.name}.{os.getpid()}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    print(f"[objectstore] building {GATEWAY_MODULE}@{GATEWAY_VERSION}", file=sys.stderr)
-    # GOTOOLCHAIN=auto: an older go fetches the toolchain the module asks for from the module proxy.
-    env = {**os.environ, "GOBIN": str(partial), "GOFLAGS": "-trimpath", "GOTOOLCHAIN": "auto"}
-    result = subprocess.run(
-        [go, "install", f"{GATEWAY_MODULE}@{GATEWAY_VERSION}"], env=env, capture_output=True, text=True
-    )
-    if result.returncode != 0 or not (partial / GATEWAY_NAME).exists():
-        shutil.rmtree(partial, ignore_errors=True)
-        raise StackError(
-            f"building {GATEWAY_MODULE}@{GATEWAY_VERSION} failed (exit {result.returncode}):\n{result.stderr[-3000:]}"
-        )
-    target.parent.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        partial.rename(target.parent)  # atomic: a stack starting meanwhile never runs half a binary
-    except OSError:  # another process built it first
-        shutil.rmtree(partial, ignore_errors=True)
-    return target
 
 
 class ObjectStore(process.PidService):
@@ -87,7 +40,7 @@ class ObjectStore(process.PidService):
         self.data_dir = root / "buckets"  # one directory per bucket, one file per object
         self.meta_dir = root / "meta"  # the gateway's sidecar metadata, outside the bucket tree
         self.log_path = settings.state_dir / "logs" / f"{self.name}.log"
-        self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid", GATEWAY_NAME)
+        self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid", "versitygw")
 
     @property
     def port(self) -> int:
@@ -112,6 +65,9 @@ class ObjectStore(process.PidService):
         """Start the gateway unless it runs, wait until it answers, and create the bucket (idempotent)."""
         if self.pid() is None:
             self.check_port_free()
+            # Imported here: `python -m lakestream.stack.gateway` must not find its module imported by the package.
+            from lakestream.stack.gateway import build_gateway
+
             binary = build_gateway()
             self.data_dir.mkdir(parents=True, exist_ok=True)
             self.meta_dir.mkdir(parents=True, exist_ok=True)
@@ -137,7 +93,7 @@ class ObjectStore(process.PidService):
             if not process.pid_alive(pid) or not process.port_accepts(self.port):
                 self.stop(timeout=5)
                 raise StackError(
-                    f"{self.name} ({GATEWAY_NAME}) on {self.endpoint} did not start\n"
+                    f"{self.name} (versitygw) on {self.endpoint} did not start\n"
                     f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
                 )
         if not process.wait_until(self.healthy, 15.0, 0.2):
@@ -179,18 +135,4 @@ class ObjectStore(process.PidService):
 
     @property
     def detail(self) -> str:
-        return f"{GATEWAY_NAME} {GATEWAY_VERSION}, objects on disk ({self.data_dir}), bucket {self.settings.s3_bucket}"
-
-
-def main() -> int:
-    """Build the gateway binary (``make setup``) and print its path."""
-    try:
-        print(build_gateway())
-    except StackError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return f"versitygw, objects on disk ({self.data_dir}), bucket {self.settings.s3_bucket}"

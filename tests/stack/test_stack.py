@@ -166,3 +166,45 @@ def test_connect_port_must_differ_from_the_others(tmp_path):
     with pytest.raises(ConfigError, match="two services share a port"):
         StackSettings(state_dir=tmp_path, kafka_port=19092, connect=True, connect_port=19092)
     StackSettings(state_dir=tmp_path, kafka_port=19092, connect=False, connect_port=19092)  # no worker: no clash
+
+
+def test_stack_up_with_registry_and_s3_runs_apicurio_and_the_s3_gateway(service_dir_factory):
+    """`lakestream stack up --registry --storage s3`: Apicurio Registry (Confluent's API, BACKWARD by default as
+    Confluent's registry) and Versity's S3 gateway beside PostgreSQL and Kafka, shown by `status`, stopped by `down`."""
+    import json
+    import urllib.request
+
+    from conftest import run_lakestream
+
+    from lakestream.stack.process import free_ports, pid_alive
+
+    state = service_dir_factory("stack-registry")
+    pg, kafka, registry, s3 = free_ports(4)
+    ports = ["--state-dir", str(state), "--pg-port", str(pg), "--kafka-port", str(kafka)]
+    ports += ["--registry", "--registry-port", str(registry), "--storage", "s3", "--s3-port", str(s3)]
+    url = f"http://127.0.0.1:{registry}/apis/ccompat/v7"
+    try:
+        up = run_lakestream("stack", "up", *ports, timeout=300)
+        assert up.returncode == 0, up.stderr[-3000:]
+        assert f"schema registry    {url} (Apicurio Registry, in memory)" in up.stdout, up.stdout
+        assert f"object store       http://127.0.0.1:{s3}" in up.stdout, up.stdout
+        with urllib.request.urlopen(f"{url}/config", timeout=10) as response:
+            assert json.loads(response.read())["compatibilityLevel"] == "BACKWARD"
+        status = run_lakestream("stack", "status", *ports)
+        for name in ("registry", "objectstore"):
+            line = next(ln for ln in status.stdout.splitlines() if ln.startswith(f"{name} "))
+            assert " running " in line and " yes " in line, status.stdout
+        pids = {name: int((state / "pids" / f"{name}.pid").read_text()) for name in ("registry", "objectstore")}
+    finally:
+        down = run_lakestream("stack", "down", *ports, timeout=120)
+    assert down.returncode == 0, down.stderr[-3000:]
+    assert not any(pid_alive(pid) for pid in pids.values())
+
+
+def test_registry_port_must_differ_from_the_others(tmp_path):
+    from lakestream.errors import ConfigError
+    from lakestream.stack import StackSettings
+
+    with pytest.raises(ConfigError, match="two services share a port"):
+        StackSettings(state_dir=tmp_path, kafka_port=19092, registry=True, registry_port=19092)
+    StackSettings(state_dir=tmp_path, kafka_port=19092, registry=False, registry_port=19092)  # no registry: no clash
