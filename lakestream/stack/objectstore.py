@@ -116,7 +116,11 @@ class ObjectStore(process.PidService):
             aws_access_key_id=self.settings.s3_access_key,
             aws_secret_access_key=self.settings.s3_secret_key,
             config=Config(
-                connect_timeout=2, read_timeout=10, retries={"max_attempts": 1}, s3={"addressing_style": "path"}
+                connect_timeout=2,
+                read_timeout=10,
+                retries={"max_attempts": 1},
+                s3={"addressing_style": "path"},
+                signature_version="s3v4",  # also for presigned URLs, which boto3 signs with SigV2 by default
             ),
         )
 

@@ -34,16 +34,34 @@ def test_suffix_and_bounded_ranges(object_store, s3):
     assert s3.get_object(Bucket=bucket, Key=key, Range="bytes=-999999")["Body"].read() == body
 
 
-def test_path_style_requests_are_what_it_serves(object_store, s3):
-    """The client is configured path-style (``http://host:port/<bucket>/<key>``): the bucket is in the path."""
+def test_path_style_requests_and_presigned_sigv4_only(object_store, s3):
+    """The client is configured path-style (``http://host:port/<bucket>/<key>``): the bucket is in the path. A
+    presigned GET signed with SigV4 reads the object; one signed with SigV2 is refused, as on S3."""
+    import urllib.error
+    import urllib.request
+
+    import boto3
+    from botocore.config import Config
+
     bucket, key = object_store.settings.s3_bucket, _key("path-style.txt")
     s3.put_object(Bucket=bucket, Key=key, Body=b"path")
     url = s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=60)
-    assert url.startswith(f"{object_store.endpoint}/{bucket}/{key}?")
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=10) as response:  # the presigned (SigV4 query) form
+    assert url.startswith(f"{object_store.endpoint}/{bucket}/{key}?") and "X-Amz-Algorithm=AWS4-HMAC-SHA256" in url
+    with urllib.request.urlopen(url, timeout=10) as response:
         assert response.read() == b"path"
+    s = object_store.settings
+    sigv2 = boto3.client(
+        "s3",
+        endpoint_url=object_store.endpoint,
+        region_name=s.s3_region,
+        aws_access_key_id=s.s3_access_key,
+        aws_secret_access_key=s.s3_secret_key,
+        config=Config(signature_version="s3", s3={"addressing_style": "path"}),
+    )
+    old = sigv2.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=60)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(old, timeout=10)
+    assert refused.value.code == 400 and b"AWS4-HMAC-SHA256" in refused.value.read()
 
 
 def test_a_wrong_secret_is_refused(object_store):
