@@ -414,10 +414,21 @@ class RegistryUnderTest:
 
     def requests(self, method: str, prefix: str) -> int:
         """How many requests of ``method`` to paths under the Confluent API starting with ``prefix`` it served."""
+        import time
+
         from lakestream.stack.registry import CCOMPAT_PATH
 
         needle = f'method="{method}" path="{CCOMPAT_PATH}{prefix}'
-        return self.service.log_path.read_text(errors="replace").count(needle)
+        # The access log's line is written as the response completes, a moment after the client has it: read
+        # until two reads a quarter second apart agree.
+        count, deadline = -1, time.monotonic() + 5
+        while time.monotonic() < deadline:
+            now = self.service.log_path.read_text(errors="replace").count(needle)
+            if now == count:
+                break
+            count = now
+            time.sleep(0.25)
+        return count
 
     def subjects(self) -> list[str]:
         return self._get("/subjects")
