@@ -7,7 +7,8 @@ offsets, its configuration and its status live in Kafka topics (``<group>-offset
 ``-status``), so a restart (even after a SIGKILL) resumes from the last offsets flushed, re-sending what came
 after them. The worker's jars come from ``org.apache.kafka:connect-runtime`` (group ``connect`` of
 ``lakestream/jars.toml``) at the broker's Kafka version, the connector's from its own coordinates (group
-``connect-debezium-postgres``), linked as one directory under ``plugin.path``.
+``connect-debezium-postgres``), linked as one directory under ``plugin.path``; Apicurio Registry's Avro converter
+(group ``connect-apicurio-converter``) is a second plugin there.
 
 Secrets stay out of connector configurations: the worker has Kafka's ``FileConfigProvider`` as ``file``, so a
 configuration says ``${file:<path>:database.password}`` and the worker reads the value from that file.
