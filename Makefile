@@ -7,7 +7,7 @@ setup:
 demo: setup
 	$(VENV)/bin/lakestream demo
 
-# The same demo with the warehouse in a local S3-compatible store (nanio) behind Apache Iceberg's REST catalog server.
+# The same demo with the warehouse in a local S3-compatible store (Versity's S3 gateway) behind Apache Iceberg's REST catalog server.
 demo-s3: setup
 	$(VENV)/bin/lakestream demo --storage s3 --catalog rest
 

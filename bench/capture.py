@@ -179,7 +179,7 @@ def main() -> int:
         "--format",
         choices=["json", "avro"],
         default="json",
-        help="json (--schemas), or avro through a Schema Registry (the tests' registry server)",
+        help="json (--schemas), or avro through a Schema Registry (Apicurio Registry, started for the run)",
     )
     parser.add_argument(
         "--source",
@@ -208,10 +208,15 @@ def main() -> int:
     }
     registry = None
     if args.format == "avro":
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from schema_registry import SchemaRegistryServer  # the protocol-faithful stand-in (no registry installs here)
+        import tempfile
 
-        registry = SchemaRegistryServer(compatibility="NONE").start()
+        from lakestream.stack.process import free_ports
+        from lakestream.stack.registry import SchemaRegistry
+
+        registry = SchemaRegistry(
+            Path(tempfile.mkdtemp(prefix="capbench-registry-")), free_ports(1)[0], compatibility="NONE"
+        )
+        registry.start()
     with private_stack("capture-bench", source=args.source) as (info, state_dir):
         name = "capbench"
         table = "orders"

@@ -746,7 +746,7 @@ def main() -> int:
         "--storage",
         choices=["local", "s3"],
         default="local",
-        help="the warehouse: a local directory, or a local S3-compatible store (nanio) (default local)",
+        help="the warehouse: a local directory, or a local S3-compatible store (versitygw) (default local)",
     )
     parser.add_argument(
         "--catalog",

@@ -989,6 +989,10 @@ class CaptureSettings(_Model):
     # (``schema_registry``, else ``kafka.schema_registry``).
     format: Literal["json", "avro"] = "json"
     schema_registry: SchemaRegistrySettings | None = None
+    # Which Avro converter a printed Kafka Connect configuration names: Confluent's, or Apicurio's (its 2.x
+    # converter, in Confluent's wire format through Apicurio Registry's own API; the registry URL is then
+    # Apicurio's Confluent-compatible one, ``.../apis/ccompat/v7``). The embedded capture runs Confluent's.
+    avro_converter: Literal["confluent", "apicurio"] = "confluent"
     connector: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("skipped_operations")

@@ -238,7 +238,14 @@ def distribution(name: str) -> Path:
         _unpack(d, archive, target)
         # The archive's copy in the jar cache is no longer read (Maven's own repository keeps one).
         shutil.rmtree(archive.parent, ignore_errors=True)
-    return next(p for p in target.iterdir() if p.is_dir())
+    return unpacked_root(target)
+
+
+def unpacked_root(target: Path) -> Path:
+    """The distribution's home in its unpacked ``target``: an archive with one top directory (Trino's) is that
+    directory; one without (Apicurio's: ``quarkus-run.jar``, ``lib/``, ...) is ``target`` itself."""
+    entries = [p for p in target.iterdir() if p.name != ".complete"]
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else target
 
 
 def _unpack(d: Distribution, archive: Path, target: Path) -> None:

@@ -46,4 +46,9 @@ fi
 # The native parser of Debezium payloads (lakestream/decode/payloads_rs, no dependencies), built with cargo into the same
 # cache under a digest of its sources.
 "$VENV/bin/python" -m lakestream.decode.native >/dev/null
+# The stack's and the tests' S3-compatible store: Versity's S3 gateway, built from its Go module (go install at a
+# pinned version; Go 1.21+ on PATH or in /usr/local/go) into ~/.cache/lakestream/bin/, once per version.
+"$VENV/bin/python" -m lakestream.stack.gateway >/dev/null
+# The stack's and the tests' Schema Registry: Apicurio Registry's runnable assembly by Maven coordinates.
+"$VENV/bin/python" -m lakestream.jars --distribution apicurio-registry >/dev/null
 echo "[bootstrap] ready: $VENV"

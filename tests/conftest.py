@@ -6,6 +6,7 @@ state in a fresh temporary directory that it removes afterwards.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import tempfile
@@ -388,40 +389,99 @@ def spark_cluster(service_dir_factory) -> Iterator[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Schema Registry (a Confluent-REST-compatible test server: no registry installs here)
+# Schema Registry: Apicurio Registry 3.x (lakestream.stack.registry), Confluent's API at /apis/ccompat/v7
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def schema_registry():
-    """A registry per test module on a free loopback port (see tests/schema_registry.py for what it implements)."""
-    from schema_registry import SchemaRegistryServer
+class RegistryUnderTest:
+    """A running Apicurio Registry and what the tests ask of it: ``url`` (Confluent-compatible), ``user_info``,
+    ``requests(method, prefix)`` (counted in its access log) and ``versions(subject)`` (ids, oldest first)."""
 
-    server = SchemaRegistryServer().start()
+    def __init__(self, service):
+        self.service = service
+        self.url = service.url
+        self.user_info = service.user_info
+
+    def _get(self, path: str):
+        import base64
+        import urllib.request
+
+        request = urllib.request.Request(f"{self.url}{path}")
+        if self.user_info:
+            request.add_header("Authorization", "Basic " + base64.b64encode(self.user_info.encode()).decode())
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def requests(self, method: str, prefix: str) -> int:
+        """How many requests of ``method`` to paths under the Confluent API starting with ``prefix`` it served."""
+        import time
+
+        from lakestream.stack.registry import CCOMPAT_PATH
+
+        needle = f'method="{method}" path="{CCOMPAT_PATH}{prefix}'
+        # The access log's line is written as the response completes, a moment after the client has it: read
+        # until two reads a quarter second apart agree.
+        count, deadline = -1, time.monotonic() + 5
+        while time.monotonic() < deadline:
+            now = self.service.log_path.read_text(errors="replace").count(needle)
+            if now == count:
+                break
+            count = now
+            time.sleep(0.25)
+        return count
+
+    def subjects(self) -> list[str]:
+        return self._get("/subjects")
+
+    def versions(self, subject: str) -> list[int]:
+        """The schema ids of ``subject``'s versions, oldest first ([] for an unknown subject)."""
+        import urllib.error
+        from urllib.parse import quote
+
+        try:
+            numbers = self._get(f"/subjects/{quote(subject, safe='')}/versions")
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return []
+            raise
+        return [self._get(f"/subjects/{quote(subject, safe='')}/versions/{n}")["id"] for n in sorted(numbers)]
+
+
+def _start_registry(service_dir_factory, name: str, user_info: str | None):
+    from lakestream.stack.registry import SchemaRegistry
+
+    service = SchemaRegistry(
+        service_dir_factory(name), free_ports(1)[0], user_info=user_info, access_log=True, compatibility="BACKWARD"
+    )
+    service.start()
+    return service
+
+
+@pytest.fixture(scope="session")
+def schema_registry(service_dir_factory):
+    """Apicurio Registry on a free loopback port, open (no credentials), BACKWARD by default as Confluent's is;
+    one for the session (tests use subjects of their own)."""
+    service = _start_registry(service_dir_factory, "registry", None)
     try:
-        yield server
+        yield RegistryUnderTest(service)
     finally:
-        server.stop()
+        service.stop()
 
 
-@pytest.fixture(scope="module")
-def secured_schema_registry():
-    """A registry that demands HTTP basic auth; ``.user_info`` holds the credentials (user:password)."""
+@pytest.fixture(scope="session")
+def secured_schema_registry(service_dir_factory):
+    """Apicurio Registry that demands HTTP basic auth; ``.user_info`` holds the credentials (user:password)."""
     import uuid
 
-    from schema_registry import SchemaRegistryServer
-
-    user_info = f"lakestream:pw-{uuid.uuid4().hex}"
-    server = SchemaRegistryServer(user_info=user_info).start()
-    server.user_info = user_info
+    service = _start_registry(service_dir_factory, "registry-auth", f"lakestream:pw-{uuid.uuid4().hex}")
     try:
-        yield server
+        yield RegistryUnderTest(service)
     finally:
-        server.stop()
+        service.stop()
 
 
 # ---------------------------------------------------------------------------------------------
-# Object storage (nanio, S3-compatible) and Iceberg REST catalogs, beside the shared stack
+# Object storage (versitygw, S3-compatible) and Iceberg REST catalogs, beside the shared stack
 # ---------------------------------------------------------------------------------------------
 
 
@@ -451,7 +511,8 @@ def _restartable_port() -> int:
 
 @pytest.fixture(scope="session")
 def object_store(stack, service_dir_factory):
-    """A running nanio S3-compatible store on a free loopback port (objects on disk), its bucket created.
+    """A running S3-compatible store (Versity's S3 gateway) on a free loopback port (objects on disk), its
+    bucket created.
 
     ``.endpoint``, ``.warehouse`` (``s3://<bucket>/warehouse``), ``.settings`` (key, secret, region);
     ``.stop()``/``.start()`` make an outage that loses nothing (on the same port)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lakestream.jars import Coordinate, JarGroup, groups
+from lakestream.jars import Coordinate, JarGroup, distributions, groups, unpacked_root
 
 
 def test_a_transitive_group_leaves_out_what_it_excludes():
@@ -55,3 +55,18 @@ def test_a_group_with_a_bom_imports_it_and_resolves_apart():
     assert "trino-main" not in managed  # the artifact itself stays a dependency
     assert "<dependencyManagement>" not in JarGroup("t", (main,), True).pom()
     assert with_bom.digest != JarGroup("t", (main,), True).digest
+
+
+def test_a_distribution_without_a_top_directory_is_its_unpacked_directory(tmp_path):
+    apicurio = distributions()["apicurio-registry"]
+    assert str(apicurio.artifact) == "io.apicurio:apicurio-registry-app:tar.gz:all:3.3.3"
+    assert apicurio.artifact.file_name == "apicurio-registry-app-3.3.3-all.tar.gz" and apicurio.include == ()
+    flat, nested = tmp_path / "flat", tmp_path / "nested"
+    for name in ("lib", "app"):
+        (flat / name).mkdir(parents=True)
+    (flat / "quarkus-run.jar").write_bytes(b"")
+    (flat / ".complete").write_text("x")
+    (nested / "trino-server-476" / "lib").mkdir(parents=True)
+    (nested / ".complete").write_text("x")
+    assert unpacked_root(flat) == flat
+    assert unpacked_root(nested) == nested / "trino-server-476"

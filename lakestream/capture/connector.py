@@ -14,10 +14,15 @@ from typing import Any
 from lakestream.capture.databases import capture_database
 from lakestream.capture.databases.postgresql import CONNECTOR_CLASS, HEARTBEAT_MESSAGE_PREFIX  # noqa: F401
 from lakestream.config import CaptureSettings, KafkaSettings
+from lakestream.errors import ConfigError
 
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 SCHEMA_CACHING_JSON_CONVERTER = "lakestream.capture.SchemaCachingJsonConverter"
 AVRO_CONVERTER = "io.confluent.connect.avro.AvroConverter"
+APICURIO_AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
+# The tail of Apicurio Registry's Confluent-compatible URL, and of its own API that its converter speaks.
+APICURIO_CCOMPAT_SUFFIX = "/apis/ccompat/v7"
+APICURIO_API_SUFFIX = "/apis/registry/v2"
 # Where a Connect worker's FileConfigProvider reads the secrets a printed configuration refers to
 # (`lakestream capture --print-connector-config --connect-secrets-file PATH` names another file).
 DEFAULT_SECRETS_FILE = "/opt/kafka/secrets/lakestream.properties"
@@ -85,6 +90,8 @@ def _converter_settings(
         }
     registry = capture.schema_registry
     assert registry is not None  # the config model fills it in for format avro
+    if capture.avro_converter == "apicurio":
+        return _apicurio_converter_settings(capture, secrets, secrets_file)
     settings = {"schema.registry.url": registry.url}
     if registry.basic_auth_user_info_env:
         settings["basic.auth.credentials.source"] = "USER_INFO"
@@ -98,6 +105,41 @@ def _converter_settings(
         settings["schema.registry.ssl.truststore.location"] = registry.ssl_ca_location
         settings["schema.registry.ssl.truststore.type"] = "PEM"
     props = {"key.converter": AVRO_CONVERTER, "value.converter": AVRO_CONVERTER}
+    for side in ("key", "value"):
+        props.update({f"{side}.converter.{k}": v for k, v in settings.items()})
+    return props
+
+
+def _apicurio_converter_settings(capture: CaptureSettings, secrets: bool, secrets_file: str) -> dict[str, str]:
+    """Apicurio's AvroConverter in Confluent's wire format (a zero byte, a 4-byte id, the Avro body): the id is
+    the schema's content id, which is the id Apicurio's Confluent-compatible API serves under /schemas/ids/, so
+    the pipeline decodes these records as it decodes Confluent's."""
+    registry = capture.schema_registry
+    assert registry is not None
+    url = registry.url.rstrip("/")
+    if not url.endswith(APICURIO_CCOMPAT_SUFFIX):
+        raise ConfigError(
+            f"capture.avro_converter apicurio: the schema registry URL {registry.url!r} is not Apicurio Registry's "
+            f"Confluent-compatible API — fix: give its URL ending in {APICURIO_CCOMPAT_SUFFIX} (the pipeline reads "
+            "schemas there; the converter uses the registry's own API beside it)"
+        )
+    settings = {
+        "apicurio.registry.url": url[: -len(APICURIO_CCOMPAT_SUFFIX)] + APICURIO_API_SUFFIX,
+        "apicurio.registry.auto-register": "true",
+        "apicurio.registry.find-latest": "true",
+        "apicurio.registry.as-confluent": "true",  # a 4-byte id, not Apicurio's 8-byte one
+        "apicurio.registry.use-id": "contentId",
+        "apicurio.registry.headers.enabled": "false",  # the id in the record's bytes, not in a header
+    }
+    if registry.basic_auth_user_info_env:
+        if secrets:
+            user, _, password = registry.client_config("capture.schema_registry")["basic.auth.user.info"].partition(":")
+        else:
+            user = secret_placeholder(secrets_file, "schema.registry.username")
+            password = secret_placeholder(secrets_file, "schema.registry.password")
+        settings["apicurio.auth.username"] = user
+        settings["apicurio.auth.password"] = password
+    props = {"key.converter": APICURIO_AVRO_CONVERTER, "value.converter": APICURIO_AVRO_CONVERTER}
     for side in ("key", "value"):
         props.update({f"{side}.converter.{k}": v for k, v in settings.items()})
     return props

@@ -232,6 +232,13 @@ def run_capture(
             "the pipeline config has no `capture:` section — fix: add capture.database and capture.tables"
         )
     capture = config.capture
+    if capture.format == "avro" and capture.avro_converter != "confluent":
+        raise ConfigError(
+            f"capture.avro_converter: {capture.avro_converter!r} names the converter of a Kafka Connect worker "
+            "(`lakestream capture --print-connector-config`); the embedded capture runs Confluent's — fix: set "
+            "capture.avro_converter: confluent to run `lakestream capture`, or run the printed configuration in "
+            "Kafka Connect"
+        )
     capture_dir = Path(config.state_dir) / "capture"
     capture_dir.mkdir(parents=True, exist_ok=True)
     stop_event = stop_event or threading.Event()

@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="PATH",
         default=None,
         help="with --print-connector-config: the properties file on the Connect workers that holds the secrets "
-        "(database.password, schema.registry.user.info), read by their FileConfigProvider "
+        "(database.password, schema.registry.user.info; with capture.avro_converter apicurio "
+        "schema.registry.username and schema.registry.password), read by their FileConfigProvider "
         "(default: /opt/kafka/secrets/lakestream.properties)",
     )
     parser.add_argument(

@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=["local", "s3"],
         default=defaults.storage,
         help="where the warehouse lives: a local directory, or a bucket of a local S3-compatible "
-        "store (nanio, from PyPI) (default: %(default)s; the shop pattern)",
+        "store (Versity's S3 gateway, built by make setup) (default: %(default)s; the shop pattern)",
     )
     parser.add_argument(
         "--catalog",

@@ -36,7 +36,7 @@ def register(subparsers) -> None:
         choices=["local", "s3"],
         default=defaults["storage"].default,
         help="the warehouse: a directory under the state dir, or a bucket of a local S3-compatible "
-        "store (nanio, objects on disk) (default: %(default)s)",
+        "store (Versity's S3 gateway, objects on disk) (default: %(default)s)",
     )
     parser.add_argument(
         "--s3-port",
@@ -84,6 +84,18 @@ def register(subparsers) -> None:
         help="MariaDB port on 127.0.0.1, with --source mariadb (default: %(default)s)",
     )
     parser.add_argument(
+        "--registry",
+        action="store_true",
+        help="also run a Schema Registry (Apicurio Registry, in memory; Confluent's API at /apis/ccompat/v7) "
+        "for `capture.format: avro`",
+    )
+    parser.add_argument(
+        "--registry-port",
+        type=int,
+        default=defaults["registry_port"].default,
+        help="Schema Registry port on 127.0.0.1, with --registry (default: %(default)s)",
+    )
+    parser.add_argument(
         "--connect-port",
         type=int,
         default=defaults["connect_port"].default,
@@ -121,6 +133,8 @@ def func(args: argparse.Namespace) -> int:
             mariadb_port=args.mariadb_port,
             trino=args.trino,
             trino_port=args.trino_port,
+            registry=args.registry,
+            registry_port=args.registry_port,
         )
     )
     if args.action == "up":
@@ -144,6 +158,8 @@ def func(args: argparse.Namespace) -> int:
             )
         if info.trino_uri:
             print(f"trino              {info.trino_uri} (catalog {info.trino_catalog})")
+        if info.schema_registry_url:
+            print(f"schema registry    {info.schema_registry_url} (Apicurio Registry, in memory)")
         print(f"state dir          {stack.settings.state_dir}")
     elif args.action == "down":
         stack.down()

@@ -54,7 +54,7 @@ class DemoSettings:
     state_dir: Path = Path(".lakestream")
     pg_port: int = StackSettings.pg_port
     kafka_port: int = StackSettings.kafka_port
-    storage: StorageKind = "local"  # or "s3": the warehouse in a local S3-compatible store (nanio)
+    storage: StorageKind = "local"  # or "s3": the warehouse in a local S3-compatible store (versitygw)
     source: SourceKind = "postgresql"  # or "mariadb": the shop database in a private MariaDB beside the stack
     mariadb_port: int = StackSettings.mariadb_port
     catalog: CatalogKind = "jdbc"  # or "rest": a local Iceberg REST catalog over the JDBC catalog

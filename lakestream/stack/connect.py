@@ -7,7 +7,8 @@ offsets, its configuration and its status live in Kafka topics (``<group>-offset
 ``-status``), so a restart (even after a SIGKILL) resumes from the last offsets flushed, re-sending what came
 after them. The worker's jars come from ``org.apache.kafka:connect-runtime`` (group ``connect`` of
 ``lakestream/jars.toml``) at the broker's Kafka version, the connector's from its own coordinates (group
-``connect-debezium-postgres``), linked as one directory under ``plugin.path``.
+``connect-debezium-postgres``), linked as one directory under ``plugin.path``; Apicurio Registry's Avro converter
+(group ``connect-apicurio-converter``) is a second plugin there.
 
 Secrets stay out of connector configurations: the worker has Kafka's ``FileConfigProvider`` as ``file``, so a
 configuration says ``${file:<path>:database.password}`` and the worker reads the value from that file.
@@ -18,9 +19,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +35,19 @@ from lakestream.stack.models import StackSettings
 
 log = logging.getLogger(__name__)
 
-PLUGIN_GROUP = "connect-debezium-postgres"
-PLUGIN_DIR_NAME = "debezium-connector-postgres"
+# plugin.path directory name → the jars.toml group it links to.
+PLUGINS = {
+    "debezium-connector-postgres": "connect-debezium-postgres",
+    # Apicurio Registry's Avro converter (`capture.avro_converter: apicurio`).
+    "apicurio-registry-converter": "connect-apicurio-converter",
+}
+# ServiceLoader entries a plugin's jars lack: with plugin.discovery=service_load the worker finds only plugins its
+# jars declare, and Apicurio's converter jar declares none. A one-file jar beside the plugin's declares them.
+PLUGIN_SERVICES = {
+    "apicurio-registry-converter": {
+        "org.apache.kafka.connect.storage.Converter": "io.apicurio.registry.utils.converter.AvroConverter",
+    },
+}
 
 _LOG4J2 = """\
 status = warn
@@ -55,6 +69,19 @@ logger.reflections.level = error
 logger.jetty.name = org.eclipse.jetty
 logger.jetty.level = warn
 """
+
+
+def _plugin_with_services(directory: Path, jars_dir: Path, services: dict[str, str]) -> None:
+    """``directory``: links to the jars of ``jars_dir`` and a jar of ServiceLoader files (interface → class)."""
+    if directory.is_symlink():
+        directory.unlink()
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True)
+    for jar in sorted(jars_dir.glob("*.jar")):
+        (directory / jar.name).symlink_to(jar)
+    with zipfile.ZipFile(directory / "lakestream-plugin-services.jar", "w") as services_jar:
+        for interface, implementation in services.items():
+            services_jar.writestr(f"META-INF/services/{interface}", implementation + "\n")
 
 
 class ConnectError(StackError):
@@ -142,14 +169,19 @@ class ConnectWorker(process.PidService):
         return path
 
     def _link_plugins(self) -> None:
-        """``plugin.path`` holds one directory per plugin: Debezium's connector, linked to its resolved jars."""
+        """``plugin.path`` holds one directory per plugin (Debezium's connector, Apicurio's converter), each
+        linked to its resolved jars."""
         self.plugin_path.mkdir(parents=True, exist_ok=True)
-        target = jars.jars(PLUGIN_GROUP)[0].parent
-        link = self.plugin_path / PLUGIN_DIR_NAME
-        if link.is_symlink() and Path(os.readlink(link)) == target:
-            return
-        link.unlink(missing_ok=True)
-        link.symlink_to(target, target_is_directory=True)
+        for name, group in PLUGINS.items():
+            target = jars.jars(group)[0].parent
+            if name in PLUGIN_SERVICES:
+                _plugin_with_services(self.plugin_path / name, target, PLUGIN_SERVICES[name])
+                continue
+            link = self.plugin_path / name
+            if link.is_symlink() and Path(os.readlink(link)) == target:
+                continue
+            link.unlink(missing_ok=True)
+            link.symlink_to(target, target_is_directory=True)
 
     def argv(self) -> list[str]:
         config = self._write_config()

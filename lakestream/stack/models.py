@@ -37,7 +37,7 @@ class StackSettings:
     pg_password: str = "lakestream"
     source_db: str = "shop"
     catalog_db: str = "lakestream_catalog"
-    # The warehouse: a directory under state_dir, or a bucket of a local S3-compatible store (nanio).
+    # The warehouse: a directory under state_dir, or a bucket of a local S3-compatible store (versitygw).
     storage: StorageKind = "local"
     s3_port: int = 19000
     s3_bucket: str = "lakestream"
@@ -65,11 +65,23 @@ class StackSettings:
     trino: bool = False
     trino_port: int = 18080
     trino_catalog: str = "lake"
+    # A Schema Registry (Apicurio Registry, in memory; Confluent's API at /apis/ccompat/v7) for Avro captures.
+    registry: bool = False
+    registry_port: int = 18085
 
     def __post_init__(self) -> None:
         # Resolve once: services chdir, and the pid files must not depend on the caller's cwd.
         self.state_dir = Path(self.state_dir).expanduser().resolve()
-        for name in ("pg_port", "kafka_port", "s3_port", "rest_port", "connect_port", "mariadb_port", "trino_port"):
+        for name in (
+            "pg_port",
+            "kafka_port",
+            "s3_port",
+            "rest_port",
+            "connect_port",
+            "mariadb_port",
+            "trino_port",
+            "registry_port",
+        ):
             port = getattr(self, name)
             if not isinstance(port, int) or not 1 <= port <= 65535:
                 raise ConfigError(f"{name}={port!r} is not a TCP port (1-65535)")
@@ -99,6 +111,8 @@ class StackSettings:
             used["mariadb_port"] = self.mariadb_port
         if self.trino:
             used["trino_port"] = self.trino_port
+        if self.registry:
+            used["registry_port"] = self.registry_port
         if len(set(used.values())) != len(used):
             raise ConfigError(f"two services share a port: {used}; give them different ports")
         if self.storage not in ("local", "s3"):
@@ -159,6 +173,8 @@ class StackInfo:
     kafka_sasl_password_file: str | None = None
     # The Kafka Connect worker's REST API, with `StackSettings.connect`.
     connect_url: str | None = None
+    # The Schema Registry's Confluent-compatible API (`kafka.schema_registry.url`), with `registry`.
+    schema_registry_url: str | None = None
     # The MariaDB source server's port, with `StackSettings.source` "mariadb" (same user, password, database).
     mariadb_port: int | None = None
     # The Trino node's HTTP address and its Iceberg catalog's name, with `StackSettings.trino`.

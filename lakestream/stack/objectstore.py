@@ -1,16 +1,20 @@
-"""A local S3-compatible object store: nanio (PyPI), objects on disk under the state dir.
+"""A local S3-compatible object store: Versity's S3 gateway (versitygw) on its POSIX backend, under the state dir.
 
-nanio keeps every object as a file, so the warehouse survives a restart of the store (an outage the
-engine waits out loses nothing), and it checks SigV4 signatures, so wrong credentials fail as they
-would on S3. It is a development stand-in: the clients (Iceberg's S3FileIO, pyarrow, DuckDB's httpfs,
-pyiceberg) are the real ones and talk to it as to any S3 endpoint.
+versitygw is a production S3 server (Apache-2.0, Go) that maps buckets to directories and objects to files,
+so the warehouse survives a restart of the store (an outage the engine waits out loses nothing). It checks SigV4
+signatures (wrong credentials fail as on S3) and serves what Iceberg's S3FileIO, pyarrow, DuckDB and Trino send:
+path-style requests, multipart uploads, suffix ranges (``Range: bytes=-N``) and conditional writes. Its object
+metadata (ETags, content types) goes to a sidecar directory beside the buckets, so it runs on any file system,
+with or without extended attributes.
+
+The binary is built from Versity's Go module at a pinned version (`lakestream.stack.gateway`); a stack that finds it
+missing builds it on first use.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 from pathlib import Path
 
 from lakestream.errors import StackError
@@ -24,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class ObjectStore(process.PidService):
-    """nanio on 127.0.0.1:<s3_port> with one bucket (``s3_bucket``), tracked by a pid file."""
+    """versitygw on 127.0.0.1:<s3_port> with one bucket (``s3_bucket``), tracked by a pid file."""
 
     name = "objectstore"
     persistent = True
@@ -32,9 +36,11 @@ class ObjectStore(process.PidService):
 
     def __init__(self, settings: StackSettings):
         self.settings = settings
-        self.data_dir = settings.state_dir / "objectstore"
+        root = settings.state_dir / "objectstore"
+        self.data_dir = root / "buckets"  # one directory per bucket, one file per object
+        self.meta_dir = root / "meta"  # the gateway's sidecar metadata, outside the bucket tree
         self.log_path = settings.state_dir / "logs" / f"{self.name}.log"
-        self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid", Path(sys.executable).name)
+        self.pid_file = process.PidFile(settings.state_dir / "pids" / f"{self.name}.pid", "versitygw")
 
     @property
     def port(self) -> int:
@@ -48,37 +54,36 @@ class ObjectStore(process.PidService):
     def warehouse(self) -> str:
         return f"s3://{self.settings.s3_bucket}/warehouse"
 
+    def object_path(self, bucket: str, key: str) -> Path:
+        """The file that holds object ``key`` of ``bucket`` (the POSIX backend's layout)."""
+        return self.data_dir / bucket / key
+
     def check_port_free(self) -> None:
         process.require_free_port(self.port, "object store", "--s3-port / StackSettings.s3_port")
 
     def start(self) -> None:
-        """Start nanio unless it runs, wait until it answers, and create the bucket (idempotent)."""
+        """Start the gateway unless it runs, wait until it answers, and create the bucket (idempotent)."""
         if self.pid() is None:
             self.check_port_free()
+            # Imported here: `python -m lakestream.stack.gateway` must not find its module imported by the package.
+            from lakestream.stack.gateway import build_gateway
+
+            binary = build_gateway()
             self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.meta_dir.mkdir(parents=True, exist_ok=True)
             # Credentials through the environment, not argv: /proc/<pid>/cmdline is world-readable.
             env = {
                 **os.environ,
-                "NANIO_ACCESS_KEY": self.settings.s3_access_key,
-                "NANIO_SECRET_KEY": self.settings.s3_secret_key,
+                "ROOT_ACCESS_KEY_ID": self.settings.s3_access_key,
+                "ROOT_SECRET_ACCESS_KEY": self.settings.s3_secret_key,
+                "VGW_REGION": self.settings.s3_region,
+                "VGW_PORT": f"{process.LOOPBACK}:{self.port}",
+                # Keep-alive is off by default in versitygw: every request would open a connection.
+                "VGW_KEEP_ALIVE": "true",
+                "VGW_QUIET": "true",  # no line per request
+                "VGW_META_SIDECAR": str(self.meta_dir),
             }
-            argv = [
-                sys.executable,
-                "-m",
-                "nanio",
-                "serve",
-                "--data-dir",
-                str(self.data_dir),
-                "--host",
-                process.LOOPBACK,
-                "--port",
-                str(self.port),
-                "--region",
-                self.settings.s3_region,
-                "--no-access-log",
-                "--log-level",
-                "warning",
-            ]
+            argv = [str(binary), "posix", str(self.data_dir)]
             log.info("starting %s on %s", self.name, self.endpoint)
             pid = process.spawn_detached(argv, self.log_path, cwd=self.settings.state_dir, env=env)
             self.pid_file.write(pid)
@@ -88,7 +93,7 @@ class ObjectStore(process.PidService):
             if not process.pid_alive(pid) or not process.port_accepts(self.port):
                 self.stop(timeout=5)
                 raise StackError(
-                    f"{self.name} (nanio) on {self.endpoint} did not start\n"
+                    f"{self.name} (versitygw) on {self.endpoint} did not start\n"
                     f"--- {self.log_path} ---\n{process.log_tail(self.log_path)}"
                 )
         if not process.wait_until(self.healthy, 15.0, 0.2):
@@ -111,7 +116,11 @@ class ObjectStore(process.PidService):
             aws_access_key_id=self.settings.s3_access_key,
             aws_secret_access_key=self.settings.s3_secret_key,
             config=Config(
-                connect_timeout=2, read_timeout=10, retries={"max_attempts": 1}, s3={"addressing_style": "path"}
+                connect_timeout=2,
+                read_timeout=10,
+                retries={"max_attempts": 1},
+                s3={"addressing_style": "path"},
+                signature_version="s3v4",  # also for presigned URLs, which boto3 signs with SigV2 by default
             ),
         )
 
@@ -130,4 +139,4 @@ class ObjectStore(process.PidService):
 
     @property
     def detail(self) -> str:
-        return f"nanio, objects on disk ({self.data_dir}), bucket {self.settings.s3_bucket}"
+        return f"versitygw, objects on disk ({self.data_dir}), bucket {self.settings.s3_bucket}"

@@ -2,7 +2,8 @@
 a private MariaDB server as the source database beside them; with
 ``storage="s3"`` a local S3-compatible store holds the warehouse, with ``catalog="rest"`` a local Iceberg
 REST catalog serves it (Apache Iceberg's own server by default), with ``connect=True`` a Kafka Connect worker runs
-Debezium beside the broker, with ``trino=True`` a Trino node reads the catalog's tables."""
+Debezium beside the broker, with ``registry=True`` a Schema Registry (Apicurio Registry) serves Avro schemas, with
+``trino=True`` a Trino node reads the catalog's tables."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from lakestream.stack.mariadb import MariaDBServer
 from lakestream.stack.models import ServiceStatus, StackInfo, StackSettings
 from lakestream.stack.objectstore import ObjectStore
 from lakestream.stack.postgres import PostgresCluster
+from lakestream.stack.registry import SchemaRegistry
 from lakestream.stack.rest_catalog import IcebergRestServer, RestCatalogServer
 from lakestream.stack.trino import TrinoServer, iceberg_catalog_properties, native_s3_properties
 
@@ -41,6 +43,7 @@ class Stack:
         self.connect = ConnectWorker(settings, self.broker.bootstrap_servers)
         self.trino = TrinoServer(settings.state_dir, settings.trino_port, {})
         self.trino.catalogs = self._trino_catalogs()  # from `info()`, which names the node
+        self.registry = SchemaRegistry(settings.state_dir, settings.registry_port)
 
     @property
     def warehouse(self) -> str:
@@ -84,6 +87,8 @@ class Stack:
             services.append(self.objectstore)
         if self.settings.catalog == "rest":
             services.append(self.rest_catalog)
+        if self.settings.registry:
+            services.append(self.registry)
         if self.settings.connect:
             services.append(self.connect)  # after the broker it stores its state in
         if self.settings.trino:
@@ -117,6 +122,7 @@ class Stack:
         """Stop every service by pid; data directories are kept. Safe when nothing runs."""
         self.trino.stop()
         self.connect.stop()
+        self.registry.stop()
         self.rest_catalog.stop()
         self.objectstore.stop()
         self.broker.stop()
@@ -129,7 +135,7 @@ class Stack:
         services = self._services()
         services += [
             s
-            for s in (self.mariadb, self.objectstore, self.rest_catalog, self.connect, self.trino)
+            for s in (self.mariadb, self.objectstore, self.rest_catalog, self.registry, self.connect, self.trino)
             if s not in services and s.pid() is not None
         ]
         return {service.name: service.status() for service in services}
@@ -160,4 +166,5 @@ class Stack:
             mariadb_port=s.mariadb_port if s.source == "mariadb" else None,
             trino_uri=self.trino.uri if s.trino else None,
             trino_catalog=s.trino_catalog if s.trino else None,
+            schema_registry_url=self.registry.url if s.registry else None,
         )

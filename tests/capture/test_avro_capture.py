@@ -1,7 +1,7 @@
 """Avro end to end: Debezium's AvroConverter (embedded, through `lakestream capture` with format avro)
 registers schemas in a Confluent-compatible registry and writes Confluent-framed records; the pipeline
 reads them with confluent-kafka's registry client and fastavro into Iceberg. Real PostgreSQL, Debezium,
-broker, Spark and Iceberg; the registry is the test server of tests/schema_registry.py.
+broker, Spark and Iceberg; the registry is Apicurio Registry through its Confluent-compatible API.
 
 The tests run in any order: each schema change the registry or the table refuses has a table of its own
 (``avro_wide``, ``avro_narrow``, ``avro_forbid``), so no test's refused shape reaches another's, and the test that
@@ -84,14 +84,13 @@ def _raw_values(src, table: str) -> list[bytes | None]:
 
 
 def _subject_versions(src, table: str) -> int:
-    ids = src.registry.state.subjects.get(f"{src.topic(table)}-value", [])
-    return len(ids)
+    return len(src.registry.versions(f"{src.topic(table)}-value"))
 
 
 def test_avro_capture_mirror_is_exact(src, spark):
     values = _raw_values(src, "avro_items")
     assert values and all(v[:1] == b"\x00" for v in values if v is not None), "not Confluent-framed Avro"
-    assert _subject_versions(src, "avro_items") >= 1 and f"{src.topic('avro_items')}-key" in src.registry.state.subjects
+    assert _subject_versions(src, "avro_items") >= 1 and f"{src.topic('avro_items')}-key" in src.registry.subjects()
     start = src.end_offset("avro_items")
     src.sql(
         "INSERT INTO public.avro_items (id, amount, note, tstz) VALUES (3, 99999999.99, 'third', now())",
@@ -204,7 +203,7 @@ def test_incompatible_change_is_dead_lettered_while_other_tables_update(src, spa
     assert [r["offset"] for r in letters] == [start]
     error = letters[0]["error"]
     assert "column amount: incoming type decimal(10,0) is incompatible with the table's decimal(10,2)" in error, error
-    new_id = src.registry.state.subjects[f"{src.topic('avro_narrow')}-value"][-1]
+    new_id = src.registry.versions(f"{src.topic('avro_narrow')}-value")[-1]
     assert f"Avro writer schema id {new_id}" in error, error
     assert 20 not in {r["id"] for r in spark.table(src.table("avro_narrow")).collect()}
     # the other table keeps updating in the same batches

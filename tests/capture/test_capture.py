@@ -306,3 +306,34 @@ def test_avro_format_sets_the_avro_converter_and_registry(tmp_path, monkeypatch)
 def test_avro_format_without_a_registry_is_a_config_error():
     with pytest.raises(ConfigError, match="capture.format avro needs a Schema Registry"):
         parse_config(_pipeline_dict(format="avro"))
+
+
+def test_apicurio_avro_converter_in_confluent_wire_format_for_connect(tmp_path, monkeypatch):
+    """`capture.avro_converter: apicurio`: Apicurio's converter against the registry's own API beside its
+    Confluent-compatible URL, writing Confluent's framing; credentials as placeholders in the printed config, and
+    the embedded capture refuses it naming the field."""
+    monkeypatch.setenv("LAKESTREAM_TEST_SR_USER_INFO", "cdc:sr-secret-pw")
+    data = _pipeline_dict(format="avro", avro_converter="apicurio")
+    data["kafka"]["schema_registry"] = {
+        "url": "http://registry:8080/apis/ccompat/v7",
+        "basic_auth_user_info_env": "LAKESTREAM_TEST_SR_USER_INFO",
+    }
+    config = connect_json(parse_config(data).capture, secrets_file="/run/s.properties")["config"]
+    for side in ("key", "value"):
+        assert config[f"{side}.converter"] == "io.apicurio.registry.utils.converter.AvroConverter"
+        assert config[f"{side}.converter.apicurio.registry.url"] == "http://registry:8080/apis/registry/v2"
+        assert config[f"{side}.converter.apicurio.registry.as-confluent"] == "true"
+        assert config[f"{side}.converter.apicurio.registry.use-id"] == "contentId"
+        assert config[f"{side}.converter.apicurio.registry.headers.enabled"] == "false"
+        for credential in ("username", "password"):
+            placeholder = f"${{file:/run/s.properties:schema.registry.{credential}}}"
+            assert config[f"{side}.converter.apicurio.auth.{credential}"] == placeholder
+    assert "sr-secret-pw" not in json.dumps(config)
+    data["kafka"]["schema_registry"]["url"] = "http://registry:8081"
+    with pytest.raises(ConfigError, match=r"capture.avro_converter apicurio: .*/apis/ccompat/v7"):
+        connect_json(parse_config(data).capture)
+    data["kafka"]["schema_registry"]["url"] = "http://registry:8080/apis/ccompat/v7"
+    path = _write_yaml(tmp_path / "p.yaml", data)
+    out = subprocess.run([*LAKESTREAM_COMMAND, "capture", str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "capture.avro_converter: 'apicurio' names the converter of a Kafka Connect worker" in out.stderr, out.stderr

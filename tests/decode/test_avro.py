@@ -1,6 +1,6 @@
 """Avro in Confluent's wire format: the framing, the registry lookup by id, and the mapping of Avro and
-Connect logical types onto the same column types the JSON path gives (a real registry protocol, served
-by the test registry, and real confluent-kafka / fastavro clients; no mocks)."""
+Connect logical types onto the same column types the JSON path gives (Apicurio Registry through its
+Confluent-compatible API, and real confluent-kafka / fastavro clients; no mocks)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import fastavro
 import orjson
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from schema_registry import SchemaRegistryServer, compatibility_problems
 
 from lakestream.config import ConfigError, SchemaRegistrySettings
 from lakestream.decode.avro import AvroSchemas, connect_schema, decode_avro, schema_id_of
@@ -290,24 +289,22 @@ def test_confluent_framed_without_a_registry_stays_a_dead_letter():
         decode_debezium(None, b"\x00\x00\x00\x00\x05\x02\x04", SchemaCache())
 
 
-def test_basic_auth_from_environment(monkeypatch):
-    server = SchemaRegistryServer(user_info="reader:s3cret").start()
-    try:
-        client = SchemaRegistryClient({"url": server.url, "basic.auth.user.info": "reader:s3cret"})
-        key_id = client.register_schema("k", Schema(orjson.dumps(KEY).decode(), "AVRO"))
-        settings = SchemaRegistrySettings(url=server.url, basic_auth_user_info_env="LAKESTREAM_TEST_SR_AUTH")
-        monkeypatch.delenv("LAKESTREAM_TEST_SR_AUTH", raising=False)
-        with pytest.raises(ConfigError, match="basic_auth_user_info_env: environment variable LAKESTREAM_TEST_SR_AUTH"):
-            settings.client_config()
-        monkeypatch.setenv("LAKESTREAM_TEST_SR_AUTH", "reader:wrong")
-        with pytest.raises(SchemaRegistryUnavailable, match="HTTP 401"):
-            decode_avro(frame(key_id, KEY, {"id": 1}), AvroSchemas(settings.client_config()))
-        monkeypatch.setenv("LAKESTREAM_TEST_SR_AUTH", "reader:s3cret")
-        datum, _ = decode_avro(frame(key_id, KEY, {"id": 1}), AvroSchemas(settings.client_config()))
-        assert datum == {"id": 1}
-        assert "s3cret" not in repr(settings) and "s3cret" not in str(settings.model_dump())
-    finally:
-        server.stop()
+def test_basic_auth_from_environment(secured_schema_registry, monkeypatch):
+    server = secured_schema_registry
+    user, password = server.user_info.split(":", 1)
+    client = SchemaRegistryClient({"url": server.url, "basic.auth.user.info": server.user_info})
+    key_id = client.register_schema("decode-auth-key", Schema(orjson.dumps(KEY).decode(), "AVRO"))
+    settings = SchemaRegistrySettings(url=server.url, basic_auth_user_info_env="LAKESTREAM_TEST_SR_AUTH")
+    monkeypatch.delenv("LAKESTREAM_TEST_SR_AUTH", raising=False)
+    with pytest.raises(ConfigError, match="basic_auth_user_info_env: environment variable LAKESTREAM_TEST_SR_AUTH"):
+        settings.client_config()
+    monkeypatch.setenv("LAKESTREAM_TEST_SR_AUTH", f"{user}:wrong")
+    with pytest.raises(SchemaRegistryUnavailable, match="HTTP 401"):
+        decode_avro(frame(key_id, KEY, {"id": 1}), AvroSchemas(settings.client_config()))
+    monkeypatch.setenv("LAKESTREAM_TEST_SR_AUTH", server.user_info)
+    datum, _ = decode_avro(frame(key_id, KEY, {"id": 1}), AvroSchemas(settings.client_config()))
+    assert datum == {"id": 1}
+    assert password not in repr(settings) and password not in str(settings.model_dump())
 
 
 def test_registry_settings_validation():
@@ -317,8 +314,9 @@ def test_registry_settings_validation():
         SchemaRegistrySettings(url="http://r:8081", basic_auth_user_info_env="user:pass")
 
 
-def test_registry_fixture_compatibility_rules(schema_registry):
-    """The test registry refuses what Avro resolution refuses (so capture tests meet real refusals)."""
+def test_registry_compatibility_rules(schema_registry):
+    """The registry (BACKWARD by default, as Confluent's) refuses what Avro resolution refuses, through the
+    Confluent API the capture's converter and the pipeline's client speak."""
     v1 = {"type": "record", "name": "V", "fields": [{"name": "id", "type": "int"}]}
     added_optional = {
         "type": "record",
@@ -331,15 +329,14 @@ def test_registry_fixture_compatibility_rules(schema_registry):
         "fields": [{"name": "id", "type": "int"}, {"name": "n", "type": "int"}],
     }
     widened = {"type": "record", "name": "V", "fields": [{"name": "id", "type": "long"}]}
-    assert compatibility_problems("FULL_TRANSITIVE", added_optional, [v1]) == []
-    assert compatibility_problems("BACKWARD", added_required, [v1])  # old data lacks n, no default
-    assert compatibility_problems("FORWARD", added_required, [v1]) == []
-    assert compatibility_problems("BACKWARD", widened, [v1]) == []  # int promotes to long
-    assert "reader type int does not match writer type long" in compatibility_problems("FORWARD", widened, [v1])[0]
     client = SchemaRegistryClient({"url": schema_registry.url})
+    assert client.get_compatibility() == "BACKWARD"
     first = client.register_schema("s-value", Schema(orjson.dumps(v1).decode(), "AVRO"))
     assert client.register_schema("s-value", Schema(orjson.dumps(v1).decode(), "AVRO")) == first
     assert client.register_schema("other-value", Schema(orjson.dumps(v1).decode(), "AVRO")) == first
+    assert client.test_compatibility("s-value", Schema(orjson.dumps(added_optional).decode(), "AVRO")) is True
+    assert client.test_compatibility("s-value", Schema(orjson.dumps(widened).decode(), "AVRO")) is True  # int → long
+    # Old data lacks n, which has no default: a reader of the new schema cannot read it.
     assert client.test_compatibility("s-value", Schema(orjson.dumps(added_required).decode(), "AVRO")) is False
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 

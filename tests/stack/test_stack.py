@@ -119,9 +119,11 @@ def test_shared_fixtures(stack, pg_conn):
     assert read_all(stack.bootstrap_servers, "shared_check", 1) == [(b"k", b"v")]
 
 
-def test_stack_up_with_connect_runs_a_worker_with_debeziums_connector(service_dir_factory):
-    """`lakestream stack up --connect`: a Kafka Connect worker beside PostgreSQL and Kafka, Debezium's PostgreSQL
-    connector installed, shown by `status`, stopped by `down` (its state stays in the broker's topics)."""
+def test_stack_up_with_connect_registry_and_s3_runs_them_beside_postgres_and_kafka(service_dir_factory):
+    """`lakestream stack up --connect --registry --storage s3`: a Kafka Connect worker (Debezium's PostgreSQL connector
+    installed), Apicurio Registry (Confluent's API, BACKWARD by default as Confluent's registry) and Versity's S3
+    gateway beside PostgreSQL and Kafka, shown by `status`, stopped by `down` (the worker's state stays in the
+    broker's topics)."""
     import json
     import urllib.request
 
@@ -130,33 +132,32 @@ def test_stack_up_with_connect_runs_a_worker_with_debeziums_connector(service_di
     from lakestream.stack.process import free_ports, pid_alive
 
     state = service_dir_factory("stack-connect")
-    pg, kafka, connect = free_ports(3)
-    ports = [
-        "--state-dir",
-        str(state),
-        "--pg-port",
-        str(pg),
-        "--kafka-port",
-        str(kafka),
-        "--connect",
-        "--connect-port",
-        str(connect),
-    ]
+    pg, kafka, connect, registry, s3 = free_ports(5)
+    ports = ["--state-dir", str(state), "--pg-port", str(pg), "--kafka-port", str(kafka)]
+    ports += ["--connect", "--connect-port", str(connect), "--registry", "--registry-port", str(registry)]
+    ports += ["--storage", "s3", "--s3-port", str(s3)]
+    url = f"http://127.0.0.1:{registry}/apis/ccompat/v7"
+    services = ("connect", "registry", "objectstore")
     try:
         up = run_lakestream("stack", "up", *ports, timeout=300)
         assert up.returncode == 0, up.stderr[-3000:]
         assert f"kafka connect      http://127.0.0.1:{connect}" in up.stdout
+        assert f"schema registry    {url} (Apicurio Registry, in memory)" in up.stdout, up.stdout
+        assert f"object store       http://127.0.0.1:{s3}" in up.stdout, up.stdout
         with urllib.request.urlopen(f"http://127.0.0.1:{connect}/connector-plugins", timeout=10) as response:
             plugins = {p["class"]: p["version"] for p in json.loads(response.read())}
         assert plugins == {"io.debezium.connector.postgresql.PostgresConnector": "3.6.3.Final"}
+        with urllib.request.urlopen(f"{url}/config", timeout=10) as response:
+            assert json.loads(response.read())["compatibilityLevel"] == "BACKWARD"
         status = run_lakestream("stack", "status", *ports)
-        line = next(ln for ln in status.stdout.splitlines() if ln.startswith("connect "))
-        assert " running " in line and " yes " in line, status.stdout
-        pid = int((state / "pids" / "connect.pid").read_text())
+        for name in services:
+            line = next(ln for ln in status.stdout.splitlines() if ln.startswith(f"{name} "))
+            assert " running " in line and " yes " in line, status.stdout
+        pids = {name: int((state / "pids" / f"{name}.pid").read_text()) for name in services}
     finally:
         down = run_lakestream("stack", "down", *ports, timeout=120)
     assert down.returncode == 0, down.stderr[-3000:]
-    assert not pid_alive(pid)
+    assert not any(pid_alive(pid) for pid in pids.values())
 
 
 def test_connect_port_must_differ_from_the_others(tmp_path):
@@ -166,3 +167,12 @@ def test_connect_port_must_differ_from_the_others(tmp_path):
     with pytest.raises(ConfigError, match="two services share a port"):
         StackSettings(state_dir=tmp_path, kafka_port=19092, connect=True, connect_port=19092)
     StackSettings(state_dir=tmp_path, kafka_port=19092, connect=False, connect_port=19092)  # no worker: no clash
+
+
+def test_registry_port_must_differ_from_the_others(tmp_path):
+    from lakestream.errors import ConfigError
+    from lakestream.stack import StackSettings
+
+    with pytest.raises(ConfigError, match="two services share a port"):
+        StackSettings(state_dir=tmp_path, kafka_port=19092, registry=True, registry_port=19092)
+    StackSettings(state_dir=tmp_path, kafka_port=19092, registry=False, registry_port=19092)  # no registry: no clash

@@ -1,6 +1,6 @@
 """Object storage and the Iceberg REST catalog on the real data path: Debezium → broker → pipeline →
-Iceberg tables whose files are in an S3-compatible store (nanio, objects on disk), whose catalog is a REST
-catalog: Apache Iceberg's own REST catalog server (RESTCatalogServer, over JDBC, vending the store's keys;
+Iceberg tables whose files are in an S3-compatible store (Versity's S3 gateway, objects on disk), whose catalog
+is a REST catalog: Apache Iceberg's own REST catalog server (RESTCatalogServer, over JDBC, vending the store's keys;
 the clients authenticate with OAuth2 client credentials, which that server does not check), and for https the
 server written here (`lakestream.stack.rest_catalog`).
 
@@ -20,7 +20,6 @@ import logging
 import os
 import time
 import uuid
-from datetime import UTC, datetime
 
 import pytest
 import yaml
@@ -271,12 +270,11 @@ def test_maintenance_removes_orphans_on_object_storage(lakes):
     with fs.open_output_stream(young_path) as out:
         out.write(b"written a moment ago: may belong to a commit in flight")
     # An object's age is the store's clock, and Iceberg only removes orphans older than a day: date the
-    # first one four days back in nanio's record of it (the policy keeps orphans younger than three).
+    # first one four days back (the policy keeps orphans younger than three). The gateway's POSIX backend
+    # reports a file's modification time as its object's LastModified.
     bucket, key = path.split("/", 1)
-    sidecar = lakes.store.data_dir / bucket / ".nanio-meta" / f"{key}.json"
-    meta = json.loads(sidecar.read_text())
-    meta["last_modified"] = datetime.fromtimestamp(time.time() - 4 * 86400, tz=UTC).isoformat()
-    sidecar.write_text(json.dumps(meta))
+    four_days_ago = time.time() - 4 * 86400
+    os.utime(lakes.store.object_path(bucket, key), (four_days_ago, four_days_ago))
     before = _rows(lakes, "restlake", "obj_orders")
     results = maintain_table(lakes.spark, config, name)
     [orphans] = [r for r in results if r.action == "remove_orphans"]
