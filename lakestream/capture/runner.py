@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from lakestream.capture.columns import ColumnWatch
 from lakestream.capture.connector import connector_properties
 from lakestream.capture.databases import capture_database
 from lakestream.capture.handover import handover_properties, seed_offsets
@@ -258,6 +259,10 @@ def run_capture(
     if seed_offset is not None:
         seed_offsets(Path(properties["offset.storage.file.filename"]), properties, seed_offset)
 
+    watch = None
+    if capture.column_check_interval_s > 0 and capture.format == "json":
+        watch = ColumnWatch(capture, producer, capture.column_check_interval_s)
+
     engine_error: list[BaseException] = []
 
     def run_engine() -> None:
@@ -282,6 +287,8 @@ def run_capture(
     streaming = False
     progress = CaptureProgress(total=0, events_per_s=0.0)
     thread.start()
+    if watch is not None:
+        watch.start()
     try:
         while not stop_event.is_set():
             woke_for_failure = handler.failed.wait(min(progress_interval_s, 1.0))
@@ -313,6 +320,8 @@ def run_capture(
         log.info("capture: interrupted")
     finally:
         restore()
+        if watch is not None:
+            watch.stop()
         log.info("capture: stopping Debezium")
         engine.close()
         thread.join(timeout=60)
