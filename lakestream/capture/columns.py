@@ -4,10 +4,12 @@ topic when they change, so the mirror gains an added or widened column without w
 Debezium puts a table's new schema only into the next row event of that table: a table no one writes after
 ``ALTER TABLE ... ADD COLUMN`` would keep a mirror without the column. `ColumnWatch` reads the columns of every
 captured table from the catalog (`CaptureDatabase.read_columns`: PostgreSQL's ``information_schema``/``pg_type``,
-MariaDB's ``information_schema.COLUMNS``) every ``capture.column_check_interval_s`` and at start, and publishes a
-column record for each table whose columns differ from those it last published. The sink evolves the mirror from
-it as from a row of that shape (adds, widens, the default as Iceberg's ``initial-default``), writes no row, and
-never creates a table or drops a column from one (`lakestream.sink.write.task`).
+MariaDB's ``information_schema.COLUMNS``) at start and every ``capture.column_check_interval_s``, and publishes a
+column record for each table whose columns differ from those it last published (kept in a file beside capture's
+offsets, so a change made while capture was down, or just before it died, is published when it starts again; a
+first start only records them). The sink evolves the mirror from it as from a row of that shape (adds, widens, the
+default as Iceberg's ``initial-default``), writes no row, and never creates a table or drops a column from one
+(`lakestream.sink.write.task`).
 
 A column record is a JSON object on the table's topic, partition 0, without a key::
 
@@ -28,6 +30,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -145,17 +148,21 @@ def mariadb_default_literal(
 
 class ColumnWatch:
     """Publishes a column record for each captured table whose catalog columns changed since it last published
-    one (every table at start). Runs on its own thread; a database or Kafka that does not answer is logged and
+    one. Runs on its own thread; a database or Kafka that does not answer is logged and
     tried again at the next check, never a reason to stop capture."""
 
-    def __init__(self, capture: CaptureSettings, producer: Any, interval_s: float) -> None:
+    def __init__(self, capture: CaptureSettings, producer: Any, interval_s: float, state_file: Path) -> None:
         from lakestream.capture.databases import capture_database
 
         self._capture = capture
         self._database = capture_database(capture)
         self._producer = producer
         self._interval_s = interval_s
-        self._published: dict[str, tuple[CatalogColumn, ...]] = {}
+        self._state_file = state_file
+        self._published = _load_state(state_file)
+        # No state (a first start): the columns as they are now are the baseline, published by no record (the
+        # snapshot's and the next rows' events carry them); from then on every change is published.
+        self._baseline = not state_file.exists()
         self._conn: Any = None
         self._failing = False
         self._stop = threading.Event()
@@ -189,6 +196,11 @@ class ColumnWatch:
         if self._conn is None:
             self._conn = self._database.source_connection(self._capture)
         current = self._database.read_columns(self._conn, self._capture.source_tables)
+        if self._baseline:
+            self._published = {table: cols for table, cols in current.items() if cols}
+            _save_state(self._state_file, self._published)
+            self._baseline = False
+            return 0
         changed = {table: cols for table, cols in current.items() if cols and self._published.get(table) != cols}
         if not changed:
             return 0
@@ -208,9 +220,9 @@ class ColumnWatch:
         if remaining or errors:
             raise RuntimeError(f"Kafka did not take the column records: {errors[0] if errors else 'timed out'}")
         for table, columns in changed.items():
-            if table in self._published:
-                log.info("capture: columns of %s changed: published them (%d columns)", table, len(columns))
+            log.info("capture: columns of %s changed: published them (%d columns)", table, len(columns))
             self._published[table] = columns
+        _save_state(self._state_file, self._published)
         self.records += len(changed)
         return len(changed)
 
@@ -221,3 +233,21 @@ class ColumnWatch:
             except Exception:  # noqa: BLE001 — a broken connection is dropped either way
                 pass
             self._conn = None
+
+
+def _load_state(path: Path) -> dict[str, tuple[CatalogColumn, ...]]:
+    """The columns last published per table (a state file that cannot be read: none, so every table is published
+    again: a column record of unchanged columns changes nothing)."""
+    try:
+        stored = orjson.loads(path.read_bytes())
+        return {table: tuple(CatalogColumn(*c) for c in columns) for table, columns in stored.items()}
+    except (OSError, orjson.JSONDecodeError, TypeError, AttributeError):
+        return {}
+
+
+def _save_state(path: Path, published: dict[str, tuple[CatalogColumn, ...]]) -> None:
+    """Written after Kafka acknowledged the records (a crash before: they are published again at the next start)."""
+    data = {table: [[c.name, c.ddl, c.default] for c in columns] for table, columns in published.items()}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(data))
+    tmp.replace(path)

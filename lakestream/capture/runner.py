@@ -261,7 +261,8 @@ def run_capture(
 
     watch = None
     if capture.column_check_interval_s > 0 and capture.format == "json":
-        watch = ColumnWatch(capture, producer, capture.column_check_interval_s)
+        columns_file = Path(properties["offset.storage.file.filename"]).with_suffix(".columns.json")
+        watch = ColumnWatch(capture, producer, capture.column_check_interval_s, columns_file)
 
     engine_error: list[BaseException] = []
 
