@@ -262,7 +262,10 @@ def run_capture(
     watch = None
     if capture.column_check_interval_s > 0 and capture.format == "json":
         columns_file = Path(properties["offset.storage.file.filename"]).with_suffix(".columns.json")
-        watch = ColumnWatch(capture, producer, capture.column_check_interval_s, columns_file)
+        # A producer of its own: a delivery report of the engine's batch served by this thread's flush would be
+        # missed by `KafkaPublishingHandler`, which checks its batch's reports after its own flush.
+        column_producer = Producer(refusals_raised(producer_config(config.kafka)))
+        watch = ColumnWatch(capture, column_producer, capture.column_check_interval_s, columns_file)
 
     engine_error: list[BaseException] = []
 
