@@ -23,6 +23,7 @@ from lakestream.capture.handover import handover_properties, seed_offsets
 from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
 from lakestream.config import PipelineConfig
 from lakestream.errors import CaptureError, ConfigError
+from lakestream.faults import pause_point
 from lakestream.jvm_jars import capture_jar, confluent_avro_jars, debezium_jars
 from lakestream.kafka_access import check_access, refusals_raised
 from lakestream.signals import install_stop_signals
@@ -310,6 +311,7 @@ def run_capture(
                     total,
                     database.stream_name(capture),
                 )
+                pause_point("capture.streaming.connected")
             now = time.monotonic()
             if now - last_time >= progress_interval_s:
                 total, counts = handler.snapshot_counts()
