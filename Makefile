@@ -105,12 +105,13 @@ test-engines: setup
 # The long chaos scenarios (tests/engine/test_chaos.py); sized by LAKESTREAM_CHAOS_KILLS (20),
 # LAKESTREAM_CHAOS_COMMIT_KILLS (half), LAKESTREAM_CHAOS_BROKER_OUTAGE_S (30), LAKESTREAM_CHAOS_CATALOG_OUTAGE_S (15),
 # LAKESTREAM_CHAOS_RATE (150 changes/s), LAKESTREAM_CHAOS_LOAD_S (10). Figures: .lakestream/chaos-report.json.
+# tests/capture/test_capture_kill_loop.py: capture SIGKILLed LAKESTREAM_CAPTURE_KILLS times (8) under a write load.
 chaos: setup
 	mkdir -p .lakestream
 	LAKESTREAM_CHAOS_REPORT=$${LAKESTREAM_CHAOS_REPORT:-.lakestream/chaos-report.json} \
 		$(VENV)/bin/python -m pytest -x -v -m chaos -o log_cli=true --log-cli-level=INFO tests/engine/test_chaos.py \
 		tests/engine/test_exactly_once.py tests/maintenance/test_inline_beside_ingest.py \
-		tests/maintenance/test_maintenance_kills.py
+		tests/maintenance/test_maintenance_kills.py tests/capture/test_capture_kill_loop.py
 	cat $${LAKESTREAM_CHAOS_REPORT:-.lakestream/chaos-report.json}
 
 bench: setup
