@@ -123,9 +123,6 @@ class TableRegistry:
         ns, tbl = table_name.namespace, table_name.table
         ident = self.catalog.ident(ns, tbl)
         stream = stream or self._stream_for_table(shapes)
-        # A shape no table can take (a column name Spark cannot quote, names equal but for case, a
-        # type that does not parse) is rejected here, so its records become dead letters: it must
-        # neither fail the batch nor become part of a new table.
         catalog = self.config.catalog.name
         info = table_info(self.spark, catalog, ns, tbl)
         if not info["exists"]:
@@ -133,6 +130,9 @@ class TableRegistry:
             shapes = [s for s in shapes if not s.schema_id.startswith(COLUMN_RECORD_SHAPE)]
             if not shapes:
                 return
+        # A shape no table can take (a column name Spark cannot quote, names equal but for case, a
+        # type that does not parse) is rejected here, so its records become dead letters: it must
+        # neither fail the batch nor become part of a new table.
         unusable = {s.schema_id: reason for s in shapes if (reason := unusable_shape(s.columns)) is not None}
         shapes = [s for s in shapes if s.schema_id not in unusable]
         as_shapes = [Shape(s.schema_id, list(s.columns), s.key, s.inferred, s.defaults) for s in shapes]
