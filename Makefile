@@ -92,7 +92,7 @@ test-snapshot: setup
 test-mariadb: setup
 	$(VENV)/bin/python -m pytest -x -v --durations=15 -m 'mariadb_slow or not mariadb_slow' tests/demo/test_mariadb_slow.py \
 		tests/capture/test_mariadb_snapshot.py tests/capture/test_mariadb_capture.py tests/capture/test_mariadb_start_checks.py tests/stack/test_mariadb_stack.py \
-		tests/decode/test_binlog_events.py
+		tests/decode/test_binlog_events.py tests/capture/test_ddl_without_rows.py
 
 # Other engines reading the tables (tests/query/test_trino.py, marker engines): a Trino node (io.trino:trino-server
 # by coordinates, unpacked in part into ~/.cache/lakestream/dist; it runs on the Temurin 25 JDK, or

@@ -4,6 +4,7 @@
 For each kind: columns added (with and without a DEFAULT, NOT NULL) and widened on a table no one writes afterwards,
 which `verify` rejects until the mirror has them and passes once the engine ran; DDL between two changes of the same
 key; and capture SIGKILLed right after the DDL, the restarted capture publishing the columns it missed.
+The MariaDB half is marked ``mariadb_slow`` (`make test-mariadb`).
 """
 
 from __future__ import annotations
@@ -224,6 +225,7 @@ def mdb(stack, mariadb, service_dir_factory, spark):
         mariadb.run_as_root(f"DROP DATABASE IF EXISTS `{dbname}`")
 
 
+@pytest.mark.mariadb_slow
 def test_mariadb_quiet_table_gains_added_and_widened_columns(mdb, spark):
     before = mdb.end_offset("quiet")
     mdb.sql(
@@ -250,6 +252,7 @@ def test_mariadb_quiet_table_gains_added_and_widened_columns(mdb, spark):
     assert report.ok, report.to_text()
 
 
+@pytest.mark.mariadb_slow
 def test_mariadb_ddl_between_two_changes_of_a_key(mdb, spark):
     before = mdb.end_offset("pair")
     mdb.sql(
@@ -264,6 +267,7 @@ def test_mariadb_ddl_between_two_changes_of_a_key(mdb, spark):
     assert report.ok, report.to_text()
 
 
+@pytest.mark.mariadb_slow
 def test_mariadb_capture_killed_right_after_ddl(mdb, spark):
     before = mdb.end_offset("crashed")
     mdb.sql("ALTER TABLE crashed ADD COLUMN extra INT DEFAULT 7")
