@@ -92,7 +92,7 @@ test-snapshot: setup
 test-mariadb: setup
 	$(VENV)/bin/python -m pytest -x -v --durations=15 -m 'mariadb_slow or not mariadb_slow' tests/demo/test_mariadb_slow.py \
 		tests/capture/test_mariadb_snapshot.py tests/capture/test_mariadb_capture.py tests/capture/test_mariadb_start_checks.py tests/stack/test_mariadb_stack.py \
-		tests/decode/test_binlog_events.py
+		tests/decode/test_binlog_events.py tests/capture/test_ddl_without_rows.py
 
 # Other engines reading the tables (marker engines): a Trino node, assembled from Trino's
 # modules by coordinates (jars.toml's trino-server and trino-plugin-iceberg, ~480 MB resolved on first use; it runs on
@@ -106,12 +106,13 @@ test-engines: setup
 # The long chaos scenarios (tests/engine/test_chaos.py); sized by LAKESTREAM_CHAOS_KILLS (20),
 # LAKESTREAM_CHAOS_COMMIT_KILLS (half), LAKESTREAM_CHAOS_BROKER_OUTAGE_S (30), LAKESTREAM_CHAOS_CATALOG_OUTAGE_S (15),
 # LAKESTREAM_CHAOS_RATE (150 changes/s), LAKESTREAM_CHAOS_LOAD_S (10). Figures: .lakestream/chaos-report.json.
+# tests/capture/test_capture_kill_loop.py: capture SIGKILLed LAKESTREAM_CAPTURE_KILLS times (8) under a write load.
 chaos: setup
 	mkdir -p .lakestream
 	LAKESTREAM_CHAOS_REPORT=$${LAKESTREAM_CHAOS_REPORT:-.lakestream/chaos-report.json} \
 		$(VENV)/bin/python -m pytest -x -v -m chaos -o log_cli=true --log-cli-level=INFO tests/engine/test_chaos.py \
 		tests/engine/test_exactly_once.py tests/maintenance/test_inline_beside_ingest.py \
-		tests/maintenance/test_maintenance_kills.py
+		tests/maintenance/test_maintenance_kills.py tests/capture/test_capture_kill_loop.py
 	cat $${LAKESTREAM_CHAOS_REPORT:-.lakestream/chaos-report.json}
 
 bench: setup

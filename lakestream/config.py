@@ -994,6 +994,10 @@ class CaptureSettings(_Model):
     # Apicurio's Confluent-compatible one, ``.../apis/ccompat/v7``). The embedded capture runs Confluent's.
     avro_converter: Literal["confluent", "apicurio"] = "confluent"
     connector: dict[str, str] = Field(default_factory=dict)
+    # How often capture reads the captured tables' columns from the source catalog and publishes those that
+    # changed (`lakestream.capture.columns`): an added or widened column reaches the mirror without waiting for
+    # a row. 0 turns it off; JSON topics only (an Avro topic's readers expect registry-framed records).
+    column_check_interval_s: float = Field(default=5.0, ge=0)
 
     @field_validator("skipped_operations")
     @classmethod

@@ -1,4 +1,4 @@
-"""Named pause points in the commit protocol, so a crash test can kill the process exactly there.
+"""Named pause points in the commit protocol and in capture, so a crash test can kill the process exactly there.
 
 Inactive unless the environment variable ``LAKESTREAM_PAUSE_AT`` names a point: ``name[:seconds][@file]``,
 comma-separated (default 60 s). The first time a named point is reached (once ``file`` exists, if one is
@@ -31,6 +31,14 @@ MAINTENANCE_POINTS = (
     "maintenance.commit.before",  # the pipeline is committing it between two batches; Iceberg's commit not made
     "maintenance.commit.landed",  # its snapshot has landed; the key index's delta for it is not written
     "maintenance.commit.after",  # the key index is durable at its snapshot too
+)
+
+# The points of `lakestream capture`, in the order a batch of change events passes them (the last one once).
+CAPTURE_POINTS = (
+    "capture.batch.produced",  # a batch is handed to the Kafka producer; not acknowledged yet
+    "capture.batch.acknowledged",  # Kafka acknowledged the batch; Debezium has not marked it processed
+    "capture.offsets.written",  # the offsets are in the temporary file; the stored file is not replaced yet (JVM)
+    "capture.streaming.connected",  # the snapshot is done and Debezium reads the slot or the binlog
 )
 
 _passed: set[str] = set()

@@ -18,6 +18,7 @@ from lakestream.errors import ConfigError
 
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
 SCHEMA_CACHING_JSON_CONVERTER = "lakestream.capture.SchemaCachingJsonConverter"
+ATOMIC_FILE_OFFSET_STORE = "lakestream.capture.AtomicFileOffsetBackingStore"
 AVRO_CONVERTER = "io.confluent.connect.avro.AvroConverter"
 APICURIO_AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
 # The tail of Apicurio Registry's Confluent-compatible URL, and of its own API that its converter speaks.
@@ -168,7 +169,9 @@ def connector_properties(capture: CaptureSettings, state_dir: Path) -> dict[str,
         # What only the embedded engine adds (PostgreSQL: the publication lakestream checked; MariaDB: the schema
         # history file).
         **capture_database(capture).embedded_settings(capture, state_dir),
-        "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
+        # Kafka's FileOffsetBackingStore with the file replaced in one rename, and a damaged file refused (capture
+        # jar): Kafka's own rewrites it in place and reads a file cut short by a kill as no offsets at all.
+        "offset.storage": ATOMIC_FILE_OFFSET_STORE,
         "offset.storage.file.filename": str(offsets_file(state_dir, capture).resolve()),
         # Offsets are only marked processed after Kafka acknowledged the batch; flushing them
         # often keeps the number of events replayed after a crash small.

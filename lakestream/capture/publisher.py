@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, Producer
 
 from lakestream.config import KafkaSettings
 from lakestream.errors import CaptureError
+from lakestream.faults import pause_point
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +171,7 @@ class KafkaPublishingHandler:
                     # The local queue is full: serve delivery reports until room frees up.
                     self._producer.poll(0.1)
             batch_counts[topic] += 1
+        pause_point("capture.batch.produced")
         deadline = time.monotonic() + self._flush_timeout_s
         remaining = self._producer.flush(self._flush_timeout_s)
         while remaining and time.monotonic() < deadline:
@@ -182,6 +184,7 @@ class KafkaPublishingHandler:
             self.topic_counts.update(batch_counts)
             self.total += sum(batch_counts.values())
             self.batches += 1
+        pause_point("capture.batch.acknowledged")
 
     def _fail(self, error: CaptureError) -> None:
         log.error("%s — stopping capture; offsets of this batch stay unprocessed", error)

@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from lakestream.capture.columns import ColumnWatch
 from lakestream.capture.connector import connector_properties
 from lakestream.capture.databases import capture_database
 from lakestream.capture.handover import handover_properties, seed_offsets
 from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
 from lakestream.config import PipelineConfig
 from lakestream.errors import CaptureError, ConfigError
+from lakestream.faults import pause_point
 from lakestream.jvm_jars import capture_jar, confluent_avro_jars, debezium_jars
 from lakestream.kafka_access import check_access, refusals_raised
 from lakestream.signals import install_stop_signals
@@ -265,6 +267,14 @@ def run_capture(
     if seed_offset is not None:
         seed_offsets(Path(properties["offset.storage.file.filename"]), properties, seed_offset)
 
+    watch = None
+    if capture.column_check_interval_s > 0 and capture.format == "json":
+        columns_file = Path(properties["offset.storage.file.filename"]).with_suffix(".columns.json")
+        # A producer of its own: a delivery report of the engine's batch served by this thread's flush would be
+        # missed by `KafkaPublishingHandler`, which checks its batch's reports after its own flush.
+        column_producer = Producer(refusals_raised(producer_config(config.kafka)))
+        watch = ColumnWatch(capture, column_producer, capture.column_check_interval_s, columns_file)
+
     engine_error: list[BaseException] = []
 
     def run_engine() -> None:
@@ -289,6 +299,8 @@ def run_capture(
     streaming = False
     progress = CaptureProgress(total=0, events_per_s=0.0)
     thread.start()
+    if watch is not None:
+        watch.start()
     try:
         while not stop_event.is_set():
             woke_for_failure = handler.failed.wait(min(progress_interval_s, 1.0))
@@ -306,6 +318,7 @@ def run_capture(
                     total,
                     database.stream_name(capture),
                 )
+                pause_point("capture.streaming.connected")
             now = time.monotonic()
             if now - last_time >= progress_interval_s:
                 total, counts = handler.snapshot_counts()
@@ -320,6 +333,8 @@ def run_capture(
         log.info("capture: interrupted")
     finally:
         restore()
+        if watch is not None:
+            watch.stop()
         log.info("capture: stopping Debezium")
         engine.close()
         thread.join(timeout=60)

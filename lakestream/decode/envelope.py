@@ -22,6 +22,10 @@ OPS = {"c", "u", "d", "r"}
 # Debezium's table-level events: a TRUNCATE ("t") and a logical-decoding message ("m"). Neither
 # carries a row image.
 TRUNCATE, MESSAGE = "t", "m"
+# A column record of lakestream's capture (`lakestream.capture.columns`): a table's columns, no row.
+COLUMNS = "lakestream.columns"
+# The shape id of a column record starts with this: such a shape evolves a table, never creates one.
+COLUMN_RECORD_SHAPE = "columns-"
 # Debezium's JsonConverter writes {"schema":...,"payload":...}: the schema first.
 _PAYLOAD_MARKER = re.compile(rb',\s*"payload"\s*:')
 COMPACT_PAYLOAD_MARKER = b',"payload":'  # Debezium's compact form of it, found first by `split_envelope`
@@ -281,12 +285,14 @@ def decode_debezium(
     op = payload.get("op")
     if op is None:
         raise DecodeError("missing 'op' field: not a Debezium change event")
+    if op == COLUMNS:
+        return Change(COLUMNS, None, {}, [], payload.get("ts_ms"), column_record_columns(payload), payload)
     if op in (TRUNCATE, MESSAGE):
         source = payload.get("source")
         ts = source.get("ts_ms") if isinstance(source, dict) else payload.get("ts_ms")
         return Change(op, None, {}, [], ts if isinstance(ts, int) else None, _NO_COLUMNS, payload)
     if op not in OPS:
-        raise DecodeError(f"unknown op {op!r} (expected one of c, u, d, r, t, m)")
+        raise DecodeError(f"unknown op {op!r} (expected one of c, u, d, r, t, m, {COLUMNS})")
     image = payload.get("before") if op == "d" else payload.get("after")
     if not isinstance(image, dict):
         side = "before" if op == "d" else "after"
@@ -313,6 +319,26 @@ def decode_debezium(
     if ts is None:
         ts = payload.get("ts_ms")
     return Change(op, key_obj, row, unavailable, ts, columns, payload, old_row)
+
+
+def column_record_columns(payload: dict[str, Any]) -> Columns:
+    """The shape a column record describes: its columns' types and defaults (wire form)."""
+    columns = payload.get("columns")
+    if not isinstance(columns, list) or not all(isinstance(c, dict) for c in columns):
+        raise DecodeError("a column record without a list of columns")
+    names, types, defaults, parts = [], [], {}, []
+    for column in columns:
+        name, ddl = column.get("name"), column.get("type")
+        if not isinstance(name, str) or not isinstance(ddl, str):
+            raise DecodeError(f"a column record's column without a name and type: {str(column)[:80]}")
+        names.append(name)
+        types.append(FieldType(ddl))
+        parts.append((name, ddl))
+        if column.get("default") is not None:
+            defaults[name] = column["default"]
+    if defaults:
+        parts.append(("defaults", repr(sorted(defaults.items()))))
+    return Columns(names, types, COLUMN_RECORD_SHAPE + _shape_id(parts), inferred=True, defaults=defaults)
 
 
 _BINLOG_FILE_NUMBER = re.compile(r"\.(\d+)$")

@@ -12,6 +12,7 @@ from typing import Any
 from lakestream.config import StreamSettings
 from lakestream.decode.avro import schema_id_of, schemas_for
 from lakestream.decode.envelope import (
+    COLUMNS,
     MESSAGE,
     TRUNCATE,
     Columns,
@@ -30,7 +31,7 @@ class DecodedRecord:
 
     table: str  # namespace.table
     stream: StreamSettings
-    op: str  # c u d r; t: truncate the table (no row); m: a logical-decoding message (skipped)
+    op: str  # c u d r; t: truncate the table (no row); m: a logical-decoding message (skipped); COLUMNS: no row
     key_columns: list[str]
     row: dict[str, Any]
     unavailable: list[str]
@@ -82,8 +83,8 @@ class RecordDecoder:
             # pg_logical_emit_message() output on <prefix>.message: not a row change of any table.
             return DecodedRecord("", stream, MESSAGE, [], {}, [], change.source_ts_ms, change.columns)
         _, table = self.router.route(rec.topic, change.row, rec.headers)
-        if change.op == TRUNCATE:
-            return DecodedRecord(str(table), stream, TRUNCATE, [], {}, [], change.source_ts_ms, change.columns)
+        if change.op in (TRUNCATE, COLUMNS):
+            return DecodedRecord(str(table), stream, change.op, [], {}, [], change.source_ts_ms, change.columns)
         key_cols: list[str] = []
         row = change.row
         if (

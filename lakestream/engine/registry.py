@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lakestream.config import PipelineConfig, StreamSettings
+from lakestream.decode.envelope import COLUMN_RECORD_SHAPE
 from lakestream.engine.cadence import Cadence
 from lakestream.errors import ConfigError, LakestreamError
 from lakestream.identifiers import TableName, topic_parts, validate_identifier
@@ -122,14 +123,19 @@ class TableRegistry:
         ns, tbl = table_name.namespace, table_name.table
         ident = self.catalog.ident(ns, tbl)
         stream = stream or self._stream_for_table(shapes)
+        catalog = self.config.catalog.name
+        info = table_info(self.spark, catalog, ns, tbl)
+        if not info["exists"]:
+            # A column record's shape evolves a table; the table's first row creates it.
+            shapes = [s for s in shapes if not s.schema_id.startswith(COLUMN_RECORD_SHAPE)]
+            if not shapes:
+                return
         # A shape no table can take (a column name Spark cannot quote, names equal but for case, a
         # type that does not parse) is rejected here, so its records become dead letters: it must
         # neither fail the batch nor become part of a new table.
         unusable = {s.schema_id: reason for s in shapes if (reason := unusable_shape(s.columns)) is not None}
         shapes = [s for s in shapes if s.schema_id not in unusable]
         as_shapes = [Shape(s.schema_id, list(s.columns), s.key, s.inferred, s.defaults) for s in shapes]
-        catalog = self.config.catalog.name
-        info = table_info(self.spark, catalog, ns, tbl)
         if not info["exists"] and not shapes and unusable:
             # Only unusable shapes so far: no table yet; the tasks dead-letter these shapes' records.
             for sid, reason in unusable.items():

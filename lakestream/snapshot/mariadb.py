@@ -74,9 +74,11 @@ def quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _column(name: str, data_type: str, column_type: str, precision: int | None, scale: int | None) -> SourceColumn:
-    """How the snapshot reads one column: the lake type Debezium's MariaDB events give it (docs/sources.md's type
-    table) and the SQL rendering it inside the row's JSON object."""
+def source_column(
+    name: str, data_type: str, column_type: str, precision: int | None, scale: int | None
+) -> SourceColumn:
+    """How the snapshot reads one column: the lake type Debezium's MariaDB events give it (docs/sources.md's type table)
+    and the SQL rendering it inside the row's JSON object."""
     data_type, column_type = data_type.lower(), column_type.lower()
     unsigned = "unsigned" in column_type
     if (data_type == "tinyint" and column_type.startswith("tinyint(1)")) or column_type == "bit(1)":
@@ -140,7 +142,7 @@ def describe_table(cur: Any, database: str, table: str) -> SourceTable:
         (database, table),
     )
     estimated = int(cur.fetchone()[0])
-    columns = [_column(*r) for r in rows]
+    columns = [source_column(*r) for r in rows]
     types = {r[0]: str(r[1]).lower() for r in rows}
     integer_key = len(key) == 1 and types[key[0]] in _INTEGER_KEYS
     return SourceTable(database, table, columns, key, estimated, integer_key)

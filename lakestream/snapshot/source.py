@@ -79,7 +79,7 @@ _TEXT = {
 }
 
 
-def _column(name: str, data_type: str, udt_type: str, precision: int | None, scale: int | None) -> SourceColumn:
+def source_column(name: str, data_type: str, udt_type: str, precision: int | None, scale: int | None) -> SourceColumn:
     c = "{c}"
     if data_type in _INTS:
         ddl, arrow = _INTS[data_type]
@@ -155,7 +155,7 @@ def describe_table(conn: Any, schema: str, table: str) -> SourceTable:
             (schema, table),
         )
         estimated, partitioned = cur.fetchone()
-    columns = [_column(*r) for r in rows]
+    columns = [source_column(*r) for r in rows]
     by_name = {col.name: col for col in columns}
     integer_key = len(key) == 1 and by_name[key[0]].pg_type in _INTS
     return SourceTable(schema, table, columns, key, int(estimated), integer_key, bool(partitioned))

@@ -10,9 +10,13 @@ a module here with a class that satisfies `CaptureDatabase`, registered in `KIND
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lakestream.config import CaptureSettings, KafkaSettings
+from lakestream.identifiers import SourceTableName
+
+if TYPE_CHECKING:
+    from lakestream.capture.columns import CatalogColumn
 
 
 class CaptureDatabase(Protocol):
@@ -53,6 +57,15 @@ class CaptureDatabase(Protocol):
         the setting or grant to fix when the database would not deliver every change of ``capture.tables``.
         ``resuming``: capture has stored offsets (it streamed before). Returns the captured tables that have no
         primary key (their events have no key)."""
+        ...
+
+    def source_connection(self, capture: CaptureSettings) -> Any:
+        """An autocommit DB-API connection to the source database."""
+        ...
+
+    def read_columns(self, conn: Any, tables: list[SourceTableName]) -> dict[str, tuple[CatalogColumn, ...]]:
+        """The columns of each of ``tables`` that exists (by ``str(name)``), in order, as the catalog holds them
+        (`lakestream.capture.columns`); a column of a type the mapping does not know is left out."""
         ...
 
 

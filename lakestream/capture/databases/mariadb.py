@@ -21,11 +21,14 @@ import logging
 import re
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lakestream.config import CaptureSettings, KafkaSettings
 from lakestream.errors import CaptureError
 from lakestream.identifiers import SourceTableName
+
+if TYPE_CHECKING:
+    from lakestream.capture.columns import CatalogColumn
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +147,37 @@ class MariaDB:
             return check_source(conn, capture, resuming)
         finally:
             conn.close()
+
+    def source_connection(self, capture: CaptureSettings) -> Any:
+        return source_connection(capture)
+
+    def read_columns(self, conn: Any, tables: list[SourceTableName]) -> dict[str, tuple[CatalogColumn, ...]]:
+        from lakestream.capture.columns import CatalogColumn, default_wire_value, mariadb_default_literal
+        from lakestream.snapshot.mariadb import source_column
+        from lakestream.snapshot.source import UnsupportedColumn
+
+        pairs = ", ".join(["(%s, %s)"] * len(tables))
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, "
+                "NUMERIC_SCALE, COLUMN_DEFAULT, IS_NULLABLE FROM information_schema.COLUMNS "
+                f"WHERE (TABLE_SCHEMA, TABLE_NAME) IN ({pairs}) "
+                "ORDER BY TABLE_SCHEMA, TABLE_NAME, ORDINAL_POSITION",
+                [part for t in tables for part in (t.schema, t.table)],
+            )
+            rows = cur.fetchall()
+        found: dict[str, list[CatalogColumn]] = {}
+        for schema, table, name, data_type, column_type, precision, scale, default, nullable in rows:
+            columns = found.setdefault(str(SourceTableName(schema, table)), [])
+            try:
+                ddl = source_column(name, data_type, column_type, precision, scale).ddl
+            except UnsupportedColumn:
+                continue  # its type arrives with the table's next row
+            literal = mariadb_default_literal(
+                default, nullable == "YES", str(data_type).lower(), str(column_type).lower(), ddl
+            )
+            columns.append(CatalogColumn(name, ddl, default_wire_value(ddl, literal)))
+        return {table: tuple(columns) for table, columns in found.items()}
 
 
 def source_connection(capture: CaptureSettings) -> Any:

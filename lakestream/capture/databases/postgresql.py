@@ -4,8 +4,13 @@ lakestream prepares and checks (`lakestream.capture.publication`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from lakestream.config import CaptureSettings, KafkaSettings
+from lakestream.identifiers import SourceTableName
+
+if TYPE_CHECKING:
+    from lakestream.capture.columns import CatalogColumn
 
 CONNECTOR_CLASS = "io.debezium.connector.postgresql.PostgresConnector"
 HEARTBEAT_MESSAGE_PREFIX = "lakestream-heartbeat"
@@ -80,3 +85,34 @@ class PostgreSQL:
         finally:
             conn.close()
         return [str(t.name) for t in captured if t.keyless]
+
+    def source_connection(self, capture: CaptureSettings) -> Any:
+        from lakestream.capture.publication import source_connection
+
+        return source_connection(capture)
+
+    def read_columns(self, conn: Any, tables: list[SourceTableName]) -> dict[str, tuple[CatalogColumn, ...]]:
+        from lakestream.capture.columns import CatalogColumn, default_wire_value, postgresql_default_literal
+        from lakestream.snapshot.source import UnsupportedColumn, source_column
+
+        with conn.cursor() as cur:
+            cur.execute(
+                """SELECT c.table_schema, c.table_name, c.column_name, c.data_type, t.typtype, c.numeric_precision,
+                          c.numeric_scale, c.column_default
+                   FROM information_schema.columns c
+                   JOIN pg_type t ON t.typname = c.udt_name
+                   JOIN pg_namespace tn ON tn.oid = t.typnamespace AND tn.nspname = c.udt_schema
+                   WHERE (c.table_schema, c.table_name) IN (SELECT * FROM unnest(%s::text[], %s::text[]))
+                   ORDER BY c.table_schema, c.table_name, c.ordinal_position""",
+                ([t.schema for t in tables], [t.table for t in tables]),
+            )
+            rows = cur.fetchall()
+        found: dict[str, list[CatalogColumn]] = {}
+        for schema, table, name, data_type, typtype, precision, scale, default in rows:
+            columns = found.setdefault(str(SourceTableName(schema, table)), [])
+            try:
+                ddl = source_column(name, data_type, typtype, precision, scale).ddl
+            except UnsupportedColumn:
+                continue  # its type arrives with the table's next row
+            columns.append(CatalogColumn(name, ddl, default_wire_value(ddl, postgresql_default_literal(default))))
+        return {table: tuple(columns) for table, columns in found.items()}

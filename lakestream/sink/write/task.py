@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from lakestream.decode.avro import schema_id_of
-from lakestream.decode.envelope import MESSAGE, TRUNCATE
+from lakestream.decode.envelope import COLUMNS, MESSAGE, TRUNCATE
 from lakestream.decode.records import DecodedRecord, RecordDecoder
 from lakestream.decode.vectorized import DecodedRun, RunDecoder, decode_events
 from lakestream.errors import BadValue, DecodeError
@@ -598,6 +598,9 @@ class WriteTask:
         if change.op == TRUNCATE:
             self.truncate(rec, change, spec)
             return None
+        if change.op == COLUMNS:
+            self.evolve_to(rec, change, spec)
+            return None
         placed = self.place_shape(rec, change, spec)
         if placed != "accepted" or spec is None:
             return change if placed == "deferred" else None
@@ -642,6 +645,17 @@ class WriteTask:
         if spec is None or rec.offset < spec.committed.get(TP(rec.topic, rec.partition), -1):
             return  # no table yet (nothing to empty), or the table already applied it
         self._buffer(self.pending, spec).truncates.append((rec.topic, rec.partition, rec.offset, change.source_ts_ms))
+
+    def evolve_to(self, rec: Any, change: DecodedRecord, spec: TableSpec | None) -> None:
+        """A column record (`lakestream.capture.columns`): its shape goes to the driver like a row's, which adds
+        and widens the table's columns; it writes no row, creates no table (a second pass after preparing finds
+        none: skipped) and is never a dead letter (an incompatible change makes the rows of that shape ones)."""
+        self.skip("column_record")
+        if spec is None and self.ctx.only_tables is not None:
+            return
+        if spec is not None and change.columns.schema_id in spec.rejected_shapes:
+            return
+        self.place_shape(rec, change, spec)
 
     def place_shape(
         self, rec: Any, change: DecodedRecord, spec: TableSpec | None
