@@ -499,7 +499,7 @@ def file_length(io, path: str) -> int:
             return 0
     try:
         return int(io.newInputFile(path).getLength())
-    except Exception:  # a file already deleted by expiry, or an unreachable store: count nothing
+    except Exception:  # noqa: BLE001 — a file already deleted by expiry, or an unreachable store: count nothing
         return 0
 
 

@@ -90,7 +90,7 @@ class WriteLoad(threading.Thread):
                     continue
                 while not self.stop_event.is_set() and self.changes >= self.rate * (time.monotonic() - started):
                     self.stop_event.wait(0.02)
-        except BaseException as exc:  # surfaced by the test
+        except BaseException as exc:  # noqa: BLE001 — surfaced by the test
             self.error = exc
         finally:
             if conn is not None:

@@ -40,7 +40,7 @@ def collect_health(
             metrics = collect_table_metrics(
                 spark, config.catalog.name, name, policy, kafka=config.kafka if measure_lag else None, now_ms=now_ms
             )
-        except Exception as exc:  # a table dropped mid-round or unreadable metadata: report it, go on
+        except Exception as exc:  # noqa: BLE001 — a table dropped mid-round or unreadable metadata: report it, go on
             log.error("health of %s could not be collected: %s", name, first_line(exc, 300))
             metrics = TableMetrics(table=name, collected_ms=now_ms, error=first_line(exc, 300))
         report.tables.append(metrics)

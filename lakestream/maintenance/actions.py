@@ -126,7 +126,7 @@ def _run(result: MaintenanceResult, started: float, call, log_result: bool = Tru
     """Run ``call`` (which fills ``result``), turning failures into a status instead of an exception."""
     try:
         call()
-    except Exception as exc:  # py4j wraps every JVM failure; classify rather than crash the round
+    except Exception as exc:  # noqa: BLE001 — py4j wraps every JVM failure; classify rather than crash the round
         result.error = first_line(exc, 400)
         if is_commit_conflict(exc):
             result.status = "conflict"
@@ -298,7 +298,7 @@ def compact_cold_partitions(
     result.detail.update(counts)
     try:
         result.files_after, result.bytes_after = _partition_totals(spark, catalog, name, {p.key for p in partitions})
-    except Exception as exc:  # measuring after is best effort; the rewrite itself is done
+    except Exception as exc:  # noqa: BLE001 — measuring after is best effort; the rewrite itself is done
         log.debug("could not measure %s after compaction: %s", name, exc)
     result.seconds = time.monotonic() - started
     log.info("%s", result.describe())

@@ -330,7 +330,7 @@ class MaintenanceScheduler:
                 )
                 if orphans:
                     self.last_orphan_scan_s[name] = now_s
-            except Exception as exc:  # one broken table (dropped mid-round, corrupt metadata) must not stop the rest
+            except Exception as exc:  # noqa: BLE001 — one broken table (dropped mid-round, corrupt metadata) must not stop the rest
                 log.error("maintenance of %s failed: %s", name, first_line(exc, 300))
                 results.append(
                     MaintenanceResult(table=name, action="round", status="failed", error=first_line(exc, 300))

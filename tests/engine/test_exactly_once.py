@@ -98,7 +98,7 @@ class LoadGenerator(threading.Thread):
                 self._loop(conn)
             finally:
                 conn.close()
-        except BaseException as exc:  # surfaced by the test
+        except BaseException as exc:  # noqa: BLE001 — surfaced by the test
             self.error = exc
 
     def _loop(self, conn) -> None:

@@ -108,7 +108,7 @@ def test_maintenance_concurrent_with_cdc_load(spark, pipeline_config_factory):
             try:
                 if spark.catalog.tableExists(table):
                     actions.extend(maintain_tables(spark, config, [f"mconc.items_{topic[:7]}"]))
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:  # noqa: BLE001 — surfaced by the assertion on `errors`
                 errors.append(exc)
                 return
             stop.wait(0.5)
