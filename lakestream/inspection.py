@@ -308,57 +308,81 @@ def collect_table_metrics(
     jtable = load_java_table(spark, catalog, name)
     metrics.has_sort_order = bool(jtable.sortOrder().isSorted())
     metrics.rows = live_rows(jtable)
-
-    current_files: dict[str, Any] | None = None
-    if for_plan:  # beside the batches: read in the JVM at a lower priority, no Spark job
-        from lakestream.spark import driver_jvm
-
-        current_files = json.loads(
-            driver_jvm(spark).lakestream.TableStats.currentFiles(jtable, BACKGROUND_NICE, ",".join(_PLAN_SUMMARY_KEYS))
-        )
-    if current_files is not None and "partition" in current_files:  # a table never partitioned
-        one = current_files["partition"]
-        metrics.partitions = (
-            []
-            if one is None
-            else [
-                PartitionMetrics(
-                    partition={},
-                    spec_id=int(one["spec_id"]),
-                    data_files=int(one["data_files"]),
-                    data_bytes=int(one["data_bytes"]),
-                    delete_files=int(one["delete_files"]),
-                    last_updated_ms=one["last_updated_ms"],
-                    records=int(one.get("records", 0)),
-                    deleted_records=int(one.get("deleted_records", 0)),
-                )
-            ]
-        )
-    else:
-        metrics.partitions = collect_partitions(spark, qualified)
+    # for_plan: beside the batches, read in the JVM at a lower priority, no Spark job
+    current_files = _loaded_metadata(spark, jtable) if for_plan else None
+    metrics.partitions = _partitions(spark, qualified, current_files)
     metrics.delete_files = sum(p.delete_files for p in metrics.partitions)
     if metrics.delete_files > policy.max_delete_files:  # only asked when the rewrite would be planned
-        metrics.deletion_vectors = (
-            int(current_files["deletion_vectors"])
-            if current_files
-            else int(
-                spark.sql(f"SELECT count_if(file_format = 'PUFFIN') FROM {qualified}.delete_files").collect()[0][0]
-            )
-        )
-
+        metrics.deletion_vectors = _deletion_vectors(spark, qualified, current_files)
     compaction = policy.compaction
-    small = int(compaction.target_file_size_bytes * compaction.min_avg_file_size_ratio)
-    metrics.small_file_bytes_threshold = small
+    metrics.small_file_bytes_threshold = int(compaction.target_file_size_bytes * compaction.min_avg_file_size_ratio)
     if not for_plan:
-        row = spark.sql(
-            f"SELECT count(*) AS n, coalesce(sum(file_size_in_bytes), 0) AS bytes, "
-            f"count_if(file_size_in_bytes < {small}) AS small FROM {qualified}.data_files"
-        ).collect()[0]
-        metrics.data_files, metrics.data_bytes, metrics.small_files = int(row.n), int(row.bytes), int(row.small)
+        _count_data_files(spark, qualified, metrics)
+    snapshot_rows = _snapshot_rows(spark, qualified, current_files)
+    _read_history(metrics, jtable, snapshot_rows, now_ms)
+    _count_metadata(spark, qualified, jtable, current_files, snapshot_rows, metrics)
+    if kafka is not None:
+        offsets_snapshot = metrics.newest_offsets_snapshot()
+        if offsets_snapshot is not None and offsets_snapshot.offsets:
+            metrics.kafka_lag = kafka_lag(kafka, offsets_snapshot.offsets)
+    return metrics
 
-    snapshot_rows: list[_SnapshotRow] | list[Row]
-    if current_files is not None:  # the JVM's loaded metadata, as the snapshots table would give it
-        snapshot_rows = [
+
+def _loaded_metadata(spark: SparkSession, jtable: Any) -> dict[str, Any]:
+    """The table's current files, snapshots and metadata log as the JVM has them loaded (`java/TableStats.java`,
+    at a lower priority): the counts a maintenance plan reads, without a Spark job."""
+    from lakestream.spark import driver_jvm
+
+    loaded: dict[str, Any] = json.loads(
+        driver_jvm(spark).lakestream.TableStats.currentFiles(jtable, BACKGROUND_NICE, ",".join(_PLAN_SUMMARY_KEYS))
+    )
+    return loaded
+
+
+def _partitions(spark: SparkSession, qualified: str, current_files: dict[str, Any] | None) -> list[PartitionMetrics]:
+    """Each partition's files; from the loaded metadata for a table never partitioned, else a Spark job."""
+    if current_files is None or "partition" not in current_files:
+        return collect_partitions(spark, qualified)
+    one = current_files["partition"]
+    if one is None:
+        return []
+    return [
+        PartitionMetrics(
+            partition={},
+            spec_id=int(one["spec_id"]),
+            data_files=int(one["data_files"]),
+            data_bytes=int(one["data_bytes"]),
+            delete_files=int(one["delete_files"]),
+            last_updated_ms=one["last_updated_ms"],
+            records=int(one.get("records", 0)),
+            deleted_records=int(one.get("deleted_records", 0)),
+        )
+    ]
+
+
+def _deletion_vectors(spark: SparkSession, qualified: str, current_files: dict[str, Any] | None) -> int:
+    """How many of the table's delete files are deletion vectors (Puffin)."""
+    if current_files:
+        return int(current_files["deletion_vectors"])
+    return int(spark.sql(f"SELECT count_if(file_format = 'PUFFIN') FROM {qualified}.delete_files").collect()[0][0])
+
+
+def _count_data_files(spark: SparkSession, qualified: str, metrics: TableMetrics) -> None:
+    """The table-wide data file totals: files, bytes, and files under the small-file threshold."""
+    row = spark.sql(
+        f"SELECT count(*) AS n, coalesce(sum(file_size_in_bytes), 0) AS bytes, "
+        f"count_if(file_size_in_bytes < {metrics.small_file_bytes_threshold}) AS small FROM {qualified}.data_files"
+    ).collect()[0]
+    metrics.data_files, metrics.data_bytes, metrics.small_files = int(row.n), int(row.bytes), int(row.small)
+
+
+def _snapshot_rows(
+    spark: SparkSession, qualified: str, current_files: dict[str, Any] | None
+) -> list[_SnapshotRow] | list[Row]:
+    """Every snapshot of the table with the summary values `_read_history` reads: from the loaded metadata, as the
+    snapshots table would give them, or from the snapshots table."""
+    if current_files is not None:
+        return [
             _SnapshotRow(
                 s["snapshot_id"],
                 s["parent_id"],
@@ -369,14 +393,20 @@ def collect_table_metrics(
             )
             for s in current_files["snapshots"]
         ]
-    else:
-        snapshot_rows = spark.sql(
-            f"SELECT s.snapshot_id, s.parent_id, s.committed_at, s.operation, s.manifest_list, "
-            f"s.summary[{sql_string(OFFSETS_PROPERTY)}] AS offsets, "
-            f"s.summary[{sql_string(SOURCE_TS_PROPERTY)}] AS source_ts, "
-            f"s.summary['deleted-data-files'] AS deleted_data_files, s.summary['added-files-size'] AS added_files_size "
-            f"FROM {qualified}.snapshots s"
-        ).collect()
+    return spark.sql(
+        f"SELECT s.snapshot_id, s.parent_id, s.committed_at, s.operation, s.manifest_list, "
+        f"s.summary[{sql_string(OFFSETS_PROPERTY)}] AS offsets, "
+        f"s.summary[{sql_string(SOURCE_TS_PROPERTY)}] AS source_ts, "
+        f"s.summary['deleted-data-files'] AS deleted_data_files, s.summary['added-files-size'] AS added_files_size "
+        f"FROM {qualified}.snapshots s"
+    ).collect()
+
+
+def _read_history(
+    metrics: TableMetrics, jtable: Any, snapshot_rows: list[_SnapshotRow] | list[Row], now_ms: int
+) -> None:
+    """The snapshot count, the current snapshot's ancestry, and what it tells: the oldest snapshot, the last
+    compaction, the freshness of the newest source change."""
     metrics.snapshots = len(snapshot_rows)
     by_id = {int(r.snapshot_id): r for r in snapshot_rows}
     current = jtable.currentSnapshot()
@@ -404,6 +434,17 @@ def collect_table_metrics(
     if source_ts:
         metrics.freshness_s = max(0.0, (now_ms - max(source_ts)) / 1000)
 
+
+def _count_metadata(
+    spark: SparkSession,
+    qualified: str,
+    jtable: Any,
+    current_files: dict[str, Any] | None,
+    snapshot_rows: list[_SnapshotRow] | list[Row],
+    metrics: TableMetrics,
+) -> None:
+    """The manifests, the metadata files (and, outside a plan, their bytes), and whether old metadata files are
+    deleted after a commit."""
     metrics.manifests = (
         int(current_files["manifests"])
         if current_files
@@ -416,12 +457,6 @@ def collect_table_metrics(
             spark, qualified, jtable, [r.manifest_list for r in snapshot_rows]
         )
     metrics.metadata_delete_after_commit = str(jtable.properties().get(METADATA_DELETE_AFTER_COMMIT)).lower() == "true"
-
-    if kafka is not None:
-        offsets_snapshot = metrics.newest_offsets_snapshot()
-        if offsets_snapshot is not None and offsets_snapshot.offsets:
-            metrics.kafka_lag = kafka_lag(kafka, offsets_snapshot.offsets)
-    return metrics
 
 
 def live_rows(jtable) -> int | None:

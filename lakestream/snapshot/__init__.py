@@ -1,10 +1,16 @@
 """The parallel initial snapshot: PostgreSQL or MariaDB tables → Iceberg in Spark tasks, handed over exactly to
-Debezium's stream (see `lakestream.snapshot.runner`, `lakestream.snapshot.mariadb`), and re-snapshots of a table
-while it streams (`lakestream.snapshot.resnapshot`)."""
+Debezium's stream, and re-snapshots of a table while it streams (`lakestream.snapshot.resnapshot`).
 
+`runner.run_snapshot` checks the request and dispatches: to the re-snapshot, or to the initial load of the source's
+kind, one module per kind (`postgresql`, `mariadb`) registered in `runner.INITIAL_LOADS`. What every kind shares
+lives once: the mirrors a load fills and what an interrupted run left in them (`mirrors`), the chunk tasks, their
+commits and progress (`chunks`, `reader`, `progress`).
+"""
+
+from lakestream.snapshot.chunks import STATE_PROPERTY, SnapshotError
 from lakestream.snapshot.progress import SnapshotReport, TableProgress
 from lakestream.snapshot.resnapshot import RESNAPSHOT_PROPERTY, resnapshot_tables
-from lakestream.snapshot.runner import STATE_PROPERTY, SnapshotError, run_snapshot
+from lakestream.snapshot.runner import run_snapshot
 
 __all__ = [
     "RESNAPSHOT_PROPERTY",

@@ -1,5 +1,5 @@
 """Reading a source table's chunks under an exported snapshot, in parallel Spark tasks, and committing
-them: what the initial load (`runner`) and the re-snapshot (`resnapshot`) share."""
+them: what the initial loads (`postgresql`, `mariadb`) and the re-snapshot (`resnapshot`) share."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import orjson
 import psycopg2
 
-from lakestream.config import PipelineConfig
-from lakestream.errors import LakestreamError
+from lakestream.config import CaptureSettings, PipelineConfig
+from lakestream.errors import ConfigError, LakestreamError
 from lakestream.snapshot.progress import TableProgress
 from lakestream.snapshot.reader import ChunkResult, ChunkTarget, read_chunk
 from lakestream.snapshot.source import Chunk, ChunkPlan, SourceTable, plan_chunks
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.engine.registry import TableRegistry
+    from lakestream.sink.catalog.sink import CommitRequest
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,15 @@ def read_snapshot_state(spark: SparkSession, ident: str) -> dict[str, Any] | Non
 
 class SnapshotError(LakestreamError):
     """The parallel snapshot cannot start or go on safely; the message says why and what to do."""
+
+
+def captured(config: PipelineConfig) -> CaptureSettings:
+    """The config's ``capture:`` section; ConfigError naming the fix when it has none."""
+    if config.capture is None:
+        raise ConfigError(
+            "the pipeline config has no `capture:` section — fix: add capture.database and capture.tables"
+        )
+    return config.capture
 
 
 @dataclass
@@ -96,7 +107,8 @@ def table_work(
 
 
 def source_dsn(config: PipelineConfig) -> str:
-    db = config.capture.database
+    """The libpq connection string of the PostgreSQL source."""
+    db = captured(config).database
     return psycopg2.extensions.make_dsn(
         host=db.host,
         port=db.port,
@@ -154,53 +166,17 @@ def load_chunks(
     PostgreSQL under ``snapshot_name`` itself, `read_chunk`; MariaDB's snapshot reads it on the driver and the
     task converts and writes it, `lakestream.snapshot.mariadb`)."""
     if task is None:
-
-        def task(w: SnapshotTable, chunk: Chunk) -> ChunkTask:
-            return read_chunk, (dsn, snapshot_name, w.source, chunk, w.target)
-
+        task = partial(_postgresql_task, dsn, snapshot_name)
     if commit is None:
-        held: dict[str, list[ChunkResult]] = defaultdict(list)
-
-        def commit(w: SnapshotTable, results: list[ChunkResult]) -> None:
-            if w.source.keyless:
-                # A table without a key commits all its chunks at once: a resumed snapshot could only read its
-                # missing chunks later than the handover point, and the stream from that point would then add
-                # the rows inserted in between a second time (nothing tells a row from its equal copy).
-                held[w.source.name].extend(results)
-                w.progress.chunks_done = len(w.done) + len(held[w.source.name])
-                if len(w.done) + len(held[w.source.name]) < len(w.plan.chunks):
-                    return
-                results = held.pop(w.source.name)
-            commit_chunks(spark, config, w, results, handover_lsn)
-
-    todo: list[tuple[SnapshotTable, Chunk]] = []
-    for w in work.values():
-        todo.extend((w, c) for c in w.plan.chunks if c.chunk_id not in w.done)
-        if not w.plan.chunks or len(w.done) == len(w.plan.chunks):
-            w.progress.started = w.progress.finished = time.monotonic()
-    # Largest tables first, their chunks interleaved with nothing: the tail is made of small chunks.
-    todo.sort(key=lambda item: (-len(item[0].plan.chunks), item[0].source.name, item[1].chunk_id))
+        commit = _appends(spark, config, handover_lsn)
+    queue = _chunks_to_read(work)
     workers = max(1, parallelism or spark.sparkContext.defaultParallelism)
     kill_after = int(os.environ.get(KILL_AFTER_CHUNKS_ENV, "0") or 0)
     committed = 0
-    sc = spark.sparkContext
-
-    def run_chunk(w: SnapshotTable, chunk: Chunk) -> ChunkResult:
-        function, payload = task(w, chunk)
-        sc.setJobDescription(f"lakestream snapshot {w.source.name} chunk {chunk.chunk_id}")
-        try:
-            return sc.parallelize([payload], 1).map(lambda p: function(*p)).collect()[0]
-        except Exception as exc:  # noqa: BLE001 — py4j wraps the task's Python error; surface its message
-            message = str(exc)
-            marker = "lakestream.errors.LakestreamError: "
-            if marker in message:
-                raise SnapshotError(message.split(marker, 1)[1].splitlines()[0]) from None
-            raise
-
+    run_chunk = partial(_run_chunk, spark, task)
     last_report = last_commit = time.monotonic()
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="snapshot-chunk") as pool:
-        pending = set()
-        queue = list(todo)
+        pending: set[Future[ChunkResult]] = set()
         finished: dict[str, list[ChunkResult]] = defaultdict(list)
         try:
 
@@ -228,22 +204,86 @@ def load_chunks(
                         committed += len(results)
                         finished[table] = []
                         if kill_after and committed >= kill_after:
-                            log.warning(
-                                "snapshot: %s=%d reached, killing this process", KILL_AFTER_CHUNKS_ENV, kill_after
-                            )
-                            sys.stderr.flush()
-                            os.kill(os.getpid(), signal.SIGKILL)
+                            _crash(kill_after)
                 now = time.monotonic()
                 if now - last_report >= progress_interval_s or not (queue or pending):
                     last_report = now
-                    for w in work.values():
-                        log.info(w.progress.line())
-                    if on_progress is not None:
-                        on_progress([w.progress for w in work.values()])
+                    _report(work, on_progress)
         except BaseException:
             for future in pending:
                 future.cancel()
             raise
+
+
+def _crash(kill_after: int) -> None:
+    """The test hook's crash: SIGKILL this process, as a crash mid-snapshot would end it."""
+    log.warning("snapshot: %s=%d reached, killing this process", KILL_AFTER_CHUNKS_ENV, kill_after)
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _report(work: dict[str, SnapshotTable], on_progress: Callable[[list[TableProgress]], Any] | None) -> None:
+    """Log each table's progress and hand it to ``on_progress``."""
+    for w in work.values():
+        log.info(w.progress.line())
+    if on_progress is not None:
+        on_progress([w.progress for w in work.values()])
+
+
+def _postgresql_task(dsn: str, snapshot_name: str, w: SnapshotTable, chunk: Chunk) -> ChunkTask:
+    """The Spark task that reads ``chunk`` from PostgreSQL under the exported snapshot itself."""
+    return read_chunk, (dsn, snapshot_name, w.source, chunk, w.target)
+
+
+def _appends(
+    spark: SparkSession, config: PipelineConfig, handover_lsn: int | dict[str, Any]
+) -> Callable[[SnapshotTable, list[ChunkResult]], None]:
+    """The default commit of finished chunks: an append per table, carrying the snapshot's state."""
+    held: dict[str, list[ChunkResult]] = defaultdict(list)
+
+    def commit(w: SnapshotTable, results: list[ChunkResult]) -> None:
+        if w.source.keyless:
+            # A table without a key commits all its chunks at once: a resumed snapshot could only read its
+            # missing chunks later than the handover point, and the stream from that point would then add
+            # the rows inserted in between a second time (nothing tells a row from its equal copy).
+            held[w.source.name].extend(results)
+            w.progress.chunks_done = len(w.done) + len(held[w.source.name])
+            if len(w.done) + len(held[w.source.name]) < len(w.plan.chunks):
+                return
+            results = held.pop(w.source.name)
+        commit_chunks(spark, config, w, results, handover_lsn)
+
+    return commit
+
+
+def _chunks_to_read(work: dict[str, SnapshotTable]) -> list[tuple[SnapshotTable, Chunk]]:
+    """Every chunk not yet committed, in reading order; a table with nothing left is marked finished."""
+    todo: list[tuple[SnapshotTable, Chunk]] = []
+    for w in work.values():
+        todo.extend((w, c) for c in w.plan.chunks if c.chunk_id not in w.done)
+        if not w.plan.chunks or len(w.done) == len(w.plan.chunks):
+            w.progress.started = w.progress.finished = time.monotonic()
+    # Largest tables first, their chunks interleaved with nothing: the tail is made of small chunks.
+    todo.sort(key=lambda item: (-len(item[0].plan.chunks), item[0].source.name, item[1].chunk_id))
+    return todo
+
+
+def _run_chunk(
+    spark: SparkSession, task: Callable[[SnapshotTable, Chunk], ChunkTask], w: SnapshotTable, chunk: Chunk
+) -> ChunkResult:
+    """One chunk's Spark job (on a driver thread): its task, run on an executor."""
+    sc = spark.sparkContext
+    function, payload = task(w, chunk)
+    sc.setJobDescription(f"lakestream snapshot {w.source.name} chunk {chunk.chunk_id}")
+    try:
+        result: ChunkResult = sc.parallelize([payload], 1).map(lambda p: function(*p)).collect()[0]
+        return result
+    except Exception as exc:  # noqa: BLE001 — py4j wraps the task's Python error; surface its message
+        message = str(exc)
+        marker = "lakestream.errors.LakestreamError: "
+        if marker in message:
+            raise SnapshotError(message.split(marker, 1)[1].splitlines()[0]) from None
+        raise
 
 
 def commit_chunks(
@@ -258,14 +298,14 @@ def commit_chunks(
 
     done = w.done | {r.chunk_id for r in results}
     state = {
-        "slot": config.capture.slot_name,
+        "slot": captured(config).slot_name,
         "lsn": handover_lsn,
         "chunks": w.plan.to_json(),
         "done": chunk_runs(done),
         "complete": len(done) == len(w.plan.chunks),
     }
     ns, tbl = w.lake.split(".", 1)
-    request = {
+    request: CommitRequest = {
         "base_snapshot_id": w.snapshot_id,
         "expect_snapshot_id": w.snapshot_id,
         "data_files": [

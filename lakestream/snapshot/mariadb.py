@@ -19,7 +19,7 @@ the handover recorded.
 
 The re-snapshot of a table while it streams reads it with the same sessions (`lakestream.snapshot.resnapshot`).
 
-A run interrupted by a crash resumes as PostgreSQL's does (`lakestream.snapshot.runner`): the chunks committed stay,
+A run interrupted by a crash resumes as PostgreSQL's does (`lakestream.snapshot.postgresql`): the chunks committed stay,
 the rest are read under a new snapshot, later, and the stream still starts at the first run's position; every
 binlog row event holds the whole row and the mirror keeps the latest change per key, so the mirror converges. A
 table without a primary key is one chunk, committed at once, so it is never resumed half-way.
@@ -32,7 +32,7 @@ import logging
 import queue
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -41,11 +41,11 @@ import orjson
 import pyarrow as pa
 import pyarrow.json as pjson
 
-from lakestream.config import CaptureSettings, PipelineConfig
-from lakestream.errors import ConfigError
+from lakestream.config import PipelineConfig
 from lakestream.identifiers import SourceTableName
-from lakestream.snapshot.chunks import ChunkTask, SnapshotError, SnapshotTable, load_chunks, table_work
-from lakestream.snapshot.progress import SnapshotReport
+from lakestream.snapshot.chunks import ChunkTask, SnapshotError, SnapshotTable, captured, load_chunks, table_work
+from lakestream.snapshot.mirrors import RoutedTable, already_complete, interrupted_states, route_mirrors
+from lakestream.snapshot.progress import SnapshotReport, TableProgress
 from lakestream.snapshot.reader import ChunkResult, ChunkTarget, hex_to_binary, write_chunk
 from lakestream.snapshot.slot import handover_path, read_handover
 from lakestream.snapshot.source import Chunk, ChunkPlan, SourceColumn, SourceTable, UnsupportedColumn
@@ -53,20 +53,14 @@ from lakestream.snapshot.source import Chunk, ChunkPlan, SourceColumn, SourceTab
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from lakestream.engine.registry import TableRegistry
+
 log = logging.getLogger(__name__)
 
 _INT = {"tinyint", "smallint", "mediumint", "int"}
 _TEXT = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set"}
 _BINARY = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"}
 _INTEGER_KEYS = _INT | {"bigint"}
-
-
-def _capture(config: PipelineConfig) -> CaptureSettings:
-    if config.capture is None:
-        raise ConfigError(
-            "the pipeline config has no `capture:` section — fix: add capture.database and capture.tables"
-        )
-    return config.capture
 
 
 def quote(name: str) -> str:
@@ -226,7 +220,7 @@ class ConsistentSnapshot:
     def __init__(self, config: PipelineConfig, tables: list[SourceTableName], sessions: int = 1):
         from lakestream.capture.databases.mariadb import source_connection
 
-        capture = _capture(config)
+        capture = captured(config)
         conns = [source_connection(capture) for _ in range(max(1, sessions))]
         kept: list[Any] = []
         try:
@@ -367,7 +361,7 @@ def _binlog_lag(config: PipelineConfig, position: dict[str, Any]) -> int:
     """Binlog bytes written since ``position`` (what streaming reads first)."""
     from lakestream.capture.databases.mariadb import source_connection
 
-    conn = source_connection(_capture(config))
+    conn = source_connection(captured(config))
     try:
         with conn.cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
@@ -384,7 +378,7 @@ def _binlog_lag(config: PipelineConfig, position: dict[str, Any]) -> int:
 def binlog_files(config: PipelineConfig) -> list[str]:
     from lakestream.capture.databases.mariadb import source_connection
 
-    conn = source_connection(_capture(config))
+    conn = source_connection(captured(config))
     try:
         with conn.cursor() as cur:
             cur.execute("SHOW BINARY LOGS")
@@ -399,13 +393,13 @@ def write_binlog_handover(
     """Leave the handover point for ``lakestream capture``: the binlog position and the tables' columns then."""
     import os
 
-    path = handover_path(config.state_dir, _capture(config))
+    path = handover_path(config.state_dir, captured(config))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(
         orjson.dumps(
             {
-                "slot": _capture(config).slot_name,
+                "slot": captured(config).slot_name,
                 "kind": "mariadb",
                 "binlog": position,
                 "lsn_text": f"{position['file']}:{position['pos']}",
@@ -426,100 +420,28 @@ def run_mariadb_snapshot(
     chunk_rows: int,
     parallelism: int | None,
     progress_interval_s: float,
-    on_progress: Any = None,
+    on_progress: Callable[[list[TableProgress]], Any] | None = None,
 ) -> SnapshotReport:
     """`lakestream.snapshot.run_snapshot` for a MariaDB source (module doc)."""
     from lakestream.engine.registry import TableRegistry
-    from lakestream.sink.catalog.sink import table_info
-    from lakestream.sink.write.routing import Router
-    from lakestream.snapshot.chunks import read_snapshot_state
     from lakestream.spark import session_for
 
-    capture = _capture(config)
+    capture = captured(config)
     started = time.monotonic()
-    handover = read_handover(config.state_dir, capture)
-    if handover is not None and set(names) <= set(handover["tables"]):
-        log.info("snapshot: already complete (handover at %s); nothing to do", handover["lsn_text"])
-        return SnapshotReport(capture.slot_name, handover["lsn_text"], already_complete=True)
-    if handover is not None:
-        raise SnapshotError(
-            f"the snapshot finished without {sorted(set(names) - set(handover['tables']))}; a table "
-            "added after the handover cannot be loaded by it — fix: capture it with Debezium's "
-            "snapshot under another capture.slot_name and topic_prefix, or start over (drop the lake "
-            f"tables, delete {handover_path(config.state_dir, capture)} and the capture offsets)"
-        )
+    finished = _finished_run(config, names)
+    if finished is not None:
+        return finished
     spark = spark or session_for(config)
     registry = TableRegistry.for_config(config, spark)
-    router = Router.from_config(config)
-    routed = {}
-    states: dict[str, dict[str, Any]] = {}
-    for name in names:
-        topic = capture.topic(name)
-        stream, target = router.route(topic)
-        if stream.mode != "upsert":
-            raise ConfigError(
-                f"topic {topic} is routed to an append stream; the snapshot fills upsert mirrors — fix: "
-                "route Debezium topics to a stream with mode: upsert"
-            )
-        ident = registry.catalog.ident(target.namespace, target.table)
-        routed[name] = (topic, stream, str(target), ident)
-        info = table_info(spark, config.catalog.name, target.namespace, target.table)
-        has_data = info["exists"] and info.get("snapshot_id") is not None
-        state = read_snapshot_state(spark, ident) if has_data else None
-        if has_data and state is None:
-            raise SnapshotError(
-                f"the lake table {target} already has data that no snapshot of {capture.slot_name} "
-                "wrote — fix: drop it (lakestream sql ... DROP TABLE) to load it again, or use "
-                "snapshot: debezium"
-            )
-        if state is not None:
-            states[name] = state
-    resumed = bool(states)
-    position: dict[str, Any] | None = None
-    if resumed:
-        positions = {orjson.dumps(s["lsn"]) for s in states.values()}
-        if len(positions) != 1 or not isinstance(next(iter(states.values()))["lsn"], dict):
-            raise SnapshotError(
-                "the lake tables were loaded by different snapshot runs; cannot resume — fix: drop "
-                "the lake tables and snapshot again"
-            )
-        position = next(iter(states.values()))["lsn"]
-        if position["file"] not in binlog_files(config):
-            raise SnapshotError(
-                f"the interrupted snapshot's binlog position {position['file']}:{position['pos']} "
-                "was purged, and with it the changes since — fix: drop the lake tables and snapshot "
-                "again (and keep binlogs longer: binlog_expire_logs_seconds)"
-            )
+    routed = route_mirrors(config, registry, names)
+    states = interrupted_states(spark, config, routed)
+    resumed_at = _resume_position(config, states) if states else None
     sources = [SourceTableName.parse(n) for n in names]
     sessions = parallelism or capture.snapshot_parallelism or spark.sparkContext.defaultParallelism
     with ConsistentSnapshot(config, sources, sessions) as snapshot:
-        if position is None:
-            position = snapshot.position
+        position = resumed_at or snapshot.position
         handover_started = time.time()
-        work: dict[str, SnapshotTable] = {}
-        signatures: dict[str, list[list[str]]] = {}
-        for name, parsed in zip(names, sources, strict=True):
-            topic, stream, lake, ident = routed[name]
-            source, signatures[name] = snapshot.describe(parsed)
-            state = states.get(name)
-            if resumed and source.keyless and not (state or {}).get("complete"):
-                raise SnapshotError(
-                    f"the interrupted snapshot had not finished {name}, without a primary key: read "
-                    "later than the handover point, the changes made in between would be applied to "
-                    "it twice, and nothing tells a row from its equal copy — fix: drop the lake "
-                    "tables and snapshot again, or snapshot such tables with Debezium "
-                    "(capture.snapshot: debezium)"
-                )
-            work[name] = table_work(
-                spark,
-                config,
-                registry,
-                name,
-                routed[name],
-                source,
-                state,
-                partial(snapshot.plan, source, chunk_rows),
-            )
+        work, signatures = _tables_work(spark, config, registry, snapshot, routed, states, chunk_rows)
         load_chunks(
             spark,
             config,
@@ -538,11 +460,77 @@ def run_mariadb_snapshot(
         f"{position['file']}:{position['pos']}",
         [w.progress for w in work.values()],
         time.monotonic() - started,
-        resumed,
+        resumed_at is not None,
         False,
         _binlog_lag(config, position),
         time.time() - handover_started,
     )
+
+
+def _finished_run(config: PipelineConfig, names: list[str]) -> SnapshotReport | None:
+    """The report of a snapshot of ``names`` that finished already (nothing to do), None when none did;
+    SnapshotError when the finished one lacks a table."""
+    capture = captured(config)
+    handover = read_handover(config.state_dir, capture)
+    report = already_complete(capture, names, handover)
+    if handover is not None and report is None:
+        raise SnapshotError(
+            f"the snapshot finished without {sorted(set(names) - set(handover['tables']))}; a table "
+            "added after the handover cannot be loaded by it — fix: capture it with Debezium's "
+            "snapshot under another capture.slot_name and topic_prefix, or start over (drop the lake "
+            f"tables, delete {handover_path(config.state_dir, capture)} and the capture offsets)"
+        )
+    return report
+
+
+def _resume_position(config: PipelineConfig, states: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The binlog position of the interrupted run whose chunks ``states`` hold; SnapshotError when that run
+    cannot be resumed (runs mixed, or the binlog since its position purged)."""
+    positions = {orjson.dumps(s["lsn"]) for s in states.values()}
+    if len(positions) != 1 or not isinstance(next(iter(states.values()))["lsn"], dict):
+        raise SnapshotError(
+            "the lake tables were loaded by different snapshot runs; cannot resume — fix: drop "
+            "the lake tables and snapshot again"
+        )
+    position: dict[str, Any] = next(iter(states.values()))["lsn"]
+    if position["file"] not in binlog_files(config):
+        raise SnapshotError(
+            f"the interrupted snapshot's binlog position {position['file']}:{position['pos']} "
+            "was purged, and with it the changes since — fix: drop the lake tables and snapshot "
+            "again (and keep binlogs longer: binlog_expire_logs_seconds)"
+        )
+    return position
+
+
+def _tables_work(
+    spark: SparkSession,
+    config: PipelineConfig,
+    registry: TableRegistry,
+    snapshot: ConsistentSnapshot,
+    routed: dict[str, RoutedTable],
+    states: dict[str, dict[str, Any]],
+    chunk_rows: int,
+) -> tuple[dict[str, SnapshotTable], dict[str, list[list[str]]]]:
+    """Each table described in the snapshot, its mirror prepared and its chunks planned (or the interrupted run's
+    plan kept), with the columns the handover records; SnapshotError for a keyless table the interrupted run
+    had not finished."""
+    work: dict[str, SnapshotTable] = {}
+    signatures: dict[str, list[list[str]]] = {}
+    for name, table in routed.items():
+        source, signatures[name] = snapshot.describe(SourceTableName.parse(name))
+        state = states.get(name)
+        if states and source.keyless and not (state or {}).get("complete"):
+            raise SnapshotError(
+                f"the interrupted snapshot had not finished {name}, without a primary key: read "
+                "later than the handover point, the changes made in between would be applied to "
+                "it twice, and nothing tells a row from its equal copy — fix: drop the lake "
+                "tables and snapshot again, or snapshot such tables with Debezium "
+                "(capture.snapshot: debezium)"
+            )
+        work[name] = table_work(
+            spark, config, registry, name, table, source, state, partial(snapshot.plan, source, chunk_rows)
+        )
+    return work, signatures
 
 
 def check_unchanged_since_handover(config: PipelineConfig, handover: dict[str, Any]) -> None:
@@ -551,7 +539,7 @@ def check_unchanged_since_handover(config: PipelineConfig, handover: dict[str, A
     from lakestream.capture.databases.mariadb import source_connection
     from lakestream.errors import CaptureError
 
-    conn = source_connection(_capture(config))
+    conn = source_connection(captured(config))
     changed = []
     try:
         with conn.cursor() as cur:
@@ -566,6 +554,6 @@ def check_unchanged_since_handover(config: PipelineConfig, handover: dict[str, A
             f"{', '.join(changed)} changed (DDL) since the parallel snapshot's handover point, before "
             "capture first started: Debezium would read the binlog written before the change with "
             "the new columns — fix: start over (drop the lake tables, delete "
-            f"{handover_path(config.state_dir, _capture(config))}, run `lakestream snapshot` again), or "
+            f"{handover_path(config.state_dir, captured(config))}, run `lakestream snapshot` again), or "
             "load with capture.snapshot: debezium"
         )

@@ -48,15 +48,19 @@ import psycopg2
 from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError, conflict_cause
 from lakestream.identifiers import SourceTableName
+from lakestream.snapshot.chunks import captured
+from lakestream.snapshot.mirrors import require_upsert
 from lakestream.snapshot.progress import SnapshotReport, TableProgress
 from lakestream.snapshot.reader import ChunkResult, ChunkTarget
-from lakestream.snapshot.slot import ExportedSnapshot, int_to_lsn, lsn_to_int, slot_state
+from lakestream.snapshot.slot import ExportedSnapshot, int_to_lsn, lsn_to_int, one_row, slot_state
 
 if TYPE_CHECKING:
+    from confluent_kafka import Message
     from pyspark.sql import SparkSession
 
     from lakestream.engine.registry import TableRegistry
     from lakestream.sink.spec import TableSpec
+    from lakestream.sink.write.routing import Router
     from lakestream.snapshot.chunks import SnapshotTable
     from lakestream.snapshot.source import ChunkPlan, SourceTable
 
@@ -67,6 +71,14 @@ RESNAPSHOT_PROPERTY = "lakestream.resnapshot"
 # for a few seconds (read by LakestreamSink.commitFiles); it expires by itself.
 COMMIT_HOLD_PROPERTY = "lakestream.commit-hold"
 HOLD_TTL_S = 120.0
+
+
+def _position(message: Message) -> tuple[int, int]:
+    """A consumed record's (partition, offset); a record without an error has both."""
+    partition, offset = message.partition(), message.offset()
+    if partition is None or offset is None:
+        raise RuntimeError(f"a record of {message.topic()} came without its partition or offset")
+    return partition, offset
 
 
 @dataclass
@@ -123,14 +135,16 @@ class TopicWindow:
                     raise TimeoutError(f"reading {self.topic} partitions {sorted(open_parts)} stalled")
                 rows: dict[int, list[Any]] = {}
                 for m in messages:
-                    if m.error() is not None:
-                        if m.error().code() == KafkaError._PARTITION_EOF:
+                    error = m.error()
+                    if error is not None:
+                        if error.code() == KafkaError._PARTITION_EOF:
                             open_parts.discard(m.partition())
                             continue
-                        raise RuntimeError(f"reading {self.topic}: {m.error()}")
+                        raise RuntimeError(f"reading {self.topic}: {error}")
                     deadline = time.monotonic() + 60
-                    self.next[m.partition()] = m.offset() + 1
-                    rows.setdefault(m.partition(), []).append(m)
+                    partition, offset = _position(m)
+                    self.next[partition] = offset + 1
+                    rows.setdefault(partition, []).append(m)
                 for p, msgs in rows.items():
                     self._add(p, msgs)
                 open_parts = {p for p in open_parts if self.next[p] < ends[p]}
@@ -148,7 +162,8 @@ class TopicWindow:
         if self.content_schema is not None:
             self._add_contents(partition, messages)
             return
-        offsets, deletes, values = [], [], {k: [] for k in self.key_columns}
+        offsets, deletes = [], []
+        values: dict[str, list[Any]] = {k: [] for k in self.key_columns}
         for m in messages:
             rec = RawRecord(m.topic(), partition, m.offset(), 0, m.key(), m.value(), m.headers())
             decoded = self.decoder.decode(rec)
@@ -222,7 +237,7 @@ class TopicWindow:
         keys_parts, offs_parts, del_parts = [], [], []
         for p in self.next:
             offs, keys, deletes = self._concat(p)
-            if keys is not None:
+            if keys is not None and deletes is not None:
                 applied = offs < committed.get(p, 0)
                 keys_parts.append(keys[applied])
                 offs_parts.append(offs[applied])
@@ -404,8 +419,7 @@ def _read_mariadb_table(
     from lakestream.snapshot.chunks import load_chunks
     from lakestream.snapshot.mariadb import ConsistentSnapshot
 
-    capture = config.capture
-    assert capture is not None
+    capture = captured(config)
     sessions = parallelism or capture.snapshot_parallelism or spark.sparkContext.defaultParallelism
     parsed = SourceTableName.parse(name)
     with ConsistentSnapshot(config, [parsed], sessions) as snapshot:
@@ -483,11 +497,7 @@ def resnapshot_tables(
     from lakestream.source.kafka import KafkaCluster
     from lakestream.spark import session_for
 
-    capture = config.capture
-    if capture is None:
-        raise ConfigError(
-            "the pipeline config has no `capture:` section — fix: add capture.database and capture.tables"
-        )
+    capture = captured(config)
     if not capture.schemas_enabled:
         raise ConfigError("capture.schemas_enabled: the re-snapshot needs Debezium's schemas — fix: set it to true")
     if not tables:
@@ -515,7 +525,7 @@ def resnapshot_tables(
                     "fix: run `lakestream capture` first (a re-snapshot repairs a mirror that "
                     "streams)"
                 )
-        else:
+        elif conn is not None:
             conn.autocommit = True
             if not slot_state(conn, capture.slot_name).exists:
                 raise SnapshotError(
@@ -551,7 +561,7 @@ def resnapshot_tables(
         else:
             with conn.cursor() as cur:
                 cur.execute("SELECT pg_current_wal_lsn()::text")
-                lsn = cur.fetchone()[0]
+                lsn = one_row(cur)[0]
         return SnapshotReport(capture.slot_name, lsn, progresses, time.monotonic() - started, resnapshot=True)
     finally:
         if kafka is not None:
@@ -574,39 +584,88 @@ def _read_table(
     on_progress: Callable[[list[TableProgress]], Any] | None,
     wait_timeout_s: float,
 ) -> _Planned:
-    """Steps 1-2: the low mark, the snapshot, the chunks read and written (not committed), the high mark."""
-    from lakestream.capture.connector import HEARTBEAT_MESSAGE_PREFIX
-    from lakestream.decode.records import RecordDecoder
+    """Steps 1-2: the low mark, the snapshot, the chunks read and written (not committed), the high mark.
+    ``conn``: the PostgreSQL source's connection; None for a MariaDB source."""
+    source = _describe_source(config, conn, name)
+    mirror = _prepare_mirror(spark, config, registry, name, source)
+    window = _open_window(spark, config, kafka, conn, mirror, source, wait_timeout_s)
+    if conn is None:
+        return _read_mariadb_table(
+            spark,
+            config,
+            name,
+            source,
+            mirror.lake,
+            mirror.ident,
+            mirror.topic,
+            mirror.spec,
+            window,
+            chunk_rows,
+            parallelism,
+            progress_interval_s,
+            on_progress,
+        )
+    return _read_postgresql_table(
+        spark,
+        config,
+        conn,
+        dsn,
+        name,
+        source,
+        mirror,
+        window,
+        chunk_rows,
+        parallelism,
+        progress_interval_s,
+        on_progress,
+    )
+
+
+@dataclass
+class _Mirror:
+    """The mirror a table's re-snapshot replaces rows of, prepared for the source's columns."""
+
+    topic: str
+    lake: str
+    ident: str
+    spec: TableSpec
+    schema: Any  # the mirror's Arrow schema
+    router: Router
+
+
+def _describe_source(config: PipelineConfig, conn: Any, name: str) -> SourceTable:
+    """The source table's columns and key as they are now (``conn`` None: a MariaDB source)."""
+    from lakestream.snapshot.source import describe_table
+
+    parsed = SourceTableName.parse(name)
+    if conn is not None:
+        return describe_table(conn, parsed.schema, parsed.table)
+    from lakestream.capture.databases.mariadb import source_connection
+    from lakestream.snapshot.mariadb import describe_table as describe_mariadb_table
+
+    probe = source_connection(captured(config))
+    try:
+        with probe.cursor() as cur:
+            return describe_mariadb_table(cur, parsed.schema, parsed.table)
+    finally:
+        probe.close()
+
+
+def _prepare_mirror(
+    spark: SparkSession, config: PipelineConfig, registry: TableRegistry, name: str, source: SourceTable
+) -> _Mirror:
+    """The table's mirror, prepared for the source's columns; SnapshotError when it does not exist yet (nothing to
+    repair) or is keyed otherwise than the source."""
     from lakestream.sink.catalog.sink import table_info
     from lakestream.sink.report import NewShape
     from lakestream.sink.types import arrow_schema
     from lakestream.sink.write.routing import Router
-    from lakestream.snapshot.chunks import SnapshotError, load_chunks, plan_under
-    from lakestream.snapshot.source import describe_table
+    from lakestream.snapshot.chunks import SnapshotError
 
-    capture = config.capture
-    parsed = SourceTableName.parse(name)
-    mariadb = conn is None
-    if mariadb:
-        from lakestream.capture.databases.mariadb import source_connection
-        from lakestream.snapshot.mariadb import describe_table as describe_mariadb_table
-
-        probe = source_connection(capture)
-        try:
-            with probe.cursor() as cur:
-                source = describe_mariadb_table(cur, parsed.schema, parsed.table)
-        finally:
-            probe.close()
-    else:
-        source = describe_table(conn, parsed.schema, parsed.table)
-    topic = capture.topic(parsed)
+    topic = captured(config).topic(SourceTableName.parse(name))
     router = Router.from_config(config)
     stream, lake_name = router.route(topic)
-    if stream.mode != "upsert":
-        raise ConfigError(
-            f"topic {topic} is routed to an append stream; a re-snapshot replaces upsert mirrors — fix: "
-            "route Debezium topics to a stream with mode: upsert"
-        )
+    require_upsert(topic, stream, "a re-snapshot replaces upsert mirrors")
     lake = str(lake_name)
     ident = registry.catalog.ident(lake_name.namespace, lake_name.table)
     info = table_info(spark, config.catalog.name, lake_name.namespace, lake_name.table)
@@ -626,49 +685,68 @@ def _read_table(
             f"{lake} is keyed by {spec.key_columns}, the source {name} by {source.key} — fix: "
             "re-create the mirror with the source's primary key"
         )
-    schema = arrow_schema(spec.schema)
-    partitions = [tp.partition for tp in kafka.partitions_of(lambda t: t == topic)] or [0]
-    # Step 1: the low mark, then every transaction running at that instant must end.
-    low = _committed_offsets(spark, ident, topic)
-    if not mariadb:
+    return _Mirror(topic, lake, ident, spec, arrow_schema(spec.schema), router)
+
+
+def _open_window(
+    spark: SparkSession,
+    config: PipelineConfig,
+    kafka: Any,
+    conn: Any,
+    mirror: _Mirror,
+    source: SourceTable,
+    wait_timeout_s: float,
+) -> TopicWindow:
+    """Step 1: the low mark (the offsets the mirror's last commit applied), then every transaction running at
+    that instant must end; the topic's events from the low mark on."""
+    from lakestream.decode.records import RecordDecoder
+
+    partitions = [tp.partition for tp in kafka.partitions_of(lambda t: t == mirror.topic)] or [0]
+    low = _committed_offsets(spark, mirror.ident, mirror.topic)
+    if conn is not None:
         # (MariaDB: an event in Kafka was in the binlog, and a consistent snapshot started later holds every
         # transaction before its binlog position.)
         _wait_for_running_transactions(conn, wait_timeout_s)
-    window = TopicWindow(
+    return TopicWindow(
         config.kafka.consumer_config(),
-        topic,
+        mirror.topic,
         {p: low.get(p, 0) for p in partitions},
         list(source.key),
-        {k: schema.field(k).type for k in source.key},
-        RecordDecoder(router, registry_client(config)),
-        schema if source.keyless else None,
+        {k: mirror.schema.field(k).type for k in source.key},
+        RecordDecoder(mirror.router, registry_client(config)),
+        mirror.schema if source.keyless else None,
     )
-    if mariadb:
-        return _read_mariadb_table(
-            spark,
-            config,
-            name,
-            source,
-            lake,
-            ident,
-            topic,
-            spec,
-            window,
-            chunk_rows,
-            parallelism,
-            progress_interval_s,
-            on_progress,
-        )
-    # Step 2: the snapshot S, and the high mark right after it.
+
+
+def _read_postgresql_table(
+    spark: SparkSession,
+    config: PipelineConfig,
+    conn: Any,
+    dsn: str,
+    name: str,
+    source: SourceTable,
+    mirror: _Mirror,
+    window: TopicWindow,
+    chunk_rows: int | None,
+    parallelism: int | None,
+    progress_interval_s: float,
+    on_progress: Callable[[list[TableProgress]], Any] | None,
+) -> _Planned:
+    """Step 2 for PostgreSQL: the snapshot S exported, and the high mark written to the WAL right after it; the
+    chunks read under S."""
+    from lakestream.capture.connector import HEARTBEAT_MESSAGE_PREFIX
+    from lakestream.snapshot.chunks import load_chunks, plan_under
+
+    capture = captured(config)
     with ExportedSnapshot(dsn) as snapshot:
         with conn.cursor() as cur:
             cur.execute(
                 "SELECT pg_logical_emit_message(false, %s, %s)::text",
                 (HEARTBEAT_MESSAGE_PREFIX, f"lakestream re-snapshot of {name}"),
             )
-            high_lsn = lsn_to_int(cur.fetchone()[0])
+            high_lsn = lsn_to_int(one_row(cur)[0])
         plan = plan_under(dsn, snapshot.snapshot_name, source, chunk_rows or capture.snapshot_chunk_rows)
-        work, results, collect = _chunk_work(name, lake, ident, source, spec, plan)
+        work, results, collect = _chunk_work(name, mirror.lake, mirror.ident, source, mirror.spec, plan)
         progress = work[name].progress
         load_chunks(
             spark,
@@ -683,7 +761,17 @@ def _read_table(
             commit=collect,
         )
     return _Planned(
-        name, lake, ident, topic, list(source.key), source.integer_key, results, high_lsn, window, progress, schema
+        name,
+        mirror.lake,
+        mirror.ident,
+        mirror.topic,
+        list(source.key),
+        source.integer_key,
+        results,
+        high_lsn,
+        window,
+        progress,
+        mirror.schema,
     )
 
 
@@ -715,56 +803,16 @@ def _commit(
     spark: SparkSession, config: PipelineConfig, conn: Any, kafka: Any, planned: _Planned, wait_timeout_s: float
 ) -> None:
     """Steps 3-4: wait for the pipeline to pass the high mark, then repair the mirror in one commit."""
-    from lakestream.sink.catalog.sink import table_info
-    from lakestream.sink.index.keyless import KeylessIndex
-    from lakestream.sink.types import arrow_schema
     from lakestream.snapshot.chunks import SnapshotError
-    from lakestream.snapshot.compare import MirrorRows
 
-    capture = config.capture
-    waited = time.monotonic()
-    if isinstance(planned.high_lsn, dict):
-        _wait_binlog_published(config, planned.high_lsn, wait_timeout_s)
-    else:
-        _wait_confirmed(conn, capture.slot_name, planned.high_lsn, wait_timeout_s)
-    partitions = [tp.partition for tp in kafka.partitions_of(lambda t: t == planned.topic)] or [0]
-    # Every event the snapshot shows is now in Kafka, below these ends.
-    high = planned.window.read_to_end(partitions)
-    log.info(
-        "re-snapshot of %s: high mark %s in Kafka at %s after %.1fs",
-        planned.name,
-        _mark_text(planned.high_lsn),
-        high,
-        time.monotonic() - waited,
-    )
-    ns, tbl = planned.lake.split(".", 1)
-    new_files = [f for r in planned.results for f in r.files]
-    new_keys = [k for r in planned.results for k in (r.keys or [])]
-    new_digests = [d for r in planned.results for d in (r.digests or [])]
-    chunk_keys = np.concatenate(new_keys) if new_keys else np.empty(0, np.int64 if planned.integer_key else "S16")
+    partitions, high = _wait_for_high_mark(config, conn, kafka, planned, wait_timeout_s)
     deadline = time.monotonic() + wait_timeout_s
-    # Without holding anything: wait until the pipeline applied every row event below the high mark.
-    while True:
-        committed = _committed_offsets(spark, planned.ident, planned.topic)
-        planned.window.read_to_end(sorted(set(partitions) | set(committed)))
-        if not planned.window.rows_pending(committed, high):
-            break
-        if time.monotonic() > deadline:
-            raise SnapshotError(
-                f"the pipeline did not apply {planned.topic} up to the re-snapshot's high mark "
-                f"{high} within {wait_timeout_s:.0f}s (committed: {committed}) — fix: keep "
-                "`lakestream run` running during a re-snapshot, then run it again"
-            )
-        time.sleep(0.5)
-    # A table without a key: its rows by content, as the pipeline's multiset index holds them. A keyed one: its
-    # rows' keys and content digests, to leave the rows equal to the snapshot's alone (`compare`).
-    mirror = (
-        KeylessIndex(arrow_schema(table_info(spark, config.catalog.name, ns, tbl)["schema"]))
-        if not planned.key_columns
-        else MirrorRows(planned.key_columns, not planned.integer_key, planned.schema)
-    )
+    _wait_until_applied(spark, planned, partitions, high, deadline, wait_timeout_s)
+    chunks = _ChunkOutput.of(planned)
+    mirror = _mirror_rows(spark, config, planned)
     committing = time.monotonic()
-    mirror.rebuild(spark, planned.ident, table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id"))
+    ns, tbl = planned.lake.split(".", 1)
+    mirror.rebuild(spark, planned.ident, _current_snapshot(spark, config, ns, tbl))
     attempts = 0
     run_id = uuid.uuid4().hex
     try:
@@ -772,7 +820,7 @@ def _commit(
             # The pipeline's next commits of this table wait while we plan and commit (see the
             # module doc); one already past that check may still land, and then we plan again.
             _hold_commits(spark, planned.ident, run_id, HOLD_TTL_S)
-            base = table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")
+            base = _current_snapshot(spark, config, ns, tbl)
             committed = _committed_offsets(spark, planned.ident, planned.topic)  # read after `base`: at or past it
             planned.window.read_to_end(sorted(set(partitions) | set(committed)))
             if planned.window.truncated_before(committed):
@@ -783,21 +831,7 @@ def _commit(
             changed = planned.window.changed_keys(committed)
             if mirror.snapshot_id != base:
                 mirror.rebuild(spark, planned.ident, base)
-            result = _commit_once(
-                spark,
-                config,
-                planned,
-                mirror,
-                changed,
-                base,
-                committed,
-                high,
-                new_files,
-                new_keys,
-                new_digests,
-                chunk_keys,
-                run_id,
-            )
+            result = _commit_once(spark, config, planned, mirror, changed, base, committed, high, chunks, run_id)
             attempts += 1
             if result is not None:
                 log.info(
@@ -817,6 +851,93 @@ def _commit(
                 )
     finally:
         _release_commits(spark, planned.ident, run_id)
+
+
+def _current_snapshot(spark: SparkSession, config: PipelineConfig, ns: str, tbl: str) -> int | None:
+    """The table's current Iceberg snapshot id (None: no snapshot yet)."""
+    from lakestream.sink.catalog.sink import table_info
+
+    return table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")
+
+
+def _wait_for_high_mark(
+    config: PipelineConfig, conn: Any, kafka: Any, planned: _Planned, wait_timeout_s: float
+) -> tuple[list[int], dict[int, int]]:
+    """Step 3: wait until capture has published the high mark; the topic's partitions and their ends then (every
+    event the snapshot shows is in Kafka below these ends)."""
+    waited = time.monotonic()
+    if isinstance(planned.high_lsn, dict):
+        _wait_binlog_published(config, planned.high_lsn, wait_timeout_s)
+    else:
+        _wait_confirmed(conn, captured(config).slot_name, planned.high_lsn, wait_timeout_s)
+    partitions = [tp.partition for tp in kafka.partitions_of(lambda t: t == planned.topic)] or [0]
+    high = planned.window.read_to_end(partitions)
+    log.info(
+        "re-snapshot of %s: high mark %s in Kafka at %s after %.1fs",
+        planned.name,
+        _mark_text(planned.high_lsn),
+        high,
+        time.monotonic() - waited,
+    )
+    return partitions, high
+
+
+def _wait_until_applied(
+    spark: SparkSession,
+    planned: _Planned,
+    partitions: list[int],
+    high: dict[int, int],
+    deadline: float,
+    wait_timeout_s: float,
+) -> None:
+    """Without holding anything: wait until the pipeline applied every row event below the high mark."""
+    from lakestream.snapshot.chunks import SnapshotError
+
+    while True:
+        committed = _committed_offsets(spark, planned.ident, planned.topic)
+        planned.window.read_to_end(sorted(set(partitions) | set(committed)))
+        if not planned.window.rows_pending(committed, high):
+            return
+        if time.monotonic() > deadline:
+            raise SnapshotError(
+                f"the pipeline did not apply {planned.topic} up to the re-snapshot's high mark "
+                f"{high} within {wait_timeout_s:.0f}s (committed: {committed}) — fix: keep "
+                "`lakestream run` running during a re-snapshot, then run it again"
+            )
+        time.sleep(0.5)
+
+
+def _mirror_rows(spark: SparkSession, config: PipelineConfig, planned: _Planned) -> Any:
+    """What the commit compares the snapshot with (not scanned yet). A table without a key: its rows by content,
+    as the pipeline's multiset index holds them. A keyed one: its rows' keys and content digests, to leave the
+    rows equal to the snapshot's alone (`compare`)."""
+    from lakestream.sink.catalog.sink import table_info
+    from lakestream.sink.index.keyless import KeylessIndex
+    from lakestream.sink.types import arrow_schema
+    from lakestream.snapshot.compare import MirrorRows
+
+    if planned.key_columns:
+        return MirrorRows(planned.key_columns, not planned.integer_key, planned.schema)
+    ns, tbl = planned.lake.split(".", 1)
+    return KeylessIndex(arrow_schema(table_info(spark, config.catalog.name, ns, tbl)["schema"]))
+
+
+@dataclass
+class _ChunkOutput:
+    """What the snapshot's chunks wrote: their files, and each file's row keys and content digests."""
+
+    files: list[dict[str, Any]]
+    keys: list[np.ndarray]
+    digests: list[np.ndarray]
+    all_keys: np.ndarray  # every row's key, in one array
+
+    @classmethod
+    def of(cls, planned: _Planned) -> _ChunkOutput:
+        files = [f for r in planned.results for f in r.files]
+        keys = [k for r in planned.results for k in (r.keys or [])]
+        digests = [d for r in planned.results for d in (r.digests or [])]
+        all_keys = np.concatenate(keys) if keys else np.empty(0, np.int64 if planned.integer_key else "S16")
+        return cls(files, keys, digests, all_keys)
 
 
 def _keep_newest_only(spark: SparkSession, ident: str, mirror: Any, keep: np.ndarray) -> None:
@@ -874,80 +995,145 @@ def _commit_once(
     base: int | None,
     committed: dict[int, int],
     high: dict[int, int],
-    new_files: list[dict[str, Any]],
-    new_keys: list[np.ndarray],
-    new_digests: list[np.ndarray],
-    chunk_keys: np.ndarray,
+    chunks: _ChunkOutput,
     run_id: str,
 ) -> dict[str, Any] | None:
     """One commit attempt on top of ``base``: the new snapshot's id and state, or None if another
     commit got there first."""
-    from lakestream.sink.catalog.sink import commit_files, table_info
     from lakestream.sink.commit.lineage import StaleLineage
-    from lakestream.sink.index.keys import unpack
-    from lakestream.snapshot.compare import keep_row_ids, match_keyed, match_keyless
+    from lakestream.snapshot.compare import keep_row_ids
 
     ns, tbl = planned.lake.split(".", 1)
-    deletes: dict[str, list[np.ndarray]] = {}
-    # The rows of the keys the stream changed inside the window (W) stay as the stream left them: none if its
-    # last change deleted the key, else only the newest row (the stream's) should the key have been duplicated by
-    # hand; the snapshot's rows of those keys do not come in. Outside W the snapshot's row is the key's: a mirror
-    # row equal to it stays (both lineage fields kept) and the snapshot's is not added; any other mirror row goes.
-    if not planned.key_columns:
-        # A row multiset: a content the stream changed keeps every copy the stream left of it.
-        w_keys = changed[0] if changed is not None else np.empty(0, "S16")
-        w_deleted = w_keys[:0]
-        duplicates = 0
-        match = match_keyless(mirror, _copies_of(mirror, w_keys), w_keys, new_keys)
-        locs = mirror.rows.locs
-    else:
-        w_keys = changed[0] if changed is not None else np.empty(0, mirror.keys.dtype)
-        w_deleted = changed[0][changed[1]] if changed is not None else w_keys
-        keep_old = np.isin(mirror.keys, w_keys) & ~np.isin(mirror.keys, w_deleted)
-        duplicates = int(keep_old.sum())
-        _keep_newest_only(spark, planned.ident, mirror, keep_old)
-        duplicates -= int(keep_old.sum())
-        match = match_keyed(mirror, keep_old, w_keys, new_keys, new_digests)
-        locs = mirror.locs
-    file_ids, positions = unpack(locs[~match.keep & (locs >= 0)])
-    for fid in np.unique(file_ids).tolist():
-        deletes.setdefault(mirror.paths[fid], []).append(positions[file_ids == fid])
+    plan = _plan_replacement(spark, planned, mirror, changed, chunks)
+    deletes = _mirror_deletes(mirror, plan)
     # A changed row keeps the id of the mirror row it replaces (an update); the others get new ones.
-    if base is not None and (match.updated or planned.rewritten):
+    if base is not None and (plan.match.updated or planned.rewritten):
         try:
             keep_row_ids(
-                spark, config.catalog.name, ns, tbl, base, mirror.paths, new_files, match.replaces, planned.rewritten
+                spark,
+                config.catalog.name,
+                ns,
+                tbl,
+                base,
+                mirror.paths,
+                chunks.files,
+                plan.match.replaces,
+                planned.rewritten,
             )
         except StaleLineage as exc:
             log.info("re-snapshot of %s: %s; planning the commit again", planned.name, exc)
             return None
-    # A new file none of whose rows comes in is left out of the commit; the others lose the rows that do not.
-    added = []
-    skipped = 0
-    for f, drop, keys in zip(new_files, match.drop, new_keys, strict=True):
-        skipped += int(np.isin(keys[drop], w_keys).sum()) if len(drop) else 0
-        if len(drop) == int(f["record_count"]):
-            continue
-        added.append(f)
-        if len(drop):
-            deletes.setdefault(f["path"], []).append(drop)
+    added, skipped = _files_to_add(chunks, plan, deletes)
     state = {
         "run": run_id,
         "table": planned.name,
-        "rows": int(len(chunk_keys) - skipped),
+        "rows": int(len(chunks.all_keys) - skipped),
         "stream_kept": skipped,
-        "stream_deleted": len(w_deleted) if changed is not None else 0,
-        "duplicates_dropped": duplicates,
-        "replaced": int((~match.keep).sum()),
-        "unchanged": match.unchanged,
-        "updated": match.updated,
-        "added": int(len(chunk_keys) - skipped - match.unchanged),
+        "stream_deleted": len(plan.w_deleted) if changed is not None else 0,
+        "duplicates_dropped": plan.duplicates,
+        "replaced": int((~plan.match.keep).sum()),
+        "unchanged": plan.match.unchanged,
+        "updated": plan.match.updated,
+        "added": int(len(chunks.all_keys) - skipped - plan.match.unchanged),
         "chunks": planned.progress.chunks_total,
         "low": {str(p): o for p, o in planned.window.start.items()},
         "committed": {str(p): o for p, o in committed.items()},
         "high": {str(p): o for p, o in high.items()},
         "high_lsn": _mark_text(planned.high_lsn),
     }
+    result = _send_commit(spark, config, planned, base, added, deletes, state, run_id)
+    if result is None:
+        return None
+    in_commit = {f["path"] for f in added}
+    _remove_unused([f["path"] for f in chunks.files if f["path"] not in in_commit])
+    return {"snapshot_id": result["snapshot_id"], "state": state}
+
+
+@dataclass
+class _Replacement:
+    """Which mirror rows stay and which snapshot rows come in (`compare`'s match), given the keys the stream
+    changed inside the window (W)."""
+
+    match: Any
+    locs: np.ndarray  # the mirror rows' locations, in the match's order
+    w_keys: np.ndarray
+    w_deleted: np.ndarray
+    duplicates: int  # rows of a key duplicated by hand that the stream's newest row replaces
+
+
+def _plan_replacement(
+    spark: SparkSession,
+    planned: _Planned,
+    mirror: Any,
+    changed: tuple[np.ndarray, np.ndarray] | None,
+    chunks: _ChunkOutput,
+) -> _Replacement:
+    """The rows of the keys the stream changed inside the window (W) stay as the stream left them: none if its
+    last change deleted the key, else only the newest row (the stream's) should the key have been duplicated by
+    hand; the snapshot's rows of those keys do not come in. Outside W the snapshot's row is the key's: a mirror
+    row equal to it stays (both lineage fields kept) and the snapshot's is not added; any other mirror row goes."""
+    from lakestream.snapshot.compare import match_keyed, match_keyless
+
+    if not planned.key_columns:
+        # A row multiset: a content the stream changed keeps every copy the stream left of it.
+        w_keys = changed[0] if changed is not None else np.empty(0, "S16")
+        match = match_keyless(mirror, _copies_of(mirror, w_keys), w_keys, chunks.keys)
+        return _Replacement(match, mirror.rows.locs, w_keys, w_keys[:0], 0)
+    w_keys = changed[0] if changed is not None else np.empty(0, mirror.keys.dtype)
+    w_deleted = changed[0][changed[1]] if changed is not None else w_keys
+    keep_old = np.isin(mirror.keys, w_keys) & ~np.isin(mirror.keys, w_deleted)
+    duplicates = int(keep_old.sum())
+    _keep_newest_only(spark, planned.ident, mirror, keep_old)
+    duplicates -= int(keep_old.sum())
+    match = match_keyed(mirror, keep_old, w_keys, chunks.keys, chunks.digests)
+    return _Replacement(match, mirror.locs, w_keys, w_deleted, duplicates)
+
+
+def _mirror_deletes(mirror: Any, plan: _Replacement) -> dict[str, list[np.ndarray]]:
+    """The positions of the mirror rows that go, by data file."""
+    from lakestream.sink.index.keys import unpack
+
+    deletes: dict[str, list[np.ndarray]] = {}
+    locs = plan.locs
+    file_ids, positions = unpack(locs[~plan.match.keep & (locs >= 0)])
+    for fid in np.unique(file_ids).tolist():
+        deletes.setdefault(mirror.paths[fid], []).append(positions[file_ids == fid])
+    return deletes
+
+
+def _files_to_add(
+    chunks: _ChunkOutput, plan: _Replacement, deletes: dict[str, list[np.ndarray]]
+) -> tuple[list[dict[str, Any]], int]:
+    """The snapshot's files the commit adds, and how many of its rows the stream's rows of W kept out. A new file
+    none of whose rows comes in is left out of the commit; the others lose the rows that do not (into
+    ``deletes``)."""
+    added = []
+    skipped = 0
+    for f, drop, keys in zip(chunks.files, plan.match.drop, chunks.keys, strict=True):
+        skipped += int(np.isin(keys[drop], plan.w_keys).sum()) if len(drop) else 0
+        if len(drop) == int(f["record_count"]):
+            continue
+        added.append(f)
+        if len(drop):
+            deletes.setdefault(f["path"], []).append(drop)
+    return added, skipped
+
+
+def _send_commit(
+    spark: SparkSession,
+    config: PipelineConfig,
+    planned: _Planned,
+    base: int | None,
+    added: list[dict[str, Any]],
+    deletes: dict[str, list[np.ndarray]],
+    state: dict[str, Any],
+    run_id: str,
+) -> dict[str, Any] | None:
+    """Commit the files and deletes on top of ``base`` (holding the pipeline's commits as ``run_id``): what
+    committed (the new ``snapshot_id``), or None when another commit got there first."""
+    from lakestream.sink.catalog.sink import commit_files, table_info
+
+    ns, tbl = planned.lake.split(".", 1)
     request = {
         "base_snapshot_id": base,
         "expect_snapshot_id": base,
@@ -976,7 +1162,7 @@ def _commit_once(
             log.info("re-snapshot of %s: commit conflict (%s); planning it again", planned.name, cause)
             return None
         log.info("re-snapshot of %s: the commit landed despite %s", planned.name, cause)
-        result = {"snapshot_id": table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")}
+        return {"snapshot_id": table_info(spark, config.catalog.name, ns, tbl).get("snapshot_id")}
     if result.get("stale"):
         log.info(
             "re-snapshot of %s: the table moved on (snapshot %s); planning the commit again",
@@ -984,9 +1170,7 @@ def _commit_once(
             result.get("snapshot_id"),
         )
         return None
-    in_commit = {f["path"] for f in added}
-    _remove_unused([f["path"] for f in new_files if f["path"] not in in_commit])
-    return {"snapshot_id": result["snapshot_id"], "state": state}
+    return dict(result)
 
 
 def _remove_unused(paths: list[str]) -> None:

@@ -37,6 +37,14 @@ def int_to_lsn(value: int) -> str:
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
 
 
+def one_row(cur: Any) -> tuple[Any, ...]:
+    """The row of a statement that always answers exactly one (``SELECT`` of functions, replication commands)."""
+    row: tuple[Any, ...] | None = cur.fetchone()
+    if row is None:
+        raise psycopg2.ProgrammingError("the statement answered no row")
+    return row
+
+
 def ensure_publication(conn: Any, capture: CaptureSettings, tables: list[str]) -> None:
     """Make the capture publication cover ``tables`` and check it publishes them
     (`lakestream.capture.publication.prepare_publication`): before the slot exists."""
@@ -75,7 +83,7 @@ class ExportedSlot:
             f"CREATE_REPLICATION_SLOT {pgsql.Identifier(slot_name).as_string(self._conn)} "
             "LOGICAL pgoutput EXPORT_SNAPSHOT"
         )
-        name, consistent_point, snapshot_name, _plugin = cur.fetchone()
+        name, consistent_point, snapshot_name, _plugin = one_row(cur)
         self.slot_name = name
         self.lsn = lsn_to_int(consistent_point)
         self.snapshot_name = snapshot_name
@@ -100,7 +108,7 @@ class ExportedSnapshot:
         with self._conn.cursor() as cur:
             cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             cur.execute("SELECT pg_export_snapshot(), pg_current_wal_lsn()::text")
-            self.snapshot_name, lsn = cur.fetchone()
+            self.snapshot_name, lsn = one_row(cur)
         self.lsn = lsn_to_int(lsn)
 
     def close(self) -> None:
@@ -141,4 +149,5 @@ def read_handover(state_dir: str | Path, capture: CaptureSettings) -> dict[str, 
     path = handover_path(state_dir, capture)
     if not path.exists():
         return None
-    return orjson.loads(path.read_bytes())
+    handover: dict[str, Any] = orjson.loads(path.read_bytes())
+    return handover
