@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.engine.registry import TableRegistry
+    from lakestream.sink.catalog.sink import CommitRequest
     from lakestream.sink.spec import TableSpec
     from lakestream.sink.write.routing import Router
     from lakestream.snapshot.chunks import SnapshotTable
@@ -1134,7 +1135,7 @@ def _send_commit(
     from lakestream.sink.catalog.sink import commit_files, table_info
 
     ns, tbl = planned.lake.split(".", 1)
-    request = {
+    request: CommitRequest = {
         "base_snapshot_id": base,
         "expect_snapshot_id": base,
         "data_files": [

@@ -52,6 +52,7 @@ class CommitRequest(TypedDict, total=False):
     deletes: list[dict[str, Any]]  # {data_file, positions}
     properties: dict[str, str]
     truncate: bool  # every data file the table had before goes (a TRUNCATE in the batch)
+    hold_owner: str  # the run holding the table's commits (`lakestream.commit-hold`): its own commit goes through
 
 
 class CommitResult(TypedDict, total=False):
