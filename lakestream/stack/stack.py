@@ -41,9 +41,10 @@ class Stack:
                 settings, warehouse=self.warehouse, io_properties=self._io_properties()
             )
         self.connect = ConnectWorker(settings, self.broker.bootstrap_servers)
-        self.trino = TrinoServer(settings.state_dir, settings.trino_port, {})
-        self.trino.catalogs = self._trino_catalogs()  # from `info()`, which names the node
         self.registry = SchemaRegistry(settings.state_dir, settings.registry_port)
+        # Last: the catalogs come from `info()`, which names every service above.
+        self.trino = TrinoServer(settings.state_dir, settings.trino_port, {})
+        self.trino.catalogs = self._trino_catalogs()
 
     @property
     def warehouse(self) -> str:
