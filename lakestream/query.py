@@ -140,7 +140,7 @@ def run_sql(
     """
     if engine == "spark":
         session = spark or _session(config)
-        return _spark_to_arrow(session.sql(query))
+        return spark_to_arrow(session.sql(query))
     if engine != "duckdb":
         raise QueryError(
             f"engine {engine!r} does not run SQL: use spark or duckdb (pyiceberg reads one table: `read_table`)"
@@ -459,10 +459,10 @@ def _read_spark(
         df = df.select(*[quote_column(c) for c in columns])
     if limit is not None:
         df = df.limit(int(limit))
-    return _spark_to_arrow(df)
+    return spark_to_arrow(df)
 
 
-def _spark_to_arrow(df) -> pa.Table:
+def spark_to_arrow(df) -> pa.Table:
     """A Spark DataFrame as a pyarrow Table (through Arrow batches, as ``toPandas`` does)."""
     import pyarrow as pa
 

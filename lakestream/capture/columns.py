@@ -151,11 +151,12 @@ class ColumnWatch:
     one. Runs on its own thread; a database or Kafka that does not answer is logged and
     tried again at the next check, never a reason to stop capture."""
 
-    def __init__(self, capture: CaptureSettings, producer: Any, interval_s: float, state_file: Path) -> None:
-        from lakestream.capture.databases import capture_database
-
+    def __init__(
+        self, capture: CaptureSettings, database: Any, producer: Any, interval_s: float, state_file: Path
+    ) -> None:
+        """``database``: the source kind's `lakestream.capture.databases.CaptureDatabase` (its catalog reads)."""
         self._capture = capture
-        self._database = capture_database(capture)
+        self._database = database
         self._producer = producer
         self._interval_s = interval_s
         self._state_file = state_file

@@ -273,7 +273,7 @@ def run_capture(
         # A producer of its own: a delivery report of the engine's batch served by this thread's flush would be
         # missed by `KafkaPublishingHandler`, which checks its batch's reports after its own flush.
         column_producer = Producer(refusals_raised(producer_config(config.kafka)))
-        watch = ColumnWatch(capture, column_producer, capture.column_check_interval_s, columns_file)
+        watch = ColumnWatch(capture, database, column_producer, capture.column_check_interval_s, columns_file)
 
     engine_error: list[BaseException] = []
 

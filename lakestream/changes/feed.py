@@ -194,10 +194,10 @@ def read_changes_arrow(
     key_columns: list[str] | None = None,
 ) -> pa.Table:
     """`read_changes` collected into a pyarrow Table, in commit order (for results that fit the driver)."""
-    from lakestream.query import _spark_to_arrow
+    from lakestream.query import spark_to_arrow
 
     df = read_changes(spark, catalog, table, since, until, all_changes=all_changes, key_columns=key_columns)
-    return _spark_to_arrow(df.orderBy("_commit_sequence_number", "_row_id"))
+    return spark_to_arrow(df.orderBy("_commit_sequence_number", "_row_id"))
 
 
 def _key_columns(spark: SparkSession, catalog: str, ref: TableName) -> list[str]:
@@ -403,7 +403,7 @@ def removed_rows(change_range: ChangeRange, keys: list[str]) -> RemovedRows:
     the positions each snapshot's deletion vectors added and the live rows of the files it removed (not by a
     rewrite), read from those files' ``_row_id`` and key columns on the driver. An update deletes its key's old row
     too, so only a key's last deletion can be the one that ended it."""
-    from lakestream.sink.index.diff import _read_ahead
+    from lakestream.sink.index.diff import read_ahead
 
     seq_of = {c.snapshot_id: c.sequence_number for c in change_range.commits}
     events = change_range.events
@@ -414,7 +414,7 @@ def removed_rows(change_range: ChangeRange, keys: list[str]) -> RemovedRows:
                 f"{change_range.table}: data file {e['data_file']} has no first row id (row lineage, format v3)"
             )
         first[e["data_file"]] = int(e["first_row_id"])
-    columns = dict(_read_ahead(list(first), lambda path: file_identity_columns(path, first[path], keys)))
+    columns = dict(read_ahead(list(first), lambda path: file_identity_columns(path, first[path], keys)))
     ids: list[np.ndarray] = []
     last: dict[tuple[Any, ...], tuple[int, int]] = {}
     for e in events:

@@ -218,7 +218,7 @@ class ConsistentSnapshot:
     START_ATTEMPTS = 5
 
     def __init__(self, config: PipelineConfig, tables: list[SourceTableName], sessions: int = 1):
-        from lakestream.capture.databases.mariadb import source_connection
+        from lakestream.capture.mariadb_connection import source_connection
 
         capture = captured(config)
         conns = [source_connection(capture) for _ in range(max(1, sessions))]
@@ -359,7 +359,7 @@ def _begin_snapshot(conn: Any) -> tuple[str, int]:
 
 def _binlog_lag(config: PipelineConfig, position: dict[str, Any]) -> int:
     """Binlog bytes written since ``position`` (what streaming reads first)."""
-    from lakestream.capture.databases.mariadb import source_connection
+    from lakestream.capture.mariadb_connection import source_connection
 
     conn = source_connection(captured(config))
     try:
@@ -376,7 +376,7 @@ def _binlog_lag(config: PipelineConfig, position: dict[str, Any]) -> int:
 
 
 def binlog_files(config: PipelineConfig) -> list[str]:
-    from lakestream.capture.databases.mariadb import source_connection
+    from lakestream.capture.mariadb_connection import source_connection
 
     conn = source_connection(captured(config))
     try:
@@ -536,7 +536,7 @@ def _tables_work(
 def check_unchanged_since_handover(config: PipelineConfig, handover: dict[str, Any]) -> None:
     """CaptureError when a captured table's columns differ from those the snapshot recorded at its handover:
     Debezium would record today's schema and misread the binlog written before the change."""
-    from lakestream.capture.databases.mariadb import source_connection
+    from lakestream.capture.mariadb_connection import source_connection
     from lakestream.errors import CaptureError
 
     conn = source_connection(captured(config))

@@ -641,7 +641,7 @@ def _describe_source(config: PipelineConfig, conn: Any, name: str) -> SourceTabl
     parsed = SourceTableName.parse(name)
     if conn is not None:
         return describe_table(conn, parsed.schema, parsed.table)
-    from lakestream.capture.databases.mariadb import source_connection
+    from lakestream.capture.mariadb_connection import source_connection
     from lakestream.snapshot.mariadb import describe_table as describe_mariadb_table
 
     probe = source_connection(captured(config))

@@ -23,6 +23,7 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lakestream.capture.mariadb_connection import source_connection
 from lakestream.config import CaptureSettings, KafkaSettings
 from lakestream.errors import CaptureError
 from lakestream.identifiers import SourceTableName
@@ -178,30 +179,6 @@ class MariaDB:
             )
             columns.append(CatalogColumn(name, ddl, default_wire_value(ddl, literal)))
         return {table: tuple(columns) for table, columns in found.items()}
-
-
-def source_connection(capture: CaptureSettings) -> Any:
-    """An autocommit PyMySQL connection to ``capture.database``; CaptureError naming the fix when unreachable."""
-    import pymysql
-
-    db = capture.database
-    try:
-        return pymysql.connect(
-            host=db.host,
-            port=db.port,
-            user=db.user,
-            password=db.password.get_secret_value() if db.password else "",
-            database=db.dbname,
-            connect_timeout=10,
-            autocommit=True,
-            charset="utf8mb4",
-        )
-    except pymysql.Error as exc:
-        raise CaptureError(
-            f"cannot connect to MariaDB at {db.host}:{db.port} as {db.user!r} (database "
-            f"{db.dbname!r}): {exc.args[-1] if exc.args else exc} — fix: check capture.database "
-            "(host, port, user, password, dbname) and that the server is running"
-        ) from None
 
 
 def check_source(conn: Any, capture: CaptureSettings, resuming: bool = False) -> list[str]:

@@ -59,7 +59,7 @@ def _drop_rows_at(index: DiskKeyIndex, fid: int, keys: np.ndarray, positions: np
     return len(k)
 
 
-def _read_ahead(paths: list[str], read: Callable[[str], T]) -> Iterator[tuple[str, T]]:
+def read_ahead(paths: list[str], read: Callable[[str], T]) -> Iterator[tuple[str, T]]:
     """``(path, read(path))`` in order, `DIFF_READERS` reads at a time, at most twice that many read ahead of the
     consumer."""
     with ThreadPoolExecutor(max_workers=DIFF_READERS, thread_name_prefix="index-diff") as pool:
@@ -96,7 +96,7 @@ def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, i
         # moved every live row of its inputs into the files it added, where they are read below: those rows'
         # entries are overwritten there, and the inputs need not be read (nor the index passed over).
         removed = [] if snap.get("compaction") else [p for p in snap["removed"] if index.known_file_id(p) is not None]
-        for path, keys in _read_ahead(removed, removed_keys):
+        for path, keys in read_ahead(removed, removed_keys):
             fid = index.file_id(path)  # known: `removed` holds only files the index has
             if keys is None:
                 unreadable.append(fid)
@@ -105,7 +105,7 @@ def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, i
             stats["entries_dropped"] += _drop_rows_at(index, fid, keys, np.arange(len(keys), dtype=np.int64))
         stats["entries_dropped"] += index.forget_files(unreadable)
         added_paths = {f["path"] for f in snap["added"]}
-        for path, keys in _read_ahead([f["path"] for f in snap["added"]], keys_of):
+        for path, keys in read_ahead([f["path"] for f in snap["added"]], keys_of):
             stats["files_read"] += 1
             live = np.ones(len(keys), bool)
             gone = deleted.get(path)
@@ -131,7 +131,7 @@ def refresh_by_diff(index: DiskKeyIndex, changes: dict[str, Any]) -> dict[str, i
             return keys[positions], positions
 
         others = [p for p in deleted if p not in added_paths and index.known_file_id(p) is not None and len(deleted[p])]
-        for path, (keys, positions) in _read_ahead(others, deleted_keys):
+        for path, (keys, positions) in read_ahead(others, deleted_keys):
             stats["files_read"] += 1
             stats["entries_dropped"] += _drop_rows_at(index, index.file_id(path), keys, positions)
         index.snapshot_id = snap["snapshot_id"]
