@@ -321,17 +321,17 @@ def _net_diff(before: DataFrame, after: DataFrame, columns: list[str], keys: lis
     from pyspark.sql import functions as F
 
     b, a = before, after
+    # The join's columns, the same on both sides: the key, or without one the row id.
     match = [f"_k{i}" for i in range(len(keys))] if keys else ["_k0"]
-    b_cols = [F.col(k).alias(m) for k, m in zip(keys, match, strict=True)] if keys else [F.col("_row_id").alias("_k0")]
-    a_cols = [F.col(k).alias(m) for k, m in zip(keys, match, strict=True)] if keys else [F.col("_row_id").alias("_k0")]
+    match_cols = [F.col(k).alias(m) for k, m in zip(keys or ["_row_id"], match, strict=True)]
     bs = b.select(
-        *b_cols,
+        *match_cols,
         F.struct(*[F.col(c) for c in columns]).alias("_before"),
         _comparable(b, columns).alias("_bcmp"),
         F.col("_row_id").alias("_before_row_id"),
     ).alias("b")
     as_ = a.select(
-        *a_cols,
+        *match_cols,
         F.struct(*[F.col(c) for c in columns]).alias("_after"),
         _comparable(a, columns).alias("_acmp"),
         F.col("_row_id").alias("_after_row_id"),
@@ -446,24 +446,9 @@ def _positions(encoded: str | None) -> np.ndarray:
 
 
 def file_identity_columns(path: str, first_row_id: int, keys: list[str]) -> tuple[np.ndarray, list[list[Any]]]:
-    """The ``_row_id`` of every row of data file ``path`` by position (`file_row_ids`), and its key columns (read by
-    name, as the sink writes them)."""
-    if not keys:
-        return file_row_ids(path, first_row_id), []
-    import pyarrow.parquet as pq
-
-    from lakestream.storage import filesystem_path
-
-    fs, local = filesystem_path(path)
-    pf = pq.ParquetFile(local, filesystem=fs)
-    names = {n.lower(): n for n in pf.schema_arrow.names}
-    table = pf.read(columns=[names[k.lower()] for k in keys])
-    return file_row_ids(path, first_row_id), [column.to_pylist() for column in table.columns]
-
-
-def file_row_ids(path: str, first_row_id: int) -> np.ndarray:
-    """The ``_row_id`` of every row of data file ``path`` by position: the id the file holds (a row rewritten
-    with its lineage), else ``first_row_id`` + its position (v3 row id inheritance)."""
+    """The ``_row_id`` of every row of data file ``path`` by position: the id the file holds (a row rewritten with
+    its lineage), else ``first_row_id`` + its position (v3 row id inheritance); and its key columns (read by name, as
+    the sink writes them). One read of the file for both."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -471,11 +456,18 @@ def file_row_ids(path: str, first_row_id: int) -> np.ndarray:
 
     fs, local = filesystem_path(path)
     pf = pq.ParquetFile(local, filesystem=fs)
+    names = {n.lower(): n for n in pf.schema_arrow.names}
+    held_ids = "_row_id" in pf.schema_arrow.names
+    wanted = [names[k.lower()] for k in keys] + (["_row_id"] if held_ids else [])
+    table = pf.read(columns=wanted) if wanted else None
     n = pf.metadata.num_rows
-    inherited = np.arange(first_row_id, first_row_id + n, dtype=np.int64)
-    if "_row_id" not in pf.schema_arrow.names:
-        return inherited
-    held = pf.read(columns=["_row_id"]).column(0)
-    if held.null_count == 0:
-        return held.to_numpy().astype(np.int64)
-    return np.where(pc.is_null(held).to_numpy(zero_copy_only=False), inherited, pc.fill_null(held, 0).to_numpy())
+    row_ids = np.arange(first_row_id, first_row_id + n, dtype=np.int64)
+    if table is not None and held_ids:
+        held = table.column("_row_id")
+        if held.null_count == 0:
+            row_ids = held.to_numpy().astype(np.int64)
+        else:
+            missing = pc.is_null(held).to_numpy(zero_copy_only=False)
+            row_ids = np.where(missing, row_ids, pc.fill_null(held, 0).to_numpy())
+    key_values = [table.column(names[k.lower()]).to_pylist() for k in keys] if table is not None else []
+    return row_ids, key_values
