@@ -47,6 +47,8 @@ from _common import (  # noqa: E402
     to_config,
     write_pipeline_yaml,
 )
+from cpu_groups import ProcessGroups, per_thousand  # noqa: E402
+from loadgen import LoadGenerator, create_txn_function  # noqa: E402
 
 from lakestream.engine.loop import run_pipeline  # noqa: E402
 from lakestream.spark import session_for  # noqa: E402
@@ -400,104 +402,6 @@ def ensure_spark(spark_box: list, config):
 # -- end to end -----------------------------------------------------------------------------------
 
 
-class LoadGenerator:
-    """A few PostgreSQL connections running insert/update/delete transactions on disjoint keys."""
-
-    INSERTS, UPDATES, DELETES = 10, 8, 2  # per transaction
-
-    def __init__(self, dsn: str, table: str, connections: int, first_id: int, seeded: int, rate: float):
-        self.dsn, self.table, self.connections, self.rate = dsn, table, connections, rate
-        self.first_id, self.seeded = first_id, seeded
-        self.stop = threading.Event()
-        self.changes = [0] * connections
-        self.transactions = [0] * connections
-        self.errors: list[BaseException] = []
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(connections)]
-
-    def start(self) -> None:
-        for t in self._threads:
-            t.start()
-
-    def finish(self) -> None:
-        self.stop.set()
-        for t in self._threads:
-            t.join(60)
-        if self.errors:
-            raise self.errors[0]
-
-    @property
-    def total_changes(self) -> int:
-        return sum(self.changes)
-
-    def _run(self, index: int) -> None:
-        import psycopg2
-        from psycopg2.extras import execute_values
-
-        try:
-            rng = random.Random(index)
-            live = [i for i in range(1, self.seeded + 1) if i % self.connections == index]
-            next_id = self.first_id + index
-            per_txn = self.INSERTS + self.UPDATES + self.DELETES
-            interval = per_txn * self.connections / self.rate if self.rate > 0 else 0.0
-            conn = psycopg2.connect(self.dsn)
-            cur = conn.cursor()
-            deadline = time.monotonic()
-            while not self.stop.is_set():
-                rows = []
-                for _ in range(self.INSERTS):
-                    rows.append(
-                        (
-                            next_id,
-                            rng.randrange(1, 50_000),
-                            STATUSES[0],
-                            rng.randrange(1, 20) * 19.99,
-                            rng.randrange(1, 20),
-                            19.99,
-                            next_id % 3 == 0,
-                            1,
-                            f"order {next_id}",
-                        )
-                    )
-                    live.append(next_id)
-                    next_id += self.connections
-                execute_values(
-                    cur,
-                    f"INSERT INTO {self.table} (id, customer_id, status, amount, qty, price, express, "
-                    f"version, note, created_day, created_at, updated_at) VALUES %s",
-                    rows,
-                    template="(%s, %s, %s, %s, %s, %s, %s, %s, %s, current_date, localtimestamp, now())",
-                )
-                changed = cur.rowcount
-                targets = rng.sample(live, self.UPDATES + self.DELETES)
-                cur.execute(
-                    f"UPDATE {self.table} SET qty = qty %% 19 + 1, version = version + 1, status = %s, "
-                    f"updated_at = now() WHERE id = ANY(%s)",
-                    (rng.choice(STATUSES), targets[: self.UPDATES]),
-                )
-                changed += cur.rowcount
-                gone = set(targets[self.UPDATES :])
-                cur.execute(f"DELETE FROM {self.table} WHERE id = ANY(%s)", (list(gone),))
-                changed += cur.rowcount
-                conn.commit()
-                _remove(live, gone)
-                self.changes[index] += changed
-                self.transactions[index] += 1
-                if interval:
-                    deadline += interval
-                    self.stop.wait(max(0.0, deadline - time.monotonic()))
-            conn.close()
-        except BaseException as exc:  # noqa: BLE001 — reported by finish()
-            self.errors.append(exc)
-
-
-def _remove(live: list[int], gone: set[int]) -> None:
-    # Swap-remove: order does not matter for random picks.
-    for row_id in gone:
-        i = live.index(row_id)
-        live[i] = live[-1]
-        live.pop()
-
-
 def source_totals(dsn: str, table: str) -> dict[str, int]:
     import psycopg2
 
@@ -510,121 +414,194 @@ def source_totals(dsn: str, table: str) -> dict[str, int]:
     return {"n": int(n), "keys": int(keys), "qty": int(qty), "version": int(version)}
 
 
+class LiveRun:
+    """PostgreSQL → Debezium → Kafka → Spark → Iceberg, running: a seeded source table, the capture process
+    streaming, the pipeline in a thread, and the snapshot in the lake. Used by the ``e2e`` and ``ramp`` parts."""
+
+    TABLE, PREFIX = "bench_orders", "lse2e"
+
+    def __init__(self, info, state_dir: Path, args, spark_box: list) -> None:
+        self.info, self.state_dir, self.args = info, state_dir, args
+        self.dsn = info.pg_dsn()
+        self.results: list = []
+        self.failure: list[BaseException] = []
+        self.stop = threading.Event()
+        self._create_source_table()
+        data = pipeline_data(
+            info,
+            state_dir,
+            "bench_e2e",
+            [
+                {
+                    "topics": [f"{self.PREFIX}.public.{self.TABLE}"],
+                    "mode": "upsert",
+                    "namespace": NAMESPACE,
+                    "table": "{table}",
+                }
+            ],
+            engine={
+                "commit_interval_s": args.commit_interval,
+                **({"max_records_per_batch": args.batch} if args.batch else {}),
+            },
+            capture={
+                "database": {
+                    "host": info.pg_host,
+                    "port": info.pg_port,
+                    "dbname": info.source_db,
+                    "user": info.pg_user,
+                    "password": info.pg_password,
+                },
+                "tables": [f"public.{self.TABLE}"],
+                "topic_prefix": self.PREFIX,
+                "slot_name": "lsbench_e2e",
+                "publication_name": "lsbench_e2e_pub",
+            },
+        )
+        self.config = to_config(data)
+        self.yaml_path = write_pipeline_yaml(state_dir / "e2e-pipeline.yaml", data)
+        self.spark = ensure_spark(spark_box, self.config)
+        self.thread = threading.Thread(target=self._run_pipeline, name="pipeline", daemon=True)
+        self.capture = None
+
+    def _create_source_table(self) -> None:
+        import psycopg2
+
+        conn = psycopg2.connect(self.dsn)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS public.{self.TABLE}")
+            cur.execute(f"CREATE TABLE public.{self.TABLE} ({ORDERS_DDL.format(price_type=self.args.price_type)})")
+            cur.execute(
+                f"INSERT INTO public.{self.TABLE} (id, customer_id, status, amount, qty, price, express, version, "
+                f"created_day, created_at, updated_at, note) SELECT i, i %% 50000, 'new', i %% 19 * 19.99, "
+                f"i %% 19 + 1, 19.99, i %% 3 = 0, 1, current_date, localtimestamp, now(), 'seed ' || i "
+                f"FROM generate_series(1, %s) AS i",
+                (self.args.seed_rows,),
+            )
+            create_txn_function(cur, f"public.{self.TABLE}")
+        conn.close()
+
+    def _run_pipeline(self) -> None:
+        try:
+            run_pipeline(self.config, spark=self.spark, stop=self.stop, on_batch=self.results.append)
+        except BaseException as exc:  # noqa: BLE001 — re-raised by the main thread
+            self.failure.append(exc)
+
+    def __enter__(self) -> LiveRun:
+        from lakestream.capture.process import CaptureProcess
+
+        started = time.perf_counter()
+        self.capture = CaptureProcess(self.yaml_path, log_path=self.state_dir / "capture.log")
+        try:
+            self.capture.start()
+            self.capture.wait_until_streaming(timeout=300)
+            took = time.perf_counter() - started
+            say(f"capture streaming after {took:.1f}s (snapshot of {self.args.seed_rows:,} rows)")
+            self.thread.start()
+            self.wait_for_source()
+            say(f"snapshot in the lake after {time.perf_counter() - started:.1f}s; starting the load")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(180)
+        if self.capture is not None:
+            self.capture.stop()
+
+    def load_generator(self, rate: float) -> LoadGenerator:
+        seeded = self.args.seed_rows
+        return LoadGenerator(self.dsn, f"public.{self.TABLE}", self.args.connections, seeded + 1, seeded, rate)
+
+    def check(self) -> None:
+        check_alive(self.thread, self.failure)
+
+    def lake_changes_since(self, since_ms: int) -> int:
+        return sum(r.changes for r in self.results if r.commit_ts_ms >= since_ms)
+
+    def wait_for_source(self) -> tuple[dict[str, int], int]:
+        """Until the lake equals the source (row count, keys, sums): the totals and the commit time (ms) of the
+        batch that made it so."""
+        return wait_for_lake(
+            self.spark,
+            self.TABLE,
+            source_totals(self.dsn, self.TABLE),
+            self.thread,
+            self.failure,
+            timeout=self.args.catchup_timeout,
+            results=self.results,
+        )
+
+    def kafka_records(self) -> int:
+        """Records in the capture topic (its partitions' high watermarks): what capture has published so far."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        topic = f"{self.PREFIX}.public.{self.TABLE}"
+        consumer = Consumer({"bootstrap.servers": self.info.bootstrap_servers, "group.id": "bench-watermarks"})
+        try:
+            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions)
+        finally:
+            consumer.close()
+
+    def process_groups(self, load: LoadGenerator) -> ProcessGroups:
+        pids = self.state_dir / "pids"
+
+        def pid_of(name: str) -> int | None:
+            path = pids / f"{name}.pid"
+            return int(path.read_text().split()[0]) if path.exists() else None
+
+        broker = next((p.stem for p in pids.glob("*.pid") if "kafka" in p.stem or "broker" in p.stem), None)
+        return ProcessGroups(
+            postgres_pid=pid_of("postgres"),
+            broker_pid=pid_of(broker) if broker else None,
+            capture_pid=self.capture.pid if self.capture else None,
+            load_pids=load.pids,
+        )
+
+
 def e2e_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, Any]:
-    import psycopg2
-
-    from lakestream.capture.process import CaptureProcess
-
-    table, prefix = "bench_orders", "lse2e"
     say(
         f"\n== end to end: PostgreSQL → Debezium → Kafka → Spark → Iceberg, {args.duration:.0f}s of load "
         f"({args.connections} connections, rate {'unlimited' if not args.rate else f'{args.rate:,.0f}/s'})"
     )
-    dsn = info.pg_dsn()
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute(f"DROP TABLE IF EXISTS public.{table}")
-        cur.execute(f"CREATE TABLE public.{table} ({ORDERS_DDL.format(price_type=args.price_type)})")
-        cur.execute(
-            f"INSERT INTO public.{table} (id, customer_id, status, amount, qty, price, express, version, "
-            f"created_day, created_at, updated_at, note) SELECT i, i %% 50000, 'new', i %% 19 * 19.99, i %% 19 + 1, "
-            f"19.99, i %% 3 = 0, 1, current_date, localtimestamp, now(), 'seed ' || i "
-            f"FROM generate_series(1, %s) AS i",
-            (args.seed_rows,),
-        )
-    conn.close()
-
-    capture = {
-        "database": {
-            "host": info.pg_host,
-            "port": info.pg_port,
-            "dbname": info.source_db,
-            "user": info.pg_user,
-            "password": info.pg_password,
-        },
-        "tables": [f"public.{table}"],
-        "topic_prefix": prefix,
-        "slot_name": "lsbench_e2e",
-        "publication_name": "lsbench_e2e_pub",
-    }
-    engine = {
-        "commit_interval_s": args.commit_interval,
-        **({"max_records_per_batch": args.batch} if args.batch else {}),
-    }
-    data = pipeline_data(
-        info,
-        state_dir,
-        "bench_e2e",
-        [{"topics": [f"{prefix}.public.{table}"], "mode": "upsert", "namespace": NAMESPACE, "table": "{table}"}],
-        engine=engine,
-        capture=capture,
-    )
-    config = to_config(data)
-    yaml_path = write_pipeline_yaml(state_dir / "e2e-pipeline.yaml", data)
-    spark = ensure_spark(spark_box, config)
-
-    capture_proc = CaptureProcess(yaml_path, log_path=state_dir / "capture.log")
-    stop = threading.Event()
-    results: list = []
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            run_pipeline(config, spark=spark, stop=stop, on_batch=results.append)
-        except BaseException as exc:  # noqa: BLE001 — re-raised by the main thread
-            failure.append(exc)
-
-    pipeline_thread = threading.Thread(target=run, name="pipeline", daemon=True)
-    try:
-        started = time.perf_counter()
-        capture_proc.start()
-        capture_proc.wait_until_streaming(timeout=300)
-        say(f"capture streaming after {time.perf_counter() - started:.1f}s (snapshot of {args.seed_rows:,} rows)")
-        pipeline_thread.start()
-        wait_for_lake(spark, table, source_totals(dsn, table), pipeline_thread, failure, timeout=args.catchup_timeout)
-        say(f"snapshot in the lake after {time.perf_counter() - started:.1f}s; starting the load")
-
-        load = LoadGenerator(dsn, f"public.{table}", args.connections, args.seed_rows + 1, args.seed_rows, args.rate)
+    with LiveRun(info, state_dir, args, spark_box) as live:
+        load = live.load_generator(args.rate)
         load_before = machine_load()
         load_start_ms = int(time.time() * 1000)
         load_start = time.time()
         load.start()
+        groups = live.process_groups(load)
+        cpu_before = groups.sample()
         next_report = time.monotonic() + 10
         end = time.monotonic() + args.duration
         while time.monotonic() < end:
             time.sleep(min(1.0, max(0.0, end - time.monotonic())))
-            check_alive(pipeline_thread, failure)
-            if load.errors:
+            live.check()
+            if load.error:
                 break
             if time.monotonic() >= next_report:
-                lag = results[-1].lag if results else None
                 say(
                     f"  t+{time.time() - load_start:.0f}s: {load.total_changes:,} source changes, "
-                    f"{sum(r.changes for r in results if r.commit_ts_ms >= load_start_ms):,} in the lake, "
-                    f"{len(results)} batches, lag {lag}"
+                    f"{live.lake_changes_since(load_start_ms):,} in the lake, {len(live.results)} batches"
                 )
                 next_report += 10
         load.finish()
         load_s = time.time() - load_start
         load_during = machine_load()
         source_changes = load.total_changes
-        want = source_totals(dsn, table)
+        got, done_ms = live.wait_for_source()
+        cpu = per_thousand(cpu_before, groups.sample(), source_changes)
         say(
             f"load: {source_changes:,} changes in {sum(load.transactions):,} transactions over {load_s:.1f}s "
-            f"= {source_changes / load_s:,.0f} changes/s at the source; source has {want['n']:,} rows"
-        )
-
-        got, done_ms = wait_for_lake(
-            spark, table, want, pipeline_thread, failure, timeout=args.catchup_timeout, results=results
+            f"= {source_changes / load_s:,.0f} changes/s at the source; source has {got['n']:,} rows"
         )
         e2e_s = done_ms / 1000 - load_start
-        memory = driver_memory(spark)
-    finally:
-        stop.set()
-        if pipeline_thread.is_alive():
-            pipeline_thread.join(180)
-        capture_proc.stop()
+        memory = driver_memory(live.spark)
+        results = live.results
 
     streaming = [r for r in results if r.commit_ts_ms >= load_start_ms]
     fresh = freshness(streaming)
@@ -643,6 +620,7 @@ def e2e_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, Any
         f"     freshness (source commit → visible in Iceberg): p50 {fresh['freshness_p50_s']}s, "
         f"p99 {fresh['freshness_p99_s']}s over {fresh['freshness_batches']} batches"
     )
+    say(f"     CPU seconds per 1,000 changes: {cpu_line(cpu)}")
     return {
         "e2e_changes_per_s": round(rate),
         "e2e_seconds": round(e2e_s, 2),
@@ -656,10 +634,129 @@ def e2e_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, Any
         "e2e_batch_seconds_p50": round(batch_s[len(batch_s) // 2], 2) if batch_s else None,
         "e2e_batch_seconds_max": round(batch_s[-1], 2) if batch_s else None,
         **fresh,
+        "e2e_cpu_s_per_1000_changes": cpu,
         "e2e_memory": memory,
         "e2e_load_before": load_before,
         "e2e_load_during": load_during,
     }
+
+
+def cpu_line(cpu: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.3f}" for k, v in cpu.items()) + f"; total {sum(cpu.values()):.3f}"
+
+
+def ramp_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, Any]:
+    """Raise the source rate step by step, each held ``--hold`` seconds, until the lake's freshness p99 over a
+    step passes ``--knee-p99`` or the source cannot reach the step's rate: the knee is the last step that held."""
+    rates = list(range(args.ramp_start, args.ramp_max + 1, args.ramp_step))
+    say(
+        f"\n== ramp: PostgreSQL → Debezium → Kafka → Spark → Iceberg at {', '.join(f'{r:,}' for r in rates)} "
+        f"changes/s, {args.hold:.0f}s each; a step holds while freshness p99 ≤ {args.knee_p99:g}s"
+    )
+    steps: list[dict[str, Any]] = []
+    knee = None
+    ended_by = "the last step held"
+    with LiveRun(info, state_dir, args, spark_box) as live:
+        load = live.load_generator(rates[0])
+        load.start()
+        groups = live.process_groups(load)
+        try:
+            for rate in rates:
+                step = ramp_step(live, load, groups, rate, args)
+                steps.append(step)
+                say(
+                    f"  {rate:>6,}/s: source {step['source_changes_per_s']:>6,}/s, "
+                    f"kafka {step['kafka_records_per_s']:>6,} records/s, lake {step['lake_changes_per_s']:>6,}/s, "
+                    f"{step['batches']} batches (p50 {step['batch_seconds_p50']}s, Kafka lag max "
+                    f"{step['pipeline_kafka_lag_max']:,}), "
+                    f"freshness p50/p99 {step['freshness_p50_s']}/{step['freshness_p99_s']} s, "
+                    f"load {step['loadavg_1m']}; CPU s/1,000 changes: {cpu_line(step['cpu_s_per_1000_changes'])}"
+                )
+                if step["source_changes_per_s"] < 0.9 * rate:
+                    ended_by = f"the source reached only {step['source_changes_per_s']:,}/s of {rate:,}/s"
+                    break
+                p99 = step["freshness_p99_s"]
+                if p99 is None or p99 > args.knee_p99:
+                    ended_by = f"freshness p99 {p99}s > {args.knee_p99:g}s at {rate:,}/s"
+                    break
+                knee = rate
+        finally:
+            load.finish()
+        got, _ = live.wait_for_source()
+        say(f"ramp: the lake matches the source after the load ({got['n']:,} rows, sums match)")
+    say(f"knee: {f'{knee:,} changes/s' if knee else 'below the first step'} ({ended_by})")
+    print_ramp_table(steps)
+    return {
+        "ramp_knee_changes_per_s": knee,
+        "ramp_ended_by": ended_by,
+        "ramp_knee_p99_s": args.knee_p99,
+        "ramp_hold_s": args.hold,
+        "ramp_steps": steps,
+        "ramp_rows_final": got["n"],
+    }
+
+
+def ramp_step(live: LiveRun, load, groups: ProcessGroups, rate: int, args) -> dict[str, Any]:
+    load.rate = rate
+    start_ms = int(time.time() * 1000)
+    changes_before = load.total_changes
+    kafka_before = live.kafka_records()
+    cpu_before = groups.sample()
+    end = time.monotonic() + args.hold
+    next_report = time.monotonic() + 30
+    while time.monotonic() < end:
+        time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+        live.check()
+        if load.error:
+            raise BenchmarkFailure(f"load generator: {load.error}")
+        if time.monotonic() >= next_report:
+            elapsed = time.time() - start_ms / 1000
+            say(f"    t+{elapsed:.0f}s: {live.lake_changes_since(start_ms):,} in the lake")
+            next_report += 30
+    end_ms = int(time.time() * 1000)
+    source = load.total_changes - changes_before
+    kafka = live.kafka_records() - kafka_before
+    cpu = per_thousand(cpu_before, groups.sample(), source)
+    seconds = (end_ms - start_ms) / 1000
+    in_step = [r for r in live.results if start_ms <= r.commit_ts_ms < end_ms]
+    batch_s = sorted(r.seconds for r in in_step) or [0.0]
+    steps_s: dict[str, float] = {}
+    for r in in_step:
+        for name, ms in r.steps_ms.items():
+            steps_s[name] = steps_s.get(name, 0.0) + ms / 1000
+    return {
+        "rate": rate,
+        "source_changes_per_s": round(source / seconds),
+        # Kafka records: a delete is two (the change and its tombstone).
+        "kafka_records_per_s": round(kafka / seconds),
+        "lake_changes_per_s": round(sum(r.changes for r in in_step) / seconds),
+        **freshness(in_step),
+        "batches": len(in_step),
+        "batch_seconds_p50": round(batch_s[len(batch_s) // 2], 2),
+        "batch_seconds_max": round(batch_s[-1], 2),
+        # Records in Kafka beyond the pipeline's offsets after each batch: small means the pipeline keeps up with
+        # what capture has published, and the freshness is spent before Kafka.
+        "pipeline_kafka_lag_max": max((r.lag or 0 for r in in_step), default=0),
+        "pipeline_steps_s": {k: round(v, 2) for k, v in sorted(steps_s.items(), key=lambda kv: -kv[1])},
+        "cpu_s_per_1000_changes": cpu,
+        **{k: v for k, v in machine_load().items() if k == "loadavg_1m"},
+    }
+
+
+def print_ramp_table(steps: list[dict[str, Any]]) -> None:
+    if not steps:
+        return
+    groups = list(steps[0]["cpu_s_per_1000_changes"])
+    say("\n| target/s | source/s | lake/s | p50 s | p99 s | " + " | ".join(groups) + " | CPU s/1k total | load 1m |")
+    say("|" + "---|" * (7 + len(groups)))
+    for s in steps:
+        cpu = s["cpu_s_per_1000_changes"]
+        say(
+            f"| {s['rate']:,} | {s['source_changes_per_s']:,} | {s['lake_changes_per_s']:,} | {s['freshness_p50_s']} "
+            f"| {s['freshness_p99_s']} | "
+            + " | ".join(f"{cpu.get(g, 0):.3f}" for g in groups)
+            + f" | {sum(cpu.values()):.3f} | {s['loadavg_1m']} |"
+        )
 
 
 def check_alive(thread: threading.Thread, failure: list[BaseException]) -> None:
@@ -724,6 +821,13 @@ def main() -> int:
         help="PostgreSQL type of the price column in the e2e table (default: double precision)",
     )
     parser.add_argument("--catchup-timeout", type=float, default=600.0)
+    parser.add_argument("--ramp-start", type=int, default=3000, help="ramp: the first step's changes/s (default 3000)")
+    parser.add_argument("--ramp-step", type=int, default=1000, help="ramp: changes/s added a step (default 1000)")
+    parser.add_argument("--ramp-max", type=int, default=14000, help="ramp: the last step's changes/s (default 14000)")
+    parser.add_argument("--hold", type=float, default=120.0, help="ramp: seconds each step is held (default 120)")
+    parser.add_argument(
+        "--knee-p99", type=float, default=5.0, help="ramp: the freshness p99 a step must keep (default 5 s)"
+    )
     parser.add_argument("--base-rows", type=int, default=1_000_000, help="rows in the steady-state upsert tables")
     parser.add_argument(
         "--append-rows",
@@ -736,7 +840,7 @@ def main() -> int:
     parser.add_argument("--skip-e2e", action="store_true")
     parser.add_argument(
         "--only",
-        choices=["steady", "append", "sink", "e2e"],
+        choices=["steady", "append", "sink", "e2e", "ramp"],
         action="append",
         default=None,
         help="run only this part (repeatable); overrides the --skip-* flags",
@@ -792,6 +896,8 @@ def main() -> int:
                 summary.update(sink_benchmark(info, state_dir, args, spark_box))
             if "e2e" in parts:
                 summary.update(e2e_benchmark(info, state_dir, args, spark_box))
+            if "ramp" in parts:
+                summary.update(ramp_benchmark(info, state_dir, args, spark_box))
         except Exception as exc:  # noqa: BLE001 — still print the JSON line, with the error
             traceback.print_exc()
             say(f"FAILED: {exc}")
