@@ -724,6 +724,8 @@ def ramp_step(live: LiveRun, load, groups: ProcessGroups, rate: int, args) -> di
     for r in in_step:
         for name, ms in r.steps_ms.items():
             steps_s[name] = steps_s.get(name, 0.0) + ms / 1000
+        for name, ms in r.table_steps_ms.get(f"{NAMESPACE}.{LiveRun.TABLE}", {}).items():
+            steps_s[f"commit.{name}"] = steps_s.get(f"commit.{name}", 0.0) + ms / 1000
     return {
         "rate": rate,
         "source_changes_per_s": round(source / seconds),
