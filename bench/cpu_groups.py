@@ -68,27 +68,28 @@ def cpu_seconds(pids: Iterable[int], with_reaped: bool = True) -> float:
 
 
 class ProcessGroups:
-    """Samples the CPU of the groups of an end-to-end run: PostgreSQL, the load generator, the capture process
-    (its CLI and JVM), the broker, the pipeline driver (Python), the Spark JVM and its Python workers.
+    """Samples the CPU of the groups of an end-to-end run: the source database (PostgreSQL or MariaDB), the load
+    generator, the capture process (its CLI and JVM), the broker, the pipeline driver (Python), the Spark JVM and
+    its Python workers.
 
-    ``postgres_pid`` and ``broker_pid`` are the servers' root processes; ``capture_pid`` the capture CLI's;
+    ``source_db_pid`` and ``broker_pid`` are the servers' root processes; ``capture_pid`` the capture CLI's;
     ``load_pids`` the load generator's processes.
     """
 
     def __init__(
         self,
-        postgres_pid: int | None,
+        source_db_pid: int | None,
         broker_pid: int | None,
         capture_pid: int | None,
         load_pids: list[int],
     ) -> None:
-        self.postgres_pid, self.broker_pid, self.capture_pid = postgres_pid, broker_pid, capture_pid
+        self.source_db_pid, self.broker_pid, self.capture_pid = source_db_pid, broker_pid, capture_pid
         self.load_pids = load_pids
 
     def sample(self) -> dict[str, float]:
         children = process_tree()
         me = os.getpid()
-        others = {p for p in (self.postgres_pid, self.broker_pid, self.capture_pid) if p} | set(self.load_pids)
+        others = {p for p in (self.source_db_pid, self.broker_pid, self.capture_pid) if p} | set(self.load_pids)
         spark_jvms = [c for c in children.get(me, ()) if c not in others and "java" in _cmdline(c)]
 
         def is_worker(pid: int) -> bool:
@@ -98,8 +99,8 @@ class ProcessGroups:
         worker_roots = [c for j in spark for c in children.get(j, ()) if is_worker(c)]
         workers = descendants(worker_roots, children, lambda _: False)
         groups = {
-            "postgresql": cpu_seconds(descendants([self.postgres_pid], children, lambda _: False))
-            if self.postgres_pid
+            "source_db": cpu_seconds(descendants([self.source_db_pid], children, lambda _: False))
+            if self.source_db_pid
             else 0.0,
             "load_generator": cpu_seconds(descendants(self.load_pids, children, lambda _: False)),
             "capture": cpu_seconds(descendants([self.capture_pid], children, lambda _: False))

@@ -31,7 +31,6 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    ORDERS_DDL,
     STATUSES,
     DebeziumEvents,
     FastProducer,
@@ -48,7 +47,7 @@ from _common import (  # noqa: E402
     write_pipeline_yaml,
 )
 from cpu_groups import ProcessGroups, per_thousand  # noqa: E402
-from loadgen import LoadGenerator, create_txn_function  # noqa: E402
+from loadgen import LoadGenerator, MariadbSource, PostgresSource  # noqa: E402
 
 from lakestream.engine.loop import run_pipeline  # noqa: E402
 from lakestream.spark import session_for  # noqa: E402
@@ -402,18 +401,6 @@ def ensure_spark(spark_box: list, config):
 # -- end to end -----------------------------------------------------------------------------------
 
 
-def source_totals(dsn: str, table: str) -> dict[str, int]:
-    import psycopg2
-
-    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
-        cur.execute(
-            f"SELECT count(*), count(DISTINCT id), coalesce(sum(qty), 0), coalesce(sum(version), 0) FROM {table}"
-        )
-        n, keys, qty, version = cur.fetchone()
-    conn.close()
-    return {"n": int(n), "keys": int(keys), "qty": int(qty), "version": int(version)}
-
-
 class LiveRun:
     """PostgreSQL → Debezium → Kafka → Spark → Iceberg, running: a seeded source table, the capture process
     streaming, the pipeline in a thread, and the snapshot in the lake. Used by the ``e2e`` and ``ramp`` parts."""
@@ -422,40 +409,51 @@ class LiveRun:
 
     def __init__(self, info, state_dir: Path, args, spark_box: list) -> None:
         self.info, self.state_dir, self.args = info, state_dir, args
-        self.dsn = info.pg_dsn()
         self.results: list = []
         self.failure: list[BaseException] = []
         self.stop = threading.Event()
-        self._create_source_table()
+        if args.source == "mariadb":
+            database = info.source_database("lsbench")
+            self.source: PostgresSource = MariadbSource(
+                {
+                    "host": database["host"],
+                    "port": database["port"],
+                    "user": database["user"],
+                    "password": database["password"],
+                    "database": database["dbname"],
+                },
+                self.TABLE,
+            )
+            self._create_mariadb_database(database)
+            self.topic = f"{self.PREFIX}.{database['dbname']}.{self.TABLE}"
+            capture: dict[str, Any] = {"database": database, "tables": [f"{database['dbname']}.{self.TABLE}"]}
+        else:
+            params = {
+                "host": info.pg_host,
+                "port": info.pg_port,
+                "dbname": info.source_db,
+                "user": info.pg_user,
+                "password": info.pg_password,
+            }
+            self.source = PostgresSource(params, f"public.{self.TABLE}")
+            self.topic = f"{self.PREFIX}.public.{self.TABLE}"
+            capture = {
+                "database": params,
+                "tables": [f"public.{self.TABLE}"],
+                "slot_name": "lsbench_e2e",
+                "publication_name": "lsbench_e2e_pub",
+            }
+        self.source.create(args.seed_rows)
         data = pipeline_data(
             info,
             state_dir,
             "bench_e2e",
-            [
-                {
-                    "topics": [f"{self.PREFIX}.public.{self.TABLE}"],
-                    "mode": "upsert",
-                    "namespace": NAMESPACE,
-                    "table": "{table}",
-                }
-            ],
+            [{"topics": [self.topic], "mode": "upsert", "namespace": NAMESPACE, "table": "{table}"}],
             engine={
                 "commit_interval_s": args.commit_interval,
                 **({"max_records_per_batch": args.batch} if args.batch else {}),
             },
-            capture={
-                "database": {
-                    "host": info.pg_host,
-                    "port": info.pg_port,
-                    "dbname": info.source_db,
-                    "user": info.pg_user,
-                    "password": info.pg_password,
-                },
-                "tables": [f"public.{self.TABLE}"],
-                "topic_prefix": self.PREFIX,
-                "slot_name": "lsbench_e2e",
-                "publication_name": "lsbench_e2e_pub",
-            },
+            capture={**capture, "topic_prefix": self.PREFIX},
         )
         self.config = to_config(data)
         self.yaml_path = write_pipeline_yaml(state_dir / "e2e-pipeline.yaml", data)
@@ -463,22 +461,14 @@ class LiveRun:
         self.thread = threading.Thread(target=self._run_pipeline, name="pipeline", daemon=True)
         self.capture = None
 
-    def _create_source_table(self) -> None:
-        import psycopg2
+    def _create_mariadb_database(self, database: dict[str, Any]) -> None:
+        import pymysql
 
-        conn = psycopg2.connect(self.dsn)
-        conn.autocommit = True
+        conn = pymysql.connect(
+            host=database["host"], port=database["port"], user=database["user"], password=database["password"]
+        )
         with conn.cursor() as cur:
-            cur.execute(f"DROP TABLE IF EXISTS public.{self.TABLE}")
-            cur.execute(f"CREATE TABLE public.{self.TABLE} ({ORDERS_DDL.format(price_type=self.args.price_type)})")
-            cur.execute(
-                f"INSERT INTO public.{self.TABLE} (id, customer_id, status, amount, qty, price, express, version, "
-                f"created_day, created_at, updated_at, note) SELECT i, i %% 50000, 'new', i %% 19 * 19.99, "
-                f"i %% 19 + 1, 19.99, i %% 3 = 0, 1, current_date, localtimestamp, now(), 'seed ' || i "
-                f"FROM generate_series(1, %s) AS i",
-                (self.args.seed_rows,),
-            )
-            create_txn_function(cur, f"public.{self.TABLE}")
+            cur.execute(f"CREATE DATABASE IF NOT EXISTS {database['dbname']}")
         conn.close()
 
     def _run_pipeline(self) -> None:
@@ -514,7 +504,7 @@ class LiveRun:
 
     def load_generator(self, rate: float) -> LoadGenerator:
         seeded = self.args.seed_rows
-        return LoadGenerator(self.dsn, f"public.{self.TABLE}", self.args.connections, seeded + 1, seeded, rate)
+        return LoadGenerator(self.source, self.args.connections, seeded + 1, seeded, rate)
 
     def check(self) -> None:
         check_alive(self.thread, self.failure)
@@ -528,7 +518,7 @@ class LiveRun:
         return wait_for_lake(
             self.spark,
             self.TABLE,
-            source_totals(self.dsn, self.TABLE),
+            self.source.totals(),
             self.thread,
             self.failure,
             timeout=self.args.catchup_timeout,
@@ -539,7 +529,7 @@ class LiveRun:
         """Records in the capture topic (its partitions' high watermarks): what capture has published so far."""
         from confluent_kafka import Consumer, TopicPartition
 
-        topic = f"{self.PREFIX}.public.{self.TABLE}"
+        topic = self.topic
         consumer = Consumer({"bootstrap.servers": self.info.bootstrap_servers, "group.id": "bench-watermarks"})
         try:
             partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
@@ -556,7 +546,7 @@ class LiveRun:
 
         broker = next((p.stem for p in pids.glob("*.pid") if "kafka" in p.stem or "broker" in p.stem), None)
         return ProcessGroups(
-            postgres_pid=pid_of("postgres"),
+            source_db_pid=pid_of("mariadb" if self.args.source == "mariadb" else "postgres"),
             broker_pid=pid_of(broker) if broker else None,
             capture_pid=self.capture.pid if self.capture else None,
             load_pids=load.pids,
@@ -649,8 +639,9 @@ def ramp_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, An
     """Raise the source rate step by step, each held ``--hold`` seconds, until the lake's freshness p99 over a
     step passes ``--knee-p99`` or the source cannot reach the step's rate: the knee is the last step that held."""
     rates = list(range(args.ramp_start, args.ramp_max + 1, args.ramp_step))
+    source = "MariaDB" if args.source == "mariadb" else "PostgreSQL"
     say(
-        f"\n== ramp: PostgreSQL → Debezium → Kafka → Spark → Iceberg at {', '.join(f'{r:,}' for r in rates)} "
+        f"\n== ramp: {source} → Debezium → Kafka → Spark → Iceberg at {', '.join(f'{r:,}' for r in rates)} "
         f"changes/s, {args.hold:.0f}s each; a step holds while freshness p99 ≤ {args.knee_p99:g}s"
     )
     steps: list[dict[str, Any]] = []
@@ -817,11 +808,6 @@ def main() -> int:
     )
     parser.add_argument("--seed-rows", type=int, default=10_000, help="rows in the source table before capture starts")
     parser.add_argument("--commit-interval", type=float, default=1.0, help="engine.commit_interval_s for e2e")
-    parser.add_argument(
-        "--price-type",
-        default="double precision",
-        help="PostgreSQL type of the price column in the e2e table (default: double precision)",
-    )
     parser.add_argument("--catchup-timeout", type=float, default=600.0)
     parser.add_argument("--ramp-start", type=int, default=3000, help="ramp: the first step's changes/s (default 3000)")
     parser.add_argument("--ramp-step", type=int, default=1000, help="ramp: changes/s added a step (default 1000)")
@@ -846,6 +832,12 @@ def main() -> int:
         action="append",
         default=None,
         help="run only this part (repeatable); overrides the --skip-* flags",
+    )
+    parser.add_argument(
+        "--source",
+        choices=["postgresql", "mariadb"],
+        default="postgresql",
+        help="the e2e and ramp parts' source database (default postgresql; MariaDB's binlog with 'mariadb')",
     )
     parser.add_argument("--keep", action="store_true", help="keep the state directory (logs, warehouse)")
     parser.add_argument(
@@ -885,7 +877,10 @@ def main() -> int:
     say(f"machine: {summary['load_start']}")
     spark_box: list = []
     status = 0
-    with private_stack("bench-e2e", keep=args.keep, storage=args.storage, catalog=args.catalog) as (info, state_dir):
+    with private_stack("bench-e2e", keep=args.keep, storage=args.storage, catalog=args.catalog, source=args.source) as (
+        info,
+        state_dir,
+    ):
         say(f"private stack in {state_dir}: kafka {info.bootstrap_servers}, postgres :{info.pg_port}")
         try:
             if "steady" in parts:

@@ -2,10 +2,10 @@
 
 Each connection runs in a process of its own (spawned, not forked: the parent holds a JVM), so the load
 never competes with the pipeline driver for the parent's GIL and its CPU is counted apart from the
-pipeline's. A transaction is one call of a PL/pgSQL function (``TXN_FUNCTION``, created by
-``create_txn_function``): one round trip, and the rows are built by PostgreSQL, so the generator's own CPU
-stays small beside the system under test on the same two cores. The target rate can be changed while it runs
-(the ramp in ``bench/e2e.py --only ramp``).
+pipeline's. A transaction is one round trip with the rows built by the database (PostgreSQL: a call of a
+PL/pgSQL function, ``PostgresSource``; MariaDB: one multi-statement request, ``MariadbSource``), so the
+generator's own CPU stays small beside the system under test on the same two cores. The target rate can be
+changed while it runs (the ramp in ``bench/e2e.py --only ramp``).
 """
 
 from __future__ import annotations
@@ -21,42 +21,131 @@ INSERTS, UPDATES, DELETES = 10, 8, 2  # per transaction
 
 TXN_FUNCTION = "lakestream_bench_txn"
 
+# The benchmark table's columns, in each source's SQL (the orders table of bench/_common.ORDERS_DDL).
+POSTGRES_DDL = """id integer PRIMARY KEY, customer_id bigint NOT NULL, status text, amount numeric(12,2), qty integer,
+    price double precision, express boolean, version integer NOT NULL, created_day date, created_at timestamp,
+    updated_at timestamptz, note text"""
+MARIADB_DDL = """id INT PRIMARY KEY, customer_id BIGINT NOT NULL, status TEXT, amount DECIMAL(12,2), qty INT,
+    price DOUBLE, express BOOLEAN, version INT NOT NULL, created_day DATE, created_at DATETIME(6),
+    updated_at TIMESTAMP(6) NULL, note TEXT"""
+COLUMNS = "id, customer_id, status, amount, qty, price, express, version, note, created_day, created_at, updated_at"
+TOTALS = "SELECT count(*), count(DISTINCT id), coalesce(sum(qty), 0), coalesce(sum(version), 0) FROM {table}"
 
-def create_txn_function(cur: Any, table: str) -> None:
-    """One transaction's changes as a function: ``INSERTS`` new rows from ``first_id`` every ``stride`` ids, an
-    update of each id in ``updates`` and a delete of each in ``deletes``; returns the rows changed."""
-    cur.execute(
-        f"""
-        CREATE OR REPLACE FUNCTION {TXN_FUNCTION}(first_id integer, stride integer, updates integer[],
-                                                  deletes integer[], new_status text)
-        RETURNS integer LANGUAGE plpgsql AS $$
-        DECLARE
-            changed integer;
-            n integer;
-        BEGIN
-            INSERT INTO {table} (id, customer_id, status, amount, qty, price, express, version, note,
-                                 created_day, created_at, updated_at)
-            SELECT i, i % 50000, 'new', (i % 19 + 1) * 19.99, i % 19 + 1, 19.99, i % 3 = 0, 1, 'order ' || i,
-                   current_date, localtimestamp, now()
-            FROM generate_series(first_id, first_id + stride * ({INSERTS} - 1), stride) AS i;
-            GET DIAGNOSTICS changed = ROW_COUNT;
-            UPDATE {table} SET qty = qty % 19 + 1, version = version + 1, status = new_status, updated_at = now()
-            WHERE id = ANY(updates);
-            GET DIAGNOSTICS n = ROW_COUNT;
-            changed := changed + n;
-            DELETE FROM {table} WHERE id = ANY(deletes);
-            GET DIAGNOSTICS n = ROW_COUNT;
-            RETURN changed + n;
-        END $$
-        """
-    )
+
+class PostgresSource:
+    """The benchmark table in PostgreSQL, and a transaction as one call of a PL/pgSQL function."""
+
+    kind = "postgresql"
+
+    def __init__(self, params: dict[str, Any], table: str) -> None:
+        self.params, self.table = params, table  # psycopg2.connect keyword arguments; schema-qualified table
+
+    def connect(self) -> Any:
+        import psycopg2
+
+        return psycopg2.connect(**self.params)
+
+    def create(self, seed_rows: int) -> None:
+        conn = self.connect()
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS {self.table}")
+            cur.execute(f"CREATE TABLE {self.table} ({POSTGRES_DDL})")
+            cur.execute(
+                f"INSERT INTO {self.table} ({COLUMNS}) SELECT i, i % 50000, 'new', (i % 19 + 1) * 19.99, i % 19 + 1, "
+                f"19.99, i % 3 = 0, 1, 'seed ' || i, current_date, localtimestamp, now() "
+                f"FROM generate_series(1, {int(seed_rows)}) AS i"
+            )
+            cur.execute(
+                f"""
+                CREATE OR REPLACE FUNCTION {TXN_FUNCTION}(first_id integer, stride integer, updates integer[],
+                                                          deletes integer[], new_status text)
+                RETURNS integer LANGUAGE plpgsql AS $$
+                DECLARE
+                    changed integer;
+                    n integer;
+                BEGIN
+                    INSERT INTO {self.table} ({COLUMNS})
+                    SELECT i, i % 50000, 'new', (i % 19 + 1) * 19.99, i % 19 + 1, 19.99, i % 3 = 0, 1, 'order ' || i,
+                           current_date, localtimestamp, now()
+                    FROM generate_series(first_id, first_id + stride * ({INSERTS} - 1), stride) AS i;
+                    GET DIAGNOSTICS changed = ROW_COUNT;
+                    UPDATE {self.table} SET qty = qty % 19 + 1, version = version + 1, status = new_status,
+                           updated_at = now()
+                    WHERE id = ANY(updates);
+                    GET DIAGNOSTICS n = ROW_COUNT;
+                    changed := changed + n;
+                    DELETE FROM {self.table} WHERE id = ANY(deletes);
+                    GET DIAGNOSTICS n = ROW_COUNT;
+                    RETURN changed + n;
+                END $$
+                """
+            )
+        conn.close()
+
+    def transaction(
+        self, cur: Any, first_id: int, stride: int, updates: list[int], deletes: list[int], status: str
+    ) -> int:
+        cur.execute(f"SELECT {TXN_FUNCTION}(%s, %s, %s, %s, %s)", (first_id, stride, updates, deletes, status))
+        return int(cur.fetchone()[0])
+
+    def totals(self) -> dict[str, int]:
+        conn = self.connect()
+        with conn.cursor() as cur:
+            cur.execute(TOTALS.format(table=self.table))
+            n, keys, qty, version = cur.fetchone()
+        conn.close()
+        return {"n": int(n), "keys": int(keys), "qty": int(qty), "version": int(version)}
+
+
+class MariadbSource(PostgresSource):
+    """The benchmark table in MariaDB, and a transaction as one multi-statement request (the inserted ids from
+    the Sequence engine's ``seq_<a>_to_<b>_step_<s>``)."""
+
+    kind = "mariadb"
+
+    def connect(self) -> Any:
+        import pymysql
+        from pymysql.constants import CLIENT
+
+        return pymysql.connect(**self.params, client_flag=CLIENT.MULTI_STATEMENTS)
+
+    def create(self, seed_rows: int) -> None:
+        conn = self.connect()
+        conn.autocommit(True)
+        with conn.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS {self.table}")
+            cur.execute(f"CREATE TABLE {self.table} ({MARIADB_DDL})")
+            cur.execute(
+                f"INSERT INTO {self.table} ({COLUMNS}) SELECT seq, seq % 50000, 'new', (seq % 19 + 1) * 19.99, "
+                f"seq % 19 + 1, 19.99, seq % 3 = 0, 1, CONCAT('seed ', seq), CURDATE(), NOW(6), NOW(6) "
+                f"FROM seq_1_to_{int(seed_rows)}"
+            )
+        conn.close()
+
+    def transaction(
+        self, cur: Any, first_id: int, stride: int, updates: list[int], deletes: list[int], status: str
+    ) -> int:
+        last = first_id + stride * (INSERTS - 1)
+        cur.execute(
+            f"INSERT INTO {self.table} ({COLUMNS}) SELECT seq, seq % 50000, 'new', (seq % 19 + 1) * 19.99, "
+            f"seq % 19 + 1, 19.99, seq % 3 = 0, 1, CONCAT('order ', seq), CURDATE(), NOW(6), NOW(6) "
+            f"FROM seq_{int(first_id)}_to_{int(last)}_step_{int(stride)};"
+            f"UPDATE {self.table} SET qty = qty % 19 + 1, version = version + 1, status = '{status}', "
+            f"updated_at = NOW(6) WHERE id IN ({','.join(str(int(i)) for i in updates)});"
+            f"DELETE FROM {self.table} WHERE id IN ({','.join(str(int(i)) for i in deletes)})"
+        )
+        changed = cur.rowcount
+        while cur.nextset():
+            changed += cur.rowcount
+        return changed
 
 
 class LoadGenerator:
     """``connections`` processes running transactions on disjoint keys, at ``rate`` changes/s in all (0: as fast
     as PostgreSQL allows)."""
 
-    def __init__(self, dsn: str, table: str, connections: int, first_id: int, seeded: int, rate: float):
+    def __init__(self, source: PostgresSource, connections: int, first_id: int, seeded: int, rate: float):
         ctx = multiprocessing.get_context("spawn")
         self.connections = connections
         self._rate = ctx.Value("d", float(rate))
@@ -64,13 +153,13 @@ class LoadGenerator:
         self._changes = ctx.Array("q", connections)
         self._transactions = ctx.Array("q", connections)
         self._errors = ctx.Queue()
+        self._ready = ctx.Value("i", 0)
         self._procs = [
             ctx.Process(
                 target=run_connection,
                 args=(
                     i,
-                    dsn,
-                    table,
+                    source,
                     connections,
                     first_id,
                     seeded,
@@ -79,6 +168,7 @@ class LoadGenerator:
                     self._changes,
                     self._transactions,
                     self._errors,
+                    self._ready,
                 ),
                 name=f"loadgen-{i}",
                 daemon=True,
@@ -87,9 +177,17 @@ class LoadGenerator:
         ]
         self._error: str | None = None
 
-    def start(self) -> None:
+    def start(self, timeout: float = 120.0) -> None:
+        """Start every connection and return once each is connected (a spawned process imports the benchmark's
+        modules first: that start-up is not part of any step's CPU)."""
         for p in self._procs:
             p.start()
+        deadline = time.monotonic() + timeout
+        while self._ready.value < self.connections:
+            if self.error or time.monotonic() > deadline:
+                self.finish()
+                raise RuntimeError(f"load generator: {self.error or 'connections not ready in time'}")
+            time.sleep(0.05)
 
     @property
     def pids(self) -> list[int]:
@@ -130,8 +228,7 @@ class LoadGenerator:
 
 def run_connection(
     index: int,
-    dsn: str,
-    table: str,
+    source: PostgresSource,
     connections: int,
     first_id: int,
     seeded: int,
@@ -140,25 +237,24 @@ def run_connection(
     changes: Any,
     transactions: Any,
     errors: Any,
+    ready: Any,
 ) -> None:
     """One connection's loop: 10 inserts, 8 updates and 2 deletes a transaction, paced to its share of the rate."""
-    import psycopg2
-
     try:
         rng = random.Random(index)
         live = LiveKeys(i for i in range(1, seeded + 1) if i % connections == index)
         next_id = first_id + index
         per_txn = INSERTS + UPDATES + DELETES
-        conn = psycopg2.connect(dsn)
+        conn = source.connect()
         cur = conn.cursor()
-        call = f"SELECT {TXN_FUNCTION}(%s, %s, %s, %s, %s)"
+        with ready.get_lock():
+            ready.value += 1
         deadline = time.monotonic()
         paced_at = rate.value
         while not stop.is_set():
             targets = live.sample(rng, UPDATES + DELETES)
             gone = targets[UPDATES:]
-            cur.execute(call, (next_id, connections, targets[:UPDATES], gone, rng.choice(STATUSES)))
-            changed = cur.fetchone()[0]
+            changed = source.transaction(cur, next_id, connections, targets[:UPDATES], gone, rng.choice(STATUSES))
             conn.commit()
             for _ in range(INSERTS):
                 live.add(next_id)
