@@ -9,6 +9,7 @@ part of it; the load generator runs in processes of its own).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -86,6 +87,13 @@ class ProcessGroups:
         self.source_db_pid, self.broker_pid, self.capture_pid = source_db_pid, broker_pid, capture_pid
         self.load_pids = load_pids
 
+    def capture_threads(self) -> dict[str, float]:
+        """``thread_cpu`` of the capture process (its Python and its JVM: Debezium's, the converter's, the publisher's
+        and librdkafka's threads)."""
+        if not self.capture_pid:
+            return {}
+        return thread_cpu(descendants([self.capture_pid], process_tree(), lambda _: False))
+
     def sample(self) -> dict[str, float]:
         children = process_tree()
         me = os.getpid()
@@ -116,6 +124,37 @@ class ProcessGroups:
             "python_workers": cpu_seconds(workers) + sum(_reaped(j) for j in spark),
         }
         return groups
+
+
+def _thread_name(pid: int, tid: str) -> str:
+    try:
+        name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+    # Numbered members of one pool are one entry: "pool-3-thread-1" → "pool-3-thread-#", "rdk:broker1" → "rdk:broker#".
+    return re.sub(r"\d+$", "#", name)
+
+
+def thread_cpu(pids: Iterable[int]) -> dict[str, float]:
+    """CPU seconds of the live threads of ``pids``, summed by thread name (numbered pool members together)."""
+    by_name: dict[str, float] = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            fields = _stat(f"{pid}/task/{tid}")
+            if fields:
+                name = _thread_name(pid, tid)
+                by_name[name] = by_name.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICKS
+    return by_name
+
+
+def thread_delta(before: dict[str, float], after: dict[str, float], seconds: float, top: int = 8) -> dict[str, float]:
+    """Cores each thread name used between two ``thread_cpu`` samples, the busiest ``top`` first."""
+    used = {k: (v - before.get(k, 0.0)) / seconds for k, v in after.items()}
+    return {k: round(v, 3) for k, v in sorted(used.items(), key=lambda kv: -kv[1])[:top] if v > 0}
 
 
 def _reaped(pid: int) -> float:

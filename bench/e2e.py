@@ -46,7 +46,7 @@ from _common import (  # noqa: E402
     to_config,
     write_pipeline_yaml,
 )
-from cpu_groups import ProcessGroups, per_thousand  # noqa: E402
+from cpu_groups import ProcessGroups, per_thousand, thread_delta  # noqa: E402
 from loadgen import LoadGenerator, MariadbSource, PostgresSource  # noqa: E402
 
 from lakestream.engine.loop import run_pipeline  # noqa: E402
@@ -663,6 +663,7 @@ def ramp_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, An
                     f"freshness p50/p99 {step['freshness_p50_s']}/{step['freshness_p99_s']} s, "
                     f"load {step['loadavg_1m']}; CPU s/1,000 changes: {cpu_line(step['cpu_s_per_1000_changes'])}"
                 )
+                say(f"           capture threads (cores): {step['capture_thread_cores']}")
                 if step["source_changes_per_s"] < 0.9 * rate:
                     ended_by = f"the source reached only {step['source_changes_per_s']:,}/s of {rate:,}/s"
                     break
@@ -693,6 +694,7 @@ def ramp_step(live: LiveRun, load, groups: ProcessGroups, rate: int, args) -> di
     changes_before = load.total_changes
     kafka_before = live.kafka_records()
     cpu_before = groups.sample()
+    threads_before = groups.capture_threads()
     end = time.monotonic() + args.hold
     next_report = time.monotonic() + 30
     while time.monotonic() < end:
@@ -709,6 +711,7 @@ def ramp_step(live: LiveRun, load, groups: ProcessGroups, rate: int, args) -> di
     kafka = live.kafka_records() - kafka_before
     cpu = per_thousand(cpu_before, groups.sample(), source)
     seconds = (end_ms - start_ms) / 1000
+    capture_threads = thread_delta(threads_before, groups.capture_threads(), seconds)
     in_step = [r for r in live.results if start_ms <= r.commit_ts_ms < end_ms]
     batch_s = sorted(r.seconds for r in in_step) or [0.0]
     steps_s: dict[str, float] = {}
@@ -732,6 +735,8 @@ def ramp_step(live: LiveRun, load, groups: ProcessGroups, rate: int, args) -> di
         "pipeline_kafka_lag_max": max((r.lag or 0 for r in in_step), default=0),
         "pipeline_steps_s": {k: round(v, 2) for k, v in sorted(steps_s.items(), key=lambda kv: -kv[1])},
         "cpu_s_per_1000_changes": cpu,
+        # Cores each of capture's busiest threads used over the step: where capture's time goes.
+        "capture_thread_cores": capture_threads,
         **{k: v for k, v in machine_load().items() if k == "loadavg_1m"},
     }
 
