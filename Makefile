@@ -62,7 +62,7 @@ SPARK4_TESTS = \
 	tests/maintenance/test_maintenance_actions.py tests/maintenance/test_line_history.py \
 	tests/maintenance/test_metadata_bounded.py tests/maintenance/test_pipeline_compaction.py \
 	tests/maintenance/test_concurrent_ingest.py tests/maintenance/test_inline_beside_ingest.py \
-	tests/query/test_engines.py tests/query/test_fresh.py tests/verify/test_verify.py
+	tests/read/test_engines.py tests/read/test_fresh.py tests/verify/test_verify.py
 
 setup-spark4:
 	LAKESTREAM_VENV=$(SPARK4_VENV) LAKESTREAM_PYSPARK=$(SPARK4_PYSPARK) ./scripts/bootstrap.sh
@@ -97,11 +97,11 @@ test-mariadb: setup
 # Other engines reading the tables (marker engines): a Trino node, assembled from Trino's
 # modules by coordinates (jars.toml's trino-server and trino-plugin-iceberg, ~480 MB resolved on first use; it runs on
 # the Temurin 25 JDK, or LAKESTREAM_TRINO_JAVA_HOME), reads the pipeline's tables through the JDBC catalog and Apache
-# Iceberg's REST catalog server, against Spark (tests/query/test_trino.py); `lakestream stack up --trino` and `sql
+# Iceberg's REST catalog server, against Spark (tests/read/test_trino.py); `lakestream stack up --trino` and `sql
 # --engine trino` on a stack of their own (tests/stack/test_trino_stack.py).
 test-engines: setup
-	$(VENV)/bin/python -m lakestream.jars trino-server trino-plugin-iceberg
-	$(VENV)/bin/python -m pytest -x -v --durations=15 -m engines tests/query/test_trino.py tests/stack/test_trino_stack.py
+	$(VENV)/bin/python -m lakestream.runtime.jars trino-server trino-plugin-iceberg
+	$(VENV)/bin/python -m pytest -x -v --durations=15 -m engines tests/read/test_trino.py tests/stack/test_trino_stack.py
 
 # The long chaos scenarios (tests/engine/test_chaos.py); sized by LAKESTREAM_CHAOS_KILLS (20),
 # LAKESTREAM_CHAOS_COMMIT_KILLS (half), LAKESTREAM_CHAOS_BROKER_OUTAGE_S (30), LAKESTREAM_CHAOS_CATALOG_OUTAGE_S (15),

@@ -815,7 +815,7 @@ class SparkSettings(_Model):
     bundled_aws_sdk: bool = True
     # Where the Iceberg runtime, the JDBC driver and the AWS bundle come from: "cache", the jars Maven
     # resolved into this machine's cache, given as spark.jars; or "packages", their coordinates
-    # (lakestream/jars.toml) given as spark.jars.packages, resolved by Spark's Ivy (a cluster's way).
+    # (lakestream/runtime/jars.toml) given as spark.jars.packages, resolved by Spark's Ivy (a cluster's way).
     jars_from: Literal["cache", "packages"] = "cache"
     # The JIT of a JVM started here in local mode: "c1" compiles with HotSpot's client compiler only
     # (-XX:TieredStopAtLevel=1), "tiered" is the JVM's default (C1, then C2 for hot code). "auto": c1 for

@@ -24,8 +24,8 @@ from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
 from lakestream.config import PipelineConfig
 from lakestream.errors import CaptureError, ConfigError
 from lakestream.faults import pause_point
-from lakestream.jvm_jars import capture_jar, confluent_avro_jars, debezium_jars
 from lakestream.kafka_access import check_access, refusals_raised
+from lakestream.runtime.jvm_jars import capture_jar, confluent_avro_jars, debezium_jars
 from lakestream.signals import install_stop_signals
 
 log = logging.getLogger(__name__)

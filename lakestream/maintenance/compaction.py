@@ -30,8 +30,8 @@ import numpy as np
 
 from lakestream.beside import BACKGROUND_NICE, at_low_priority
 from lakestream.identifiers import TableName
-from lakestream.inspection import PartitionMetrics, load_java_table, partition_key
 from lakestream.maintenance.actions import MaintenanceResult
+from lakestream.read.inspection import PartitionMetrics, load_java_table, partition_key
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -161,7 +161,7 @@ def live_data_files(
     batches; a partitioned one by Spark's ``data_files`` and ``delete_files`` tables, whose partition values are
     typed as the plan's are. ``jtable``: the table as just loaded by the caller (else it is loaded here)."""
     from lakestream.identifiers import quote_table
-    from lakestream.spark import driver_jvm
+    from lakestream.runtime.spark import driver_jvm
 
     if jtable is None:
         jtable = load_java_table(spark, catalog, f"{table.namespace}.{table.table}")

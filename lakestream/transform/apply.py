@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from lakestream.process.reference import ReferenceData, reference_rows
+from lakestream.transform.reference import ReferenceData, reference_rows
 
 # Added to the input view; a table column of the same name wins.
 META_COLUMNS = {
@@ -40,7 +40,7 @@ class Derived:
     sql: str | None
     python: str | None
     where: str  # the config field, for messages: streams[0].transforms[1]
-    # (view name, reference key) of each reference table the SQL joins (lakestream.process.reference)
+    # (view name, reference key) of each reference table the SQL joins (lakestream.transform.reference)
     references: tuple[tuple[str, str], ...] = ()
 
 
