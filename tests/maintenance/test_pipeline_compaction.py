@@ -11,9 +11,9 @@ import pytest
 from conftest import produce_records
 
 from lakestream.engine.pipeline import Pipeline
-from lakestream.maintenance.compaction import RewriteGroup, plan_groups
+from lakestream.maintenance.compaction import plan_groups
 from lakestream.maintenance.runner import write_compaction
-from lakestream.sink.commit.rewrites import carried_deletes
+from lakestream.sink.commit.rewrites import RewriteGroup, carried_deletes
 
 NS = "pcomp"
 
