@@ -14,7 +14,7 @@ import importlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -99,7 +99,7 @@ def load_callable(path: str) -> Callable[[pa.Table], Any]:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise TypeError(f"{path!r}: {attr!r} is not a callable in module {module_name}")
-    return fn
+    return cast("Callable[[pa.Table], Any]", fn)
 
 
 def reference_views(derived: Derived, references: Mapping[str, ReferenceData]) -> dict[str, pa.Table]:
