@@ -39,7 +39,7 @@ test-random: setup
 
 # Spark 4.1 (Scala 2.13, Java 17): a second venv with pyspark $(SPARK4_PYSPARK) instead of requirements.lock's 3.5.9
 # (everything else as pinned), Iceberg's 4.1 runtime (jars.toml group spark4, picked by the pyspark version), and the
-# core suite on it: every engine, sink, maintenance and query test that starts Spark, and verify (Lakestream's own
+# core suite on it: every engine, sink, maintenance and read test that starts Spark, and verify (Lakestream's own
 # Spark SQL casts, under Spark 4's ANSI mode). Left out: tests that never start Spark (tests/decode and the pure units
 # engine/test_units, sink/test_latest, test_disk_index, test_convert_defaults, maintenance/test_policy: nothing in them
 # changes with Spark; the decoding itself runs inside the Spark tasks of the engine and sink tests here), the long
@@ -53,8 +53,8 @@ SPARK4_TESTS = \
 	tests/engine/test_pipeline_basic.py tests/engine/test_batch_ids.py tests/engine/test_commit_cadence.py \
 	tests/engine/test_crash_between_tables.py tests/engine/test_dead_letter_durability.py \
 	tests/engine/test_engine_metrics.py tests/engine/test_fatal_failures.py tests/engine/test_isolation.py \
-	tests/engine/test_overlap.py tests/engine/test_restart_positions.py tests/engine/test_spark_packages.py \
-	tests/engine/test_spark_session.py tests/engine/test_cluster.py \
+	tests/engine/test_overlap.py tests/engine/test_restart_positions.py tests/runtime/test_spark_packages.py \
+	tests/runtime/test_spark_session.py tests/engine/test_cluster.py \
 	tests/sink/test_append_mode.py tests/sink/test_ddl.py tests/sink/test_dead_letter_replay.py \
 	tests/sink/test_debezium_edge_cases.py tests/sink/test_files_commit.py tests/sink/test_index_exactness.py \
 	tests/sink/test_index_identity.py tests/sink/test_routing.py tests/sink/test_schema_evolution.py \
@@ -62,7 +62,7 @@ SPARK4_TESTS = \
 	tests/maintenance/test_maintenance_actions.py tests/maintenance/test_line_history.py \
 	tests/maintenance/test_metadata_bounded.py tests/maintenance/test_pipeline_compaction.py \
 	tests/maintenance/test_concurrent_ingest.py tests/maintenance/test_inline_beside_ingest.py \
-	tests/query/test_engines.py tests/query/test_fresh.py tests/verify/test_verify.py
+	tests/read/test_engines.py tests/read/test_fresh.py tests/verify/test_verify.py
 
 setup-spark4:
 	LAKESTREAM_VENV=$(SPARK4_VENV) LAKESTREAM_PYSPARK=$(SPARK4_PYSPARK) ./scripts/bootstrap.sh
@@ -97,11 +97,11 @@ test-mariadb: setup
 # Other engines reading the tables (marker engines): a Trino node, assembled from Trino's
 # modules by coordinates (jars.toml's trino-server and trino-plugin-iceberg, ~480 MB resolved on first use; it runs on
 # the Temurin 25 JDK, or LAKESTREAM_TRINO_JAVA_HOME), reads the pipeline's tables through the JDBC catalog and Apache
-# Iceberg's REST catalog server, against Spark (tests/query/test_trino.py); `lakestream stack up --trino` and `sql
+# Iceberg's REST catalog server, against Spark (tests/read/test_trino.py); `lakestream stack up --trino` and `sql
 # --engine trino` on a stack of their own (tests/stack/test_trino_stack.py).
 test-engines: setup
-	$(VENV)/bin/python -m lakestream.jars trino-server trino-plugin-iceberg
-	$(VENV)/bin/python -m pytest -x -v --durations=15 -m engines tests/query/test_trino.py tests/stack/test_trino_stack.py
+	$(VENV)/bin/python -m lakestream.runtime.jars trino-server trino-plugin-iceberg
+	$(VENV)/bin/python -m pytest -x -v --durations=15 -m engines tests/read/test_trino.py tests/stack/test_trino_stack.py
 
 # The long chaos scenarios (tests/engine/test_chaos.py); sized by LAKESTREAM_CHAOS_KILLS (20),
 # LAKESTREAM_CHAOS_COMMIT_KILLS (half), LAKESTREAM_CHAOS_BROKER_OUTAGE_S (30), LAKESTREAM_CHAOS_CATALOG_OUTAGE_S (15),

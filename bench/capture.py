@@ -149,8 +149,8 @@ def write_mariadb_changes(info, name: str, table: str, first_id: int, changes: i
 def parallel_snapshot(yaml_path: Path, rows: int) -> dict:
     """`lakestream snapshot` of the pipeline's tables in this process: its rows/s into Iceberg."""
     from lakestream.config import load_config
+    from lakestream.runtime.spark import session_for
     from lakestream.snapshot import run_snapshot
-    from lakestream.spark import session_for
 
     config = load_config(str(yaml_path))
     spark = session_for(config)

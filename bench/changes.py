@@ -43,8 +43,8 @@ from _common import (  # noqa: E402
 from lakestream.changes import plan_range, read_changes  # noqa: E402
 from lakestream.engine.loop import run_pipeline  # noqa: E402
 from lakestream.engine.pipeline import Pipeline  # noqa: E402
+from lakestream.runtime.spark import session_for  # noqa: E402
 from lakestream.sink.catalog.sink import table_info  # noqa: E402
-from lakestream.spark import session_for  # noqa: E402
 
 
 def _feed(spark, name: str, since: int, until: int) -> dict:

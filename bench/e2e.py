@@ -50,7 +50,7 @@ from cpu_groups import ProcessGroups, per_thousand, thread_delta  # noqa: E402
 from loadgen import LoadGenerator, MariadbSource, PostgresSource  # noqa: E402
 
 from lakestream.engine.loop import run_pipeline  # noqa: E402
-from lakestream.spark import session_for  # noqa: E402
+from lakestream.runtime.spark import session_for  # noqa: E402
 
 NAMESPACE = "bench"
 

@@ -42,7 +42,7 @@ ACTIVE = 3  # topics with new data per batch after the first
 def worker(args) -> dict[str, Any]:
     """One T: pre-fill, first batch (creates T tables), then ``rounds`` batches touching ACTIVE topics."""
     from lakestream.engine.pipeline import Pipeline
-    from lakestream.spark import session_for
+    from lakestream.runtime.spark import session_for
 
     count = args.worker
     base = json.loads(Path(args.base_config).read_text())

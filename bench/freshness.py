@@ -34,7 +34,7 @@ from _common import (  # noqa: E402
 )
 
 from lakestream.engine.loop import run_pipeline  # noqa: E402
-from lakestream.spark import session_for  # noqa: E402
+from lakestream.runtime.spark import session_for  # noqa: E402
 
 
 def produce(

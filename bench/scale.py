@@ -50,7 +50,7 @@ from _common import (  # noqa: E402
 import lakestream.sink.catalog.sink as sink_files  # noqa: E402
 from lakestream.engine.loop import run_pipeline  # noqa: E402
 from lakestream.engine.pipeline import Pipeline  # noqa: E402
-from lakestream.spark import session_for  # noqa: E402
+from lakestream.runtime.spark import session_for  # noqa: E402
 
 
 def _status_kb(pid: int | str, field: str) -> int:

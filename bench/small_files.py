@@ -26,9 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lakestream.config import MaintenanceSettings, PipelineConfig, load_config, parse_config  # noqa: E402
-from lakestream.inspection import collect_table_metrics  # noqa: E402
 from lakestream.maintenance import maintain_tables  # noqa: E402
-from lakestream.spark import session_for  # noqa: E402
+from lakestream.read.inspection import collect_table_metrics  # noqa: E402
+from lakestream.runtime.spark import session_for  # noqa: E402
 
 NAMESPACE, TABLE = "bench", "small_files"
 REGIONS = ("eu", "us", "apac")

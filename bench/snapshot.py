@@ -29,9 +29,9 @@ from _common import machine_load, pipeline_data, private_stack, quiet_logs, say,
 
 from lakestream.capture import CaptureProcess  # noqa: E402
 from lakestream.engine.loop import run_pipeline  # noqa: E402
+from lakestream.runtime.spark import session_for  # noqa: E402
 from lakestream.snapshot import run_snapshot  # noqa: E402
-from lakestream.spark import session_for  # noqa: E402
-from lakestream.verify import verify_tables  # noqa: E402
+from lakestream.verify.compare import verify_tables  # noqa: E402
 
 TABLE_DDL = """CREATE TABLE {t} (id bigint PRIMARY KEY, customer_id int, status text, amount numeric(12,2),
     qty int, note text, created_at timestamptz, updated_at timestamp, shipped date, paid boolean)"""

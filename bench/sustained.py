@@ -90,8 +90,8 @@ from lakestream.engine.loop import metrics_path, run_pipeline  # noqa: E402
 from lakestream.faults import ENV_VAR as PAUSE_ENV  # noqa: E402
 from lakestream.faults import PAUSE_MARKER  # noqa: E402
 from lakestream.maintenance.history import maintenance_log_path  # noqa: E402
+from lakestream.runtime.spark import session_for  # noqa: E402
 from lakestream.sink.commit.offsets import OFFSETS_PROPERTY, decode_offsets  # noqa: E402
-from lakestream.spark import session_for  # noqa: E402
 
 NAMESPACE, TABLE = "bench", "orders"
 PIPELINE = "sustained"
@@ -626,7 +626,7 @@ class SnapshotWatch:
     )
 
     def __init__(self, config, topic: str):
-        from lakestream.query import pyiceberg_catalog
+        from lakestream.read.query import pyiceberg_catalog
 
         self.catalog = pyiceberg_catalog(config.catalog)
         self.topic = topic

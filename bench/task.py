@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import DebeziumEvents, FastProducer, OrderRow, machine_load, pipeline_data, private_stack, say, to_config  # noqa: E402
 
+from lakestream.routing import Router  # noqa: E402
 from lakestream.sink import report as rp  # noqa: E402
 from lakestream.sink.spec import TableSpec  # noqa: E402
-from lakestream.sink.write.routing import Router  # noqa: E402
 from lakestream.sink.write.task import WriteContext, run_write_task  # noqa: E402
 from lakestream.source.planner import OffsetRange  # noqa: E402
 

@@ -112,6 +112,41 @@ class SchemaRegistrySettings(_Model):
         return conf
 
 
+# librdkafka settings that only consumers understand; passing them to a producer only earns warnings.
+_CONSUMER_ONLY_KEYS = {
+    "group.id",
+    "group.instance.id",
+    "group.protocol",
+    "group.remote.assignor",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "max.poll.interval.ms",
+    "auto.offset.reset",
+    "enable.auto.commit",
+    "auto.commit.interval.ms",
+    "enable.auto.offset.store",
+    "enable.partition.eof",
+    "isolation.level",
+    "partition.assignment.strategy",
+    "fetch.min.bytes",
+    "fetch.max.bytes",
+    "fetch.wait.max.ms",
+    "fetch.error.backoff.ms",
+    "fetch.message.max.bytes",
+    "max.partition.fetch.bytes",
+    "check.crcs",
+    "queued.min.messages",
+    "queued.max.messages.kbytes",
+    "coordinator.query.interval.ms",
+    "consume.callback.max.messages",
+    "allow.auto.create.topics",
+    "client.rack",
+}
+
+# Producer settings tuned for capture (STACK.md): small linger batches events without adding visible latency.
+_PRODUCER_DEFAULTS = {"linger.ms": 20, "batch.size": 524288, "compression.type": "lz4"}
+
+
 class KafkaSettings(_Model):
     """Where the change events live. ``client`` is passed to librdkafka as is (SASL/SSL included)."""
 
@@ -136,6 +171,18 @@ class KafkaSettings(_Model):
         conf["bootstrap.servers"] = self.bootstrap_servers
         conf["group.id"] = self.group_id
         conf["enable.auto.commit"] = False
+        conf.update(overrides)
+        return conf
+
+    def producer_config(self, **overrides: Any) -> dict[str, Any]:
+        """librdkafka settings for an idempotent producer to this cluster (capture's, a dead-letter replay's):
+        ``client`` minus consumer-only keys, with capture's batching."""
+        conf: dict[str, Any] = dict(_PRODUCER_DEFAULTS)
+        conf.update({str(k): v for k, v in self.client.items() if str(k) not in _CONSUMER_ONLY_KEYS})
+        conf["bootstrap.servers"] = self.bootstrap_servers
+        # Idempotence keeps per-partition order and drops duplicates caused by producer retries.
+        conf["enable.idempotence"] = True
+        conf["acks"] = "all"
         conf.update(overrides)
         return conf
 
@@ -815,7 +862,7 @@ class SparkSettings(_Model):
     bundled_aws_sdk: bool = True
     # Where the Iceberg runtime, the JDBC driver and the AWS bundle come from: "cache", the jars Maven
     # resolved into this machine's cache, given as spark.jars; or "packages", their coordinates
-    # (lakestream/jars.toml) given as spark.jars.packages, resolved by Spark's Ivy (a cluster's way).
+    # (lakestream/runtime/jars.toml) given as spark.jars.packages, resolved by Spark's Ivy (a cluster's way).
     jars_from: Literal["cache", "packages"] = "cache"
     # The JIT of a JVM started here in local mode: "c1" compiles with HotSpot's client compiler only
     # (-XX:TieredStopAtLevel=1), "tiered" is the JVM's default (C1, then C2 for hot code). "auto": c1 for

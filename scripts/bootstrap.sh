@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent setup for a fresh machine of this kind: system packages, the venv, the package.
-# Every JVM jar comes by Maven coordinates (lakestream/jars.toml), resolved with mvn; see docs/stack.md.
+# Every JVM jar comes by Maven coordinates (lakestream/runtime/jars.toml), resolved with mvn; see docs/stack.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${LAKESTREAM_VENV:-.venv}
@@ -38,11 +38,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -e . 2> >(grep -v "^WARNING: Location" >&2)
   echo "$want" > "$stamp"
 fi
-# Resolve the jar groups of lakestream/jars.toml this venv uses with Maven (checksums checked) into ~/.cache/lakestream/jars,
+# Resolve the jar groups of lakestream/runtime/jars.toml this venv uses with Maven (checksums checked) into ~/.cache/lakestream/jars,
 # then compile the small JVM helpers (commit properties, offset lookup; the capture classes; the local REST
 # catalog server) against them.
-"$VENV/bin/python" -m lakestream.jars
-"$VENV/bin/python" -m lakestream.jvm_jars >/dev/null
+"$VENV/bin/python" -m lakestream.runtime.jars
+"$VENV/bin/python" -m lakestream.runtime.jvm_jars >/dev/null
 # The native parser of Debezium payloads (lakestream/decode/payloads_rs, no dependencies), built with cargo into the same
 # cache under a digest of its sources.
 "$VENV/bin/python" -m lakestream.decode.native >/dev/null
@@ -50,5 +50,5 @@ fi
 # pinned version; Go 1.21+ on PATH or in /usr/local/go) into ~/.cache/lakestream/bin/, once per version.
 "$VENV/bin/python" -m lakestream.stack.gateway >/dev/null
 # The stack's and the tests' Schema Registry: Apicurio Registry's runnable assembly by Maven coordinates.
-"$VENV/bin/python" -m lakestream.jars --distribution apicurio-registry >/dev/null
+"$VENV/bin/python" -m lakestream.runtime.jars --distribution apicurio-registry >/dev/null
 echo "[bootstrap] ready: $VENV"

@@ -303,7 +303,7 @@ def dead_letters(spark, topic: str) -> list:
 
 
 def verify_ok(source: CapturedSource, spark, tables: list[str]) -> None:
-    from lakestream.verify import verify_tables
+    from lakestream.verify.compare import verify_tables
 
     report = verify_tables(source.config, spark, tables=[f"public.{t}" for t in tables])
     assert report.ok, report.to_text()

@@ -195,7 +195,7 @@ def catalog_settings(info: StackInfo, name: str = "lake"):
 def spark(stack: StackInfo):
     """One SparkSession per test process: local[2], modest memory, catalog `lake` on the shared stack."""
     from lakestream.config import SparkSettings
-    from lakestream.spark import build_session
+    from lakestream.runtime.spark import build_session
 
     session = build_session(catalog_settings(stack), SparkSettings(master="local[2]", driver_memory="1500m"))
     yield session

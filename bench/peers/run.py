@@ -74,7 +74,7 @@ def versions() -> dict[str, str]:
     import duckdb
     import pyspark
 
-    from lakestream import jars
+    from lakestream.runtime import jars
 
     out = {
         "pyspark": pyspark.__version__,
@@ -103,7 +103,7 @@ class Run:
         self.writer: Writer = writer_for(system, info, work / system, self.events.topic, f"orders_{system}")
         self.generator = Generator(info.bootstrap_servers, self.events.prefix, args.rows, SEED)
         self.cpu = CpuMeter()
-        from lakestream.query import pyiceberg_catalog
+        from lakestream.read.query import pyiceberg_catalog
 
         self.probe = SnapshotProbe(pyiceberg_catalog(config.catalog), self.writer.qualified)
         self.work = work
@@ -396,7 +396,7 @@ class Run:
 
         code = (
             "import sys, time, yaml; from lakestream.config import parse_config; "
-            "from lakestream.query import run_sql; config = parse_config(yaml.safe_load(open(sys.argv[1])), "
+            "from lakestream.read.query import run_sql; config = parse_config(yaml.safe_load(open(sys.argv[1])), "
             "sys.argv[1]); started = time.perf_counter(); run_sql(config, sys.argv[2], engine='duckdb'); "
             "print(time.perf_counter() - started)"
         )
@@ -690,7 +690,7 @@ def main() -> int:
     with private_stack("bench-peers", keep=args.keep, discard_topics=True) as (info, state_dir):
         if args.keep:
             say(f"state dir: {state_dir}")
-        from lakestream.spark import session_for
+        from lakestream.runtime.spark import session_for
 
         reader = pipeline_data(info, state_dir, "peers-reader", [{"topics": ["x"]}])
         write_pipeline_yaml(state_dir / "reader.yaml", reader)

@@ -19,7 +19,7 @@ from pathlib import Path
 from _common import ROOT, pipeline_data, write_pipeline_yaml
 from sustained import tree_pids
 
-from lakestream import jars
+from lakestream.runtime import jars
 
 SYSTEMS = ("lakestream", "flink", "spark")
 NAMESPACE = "peers"

@@ -2,7 +2,7 @@
 
 from lakestream.capture.connector import connect_json, connector_properties, prepared_connect_json
 from lakestream.capture.process import CaptureProcess
-from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
+from lakestream.capture.publisher import KafkaPublishingHandler
 from lakestream.capture.runner import CaptureProgress, run_capture
 
 __all__ = [
@@ -12,6 +12,5 @@ __all__ = [
     "connect_json",
     "connector_properties",
     "prepared_connect_json",
-    "producer_config",
     "run_capture",
 ]

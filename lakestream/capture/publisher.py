@@ -15,63 +15,16 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
-from lakestream.config import KafkaSettings
 from lakestream.errors import CaptureError
 from lakestream.faults import pause_point
 
 log = logging.getLogger(__name__)
-
-# librdkafka settings that only consumers understand; passing them to a producer only earns warnings.
-_CONSUMER_ONLY_KEYS = {
-    "group.id",
-    "group.instance.id",
-    "group.protocol",
-    "group.remote.assignor",
-    "session.timeout.ms",
-    "heartbeat.interval.ms",
-    "max.poll.interval.ms",
-    "auto.offset.reset",
-    "enable.auto.commit",
-    "auto.commit.interval.ms",
-    "enable.auto.offset.store",
-    "enable.partition.eof",
-    "isolation.level",
-    "partition.assignment.strategy",
-    "fetch.min.bytes",
-    "fetch.max.bytes",
-    "fetch.wait.max.ms",
-    "fetch.error.backoff.ms",
-    "fetch.message.max.bytes",
-    "max.partition.fetch.bytes",
-    "check.crcs",
-    "queued.min.messages",
-    "queued.max.messages.kbytes",
-    "coordinator.query.interval.ms",
-    "consume.callback.max.messages",
-    "allow.auto.create.topics",
-    "client.rack",
-}
-
-# Settings tuned for capture (STACK.md): small linger batches events without adding visible latency.
-_PRODUCER_DEFAULTS = {"linger.ms": 20, "batch.size": 524288, "compression.type": "lz4"}
 
 _INT = struct.Struct(">i")
 _TWO_INTS = struct.Struct(">ii")
 
 # How long a batch may wait for Kafka before capture stops rather than block forever.
 FLUSH_TIMEOUT_S = 120.0
-
-
-def producer_config(kafka: KafkaSettings, **overrides: Any) -> dict[str, Any]:
-    """librdkafka settings for the capture producer: ``kafka.client`` minus consumer-only keys."""
-    conf: dict[str, Any] = dict(_PRODUCER_DEFAULTS)
-    conf.update({str(k): v for k, v in kafka.client.items() if str(k) not in _CONSUMER_ONLY_KEYS})
-    conf["bootstrap.servers"] = kafka.bootstrap_servers
-    # Idempotence keeps per-partition order and drops duplicates caused by producer retries.
-    conf["enable.idempotence"] = True
-    conf["acks"] = "all"
-    conf.update(overrides)
-    return conf
 
 
 def unpack_batch(packed: bytes | memoryview) -> list[tuple[str, bytes | None, bytes | None]]:

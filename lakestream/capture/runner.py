@@ -20,12 +20,12 @@ from lakestream.capture.columns import ColumnWatch
 from lakestream.capture.connector import connector_properties
 from lakestream.capture.databases import capture_database
 from lakestream.capture.handover import handover_properties, seed_offsets
-from lakestream.capture.publisher import KafkaPublishingHandler, producer_config
+from lakestream.capture.publisher import KafkaPublishingHandler
 from lakestream.config import PipelineConfig
 from lakestream.errors import CaptureError, ConfigError
 from lakestream.faults import pause_point
-from lakestream.jvm_jars import capture_jar, confluent_avro_jars, debezium_jars
 from lakestream.kafka_access import check_access, refusals_raised
+from lakestream.runtime.jvm_jars import capture_jar, confluent_avro_jars, debezium_jars
 from lakestream.signals import install_stop_signals
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,7 @@ def run_capture(
     seed_offset = None
     if capture.snapshot == "parallel":
         properties, seed_offset = handover_properties(config, properties)
-    producer = Producer(refusals_raised(producer_config(config.kafka)))
+    producer = Producer(refusals_raised(config.kafka.producer_config()))
     check_access(producer)  # a refused client stops capture before Debezium starts
     renames = {t.debezium_topic(capture.topic_prefix): t.topic(capture.topic_prefix) for t in capture.source_tables}
     handler = KafkaPublishingHandler(producer, topic_renames={d: t for d, t in renames.items() if d != t})
@@ -272,7 +272,7 @@ def run_capture(
         columns_file = Path(properties["offset.storage.file.filename"]).with_suffix(".columns.json")
         # A producer of its own: a delivery report of the engine's batch served by this thread's flush would be
         # missed by `KafkaPublishingHandler`, which checks its batch's reports after its own flush.
-        column_producer = Producer(refusals_raised(producer_config(config.kafka)))
+        column_producer = Producer(refusals_raised(config.kafka.producer_config()))
         watch = ColumnWatch(capture, database, column_producer, capture.column_check_interval_s, columns_file)
 
     engine_error: list[BaseException] = []

@@ -194,7 +194,7 @@ def read_changes_arrow(
     key_columns: list[str] | None = None,
 ) -> pa.Table:
     """`read_changes` collected into a pyarrow Table, in commit order (for results that fit the driver)."""
-    from lakestream.query import spark_to_arrow
+    from lakestream.read.query import spark_to_arrow
 
     df = read_changes(spark, catalog, table, since, until, all_changes=all_changes, key_columns=key_columns)
     return spark_to_arrow(df.orderBy("_commit_sequence_number", "_row_id"))

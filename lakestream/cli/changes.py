@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _changes(args: argparse.Namespace) -> int:
     from lakestream.changes import append_changes, read_changes_arrow
     from lakestream.errors import ConfigError
-    from lakestream.spark import session_for
+    from lakestream.runtime.spark import session_for
 
     config = load_config(args.config)
     keys = [k.strip() for k in args.key.split(",") if k.strip()] if args.key is not None else None

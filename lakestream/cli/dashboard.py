@@ -49,8 +49,8 @@ def _port(text: str) -> int:
 
 def func(args: argparse.Namespace) -> int:
     from lakestream.dashboard.server import DashboardServer
+    from lakestream.runtime.spark import session_for
     from lakestream.signals import install_stop_signals
-    from lakestream.spark import session_for
 
     if args.interval <= 0 or args.history <= 0:
         raise SystemExit("lakestream dashboard: --interval and --history must be positive")

@@ -69,13 +69,13 @@ def _coordinates(values: list[str]) -> list[tuple[str, int, int]]:
 
 def _dead_letters(args: argparse.Namespace) -> int:
     from lakestream.cli.sql import plain_value, print_table
+    from lakestream.runtime.spark import session_for
     from lakestream.sink.deadletters.replay import (
         DeadLetterFilter,
         list_dead_letters,
         replay_dead_letters,
         summarize_dead_letters,
     )
-    from lakestream.spark import session_for
 
     config = load_config(args.config)
     flt = DeadLetterFilter(args.table, args.reason, args.topic, _coordinates(args.offset), args.include_replayed)

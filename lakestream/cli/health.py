@@ -42,7 +42,7 @@ def func(args: argparse.Namespace) -> int:
     from lakestream.health.monitor import collect_health, monitor
     from lakestream.health.report import render_json, render_table
     from lakestream.health.webhook import AlertNotifier
-    from lakestream.spark import session_for
+    from lakestream.runtime.spark import session_for
 
     config = load_config(args.pipeline)
     spark = session_for(config)

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
 
 def func(args: argparse.Namespace) -> int:
     from lakestream.maintenance.runner import MaintenanceScheduler, watch
-    from lakestream.spark import session_for
+    from lakestream.runtime.spark import session_for
 
     config = load_config(args.pipeline)
     spark = session_for(config)

@@ -1,5 +1,5 @@
 """`lakestream query PIPELINE_YAML NS.TABLE [--engine spark|duckdb|pyiceberg]`: read one table, a thin shell over
-`lakestream.query`."""
+`lakestream.read.query`."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _query(args: argparse.Namespace) -> int:
-    from lakestream.query import read_table
+    from lakestream.read.query import read_table
 
     config = load_config(args.config)
     columns = [c.strip() for c in args.columns.split(",")] if args.columns else None

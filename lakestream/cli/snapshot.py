@@ -45,8 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _snapshot(args: argparse.Namespace) -> int:
     from lakestream.errors import ConfigError
+    from lakestream.runtime.spark import session_for
     from lakestream.snapshot import run_snapshot
-    from lakestream.spark import session_for
 
     config = load_config(args.pipeline_yaml)
     if args.chunk_rows is not None and args.chunk_rows < 1:

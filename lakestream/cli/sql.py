@@ -70,19 +70,19 @@ def _sql(args: argparse.Namespace) -> int:
     query = sys.stdin.read() if args.query == "-" else args.query
     config = load_config(args.config)
     if args.engine == "trino":
-        from lakestream.query_trino import TrinoTarget, run_trino_sql
+        from lakestream.read.trino import TrinoTarget, run_trino_sql
 
         target = TrinoTarget.from_env(args.trino_uri, args.trino_user)
         columns, rows = run_trino_sql(target, query, catalog=config.catalog.name, limit=args.limit)
         print_rows(columns, rows, args.format, args.limit)
         return 0
     if args.engine == "duckdb":
-        from lakestream.query import run_sql
+        from lakestream.read.query import run_sql
 
         table = run_sql(config, query, engine="duckdb")
         print_arrow(table, args.format, args.limit)
         return 0
-    from lakestream.spark import session_for
+    from lakestream.runtime.spark import session_for
 
     spark = session_for(config)
     try:

@@ -24,8 +24,8 @@ def register(subparsers) -> None:
 
 def func(args: argparse.Namespace) -> int:
     from lakestream.identifiers import quote, validate_identifier
+    from lakestream.runtime.spark import session_for
     from lakestream.sink.catalog.upgrade import upgrade_table
-    from lakestream.spark import session_for
 
     config = load_config(args.pipeline)
     spark = session_for(config)

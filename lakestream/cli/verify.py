@@ -25,8 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from lakestream.spark import session_for
-    from lakestream.verify import verify_tables
+    from lakestream.runtime.spark import session_for
+    from lakestream.verify.compare import verify_tables
 
     config = load_config(args.config)
     spark = session_for(config)

@@ -21,7 +21,7 @@ from lakestream.dashboard.charts import freshness_figure, lag_figure, partition_
 from lakestream.engine.freshness import freshness_of_batches
 from lakestream.errors import first_line
 from lakestream.health.model import HealthReport
-from lakestream.inspection import TableMetrics
+from lakestream.read.inspection import TableMetrics
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

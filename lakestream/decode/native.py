@@ -64,7 +64,7 @@ def _digest() -> str:
 
 def library_path() -> Path:
     """Where the library of the current sources is (or would be) built."""
-    from lakestream.jvm_jars import cache_dir
+    from lakestream.runtime.jvm_jars import cache_dir
 
     return cache_dir() / f"lakestream-payloads-{_digest()}.so"
 

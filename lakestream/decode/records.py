@@ -22,7 +22,7 @@ from lakestream.decode.envelope import (
     source_position,
 )
 from lakestream.errors import DecodeError, MissingKey, UnroutableRecord
-from lakestream.sink.write.routing import Router
+from lakestream.routing import Router
 
 
 @dataclass(slots=True)

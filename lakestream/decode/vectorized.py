@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from lakestream.decode import native
+from lakestream.decode.columns import build_column
 from lakestream.decode.envelope import COMPACT_PAYLOAD_MARKER, decode_key, split_envelope
 from lakestream.decode.types import (
     MAX_DAYS,
@@ -353,7 +354,7 @@ def decode_events(
     )
 
 
-_EXACT_FLOAT_INT = 2.0**53  # as lakestream.sink.write.convert's integer check
+_EXACT_FLOAT_INT = 2.0**53  # as lakestream.decode.columns' integer check
 _DEFAULT_KEY = b"lakestream.write-default"  # lakestream.sink.types.DEFAULT_KEY (no import of the sink here)
 _MICROS = {
     "io.debezium.time.MicroTimestamp": 1,
@@ -395,8 +396,6 @@ def _convert(value: pa.Array, field: _WireField, target: pa.DataType) -> pa.Arra
         fast = decimals_from_base64(value, target)
         if fast is not None:
             return fast
-    from lakestream.sink.write.convert import build_column
-
     convert = field.ftype.convert
     return build_column([None if v is None else convert(v) for v in value.to_pylist()], target)
 

@@ -142,7 +142,7 @@ def _run(settings: Customer360Settings, info: StackInfo | None, spark: SparkSess
     reset_database(info, settings.dbname)
     own_spark = spark is None
     if spark is None:
-        from lakestream.spark import session_for
+        from lakestream.runtime.spark import session_for
 
         spark = session_for(config)
     catalog = config.catalog.name
@@ -216,7 +216,7 @@ def _wait_until_current(
 ) -> float:
     """Seconds until every mirror equals its source table and customer_360's snapshot records offsets at
     or past each input's (it is a function of the inputs' state as of those offsets)."""
-    from lakestream.verify import verify_tables
+    from lakestream.verify.compare import verify_tables
 
     started = time.monotonic()
     catalog = config.catalog.name

@@ -157,7 +157,7 @@ def run_fraud_demo(
     reset_database(info, settings.dbname)
     own_spark = spark is None
     if spark is None:
-        from lakestream.spark import session_for
+        from lakestream.runtime.spark import session_for
 
         spark = session_for(config)
     try:

@@ -97,7 +97,7 @@ def run_iot_demo(settings: IotSettings, info: StackInfo | None = None, spark: Sp
     write_private_yaml(work / "pipeline.yaml", data)
     own_spark = spark is None
     if spark is None:
-        from lakestream.spark import session_for
+        from lakestream.runtime.spark import session_for
 
         spark = session_for(config)
     try:

@@ -30,15 +30,15 @@ from lakestream.engine.freshness import freshness_from_metrics
 from lakestream.engine.loop import metrics_path
 from lakestream.errors import LakestreamError
 from lakestream.identifiers import quote, quote_table
-from lakestream.inspection import count_table_files
-from lakestream.sink.write.routing import Router
+from lakestream.read.inspection import count_table_files
+from lakestream.routing import Router
 from lakestream.stack import Stack, StackInfo, StackSettings
 from lakestream.stack.models import CatalogKind, SourceKind, StorageKind
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from lakestream.verify import VerifyReport
+    from lakestream.verify.compare import VerifyReport
 
 PIPELINE_NAME = "demo"
 NAMESPACE = "shop"
@@ -145,7 +145,7 @@ def run_demo(settings: DemoSettings) -> DemoResult:
     ):
         stale.unlink(missing_ok=True)
 
-    from lakestream.spark import session_for
+    from lakestream.runtime.spark import session_for
 
     spark = session_for(config)
     try:
@@ -413,7 +413,7 @@ class PipelineProcess:
 def _wait_until_verified(
     spark: SparkSession, config: PipelineConfig, pipeline: PipelineProcess, timeout: float
 ) -> tuple[VerifyReport, float]:
-    from lakestream.verify import verify_tables
+    from lakestream.verify.compare import verify_tables
 
     started = time.monotonic()
     # Verify is a Spark job of its own: run it only once the pipeline has committed a batch

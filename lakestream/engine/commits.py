@@ -267,7 +267,7 @@ class Committer:
         result = prepared.result
         started = time.monotonic()
         try:
-            done = self.retrying(name, lambda write: commit_rewrite(self.spark, write, prepared), record=False)
+            done = self.retrying(name, lambda write: commit_rewrite(self.spark, write, prepared.groups), record=False)
         except Exception as exc:  # noqa: BLE001 — maintenance never stops ingestion, unless nothing can go on
             if classify_failure(exc).kind in ("fatal", "config"):
                 raise

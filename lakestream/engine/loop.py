@@ -18,7 +18,7 @@ from lakestream.config import PipelineConfig
 from lakestream.engine.pipeline import Pipeline
 from lakestream.engine.result import BatchResult, describe_batch
 from lakestream.errors import ConfigError, Failure, FatalError, StoppedAfterFailures, classify_failure, first_line
-from lakestream.spark import jvm_alive
+from lakestream.runtime.spark import jvm_alive
 from lakestream.storage import activate as activate_storage
 from lakestream.storage import storage_unreachable
 

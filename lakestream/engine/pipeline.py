@@ -35,12 +35,12 @@ from lakestream.process.alerts import AlertStage
 from lakestream.process.materialize import MaterializeStage
 from lakestream.process.stage import Stage, StageContext
 from lakestream.process.windows import WindowStage
+from lakestream.routing import Router
 from lakestream.sink.catalog.schema import TableManager
 from lakestream.sink.commit.offsets import BATCH_PROPERTY, PIPELINE_PROPERTY, TableOffsets
 from lakestream.sink.deadletters.table import DeadLetterWriter
 from lakestream.sink.report import BatchReport, TableReport
 from lakestream.sink.write.files import delete_quietly
-from lakestream.sink.write.routing import Router
 from lakestream.source.kafka import KafkaCluster
 from lakestream.source.planner import OffsetRange
 
@@ -54,7 +54,7 @@ class Pipeline:
     """A running pipeline: its positions, tables, write job, committer and stages, and the Kafka client."""
 
     def __init__(self, config: PipelineConfig, spark: SparkSession | None = None, last_batch_id: int = 0):
-        from lakestream.spark import session_for
+        from lakestream.runtime.spark import session_for
 
         self.config = config
         # Kafka first: a client the broker refuses (credentials, TLS trust) stops the run before Spark starts.
@@ -194,7 +194,7 @@ class Pipeline:
 
     def recover_batch_id(self) -> int:
         """The highest ``lakestream.batch-id`` this pipeline committed to any table it writes (0 if none)."""
-        from lakestream.spark import jvm_helper
+        from lakestream.runtime.spark import jvm_helper
 
         helper = jvm_helper(self.spark)
         namespaces = {s.namespace for s in self.config.streams} | {self.config.engine.dead_letter_table.split(".")[0]}

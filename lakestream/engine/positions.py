@@ -12,9 +12,9 @@ from collections.abc import Callable
 from lakestream.config import PipelineConfig
 from lakestream.engine.registry import TableRegistry
 from lakestream.errors import DecodeError
+from lakestream.routing import Router
 from lakestream.sink.commit.offsets import TableOffsets
 from lakestream.sink.report import BatchReport
-from lakestream.sink.write.routing import Router
 from lakestream.sink.write.task import reread_from
 from lakestream.source.kafka import TP, KafkaCluster, consumer_lag
 from lakestream.source.planner import OffsetRange, plan_offset_ranges

@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING
 from lakestream.config import PipelineConfig, StreamSettings
 from lakestream.decode.envelope import COLUMN_RECORD_SHAPE
 from lakestream.engine.cadence import Cadence
+from lakestream.engine.references import ReferenceCache
 from lakestream.errors import ConfigError, LakestreamError
 from lakestream.identifiers import TableName, topic_parts, validate_identifier
-from lakestream.process.reference import ReferenceCache, ReferenceData
-from lakestream.process.transform import Derived, empty_input, output_columns, reference_views, run_transform
 from lakestream.sink.catalog.schema import (
     DEFAULT_TABLE_PROPERTIES,
     Shape,
@@ -40,6 +39,8 @@ from lakestream.sink.index.refresh import refresh_keyed, refresh_keyless
 from lakestream.sink.index.store import IndexStore, store_location
 from lakestream.sink.report import NewShape
 from lakestream.sink.spec import TableSpec
+from lakestream.transform.apply import Derived, empty_input, output_columns, reference_views, run_transform
+from lakestream.transform.reference import ReferenceData
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from lakestream.engine.registry import TableRegistry
 from lakestream.errors import first_line, is_infrastructure_failure
+from lakestream.routing import Router
 from lakestream.sink.report import BatchReport
-from lakestream.sink.write.routing import Router
 from lakestream.sink.write.task import WriteContext, run_write_task, topic_table
 from lakestream.source.planner import OffsetRange, pack_ranges
 

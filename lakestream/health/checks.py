@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from lakestream.config import CompactionPolicy, HealthThresholds
-from lakestream.inspection import TableMetrics
+from lakestream.read.inspection import TableMetrics
 
 
 @dataclass(frozen=True)

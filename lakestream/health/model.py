@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lakestream.health.checks import Alert
-from lakestream.inspection import TableMetrics
+from lakestream.read.inspection import TableMetrics
 
 
 @dataclass

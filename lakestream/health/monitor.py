@@ -12,7 +12,7 @@ from lakestream.errors import first_line
 from lakestream.health.checks import compaction_lag_s, evaluate
 from lakestream.health.history import record_health
 from lakestream.health.model import HealthReport
-from lakestream.inspection import TableMetrics, collect_table_metrics, list_tables
+from lakestream.read.inspection import TableMetrics, collect_table_metrics, list_tables
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

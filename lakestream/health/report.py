@@ -7,7 +7,7 @@ import sys
 from typing import IO
 
 from lakestream.health.model import HealthReport
-from lakestream.inspection import format_bytes
+from lakestream.read.inspection import format_bytes
 
 
 def _duration(seconds: float | None) -> str:

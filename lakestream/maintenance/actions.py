@@ -20,7 +20,7 @@ from lakestream.beside import BACKGROUND_NICE
 from lakestream.config import MaintenancePolicy
 from lakestream.errors import conflict_cause, first_line
 from lakestream.identifiers import quote, quote_column, quote_table, sql_string
-from lakestream.inspection import (
+from lakestream.read.inspection import (
     METADATA_DELETE_AFTER_COMMIT,
     METADATA_PREVIOUS_VERSIONS_MAX,
     PartitionMetrics,
@@ -49,7 +49,7 @@ BESIDE_THE_BATCHES = {"threads": 1, "duty": 0.5, "nice": BACKGROUND_NICE}
 def _line_history(spark: SparkSession, method: str, catalog: str, name: str, request: dict) -> dict | None:
     """``LineHistory.<method>`` on table ``name`` beside the batches: its answer (timings in seconds), or None
     when the table's history is not one line (the caller falls back to Iceberg's procedure)."""
-    from lakestream.spark import driver_jvm
+    from lakestream.runtime.spark import driver_jvm
 
     namespace, table = split_table_name(name)
     answer = json.loads(

@@ -30,8 +30,9 @@ import numpy as np
 
 from lakestream.beside import BACKGROUND_NICE, at_low_priority
 from lakestream.identifiers import TableName
-from lakestream.inspection import PartitionMetrics, load_java_table, partition_key
 from lakestream.maintenance.actions import MaintenanceResult
+from lakestream.read.inspection import PartitionMetrics, load_java_table, partition_key
+from lakestream.sink.commit.rewrites import RewriteGroup
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -49,30 +50,6 @@ MAX_GROUP_FILES = 1000
 # Size classes (`size_class`): a class spans a factor CLASS_RATIO, the first everything under CLASS_BASE_BYTES×4.
 CLASS_BASE_BYTES = 64 * 1024
 CLASS_RATIO = 4
-
-
-@dataclass
-class RewriteGroup:
-    """Data files whose live rows become one new data file (all of one partition)."""
-
-    inputs: list[str]
-    records: list[int]  # rows of each input
-    deleted: list[np.ndarray]  # sorted positions deleted in each input at the start snapshot
-    bytes: int = 0
-    output: dict[str, Any] | None = None  # {path, file_size, record_count} once written
-    keys: np.ndarray | None = None  # the output rows' index keys, by position
-    # Each input's (first_row_id, data sequence number): its rows' lineage where the file holds none (format v3).
-    lineage: list[tuple[int | None, int | None]] = field(default_factory=list)
-
-    @property
-    def live_rows(self) -> int:
-        return sum(r - len(d) for r, d in zip(self.records, self.deleted, strict=True))
-
-    def written(self) -> tuple[dict[str, Any], np.ndarray]:
-        """The output file and its rows' keys of a group the compaction has written."""
-        if self.output is None or self.keys is None:
-            raise RuntimeError(f"the rewrite of {self.inputs[:3]} has not been written")
-        return self.output, self.keys
 
 
 @dataclass
@@ -161,7 +138,7 @@ def live_data_files(
     batches; a partitioned one by Spark's ``data_files`` and ``delete_files`` tables, whose partition values are
     typed as the plan's are. ``jtable``: the table as just loaded by the caller (else it is loaded here)."""
     from lakestream.identifiers import quote_table
-    from lakestream.spark import driver_jvm
+    from lakestream.runtime.spark import driver_jvm
 
     if jtable is None:
         jtable = load_java_table(spark, catalog, f"{table.namespace}.{table.table}")

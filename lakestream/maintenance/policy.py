@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 
 from lakestream.config import CompactionPolicy, MaintenancePolicy
-from lakestream.inspection import PartitionMetrics, TableMetrics
+from lakestream.read.inspection import PartitionMetrics, TableMetrics
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,6 @@ from lakestream.beside import BACKGROUND_NICE, lower_jit_compilers, release_slot
 from lakestream.config import PipelineConfig
 from lakestream.errors import first_line
 from lakestream.faults import pause_point
-from lakestream.inspection import collect_table_metrics, format_bytes, list_tables, load_java_table
 from lakestream.maintenance.actions import (
     MaintenanceResult,
     compact_cold_partitions,
@@ -33,7 +32,8 @@ from lakestream.maintenance.actions import (
 from lakestream.maintenance.history import read_maintenance_log, record_maintenance
 from lakestream.maintenance.policy import MaintenancePlan, plan_maintenance
 from lakestream.maintenance.settle import Settling, steady_batch_s
-from lakestream.spark import jvm_pid
+from lakestream.read.inspection import collect_table_metrics, format_bytes, list_tables, load_java_table
+from lakestream.runtime.spark import jvm_pid
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

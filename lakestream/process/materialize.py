@@ -272,8 +272,8 @@ class DerivedTable:
     def upsert(self, keys: set[tuple] | None) -> None:
         """Recompute the rows of ``keys`` (every key when None) and MERGE them into the table, with
         the inputs' offsets in the snapshot."""
+        from lakestream.runtime.spark import jvm_helper
         from lakestream.sink.catalog.sink import commit_files, table_info
-        from lakestream.spark import jvm_helper
 
         started = time.monotonic()
         ctx, spark = self.ctx, self.ctx.spark

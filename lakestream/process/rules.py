@@ -19,7 +19,7 @@ import pyarrow as pa
 from lakestream.config import RuleCheck, RuleSet
 from lakestream.errors import ConfigError
 from lakestream.identifiers import ansi_string, quote_ansi_column, quote_column
-from lakestream.process.transform import duckdb_connection
+from lakestream.transform.apply import duckdb_connection
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

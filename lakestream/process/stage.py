@@ -20,12 +20,24 @@ from lakestream.sink.commit.offsets import commit_properties
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from lakestream.config import PipelineConfig
-    from lakestream.engine.registry import TableRegistry
+    from lakestream.config import PipelineConfig, StreamSettings
     from lakestream.sink.catalog.schema import TableManager
     from lakestream.sink.commit.offsets import TableOffsets
-    from lakestream.sink.report import BatchReport
+    from lakestream.sink.report import BatchReport, NewShape
+    from lakestream.sink.spec import TableSpec
     from lakestream.source.kafka import TP
+
+
+class Registry(Protocol):
+    """What a stage uses of the engine's table registry (`lakestream.engine.registry.TableRegistry`): the specs of the
+    tables the pipeline writes, and the one place a table is created or evolved."""
+
+    specs: dict[str, TableSpec]
+
+    def prepare_table(
+        self, name: str, shapes: list[NewShape], stream: StreamSettings | None = None, topic: str | None = None
+    ) -> None:
+        """Create or evolve ``name`` so every compatible shape can be written."""
 
 
 @dataclass
@@ -35,7 +47,7 @@ class StageContext:
     config: PipelineConfig
     spark: SparkSession
     tables: TableManager  # the catalog: exists, schema, namespaces, DDL
-    registry: TableRegistry  # specs, key indexes, table preparation
+    registry: Registry  # specs, table preparation
     offsets: TableOffsets
     batch_id: int = 0  # the batch in flight
 

@@ -21,11 +21,11 @@ import pyarrow as pa
 from lakestream.config import WindowSettings
 from lakestream.errors import ConfigError
 from lakestream.identifiers import quote_ansi_column, quote_column, quote_table
-from lakestream.process.transform import duckdb_connection
 from lakestream.sink.catalog.schema import DEFAULT_TABLE_PROPERTIES
 from lakestream.sink.report import BatchReport, DeadLetter
 from lakestream.sink.write.files import read_data_files
 from lakestream.source.kafka import TP
+from lakestream.transform.apply import duckdb_connection
 
 if TYPE_CHECKING:
     from lakestream.process.stage import StageContext
@@ -148,7 +148,7 @@ class WindowStage:
         log.info("created windows table %s", w.table)
 
     def run(self, report: BatchReport, isolated: bool = False) -> None:
-        from lakestream.spark import jvm_helper
+        from lakestream.runtime.spark import jvm_helper
 
         ctx = self.ctx
         for w in self.windows:

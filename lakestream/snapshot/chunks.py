@@ -41,7 +41,7 @@ COMMIT_EVERY_S = 5.0
 
 def read_snapshot_state(spark: SparkSession, ident: str) -> dict[str, Any] | None:
     """The snapshot state (chunks done, the handover) the table's latest commit carries, if any."""
-    from lakestream.spark import jvm_helper
+    from lakestream.runtime.spark import jvm_helper
 
     raw = jvm_helper(spark).latestSummaryValue(spark._jsparkSession, ident, STATE_PROPERTY)
     return orjson.loads(raw) if raw else None

@@ -424,7 +424,7 @@ def run_mariadb_snapshot(
 ) -> SnapshotReport:
     """`lakestream.snapshot.run_snapshot` for a MariaDB source (module doc)."""
     from lakestream.engine.registry import TableRegistry
-    from lakestream.spark import session_for
+    from lakestream.runtime.spark import session_for
 
     capture = captured(config)
     started = time.monotonic()

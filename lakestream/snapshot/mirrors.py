@@ -40,7 +40,7 @@ def require_upsert(topic: str, stream: StreamSettings, purpose: str = "the snaps
 
 def route_mirrors(config: PipelineConfig, registry: TableRegistry, names: list[str]) -> dict[str, RoutedTable]:
     """Each captured table's mirror as the pipeline's router places it (upsert streams only)."""
-    from lakestream.sink.write.routing import Router
+    from lakestream.routing import Router
 
     capture = captured(config)
     router = Router.from_config(config)

@@ -59,9 +59,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.engine.registry import TableRegistry
+    from lakestream.routing import Router
     from lakestream.sink.catalog.sink import CommitRequest
     from lakestream.sink.spec import TableSpec
-    from lakestream.sink.write.routing import Router
     from lakestream.snapshot.chunks import SnapshotTable
     from lakestream.snapshot.source import ChunkPlan, SourceTable
 
@@ -254,8 +254,8 @@ class TopicWindow:
 
 
 def _committed_offsets(spark: SparkSession, ident: str, topic: str) -> dict[int, int]:
+    from lakestream.runtime.spark import jvm_helper
     from lakestream.sink.commit.offsets import OFFSETS_PROPERTY, decode_offsets
-    from lakestream.spark import jvm_helper
 
     raw = jvm_helper(spark).latestSummaryValue(spark._jsparkSession, ident, OFFSETS_PROPERTY)
     return {tp.partition: off for tp, off in decode_offsets(raw).items() if tp.topic == topic}
@@ -283,7 +283,7 @@ def _release_commits(spark: SparkSession, ident: str, owner: str) -> None:
 
 
 def _committed_run(spark: SparkSession, ident: str) -> str | None:
-    from lakestream.spark import jvm_helper
+    from lakestream.runtime.spark import jvm_helper
 
     raw = jvm_helper(spark).latestSummaryValue(spark._jsparkSession, ident, RESNAPSHOT_PROPERTY)
     return orjson.loads(raw).get("run") if raw else None
@@ -494,9 +494,9 @@ def resnapshot_tables(
     shows. Nothing is committed before the end: a run that stops midway leaves the mirror as it was
     (and unreferenced data files for `remove_orphan_files`); run it again."""
     from lakestream.engine.registry import TableRegistry
+    from lakestream.runtime.spark import session_for
     from lakestream.snapshot.chunks import SnapshotError, source_dsn
     from lakestream.source.kafka import KafkaCluster
-    from lakestream.spark import session_for
 
     capture = captured(config)
     if not capture.schemas_enabled:
@@ -657,10 +657,10 @@ def _prepare_mirror(
 ) -> _Mirror:
     """The table's mirror, prepared for the source's columns; SnapshotError when it does not exist yet (nothing to
     repair) or is keyed otherwise than the source."""
+    from lakestream.routing import Router
     from lakestream.sink.catalog.sink import table_info
     from lakestream.sink.report import NewShape
     from lakestream.sink.types import arrow_schema
-    from lakestream.sink.write.routing import Router
     from lakestream.snapshot.chunks import SnapshotError
 
     topic = captured(config).topic(SourceTableName.parse(name))

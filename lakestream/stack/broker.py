@@ -1,6 +1,6 @@
 """The local stack's broker: Apache Kafka in KRaft mode, one process as both broker and controller.
 
-Its jars come from ``org.apache.kafka:kafka_2.13`` by coordinates (``lakestream/jars.toml``, group ``kafka``).
+Its jars come from ``org.apache.kafka:kafka_2.13`` by coordinates (``lakestream/runtime/jars.toml``, group ``kafka``).
 The storage is formatted once (a cluster id and the metadata log under ``<state_dir>/kafka/data``); topics
 persist across restarts and SIGKILLs as on any Kafka broker (the log is recovered at start). The pipeline
 only ever sees ``bootstrap.servers`` and runs unchanged against any Kafka cluster.
@@ -36,8 +36,8 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
-from lakestream import jars
 from lakestream.errors import StackError
+from lakestream.runtime import jars
 from lakestream.stack import process, tls
 from lakestream.stack.models import StackSettings
 

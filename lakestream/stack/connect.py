@@ -6,7 +6,7 @@ It is the shape most deployments run Debezium in: the connector configuration th
 offsets, its configuration and its status live in Kafka topics (``<group>-offsets``, ``-configs``,
 ``-status``), so a restart (even after a SIGKILL) resumes from the last offsets flushed, re-sending what came
 after them. The worker's jars come from ``org.apache.kafka:connect-runtime`` (group ``connect`` of
-``lakestream/jars.toml``) at the broker's Kafka version, the connector's from its own coordinates (group
+``lakestream/runtime/jars.toml``) at the broker's Kafka version, the connector's from its own coordinates (group
 ``connect-debezium-postgres``), linked as one directory under ``plugin.path``; Apicurio Registry's Avro converter
 (group ``connect-apicurio-converter``) is a second plugin there.
 
@@ -27,8 +27,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from lakestream import jars
 from lakestream.errors import StackError
+from lakestream.runtime import jars
 from lakestream.stack import process
 from lakestream.stack.broker import java_binary
 from lakestream.stack.models import StackSettings

@@ -1,7 +1,7 @@
 """The local stack's Schema Registry: Apicurio Registry 3.x, in memory, with Confluent's API at /apis/ccompat/v7.
 
 Apicurio Registry is a Quarkus application; Maven Central serves its runnable ``all`` assembly
-(``[distributions.apicurio-registry]`` in ``lakestream/jars.toml``), unpacked into the cache and started with
+(``[distributions.apicurio-registry]`` in ``lakestream/runtime/jars.toml``), unpacked into the cache and started with
 ``java -jar quarkus-run.jar``. Its class files are Java 21's: it runs on a JDK 21+ (``LAKESTREAM_REGISTRY_JAVA_HOME``,
 else the machine's Temurin 25). Storage is in memory, as in Apicurio's default: schemas live as long as the process.
 
@@ -24,8 +24,8 @@ import urllib.request
 from base64 import b64encode
 from pathlib import Path
 
-from lakestream import jars
 from lakestream.errors import StackError
+from lakestream.runtime import jars
 from lakestream.stack import process
 
 log = logging.getLogger(__name__)

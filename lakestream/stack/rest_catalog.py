@@ -205,14 +205,14 @@ class RestCatalogServer(_RestCatalogService):
         return path
 
     def argv(self, properties: Path) -> list[str]:
-        from lakestream.jvm_jars import (
+        from lakestream.runtime.jvm_jars import (
             aws_sdk_jars,
             iceberg_runtime_jar,
             postgres_jdbc_jar,
             rest_catalog_jar,
             spark_jars_dir,
         )
-        from lakestream.spark import LOG4J2_CONFIG
+        from lakestream.runtime.spark import LOG4J2_CONFIG
         from lakestream.storage import JVM_CHECKSUM_OPTIONS
 
         java = shutil.which("java")
@@ -300,8 +300,8 @@ class IcebergRestServer(_RestCatalogService):
         return env
 
     def argv(self) -> list[str]:
-        from lakestream.jars import jars
-        from lakestream.spark import LOG4J2_CONFIG
+        from lakestream.runtime.jars import jars
+        from lakestream.runtime.spark import LOG4J2_CONFIG
         from lakestream.stack.broker import java_binary
         from lakestream.storage import JVM_CHECKSUM_OPTIONS
 

@@ -115,7 +115,7 @@ class Stack:
         and fails `Cannot check and eventually update SQL schema` on a database without them); every other client
         here (Spark's catalog, pyiceberg's SqlCatalog) creates them when it first opens the catalog, as done here."""
         from lakestream.config import CatalogSettings
-        from lakestream.query import pyiceberg_catalog
+        from lakestream.read.query import pyiceberg_catalog
 
         pyiceberg_catalog(CatalogSettings(**self.info().catalog_config(self.settings.trino_catalog)))
 

@@ -23,8 +23,8 @@ import shutil
 import zipfile
 from pathlib import Path
 
-from lakestream import jars
-from lakestream.jvm_jars import trino_launcher_jar
+from lakestream.runtime import jars
+from lakestream.runtime.jvm_jars import trino_launcher_jar
 
 SERVER_GROUP = "trino-server"
 PLUGINS = {"iceberg": ("trino-plugin-iceberg", "io.trino.plugin.iceberg.IcebergPlugin")}

@@ -19,7 +19,7 @@ from probe import SnapshotProbe  # noqa: E402
 from workload import Generator, create_topic  # noqa: E402
 from writers import writer_for  # noqa: E402
 
-from lakestream.query import pyiceberg_catalog  # noqa: E402
+from lakestream.read.query import pyiceberg_catalog  # noqa: E402
 
 ROWS = 3
 

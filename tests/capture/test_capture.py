@@ -16,7 +16,7 @@ import pytest
 import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from lakestream.capture import CaptureProcess, connect_json, connector_properties, producer_config
+from lakestream.capture import CaptureProcess, connect_json, connector_properties
 from lakestream.capture.process import LAKESTREAM_COMMAND
 from lakestream.config import parse_config
 from lakestream.errors import ConfigError
@@ -254,7 +254,7 @@ def test_connect_json_has_no_password_or_embedded_keys():
 
 
 def test_producer_config_drops_consumer_keys():
-    conf = producer_config(parse_config(_pipeline_dict()).kafka)
+    conf = parse_config(_pipeline_dict()).kafka.producer_config()
     assert "session.timeout.ms" not in conf and "group.id" not in conf
     assert conf["linger.ms"] == 5 and conf["enable.idempotence"] is True and conf["acks"] == "all"
 

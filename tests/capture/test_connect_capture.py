@@ -27,7 +27,7 @@ from capture_harness import (
 from conftest import run_lakestream
 
 from lakestream.config import parse_config
-from lakestream.verify import verify_tables
+from lakestream.verify.compare import verify_tables
 
 SETUP = [
     "CREATE TABLE public.orders (id integer PRIMARY KEY, amount numeric(10,2), note text, at timestamptz)",

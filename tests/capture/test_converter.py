@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lakestream.jvm_jars import capture_jar, debezium_jars
+from lakestream.runtime.jvm_jars import capture_jar, debezium_jars
 
 
 def test_schema_caching_converter_writes_json_converters_bytes(tmp_path):

@@ -21,7 +21,7 @@ from conftest import catalog_settings, mariadb_database
 from lakestream.capture import CaptureProcess
 from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
-from lakestream.verify import verify_tables
+from lakestream.verify.compare import verify_tables
 
 CHECK = {"column_check_interval_s": 1}
 

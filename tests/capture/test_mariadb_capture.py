@@ -27,7 +27,7 @@ from mariadb_types import TYPES_COLUMNS, TYPES_DDL, TYPES_VALUES
 from lakestream.capture import CaptureProcess
 from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
-from lakestream.verify import verify_tables
+from lakestream.verify.compare import verify_tables
 
 # What the mirror holds for TYPES_VALUES (Spark's Python values; the session time zone is UTC).
 EXPECTED_TYPES_ROW = {

@@ -107,7 +107,7 @@ def test_the_pipelines_jvm_compiles_with_c1_only_when_it_runs_no_spark_sql_of_it
     """``spark.jit: auto`` (the default): C1 only for `lakestream run`'s JVM, unless it runs Spark SQL itself
     (derived tables, windows, inline maintenance); every other session keeps the JVM's tiered JIT; c1 and tiered
     are what they say for every session."""
-    from lakestream.spark import client_compiler
+    from lakestream.runtime.spark import client_compiler
 
     config = parse_config(BASE)
     assert config.spark.jit == "auto"

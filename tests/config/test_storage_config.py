@@ -7,7 +7,7 @@ import pytest
 
 from lakestream.config import parse_config, redact
 from lakestream.errors import ConfigError
-from lakestream.spark import catalog_conf
+from lakestream.runtime.spark import catalog_conf
 from lakestream.storage import S3Options, iceberg_io_properties, pyiceberg_io_properties
 
 BASE = {"kafka": {"bootstrap_servers": "127.0.0.1:9092"}, "streams": [{"topics": ["t"]}]}

@@ -10,9 +10,9 @@ from lakestream.dashboard.state import BatchLog, build_dashboard
 from lakestream.health.checks import evaluate
 from lakestream.health.history import read_health_history, record_health
 from lakestream.health.model import HealthReport
-from lakestream.inspection import PartitionMetrics, TableMetrics
 from lakestream.maintenance.actions import MaintenanceResult
 from lakestream.maintenance.history import read_maintenance_log, record_maintenance
+from lakestream.read.inspection import PartitionMetrics, TableMetrics
 
 NOW = 1_800_000_000_000
 

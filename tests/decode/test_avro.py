@@ -377,7 +377,7 @@ def test_record_decoder_reads_avro_on_debezium_streams_only(registered):
 
     from lakestream.config import StreamSettings
     from lakestream.decode.records import RecordDecoder
-    from lakestream.sink.write.routing import Router
+    from lakestream.routing import Router
 
     server, value_id, key_id = registered
     router = Router(

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from lakestream.config import StreamSettings
 from lakestream.decode.records import RecordDecoder
 from lakestream.errors import DecodeError
-from lakestream.sink.write.routing import Router
+from lakestream.routing import Router
 
 
 def _rec(offset: int, key, value, topic: str = "p.public.orders"):

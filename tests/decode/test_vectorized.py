@@ -14,8 +14,8 @@ import pytest
 from lakestream.config import StreamSettings
 from lakestream.decode.records import RecordDecoder
 from lakestream.decode.vectorized import RunDecoder, decode_events
+from lakestream.routing import Router
 from lakestream.sink.write.convert import convert_rows
-from lakestream.sink.write.routing import Router
 from lakestream.source.reader import RecordRun
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from lakestream.verify import PASS_MARKER
+from lakestream.verify.compare import PASS_MARKER
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from lakestream.capture import CaptureProcess
 from lakestream.config import parse_config
 from lakestream.demo.runner import PipelineProcess
 from lakestream.stack.process import free_port
-from lakestream.verify import PASS_MARKER, verify_tables
+from lakestream.verify.compare import PASS_MARKER, verify_tables
 
 pytestmark = pytest.mark.mariadb_slow
 

@@ -484,7 +484,7 @@ def test_sigkill_during_load_loses_and_duplicates_nothing(stack, chaos_db, servi
 def _verify_with_lakestream(spark, config_path: Path) -> tuple[bool, str] | None:
     """`lakestream.verify.verify_tables` when it exists (None otherwise)."""
     try:
-        from lakestream.verify import verify_tables
+        from lakestream.verify.compare import verify_tables
     except ImportError:
         return None
     from lakestream.config import load_config

@@ -8,8 +8,8 @@ from lakestream.config import StreamSettings
 from lakestream.engine.result import combine_quantiles
 from lakestream.errors import DecodeError, InvalidIdentifierError
 from lakestream.identifiers import TableName, quote, quote_column, quote_table, sql_string, topic_parts
+from lakestream.routing import Router
 from lakestream.sink.commit.offsets import ancestry, decode_offsets, encode_offsets
-from lakestream.sink.write.routing import Router
 from lakestream.source.kafka import TP
 
 

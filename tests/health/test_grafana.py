@@ -16,7 +16,7 @@ from lakestream.engine.result import BatchResult
 from lakestream.health.checks import evaluate
 from lakestream.health.exporter import render_prometheus
 from lakestream.health.model import HealthReport
-from lakestream.inspection import PartitionMetrics, TableMetrics
+from lakestream.read.inspection import PartitionMetrics, TableMetrics
 
 PROMQL_WORDS = {
     "by",

@@ -9,7 +9,7 @@ from lakestream.health.checks import compaction_lag_s, evaluate
 from lakestream.health.exporter import render_prometheus
 from lakestream.health.model import HealthReport
 from lakestream.health.webhook import AlertNotifier
-from lakestream.inspection import PartitionMetrics, TableMetrics
+from lakestream.read.inspection import PartitionMetrics, TableMetrics
 
 NOW = 1_800_000_000_000
 DAY_MS = 86_400_000

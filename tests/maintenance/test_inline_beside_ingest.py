@@ -65,7 +65,7 @@ def test_inline_rounds_keep_to_the_pipelines_tables_unless_a_policy_names_others
 def _jit_nice(spark) -> dict[int, int]:
     """The nice value of each JIT compiler thread of the session's JVM."""
     from lakestream.beside import JIT_THREADS
-    from lakestream.spark import jvm_pid
+    from lakestream.runtime.spark import jvm_pid
 
     pid, found = jvm_pid(spark), {}
     for tid in os.listdir(f"/proc/{pid}/task"):

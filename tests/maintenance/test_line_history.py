@@ -15,8 +15,8 @@ from urllib.parse import urlparse
 from conftest import produce_records
 
 from lakestream.engine.pipeline import Pipeline
-from lakestream.inspection import load_java_table
 from lakestream.maintenance.actions import BESIDE_THE_BATCHES, MaintenanceResult, expire_snapshots, remove_orphan_files
+from lakestream.read.inspection import load_java_table
 
 NS = "sexp"
 

@@ -14,14 +14,14 @@ from urllib.parse import urlparse
 from lakestream.config import HealthThresholds
 from lakestream.health.checks import evaluate
 from lakestream.identifiers import sql_string
-from lakestream.inspection import (
+from lakestream.maintenance.policy import plan_maintenance
+from lakestream.maintenance.runner import maintain_table, plan_table
+from lakestream.read.inspection import (
     METADATA_PREVIOUS_VERSIONS_MAX,
     collect_table_metrics,
     count_table_files,
     load_java_table,
 )
-from lakestream.maintenance.policy import plan_maintenance
-from lakestream.maintenance.runner import maintain_table, plan_table
 from lakestream.sink.catalog.schema import DEFAULT_TABLE_PROPERTIES
 
 NS, TABLE = "metadata_bound", "events"

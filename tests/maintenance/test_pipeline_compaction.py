@@ -11,9 +11,9 @@ import pytest
 from conftest import produce_records
 
 from lakestream.engine.pipeline import Pipeline
-from lakestream.maintenance.compaction import RewriteGroup, plan_groups
+from lakestream.maintenance.compaction import plan_groups
 from lakestream.maintenance.runner import write_compaction
-from lakestream.sink.commit.rewrites import carried_deletes
+from lakestream.sink.commit.rewrites import RewriteGroup, carried_deletes
 
 NS = "pcomp"
 
@@ -184,7 +184,7 @@ def test_compaction_written_beside_batches_is_committed_with_their_deletes(spark
     live_files = spark.sql(f"SELECT file_path FROM lake.{name}.data_files").collect()
     assert len(live_files) == 2  # the new file, and the batch's own (written after the rewrite started)
     # Write amplification as health reports it: the compaction's bytes against the batches' (data files and DVs).
-    from lakestream.inspection import collect_table_metrics
+    from lakestream.read.inspection import collect_table_metrics
 
     sizes = [(r["operation"], int(r["summary"]["added-files-size"])) for r in snapshots]
     figures = collect_table_metrics(spark, config.catalog.name, name).write_amplification()

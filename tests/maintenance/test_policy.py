@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from lakestream.config import MaintenancePolicy
-from lakestream.inspection import PartitionMetrics, SnapshotInfo, TableMetrics
 from lakestream.maintenance.policy import MIN_ORPHAN_AGE_S, plan_maintenance
+from lakestream.read.inspection import PartitionMetrics, SnapshotInfo, TableMetrics
 
 NOW = 1_800_000_000_000
 

@@ -11,8 +11,8 @@ import pytest
 from lakestream.config import RuleSet, WindowSettings
 from lakestream.errors import ConfigError
 from lakestream.process.rules import RuleEvaluator
-from lakestream.process.transform import apply_isolating, arrow_ddl, fit_output
 from lakestream.process.windows import partial_windows
+from lakestream.transform.apply import apply_isolating, arrow_ddl, fit_output
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 

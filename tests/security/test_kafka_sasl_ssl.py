@@ -15,7 +15,7 @@ from confluent_kafka.admin import AclOperation, ResourceType
 from conftest import catalog_settings, run_lakestream
 
 from lakestream.config import load_config
-from lakestream.query import read_table
+from lakestream.read.query import read_table
 from lakestream.stack import StackInfo
 from lakestream.stack.broker import allow, upsert_scram_user
 from lakestream.stack.tls import make_ca

@@ -4,7 +4,7 @@ import numpy as np
 import pyarrow as pa
 
 from lakestream.config import StreamSettings
-from lakestream.fresh import Tail, apply_tail
+from lakestream.read.fresh import Tail, apply_tail
 from lakestream.sink.write.latest import STORED, first_per_key, last_per_key, latest_per_key
 
 

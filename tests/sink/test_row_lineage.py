@@ -249,7 +249,7 @@ def test_updates_keep_row_ids_as_spark_merge_does(spark, keyed, monkeypatch):
     # DuckDB reads the same lineage (its iceberg_scan exposes both fields); pyiceberg reads the rows (it does not
     # expose the fields), neither sees the lineage columns as data.
     from lakestream.identifiers import TableName
-    from lakestream.query import duckdb_connection, load_iceberg_table, read_table
+    from lakestream.read.query import duckdb_connection, load_iceberg_table, read_table
 
     metadata = load_iceberg_table(config.catalog, TableName.parse(name, "lake")).metadata_location
     with duckdb_connection() as con:

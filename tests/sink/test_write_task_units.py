@@ -12,9 +12,9 @@ from typing import Any
 import pyarrow as pa
 
 from lakestream.config import StreamSettings
+from lakestream.routing import Router
 from lakestream.sink import report as rp
 from lakestream.sink.spec import TableSpec
-from lakestream.sink.write.routing import Router
 from lakestream.sink.write.task import WriteContext, WriteTask
 from lakestream.source.kafka import TP
 

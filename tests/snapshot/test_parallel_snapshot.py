@@ -28,7 +28,7 @@ from lakestream.engine.loop import run_pipeline
 from lakestream.errors import CaptureError
 from lakestream.snapshot import SnapshotError, run_snapshot
 from lakestream.snapshot.chunks import KILL_AFTER_CHUNKS_ENV, read_snapshot_state
-from lakestream.verify import verify_tables
+from lakestream.verify.compare import verify_tables
 
 ROWS = 12_000
 SETUP = [

@@ -16,13 +16,13 @@ from test_parallel_snapshot import KINDS, TABLES, KindsWriter, Source, Writer, k
 from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import ConfigError
+from lakestream.runtime.spark import jvm_helper
 from lakestream.sink.catalog.sink import table_info
 from lakestream.snapshot import RESNAPSHOT_PROPERTY, SnapshotError, run_snapshot
 from lakestream.snapshot.resnapshot import _committed_offsets
 from lakestream.snapshot.slot import write_handover
 from lakestream.source.kafka import KafkaCluster
-from lakestream.spark import jvm_helper
-from lakestream.verify import verify_tables
+from lakestream.verify.compare import verify_tables
 
 
 class PipelineThread:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from lakestream.config import CatalogSettings, StorageSettings
-from lakestream.jars import default_groups, group
+from lakestream.runtime.jars import default_groups, group
 from lakestream.stack.trino import iceberg_catalog_properties
 
 
@@ -76,7 +76,7 @@ def test_trino_is_assembled_from_its_modules_at_one_version():
 
 def test_a_trino_target_names_the_field_and_the_fix(monkeypatch):
     from lakestream.errors import QueryError
-    from lakestream.query_trino import STACK_URI, TrinoTarget
+    from lakestream.read.trino import STACK_URI, TrinoTarget
 
     for name in ("LAKESTREAM_TRINO_URI", "LAKESTREAM_TRINO_USER", "LAKESTREAM_TRINO_PASSWORD"):
         monkeypatch.delenv(name, raising=False)

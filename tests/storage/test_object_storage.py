@@ -29,9 +29,9 @@ from conftest import storage_env, storage_section
 from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import ConfigError
-from lakestream.query import read_table
-from lakestream.spark import build_session
-from lakestream.verify import verify_tables
+from lakestream.read.query import read_table
+from lakestream.runtime.spark import build_session
+from lakestream.verify.compare import verify_tables
 
 SETUP = [
     "CREATE TABLE public.obj_orders (id integer PRIMARY KEY, customer text, qty integer, price numeric(10,2), "
@@ -287,7 +287,7 @@ def test_maintenance_removes_orphans_on_object_storage(lakes):
 
 def test_health_measures_tables_on_object_storage(lakes):
     from lakestream.health.monitor import collect_health
-    from lakestream.inspection import file_length, load_java_table
+    from lakestream.read.inspection import file_length, load_java_table
 
     name = f"{lakes.source.namespace}.obj_orders"
     report = collect_health(lakes.spark, lakes.configs["restlake"], tables=[name], measure_lag=False)
@@ -337,7 +337,7 @@ def test_vended_credentials_are_used_when_the_config_has_none(lakes, monkeypatch
 
 
 def test_wrong_credentials_stop_at_once_naming_the_setting(lakes, monkeypatch):
-    from lakestream.spark import session_for
+    from lakestream.runtime.spark import session_for
     from lakestream.stack.objectstore import SECRET_KEY_ENV
 
     monkeypatch.setenv(SECRET_KEY_ENV, "not-the-secret")
@@ -354,7 +354,7 @@ def test_wrong_credentials_stop_at_once_naming_the_setting(lakes, monkeypatch):
 def test_an_untrusted_catalog_certificate_stops_at_once_naming_the_setting(lakes):
     """The https REST catalog (restfs) with no CA bundle, or one without its CA: a config error naming
     catalog.ssl_ca_bundle before anything starts; with its CA, the check passes."""
-    from lakestream.spark import check_catalog_tls
+    from lakestream.runtime.spark import check_catalog_tls
 
     base = lakes.data["restfs"]
     assert base["catalog"]["uri"].startswith("https://")

@@ -25,9 +25,9 @@ from conftest import storage_env, storage_section
 from lakestream.capture import CaptureProcess
 from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
+from lakestream.runtime.spark import build_session
 from lakestream.snapshot import run_snapshot
-from lakestream.spark import build_session
-from lakestream.verify import verify_tables
+from lakestream.verify.compare import verify_tables
 
 pytestmark = pytest.mark.storage_slow
 

@@ -17,7 +17,7 @@ import yaml
 from conftest import catalog_settings
 from pyspark.sql import functions as F
 
-from lakestream.verify import PASS_MARKER, verify_tables
+from lakestream.verify.compare import PASS_MARKER, verify_tables
 
 ROWS = 300
 

@@ -23,7 +23,7 @@ class CaptureDatabase(Protocol):
     """One kind of source database, as capture sees it."""
 
     kind: str
-    # The `lakestream/jars.toml` group the capture JVM runs on (Debezium's embedded engine and this connector).
+    # The `lakestream/runtime/jars.toml` group the capture JVM runs on (Debezium's embedded engine and this connector).
     jar_group: str
     # The JMX domain of the connector's metrics (``<domain>:type=connector-metrics,context=streaming,server=...``).
     metrics_domain: str

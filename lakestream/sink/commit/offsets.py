@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from lakestream.runtime.spark import jvm_helper
 from lakestream.source.kafka import TP
-from lakestream.spark import jvm_helper
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

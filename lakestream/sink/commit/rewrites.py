@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,7 +25,6 @@ from lakestream.sink.index.keys import pack
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from lakestream.maintenance.compaction import PreparedRewrite, RewriteGroup
     from lakestream.sink.commit.tables import TableWrite
 
 log = logging.getLogger(__name__)
@@ -48,6 +47,31 @@ class RewriteCommit:
     deletes_carried: int  # rows deleted in the inputs since the rewrite read them
     dropped_groups: int  # groups not committed (an input no longer live, a DV that shrank)
     timings_s: dict[str, float] = field(default_factory=dict)  # the commit's steps, in order
+
+
+@dataclass
+class RewriteGroup:
+    """Data files whose live rows become one new data file (all of one partition): what a compaction
+    (`lakestream.maintenance.compaction`) writes and this commit takes."""
+
+    inputs: list[str]
+    records: list[int]  # rows of each input
+    deleted: list[np.ndarray]  # sorted positions deleted in each input at the start snapshot
+    bytes: int = 0
+    output: dict[str, Any] | None = None  # {path, file_size, record_count} once written
+    keys: np.ndarray | None = None  # the output rows' index keys, by position
+    # Each input's (first_row_id, data sequence number): its rows' lineage where the file holds none (format v3).
+    lineage: list[tuple[int | None, int | None]] = field(default_factory=list)
+
+    @property
+    def live_rows(self) -> int:
+        return sum(r - len(d) for r, d in zip(self.records, self.deleted, strict=True))
+
+    def written(self) -> tuple[dict[str, Any], np.ndarray]:
+        """The output file and its rows' keys of a group the compaction has written."""
+        if self.output is None or self.keys is None:
+            raise RuntimeError(f"the rewrite of {self.inputs[:3]} has not been written")
+        return self.output, self.keys
 
 
 def carried_deletes(group: RewriteGroup, now: dict[str, np.ndarray]) -> np.ndarray | None:
@@ -76,9 +100,9 @@ def _old_locations(group: RewriteGroup, file_ids: list[int]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
 
-def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRewrite) -> RewriteCommit:
-    """Commit ``prepared`` on the table of ``write`` (its index valid at the table's current snapshot);
-    raises `StaleIndex` when the table moved past the index (refresh, then call again)."""
+def commit_rewrite(spark: SparkSession, write: TableWrite, written: list[RewriteGroup]) -> RewriteCommit:
+    """Commit the groups a compaction has ``written`` on the table of ``write`` (its index valid at the table's
+    current snapshot); raises `StaleIndex` when the table moved past the index (refresh, then call again)."""
     from lakestream.sink.catalog.sink import commit_rewrite_groups, deleted_positions
     from lakestream.sink.write.files import delete_quietly
 
@@ -93,7 +117,7 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
         timings[step] = round(timings.get(step, 0.0) + now_ - clock[0], 3)
         clock[0] = now_
 
-    inputs = [p for g in prepared.groups for p in g.inputs]
+    inputs = [p for g in written for p in g.inputs]
     now = deleted_positions(spark, write.catalog, write.name.namespace, write.name.table, inputs)
     lap("deleted_positions")
     if now["snapshot_id"] != index.snapshot_id:
@@ -102,7 +126,7 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
     missing = set(now["missing"])
     current = {p: np.asarray(f["positions"], np.int64) for p, f in now["files"].items()}
     groups, carried, dropped = [], [], 0
-    for g in prepared.groups:
+    for g in written:
         deletes = None if missing.intersection(g.inputs) else carried_deletes(g, current)
         if deletes is None:
             dropped += 1
@@ -183,4 +207,4 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, prepared: PreparedRew
     return committed(int(sum(len(m[0]) for m in moves)))
 
 
-__all__ = ["COMPACTION_PROPERTY", "RewriteCommit", "carried_deletes", "commit_rewrite"]
+__all__ = ["COMPACTION_PROPERTY", "RewriteCommit", "RewriteGroup", "carried_deletes", "commit_rewrite"]

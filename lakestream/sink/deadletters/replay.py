@@ -256,9 +256,7 @@ def _produce(
 ) -> dict[Coordinate, tuple[int, int]]:
     from confluent_kafka import Producer
 
-    from lakestream.capture.publisher import producer_config
-
-    conf = producer_config(config.kafka, **{"message.max.bytes": 16 * 1024 * 1024})
+    conf = config.kafka.producer_config(**{"message.max.bytes": 16 * 1024 * 1024})
     producer = Producer(refusals_raised(conf))
     placed: dict[tuple[str, int, int], tuple[int, int]] = {}
     failures: list[str] = []

@@ -165,7 +165,7 @@ class KeylessIndex(IndexIdentity):
     def rebuild(self, spark: SparkSession, ident: str, snapshot_id: int | None) -> None:
         """Load the index from a scan of every column of the table at ``snapshot_id`` (deletes applied), and
         the source positions from the newest snapshot summary that has them."""
-        from lakestream.spark import jvm_helper
+        from lakestream.runtime.spark import jvm_helper
 
         started = time.monotonic()
         self.reset()

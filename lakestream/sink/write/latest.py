@@ -1,6 +1,6 @@
 """The latest change per key, and where the TOAST values Debezium withheld come from.
 
-One rule for the write tasks (``sink/write/task.py``) and for fresh reads (``fresh.py``): within a run of changes in
+One rule for the write tasks (``sink/write/task.py``) and fresh reads (``read/fresh.py``): within a run of changes in
 Kafka order, the last change of each key wins; a change that withholds a column (Debezium's placeholder for an
 unchanged TOASTed value) takes it from the key's previous change in the run, following a chain of such
 changes back to one that carried it, or, when the run holds no earlier change of the key, from the key's

@@ -30,8 +30,17 @@ from lakestream.decode.envelope import COLUMNS, MESSAGE, TRUNCATE
 from lakestream.decode.records import DecodedRecord, RecordDecoder
 from lakestream.decode.vectorized import DecodedRun, RunDecoder, decode_events
 from lakestream.errors import BadValue, DecodeError
-from lakestream.process.reference import ReferenceData
-from lakestream.process.transform import (
+from lakestream.routing import Router
+from lakestream.sink import report as rp
+from lakestream.sink.index.keys import index_keys, is_integer_key, keys_to_arrow
+from lakestream.sink.spec import TableSpec
+from lakestream.sink.write.convert import convert_rows
+from lakestream.sink.write.latest import STORED, first_per_key, last_per_key, latest_per_key
+from lakestream.source.kafka import TP
+from lakestream.source.planner import OffsetRange
+from lakestream.source.reader import RecordRun, read_runs
+from lakestream.storage import StorageContext, active_options, use_options
+from lakestream.transform.apply import (
     Derived,
     apply_isolating,
     fit_output,
@@ -39,16 +48,7 @@ from lakestream.process.transform import (
     run_transform,
     with_meta,
 )
-from lakestream.sink import report as rp
-from lakestream.sink.index.keys import index_keys, is_integer_key, keys_to_arrow
-from lakestream.sink.spec import TableSpec
-from lakestream.sink.write.convert import convert_rows
-from lakestream.sink.write.latest import STORED, first_per_key, last_per_key, latest_per_key
-from lakestream.sink.write.routing import Router
-from lakestream.source.kafka import TP
-from lakestream.source.planner import OffsetRange
-from lakestream.source.reader import RecordRun, read_runs
-from lakestream.storage import StorageContext, active_options, use_options
+from lakestream.transform.reference import ReferenceData
 
 
 @dataclass
@@ -64,7 +64,7 @@ class WriteContext:
     derived: dict[str, list[Derived]] = field(default_factory=dict)  # input table → its transforms
     # Input table of a derived table kept by key → the columns to report of each change (ChangedKeys).
     changed_keys: dict[str, list[str]] = field(default_factory=dict)
-    # Reference key → the reference table's data for this batch (a broadcast; see process.reference).
+    # Reference key → the reference table's data for this batch (a broadcast; see transform.reference).
     references: dict[str, ReferenceData] = field(default_factory=dict)
     # Transform outputs that commit at their own cadence (lakestream.engine.cadence): they may lag their
     # input, so the input's records they lack are read again to feed them, and not written again.

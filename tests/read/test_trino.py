@@ -28,7 +28,7 @@ from mariadb_types import TYPES_COLUMNS, TYPES_DDL, TYPES_VALUES
 
 from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
-from lakestream.spark import build_session
+from lakestream.runtime.spark import build_session
 from lakestream.stack.process import free_port
 
 pytestmark = pytest.mark.engines

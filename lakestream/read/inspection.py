@@ -255,7 +255,7 @@ def split_table_name(name: str) -> tuple[str, str]:
 
 def load_java_table(spark: SparkSession, catalog: str, name: str):
     """The Iceberg `Table` object (via py4j) for ``namespace.table``; refreshed."""
-    from lakestream.spark import driver_jvm
+    from lakestream.runtime.spark import driver_jvm
 
     namespace, table = split_table_name(name)
     ident = quote_table(catalog, namespace, table).replace("`", "")
@@ -331,7 +331,7 @@ def collect_table_metrics(
 def _loaded_metadata(spark: SparkSession, jtable: Any) -> dict[str, Any]:
     """The table's current files, snapshots and metadata log as the JVM has them loaded (`java/TableStats.java`,
     at a lower priority): the counts a maintenance plan reads, without a Spark job."""
-    from lakestream.spark import driver_jvm
+    from lakestream.runtime.spark import driver_jvm
 
     loaded: dict[str, Any] = json.loads(
         driver_jvm(spark).lakestream.TableStats.currentFiles(jtable, BACKGROUND_NICE, ",".join(_PLAN_SUMMARY_KEYS))

@@ -1,24 +1,19 @@
-"""Reference tables for enrichment: Iceberg tables a SQL transform joins (product catalogs, mirrors).
-
-The driver reads each reference table as Arrow, ships it to the write tasks as a Spark broadcast
-variable (Arrow IPC bytes), and re-reads it only when the table's current snapshot changes. In a
-task the table is registered in DuckDB as a view named as declared, next to ``batch``. Python
-workers keep the decoded table of the latest snapshot, so a batch whose references did not change
-costs one catalog look-up per reference on the driver and nothing in the tasks.
-"""
+"""The driver's copy of every reference table a transform joins: read from the lake as Arrow, shipped to the write
+tasks as one Spark broadcast per table and snapshot (`lakestream.transform.reference.ReferenceData`), and read again
+only when the table's current snapshot changes."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections import Counter
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from lakestream.errors import ConfigError
 from lakestream.identifiers import quote_column, quote_table
+from lakestream.transform.reference import ReferenceData, keep_rows, resolve_table
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -26,46 +21,6 @@ if TYPE_CHECKING:
     from lakestream.config import ReferenceSettings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ReferenceData:
-    """One reference table as the tasks get it: which snapshot, and its rows in a broadcast variable.
-
-    ``key`` identifies the table and the columns read (two transforms may read the same table with
-    different columns); ``rows`` is a pyspark ``Broadcast`` of Arrow IPC bytes."""
-
-    key: str
-    table: str  # catalog.namespace.table
-    snapshot_id: int | None
-    rows: Any
-    num_rows: int
-    nbytes: int
-
-
-# Per Python process (a Spark worker, or the driver): key → (snapshot id, table). Only the latest
-# snapshot of each reference is kept.
-_loaded: dict[str, tuple[int | None, pa.Table]] = {}
-_loaded_lock = threading.Lock()
-
-
-def reference_rows(data: ReferenceData) -> pa.Table:
-    """The rows of ``data``, decoded once per process and snapshot."""
-    with _loaded_lock:
-        hit = _loaded.get(data.key)
-        if hit is not None and hit[0] == data.snapshot_id:
-            return hit[1]
-    with pa.ipc.open_stream(pa.py_buffer(data.rows.value)) as reader:
-        table = reader.read_all()
-    with _loaded_lock:
-        _loaded[data.key] = (data.snapshot_id, table)
-    return table
-
-
-def resolve_table(table: str, default_catalog: str) -> tuple[str, str, str]:
-    """(catalog, namespace, table) of a ``[catalog.]namespace.table`` reference."""
-    parts = table.split(".")
-    return (default_catalog, *parts) if len(parts) == 2 else tuple(parts)  # type: ignore[return-value]
 
 
 class ReferenceCache:
@@ -129,7 +84,7 @@ class ReferenceCache:
     ) -> ReferenceData:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        from lakestream.spark import jvm_helper
+        from lakestream.runtime.spark import jvm_helper
 
         ident = quote_table(*name)
         if snapshot is not None:
@@ -162,8 +117,7 @@ class ReferenceCache:
             writer.write_table(table)
         payload = sink.getvalue().to_pybytes()
         rows = self.spark.sparkContext.broadcast(payload)
-        with _loaded_lock:
-            _loaded[key] = (snapshot, table)  # the driver runs transforms too (schemas, isolation)
+        keep_rows(key, snapshot, table)  # the driver runs transforms too (schemas, isolation)
         self.reads[key.split("[")[0]] += 1
         before = self.schemas.get(key)
         if before is not None and not before.equals(table.schema):

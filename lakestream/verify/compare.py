@@ -5,7 +5,7 @@ its Iceberg mirror are brought to the same canonical form column by column — d
 source's scale, timestamps as UTC text, json as PostgreSQL's text, bytea as hex — hashed per row,
 and joined on the primary key inside Spark. One Spark action per table yields the row counts, the
 missing / extra / differing / duplicated keys and a few sample keys of each. A MariaDB table is read and
-rendered as `lakestream.verify_mariadb` describes, then compared the same way.
+rendered as `lakestream.verify.mariadb` describes, then compared the same way.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from psycopg2 import sql as pgsql
 from lakestream.config import PipelineConfig
 from lakestream.errors import ConfigError
 from lakestream.identifiers import SourceTableName, TableName, quote_table
-from lakestream.sink.write.routing import Router
+from lakestream.routing import Router
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -185,7 +185,7 @@ def _postgresql_access() -> _SourceAccess:
 
 
 def _mariadb_access() -> _SourceAccess:
-    from lakestream import verify_mariadb as m
+    from lakestream.verify import mariadb as m
 
     return _SourceAccess(
         m.connect,

@@ -69,8 +69,8 @@ def read_tail(
     Partitions of the same topics that the snapshot has no offset for (added since) are read from
     their start."""
     from lakestream.decode.records import RecordDecoder
+    from lakestream.routing import Router
     from lakestream.sink.write.convert import convert_rows
-    from lakestream.sink.write.routing import Router
     from lakestream.source.kafka import KafkaCluster
     from lakestream.source.planner import OffsetRange
     from lakestream.source.reader import read_runs

@@ -22,7 +22,7 @@ from conftest import load_debezium_fixture, pipeline_config, produce_records, ru
 from lakestream.config import CatalogSettings
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import LakestreamError
-from lakestream.query import ENGINES, read_pandas, read_table, run_sql, sqlalchemy_url
+from lakestream.read.query import ENGINES, read_pandas, read_table, run_sql, sqlalchemy_url
 
 FIRST_IDS = range(1, 401)
 

@@ -20,7 +20,7 @@ from conftest import produce_records, run_lakestream, write_pipeline_yaml
 from lakestream.decode.types import UNAVAILABLE_VALUE
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import QueryError
-from lakestream.query import read_table
+from lakestream.read.query import read_table
 
 # ~20 KB of md5 hex: stored out of line (TOAST), so an update that leaves it alone does not carry it
 BIG_VALUE_SQL = "(SELECT string_agg(md5(i::text || random()::text), '') FROM generate_series(1, 640) AS i)"

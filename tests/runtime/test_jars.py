@@ -1,8 +1,8 @@
-"""`lakestream.jars`: groups of Maven coordinates turned into poms (no Maven run here)."""
+"""`lakestream.runtime.jars`: groups of Maven coordinates turned into poms (no Maven run here)."""
 
 from __future__ import annotations
 
-from lakestream.jars import Coordinate, JarGroup, distributions, groups, unpacked_root
+from lakestream.runtime.jars import Coordinate, JarGroup, distributions, groups, unpacked_root
 
 
 def test_a_transitive_group_leaves_out_what_it_excludes():

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lakestream import jars as jar_groups
 from lakestream import storage
 from lakestream.config import CatalogSettings, PipelineConfig, SparkSettings
-from lakestream.jvm_jars import aws_sdk_jars, helper_jar, iceberg_runtime_jar, local_fs_jar, postgres_jdbc_jar
+from lakestream.runtime import jars as jar_groups
+from lakestream.runtime.jvm_jars import aws_sdk_jars, helper_jar, iceberg_runtime_jar, local_fs_jar, postgres_jdbc_jar
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -79,8 +79,8 @@ def session_jars(spark: SparkSettings) -> list[str]:
 
 
 def session_packages(spark: SparkSettings) -> str | None:
-    """``spark.jars.packages`` for ``jars_from: packages``: the coordinates of lakestream/jars.toml, the Spark group
-    of the running pyspark's Spark line."""
+    """``spark.jars.packages`` for ``jars_from: packages``: the coordinates of lakestream/runtime/jars.toml, the Spark
+    group of the running pyspark's Spark line."""
     if spark.jars_from != "packages":
         return None
     return jar_groups.packages(jar_groups.spark_group(), *(["spark-aws"] if spark.bundled_aws_sdk else []))
@@ -116,7 +116,7 @@ def build_session(
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
-        .config("spark.python.daemon.module", "lakestream.worker_daemon")
+        .config("spark.python.daemon.module", "lakestream.sink.write.worker_daemon")
     )
     packages = session_packages(spark)
     if packages:

@@ -14,11 +14,11 @@ import importlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
-from lakestream.process.reference import ReferenceData, reference_rows
+from lakestream.transform.reference import ReferenceData, reference_rows
 
 # Added to the input view; a table column of the same name wins.
 META_COLUMNS = {
@@ -40,7 +40,7 @@ class Derived:
     sql: str | None
     python: str | None
     where: str  # the config field, for messages: streams[0].transforms[1]
-    # (view name, reference key) of each reference table the SQL joins (lakestream.process.reference)
+    # (view name, reference key) of each reference table the SQL joins (lakestream.transform.reference)
     references: tuple[tuple[str, str], ...] = ()
 
 
@@ -99,7 +99,7 @@ def load_callable(path: str) -> Callable[[pa.Table], Any]:
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise TypeError(f"{path!r}: {attr!r} is not a callable in module {module_name}")
-    return fn
+    return cast("Callable[[pa.Table], Any]", fn)
 
 
 def reference_views(derived: Derived, references: Mapping[str, ReferenceData]) -> dict[str, pa.Table]:

@@ -9,7 +9,7 @@ Before DuckDB or pyiceberg read a snapshot, its delete files are checked against
 applies (pyiceberg: no equality deletes); a table it cannot read exactly is refused, never read wrong.
 
     from lakestream.config import load_config
-    from lakestream.query import read_table
+    from lakestream.read.query import read_table
     orders = read_table(load_config("pipeline.yaml"), "shop.orders", engine="duckdb")  # a pyarrow.Table
 """
 
@@ -48,7 +48,7 @@ Engine = Literal["spark", "duckdb", "pyiceberg"]
 ENGINES: tuple[str, ...] = ("spark", "duckdb", "pyiceberg")
 
 # Delete-file kinds (Iceberg `content`, file format) each engine applies when it reads, as verified
-# by tests/query/test_engines.py. Anything else in a snapshot makes that engine refuse the read.
+# by tests/read/test_engines.py. Anything else in a snapshot makes that engine refuse the read.
 # pyiceberg 0.12 does not apply equality deletes; the DuckDB 1.5.5 iceberg extension does (including
 # rows re-inserted after the delete, which its sequence number must leave visible).
 _APPLIES: dict[str, set[tuple[str, str]]] = {
@@ -76,7 +76,7 @@ def read_table(
     travels. ``spark`` reuses a running session (engine ``spark`` only).
 
     ``fresh=True`` adds what is in Kafka beyond the offsets stored in the current snapshot, applied
-    by key as the pipeline will apply it (`lakestream.fresh`); ``where`` is then DuckDB SQL over
+    by key as the pipeline will apply it (`lakestream.read.fresh`); ``where`` is then DuckDB SQL over
     the merged rows.
     """
     ref = TableName.parse(table, config.catalog.name)
@@ -181,8 +181,8 @@ def _read_fresh(
     import json
     import time
 
-    from lakestream.fresh import apply_tail, read_tail, stored_offsets
     from lakestream.identifiers import quote_ansi_column
+    from lakestream.read.fresh import apply_tail, read_tail, stored_offsets
     from lakestream.sink.types import arrow_schema
 
     started = time.monotonic()
@@ -429,7 +429,7 @@ def duckdb_result(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
 
 
 def _session(config: PipelineConfig) -> SparkSession:
-    from lakestream.spark import session_for
+    from lakestream.runtime.spark import session_for
 
     return session_for(config)
 

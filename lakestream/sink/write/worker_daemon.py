@@ -66,4 +66,4 @@ if __name__ == "__main__":
     # What the daemon imported lives as long as every worker forked from it: out of the collector's sight, its full
     # collections in a worker scan only what the worker made (and the pages stay shared with the daemon).
     gc.freeze()
-    manager()
+    manager()  # type: ignore[no-untyped-call]  # pyspark.daemon is unannotated

@@ -5,7 +5,7 @@ Trino opens the pipeline's tables through its Iceberg connector (a catalog made 
 Spark; the session's default catalog is the pipeline's ``catalog.name``. Rows come back through Trino's own Python
 client (``trino``), as Python values (``datetime``, ``Decimal``, ``bytes``, lists, dicts).
 
-    from lakestream.query_trino import TrinoTarget, run_trino_sql
+    from lakestream.read.trino import TrinoTarget, run_trino_sql
     columns, rows = run_trino_sql(TrinoTarget.from_env(), "SELECT count(*) FROM lake.shop.orders")
 """
 

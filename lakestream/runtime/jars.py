@@ -9,13 +9,13 @@ group that is missing (a lock keeps two processes from resolving one group at on
 
 A group with a ``pyspark`` line (``"3.5"``, ``"4.1"``) holds the Spark session's jars for that Spark and its
 Scala; ``spark_group`` picks the one of the running pyspark. On a Spark cluster the same coordinates go into
-``spark.jars.packages`` (``python -m lakestream.jars --packages spark spark-aws``; ``spark4`` for Spark 4.1), where
-Spark's Ivy resolves them.
+``spark.jars.packages`` (``python -m lakestream.runtime.jars --packages spark spark-aws``; ``spark4`` for Spark
+4.1), where Spark's Ivy resolves them.
 
 A group may take its dependencies' versions from a BOM (``bom``: a pom imported into the resolving pom's
 ``dependencyManagement``, as the project that publishes the artifacts builds them), and may be resolved only when
-asked for (``on_demand``: ``python -m lakestream.jars NAME``, or its first use) rather than by a plain
-``python -m lakestream.jars`` and ``scripts/bootstrap.sh``.
+asked for (``on_demand``: ``python -m lakestream.runtime.jars NAME``, or its first use) rather than by a plain
+``python -m lakestream.runtime.jars`` and ``scripts/bootstrap.sh``.
 
 A distribution (``[distributions.<name>]``: an archive such as a server's tarball) is resolved the same
 way, checksums checked, and the entries it lists under ``include`` are unpacked into
@@ -96,7 +96,7 @@ class JarGroup:
     pyspark: str | None = None  # "major.minor" of the Spark whose session these jars are for; None: any JVM
     # A pom whose dependencyManagement sets the versions of the artifacts' dependencies (Trino's trino-root).
     bom: Coordinate | None = None
-    on_demand: bool = False  # resolved when first used or named, not by a plain `python -m lakestream.jars`
+    on_demand: bool = False  # resolved when first used or named, not by a plain `python -m lakestream.runtime.jars`
 
     @property
     def digest(self) -> str:
@@ -350,7 +350,7 @@ def _resolve(g: JarGroup, target: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lakestream.jars", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m lakestream.runtime.jars", description=__doc__.split("\n")[0])
     parser.add_argument(
         "groups",
         nargs="*",

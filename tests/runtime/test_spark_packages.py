@@ -11,11 +11,11 @@ import uuid
 import pytest
 from conftest import load_debezium_fixture, produce_records, run_lakestream, write_pipeline_yaml
 
-from lakestream import jars
 from lakestream.config import SparkSettings
 from lakestream.errors import LakestreamError
-from lakestream.jvm_jars import iceberg_runtime_jar
-from lakestream.spark import session_jars, session_packages
+from lakestream.runtime import jars
+from lakestream.runtime.jvm_jars import iceberg_runtime_jar
+from lakestream.runtime.spark import session_jars, session_packages
 
 
 def _runtime_artifact() -> str:
