@@ -638,7 +638,11 @@ def cpu_line(cpu: dict[str, float]) -> str:
 def ramp_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, Any]:
     """Raise the source rate step by step, each held ``--hold`` seconds, until the lake's freshness p99 over a
     step passes ``--knee-p99`` or the source cannot reach the step's rate: the knee is the last step that held."""
-    rates = list(range(args.ramp_start, args.ramp_max + 1, args.ramp_step))
+    rates = (
+        [int(r) for r in args.ramp_rates.split(",")]
+        if args.ramp_rates
+        else list(range(args.ramp_start, args.ramp_max + 1, args.ramp_step))
+    )
     source = "MariaDB" if args.source == "mariadb" else "PostgreSQL"
     say(
         f"\n== ramp: {source} → Debezium → Kafka → Spark → Iceberg at {', '.join(f'{r:,}' for r in rates)} "
@@ -651,7 +655,16 @@ def ramp_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, An
         load = live.load_generator(rates[0])
         load.start()
         groups = live.process_groups(load)
+        warmup = None
         try:
+            if args.warmup > 0:
+                # The JVMs' JIT compilers and caches warm up in the first minute after a start: measured apart.
+                warmup = ramp_step(live, load, groups, rates[0], args, hold=args.warmup)
+                say(
+                    f"  warm-up at {rates[0]:,}/s for {args.warmup:.0f}s: freshness p50/p99 "
+                    f"{warmup['freshness_p50_s']}/{warmup['freshness_p99_s']} s, capture threads (cores) "
+                    f"{warmup['capture_thread_cores']}"
+                )
             for rate in rates:
                 step = ramp_step(live, load, groups, rate, args)
                 steps.append(step)
@@ -683,19 +696,20 @@ def ramp_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, An
         "ramp_ended_by": ended_by,
         "ramp_knee_p99_s": args.knee_p99,
         "ramp_hold_s": args.hold,
+        "ramp_warmup": warmup,
         "ramp_steps": steps,
         "ramp_rows_final": got["n"],
     }
 
 
-def ramp_step(live: LiveRun, load, groups: ProcessGroups, rate: int, args) -> dict[str, Any]:
+def ramp_step(live: LiveRun, load, groups: ProcessGroups, rate: int, args, hold: float | None = None) -> dict[str, Any]:
     load.rate = rate
     start_ms = int(time.time() * 1000)
     changes_before = load.total_changes
     kafka_before = live.kafka_records()
     cpu_before = groups.sample()
     threads_before = groups.capture_threads()
-    end = time.monotonic() + args.hold
+    end = time.monotonic() + (hold or args.hold)
     next_report = time.monotonic() + 30
     while time.monotonic() < end:
         time.sleep(min(1.0, max(0.0, end - time.monotonic())))
@@ -818,6 +832,17 @@ def main() -> int:
     parser.add_argument("--ramp-step", type=int, default=1000, help="ramp: changes/s added a step (default 1000)")
     parser.add_argument("--ramp-max", type=int, default=14000, help="ramp: the last step's changes/s (default 14000)")
     parser.add_argument("--hold", type=float, default=120.0, help="ramp: seconds each step is held (default 120)")
+    parser.add_argument(
+        "--ramp-rates",
+        default=None,
+        help="ramp: the steps' changes/s as a list, e.g. 3000,5000,7000 (overrides the range)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=60.0,
+        help="ramp: seconds at the first rate before the steps, reported apart (default 60; 0: none)",
+    )
     parser.add_argument(
         "--knee-p99", type=float, default=5.0, help="ramp: the freshness p99 a step must keep (default 5 s)"
     )
