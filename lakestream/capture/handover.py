@@ -7,6 +7,10 @@ create, it would start at the current WAL position and skip what was written sin
 first start, the embedded engine's offset store is seeded with the handover LSN as a streaming
 position, the form Debezium itself stores once its own snapshot is done, and the connector runs
 with ``snapshot.mode=no_data``.
+
+A MariaDB source is handed over at a binlog position the same way: the offsets hold its file, position and GTID
+state, and the first start runs ``snapshot.mode=recovery`` (the tables' schemas into Debezium's history, no rows),
+after checking that no table's columns changed since the handover (`check_unchanged_since_handover`).
 """
 
 from __future__ import annotations
