@@ -17,8 +17,8 @@ A column record is a JSON object on the table's topic, partition 0, without a ke
      "columns": [{"name": "id", "type": "int"}, {"name": "q", "type": "string", "default": "qd"}]}
 
 ``type`` is the table type the parallel snapshot gives the column (the one Debezium's events give it, see
-`lakestream.snapshot.source` and `lakestream.snapshot.mariadb`), ``default`` the column's literal default in the
-decoder's wire form. A column whose type that mapping does not know is left out (it arrives with its next row).
+`lakestream.capture.source_columns`), ``default`` the column's literal default in the decoder's wire form. A column
+whose type that mapping does not know is left out (it arrives with its next row).
 """
 
 from __future__ import annotations

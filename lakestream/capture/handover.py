@@ -1,4 +1,5 @@
-"""Starting Debezium's stream at the parallel snapshot's handover point.
+"""The parallel snapshot's handover point: the file a finished `lakestream snapshot` leaves, and Debezium's
+stream started at that point.
 
 `lakestream snapshot` created the slot and loaded the tables as of its consistent point. Debezium
 must neither snapshot again nor start later than that point (left to itself on a slot it did not
@@ -6,20 +7,58 @@ create, it would start at the current WAL position and skip what was written sin
 first start, the embedded engine's offset store is seeded with the handover LSN as a streaming
 position, the form Debezium itself stores once its own snapshot is done, and the connector runs
 with ``snapshot.mode=no_data``.
+
+A MariaDB source is handed over at a binlog position the same way: the offsets hold its file, position and GTID
+state, and the first start runs ``snapshot.mode=recovery`` (the tables' schemas into Debezium's history, no rows),
+after checking that no table's columns changed since the handover (`check_unchanged_since_handover`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
-from lakestream.config import PipelineConfig
+from lakestream.capture.connector import offsets_file
+from lakestream.capture.databases.mariadb import schema_history_file, table_signature
+from lakestream.capture.mariadb_connection import source_connection
+from lakestream.config import CaptureSettings, PipelineConfig
 from lakestream.errors import CaptureError
+from lakestream.identifiers import SourceTableName
 
 log = logging.getLogger(__name__)
+
+
+def handover_path(state_dir: str | Path, capture: CaptureSettings) -> Path:
+    """Where a finished snapshot leaves the handover point for ``lakestream capture``."""
+    return Path(state_dir) / "capture" / f"{capture.slot_name}.handover.json"
+
+
+def write_handover(state_dir: str | Path, capture: CaptureSettings, tables: list[str], point: dict[str, Any]) -> Path:
+    """Leave the handover point for ``lakestream capture``: the tables the snapshot loaded and ``point``, where
+    the stream starts (PostgreSQL's ``lsn``; MariaDB's ``binlog`` position, with ``kind`` and the tables'
+    ``columns`` then, `check_unchanged_since_handover`) and ``lsn_text``, that position for messages."""
+    path = handover_path(state_dir, capture)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(
+        orjson.dumps({"slot": capture.slot_name, **point, "tables": sorted(tables), "finished_at": time.time()})
+    )
+    os.replace(tmp, path)
+    return path
+
+
+def read_handover(state_dir: str | Path, capture: CaptureSettings) -> dict[str, Any] | None:
+    """The handover point a finished snapshot left (`write_handover`); None when no snapshot finished."""
+    path = handover_path(state_dir, capture)
+    if not path.exists():
+        return None
+    handover: dict[str, Any] = orjson.loads(path.read_bytes())
+    return handover
 
 
 def offset_key(properties: dict[str, str]) -> bytes:
@@ -66,10 +105,7 @@ def handover_properties(config: PipelineConfig, properties: dict[str, str]) -> t
 
     A MariaDB connector also needs the tables' schemas in its history before it reads the binlog: its first start
     runs ``snapshot.mode=recovery`` (schemas only, no rows), after checking that no table changed since the
-    handover (`lakestream.snapshot.mariadb`)."""
-    from lakestream.capture.connector import offsets_file
-    from lakestream.snapshot.slot import read_handover
-
+    handover (`check_unchanged_since_handover`)."""
     capture = config.capture
     if capture is None:
         raise CaptureError(
@@ -92,8 +128,6 @@ def handover_properties(config: PipelineConfig, properties: dict[str, str]) -> t
     store = offsets_file(Path(config.state_dir), capture)
     if store.exists() and store.stat().st_size > 0:
         if capture.database.kind == "mariadb":
-            from lakestream.capture.databases.mariadb import schema_history_file
-
             history = schema_history_file(Path(config.state_dir), capture)
             if not history.exists() or history.stat().st_size == 0:
                 # the first start stopped before Debezium recorded the schemas: record them now
@@ -103,10 +137,31 @@ def handover_properties(config: PipelineConfig, properties: dict[str, str]) -> t
         "capture: streaming from the snapshot's handover point %s (slot %s)", handover["lsn_text"], capture.slot_name
     )
     if capture.database.kind == "mariadb":
-        from lakestream.snapshot.mariadb import check_unchanged_since_handover
-
-        check_unchanged_since_handover(config, handover)
+        check_unchanged_since_handover(config.state_dir, capture, handover)
         props["snapshot.mode"] = "recovery"
         binlog = handover["binlog"]
         return props, binlog_offset(binlog["file"], int(binlog["pos"]), binlog.get("gtids", ""))
     return props, streaming_offset(int(handover["lsn"]))
+
+
+def check_unchanged_since_handover(state_dir: str | Path, capture: CaptureSettings, handover: dict[str, Any]) -> None:
+    """CaptureError when a captured MariaDB table's columns differ from those the snapshot recorded at its handover:
+    Debezium would record today's schema and misread the binlog written before the change."""
+    conn = source_connection(capture)
+    changed = []
+    try:
+        with conn.cursor() as cur:
+            for name, columns in sorted(handover.get("columns", {}).items()):
+                parsed = SourceTableName.parse(name)
+                if table_signature(cur, parsed.schema, parsed.table) != columns:
+                    changed.append(name)
+    finally:
+        conn.close()
+    if changed:
+        raise CaptureError(
+            f"{', '.join(changed)} changed (DDL) since the parallel snapshot's handover point, before "
+            "capture first started: Debezium would read the binlog written before the change with "
+            "the new columns — fix: start over (drop the lake tables, delete "
+            f"{handover_path(state_dir, capture)}, run `lakestream snapshot` again), or "
+            "load with capture.snapshot: debezium"
+        )

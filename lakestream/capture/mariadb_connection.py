@@ -1,5 +1,5 @@
 """A connection to a MariaDB source database: capture's checks and catalog reads, and the parallel snapshot's
-sessions, open it the same way. A module of its own, below both, so the snapshot needs nothing else of capture."""
+sessions, open it the same way."""
 
 from __future__ import annotations
 

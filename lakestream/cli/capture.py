@@ -88,9 +88,9 @@ def _snapshot_first(pipeline_yaml: str, config) -> None:
     """Run `lakestream snapshot` (its own process: Spark's JVM) unless it already finished."""
     import subprocess
 
+    from lakestream.capture.handover import read_handover
     from lakestream.capture.process import LAKESTREAM_COMMAND
     from lakestream.errors import CaptureError
-    from lakestream.snapshot.slot import read_handover
 
     if read_handover(config.state_dir, config.capture) is not None:
         return
@@ -106,7 +106,7 @@ def _snapshot_first(pipeline_yaml: str, config) -> None:
 
 def _print_handover_note(config) -> None:
     from lakestream.capture.connector import connect_offsets_json
-    from lakestream.snapshot.slot import read_handover
+    from lakestream.capture.handover import read_handover
 
     handover = read_handover(config.state_dir, config.capture)
     name = f"{config.capture.topic_prefix}-postgres"

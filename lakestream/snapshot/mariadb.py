@@ -41,14 +41,16 @@ import orjson
 import pyarrow as pa
 import pyarrow.json as pjson
 
+from lakestream.capture.databases.mariadb import table_signature
+from lakestream.capture.handover import handover_path, read_handover, write_handover
+from lakestream.capture.source_columns import MARIADB_INTEGER_TYPES, mariadb_source_column
 from lakestream.config import PipelineConfig
 from lakestream.identifiers import SourceTableName
 from lakestream.snapshot.chunks import ChunkTask, SnapshotError, SnapshotTable, captured, load_chunks, table_work
 from lakestream.snapshot.mirrors import RoutedTable, already_complete, interrupted_states, route_mirrors
 from lakestream.snapshot.progress import SnapshotReport, TableProgress
 from lakestream.snapshot.reader import ChunkResult, ChunkTarget, hex_to_binary, write_chunk
-from lakestream.snapshot.slot import handover_path, read_handover
-from lakestream.snapshot.source import Chunk, ChunkPlan, SourceColumn, SourceTable, UnsupportedColumn
+from lakestream.snapshot.source import Chunk, ChunkPlan, SourceTable
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -57,59 +59,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_INT = {"tinyint", "smallint", "mediumint", "int"}
-_TEXT = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set"}
-_BINARY = {"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"}
-_INTEGER_KEYS = _INT | {"bigint"}
-
 
 def quote(name: str) -> str:
     """A MariaDB identifier, backquoted."""
     return "`" + name.replace("`", "``") + "`"
-
-
-def source_column(
-    name: str, data_type: str, column_type: str, precision: int | None, scale: int | None
-) -> SourceColumn:
-    """How the snapshot reads one column: the lake type Debezium's MariaDB events give it (docs/sources.md's type table)
-    and the SQL rendering it inside the row's JSON object."""
-    data_type, column_type = data_type.lower(), column_type.lower()
-    unsigned = "unsigned" in column_type
-    if (data_type == "tinyint" and column_type.startswith("tinyint(1)")) or column_type == "bit(1)":
-        return SourceColumn(name, data_type, "boolean", "{c} + 0", pa.int64())
-    if data_type in _INT:
-        wide = data_type == "int" and unsigned
-        return SourceColumn(name, data_type, "bigint" if wide else "int", "{c}", pa.int64())
-    if data_type == "bigint":
-        if unsigned:  # bigint.unsigned.handling.mode=precise: above 2^63 it must not wrap
-            return SourceColumn(name, data_type, "decimal(20,0)", "CAST({c} AS CHAR)", pa.string())
-        return SourceColumn(name, data_type, "bigint", "{c}", pa.int64())
-    if data_type == "decimal":
-        p, s = int(precision or 10), int(scale or 0)
-        return SourceColumn(
-            name, data_type, f"decimal({p},{s})" if p <= 38 else "string", "CAST({c} AS CHAR)", pa.string()
-        )
-    if data_type in ("float", "double"):
-        return SourceColumn(name, data_type, data_type, "{c}", pa.float64())
-    if data_type == "date":
-        return SourceColumn(name, data_type, "date", "DATE_FORMAT({c}, '%Y-%m-%d')", pa.string())
-    if data_type == "datetime":
-        return SourceColumn(name, data_type, "timestamp_ntz", "DATE_FORMAT({c}, '%Y-%m-%d %H:%i:%s.%f')", pa.string())
-    if data_type == "timestamp":  # the session's time_zone is UTC
-        return SourceColumn(name, data_type, "timestamp", "DATE_FORMAT({c}, '%Y-%m-%dT%H:%i:%s.%fZ')", pa.string())
-    if data_type == "time":  # a duration, -838:59:59 .. 838:59:59, as Debezium's string
-        return SourceColumn(name, data_type, "string", "TIME_FORMAT({c}, '%H:%i:%s.%f')", pa.string())
-    if data_type == "year":
-        return SourceColumn(name, data_type, "int", "{c} + 0", pa.int64())
-    if data_type in _TEXT:
-        # CAST: a JSON column (longtext) as the text it stores, not nested into the row's object
-        return SourceColumn(name, data_type, "string", "CAST({c} AS CHAR)", pa.string())
-    if data_type in _BINARY:
-        return SourceColumn(name, data_type, "binary", "HEX({c})", pa.string(), hex_bytes=True)
-    raise UnsupportedColumn(
-        f"column {name!r} has type {column_type}, which the parallel snapshot of MariaDB does not read yet — fix: "
-        "snapshot this table with Debezium (capture.snapshot: debezium)"
-    )
 
 
 def describe_table(cur: Any, database: str, table: str) -> SourceTable:
@@ -136,21 +89,10 @@ def describe_table(cur: Any, database: str, table: str) -> SourceTable:
         (database, table),
     )
     estimated = int(cur.fetchone()[0])
-    columns = [source_column(*r) for r in rows]
+    columns = [mariadb_source_column(*r) for r in rows]
     types = {r[0]: str(r[1]).lower() for r in rows}
-    integer_key = len(key) == 1 and types[key[0]] in _INTEGER_KEYS
+    integer_key = len(key) == 1 and types[key[0]] in MARIADB_INTEGER_TYPES
     return SourceTable(database, table, columns, key, estimated, integer_key)
-
-
-def table_signature(cur: Any, database: str, table: str) -> list[list[str]]:
-    """The table's columns as [name, full type] in order: what capture compares before Debezium records the
-    schemas (a change since the handover would misread the binlog written before it)."""
-    cur.execute(
-        "SELECT COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
-        "TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
-        (database, table),
-    )
-    return [[str(n), str(t)] for n, t in cur.fetchall()]
 
 
 def chunk_query(source: SourceTable, chunk: Chunk) -> str:
@@ -387,31 +329,6 @@ def binlog_files(config: PipelineConfig) -> list[str]:
         conn.close()
 
 
-def write_binlog_handover(
-    config: PipelineConfig, position: dict[str, Any], tables: list[str], signatures: dict[str, list[list[str]]]
-) -> None:
-    """Leave the handover point for ``lakestream capture``: the binlog position and the tables' columns then."""
-    import os
-
-    path = handover_path(config.state_dir, captured(config))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(
-        orjson.dumps(
-            {
-                "slot": captured(config).slot_name,
-                "kind": "mariadb",
-                "binlog": position,
-                "lsn_text": f"{position['file']}:{position['pos']}",
-                "tables": sorted(tables),
-                "columns": signatures,
-                "finished_at": time.time(),
-            }
-        )
-    )
-    os.replace(tmp, path)
-
-
 def run_mariadb_snapshot(
     config: PipelineConfig,
     names: list[str],
@@ -454,10 +371,12 @@ def run_mariadb_snapshot(
             on_progress,
             task=snapshot.task,
         )
-    write_binlog_handover(config, position, names, signatures)
+    position_text = f"{position['file']}:{position['pos']}"
+    point = {"kind": "mariadb", "binlog": position, "lsn_text": position_text, "columns": signatures}
+    write_handover(config.state_dir, capture, names, point)
     return SnapshotReport(
         capture.slot_name,
-        f"{position['file']}:{position['pos']}",
+        position_text,
         [w.progress for w in work.values()],
         time.monotonic() - started,
         resumed_at is not None,
@@ -531,29 +450,3 @@ def _tables_work(
             spark, config, registry, name, table, source, state, partial(snapshot.plan, source, chunk_rows)
         )
     return work, signatures
-
-
-def check_unchanged_since_handover(config: PipelineConfig, handover: dict[str, Any]) -> None:
-    """CaptureError when a captured table's columns differ from those the snapshot recorded at its handover:
-    Debezium would record today's schema and misread the binlog written before the change."""
-    from lakestream.capture.mariadb_connection import source_connection
-    from lakestream.errors import CaptureError
-
-    conn = source_connection(captured(config))
-    changed = []
-    try:
-        with conn.cursor() as cur:
-            for name, columns in sorted(handover.get("columns", {}).items()):
-                parsed = SourceTableName.parse(name)
-                if table_signature(cur, parsed.schema, parsed.table) != columns:
-                    changed.append(name)
-    finally:
-        conn.close()
-    if changed:
-        raise CaptureError(
-            f"{', '.join(changed)} changed (DDL) since the parallel snapshot's handover point, before "
-            "capture first started: Debezium would read the binlog written before the change with "
-            "the new columns — fix: start over (drop the lake tables, delete "
-            f"{handover_path(config.state_dir, captured(config))}, run `lakestream snapshot` again), or "
-            "load with capture.snapshot: debezium"
-        )

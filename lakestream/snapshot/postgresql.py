@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg2
 
+from lakestream.capture.handover import handover_path, read_handover, write_handover
 from lakestream.config import CaptureSettings, PipelineConfig
 from lakestream.identifiers import SourceTableName
 from lakestream.snapshot.chunks import SnapshotError, captured, load_chunks, plan_under, source_dsn, table_work
@@ -40,13 +41,10 @@ from lakestream.snapshot.slot import (
     ExportedSlot,
     ExportedSnapshot,
     ensure_publication,
-    handover_path,
     int_to_lsn,
     lsn_to_int,
     one_row,
-    read_handover,
     slot_state,
-    write_handover,
 )
 from lakestream.snapshot.source import SourceTable, describe_table
 
@@ -113,7 +111,7 @@ def run_postgresql_snapshot(
                 progress_interval_s,
                 on_progress,
             )
-        write_handover(config.state_dir, capture, handover_lsn, names)
+        write_handover(config.state_dir, capture, names, {"lsn": handover_lsn, "lsn_text": int_to_lsn(handover_lsn)})
         return SnapshotReport(
             capture.slot_name,
             int_to_lsn(handover_lsn),

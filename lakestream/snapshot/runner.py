@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from lakestream.capture.handover import read_handover
 from lakestream.config import CaptureSettings, PipelineConfig
 from lakestream.errors import ConfigError
 from lakestream.identifiers import SourceTableName
@@ -16,7 +17,6 @@ from lakestream.snapshot.chunks import captured
 from lakestream.snapshot.mariadb import run_mariadb_snapshot
 from lakestream.snapshot.postgresql import run_postgresql_snapshot
 from lakestream.snapshot.progress import SnapshotReport, TableProgress
-from lakestream.snapshot.slot import read_handover
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -12,13 +12,9 @@ slot from the consistent point (`lakestream.capture.handover`).
 from __future__ import annotations
 
 import logging
-import os
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import orjson
 import psycopg2
 import psycopg2.extras
 from psycopg2 import sql as pgsql
@@ -119,35 +115,3 @@ class ExportedSnapshot:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
-
-
-def handover_path(state_dir: str | Path, capture: CaptureSettings) -> Path:
-    """Where a finished snapshot leaves the handover point for ``lakestream capture``."""
-    return Path(state_dir) / "capture" / f"{capture.slot_name}.handover.json"
-
-
-def write_handover(state_dir: str | Path, capture: CaptureSettings, lsn: int, tables: list[str]) -> Path:
-    path = handover_path(state_dir, capture)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(
-        orjson.dumps(
-            {
-                "slot": capture.slot_name,
-                "lsn": lsn,
-                "lsn_text": int_to_lsn(lsn),
-                "tables": sorted(tables),
-                "finished_at": time.time(),
-            }
-        )
-    )
-    os.replace(tmp, path)
-    return path
-
-
-def read_handover(state_dir: str | Path, capture: CaptureSettings) -> dict[str, Any] | None:
-    path = handover_path(state_dir, capture)
-    if not path.exists():
-        return None
-    handover: dict[str, Any] = orjson.loads(path.read_bytes())
-    return handover

@@ -1,14 +1,11 @@
 """What the parallel snapshot reads from PostgreSQL: a table's columns as the types Debezium's
-stream gives them, the SQL that renders each column for the fast reader, and the chunks.
+stream gives them and the SQL that renders each column for the fast reader
+(`lakestream.capture.source_columns`), its key, and the chunks.
 
 A table is split by its key (primary key, else its replica identity index: the key Debezium gives its
 events); a table without one by physical block ranges (``ctid``). A partitioned parent has no storage of
 its own: its chunks are planned and read per leaf partition (`pg_partition_tree`: a DEFAULT partition and
 the leaves of sub-partitioned partitions included), and every chunk's rows go to the parent's one mirror.
-
-The types must match what `lakestream.decode.types` makes of Debezium's schemas (schemas on,
-default ``time.precision.mode``, ``decimal.handling.mode=precise``, ``interval.handling.mode=numeric``):
-the table the snapshot creates is the table the streamed changes then land in.
 """
 
 from __future__ import annotations
@@ -16,26 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
 from psycopg2 import sql as pgsql
 
+from lakestream.capture.source_columns import POSTGRESQL_INTEGER_TYPES, SourceColumn, postgresql_source_column
 from lakestream.errors import LakestreamError
-
-
-class UnsupportedColumn(LakestreamError):
-    """A column type the parallel snapshot cannot render exactly as Debezium would."""
-
-
-@dataclass(frozen=True)
-class SourceColumn:
-    """One source column: its name, the table type (Spark DDL), how COPY renders it, how it is parsed."""
-
-    name: str
-    pg_type: str
-    ddl: str
-    expression: str  # SQL over the quoted column name, {c}
-    read_type: pa.DataType  # what the CSV reader parses the rendered text as
-    hex_bytes: bool = False  # rendered as hex text, decoded to bytes after parsing
 
 
 @dataclass
@@ -60,64 +41,6 @@ class SourceTable:
 
     def ident(self) -> pgsql.Composable:
         return pgsql.Identifier(self.schema, self.table)
-
-
-_INTS = {"smallint": ("int", pa.int32()), "integer": ("int", pa.int32()), "bigint": ("bigint", pa.int64())}
-_TEXT = {
-    "text",
-    "character varying",
-    "character",
-    "json",
-    "jsonb",
-    "uuid",
-    "xml",
-    "inet",
-    "cidr",
-    "macaddr",
-    "citext",
-    "ltree",
-}
-
-
-def source_column(name: str, data_type: str, udt_type: str, precision: int | None, scale: int | None) -> SourceColumn:
-    c = "{c}"
-    if data_type in _INTS:
-        ddl, arrow = _INTS[data_type]
-        return SourceColumn(name, data_type, ddl, c, arrow)
-    if data_type == "real":
-        return SourceColumn(name, data_type, "float", c, pa.float32())
-    if data_type == "double precision":
-        return SourceColumn(name, data_type, "double", c, pa.float64())
-    if data_type == "boolean":
-        return SourceColumn(name, data_type, "boolean", c, pa.bool_())
-    if data_type == "numeric":
-        if precision is not None and scale is not None and precision <= 38:
-            return SourceColumn(name, data_type, f"decimal({precision},{scale})", c, pa.decimal128(precision, scale))
-        # Debezium's VariableScaleDecimal: the lake keeps every digit as text.
-        return SourceColumn(name, data_type, "string", f"{c}::text", pa.string())
-    if data_type == "date":
-        return SourceColumn(name, data_type, "date", c, pa.date32())
-    if data_type == "timestamp without time zone":
-        return SourceColumn(name, data_type, "timestamp_ntz", c, pa.timestamp("us"))
-    if data_type == "timestamp with time zone":
-        # The session runs in UTC, so the text is "... +00", which the reader takes as UTC.
-        return SourceColumn(name, data_type, "timestamp", c, pa.timestamp("us", tz="UTC"))
-    if data_type == "time without time zone":
-        # MicroTime → "HH:MM:SS.ffffff", as lakestream.decode.types renders it.
-        return SourceColumn(
-            name, data_type, "string", f"to_char('2000-01-01'::date + {c}, 'HH24:MI:SS.US')", pa.string()
-        )
-    if data_type == "interval":
-        # MicroDuration counts a month as 30.4375 days, as extract(epoch) does.
-        return SourceColumn(name, data_type, "bigint", f"(extract(epoch from {c}) * 1000000)::int8", pa.int64())
-    if data_type == "bytea":
-        return SourceColumn(name, data_type, "binary", f"encode({c}, 'hex')", pa.string(), hex_bytes=True)
-    if data_type in _TEXT or (data_type == "USER-DEFINED" and udt_type == "e"):
-        return SourceColumn(name, data_type, "string", f"{c}::text", pa.string())
-    raise UnsupportedColumn(
-        f"column {name!r} has type {data_type} ({udt_type}), which the parallel snapshot does not read yet — fix: "
-        f"snapshot this table with Debezium (capture.snapshot: debezium), or leave it out of `lakestream snapshot`"
-    )
 
 
 def describe_table(conn: Any, schema: str, table: str) -> SourceTable:
@@ -155,9 +78,9 @@ def describe_table(conn: Any, schema: str, table: str) -> SourceTable:
             (schema, table),
         )
         estimated, partitioned = cur.fetchone()
-    columns = [source_column(*r) for r in rows]
+    columns = [postgresql_source_column(*r) for r in rows]
     by_name = {col.name: col for col in columns}
-    integer_key = len(key) == 1 and by_name[key[0]].pg_type in _INTS
+    integer_key = len(key) == 1 and by_name[key[0]].pg_type in POSTGRESQL_INTEGER_TYPES
     return SourceTable(schema, table, columns, key, int(estimated), integer_key, bool(partitioned))
 
 

@@ -7,10 +7,9 @@ import orjson
 import pytest
 
 from lakestream.capture.connector import connect_json, connect_offsets_json, connector_properties
-from lakestream.capture.handover import handover_properties, offset_key, streaming_offset
+from lakestream.capture.handover import handover_properties, offset_key, streaming_offset, write_handover
 from lakestream.config import parse_config
 from lakestream.errors import CaptureError
-from lakestream.snapshot.slot import write_handover
 
 
 def _config(tmp_path, snapshot="parallel"):
@@ -44,10 +43,10 @@ def test_capture_needs_a_finished_snapshot_of_every_table(tmp_path):
     props = connector_properties(config.capture, tmp_path)
     with pytest.raises(CaptureError, match="no snapshot finished.*lakestream snapshot"):
         handover_properties(config, props)
-    write_handover(tmp_path, config.capture, 4242, ["public.t"])
+    write_handover(tmp_path, config.capture, ["public.t"], {"lsn": 4242, "lsn_text": "0/1092"})
     with pytest.raises(CaptureError, match=r"did not load \['public.u'\]"):
         handover_properties(config, props)
-    write_handover(tmp_path, config.capture, 4242, ["public.t", "public.u"])
+    write_handover(tmp_path, config.capture, ["public.t", "public.u"], {"lsn": 4242, "lsn_text": "0/1092"})
     seeded, offset = handover_properties(config, props)
     assert orjson.loads(offset)["lsn"] == 4242 and seeded["snapshot.mode"] == "no_data"
     offsets = tmp_path / "capture" / f"{config.capture.slot_name}.offsets"

@@ -22,7 +22,7 @@ from conftest import catalog_settings, mariadb_database
 from test_mariadb_capture import EXPECTED_TYPES, EXPECTED_TYPES_ROW, MariaDBCapture
 
 from lakestream.capture import CaptureProcess
-from lakestream.capture.handover import handover_properties
+from lakestream.capture.handover import handover_properties, read_handover
 from lakestream.capture.process import LAKESTREAM_COMMAND
 from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
@@ -30,7 +30,6 @@ from lakestream.errors import CaptureError
 from lakestream.runtime.spark import jvm_helper
 from lakestream.snapshot import RESNAPSHOT_PROPERTY, SnapshotError, run_snapshot
 from lakestream.snapshot.chunks import KILL_AFTER_CHUNKS_ENV, read_snapshot_state
-from lakestream.snapshot.slot import read_handover
 
 # The types of test_mariadb_capture's table that the parallel snapshot reads (BIT(n > 1) and spatial types are
 # refused, naming Debezium's snapshot as the fix).

@@ -9,10 +9,11 @@ import uuid
 import pyarrow as pa
 import pytest
 
+from lakestream.capture.source_columns import UnsupportedColumn
 from lakestream.config import parse_config
 from lakestream.errors import ConfigError, LakestreamError
 from lakestream.snapshot.reader import hex_to_binary, parse_chunk
-from lakestream.snapshot.source import ChunkPlan, UnsupportedColumn, chunk_query, describe_table, plan_chunks
+from lakestream.snapshot.source import ChunkPlan, chunk_query, describe_table, plan_chunks
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import yaml
 from conftest import run_lakestream
 from test_parallel_snapshot import KINDS, TABLES, KindsWriter, Source, Writer, kinds_source, load_kinds
 
+from lakestream.capture.handover import write_handover
 from lakestream.config import parse_config
 from lakestream.engine.loop import run_pipeline
 from lakestream.errors import ConfigError
@@ -20,7 +21,6 @@ from lakestream.runtime.spark import jvm_helper
 from lakestream.sink.catalog.sink import table_info
 from lakestream.snapshot import RESNAPSHOT_PROPERTY, SnapshotError, run_snapshot
 from lakestream.snapshot.resnapshot import _committed_offsets
-from lakestream.snapshot.slot import write_handover
 from lakestream.source.kafka import KafkaCluster
 from lakestream.verify.compare import verify_tables
 
@@ -254,7 +254,7 @@ def test_resnapshot_misuse_is_refused_with_the_fix(stack, spark, tmp_path):
         with pytest.raises(SnapshotError, match=r"slot .* does not exist.*lakestream capture"):
             run_snapshot(source.config, ["public.items"], spark, again=True)
         # After a parallel snapshot's handover, naming a table is a re-snapshot (no --again needed).
-        write_handover(source.config.state_dir, source.config.capture, 1, TABLES)
+        write_handover(source.config.state_dir, source.config.capture, TABLES, {"lsn": 1, "lsn_text": "0/1"})
         with pytest.raises(SnapshotError, match=r"slot .* does not exist"):
             run_snapshot(source.config, ["public.items"], spark)
     finally:

@@ -154,8 +154,7 @@ class MariaDB:
 
     def read_columns(self, conn: Any, tables: list[SourceTableName]) -> dict[str, tuple[CatalogColumn, ...]]:
         from lakestream.capture.columns import CatalogColumn, default_wire_value, mariadb_default_literal
-        from lakestream.snapshot.mariadb import source_column
-        from lakestream.snapshot.source import UnsupportedColumn
+        from lakestream.capture.source_columns import UnsupportedColumn, mariadb_source_column
 
         pairs = ", ".join(["(%s, %s)"] * len(tables))
         with conn.cursor() as cur:
@@ -171,7 +170,7 @@ class MariaDB:
         for schema, table, name, data_type, column_type, precision, scale, default, nullable in rows:
             columns = found.setdefault(str(SourceTableName(schema, table)), [])
             try:
-                ddl = source_column(name, data_type, column_type, precision, scale).ddl
+                ddl = mariadb_source_column(name, data_type, column_type, precision, scale).ddl
             except UnsupportedColumn:
                 continue  # its type arrives with the table's next row
             literal = mariadb_default_literal(
@@ -179,6 +178,18 @@ class MariaDB:
             )
             columns.append(CatalogColumn(name, ddl, default_wire_value(ddl, literal)))
         return {table: tuple(columns) for table, columns in found.items()}
+
+
+def table_signature(cur: Any, database: str, table: str) -> list[list[str]]:
+    """The table's columns as [name, full type] in order: what the parallel snapshot records at its handover and
+    capture compares before Debezium records the schemas (a change since the handover would misread the binlog
+    written before it, `lakestream.capture.handover.check_unchanged_since_handover`)."""
+    cur.execute(
+        "SELECT COLUMN_NAME, COLUMN_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
+        "TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+        (database, table),
+    )
+    return [[str(n), str(t)] for n, t in cur.fetchall()]
 
 
 def check_source(conn: Any, capture: CaptureSettings, resuming: bool = False) -> list[str]:

@@ -93,7 +93,7 @@ class PostgreSQL:
 
     def read_columns(self, conn: Any, tables: list[SourceTableName]) -> dict[str, tuple[CatalogColumn, ...]]:
         from lakestream.capture.columns import CatalogColumn, default_wire_value, postgresql_default_literal
-        from lakestream.snapshot.source import UnsupportedColumn, source_column
+        from lakestream.capture.source_columns import UnsupportedColumn, postgresql_source_column
 
         with conn.cursor() as cur:
             cur.execute(
@@ -111,7 +111,7 @@ class PostgreSQL:
         for schema, table, name, data_type, typtype, precision, scale, default in rows:
             columns = found.setdefault(str(SourceTableName(schema, table)), [])
             try:
-                ddl = source_column(name, data_type, typtype, precision, scale).ddl
+                ddl = postgresql_source_column(name, data_type, typtype, precision, scale).ddl
             except UnsupportedColumn:
                 continue  # its type arrives with the table's next row
             columns.append(CatalogColumn(name, ddl, default_wire_value(ddl, postgresql_default_literal(default))))
