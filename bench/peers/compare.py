@@ -69,14 +69,19 @@ class ConfigRun:
         )
         from lakestream.query import pyiceberg_catalog
 
-        self.probe = SnapshotProbe(pyiceberg_catalog(reader_config.catalog), self.writer.qualified, interval=SAMPLE_S)
+        self.probe = SnapshotProbe(
+            pyiceberg_catalog(reader_config.catalog),
+            self.writer.qualified,
+            interval=SAMPLE_S,
+            read_rows=args.steady_s > 0,  # the rows' produce times only for the freshness of a steady phase
+        )
         self.meter: TreeMeter | None = None
         self.cap: MemoryCap | None = None
         self.out: dict[str, Any] = {
             "config": name,
             "input": input_name,
             "run": run_index,
-            "table": self.writer.qualified,
+            "table_name": self.writer.qualified,
             "load_start": machine_load(),
         }
 

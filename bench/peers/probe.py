@@ -37,9 +37,12 @@ class SnapshotProbe(threading.Thread):
     """Polls one table every ``interval`` s (pyiceberg, through the catalog) and keeps, per new snapshot, its commit
     time and the produce times of the rows it added."""
 
-    def __init__(self, catalog, identifier: str, interval: float = 1.0):
+    def __init__(self, catalog, identifier: str, interval: float = 1.0, read_rows: bool = True):
         super().__init__(name=f"probe-{identifier}", daemon=True)
         self.catalog, self.identifier, self.interval = catalog, identifier, interval
+        # False: the snapshots' summaries only (their offsets), no data file read: a drain's end is then seen as
+        # soon as the commit is, whatever the size of the files it added.
+        self.read_rows = read_rows
         self.seen: set[int] = set()
         self.commits: list[tuple[int, np.ndarray]] = []  # (commit ms, produce ms of the rows it added)
         self.newest_produce_ms = 0
@@ -63,6 +66,8 @@ class SnapshotProbe(threading.Thread):
             self._keep_offsets(snap.summary)
             if snap.summary is not None and snap.summary.operation.value == "replace":
                 self.replaces += 1
+                continue
+            if not self.read_rows:
                 continue
             produced = []
             for manifest in snap.manifests(table.io):

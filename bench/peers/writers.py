@@ -275,8 +275,7 @@ def spark_writer(
         spark_jars,
         "--fs-jar",
         str(local_fs_jar()),
-        "--java-options",
-        JVM_OPTIONS,
+        f"--java-options={JVM_OPTIONS}",  # one argument: the value starts with a dash
         "--driver-memory",
         HEAP,
     ]
