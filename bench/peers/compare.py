@@ -123,6 +123,7 @@ class ConfigRun:
     def drain(self, label: str) -> dict[str, Any]:
         """Wait until the topic's end is written on every partition; the seconds and writer CPU it took."""
         end = end_offsets(self.info.bootstrap_servers, self.topic)
+        self.meter.sample()  # the CPU up to now is not this drain's
         cpu0 = self.meter.cpu_s()
         seconds = self.watch(lambda: drained(self.written(), end), self.args.timeout, label)
         return {"end_offsets": end, "seconds": round(seconds, 2), "writer_cpu_s": round(self.meter.cpu_s() - cpu0, 2)}
@@ -304,6 +305,8 @@ class ConfigRun:
             if self.cap is not None:
                 peak = self.cap.peak_bytes()
                 self.out["writer"]["cgroup_peak_mb"] = round(peak / 2**20) if peak else None
+            # Compactions the system's own maintenance committed while it ran (Lakestream inline, Flink post-commit).
+            self.out["rewrites_while_running"] = self.probe.replaces
             self.out["clean_stop"] = self.writer.stop()
             self.out["table_before_compaction"] = self.table_stats()
             self.compaction()

@@ -55,7 +55,7 @@ def main() -> None:
     )
     namespace, name = args.table.split(".")
     table_loader = jvm.org.apache.iceberg.flink.TableLoader.fromCatalog(
-        loader, jvm.org.apache.iceberg.catalog.TableIdentifier.of(namespace, name)
+        loader, jvm.org.apache.iceberg.catalog.TableIdentifier.parse(f"{namespace}.{name}")
     )
     table_loader.open()
     table = table_loader.loadTable()

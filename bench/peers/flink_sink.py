@@ -23,6 +23,7 @@ Runs under PyFlink (the `apache-flink` wheel, Flink's own distribution jars) in 
         --catalog-uri jdbc:postgresql://... --warehouse file:///... --checkpoints DIR
         --jars a.jar,b.jar --classpath c.jar,d.jar [--upsert false] [--maintenance post-commit|off]
         [--interval-s 10] [--parallelism 2] [--schemas on|off] [--hadoop-conf-dir DIR] [--kafka k=v,...]
+        [--rewrite-commit-count 10]
 
 The catalog password comes from CATALOG_PASSWORD. The columns are fixed in the DDL below, as a Flink SQL job has
 them: a column added at the source later is not carried (the JSON format ignores unknown fields).
@@ -64,7 +65,7 @@ def maintenance_options(args) -> dict[str, str]:
     password = os.environ.get("CATALOG_PASSWORD", "")
     return {
         "flink-maintenance.rewrite.enabled": "true",
-        "flink-maintenance.rewrite.schedule.commit-count": "10",
+        "flink-maintenance.rewrite.schedule.commit-count": str(args.rewrite_commit_count),
         "flink-maintenance.expire-snapshots.enabled": "true",
         "flink-maintenance.expire-snapshots.retain-last": "10",
         "flink-maintenance.lock.type": "jdbc",
@@ -136,6 +137,7 @@ def main() -> None:
     parser.add_argument("--classpath", required=True, help="comma-separated: Hadoop's client jars, the JDBC driver")
     parser.add_argument("--upsert", choices=("true", "false"), default="false")
     parser.add_argument("--maintenance", choices=("post-commit", "off"), default="post-commit")
+    parser.add_argument("--rewrite-commit-count", type=int, default=10, help="RewriteDataFiles every N commits")
     parser.add_argument("--interval-s", type=float, default=10.0)
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--schemas", choices=("on", "off"), default="on", help="JSON with Connect schemas or not")

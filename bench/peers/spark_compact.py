@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 
 from pyspark.sql import SparkSession
 
@@ -44,6 +45,7 @@ def main() -> None:
         .config("spark.sql.catalog.lake.jdbc.password", os.environ.get("CATALOG_PASSWORD", ""))
         .config("spark.sql.catalog.lake.warehouse", args.warehouse)
         .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.session.timeZone", "UTC")
     )
     if args.fs_jar:
         builder = builder.config("spark.driver.extraClassPath", args.fs_jar).config(
@@ -59,8 +61,10 @@ def main() -> None:
     out["rewrite_data_files"] = rows[0].asDict() if rows else {}
     rows = spark.sql(f"CALL lake.system.rewrite_position_delete_files(table => '{t}')").collect()
     out["rewrite_position_delete_files"] = rows[0].asDict() if rows else {}
+    # older_than takes a literal: now, in the session's time zone (UTC).
+    now = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(time.time() + 1))
     rows = spark.sql(
-        f"CALL lake.system.expire_snapshots(table => '{t}', older_than => current_timestamp(), retain_last => 1)"
+        f"CALL lake.system.expire_snapshots(table => '{t}', older_than => TIMESTAMP '{now}', retain_last => 1)"
     ).collect()
     out["expire_snapshots"] = rows[0].asDict() if rows else {}
     print(json.dumps(out, default=str), flush=True)

@@ -239,6 +239,9 @@ def flink_writer(
         "on" if schemas else "off",
         "--kafka",
         kafka_properties(),
+        # RewriteDataFiles every 10 commits, the documented default; the smoke test sets fewer to see one run.
+        "--rewrite-commit-count",
+        os.environ.get("LAKESTREAM_PEERS_FLINK_REWRITE_COMMITS", "10"),
         *common,
     ]
     # PyFlink's own Python is not this checkout's: it must not import the main venv's packages. PyFlink's launcher
