@@ -1,4 +1,4 @@
-"""The Flink peer: Flink SQL from a `debezium-json` Kafka source into an Iceberg v3 table, in changelog mode (the
+"""The Flink peer: Flink SQL from a `debezium-json` Kafka source into an Iceberg table, in changelog mode (the
 main Flink configuration) or upsert mode, with Flink's own table maintenance after the sink's commits.
 
 Configured as Iceberg's Flink docs describe CDC into Iceberg (https://iceberg.apache.org/docs/latest/flink-writes/):
@@ -23,7 +23,7 @@ Runs under PyFlink (the `apache-flink` wheel, Flink's own distribution jars) in 
         --catalog-uri jdbc:postgresql://... --warehouse file:///... --checkpoints DIR
         --jars a.jar,b.jar --classpath c.jar,d.jar [--upsert false] [--maintenance post-commit|off]
         [--interval-s 10] [--parallelism 2] [--schemas on|off] [--hadoop-conf-dir DIR] [--kafka k=v,...]
-        [--rewrite-commit-count 10]
+        [--rewrite-commit-count 10] [--format-version 2]
 
 The catalog password comes from CATALOG_PASSWORD. The columns are fixed in the DDL below, as a Flink SQL job has
 them: a column added at the source later is not carried (the JSON format ignores unknown fields).
@@ -136,6 +136,7 @@ def main() -> None:
     parser.add_argument("--jars", required=True, help="comma-separated: Iceberg's Flink runtime, the Kafka connector")
     parser.add_argument("--classpath", required=True, help="comma-separated: Hadoop's client jars, the JDBC driver")
     parser.add_argument("--upsert", choices=("true", "false"), default="false")
+    parser.add_argument("--format-version", choices=("2", "3"), default="2")
     parser.add_argument("--maintenance", choices=("post-commit", "off"), default="post-commit")
     parser.add_argument("--rewrite-commit-count", type=int, default=10, help="RewriteDataFiles every N commits")
     parser.add_argument("--interval-s", type=float, default=10.0)
@@ -149,7 +150,8 @@ def main() -> None:
     env.execute_sql(catalog_ddl(args))
     env.execute_sql(f"CREATE DATABASE IF NOT EXISTS lake.`{namespace}`")
     env.execute_sql(f"""CREATE TABLE IF NOT EXISTS lake.`{namespace}`.`{table}` ({SINK_COLUMNS}) WITH (
-        'format-version'='3', 'write.upsert.enabled'='{args.upsert}', 'write.format.default'='parquet')""")
+        'format-version'='{args.format_version}', 'write.upsert.enabled'='{args.upsert}',
+        'write.format.default'='parquet')""")
     env.execute_sql(source_ddl(args))
     hint = {"upsert-enabled": args.upsert, **maintenance_options(args)}
     options = ", ".join(f"'{k}'='{v}'" for k, v in hint.items())

@@ -233,6 +233,8 @@ def flink_writer(
         "2",
         "--upsert",
         config.settings["write.upsert.enabled"],
+        "--format-version",
+        config.settings.get("format-version", "2"),
         "--maintenance",
         config.settings.get("maintenance", "off"),
         "--schemas",
