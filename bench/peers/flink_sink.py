@@ -66,6 +66,9 @@ def maintenance_options(args) -> dict[str, str]:
     return {
         "flink-maintenance.rewrite.enabled": "true",
         "flink-maintenance.rewrite.schedule.commit-count": str(args.rewrite_commit_count),
+        # How often the maintenance looks at the table, and waits for its lock (the documented defaults: 60 s, 30 s).
+        "flink-maintenance.rate-limit-seconds": str(args.maintenance_rate_limit_s),
+        "flink-maintenance.lock-check-delay-seconds": str(args.maintenance_lock_check_s),
         "flink-maintenance.expire-snapshots.enabled": "true",
         "flink-maintenance.expire-snapshots.retain-last": "10",
         "flink-maintenance.lock.type": "jdbc",
@@ -139,6 +142,8 @@ def main() -> None:
     parser.add_argument("--format-version", choices=("2", "3"), default="2")
     parser.add_argument("--maintenance", choices=("post-commit", "off"), default="post-commit")
     parser.add_argument("--rewrite-commit-count", type=int, default=10, help="RewriteDataFiles every N commits")
+    parser.add_argument("--maintenance-rate-limit-s", type=int, default=60)
+    parser.add_argument("--maintenance-lock-check-s", type=int, default=30)
     parser.add_argument("--interval-s", type=float, default=10.0)
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--schemas", choices=("on", "off"), default="on", help="JSON with Connect schemas or not")

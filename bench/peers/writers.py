@@ -241,9 +241,14 @@ def flink_writer(
         "on" if schemas else "off",
         "--kafka",
         kafka_properties(),
-        # RewriteDataFiles every 10 commits, the documented default; the smoke test sets fewer to see one run.
-        "--rewrite-commit-count",
-        os.environ.get("LAKESTREAM_PEERS_FLINK_REWRITE_COMMITS", "10"),
+        # RewriteDataFiles every 10 commits, the table looked at every 60 s, the lock checked every 30 s: the documented
+        # defaults. LAKESTREAM_PEERS_FLINK_MAINTENANCE_FAST=1 (the smoke test): every 2 commits, 1 s, 1 s, so that a few
+        # seconds of data see a rewrite.
+        *(
+            ["--rewrite-commit-count", "2", "--maintenance-rate-limit-s", "1", "--maintenance-lock-check-s", "1"]
+            if os.environ.get("LAKESTREAM_PEERS_FLINK_MAINTENANCE_FAST") == "1"
+            else []
+        ),
         *common,
     ]
     # PyFlink's own Python is not this checkout's: it must not import the main venv's packages. PyFlink's launcher

@@ -39,11 +39,14 @@ def smoke_args(tmp_path: Path, reader: dict) -> argparse.Namespace:
 @pytest.mark.bench
 @pytest.mark.parametrize(
     ("config", "input_name"),
-    [(name, "json-schemas") for name in CONFIGS] + [("lakestream", "json-plain"), ("lakestream", "json-schemas-zipf")],
+    [(name, "json-schemas") for name in CONFIGS]
+    + [(name, "json-plain") for name in ("lakestream", "flink-changelog", "spark-merge-hash")]
+    + [("lakestream", "json-schemas-zipf")],
 )
 def test_a_configuration_drains_compacts_and_reads_exactly(stack, spark, tmp_path, monkeypatch, config, input_name):
-    # Flink's post-commit RewriteDataFiles after every 2 commits (10 in the bench): a few seconds of data see one.
-    monkeypatch.setenv("LAKESTREAM_PEERS_FLINK_REWRITE_COMMITS", "2")
+    # Flink's post-commit RewriteDataFiles after every 2 commits, the table looked at every second (the bench: 10
+    # commits, 60 s): a few seconds of data see one.
+    monkeypatch.setenv("LAKESTREAM_PEERS_FLINK_MAINTENANCE_FAST", "1")
     reader = pipeline_data(stack, tmp_path, "peers-reader", [{"topics": ["x"]}])
     args = smoke_args(tmp_path, reader)
     run_index = abs(hash(tmp_path.name)) % 1000  # topics and tables of their own in the session's stack
