@@ -133,8 +133,8 @@ bench-sustained: setup
 # (merge-on-read with hash distribution, copy-on-write), each configured as its own docs say (bench/peers/configs.py;
 # docs/benchmarks.md): every configuration drains the same CDC backlog on each input, PEERS_RUNS times, the order
 # alternating; exactness checked per run; each table compacted by its own system before the reads. Not part of
-# `make test`. PEERS_SCALE=10m (10M base rows, a 1M-change backlog): 8-15 hours on 2 cores for 5 configurations x 3
-# inputs x 3 runs; PEERS_SCALE=1m (1M rows, 200k changes): 1.5-3 hours. PEERS_ARGS adds run.py's flags (e.g.
+# `make test`. PEERS_SCALE=10m (10M base rows, a 1M-change backlog): an estimated 8-20 hours on 2 cores for 5
+# configurations x 3 inputs x 3 runs; PEERS_SCALE=1m (1M rows, 200k changes): 1.5-4 hours. PEERS_ARGS adds run.py's flags (e.g.
 # "--configs lakestream,flink-changelog --inputs json-schemas --memory-cap 6g"). The Flink peer runs under PyFlink in
 # .venv-peers (bench only: not made by `make setup`).
 setup-peers:

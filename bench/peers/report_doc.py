@@ -210,8 +210,8 @@ carries the results file and line it comes from (`bench/peers/`), and `make test
 
 ```
 make setup-peers                       # the Flink peer's venv (.venv-peers, PyFlink)
-make bench-peers                       # 10M base rows, a 1M-change backlog: 8-15 hours on 2 cores
-make bench-peers PEERS_SCALE=1m        # 1M base rows, a 200k-change backlog: 1.5-3 hours
+make bench-peers                       # 10M base rows, a 1M-change backlog: 8-20 hours (estimated) on 2 cores
+make bench-peers PEERS_SCALE=1m        # 1M base rows, a 200k-change backlog: 1.5-4 hours (estimated)
 make bench-peers PEERS_ARGS="--runs 5 --inputs json-schemas --configs lakestream,flink-changelog"
 .venv/bin/python bench/peers/run.py --report bench/peers/results-peers.jsonl --append-summary
 .venv/bin/python bench/peers/report_doc.py   # this page, from bench/peers/results-*.jsonl

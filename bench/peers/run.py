@@ -17,10 +17,11 @@ into the file too: the line docs/benchmarks.md cites (bench/peers/report_doc.py)
 ``--memory-cap BYTES`` (e.g. 6g) puts each writer's process tree in a memory cgroup of that limit (measure.py); off
 by default, and refused where the machine has no writable memory controller.
 
-Duration: a run of one configuration is the base's production and drain plus the backlog's, the compaction and the
-reads. At ``--base-rows 10000000 --backlog 1000000`` on 2 cores that is 10–25 minutes (Flink and the MERGE job at the
-long end), so the default 5 configurations × 3 inputs × 3 runs take 8–15 hours; ``--base-rows 1000000 --backlog
-200000`` about 1.5–3 hours. `make bench-peers PEERS_SCALE=1m` is the shorter one.
+Duration (an estimate, not yet timed end to end): a run of one configuration is the base's production and drain,
+the backlog's, the settling, two exactness checks, the compaction and the reads. At ``--scale 10m`` (10M base rows, a
+1M-change backlog) on 2 cores that is 10–25 minutes, Flink and the MERGE job at the long end, so the default 5
+configurations × 3 inputs × 3 runs take 8–20 hours; ``--scale 1m`` (1M rows, 200k changes) 1.5–4 hours.
+`make bench-peers PEERS_SCALE=1m` is the shorter one; ``--inputs json-schemas`` alone takes a third of either.
 """
 
 from __future__ import annotations
