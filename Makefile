@@ -129,24 +129,29 @@ bench-scale: setup
 bench-sustained: setup
 	$(VENV)/bin/python bench/sustained.py $(BENCH_SUSTAINED_ARGS)
 
-# Lakestream beside Flink SQL's Iceberg upsert sink and a Spark Structured Streaming + MERGE job, on the same topics
-# (bench/peers/run.py; docs/benchmarks.md): a 10M-row mirror, a rate ramp of 5-minute steps, 10 minutes at a common
-# rate with an ADD COLUMN, reads by Spark and DuckDB, a SIGKILL run. Hours long: not part of `make test`.
-# BENCH_PEERS_ARGS="--quick" is the 1M-row check. The Flink peer runs under PyFlink in .venv-peers (bench only: not
-# made by `make setup`).
+# Lakestream beside Flink SQL's Iceberg sink (changelog and upsert mode) and a Spark Structured Streaming + MERGE job
+# (merge-on-read with hash distribution, copy-on-write), each configured as its own docs say (bench/peers/configs.py;
+# docs/benchmarks.md): every configuration drains the same CDC backlog on each input, PEERS_RUNS times, the order
+# alternating; exactness checked per run; each table compacted by its own system before the reads. Not part of
+# `make test`. PEERS_SCALE=10m (10M base rows, a 1M-change backlog): an estimated 8-20 hours on 2 cores for 5
+# configurations x 3 inputs x 3 runs; PEERS_SCALE=1m (1M rows, 200k changes): 1.5-4 hours. PEERS_ARGS adds run.py's flags (e.g.
+# "--configs lakestream,flink-changelog --inputs json-schemas --memory-cap 6g"). The Flink peer runs under PyFlink in
+# .venv-peers (bench only: not made by `make setup`).
 setup-peers:
 	./scripts/peers_venv.sh
 
-# First, in ~40 s, that each peer still starts and writes (tests/bench/test_peers.py, marker bench).
-# The systems run one after another, each appending its result to PEERS_RESULTS; the report (the table, the chart and
-# the last line's JSON object) is built from that file. One system at a time: make bench-peers PEERS_SYSTEMS=flink.
-PEERS_SYSTEMS ?= lakestream,flink,spark
+# First, in a few minutes, that each configuration still starts and writes (tests/bench/test_peers.py, marker bench).
+# Each run is appended to PEERS_RESULTS as it ends; the report's last line is one JSON object, and its summary line is
+# appended to the file too (the line docs/benchmarks.md cites once the file is kept as bench/peers/results-*.jsonl and
+# the page regenerated: bench/peers/report_doc.py).
+PEERS_SCALE ?= 10m
+PEERS_RUNS ?= 3
 PEERS_RESULTS ?= .lakestream/bench-peers.jsonl
 bench-peers: setup setup-peers
 	mkdir -p .lakestream
 	$(VENV)/bin/python -m pytest -x -q -m bench tests/bench/test_peers.py
-	$(VENV)/bin/python bench/peers/run.py --systems $(PEERS_SYSTEMS) --results $(PEERS_RESULTS) $(BENCH_PEERS_ARGS)
-	$(VENV)/bin/python bench/peers/run.py --report $(PEERS_RESULTS) --chart .lakestream/bench-peers.svg
+	$(VENV)/bin/python bench/peers/run.py --scale $(PEERS_SCALE) --runs $(PEERS_RUNS) --results $(PEERS_RESULTS) $(PEERS_ARGS)
+	$(VENV)/bin/python bench/peers/run.py --report $(PEERS_RESULTS) --append-summary
 
 clean:
 	-$(VENV)/bin/lakestream stack down

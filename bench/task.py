@@ -11,7 +11,7 @@ the machine's load; the broker runs on the same cores. The LAST line is one JSON
 
 ``--events peers``: the peers' input instead (`bench/peers/workload.py`: schemas on, full ``before``
 images from REPLICA IDENTITY FULL, doubles for the amount; 85% updates, 10% deletes with their
-tombstones, 5% inserts), the write task `bench/peers/run.py`'s backlog phase runs in Spark.
+tombstones, 5% inserts), the write task the peers bench's backlog drain runs in Spark.
 """
 
 from __future__ import annotations

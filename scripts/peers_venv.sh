@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The bench-only venv for the Flink peer of `make bench-peers` (bench/peers/flink_upsert.py): PyFlink from PyPI,
+# The bench-only venv for the Flink peer of `make bench-peers` (bench/peers/flink_sink.py): PyFlink from PyPI,
 # pinned by bench/peers/requirements-peers.lock. Apart from the main venv, whose pyspark needs another py4j.
 # Idempotent: a venv whose stamp matches the lock is left as it is.
 set -euo pipefail

@@ -5,10 +5,14 @@ row in the data files it added. A change is visible from the commit of the first
 
 Deletes add no row, so they are not in the freshness figures (the updates and inserts around them are). Snapshots
 that only rewrite files (``replace``: compaction) are skipped: their rows were visible before.
+
+The probe also keeps the Kafka offsets Lakestream stores in its snapshots (``lakestream.offsets``): the table's own
+record of how far it has written each partition (drain.py).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from urllib.parse import urlparse
@@ -33,13 +37,18 @@ class SnapshotProbe(threading.Thread):
     """Polls one table every ``interval`` s (pyiceberg, through the catalog) and keeps, per new snapshot, its commit
     time and the produce times of the rows it added."""
 
-    def __init__(self, catalog, identifier: str, interval: float = 1.0):
+    def __init__(self, catalog, identifier: str, interval: float = 1.0, read_rows: bool = True):
         super().__init__(name=f"probe-{identifier}", daemon=True)
         self.catalog, self.identifier, self.interval = catalog, identifier, interval
+        # False: the snapshots' summaries only (their offsets), no data file read: a drain's end is then seen as
+        # soon as the commit is, whatever the size of the files it added.
+        self.read_rows = read_rows
         self.seen: set[int] = set()
         self.commits: list[tuple[int, np.ndarray]] = []  # (commit ms, produce ms of the rows it added)
         self.newest_produce_ms = 0
         self.errors = 0
+        self.table_offsets: dict[str, dict[int, int]] = {}  # topic → partition → next offset, from the summaries
+        self.replaces = 0  # snapshots that only rewrote files (compaction)
         self.halt = threading.Event()
         self.lock = threading.Lock()
 
@@ -54,7 +63,11 @@ class SnapshotProbe(threading.Thread):
             if snap.snapshot_id in self.seen:
                 continue
             self.seen.add(snap.snapshot_id)
+            self._keep_offsets(snap.summary)
             if snap.summary is not None and snap.summary.operation.value == "replace":
+                self.replaces += 1
+                continue
+            if not self.read_rows:
                 continue
             produced = []
             for manifest in snap.manifests(table.io):
@@ -68,6 +81,21 @@ class SnapshotProbe(threading.Thread):
                 self.commits.append((snap.timestamp_ms, rows))
                 if rows.size:
                     self.newest_produce_ms = max(self.newest_produce_ms, int(rows.max()))
+
+    def _keep_offsets(self, summary) -> None:
+        text = None if summary is None else summary.additional_properties.get("lakestream.offsets")
+        if not text:
+            return
+        with self.lock:
+            for topic, parts in json.loads(text).items():
+                kept = self.table_offsets.setdefault(topic, {})
+                for partition, offset in parts.items():
+                    kept[int(partition)] = max(kept.get(int(partition), 0), int(offset))
+
+    def offsets(self, topic: str) -> dict[int, int]:
+        """partition → the next offset the table's snapshots say it has written (Lakestream's tables)."""
+        with self.lock:
+            return dict(self.table_offsets.get(topic, {}))
 
     def run(self) -> None:
         while not self.halt.is_set():

@@ -11,6 +11,11 @@ records go to all three writers.
   (5%), from a seeded RNG and applied to the model as they are sent; a phase's ``add_column_at`` switches the events
   to the schema with one more column (``channel``), as an ``ALTER TABLE orders ADD COLUMN channel text`` at the source.
 
+Two choices make the inputs (`INPUTS`): the events with Kafka Connect's schemas (``schemas.enable=true``, the
+JsonConverter's default) or without them (the payload alone), and the keys an update or delete picks: uniform over the
+live keys, or Zipf-distributed (``ZIPF_S``: the lowest ids are the hot keys; a hot key drawn after its delete comes
+back as an insert, as a row created again at the source).
+
 `Generator` runs all of it in a process of its own (`ChangeStream` is the part that sends the changes).
 """
 
@@ -32,6 +37,14 @@ from _common import _VALUE_FIELDS, STATUSES, FastProducer, OrderRow  # noqa: F40
 from sustained import DELETE_SHARE, INSERT_SHARE, MirrorModel
 
 PARTITIONS = 2
+ZIPF_S = 0.99  # YCSB's zipfian constant: over 10M keys the hottest 1,000 take ~40% of the changes, the hottest 1% ~70%
+
+# The inputs the comparison runs: (schemas on, key distribution).
+INPUTS = {
+    "json-schemas": (True, "uniform"),
+    "json-plain": (False, "uniform"),
+    "json-schemas-zipf": (True, "zipf"),
+}
 ADDED_COLUMN = "channel"
 CHANNELS = ("web", "app", "store")
 
@@ -58,10 +71,12 @@ _SOURCE = [
 
 
 class OrderEvents:
-    """Schemas-on Debezium JSON (key, value) for ``<prefix>.public.orders``, before and after the ADD COLUMN."""
+    """Debezium JSON (key, value) for ``<prefix>.public.orders``, before and after the ADD COLUMN: with Kafka
+    Connect's schemas (``schemas``) or the payload alone."""
 
-    def __init__(self, prefix: str):
+    def __init__(self, prefix: str, schemas: bool = True):
         self.prefix = prefix
+        self.schemas = schemas
         self.topic = f"{prefix}.public.orders"
         self.heads = {added: self._value_head(added) for added in (False, True)}
         key_schema = {
@@ -98,6 +113,8 @@ class OrderEvents:
         return b'{"schema":' + orjson.dumps(envelope) + b',"payload":'
 
     def key(self, row_id: int) -> bytes:
+        if not self.schemas:
+            return b'{"id":' + str(row_id).encode() + b"}"
         return self._key_head + b'{"id":' + str(row_id).encode() + b"}}"
 
     @staticmethod
@@ -142,6 +159,8 @@ class OrderEvents:
                 "lsn": self._lsn,
             },
         }
+        if not self.schemas:
+            return orjson.dumps(payload)
         return self.heads[added] + orjson.dumps(payload) + b"}"
 
 
@@ -193,8 +212,10 @@ class ChangeStream:
     same records), applied to ``model`` as they are sent: updates of random live keys, deletes with their tombstones,
     inserts of new keys; the events switch to the added column's schema once ``added_column`` is set."""
 
-    def __init__(self, bootstrap: str, events: OrderEvents, model: MirrorModel, rng: random.Random):
-        self.events, self.model, self.rng = events, model, rng
+    def __init__(
+        self, bootstrap: str, events: OrderEvents, model: MirrorModel, rng: random.Random, keys: str = "uniform"
+    ):
+        self.events, self.model, self.rng, self.keys = events, model, rng, keys
         self.producer = FastProducer(bootstrap)
         self.added_column = False
         self.counts = {"u": 0, "d": 0, "c": 0}
@@ -214,11 +235,22 @@ class ChangeStream:
             model.overlay[row_id] = (1, qty)
             self.counts["c"] += 1
             return
-        while True:  # a random live key
-            row_id = rng.randrange(1, model.next_id)
+        if self.keys == "zipf":
+            row_id = zipf_key(rng.random(), model.next_id - 1)
             current = model.current(row_id)
-            if current is not None:
-                break
+            if current is None:  # a hot key deleted before: created again
+                qty = rng.randrange(1, 20)
+                after = events.row(OrderRow(row_id, row_id % 50000, qty, 1), now, added)
+                self.producer.send(events.topic, events.key(row_id), events.value("c", None, after, now, added), now)
+                model.overlay[row_id] = (1, qty)
+                self.counts["c"] += 1
+                return
+        else:
+            while True:  # a random live key
+                row_id = rng.randrange(1, model.next_id)
+                current = model.current(row_id)
+                if current is not None:
+                    break
         before = events.row(OrderRow(row_id, row_id % 50000, current[1], current[0]), now, added)
         key = events.key(row_id)
         if draw < INSERT_SHARE + DELETE_SHARE:
@@ -267,6 +299,13 @@ class ChangeStream:
         }
 
 
+def zipf_key(u: float, n: int, s: float = ZIPF_S) -> int:
+    """The key of rank ``1..n`` for a uniform draw ``u`` under a Zipf law of exponent ``s`` (the inverse of its
+    continuous approximation, P(rank ≤ k) ≈ (k^(1−s) − 1) / (n^(1−s) − 1))."""
+    top = n ** (1 - s)
+    return max(1, min(n, int((1 + u * (top - 1)) ** (1 / (1 - s)))))
+
+
 @dataclasses.dataclass
 class LoadResult:
     """What one phase's load sent: changes per op, the seconds it took, the nice value it ran at."""
@@ -291,11 +330,14 @@ class Generator:
     background (`start_load`, then `load_done` until it is, then `load_result`); the other calls wait for their answer.
     """
 
-    def __init__(self, bootstrap: str, prefix: str, rows: int, seed: int):
+    def __init__(self, bootstrap: str, prefix: str, rows: int, seed: int, schemas: bool = True, keys: str = "uniform"):
         context = multiprocessing.get_context("spawn")  # the harness runs a JVM gateway's threads: no fork
         self._conn, child = context.Pipe()
         self.process = context.Process(
-            target=_serve, args=(child, bootstrap, prefix, rows, seed), name=f"generator-{prefix}", daemon=True
+            target=_serve,
+            args=(child, bootstrap, prefix, rows, seed, schemas, keys),
+            name=f"generator-{prefix}",
+            daemon=True,
         )
         self.process.start()
         child.close()
@@ -357,12 +399,14 @@ class Generator:
         self._conn.close()
 
 
-def _serve(conn: Connection, bootstrap: str, prefix: str, rows: int, seed: int) -> None:
+def _serve(
+    conn: Connection, bootstrap: str, prefix: str, rows: int, seed: int, schemas: bool = True, keys: str = "uniform"
+) -> None:
     """`Generator`'s process: answers each command with (True, value) or (False, the error)."""
     nice = prioritize_this_thread()  # before the producer: librdkafka's threads inherit it
-    events = OrderEvents(prefix)
+    events = OrderEvents(prefix, schemas)
     model = MirrorModel(rows, rows + 1)
-    stream = ChangeStream(bootstrap, events, model, random.Random(seed))
+    stream = ChangeStream(bootstrap, events, model, random.Random(seed), keys)
     commands = {
         "noop": lambda: None,
         "base": lambda: produce_base(bootstrap, events, rows),

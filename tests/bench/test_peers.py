@@ -1,12 +1,13 @@
-"""The peers of `make bench-peers` still start and write (bench/peers/): Flink SQL's Iceberg upsert sink and the
-Spark Structured Streaming + MERGE job, each on a few Debezium events of the bench's own input, the table checked
-against them. Both writers run at once (each starts a JVM: ~30 s either way). The bench itself is hours long; this
-keeps its writers' configs from rotting between its runs."""
+"""Every configuration of `make bench-peers` still runs its whole path at a few seconds of data (bench/peers/): the
+writer starts on the bench's own input, drains a base and a backlog (the end seen on every partition), the table is
+exact, its own system compacts it, exact again, and Spark and DuckDB read it. The bench itself is hours long; this
+keeps its configurations from rotting between its runs. The Flink configurations need .venv-peers (`make
+setup-peers`)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,56 +15,63 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path[:0] = [str(BENCH / "peers"), str(BENCH)]
 
-from conftest import catalog_settings  # noqa: E402
-from probe import SnapshotProbe  # noqa: E402
-from workload import Generator, create_topic  # noqa: E402
-from writers import writer_for  # noqa: E402
+from _common import pipeline_data, to_config, write_pipeline_yaml  # noqa: E402
+from compare import ConfigRun, run_order  # noqa: E402
+from configs import CONFIGS  # noqa: E402
+from workload import INPUTS, zipf_key  # noqa: E402
 
-from lakestream.read.query import pyiceberg_catalog  # noqa: E402
 
-ROWS = 3
+def smoke_args(tmp_path: Path, reader: dict) -> argparse.Namespace:
+    return argparse.Namespace(
+        base_rows=300,
+        backlog=200,
+        commit_interval_s=2.0,
+        steady_s=0.0,
+        rate=100.0,
+        memory_cap=None,
+        timeout=300.0,
+        read_repeats=1,
+        read_timeout=120.0,
+        reader_yaml=write_pipeline_yaml(tmp_path / "reader.yaml", reader),
+    )
 
 
 @pytest.mark.bench
-@pytest.mark.parametrize("systems", [("flink", "spark")])
-def test_peer_writers_start_and_write(stack, spark, tmp_path, systems):
-    runs = []
-    for system in systems:
-        # The bench's own generator process: the base, then one update of a base row (the row the probe waits for).
-        generator = Generator(stack.bootstrap_servers, f"peertest_{system}_{int(time.time())}", ROWS, seed=1)
-        try:
-            create_topic(stack.bootstrap_servers, generator.topic)
-            generator.produce_base()
-            marker_ms = generator.marker()
-            want = generator.totals()
-        finally:
-            generator.close()
-        writer = writer_for(system, stack, tmp_path / system, generator.topic, f"peertest_{system}")
-        probe = SnapshotProbe(pyiceberg_catalog(catalog_settings(stack)), writer.qualified, interval=0.5)
-        runs.append((writer, probe, want, marker_ms))
-    try:
-        for writer, probe, _, _ in runs:
-            writer.start()
-            probe.start()
-        deadline = time.monotonic() + 150
-        while not all(probe.visible(marker) for _, probe, _, marker in runs):
-            for writer, _, _, _ in runs:
-                assert writer.alive, f"{writer.system} exited ({writer.proc.returncode}):\n{writer.tail()}"
-            assert time.monotonic() < deadline, "not written in 150 s: " + "; ".join(
-                f"{w.system}: {len(p.commits)} commits\n{w.tail(15)}" for w, p, _, _ in runs
-            )
-            time.sleep(0.5)
-        for writer, _, want, _ in runs:
-            got = (
-                spark.sql(
-                    f"SELECT count(*) AS count, sum(version) AS sum_version, sum(qty) AS sum_qty "
-                    f"FROM lake.{writer.qualified}"
-                )
-                .collect()[0]
-                .asDict()
-            )
-            assert {k: int(v) for k, v in got.items()} == want, writer.system
-    finally:
-        for writer, probe, _, _ in runs:
-            probe.halt.set()
-            writer.kill()
+@pytest.mark.parametrize(
+    ("config", "input_name"),
+    [(name, "json-schemas") for name in CONFIGS]
+    + [(name, "json-plain") for name in ("lakestream", "flink-changelog", "spark-merge-hash")]
+    + [("lakestream", "json-schemas-zipf")],
+)
+def test_a_configuration_drains_compacts_and_reads_exactly(stack, spark, tmp_path, monkeypatch, config, input_name):
+    # Flink's post-commit RewriteDataFiles after every 2 commits, the table looked at every second (the bench: 10
+    # commits, 60 s): a few seconds of data see one.
+    monkeypatch.setenv("LAKESTREAM_PEERS_FLINK_MAINTENANCE_FAST", "1")
+    reader = pipeline_data(stack, tmp_path, "peers-reader", [{"topics": ["x"]}])
+    args = smoke_args(tmp_path, reader)
+    run_index = abs(hash(tmp_path.name)) % 1000  # topics and tables of their own in the session's stack
+    result = ConfigRun(config, input_name, run_index, stack, tmp_path, spark, to_config(reader), args).run()
+    assert "error" not in result, result.get("error")
+    assert result["exact"]["exact"], result["exact"]
+    assert result["exact_after_compaction"]["exact"], result["exact_after_compaction"]
+    assert result["compaction"]["exit"] == 0, result["compaction"]
+    assert result["backlog"]["changes_per_cpu_s"] and result["writer"]["peak_rss_mb"] > 0
+    assert all(result["backlog"]["end_offsets"].values())  # both partitions had records to drain
+    assert result["reads"]["spark_full_aggregate_s"] is not None and result["reads"]["duckdb_full_aggregate_s"]
+    if CONFIGS[config].system == "flink":
+        assert result["rewrites_while_running"] >= 1, "Flink's post-commit maintenance committed no rewrite"
+
+
+def test_the_order_alternates_and_the_inputs_are_named():
+    names = list(CONFIGS)
+    assert run_order(names, 0) == names and run_order(names, 1) == names[::-1] and run_order(names, 2) == names
+    assert set(INPUTS) == {"json-schemas", "json-plain", "json-schemas-zipf"}
+
+
+def test_zipf_keys_favour_the_lowest_ids_and_stay_in_range():
+    import random
+
+    rng = random.Random(1)
+    keys = [zipf_key(rng.random(), 1_000_000) for _ in range(20_000)]
+    assert min(keys) >= 1 and max(keys) <= 1_000_000
+    assert sum(k <= 1000 for k in keys) / len(keys) > 0.3  # uniform would give 0.001

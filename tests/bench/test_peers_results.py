@@ -1,5 +1,5 @@
 """The peers bench's results file: one system per run, the report built from the latest line of each, and refused
-when two systems ran with different parameters (bench/peers/run.py --results / --report). Pure: no stack."""
+when two systems ran with different parameters (bench/peers/phases.py --results / --report). Pure: no stack."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path[:0] = [str(BENCH / "peers"), str(BENCH)]
 
-from run import append_result, latest_results, rate_per_core, report  # noqa: E402
+from phases import append_result, latest_results, rate_per_core, report  # noqa: E402
 
 PARAMS = {"rows": 1000, "rate": 2000.0, "duration": 600.0, "kill_duration": 120.0, "ramp": [2000.0], "step_s": 300.0}
 
