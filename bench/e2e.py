@@ -665,6 +665,13 @@ def ramp_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, An
                     f"{warmup['freshness_p50_s']}/{warmup['freshness_p99_s']} s, capture threads (cores) "
                     f"{warmup['capture_thread_cores']}"
                 )
+                settled_s = settle(live, load, args.knee_p99 / 2)
+                warmup["settle_s"] = settled_s
+                say(
+                    f"  caught up with the source {settled_s:.0f}s after the warm-up"
+                    if settled_s is not None
+                    else "  NOT caught up with the source 300s after the warm-up"
+                )
             for rate in rates:
                 step = ramp_step(live, load, groups, rate, args)
                 steps.append(step)
@@ -700,6 +707,23 @@ def ramp_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, An
         "ramp_steps": steps,
         "ramp_rows_final": got["n"],
     }
+
+
+def settle(live: LiveRun, load, p99_s: float, timeout: float = 300.0) -> float | None:
+    """Wait, at the load's current rate, until three batches in a row commit with their p99 freshness within
+    ``p99_s``: the backlog a warm-up left is drained before the first step is measured. Returns the seconds it took,
+    None if it did not within ``timeout`` (the first step then starts behind, and shows it)."""
+    started = time.monotonic()
+    since_ms = int(time.time() * 1000)
+    while time.monotonic() - started < timeout:
+        live.check()
+        if load.error:
+            raise BenchmarkFailure(f"load generator: {load.error}")
+        recent = [r for r in live.results if r.commit_ts_ms >= since_ms and r.source_ts_quantiles][-3:]
+        if len(recent) == 3 and all(r.commit_ts_ms - r.source_ts_quantiles[0] <= p99_s * 1000 for r in recent):
+            return time.monotonic() - started
+        time.sleep(0.5)
+    return None
 
 
 def ramp_step(live: LiveRun, load, groups: ProcessGroups, rate: int, args, hold: float | None = None) -> dict[str, Any]:
