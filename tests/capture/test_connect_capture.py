@@ -174,12 +174,13 @@ def test_sigkill_of_the_worker_under_load_and_its_restart_keep_the_mirror_exact(
     writer = threading.Thread(target=_write_load, args=(src.stack.pg_dsn(src.dbname), stop, counts), daemon=True)
     writer.start()
     try:
-        time.sleep(4)
+        # Until the load's changes are flowing through the connector (its offsets flushed at least once after).
+        src.wait_for_events({"orders": start + 200}, timeout=180)
         connect_worker.kill()
-        time.sleep(2)  # changes keep coming while no worker runs: the slot holds them
+        time.sleep(1)  # changes keep coming while no worker runs: the slot holds them
         connect_worker.start()
         src.capture.wait_until_running()
-        time.sleep(3)
+        time.sleep(2)
     finally:
         stop.set()
         writer.join(30)

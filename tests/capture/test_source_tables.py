@@ -211,7 +211,7 @@ def test_pgbench_load_with_a_capture_kill_in_the_middle(src, spark):
             "-j",
             "2",
             "-T",
-            "24",
+            "14",
             "-R",
             "250",
             "-h",
@@ -233,7 +233,7 @@ def test_pgbench_load_with_a_capture_kill_in_the_middle(src, spark):
     )
     runner.start()
     try:
-        time.sleep(9)
+        time.sleep(5)
         history_before = src.end_offset("pgbench_history")
         src.capture.kill()  # SIGKILL: events since the last offset flush come again after the restart
         time.sleep(2)
@@ -249,7 +249,6 @@ def test_pgbench_load_with_a_capture_kill_in_the_middle(src, spark):
         deadline = time.monotonic() + 180
         while src.end_offset("pgbench_history") < transactions and time.monotonic() < deadline:
             time.sleep(1)
-        time.sleep(3)
     finally:
         stop.set()
         runner.join(timeout=300)

@@ -39,8 +39,20 @@ def _current(spark, name: str) -> int:
     return int(table_info(spark, "lake", NS, name)["snapshot_id"])
 
 
+# A snapshot's rows never change: each is read once per set of columns, however many ranges and commit checks
+# (every snapshot of a range) ask for it.
+_SNAPSHOT_ROWS: dict[tuple, list[dict]] = {}
+
+
 def _rows(spark, ident: str, snapshot: int, columns: list[str], defaults: dict[str, Any]) -> list[dict]:
     """Every live row at ``snapshot`` in the current ``columns`` (a column added later reads as its default)."""
+    key = (ident, snapshot, tuple(columns), tuple(sorted(defaults.items())))
+    if key not in _SNAPSHOT_ROWS:
+        _SNAPSHOT_ROWS[key] = _read_rows(spark, ident, snapshot, columns, defaults)
+    return [dict(r) for r in _SNAPSHOT_ROWS[key]]
+
+
+def _read_rows(spark, ident: str, snapshot: int, columns: list[str], defaults: dict[str, Any]) -> list[dict]:
     df = spark.sql(f"SELECT *, _row_id, _last_updated_sequence_number FROM {ident} VERSION AS OF {snapshot}")
     out = []
     for r in df.collect():

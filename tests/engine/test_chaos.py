@@ -49,7 +49,7 @@ def _env(name: str, default: float) -> float:
 
 
 # Two kills: one random, one parked at a pause point drawn at random (the long run rotates through all three).
-SHORT = Scale(kills=2, commit_kills=1, broker_outage_s=6, catalog_outage_s=3, rate=30, load_s=3)
+SHORT = Scale(kills=2, commit_kills=1, broker_outage_s=6, catalog_outage_s=3, rate=30, load_s=2)
 
 
 def long_scale() -> Scale:
@@ -77,6 +77,7 @@ def chaos(request, stack_factory, service_dir_factory):
         yield env
     finally:
         env.close()
+        env.stack.down()  # its broker and PostgreSQL would otherwise idle beside the rest of the session
         if request.session.testsfailed > failed_before:
             _keep_logs(workdir, f"chaos-{request.param}-{env.figures.seed}")
         figures = asdict(env.figures) | {

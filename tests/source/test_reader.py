@@ -303,4 +303,5 @@ def test_close_is_bounded_while_the_group_coordinator_does_not_answer(stack_fact
         took = time.monotonic() - started
     finally:
         os.kill(pid, signal.SIGCONT)
+        stack.down()
     assert took < 3 * cluster.timeout_s, f"close took {took:.1f}s"
