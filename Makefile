@@ -27,8 +27,12 @@ check: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/python scripts/mypy_check.py
 
+# Two pytest workers (pytest-xdist): a module's tests stay on one worker (--dist loadfile), each worker starts its own
+# session stack and Spark session. Most of a test's time is spent waiting on the JVMs and servers it starts, so two
+# share the two cores well. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: check
-	$(VENV)/bin/python -m pytest -x -v --durations=15 tests
+	$(VENV)/bin/python -m pytest -x -v --durations=15 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) tests
 
 # The suite with the tests of each module in random order and the modules shuffled (pytest-random-order): it finds a
 # test that passes only after the tests before it. The seed is printed at the top; `make test-random RANDOM_SEED=<seed>`
