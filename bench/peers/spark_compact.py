@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
-from pyspark.sql import SparkSession
+from spark_merge import session
 
 
 def main() -> None:
@@ -30,28 +29,8 @@ def main() -> None:
     parser.add_argument("--java-options", default="")
     parser.add_argument("--driver-memory", default="2g")
     args = parser.parse_args()
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .appName("peer-spark-compact")
-        .config("spark.driver.memory", args.driver_memory)
-        .config("spark.driver.extraJavaOptions", args.java_options)
-        .config("spark.jars", args.jars)
-        .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
-        .config("spark.sql.catalog.lake", "org.apache.iceberg.spark.SparkCatalog")
-        .config("spark.sql.catalog.lake.catalog-impl", "org.apache.iceberg.jdbc.JdbcCatalog")
-        .config("spark.sql.catalog.lake.uri", args.catalog_uri)
-        .config("spark.sql.catalog.lake.jdbc.schema-version", "V1")
-        .config("spark.sql.catalog.lake.jdbc.user", args.catalog_user)
-        .config("spark.sql.catalog.lake.jdbc.password", os.environ.get("CATALOG_PASSWORD", ""))
-        .config("spark.sql.catalog.lake.warehouse", args.warehouse)
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.session.timeZone", "UTC")
-    )
-    if args.fs_jar:
-        builder = builder.config("spark.driver.extraClassPath", args.fs_jar).config(
-            "spark.hadoop.fs.file.impl", "lakestream.fs.LocalFileSystemNoFork"
-        )
-    spark = builder.getOrCreate()
+    # The MERGE job's own session (its catalog, file system and JVM options): the compaction is that team's job.
+    spark = session(argparse.Namespace(**vars(args), master="local[2]", shuffle_partitions=4))
     spark.sparkContext.setLogLevel("WARN")
     t = args.table
     out = {}
