@@ -43,16 +43,19 @@ def process_tree() -> dict[int, list[int]]:
     return children
 
 
-def descendants(roots: Iterable[int], children: dict[int, list[int]], stop: Callable[[int], bool]) -> set[int]:
-    """The roots and every process below them, not descending into a process for which ``stop`` is true."""
+def descendants(
+    roots: Iterable[int | None], children: dict[int, list[int]], stop: Callable[[int], bool] | None = None
+) -> set[int]:
+    """The roots (None ones skipped) and every process below them, not descending into a process for which ``stop``
+    is true."""
     seen: set[int] = set()
-    todo = list(roots)
+    todo = [r for r in roots if r]
     while todo:
         pid = todo.pop()
         if pid in seen:
             continue
         seen.add(pid)
-        todo.extend(c for c in children.get(pid, ()) if not stop(c))
+        todo.extend(c for c in children.get(pid, ()) if stop is None or not stop(c))
     return seen
 
 
@@ -90,9 +93,7 @@ class ProcessGroups:
     def capture_threads(self) -> dict[str, float]:
         """``thread_cpu`` of the capture process (its Python and its JVM: Debezium's, the converter's, the publisher's
         and librdkafka's threads)."""
-        if not self.capture_pid:
-            return {}
-        return thread_cpu(descendants([self.capture_pid], process_tree(), lambda _: False))
+        return thread_cpu(descendants([self.capture_pid], process_tree()))
 
     def sample(self) -> dict[str, float]:
         children = process_tree()
@@ -105,18 +106,12 @@ class ProcessGroups:
 
         spark = descendants(spark_jvms, children, stop=is_worker)
         worker_roots = [c for j in spark for c in children.get(j, ()) if is_worker(c)]
-        workers = descendants(worker_roots, children, lambda _: False)
+        workers = descendants(worker_roots, children)
         groups = {
-            "source_db": cpu_seconds(descendants([self.source_db_pid], children, lambda _: False))
-            if self.source_db_pid
-            else 0.0,
-            "load_generator": cpu_seconds(descendants(self.load_pids, children, lambda _: False)),
-            "capture": cpu_seconds(descendants([self.capture_pid], children, lambda _: False))
-            if self.capture_pid
-            else 0.0,
-            "broker": cpu_seconds(descendants([self.broker_pid], children, lambda _: False))
-            if self.broker_pid
-            else 0.0,
+            "source_db": cpu_seconds(descendants([self.source_db_pid], children)),
+            "load_generator": cpu_seconds(descendants(self.load_pids, children)),
+            "capture": cpu_seconds(descendants([self.capture_pid], children)),
+            "broker": cpu_seconds(descendants([self.broker_pid], children)),
             # The bench process without its children's reaped time (those are the load generator's, counted above).
             "driver": cpu_seconds([me], with_reaped=False),
             # The JVM's reaped children are its Python workers: counted under workers, not twice.

@@ -47,7 +47,7 @@ from _common import (  # noqa: E402
     write_pipeline_yaml,
 )
 from cpu_groups import ProcessGroups, per_thousand, thread_delta  # noqa: E402
-from loadgen import LoadGenerator, MariadbSource, PostgresSource  # noqa: E402
+from loadgen import LoadGenerator, MariadbSource, PostgresSource, SourceDatabase  # noqa: E402
 
 from lakestream.engine.loop import run_pipeline  # noqa: E402
 from lakestream.runtime.spark import session_for  # noqa: E402
@@ -414,7 +414,7 @@ class LiveRun:
         self.stop = threading.Event()
         if args.source == "mariadb":
             database = info.source_database("lsbench")
-            self.source: PostgresSource = MariadbSource(
+            self.source: SourceDatabase = MariadbSource(
                 {
                     "host": database["host"],
                     "port": database["port"],

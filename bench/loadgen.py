@@ -32,13 +32,39 @@ COLUMNS = "id, customer_id, status, amount, qty, price, express, version, note, 
 TOTALS = "SELECT count(*), count(DISTINCT id), coalesce(sum(qty), 0), coalesce(sum(version), 0) FROM {table}"
 
 
-class PostgresSource:
-    """The benchmark table in PostgreSQL, and a transaction as one call of a PL/pgSQL function."""
+class SourceDatabase:
+    """The benchmark table in a source database: its creation, one transaction, and its totals to check the lake
+    against."""
 
-    kind = "postgresql"
+    kind = ""
 
     def __init__(self, params: dict[str, Any], table: str) -> None:
         self.params, self.table = params, table  # psycopg2.connect keyword arguments; schema-qualified table
+
+    def connect(self) -> Any:
+        raise NotImplementedError
+
+    def create(self, seed_rows: int) -> None:
+        raise NotImplementedError
+
+    def transaction(
+        self, cur: Any, first_id: int, stride: int, updates: list[int], deletes: list[int], status: str
+    ) -> int:
+        raise NotImplementedError
+
+    def totals(self) -> dict[str, int]:
+        conn = self.connect()
+        with conn.cursor() as cur:
+            cur.execute(TOTALS.format(table=self.table))
+            n, keys, qty, version = cur.fetchone()
+        conn.close()
+        return {"n": int(n), "keys": int(keys), "qty": int(qty), "version": int(version)}
+
+
+class PostgresSource(SourceDatabase):
+    """The benchmark table in PostgreSQL, and a transaction as one call of a PL/pgSQL function."""
+
+    kind = "postgresql"
 
     def connect(self) -> Any:
         import psycopg2
@@ -89,16 +115,8 @@ class PostgresSource:
         cur.execute(f"SELECT {TXN_FUNCTION}(%s, %s, %s, %s, %s)", (first_id, stride, updates, deletes, status))
         return int(cur.fetchone()[0])
 
-    def totals(self) -> dict[str, int]:
-        conn = self.connect()
-        with conn.cursor() as cur:
-            cur.execute(TOTALS.format(table=self.table))
-            n, keys, qty, version = cur.fetchone()
-        conn.close()
-        return {"n": int(n), "keys": int(keys), "qty": int(qty), "version": int(version)}
 
-
-class MariadbSource(PostgresSource):
+class MariadbSource(SourceDatabase):
     """The benchmark table in MariaDB, and a transaction as one multi-statement request (the inserted ids from
     the Sequence engine's ``seq_<a>_to_<b>_step_<s>``)."""
 
@@ -145,7 +163,7 @@ class LoadGenerator:
     """``connections`` processes running transactions on disjoint keys, at ``rate`` changes/s in all (0: as fast
     as PostgreSQL allows)."""
 
-    def __init__(self, source: PostgresSource, connections: int, first_id: int, seeded: int, rate: float):
+    def __init__(self, source: SourceDatabase, connections: int, first_id: int, seeded: int, rate: float):
         ctx = multiprocessing.get_context("spawn")
         self.connections = connections
         self._rate = ctx.Value("d", float(rate))
@@ -228,7 +246,7 @@ class LoadGenerator:
 
 def run_connection(
     index: int,
-    source: PostgresSource,
+    source: SourceDatabase,
     connections: int,
     first_id: int,
     seeded: int,
