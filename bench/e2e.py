@@ -579,12 +579,14 @@ def e2e_benchmark(info, state_dir: Path, args, spark_box: list) -> dict[str, Any
                     f"{live.lake_changes_since(load_start_ms):,} in the lake, {len(live.results)} batches"
                 )
                 next_report += 10
+        # Sampled while the generator's processes live: once ended, nothing sampled has their CPU.
+        cpu_after = groups.sample()
         load.finish()
         load_s = time.time() - load_start
         load_during = machine_load()
         source_changes = load.total_changes
         got, done_ms = live.wait_for_source()
-        cpu = per_thousand(cpu_before, groups.sample(), source_changes)
+        cpu = per_thousand(cpu_before, cpu_after, source_changes)
         say(
             f"load: {source_changes:,} changes in {sum(load.transactions):,} transactions over {load_s:.1f}s "
             f"= {source_changes / load_s:,.0f} changes/s at the source; source has {got['n']:,} rows"
