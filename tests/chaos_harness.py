@@ -206,7 +206,9 @@ def count_values(bootstrap: str, topic: str) -> int:
         count, position = 0, 0
         deadline = time.monotonic() + 300
         while position < end and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, timeout=2):
+            # Asks for what is left: consume() returns when it has that many, where asking for more than the
+            # partition holds would wait out its whole timeout at the end.
+            for msg in consumer.consume(min(1000, end - position), timeout=2):
                 if msg.error():
                     continue
                 position = msg.offset() + 1
@@ -581,9 +583,9 @@ def _holds_marker(bootstrap: str, topic: str, end: int, mark: int) -> bool:
     )
     try:
         consumer.assign([TopicPartition(topic, 0, max(0, end - 50))])
-        seen = 0
-        while seen < min(end, 50):
-            msgs = consumer.consume(100, timeout=5)
+        seen, last = 0, min(end, 50)
+        while seen < last:
+            msgs = consumer.consume(last - seen, timeout=5)  # what is left: asking for more waits out the timeout
             if not msgs:
                 return False
             for msg in msgs:

@@ -7,6 +7,7 @@ state in a fresh temporary directory that it removes afterwards.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -53,6 +54,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return LONG_MODULES.index(path) if path in LONG_MODULES else len(LONG_MODULES)
 
     items.sort(key=rank)  # stable: the other modules keep their order
+
+
+# ---------------------------------------------------------------------------------------------
+# The JIT of every JVM the suite starts
+# ---------------------------------------------------------------------------------------------
+
+# Most JVMs a test starts (Spark sessions, `lakestream` commands, brokers, capture, Trino) live well under a minute and
+# run little hot code, and HotSpot's C2 spends its CPU compiling code such a JVM barely runs again (docs/stack.md,
+# "The pipeline's JIT"). On two cores shared by two workers, every JVM of the suite compiles with C1 only: through
+# JAVA_TOOL_OPTIONS, inherited by each process the tests start, so no command line and no configuration under test
+# changes. LAKESTREAM_TEST_JIT=tiered keeps the JVMs' default.
+if os.environ.get("LAKESTREAM_TEST_JIT", "c1") == "c1":
+    _tool_options = os.environ.get("JAVA_TOOL_OPTIONS", "")
+    if "TieredStopAtLevel" not in _tool_options:
+        os.environ["JAVA_TOOL_OPTIONS"] = f"{_tool_options} -XX:TieredStopAtLevel=1".strip()
 
 
 # ---------------------------------------------------------------------------------------------
