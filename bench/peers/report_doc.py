@@ -161,6 +161,7 @@ def results_section(path: Path, number: int, summary: dict[str, Any]) -> list[st
                 f"{cell(reads['duckdb_point_lookup_s'], cite)} | {cell(reads['duckdb_full_aggregate_s'], cite)} | "
                 f"{cell(row['load_1m'], cite)} |"
             )
+    out += steady_section(summary, cite)
     ratios = summary.get("lakestream_ratio_changes_per_cpu_s") or {}
     if ratios:
         out += [
@@ -171,7 +172,118 @@ def results_section(path: Path, number: int, summary: dict[str, Any]) -> list[st
         for input_name, by_config in ratios.items():
             parts = ", ".join(f"`{c}` {fmt(r)}×" for c, r in by_config.items())
             out.append(f"- `{input_name}`: {parts} {cite}")
+    out += targets_section(summary, cite)
+    out += leaders_section(summary, cite)
     return out + [""]
+
+
+def steady_section(summary: dict[str, Any], cite: str) -> list[str]:
+    """The freshness of the steady phase (``--steady-s``), where the invocation had one."""
+    rows = [
+        (config, input_name, row)
+        for config, inputs in summary["by_config"].items()
+        for input_name, row in inputs.items()
+        if row.get("freshness_p99_s")
+    ]
+    if not rows:
+        return []
+    params = summary["params"]
+    out = [
+        "",
+        f"Steady phase: {fmt(params['rate'])} changes/s for {fmt(params['steady_s'])} s after the drain; freshness is "
+        f"the time from a change's produce to the commit that makes it readable {cite}.",
+        "",
+        "| configuration | input | freshness p50 s | freshness p99 s |",
+        "|---|---|---|---|",
+    ]
+    for config, input_name, row in rows:
+        out.append(
+            f"| `{config}` | `{input_name}` | {cell(row.get('freshness_p50_s'), cite)} | "
+            f"{cell(row.get('freshness_p99_s'), cite)} |"
+        )
+    return out
+
+
+def _median(row: dict[str, Any] | None, *path: str) -> float | None:
+    value: Any = row
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value.get("median") if isinstance(value, dict) else None
+
+
+# Issue 56's targets: Lakestream's changes per writer CPU-second over the peer's (the ratio of the medians), and the
+# measures where Lakestream should be no worse than any peer (lower is better).
+RATIO_TARGETS = {"flink-changelog": 2.0, "spark-merge-hash": 5.0}
+NO_WORSE = {
+    "freshness p99": ("freshness_p99_s",),
+    "Spark full aggregate": ("reads", "spark_full_aggregate_s"),
+    "DuckDB full aggregate": ("reads", "duckdb_full_aggregate_s"),
+}
+
+
+def targets_section(summary: dict[str, Any], cite: str) -> list[str]:
+    """Each target, met or missed, with the figures it is judged on (targets in code spans: they are not results)."""
+    table = summary["by_config"]
+    ratios = summary.get("lakestream_ratio_changes_per_cpu_s") or {}
+    out: list[str] = []
+    for input_name in sorted({i for inputs in table.values() for i in inputs}):
+        ours = table.get("lakestream", {}).get(input_name)
+        if ours is None:
+            continue
+        lines = []
+        for peer, target in RATIO_TARGETS.items():
+            ratio = ratios.get(input_name, {}).get(peer)
+            if ratio is not None:
+                verdict = "met" if ratio >= target else "missed"
+                lines.append(f"- `{peer}`, target `≥ {target:g}×`: {fmt(ratio)}×, {verdict} {cite}")
+        for name, path in NO_WORSE.items():
+            mine = _median(ours, *path)
+            theirs = {c: _median(inputs.get(input_name), *path) for c, inputs in table.items() if c != "lakestream"}
+            theirs = {c: v for c, v in theirs.items() if v is not None}
+            if mine is None or not theirs:
+                continue
+            best = min(theirs, key=lambda c: theirs[c])
+            verdict = "met" if mine <= theirs[best] else "missed"
+            lines.append(
+                f"- {name}, target `no worse than any peer`: Lakestream {fmt(mine)} s, the best peer `{best}` "
+                f"{fmt(theirs[best])} s, {verdict} {cite}"
+            )
+        if lines:
+            out += ["", f"Against the targets, `{input_name}` (medians):", "", *lines]
+    return out
+
+
+# What each measure rewards (lower is better unless said), for "what each is good at".
+MEASURES = {
+    "changes per writer CPU-second": (("changes_per_cpu_s",), max),
+    "drain time": (("drain_s",), min),
+    "freshness p99": (("freshness_p99_s",), min),
+    "peak RSS": (("peak_rss_mb",), min),
+    "compaction CPU": (("compaction_cpu_s",), min),
+    "Spark point lookup": (("reads", "spark_point_lookup_s"), min),
+    "Spark full aggregate": (("reads", "spark_full_aggregate_s"), min),
+    "DuckDB point lookup": (("reads", "duckdb_point_lookup_s"), min),
+    "DuckDB full aggregate": (("reads", "duckdb_full_aggregate_s"), min),
+}
+
+
+def leaders_section(summary: dict[str, Any], cite: str) -> list[str]:
+    """Which configuration leads each measure (its median), per input: the figures behind "what each is good at"."""
+    table = summary["by_config"]
+    out: list[str] = []
+    for input_name in sorted({i for inputs in table.values() for i in inputs}):
+        lines = []
+        for name, (path, better) in MEASURES.items():
+            values = {c: _median(inputs.get(input_name), *path) for c, inputs in table.items()}
+            values = {c: v for c, v in values.items() if v is not None}
+            if len(values) < 2:
+                continue
+            leader = better(values, key=lambda c: values[c])
+            rest = ", ".join(f"`{c}` {fmt(v)}" for c, v in sorted(values.items(), key=lambda cv: cv[1]) if c != leader)
+            lines.append(f"- {name}: `{leader}` {fmt(values[leader])}; {rest} {cite}")
+        if lines:
+            out += ["", f"Who leads each measure, `{input_name}` (medians):", "", *lines]
+    return out
 
 
 def configurations_section() -> list[str]:
