@@ -382,6 +382,7 @@ class _ProgressClock:
 
     @classmethod
     def start(cls) -> _ProgressClock:
+        """A clock started now, its first report due one interval from now."""
         now = time.monotonic()
         return cls(now, now)
 

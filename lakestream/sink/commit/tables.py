@@ -177,6 +177,7 @@ def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
     return _resolve_dedupe(batch, old, deletes)
 
 
+# A row whose withheld columns take stored values: its group, its new location, where the values are, the columns.
 _Patch = tuple[int, tuple[str, int], tuple[str, int] | None, list[str]]
 
 
