@@ -13,20 +13,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 from lakestream.capture.columns import ColumnWatch
 from lakestream.capture.connector import connector_properties
-from lakestream.capture.databases import capture_database
+from lakestream.capture.databases import CaptureDatabase, capture_database
 from lakestream.capture.handover import handover_properties, seed_offsets
 from lakestream.capture.publisher import KafkaPublishingHandler
-from lakestream.config import PipelineConfig
+from lakestream.config import CaptureSettings, PipelineConfig
 from lakestream.errors import CaptureError, ConfigError
 from lakestream.faults import pause_point
 from lakestream.kafka_access import check_access, refusals_raised
 from lakestream.runtime.jvm_jars import capture_jar, confluent_avro_jars, debezium_jars
 from lakestream.signals import install_stop_signals
+
+if TYPE_CHECKING:
+    from confluent_kafka import Producer
 
 log = logging.getLogger(__name__)
 
@@ -227,8 +230,64 @@ def run_capture(
     Raises CaptureError if Debezium stops on its own or Kafka refuses events. Returns the final
     progress after a clean stop.
     """
-    from confluent_kafka import Producer
+    capture = _capture_settings(config)
+    capture_dir = Path(config.state_dir) / "capture"
+    capture_dir.mkdir(parents=True, exist_ok=True)
+    stop_event = stop_event or threading.Event()
 
+    properties, database, seed_offset = _prepare_source(config, capture, capture_dir)
+    producer, handler = _publishing_handler(config, capture)
+    # Start the JVM here, before installing signal handlers, so ours are the ones that stay.
+    _start_jvm(capture_dir, avro=capture.format == "avro", jar_group=database.jar_group)
+    engine = EmbeddedEngine(properties, handler, avro=capture.format == "avro")
+    if seed_offset is not None:
+        seed_offsets(Path(properties["offset.storage.file.filename"]), properties, seed_offset)
+    watch = _column_watch(config, capture, database, properties)
+    engine_error: list[BaseException] = []
+
+    restore = install_stop_signals(stop_event, "capture")
+    log.info(
+        "capture: %s tables %s → topics %s.<schema>.<table> on %s (%s, snapshot.mode %s)",
+        database.kind,
+        ",".join(capture.tables),
+        capture.topic_prefix,
+        config.kafka.bootstrap_servers,
+        database.stream_name(capture),
+        capture.snapshot_mode,
+    )
+    thread = threading.Thread(target=_run_engine, args=(engine, engine_error), name="debezium-engine", daemon=True)
+    clock = _ProgressClock.start()
+    thread.start()
+    if watch is not None:
+        watch.start()
+    try:
+        while not stop_event.is_set():
+            woke_for_failure = handler.failed.wait(min(progress_interval_s, 1.0))
+            if woke_for_failure or handler.error is not None:
+                raise handler.error  # type: ignore[misc]
+            if not thread.is_alive():
+                cause = engine_error[0] if engine_error else None
+                raise CaptureError(describe_engine_stop(engine, capture, cause)) from cause
+            if not clock.streaming and _streaming_connected(capture.topic_prefix, database.metrics_domain):
+                clock.streaming = True
+                _announce_streaming(handler, capture, database)
+            clock.report_when_due(handler, progress_interval_s, on_progress)
+    except KeyboardInterrupt:
+        log.info("capture: interrupted")
+    finally:
+        restore()
+        if watch is not None:
+            watch.stop()
+        log.info("capture: stopping Debezium")
+        engine.close()
+        thread.join(timeout=60)
+        producer.flush(30)
+    return clock.final(handler)
+
+
+def _capture_settings(config: PipelineConfig) -> CaptureSettings:
+    """The config's `capture:` section, refused when it is missing or names a converter the embedded capture
+    does not run."""
     if config.capture is None:
         raise ConfigError(
             "the pipeline config has no `capture:` section — fix: add capture.database and capture.tables"
@@ -241,10 +300,14 @@ def run_capture(
             "capture.avro_converter: confluent to run `lakestream capture`, or run the printed configuration in "
             "Kafka Connect"
         )
-    capture_dir = Path(config.state_dir) / "capture"
-    capture_dir.mkdir(parents=True, exist_ok=True)
-    stop_event = stop_event or threading.Event()
+    return capture
 
+
+def _prepare_source(
+    config: PipelineConfig, capture: CaptureSettings, capture_dir: Path
+) -> tuple[dict[str, str], CaptureDatabase, bytes | None]:
+    """The connector's properties and the source database, checked before Debezium starts; with the parallel
+    snapshot, the offset to seed Debezium's offsets with (None when it streamed before)."""
     properties = connector_properties(capture, capture_dir.parent)
     database = capture_database(capture)
     resuming = Path(properties["offset.storage.file.filename"]).exists()
@@ -257,89 +320,93 @@ def run_capture(
     seed_offset = None
     if capture.snapshot == "parallel":
         properties, seed_offset = handover_properties(config, properties)
+    return properties, database, seed_offset
+
+
+def _publishing_handler(config: PipelineConfig, capture: CaptureSettings) -> tuple[Producer, KafkaPublishingHandler]:
+    """The producer Debezium's events are published with (checked against the broker) and the handler that
+    publishes them under the configured topic names."""
+    from confluent_kafka import Producer
+
     producer = Producer(refusals_raised(config.kafka.producer_config()))
     check_access(producer)  # a refused client stops capture before Debezium starts
     renames = {t.debezium_topic(capture.topic_prefix): t.topic(capture.topic_prefix) for t in capture.source_tables}
     handler = KafkaPublishingHandler(producer, topic_renames={d: t for d, t in renames.items() if d != t})
-    # Start the JVM here, before installing signal handlers, so ours are the ones that stay.
-    _start_jvm(capture_dir, avro=capture.format == "avro", jar_group=database.jar_group)
-    engine = EmbeddedEngine(properties, handler, avro=capture.format == "avro")
-    if seed_offset is not None:
-        seed_offsets(Path(properties["offset.storage.file.filename"]), properties, seed_offset)
+    return producer, handler
 
-    watch = None
-    if capture.column_check_interval_s > 0 and capture.format == "json":
-        columns_file = Path(properties["offset.storage.file.filename"]).with_suffix(".columns.json")
-        # A producer of its own: a delivery report of the engine's batch served by this thread's flush would be
-        # missed by `KafkaPublishingHandler`, which checks its batch's reports after its own flush.
-        column_producer = Producer(refusals_raised(config.kafka.producer_config()))
-        watch = ColumnWatch(capture, database, column_producer, capture.column_check_interval_s, columns_file)
 
-    engine_error: list[BaseException] = []
+def _column_watch(
+    config: PipelineConfig, capture: CaptureSettings, database: CaptureDatabase, properties: dict[str, str]
+) -> ColumnWatch | None:
+    """The watch over the source tables' columns, when the config asks for one (JSON capture only)."""
+    from confluent_kafka import Producer
 
-    def run_engine() -> None:
-        try:
-            engine.run()
-        except BaseException as exc:  # noqa: BLE001 — reported on the main thread
-            engine_error.append(exc)
+    if not (capture.column_check_interval_s > 0 and capture.format == "json"):
+        return None
+    columns_file = Path(properties["offset.storage.file.filename"]).with_suffix(".columns.json")
+    # A producer of its own: a delivery report of the engine's batch served by this thread's flush would be
+    # missed by `KafkaPublishingHandler`, which checks its batch's reports after its own flush.
+    column_producer = Producer(refusals_raised(config.kafka.producer_config()))
+    return ColumnWatch(capture, database, column_producer, capture.column_check_interval_s, columns_file)
 
-    restore = install_stop_signals(stop_event, "capture")
-    log.info(
-        "capture: %s tables %s → topics %s.<schema>.<table> on %s (%s, snapshot.mode %s)",
-        database.kind,
-        ",".join(capture.tables),
-        capture.topic_prefix,
-        config.kafka.bootstrap_servers,
-        database.stream_name(capture),
-        capture.snapshot_mode,
-    )
-    thread = threading.Thread(target=run_engine, name="debezium-engine", daemon=True)
-    started = last_time = time.monotonic()
-    last_total = 0
-    streaming = False
-    progress = CaptureProgress(total=0, events_per_s=0.0)
-    thread.start()
-    if watch is not None:
-        watch.start()
+
+def _run_engine(engine: EmbeddedEngine, errors: list[BaseException]) -> None:
+    """The engine thread: run Debezium until it is closed, keeping what it raised for the main thread."""
     try:
-        while not stop_event.is_set():
-            woke_for_failure = handler.failed.wait(min(progress_interval_s, 1.0))
-            if woke_for_failure or handler.error is not None:
-                raise handler.error  # type: ignore[misc]
-            if not thread.is_alive():
-                cause = engine_error[0] if engine_error else None
-                raise CaptureError(describe_engine_stop(engine, capture, cause)) from cause
-            if not streaming and _streaming_connected(capture.topic_prefix, database.metrics_domain):
-                streaming = True
-                total, _ = handler.snapshot_counts()
-                log.info(
-                    "%s snapshot done (%d events so far), reading %s",
-                    STREAMING_MARKER,
-                    total,
-                    database.stream_name(capture),
-                )
-                pause_point("capture.streaming.connected")
-            now = time.monotonic()
-            if now - last_time >= progress_interval_s:
-                total, counts = handler.snapshot_counts()
-                progress = CaptureProgress(
-                    total, (total - last_total) / (now - last_time), counts, streaming, now - started
-                )
-                log.info(_format_progress(progress))
-                if on_progress is not None:
-                    on_progress(progress)
-                last_time, last_total = now, total
-    except KeyboardInterrupt:
-        log.info("capture: interrupted")
-    finally:
-        restore()
-        if watch is not None:
-            watch.stop()
-        log.info("capture: stopping Debezium")
-        engine.close()
-        thread.join(timeout=60)
-        producer.flush(30)
-    total, counts = handler.snapshot_counts()
-    elapsed = time.monotonic() - started
-    log.info("capture: stopped after %d events in %.1fs", total, elapsed)
-    return CaptureProgress(total, total / elapsed if elapsed else 0.0, counts, streaming, elapsed)
+        engine.run()
+    except BaseException as exc:  # noqa: BLE001 — reported on the main thread
+        errors.append(exc)
+
+
+def _announce_streaming(handler: KafkaPublishingHandler, capture: CaptureSettings, database: CaptureDatabase) -> None:
+    """Log the marker `CaptureProcess` waits for: the snapshot is done and the replication stream connected."""
+    total, _ = handler.snapshot_counts()
+    log.info(
+        "%s snapshot done (%d events so far), reading %s",
+        STREAMING_MARKER,
+        total,
+        database.stream_name(capture),
+    )
+    pause_point("capture.streaming.connected")
+
+
+@dataclass
+class _ProgressClock:
+    """Capture's progress between two reports: when it started, the last report's time and total, and whether
+    the replication stream is connected."""
+
+    started: float
+    last_time: float
+    last_total: int = 0
+    streaming: bool = False
+
+    @classmethod
+    def start(cls) -> _ProgressClock:
+        """A clock started now, its first report due one interval from now."""
+        now = time.monotonic()
+        return cls(now, now)
+
+    def report_when_due(
+        self,
+        handler: KafkaPublishingHandler,
+        interval_s: float,
+        on_progress: Callable[[CaptureProgress], Any] | None,
+    ) -> None:
+        """Log (and hand ``on_progress``) the progress once ``interval_s`` passed since the last report."""
+        now = time.monotonic()
+        if now - self.last_time >= interval_s:
+            total, counts = handler.snapshot_counts()
+            progress = CaptureProgress(
+                total, (total - self.last_total) / (now - self.last_time), counts, self.streaming, now - self.started
+            )
+            log.info(_format_progress(progress))
+            if on_progress is not None:
+                on_progress(progress)
+            self.last_time, self.last_total = now, total
+
+    def final(self, handler: KafkaPublishingHandler) -> CaptureProgress:
+        """The progress of the whole run, once capture stopped."""
+        total, counts = handler.snapshot_counts()
+        elapsed = time.monotonic() - self.started
+        log.info("capture: stopped after %d events in %.1fs", total, elapsed)
+        return CaptureProgress(total, total / elapsed if elapsed else 0.0, counts, self.streaming, elapsed)

@@ -4,15 +4,26 @@ with ``--trino``), as a thin shell over `lakestream.stack`."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import Field
 from pathlib import Path
+from typing import Any
 
 from lakestream.stack import Stack, StackSettings
 
 
 def register(subparsers) -> None:
+    """The `stack` subcommand and its options (in the order `--help` lists them)."""
     parser = subparsers.add_parser("stack", help="start, stop or inspect the local PostgreSQL + Apache Kafka")
     parser.add_argument("action", choices=["up", "down", "status"])
     defaults = StackSettings.__dataclass_fields__
+    _add_core_options(parser, defaults)
+    _add_warehouse_options(parser, defaults)
+    _add_service_options(parser, defaults)
+    parser.set_defaults(func=func)
+
+
+def _add_core_options(parser: argparse.ArgumentParser, defaults: dict[str, Field[Any]]) -> None:
+    """Where the stack keeps its state, and the ports of PostgreSQL and the broker."""
     parser.add_argument(
         "--state-dir",
         type=Path,
@@ -31,6 +42,10 @@ def register(subparsers) -> None:
         default=defaults["kafka_port"].default,
         help="broker port on 127.0.0.1 (default: %(default)s)",
     )
+
+
+def _add_warehouse_options(parser: argparse.ArgumentParser, defaults: dict[str, Field[Any]]) -> None:
+    """Where the tables' files live and which Iceberg catalog names them."""
     parser.add_argument(
         "--storage",
         choices=["local", "s3"],
@@ -64,6 +79,10 @@ def register(subparsers) -> None:
         "OAuth2 secrets not checked) or the one written here (https, a checked OAuth2 secret, "
         "loopback only) (default: %(default)s)",
     )
+
+
+def _add_service_options(parser: argparse.ArgumentParser, defaults: dict[str, Field[Any]]) -> None:
+    """The services the stack runs only when asked: Kafka Connect, MariaDB, a Schema Registry and Trino."""
     parser.add_argument(
         "--connect",
         action="store_true",
@@ -113,7 +132,6 @@ def register(subparsers) -> None:
         default=defaults["trino_port"].default,
         help="Trino's HTTP port on 127.0.0.1 (default: %(default)s)",
     )
-    parser.set_defaults(func=func)
 
 
 def func(args: argparse.Namespace) -> int:

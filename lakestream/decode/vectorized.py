@@ -124,36 +124,42 @@ class RunDecoder:
             return None
 
     def _decode(self, records: RecordRun, table_schema: pa.Schema, key_columns: list[str]) -> DecodedRun | None:
-        # The key is taken from the row here, but a record whose message key the record-by-record path cannot
-        # read is a dead letter there: such a run goes that way. That path parses a schemas-on key once per key
-        # schema and takes a later key with the same schema part by that part alone (`SchemaCache.key`), so the
-        # first key is parsed and the others must carry its schema part byte for byte (the peers' 156-byte keys:
-        # 1.7 µs each parsed, 0.1 µs compared). Schemas-off keys are each parsed, as there.
-        message_keys = records.keys
-        first_key = message_keys[0]
-        if first_key is None:
+        """The run as one typed table, or None at the first thing only the record-by-record path may decide."""
+        if not _keys_readable(records.keys):
             return None
-        try:
-            decode_key(first_key)
-        except DecodeError:
-            return None
-        key_split = split_envelope(first_key)
-        if key_split is not None and first_key.find(COMPACT_PAYLOAD_MARKER) == len(key_split[0]):
-            key_head = first_key[: len(key_split[0]) + len(COMPACT_PAYLOAD_MARKER)]
-            shared = native.keys_share_head(message_keys, key_head)
-            if shared is None:
-                shared = all(
-                    k is not None and k.startswith(key_head) and k.rstrip().endswith(b"}") for k in message_keys
-                )
-            if not shared:
-                return None
-        else:
-            loads = orjson.loads
-            for key in message_keys:
-                if key is None or type(loads(key)) is not dict:
-                    return None
         values = cast("list[bytes]", records.values)  # the caller leaves tombstones out
-        first = values[0]
+        wire = self._wire(values[0], table_schema)
+        if wire is None:
+            return None
+        by_name = {f.name: f for f in wire.fields}
+        if any(name not in by_name for name in key_columns) or any(
+            f.name not in table_schema.names for f in wire.fields
+        ):
+            return None
+        parsed = _parse_run(values, wire, key_columns)
+        if parsed is None:
+            return None
+        ops = parsed.column("op").combine_chunks()
+        if ops.null_count or not pc.all(pc.is_in(ops, value_set=_OPS)).as_py():
+            return None
+        columns = _typed_columns(parsed, ops, wire.fields, key_columns, table_schema)
+        if columns is None:
+            return None
+        table = _as_table(columns, table_schema, len(records))
+        if table is None:
+            return None
+        source_ts = parsed.column("source").combine_chunks().field("ts_ms")
+        source_ts = pc.coalesce(source_ts, parsed.column("ts_ms").combine_chunks())
+        return DecodedRun(
+            table,
+            np.array(records.offsets, np.int64),
+            ops.to_pylist(),
+            source_ts.to_numpy(zero_copy_only=False).astype(np.float64),
+            np.array(records.timestamps, np.int64),
+        )
+
+    def _wire(self, first: bytes, table_schema: pa.Schema) -> _Wire | None:
+        """How the run's messages parse, read from its first one; None when the run cannot be parsed at once."""
         split = split_envelope(first)
         if split is not None:
             head = split[0]
@@ -165,96 +171,141 @@ class RunDecoder:
             # Every message must carry the first one's schema, byte for byte: then the payloads
             # hold no field the schema lacks and the parser may skip anything unexpected.
             cut = len(first.rstrip()) - 1 - len(split[1])  # the schema part and the payload marker, however spaced
-            unexpected = "ignore"
-        else:
-            if first.startswith(b'{"schema"'):
-                return None
-            cut = 0
-            fields = []
-            for f in table_schema:
-                if not (
-                    pa.types.is_integer(f.type)
-                    or pa.types.is_floating(f.type)
-                    or pa.types.is_boolean(f.type)
-                    or pa.types.is_string(f.type)
-                ):
-                    return None
-                wire = (
-                    pa.int64()
-                    if pa.types.is_integer(f.type)
-                    else pa.float64()
-                    if pa.types.is_floating(f.type)
-                    else f.type
-                )
-                fields.append(_WireField(f.name, wire, None))
-            unexpected = "infer"  # a new column is an unexpected field: it must show in the parsed schema
-        by_name = {f.name: f for f in fields}
-        if any(name not in by_name for name in key_columns) or any(f.name not in table_schema.names for f in fields):
+            return _Wire(fields, cut, "ignore", schemas_on=True)
+        if first.startswith(b'{"schema"'):
             return None
-        row = pa.struct([(f.name, f.wire) for f in fields])
-        # Only a delete reads its before image, and only the key. With schemas on every message carries the first
-        # one's schema, so the parser may skip the rest of each before image (a quarter of the parse when updates
-        # carry full before images); schemas off, an unknown field there must still show as a new column.
-        old_row = pa.struct([(f.name, f.wire) for f in fields if f.name in key_columns]) if split is not None else row
-        explicit = pa.schema(
-            [
-                ("before", old_row),
-                ("after", row),
-                ("op", pa.string()),
-                ("source", pa.struct([("ts_ms", pa.int64())])),
-                ("ts_ms", pa.int64()),
-            ]
-        )
-        parsed = (
-            native.parse_envelopes(values, cut, [(f.name, f.wire) for f in fields], key_columns)
-            if split is not None and key_columns and native.available()
-            else _read_payloads(values, cut, explicit, unexpected)
-        )
-        if parsed is None:
+        fields = _table_wire_fields(table_schema)
+        if fields is None:
             return None
-        for side, want in (("before", old_row), ("after", row)):
-            if parsed.schema.field(side).type != want:
-                return None  # a field the table does not have yet: a new column
-        ops = parsed.column("op").combine_chunks()
-        if ops.null_count or not pc.all(pc.is_in(ops, value_set=_OPS)).as_py():
+        # A new column is an unexpected field: it must show in the parsed schema.
+        return _Wire(fields, 0, "infer", schemas_on=False)
+
+
+@dataclass
+class _Wire:
+    """How a run's messages parse: their row's fields, where the payload starts in each message (0: the message
+    is the payload), and what the parser does with a field the row lacks."""
+
+    fields: list[_WireField]
+    cut: int
+    unexpected: str
+    schemas_on: bool
+
+
+def _keys_readable(message_keys: list[bytes | None]) -> bool:
+    """Whether the record-by-record path reads every message key of the run (else it dead-letters the record)."""
+    # The key is taken from the row, but a record whose message key the record-by-record path cannot read is a
+    # dead letter there: such a run goes that way. That path parses a schemas-on key once per key schema and
+    # takes a later key with the same schema part by that part alone (`SchemaCache.key`), so the first key is
+    # parsed and the others must carry its schema part byte for byte (the peers' 156-byte keys: 1.7 µs each
+    # parsed, 0.1 µs compared). Schemas-off keys are each parsed, as there.
+    first_key = message_keys[0]
+    if first_key is None:
+        return False
+    try:
+        decode_key(first_key)
+    except DecodeError:
+        return False
+    key_split = split_envelope(first_key)
+    if key_split is not None and first_key.find(COMPACT_PAYLOAD_MARKER) == len(key_split[0]):
+        key_head = first_key[: len(key_split[0]) + len(COMPACT_PAYLOAD_MARKER)]
+        shared = native.keys_share_head(message_keys, key_head)
+        if shared is None:
+            shared = all(k is not None and k.startswith(key_head) and k.rstrip().endswith(b"}") for k in message_keys)
+        return shared
+    loads = orjson.loads
+    for key in message_keys:
+        if key is None or type(loads(key)) is not dict:
+            return False
+    return True
+
+
+def _table_wire_fields(table_schema: pa.Schema) -> list[_WireField] | None:
+    """Schemas off: the wire fields of the table's columns, or None when a column's type is not one JSON carries
+    as it is."""
+    fields = []
+    for f in table_schema:
+        if not (
+            pa.types.is_integer(f.type)
+            or pa.types.is_floating(f.type)
+            or pa.types.is_boolean(f.type)
+            or pa.types.is_string(f.type)
+        ):
             return None
-        is_delete = pc.equal(ops, "d")
-        after = parsed.column("after").combine_chunks()
-        before = parsed.column("before").combine_chunks()
-        any_delete = pc.any(is_delete).as_py()
-        if pc.any(pc.and_(pc.invert(is_delete), after.is_null())).as_py():
+        wire = pa.int64() if pa.types.is_integer(f.type) else pa.float64() if pa.types.is_floating(f.type) else f.type
+        fields.append(_WireField(f.name, wire, None))
+    return fields
+
+
+def _parse_run(values: list[bytes], wire: _Wire, key_columns: list[str]) -> pa.Table | None:
+    """The run's envelopes parsed with the wire's row as before and after image; None when a message does not
+    parse or carries a field the table does not have yet (a new column)."""
+    fields = wire.fields
+    row = pa.struct([(f.name, f.wire) for f in fields])
+    # Only a delete reads its before image, and only the key. With schemas on every message carries the first
+    # one's schema, so the parser may skip the rest of each before image (a quarter of the parse when updates
+    # carry full before images); schemas off, an unknown field there must still show as a new column.
+    old_row = pa.struct([(f.name, f.wire) for f in fields if f.name in key_columns]) if wire.schemas_on else row
+    explicit = pa.schema(
+        [
+            ("before", old_row),
+            ("after", row),
+            ("op", pa.string()),
+            ("source", pa.struct([("ts_ms", pa.int64())])),
+            ("ts_ms", pa.int64()),
+        ]
+    )
+    parsed = (
+        native.parse_envelopes(values, wire.cut, [(f.name, f.wire) for f in fields], key_columns)
+        if wire.schemas_on and key_columns and native.available()
+        else _read_payloads(values, wire.cut, explicit, wire.unexpected)
+    )
+    if parsed is None:
+        return None
+    for side, want in (("before", old_row), ("after", row)):
+        if parsed.schema.field(side).type != want:
+            return None  # a field the table does not have yet: a new column
+    return parsed
+
+
+def _typed_columns(
+    parsed: pa.Table, ops: pa.Array, fields: list[_WireField], key_columns: list[str], table_schema: pa.Schema
+) -> dict[str, pa.Array] | None:
+    """Each field's column in the table's type: the after image, a delete's key from its before image; None when
+    a row lacks its image, a key is null or a value was withheld."""
+    is_delete = pc.equal(ops, "d")
+    after = parsed.column("after").combine_chunks()
+    before = parsed.column("before").combine_chunks()
+    any_delete = pc.any(is_delete).as_py()
+    if pc.any(pc.and_(pc.invert(is_delete), after.is_null())).as_py():
+        return None
+    if any_delete and pc.any(pc.and_(is_delete, before.is_null())).as_py():
+        return None
+    keys = set(key_columns)
+    columns = {}
+    for f in fields:
+        value = after.field(f.name)
+        if any_delete:
+            old = before.field(f.name) if f.name in keys else pa.nulls(len(value), f.wire)
+            value = pc.if_else(is_delete, old, value)
+        if f.name in keys and value.null_count:
             return None
-        if any_delete and pc.any(pc.and_(is_delete, before.is_null())).as_py():
+        if pa.types.is_string(f.wire) and pc.any(pc.equal(value, UNAVAILABLE_VALUE)).as_py():
+            return None  # withheld TOAST values: the record-by-record path keeps the stored value
+        columns[f.name] = _convert(value, f, table_schema.field(f.name).type)
+    return columns
+
+
+def _as_table(columns: dict[str, pa.Array], table_schema: pa.Schema, n: int) -> pa.Table | None:
+    """The run's ``n`` rows in the table's schema (nulls in the columns the messages lack); None when the record
+    path must fill or refuse a column."""
+    if any(f.name not in columns and f.metadata and _DEFAULT_KEY in f.metadata for f in table_schema):
+        return None  # records that predate a column with a default: the record path fills it
+    arrays = [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in table_schema]
+    for f, arr in zip(table_schema, arrays, strict=True):
+        if not f.nullable and arr.null_count:
             return None
-        keys = set(key_columns)
-        columns = {}
-        for f in fields:
-            value = after.field(f.name)
-            if any_delete:
-                old = before.field(f.name) if f.name in keys else pa.nulls(len(value), f.wire)
-                value = pc.if_else(is_delete, old, value)
-            if f.name in keys and value.null_count:
-                return None
-            if pa.types.is_string(f.wire) and pc.any(pc.equal(value, UNAVAILABLE_VALUE)).as_py():
-                return None  # withheld TOAST values: the record-by-record path keeps the stored value
-            columns[f.name] = _convert(value, f, table_schema.field(f.name).type)
-        n = len(records)
-        if any(f.name not in columns and f.metadata and _DEFAULT_KEY in f.metadata for f in table_schema):
-            return None  # records that predate a column with a default: the record path fills it
-        arrays = [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in table_schema]
-        for f, arr in zip(table_schema, arrays, strict=True):
-            if not f.nullable and arr.null_count:
-                return None
-        table = pa.Table.from_arrays(arrays, schema=table_schema)
-        source_ts = parsed.column("source").combine_chunks().field("ts_ms")
-        source_ts = pc.coalesce(source_ts, parsed.column("ts_ms").combine_chunks())
-        return DecodedRun(
-            table,
-            np.array(records.offsets, np.int64),
-            ops.to_pylist(),
-            source_ts.to_numpy(zero_copy_only=False).astype(np.float64),
-            np.array(records.timestamps, np.int64),
-        )
+    return pa.Table.from_arrays(arrays, schema=table_schema)
 
 
 def _read_payloads(values: list[bytes], cut: int, explicit: pa.Schema, unexpected: str) -> pa.Table | None:

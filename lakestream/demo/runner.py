@@ -98,52 +98,15 @@ def run_demo(settings: DemoSettings) -> DemoResult:
     # Spark warns on stderr that the hostname resolves to loopback unless told which address to use.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-    extras = "".join(
-        [
-            ", S3 object store" if settings.storage == "s3" else "",
-            ", REST catalog" if settings.catalog == "rest" else "",
-        ]
-    )
-    if settings.source == "mariadb":
-        extras += f", MariaDB :{settings.mariadb_port}"
-    step(
-        f"starting the local stack (PostgreSQL :{settings.pg_port}, Apache Kafka :{settings.kafka_port}"
-        f"{extras}) — reused if running"
-    )
-    info = Stack(
-        StackSettings(
-            state_dir=state_dir,
-            pg_port=settings.pg_port,
-            kafka_port=settings.kafka_port,
-            storage=settings.storage,
-            catalog=settings.catalog,
-            source=settings.source,
-            mariadb_port=settings.mariadb_port,
-        )
-    ).up()
+    info = _start_stack(settings, state_dir, step)
     sql = shop.DIALECTS[settings.source]
     # The config names the object store's credentials by environment variable; capture, the pipeline
     # and the reads in this process (and its children) find them there.
     os.environ.update(info.storage_env())
 
-    step("resetting the previous demo run (replication slot, publication, tables, topics, offsets)")
-    _reset_source(info, sql)
-    prefix = _reset_topics(info.bootstrap_servers, TOPIC_PREFIX)
-    if prefix != TOPIC_PREFIX:
-        step.info(f"the broker kept the old topics: this run uses topic prefix {prefix!r}")
-    # A fresh consumer group per run: the engine starts new partitions at the group's committed
-    # offset, and the last run's offsets point past the start of the re-created topics.
-    group = f"lakestream-demo-{int(time.time())}"
-    config = _pipeline_config(info, state_dir, prefix, group, sql)
-    yaml_path = demo_dir / "pipeline.yaml"
-    _write_pipeline_yaml(yaml_path, info, state_dir, prefix, group, sql)
-    captured = config.require_capture("the demo")
-    for stale in (
-        offsets_file(state_dir, captured),
-        metrics_path(config),
-        *capture_database(captured).state_files(captured, state_dir),
-    ):
-        stale.unlink(missing_ok=True)
+    prefix = _reset_previous_run(info, sql, step)
+    config, yaml_path = _write_config(info, sql, state_dir, demo_dir, prefix)
+    _remove_stale_state(config, state_dir)
 
     from lakestream.runtime.spark import session_for
 
@@ -157,49 +120,9 @@ def run_demo(settings: DemoSettings) -> DemoResult:
         )
         conn = _source_connection(info)
         try:
-            shop.create_schema(conn, sql)
-            workload = shop.ShopWorkload(conn, seed=None, sql=sql)
-            workload.seed(settings.seed_customers, settings.seed_orders)
-            workload.stats = shop.WorkloadStats()
+            workload = _seeded_workload(conn, sql, settings)
             step.info(f"pipeline config: {yaml_path}")
-
-            step("starting Debezium capture and the pipeline (`lakestream run`)")
-            capture = CaptureProcess(yaml_path, log_path=demo_dir / "capture.log")
-            pipeline = PipelineProcess(yaml_path, demo_dir / "pipeline.log")
-            capture.start()
-            pipeline.start()
-            try:
-                capture.wait_until_streaming(timeout=240)
-                step.info(f"capture is streaming (logs: {capture.log_path}, {pipeline.log_path})")
-                # Freshness is measured on the workload: start it once the pipeline is up (its Spark
-                # session started, the snapshot committed), not while changes would wait for a JVM.
-                ready_s = wait_for_first_commit(config, pipeline, timeout=300)
-                step.info(f"the pipeline committed the initial snapshot {ready_s:.1f}s after capture was streaming")
-
-                step(
-                    f"running the workload for {settings.duration_s:.0f}s (~{settings.changes_per_s:.0f} changes/s; "
-                    "inserts, updates, deletes in multi-row transactions)"
-                )
-                workload_started_ms = int(time.time() * 1000)
-
-                def progress(stats: shop.WorkloadStats, elapsed: float) -> None:
-                    pipeline.check()
-                    step.info(
-                        f"{elapsed:5.0f}s  {stats.changes:,} changes ({stats.changes / elapsed:,.0f}/s): "
-                        f"{stats.inserts:,} inserts, {stats.updates:,} updates, {stats.deletes:,} deletes "
-                        f"in {stats.transactions:,} transactions"
-                    )
-
-                stats = workload.run(settings.duration_s, settings.changes_per_s, on_progress=progress)
-                step.info(f"workload done: {stats.changes:,} changes in {stats.transactions:,} transactions")
-
-                step(f"waiting for the pipeline to catch up (verify, up to {settings.catchup_timeout_s:.0f}s)")
-                report, waited = _wait_until_verified(spark, config, pipeline, settings.catchup_timeout_s)
-                step.info(("caught up" if report.ok else "NOT caught up") + f" after {waited:.1f}s")
-            finally:
-                step("stopping capture and the pipeline (SIGTERM)")
-                pipeline.stop()
-                capture.stop()
+            report, stats, workload_started_ms = _run_live(settings, config, yaml_path, demo_dir, workload, spark, step)
         finally:
             conn.close()
 
@@ -208,6 +131,142 @@ def run_demo(settings: DemoSettings) -> DemoResult:
     finally:
         spark.stop()
     seconds = time.monotonic() - started
+    _print_summary(seconds, report, info, yaml_path, config)
+    return DemoResult(ok=report.ok, seconds=seconds, changes=stats.changes, verify=report)
+
+
+def _start_stack(settings: DemoSettings, state_dir: Path, step: Step) -> StackInfo:
+    """The local stack the demo runs on (reused when it runs already), with the source and services asked for."""
+    extras = "".join(
+        [
+            ", S3 object store" if settings.storage == "s3" else "",
+            ", REST catalog" if settings.catalog == "rest" else "",
+        ]
+    )
+    if settings.source == "mariadb":
+        extras += f", MariaDB :{settings.mariadb_port}"
+    step(
+        f"starting the local stack (PostgreSQL :{settings.pg_port}, Apache Kafka :{settings.kafka_port}"
+        f"{extras}) — reused if running"
+    )
+    return Stack(
+        StackSettings(
+            state_dir=state_dir,
+            pg_port=settings.pg_port,
+            kafka_port=settings.kafka_port,
+            storage=settings.storage,
+            catalog=settings.catalog,
+            source=settings.source,
+            mariadb_port=settings.mariadb_port,
+        )
+    ).up()
+
+
+def _reset_previous_run(info: StackInfo, sql: shop.ShopSQL, step: Step) -> str:
+    """Remove the previous run's replication state, source tables and topics; the topic prefix this run uses."""
+    step("resetting the previous demo run (replication slot, publication, tables, topics, offsets)")
+    _reset_source(info, sql)
+    prefix = _reset_topics(info.bootstrap_servers, TOPIC_PREFIX)
+    if prefix != TOPIC_PREFIX:
+        step.info(f"the broker kept the old topics: this run uses topic prefix {prefix!r}")
+    return prefix
+
+
+def _write_config(
+    info: StackInfo, sql: shop.ShopSQL, state_dir: Path, demo_dir: Path, prefix: str
+) -> tuple[PipelineConfig, Path]:
+    """This run's pipeline config, and the YAML file capture and the pipeline read it from."""
+    # A fresh consumer group per run: the engine starts new partitions at the group's committed
+    # offset, and the last run's offsets point past the start of the re-created topics.
+    group = f"lakestream-demo-{int(time.time())}"
+    config = _pipeline_config(info, state_dir, prefix, group, sql)
+    yaml_path = demo_dir / "pipeline.yaml"
+    _write_pipeline_yaml(yaml_path, info, state_dir, prefix, group, sql)
+    return config, yaml_path
+
+
+def _remove_stale_state(config: PipelineConfig, state_dir: Path) -> None:
+    """Remove the capture offsets, metrics and source state files the previous run left."""
+    captured = config.require_capture("the demo")
+    for stale in (
+        offsets_file(state_dir, captured),
+        metrics_path(config),
+        *capture_database(captured).state_files(captured, state_dir),
+    ):
+        stale.unlink(missing_ok=True)
+
+
+def _seeded_workload(conn: Any, sql: shop.ShopSQL, settings: DemoSettings) -> shop.ShopWorkload:
+    """The shop's tables created and seeded, and the workload that changes them (its counts from zero)."""
+    shop.create_schema(conn, sql)
+    workload = shop.ShopWorkload(conn, seed=None, sql=sql)
+    workload.seed(settings.seed_customers, settings.seed_orders)
+    workload.stats = shop.WorkloadStats()
+    return workload
+
+
+def _run_live(
+    settings: DemoSettings,
+    config: PipelineConfig,
+    yaml_path: Path,
+    demo_dir: Path,
+    workload: shop.ShopWorkload,
+    spark: SparkSession,
+    step: Step,
+) -> tuple[VerifyReport, shop.WorkloadStats, int]:
+    """Capture and the pipeline running while the workload changes the shop, until verify finds the tables
+    caught up (or gives up); both stopped at the end. Verify's report, the workload's counts and its start (ms)."""
+    step("starting Debezium capture and the pipeline (`lakestream run`)")
+    capture = CaptureProcess(yaml_path, log_path=demo_dir / "capture.log")
+    pipeline = PipelineProcess(yaml_path, demo_dir / "pipeline.log")
+    capture.start()
+    pipeline.start()
+    try:
+        capture.wait_until_streaming(timeout=240)
+        step.info(f"capture is streaming (logs: {capture.log_path}, {pipeline.log_path})")
+        # Freshness is measured on the workload: start it once the pipeline is up (its Spark
+        # session started, the snapshot committed), not while changes would wait for a JVM.
+        ready_s = wait_for_first_commit(config, pipeline, timeout=300)
+        step.info(f"the pipeline committed the initial snapshot {ready_s:.1f}s after capture was streaming")
+
+        step(
+            f"running the workload for {settings.duration_s:.0f}s (~{settings.changes_per_s:.0f} changes/s; "
+            "inserts, updates, deletes in multi-row transactions)"
+        )
+        workload_started_ms = int(time.time() * 1000)
+        stats = _run_workload(workload, settings, pipeline, step)
+        step.info(f"workload done: {stats.changes:,} changes in {stats.transactions:,} transactions")
+
+        step(f"waiting for the pipeline to catch up (verify, up to {settings.catchup_timeout_s:.0f}s)")
+        report, waited = _wait_until_verified(spark, config, pipeline, settings.catchup_timeout_s)
+        step.info(("caught up" if report.ok else "NOT caught up") + f" after {waited:.1f}s")
+    finally:
+        step("stopping capture and the pipeline (SIGTERM)")
+        pipeline.stop()
+        capture.stop()
+    return report, stats, workload_started_ms
+
+
+def _run_workload(
+    workload: shop.ShopWorkload, settings: DemoSettings, pipeline: PipelineProcess, step: Step
+) -> shop.WorkloadStats:
+    """The workload at the demo's rate for its duration, a progress line at a time (the pipeline checked alive)."""
+
+    def progress(stats: shop.WorkloadStats, elapsed: float) -> None:
+        pipeline.check()
+        step.info(
+            f"{elapsed:5.0f}s  {stats.changes:,} changes ({stats.changes / elapsed:,.0f}/s): "
+            f"{stats.inserts:,} inserts, {stats.updates:,} updates, {stats.deletes:,} deletes "
+            f"in {stats.transactions:,} transactions"
+        )
+
+    return workload.run(settings.duration_s, settings.changes_per_s, on_progress=progress)
+
+
+def _print_summary(
+    seconds: float, report: VerifyReport, info: StackInfo, yaml_path: Path, config: PipelineConfig
+) -> None:
+    """The demo's last lines: how it went, and how to look at the tables it wrote."""
     print(f"\ndemo finished in {seconds:.0f}s — {'OK' if report.ok else 'FAILED (verify found differences)'}")
     if info.storage_env():
         print("the warehouse is in the local S3-compatible store; its credentials come from the environment:")
@@ -217,7 +276,6 @@ def run_demo(settings: DemoSettings) -> DemoResult:
             + "   (see `lakestream stack up --storage s3`)"
         )
     print(f'explore: lakestream sql {yaml_path} "SELECT * FROM {config.catalog.name}.{NAMESPACE}.orders LIMIT 10"')
-    return DemoResult(ok=report.ok, seconds=seconds, changes=stats.changes, verify=report)
 
 
 # -- configuration ---------------------------------------------------------------------------------

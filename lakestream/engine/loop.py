@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,7 @@ from lakestream.storage import storage_unreachable
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from lakestream.engine.metrics import EngineMetrics
     from lakestream.maintenance.runner import InlineMaintenance
 
 log = logging.getLogger(__name__)
@@ -46,67 +48,20 @@ def run_pipeline(
     stop = stop or threading.Event()
     # The write tasks reach this config's object storage (a session passed in may have served another).
     activate_storage(config.catalog.storage)
-    pipeline = Pipeline(config, spark)
-    results: list[BatchResult] = []
-    metrics = metrics_path(config)
-    metrics.parent.mkdir(parents=True, exist_ok=True)
-    engine_metrics = None
-    if config.engine.metrics_port is not None:
-        from lakestream.engine.metrics import EngineMetrics
-
-        engine_metrics = EngineMetrics(config.name)
-        engine_metrics.serve(config.engine.metrics_port, config.engine.metrics_host)
-    maintenance: InlineMaintenance | None = None
-    if config.maintenance.mode == "inline":
-        from lakestream.maintenance.runner import InlineMaintenance
-
-        maintenance = InlineMaintenance(pipeline.spark, config, metrics)
-    failures = 0  # batches failed in a row
-    others = 0  # of those, the ones not due to an outage
-    outage_since: float | None = None  # when the current outage (a run of failures) began
-    batches_since_compaction = 0  # batches committed since the last pause that committed a compaction
+    run = _Run(config, spark, stop)
     try:
         while not stop.is_set():
             started = time.monotonic()
             try:
-                result = pipeline.run_batch()
-                failures, others, outage_since = 0, 0, None
+                result = run.pipeline.run_batch()
+                run.failing = _Failing()
             except ConfigError:
                 raise  # a retry cannot fix the config
             except Exception as exc:  # noqa: BLE001 — recovered below, or re-raised after too many
-                failure = classify_failure(exc)
-                if failure.kind == "config":
-                    # A Spark task's refusal by Kafka reaches the driver as text: say what it named, not the task.
-                    raise ConfigError(f"batch failed: {first_line(exc)}") from exc
-                if failure.kind == "fatal" or not jvm_alive(pipeline.spark):
-                    raise FatalError(
-                        f"batch failed and cannot be retried in this process ({_failure_summary(exc)}); "
-                        "exiting so that its supervisor restarts it — every table resumes from its "
-                        "committed offsets"
-                    ) from exc
-                if failure.kind == "infrastructure" and storage_unreachable(config.catalog):
-                    failure = Failure("outage")  # e.g. a REST catalog's 500 while the store behind it is away
-                failures += 1
-                outage = failure.kind == "outage"
-                others += not outage
-                if outage and outage_since is None:
-                    outage_since = time.monotonic()
-                if engine_metrics is not None:
-                    engine_metrics.batch_failed()
-                backoff = _retry_backoff(config, outage, failures, others, outage_since)
+                outage, backoff = run.count_failure(exc)
                 if backoff is None:
                     raise
-                log.error(
-                    "batch failed (%d in a row%s): %s — restarting from the tables' offsets in %.0fs",
-                    failures,
-                    ", an outage" if outage else "",
-                    _failure_summary(exc),
-                    backoff,
-                )
-                # Everything needed to resume lives in the tables: a fresh Pipeline is a clean restart.
-                pipeline.close()
-                stop.wait(backoff)
-                pipeline = Pipeline(config, pipeline.spark, last_batch_id=pipeline.batch_id)
+                run.restart(exc, outage, backoff)
                 continue
             idle = result is None or (result.advanced == 0 and not result.tables)
             if result is None or idle:
@@ -115,50 +70,149 @@ def run_pipeline(
                     break
                 stop.wait(config.engine.idle_poll_s)
             else:
-                results.append(result)
-                batches_since_compaction += 1
-                log.info(result.progress_line())
-                with metrics.open("ab") as fh:
-                    fh.write(orjson.dumps(describe_batch(result)) + b"\n")
-                if engine_metrics is not None:
-                    engine_metrics.observe(result)
-                if on_batch:
-                    on_batch(result)
-                if max_batches is not None and len(results) >= max_batches:
+                run.record(result, on_batch)
+                if max_batches is not None and len(run.results) >= max_batches:
                     break
-                remaining = config.fastest_commit_interval - (time.monotonic() - started)
-                if remaining > 0:
-                    stop.wait(remaining)
-            if maintenance is not None and not stop.is_set():
-                try:
-                    # Beside ingestion, on the tables this pipeline writes (and those a policy names).
-                    for action in maintenance.round(
-                        time.time(),
-                        own=set(pipeline.specs),
-                        background=True,
-                        rewrite_specs=pipeline.compacted_here(),
-                        batch_s=None if result is None or idle else result.seconds,
-                    ):
-                        log.info("maintenance: %s", action)
-                except Exception as exc:  # noqa: BLE001 — maintenance must never stop ingestion
-                    log.error("maintenance round failed (next round as scheduled): %s", first_line(exc, 300))
-                if idle or batches_since_compaction >= COMPACTION_COMMIT_SPACING:
-                    if _commit_compactions(pipeline, maintenance):
-                        batches_since_compaction = 0
+                run.wait_for_commit_interval(started)
+            run.maintain(None if result is None or idle else result.seconds, idle)
     finally:
-        if maintenance is not None:
-            maintenance.finish()
-            if jvm_alive(pipeline.spark):
-                _commit_compactions(pipeline, maintenance, everything=True)
-        _close(pipeline)
-        if engine_metrics is not None:
-            engine_metrics.close()
-    if failures:
+        run.close()
+    if run.failing.failures:
         raise StoppedAfterFailures(
-            f"stopped while batches were failing ({failures} in a row; last: see above); "
+            f"stopped while batches were failing ({run.failing.failures} in a row; last: see above); "
             "nothing is lost — the next start resumes from the tables' offsets"
         )
-    return results
+    return run.results
+
+
+@dataclass
+class _Failing:
+    """The batches that failed in a row, which the retry decision reads."""
+
+    failures: int = 0
+    others: int = 0  # of those, the ones not due to an outage
+    outage_since: float | None = None  # when the current outage (a run of failures) began
+
+
+class _Run:
+    """What one `run_pipeline` call holds between batches: the pipeline (a fresh one after a failed batch), the
+    metrics it writes, inline maintenance, and the counts the retry and compaction decisions read."""
+
+    def __init__(self, config: PipelineConfig, spark: SparkSession | None, stop: threading.Event) -> None:
+        self.config = config
+        self.stop = stop
+        self.pipeline = Pipeline(config, spark)
+        self.results: list[BatchResult] = []
+        self.metrics = metrics_path(config)
+        self.metrics.parent.mkdir(parents=True, exist_ok=True)
+        self.engine_metrics = _serve_engine_metrics(config)
+        self.maintenance: InlineMaintenance | None = None
+        if config.maintenance.mode == "inline":
+            from lakestream.maintenance.runner import InlineMaintenance
+
+            self.maintenance = InlineMaintenance(self.pipeline.spark, config, self.metrics)
+        self.failing = _Failing()
+        self.batches_since_compaction = 0  # batches committed since the last pause that committed a compaction
+
+    def count_failure(self, exc: Exception) -> tuple[bool, float | None]:
+        """Count a failed batch: whether it is part of an outage, and the seconds to wait before retrying it (None
+        to give up). Raises when no retry in this process can help."""
+        failure = classify_failure(exc)
+        if failure.kind == "config":
+            # A Spark task's refusal by Kafka reaches the driver as text: say what it named, not the task.
+            raise ConfigError(f"batch failed: {first_line(exc)}") from exc
+        if failure.kind == "fatal" or not jvm_alive(self.pipeline.spark):
+            raise FatalError(
+                f"batch failed and cannot be retried in this process ({_failure_summary(exc)}); "
+                "exiting so that its supervisor restarts it — every table resumes from its "
+                "committed offsets"
+            ) from exc
+        if failure.kind == "infrastructure" and storage_unreachable(self.config.catalog):
+            failure = Failure("outage")  # e.g. a REST catalog's 500 while the store behind it is away
+        failing = self.failing
+        failing.failures += 1
+        outage = failure.kind == "outage"
+        failing.others += not outage
+        if outage and failing.outage_since is None:
+            failing.outage_since = time.monotonic()
+        if self.engine_metrics is not None:
+            self.engine_metrics.batch_failed()
+        return outage, _retry_backoff(self.config, outage, failing.failures, failing.others, failing.outage_since)
+
+    def restart(self, exc: Exception, outage: bool, backoff: float) -> None:
+        """Wait ``backoff`` seconds, then carry on with a fresh pipeline after a failed batch."""
+        log.error(
+            "batch failed (%d in a row%s): %s — restarting from the tables' offsets in %.0fs",
+            self.failing.failures,
+            ", an outage" if outage else "",
+            _failure_summary(exc),
+            backoff,
+        )
+        # Everything needed to resume lives in the tables: a fresh Pipeline is a clean restart.
+        self.pipeline.close()
+        self.stop.wait(backoff)
+        self.pipeline = Pipeline(self.config, self.pipeline.spark, last_batch_id=self.pipeline.batch_id)
+
+    def record(self, result: BatchResult, on_batch: Callable[[BatchResult], None] | None) -> None:
+        """Keep a batch that did something: its progress line, its metrics line, and the caller's callback."""
+        self.results.append(result)
+        self.batches_since_compaction += 1
+        log.info(result.progress_line())
+        with self.metrics.open("ab") as fh:
+            fh.write(orjson.dumps(describe_batch(result)) + b"\n")
+        if self.engine_metrics is not None:
+            self.engine_metrics.observe(result)
+        if on_batch:
+            on_batch(result)
+
+    def wait_for_commit_interval(self, started: float) -> None:
+        """Start the next batch no sooner than the fastest table's commit interval after this one started."""
+        remaining = self.config.fastest_commit_interval - (time.monotonic() - started)
+        if remaining > 0:
+            self.stop.wait(remaining)
+
+    def maintain(self, batch_s: float | None, idle: bool) -> None:
+        """Inline maintenance's round between two batches, and a pause to commit its compactions when one is due."""
+        maintenance = self.maintenance
+        if maintenance is None or self.stop.is_set():
+            return
+        try:
+            # Beside ingestion, on the tables this pipeline writes (and those a policy names).
+            for action in maintenance.round(
+                time.time(),
+                own=set(self.pipeline.specs),
+                background=True,
+                rewrite_specs=self.pipeline.compacted_here(),
+                batch_s=batch_s,
+            ):
+                log.info("maintenance: %s", action)
+        except Exception as exc:  # noqa: BLE001 — maintenance must never stop ingestion
+            log.error("maintenance round failed (next round as scheduled): %s", first_line(exc, 300))
+        if idle or self.batches_since_compaction >= COMPACTION_COMMIT_SPACING:
+            if _commit_compactions(self.pipeline, maintenance):
+                self.batches_since_compaction = 0
+
+    def close(self) -> None:
+        """Finish inline maintenance (committing what it prepared while the JVM lives), close the pipeline and
+        stop serving the engine's metrics."""
+        if self.maintenance is not None:
+            self.maintenance.finish()
+            if jvm_alive(self.pipeline.spark):
+                _commit_compactions(self.pipeline, self.maintenance, everything=True)
+        _close(self.pipeline)
+        if self.engine_metrics is not None:
+            self.engine_metrics.close()
+
+
+def _serve_engine_metrics(config: PipelineConfig) -> EngineMetrics | None:
+    """The engine's Prometheus metrics, served when the config names a port."""
+    if config.engine.metrics_port is None:
+        return None
+    from lakestream.engine.metrics import EngineMetrics
+
+    engine_metrics = EngineMetrics(config.name)
+    engine_metrics.serve(config.engine.metrics_port, config.engine.metrics_host)
+    return engine_metrics
 
 
 # Rows of compaction committed in one pause between two batches: each moves its key index entry (~1.5 µs a row

@@ -12,6 +12,7 @@ import logging
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ from lakestream.errors import ConfigError, LakestreamError
 from lakestream.identifiers import TableName, topic_parts, validate_identifier
 from lakestream.sink.catalog.schema import (
     DEFAULT_TABLE_PROPERTIES,
+    Reconciliation,
     Shape,
     TableManager,
     dropped_column_statements,
@@ -46,7 +48,26 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
+    from lakestream.sink.catalog.sink import TableInfo
+
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Target:
+    """The table `TableRegistry.prepare_table` prepares: its name, where the catalog keeps it, its SQL identifier."""
+
+    name: str
+    namespace: str
+    table: str
+    ident: str
+
+
+def _write_key(stream: StreamSettings, info: TableInfo, as_shapes: list[Shape]) -> list[str]:
+    """The columns the write tasks key rows by: an upsert's key, or a de-duplicated append's field."""
+    if stream.mode == "upsert":
+        return stream.key_columns or info.get("identifier_fields") or next((s.key for s in as_shapes if s.key), [])
+    return [stream.dedupe_field] if stream.dedupe_field else []
 
 
 class TableRegistry:
@@ -118,14 +139,13 @@ class TableRegistry:
     ) -> None:
         """Create or evolve ``name`` so every compatible shape can be written; reject the others.
         Then the same for the tables of its stream's transforms."""
-        from lakestream.sink.catalog.sink import create_table, table_info
+        from lakestream.sink.catalog.sink import table_info
 
         table_name = TableName.parse(name)
         ns, tbl = table_name.namespace, table_name.table
-        ident = self.catalog.ident(ns, tbl)
+        target = _Target(name, ns, tbl, self.catalog.ident(ns, tbl))
         stream = stream or self._stream_for_table(shapes)
-        catalog = self.config.catalog.name
-        info = table_info(self.spark, catalog, ns, tbl)
+        info = table_info(self.spark, self.config.catalog.name, ns, tbl)
         if not info["exists"]:
             # A column record's shape evolves a table; the table's first row creates it.
             shapes = [s for s in shapes if not s.schema_id.startswith(COLUMN_RECORD_SHAPE)]
@@ -139,69 +159,94 @@ class TableRegistry:
         as_shapes = [Shape(s.schema_id, list(s.columns), s.key, s.inferred, s.defaults) for s in shapes]
         if not info["exists"] and not shapes and unusable:
             # Only unusable shapes so far: no table yet; the tasks dead-letter these shapes' records.
-            for sid, reason in unusable.items():
-                log.warning("table %s: rejecting row shape %s: %s", name, sid, reason)
-            previous = self.specs.get(name)
-            rejected = dict(previous.rejected_shapes if previous else {}) | unusable
-            self.specs[name] = TableSpec(
-                name,
-                stream.mode,
-                [],
-                {"type": "struct", "schema-id": 0, "fields": []},
-                {"spec-id": 0, "fields": []},
-                "",
-                frozenset(),
-                rejected,
-            )
+            self._reject_before_creation(name, stream, unusable)
             return
         if not info["exists"]:
-            first_key = next((s.key for s in as_shapes if s.key), stream.key_columns)
-            key = (stream.key_columns or first_key) if stream.mode == "upsert" else []
-            layout = self.config.layout_for(name, stream)
-            properties = dict(DEFAULT_TABLE_PROPERTIES) | layout.properties  # format v3: deletion vectors
-            key_lower = {k.lower() for k in key}
-            defaults = {n: v for s in as_shapes for n, v in s.defaults.items()}
-            columns = [
-                {
-                    "name": n,
-                    "type": t,
-                    "required": n.lower() in key_lower,
-                    **({"default": defaults[n]} if n in defaults else {}),
-                }
-                for n, t in merged_columns(as_shapes)
-            ]
-            info = create_table(
-                self.spark,
-                catalog,
-                ns,
-                tbl,
-                {
-                    "columns": columns,
-                    "identifier_fields": key,
-                    "partition_by": layout.partition_by,
-                    "sort_by": layout.sort_by,
-                    "properties": properties,
-                },
-            )
-            log.info(
-                "created table %s (%d columns, key %s, format v%s)",
-                name,
-                len(columns),
-                key or "-",
-                info.get("format_version"),
-            )
+            info = self._create_table(target, stream, as_shapes)
+        result = self._evolve(target, stream, as_shapes, info, unusable)
+        if result.statements or info.get("schema") is None or name not in self.specs:
+            info = table_info(self.spark, self.config.catalog.name, ns, tbl)
+        key = _write_key(stream, info, as_shapes)
+        spec = self._spec(target, stream, key, shapes, as_shapes, result.rejected, info)
+        self.specs[name] = spec
+        self._keep_index(spec, key, stream, info, evolved=bool(result.statements))
+        topic = topic or next((s.topic for s in shapes), None)
+        if stream.transforms and topic is not None:
+            self.prepare_derived(name, topic, stream)
+
+    def _reject_before_creation(self, name: str, stream: StreamSettings, unusable: dict[str, str]) -> None:
+        """The spec of a table not created yet whose shapes so far are all unusable: it rejects them."""
+        for sid, reason in unusable.items():
+            log.warning("table %s: rejecting row shape %s: %s", name, sid, reason)
+        previous = self.specs.get(name)
+        rejected = dict(previous.rejected_shapes if previous else {}) | unusable
+        self.specs[name] = TableSpec(
+            name,
+            stream.mode,
+            [],
+            {"type": "struct", "schema-id": 0, "fields": []},
+            {"spec-id": 0, "fields": []},
+            "",
+            frozenset(),
+            rejected,
+        )
+
+    def _create_table(self, target: _Target, stream: StreamSettings, as_shapes: list[Shape]) -> TableInfo:
+        """Create the table for its first shapes: their merged columns, its key, its layout and properties."""
+        from lakestream.sink.catalog.sink import create_table
+
+        first_key = next((s.key for s in as_shapes if s.key), stream.key_columns)
+        key = (stream.key_columns or first_key) if stream.mode == "upsert" else []
+        layout = self.config.layout_for(target.name, stream)
+        properties = dict(DEFAULT_TABLE_PROPERTIES) | layout.properties  # format v3: deletion vectors
+        key_lower = {k.lower() for k in key}
+        defaults = {n: v for s in as_shapes for n, v in s.defaults.items()}
+        columns = [
+            {
+                "name": n,
+                "type": t,
+                "required": n.lower() in key_lower,
+                **({"default": defaults[n]} if n in defaults else {}),
+            }
+            for n, t in merged_columns(as_shapes)
+        ]
+        info = create_table(
+            self.spark,
+            self.config.catalog.name,
+            target.namespace,
+            target.table,
+            {
+                "columns": columns,
+                "identifier_fields": key,
+                "partition_by": layout.partition_by,
+                "sort_by": layout.sort_by,
+                "properties": properties,
+            },
+        )
+        log.info(
+            "created table %s (%d columns, key %s, format v%s)",
+            target.name,
+            len(columns),
+            key or "-",
+            info.get("format_version"),
+        )
+        return info
+
+    def _evolve(
+        self,
+        target: _Target,
+        stream: StreamSettings,
+        as_shapes: list[Shape],
+        info: TableInfo,
+        unusable: dict[str, str],
+    ) -> Reconciliation:
+        """Evolve the table for the shapes it can take, as the stream's settings say for incompatible types and
+        dropped columns; what it did, and the shapes it rejects (logged)."""
+        ns, tbl, ident = target.namespace, target.table, target.ident
         schema = self._schema(ns, tbl)
         result = reconcile(ident, schema, as_shapes)
         if result.rejected and stream.on_incompatible_type == "widen_to_string":
-            keys = {k.lower() for s in as_shapes for k in s.key}
-            columns_to_widen = sorted({c for c in result.rejected_columns.values() if c.lower() not in keys})
-            for column in columns_to_widen:
-                log.warning(
-                    "table %s: widening column %s to string (on_incompatible_type=widen_to_string)", name, column
-                )
-                self.catalog.apply(ns, tbl, widen_to_string_statements(ident, column, f"pre_string_{self.batch_id()}"))
-            if columns_to_widen:
-                self.indexes.pop(name, None)
+            if self._widen_to_string(target, as_shapes, result):
                 result = reconcile(ident, self._schema(ns, tbl), as_shapes)
         if stream.on_dropped_column == "drop" and stream.mode == "upsert":
             result.statements.extend(
@@ -212,25 +257,52 @@ class TableRegistry:
         self.catalog.apply(ns, tbl, result.statements)
         result.rejected.update(unusable)
         for sid, reason in result.rejected.items():
-            log.warning("table %s: rejecting row shape %s: %s", name, sid, reason)
-        if result.statements or info.get("schema") is None or name not in self.specs:
-            info = table_info(self.spark, catalog, ns, tbl)
+            log.warning("table %s: rejecting row shape %s: %s", target.name, sid, reason)
+        return result
+
+    def _widen_to_string(self, target: _Target, as_shapes: list[Shape], result: Reconciliation) -> bool:
+        """``on_incompatible_type: widen_to_string``: turn the non-key columns a shape was rejected for into
+        strings; whether any was."""
+        keys = {k.lower() for s in as_shapes for k in s.key}
+        columns_to_widen = sorted({c for c in result.rejected_columns.values() if c.lower() not in keys})
+        for column in columns_to_widen:
+            log.warning(
+                "table %s: widening column %s to string (on_incompatible_type=widen_to_string)", target.name, column
+            )
+            self.catalog.apply(
+                target.namespace,
+                target.table,
+                widen_to_string_statements(target.ident, column, f"pre_string_{self.batch_id()}"),
+            )
+        if columns_to_widen:
+            self.indexes.pop(target.name, None)
+        return bool(columns_to_widen)
+
+    def _spec(
+        self,
+        target: _Target,
+        stream: StreamSettings,
+        key: list[str],
+        shapes: list[NewShape],
+        as_shapes: list[Shape],
+        rejected_now: dict[str, str],
+        info: TableInfo,
+    ) -> TableSpec:
+        """What the write tasks need of the table: its key, schema, layout, shapes and offsets. Refuses a table
+        whose format cannot hold the deletion vectors its key needs."""
+        name = target.name
         previous = self.specs.get(name)
         accepted = set(previous.accepted_shapes if previous else ()) | {
-            s.schema_id for s in shapes if s.schema_id not in result.rejected
+            s.schema_id for s in shapes if s.schema_id not in rejected_now
         }
-        rejected = dict(previous.rejected_shapes if previous else {}) | result.rejected
-        if stream.mode == "upsert":
-            key = stream.key_columns or info.get("identifier_fields") or next((s.key for s in as_shapes if s.key), [])
-        else:
-            key = [stream.dedupe_field] if stream.dedupe_field else []
+        rejected = dict(previous.rejected_shapes if previous else {}) | rejected_now
         if key and int(info.get("format_version", 2)) < 3:
             raise LakestreamError(
                 f"table {name} is an Iceberg format v{info.get('format_version')} table; upserts and de-duplication "
                 f"write deletion vectors, which need format v3 — fix: run `lakestream upgrade-tables <pipeline.yaml>` "
                 f"once (it compacts away the old delete files and sets format-version=3)"
             )
-        spec = TableSpec(
+        return TableSpec(
             name,
             stream.mode,
             list(key),
@@ -239,10 +311,15 @@ class TableRegistry:
             info["data_location"],
             frozenset(accepted),
             rejected,
-            dict(self.offsets.load(ident)),
+            dict(self.offsets.load(target.ident)),
             drop_missing=stream.on_dropped_column == "drop" and stream.mode == "upsert",
         )
-        self.specs[name] = spec
+
+    def _keep_index(
+        self, spec: TableSpec, key: list[str], stream: StreamSettings, info: TableInfo, evolved: bool
+    ) -> None:
+        """A key index that fits the table: the one it has while that still fits, else a new (empty) one."""
+        name = spec.name
         if key:
             hashed = not is_integer_key(spec.arrow_schema(), key)
             index = self.indexes.get(name)
@@ -256,13 +333,10 @@ class TableRegistry:
                 self.indexes[name] = DiskKeyIndex(hashed, key, info.get("uuid"))
         elif stream.mode == "upsert" and (
             not isinstance(self.indexes.get(name), KeylessIndex)
-            or result.statements
+            or evolved
             or self.indexes[name].table_uuid != info.get("uuid")
         ):
             self.indexes[name] = KeylessIndex(spec.arrow_schema(), info.get("uuid"))  # no primary key: a multiset
-        topic = topic or next((s.topic for s in shapes), None)
-        if stream.transforms and topic is not None:
-            self.prepare_derived(name, topic, stream)
 
     def prepare_derived(self, name: str, topic: str, stream: StreamSettings) -> None:
         """Create or evolve the output table of each transform of input table ``name``: its schema is

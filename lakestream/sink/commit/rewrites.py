@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from lakestream.sink.commit.tables import TableWrite
+    from lakestream.sink.index.contract import KeyedIndex
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,6 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, written: list[Rewrite
     """Commit the groups a compaction has ``written`` on the table of ``write`` (its index valid at the table's
     current snapshot); raises `StaleIndex` when the table moved past the index (refresh, then call again)."""
     from lakestream.sink.catalog.sink import commit_rewrite_groups, deleted_positions
-    from lakestream.sink.write.files import delete_quietly
 
     index = write.keyed_index
     if index is None:
@@ -123,27 +123,11 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, written: list[Rewrite
     if now["snapshot_id"] != index.snapshot_id:
         index.valid = False
         raise StaleIndex(f"{write.ident} is at snapshot {now['snapshot_id']}, its key index at {index.snapshot_id}")
-    missing = set(now["missing"])
-    current = {p: np.asarray(f["positions"], np.int64) for p, f in now["files"].items()}
-    groups, carried, dropped = [], [], 0
-    for g in written:
-        deletes = None if missing.intersection(g.inputs) else carried_deletes(g, current)
-        if deletes is None:
-            dropped += 1
-            delete_quietly([g.written()[0]["path"]])  # never part of a commit; orphan removal would take days
-            continue
-        groups.append(g)
-        carried.append(deletes)
+    groups, carried, dropped = _carry_deletes(written, now)
     lap("carry_deletes")
     if not groups:
         return RewriteCommit(None, 0, 0, 0, 0, dropped, timings)
-    request = {
-        "expect_snapshot_id": index.snapshot_id,
-        "groups": [
-            {"inputs": g.inputs, "output": g.output, "deletes": d} for g, d in zip(groups, carried, strict=True)
-        ],
-        "properties": {COMPACTION_PROPERTY: "true"},
-    }
+    request = _commit_request(index.snapshot_id, groups, carried)
     pause_point("maintenance.commit.before")
     result = commit_rewrite_groups(spark, write.catalog, write.name.namespace, write.name.table, request)
     lap("commit")
@@ -172,7 +156,64 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, written: list[Rewrite
         # and follows both snapshots by their diff.
         index.valid = False
         return committed(0)
-    moves, samples, expected = [], [], []
+    moves, samples, expected = _index_moves(index, groups, carried)
+    if samples and not (index.lookup(np.concatenate(samples)) == np.concatenate(expected)).all():
+        log.warning(
+            "%s: rows of the compaction were not where the key index said; reading its diff instead", write.ident
+        )
+        index.valid = False
+        return committed(0)
+    lap("check_index")
+    _move_index(index, moves)
+    lap("move_index")
+    index.snapshot_id = result["snapshot_id"]
+    return committed(int(sum(len(m[0]) for m in moves)))
+
+
+# One group's index move: its live rows' keys, the output file, and their positions in it.
+_Move = tuple[np.ndarray, str, np.ndarray]
+
+
+def _carry_deletes(
+    written: list[RewriteGroup], now: dict[str, Any]
+) -> tuple[list[RewriteGroup], list[np.ndarray], int]:
+    """The groups that can still be committed, each with the positions deleted in its output since the rewrite
+    read its inputs, and how many were dropped (an input no longer live, a DV that shrank; their files deleted)."""
+    from lakestream.sink.write.files import delete_quietly
+
+    missing = set(now["missing"])
+    current = {p: np.asarray(f["positions"], np.int64) for p, f in now["files"].items()}
+    groups, carried, dropped = [], [], 0
+    for g in written:
+        deletes = None if missing.intersection(g.inputs) else carried_deletes(g, current)
+        if deletes is None:
+            dropped += 1
+            delete_quietly([g.written()[0]["path"]])  # never part of a commit; orphan removal would take days
+            continue
+        groups.append(g)
+        carried.append(deletes)
+    return groups, carried, dropped
+
+
+def _commit_request(
+    expect_snapshot_id: int | None, groups: list[RewriteGroup], carried: list[np.ndarray]
+) -> dict[str, Any]:
+    """The JVM's request for the commit of ``groups``, each with the deletes it carries."""
+    return {
+        "expect_snapshot_id": expect_snapshot_id,
+        "groups": [
+            {"inputs": g.inputs, "output": g.output, "deletes": d} for g, d in zip(groups, carried, strict=True)
+        ],
+        "properties": {COMPACTION_PROPERTY: "true"},
+    }
+
+
+def _index_moves(
+    index: KeyedIndex, groups: list[RewriteGroup], carried: list[np.ndarray]
+) -> tuple[list[_Move], list[np.ndarray], list[np.ndarray]]:
+    """Each group's index move, and a sample of its keys with the locations the index should hold for them."""
+    moves: list[_Move] = []
+    samples, expected = [], []
     for g, deletes in zip(groups, carried, strict=True):
         output, all_keys = g.written()
         live = np.ones(output["record_count"], np.bool_)
@@ -189,22 +230,17 @@ def commit_rewrite(spark: SparkSession, write: TableWrite, written: list[Rewrite
         samples.append(keys[sample])
         expected.append(_old_locations(g, [index.file_id(p) for p in g.inputs])[live][sample])
         moves.append((keys, output["path"], np.flatnonzero(live).astype(np.int64)))
-    if samples and not (index.lookup(np.concatenate(samples)) == np.concatenate(expected)).all():
-        log.warning(
-            "%s: rows of the compaction were not where the key index said; reading its diff instead", write.ident
-        )
-        index.valid = False
-        return committed(0)
-    lap("check_index")
+    return moves, samples, expected
+
+
+def _move_index(index: KeyedIndex, moves: list[_Move]) -> None:
+    """Point the moved rows' keys at their places in the new files."""
     if moves:
         keys = np.concatenate([m[0] for m in moves])
         locations = np.concatenate(
             [pack(np.full(len(k), index.file_id(path), np.int64), positions) for k, path, positions in moves]
         )
         index.update(keys, locations)  # one sorted insert into the overlay
-    lap("move_index")
-    index.snapshot_id = result["snapshot_id"]
-    return committed(int(sum(len(m[0]) for m in moves)))
 
 
 __all__ = ["COMPACTION_PROPERTY", "RewriteCommit", "RewriteGroup", "carried_deletes", "commit_rewrite"]

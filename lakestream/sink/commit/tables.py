@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from lakestream.identifiers import TableName
     from lakestream.sink.catalog.sink import CommitRequest, CommitResult, DataFileEntry
     from lakestream.sink.spec import TableSpec
+    from lakestream.source.kafka import TP
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,41 @@ def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
     index = write.keyed_index
     if not changes.locations:
         return Resolution(deletes, np.empty(0), Locations([], np.empty(0), np.empty(0)), np.empty(0, bool), [])
+    batch = _group_by_key(changes)
+    if index is not None and not changes.truncates:
+        old = index.lookup(batch.distinct)
+    else:  # after a TRUNCATE no earlier row survives: the commit removes every existing data file
+        old = np.full(len(batch.distinct), MISSING)
+    if write.mode == "upsert":
+        return _resolve_upsert(batch, old, index, changes.truncates, deletes)
+    return _resolve_dedupe(batch, old, deletes)
+
+
+# A row whose withheld columns take stored values: its group, its new location, where the values are, the columns.
+_Patch = tuple[int, tuple[str, int], tuple[str, int] | None, list[str]]
+
+
+@dataclass
+class _KeyGroups:
+    """A batch's changed rows of one table grouped by key, Kafka order inside each group: the arrays
+    `resolve_changes` reads, each row's in group order (``order`` maps them back to ``rows``)."""
+
+    rows: pa.Table  # as the tasks reported them, task after task
+    topics: list[str]  # each row's topic, in ``rows`` order
+    order: np.ndarray  # the rows' indexes in group order
+    keys: np.ndarray
+    starts: np.ndarray  # each group's first row
+    ends: np.ndarray  # each group's end (exclusive)
+    last: np.ndarray  # each group's last row: the change that wins
+    ops: np.ndarray
+    files: np.ndarray  # the row's data file (an index into ``paths``), or -1 when it wrote none
+    positions: np.ndarray  # the row's position in that file
+    distinct: np.ndarray  # each group's key
+    paths: list[str]  # the batch's data files, numbered across tasks
+
+
+def _group_by_key(changes: TableReport) -> _KeyGroups:
+    """The batch's changed rows of every task, grouped by key in Kafka order."""
     # Files numbered across tasks: a task's files are base[task] + its own file number.
     paths: list[str] = []
     base: dict[str, int] = {}
@@ -190,69 +226,108 @@ def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
     k = keys[order]
     starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
     ends = np.r_[starts[1:], len(k)]
-    last = ends - 1
-    ops = rows.column("op").to_numpy()[order]
-    files = np.concatenate(task_file_global)[order]
-    positions = rows.column("pos").to_numpy()[order]
-    distinct = k[starts]
-    truncated = bool(changes.truncates)
-    if index is not None and not truncated:
-        old = index.lookup(distinct)
-    else:  # after a TRUNCATE no earlier row survives: the commit removes every existing data file
-        old = np.full(len(distinct), MISSING)
+    return _KeyGroups(
+        rows,
+        topics,
+        order,
+        k,
+        starts,
+        ends,
+        ends - 1,
+        rows.column("op").to_numpy()[order],
+        np.concatenate(task_file_global)[order],
+        rows.column("pos").to_numpy()[order],
+        k[starts],
+        paths,
+    )
 
-    if write.mode == "upsert":
-        # The key's previous row, wherever it is, and every row of this batch but the last one.
-        has_old = old != MISSING
-        old_fid, old_pos = unpack(old)
-        deletes.add_grouped(old_fid[has_old], old_pos[has_old], index.paths if index is not None else [])
-        superseded = np.ones(len(k), bool)
-        superseded[last] = False
-        superseded &= files >= 0
-        deletes.add_grouped(files[superseded], positions[superseded], paths)
-        gone = np.zeros(len(last), bool)
-        if truncated:
-            # A key whose last change came before the TRUNCATE (in its partition) is gone with it.
-            cut = np.full(len(k), -1, np.int64)
-            row_topics = np.array(topics, dtype=object)[order]
-            row_partitions = rows.column("partition").to_numpy()[order]
-            for tp, offset in changes.truncates.items():
-                cut[(row_topics == tp.topic) & (row_partitions == tp.partition)] = offset
-            gone = (rows.column("offset").to_numpy()[order] < cut)[last]
-            written = gone & (files[last] >= 0)
-            deletes.add_grouped(files[last][written], positions[last][written], paths)
-        final_file = np.where((ops[last] == KeyedOp.DELETE) | gone, -1, files[last])
-        locations = Locations(paths, final_file, positions[last])
-        patches: list[tuple[int, tuple[str, int], tuple[str, int] | None, list[str]]] = []
-        withheld = rows.column("withheld")
-        if withheld.null_count < len(withheld):
-            withheld_sorted = withheld.take(pa.array(order)).to_pylist()
-            for g in np.flatnonzero(final_file >= 0).tolist():
-                columns = withheld_sorted[last[g]]
-                if not columns:
-                    continue
-                s_, e_ = starts[g], ends[g]
-                source = (index.paths[old_fid[g]], int(old_pos[g])) if has_old[g] and index is not None else None
-                if e_ - 1 > s_:  # an earlier change of the key in this batch
-                    prev = e_ - 2
-                    earlier_row = ops[prev] != KeyedOp.DELETE and files[prev] >= 0
-                    source = (paths[files[prev]], int(positions[prev])) if earlier_row else None
-                new_path, new_pos = locations[g]
-                if new_path is not None:  # always: the group has its new row (final_file >= 0)
-                    patches.append((g, (new_path, new_pos), source, columns))
-        # A key deleted in this batch and written again is a new row (a new `_row_id`), as a primary-key change is.
-        removed = (ops == KeyedOp.DELETE) | (ops == KeyedOp.RECREATE)
-        deleted_here = np.maximum.reduceat(removed.astype(np.int8), starts) > 0
-        kept = np.flatnonzero(has_old & ~deleted_here & (final_file >= 0))
-        return Resolution(
-            deletes, distinct, locations, np.zeros(len(distinct), bool), patches, kept, (old_fid[kept], old_pos[kept])
-        )
 
-    # De-duplicated append: the first row of an id wins, in the table or in this batch.
-    location_file = np.full(len(distinct), -1, np.int64)
-    location_pos = np.zeros(len(distinct), np.int64)
-    unchanged = np.zeros(len(distinct), bool)
-    for g, (s_, e_) in enumerate(zip(starts, ends, strict=True)):
+def _resolve_upsert(
+    batch: _KeyGroups, old: np.ndarray, index: KeyedIndex | None, truncates: dict[TP, int], deletes: Deletes
+) -> Resolution:
+    """An upsert table's batch: each key's last change wins, and its other rows, in the table or in this batch,
+    are deleted."""
+    # The key's previous row, wherever it is, and every row of this batch but the last one.
+    has_old = old != MISSING
+    old_fid, old_pos = unpack(old)
+    deletes.add_grouped(old_fid[has_old], old_pos[has_old], index.paths if index is not None else [])
+    superseded = np.ones(len(batch.keys), bool)
+    superseded[batch.last] = False
+    superseded &= batch.files >= 0
+    deletes.add_grouped(batch.files[superseded], batch.positions[superseded], batch.paths)
+    gone = np.zeros(len(batch.last), bool)
+    if truncates:
+        gone = _gone_with_truncate(batch, truncates, deletes)
+    final_file = np.where((batch.ops[batch.last] == KeyedOp.DELETE) | gone, -1, batch.files[batch.last])
+    locations = Locations(batch.paths, final_file, batch.positions[batch.last])
+    patches = _withheld_patches(batch, final_file, locations, index, has_old, old_fid, old_pos)
+    # A key deleted in this batch and written again is a new row (a new `_row_id`), as a primary-key change is.
+    removed = (batch.ops == KeyedOp.DELETE) | (batch.ops == KeyedOp.RECREATE)
+    deleted_here = np.maximum.reduceat(removed.astype(np.int8), batch.starts) > 0
+    kept = np.flatnonzero(has_old & ~deleted_here & (final_file >= 0))
+    return Resolution(
+        deletes,
+        batch.distinct,
+        locations,
+        np.zeros(len(batch.distinct), bool),
+        patches,
+        kept,
+        (old_fid[kept], old_pos[kept]),
+    )
+
+
+def _gone_with_truncate(batch: _KeyGroups, truncates: dict[TP, int], deletes: Deletes) -> np.ndarray:
+    """Which keys a TRUNCATE in the batch removed (their rows written in this batch deleted)."""
+    # A key whose last change came before the TRUNCATE (in its partition) is gone with it.
+    cut = np.full(len(batch.keys), -1, np.int64)
+    row_topics = np.array(batch.topics, dtype=object)[batch.order]
+    row_partitions = batch.rows.column("partition").to_numpy()[batch.order]
+    for tp, offset in truncates.items():
+        cut[(row_topics == tp.topic) & (row_partitions == tp.partition)] = offset
+    gone: np.ndarray = (batch.rows.column("offset").to_numpy()[batch.order] < cut)[batch.last]
+    written = gone & (batch.files[batch.last] >= 0)
+    deletes.add_grouped(batch.files[batch.last][written], batch.positions[batch.last][written], batch.paths)
+    return gone
+
+
+def _withheld_patches(
+    batch: _KeyGroups,
+    final_file: np.ndarray,
+    locations: Locations,
+    index: KeyedIndex | None,
+    has_old: np.ndarray,
+    old_fid: np.ndarray,
+    old_pos: np.ndarray,
+) -> list[_Patch]:
+    """The new rows with columns Debezium withheld (unchanged TOAST values), each with the row that holds
+    their values: the key's earlier change in this batch, or else its row in the table."""
+    patches: list[_Patch] = []
+    withheld = batch.rows.column("withheld")
+    if withheld.null_count < len(withheld):
+        withheld_sorted = withheld.take(pa.array(batch.order)).to_pylist()
+        for g in np.flatnonzero(final_file >= 0).tolist():
+            columns = withheld_sorted[batch.last[g]]
+            if not columns:
+                continue
+            s_, e_ = batch.starts[g], batch.ends[g]
+            source = (index.paths[old_fid[g]], int(old_pos[g])) if has_old[g] and index is not None else None
+            if e_ - 1 > s_:  # an earlier change of the key in this batch
+                prev = e_ - 2
+                earlier_row = batch.ops[prev] != KeyedOp.DELETE and batch.files[prev] >= 0
+                source = (batch.paths[batch.files[prev]], int(batch.positions[prev])) if earlier_row else None
+            new_path, new_pos = locations[g]
+            if new_path is not None:  # always: the group has its new row (final_file >= 0)
+                patches.append((g, (new_path, new_pos), source, columns))
+    return patches
+
+
+def _resolve_dedupe(batch: _KeyGroups, old: np.ndarray, deletes: Deletes) -> Resolution:
+    """A de-duplicated append's batch: the first row of an id wins, in the table or in this batch."""
+    location_file = np.full(len(batch.distinct), -1, np.int64)
+    location_pos = np.zeros(len(batch.distinct), np.int64)
+    unchanged = np.zeros(len(batch.distinct), bool)
+    files, positions, paths = batch.files, batch.positions, batch.paths
+    for g, (s_, e_) in enumerate(zip(batch.starts, batch.ends, strict=True)):
         keep = None if old[g] != MISSING else s_
         for i in range(s_, e_):
             if files[i] >= 0 and i != keep:
@@ -261,7 +336,7 @@ def resolve_changes(write: TableWrite, changes: TableReport) -> Resolution:
             unchanged[g] = keep is None
         else:
             location_file[g], location_pos[g] = files[keep], positions[keep]
-    return Resolution(deletes, distinct, Locations(paths, location_file, location_pos), unchanged, [])
+    return Resolution(deletes, batch.distinct, Locations(paths, location_file, location_pos), unchanged, [])
 
 
 def _read_rows(locations: list[tuple[str, int]]) -> dict[tuple[str, int], dict[str, Any]]:

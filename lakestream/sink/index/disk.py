@@ -26,7 +26,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,6 +39,8 @@ from lakestream.storage import ensure_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from lakestream.storage import StorageContext
 
 log = logging.getLogger(__name__)
 
@@ -432,23 +434,13 @@ def build_on_executors(
     index keys and locations, shuffle them by bucket and write each bucket's sorted files under
     ``root/name``. Returns the generation's meta (bits, rows, buckets, paths, local_dir)."""
     from lakestream.identifiers import quote_column
-    from lakestream.storage import active_options, filesystem_path, use_options
+    from lakestream.storage import active_options, filesystem_path
 
-    files = spark.sql(
-        f"SELECT file_path, xxhash64(file_path) AS h, record_count FROM {ident}.data_files VERSION AS OF {snapshot_id}"
-    ).collect()
-    paths = sorted(r["file_path"] for r in files)
-    fid_of_hash = {int(r["h"]): paths.index(r["file_path"]) for r in files} if len(files) < 2000 else None
-    if fid_of_hash is None:
-        position = {p: i for i, p in enumerate(paths)}
-        fid_of_hash = {int(r["h"]): position[r["file_path"]] for r in files}
-    rows = sum(int(r["record_count"]) for r in files)
+    paths, hashes, fids, rows = _numbered_data_files(spark, ident, snapshot_id)
     bits = bucket_bits(rows)
     gen = f"{root.rstrip('/')}/{name}"
     fs, gen_path = filesystem_path(gen)
     ensure_dir(fs, gen_path)
-    hashes = np.array(sorted(fid_of_hash), np.int64)
-    fids = np.array([fid_of_hash[int(h)] for h in hashes], np.int64)
     key_type = "binary" if hashed else "bigint"
     keys_sql = ", ".join(quote_column(k) for k in key_columns)
     log.info(
@@ -458,6 +450,57 @@ def build_on_executors(
         len(paths),
         1 << bits,
     )
+    entries = _entries_of(ident, key_columns, hashed, bits, hashes, fids)
+    write = _bucket_writer(gen, hashed, active_options())
+    done = threading.Event()
+    watcher = threading.Thread(target=_progress, args=(spark, f"building the key index of {ident}", done), daemon=True)
+    watcher.start()
+    try:
+        df = spark.sql(scan_sql(ident, keys_sql, snapshot_id))
+        written = (
+            df.mapInArrow(entries, f"bucket int, key {key_type}, loc bigint")
+            .repartition(max(1, min(1 << bits, 4096)), "bucket")
+            .mapInArrow(write, "bucket int, rows bigint")
+        ).collect()
+    finally:
+        done.set()
+    buckets = sorted(int(r["bucket"]) for r in written)
+    total = sum(int(r["rows"]) for r in written)
+    return {
+        "bits": bits,
+        "rows": total,
+        "buckets": buckets,
+        "paths": paths,
+        "name": name,
+        "local_dir": local_generation(fs, gen_path, name, buckets),
+    }
+
+
+def _numbered_data_files(
+    spark: SparkSession, ident: str, snapshot_id: int
+) -> tuple[list[str], np.ndarray, np.ndarray, int]:
+    """The table's data files at ``snapshot_id`` (sorted: a file's id is its place), their path hashes (sorted)
+    with each hash's file id, and their rows."""
+    files = spark.sql(
+        f"SELECT file_path, xxhash64(file_path) AS h, record_count FROM {ident}.data_files VERSION AS OF {snapshot_id}"
+    ).collect()
+    paths = sorted(r["file_path"] for r in files)
+    fid_of_hash = {int(r["h"]): paths.index(r["file_path"]) for r in files} if len(files) < 2000 else None
+    if fid_of_hash is None:
+        position = {p: i for i, p in enumerate(paths)}
+        fid_of_hash = {int(r["h"]): position[r["file_path"]] for r in files}
+    rows = sum(int(r["record_count"]) for r in files)
+    hashes = np.array(sorted(fid_of_hash), np.int64)
+    fids = np.array([fid_of_hash[int(h)] for h in hashes], np.int64)
+    return paths, hashes, fids, rows
+
+
+# The two steps of the build run on the executors: each is a closure over what the driver knows, which Spark
+# ships with the task.
+def _entries_of(
+    ident: str, key_columns: list[str], hashed: bool, bits: int, hashes: np.ndarray, fids: np.ndarray
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The executors' first step: each scanned row's index key, bucket and location (file id, position)."""
 
     def entries(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for rb in batches:
@@ -477,7 +520,15 @@ def build_on_executors(
                 names=["bucket", "key", "loc"],
             )
 
-    storage = active_options()
+    return entries
+
+
+def _bucket_writer(
+    gen: str, hashed: bool, storage: StorageContext
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The executors' second step: write each bucket's entries, sorted by key, into generation ``gen``; yields
+    each bucket's row count."""
+    from lakestream.storage import filesystem_path, use_options
 
     def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         use_options(storage)  # a fresh Python worker knows no object store but the default AWS one
@@ -504,28 +555,7 @@ def build_on_executors(
             names=["bucket", "rows"],
         )
 
-    done = threading.Event()
-    watcher = threading.Thread(target=_progress, args=(spark, f"building the key index of {ident}", done), daemon=True)
-    watcher.start()
-    try:
-        df = spark.sql(scan_sql(ident, keys_sql, snapshot_id))
-        written = (
-            df.mapInArrow(entries, f"bucket int, key {key_type}, loc bigint")
-            .repartition(max(1, min(1 << bits, 4096)), "bucket")
-            .mapInArrow(write, "bucket int, rows bigint")
-        ).collect()
-    finally:
-        done.set()
-    buckets = sorted(int(r["bucket"]) for r in written)
-    total = sum(int(r["rows"]) for r in written)
-    return {
-        "bits": bits,
-        "rows": total,
-        "buckets": buckets,
-        "paths": paths,
-        "name": name,
-        "local_dir": local_generation(fs, gen_path, name, buckets),
-    }
+    return write
 
 
 def local_generation(fs: Any, path: str, name: str, buckets: list[int]) -> str:
