@@ -22,6 +22,11 @@ from lakestream.errors import KafkaAccessError
 # librdkafka reports a failed TLS handshake as _SSL; one could in principle come from a broker dying
 # mid-handshake, an untrusted certificate repeats at every reconnect: only a repeat is taken as a refusal.
 SSL_FAILURES_BEFORE_REFUSAL = 2
+# A SASL handshake cut by the connection ("Broker transport failure", no mechanisms heard from the broker) reaches
+# the client as _AUTHENTICATION too: a busy or restarting broker drops one now and then, while a client talking SASL
+# to a listener that does not (the broker closes each connection) repeats it at every reconnect. A wrong password
+# is refused in so many words ("invalid credentials") and is a refusal at once.
+CUT_HANDSHAKES_BEFORE_REFUSAL = 3
 
 _AUTHENTICATION_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
 _ACL_CODES = {
@@ -38,11 +43,14 @@ class _RefusalCallback:
     def __init__(self, conf: dict[str, Any]):
         self.conf = conf
         self.ssl_failures = 0
+        self.cut_handshakes = 0
 
     def __call__(self, err: KafkaError) -> None:
-        refusal = refusal_of(err, self.conf, ssl_failures=self.ssl_failures + 1)
         if err.code() == KafkaError._SSL:
             self.ssl_failures += 1
+        if handshake_cut(err):
+            self.cut_handshakes += 1
+        refusal = refusal_of(err, self.conf, ssl_failures=self.ssl_failures, cut_handshakes=self.cut_handshakes)
         if refusal is not None:
             raise refusal
 
@@ -52,12 +60,24 @@ def refusals_raised(conf: dict[str, Any]) -> dict[str, Any]:
     return {**conf, "error_cb": _RefusalCallback(conf)}
 
 
+def handshake_cut(err: KafkaError) -> bool:
+    """Whether ``err`` is a SASL handshake the connection cut before the broker answered it."""
+    return err.code() == KafkaError._AUTHENTICATION and "Broker transport failure" in err.str()
+
+
 def refusal_of(
-    err: KafkaError, conf: dict[str, Any], ssl_failures: int = SSL_FAILURES_BEFORE_REFUSAL
+    err: KafkaError,
+    conf: dict[str, Any],
+    ssl_failures: int = SSL_FAILURES_BEFORE_REFUSAL,
+    cut_handshakes: int = CUT_HANDSHAKES_BEFORE_REFUSAL,
 ) -> KafkaAccessError | None:
-    """The `KafkaAccessError` that ``err`` (a client-level error) is, or None if it is none."""
+    """The `KafkaAccessError` that ``err`` (a client-level error) is, or None if it is none. ``ssl_failures`` and
+    ``cut_handshakes``: how many failed TLS handshakes and cut SASL handshakes the client met so far, this one
+    included (each is a refusal only once it repeats)."""
     where = f"Kafka at {conf.get('bootstrap.servers')}"
     reason = err.str()
+    if handshake_cut(err) and cut_handshakes < CUT_HANDSHAKES_BEFORE_REFUSAL:
+        return None
     if err.code() in _AUTHENTICATION_CODES:
         user = conf.get("sasl.username")
         return KafkaAccessError(
